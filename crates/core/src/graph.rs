@@ -1,0 +1,1 @@
+//! Rendering a machine as a Mermaid or Graphviz DOT diagram.

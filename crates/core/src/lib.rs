@@ -1,0 +1,24 @@
+//! settle-core: the pure heart of Settle.
+//!
+//! - [`machine`]: the machine model ([`MachineDef`] as written, [`Machine`] validated) and
+//!   the [`MachineBuilder`];
+//! - [`toml`]: loading definitions from TOML with line numbers;
+//! - [`validate`]: every check on a definition, reported at once;
+//! - [`step`]: the step function the runtime consults for each event and action outcome;
+//! - [`graph`]: Mermaid and DOT diagrams.
+//!
+//! This crate does no IO, reads no clock and spawns nothing: time and randomness come in
+//! as arguments, decisions come out as data. See `examples/machines/` for definitions.
+
+pub mod duration;
+pub mod graph;
+pub mod machine;
+pub mod names;
+pub mod step;
+pub mod toml;
+pub mod validate;
+
+pub use machine::{Action, Event, Health, Machine, MachineBuilder, MachineDef, State, StateKind, Target};
+pub use names::{ActionName, EntityKey, EventName, MachineName, StateName};
+pub use step::{EventStep, Properties, RaiseError, Refusal, Rejection};
+pub use validate::{Diagnostic, Report, Severity};

@@ -1,0 +1,538 @@
+//! The machine model: the raw definition ([`MachineDef`], what TOML and the builder
+//! produce, possibly invalid) and the validated [`Machine`] the runtime executes.
+//!
+//! A definition becomes a machine only through [`Machine::from_def`], which runs every
+//! check of [`crate::validate`] and refuses the definition if any error is found.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::names::{ActionName, EventName, MachineName, StateName};
+use crate::validate::{self, Report};
+
+/// How a state behaves. See the README glossary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// Left only through an event's action.
+    Stable,
+    /// Has exactly one auto action, run on entry (after an optional wait).
+    Unstable,
+    /// No transitions out: the entity is archived and read-only.
+    Terminal,
+    /// The entity is gone for users; nothing leaves this state. At most one per machine.
+    Deleted,
+}
+
+impl StateKind {
+    /// The keyword used in TOML (`kind = "..."`) and in diagnostics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateKind::Stable => "stable",
+            StateKind::Unstable => "unstable",
+            StateKind::Terminal => "terminal",
+            StateKind::Deleted => "deleted",
+        }
+    }
+}
+
+/// The health a state reports (telemetry, operation outcomes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Health {
+    /// The normal case.
+    #[default]
+    Ok,
+    /// Declared with `health = "error"`.
+    Error,
+}
+
+/// Where a definition item was declared, for diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Origin {
+    /// 1-based line in the TOML source, when loaded from TOML.
+    pub line: Option<u32>,
+}
+
+/// A state as declared, before validation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StateDef {
+    /// The state's name.
+    pub name: String,
+    /// Explicit kind; when `None` the state is unstable if it has an auto action, else stable.
+    pub kind: Option<StateKind>,
+    /// Auto actions declared (a valid unstable state has exactly one).
+    pub auto: Vec<String>,
+    /// Delay before the auto action runs on entry.
+    pub wait: Option<Duration>,
+    /// Declared health.
+    pub health: Health,
+    /// Properties that must be set (non-null) while the entity is in this state.
+    pub requires: Vec<String>,
+    /// Marked initial on the state itself (`initial = true`).
+    pub initial: bool,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// An event as declared, before validation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EventDef {
+    /// The event's name.
+    pub name: String,
+    /// States in which the event is valid.
+    pub valid_in: Vec<String>,
+    /// The action the event triggers.
+    pub action: String,
+    /// Required parameter names.
+    pub params: Vec<String>,
+    /// Rejection reasons for specific states where the event is not valid.
+    pub reject: Vec<(String, String)>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// An action as declared, before validation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ActionDef {
+    /// The action's name.
+    pub name: String,
+    /// The states the action may move the entity to.
+    pub targets: Vec<String>,
+    /// Delays declared on transitions to specific targets (a wait on that transition).
+    pub target_waits: Vec<(String, Duration)>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// A machine definition as written, possibly invalid. Produced by [`crate::toml::parse`]
+/// and by [`MachineBuilder`]; turned into a [`Machine`] by [`Machine::from_def`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MachineDef {
+    /// The machine's name.
+    pub name: String,
+    /// The top-level `initial = "..."` declaration, if any.
+    pub initial: Option<String>,
+    /// Where `initial` was declared.
+    pub initial_origin: Origin,
+    /// States in declaration order.
+    pub states: Vec<StateDef>,
+    /// Events in declaration order.
+    pub events: Vec<EventDef>,
+    /// Actions in declaration order.
+    pub actions: Vec<ActionDef>,
+    /// Where the machine was declared (file start).
+    pub origin: Origin,
+}
+
+/// A validated state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct State {
+    /// The state's name.
+    pub name: StateName,
+    /// Its kind.
+    pub kind: StateKind,
+    /// The auto action, for unstable states.
+    pub auto: Option<ActionName>,
+    /// Delay before the auto action runs on entry.
+    pub wait: Duration,
+    /// Declared health.
+    pub health: Health,
+    /// Properties that must be set in this state.
+    pub requires: Vec<String>,
+}
+
+impl State {
+    /// Stable, terminal and deleted states are "at rest": nothing runs on its own.
+    pub fn at_rest(&self) -> bool {
+        self.kind != StateKind::Unstable
+    }
+}
+
+/// A validated event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// The event's name.
+    pub name: EventName,
+    /// States in which the event is valid, in declaration order.
+    pub valid_in: Vec<StateName>,
+    /// The action it triggers.
+    pub action: ActionName,
+    /// Required parameter names.
+    pub params: Vec<String>,
+    /// Declared rejection reasons by state.
+    pub reject: BTreeMap<StateName, String>,
+}
+
+impl Event {
+    /// Whether the event may be processed in `state`.
+    pub fn valid_in(&self, state: &str) -> bool {
+        self.valid_in.iter().any(|s| s == state)
+    }
+}
+
+/// A validated action target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// The target state.
+    pub state: StateName,
+    /// Extra delay declared on this transition, added to the target state's own `wait`.
+    pub wait: Duration,
+}
+
+/// A validated action.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Action {
+    /// The action's name.
+    pub name: ActionName,
+    /// Its declared targets.
+    pub targets: Vec<Target>,
+}
+
+impl Action {
+    /// The declared target named `state`, if any.
+    pub fn target(&self, state: &str) -> Option<&Target> {
+        self.targets.iter().find(|t| t.state == state)
+    }
+}
+
+/// A validated machine definition: what the runtime executes.
+///
+/// ```
+/// use settle_core::{Machine, MachineBuilder};
+/// let m: Machine = MachineBuilder::new("door")
+///     .state("closed").initial()
+///     .state("open")
+///     .event("open", ["closed"], "do_open")
+///     .event("close", ["open"], "do_close")
+///     .action("do_open", ["open"])
+///     .action("do_close", ["closed"])
+///     .build()
+///     .unwrap();
+/// assert_eq!(m.initial().name, "closed");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    name: MachineName,
+    initial: usize,
+    states: Vec<State>,
+    events: Vec<Event>,
+    actions: Vec<Action>,
+    state_index: HashMap<StateName, usize>,
+    event_index: HashMap<EventName, usize>,
+    action_index: HashMap<ActionName, usize>,
+}
+
+impl Machine {
+    /// Validates `def` and builds the machine. Warnings do not prevent building; they are
+    /// returned in the report, which callers may print.
+    pub fn from_def(def: &MachineDef) -> Result<(Machine, Report), Report> {
+        let report = validate::check(def);
+        if report.has_errors() {
+            return Err(report);
+        }
+        Ok((Self::assemble(def), report))
+    }
+
+    /// Builds from a definition that [`validate::check`] found free of errors.
+    fn assemble(def: &MachineDef) -> Machine {
+        let states: Vec<State> = def
+            .states
+            .iter()
+            .map(|s| State {
+                name: StateName::new(&s.name),
+                kind: effective_kind(s),
+                auto: s.auto.first().map(ActionName::new),
+                wait: s.wait.unwrap_or_default(),
+                health: s.health,
+                requires: s.requires.clone(),
+            })
+            .collect();
+        let initial_name = def
+            .initial
+            .clone()
+            .or_else(|| def.states.iter().find(|s| s.initial).map(|s| s.name.clone()))
+            .expect("validated machine has an initial state");
+        let state_index: HashMap<StateName, usize> =
+            states.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
+        let events: Vec<Event> = def
+            .events
+            .iter()
+            .map(|e| Event {
+                name: EventName::new(&e.name),
+                valid_in: e.valid_in.iter().map(StateName::new).collect(),
+                action: ActionName::new(&e.action),
+                params: e.params.clone(),
+                reject: e.reject.iter().map(|(s, r)| (StateName::new(s), r.clone())).collect(),
+            })
+            .collect();
+        let actions: Vec<Action> = def
+            .actions
+            .iter()
+            .map(|a| Action {
+                name: ActionName::new(&a.name),
+                targets: a
+                    .targets
+                    .iter()
+                    .map(|t| Target {
+                        state: StateName::new(t),
+                        wait: a
+                            .target_waits
+                            .iter()
+                            .find(|(s, _)| s == t)
+                            .map(|(_, d)| *d)
+                            .unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        Machine {
+            name: MachineName::new(&def.name),
+            initial: state_index[initial_name.as_str()],
+            event_index: events.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect(),
+            action_index: actions.iter().enumerate().map(|(i, a)| (a.name.clone(), i)).collect(),
+            state_index,
+            states,
+            events,
+            actions,
+        }
+    }
+
+    /// The machine's name.
+    pub fn name(&self) -> &MachineName {
+        &self.name
+    }
+    /// The initial state.
+    pub fn initial(&self) -> &State {
+        &self.states[self.initial]
+    }
+    /// All states in declaration order.
+    pub fn states(&self) -> &[State] {
+        &self.states
+    }
+    /// All events in declaration order.
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+    /// All actions in declaration order.
+    pub fn actions(&self) -> &[Action] {
+        &self.actions
+    }
+    /// The state named `name`.
+    pub fn state(&self, name: &str) -> Option<&State> {
+        self.state_index.get(name).map(|&i| &self.states[i])
+    }
+    /// The event named `name`.
+    pub fn event(&self, name: &str) -> Option<&Event> {
+        self.event_index.get(name).map(|&i| &self.events[i])
+    }
+    /// The action named `name`.
+    pub fn action(&self, name: &str) -> Option<&Action> {
+        self.action_index.get(name).map(|&i| &self.actions[i])
+    }
+    /// Events valid in `state`, in declaration order.
+    pub fn permitted_events(&self, state: &str) -> impl Iterator<Item = &Event> {
+        self.events.iter().filter(move |e| e.valid_in(state))
+    }
+    /// Actions that need a bound implementation: every action except those with exactly
+    /// one target, which the engine may perform itself as a plain transition.
+    pub fn actions_needing_handlers(&self) -> impl Iterator<Item = &Action> {
+        self.actions.iter().filter(|a| a.targets.len() != 1)
+    }
+
+    /// A canonical, stable JSON rendering of the definition (stored with the machine).
+    pub fn canonical_json(&self) -> String {
+        use serde_json::{Map, Value, json};
+        let ms = |d: Duration| Value::from(d.as_millis() as u64);
+        let states: Vec<Value> = self
+            .states
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name.as_str(),
+                    "kind": s.kind.as_str(),
+                    "auto": s.auto.as_deref(),
+                    "wait_ms": ms(s.wait),
+                    "health": if s.health == Health::Error { "error" } else { "ok" },
+                    "requires": s.requires,
+                })
+            })
+            .collect();
+        let events: Vec<Value> = self
+            .events
+            .iter()
+            .map(|e| {
+                let reject: Map<String, Value> =
+                    e.reject.iter().map(|(k, v)| (k.to_string(), Value::from(v.as_str()))).collect();
+                json!({
+                    "name": e.name.as_str(),
+                    "in": e.valid_in.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                    "action": e.action.as_str(),
+                    "params": e.params,
+                    "reject": reject,
+                })
+            })
+            .collect();
+        let actions: Vec<Value> = self
+            .actions
+            .iter()
+            .map(|a| {
+                json!({
+                    "name": a.name.as_str(),
+                    "to": a.targets.iter().map(|t| json!({"state": t.state.as_str(), "wait_ms": ms(t.wait)})).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        json!({
+            "name": self.name.as_str(),
+            "initial": self.initial().name.as_str(),
+            "states": states,
+            "events": events,
+            "actions": actions,
+        })
+        .to_string()
+    }
+
+    /// SHA-256 of [`Machine::canonical_json`], hex-encoded: the definition's version hash.
+    pub fn content_hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.canonical_json().as_bytes());
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The kind a declared state has: explicit, or unstable iff it declares an auto action.
+pub fn effective_kind(s: &StateDef) -> StateKind {
+    s.kind.unwrap_or(if s.auto.is_empty() { StateKind::Stable } else { StateKind::Unstable })
+}
+
+/// Builds a [`MachineDef`] in Rust; [`MachineBuilder::build`] validates it into a
+/// [`Machine`]. Methods after [`MachineBuilder::state`] apply to the last state added,
+/// those after [`MachineBuilder::event`] to the last event, and so on.
+#[derive(Debug, Clone)]
+pub struct MachineBuilder {
+    def: MachineDef,
+    last: Last,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Last {
+    None,
+    State,
+    Event,
+    Action,
+}
+
+impl MachineBuilder {
+    /// Starts a machine called `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        MachineBuilder { def: MachineDef { name: name.into(), ..MachineDef::default() }, last: Last::None }
+    }
+
+    /// Adds a state (stable unless [`auto`](Self::auto) or [`kind`](Self::kind) says otherwise).
+    pub fn state(mut self, name: impl Into<String>) -> Self {
+        self.def.states.push(StateDef { name: name.into(), ..StateDef::default() });
+        self.last = Last::State;
+        self
+    }
+    fn last_state(&mut self) -> &mut StateDef {
+        assert!(matches!(self.last, Last::State), "call .state(...) first");
+        self.def.states.last_mut().expect("a state was added")
+    }
+    /// Marks the last state initial.
+    pub fn initial(mut self) -> Self {
+        self.last_state().initial = true;
+        self
+    }
+    /// Declares the last state's auto action (making it unstable).
+    pub fn auto(mut self, action: impl Into<String>) -> Self {
+        self.last_state().auto.push(action.into());
+        self
+    }
+    /// Declares a delay before the last state's auto action runs.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.last_state().wait = Some(wait);
+        self
+    }
+    /// Sets the last state's kind explicitly.
+    pub fn kind(mut self, kind: StateKind) -> Self {
+        self.last_state().kind = Some(kind);
+        self
+    }
+    /// Marks the last state `health = "error"`.
+    pub fn error_health(mut self) -> Self {
+        self.last_state().health = Health::Error;
+        self
+    }
+    /// Declares properties required in the last state.
+    pub fn requires<I, S>(mut self, props: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.last_state().requires.extend(props.into_iter().map(Into::into));
+        self
+    }
+
+    /// Adds an event valid in `valid_in` that triggers `action`.
+    pub fn event<I, S>(mut self, name: impl Into<String>, valid_in: I, action: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.def.events.push(EventDef {
+            name: name.into(),
+            valid_in: valid_in.into_iter().map(Into::into).collect(),
+            action: action.into(),
+            ..EventDef::default()
+        });
+        self.last = Last::Event;
+        self
+    }
+    fn last_event(&mut self) -> &mut EventDef {
+        assert!(matches!(self.last, Last::Event), "call .event(...) first");
+        self.def.events.last_mut().expect("an event was added")
+    }
+    /// Declares required parameters of the last event.
+    pub fn params<I, S>(mut self, params: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.last_event().params.extend(params.into_iter().map(Into::into));
+        self
+    }
+    /// Declares the rejection reason of the last event in `state`.
+    pub fn reject(mut self, state: impl Into<String>, reason: impl Into<String>) -> Self {
+        self.last_event().reject.push((state.into(), reason.into()));
+        self
+    }
+
+    /// Adds an action with its declared targets.
+    pub fn action<I, S>(mut self, name: impl Into<String>, targets: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.def.actions.push(ActionDef {
+            name: name.into(),
+            targets: targets.into_iter().map(Into::into).collect(),
+            ..ActionDef::default()
+        });
+        self.last = Last::Action;
+        self
+    }
+    /// Declares a wait on the last action's transition to `target`.
+    pub fn target_wait(mut self, target: impl Into<String>, wait: Duration) -> Self {
+        assert!(matches!(self.last, Last::Action), "call .action(...) first");
+        self.def.actions.last_mut().expect("an action was added").target_waits.push((target.into(), wait));
+        self
+    }
+
+    /// The definition built so far (unvalidated).
+    pub fn def(&self) -> &MachineDef {
+        &self.def
+    }
+    /// Validates and builds the machine; errors come back as a full [`Report`].
+    pub fn build(self) -> Result<Machine, Report> {
+        Machine::from_def(&self.def).map(|(m, _)| m)
+    }
+}

@@ -1,0 +1,398 @@
+//! The pure step function: what the runtime does next, decided from data only.
+//!
+//! The engine asks three questions here and never answers them itself:
+//! - may this event be raised at all ([`check_raise`]: known event, right parameters)?
+//! - what does this event do in the entity's current state ([`on_event`])?
+//! - may this action outcome be committed, and what does the entity enter ([`enter`])?
+//!
+//! No IO, no clock: time arrives as durations relative to "now", chosen by the caller.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::machine::{Action, Machine, State, StateKind};
+use crate::names::{ActionName, EventName, MachineName, StateName};
+
+/// Entity properties: a JSON object.
+pub type Properties = Map<String, Value>;
+
+/// An event that could not be raised at all (bad input; nothing is written).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RaiseError {
+    /// The machine declares no such event.
+    #[error("machine `{machine}` has no event `{event}`")]
+    UnknownEvent {
+        /// The machine.
+        machine: MachineName,
+        /// The event asked for.
+        event: String,
+    },
+    /// The event's parameters are not a JSON object.
+    #[error("parameters of event `{event}` on machine `{machine}` must be a JSON object")]
+    ParamsNotObject {
+        /// The machine.
+        machine: MachineName,
+        /// The event.
+        event: EventName,
+    },
+    /// A declared parameter is missing.
+    #[error("event `{event}` on machine `{machine}` requires parameter `{param}`")]
+    MissingParam {
+        /// The machine.
+        machine: MachineName,
+        /// The event.
+        event: EventName,
+        /// The missing parameter.
+        param: String,
+    },
+    /// A parameter was given that the event does not declare.
+    #[error("event `{event}` on machine `{machine}` has no parameter `{param}` (declared: {declared})")]
+    UnknownParam {
+        /// The machine.
+        machine: MachineName,
+        /// The event.
+        event: EventName,
+        /// The unexpected parameter.
+        param: String,
+        /// The declared parameters, comma-separated, or "none".
+        declared: String,
+    },
+}
+
+/// Checks that `event` exists on `machine` and `params` match its declaration.
+pub fn check_raise<'m>(
+    machine: &'m Machine,
+    event: &str,
+    params: &Value,
+) -> Result<&'m crate::machine::Event, RaiseError> {
+    let ev = machine.event(event).ok_or_else(|| RaiseError::UnknownEvent {
+        machine: machine.name().clone(),
+        event: event.to_string(),
+    })?;
+    let empty = Map::new();
+    let obj = match params {
+        Value::Null => &empty,
+        Value::Object(o) => o,
+        _ => {
+            return Err(RaiseError::ParamsNotObject { machine: machine.name().clone(), event: ev.name.clone() });
+        }
+    };
+    for p in &ev.params {
+        if !obj.contains_key(p) {
+            return Err(RaiseError::MissingParam {
+                machine: machine.name().clone(),
+                event: ev.name.clone(),
+                param: p.clone(),
+            });
+        }
+    }
+    if let Some(extra) = obj.keys().find(|k| !ev.params.iter().any(|p| p == *k)) {
+        return Err(RaiseError::UnknownParam {
+            machine: machine.name().clone(),
+            event: ev.name.clone(),
+            param: extra.clone(),
+            declared: if ev.params.is_empty() { "none".to_string() } else { ev.params.join(", ") },
+        });
+    }
+    Ok(ev)
+}
+
+/// An event refused in the entity's current state: an outcome, not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The state the entity was in.
+    pub state: StateName,
+    /// The event refused.
+    pub event: EventName,
+    /// The declared reason, or the default `event `e` is not valid in state `s``.
+    pub reason: String,
+}
+
+/// What processing an event in a state comes to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventStep<'m> {
+    /// The event is not valid here; nothing changes.
+    Reject(Rejection),
+    /// The action has one target and no handler: the engine moves the entity itself.
+    Plain {
+        /// The action.
+        action: &'m Action,
+        /// Its one target.
+        target: StateName,
+    },
+    /// The action's handler must run and report an outcome.
+    Run {
+        /// The action.
+        action: &'m Action,
+    },
+}
+
+/// Decides what `event` does in `state`. `has_handler` tells whether the action has an
+/// implementation bound (otherwise a one-target action is a plain transition).
+pub fn on_event<'m>(machine: &'m Machine, state: &str, event: &str, has_handler: bool) -> EventStep<'m> {
+    let Some(ev) = machine.event(event) else {
+        return EventStep::Reject(Rejection {
+            state: StateName::new(state),
+            event: EventName::new(event),
+            reason: format!("machine `{}` has no event `{event}`", machine.name()),
+        });
+    };
+    if !ev.valid_in(state) {
+        let reason = ev
+            .reject
+            .get(state)
+            .cloned()
+            .unwrap_or_else(|| format!("event `{event}` is not valid in state `{state}`"));
+        return EventStep::Reject(Rejection { state: StateName::new(state), event: ev.name.clone(), reason });
+    }
+    let action = machine.action(&ev.action).expect("validated machine: event action exists");
+    plain_or_run(action, has_handler)
+}
+
+/// What running the auto action of `state` comes to (`None` if the state has none).
+pub fn on_auto<'m>(machine: &'m Machine, state: &str, has_handler: bool) -> Option<EventStep<'m>> {
+    let auto = machine.state(state)?.auto.as_ref()?;
+    let action = machine.action(auto).expect("validated machine: auto action exists");
+    Some(plain_or_run(action, has_handler))
+}
+
+fn plain_or_run(action: &Action, has_handler: bool) -> EventStep<'_> {
+    match (&action.targets[..], has_handler) {
+        ([only], false) => EventStep::Plain { action, target: only.state.clone() },
+        _ => EventStep::Run { action },
+    }
+}
+
+/// Why an action's outcome cannot be committed. The entity stays where it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The outcome names a state the action does not declare.
+    #[error("action `{action}` of machine `{machine}` may not move to `{target}` (declared: {declared})")]
+    UndeclaredTarget {
+        /// The machine.
+        machine: MachineName,
+        /// The action.
+        action: ActionName,
+        /// The target asked for.
+        target: String,
+        /// Declared targets, comma-separated.
+        declared: String,
+    },
+    /// The target state's required properties would not be set.
+    #[error("state `{state}` of machine `{machine}` requires {}", missing.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", "))]
+    InvariantViolated {
+        /// The machine.
+        machine: MachineName,
+        /// The state whose invariant fails.
+        state: StateName,
+        /// The properties missing or null.
+        missing: Vec<String>,
+    },
+}
+
+/// An entry into a state, decided and ready to commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The state entered.
+    pub state: StateName,
+    /// Retry count of this state entry (0 unless an unstable state re-enters itself).
+    pub retry: u32,
+    /// For unstable states: the delay before the auto action runs. `None` when at rest.
+    pub auto_delay: Option<Duration>,
+}
+
+impl Entry {
+    /// Whether the entity is at rest after this entry (stable, terminal or deleted).
+    pub fn at_rest(&self) -> bool {
+        self.auto_delay.is_none()
+    }
+}
+
+/// Properties that `state` requires but `props` lacks (absent or null).
+pub fn missing_required(state: &State, props: &Properties) -> Vec<String> {
+    state.requires.iter().filter(|p| props.get(*p).is_none_or(Value::is_null)).cloned().collect()
+}
+
+/// The entry into the initial state of a new entity with `props`.
+pub fn initial_entry(machine: &Machine, props: &Properties) -> Result<Entry, Refusal> {
+    let state = machine.initial();
+    check_invariant(machine, state, props)?;
+    Ok(Entry { state: state.name.clone(), retry: 0, auto_delay: auto_delay(state, Duration::ZERO, None) })
+}
+
+/// Decides the entry that `action`, run in state `from` (entered `retry` times so far),
+/// makes when it asks for `target` (`None`: re-enter `from`) after `delay`, given the
+/// properties the entity would have after the commit.
+///
+/// Re-entering the current state is always allowed (it is how actions retry); any other
+/// target must be declared. The delay before an unstable target's auto action is the
+/// delay the action asked for, if any; otherwise the target state's `wait` plus the
+/// wait declared on this transition.
+pub fn enter(
+    machine: &Machine,
+    from: &State,
+    action: &Action,
+    target: Option<&str>,
+    delay: Option<Duration>,
+    retry: u32,
+    props_after: &Properties,
+) -> Result<Entry, Refusal> {
+    let target_name = target.unwrap_or(&from.name);
+    let declared = action.target(target_name);
+    if declared.is_none() && target_name != from.name.as_str() {
+        return Err(Refusal::UndeclaredTarget {
+            machine: machine.name().clone(),
+            action: action.name.clone(),
+            target: target_name.to_string(),
+            declared: action.targets.iter().map(|t| t.state.as_str()).collect::<Vec<_>>().join(", "),
+        });
+    }
+    let state = machine.state(target_name).expect("declared targets and the current state exist");
+    check_invariant(machine, state, props_after)?;
+    let is_retry = state.name == from.name && state.kind == StateKind::Unstable && from.auto.as_ref() == Some(&action.name);
+    let transition_wait = declared.map(|t| t.wait).unwrap_or_default();
+    Ok(Entry {
+        state: state.name.clone(),
+        retry: if is_retry { retry + 1 } else { 0 },
+        auto_delay: auto_delay(state, transition_wait, delay),
+    })
+}
+
+fn auto_delay(state: &State, transition_wait: Duration, requested: Option<Duration>) -> Option<Duration> {
+    (state.kind == StateKind::Unstable).then(|| requested.unwrap_or(state.wait + transition_wait))
+}
+
+fn check_invariant(machine: &Machine, state: &State, props: &Properties) -> Result<(), Refusal> {
+    let missing = missing_required(state, props);
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Refusal::InvariantViolated { machine: machine.name().clone(), state: state.name.clone(), missing })
+    }
+}
+
+/// A change to one property, buffered by an action and applied at commit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PropChange {
+    /// Set `key` to a value.
+    Set(String, Value),
+    /// Remove `key`.
+    Remove(String),
+}
+
+/// Applies buffered property changes in order.
+pub fn apply_changes(props: &mut Properties, changes: &[PropChange]) {
+    for c in changes {
+        match c {
+            PropChange::Set(k, v) => {
+                props.insert(k.clone(), v.clone());
+            }
+            PropChange::Remove(k) => {
+                props.remove(k);
+            }
+        }
+    }
+}
+
+/// Backoff after the `errors`-th consecutive fault of an action: 1 s doubling to 10 min.
+pub fn fault_backoff(errors: u32) -> Duration {
+    let exp = errors.saturating_sub(1).min(20);
+    Duration::from_secs(1u64 << exp).min(Duration::from_secs(600))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MachineBuilder;
+    use serde_json::json;
+
+    fn server() -> Machine {
+        MachineBuilder::new("server")
+            .state("new")
+            .initial()
+            .state("creating")
+            .auto("provision")
+            .wait(Duration::from_secs(1))
+            .state("ready")
+            .requires(["endpoint"])
+            .state("failed")
+            .error_health()
+            .event("create", ["new"], "begin")
+            .reject("creating", "already in progress")
+            .params(["region"])
+            .action("begin", ["creating"])
+            .target_wait("creating", Duration::from_secs(2))
+            .action("provision", ["ready", "failed"])
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn raise_checks_event_and_params() {
+        let m = server();
+        assert!(check_raise(&m, "create", &json!({"region": "eu"})).is_ok());
+        assert_eq!(
+            check_raise(&m, "nope", &json!({})).unwrap_err().to_string(),
+            "machine `server` has no event `nope`"
+        );
+        assert_eq!(
+            check_raise(&m, "create", &json!({})).unwrap_err().to_string(),
+            "event `create` on machine `server` requires parameter `region`"
+        );
+        assert_eq!(
+            check_raise(&m, "create", &json!({"region": "eu", "size": 1})).unwrap_err().to_string(),
+            "event `create` on machine `server` has no parameter `size` (declared: region)"
+        );
+        assert!(matches!(check_raise(&m, "create", &json!([1])), Err(RaiseError::ParamsNotObject { .. })));
+    }
+
+    #[test]
+    fn events_reject_with_declared_or_default_reason() {
+        let m = server();
+        match on_event(&m, "creating", "create", false) {
+            EventStep::Reject(r) => assert_eq!(r.reason, "already in progress"),
+            other => panic!("{other:?}"),
+        }
+        match on_event(&m, "ready", "create", false) {
+            EventStep::Reject(r) => assert_eq!(r.reason, "event `create` is not valid in state `ready`"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(on_event(&m, "new", "create", false), EventStep::Plain { .. }));
+        assert!(matches!(on_event(&m, "new", "create", true), EventStep::Run { .. }));
+        assert!(matches!(on_auto(&m, "creating", false), Some(EventStep::Run { .. })));
+        assert!(on_auto(&m, "ready", false).is_none());
+    }
+
+    #[test]
+    fn entry_applies_waits_retries_and_invariants() {
+        let m = server();
+        let new = m.state("new").unwrap();
+        let creating = m.state("creating").unwrap();
+        let begin = m.action("begin").unwrap();
+        let provision = m.action("provision").unwrap();
+        let e = enter(&m, new, begin, Some("creating"), None, 0, &Properties::new()).unwrap();
+        assert_eq!(e.auto_delay, Some(Duration::from_secs(3)), "state wait plus transition wait");
+        let e = enter(&m, creating, provision, None, Some(Duration::from_millis(50)), 2, &Properties::new()).unwrap();
+        assert_eq!((e.state.as_str(), e.retry, e.auto_delay), ("creating", 3, Some(Duration::from_millis(50))));
+        let err = enter(&m, creating, provision, Some("ready"), None, 0, &Properties::new()).unwrap_err();
+        assert_eq!(err.to_string(), "state `ready` of machine `server` requires `endpoint`");
+        let mut props = Properties::new();
+        props.insert("endpoint".into(), json!("10.0.0.1"));
+        let e = enter(&m, creating, provision, Some("ready"), None, 3, &props).unwrap();
+        assert!(e.at_rest());
+        assert_eq!(e.retry, 0);
+        let err = enter(&m, creating, provision, Some("new"), None, 0, &props).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "action `provision` of machine `server` may not move to `new` (declared: ready, failed)"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(fault_backoff(1), Duration::from_secs(1));
+        assert_eq!(fault_backoff(4), Duration::from_secs(8));
+        assert_eq!(fault_backoff(40), Duration::from_secs(600));
+    }
+}

@@ -1,0 +1,1 @@
+//! Loading machine definitions from TOML (see the DESIGN appendix for the format).
