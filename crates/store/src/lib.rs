@@ -1,1 +1,99 @@
-//! placeholder
+//! settle-store: where Settle keeps everything.
+//!
+//! One [`Store`] trait, implemented by [`SqliteStore`] (embedded, default) — and, later,
+//! PostgreSQL — and checked by one [`conformance`] suite that every implementation must
+//! pass. Only this crate knows SQL.
+//!
+//! Writes go through [`Store::write`]: a [`Batch`] of independent, individually atomic
+//! operations committed in one transaction (group commit), optionally followed by a claim
+//! of due entities in the same transaction.
+
+pub mod conformance;
+pub mod sqlite;
+pub mod types;
+
+use std::future::Future;
+
+pub use sqlite::SqliteStore;
+pub use types::*;
+
+/// A store failure: the operation as a whole could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database reported an error.
+    #[error("database error: {0}")]
+    Db(String),
+    /// The database file could not be opened or prepared.
+    #[error("cannot open database `{path}`: {message}")]
+    Open {
+        /// Path or URL.
+        path: String,
+        /// Why.
+        message: String,
+    },
+    /// Another engine process holds this database.
+    #[error("another settle engine is running on `{path}` (lock held on `{lock}`)")]
+    Locked {
+        /// Database path.
+        path: String,
+        /// Lock file path.
+        lock: String,
+    },
+    /// The database was written by a newer Settle.
+    #[error("database schema version {found} is newer than this settle supports ({supported})")]
+    SchemaTooNew {
+        /// Version found.
+        found: i64,
+        /// Newest version known.
+        supported: i64,
+    },
+    /// Stored data could not be decoded.
+    #[error("corrupt stored data: {0}")]
+    Corrupt(String),
+    /// The store's writer has stopped (after a fatal error or shutdown).
+    #[error("store writer stopped")]
+    Closed,
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The persistence boundary of Settle. Implementations must pass [`conformance`].
+///
+/// All methods are safe to call concurrently. [`Store::write`] is the only way entities,
+/// inboxes and history change.
+pub trait Store: Send + Sync + 'static {
+    /// Applies a batch in one transaction; see [`Batch`].
+    fn write(&self, batch: Batch) -> impl Future<Output = Result<BatchResult>> + Send;
+
+    /// The entity `key` of `machine`.
+    fn entity_get(&self, machine: &str, key: &str) -> impl Future<Output = Result<Option<EntityRow>>> + Send;
+    /// Entities matching `filter`, by id.
+    fn entity_list(&self, filter: EntityFilter) -> impl Future<Output = Result<Vec<EntityRow>>> + Send;
+    /// Number of entities per state of `machine`.
+    fn entity_count_by_state(&self, machine: &str) -> impl Future<Output = Result<Vec<(String, u64)>>> + Send;
+    /// Number of entities with pending work (a due time set).
+    fn entity_count_pending(&self) -> impl Future<Output = Result<u64>> + Send;
+    /// The history of an entity, oldest first.
+    fn history_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<HistoryRow>>> + Send;
+    /// The events waiting in an entity's inbox, in processing order.
+    fn inbox_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<InboxItem>>> + Send;
+
+    /// Stores a machine definition version (idempotent per name and hash).
+    fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> impl Future<Output = Result<()>> + Send;
+    /// All stored machine definition versions.
+    fn machine_list(&self) -> impl Future<Output = Result<Vec<MachineRecord>>> + Send;
+
+    /// Reads a small named value (application metadata, e.g. the demo's settings).
+    fn meta_get(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
+    /// Writes a small named value durably.
+    fn meta_put(&self, key: &str, value: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Runs application SQL (e.g. `CREATE TABLE` for tables that actions write to) outside
+    /// any batch. Not for entity data, which only changes through [`Store::write`].
+    fn sql_execute(&self, sql: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Drops every lease held by anyone; those entities become due now. Only for a caller
+    /// that knows no other engine uses the store (SQLite's exclusive engine lock).
+    fn lease_release_all(&self, now: Millis) -> impl Future<Output = Result<u64>> + Send;
+}

@@ -1,0 +1,358 @@
+//! The conformance suite every [`Store`] implementation must pass.
+//!
+//! Each check is a public async function over a fresh, empty store. A backend's test file
+//! instantiates them all with [`store_conformance_suite!`](crate::store_conformance_suite),
+//! the way Quickwit's metastore suite does, so a second backend runs exactly the same
+//! assertions.
+
+use serde_json::{Value, json};
+use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
+
+use crate::types::*;
+use crate::{EntityFilter, Store};
+
+/// The SQL dialect details the suite needs from a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Dialect {
+    /// Creates the application table `widgets (name TEXT PRIMARY KEY)`.
+    pub create_widgets: &'static str,
+    /// Inserts one widget; its one parameter is the name.
+    pub insert_widget: &'static str,
+}
+
+const OWNER: &str = "engine-a";
+const T0: Millis = 1_000_000;
+
+fn new_entity(key: &str, state: &str, due_at: Option<Millis>) -> NewEntity {
+    NewEntity {
+        machine: MachineName::new("m"),
+        key: EntityKey::new(key),
+        state: StateName::new(state),
+        properties: Properties::new(),
+        due_at,
+        request_id: Some("req-1".into()),
+    }
+}
+
+fn push(key: &str, event: &str) -> Push {
+    Push {
+        machine: MachineName::new("m"),
+        key: EntityKey::new(key),
+        event: EventName::new(event),
+        params: json!({"n": 1}),
+        request_id: Some(format!("req-{event}")),
+    }
+}
+
+fn commit(entity: &EntityRow, to: Option<&str>, consume: Option<i64>, after: AfterCommit) -> Commit {
+    Commit {
+        fence: Fence { entity_id: entity.id, version: entity.version, owner: OWNER.into() },
+        from: entity.state.clone(),
+        to: to.map(StateName::new),
+        retry: 0,
+        properties: None,
+        kind: if to.is_some() { HistoryKind::Event } else { HistoryKind::Rejected },
+        action: to.map(|_| ActionName::new("go")),
+        event: Some(EventName::new("go")),
+        consume,
+        request_id: Some("req-go".into()),
+        detail: None,
+        after,
+        sql: vec![],
+        creates: vec![],
+        pushes: vec![],
+    }
+}
+
+async fn write<S: Store>(store: &S, now: Millis, ops: Vec<Op>, claim: bool) -> BatchResult {
+    let claim = claim.then(|| Claim { owner: OWNER.into(), lease_ms: 30_000, limit: 100 });
+    store.write(Batch { now, ops, claim }).await.expect("batch commits")
+}
+
+async fn get<S: Store>(store: &S, key: &str) -> EntityRow {
+    store.entity_get("m", key).await.expect("read").expect("entity exists")
+}
+
+async fn create_one<S: Store>(store: &S, key: &str) -> EntityRow {
+    let r = write(store, T0, vec![Op::Create(new_entity(key, "idle", None))], false).await;
+    match &r.results[0] {
+        Ok(Applied::Created(e)) => e.clone(),
+        other => panic!("create failed: {other:?}"),
+    }
+}
+
+/// Creating an entity stores it at version 1 with a `create` history row; a duplicate
+/// key fails alone without disturbing the other operations of its batch.
+pub async fn create_get_and_duplicate<S: Store>(store: S) {
+    let e = create_one(&store, "a").await;
+    assert_eq!((e.version, e.state.as_str(), e.due_at), (1, "idle", None));
+    let got = get(&store, "a").await;
+    assert_eq!(got, e);
+    let r = write(&store, T0, vec![Op::Create(new_entity("a", "idle", None)), Op::Create(new_entity("b", "idle", None))], false).await;
+    assert_eq!(r.results[0], Err(OpError::AlreadyExists { machine: "m".into(), key: "a".into() }));
+    assert!(r.results[1].is_ok());
+    let h = store.history_list(e.id).await.unwrap();
+    assert_eq!(h.len(), 1);
+    assert_eq!((h[0].kind, h[0].from.clone(), h[0].to.as_deref()), (HistoryKind::Create, None, Some("idle")));
+    assert_eq!(h[0].request_id.as_deref(), Some("req-1"));
+    assert!(store.entity_get("m", "zzz").await.unwrap().is_none());
+}
+
+/// Pushing to an unknown entity fails; pushing makes a dormant entity due, and a claim in
+/// the same batch leases it and returns the first inbox event (FIFO).
+pub async fn push_claim_fifo<S: Store>(store: S) {
+    let e = create_one(&store, "a").await;
+    let r = write(&store, T0, vec![Op::Push(push("nope", "go"))], false).await;
+    assert_eq!(r.results[0], Err(OpError::NotFound { machine: "m".into(), key: "nope".into() }));
+    let r = write(&store, T0 + 1, vec![Op::Push(push("a", "first")), Op::Push(push("a", "second"))], true).await;
+    let Ok(Applied::Pushed { inbox_id, entity_id }) = r.results[0] else { panic!("{:?}", r.results[0]) };
+    assert_eq!(entity_id, e.id);
+    assert_eq!(r.claimed.len(), 1);
+    let c = &r.claimed[0];
+    assert_eq!(c.entity.lease_owner.as_deref(), Some(OWNER));
+    assert_eq!(c.entity.lease_until, Some(T0 + 1 + 30_000));
+    assert_eq!(c.entity.due_at, c.entity.lease_until, "a leased entity is due when its lease expires");
+    let head = c.inbox_head.as_ref().expect("inbox head");
+    assert_eq!((head.id, head.event.as_str(), &head.params), (inbox_id, "first", &json!({"n": 1})));
+    assert_eq!(r.next_due, Some(T0 + 1 + 30_000));
+    let again = write(&store, T0 + 2, vec![], true).await;
+    assert!(again.claimed.is_empty(), "a leased entity is not claimed twice");
+    assert_eq!(store.inbox_list(e.id).await.unwrap().len(), 2);
+}
+
+/// A commit moves state, bumps the version, consumes the inbox item, appends history, and
+/// (when holding the lease) reports the next inbox event.
+pub async fn commit_applies_and_reports_head<S: Store>(store: S) {
+    create_one(&store, "a").await;
+    let r = write(&store, T0, vec![Op::Push(push("a", "one")), Op::Push(push("a", "two"))], true).await;
+    let c = r.claimed[0].clone();
+    let mut cm = commit(&c.entity, Some("busy"), Some(c.inbox_head.as_ref().unwrap().id), AfterCommit::Hold { lease_ms: 5_000 });
+    let mut props = Properties::new();
+    props.insert("endpoint".into(), json!("10.0.0.1"));
+    cm.properties = Some(props.clone());
+    let r = write(&store, T0 + 10, vec![Op::Commit(Box::new(cm))], false).await;
+    let Ok(Applied::Committed { version, inbox_head: Some(next), .. }) = &r.results[0] else { panic!("{:?}", r.results[0]) };
+    assert_eq!(*version, 2);
+    assert_eq!(next.event.as_str(), "two");
+    let e = get(&store, "a").await;
+    assert_eq!((e.state.as_str(), e.version, e.entered_at), ("busy", 2, T0 + 10));
+    assert_eq!(e.properties, props);
+    assert_eq!((e.lease_until, e.due_at), (Some(T0 + 5_010), Some(T0 + 5_010)));
+    let h = store.history_list(e.id).await.unwrap();
+    let last = h.last().unwrap();
+    assert_eq!((last.from.as_deref(), last.to.as_deref(), last.kind), (Some("idle"), Some("busy"), HistoryKind::Event));
+    assert_eq!((last.event.as_deref(), last.action.as_deref(), last.at), (Some("go"), Some("go"), T0 + 10));
+    assert_eq!(store.inbox_list(e.id).await.unwrap().len(), 1);
+}
+
+/// A commit with a stale version or by another owner fails and changes nothing.
+pub async fn commit_is_fenced<S: Store>(store: S) {
+    create_one(&store, "a").await;
+    let r = write(&store, T0, vec![Op::Push(push("a", "one"))], true).await;
+    let c = r.claimed[0].clone();
+    let mut stale = commit(&c.entity, Some("busy"), None, AfterCommit::Release { due_at: None });
+    stale.fence.version -= 1;
+    let mut stranger = commit(&c.entity, Some("busy"), None, AfterCommit::Release { due_at: None });
+    stranger.fence.owner = "engine-b".into();
+    let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(stale)), Op::Commit(Box::new(stranger))], false).await;
+    for res in &r.results {
+        assert_eq!(res, &Err(OpError::LeaseLost { entity_id: c.entity.id }));
+    }
+    let e = get(&store, "a").await;
+    assert_eq!((e.state.as_str(), e.version), ("idle", 1));
+    assert_eq!(store.history_list(e.id).await.unwrap().len(), 1);
+}
+
+/// Releasing an entity whose inbox still holds events makes it due at once, so the claim
+/// of the same batch takes it again; releasing with an empty inbox leaves it dormant or
+/// due at the requested time.
+pub async fn release_never_strands_events<S: Store>(store: S) {
+    create_one(&store, "a").await;
+    let r = write(&store, T0, vec![Op::Push(push("a", "one")), Op::Push(push("a", "two"))], true).await;
+    let c = r.claimed[0].clone();
+    let head = c.inbox_head.as_ref().unwrap().id;
+    let cm = commit(&c.entity, Some("busy"), Some(head), AfterCommit::Release { due_at: None });
+    let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(cm))], true).await;
+    assert_eq!(r.claimed.len(), 1, "still has an event: claimed again");
+    let c = r.claimed[0].clone();
+    assert_eq!(c.inbox_head.as_ref().unwrap().event.as_str(), "two");
+    let cm = commit(&c.entity, Some("idle"), Some(c.inbox_head.unwrap().id), AfterCommit::Release { due_at: Some(T0 + 500) });
+    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(cm))], true).await;
+    assert!(r.claimed.is_empty(), "not due before its time");
+    assert_eq!(r.next_due, Some(T0 + 500));
+    let e = get(&store, "a").await;
+    assert_eq!((e.lease_owner.as_deref(), e.due_at), (None, Some(T0 + 500)));
+    let r = write(&store, T0 + 500, vec![], true).await;
+    assert_eq!(r.claimed.len(), 1, "due now");
+    let c = r.claimed[0].clone();
+    assert!(c.inbox_head.is_none());
+    let r = write(&store, T0 + 501, vec![Op::Commit(Box::new(commit(&c.entity, Some("idle"), None, AfterCommit::Release { due_at: None })))], true).await;
+    assert!(r.claimed.is_empty());
+    assert_eq!(r.next_due, None, "dormant entities have no due time");
+    assert_eq!(get(&store, "a").await.due_at, None);
+}
+
+/// A commit with no state change (a rejection) consumes the event, records it, and keeps
+/// state and version.
+pub async fn rejection_keeps_version<S: Store>(store: S) {
+    create_one(&store, "a").await;
+    let r = write(&store, T0, vec![Op::Push(push("a", "bad"))], true).await;
+    let c = r.claimed[0].clone();
+    let mut cm = commit(&c.entity, None, Some(c.inbox_head.unwrap().id), AfterCommit::Release { due_at: None });
+    cm.detail = Some("already in progress".into());
+    let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(cm))], false).await;
+    assert!(matches!(r.results[0], Ok(Applied::Committed { version: 1, .. })));
+    let e = get(&store, "a").await;
+    assert_eq!((e.state.as_str(), e.version, e.lease_owner.as_deref(), e.due_at), ("idle", 1, None, None));
+    let h = store.history_list(e.id).await.unwrap();
+    let last = h.last().unwrap();
+    assert_eq!((last.kind, last.to.as_ref(), last.detail.as_deref()), (HistoryKind::Rejected, None, Some("already in progress")));
+    assert!(store.inbox_list(e.id).await.unwrap().is_empty());
+}
+
+/// Effects commit atomically with the transition: SQL, created entities and pushed events.
+/// If any effect fails, nothing of the commit is visible and the rest of the batch lands.
+pub async fn effects_are_atomic<S: Store>(store: S, dialect: Dialect) {
+    store.sql_execute(dialect.create_widgets).await.unwrap();
+    create_one(&store, "a").await;
+    create_one(&store, "target").await;
+    let r = write(&store, T0, vec![Op::Push(push("a", "go"))], true).await;
+    let c = r.claimed[0].clone();
+    let base = commit(&c.entity, Some("busy"), Some(c.inbox_head.as_ref().unwrap().id), AfterCommit::Release { due_at: None });
+    let sql = |name: &str| SqlStatement { sql: dialect.insert_widget.into(), params: vec![Value::from(name)] };
+    // Fails: the second insert violates the primary key.
+    let mut bad = base.clone();
+    bad.sql = vec![sql("w1"), sql("w1")];
+    bad.creates = vec![new_entity("child", "idle", Some(T0))];
+    bad.pushes = vec![push("target", "hello")];
+    // Fails: pushes to an entity that does not exist.
+    let mut bad_push = base.clone();
+    bad_push.sql = vec![sql("w2")];
+    bad_push.pushes = vec![push("missing", "hello")];
+    let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(bad)), Op::Commit(Box::new(bad_push)), Op::Create(new_entity("other", "idle", None))], false).await;
+    assert!(matches!(&r.results[0], Err(OpError::Sql { index: 1, .. })), "{:?}", r.results[0]);
+    assert!(matches!(&r.results[1], Err(OpError::NotFound { .. })), "{:?}", r.results[1]);
+    assert!(r.results[2].is_ok(), "other operations of the batch still apply");
+    let e = get(&store, "a").await;
+    assert_eq!((e.state.as_str(), e.version), ("idle", 1));
+    assert!(store.entity_get("m", "child").await.unwrap().is_none());
+    let target = get(&store, "target").await;
+    assert!(store.inbox_list(target.id).await.unwrap().is_empty());
+    assert_eq!(store.inbox_list(e.id).await.unwrap().len(), 1, "the event was not consumed");
+    assert_eq!(store.history_list(e.id).await.unwrap().len(), 1);
+    // Succeeds: everything lands together.
+    let mut good = base.clone();
+    good.sql = vec![sql("w1"), sql("w2")];
+    good.creates = vec![new_entity("child", "idle", Some(T0))];
+    good.pushes = vec![push("target", "hello")];
+    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(good))], false).await;
+    let Ok(Applied::Committed { created, .. }) = &r.results[0] else { panic!("{:?}", r.results[0]) };
+    assert_eq!(created.len(), 1);
+    assert_eq!(get(&store, "a").await.state.as_str(), "busy");
+    assert_eq!(get(&store, "child").await.due_at, Some(T0));
+    assert_eq!(store.inbox_list(target.id).await.unwrap()[0].event.as_str(), "hello");
+    assert_eq!(get(&store, "target").await.due_at, Some(T0 + 2));
+}
+
+/// An expired lease can be claimed by another owner, after which the first owner's commit
+/// is refused; renewal extends a lease and its due time.
+pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
+    create_one(&store, "a").await;
+    let r = write(&store, T0, vec![Op::Push(push("a", "go"))], true).await;
+    let c = r.claimed[0].clone();
+    let r = write(&store, T0 + 1, vec![Op::Renew { ids: vec![c.entity.id], owner: OWNER.into(), until: T0 + 60_000 }], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Renewed(1)));
+    assert_eq!(get(&store, "a").await.due_at, Some(T0 + 60_000));
+    let r = write(&store, T0 + 2, vec![Op::Renew { ids: vec![c.entity.id], owner: "engine-b".into(), until: T0 + 90_000 }], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Renewed(0)), "only the holder renews");
+    let r = store
+        .write(Batch { now: T0 + 60_001, ops: vec![], claim: Some(Claim { owner: "engine-b".into(), lease_ms: 30_000, limit: 10 }) })
+        .await
+        .unwrap();
+    assert_eq!(r.claimed.len(), 1, "expired lease is claimable");
+    assert_eq!(r.claimed[0].entity.lease_owner.as_deref(), Some("engine-b"));
+    let late = commit(&c.entity, Some("busy"), None, AfterCommit::Release { due_at: None });
+    let r = write(&store, T0 + 60_002, vec![Op::Commit(Box::new(late))], false).await;
+    assert_eq!(r.results[0], Err(OpError::LeaseLost { entity_id: c.entity.id }));
+    assert_eq!(store.lease_release_all(T0 + 60_003).await.unwrap(), 1);
+    let e = get(&store, "a").await;
+    assert_eq!((e.lease_owner, e.due_at), (None, Some(T0 + 60_003)));
+}
+
+/// Listing filters by machine and state with a cursor; counts group by state; machine
+/// definitions and metadata round-trip.
+pub async fn listing_counts_and_metadata<S: Store>(store: S) {
+    let ops = (0..5).map(|i| Op::Create(new_entity(&format!("k{i}"), if i < 3 { "idle" } else { "done" }, None))).collect();
+    write(&store, T0, ops, false).await;
+    let mut other = new_entity("x", "idle", Some(T0));
+    other.machine = MachineName::new("n");
+    write(&store, T0, vec![Op::Create(other)], false).await;
+    let all = store.entity_list(EntityFilter::default()).await.unwrap();
+    assert_eq!(all.len(), 6);
+    let idle = store.entity_list(EntityFilter { machine: Some("m".into()), state: Some("idle".into()), ..Default::default() }).await.unwrap();
+    assert_eq!(idle.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["k0", "k1", "k2"]);
+    let page = store.entity_list(EntityFilter { machine: Some("m".into()), after_id: Some(idle[0].id), limit: Some(2), ..Default::default() }).await.unwrap();
+    assert_eq!(page.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["k1", "k2"]);
+    assert_eq!(store.entity_count_by_state("m").await.unwrap(), vec![("done".to_string(), 2), ("idle".to_string(), 3)]);
+    assert_eq!(store.entity_count_pending().await.unwrap(), 1);
+    store.machine_put("m", "abc", "{}", T0).await.unwrap();
+    store.machine_put("m", "abc", "{}", T0 + 1).await.unwrap();
+    store.machine_put("m", "def", "{\"v\":2}", T0 + 2).await.unwrap();
+    let machines = store.machine_list().await.unwrap();
+    assert_eq!(machines.iter().map(|m| (m.hash.as_str(), m.created_at)).collect::<Vec<_>>(), [("abc", T0), ("def", T0 + 2)]);
+    assert_eq!(store.meta_get("demo").await.unwrap(), None);
+    store.meta_put("demo", "1").await.unwrap();
+    store.meta_put("demo", "2").await.unwrap();
+    assert_eq!(store.meta_get("demo").await.unwrap().as_deref(), Some("2"));
+}
+
+/// Instantiates every conformance check as a `#[tokio::test]` for one backend.
+///
+/// `$make` is an async expression yielding a fresh, empty store; `$dialect` a [`Dialect`].
+#[macro_export]
+macro_rules! store_conformance_suite {
+    ($make:expr, $dialect:expr) => {
+        mod conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            use $crate::conformance as suite;
+
+            #[tokio::test]
+            async fn create_get_and_duplicate() {
+                suite::create_get_and_duplicate($make.await).await
+            }
+            #[tokio::test]
+            async fn push_claim_fifo() {
+                suite::push_claim_fifo($make.await).await
+            }
+            #[tokio::test]
+            async fn commit_applies_and_reports_head() {
+                suite::commit_applies_and_reports_head($make.await).await
+            }
+            #[tokio::test]
+            async fn commit_is_fenced() {
+                suite::commit_is_fenced($make.await).await
+            }
+            #[tokio::test]
+            async fn release_never_strands_events() {
+                suite::release_never_strands_events($make.await).await
+            }
+            #[tokio::test]
+            async fn rejection_keeps_version() {
+                suite::rejection_keeps_version($make.await).await
+            }
+            #[tokio::test]
+            async fn effects_are_atomic() {
+                suite::effects_are_atomic($make.await, $dialect).await
+            }
+            #[tokio::test]
+            async fn expired_leases_move_and_renewal_extends() {
+                suite::expired_leases_move_and_renewal_extends($make.await).await
+            }
+            #[tokio::test]
+            async fn listing_counts_and_metadata() {
+                suite::listing_counts_and_metadata($make.await).await
+            }
+        }
+    };
+}

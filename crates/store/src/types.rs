@@ -1,0 +1,374 @@
+//! The data the store persists and the batches the engine writes.
+//!
+//! Times are integer milliseconds since the Unix epoch ([`Millis`]); properties and
+//! parameters are JSON, stored as text, so every backend agrees.
+
+use serde_json::Value;
+use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
+
+/// Milliseconds since the Unix epoch.
+pub type Millis = i64;
+
+/// A stored entity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntityRow {
+    /// Store-assigned id.
+    pub id: i64,
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The user's key, unique within the machine.
+    pub key: EntityKey,
+    /// The current state.
+    pub state: StateName,
+    /// The entity's properties.
+    pub properties: Properties,
+    /// Bumped by every transition: the fencing token of commits.
+    pub version: i64,
+    /// Retry count of the current state entry.
+    pub retry: u32,
+    /// When the entity was created.
+    pub created_at: Millis,
+    /// When the current state was entered.
+    pub entered_at: Millis,
+    /// When the entity next has work (events, auto action, lease expiry); `None`: dormant.
+    pub due_at: Option<Millis>,
+    /// The engine instance holding the lease, if any.
+    pub lease_owner: Option<String>,
+    /// Until when the lease is held.
+    pub lease_until: Option<Millis>,
+}
+
+/// An event waiting in an entity's durable inbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InboxItem {
+    /// Store-assigned, increasing: the processing order.
+    pub id: i64,
+    /// The entity it was raised on.
+    pub entity_id: i64,
+    /// The event's name.
+    pub event: EventName,
+    /// Its parameters (a JSON object, or null).
+    pub params: Value,
+    /// The request that raised it.
+    pub request_id: Option<String>,
+    /// When it was raised.
+    pub created_at: Millis,
+}
+
+/// What a history row records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HistoryKind {
+    /// The entity was created and entered its initial state.
+    Create,
+    /// An event's action moved the entity.
+    Event,
+    /// An auto action moved the entity (including re-entry for a retry).
+    Auto,
+    /// An event was rejected; nothing changed.
+    Rejected,
+    /// An action failed (error, panic, refused or failed commit); see `detail`.
+    Fault,
+}
+
+impl HistoryKind {
+    /// The lowercase name stored in the `kind` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HistoryKind::Create => "create",
+            HistoryKind::Event => "event",
+            HistoryKind::Auto => "auto",
+            HistoryKind::Rejected => "rejected",
+            HistoryKind::Fault => "fault",
+        }
+    }
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "create" => HistoryKind::Create,
+            "event" => HistoryKind::Event,
+            "auto" => HistoryKind::Auto,
+            "rejected" => HistoryKind::Rejected,
+            "fault" => HistoryKind::Fault,
+            _ => return None,
+        })
+    }
+}
+
+/// One row of an entity's append-only transition history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryRow {
+    /// Store-assigned, increasing.
+    pub id: i64,
+    /// The entity.
+    pub entity_id: i64,
+    /// The state before (`None` on creation).
+    pub from: Option<StateName>,
+    /// The state entered (`None` when nothing was entered: rejections, failed events).
+    pub to: Option<StateName>,
+    /// What happened.
+    pub kind: HistoryKind,
+    /// The action that ran, if any.
+    pub action: Option<ActionName>,
+    /// The event processed, if any.
+    pub event: Option<EventName>,
+    /// Retry count of the entry.
+    pub retry: u32,
+    /// The request that caused it.
+    pub request_id: Option<String>,
+    /// When it was committed.
+    pub at: Millis,
+    /// Rejection reason or error text.
+    pub detail: Option<String>,
+}
+
+/// A stored machine definition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineRecord {
+    /// The machine's name.
+    pub name: MachineName,
+    /// Content hash of the definition.
+    pub hash: String,
+    /// Canonical JSON of the definition.
+    pub definition: String,
+    /// When this version was first stored.
+    pub created_at: Millis,
+}
+
+/// Which entities to list.
+#[derive(Debug, Clone, Default)]
+pub struct EntityFilter {
+    /// Only this machine.
+    pub machine: Option<String>,
+    /// Only this state.
+    pub state: Option<String>,
+    /// Only entities with id greater than this (cursor).
+    pub after_id: Option<i64>,
+    /// At most this many (`None`: all).
+    pub limit: Option<u64>,
+}
+
+/// A new entity to insert.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEntity {
+    /// Its machine.
+    pub machine: MachineName,
+    /// Its key.
+    pub key: EntityKey,
+    /// The initial state.
+    pub state: StateName,
+    /// Constructor properties.
+    pub properties: Properties,
+    /// When its auto action is due (unstable initial state), else `None`.
+    pub due_at: Option<Millis>,
+    /// The request that created it.
+    pub request_id: Option<String>,
+}
+
+/// An event to append to an entity's inbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Push {
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The entity's key.
+    pub key: EntityKey,
+    /// The event.
+    pub event: EventName,
+    /// Its parameters.
+    pub params: Value,
+    /// The request raising it.
+    pub request_id: Option<String>,
+}
+
+/// A raw SQL statement run inside a commit. Parameters are bound, never interpolated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqlStatement {
+    /// SQL text with placeholders (`?1`, `?2`, ... on SQLite).
+    pub sql: String,
+    /// Bound parameters: null, bool, numbers and strings map to SQL values; arrays and
+    /// objects are bound as JSON text.
+    pub params: Vec<Value>,
+}
+
+/// The lease a commit is fenced by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The entity.
+    pub entity_id: i64,
+    /// Its version as read by the lease holder.
+    pub version: i64,
+    /// The lease holder.
+    pub owner: String,
+}
+
+/// What becomes of the lease after a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterCommit {
+    /// Keep the lease (the holder continues right away) until `now + lease_ms`.
+    Hold {
+        /// Lease length from now.
+        lease_ms: i64,
+    },
+    /// Drop the lease. The entity is next due at `due_at`, or at once if its inbox holds
+    /// events (checked inside the commit, so no event is ever stranded).
+    Release {
+        /// When the auto action is due, or `None` when at rest.
+        due_at: Option<Millis>,
+    },
+}
+
+/// One atomic, fenced change of one entity, with its effects.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    /// The lease this commit is fenced by.
+    pub fence: Fence,
+    /// The state before.
+    pub from: StateName,
+    /// The state entered, or `None` (rejection, failed event): state and version unchanged.
+    pub to: Option<StateName>,
+    /// Retry count of the entry.
+    pub retry: u32,
+    /// New properties, when they changed.
+    pub properties: Option<Properties>,
+    /// History kind.
+    pub kind: HistoryKind,
+    /// The action that ran.
+    pub action: Option<ActionName>,
+    /// The event processed.
+    pub event: Option<EventName>,
+    /// The inbox item consumed by this commit.
+    pub consume: Option<i64>,
+    /// The request id recorded in history.
+    pub request_id: Option<String>,
+    /// Rejection reason or error text recorded in history.
+    pub detail: Option<String>,
+    /// What happens to the lease.
+    pub after: AfterCommit,
+    /// Raw SQL run in the same transaction.
+    pub sql: Vec<SqlStatement>,
+    /// Entities created in the same transaction.
+    pub creates: Vec<NewEntity>,
+    /// Events pushed to other entities' inboxes in the same transaction.
+    pub pushes: Vec<Push>,
+}
+
+/// One operation of a [`Batch`]; each is atomic on its own.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Insert an entity (history: `create`).
+    Create(NewEntity),
+    /// Append an event to an inbox; the entity becomes due unless leased.
+    Push(Push),
+    /// Commit an entity's step.
+    Commit(Box<Commit>),
+    /// Extend leases held by `owner` on `ids` until `until` (due at that time too).
+    Renew {
+        /// Entities.
+        ids: Vec<i64>,
+        /// The holder.
+        owner: String,
+        /// New lease end.
+        until: Millis,
+    },
+}
+
+/// Claim due entities at the end of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The claiming engine instance.
+    pub owner: String,
+    /// Lease length.
+    pub lease_ms: i64,
+    /// At most this many.
+    pub limit: usize,
+}
+
+/// Many operations written in one transaction (one fsync): the group commit.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Batch {
+    /// The engine's clock for this batch.
+    pub now: Millis,
+    /// Operations, applied in order; a failing one leaves no trace and does not stop the rest.
+    pub ops: Vec<Op>,
+    /// Claim due entities after the operations, in the same transaction.
+    pub claim: Option<Claim>,
+}
+
+/// The successful result of one [`Op`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    /// The entity inserted.
+    Created(EntityRow),
+    /// The event is in the inbox.
+    Pushed {
+        /// Its inbox id.
+        inbox_id: i64,
+        /// The entity's id.
+        entity_id: i64,
+    },
+    /// The commit is applied.
+    Committed {
+        /// The entity's version afterwards.
+        version: i64,
+        /// The first event now waiting in the inbox (only reported when the lease is held).
+        inbox_head: Option<InboxItem>,
+        /// Ids of created entities.
+        created: Vec<i64>,
+    },
+    /// Leases renewed: how many.
+    Renewed(u64),
+}
+
+/// Why one [`Op`] failed; nothing of it is visible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    /// No such entity.
+    #[error("no entity `{key}` of machine `{machine}`")]
+    NotFound {
+        /// Machine.
+        machine: String,
+        /// Key.
+        key: String,
+    },
+    /// An entity with this machine and key exists.
+    #[error("entity `{key}` of machine `{machine}` already exists")]
+    AlreadyExists {
+        /// Machine.
+        machine: String,
+        /// Key.
+        key: String,
+    },
+    /// The lease is no longer ours, or the version moved: another writer owns the entity.
+    #[error("lease lost on entity {entity_id}")]
+    LeaseLost {
+        /// The entity.
+        entity_id: i64,
+    },
+    /// A raw SQL statement of the commit failed (constraint, syntax, ...).
+    #[error("sql statement {index} failed: {message}")]
+    Sql {
+        /// Index of the statement in the commit.
+        index: usize,
+        /// The database's message.
+        message: String,
+    },
+}
+
+/// An entity claimed for processing, with the first event of its inbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    /// The entity, now leased.
+    pub entity: EntityRow,
+    /// The first inbox event, if any.
+    pub inbox_head: Option<InboxItem>,
+}
+
+/// Results of a [`Batch`], in operation order.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchResult {
+    /// One result per operation.
+    pub results: Vec<Result<Applied, OpError>>,
+    /// Entities claimed.
+    pub claimed: Vec<Claimed>,
+    /// The earliest `due_at` still pending after the batch (for the engine's wake-up).
+    pub next_due: Option<Millis>,
+}
