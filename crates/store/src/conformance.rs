@@ -23,13 +23,13 @@ pub struct Dialect {
 const OWNER: &str = "engine-a";
 const T0: Millis = 1_000_000;
 
-fn new_entity(key: &str, state: &str, due_at: Option<Millis>) -> NewEntity {
+fn new_entity(key: &str, state: &str, auto_at: Option<Millis>) -> NewEntity {
     NewEntity {
         machine: MachineName::new("m"),
         key: EntityKey::new(key),
         state: StateName::new(state),
         properties: Properties::new(),
-        due_at,
+        auto_at,
         request_id: Some("req-1".into()),
     }
 }
@@ -50,6 +50,7 @@ fn commit(entity: &EntityRow, to: Option<&str>, consume: Option<i64>, after: Aft
         from: entity.state.clone(),
         to: to.map(StateName::new),
         retry: 0,
+        auto_at: None,
         properties: None,
         kind: if to.is_some() { HistoryKind::Event } else { HistoryKind::Rejected },
         action: to.map(|_| ActionName::new("go")),
@@ -150,9 +151,9 @@ pub async fn commit_is_fenced<S: Store>(store: S) {
     create_one(&store, "a").await;
     let r = write(&store, T0, vec![Op::Push(push("a", "one"))], true).await;
     let c = r.claimed[0].clone();
-    let mut stale = commit(&c.entity, Some("busy"), None, AfterCommit::Release { due_at: None });
+    let mut stale = commit(&c.entity, Some("busy"), None, AfterCommit::Release);
     stale.fence.version -= 1;
-    let mut stranger = commit(&c.entity, Some("busy"), None, AfterCommit::Release { due_at: None });
+    let mut stranger = commit(&c.entity, Some("busy"), None, AfterCommit::Release);
     stranger.fence.owner = "engine-b".into();
     let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(stale)), Op::Commit(Box::new(stranger))], false).await;
     for res in &r.results {
@@ -171,12 +172,13 @@ pub async fn release_never_strands_events<S: Store>(store: S) {
     let r = write(&store, T0, vec![Op::Push(push("a", "one")), Op::Push(push("a", "two"))], true).await;
     let c = r.claimed[0].clone();
     let head = c.inbox_head.as_ref().unwrap().id;
-    let cm = commit(&c.entity, Some("busy"), Some(head), AfterCommit::Release { due_at: None });
+    let cm = commit(&c.entity, Some("busy"), Some(head), AfterCommit::Release);
     let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(cm))], true).await;
     assert_eq!(r.claimed.len(), 1, "still has an event: claimed again");
     let c = r.claimed[0].clone();
     assert_eq!(c.inbox_head.as_ref().unwrap().event.as_str(), "two");
-    let cm = commit(&c.entity, Some("idle"), Some(c.inbox_head.unwrap().id), AfterCommit::Release { due_at: Some(T0 + 500) });
+    let mut cm = commit(&c.entity, Some("busy"), Some(c.inbox_head.unwrap().id), AfterCommit::Release);
+    cm.auto_at = Some(T0 + 500);
     let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(cm))], true).await;
     assert!(r.claimed.is_empty(), "not due before its time");
     assert_eq!(r.next_due, Some(T0 + 500));
@@ -186,7 +188,8 @@ pub async fn release_never_strands_events<S: Store>(store: S) {
     assert_eq!(r.claimed.len(), 1, "due now");
     let c = r.claimed[0].clone();
     assert!(c.inbox_head.is_none());
-    let r = write(&store, T0 + 501, vec![Op::Commit(Box::new(commit(&c.entity, Some("idle"), None, AfterCommit::Release { due_at: None })))], true).await;
+    assert_eq!(c.entity.auto_at, Some(T0 + 500));
+    let r = write(&store, T0 + 501, vec![Op::Commit(Box::new(commit(&c.entity, Some("idle"), None, AfterCommit::Release)))], true).await;
     assert!(r.claimed.is_empty());
     assert_eq!(r.next_due, None, "dormant entities have no due time");
     assert_eq!(get(&store, "a").await.due_at, None);
@@ -198,7 +201,7 @@ pub async fn rejection_keeps_version<S: Store>(store: S) {
     create_one(&store, "a").await;
     let r = write(&store, T0, vec![Op::Push(push("a", "bad"))], true).await;
     let c = r.claimed[0].clone();
-    let mut cm = commit(&c.entity, None, Some(c.inbox_head.unwrap().id), AfterCommit::Release { due_at: None });
+    let mut cm = commit(&c.entity, None, Some(c.inbox_head.unwrap().id), AfterCommit::Release);
     cm.detail = Some("already in progress".into());
     let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(cm))], false).await;
     assert!(matches!(r.results[0], Ok(Applied::Committed { version: 1, .. })));
@@ -218,7 +221,7 @@ pub async fn effects_are_atomic<S: Store>(store: S, dialect: Dialect) {
     create_one(&store, "target").await;
     let r = write(&store, T0, vec![Op::Push(push("a", "go"))], true).await;
     let c = r.claimed[0].clone();
-    let base = commit(&c.entity, Some("busy"), Some(c.inbox_head.as_ref().unwrap().id), AfterCommit::Release { due_at: None });
+    let base = commit(&c.entity, Some("busy"), Some(c.inbox_head.as_ref().unwrap().id), AfterCommit::Release);
     let sql = |name: &str| SqlStatement { sql: dialect.insert_widget.into(), params: vec![Value::from(name)] };
     // Fails: the second insert violates the primary key.
     let mut bad = base.clone();
@@ -271,7 +274,7 @@ pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
         .unwrap();
     assert_eq!(r.claimed.len(), 1, "expired lease is claimable");
     assert_eq!(r.claimed[0].entity.lease_owner.as_deref(), Some("engine-b"));
-    let late = commit(&c.entity, Some("busy"), None, AfterCommit::Release { due_at: None });
+    let late = commit(&c.entity, Some("busy"), None, AfterCommit::Release);
     let r = write(&store, T0 + 60_002, vec![Op::Commit(Box::new(late))], false).await;
     assert_eq!(r.results[0], Err(OpError::LeaseLost { entity_id: c.entity.id }));
     assert_eq!(store.lease_release_all(T0 + 60_003).await.unwrap(), 1);
@@ -304,6 +307,31 @@ pub async fn listing_counts_and_metadata<S: Store>(store: S) {
     store.meta_put("demo", "1").await.unwrap();
     store.meta_put("demo", "2").await.unwrap();
     assert_eq!(store.meta_get("demo").await.unwrap().as_deref(), Some("2"));
+}
+
+/// An entity waiting for its auto action keeps that due time through a rejection and a
+/// plain release; a release by a stale holder is refused.
+pub async fn auto_time_survives_events_and_release<S: Store>(store: S) {
+    let r = write(&store, T0, vec![Op::Create(new_entity("a", "waiting", Some(T0 + 1_000)))], false).await;
+    let Ok(Applied::Created(e)) = &r.results[0] else { panic!("{:?}", r.results[0]) };
+    assert_eq!((e.auto_at, e.due_at), (Some(T0 + 1_000), Some(T0 + 1_000)));
+    let r = write(&store, T0 + 1, vec![Op::Push(push("a", "poke"))], true).await;
+    let c = r.claimed[0].clone();
+    assert_eq!(c.entity.auto_at, Some(T0 + 1_000));
+    let reject = commit(&c.entity, None, Some(c.inbox_head.unwrap().id), AfterCommit::Release);
+    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(reject))], true).await;
+    assert!(r.claimed.is_empty());
+    assert_eq!(get(&store, "a").await.due_at, Some(T0 + 1_000), "the auto action is still due");
+    let r = write(&store, T0 + 1_000, vec![], true).await;
+    let c = r.claimed[0].clone();
+    let mut stale = Fence { entity_id: c.entity.id, version: c.entity.version, owner: "engine-b".into() };
+    let r = write(&store, T0 + 1_001, vec![Op::Release(stale.clone())], false).await;
+    assert_eq!(r.results[0], Err(OpError::LeaseLost { entity_id: c.entity.id }));
+    stale.owner = OWNER.into();
+    let r = write(&store, T0 + 1_002, vec![Op::Release(stale)], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Released));
+    let e = get(&store, "a").await;
+    assert_eq!((e.lease_owner, e.due_at), (None, Some(T0 + 1_000)));
 }
 
 /// Instantiates every conformance check as a `#[tokio::test]` for one backend.
@@ -348,6 +376,10 @@ macro_rules! store_conformance_suite {
             #[tokio::test]
             async fn expired_leases_move_and_renewal_extends() {
                 suite::expired_leases_move_and_renewal_extends($make.await).await
+            }
+            #[tokio::test]
+            async fn auto_time_survives_events_and_release() {
+                suite::auto_time_survives_events_and_release($make.await).await
             }
             #[tokio::test]
             async fn listing_counts_and_metadata() {

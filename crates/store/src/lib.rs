@@ -93,6 +93,10 @@ pub trait Store: Send + Sync + 'static {
     /// any batch. Not for entity data, which only changes through [`Store::write`].
     fn sql_execute(&self, sql: &str) -> impl Future<Output = Result<()>> + Send;
 
+    /// Whether this handle is the only engine on the store (SQLite's exclusive engine
+    /// lock). An exclusive engine may reclaim every lease at start.
+    fn exclusive(&self) -> bool;
+
     /// Drops every lease held by anyone; those entities become due now. Only for a caller
     /// that knows no other engine uses the store (SQLite's exclusive engine lock).
     fn lease_release_all(&self, now: Millis) -> impl Future<Output = Result<u64>> + Send;

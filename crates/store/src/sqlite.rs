@@ -36,7 +36,7 @@ struct Inner {
     path: PathBuf,
     writer: Option<Mutex<mpsc::Sender<Job>>>,
     readers: Mutex<Vec<Connection>>,
-    _lock: Option<File>,
+    lock: Option<File>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -106,7 +106,7 @@ impl SqliteStore {
                 path,
                 writer: Some(Mutex::new(tx)),
                 readers: Mutex::new(Vec::new()),
-                _lock: Some(lock),
+                lock: Some(lock),
             }),
         })
     }
@@ -118,7 +118,7 @@ impl SqliteStore {
             return Err(Error::Open { path: path.display().to_string(), message: "no such file".into() });
         }
         let store = SqliteStore {
-            inner: Arc::new(Inner { path: path.clone(), writer: None, readers: Mutex::new(Vec::new()), _lock: None }),
+            inner: Arc::new(Inner { path: path.clone(), writer: None, readers: Mutex::new(Vec::new()), lock: None }),
         };
         let conn = store.reader()?;
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(db_err)?;
@@ -198,7 +198,7 @@ fn migrate(conn: &mut Connection) -> Result<()> {
 }
 
 const ENTITY_COLS: &str =
-    "id, machine, key, state, properties, version, retry, created_at, entered_at, due_at, lease_owner, lease_until";
+    "id, machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at, lease_owner, lease_until";
 
 fn parse_json_obj(text: &str) -> rusqlite::Result<Properties> {
     serde_json::from_str(text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))
@@ -215,9 +215,10 @@ fn entity_from_row(r: &Row<'_>) -> rusqlite::Result<EntityRow> {
         retry: r.get(6)?,
         created_at: r.get(7)?,
         entered_at: r.get(8)?,
-        due_at: r.get(9)?,
-        lease_owner: r.get(10)?,
-        lease_until: r.get(11)?,
+        auto_at: r.get(9)?,
+        due_at: r.get(10)?,
+        lease_owner: r.get(11)?,
+        lease_until: r.get(12)?,
     })
 }
 
@@ -277,10 +278,10 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Ent
     let props = json_text(&e.properties);
     let inserted = tx
         .prepare_cached(
-            "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, due_at)
-             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6)",
+            "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at)
+             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?6)",
         )?
-        .execute(params![e.machine.as_str(), e.key.as_str(), e.state.as_str(), props, now, e.due_at]);
+        .execute(params![e.machine.as_str(), e.key.as_str(), e.state.as_str(), props, now, e.auto_at]);
     match inserted {
         Ok(_) => {}
         Err(err) if is_unique_violation(&err) => {
@@ -303,7 +304,8 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Ent
         retry: 0,
         created_at: now,
         entered_at: now,
-        due_at: e.due_at,
+        auto_at: e.auto_at,
+        due_at: e.auto_at,
         lease_owner: None,
         lease_until: None,
     })
@@ -350,9 +352,9 @@ fn json_to_sql(v: &Value) -> SqlValue {
 
 fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied, Fail> {
     let f = &c.fence;
-    let (hold, lease_until, release_due) = match c.after {
-        AfterCommit::Hold { lease_ms } => (true, Some(now + lease_ms), None),
-        AfterCommit::Release { due_at } => (false, None, due_at),
+    let (hold, lease_until) = match c.after {
+        AfterCommit::Hold { lease_ms } => (true, Some(now + lease_ms)),
+        AfterCommit::Release => (false, None),
     };
     let consumed = c.consume.unwrap_or(-1);
     // The fence: only the lease holder, at the version it read, may write.
@@ -363,6 +365,7 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
                 properties = COALESCE(?7, properties),
                 lease_owner = CASE WHEN ?8 THEN lease_owner ELSE NULL END,
                 lease_until = ?9,
+                auto_at = ?11,
                 due_at = CASE WHEN ?8 THEN ?9
                               WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1 AND id <> ?10) THEN ?6
                               ELSE ?11 END
@@ -379,7 +382,7 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
             hold,
             lease_until,
             consumed,
-            release_due
+            c.auto_at
         ])?
     } else {
         tx.prepare_cached(
@@ -389,7 +392,7 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
                 lease_until = ?6,
                 due_at = CASE WHEN ?5 THEN ?6
                               WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1 AND id <> ?7) THEN ?8
-                              ELSE ?9 END
+                              ELSE auto_at END
              WHERE id = ?1 AND version = ?2 AND lease_owner = ?3",
         )?
         .execute(params![
@@ -400,8 +403,7 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
             hold,
             lease_until,
             consumed,
-            now,
-            release_due
+            now
         ])?
     };
     if updated == 0 {
@@ -450,6 +452,19 @@ fn apply_op(tx: &Transaction<'_>, now: Millis, op: &Op) -> Result<Applied, Fail>
         Op::Create(e) => insert_entity(tx, now, e).map(Applied::Created),
         Op::Push(p) => push_event(tx, now, p).map(|(entity_id, inbox_id)| Applied::Pushed { inbox_id, entity_id }),
         Op::Commit(c) => apply_commit(tx, now, c),
+        Op::Release(f) => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE entities SET lease_owner = NULL, lease_until = NULL,
+                        due_at = CASE WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1) THEN ?4 ELSE auto_at END
+                     WHERE id = ?1 AND version = ?2 AND lease_owner = ?3",
+                )?
+                .execute(params![f.entity_id, f.version, f.owner, now])?;
+            if n == 0 {
+                return Err(Fail::Op(OpError::LeaseLost { entity_id: f.entity_id }));
+            }
+            Ok(Applied::Released)
+        }
         Op::Renew { ids, owner, until } => {
             let mut stmt = tx.prepare_cached(
                 "UPDATE entities SET lease_until = ?3, due_at = ?3 WHERE id = ?1 AND lease_owner = ?2",
@@ -467,7 +482,7 @@ fn apply_op(tx: &Transaction<'_>, now: Millis, op: &Op) -> Result<Applied, Fail>
 fn needs_savepoint(op: &Op) -> bool {
     match op {
         Op::Commit(c) => !(c.sql.is_empty() && c.creates.is_empty() && c.pushes.is_empty()),
-        Op::Create(_) | Op::Push(_) | Op::Renew { .. } => false,
+        Op::Create(_) | Op::Push(_) | Op::Release(_) | Op::Renew { .. } => false,
     }
 }
 
@@ -650,6 +665,10 @@ impl Store for SqliteStore {
         .await
     }
 
+    fn exclusive(&self) -> bool {
+        self.inner.lock.is_some()
+    }
+
     async fn sql_execute(&self, sql: &str) -> Result<()> {
         let sql = sql.to_string();
         self.on_writer(move |conn| conn.execute_batch(&sql).map_err(db_err)).await
@@ -658,7 +677,9 @@ impl Store for SqliteStore {
     async fn lease_release_all(&self, now: Millis) -> Result<u64> {
         self.on_writer(move |c| {
             c.execute(
-                "UPDATE entities SET lease_owner = NULL, lease_until = NULL, due_at = ?1 WHERE lease_owner IS NOT NULL",
+                "UPDATE entities SET lease_owner = NULL, lease_until = NULL,
+                    due_at = CASE WHEN auto_at IS NOT NULL AND auto_at > ?1 THEN auto_at ELSE ?1 END
+                 WHERE lease_owner IS NOT NULL",
                 [now],
             )
             .map(|n| n as u64)

@@ -30,7 +30,10 @@ pub struct EntityRow {
     pub created_at: Millis,
     /// When the current state was entered.
     pub entered_at: Millis,
-    /// When the entity next has work (events, auto action, lease expiry); `None`: dormant.
+    /// When the auto action of the current (unstable) state is due; `None` when at rest.
+    pub auto_at: Option<Millis>,
+    /// When the entity next has work: the earliest of its queued events (now), its auto
+    /// action, and, while leased, its lease expiry. `None`: dormant.
     pub due_at: Option<Millis>,
     /// The engine instance holding the lease, if any.
     pub lease_owner: Option<String>,
@@ -159,7 +162,7 @@ pub struct NewEntity {
     /// Constructor properties.
     pub properties: Properties,
     /// When its auto action is due (unstable initial state), else `None`.
-    pub due_at: Option<Millis>,
+    pub auto_at: Option<Millis>,
     /// The request that created it.
     pub request_id: Option<String>,
 }
@@ -208,12 +211,9 @@ pub enum AfterCommit {
         /// Lease length from now.
         lease_ms: i64,
     },
-    /// Drop the lease. The entity is next due at `due_at`, or at once if its inbox holds
-    /// events (checked inside the commit, so no event is ever stranded).
-    Release {
-        /// When the auto action is due, or `None` when at rest.
-        due_at: Option<Millis>,
-    },
+    /// Drop the lease. The entity is next due at its `auto_at`, or at once if its inbox
+    /// holds events (checked inside the commit, so no event is ever stranded).
+    Release,
 }
 
 /// One atomic, fenced change of one entity, with its effects.
@@ -227,6 +227,9 @@ pub struct Commit {
     pub to: Option<StateName>,
     /// Retry count of the entry.
     pub retry: u32,
+    /// When the entered state's auto action is due (`None`: at rest). Ignored when `to` is
+    /// `None`: the entity keeps its auto action's due time.
+    pub auto_at: Option<Millis>,
     /// New properties, when they changed.
     pub properties: Option<Properties>,
     /// History kind.
@@ -260,6 +263,9 @@ pub enum Op {
     Push(Push),
     /// Commit an entity's step.
     Commit(Box<Commit>),
+    /// Drop the lease without a transition; the entity is due at its `auto_at`, or now if
+    /// its inbox holds events.
+    Release(Fence),
     /// Extend leases held by `owner` on `ids` until `until` (due at that time too).
     Renew {
         /// Entities.
@@ -314,6 +320,8 @@ pub enum Applied {
         /// Ids of created entities.
         created: Vec<i64>,
     },
+    /// The lease was dropped.
+    Released,
     /// Leases renewed: how many.
     Renewed(u64),
 }

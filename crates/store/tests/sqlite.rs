@@ -22,7 +22,7 @@ fn entity(key: &str) -> settle_store::NewEntity {
         key: key.into(),
         state: "idle".into(),
         properties: Default::default(),
-        due_at: None,
+        auto_at: None,
         request_id: None,
     }
 }

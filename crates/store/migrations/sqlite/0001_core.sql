@@ -17,6 +17,7 @@ CREATE TABLE entities (
     retry       INTEGER NOT NULL DEFAULT 0,
     created_at  INTEGER NOT NULL,
     entered_at  INTEGER NOT NULL,
+    auto_at     INTEGER,
     due_at      INTEGER,
     lease_owner TEXT,
     lease_until INTEGER,
