@@ -1,1 +1,359 @@
 //! Rendering a machine as a Mermaid or Graphviz DOT diagram.
+//!
+//! Both formats draw the same graph, in declaration order so the text is deterministic:
+//! every state; an arrow from the start to the initial state; for each state, the edges
+//! of its auto action (labelled `auto: action` in DOT, `auto / action` in Mermaid, whose
+//! transition labels cannot hold a colon) and of the events valid in it (labelled with
+//! the event's name); an arrow to the end from terminal and deleted states (Mermaid) or
+//! a double circle (DOT). Unstable states are dashed and error-health states red.
+//!
+//! ```
+//! use settle_core::graph::{self, Format};
+//! use settle_core::MachineBuilder;
+//! let m = MachineBuilder::new("door")
+//!     .state("closed").initial()
+//!     .state("open")
+//!     .event("open", ["closed"], "do_open")
+//!     .event("close", ["open"], "do_close")
+//!     .action("do_open", ["open"])
+//!     .action("do_close", ["closed"])
+//!     .build()
+//!     .unwrap();
+//! let text = graph::render(&m, "mermaid".parse::<Format>().unwrap());
+//! assert!(text.contains("    closed --> open : open\n"));
+//! ```
+
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+use std::str::FromStr;
+
+use crate::machine::{Health, Machine, State, StateKind};
+
+/// A diagram format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Mermaid `stateDiagram-v2` (renders in GitHub Markdown).
+    Mermaid,
+    /// Graphviz DOT (`dot -Tsvg`).
+    Dot,
+}
+
+impl Format {
+    /// The name used on the command line: `mermaid` or `dot`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Mermaid => "mermaid",
+            Format::Dot => "dot",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A diagram format name that is neither `mermaid` nor `dot`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown diagram format `{0}` (expected `mermaid` or `dot`)")]
+pub struct UnknownFormat(pub String);
+
+impl FromStr for Format {
+    type Err = UnknownFormat;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "mermaid" => Ok(Format::Mermaid),
+            "dot" => Ok(Format::Dot),
+            _ => Err(UnknownFormat(s.to_string())),
+        }
+    }
+}
+
+/// Renders `machine` as a diagram in `format`. The text ends with a newline.
+pub fn render(machine: &Machine, format: Format) -> String {
+    match format {
+        Format::Mermaid => mermaid(machine),
+        Format::Dot => dot(machine),
+    }
+}
+
+/// An edge of the diagram: `from -> to`, from an auto action or an event.
+struct Edge<'m> {
+    from: &'m str,
+    to: &'m str,
+    label: Label<'m>,
+}
+
+enum Label<'m> {
+    Auto(&'m str),
+    Event(&'m str),
+}
+
+/// Every edge, grouped by source state in declaration order: the auto action's targets
+/// first, then those of each event valid in the state.
+fn edges(machine: &Machine) -> Vec<Edge<'_>> {
+    let mut out = Vec::new();
+    for s in machine.states() {
+        if let Some(action) = s.auto.as_ref().and_then(|a| machine.action(a)) {
+            for t in &action.targets {
+                out.push(Edge { from: &s.name, to: &t.state, label: Label::Auto(&action.name) });
+            }
+        }
+        for e in machine.permitted_events(&s.name) {
+            if let Some(action) = machine.action(&e.action) {
+                for t in &action.targets {
+                    out.push(Edge { from: &s.name, to: &t.state, label: Label::Event(&e.name) });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn is_final(s: &State) -> bool {
+    matches!(s.kind, StateKind::Terminal | StateKind::Deleted)
+}
+
+fn mermaid(machine: &Machine) -> String {
+    // A state's id is its name when Mermaid reads that as a plain id; otherwise `_<index>`,
+    // declared with the name as its label. Plain ids start with a letter: no collision.
+    let ids: Vec<String> = machine
+        .states()
+        .iter()
+        .enumerate()
+        .map(|(i, s)| if mermaid_plain_id(&s.name) { s.name.to_string() } else { format!("_{i}") })
+        .collect();
+    let by_name: HashMap<&str, &str> =
+        machine.states().iter().zip(&ids).map(|(s, id)| (s.name.as_str(), id.as_str())).collect();
+    let id = |name: &str| -> &str { by_name[name] };
+    let mut out = String::from("stateDiagram-v2\n");
+    for (s, sid) in machine.states().iter().zip(&ids) {
+        if *sid == *s.name {
+            let _ = writeln!(out, "    {sid}");
+        } else {
+            let _ = writeln!(out, "    state \"{}\" as {sid}", mermaid_text(&s.name).replace('"', "#quot;"));
+        }
+    }
+    let _ = writeln!(out, "    [*] --> {}", id(&machine.initial().name));
+    for e in edges(machine) {
+        let label = match e.label {
+            Label::Auto(a) => format!("auto / {}", mermaid_text(a)),
+            Label::Event(ev) => mermaid_text(ev),
+        };
+        let _ = writeln!(out, "    {} --> {} : {label}", id(e.from), id(e.to));
+    }
+    for (s, sid) in machine.states().iter().zip(&ids) {
+        if is_final(s) {
+            let _ = writeln!(out, "    {sid} --> [*]");
+        }
+    }
+    let class = |pred: &dyn Fn(&State) -> bool| -> Vec<&str> {
+        machine.states().iter().zip(&ids).filter(|(s, _)| pred(s)).map(|(_, id)| id.as_str()).collect()
+    };
+    let unstable = class(&|s| s.kind == StateKind::Unstable);
+    let error = class(&|s| s.health == Health::Error);
+    if !unstable.is_empty() {
+        out.push_str("    classDef unstable stroke-dasharray:5 5\n");
+        let _ = writeln!(out, "    class {} unstable", unstable.join(","));
+    }
+    if !error.is_empty() {
+        out.push_str("    classDef error fill:#fdd,stroke:#c00,color:#900\n");
+        let _ = writeln!(out, "    class {} error", error.join(","));
+    }
+    out
+}
+
+/// Whether Mermaid reads `name` as a plain state id: an ASCII letter, then letters,
+/// digits and `_`, and not one of the diagram's keywords (matched case-insensitively).
+fn mermaid_plain_id(name: &str) -> bool {
+    const KEYWORDS: [&str; 12] = [
+        "state",
+        "note",
+        "scale",
+        "hide",
+        "direction",
+        "classdef",
+        "class",
+        "style",
+        "click",
+        "end",
+        "acctitle",
+        "accdescr",
+    ];
+    let mut bytes = name.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_alphabetic())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !KEYWORDS.contains(&name.to_ascii_lowercase().as_str())
+}
+
+/// Text safe in a Mermaid label: no line breaks, and `:`, `;` and `#` as entity codes.
+fn mermaid_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '#' => out.push_str("#35;"),
+            ':' => out.push_str("#58;"),
+            ';' => out.push_str("#59;"),
+            '\n' | '\r' => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn dot(machine: &Machine) -> String {
+    let mut out = format!("digraph {} {{\n", dot_string(machine.name()));
+    out.push_str("    rankdir=LR;\n");
+    out.push_str("    node [shape=box, style=rounded];\n");
+    // `[*]` cannot be a state's name, so the start node never collides with one.
+    out.push_str("    \"[*]\" [shape=point, label=\"\"];\n");
+    for s in machine.states() {
+        let mut attrs: Vec<&str> = Vec::new();
+        match s.kind {
+            StateKind::Stable => {}
+            StateKind::Unstable => attrs.push("style=\"rounded,dashed\""),
+            StateKind::Terminal => attrs.push("shape=doublecircle"),
+            StateKind::Deleted => attrs.extend(["shape=doublecircle", "style=dashed"]),
+        }
+        if s.health == Health::Error {
+            attrs.extend(["color=red", "fontcolor=red"]);
+        }
+        if attrs.is_empty() {
+            let _ = writeln!(out, "    {};", dot_string(&s.name));
+        } else {
+            let _ = writeln!(out, "    {} [{}];", dot_string(&s.name), attrs.join(", "));
+        }
+    }
+    let _ = writeln!(out, "    \"[*]\" -> {};", dot_string(&machine.initial().name));
+    for e in edges(machine) {
+        let label = match e.label {
+            Label::Auto(a) => format!("auto: {a}"),
+            Label::Event(ev) => ev.to_string(),
+        };
+        let _ = writeln!(out, "    {} -> {} [label={}];", dot_string(e.from), dot_string(e.to), dot_string(&label));
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// A DOT quoted string: `"` and `\` escaped, line breaks as `\n`.
+fn dot_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => {}
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::{MachineBuilder, StateKind};
+
+    fn server() -> Machine {
+        MachineBuilder::new("server")
+            .state("new")
+            .initial()
+            .state("creating")
+            .auto("provision")
+            .state("ready")
+            .state("failed")
+            .error_health()
+            .auto("undo")
+            .state("gone")
+            .kind(StateKind::Deleted)
+            .state("old-ready")
+            .kind(StateKind::Terminal)
+            .event("create", ["new"], "begin")
+            .event("retire", ["ready"], "archive")
+            .action("begin", ["creating"])
+            .action("provision", ["ready", "creating", "failed"])
+            .action("undo", ["gone", "failed"])
+            .action("archive", ["old-ready"])
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn mermaid_diagram() {
+        let expected = "\
+stateDiagram-v2
+    new
+    creating
+    ready
+    failed
+    gone
+    state \"old-ready\" as _5
+    [*] --> new
+    new --> creating : create
+    creating --> ready : auto / provision
+    creating --> creating : auto / provision
+    creating --> failed : auto / provision
+    ready --> _5 : retire
+    failed --> gone : auto / undo
+    failed --> failed : auto / undo
+    gone --> [*]
+    _5 --> [*]
+    classDef unstable stroke-dasharray:5 5
+    class creating,failed unstable
+    classDef error fill:#fdd,stroke:#c00,color:#900
+    class failed error
+";
+        assert_eq!(render(&server(), Format::Mermaid), expected);
+    }
+
+    #[test]
+    fn dot_diagram() {
+        let expected = r#"digraph "server" {
+    rankdir=LR;
+    node [shape=box, style=rounded];
+    "[*]" [shape=point, label=""];
+    "new";
+    "creating" [style="rounded,dashed"];
+    "ready";
+    "failed" [style="rounded,dashed", color=red, fontcolor=red];
+    "gone" [shape=doublecircle, style=dashed];
+    "old-ready" [shape=doublecircle];
+    "[*]" -> "new";
+    "new" -> "creating" [label="create"];
+    "creating" -> "ready" [label="auto: provision"];
+    "creating" -> "creating" [label="auto: provision"];
+    "creating" -> "failed" [label="auto: provision"];
+    "ready" -> "old-ready" [label="retire"];
+    "failed" -> "gone" [label="auto: undo"];
+    "failed" -> "failed" [label="auto: undo"];
+}
+"#;
+        assert_eq!(render(&server(), Format::Dot), expected);
+    }
+
+    #[test]
+    fn formats_parse_and_display() {
+        assert_eq!("mermaid".parse::<Format>(), Ok(Format::Mermaid));
+        assert_eq!("DOT".parse::<Format>(), Ok(Format::Dot));
+        assert_eq!(
+            "svg".parse::<Format>().unwrap_err().to_string(),
+            "unknown diagram format `svg` (expected `mermaid` or `dot`)"
+        );
+        assert_eq!(Format::Dot.to_string(), "dot");
+    }
+
+    #[test]
+    fn names_are_escaped() {
+        assert_eq!(dot_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(mermaid_text("a:b;c#d"), "a#58;b#59;c#35;d");
+        assert!(mermaid_plain_id("ready_2"));
+        for not_plain in ["old-ready", "2fast", "_x", "state", "Note", "end", ""] {
+            assert!(!mermaid_plain_id(not_plain), "{not_plain}");
+        }
+    }
+}

@@ -274,12 +274,7 @@ impl Machine {
                     .iter()
                     .map(|t| Target {
                         state: StateName::new(t),
-                        wait: a
-                            .target_waits
-                            .iter()
-                            .find(|(s, _)| s == t)
-                            .map(|(_, d)| *d)
-                            .unwrap_or_default(),
+                        wait: a.target_waits.iter().find(|(s, _)| s == t).map(|(_, d)| *d).unwrap_or_default(),
                     })
                     .collect(),
             })

@@ -66,10 +66,9 @@ pub fn check_raise<'m>(
     event: &str,
     params: &Value,
 ) -> Result<&'m crate::machine::Event, RaiseError> {
-    let ev = machine.event(event).ok_or_else(|| RaiseError::UnknownEvent {
-        machine: machine.name().clone(),
-        event: event.to_string(),
-    })?;
+    let ev = machine
+        .event(event)
+        .ok_or_else(|| RaiseError::UnknownEvent { machine: machine.name().clone(), event: event.to_string() })?;
     let empty = Map::new();
     let obj = match params {
         Value::Null => &empty,
@@ -139,11 +138,8 @@ pub fn on_event<'m>(machine: &'m Machine, state: &str, event: &str, has_handler:
         });
     };
     if !ev.valid_in(state) {
-        let reason = ev
-            .reject
-            .get(state)
-            .cloned()
-            .unwrap_or_else(|| format!("event `{event}` is not valid in state `{state}`"));
+        let reason =
+            ev.reject.get(state).cloned().unwrap_or_else(|| format!("event `{event}` is not valid in state `{state}`"));
         return EventStep::Reject(Rejection { state: StateName::new(state), event: ev.name.clone(), reason });
     }
     let action = machine.action(&ev.action).expect("validated machine: event action exists");
@@ -250,7 +246,8 @@ pub fn enter(
     }
     let state = machine.state(target_name).expect("declared targets and the current state exist");
     check_invariant(machine, state, props_after)?;
-    let is_retry = state.name == from.name && state.kind == StateKind::Unstable && from.auto.as_ref() == Some(&action.name);
+    let is_retry =
+        state.name == from.name && state.kind == StateKind::Unstable && from.auto.as_ref() == Some(&action.name);
     let transition_wait = declared.map(|t| t.wait).unwrap_or_default();
     Ok(Entry {
         state: state.name.clone(),
@@ -355,7 +352,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match on_event(&m, "ready", "create", false) {
-            EventStep::Reject(r) => assert_eq!(r.reason, "event `create` is not valid in state `ready`"),
+            EventStep::Reject(r) => {
+                assert_eq!(r.reason, "event `create` is not valid in state `ready`")
+            }
             other => panic!("{other:?}"),
         }
         assert!(matches!(on_event(&m, "new", "create", false), EventStep::Plain { .. }));

@@ -1,1 +1,577 @@
 //! Loading machine definitions from TOML (see the DESIGN appendix for the format).
+//!
+//! [`parse`] turns one file into a [`MachineDef`] with the line of every item filled in;
+//! [`load`] also validates it into a [`Machine`]. Problems come back as a [`Report`]:
+//! a syntax or type error is one diagnostic on the item "file"; otherwise every problem
+//! is reported at once.
+//!
+//! Keys supported so far:
+//! - top level: `name` (defaults to the file stem), `initial`, `[states.*]`, `[events.*]`,
+//!   `[actions.*]`;
+//! - a state: `kind` (`stable`, `unstable`, `terminal`, `deleted`), `auto` (an action or
+//!   an array of actions), `wait` (a duration), `health` (`ok`, `error`), `requires`,
+//!   `initial` (a boolean);
+//! - an event: `in`, `action`, `params`, `reject` (a table state → reason);
+//! - an action: `to`, `wait` (a table target state → duration: a wait on that transition).
+//!
+//! Keys of features still to come (`subscribe`, `timeout`, `[timers]`, `agent`, `lock`,
+//! `[fault]`) are refused with an error saying so; any other unknown key is an error too.
+//!
+//! ```
+//! let text = r#"
+//! initial = "closed"
+//! [states.closed]
+//! [states.open]
+//! [events.open]
+//! in = ["closed"]
+//! action = "do_open"
+//! [events.close]
+//! in = ["open"]
+//! action = "do_close"
+//! [actions.do_open]
+//! to = ["open"]
+//! [actions.do_close]
+//! to = ["closed"]
+//! "#;
+//! let def = settle_core::toml::parse("door", text).unwrap();
+//! assert_eq!(def.name, "door");
+//! assert_eq!(def.states[1].origin.line, Some(4));
+//! let (machine, warnings) = settle_core::toml::load("door.toml", "door", text).unwrap();
+//! assert_eq!(machine.initial().name, "closed");
+//! assert!(warnings.diagnostics.is_empty());
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use ::toml::Spanned;
+use serde::Deserialize;
+use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
+
+use crate::duration;
+use crate::machine::{ActionDef, EventDef, Health, Machine, MachineDef, Origin, StateDef, StateKind};
+use crate::validate::{Diagnostic, Report, Severity};
+
+/// Parses one machine definition. `file_stem` is the machine's name unless the file sets
+/// `name`. The definition is not validated: see [`load`] or [`Machine::from_def`].
+///
+/// Errors: a syntax or type error (one diagnostic on the item "file"), or every bad
+/// duration and unsupported key found.
+pub fn parse(file_stem: &str, text: &str) -> Result<MachineDef, Report> {
+    let (def, diagnostics) = parse_lenient(file_stem, text)?;
+    if diagnostics.is_empty() { Ok(def) } else { Err(Report { diagnostics }) }
+}
+
+/// Parses and validates one machine definition, read from `path_display` (used as the
+/// `file` of every diagnostic). Returns the machine with its warnings, or every problem
+/// found: those of parsing and, unless the file could not be read as TOML at all, those
+/// of validation.
+///
+/// Diagnostics come errors first, then warnings, each in line order.
+pub fn load(path_display: &str, file_stem: &str, text: &str) -> Result<(Machine, Report), Report> {
+    let (def, mut diagnostics) = parse_lenient(file_stem, text).map_err(|r| r.with_file(path_display))?;
+    let finish = |mut diagnostics: Vec<Diagnostic>| {
+        diagnostics.sort_by_key(|d| (d.severity, d.line));
+        Report { diagnostics }.with_file(path_display)
+    };
+    match Machine::from_def(&def) {
+        Ok((machine, warnings)) if diagnostics.is_empty() => Ok((machine, finish(warnings.diagnostics))),
+        Ok((_, report)) | Err(report) => {
+            diagnostics.extend(report.diagnostics);
+            Err(finish(diagnostics))
+        }
+    }
+}
+
+/// Parses what can be parsed. `Err` only when the text is not a machine file at all
+/// (syntax or type error); otherwise the definition comes back with the problems found
+/// in it (bad durations, unsupported keys), which leave the affected value out.
+fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnostic>), Report> {
+    let file: FileToml = ::toml::from_str(text).map_err(|e| {
+        let line = e.span().map(|s| line_of(text, s.start));
+        Report {
+            diagnostics: vec![Diagnostic {
+                severity: Severity::Error,
+                file: None,
+                line,
+                machine: file_stem.to_string(),
+                item: "file".to_string(),
+                message: tidy_message(e.message()),
+            }],
+        }
+    })?;
+    let name = file.name.as_ref().map_or_else(|| file_stem.to_string(), |n| n.get_ref().clone());
+    let mut p = Parser { text, machine: name.clone(), diagnostics: Vec::new() };
+    let mut def = MachineDef {
+        name,
+        initial: file.initial.as_ref().map(|i| i.get_ref().clone()),
+        initial_origin: Origin { line: file.initial.as_ref().map(|i| line_of(text, i.span().start)) },
+        origin: Origin { line: Some(1) },
+        ..MachineDef::default()
+    };
+    p.unsupported("machine", "[timers]", "timers", file.timers.as_ref());
+    p.unsupported("machine", "[fault]", "fault policies", file.fault.as_ref());
+    for (key, state) in in_order(file.states) {
+        def.states.push(p.state(key, state));
+    }
+    for (key, event) in in_order(file.events) {
+        def.events.push(p.event(key, event));
+    }
+    for (key, action) in in_order(file.actions) {
+        def.actions.push(p.action(key, action));
+    }
+    let mut diagnostics = p.diagnostics;
+    diagnostics.sort_by_key(|d| d.line);
+    Ok((def, diagnostics))
+}
+
+/// The entries of a TOML table in the order they appear in the file.
+fn in_order<T>(table: BTreeMap<Spanned<String>, T>) -> Vec<(Spanned<String>, T)> {
+    let mut entries: Vec<_> = table.into_iter().collect();
+    entries.sort_by_key(|(k, _)| k.span().start);
+    entries
+}
+
+/// The 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> u32 {
+    let end = offset.min(text.len());
+    let newlines = text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count();
+    u32::try_from(newlines + 1).unwrap_or(u32::MAX)
+}
+
+/// The first line of a TOML error message, starting lowercase, without a trailing period.
+fn tidy_message(message: &str) -> String {
+    let first = message.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid toml").trim();
+    let first = first.trim_end_matches('.');
+    let mut chars = first.chars();
+    match (chars.next(), chars.next()) {
+        // Lowercase "Invalid" but keep acronyms such as "TOML".
+        (Some(c), Some(d)) if c.is_uppercase() && !d.is_uppercase() => {
+            c.to_lowercase().chain(first[c.len_utf8()..].chars()).collect()
+        }
+        _ => first.to_string(),
+    }
+}
+
+struct Parser<'t> {
+    text: &'t str,
+    machine: String,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl Parser<'_> {
+    fn line<T>(&self, spanned: &Spanned<T>) -> Option<u32> {
+        Some(line_of(self.text, spanned.span().start))
+    }
+
+    fn error(&mut self, item: &str, line: Option<u32>, message: String) {
+        self.diagnostics.push(Diagnostic {
+            severity: Severity::Error,
+            file: None,
+            line,
+            machine: self.machine.clone(),
+            item: item.to_string(),
+            message,
+        });
+    }
+
+    fn unsupported(&mut self, item: &str, key: &str, feature: &str, value: Option<&Spanned<IgnoredAny>>) {
+        if let Some(v) = value {
+            let line = self.line(v);
+            self.error(item, line, format!("`{key}` is not supported yet ({feature} come in a later version)"));
+        }
+    }
+
+    fn duration(&mut self, item: &str, value: &Spanned<String>) -> Option<Duration> {
+        match duration::parse(value.get_ref()) {
+            Ok(d) => Some(d),
+            Err(message) => {
+                let line = self.line(value);
+                self.error(item, line, message);
+                None
+            }
+        }
+    }
+
+    fn state(&mut self, key: Spanned<String>, state: StateToml) -> StateDef {
+        let item = format!("state `{}`", key.get_ref());
+        StateDef {
+            kind: state.kind.map(|k| match k {
+                KindToml::Stable => StateKind::Stable,
+                KindToml::Unstable => StateKind::Unstable,
+                KindToml::Terminal => StateKind::Terminal,
+                KindToml::Deleted => StateKind::Deleted,
+            }),
+            auto: state.auto.map(|a| a.0).unwrap_or_default(),
+            wait: state.wait.as_ref().and_then(|w| self.duration(&item, w)),
+            health: match state.health {
+                Some(HealthToml::Error) => Health::Error,
+                Some(HealthToml::Ok) | None => Health::Ok,
+            },
+            requires: state.requires,
+            initial: state.initial,
+            origin: Origin { line: self.line(&key) },
+            name: key.into_inner(),
+        }
+    }
+
+    fn event(&mut self, key: Spanned<String>, event: EventToml) -> EventDef {
+        let item = format!("event `{}`", key.get_ref());
+        self.unsupported(&item, "subscribe", "subscriptions", event.subscribe.as_ref());
+        self.unsupported(&item, "timeout", "subscription timeouts", event.timeout.as_ref());
+        EventDef {
+            valid_in: event.valid_in,
+            action: event.action,
+            params: event.params,
+            reject: in_order(event.reject).into_iter().map(|(s, r)| (s.into_inner(), r)).collect(),
+            origin: Origin { line: self.line(&key) },
+            name: key.into_inner(),
+        }
+    }
+
+    fn action(&mut self, key: Spanned<String>, action: ActionToml) -> ActionDef {
+        let item = format!("action `{}`", key.get_ref());
+        self.unsupported(&item, "agent", "agent queues", action.agent.as_ref());
+        self.unsupported(&item, "lock", "agent queues", action.lock.as_ref());
+        let target_waits = in_order(action.wait)
+            .into_iter()
+            .filter_map(|(target, wait)| self.duration(&item, &wait).map(|d| (target.into_inner(), d)))
+            .collect();
+        ActionDef { targets: action.to, target_waits, origin: Origin { line: self.line(&key) }, name: key.into_inner() }
+    }
+}
+
+/// A whole file. Keys of features still to come are accepted here only to be refused
+/// with a clear message.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileToml {
+    name: Option<Spanned<String>>,
+    initial: Option<Spanned<String>>,
+    #[serde(default)]
+    states: BTreeMap<Spanned<String>, StateToml>,
+    #[serde(default)]
+    events: BTreeMap<Spanned<String>, EventToml>,
+    #[serde(default)]
+    actions: BTreeMap<Spanned<String>, ActionToml>,
+    timers: Option<Spanned<IgnoredAny>>,
+    fault: Option<Spanned<IgnoredAny>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateToml {
+    kind: Option<KindToml>,
+    auto: Option<Names>,
+    wait: Option<Spanned<String>>,
+    health: Option<HealthToml>,
+    #[serde(default)]
+    requires: Vec<String>,
+    #[serde(default)]
+    initial: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum KindToml {
+    Stable,
+    Unstable,
+    Terminal,
+    Deleted,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum HealthToml {
+    Ok,
+    Error,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventToml {
+    #[serde(rename = "in")]
+    valid_in: Vec<String>,
+    action: String,
+    #[serde(default)]
+    params: Vec<String>,
+    #[serde(default)]
+    reject: BTreeMap<Spanned<String>, String>,
+    subscribe: Option<Spanned<IgnoredAny>>,
+    timeout: Option<Spanned<IgnoredAny>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionToml {
+    #[serde(default)]
+    to: Vec<String>,
+    #[serde(default)]
+    wait: BTreeMap<Spanned<String>, Spanned<String>>,
+    agent: Option<Spanned<IgnoredAny>>,
+    lock: Option<Spanned<IgnoredAny>>,
+}
+
+/// One name or an array of names (`auto = "x"` or `auto = ["x", "y"]`).
+struct Names(Vec<String>);
+
+impl<'de> Deserialize<'de> for Names {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NamesVisitor;
+        impl<'de> Visitor<'de> for NamesVisitor {
+            type Value = Names;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an action name or an array of action names")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Names, E> {
+                Ok(Names(vec![v.to_string()]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Names, A::Error> {
+                let mut names = Vec::new();
+                while let Some(n) = seq.next_element::<String>()? {
+                    names.push(n);
+                }
+                Ok(Names(names))
+            }
+        }
+        deserializer.deserialize_any(NamesVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::MachineBuilder;
+
+    const SERVER: &str = r#"name = "server"
+initial = "new"
+
+[states.new]
+[states.creating]
+auto = "create_resources"
+wait = "0s"
+[states.ready]
+requires = ["endpoint"]
+[states.failed]
+health = "error"
+auto = ["undo"]
+[states.gone]
+kind = "deleted"
+
+[events.create]
+in = ["new"]
+action = "begin_create"
+params = ["region"]
+[events.create.reject]
+ready = "already exists"
+creating = "already in progress"
+
+[events.delete]
+in = ["ready"]
+action = "undo"
+
+[actions.begin_create]
+to = ["creating"]
+[actions.create_resources]
+to = ["ready", "creating", "failed"]
+wait = { failed = "1s", creating = "5s" }
+[actions.undo]
+to = ["gone", "failed"]
+"#;
+
+    fn errors(file_stem: &str, text: &str) -> Vec<String> {
+        match parse(file_stem, text) {
+            Ok(def) => panic!("expected errors, parsed {def:?}"),
+            Err(report) => report.diagnostics.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn parses_items_in_declaration_order_with_lines() {
+        let def = parse("ignored", SERVER).unwrap();
+        assert_eq!(def.name, "server");
+        assert_eq!(def.initial.as_deref(), Some("new"));
+        assert_eq!(def.initial_origin.line, Some(2));
+        let states: Vec<(&str, Option<u32>)> = def.states.iter().map(|s| (s.name.as_str(), s.origin.line)).collect();
+        assert_eq!(
+            states,
+            [("new", Some(4)), ("creating", Some(5)), ("ready", Some(8)), ("failed", Some(10)), ("gone", Some(13))]
+        );
+        assert_eq!(def.states[1].auto, ["create_resources"]);
+        assert_eq!(def.states[1].wait, Some(Duration::ZERO));
+        assert_eq!(def.states[2].requires, ["endpoint"]);
+        assert_eq!((def.states[3].health, def.states[3].auto.as_slice()), (Health::Error, &["undo".to_string()][..]));
+        assert_eq!(def.states[4].kind, Some(StateKind::Deleted));
+        let create = &def.events[0];
+        assert_eq!((create.name.as_str(), create.origin.line), ("create", Some(16)));
+        assert_eq!(create.valid_in, ["new"]);
+        assert_eq!(create.params, ["region"]);
+        let reject =
+            [("ready".to_string(), "already exists".to_string()), ("creating".into(), "already in progress".into())];
+        assert_eq!(create.reject, reject);
+        assert_eq!((def.events[1].name.as_str(), def.events[1].origin.line), ("delete", Some(24)));
+        let actions: Vec<(&str, Option<u32>)> = def.actions.iter().map(|a| (a.name.as_str(), a.origin.line)).collect();
+        assert_eq!(actions, [("begin_create", Some(28)), ("create_resources", Some(30)), ("undo", Some(33))]);
+        assert_eq!(
+            def.actions[1].target_waits,
+            [("failed".to_string(), Duration::from_secs(1)), ("creating".to_string(), Duration::from_secs(5))]
+        );
+    }
+
+    #[test]
+    fn toml_and_builder_produce_equal_machines() {
+        let (from_toml, warnings) = load("server.toml", "server", SERVER).unwrap();
+        assert_eq!(warnings, Report::default());
+        let from_builder = MachineBuilder::new("server")
+            .state("new")
+            .initial()
+            .state("creating")
+            .auto("create_resources")
+            .wait(Duration::ZERO)
+            .state("ready")
+            .requires(["endpoint"])
+            .state("failed")
+            .error_health()
+            .auto("undo")
+            .state("gone")
+            .kind(StateKind::Deleted)
+            .event("create", ["new"], "begin_create")
+            .params(["region"])
+            .reject("ready", "already exists")
+            .reject("creating", "already in progress")
+            .event("delete", ["ready"], "undo")
+            .action("begin_create", ["creating"])
+            .action("create_resources", ["ready", "creating", "failed"])
+            .target_wait("failed", Duration::from_secs(1))
+            .target_wait("creating", Duration::from_secs(5))
+            .action("undo", ["gone", "failed"])
+            .build()
+            .unwrap();
+        assert_eq!(from_toml, from_builder);
+        assert_eq!(from_toml.content_hash(), from_builder.content_hash());
+    }
+
+    #[test]
+    fn name_defaults_to_the_file_stem_and_initial_may_be_a_state_flag() {
+        let def = parse("door", "[states.closed]\ninitial = true\n[states.open]\nkind = \"terminal\"\n").unwrap();
+        assert_eq!(def.name, "door");
+        assert_eq!(def.initial, None);
+        assert!(def.states[0].initial);
+        assert_eq!(def.states[1].kind, Some(StateKind::Terminal));
+        assert_eq!(def.origin.line, Some(1));
+    }
+
+    #[test]
+    fn syntax_errors_are_one_diagnostic_with_a_line() {
+        assert_eq!(
+            errors("door", "initial = \"closed\"\n[states.closed\n"),
+            ["line 2: error: machine `door`, file: unclosed table, expected `]`"]
+        );
+        assert_eq!(errors("door", "[states.a]\n[states.a]\n"), ["line 2: error: machine `door`, file: duplicate key"]);
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_errors_with_a_line() {
+        assert_eq!(
+            errors("door", "[states.closed]\nkind = \"stable\"\ncolour = \"red\"\n"),
+            [
+                "line 3: error: machine `door`, file: unknown field `colour`, expected one of `kind`, `auto`, `wait`, `health`, `requires`, `initial`"
+            ]
+        );
+        assert_eq!(
+            errors("door", "[states.closed]\nkind = \"solid\"\n"),
+            [
+                "line 2: error: machine `door`, file: unknown variant `solid`, expected one of `stable`, `unstable`, `terminal`, `deleted`"
+            ]
+        );
+        assert_eq!(
+            errors("door", "[states.closed]\nauto = 3\n"),
+            [
+                "line 2: error: machine `door`, file: invalid type: integer `3`, expected an action name or an array of action names"
+            ]
+        );
+        assert_eq!(
+            errors("door", "[events.open]\nin = [\"closed\"]\n"),
+            ["line 1: error: machine `door`, file: missing field `action`"]
+        );
+        assert_eq!(
+            errors("door", "naem = \"door\"\n"),
+            [
+                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `fault`"
+            ]
+        );
+    }
+
+    #[test]
+    fn later_features_are_refused_with_their_line() {
+        let text = r#"name = "server"
+[events.ready]
+in = ["waiting"]
+action = "finish"
+subscribe = "all(*) in [ready]"
+timeout = { after = "10m", event = "late" }
+[actions.create]
+to = ["waiting"]
+agent = "provisioner"
+lock = "2m"
+[timers.health]
+event = "check"
+every = "5m"
+[fault]
+max_errors = 8
+"#;
+        assert_eq!(
+            errors("x", text),
+            [
+                "line 5: error: machine `server`, event `ready`: `subscribe` is not supported yet (subscriptions come in a later version)",
+                "line 6: error: machine `server`, event `ready`: `timeout` is not supported yet (subscription timeouts come in a later version)",
+                "line 9: error: machine `server`, action `create`: `agent` is not supported yet (agent queues come in a later version)",
+                "line 10: error: machine `server`, action `create`: `lock` is not supported yet (agent queues come in a later version)",
+                "line 11: error: machine `server`, machine: `[timers]` is not supported yet (timers come in a later version)",
+                "line 14: error: machine `server`, machine: `[fault]` is not supported yet (fault policies come in a later version)",
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_durations_are_reported_on_their_item() {
+        let text = "[states.a]\nauto = \"go\"\nwait = \"soon\"\n[actions.go]\nto = [\"a\"]\nwait = { a = \"5 s\" }\n";
+        assert_eq!(
+            errors("m", text),
+            [
+                "line 3: error: machine `m`, state `a`: invalid duration `soon` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)",
+                "line 6: error: machine `m`, action `go`: invalid duration `5 s` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)",
+            ]
+        );
+    }
+
+    #[test]
+    fn load_reports_parse_and_validation_problems_together_with_the_file() {
+        let text = "initial = \"a\"\n[states.a]\nwait = \"x\"\n[events.e]\nin = [\"a\"]\naction = \"nope\"\nsubscribe = \"all(*) in [a]\"\n";
+        let report = load("machines/m.toml", "m", text).unwrap_err();
+        assert_eq!(
+            report.to_string(),
+            "machines/m.toml:3: error: machine `m`, state `a`: invalid duration `x` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)\n\
+             machines/m.toml:4: error: machine `m`, event `e`: `action` names unknown action `nope`\n\
+             machines/m.toml:7: error: machine `m`, event `e`: `subscribe` is not supported yet (subscriptions come in a later version)\n"
+        );
+        let report = load("m.toml", "m", "initial = \n").unwrap_err();
+        assert_eq!(
+            report.to_string(),
+            "m.toml:1: error: machine `m`, file: string values must be quoted, expected literal string\n"
+        );
+        let (_, warnings) = load("m.toml", "m", "initial = \"a\"\n[states.a]\n").unwrap();
+        assert_eq!(
+            warnings.to_string(),
+            "m.toml:2: warning: machine `m`, state `a`: no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)\n"
+        );
+    }
+
+    #[test]
+    fn messages_are_tidied() {
+        assert_eq!(tidy_message("Invalid table header.\nmore detail"), "invalid table header");
+        assert_eq!(tidy_message("TOML is hard"), "TOML is hard");
+        assert_eq!(tidy_message(""), "invalid toml");
+    }
+}

@@ -1,9 +1,11 @@
 //! Validation of machine definitions: every problem at once, each with the machine, the
 //! item and (for TOML) the line, as errors (the definition is refused) or warnings.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::time::Duration;
 
-use crate::machine::MachineDef;
+use crate::machine::{ActionDef, EventDef, MachineDef, Origin, StateDef, StateKind, effective_kind};
 
 /// How serious a diagnostic is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -87,55 +89,770 @@ impl fmt::Display for Report {
 
 impl std::error::Error for Report {}
 
-/// Checks a definition and returns every error and warning found.
+/// Checks a definition and returns every error and warning found, never stopping at the
+/// first: errors item by item in declaration order (machine, states, events, actions),
+/// then warnings.
+///
+/// Errors: unknown state or action references; no initial state or several; an unstable
+/// state without exactly one auto action, an auto action on any other kind, a `wait`
+/// without an auto action; an action without targets, a transition wait outside the
+/// declared targets; an event valid in a terminal or deleted state; a rejection reason
+/// for a state where the event is valid; duplicate names and list entries; more than one
+/// deleted state; names outside `[A-Za-z0-9_-]`.
+///
+/// Warnings: states unreachable from the initial state, stable states no event leaves,
+/// and busy loops (cycles of unstable states with no wait anywhere on them).
+///
+/// ```
+/// use settle_core::MachineBuilder;
+/// let builder = MachineBuilder::new("door")
+///     .state("closed").initial()
+///     .event("open", ["closed"], "do_open")
+///     .action("do_open", ["open"]);
+/// let report = settle_core::validate::check(builder.def());
+/// assert_eq!(
+///     report.to_string(),
+///     "error: machine `door`, action `do_open`: `to` names unknown state `open`\n"
+/// );
+/// ```
 pub fn check(def: &MachineDef) -> Report {
-    let mut diagnostics = Vec::new();
-    let err = |item: String, line: Option<u32>, message: String| Diagnostic {
-        severity: Severity::Error,
-        file: None,
-        line,
-        machine: def.name.clone(),
-        item,
-        message,
-    };
-    let has_state = |n: &str| def.states.iter().any(|s| s.name == n);
-    let initials: Vec<&str> = def
-        .initial
-        .iter()
-        .map(String::as_str)
-        .chain(def.states.iter().filter(|s| s.initial).map(|s| s.name.as_str()))
-        .collect();
-    if initials.is_empty() {
-        diagnostics.push(err("machine".into(), def.origin.line, "no initial state".into()));
-    }
-    if let Some(i) = &def.initial {
-        if !has_state(i) {
-            diagnostics.push(err("machine".into(), def.initial_origin.line, format!("initial state `{i}` is not declared")));
-        }
-    }
+    let mut c = Checker::new(def);
+    c.machine();
     for s in &def.states {
-        for a in &s.auto {
-            if !def.actions.iter().any(|x| &x.name == a) {
-                diagnostics.push(err(format!("state `{}`", s.name), s.origin.line, format!("unknown action `{a}`")));
-            }
-        }
+        c.state(s);
     }
     for e in &def.events {
-        for st in &e.valid_in {
-            if !has_state(st) {
-                diagnostics.push(err(format!("event `{}`", e.name), e.origin.line, format!("unknown state `{st}`")));
-            }
-        }
-        if !def.actions.iter().any(|x| x.name == e.action) {
-            diagnostics.push(err(format!("event `{}`", e.name), e.origin.line, format!("unknown action `{}`", e.action)));
-        }
+        c.event(e);
     }
     for a in &def.actions {
-        for t in &a.targets {
-            if !has_state(t) {
-                diagnostics.push(err(format!("action `{}`", a.name), a.origin.line, format!("unknown state `{t}`")));
+        c.action(a);
+    }
+    c.unreachable();
+    c.dead_ends();
+    c.busy_loops();
+    Report { diagnostics: c.diagnostics }
+}
+
+/// A name may appear in diagrams and URLs: letters, digits, `_` and `-` only.
+fn name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("empty name")
+    } else if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        Some("name may only contain letters, digits, `_` and `-`")
+    } else {
+        None
+    }
+}
+
+fn quoted<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    names.into_iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// Entries of `list` that appear more than once, each reported once, in order.
+fn duplicates<'a>(list: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut seen = HashSet::new();
+    let mut dups = Vec::new();
+    for x in list {
+        if !seen.insert(x) && !dups.contains(&x) {
+            dups.push(x);
+        }
+    }
+    dups
+}
+
+struct Checker<'a> {
+    def: &'a MachineDef,
+    /// First declaration of each state / action name.
+    states: HashMap<&'a str, &'a StateDef>,
+    actions: HashMap<&'a str, &'a ActionDef>,
+    /// Declared initial states that exist, in declaration order (top-level first).
+    initials: Vec<&'a str>,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl<'a> Checker<'a> {
+    fn new(def: &'a MachineDef) -> Self {
+        let mut states = HashMap::new();
+        for s in &def.states {
+            states.entry(s.name.as_str()).or_insert(s);
+        }
+        let mut actions = HashMap::new();
+        for a in &def.actions {
+            actions.entry(a.name.as_str()).or_insert(a);
+        }
+        let mut initials: Vec<&str> = Vec::new();
+        let declared = def
+            .initial
+            .iter()
+            .map(String::as_str)
+            .chain(def.states.iter().filter(|s| s.initial).map(|s| s.name.as_str()));
+        for name in declared {
+            if states.contains_key(name) && !initials.contains(&name) {
+                initials.push(name);
+            }
+        }
+        Checker { def, states, actions, initials, diagnostics: Vec::new() }
+    }
+
+    fn push(&mut self, severity: Severity, item: String, line: Option<u32>, message: String) {
+        self.diagnostics.push(Diagnostic { severity, file: None, line, machine: self.def.name.clone(), item, message });
+    }
+    fn error(&mut self, item: &str, line: Option<u32>, message: String) {
+        self.push(Severity::Error, item.to_string(), line, message);
+    }
+    fn warning(&mut self, item: &str, line: Option<u32>, message: String) {
+        self.push(Severity::Warning, item.to_string(), line, message);
+    }
+
+    fn has_state(&self, name: &str) -> bool {
+        self.states.contains_key(name)
+    }
+    fn kind_of(&self, name: &str) -> Option<StateKind> {
+        self.states.get(name).map(|s| effective_kind(s))
+    }
+
+    fn machine(&mut self) {
+        let def = self.def;
+        if let Some(problem) = name_problem(&def.name) {
+            let message = if def.name.is_empty() { problem.to_string() } else { format!("`{}`: {problem}", def.name) };
+            self.error("machine", def.origin.line, message);
+        }
+        match &def.initial {
+            Some(i) if !self.has_state(i) => {
+                self.error("machine", def.initial_origin.line, format!("`initial` names unknown state `{i}`"))
+            }
+            None if self.initials.is_empty() => self.error("machine", def.origin.line, "no initial state".into()),
+            _ => {}
+        }
+        if self.initials.len() > 1 {
+            // Point at the first declaration that conflicts with the one before it.
+            let second = self.initials[1];
+            let line = def.states.iter().find(|s| s.initial && s.name == second).and_then(|s| s.origin.line);
+            let list = quoted(self.initials.iter().copied());
+            self.error("machine", line, format!("several initial states: {list}"));
+        }
+        self.duplicate_items("state", def.states.iter().map(|s| (s.name.as_str(), s.origin)));
+        self.duplicate_items("event", def.events.iter().map(|e| (e.name.as_str(), e.origin)));
+        self.duplicate_items("action", def.actions.iter().map(|a| (a.name.as_str(), a.origin)));
+        let deleted: Vec<&StateDef> = def.states.iter().filter(|s| s.kind == Some(StateKind::Deleted)).collect();
+        if deleted.len() > 1 {
+            let list = quoted(deleted.iter().map(|s| s.name.as_str()));
+            self.error("machine", deleted[1].origin.line, format!("more than one deleted state: {list}"));
+        }
+    }
+
+    fn duplicate_items(&mut self, what: &str, items: impl Iterator<Item = (&'a str, Origin)>) {
+        let mut seen = HashSet::new();
+        for (name, origin) in items {
+            if !seen.insert(name) {
+                self.error(&format!("{what} `{name}`"), origin.line, "declared more than once".into());
             }
         }
     }
-    Report { diagnostics }
+
+    fn duplicate_entries<'b>(
+        &mut self,
+        item: &str,
+        line: Option<u32>,
+        key: &str,
+        list: impl IntoIterator<Item = &'b str>,
+    ) {
+        for d in duplicates(list) {
+            self.error(item, line, format!("duplicate `{d}` in `{key}`"));
+        }
+    }
+
+    fn state(&mut self, s: &'a StateDef) {
+        let item = format!("state `{}`", s.name);
+        let line = s.origin.line;
+        if let Some(problem) = name_problem(&s.name) {
+            self.error(&item, line, problem.into());
+        }
+        for a in &s.auto {
+            if !self.actions.contains_key(a.as_str()) {
+                self.error(&item, line, format!("`auto` names unknown action `{a}`"));
+            }
+        }
+        let kind = effective_kind(s);
+        if kind == StateKind::Unstable && s.auto.len() != 1 {
+            self.error(
+                &item,
+                line,
+                format!("unstable state must have exactly one auto action, found {}", s.auto.len()),
+            );
+        }
+        if kind != StateKind::Unstable && !s.auto.is_empty() {
+            self.error(&item, line, format!("{} state may not have an auto action", kind.as_str()));
+        }
+        if s.wait.is_some() && s.auto.is_empty() {
+            self.error(&item, line, "`wait` declared without an auto action".into());
+        }
+        self.duplicate_entries(&item, line, "requires", s.requires.iter().map(String::as_str));
+    }
+
+    fn event(&mut self, e: &'a EventDef) {
+        let item = format!("event `{}`", e.name);
+        let line = e.origin.line;
+        if let Some(problem) = name_problem(&e.name) {
+            self.error(&item, line, problem.into());
+        }
+        for st in &e.valid_in {
+            match self.kind_of(st) {
+                None => self.error(&item, line, format!("`in` names unknown state `{st}`")),
+                Some(kind @ (StateKind::Terminal | StateKind::Deleted)) => {
+                    self.error(&item, line, format!("valid in {} state `{st}`, which nothing may leave", kind.as_str()))
+                }
+                Some(_) => {}
+            }
+        }
+        self.duplicate_entries(&item, line, "in", e.valid_in.iter().map(String::as_str));
+        if !self.actions.contains_key(e.action.as_str()) {
+            self.error(&item, line, format!("`action` names unknown action `{}`", e.action));
+        }
+        self.duplicate_entries(&item, line, "params", e.params.iter().map(String::as_str));
+        for (st, _) in &e.reject {
+            if !self.has_state(st) {
+                self.error(&item, line, format!("`reject` names unknown state `{st}`"));
+            } else if e.valid_in.contains(st) {
+                self.error(&item, line, format!("rejection reason for `{st}`, where the event is valid"));
+            }
+        }
+        self.duplicate_entries(&item, line, "reject", e.reject.iter().map(|(s, _)| s.as_str()));
+    }
+
+    fn action(&mut self, a: &'a ActionDef) {
+        let item = format!("action `{}`", a.name);
+        let line = a.origin.line;
+        if let Some(problem) = name_problem(&a.name) {
+            self.error(&item, line, problem.into());
+        }
+        if a.targets.is_empty() {
+            self.error(&item, line, "no target states (`to` is empty)".into());
+        }
+        for t in &a.targets {
+            if !self.has_state(t) {
+                self.error(&item, line, format!("`to` names unknown state `{t}`"));
+            }
+        }
+        self.duplicate_entries(&item, line, "to", a.targets.iter().map(String::as_str));
+        for (t, _) in &a.target_waits {
+            if a.targets.contains(t) {
+                // An unknown target is reported once, by `to`.
+            } else if !self.has_state(t) {
+                self.error(&item, line, format!("`wait` names unknown state `{t}`"));
+            } else {
+                self.error(&item, line, format!("wait declared for `{t}`, a target outside the declared set"));
+            }
+        }
+        self.duplicate_entries(&item, line, "wait", a.target_waits.iter().map(|(s, _)| s.as_str()));
+    }
+
+    /// Edges of the transition graph out of `s`: targets of events valid in it and, for
+    /// unstable states, targets of its auto action. Unknown names are skipped.
+    fn successors(&self, s: &StateDef) -> Vec<&'a str> {
+        let mut out = Vec::new();
+        let mut add = |action: &str| {
+            if let Some(a) = self.actions.get(action) {
+                out.extend(a.targets.iter().map(String::as_str).filter(|t| self.has_state(t)));
+            }
+        };
+        for e in self.def.events.iter().filter(|e| e.valid_in.contains(&s.name)) {
+            add(&e.action);
+        }
+        if effective_kind(s) == StateKind::Unstable {
+            for a in &s.auto {
+                add(a);
+            }
+        }
+        out
+    }
+
+    fn unreachable(&mut self) {
+        if self.initials.is_empty() {
+            return;
+        }
+        let mut reached: HashSet<&str> = self.initials.iter().copied().collect();
+        let mut todo: Vec<&str> = self.initials.clone();
+        while let Some(name) = todo.pop() {
+            for next in self.successors(self.states[name]) {
+                if reached.insert(next) {
+                    todo.push(next);
+                }
+            }
+        }
+        let from = quoted(self.initials.iter().copied());
+        let mut reported = HashSet::new();
+        for s in &self.def.states {
+            if !reached.contains(s.name.as_str()) && reported.insert(s.name.as_str()) {
+                self.warning(
+                    &format!("state `{}`", s.name),
+                    s.origin.line,
+                    format!("unreachable from the initial state {from}"),
+                );
+            }
+        }
+    }
+
+    fn dead_ends(&mut self) {
+        let mut reported = HashSet::new();
+        for s in &self.def.states {
+            let left = self.def.events.iter().any(|e| e.valid_in.contains(&s.name));
+            if effective_kind(s) == StateKind::Stable && !left && reported.insert(s.name.as_str()) {
+                self.warning(
+                    &format!("state `{}`", s.name),
+                    s.origin.line,
+                    "no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)".into(),
+                );
+            }
+        }
+    }
+
+    /// Cycles of two or more unstable states whose auto actions lead to each other with no
+    /// wait anywhere: each strongly connected component (of two states or more) of the
+    /// graph of unstable states without a `wait`, linked by auto-action targets without a
+    /// transition wait, is reported once. Self-loops are retries, not busy loops.
+    fn busy_loops(&mut self) {
+        let zero = |d: Option<Duration>| d.is_none_or(|d| d.is_zero());
+        let nodes: Vec<&'a StateDef> = {
+            let mut seen = HashSet::new();
+            self.def
+                .states
+                .iter()
+                .filter(|s| effective_kind(s) == StateKind::Unstable && zero(s.wait) && seen.insert(s.name.as_str()))
+                .collect()
+        };
+        let index: HashMap<&str, usize> = nodes.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+        let edges: Vec<Vec<usize>> = nodes
+            .iter()
+            .map(|s| {
+                s.auto
+                    .iter()
+                    .filter_map(|a| self.actions.get(a.as_str()))
+                    .flat_map(|a| {
+                        a.targets.iter().filter(|t| {
+                            let wait = a.target_waits.iter().find(|(w, _)| w == *t).map(|(_, d)| *d);
+                            **t != s.name && zero(wait)
+                        })
+                    })
+                    .filter_map(|t| index.get(t.as_str()).copied())
+                    .collect()
+            })
+            .collect();
+        let reach: Vec<Vec<bool>> = (0..nodes.len())
+            .map(|from| {
+                let mut seen = vec![false; nodes.len()];
+                let mut todo = vec![from];
+                while let Some(n) = todo.pop() {
+                    for &m in &edges[n] {
+                        if !seen[m] {
+                            seen[m] = true;
+                            todo.push(m);
+                        }
+                    }
+                }
+                seen
+            })
+            .collect();
+        let mut done = vec![false; nodes.len()];
+        for i in 0..nodes.len() {
+            if done[i] {
+                continue;
+            }
+            let component: Vec<usize> = (0..nodes.len()).filter(|&j| j == i || (reach[i][j] && reach[j][i])).collect();
+            for &j in &component {
+                done[j] = true;
+            }
+            if component.len() > 1 {
+                let list = quoted(component.iter().map(|&j| nodes[j].name.as_str()));
+                self.warning(
+                    "machine",
+                    nodes[i].origin.line,
+                    format!("busy loop: unstable states {list} lead to each other with no wait"),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::machine::MachineBuilder;
+
+    /// A clean machine: `idle` (initial) --go/start--> `busy` --auto work--> `idle`.
+    fn base() -> MachineBuilder {
+        MachineBuilder::new("m")
+            .state("idle")
+            .initial()
+            .state("busy")
+            .auto("work")
+            .event("go", ["idle"], "start")
+            .action("start", ["busy"])
+            .action("work", ["idle", "busy"])
+    }
+
+    fn messages(def: &MachineDef) -> Vec<String> {
+        check(def).diagnostics.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn base_is_clean() {
+        assert_eq!(messages(base().def()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn unknown_state_references() {
+        let mut def = base()
+            .event("stop", ["busy", "nowhere"], "start")
+            .reject("limbo", "no")
+            .action("jump", ["idle", "void"])
+            .target_wait("abyss", Duration::from_secs(1))
+            .target_wait("void", Duration::from_secs(1))
+            .def()
+            .clone();
+        def.initial = Some("start".into());
+        def.initial_origin.line = Some(2);
+        def.states[0].initial = false;
+        assert_eq!(
+            messages(&def),
+            [
+                "line 2: error: machine `m`, machine: `initial` names unknown state `start`",
+                "error: machine `m`, event `stop`: `in` names unknown state `nowhere`",
+                "error: machine `m`, event `stop`: `reject` names unknown state `limbo`",
+                "error: machine `m`, action `jump`: `to` names unknown state `void`",
+                "error: machine `m`, action `jump`: `wait` names unknown state `abyss`",
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_action_references() {
+        let def = base().state("spin").auto("twirl").event("poke", ["idle"], "prod").def().clone();
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, state `spin`: `auto` names unknown action `twirl`",
+                "error: machine `m`, event `poke`: `action` names unknown action `prod`",
+                "warning: machine `m`, state `spin`: unreachable from the initial state `idle`",
+            ]
+        );
+    }
+
+    #[test]
+    fn no_initial_state() {
+        let mut def = base().def().clone();
+        def.states[0].initial = false;
+        def.origin.line = Some(1);
+        assert_eq!(messages(&def), ["line 1: error: machine `m`, machine: no initial state"]);
+    }
+
+    #[test]
+    fn several_initial_states() {
+        let mut def = base().state("other").initial().event("go2", ["other"], "start").def().clone();
+        def.initial = Some("busy".into());
+        def.states[0].origin.line = Some(9);
+        assert_eq!(
+            messages(&def),
+            ["line 9: error: machine `m`, machine: several initial states: `busy`, `idle`, `other`"]
+        );
+        // The same state declared initial twice is one initial state.
+        let mut def = base().def().clone();
+        def.initial = Some("idle".into());
+        assert_eq!(messages(&def), Vec::<String>::new());
+    }
+
+    #[test]
+    fn unstable_state_needs_exactly_one_auto_action() {
+        let def = base()
+            .state("lazy")
+            .kind(StateKind::Unstable)
+            .state("eager")
+            .auto("work")
+            .auto("start")
+            .event("wake", ["idle"], "rouse")
+            .action("rouse", ["lazy", "eager"])
+            .def()
+            .clone();
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, state `lazy`: unstable state must have exactly one auto action, found 0",
+                "error: machine `m`, state `eager`: unstable state must have exactly one auto action, found 2",
+            ]
+        );
+    }
+
+    #[test]
+    fn auto_action_only_on_unstable_states() {
+        let def = base()
+            .state("parked")
+            .kind(StateKind::Stable)
+            .auto("work")
+            .state("archived")
+            .kind(StateKind::Terminal)
+            .auto("work")
+            .state("gone")
+            .kind(StateKind::Deleted)
+            .auto("work")
+            .event("park", ["idle", "parked"], "put")
+            .action("put", ["parked", "archived", "gone"])
+            .def()
+            .clone();
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, state `parked`: stable state may not have an auto action",
+                "error: machine `m`, state `archived`: terminal state may not have an auto action",
+                "error: machine `m`, state `gone`: deleted state may not have an auto action",
+            ]
+        );
+    }
+
+    #[test]
+    fn wait_needs_an_auto_action() {
+        let mut def = base().state("calm").wait(Duration::from_secs(1)).def().clone();
+        def.events[0].valid_in.push("calm".into());
+        def.actions[1].targets.push("calm".into());
+        assert_eq!(messages(&def), ["error: machine `m`, state `calm`: `wait` declared without an auto action"]);
+    }
+
+    #[test]
+    fn action_needs_targets() {
+        let def = base().action("nothing", Vec::<String>::new()).def().clone();
+        assert_eq!(messages(&def), ["error: machine `m`, action `nothing`: no target states (`to` is empty)"]);
+    }
+
+    #[test]
+    fn transition_wait_only_on_declared_targets() {
+        let def = base().action("hop", ["busy"]).target_wait("idle", Duration::from_secs(1)).def().clone();
+        assert_eq!(
+            messages(&def),
+            ["error: machine `m`, action `hop`: wait declared for `idle`, a target outside the declared set"]
+        );
+    }
+
+    #[test]
+    fn nothing_leaves_terminal_or_deleted_states() {
+        let def = base()
+            .state("archived")
+            .kind(StateKind::Terminal)
+            .state("gone")
+            .kind(StateKind::Deleted)
+            .event("bury", ["idle"], "inter")
+            .event("revive", ["archived", "gone"], "start")
+            .action("inter", ["archived", "gone"])
+            .def()
+            .clone();
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, event `revive`: valid in terminal state `archived`, which nothing may leave",
+                "error: machine `m`, event `revive`: valid in deleted state `gone`, which nothing may leave",
+            ]
+        );
+    }
+
+    #[test]
+    fn rejection_reason_only_where_the_event_is_invalid() {
+        let def = base().event("go2", ["idle"], "start").reject("idle", "not now").reject("busy", "busy").def().clone();
+        assert_eq!(
+            messages(&def),
+            ["error: machine `m`, event `go2`: rejection reason for `idle`, where the event is valid"]
+        );
+    }
+
+    #[test]
+    fn duplicate_names() {
+        let def =
+            base().state("busy").auto("work").event("go", ["idle"], "start").action("work", ["idle"]).def().clone();
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, state `busy`: declared more than once",
+                "error: machine `m`, event `go`: declared more than once",
+                "error: machine `m`, action `work`: declared more than once",
+            ]
+        );
+    }
+
+    #[test]
+    fn duplicate_list_entries() {
+        let def = MachineBuilder::new("m")
+            .state("idle")
+            .initial()
+            .requires(["a", "b", "a", "a"])
+            .state("busy")
+            .auto("work")
+            .event("go", ["idle", "idle"], "start")
+            .params(["p", "p"])
+            .reject("busy", "x")
+            .reject("busy", "y")
+            .action("start", ["busy", "busy"])
+            .target_wait("busy", Duration::from_secs(1))
+            .target_wait("busy", Duration::from_secs(2))
+            .action("work", ["idle"])
+            .def()
+            .clone();
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, state `idle`: duplicate `a` in `requires`",
+                "error: machine `m`, event `go`: duplicate `idle` in `in`",
+                "error: machine `m`, event `go`: duplicate `p` in `params`",
+                "error: machine `m`, event `go`: duplicate `busy` in `reject`",
+                "error: machine `m`, action `start`: duplicate `busy` in `to`",
+                "error: machine `m`, action `start`: duplicate `busy` in `wait`",
+            ]
+        );
+    }
+
+    #[test]
+    fn at_most_one_deleted_state() {
+        let mut def = base()
+            .state("gone")
+            .kind(StateKind::Deleted)
+            .state("vanished")
+            .kind(StateKind::Deleted)
+            .event("drop", ["idle"], "erase")
+            .action("erase", ["gone", "vanished"])
+            .def()
+            .clone();
+        def.states[3].origin.line = Some(12);
+        assert_eq!(
+            messages(&def),
+            ["line 12: error: machine `m`, machine: more than one deleted state: `gone`, `vanished`"]
+        );
+    }
+
+    #[test]
+    fn names_fit_diagrams_and_urls() {
+        let mut def = base()
+            .state("")
+            .state("a b")
+            .event("dr/op", ["idle"], "é")
+            .action("é", ["", "a b"])
+            .event("go-on", ["a b", ""], "start")
+            .def()
+            .clone();
+        def.name = "my machine".into();
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `my machine`, machine: `my machine`: name may only contain letters, digits, `_` and `-`",
+                "error: machine `my machine`, state ``: empty name",
+                "error: machine `my machine`, state `a b`: name may only contain letters, digits, `_` and `-`",
+                "error: machine `my machine`, event `dr/op`: name may only contain letters, digits, `_` and `-`",
+                "error: machine `my machine`, action `é`: name may only contain letters, digits, `_` and `-`",
+            ]
+        );
+        def.name = String::new();
+        assert_eq!(messages(&def)[0], "error: machine ``, machine: empty name");
+    }
+
+    #[test]
+    fn warns_about_unreachable_states() {
+        let def = base()
+            .state("orphan")
+            .state("lost")
+            .auto("work")
+            .event("leave", ["orphan"], "start")
+            .action("never", ["lost"])
+            .def()
+            .clone();
+        assert_eq!(
+            messages(&def),
+            [
+                "warning: machine `m`, state `orphan`: unreachable from the initial state `idle`",
+                "warning: machine `m`, state `lost`: unreachable from the initial state `idle`",
+            ]
+        );
+    }
+
+    #[test]
+    fn warns_about_stable_states_no_event_leaves() {
+        let mut def = base().state("stuck").state("done").kind(StateKind::Terminal).def().clone();
+        def.actions[1].targets.extend(["stuck".to_string(), "done".to_string()]);
+        assert_eq!(
+            messages(&def),
+            [
+                "warning: machine `m`, state `stuck`: no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)"
+            ]
+        );
+    }
+
+    #[test]
+    fn warns_about_busy_loops() {
+        // a -> b -> c -> a with no wait; d -> d is a retry, not a busy loop.
+        let looped = |b: MachineBuilder| {
+            b.state("a")
+                .auto("fa")
+                .state("b")
+                .auto("fb")
+                .state("c")
+                .auto("fc")
+                .state("d")
+                .auto("fd")
+                .event("enter", ["idle"], "into")
+                .action("into", ["a", "d"])
+                .action("fa", ["b", "idle"])
+                .action("fb", ["c"])
+                .action("fc", ["a"])
+                .action("fd", ["d", "idle"])
+        };
+        let mut def = looped(base()).def().clone();
+        def.states[2].origin.line = Some(7);
+        assert_eq!(
+            messages(&def),
+            [
+                "line 7: warning: machine `m`, machine: busy loop: unstable states `a`, `b`, `c` lead to each other with no wait"
+            ]
+        );
+        // A wait on any state of the loop breaks it ...
+        let mut waits = def.clone();
+        waits.states[4].wait = Some(Duration::from_millis(10));
+        assert_eq!(messages(&waits), Vec::<String>::new());
+        // ... and so does a wait on any transition of it.
+        let mut waits = def.clone();
+        waits
+            .actions
+            .iter_mut()
+            .find(|a| a.name == "fc")
+            .unwrap()
+            .target_waits
+            .push(("a".into(), Duration::from_secs(1)));
+        assert_eq!(messages(&waits), Vec::<String>::new());
+        // A zero wait is no wait.
+        let mut zero = def.clone();
+        zero.states[4].wait = Some(Duration::ZERO);
+        assert_eq!(messages(&zero).len(), 1);
+    }
+
+    #[test]
+    fn reports_every_problem_at_once() {
+        let mut def = base()
+            .state("gone")
+            .kind(StateKind::Deleted)
+            .state("limbo")
+            .kind(StateKind::Unstable)
+            .state("stuck")
+            .event("go", ["nowhere"], "missing")
+            .action("empty", Vec::<String>::new())
+            .def()
+            .clone();
+        def.states[0].initial = false;
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, machine: no initial state",
+                "error: machine `m`, event `go`: declared more than once",
+                "error: machine `m`, state `limbo`: unstable state must have exactly one auto action, found 0",
+                "error: machine `m`, event `go`: `in` names unknown state `nowhere`",
+                "error: machine `m`, event `go`: `action` names unknown action `missing`",
+                "error: machine `m`, action `empty`: no target states (`to` is empty)",
+                "warning: machine `m`, state `stuck`: no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)",
+            ]
+        );
+    }
 }

@@ -89,7 +89,13 @@ pub async fn create_get_and_duplicate<S: Store>(store: S) {
     assert_eq!((e.version, e.state.as_str(), e.due_at), (1, "idle", None));
     let got = get(&store, "a").await;
     assert_eq!(got, e);
-    let r = write(&store, T0, vec![Op::Create(new_entity("a", "idle", None)), Op::Create(new_entity("b", "idle", None))], false).await;
+    let r = write(
+        &store,
+        T0,
+        vec![Op::Create(new_entity("a", "idle", None)), Op::Create(new_entity("b", "idle", None))],
+        false,
+    )
+    .await;
     assert_eq!(r.results[0], Err(OpError::AlreadyExists { machine: "m".into(), key: "a".into() }));
     assert!(r.results[1].is_ok());
     let h = store.history_list(e.id).await.unwrap();
@@ -127,12 +133,15 @@ pub async fn commit_applies_and_reports_head<S: Store>(store: S) {
     create_one(&store, "a").await;
     let r = write(&store, T0, vec![Op::Push(push("a", "one")), Op::Push(push("a", "two"))], true).await;
     let c = r.claimed[0].clone();
-    let mut cm = commit(&c.entity, Some("busy"), Some(c.inbox_head.as_ref().unwrap().id), AfterCommit::Hold { lease_ms: 5_000 });
+    let mut cm =
+        commit(&c.entity, Some("busy"), Some(c.inbox_head.as_ref().unwrap().id), AfterCommit::Hold { lease_ms: 5_000 });
     let mut props = Properties::new();
     props.insert("endpoint".into(), json!("10.0.0.1"));
     cm.properties = Some(props.clone());
     let r = write(&store, T0 + 10, vec![Op::Commit(Box::new(cm))], false).await;
-    let Ok(Applied::Committed { version, inbox_head: Some(next), .. }) = &r.results[0] else { panic!("{:?}", r.results[0]) };
+    let Ok(Applied::Committed { version, inbox_head: Some(next), .. }) = &r.results[0] else {
+        panic!("{:?}", r.results[0])
+    };
     assert_eq!(*version, 2);
     assert_eq!(next.event.as_str(), "two");
     let e = get(&store, "a").await;
@@ -189,7 +198,13 @@ pub async fn release_never_strands_events<S: Store>(store: S) {
     let c = r.claimed[0].clone();
     assert!(c.inbox_head.is_none());
     assert_eq!(c.entity.auto_at, Some(T0 + 500));
-    let r = write(&store, T0 + 501, vec![Op::Commit(Box::new(commit(&c.entity, Some("idle"), None, AfterCommit::Release)))], true).await;
+    let r = write(
+        &store,
+        T0 + 501,
+        vec![Op::Commit(Box::new(commit(&c.entity, Some("idle"), None, AfterCommit::Release)))],
+        true,
+    )
+    .await;
     assert!(r.claimed.is_empty());
     assert_eq!(r.next_due, None, "dormant entities have no due time");
     assert_eq!(get(&store, "a").await.due_at, None);
@@ -209,7 +224,10 @@ pub async fn rejection_keeps_version<S: Store>(store: S) {
     assert_eq!((e.state.as_str(), e.version, e.lease_owner.as_deref(), e.due_at), ("idle", 1, None, None));
     let h = store.history_list(e.id).await.unwrap();
     let last = h.last().unwrap();
-    assert_eq!((last.kind, last.to.as_ref(), last.detail.as_deref()), (HistoryKind::Rejected, None, Some("already in progress")));
+    assert_eq!(
+        (last.kind, last.to.as_ref(), last.detail.as_deref()),
+        (HistoryKind::Rejected, None, Some("already in progress"))
+    );
     assert!(store.inbox_list(e.id).await.unwrap().is_empty());
 }
 
@@ -232,7 +250,13 @@ pub async fn effects_are_atomic<S: Store>(store: S, dialect: Dialect) {
     let mut bad_push = base.clone();
     bad_push.sql = vec![sql("w2")];
     bad_push.pushes = vec![push("missing", "hello")];
-    let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(bad)), Op::Commit(Box::new(bad_push)), Op::Create(new_entity("other", "idle", None))], false).await;
+    let r = write(
+        &store,
+        T0 + 1,
+        vec![Op::Commit(Box::new(bad)), Op::Commit(Box::new(bad_push)), Op::Create(new_entity("other", "idle", None))],
+        false,
+    )
+    .await;
     assert!(matches!(&r.results[0], Err(OpError::Sql { index: 1, .. })), "{:?}", r.results[0]);
     assert!(matches!(&r.results[1], Err(OpError::NotFound { .. })), "{:?}", r.results[1]);
     assert!(r.results[2].is_ok(), "other operations of the batch still apply");
@@ -263,13 +287,29 @@ pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
     create_one(&store, "a").await;
     let r = write(&store, T0, vec![Op::Push(push("a", "go"))], true).await;
     let c = r.claimed[0].clone();
-    let r = write(&store, T0 + 1, vec![Op::Renew { ids: vec![c.entity.id], owner: OWNER.into(), until: T0 + 60_000 }], false).await;
+    let r = write(
+        &store,
+        T0 + 1,
+        vec![Op::Renew { ids: vec![c.entity.id], owner: OWNER.into(), until: T0 + 60_000 }],
+        false,
+    )
+    .await;
     assert_eq!(r.results[0], Ok(Applied::Renewed(1)));
     assert_eq!(get(&store, "a").await.due_at, Some(T0 + 60_000));
-    let r = write(&store, T0 + 2, vec![Op::Renew { ids: vec![c.entity.id], owner: "engine-b".into(), until: T0 + 90_000 }], false).await;
+    let r = write(
+        &store,
+        T0 + 2,
+        vec![Op::Renew { ids: vec![c.entity.id], owner: "engine-b".into(), until: T0 + 90_000 }],
+        false,
+    )
+    .await;
     assert_eq!(r.results[0], Ok(Applied::Renewed(0)), "only the holder renews");
     let r = store
-        .write(Batch { now: T0 + 60_001, ops: vec![], claim: Some(Claim { owner: "engine-b".into(), lease_ms: 30_000, limit: 10 }) })
+        .write(Batch {
+            now: T0 + 60_001,
+            ops: vec![],
+            claim: Some(Claim { owner: "engine-b".into(), lease_ms: 30_000, limit: 10 }),
+        })
         .await
         .unwrap();
     assert_eq!(r.claimed.len(), 1, "expired lease is claimable");
@@ -285,16 +325,28 @@ pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
 /// Listing filters by machine and state with a cursor; counts group by state; machine
 /// definitions and metadata round-trip.
 pub async fn listing_counts_and_metadata<S: Store>(store: S) {
-    let ops = (0..5).map(|i| Op::Create(new_entity(&format!("k{i}"), if i < 3 { "idle" } else { "done" }, None))).collect();
+    let ops =
+        (0..5).map(|i| Op::Create(new_entity(&format!("k{i}"), if i < 3 { "idle" } else { "done" }, None))).collect();
     write(&store, T0, ops, false).await;
     let mut other = new_entity("x", "idle", Some(T0));
     other.machine = MachineName::new("n");
     write(&store, T0, vec![Op::Create(other)], false).await;
     let all = store.entity_list(EntityFilter::default()).await.unwrap();
     assert_eq!(all.len(), 6);
-    let idle = store.entity_list(EntityFilter { machine: Some("m".into()), state: Some("idle".into()), ..Default::default() }).await.unwrap();
+    let idle = store
+        .entity_list(EntityFilter { machine: Some("m".into()), state: Some("idle".into()), ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(idle.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["k0", "k1", "k2"]);
-    let page = store.entity_list(EntityFilter { machine: Some("m".into()), after_id: Some(idle[0].id), limit: Some(2), ..Default::default() }).await.unwrap();
+    let page = store
+        .entity_list(EntityFilter {
+            machine: Some("m".into()),
+            after_id: Some(idle[0].id),
+            limit: Some(2),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(page.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["k1", "k2"]);
     assert_eq!(store.entity_count_by_state("m").await.unwrap(), vec![("done".to_string(), 2), ("idle".to_string(), 3)]);
     assert_eq!(store.entity_count_pending().await.unwrap(), 1);
@@ -302,7 +354,10 @@ pub async fn listing_counts_and_metadata<S: Store>(store: S) {
     store.machine_put("m", "abc", "{}", T0 + 1).await.unwrap();
     store.machine_put("m", "def", "{\"v\":2}", T0 + 2).await.unwrap();
     let machines = store.machine_list().await.unwrap();
-    assert_eq!(machines.iter().map(|m| (m.hash.as_str(), m.created_at)).collect::<Vec<_>>(), [("abc", T0), ("def", T0 + 2)]);
+    assert_eq!(
+        machines.iter().map(|m| (m.hash.as_str(), m.created_at)).collect::<Vec<_>>(),
+        [("abc", T0), ("def", T0 + 2)]
+    );
     assert_eq!(store.meta_get("demo").await.unwrap(), None);
     store.meta_put("demo", "1").await.unwrap();
     store.meta_put("demo", "2").await.unwrap();

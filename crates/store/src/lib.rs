@@ -80,7 +80,13 @@ pub trait Store: Send + Sync + 'static {
     fn inbox_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<InboxItem>>> + Send;
 
     /// Stores a machine definition version (idempotent per name and hash).
-    fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> impl Future<Output = Result<()>> + Send;
+    fn machine_put(
+        &self,
+        name: &str,
+        hash: &str,
+        definition: &str,
+        now: Millis,
+    ) -> impl Future<Output = Result<()>> + Send;
     /// All stored machine definition versions.
     fn machine_list(&self) -> impl Future<Output = Result<Vec<MachineRecord>>> + Send;
 

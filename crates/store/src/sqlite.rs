@@ -71,10 +71,7 @@ impl SqliteStore {
         match lock.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::Locked {
-                    path: path.display().to_string(),
-                    lock: lock_file.display().to_string(),
-                });
+                return Err(Error::Locked { path: path.display().to_string(), lock: lock_file.display().to_string() });
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(open_err(format!("cannot lock: {e}"))),
         }
@@ -169,7 +166,10 @@ impl SqliteStore {
         }
     }
 
-    async fn on_reader<T: Send + 'static>(&self, f: impl FnOnce(&Connection) -> Result<T> + Send + 'static) -> Result<T> {
+    async fn on_reader<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
             let conn = this.reader()?;
@@ -197,11 +197,11 @@ fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
-const ENTITY_COLS: &str =
-    "id, machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at, lease_owner, lease_until";
+const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at, lease_owner, lease_until, request_id";
 
 fn parse_json_obj(text: &str) -> rusqlite::Result<Properties> {
-    serde_json::from_str(text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))
+    serde_json::from_str(text)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))
 }
 
 fn entity_from_row(r: &Row<'_>) -> rusqlite::Result<EntityRow> {
@@ -219,6 +219,7 @@ fn entity_from_row(r: &Row<'_>) -> rusqlite::Result<EntityRow> {
         due_at: r.get(10)?,
         lease_owner: r.get(11)?,
         lease_until: r.get(12)?,
+        request_id: r.get(13)?,
     })
 }
 
@@ -243,7 +244,11 @@ fn history_from_row(r: &Row<'_>) -> rusqlite::Result<HistoryRow> {
         from: r.get::<_, Option<String>>(2)?.map(StateName::from),
         to: r.get::<_, Option<String>>(3)?.map(StateName::from),
         kind: HistoryKind::parse(&kind).ok_or_else(|| {
-            rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, format!("unknown history kind `{kind}`").into())
+            rusqlite::Error::FromSqlConversionFailure(
+                4,
+                rusqlite::types::Type::Text,
+                format!("unknown history kind `{kind}`").into(),
+            )
         })?,
         action: r.get::<_, Option<String>>(5)?.map(ActionName::from),
         event: r.get::<_, Option<String>>(6)?.map(EventName::from),
@@ -278,10 +283,10 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Ent
     let props = json_text(&e.properties);
     let inserted = tx
         .prepare_cached(
-            "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at)
-             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?6)",
+            "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at, request_id)
+             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?6, ?7)",
         )?
-        .execute(params![e.machine.as_str(), e.key.as_str(), e.state.as_str(), props, now, e.auto_at]);
+        .execute(params![e.machine.as_str(), e.key.as_str(), e.state.as_str(), props, now, e.auto_at, e.request_id]);
     match inserted {
         Ok(_) => {}
         Err(err) if is_unique_violation(&err) => {
@@ -308,6 +313,7 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Ent
         due_at: e.auto_at,
         lease_owner: None,
         lease_until: None,
+        request_id: e.request_id.clone(),
     })
 }
 
@@ -319,8 +325,10 @@ fn push_event(tx: &Transaction<'_>, now: Millis, p: &Push) -> Result<(i64, i64),
     let Some(entity_id) = entity_id else {
         return Err(Fail::Op(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() }));
     };
-    tx.prepare_cached("INSERT INTO inbox (entity_id, event, params, request_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")?
-        .execute(params![entity_id, p.event.as_str(), json_text(&p.params), p.request_id, now])?;
+    tx.prepare_cached(
+        "INSERT INTO inbox (entity_id, event, params, request_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![entity_id, p.event.as_str(), json_text(&p.params), p.request_id, now])?;
     let inbox_id = tx.last_insert_rowid();
     tx.prepare_cached(
         "UPDATE entities SET due_at = ?2 WHERE id = ?1 AND lease_owner IS NULL AND (due_at IS NULL OR due_at > ?2)",
@@ -366,6 +374,7 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
                 lease_owner = CASE WHEN ?8 THEN lease_owner ELSE NULL END,
                 lease_until = ?9,
                 auto_at = ?11,
+                request_id = COALESCE(?12, request_id),
                 due_at = CASE WHEN ?8 THEN ?9
                               WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1 AND id <> ?10) THEN ?6
                               ELSE ?11 END
@@ -382,7 +391,8 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
             hold,
             lease_until,
             consumed,
-            c.auto_at
+            c.auto_at,
+            c.request_id
         ])?
     } else {
         tx.prepare_cached(

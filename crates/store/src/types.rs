@@ -39,6 +39,8 @@ pub struct EntityRow {
     pub lease_owner: Option<String>,
     /// Until when the lease is held.
     pub lease_until: Option<Millis>,
+    /// The request that caused the latest state entry; auto actions carry it on.
+    pub request_id: Option<String>,
 }
 
 /// An event waiting in an entity's durable inbox.

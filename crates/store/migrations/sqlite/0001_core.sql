@@ -21,6 +21,7 @@ CREATE TABLE entities (
     due_at      INTEGER,
     lease_owner TEXT,
     lease_until INTEGER,
+    request_id  TEXT,
     UNIQUE (machine, key)
 );
 -- The narrow index of due work: dormant entities (due_at NULL) are not in it.

@@ -1,0 +1,64 @@
+//! Every example machine loads: all of `examples/machines/*.toml` without errors or
+//! warnings, except `broken.toml`, which shows every kind of report at once.
+
+use std::path::{Path, PathBuf};
+
+use settle_core::{Machine, Report};
+
+fn machines_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/machines")
+}
+
+/// Loads `examples/machines/<file>`, naming it by that relative path in diagnostics.
+fn load(file: &str) -> Result<(Machine, Report), Report> {
+    let path = machines_dir().join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let stem = file.strip_suffix(".toml").expect("a .toml file");
+    settle_core::toml::load(&format!("examples/machines/{file}"), stem, &text)
+}
+
+#[test]
+fn every_example_but_broken_loads_cleanly() {
+    let mut files: Vec<String> = std::fs::read_dir(machines_dir())
+        .expect("examples/machines exists")
+        .map(|e| e.expect("readable directory entry").file_name().into_string().expect("utf-8 file name"))
+        .filter(|f| f.ends_with(".toml") && f != "broken.toml")
+        .collect();
+    files.sort();
+    assert!(files.iter().any(|f| f == "server.toml"), "server.toml is among {files:?}");
+    for file in &files {
+        match load(file) {
+            Ok((_, warnings)) => assert!(warnings.diagnostics.is_empty(), "{file}: unexpected warnings:\n{warnings}"),
+            Err(report) => panic!("{file} does not load:\n{report}"),
+        }
+    }
+}
+
+#[test]
+fn server_example_is_the_reference_shape() {
+    let (m, _) = load("server.toml").expect("server.toml loads");
+    assert_eq!(m.name().as_str(), "server");
+    assert_eq!(m.initial().name, "new");
+    assert_eq!(m.state("ready").expect("ready").requires, ["endpoint"]);
+    assert_eq!(m.state("gone").expect("gone").kind, settle_core::StateKind::Deleted);
+    assert_eq!(m.state("failed").expect("failed").health, settle_core::Health::Error);
+}
+
+#[test]
+fn broken_example_reports_every_problem() {
+    let report = load("broken.toml").expect_err("broken.toml is refused");
+    let expected = "\
+examples/machines/broken.toml:8: error: machine `broken`, state `working`: `auto` names unknown action `work_harder`
+examples/machines/broken.toml:8: error: machine `broken`, state `working`: unstable state must have exactly one auto action, found 2
+examples/machines/broken.toml:11: error: machine `broken`, state `idle`: `wait` declared without an auto action
+examples/machines/broken.toml:20: error: machine `broken`, event `start`: `in` names unknown state `nowhere`
+examples/machines/broken.toml:20: error: machine `broken`, event `start`: rejection reason for `new`, where the event is valid
+examples/machines/broken.toml:26: error: machine `broken`, event `revive`: valid in deleted state `gone`, which nothing may leave
+examples/machines/broken.toml:29: error: machine `broken`, event `revive`: `subscribe` is not supported yet (subscriptions come in a later version)
+examples/machines/broken.toml:34: error: machine `broken`, action `work`: wait declared for `new`, a target outside the declared set
+examples/machines/broken.toml:38: error: machine `broken`, action `give_up`: no target states (`to` is empty)
+examples/machines/broken.toml:11: warning: machine `broken`, state `idle`: no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)
+examples/machines/broken.toml:17: warning: machine `broken`, state `gone`: unreachable from the initial state `new`
+";
+    assert_eq!(report.to_string(), expected);
+}

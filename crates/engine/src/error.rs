@@ -1,0 +1,66 @@
+//! Errors of the engine's API. A rejected event is not an error: see [`crate::EventOutcome`].
+
+use std::time::Duration;
+
+use settle_core::{RaiseError, Refusal, Report};
+
+/// Why the engine could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The machine is not registered with this engine.
+    #[error("unknown machine `{0}`")]
+    UnknownMachine(String),
+    /// No entity with this machine and key.
+    #[error("no entity `{key}` of machine `{machine}`")]
+    NotFound {
+        /// Machine.
+        machine: String,
+        /// Key.
+        key: String,
+    },
+    /// An entity with this machine and key exists already.
+    #[error("entity `{key}` of machine `{machine}` already exists")]
+    AlreadyExists {
+        /// Machine.
+        machine: String,
+        /// Key.
+        key: String,
+    },
+    /// The event cannot be raised (unknown event, bad parameters).
+    #[error(transparent)]
+    Raise(#[from] RaiseError),
+    /// The new entity's properties break its initial state's invariant.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// A machine definition is invalid.
+    #[error("invalid machine definition:\n{0}")]
+    Invalid(Report),
+    /// Actions that need an implementation have none bound.
+    #[error("no handler bound for {}", .0.join(", "))]
+    MissingHandlers(Vec<String>),
+    /// A handler was bound to an action its machine does not declare.
+    #[error("handler bound to unknown action `{action}` of machine `{machine}`")]
+    UnknownAction {
+        /// Machine.
+        machine: String,
+        /// Action.
+        action: String,
+    },
+    /// The wait ran out; the request is durable and will still be processed.
+    #[error("timed out after {waited:?} waiting for request {request_id}; it is still queued and will be processed")]
+    Timeout {
+        /// The request.
+        request_id: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The engine is shutting down.
+    #[error("engine stopped")]
+    Stopped,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] settle_store::Error),
+}
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,189 @@
+//! Action handlers: what a bound action receives ([`ActionContext`]) and returns
+//! ([`Outcome`]: a target plus buffered effects, committed atomically by the runtime).
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use serde_json::Value;
+use settle_core::step::PropChange;
+use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
+use settle_store::SqlStatement;
+
+/// The error type handlers return; any error counts as a fault of the action.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A boxed handler future.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Outcome, HandlerError>> + Send>>;
+
+/// A bound action implementation.
+pub type Handler = Arc<dyn Fn(ActionContext) -> HandlerFuture + Send + Sync>;
+
+/// Everything an action may read. Actions run outside any transaction; what they want to
+/// change goes into the [`Outcome`].
+#[derive(Debug, Clone)]
+pub struct ActionContext {
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The entity's key.
+    pub key: EntityKey,
+    /// The entity's store id.
+    pub entity_id: i64,
+    /// The state the action runs in.
+    pub state: StateName,
+    /// The action running.
+    pub action: ActionName,
+    /// The entity's properties.
+    pub properties: Properties,
+    /// The entity's version (identifies the state entry and attempt).
+    pub version: i64,
+    /// How many times the current state has been re-entered for a retry.
+    pub retry: u32,
+    /// The event that triggered the action (`None` for an auto action).
+    pub event: Option<EventName>,
+    /// The event's parameters (`Null` for an auto action).
+    pub params: Value,
+    /// The request the work belongs to.
+    pub request_id: Option<String>,
+}
+
+impl ActionContext {
+    /// A key that is the same every time this very attempt runs (after a crash, say) and
+    /// different for every other attempt: pass it to providers to make calls idempotent.
+    pub fn idempotency_key(&self) -> String {
+        format!("{}/{}/{}", self.machine, self.key, self.version)
+    }
+}
+
+/// An entity an action creates (committed with the action).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreateEffect {
+    /// Its machine (must be registered with the engine).
+    pub machine: MachineName,
+    /// Its key.
+    pub key: EntityKey,
+    /// Constructor properties.
+    pub properties: Properties,
+}
+
+/// An event an action raises on another entity (through its durable inbox).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RaiseEffect {
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The entity's key.
+    pub key: EntityKey,
+    /// The event.
+    pub event: EventName,
+    /// Its parameters.
+    pub params: Value,
+}
+
+/// What an action decided: the state to enter and the effects to commit with it.
+///
+/// ```
+/// use serde_json::json;
+/// use settle_engine::Outcome;
+/// let done = Outcome::to("ready").set("endpoint", json!("10.0.0.7"));
+/// let again = Outcome::retry_after(std::time::Duration::from_secs(2));
+/// assert_eq!(done.target(), Some("ready"));
+/// assert_eq!(again.target(), None);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    pub(crate) target: Option<StateName>,
+    pub(crate) delay: Option<Duration>,
+    pub(crate) changes: Vec<PropChange>,
+    pub(crate) sql: Vec<SqlStatement>,
+    pub(crate) creates: Vec<CreateEffect>,
+    pub(crate) raises: Vec<RaiseEffect>,
+}
+
+impl Outcome {
+    /// Move to `state` (one of the action's declared targets).
+    pub fn to(state: impl AsRef<str>) -> Self {
+        Outcome { target: Some(StateName::new(state)), ..Outcome::default() }
+    }
+    /// Re-enter the current state; its auto action runs again after `delay`.
+    pub fn retry_after(delay: Duration) -> Self {
+        Outcome { delay: Some(delay), ..Outcome::default() }
+    }
+    /// Re-enter the current state with its declared wait.
+    pub fn stay() -> Self {
+        Outcome::default()
+    }
+    /// The state asked for (`None`: re-enter the current state).
+    pub fn target(&self) -> Option<&str> {
+        self.target.as_deref()
+    }
+    /// Sets the delay before the entered state's auto action (overrides declared waits).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+    /// Sets a property.
+    pub fn set(mut self, key: impl Into<String>, value: Value) -> Self {
+        self.changes.push(PropChange::Set(key.into(), value));
+        self
+    }
+    /// Removes a property.
+    pub fn remove(mut self, key: impl Into<String>) -> Self {
+        self.changes.push(PropChange::Remove(key.into()));
+        self
+    }
+    /// Runs a parameterised SQL statement in the commit (placeholders in the store's
+    /// dialect, e.g. `?1` on SQLite). A failing statement fails the whole commit.
+    pub fn sql(mut self, sql: impl Into<String>, params: impl IntoIterator<Item = Value>) -> Self {
+        self.sql.push(SqlStatement { sql: sql.into(), params: params.into_iter().collect() });
+        self
+    }
+    /// Creates an entity in the commit.
+    pub fn create(mut self, machine: impl AsRef<str>, key: impl AsRef<str>, properties: Properties) -> Self {
+        self.creates.push(CreateEffect { machine: MachineName::new(machine), key: EntityKey::new(key), properties });
+        self
+    }
+    /// Raises an event on another entity, written to its inbox in the commit.
+    pub fn raise(mut self, machine: impl AsRef<str>, key: impl AsRef<str>, event: impl AsRef<str>, params: Value) -> Self {
+        self.raises.push(RaiseEffect {
+            machine: MachineName::new(machine),
+            key: EntityKey::new(key),
+            event: EventName::new(event),
+            params,
+        });
+        self
+    }
+}
+
+/// Wraps an async function as a [`Handler`].
+pub fn handler<F, Fut>(f: F) -> Handler
+where
+    F: Fn(ActionContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Outcome, HandlerError>> + Send + 'static,
+{
+    Arc::new(move |ctx| Box::pin(f(ctx)))
+}
+
+/// Polls a future, turning a panic into an `Err` with the panic message.
+pub(crate) struct CatchUnwind<F>(pub(crate) F);
+
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, String>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Err(payload) => {
+                let msg = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_string());
+                Poll::Ready(Err(msg))
+            }
+        }
+    }
+}
