@@ -146,7 +146,13 @@ impl Outcome {
         self
     }
     /// Raises an event on another entity, written to its inbox in the commit.
-    pub fn raise(mut self, machine: impl AsRef<str>, key: impl AsRef<str>, event: impl AsRef<str>, params: Value) -> Self {
+    pub fn raise(
+        mut self,
+        machine: impl AsRef<str>,
+        key: impl AsRef<str>,
+        event: impl AsRef<str>,
+        params: Value,
+    ) -> Self {
         self.raises.push(RaiseEffect {
             machine: MachineName::new(machine),
             key: EntityKey::new(key),

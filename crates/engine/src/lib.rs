@@ -1,1 +1,24 @@
-//! placeholder
+//! settle-engine: the runtime around the pure core and the store.
+//!
+//! An [`Engine`] owns one scheduler task. The scheduler is the only writer: it gathers
+//! everything that must be written (created entities, raised events, action outcomes,
+//! lease renewals) into one [`settle_store::Batch`] per round — one transaction, one
+//! fsync — and claims due entities in the same transaction. Actions run as short-lived
+//! tasks outside any transaction and report back with an [`Outcome`]; the scheduler asks
+//! [`settle_core::step`] whether it may be committed. No task or timer exists per entity:
+//! a dormant entity costs nothing in memory, and due work is found through the store's
+//! index of due times.
+
+mod engine;
+mod error;
+mod handler;
+mod scheduler;
+
+pub use engine::{Config, Engine, EngineBuilder, EventOutcome, RaiseOptions, Raised, Wait};
+pub use error::{Error, Result};
+pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
+
+/// The wall clock in milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}

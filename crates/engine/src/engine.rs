@@ -1,0 +1,387 @@
+//! The engine's public face: [`EngineBuilder`] binds machines and handlers to a store and
+//! starts the scheduler; [`Engine`] creates entities, raises events and waits for them.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use settle_core::step::{self, Properties};
+use settle_core::{ActionName, EntityKey, EventName, Machine, MachineName, StateName};
+use settle_store::{EntityRow, HistoryRow, NewEntity, Push, Store};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{Error, Result};
+use crate::handler::{ActionContext, Handler, HandlerError, Outcome, handler};
+use crate::scheduler::{Msg, Scheduler};
+
+/// Engine tuning. The defaults suit one process on SQLite.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This instance's lease owner name (unique per process).
+    pub owner: String,
+    /// Lease length; leases of running actions are renewed every third of it.
+    pub lease: Duration,
+    /// Most entities processed at once (bounds memory and concurrent actions).
+    pub max_inflight: usize,
+    /// Most entities claimed per batch.
+    pub claim_batch: usize,
+    /// Fallback poll for due work when nothing wakes the engine.
+    pub poll: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            owner: format!("engine-{}", uuid::Uuid::now_v7()),
+            lease: Duration::from_secs(60),
+            max_inflight: 1024,
+            claim_batch: 256,
+            poll: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Machines and their bound handlers, shared by the engine and its scheduler.
+pub(crate) struct Registry {
+    pub(crate) machines: HashMap<MachineName, Arc<Machine>>,
+    pub(crate) handlers: HashMap<(MachineName, ActionName), Handler>,
+}
+
+impl Registry {
+    pub(crate) fn machine(&self, name: &str) -> Result<&Arc<Machine>> {
+        self.machines.get(name).ok_or_else(|| Error::UnknownMachine(name.to_string()))
+    }
+    pub(crate) fn handler(&self, machine: &MachineName, action: &ActionName) -> Option<&Handler> {
+        self.handlers.get(&(machine.clone(), action.clone()))
+    }
+}
+
+/// Binds machines and handlers to a store, then [`start`](EngineBuilder::start)s.
+pub struct EngineBuilder<S: Store> {
+    store: S,
+    registry: Registry,
+    config: Config,
+    errors: Vec<Error>,
+}
+
+impl<S: Store + Clone> EngineBuilder<S> {
+    /// Starts with a store and no machines.
+    pub fn new(store: S) -> Self {
+        EngineBuilder {
+            store,
+            registry: Registry { machines: HashMap::new(), handlers: HashMap::new() },
+            config: Config::default(),
+            errors: Vec::new(),
+        }
+    }
+    /// Registers a validated machine.
+    pub fn machine(mut self, machine: Machine) -> Self {
+        self.registry.machines.insert(machine.name().clone(), Arc::new(machine));
+        self
+    }
+    /// Binds a handler to `machine`'s `action`.
+    pub fn handler(mut self, machine: &str, action: &str, h: Handler) -> Self {
+        self.registry.handlers.insert((MachineName::new(machine), ActionName::new(action)), h);
+        self
+    }
+    /// Binds an async function to `machine`'s `action`.
+    pub fn on<F, Fut>(self, machine: &str, action: &str, f: F) -> Self
+    where
+        F: Fn(ActionContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<Outcome, HandlerError>> + Send + 'static,
+    {
+        self.handler(machine, action, handler(f))
+    }
+    /// Replaces the configuration.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Checks bindings, stores the definitions, reclaims stale leases (when the store is
+    /// exclusive) and starts the scheduler, which resumes all due work.
+    pub async fn start(mut self) -> Result<Engine<S>> {
+        if let Some(e) = self.errors.pop() {
+            return Err(e);
+        }
+        for (machine, action) in self.registry.handlers.keys() {
+            let m = self.registry.machine(machine)?;
+            if m.action(action).is_none() {
+                return Err(Error::UnknownAction { machine: machine.to_string(), action: action.to_string() });
+            }
+        }
+        let mut missing = Vec::new();
+        for m in self.registry.machines.values() {
+            for a in m.actions_needing_handlers() {
+                if self.registry.handler(m.name(), &a.name).is_none() {
+                    missing.push(format!("action `{}` of machine `{}`", a.name, m.name()));
+                }
+            }
+        }
+        if !missing.is_empty() {
+            missing.sort();
+            return Err(Error::MissingHandlers(missing));
+        }
+        let now = crate::now_ms();
+        for m in self.registry.machines.values() {
+            self.store.machine_put(m.name(), &m.content_hash(), &m.canonical_json(), now).await?;
+        }
+        if self.store.exclusive() {
+            let n = self.store.lease_release_all(now).await?;
+            if n > 0 {
+                tracing::info!(leases = n, "reclaimed leases left by a previous engine");
+            }
+        }
+        let registry = Arc::new(self.registry);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let scheduler = Scheduler::new(self.store.clone(), registry.clone(), self.config, tx.clone());
+        let task = tokio::spawn(scheduler.run(rx));
+        Ok(Engine {
+            inner: Arc::new(Inner { store: self.store, registry, tx, task: std::sync::Mutex::new(Some(task)) }),
+        })
+    }
+}
+
+struct Inner<S> {
+    store: S,
+    registry: Arc<Registry>,
+    tx: mpsc::UnboundedSender<Msg>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// A running engine. Cheap to clone. Stop it with [`Engine::shutdown`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use settle_core::MachineBuilder;
+/// use settle_engine::{Engine, RaiseOptions, Wait};
+/// use settle_store::SqliteStore;
+///
+/// let door = MachineBuilder::new("door")
+///     .state("closed").initial()
+///     .state("open")
+///     .event("open", ["closed"], "swing")
+///     .action("swing", ["open"])
+///     .build()?;
+/// let engine = Engine::builder(SqliteStore::open("doors.db")?).machine(door).start().await?;
+/// engine.create("door", "front", Default::default()).await?;
+/// let raised = engine.raise("door", "front", "open", RaiseOptions::wait(Wait::Stable)).await?;
+/// assert_eq!(raised.entity.unwrap().state, "open");
+/// engine.shutdown().await;
+/// # Ok(()) }
+/// ```
+pub struct Engine<S: Store> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S: Store> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Engine { inner: self.inner.clone() }
+    }
+}
+
+/// How long [`Engine::raise`] waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Until the event is durably queued in the entity's inbox.
+    Queued,
+    /// Until the event is accepted (its action committed), rejected or failed.
+    Outcome,
+    /// Until the entity is at rest again after the event was accepted (or the event was
+    /// rejected or failed).
+    Stable,
+}
+
+/// Options of [`Engine::raise`].
+#[derive(Debug, Clone)]
+pub struct RaiseOptions {
+    /// The event's parameters (a JSON object, or null).
+    pub params: Value,
+    /// What to wait for.
+    pub wait: Wait,
+    /// How long to wait beyond queuing.
+    pub timeout: Duration,
+    /// The request id to record (generated when `None`).
+    pub request_id: Option<String>,
+}
+
+impl Default for RaiseOptions {
+    fn default() -> Self {
+        RaiseOptions { params: Value::Null, wait: Wait::Queued, timeout: Duration::from_secs(30), request_id: None }
+    }
+}
+
+impl RaiseOptions {
+    /// Default options waiting for `wait`.
+    pub fn wait(wait: Wait) -> Self {
+        RaiseOptions { wait, ..RaiseOptions::default() }
+    }
+    /// Sets the parameters.
+    pub fn params(mut self, params: Value) -> Self {
+        self.params = params;
+        self
+    }
+    /// Sets the timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// What became of a raised event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventOutcome {
+    /// The event's action committed; the entity entered `state`.
+    Accepted {
+        /// The state entered.
+        state: StateName,
+    },
+    /// The event was not valid in `state`; nothing changed.
+    Rejected {
+        /// The state the entity was in.
+        state: StateName,
+        /// The declared reason, or the default one.
+        reason: String,
+    },
+    /// The event's action failed (error, panic, refused or failed commit); nothing changed.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+/// The answer to [`Engine::raise`].
+#[derive(Debug, Clone)]
+pub struct Raised {
+    /// The request id recorded with the event.
+    pub request_id: String,
+    /// The event's inbox id.
+    pub inbox_id: i64,
+    /// The outcome (unless only [`Wait::Queued`] was asked).
+    pub outcome: Option<EventOutcome>,
+    /// The entity when the wait ended (unless only [`Wait::Queued`] was asked).
+    pub entity: Option<EntityRow>,
+}
+
+impl<S: Store + Clone> Engine<S> {
+    /// Starts building an engine on `store`.
+    pub fn builder(store: S) -> EngineBuilder<S> {
+        EngineBuilder::new(store)
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The registered machine `name`.
+    pub fn machine(&self, name: &str) -> Result<&Arc<Machine>> {
+        self.inner.registry.machine(name)
+    }
+
+    fn send(&self, msg: Msg) -> Result<()> {
+        self.inner.tx.send(msg).map_err(|_| Error::Stopped)
+    }
+
+    /// Creates an entity in its machine's initial state (durably). If that state is
+    /// unstable, its auto action runs.
+    pub async fn create(&self, machine: &str, key: &str, properties: Properties) -> Result<EntityRow> {
+        let m = self.inner.registry.machine(machine)?;
+        let entry = step::initial_entry(m, &properties)?;
+        let now = crate::now_ms();
+        let new = NewEntity {
+            machine: m.name().clone(),
+            key: EntityKey::new(key),
+            state: entry.state,
+            properties,
+            auto_at: entry.auto_delay.map(|d| now + d.as_millis() as i64),
+            request_id: Some(uuid::Uuid::now_v7().to_string()),
+        };
+        let (reply, rx) = oneshot::channel();
+        self.send(Msg::Create { new, reply })?;
+        rx.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Raises `event` on an entity: checks the event and its parameters, writes it to the
+    /// entity's durable inbox, then waits as `options.wait` says.
+    pub async fn raise(&self, machine: &str, key: &str, event: &str, options: RaiseOptions) -> Result<Raised> {
+        let m = self.inner.registry.machine(machine)?;
+        step::check_raise(m, event, &options.params)?;
+        let request_id = options.request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let push = Push {
+            machine: m.name().clone(),
+            key: EntityKey::new(key),
+            event: EventName::new(event),
+            params: options.params,
+            request_id: Some(request_id.clone()),
+        };
+        let (ack, ack_rx) = oneshot::channel();
+        let (done, done_rx) = match options.wait {
+            Wait::Queued => (None, None),
+            Wait::Outcome | Wait::Stable => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+        };
+        self.send(Msg::Raise { push, wait: options.wait, ack, done })?;
+        let inbox_id = ack_rx.await.map_err(|_| Error::Stopped)??;
+        let mut raised = Raised { request_id, inbox_id, outcome: None, entity: None };
+        if let Some(rx) = done_rx {
+            match tokio::time::timeout(options.timeout, rx).await {
+                Ok(Ok((outcome, entity))) => {
+                    raised.outcome = Some(outcome);
+                    raised.entity = Some(entity);
+                }
+                Ok(Err(_)) => return Err(Error::Stopped),
+                Err(_) => return Err(Error::Timeout { request_id: raised.request_id, waited: options.timeout }),
+            }
+        }
+        Ok(raised)
+    }
+
+    /// The entity `key` of `machine`, as stored.
+    pub async fn get(&self, machine: &str, key: &str) -> Result<Option<EntityRow>> {
+        Ok(self.inner.store.entity_get(machine, key).await?)
+    }
+
+    /// The entity's history, oldest first.
+    pub async fn history(&self, machine: &str, key: &str) -> Result<Vec<HistoryRow>> {
+        let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
+        Ok(self.inner.store.history_list(e.id).await?)
+    }
+
+    /// The events valid in the entity's current state.
+    pub async fn permitted_events(&self, machine: &str, key: &str) -> Result<Vec<EventName>> {
+        let m = self.inner.registry.machine(machine)?.clone();
+        let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
+        Ok(m.permitted_events(&e.state).map(|ev| ev.name.clone()).collect())
+    }
+
+    /// Resolves once nothing is in flight, queued or scheduled anywhere in the store.
+    pub async fn wait_idle(&self) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::WhenIdle(tx))?;
+        rx.await.map_err(|_| Error::Stopped)
+    }
+
+    /// Stops claiming work, lets running actions finish and commit, releases leases, and
+    /// stops the scheduler.
+    pub async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.send(Msg::Shutdown(tx)).is_ok() {
+            let _ = rx.await;
+        }
+        let task = self.inner.task.lock().expect("task lock").take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+fn not_found(machine: &str, key: &str) -> Error {
+    Error::NotFound { machine: machine.to_string(), key: key.to_string() }
+}

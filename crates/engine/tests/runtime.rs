@@ -1,0 +1,260 @@
+//! Runtime behaviour on a real SQLite file: events, rejections, auto actions, retries,
+//! waits, faults, effects and atomic commits.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+use settle_core::MachineBuilder;
+use settle_engine::{Engine, EventOutcome, Outcome, RaiseOptions, Wait};
+use settle_store::{HistoryKind, SqliteStore, Store};
+
+fn server() -> settle_core::Machine {
+    MachineBuilder::new("server")
+        .state("new")
+        .initial()
+        .state("creating")
+        .auto("provision")
+        .state("ready")
+        .requires(["endpoint"])
+        .state("failed")
+        .error_health()
+        .state("gone")
+        .kind(settle_core::StateKind::Deleted)
+        .event("create", ["new"], "begin")
+        .reject("creating", "already in progress")
+        .reject("ready", "already exists")
+        .params(["region"])
+        .event("delete", ["ready", "failed"], "remove")
+        .action("begin", ["creating"])
+        .action("provision", ["ready", "failed"])
+        .action("remove", ["gone"])
+        .build()
+        .unwrap()
+}
+
+fn store() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("t.db")).unwrap();
+    (dir, store)
+}
+
+fn stable(params: serde_json::Value) -> RaiseOptions {
+    RaiseOptions::wait(Wait::Stable).params(params).timeout(Duration::from_secs(20))
+}
+
+#[tokio::test]
+async fn event_runs_workflow_to_stable_state_with_retries() {
+    let (_dir, store) = store();
+    let attempts = Arc::new(AtomicU32::new(0));
+    let a = attempts.clone();
+    let engine = Engine::builder(store)
+        .machine(server())
+        .on("server", "provision", move |ctx| {
+            let a = a.clone();
+            async move {
+                assert_eq!(ctx.params, serde_json::Value::Null, "auto actions get no params");
+                if a.fetch_add(1, Ordering::SeqCst) < 2 {
+                    return Ok(Outcome::retry_after(Duration::from_millis(20)));
+                }
+                Ok(Outcome::to("ready").set("endpoint", json!("10.0.0.1")))
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    engine.create("server", "s1", Default::default()).await.unwrap();
+    let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    assert_eq!(r.outcome, Some(EventOutcome::Accepted { state: "creating".into() }));
+    let e = r.entity.unwrap();
+    assert_eq!(e.state, "ready");
+    assert_eq!(e.properties["endpoint"], json!("10.0.0.1"));
+    let h = engine.history("server", "s1").await.unwrap();
+    let trail: Vec<_> = h.iter().map(|r| (r.from.as_deref(), r.to.as_deref(), r.kind, r.retry)).collect();
+    assert_eq!(
+        trail,
+        [
+            (None, Some("new"), HistoryKind::Create, 0),
+            (Some("new"), Some("creating"), HistoryKind::Event, 0),
+            (Some("creating"), Some("creating"), HistoryKind::Auto, 1),
+            (Some("creating"), Some("creating"), HistoryKind::Auto, 2),
+            (Some("creating"), Some("ready"), HistoryKind::Auto, 0),
+        ]
+    );
+    assert!(h[1..].iter().all(|r| r.request_id.as_deref() == Some(r.request_id.as_deref().unwrap())));
+    assert_eq!(h[4].request_id.as_deref(), Some(r.request_id.as_str()), "auto actions carry the request id");
+    assert_eq!(engine.permitted_events("server", "s1").await.unwrap(), ["delete"]);
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn rejected_events_change_nothing_and_report_the_declared_reason() {
+    let (_dir, store) = store();
+    let engine = Engine::builder(store)
+        .machine(server())
+        .on("server", "provision", |_| async { Ok(Outcome::to("ready").set("endpoint", json!("x"))) })
+        .start()
+        .await
+        .unwrap();
+    engine.create("server", "s1", Default::default()).await.unwrap();
+    engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    let before = engine.get("server", "s1").await.unwrap().unwrap();
+    let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    assert_eq!(r.outcome, Some(EventOutcome::Rejected { state: "ready".into(), reason: "already exists".into() }));
+    let after = engine.get("server", "s1").await.unwrap().unwrap();
+    assert_eq!((after.state.as_str(), after.version), (before.state.as_str(), before.version));
+    assert_eq!(after.properties, before.properties);
+    let last = engine.history("server", "s1").await.unwrap().pop().unwrap();
+    assert_eq!((last.kind, last.detail.as_deref(), last.to), (HistoryKind::Rejected, Some("already exists"), None));
+    // Bad input is refused before anything is written.
+    let err = engine.raise("server", "s1", "create", stable(json!({}))).await.unwrap_err();
+    assert_eq!(err.to_string(), "event `create` on machine `server` requires parameter `region`");
+    let err = engine.raise("server", "nope", "delete", stable(json!(null))).await.unwrap_err();
+    assert_eq!(err.to_string(), "no entity `nope` of machine `server`");
+    assert_eq!(engine.get("server", "s1").await.unwrap().unwrap().version, before.version);
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn missing_handlers_are_refused_at_start() {
+    let (_dir, store) = store();
+    let err = Engine::builder(store).machine(server()).start().await.err().unwrap();
+    assert_eq!(err.to_string(), "no handler bound for action `provision` of machine `server`");
+}
+
+#[tokio::test]
+async fn undeclared_targets_and_broken_invariants_are_faults_that_retry() {
+    let (_dir, store) = store();
+    let attempts = Arc::new(AtomicU32::new(0));
+    let a = attempts.clone();
+    let engine = Engine::builder(store)
+        .machine(server())
+        .on("server", "provision", move |_| {
+            let n = a.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok(match n {
+                    0 => Outcome::to("new"),   // not a declared target
+                    1 => Outcome::to("ready"), // breaks the `endpoint` invariant
+                    _ => Outcome::to("ready").set("endpoint", json!("e")),
+                })
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    engine.create("server", "s1", Default::default()).await.unwrap();
+    let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    assert_eq!(r.entity.unwrap().state, "ready");
+    let h = engine.history("server", "s1").await.unwrap();
+    let faults: Vec<_> = h.iter().filter(|r| r.kind == HistoryKind::Fault).map(|r| r.detail.clone().unwrap()).collect();
+    assert_eq!(
+        faults,
+        [
+            "action `provision` of machine `server` may not move to `new` (declared: ready, failed)",
+            "state `ready` of machine `server` requires `endpoint`",
+        ]
+    );
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn failed_sql_effect_leaves_nothing_and_panics_are_faults() {
+    let (_dir, store) = store();
+    store.sql_execute("CREATE TABLE servers (name TEXT PRIMARY KEY)").await.unwrap();
+    store.sql_execute("INSERT INTO servers VALUES ('taken')").await.unwrap();
+    let attempts = Arc::new(AtomicU32::new(0));
+    let a = attempts.clone();
+    let engine = Engine::builder(store.clone())
+        .machine(server())
+        .on("server", "provision", move |ctx| {
+            let n = a.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match n {
+                    0 => panic!("provider exploded"),
+                    1 => Ok(Outcome::to("ready")
+                        .set("endpoint", json!("e"))
+                        .sql("INSERT INTO servers (name) VALUES (?1)", [json!("taken")])),
+                    _ => Ok(Outcome::to("ready")
+                        .set("endpoint", json!("e"))
+                        .sql("INSERT INTO servers (name) VALUES (?1)", [json!(ctx.key.as_str())])),
+                }
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    engine.create("server", "s1", Default::default()).await.unwrap();
+    let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    assert_eq!(r.entity.unwrap().state, "ready");
+    let h = engine.history("server", "s1").await.unwrap();
+    let faults: Vec<_> = h.iter().filter(|r| r.kind == HistoryKind::Fault).map(|r| r.detail.clone().unwrap()).collect();
+    assert_eq!(faults.len(), 2, "{faults:?}");
+    assert_eq!(faults[0], "action panicked: provider exploded");
+    assert!(faults[1].starts_with("commit failed: sql statement 0 failed: UNIQUE constraint failed"), "{}", faults[1]);
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn effects_create_entities_and_raise_events_atomically() {
+    let (_dir, store) = store();
+    let child = MachineBuilder::new("child")
+        .state("idle")
+        .initial()
+        .state("poked")
+        .event("poke", ["idle"], "take")
+        .params(["n"])
+        .action("take", ["poked"])
+        .build()
+        .unwrap();
+    let engine = Engine::builder(store)
+        .machine(server())
+        .machine(child)
+        .on("server", "provision", |ctx| async move {
+            Ok(Outcome::to("ready")
+                .set("endpoint", json!("e"))
+                .create("child", format!("{}-a", ctx.key), Default::default())
+                .create("child", format!("{}-b", ctx.key), Default::default())
+                .raise("child", "existing", "poke", json!({"n": 1})))
+        })
+        .start()
+        .await
+        .unwrap();
+    engine.create("child", "existing", Default::default()).await.unwrap();
+    engine.create("server", "s1", Default::default()).await.unwrap();
+    let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    assert_eq!(r.entity.unwrap().state, "ready");
+    engine.wait_idle().await.unwrap();
+    assert_eq!(engine.get("child", "s1-a").await.unwrap().unwrap().state, "idle");
+    assert_eq!(engine.get("child", "s1-b").await.unwrap().unwrap().state, "idle");
+    let poked = engine.get("child", "existing").await.unwrap().unwrap();
+    assert_eq!(poked.state, "poked");
+    assert_eq!(poked.request_id.as_deref(), Some(r.request_id.as_str()), "the request id travels with nested events");
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn waits_on_states_and_transitions_delay_the_auto_action() {
+    let (_dir, store) = store();
+    let m = MachineBuilder::new("slow")
+        .state("idle")
+        .initial()
+        .state("cooling")
+        .auto("cool")
+        .wait(Duration::from_millis(150))
+        .state("done")
+        .event("go", ["idle"], "start")
+        .action("start", ["cooling"])
+        .target_wait("cooling", Duration::from_millis(100))
+        .action("cool", ["done"])
+        .build()
+        .unwrap();
+    let engine = Engine::builder(store).machine(m).start().await.unwrap();
+    engine.create("slow", "x", Default::default()).await.unwrap();
+    let r = engine.raise("slow", "x", "go", stable(json!(null))).await.unwrap();
+    assert_eq!(r.entity.unwrap().state, "done");
+    let h = engine.history("slow", "x").await.unwrap();
+    let waited = h[2].at - h[1].at;
+    assert!(waited >= 250, "auto action ran {waited} ms after entry; state wait 150 + transition wait 100");
+    engine.shutdown().await;
+}
