@@ -1,1 +1,224 @@
-fn main() {}
+//! `settle`: the command-line face of Settle. Wiring only: parsing arguments, opening the
+//! store, registering the built-in machines, printing. The engine lives in the libraries.
+
+mod bench;
+mod demo;
+mod inspect;
+mod machines;
+mod sim;
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use settle_core::graph::Format;
+use settle_engine::Engine;
+use settle_store::SqliteStore;
+
+/// Settle: durable workflows on persistent state machines.
+#[derive(Parser, Debug)]
+#[command(name = "settle", version, about)]
+struct Cli {
+    /// SQLite database file [default: settle.db]
+    #[arg(long, global = true, env = "SETTLE_DB")]
+    db: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Check machine definitions (TOML); exits 1 if any has errors.
+    Validate {
+        /// Definition files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print a machine's diagram.
+    Graph {
+        /// Definition file.
+        file: PathBuf,
+        /// mermaid or dot.
+        #[arg(long, default_value = "mermaid")]
+        format: Format,
+    },
+    /// Run the demo: servers provisioned against a slow, flaky simulated provider.
+    Demo(demo::Args),
+    /// Process due work in the database until stopped.
+    Run {
+        /// Exit once nothing is queued, running or scheduled.
+        #[arg(long)]
+        until_idle: bool,
+    },
+    /// List entities.
+    List {
+        /// Only this machine.
+        #[arg(long)]
+        machine: Option<String>,
+        /// Only this state.
+        #[arg(long)]
+        state: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one entity.
+    Get {
+        /// Machine name.
+        machine: String,
+        /// Entity key.
+        key: String,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an entity's transition history.
+    History {
+        /// Machine name.
+        machine: String,
+        /// Entity key.
+        key: String,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::Bench),
+    /// Crash-test workload (used by the test suite).
+    #[command(hide = true)]
+    Workload(workload::Args),
+}
+
+fn db_path(db: &Option<PathBuf>) -> PathBuf {
+    db.clone().unwrap_or_else(|| PathBuf::from("settle.db"))
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Validate { files } => validate(&files),
+        Command::Graph { file, format } => {
+            let (machine, _) = load_machine(&file).map_err(|report| anyhow::anyhow!("{}", report.trim_end()))?;
+            print!("{}", settle_core::graph::render(&machine, format));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo(args) => runtime()?.block_on(demo::run(&db_path(&cli.db), args)),
+        Command::Run { until_idle } => runtime()?.block_on(run_engine(&db_path(&cli.db), until_idle)),
+        Command::List { machine, state, json } => {
+            runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, json))
+        }
+        Command::Get { machine, key, json } => {
+            runtime()?.block_on(inspect::get(&db_path(&cli.db), &machine, &key, json))
+        }
+        Command::History { machine, key, json } => {
+            runtime()?.block_on(inspect::history(&db_path(&cli.db), &machine, &key, json))
+        }
+        Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
+        Command::Workload(args) => runtime()?.block_on(workload::run(&db_path(&cli.db), args)),
+    }
+}
+
+/// Loads and validates one TOML definition; `Err` holds the printed report.
+fn load_machine(path: &Path) -> Result<(settle_core::Machine, settle_core::Report), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("machine");
+    settle_core::toml::load(&path.display().to_string(), stem, &text).map_err(|report| report.to_string())
+}
+
+fn validate(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
+    let mut ok = true;
+    for path in files {
+        match load_machine(path) {
+            Ok((m, report)) => {
+                print!("{report}");
+                println!(
+                    "{}: ok: machine `{}` ({} states, {} events, {} actions, {} warnings)",
+                    path.display(),
+                    m.name(),
+                    m.states().len(),
+                    m.events().len(),
+                    m.actions().len(),
+                    report.warnings().count()
+                );
+            }
+            Err(report) => {
+                ok = false;
+                print!("{report}");
+                if !report.ends_with('\n') {
+                    println!();
+                }
+            }
+        }
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Starts an engine on `db` with every machine this binary knows.
+pub(crate) async fn start_engine(db: &Path) -> anyhow::Result<Engine<SqliteStore>> {
+    start_engine_on(SqliteStore::open(db)?).await
+}
+
+/// Starts an engine on an open store with every machine this binary knows.
+pub(crate) async fn start_engine_on(store: SqliteStore) -> anyhow::Result<Engine<SqliteStore>> {
+    let provider = demo::stored_settings(&store).await?.unwrap_or_default();
+    let mut b = Engine::builder(store);
+    b = machines::bind_server(b, provider);
+    b = machines::bind_job(b);
+    for steps in 1..=bench::MAX_STEPS {
+        b = machines::bind_chain(b, steps);
+    }
+    Ok(b.start().await?)
+}
+
+async fn run_engine(db: &Path, until_idle: bool) -> anyhow::Result<ExitCode> {
+    let engine = start_engine(db).await?;
+    eprintln!("settle: processing due work in {}", db.display());
+    if until_idle {
+        engine.wait_idle().await?;
+    } else {
+        shutdown_signal().await;
+        eprintln!("settle: stopping (finishing running actions)");
+    }
+    engine.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,192 @@
+//! `settle bench`: throughput and latency of the engine on this machine.
+//!
+//! `bench chain`: N entities, each raised once and driven through K unstable states with
+//! no-op actions to a stable state; C callers keep C workflows in flight. Latency is from
+//! the raise to the entity's next stable state, as a caller of `raise` sees it.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use serde_json::json;
+use settle_engine::{Engine, EventOutcome, RaiseOptions, Wait};
+use settle_store::SqliteStore;
+
+/// Longest chain `bench chain --steps` accepts (and `settle run` knows).
+pub const MAX_STEPS: usize = 8;
+
+/// Benchmarks.
+#[derive(clap::Subcommand, Debug)]
+pub enum Bench {
+    /// Entities through a chain of unstable states with no-op actions.
+    Chain(ChainArgs),
+}
+
+/// Options of `settle bench chain`.
+#[derive(clap::Args, Debug)]
+pub struct ChainArgs {
+    /// Number of entities (one workflow each).
+    #[arg(long, default_value_t = 10_000)]
+    entities: usize,
+    /// Unstable states per workflow (1 to 8).
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// Workflows in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Print one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Removes a scratch database and its side files when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm", ".lock"] {
+            let mut p = self.0.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Peak resident set size of this process in MiB (Linux; 0 elsewhere).
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+pub async fn run(db: Option<&Path>, bench: Bench) -> anyhow::Result<ExitCode> {
+    match bench {
+        Bench::Chain(args) => chain(db, args).await,
+    }
+}
+
+async fn chain(db: Option<&Path>, args: ChainArgs) -> anyhow::Result<ExitCode> {
+    if !(1..=MAX_STEPS).contains(&args.steps) {
+        bail!("--steps must be between 1 and {MAX_STEPS}, got {}", args.steps);
+    }
+    if args.entities == 0 || args.concurrency == 0 {
+        bail!("--entities and --concurrency must be at least 1");
+    }
+    let (path, _scratch) = match db {
+        Some(p) => (p.to_path_buf(), None),
+        None => {
+            let p = std::env::temp_dir().join(format!("settle-bench-{}.db", std::process::id()));
+            (p.clone(), Some(Scratch(p)))
+        }
+    };
+    let store = SqliteStore::open(&path)?;
+    let machine = format!("chain{}", args.steps);
+    let engine = crate::machines::bind_chain(Engine::builder(store), args.steps).start().await?;
+    let run_id = uuid_suffix();
+    let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("b{run_id}-{i}")).collect());
+
+    let setup = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    for _ in 0..512.min(args.entities) {
+        let (engine, keys, next, machine) = (engine.clone(), keys.clone(), next.clone(), machine.clone());
+        tasks.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(key) = keys.get(i) else { return anyhow::Ok(()) };
+                engine.create(&machine, key, Default::default()).await?;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    if !args.json {
+        eprintln!(
+            "created {} entities in {:.2} s; running {} workflows, {} in flight",
+            args.entities,
+            setup.elapsed().as_secs_f64(),
+            args.entities,
+            args.concurrency
+        );
+    }
+
+    let start = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..args.concurrency.min(args.entities) {
+        let (engine, keys, next, machine) = (engine.clone(), keys.clone(), next.clone(), machine.clone());
+        tasks.spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(key) = keys.get(i) else { return anyhow::Ok(latencies) };
+                let t0 = Instant::now();
+                let opts = RaiseOptions::wait(Wait::Stable).timeout(Duration::from_secs(60));
+                let raised = engine.raise(&machine, key, "go", opts).await?;
+                match (&raised.outcome, &raised.entity) {
+                    (Some(EventOutcome::Accepted { .. }), Some(e)) if e.state == "done" => {}
+                    other => bail!("workflow {key} did not finish: {other:?}"),
+                }
+                latencies.push(t0.elapsed());
+            }
+        });
+    }
+    let mut latencies = Vec::with_capacity(args.entities);
+    let mut results = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        results.push(r?);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    for r in results {
+        latencies.extend(r?);
+    }
+    engine.shutdown().await;
+    latencies.sort_unstable();
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0;
+    let workflows = args.entities;
+    let transitions = workflows * (args.steps + 1);
+    let report = json!({
+        "workflows": workflows,
+        "transitions": transitions,
+        "seconds": round3(seconds),
+        "workflows_per_s": round3(workflows as f64 / seconds),
+        "transitions_per_s": round3(transitions as f64 / seconds),
+        "p50_ms": round3(pct(0.50)),
+        "p99_ms": round3(pct(0.99)),
+        "peak_rss_mb": round3(peak_rss_mb()),
+        "steps": args.steps,
+        "concurrency": args.concurrency,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{workflows} workflows ({transitions} transitions) in {seconds:.2} s: {:.0} workflows/s, {:.0} transitions/s",
+            workflows as f64 / seconds,
+            transitions as f64 / seconds
+        );
+        println!("latency raise → stable: p50 {:.2} ms, p99 {:.2} ms", pct(0.50), pct(0.99));
+        println!("peak RSS: {:.1} MiB", peak_rss_mb());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn uuid_suffix() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{:x}", crate::sim::mix(nanos as u64) & 0xffff_ffff)
+}

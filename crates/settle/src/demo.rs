@@ -1,0 +1,268 @@
+//! `settle demo`: N servers provisioned through `new → creating → provisioning →
+//! configuring → ready` against a slow, flaky simulated provider, with a progress bar
+//! and a summary read back from the database. A demo interrupted by a crash resumes
+//! where it stopped when `settle demo` runs again on the same file.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use settle_engine::{RaiseOptions, Wait};
+use settle_store::{EntityFilter, EntityRow, HistoryKind, SqliteStore, Store};
+
+use crate::machines::ProviderSettings;
+
+const META_KEY: &str = "demo.run";
+
+/// Options of `settle demo`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Number of servers to provision.
+    #[arg(long, default_value_t = 500)]
+    servers: u32,
+    /// Probability that a provider call fails transiently, in [0, 1).
+    #[arg(long, default_value_t = 0.2)]
+    fail_rate: f64,
+    /// Seed of the simulated provider [default: from the clock].
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+/// One demo run, stored in the database so an interrupted run can be resumed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct DemoRun {
+    run: u32,
+    servers: u32,
+    provider: ProviderSettings,
+    done: bool,
+}
+
+impl DemoRun {
+    fn key(&self, i: u32) -> String {
+        format!("r{}-srv-{i:05}", self.run)
+    }
+    fn prefix(&self) -> String {
+        format!("r{}-srv-", self.run)
+    }
+}
+
+async fn stored_run(store: &SqliteStore) -> anyhow::Result<Option<DemoRun>> {
+    match store.meta_get(META_KEY).await? {
+        Some(text) => Ok(Some(serde_json::from_str(&text).context("stored demo settings are unreadable")?)),
+        None => Ok(None),
+    }
+}
+
+/// The simulated provider settings of the latest demo run, if any (for `settle run`).
+pub async fn stored_settings(store: &SqliteStore) -> anyhow::Result<Option<ProviderSettings>> {
+    Ok(stored_run(store).await?.map(|r| r.provider))
+}
+
+async fn servers_of(store: &SqliteStore, run: &DemoRun) -> anyhow::Result<Vec<EntityRow>> {
+    let prefix = run.prefix();
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .entity_list(EntityFilter {
+                machine: Some("server".into()),
+                after_id: after,
+                limit: Some(5000),
+                ..Default::default()
+            })
+            .await?;
+        after = page.last().map(|e| e.id);
+        let full = page.len() == 5000;
+        all.extend(page.into_iter().filter(|e| e.key.starts_with(&prefix)));
+        if !full {
+            return Ok(all);
+        }
+    }
+}
+
+pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
+    if !(0.0..1.0).contains(&args.fail_rate) {
+        bail!("--fail-rate must be in [0, 1), got {}", args.fail_rate);
+    }
+    if args.servers == 0 {
+        bail!("--servers must be at least 1");
+    }
+    let store = SqliteStore::open(db)?;
+    let demo = match stored_run(&store).await? {
+        Some(prev) if !prev.done => {
+            eprintln!(
+                "resuming unfinished demo run {} ({} servers, fail rate {}) in {}",
+                prev.run,
+                prev.servers,
+                prev.provider.fail_rate,
+                db.display()
+            );
+            prev
+        }
+        prev => {
+            let seed = args.seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+            DemoRun {
+                run: prev.map_or(1, |p| p.run + 1),
+                servers: args.servers,
+                provider: ProviderSettings { fail_rate: args.fail_rate, seed, ..ProviderSettings::default() },
+                done: false,
+            }
+        }
+    };
+    store.meta_put(META_KEY, &serde_json::to_string(&demo)?).await?;
+    let started = Instant::now();
+    let engine = crate::start_engine_on(store.clone()).await?;
+
+    // Create the servers that do not exist yet, then raise `create` on those still new.
+    let existing = servers_of(&store, &demo).await?;
+    let have: std::collections::HashSet<String> = existing.iter().map(|e| e.key.to_string()).collect();
+    let missing: Vec<String> = (0..demo.servers).map(|i| demo.key(i)).filter(|k| !have.contains(k)).collect();
+    eprintln!(
+        "demo run {}: {} servers, provider latency {}–{} ms, transient failure rate {}, seed {}",
+        demo.run,
+        demo.servers,
+        demo.provider.min_latency_ms,
+        demo.provider.max_latency_ms,
+        demo.provider.fail_rate,
+        demo.provider.seed
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    for key in missing {
+        let engine = engine.clone();
+        tasks.spawn(async move {
+            engine.create("server", &key, Default::default()).await?;
+            engine.raise("server", &key, "create", RaiseOptions::wait(Wait::Queued)).await?;
+            anyhow::Ok(())
+        });
+    }
+    for e in existing.iter().filter(|e| e.state == "new") {
+        if store.inbox_list(e.id).await?.is_empty() {
+            let (engine, key) = (engine.clone(), e.key.to_string());
+            tasks.spawn(async move {
+                engine.raise("server", &key, "create", RaiseOptions::wait(Wait::Queued)).await?;
+                anyhow::Ok(())
+            });
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+
+    show_progress(&store, &demo).await?;
+    engine.wait_idle().await?;
+    engine.shutdown().await;
+    let done = DemoRun { done: true, ..demo.clone() };
+    store.meta_put(META_KEY, &serde_json::to_string(&done)?).await?;
+    summary(&store, &demo, started.elapsed(), db).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn show_progress(store: &SqliteStore, demo: &DemoRun) -> anyhow::Result<()> {
+    let tty = std::io::stderr().is_terminal();
+    let bar = indicatif::ProgressBar::new(u64::from(demo.servers));
+    if tty {
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} ready  {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+    } else {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let mut last_line = Instant::now();
+    loop {
+        let servers = servers_of(store, demo).await?;
+        let mut counts: std::collections::BTreeMap<&str, u64> = Default::default();
+        for s in &servers {
+            *counts.entry(s.state.as_str()).or_default() += 1;
+        }
+        let ready = counts.get("ready").copied().unwrap_or(0);
+        let retrying = servers.iter().filter(|s| s.retry > 0).count();
+        let states = ["new", "creating", "provisioning", "configuring"]
+            .iter()
+            .map(|s| format!("{s} {}", counts.get(s).copied().unwrap_or(0)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let msg = format!("{states}; {retrying} retrying");
+        bar.set_position(ready);
+        bar.set_message(msg.clone());
+        if !tty && (last_line.elapsed() >= Duration::from_secs(2) || ready == u64::from(demo.servers)) {
+            eprintln!("progress: {ready}/{} ready; {msg}", demo.servers);
+            last_line = Instant::now();
+        }
+        if ready == u64::from(demo.servers) {
+            bar.finish();
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx]
+}
+
+async fn summary(store: &SqliteStore, demo: &DemoRun, wall: Duration, db: &Path) -> anyhow::Result<()> {
+    let servers = servers_of(store, demo).await?;
+    let mut by_state: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut retries = 0u64;
+    let mut times = Vec::new();
+    let mut spans = Vec::new();
+    for s in &servers {
+        *by_state.entry(s.state.to_string()).or_default() += 1;
+        let h = store.history_list(s.id).await?;
+        retries += h.iter().filter(|r| r.kind == HistoryKind::Auto && r.retry > 0).count() as u64;
+        let start = h.iter().find(|r| r.event.as_deref() == Some("create") && r.kind == HistoryKind::Event);
+        let ready = h.iter().find(|r| r.to.as_deref() == Some("ready"));
+        if let (Some(a), Some(b)) = (start, ready) {
+            times.push(b.at - a.at);
+            spans.push((a.at, b.at));
+        }
+    }
+    times.sort_unstable();
+    // Peak number of servers in a workflow at the same moment.
+    let mut edges: Vec<(i64, i32)> = spans.iter().flat_map(|&(a, b)| [(a, 1), (b, -1)]).collect();
+    edges.sort_unstable();
+    let peak = edges.iter().scan(0, |n, &(_, d)| {
+        *n += d;
+        Some(*n)
+    });
+    let peak = peak.max().unwrap_or(0);
+    println!("demo run {} finished in {:.1} s", demo.run, wall.as_secs_f64());
+    println!("servers by state: {}", by_state.iter().map(|(s, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", "));
+    println!("provider retries: {retries}");
+    println!("peak concurrent workflows: {peak}");
+    println!(
+        "time to ready: p50 {} ms, p99 {} ms, max {} ms",
+        percentile(&times, 0.50),
+        percentile(&times, 0.99),
+        times.last().copied().unwrap_or(0)
+    );
+    println!("database left at {} — try:", db.display());
+    println!("  settle list --machine server --state ready");
+    println!("  settle history server {}", demo.key(0));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percentiles() {
+        let v: Vec<i64> = (1..=100).collect();
+        assert_eq!(super::percentile(&v, 0.5), 51);
+        assert_eq!(super::percentile(&v, 0.99), 99);
+        assert_eq!(super::percentile(&[], 0.5), 0);
+    }
+}
