@@ -175,6 +175,6 @@ mod tests {
     #[test]
     fn formats_utc_times() {
         assert_eq!(super::fmt_time(0), "1970-01-01 00:00:00.000");
-        assert_eq!(super::fmt_time(1_795_000_000_123), "2026-11-18 09:46:40.123");
+        assert_eq!(super::fmt_time(1_795_000_000_123), "2026-11-18 11:06:40.123");
     }
 }

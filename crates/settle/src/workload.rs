@@ -1,5 +1,5 @@
-//! A crash-test workload (hidden command `settle workload`): creates `job` entities,
-//! raises `start` on each, and prints `ack KEY` as soon as each raise is durable. Run
+//! A crash-test workload (hidden command `settle workload`): creates `job` entities one
+//! by one, raises `start` on each, and prints `ack KEY` as soon as each raise is durable. Run
 //! again on the same file, it continues: entities already created or started are left
 //! alone. It exits once every job is `done` and nothing is pending.
 
@@ -28,27 +28,20 @@ pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
             let _ = out.flush();
         }
     });
-    let mut tasks = tokio::task::JoinSet::new();
+    // One job at a time, so that a crash can fall between any two raises.
     for i in 0..args.jobs {
-        let (engine, ack_tx) = (engine.clone(), ack_tx.clone());
-        tasks.spawn(async move {
-            let key = format!("job-{i:05}");
-            let entity = match engine.get("job", &key).await? {
-                Some(e) => e,
-                None => engine.create("job", &key, Default::default()).await?,
-            };
-            let queued = !engine.store().inbox_list(entity.id).await?.is_empty();
-            if entity.state == "idle" && !queued {
-                engine.raise("job", &key, "start", RaiseOptions::wait(Wait::Queued)).await?;
-                let _ = ack_tx.send(key);
-            }
-            anyhow::Ok(())
-        });
+        let key = format!("job-{i:05}");
+        let entity = match engine.get("job", &key).await? {
+            Some(e) => e,
+            None => engine.create("job", &key, Default::default()).await?,
+        };
+        let queued = !engine.store().inbox_list(entity.id).await?.is_empty();
+        if entity.state == "idle" && !queued {
+            engine.raise("job", &key, "start", RaiseOptions::wait(Wait::Queued)).await?;
+            let _ = ack_tx.send(key);
+        }
     }
     drop(ack_tx);
-    while let Some(r) = tasks.join_next().await {
-        r??;
-    }
     printer.await?;
     engine.wait_idle().await?;
     engine.shutdown().await;

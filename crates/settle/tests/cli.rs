@@ -1,0 +1,143 @@
+//! End-to-end tests of the `settle` binary as a user drives it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn settle(db: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_settle"))
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .env("SETTLE_LOG", "error")
+        .output()
+        .expect("run settle")
+}
+
+fn example(name: &str) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/machines").join(name);
+    root.display().to_string()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn validate_accepts_good_files_and_reports_every_problem_of_bad_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("unused.db");
+    let ok = settle(&db, &["validate", &example("server.toml")]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    assert!(stdout(&ok).contains("ok: machine `server`"), "{}", stdout(&ok));
+    let bad = settle(&db, &["validate", &example("server.toml"), &example("broken.toml")]);
+    assert_eq!(bad.status.code(), Some(1));
+    let out = stdout(&bad);
+    assert!(out.contains("ok: machine `server`"), "valid files are still reported: {out}");
+    let errors = out.lines().filter(|l| l.contains(": error: machine `broken`")).count();
+    assert!(errors >= 5, "all errors at once, each with file and line: {out}");
+    assert!(out.lines().all(|l| !l.contains("error") || l.contains("broken.toml:")), "{out}");
+    assert!(!db.exists(), "validate touches no database");
+}
+
+#[test]
+fn graph_prints_mermaid_and_dot() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("unused.db");
+    let mermaid = settle(&db, &["graph", &example("server.toml")]);
+    assert!(mermaid.status.success());
+    assert!(stdout(&mermaid).starts_with("stateDiagram-v2"), "{}", stdout(&mermaid));
+    let dot = settle(&db, &["graph", &example("server.toml"), "--format", "dot"]);
+    assert!(stdout(&dot).starts_with("digraph \"server\""), "{}", stdout(&dot));
+    let bad = settle(&db, &["graph", &example("server.toml"), "--format", "png"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("unknown diagram format `png`"), "{}", stderr(&bad));
+}
+
+#[test]
+fn demo_then_inspect_with_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("demo.db");
+    let demo = settle(&db, &["demo", "--servers", "25", "--fail-rate", "0.3", "--seed", "5"]);
+    assert!(demo.status.success(), "{}", stderr(&demo));
+    let out = stdout(&demo);
+    assert!(out.contains("servers by state: ready 25"), "{out}");
+    assert!(out.contains("time to ready: p50"), "{out}");
+
+    let list = settle(&db, &["list", "--machine", "server", "--json"]);
+    assert!(list.status.success());
+    let rows: Vec<serde_json::Value> = stdout(&list).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 25);
+    for r in &rows {
+        for field in ["machine", "key", "state", "version", "properties"] {
+            assert!(r.get(field).is_some(), "entity JSON lacks `{field}`: {r}");
+        }
+        assert_eq!(r["state"], "ready");
+        assert!(r["properties"]["endpoint"].is_string());
+    }
+    let none = settle(&db, &["list", "--state", "creating", "--json"]);
+    assert_eq!(stdout(&none), "");
+
+    let get = settle(&db, &["get", "server", "r1-srv-00003", "--json"]);
+    let e: serde_json::Value = serde_json::from_str(stdout(&get).trim()).unwrap();
+    assert_eq!((e["machine"].as_str(), e["state"].as_str()), (Some("server"), Some("ready")));
+
+    let hist = settle(&db, &["history", "server", "r1-srv-00003", "--json"]);
+    let rows: Vec<serde_json::Value> = stdout(&hist).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for r in &rows {
+        for field in ["from", "to", "kind", "action", "event", "at"] {
+            assert!(r.get(field).is_some(), "history JSON lacks `{field}`: {r}");
+        }
+    }
+    assert_eq!(rows[0]["kind"], "create");
+    assert_eq!(rows[0]["from"], serde_json::Value::Null);
+    assert_eq!(rows[1]["event"], "create");
+    assert_eq!(rows.last().unwrap()["to"], "ready");
+
+    let missing = settle(&db, &["get", "server", "nope"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(stderr(&missing).trim(), "error: no entity `nope` of machine `server`");
+
+    // A second demo on the same file is a new run; the first run's servers stay.
+    let again = settle(&db, &["demo", "--servers", "5", "--seed", "6", "--fail-rate", "0"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(stdout(&again).contains("demo run 2 finished"), "{}", stdout(&again));
+    let all = settle(&db, &["list", "--machine", "server", "--json"]);
+    assert_eq!(stdout(&all).lines().count(), 30);
+}
+
+#[test]
+fn reading_a_missing_database_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("absent.db");
+    let out = settle(&db, &["list"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("cannot open database") && stderr(&out).contains("no such file"), "{}", stderr(&out));
+    assert!(!db.exists(), "reading does not create the file");
+}
+
+#[test]
+fn demo_refuses_bad_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("d.db");
+    let out = settle(&db, &["demo", "--fail-rate", "1.5"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr(&out).trim(), "error: --fail-rate must be in [0, 1), got 1.5");
+}
+
+#[test]
+fn bench_chain_prints_one_json_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bench.db");
+    let out = settle(&db, &["bench", "chain", "--entities", "300", "--steps", "2", "--concurrency", "16", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    for field in ["workflows", "transitions", "seconds", "workflows_per_s", "transitions_per_s", "p50_ms", "p99_ms"] {
+        assert!(v.get(field).is_some(), "bench JSON lacks `{field}`: {v}");
+    }
+    assert_eq!(v["workflows"], 300);
+    assert_eq!(v["transitions"], 900);
+}
