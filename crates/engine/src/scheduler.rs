@@ -267,8 +267,8 @@ impl<S: Store> Scheduler<S> {
         for (p, r) in pending.into_iter().zip(result.results) {
             match p {
                 Pending::Create(reply) => {
-                    let _ = reply.send(r.map_err(op_error).and_then(|a| match a {
-                        Applied::Created(e) => Ok(e),
+                    let _ = reply.send(r.map_err(op_error).map(|a| match a {
+                        Applied::Created(e) => e,
                         other => unreachable!("create answered with {other:?}"),
                     }));
                 }
@@ -331,21 +331,19 @@ impl<S: Store> Scheduler<S> {
                 }
                 let at_rest = held.machine.state(&e.state).is_none_or(|s| s.kind != StateKind::Unstable);
                 let snapshot = e.clone();
-                if let (Some(item), Some(outcome)) = (&ctx.item, ctx.outcome) {
-                    if let Some((wait, done)) = self.outcome_waiters.remove(&item.id) {
-                        let accepted = matches!(outcome, EventOutcome::Accepted { .. });
-                        if wait == Wait::Stable && accepted && !at_rest {
-                            self.rest_waiters.entry(id).or_default().push((outcome, done));
-                        } else {
-                            let _ = done.send((outcome, snapshot.clone()));
-                        }
+                if let (Some(item), Some(outcome)) = (&ctx.item, ctx.outcome)
+                    && let Some((wait, done)) = self.outcome_waiters.remove(&item.id)
+                {
+                    let accepted = matches!(outcome, EventOutcome::Accepted { .. });
+                    if wait == Wait::Stable && accepted && !at_rest {
+                        self.rest_waiters.entry(id).or_default().push((outcome, done));
+                    } else {
+                        let _ = done.send((outcome, snapshot.clone()));
                     }
                 }
-                if at_rest {
-                    if let Some(waiters) = self.rest_waiters.remove(&id) {
-                        for (outcome, done) in waiters {
-                            let _ = done.send((outcome, snapshot.clone()));
-                        }
+                if at_rest && let Some(waiters) = self.rest_waiters.remove(&id) {
+                    for (outcome, done) in waiters {
+                        let _ = done.send((outcome, snapshot.clone()));
                     }
                 }
                 match c.after {
