@@ -44,9 +44,15 @@ enum Pending {
     Renew,
 }
 
-/// A commit in flight, with what is needed to apply it to the in-memory snapshot.
+/// A commit in flight: what its success changes in the in-memory snapshot, and what to
+/// tell callers. The commit itself goes to the store; only these few fields are kept.
 struct CommitCtx {
-    commit: Commit,
+    entity_id: i64,
+    /// The state entered, its retry count and auto action time (`None`: no state change).
+    entry: Option<(settle_core::StateName, u32, Option<i64>)>,
+    properties: Option<settle_core::Properties>,
+    request_id: Option<String>,
+    after: AfterCommit,
     /// The event processed, if any.
     item: Option<InboxItem>,
     /// The action that ran (for turning a failed commit into a fault).
@@ -253,7 +259,7 @@ impl<S: Store> Scheduler<S> {
                     let _ = ack.send(Err(Error::Store(settle_store::Error::Db(msg.clone()))));
                 }
                 Pending::Commit(ctx) => {
-                    self.held.remove(&ctx.commit.fence.entity_id);
+                    self.held.remove(&ctx.entity_id);
                 }
                 Pending::Release | Pending::Renew => {}
             }
@@ -309,25 +315,24 @@ impl<S: Store> Scheduler<S> {
         }
     }
 
-    fn on_committed(&mut self, ctx: CommitCtx, r: std::result::Result<Applied, OpError>) {
-        let id = ctx.commit.fence.entity_id;
+    fn on_committed(&mut self, mut ctx: CommitCtx, r: std::result::Result<Applied, OpError>) {
+        let id = ctx.entity_id;
         match r {
             Ok(Applied::Committed { version, inbox_head, .. }) => {
                 let Some(held) = self.held.get_mut(&id) else { return };
-                let c = &ctx.commit;
                 let e = &mut held.entity;
                 e.version = version;
-                if let Some(to) = &c.to {
-                    e.state = to.clone();
-                    e.retry = c.retry;
-                    e.auto_at = c.auto_at;
+                if let Some((state, retry, auto_at)) = ctx.entry.clone() {
+                    e.state = state;
+                    e.retry = retry;
+                    e.auto_at = auto_at;
                     e.entered_at = now_ms();
-                    if c.request_id.is_some() {
-                        e.request_id = c.request_id.clone();
+                    if ctx.request_id.is_some() {
+                        e.request_id = ctx.request_id.clone();
                     }
                 }
-                if let Some(p) = &c.properties {
-                    e.properties = p.clone();
+                if let Some(p) = ctx.properties.take() {
+                    e.properties = p;
                 }
                 let at_rest = held.machine.state(&e.state).is_none_or(|s| s.kind != StateKind::Unstable);
                 let snapshot = e.clone();
@@ -346,7 +351,7 @@ impl<S: Store> Scheduler<S> {
                         let _ = done.send((outcome, snapshot.clone()));
                     }
                 }
-                match c.after {
+                match ctx.after {
                     AfterCommit::Release => {
                         self.held.remove(&id);
                     }
@@ -412,7 +417,7 @@ impl<S: Store> Scheduler<S> {
                         creates: vec![],
                         pushes: vec![],
                     };
-                    self.push_commit(CommitCtx { commit, item: Some(item), action: None, outcome: Some(outcome) });
+                    self.push_commit(commit, Some(item), None, Some(outcome));
                 }
                 EventStep::Plain { action, target } => {
                     let action = Arc::new(action.clone());
@@ -580,7 +585,7 @@ impl<S: Store> Scheduler<S> {
             creates,
             pushes,
         };
-        self.push_commit(CommitCtx { commit, item, action: Some(action.name.clone()), outcome: outcome_for_caller });
+        self.push_commit(commit, item, Some(action.name.clone()), outcome_for_caller);
     }
 
     /// An action failed (error, panic, refused outcome, failed commit). An event's action
@@ -618,11 +623,27 @@ impl<S: Store> Scheduler<S> {
             (Commit { to: Some(e.state.clone()), retry, auto_at: Some(now + backoff.as_millis() as i64), ..base }, None)
         };
         // A fault commit has no effects, so it can only fail by losing the lease.
-        self.push_commit(CommitCtx { commit, item, action: None, outcome });
+        self.push_commit(commit, item, None, outcome);
     }
 
-    fn push_commit(&mut self, ctx: CommitCtx) {
-        self.ops.push(Op::Commit(Box::new(ctx.commit.clone())));
+    fn push_commit(
+        &mut self,
+        commit: Commit,
+        item: Option<InboxItem>,
+        action: Option<settle_core::ActionName>,
+        outcome: Option<EventOutcome>,
+    ) {
+        let ctx = CommitCtx {
+            entity_id: commit.fence.entity_id,
+            entry: commit.to.clone().map(|to| (to, commit.retry, commit.auto_at)),
+            properties: commit.properties.clone(),
+            request_id: commit.request_id.clone(),
+            after: commit.after,
+            item,
+            action,
+            outcome,
+        };
+        self.ops.push(Op::Commit(Box::new(commit)));
         self.pending.push(Pending::Commit(Box::new(ctx)));
     }
 }
