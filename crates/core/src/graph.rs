@@ -4,7 +4,9 @@
 //! every state; an arrow from the start to the initial state; for each state, the edges
 //! of its auto action (labelled `auto: action` in DOT, `auto / action` in Mermaid, whose
 //! transition labels cannot hold a colon) and of the events valid in it (labelled with
-//! the event's name); an arrow to the end from terminal and deleted states (Mermaid) or
+//! the event's name, followed in parentheses by what raises it on its own in that state:
+//! `subscription`, `timer every 5m` or `timer after 10m` for a timer running there, and
+//! `timeout after 10m` for the timeout of a subscription valid there); an arrow to the end from terminal and deleted states (Mermaid) or
 //! a double circle (DOT). Unstable states are dashed and error-health states red.
 //!
 //! ```
@@ -27,7 +29,8 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::str::FromStr;
 
-use crate::machine::{Health, Machine, State, StateKind};
+use crate::duration;
+use crate::machine::{Event, Health, Machine, State, StateKind};
 
 /// A diagram format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +90,37 @@ struct Edge<'m> {
 
 enum Label<'m> {
     Auto(&'m str),
-    Event(&'m str),
+    /// The event, and what raises it on its own in the source state.
+    Event(&'m str, Vec<String>),
+}
+
+impl Label<'_> {
+    /// The label text; `sep` follows `auto` (Mermaid labels cannot hold a colon).
+    fn text(&self, sep: &str) -> String {
+        match self {
+            Label::Auto(a) => format!("auto{sep} {a}"),
+            Label::Event(e, notes) if notes.is_empty() => e.to_string(),
+            Label::Event(e, notes) => format!("{e} ({})", notes.join(", ")),
+        }
+    }
+}
+
+/// What raises `event` on its own while the entity is in `state`: its subscription, the
+/// timers running there, the timeouts of subscriptions valid there.
+fn raised_by(machine: &Machine, state: &str, event: &Event) -> Vec<String> {
+    let mut notes = Vec::new();
+    if event.subscribe.is_some() {
+        notes.push("subscription".to_string());
+    }
+    for t in machine.timers_in(state).filter(|t| t.event == event.name) {
+        notes.push(format!("timer {}", t.schedule));
+    }
+    for sub in machine.subscriptions_in(state).filter_map(|e| e.subscribe.as_ref()) {
+        if let Some(t) = sub.timeout.as_ref().filter(|t| t.event == event.name) {
+            notes.push(format!("timeout after {}", duration::format(t.after)));
+        }
+    }
+    notes
 }
 
 /// Every edge, grouped by source state in declaration order: the auto action's targets
@@ -102,8 +135,9 @@ fn edges(machine: &Machine) -> Vec<Edge<'_>> {
         }
         for e in machine.permitted_events(&s.name) {
             if let Some(action) = machine.action(&e.action) {
+                let notes = raised_by(machine, &s.name, e);
                 for t in &action.targets {
-                    out.push(Edge { from: &s.name, to: &t.state, label: Label::Event(&e.name) });
+                    out.push(Edge { from: &s.name, to: &t.state, label: Label::Event(&e.name, notes.clone()) });
                 }
             }
         }
@@ -137,11 +171,7 @@ fn mermaid(machine: &Machine) -> String {
     }
     let _ = writeln!(out, "    [*] --> {}", id(&machine.initial().name));
     for e in edges(machine) {
-        let label = match e.label {
-            Label::Auto(a) => format!("auto / {}", mermaid_text(a)),
-            Label::Event(ev) => mermaid_text(ev),
-        };
-        let _ = writeln!(out, "    {} --> {} : {label}", id(e.from), id(e.to));
+        let _ = writeln!(out, "    {} --> {} : {}", id(e.from), id(e.to), mermaid_text(&e.label.text(" /")));
     }
     for (s, sid) in machine.states().iter().zip(&ids) {
         if is_final(s) {
@@ -227,11 +257,8 @@ fn dot(machine: &Machine) -> String {
     }
     let _ = writeln!(out, "    \"[*]\" -> {};", dot_string(&machine.initial().name));
     for e in edges(machine) {
-        let label = match e.label {
-            Label::Auto(a) => format!("auto: {a}"),
-            Label::Event(ev) => ev.to_string(),
-        };
-        let _ = writeln!(out, "    {} -> {} [label={}];", dot_string(e.from), dot_string(e.to), dot_string(&label));
+        let label = dot_string(&e.label.text(":"));
+        let _ = writeln!(out, "    {} -> {} [label={label}];", dot_string(e.from), dot_string(e.to));
     }
     out.push_str("}\n");
     out
@@ -256,8 +283,10 @@ fn dot_string(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-    use crate::machine::{MachineBuilder, StateKind};
+    use crate::machine::{MachineBuilder, Schedule, StateKind};
 
     fn server() -> Machine {
         MachineBuilder::new("server")
@@ -334,6 +363,65 @@ stateDiagram-v2
 }
 "#;
         assert_eq!(render(&server(), Format::Dot), expected);
+    }
+
+    /// A subscriber: subscriptions with a timeout, and timers.
+    fn subscriber() -> Machine {
+        MachineBuilder::new("server")
+            .state("waiting")
+            .initial()
+            .state("ready")
+            .state("failed")
+            .error_health()
+            .event("resources_ready", ["waiting"], "finish")
+            .subscribe("all(*) in [ready]")
+            .timeout(Duration::from_secs(600), "resources_timeout")
+            .event("resources_timeout", ["waiting"], "give_up")
+            .event("check", ["ready", "failed"], "probe")
+            .timer("health", "check", Schedule::Every(Duration::from_secs(300)), ["ready"])
+            .timer("retry", "check", Schedule::After(Duration::from_secs(5400)), ["failed", "ready"])
+            .action("finish", ["ready"])
+            .action("give_up", ["failed"])
+            .action("probe", ["ready", "failed"])
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn subscriptions_and_timers_are_labelled() {
+        let mermaid = "\
+stateDiagram-v2
+    waiting
+    ready
+    failed
+    [*] --> waiting
+    waiting --> ready : resources_ready (subscription)
+    waiting --> failed : resources_timeout (timeout after 10m)
+    ready --> ready : check (timer every 5m, timer after 1h30m)
+    ready --> failed : check (timer every 5m, timer after 1h30m)
+    failed --> ready : check (timer after 1h30m)
+    failed --> failed : check (timer after 1h30m)
+    classDef error fill:#fdd,stroke:#c00,color:#900
+    class failed error
+";
+        assert_eq!(render(&subscriber(), Format::Mermaid), mermaid);
+        let dot = r#"digraph "server" {
+    rankdir=LR;
+    node [shape=box, style=rounded];
+    "[*]" [shape=point, label=""];
+    "waiting";
+    "ready";
+    "failed" [color=red, fontcolor=red];
+    "[*]" -> "waiting";
+    "waiting" -> "ready" [label="resources_ready (subscription)"];
+    "waiting" -> "failed" [label="resources_timeout (timeout after 10m)"];
+    "ready" -> "ready" [label="check (timer every 5m, timer after 1h30m)"];
+    "ready" -> "failed" [label="check (timer every 5m, timer after 1h30m)"];
+    "failed" -> "ready" [label="check (timer after 1h30m)"];
+    "failed" -> "failed" [label="check (timer after 1h30m)"];
+}
+"#;
+        assert_eq!(render(&subscriber(), Format::Dot), dot);
     }
 
     #[test]

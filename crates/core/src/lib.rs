@@ -2,6 +2,7 @@
 //!
 //! - [`machine`]: the machine model ([`MachineDef`] as written, [`Machine`] validated) and
 //!   the [`MachineBuilder`];
+//! - [`pattern`]: subscription patterns over successors (`all(*) in [ready]`);
 //! - [`toml`]: loading definitions from TOML with line numbers;
 //! - [`validate`]: every check on a definition, reported at once;
 //! - [`step`]: the step function the runtime consults for each event and action outcome;
@@ -14,11 +15,16 @@ pub mod duration;
 pub mod graph;
 pub mod machine;
 pub mod names;
+pub mod pattern;
 pub mod step;
 pub mod toml;
 pub mod validate;
 
-pub use machine::{Action, Event, Health, Machine, MachineBuilder, MachineDef, State, StateKind, Target};
+pub use machine::{
+    Action, Event, Health, Machine, MachineBuilder, MachineDef, Schedule, State, StateKind, Subscription,
+    SubscriptionTimeout, Target, Timer,
+};
 pub use names::{ActionName, EntityKey, EventName, MachineName, StateName};
+pub use pattern::{Pattern, SuccessorView};
 pub use step::{EventStep, Properties, RaiseError, Refusal, Rejection};
 pub use validate::{Diagnostic, Report, Severity};

@@ -5,9 +5,12 @@
 //! check of [`crate::validate`] and refuses the definition if any error is found.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::time::Duration;
 
+use crate::duration;
 use crate::names::{ActionName, EventName, MachineName, StateName};
+use crate::pattern::Pattern;
 use crate::validate::{self, Report};
 
 /// How a state behaves. See the README glossary.
@@ -86,6 +89,29 @@ pub struct EventDef {
     pub params: Vec<String>,
     /// Rejection reasons for specific states where the event is not valid.
     pub reject: Vec<(String, String)>,
+    /// The subscription pattern over successors (see [`crate::pattern`]), as written.
+    pub subscribe: Option<String>,
+    /// The subscription's timeout: after this long in a state where the subscription is
+    /// valid without it firing, this event is raised.
+    pub timeout: Option<(Duration, String)>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// A timer as declared, before validation. A valid timer has exactly one of `every` and
+/// `after`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TimerDef {
+    /// The timer's name.
+    pub name: String,
+    /// The event it raises.
+    pub event: String,
+    /// Period of a periodic timer, counted from entry into one of its states.
+    pub every: Option<Duration>,
+    /// Delay of a one-shot timer, counted from entry into one of its states.
+    pub after: Option<Duration>,
+    /// States in which the timer runs.
+    pub valid_in: Vec<String>,
     /// Where it was declared.
     pub origin: Origin,
 }
@@ -119,6 +145,8 @@ pub struct MachineDef {
     pub events: Vec<EventDef>,
     /// Actions in declaration order.
     pub actions: Vec<ActionDef>,
+    /// Timers in declaration order.
+    pub timers: Vec<TimerDef>,
     /// Where the machine was declared (file start).
     pub origin: Origin,
 }
@@ -160,10 +188,80 @@ pub struct Event {
     pub params: Vec<String>,
     /// Declared rejection reasons by state.
     pub reject: BTreeMap<StateName, String>,
+    /// Set for a subscription event: raised when its pattern over successors holds.
+    pub subscribe: Option<Subscription>,
 }
 
 impl Event {
     /// Whether the event may be processed in `state`.
+    pub fn valid_in(&self, state: &str) -> bool {
+        self.valid_in.iter().any(|s| s == state)
+    }
+}
+
+/// What makes an event a subscription event (DESIGN §1): it is raised, at most once per
+/// entry into a state where it is valid, when `pattern` holds over the entity's successors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subscription {
+    /// The pattern over successors.
+    pub pattern: Pattern,
+    /// Raised instead when the pattern has not held within a delay.
+    pub timeout: Option<SubscriptionTimeout>,
+}
+
+/// The timeout of a [`Subscription`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionTimeout {
+    /// Counted from entry into a state where the subscription is valid.
+    pub after: Duration,
+    /// The event raised when the delay passes without the subscription firing.
+    pub event: EventName,
+}
+
+/// When a [`Timer`] fires, counted from entry into one of its states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// Periodically (`every = "5m"`): first one period after entry, then each period,
+    /// for as long as the entity stays in the timer's states.
+    Every(Duration),
+    /// Once (`after = "10m"`), if the entity is still in the timer's states.
+    After(Duration),
+}
+
+impl Schedule {
+    /// The duration of the period or of the delay.
+    pub fn duration(self) -> Duration {
+        match self {
+            Schedule::Every(d) | Schedule::After(d) => d,
+        }
+    }
+}
+
+/// `every 5m` or `after 10m`.
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Schedule::Every(d) => write!(f, "every {}", duration::format(*d)),
+            Schedule::After(d) => write!(f, "after {}", duration::format(*d)),
+        }
+    }
+}
+
+/// A validated timer: raises `event` on its schedule while the entity is in `valid_in`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timer {
+    /// The timer's name.
+    pub name: String,
+    /// The event it raises.
+    pub event: EventName,
+    /// When it fires.
+    pub schedule: Schedule,
+    /// States in which it runs, in declaration order.
+    pub valid_in: Vec<StateName>,
+}
+
+impl Timer {
+    /// Whether the timer runs in `state`.
     pub fn valid_in(&self, state: &str) -> bool {
         self.valid_in.iter().any(|s| s == state)
     }
@@ -216,6 +314,7 @@ pub struct Machine {
     states: Vec<State>,
     events: Vec<Event>,
     actions: Vec<Action>,
+    timers: Vec<Timer>,
     state_index: HashMap<StateName, usize>,
     event_index: HashMap<EventName, usize>,
     action_index: HashMap<ActionName, usize>,
@@ -262,6 +361,27 @@ impl Machine {
                 action: ActionName::new(&e.action),
                 params: e.params.clone(),
                 reject: e.reject.iter().map(|(s, r)| (StateName::new(s), r.clone())).collect(),
+                subscribe: e.subscribe.as_ref().map(|text| Subscription {
+                    pattern: Pattern::parse(text).expect("validated pattern parses"),
+                    timeout: e
+                        .timeout
+                        .as_ref()
+                        .map(|(after, event)| SubscriptionTimeout { after: *after, event: EventName::new(event) }),
+                }),
+            })
+            .collect();
+        let timers: Vec<Timer> = def
+            .timers
+            .iter()
+            .map(|t| Timer {
+                name: t.name.clone(),
+                event: EventName::new(&t.event),
+                schedule: match (t.every, t.after) {
+                    (Some(every), None) => Schedule::Every(every),
+                    (None, Some(after)) => Schedule::After(after),
+                    _ => unreachable!("validated timer has exactly one of `every` and `after`"),
+                },
+                valid_in: t.valid_in.iter().map(StateName::new).collect(),
             })
             .collect();
         let actions: Vec<Action> = def
@@ -288,6 +408,7 @@ impl Machine {
             states,
             events,
             actions,
+            timers,
         }
     }
 
@@ -311,6 +432,10 @@ impl Machine {
     pub fn actions(&self) -> &[Action] {
         &self.actions
     }
+    /// All timers in declaration order.
+    pub fn timers(&self) -> &[Timer] {
+        &self.timers
+    }
     /// The state named `name`.
     pub fn state(&self, name: &str) -> Option<&State> {
         self.state_index.get(name).map(|&i| &self.states[i])
@@ -326,6 +451,20 @@ impl Machine {
     /// Events valid in `state`, in declaration order.
     pub fn permitted_events(&self, state: &str) -> impl Iterator<Item = &Event> {
         self.events.iter().filter(move |e| e.valid_in(state))
+    }
+    /// Subscription events valid in `state`, in declaration order: those the runtime
+    /// evaluates while an entity is in `state`.
+    pub fn subscriptions_in(&self, state: &str) -> impl Iterator<Item = &Event> {
+        self.permitted_events(state).filter(|e| e.subscribe.is_some())
+    }
+    /// Timers that run in `state`, in declaration order.
+    pub fn timers_in(&self, state: &str) -> impl Iterator<Item = &Timer> {
+        self.timers.iter().filter(move |t| t.valid_in(state))
+    }
+    /// The health of the state named `state`; [`Health::Ok`] for a state the machine does
+    /// not declare.
+    pub fn health_of(&self, state: &str) -> Health {
+        self.state(state).map_or(Health::Ok, |s| s.health)
     }
     /// Actions that need a bound implementation: every action except those with exactly
     /// one target, which the engine may perform itself as a plain transition.
@@ -357,13 +496,21 @@ impl Machine {
             .map(|e| {
                 let reject: Map<String, Value> =
                     e.reject.iter().map(|(k, v)| (k.to_string(), Value::from(v.as_str()))).collect();
-                json!({
+                let mut event = json!({
                     "name": e.name.as_str(),
                     "in": e.valid_in.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
                     "action": e.action.as_str(),
                     "params": e.params,
                     "reject": reject,
-                })
+                });
+                // Keys of later features only when used: older definitions keep their hash.
+                if let Some(sub) = &e.subscribe {
+                    event["subscribe"] = Value::from(sub.pattern.to_string());
+                    if let Some(t) = &sub.timeout {
+                        event["timeout"] = json!({"after_ms": ms(t.after), "event": t.event.as_str()});
+                    }
+                }
+                event
             })
             .collect();
         let actions: Vec<Value> = self
@@ -376,14 +523,33 @@ impl Machine {
                 })
             })
             .collect();
-        json!({
+        let mut machine = json!({
             "name": self.name.as_str(),
             "initial": self.initial().name.as_str(),
             "states": states,
             "events": events,
             "actions": actions,
-        })
-        .to_string()
+        });
+        if !self.timers.is_empty() {
+            let timers: Vec<Value> = self
+                .timers
+                .iter()
+                .map(|t| {
+                    let (key, d) = match t.schedule {
+                        Schedule::Every(d) => ("every_ms", d),
+                        Schedule::After(d) => ("after_ms", d),
+                    };
+                    json!({
+                        "name": t.name,
+                        "event": t.event.as_str(),
+                        key: ms(d),
+                        "in": t.valid_in.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            machine["timers"] = Value::from(timers);
+        }
+        machine.to_string()
     }
 
     /// SHA-256 of [`Machine::canonical_json`], hex-encoded: the definition's version hash.
@@ -414,6 +580,7 @@ enum Last {
     State,
     Event,
     Action,
+    Timer,
 }
 
 impl MachineBuilder {
@@ -500,6 +667,19 @@ impl MachineBuilder {
         self.last_event().reject.push((state.into(), reason.into()));
         self
     }
+    /// Makes the last event a subscription event with this pattern over successors (see
+    /// [`crate::pattern`]). A pattern that does not parse is reported by
+    /// [`build`](Self::build), like every other problem.
+    pub fn subscribe(mut self, pattern: impl Into<String>) -> Self {
+        self.last_event().subscribe = Some(pattern.into());
+        self
+    }
+    /// Declares the last event's subscription timeout: `event` is raised when the
+    /// subscription has not fired `after` entry into a state where it is valid.
+    pub fn timeout(mut self, after: Duration, event: impl Into<String>) -> Self {
+        self.last_event().timeout = Some((after, event.into()));
+        self
+    }
 
     /// Adds an action with its declared targets.
     pub fn action<I, S>(mut self, name: impl Into<String>, targets: I) -> Self
@@ -519,6 +699,34 @@ impl MachineBuilder {
     pub fn target_wait(mut self, target: impl Into<String>, wait: Duration) -> Self {
         assert!(matches!(self.last, Last::Action), "call .action(...) first");
         self.def.actions.last_mut().expect("an action was added").target_waits.push((target.into(), wait));
+        self
+    }
+
+    /// Adds a timer raising `event` on `schedule` while the entity is in `valid_in`.
+    pub fn timer<I, S>(
+        mut self,
+        name: impl Into<String>,
+        event: impl Into<String>,
+        schedule: Schedule,
+        valid_in: I,
+    ) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let (every, after) = match schedule {
+            Schedule::Every(d) => (Some(d), None),
+            Schedule::After(d) => (None, Some(d)),
+        };
+        self.def.timers.push(TimerDef {
+            name: name.into(),
+            event: event.into(),
+            every,
+            after,
+            valid_in: valid_in.into_iter().map(Into::into).collect(),
+            ..TimerDef::default()
+        });
+        self.last = Last::Timer;
         self
     }
 

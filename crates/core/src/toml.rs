@@ -7,15 +7,19 @@
 //!
 //! Keys supported so far:
 //! - top level: `name` (defaults to the file stem), `initial`, `[states.*]`, `[events.*]`,
-//!   `[actions.*]`;
+//!   `[actions.*]`, `[timers.*]`;
 //! - a state: `kind` (`stable`, `unstable`, `terminal`, `deleted`), `auto` (an action or
 //!   an array of actions), `wait` (a duration), `health` (`ok`, `error`), `requires`,
 //!   `initial` (a boolean);
-//! - an event: `in`, `action`, `params`, `reject` (a table state → reason);
-//! - an action: `to`, `wait` (a table target state → duration: a wait on that transition).
+//! - an event: `in`, `action`, `params`, `reject` (a table state → reason), `subscribe`
+//!   (a pattern over successors, see [`crate::pattern`]), `timeout` (`{ after = duration,
+//!   event = name }`, with `subscribe`);
+//! - an action: `to`, `wait` (a table target state → duration: a wait on that transition);
+//! - a timer: `event` (the event it raises), `every` or `after` (a duration: periodic, or
+//!   one-shot from state entry), `in` (the states where it runs).
 //!
-//! Keys of features still to come (`subscribe`, `timeout`, `[timers]`, `agent`, `lock`,
-//! `[fault]`) are refused with an error saying so; any other unknown key is an error too.
+//! Keys of features still to come (`agent`, `lock`, `[fault]`) are refused with an error
+//! saying so; any other unknown key is an error too.
 //!
 //! ```
 //! let text = r#"
@@ -28,6 +32,13 @@
 //! [events.close]
 //! in = ["open"]
 //! action = "do_close"
+//! [events.auto_close]
+//! in = ["open"]
+//! action = "do_close"
+//! [timers.close_again]
+//! event = "auto_close"
+//! after = "5m"
+//! in = ["open"]
 //! [actions.do_open]
 //! to = ["open"]
 //! [actions.do_close]
@@ -50,7 +61,7 @@ use serde::Deserialize;
 use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
 
 use crate::duration;
-use crate::machine::{ActionDef, EventDef, Health, Machine, MachineDef, Origin, StateDef, StateKind};
+use crate::machine::{ActionDef, EventDef, Health, Machine, MachineDef, Origin, StateDef, StateKind, TimerDef};
 use crate::validate::{Diagnostic, Report, Severity};
 
 /// Parses one machine definition. `file_stem` is the machine's name unless the file sets
@@ -86,7 +97,8 @@ pub fn load(path_display: &str, file_stem: &str, text: &str) -> Result<(Machine,
 
 /// Parses what can be parsed. `Err` only when the text is not a machine file at all
 /// (syntax or type error); otherwise the definition comes back with the problems found
-/// in it (bad durations, unsupported keys), which leave the affected value out.
+/// in it (bad durations, unsupported keys), which leave the affected value out (a timer
+/// whose `every` or `after` is not a duration is left out whole).
 fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnostic>), Report> {
     let file: FileToml = ::toml::from_str(text).map_err(|e| {
         let line = e.span().map(|s| line_of(text, s.start));
@@ -110,7 +122,6 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
         origin: Origin { line: Some(1) },
         ..MachineDef::default()
     };
-    p.unsupported("machine", "[timers]", "timers", file.timers.as_ref());
     p.unsupported("machine", "[fault]", "fault policies", file.fault.as_ref());
     for (key, state) in in_order(file.states) {
         def.states.push(p.state(key, state));
@@ -120,6 +131,9 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
     }
     for (key, action) in in_order(file.actions) {
         def.actions.push(p.action(key, action));
+    }
+    for (key, timer) in in_order(file.timers) {
+        def.timers.extend(p.timer(key, timer));
     }
     let mut diagnostics = p.diagnostics;
     diagnostics.sort_by_key(|d| d.line);
@@ -218,16 +232,38 @@ impl Parser<'_> {
 
     fn event(&mut self, key: Spanned<String>, event: EventToml) -> EventDef {
         let item = format!("event `{}`", key.get_ref());
-        self.unsupported(&item, "subscribe", "subscriptions", event.subscribe.as_ref());
-        self.unsupported(&item, "timeout", "subscription timeouts", event.timeout.as_ref());
+        let timeout = event.timeout.and_then(|t| {
+            let after = self.duration(&item, &t.after)?;
+            Some((after, t.event))
+        });
         EventDef {
             valid_in: event.valid_in,
             action: event.action,
             params: event.params,
             reject: in_order(event.reject).into_iter().map(|(s, r)| (s.into_inner(), r)).collect(),
+            subscribe: event.subscribe,
+            timeout,
             origin: Origin { line: self.line(&key) },
             name: key.into_inner(),
         }
+    }
+
+    /// `None` when `every` or `after` is not a duration (reported here).
+    fn timer(&mut self, key: Spanned<String>, timer: TimerToml) -> Option<TimerDef> {
+        let item = format!("timer `{}`", key.get_ref());
+        let every = timer.every.as_ref().map(|d| self.duration(&item, d));
+        let after = timer.after.as_ref().map(|d| self.duration(&item, d));
+        if every == Some(None) || after == Some(None) {
+            return None;
+        }
+        Some(TimerDef {
+            event: timer.event,
+            every: every.flatten(),
+            after: after.flatten(),
+            valid_in: timer.valid_in,
+            origin: Origin { line: self.line(&key) },
+            name: key.into_inner(),
+        })
     }
 
     fn action(&mut self, key: Spanned<String>, action: ActionToml) -> ActionDef {
@@ -255,7 +291,8 @@ struct FileToml {
     events: BTreeMap<Spanned<String>, EventToml>,
     #[serde(default)]
     actions: BTreeMap<Spanned<String>, ActionToml>,
-    timers: Option<Spanned<IgnoredAny>>,
+    #[serde(default)]
+    timers: BTreeMap<Spanned<String>, TimerToml>,
     fault: Option<Spanned<IgnoredAny>>,
 }
 
@@ -298,8 +335,25 @@ struct EventToml {
     params: Vec<String>,
     #[serde(default)]
     reject: BTreeMap<Spanned<String>, String>,
-    subscribe: Option<Spanned<IgnoredAny>>,
-    timeout: Option<Spanned<IgnoredAny>>,
+    subscribe: Option<String>,
+    timeout: Option<TimeoutToml>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimeoutToml {
+    after: Spanned<String>,
+    event: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimerToml {
+    event: String,
+    every: Option<Spanned<String>>,
+    after: Option<Spanned<String>>,
+    #[serde(rename = "in")]
+    valid_in: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -342,7 +396,7 @@ impl<'de> Deserialize<'de> for Names {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::MachineBuilder;
+    use crate::machine::{MachineBuilder, Schedule};
 
     const SERVER: &str = r#"name = "server"
 initial = "new"
@@ -506,32 +560,212 @@ to = ["gone", "failed"]
     #[test]
     fn later_features_are_refused_with_their_line() {
         let text = r#"name = "server"
-[events.ready]
-in = ["waiting"]
-action = "finish"
-subscribe = "all(*) in [ready]"
-timeout = { after = "10m", event = "late" }
 [actions.create]
 to = ["waiting"]
 agent = "provisioner"
 lock = "2m"
-[timers.health]
-event = "check"
-every = "5m"
 [fault]
 max_errors = 8
 "#;
         assert_eq!(
             errors("x", text),
             [
-                "line 5: error: machine `server`, event `ready`: `subscribe` is not supported yet (subscriptions come in a later version)",
-                "line 6: error: machine `server`, event `ready`: `timeout` is not supported yet (subscription timeouts come in a later version)",
-                "line 9: error: machine `server`, action `create`: `agent` is not supported yet (agent queues come in a later version)",
-                "line 10: error: machine `server`, action `create`: `lock` is not supported yet (agent queues come in a later version)",
-                "line 11: error: machine `server`, machine: `[timers]` is not supported yet (timers come in a later version)",
-                "line 14: error: machine `server`, machine: `[fault]` is not supported yet (fault policies come in a later version)",
+                "line 4: error: machine `server`, action `create`: `agent` is not supported yet (agent queues come in a later version)",
+                "line 5: error: machine `server`, action `create`: `lock` is not supported yet (agent queues come in a later version)",
+                "line 6: error: machine `server`, machine: `[fault]` is not supported yet (fault policies come in a later version)",
             ]
         );
+    }
+
+    /// The reference scenario's subscriber: subscriptions with a timeout, and timers.
+    const SUBSCRIBER: &str = r#"name = "server"
+initial = "waiting"
+
+[states.waiting]
+[states.ready]
+[states.failed]
+health = "error"
+
+[events.resources_ready]
+in = ["waiting"]
+action = "finish"
+subscribe = "all(*) in [ready]"
+timeout = { after = "10m", event = "resources_timeout" }
+
+[events.resources_failed]
+in = ["waiting"]
+action = "give_up"
+subscribe = "any(*)  health error"
+
+[events.resources_timeout]
+in = ["waiting"]
+action = "give_up"
+
+[events.check]
+in = ["ready", "failed"]
+action = "probe"
+
+[timers.health]
+event = "check"
+every = "5m"
+in = ["ready"]
+
+[timers.retry]
+in = ["failed"]
+after = "1h30m"
+event = "check"
+
+[actions.finish]
+to = ["ready"]
+[actions.give_up]
+to = ["failed"]
+[actions.probe]
+to = ["ready", "failed"]
+"#;
+
+    #[test]
+    fn parses_subscriptions_and_timers_with_lines() {
+        let def = parse("x", SUBSCRIBER).unwrap();
+        let ready = &def.events[0];
+        assert_eq!(ready.subscribe.as_deref(), Some("all(*) in [ready]"));
+        assert_eq!(ready.timeout, Some((Duration::from_secs(600), "resources_timeout".to_string())));
+        assert_eq!(def.events[1].subscribe.as_deref(), Some("any(*)  health error"));
+        assert_eq!((def.events[1].timeout.as_ref(), def.events[2].subscribe.as_ref()), (None, None));
+        let timers: Vec<(&str, Option<u32>)> = def.timers.iter().map(|t| (t.name.as_str(), t.origin.line)).collect();
+        assert_eq!(timers, [("health", Some(28)), ("retry", Some(33))]);
+        let health = &def.timers[0];
+        assert_eq!(
+            (health.event.as_str(), health.every, health.after, health.valid_in.as_slice()),
+            ("check", Some(Duration::from_secs(300)), None, &["ready".to_string()][..])
+        );
+        assert_eq!((def.timers[1].every, def.timers[1].after), (None, Some(Duration::from_secs(5400))));
+
+        let (m, warnings) = load("server.toml", "server", SUBSCRIBER).unwrap();
+        assert_eq!(warnings, Report::default());
+        let sub = m.event("resources_ready").unwrap().subscribe.as_ref().unwrap();
+        assert_eq!(sub.pattern.to_string(), "all(*) in [ready]");
+        let timeout = sub.timeout.as_ref().unwrap();
+        assert_eq!((timeout.after, timeout.event.as_str()), (Duration::from_secs(600), "resources_timeout"));
+        // The pattern is kept parsed: spacing does not matter.
+        let failed = m.event("resources_failed").unwrap().subscribe.as_ref().unwrap();
+        assert_eq!(failed.pattern.to_string(), "any(*) health error");
+        let subs: Vec<&str> = m.subscriptions_in("waiting").map(|e| e.name.as_str()).collect();
+        assert_eq!(subs, ["resources_ready", "resources_failed"]);
+        assert_eq!(m.subscriptions_in("ready").count(), 0);
+        assert_eq!(
+            m.timers_in("ready").map(|t| (t.name.as_str(), t.schedule)).collect::<Vec<_>>(),
+            [("health", Schedule::Every(Duration::from_secs(300)))]
+        );
+        assert_eq!(
+            m.timers_in("failed").map(|t| t.schedule).collect::<Vec<_>>(),
+            [Schedule::After(Duration::from_secs(5400))]
+        );
+        assert_eq!(m.timers_in("waiting").count(), 0);
+        assert_eq!(
+            (m.health_of("failed"), m.health_of("ready"), m.health_of("nowhere")),
+            (Health::Error, Health::Ok, Health::Ok)
+        );
+    }
+
+    #[test]
+    fn toml_and_builder_produce_equal_machines_with_subscriptions_and_timers() {
+        let (from_toml, _) = load("server.toml", "server", SUBSCRIBER).unwrap();
+        let builder = MachineBuilder::new("server")
+            .state("waiting")
+            .initial()
+            .state("ready")
+            .state("failed")
+            .error_health()
+            .event("resources_ready", ["waiting"], "finish")
+            .subscribe("all(*) in [ready]")
+            .timeout(Duration::from_secs(600), "resources_timeout")
+            .event("resources_failed", ["waiting"], "give_up")
+            .subscribe("any(*) health error")
+            .event("resources_timeout", ["waiting"], "give_up")
+            .event("check", ["ready", "failed"], "probe")
+            .timer("health", "check", Schedule::Every(Duration::from_secs(300)), ["ready"])
+            .timer("retry", "check", Schedule::After(Duration::from_secs(5400)), ["failed"])
+            .action("finish", ["ready"])
+            .action("give_up", ["failed"])
+            .action("probe", ["ready", "failed"]);
+        let from_builder = builder.clone().build().unwrap();
+        assert_eq!(from_toml, from_builder);
+        assert_eq!(from_toml.canonical_json(), from_builder.canonical_json());
+        assert_eq!(from_toml.content_hash(), from_builder.content_hash());
+        // Subscriptions and timers are part of the definition's version.
+        let json = from_toml.canonical_json();
+        assert!(json.contains(r#""subscribe":"all(*) in [ready]""#), "{json}");
+        assert!(json.contains(r#""timeout":{"after_ms":600000,"event":"resources_timeout"}"#), "{json}");
+        assert!(
+            json.contains(r#""timers":[{"event":"check","every_ms":300000,"in":["ready"],"name":"health"}"#),
+            "{json}"
+        );
+        let other = |b: MachineBuilder| b.build().unwrap().content_hash();
+        let base = other(builder.clone());
+        assert_ne!(base, other(builder.clone().timer("t", "check", Schedule::After(Duration::ZERO), ["ready"])));
+        let mut def = builder.def().clone();
+        def.events[0].timeout = None;
+        assert_ne!(base, Machine::from_def(&def).unwrap().0.content_hash());
+        def.events[0].subscribe = Some("all(*) in [failed]".into());
+        assert_ne!(base, Machine::from_def(&def).unwrap().0.content_hash());
+    }
+
+    #[test]
+    fn subscription_and_timer_keys_are_checked() {
+        assert_eq!(
+            errors("m", "[events.e]\nin = []\naction = \"a\"\ntimeout = { after = \"10m\" }\n"),
+            ["line 4: error: machine `m`, file: missing field `event`"]
+        );
+        assert_eq!(
+            errors(
+                "m",
+                "[events.e]\nin = []\naction = \"a\"\ntimeout = { after = \"1m\", event = \"t\", every = \"1m\" }\n"
+            ),
+            ["line 4: error: machine `m`, file: unknown field `every`, expected `after` or `event`"]
+        );
+        assert_eq!(
+            errors("m", "[events.e]\nin = []\naction = \"a\"\nsubscribe = [\"all(*) in [a]\"]\n"),
+            ["line 4: error: machine `m`, file: invalid type: sequence, expected a string"]
+        );
+        assert_eq!(
+            errors("m", "[timers.t]\nevent = \"e\"\nevery = \"1m\"\n"),
+            ["line 1: error: machine `m`, file: missing field `in`"]
+        );
+        assert_eq!(
+            errors("m", "[timers.t]\nevent = \"e\"\nin = []\ncron = \"* * * * *\"\n"),
+            ["line 4: error: machine `m`, file: unknown field `cron`, expected one of `event`, `every`, `after`, `in`"]
+        );
+    }
+
+    #[test]
+    fn bad_durations_of_timeouts_and_timers_are_reported_on_their_line() {
+        let text = r#"[events.e]
+in = ["a"]
+action = "go"
+subscribe = "all(*) in [a]"
+timeout = { after = "soon", event = "e" }
+[timers.t]
+event = "e"
+in = ["a"]
+every = "5 m"
+[timers.u]
+event = "e"
+in = ["a"]
+after = "later"
+every = "1m"
+"#;
+        assert_eq!(
+            errors("m", text),
+            [
+                "line 5: error: machine `m`, event `e`: invalid duration `soon` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)",
+                "line 9: error: machine `m`, timer `t`: invalid duration `5 m` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)",
+                "line 13: error: machine `m`, timer `u`: invalid duration `later` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)",
+            ]
+        );
+        // The timer with a bad duration is left out, and the timeout with a bad delay.
+        let (def, _) = parse_lenient("m", text).unwrap();
+        assert_eq!(def.timers, []);
+        assert_eq!(def.events[0].timeout, None);
     }
 
     #[test]
@@ -548,13 +782,15 @@ max_errors = 8
 
     #[test]
     fn load_reports_parse_and_validation_problems_together_with_the_file() {
-        let text = "initial = \"a\"\n[states.a]\nwait = \"x\"\n[events.e]\nin = [\"a\"]\naction = \"nope\"\nsubscribe = \"all(*) in [a]\"\n";
+        let text = "initial = \"a\"\n[states.a]\nwait = \"x\"\n[events.e]\nin = [\"a\"]\naction = \"nope\"\nsubscribe = \"all(*) in a\"\n[timers.t]\nevent = \"f\"\nevery = \"0s\"\nin = [\"a\"]\n";
         let report = load("machines/m.toml", "m", text).unwrap_err();
         assert_eq!(
             report.to_string(),
             "machines/m.toml:3: error: machine `m`, state `a`: invalid duration `x` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)\n\
              machines/m.toml:4: error: machine `m`, event `e`: `action` names unknown action `nope`\n\
-             machines/m.toml:7: error: machine `m`, event `e`: `subscribe` is not supported yet (subscriptions come in a later version)\n"
+             machines/m.toml:4: error: machine `m`, event `e`: `subscribe`: expected `[` after `in` at column 11\n\
+             machines/m.toml:8: error: machine `m`, timer `t`: `event` names unknown event `f`\n\
+             machines/m.toml:8: error: machine `m`, timer `t`: `every` is zero (a timer firing continuously is a busy loop)\n"
         );
         let report = load("m.toml", "m", "initial = \n").unwrap_err();
         assert_eq!(

@@ -5,7 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use crate::machine::{ActionDef, EventDef, MachineDef, Origin, StateDef, StateKind, effective_kind};
+use crate::machine::{ActionDef, EventDef, Machine, MachineDef, Origin, StateDef, StateKind, TimerDef, effective_kind};
+use crate::pattern::Pattern;
 
 /// How serious a diagnostic is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -90,18 +91,26 @@ impl fmt::Display for Report {
 impl std::error::Error for Report {}
 
 /// Checks a definition and returns every error and warning found, never stopping at the
-/// first: errors item by item in declaration order (machine, states, events, actions),
-/// then warnings.
+/// first: errors item by item in declaration order (machine, states, events, actions,
+/// timers), then warnings.
 ///
-/// Errors: unknown state or action references; no initial state or several; an unstable
-/// state without exactly one auto action, an auto action on any other kind, a `wait`
-/// without an auto action; an action without targets, a transition wait outside the
-/// declared targets; an event valid in a terminal or deleted state; a rejection reason
+/// Errors: unknown state, action or event references; no initial state or several; an
+/// unstable state without exactly one auto action, an auto action on any other kind, a
+/// `wait` without an auto action; an action without targets, a transition wait outside
+/// the declared targets; an event valid in a terminal or deleted state; a rejection reason
 /// for a state where the event is valid; duplicate names and list entries; more than one
-/// deleted state; names outside `[A-Za-z0-9_-]`.
+/// deleted state; names outside `[A-Za-z0-9_-]`; a `subscribe` pattern that does not
+/// parse, lists a state twice or counts trivially ([`Pattern::problems`]); a `timeout`
+/// without `subscribe`, or whose event is valid in none of the subscription's states; a
+/// timer without exactly one of `every` and `after`, or with `every` zero.
 ///
-/// Warnings: states unreachable from the initial state, stable states no event leaves,
-/// and busy loops (cycles of unstable states with no wait anywhere on them).
+/// Warnings: states unreachable from the initial state, stable states no event leaves
+/// (an event raised by a subscription or a timer leaves a state like any other), busy
+/// loops (cycles of unstable states with no wait anywhere on them), and timers that run
+/// in no state or raise an event valid in none of their states.
+///
+/// Patterns name other machines, so they are checked against them separately, by
+/// [`check_set`].
 ///
 /// ```
 /// use settle_core::MachineBuilder;
@@ -127,10 +136,66 @@ pub fn check(def: &MachineDef) -> Report {
     for a in &def.actions {
         c.action(a);
     }
+    for t in &def.timers {
+        c.timer(t);
+    }
     c.unreachable();
     c.dead_ends();
     c.busy_loops();
+    c.idle_timers();
     Report { diagnostics: c.diagnostics }
+}
+
+/// Checks what a single definition cannot: each subscription pattern of each machine
+/// against the whole set ([`Pattern::check_against`]: unknown machines, states they do not
+/// declare), and machine names used twice in the set. Errors only, without lines (the
+/// machines are already validated); the item is the subscription's event.
+///
+/// ```
+/// use settle_core::MachineBuilder;
+/// let server = MachineBuilder::new("server")
+///     .state("waiting").initial()
+///     .state("ready").kind(settle_core::StateKind::Terminal)
+///     .event("children_ready", ["waiting"], "finish")
+///     .subscribe("all(app) in [ready]")
+///     .action("finish", ["ready"])
+///     .build()
+///     .unwrap();
+/// let report = settle_core::validate::check_set(&[&server]);
+/// assert_eq!(
+///     report.to_string(),
+///     "error: machine `server`, event `children_ready`: `subscribe`: unknown machine `app`\n"
+/// );
+/// ```
+pub fn check_set(machines: &[&Machine]) -> Report {
+    let mut diagnostics = Vec::new();
+    let error = |machine: &str, item: String, message: String| Diagnostic {
+        severity: Severity::Error,
+        file: None,
+        line: None,
+        machine: machine.to_string(),
+        item,
+        message,
+    };
+    let mut seen = HashSet::new();
+    for m in machines {
+        if !seen.insert(m.name().as_str()) {
+            diagnostics.push(error(
+                m.name(),
+                "machine".into(),
+                "more than one machine with this name in the set".into(),
+            ));
+        }
+    }
+    for m in machines {
+        for e in m.events() {
+            let Some(sub) = &e.subscribe else { continue };
+            for message in sub.pattern.check_against(machines) {
+                diagnostics.push(error(m.name(), format!("event `{}`", e.name), format!("`subscribe`: {message}")));
+            }
+        }
+    }
+    Report { diagnostics }
 }
 
 /// A name may appear in diagrams and URLs: letters, digits, `_` and `-` only.
@@ -165,6 +230,7 @@ struct Checker<'a> {
     /// First declaration of each state / action name.
     states: HashMap<&'a str, &'a StateDef>,
     actions: HashMap<&'a str, &'a ActionDef>,
+    events: HashMap<&'a str, &'a EventDef>,
     /// Declared initial states that exist, in declaration order (top-level first).
     initials: Vec<&'a str>,
     diagnostics: Vec<Diagnostic>,
@@ -180,6 +246,10 @@ impl<'a> Checker<'a> {
         for a in &def.actions {
             actions.entry(a.name.as_str()).or_insert(a);
         }
+        let mut events = HashMap::new();
+        for e in &def.events {
+            events.entry(e.name.as_str()).or_insert(e);
+        }
         let mut initials: Vec<&str> = Vec::new();
         let declared = def
             .initial
@@ -191,7 +261,7 @@ impl<'a> Checker<'a> {
                 initials.push(name);
             }
         }
-        Checker { def, states, actions, initials, diagnostics: Vec::new() }
+        Checker { def, states, actions, events, initials, diagnostics: Vec::new() }
     }
 
     fn push(&mut self, severity: Severity, item: String, line: Option<u32>, message: String) {
@@ -234,6 +304,7 @@ impl<'a> Checker<'a> {
         self.duplicate_items("state", def.states.iter().map(|s| (s.name.as_str(), s.origin)));
         self.duplicate_items("event", def.events.iter().map(|e| (e.name.as_str(), e.origin)));
         self.duplicate_items("action", def.actions.iter().map(|a| (a.name.as_str(), a.origin)));
+        self.duplicate_items("timer", def.timers.iter().map(|t| (t.name.as_str(), t.origin)));
         let deleted: Vec<&StateDef> = def.states.iter().filter(|s| s.kind == Some(StateKind::Deleted)).collect();
         if deleted.len() > 1 {
             let list = quoted(deleted.iter().map(|s| s.name.as_str()));
@@ -318,6 +389,36 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(&item, line, "reject", e.reject.iter().map(|(s, _)| s.as_str()));
+        match &e.subscribe {
+            Some(text) => match Pattern::parse(text) {
+                Ok(pattern) => {
+                    for problem in pattern.problems() {
+                        self.error(&item, line, format!("`subscribe`: {problem}"));
+                    }
+                }
+                Err(message) => self.error(&item, line, format!("`subscribe`: {message}")),
+            },
+            None if e.timeout.is_some() => self.error(&item, line, "`timeout` declared without `subscribe`".into()),
+            None => {}
+        }
+        if let Some((_, name)) = &e.timeout {
+            match self.events.get(name.as_str()) {
+                None => self.error(&item, line, format!("`timeout` names unknown event `{name}`")),
+                Some(t)
+                    if e.subscribe.is_some()
+                        && !e.valid_in.is_empty()
+                        && !e.valid_in.iter().any(|s| t.valid_in.contains(s)) =>
+                {
+                    let states = quoted(e.valid_in.iter().map(String::as_str));
+                    self.error(
+                        &item,
+                        line,
+                        format!("timeout event `{name}` is not valid in any state of the subscription ({states})"),
+                    );
+                }
+                Some(_) => {}
+            }
+        }
     }
 
     fn action(&mut self, a: &'a ActionDef) {
@@ -345,6 +446,52 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(&item, line, "wait", a.target_waits.iter().map(|(s, _)| s.as_str()));
+    }
+
+    fn timer(&mut self, t: &'a TimerDef) {
+        let item = format!("timer `{}`", t.name);
+        let line = t.origin.line;
+        if let Some(problem) = name_problem(&t.name) {
+            self.error(&item, line, problem.into());
+        }
+        if !self.events.contains_key(t.event.as_str()) {
+            self.error(&item, line, format!("`event` names unknown event `{}`", t.event));
+        }
+        match (t.every, t.after) {
+            (None, None) => self.error(&item, line, "no schedule: declare `every` or `after`".into()),
+            (Some(_), Some(_)) => self.error(
+                &item,
+                line,
+                "both `every` and `after` declared (a timer is either periodic or one-shot)".into(),
+            ),
+            (Some(every), None) if every.is_zero() => {
+                self.error(&item, line, "`every` is zero (a timer firing continuously is a busy loop)".into())
+            }
+            _ => {}
+        }
+        for st in &t.valid_in {
+            if !self.has_state(st) {
+                self.error(&item, line, format!("`in` names unknown state `{st}`"));
+            }
+        }
+        self.duplicate_entries(&item, line, "in", t.valid_in.iter().map(String::as_str));
+    }
+
+    /// Timers that can never raise anything useful: running in no state, or raising an
+    /// event valid in none of their states (the event would always be rejected).
+    fn idle_timers(&mut self) {
+        for t in &self.def.timers {
+            let item = format!("timer `{}`", t.name);
+            if t.valid_in.is_empty() {
+                self.warning(&item, t.origin.line, "runs in no state (`in` is empty)".into());
+            } else if let Some(e) = self.events.get(t.event.as_str())
+                && !t.valid_in.iter().any(|s| e.valid_in.contains(s))
+            {
+                let message =
+                    format!("timer `{}` raises `{}`, which is not valid in any of its states", t.name, t.event);
+                self.warning(&item, t.origin.line, message);
+            }
+        }
     }
 
     /// Edges of the transition graph out of `s`: targets of events valid in it and, for
@@ -479,7 +626,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::machine::MachineBuilder;
+    use crate::machine::{MachineBuilder, Schedule};
 
     /// A clean machine: `idle` (initial) --go/start--> `busy` --auto work--> `idle`.
     fn base() -> MachineBuilder {
@@ -853,6 +1000,190 @@ mod tests {
                 "error: machine `m`, action `empty`: no target states (`to` is empty)",
                 "warning: machine `m`, state `stuck`: no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)",
             ]
+        );
+    }
+
+    #[test]
+    fn subscription_patterns_are_checked_on_the_events_line() {
+        let mut def = base()
+            .event("all_ready", ["idle"], "start")
+            .subscribe("all(*) in ready")
+            .event("twice", ["idle"], "start")
+            .subscribe("any(app) in [ready, failed, ready]")
+            .event("never", ["idle"], "start")
+            .subscribe("count(* health error) < 0")
+            .event("always", ["idle"], "start")
+            .subscribe("count(db in [ready]) >= 0")
+            .event("fine", ["idle"], "start")
+            .subscribe("count(db in [ready]) >= 2")
+            .def()
+            .clone();
+        def.events[1].origin.line = Some(20);
+        assert_eq!(
+            messages(&def),
+            [
+                "line 20: error: machine `m`, event `all_ready`: `subscribe`: expected `[` after `in` at column 11",
+                "error: machine `m`, event `twice`: `subscribe`: duplicate state `ready` in `in [...]`",
+                "error: machine `m`, event `never`: `subscribe`: `count(...) < 0` can never hold",
+                "error: machine `m`, event `always`: `subscribe`: `count(...) >= 0` always holds",
+            ]
+        );
+        // Machines and their states are checked against the set, not here.
+        let def = base().event("ok", ["idle"], "start").subscribe("all(nobody) in [nothing]").def().clone();
+        assert_eq!(messages(&def), Vec::<String>::new());
+    }
+
+    #[test]
+    fn subscription_timeouts_are_checked() {
+        let def = base()
+            .state("waiting")
+            .event("wait", ["idle"], "park")
+            .event("done", ["waiting"], "start")
+            .subscribe("all(*) in [ready]")
+            .timeout(Duration::from_secs(600), "late")
+            .event("lost", ["waiting"], "start")
+            .timeout(Duration::from_secs(600), "done")
+            .event("elsewhere", ["waiting"], "start")
+            .subscribe("any(*) health error")
+            .timeout(Duration::from_secs(60), "go")
+            .event("fine", ["waiting"], "start")
+            .subscribe("none(*) health error")
+            .timeout(Duration::from_secs(60), "lost")
+            .action("park", ["waiting"])
+            .def()
+            .clone();
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, event `done`: `timeout` names unknown event `late`",
+                "error: machine `m`, event `lost`: `timeout` declared without `subscribe`",
+                "error: machine `m`, event `elsewhere`: timeout event `go` is not valid in any state of the subscription (`waiting`)",
+            ]
+        );
+    }
+
+    #[test]
+    fn timers_are_checked() {
+        let mut def = base()
+            .event("tick", ["busy"], "start")
+            .timer("poll", "tock", Schedule::Every(Duration::from_secs(60)), ["busy", "nowhere", "busy"])
+            .timer("spin", "tick", Schedule::Every(Duration::ZERO), ["busy"])
+            .timer("once", "tick", Schedule::After(Duration::ZERO), ["busy"])
+            .timer("bad name", "tick", Schedule::After(Duration::from_secs(1)), ["busy"])
+            .timer("once", "tick", Schedule::After(Duration::from_secs(1)), ["busy"])
+            .def()
+            .clone();
+        def.timers.push(TimerDef {
+            name: "vague".into(),
+            event: "tick".into(),
+            valid_in: vec!["busy".into()],
+            origin: Origin { line: Some(30) },
+            ..TimerDef::default()
+        });
+        def.timers.push(TimerDef {
+            name: "torn".into(),
+            event: "tick".into(),
+            every: Some(Duration::from_secs(1)),
+            after: Some(Duration::from_secs(1)),
+            valid_in: vec!["busy".into()],
+            origin: Origin { line: Some(35) },
+        });
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, timer `once`: declared more than once",
+                "error: machine `m`, timer `poll`: `event` names unknown event `tock`",
+                "error: machine `m`, timer `poll`: `in` names unknown state `nowhere`",
+                "error: machine `m`, timer `poll`: duplicate `busy` in `in`",
+                "error: machine `m`, timer `spin`: `every` is zero (a timer firing continuously is a busy loop)",
+                "error: machine `m`, timer `bad name`: name may only contain letters, digits, `_` and `-`",
+                "line 30: error: machine `m`, timer `vague`: no schedule: declare `every` or `after`",
+                "line 35: error: machine `m`, timer `torn`: both `every` and `after` declared (a timer is either periodic or one-shot)",
+            ]
+        );
+    }
+
+    #[test]
+    fn warns_about_timers_that_raise_nothing_useful() {
+        let mut def = base()
+            .event("tick", ["busy"], "start")
+            .timer("poll", "tick", Schedule::Every(Duration::from_secs(60)), ["idle"])
+            .timer("nowhere", "tick", Schedule::After(Duration::from_secs(1)), Vec::<String>::new())
+            .timer("fine", "tick", Schedule::Every(Duration::from_secs(60)), ["idle", "busy"])
+            .def()
+            .clone();
+        def.timers[0].origin.line = Some(40);
+        assert_eq!(
+            messages(&def),
+            [
+                "line 40: warning: machine `m`, timer `poll`: timer `poll` raises `tick`, which is not valid in any of its states",
+                "warning: machine `m`, timer `nowhere`: runs in no state (`in` is empty)",
+            ]
+        );
+    }
+
+    #[test]
+    fn states_left_by_subscriptions_or_timers_are_no_dead_ends() {
+        // `waiting` is left only by a subscription event, `ready` only by a timer's event.
+        let def = base()
+            .state("waiting")
+            .state("ready")
+            .event("wait", ["idle"], "park")
+            .event("children_ready", ["waiting"], "finish")
+            .subscribe("all(*) in [ready]")
+            .event("check", ["ready"], "start")
+            .timer("health", "check", Schedule::Every(Duration::from_secs(300)), ["ready"])
+            .action("park", ["waiting"])
+            .action("finish", ["ready"])
+            .def()
+            .clone();
+        assert_eq!(messages(&def), Vec::<String>::new());
+    }
+
+    #[test]
+    fn subscriptions_are_checked_against_the_set() {
+        let child = |name: &str| {
+            MachineBuilder::new(name)
+                .state("creating")
+                .initial()
+                .state("ready")
+                .kind(StateKind::Terminal)
+                .event("finish", ["creating"], "done")
+                .action("done", ["ready"])
+                .build()
+                .unwrap()
+        };
+        let (app, db) = (child("app"), child("db"));
+        let parent = base()
+            .event("all_ready", ["idle"], "start")
+            .subscribe("all(*) in [ready]")
+            .event("apps_ready", ["idle"], "start")
+            .subscribe("all(app) in [ready]")
+            .event("dns_ready", ["idle"], "start")
+            .subscribe("any(dns) in [ready]")
+            .event("db_gone", ["idle"], "start")
+            .subscribe("any(type=db) in [gone, ready, failed]")
+            .event("anything_gone", ["idle"], "start")
+            .subscribe("count(* in [gone, creating]) > 1")
+            .build()
+            .unwrap();
+        let messages =
+            |set: &[&Machine]| -> Vec<String> { check_set(set).diagnostics.iter().map(ToString::to_string).collect() };
+        assert_eq!(
+            messages(&[&parent, &app, &db]),
+            [
+                "error: machine `m`, event `dns_ready`: `subscribe`: unknown machine `dns`",
+                "error: machine `m`, event `db_gone`: `subscribe`: machine `db` has no state `gone`",
+                "error: machine `m`, event `db_gone`: `subscribe`: machine `db` has no state `failed`",
+                "error: machine `m`, event `anything_gone`: `subscribe`: no known machine has state `gone`",
+            ]
+        );
+        // The subscriber is a machine of the set too: `idle` is one of its states.
+        let ok = base().event("e", ["idle"], "start").subscribe("any(*) in [idle]").build().unwrap();
+        assert_eq!(messages(&[&ok]), Vec::<String>::new());
+        assert_eq!(
+            messages(&[&app, &db, &app]),
+            ["error: machine `app`, machine: more than one machine with this name in the set"]
         );
     }
 }

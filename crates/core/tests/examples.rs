@@ -45,6 +45,21 @@ fn server_example_is_the_reference_shape() {
 }
 
 #[test]
+fn logical_server_example_subscribes_and_runs_a_timer() {
+    let (m, _) = load("logical_server.toml").expect("logical_server.toml loads");
+    let subs: Vec<String> = m
+        .subscriptions_in("awaiting_resources")
+        .map(|e| format!("{}: {}", e.name, e.subscribe.as_ref().expect("a subscription").pattern))
+        .collect();
+    assert_eq!(subs, ["resources_ready: all(*) in [ready]", "resources_failed: any(*) health error"]);
+    let timers: Vec<String> = m.timers_in("degraded").map(|t| format!("{} {}", t.name, t.schedule)).collect();
+    assert_eq!(timers, ["health every 5m"]);
+    // Checked against itself only, `ready` exists (in the subscriber); the real set adds
+    // the successors' machines.
+    assert_eq!(settle_core::validate::check_set(&[&m]), Report::default());
+}
+
+#[test]
 fn broken_example_reports_every_problem() {
     let report = load("broken.toml").expect_err("broken.toml is refused");
     let expected = "\
@@ -54,9 +69,11 @@ examples/machines/broken.toml:11: error: machine `broken`, state `idle`: `wait` 
 examples/machines/broken.toml:20: error: machine `broken`, event `start`: `in` names unknown state `nowhere`
 examples/machines/broken.toml:20: error: machine `broken`, event `start`: rejection reason for `new`, where the event is valid
 examples/machines/broken.toml:26: error: machine `broken`, event `revive`: valid in deleted state `gone`, which nothing may leave
-examples/machines/broken.toml:29: error: machine `broken`, event `revive`: `subscribe` is not supported yet (subscriptions come in a later version)
+examples/machines/broken.toml:26: error: machine `broken`, event `revive`: `subscribe`: expected `[` after `in` at column 11
 examples/machines/broken.toml:34: error: machine `broken`, action `work`: wait declared for `new`, a target outside the declared set
 examples/machines/broken.toml:38: error: machine `broken`, action `give_up`: no target states (`to` is empty)
+examples/machines/broken.toml:41: error: machine `broken`, timer `poll`: `event` names unknown event `poke`
+examples/machines/broken.toml:41: error: machine `broken`, timer `poll`: `every` is zero (a timer firing continuously is a busy loop)
 examples/machines/broken.toml:11: warning: machine `broken`, state `idle`: no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)
 examples/machines/broken.toml:17: warning: machine `broken`, state `gone`: unreachable from the initial state `new`
 ";

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use settle_core::step::{self, Properties};
 use settle_core::{ActionName, EntityKey, EventName, Machine, MachineName, StateName};
-use settle_store::{EntityRow, HistoryRow, NewEntity, Push, Store};
+use settle_store::{EntityRow, HistoryRow, InboxKind, Push, Store};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
@@ -111,6 +111,11 @@ impl<S: Store + Clone> EngineBuilder<S> {
             if m.action(action).is_none() {
                 return Err(Error::UnknownAction { machine: machine.to_string(), action: action.to_string() });
             }
+        }
+        let machines: Vec<&Machine> = self.registry.machines.values().map(|m| m.as_ref()).collect();
+        let report = settle_core::validate::check_set(&machines);
+        if report.has_errors() {
+            return Err(Error::Invalid(report));
         }
         let mut missing = Vec::new();
         for m in self.registry.machines.values() {
@@ -291,16 +296,8 @@ impl<S: Store> Engine<S> {
     /// unstable, its auto action runs.
     pub async fn create(&self, machine: &str, key: &str, properties: Properties) -> Result<EntityRow> {
         let m = self.inner.registry.machine(machine)?;
-        let entry = step::initial_entry(m, &properties)?;
-        let now = crate::now_ms();
-        let new = NewEntity {
-            machine: m.name().clone(),
-            key: EntityKey::new(key),
-            state: entry.state,
-            properties,
-            auto_at: entry.auto_delay.map(|d| now + d.as_millis() as i64),
-            request_id: Some(uuid::Uuid::now_v7().to_string()),
-        };
+        let request_id = Some(uuid::Uuid::now_v7().to_string());
+        let new = crate::scheduler::new_entity(m, EntityKey::new(key), properties, request_id, crate::now_ms())?;
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Create { new, reply })?;
         rx.await.map_err(|_| Error::Stopped)?
@@ -318,6 +315,8 @@ impl<S: Store> Engine<S> {
             event: EventName::new(event),
             params: options.params,
             request_id: Some(request_id.clone()),
+            kind: InboxKind::Raised,
+            join_from: None,
         };
         let (ack, ack_rx) = oneshot::channel();
         let (done, done_rx) = match options.wait {
@@ -359,6 +358,37 @@ impl<S: Store> Engine<S> {
         let m = self.inner.registry.machine(machine)?.clone();
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
         Ok(m.permitted_events(&e.state).map(|ev| ev.name.clone()).collect())
+    }
+
+    /// Waits until the entity is in one of `states` (at once if it is already), at most
+    /// `timeout`, and returns it.
+    pub async fn wait_for_state(
+        &self,
+        machine: &str,
+        key: &str,
+        states: &[&str],
+        timeout: Duration,
+    ) -> Result<EntityRow> {
+        let states: Vec<StateName> = states.iter().map(|s| StateName::new(*s)).collect();
+        let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
+        if states.contains(&e.state) {
+            return Ok(e);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::Watch { entity_id: e.id, states: states.clone(), reply: tx })?;
+        // The watch is registered; a commit that landed before it is visible to this read.
+        let (ack, ack_rx) = oneshot::channel();
+        self.send(Msg::WhenIdle(ack)).ok();
+        drop(ack_rx);
+        let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
+        if states.contains(&e.state) {
+            return Ok(e);
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(e)) => Ok(e),
+            Ok(Err(_)) => Err(Error::Stopped),
+            Err(_) => Err(Error::Timeout { request_id: format!("wait for {machine} {key}"), waited: timeout }),
+        }
     }
 
     /// Resolves once nothing is in flight, queued or scheduled anywhere in the store.

@@ -4,14 +4,16 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde_json::Value;
 use settle_core::step::PropChange;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
-use settle_store::SqlStatement;
+use settle_store::{EntityRow, SqlStatement};
+
+use crate::engine::EventOutcome;
 
 /// The error type handlers return; any error counts as a fault of the action.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
@@ -22,9 +24,29 @@ pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Outcome, HandlerErro
 /// A bound action implementation.
 pub type Handler = Arc<dyn Fn(ActionContext) -> HandlerFuture + Send + Sync>;
 
+/// A boxed future of the engine's API.
+pub(crate) type EngineFuture<T> = Pin<Box<dyn Future<Output = Result<T, crate::Error>> + Send>>;
+
+/// What an action may do with other entities while it runs (implemented by the engine).
+pub(crate) trait Nested: Send + Sync {
+    /// Raises an event on another entity through its inbox, joining it into the raising
+    /// entity's workflow, and waits for its outcome and next stable state.
+    fn raise_and_wait(
+        &self,
+        from: i64,
+        machine: MachineName,
+        key: EntityKey,
+        event: EventName,
+        params: Value,
+        request_id: Option<String>,
+    ) -> EngineFuture<(EventOutcome, EntityRow)>;
+    /// Reads an entity.
+    fn read(&self, machine: MachineName, key: EntityKey) -> EngineFuture<Option<EntityRow>>;
+}
+
 /// Everything an action may read. Actions run outside any transaction; what they want to
 /// change goes into the [`Outcome`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ActionContext {
     /// The entity's machine.
     pub machine: MachineName,
@@ -48,9 +70,72 @@ pub struct ActionContext {
     pub params: Value,
     /// The request the work belongs to.
     pub request_id: Option<String>,
+    pub(crate) nested: Arc<dyn Nested>,
+    /// Entities read "with lock": (id, version) preconditions of this action's commit.
+    pub(crate) locks: Arc<Mutex<Vec<(i64, i64)>>>,
+}
+
+impl std::fmt::Debug for ActionContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActionContext")
+            .field("machine", &self.machine)
+            .field("key", &self.key)
+            .field("state", &self.state)
+            .field("action", &self.action)
+            .field("version", &self.version)
+            .field("retry", &self.retry)
+            .field("event", &self.event)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ActionContext {
+    /// Raises `event` on another entity and waits for its outcome and next stable state (a
+    /// sync nested event). The event goes through the target's durable inbox, the target
+    /// joins this entity's workflow (it becomes a successor), and the wait is bounded by
+    /// this action's lease. A rejection comes back as [`EventOutcome::Rejected`].
+    pub async fn raise_and_wait(
+        &self,
+        machine: impl AsRef<str>,
+        key: impl AsRef<str>,
+        event: impl AsRef<str>,
+        params: Value,
+    ) -> Result<(EventOutcome, EntityRow), crate::Error> {
+        self.nested
+            .raise_and_wait(
+                self.entity_id,
+                MachineName::new(machine),
+                EntityKey::new(key),
+                EventName::new(event),
+                params,
+                self.request_id.clone(),
+            )
+            .await
+    }
+
+    /// Reads another entity as it is now.
+    pub async fn read(
+        &self,
+        machine: impl AsRef<str>,
+        key: impl AsRef<str>,
+    ) -> Result<Option<EntityRow>, crate::Error> {
+        self.nested.read(MachineName::new(machine), EntityKey::new(key)).await
+    }
+
+    /// Reads another entity "with lock": this action's commit fails (and the action runs
+    /// again) if that entity has changed by then.
+    pub async fn read_locked(
+        &self,
+        machine: impl AsRef<str>,
+        key: impl AsRef<str>,
+    ) -> Result<Option<EntityRow>, crate::Error> {
+        let row = self.read(machine, key).await?;
+        if let Some(e) = &row {
+            self.locks.lock().expect("locks").push((e.id, e.version));
+        }
+        Ok(row)
+    }
+
     /// A key that is the same every time this very attempt runs (after a crash, say) and
     /// different for every other attempt: pass it to providers to make calls idempotent.
     pub fn idempotency_key(&self) -> String {
@@ -80,6 +165,8 @@ pub struct RaiseEffect {
     pub event: EventName,
     /// Its parameters.
     pub params: Value,
+    /// Whether the target joins this entity's workflow (becomes its successor).
+    pub join: bool,
 }
 
 /// What an action decided: the state to enter and the effects to commit with it.
@@ -158,6 +245,26 @@ impl Outcome {
             key: EntityKey::new(key),
             event: EventName::new(event),
             params,
+            join: false,
+        });
+        self
+    }
+    /// Raises an event on another entity, written to its inbox in the commit, and joins
+    /// that entity into this one's workflow: it becomes a successor, whose state changes
+    /// this entity's subscriptions see.
+    pub fn join(
+        mut self,
+        machine: impl AsRef<str>,
+        key: impl AsRef<str>,
+        event: impl AsRef<str>,
+        params: Value,
+    ) -> Self {
+        self.raises.push(RaiseEffect {
+            machine: MachineName::new(machine),
+            key: EntityKey::new(key),
+            event: EventName::new(event),
+            params,
+            join: true,
         });
         self
     }

@@ -2,36 +2,71 @@
 //!
 //! One loop: wait for a message (or the next due time), take every message waiting,
 //! turn them into store operations, write them all as one batch with a claim of due
-//! entities, then act on the results — answer callers, start the next action of each
+//! entities, then act on the results — answer callers, start the next step of each
 //! entity it holds, release the ones at rest. While a batch is being written, new work
 //! queues up for the next one: that is the group commit, with no artificial delay.
+//!
+//! A held entity's next step is chosen by [`Scheduler::advance`]: the first inbox item
+//! (an event, a fired timer, or a notice that a successor changed, which re-evaluates the
+//! entity's subscriptions), else its auto action when due, else the lease is released.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
+use settle_core::machine::Schedule;
+use settle_core::pattern::SuccessorView;
 use settle_core::step::{self, EventStep};
-use settle_core::{Action, Machine, StateKind};
+use settle_core::{Action, ActionName, EntityKey, EventName, Machine, MachineName, StateKind, StateName};
 use settle_store::{
-    AfterCommit, Applied, Batch, BatchResult, Claim, Commit, EntityRow, Fence, HistoryKind, InboxItem, NewEntity, Op,
-    OpError, Push, Store,
+    AfterCommit, Applied, Batch, BatchResult, Claim, Commit, EntityRow, Fence, HistoryKind, InboxItem, InboxKind,
+    NewEntity, Op, OpError, Push, Store, TimerPlan,
 };
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{Config, EventOutcome, Registry, Wait};
 use crate::error::{Error, Result};
-use crate::handler::{ActionContext, CatchUnwind, Outcome};
+use crate::handler::{ActionContext, CatchUnwind, EngineFuture, Nested, Outcome};
 use crate::now_ms;
 
 type DoneTx = oneshot::Sender<(EventOutcome, EntityRow)>;
 
+/// Callers waiting for an entity to enter one of some states.
+type Watchers = Vec<(Vec<StateName>, oneshot::Sender<EntityRow>)>;
+
+/// A subscription event to fire, with its parameters (`matched`).
+type Fire = Option<(EventName, Value)>;
+
 pub(crate) enum Msg {
-    Create { new: NewEntity, reply: oneshot::Sender<Result<EntityRow>> },
-    Raise { push: Push, wait: Wait, ack: oneshot::Sender<Result<i64>>, done: Option<DoneTx> },
-    ActionDone { entity_id: i64, version: i64, result: std::result::Result<Outcome, String> },
+    Create {
+        new: NewEntity,
+        reply: oneshot::Sender<Result<EntityRow>>,
+    },
+    Raise {
+        push: Push,
+        wait: Wait,
+        ack: oneshot::Sender<Result<i64>>,
+        done: Option<DoneTx>,
+    },
+    ActionDone {
+        entity_id: i64,
+        version: i64,
+        result: std::result::Result<Outcome, String>,
+    },
+    Evaluated {
+        entity_id: i64,
+        version: i64,
+        result: std::result::Result<(Fire, Option<i64>), String>,
+    },
     WhenIdle(oneshot::Sender<()>),
+    /// Tell `reply` when the entity commits into one of `states`.
+    Watch {
+        entity_id: i64,
+        states: Vec<StateName>,
+        reply: oneshot::Sender<EntityRow>,
+    },
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -49,25 +84,40 @@ enum Pending {
 struct CommitCtx {
     entity_id: i64,
     /// The state entered, its retry count and auto action time (`None`: no state change).
-    entry: Option<(settle_core::StateName, u32, Option<i64>)>,
+    entry: Option<(StateName, u32, Option<i64>)>,
     properties: Option<settle_core::Properties>,
+    fired: Option<Vec<EventName>>,
     request_id: Option<String>,
     after: AfterCommit,
     /// The event processed, if any.
     item: Option<InboxItem>,
     /// The action that ran (for turning a failed commit into a fault).
-    action: Option<settle_core::ActionName>,
+    action: Option<ActionName>,
     outcome: Option<EventOutcome>,
+}
+
+/// What a held entity is busy with.
+enum Running {
+    /// An action, with the event that triggered it and the entities it read with lock.
+    Action { action: Arc<Action>, item: Option<InboxItem>, locks: Arc<Mutex<Vec<(i64, i64)>>> },
+    /// Its subscriptions are being evaluated for this notice.
+    Evaluating { notice: InboxItem },
+}
+
+/// A subscription event being processed: the notices its evaluation covered.
+struct Firing {
+    event: EventName,
+    notices_upto: i64,
 }
 
 /// An entity this engine holds the lease of.
 struct Held {
     machine: Arc<Machine>,
     entity: EntityRow,
-    /// The next inbox event, when known.
+    /// The next inbox item, when known.
     inbox_head: Option<InboxItem>,
-    /// The action running, with the event that triggered it.
-    running: Option<(Arc<Action>, Option<InboxItem>)>,
+    running: Option<Running>,
+    firing: Option<Firing>,
 }
 
 pub(crate) struct Scheduler<S> {
@@ -75,6 +125,7 @@ pub(crate) struct Scheduler<S> {
     registry: Arc<Registry>,
     config: Config,
     tx: mpsc::UnboundedSender<Msg>,
+    nested: Arc<dyn Nested>,
     held: HashMap<i64, Held>,
     ops: Vec<Op>,
     pending: Vec<Pending>,
@@ -83,6 +134,8 @@ pub(crate) struct Scheduler<S> {
     /// Callers waiting for an entity to come to rest, by entity id.
     rest_waiters: HashMap<i64, Vec<(EventOutcome, DoneTx)>>,
     idle_waiters: Vec<oneshot::Sender<()>>,
+    /// Callers waiting for an entity to enter one of some states, by entity id.
+    state_watchers: HashMap<i64, Watchers>,
     shutdown: Option<oneshot::Sender<()>>,
     next_due: Option<i64>,
     last_renew: i64,
@@ -99,19 +152,71 @@ struct Stats {
     write_micros: u64,
 }
 
-impl<S: Store> Scheduler<S> {
+/// What actions may do with other entities while they run: raise a sync nested event,
+/// read. Goes through the scheduler's channel and the store like any caller.
+struct NestedHandle<S> {
+    tx: mpsc::UnboundedSender<Msg>,
+    store: S,
+    registry: Arc<Registry>,
+    lease: Duration,
+}
+
+impl<S: Store + Clone> Nested for NestedHandle<S> {
+    fn raise_and_wait(
+        &self,
+        from: i64,
+        machine: MachineName,
+        key: EntityKey,
+        event: EventName,
+        params: Value,
+        request_id: Option<String>,
+    ) -> EngineFuture<(EventOutcome, EntityRow)> {
+        let checked =
+            self.registry.machine(&machine).and_then(|m| Ok(step::check_raise(m, &event, &params)?.name.clone()));
+        let tx = self.tx.clone();
+        let lease = self.lease;
+        Box::pin(async move {
+            checked?;
+            let push = Push { machine, key, event, params, request_id, kind: InboxKind::Nested, join_from: Some(from) };
+            let (ack, ack_rx) = oneshot::channel();
+            let (done, done_rx) = oneshot::channel();
+            tx.send(Msg::Raise { push, wait: Wait::Stable, ack, done: Some(done) }).map_err(|_| Error::Stopped)?;
+            ack_rx.await.map_err(|_| Error::Stopped)??;
+            match tokio::time::timeout(lease, done_rx).await {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(_)) => Err(Error::Stopped),
+                Err(_) => Err(Error::Timeout { request_id: "nested event".into(), waited: lease }),
+            }
+        })
+    }
+
+    fn read(&self, machine: MachineName, key: EntityKey) -> EngineFuture<Option<EntityRow>> {
+        let store = self.store.clone();
+        Box::pin(async move { Ok(store.entity_get(&machine, &key).await?) })
+    }
+}
+
+impl<S: Store + Clone> Scheduler<S> {
     pub(crate) fn new(store: S, registry: Arc<Registry>, config: Config, tx: mpsc::UnboundedSender<Msg>) -> Self {
+        let nested = Arc::new(NestedHandle {
+            tx: tx.clone(),
+            store: store.clone(),
+            registry: registry.clone(),
+            lease: config.lease,
+        });
         Scheduler {
             store,
             registry,
             config,
             tx,
+            nested,
             held: HashMap::new(),
             ops: Vec::new(),
             pending: Vec::new(),
             outcome_waiters: HashMap::new(),
             rest_waiters: HashMap::new(),
             idle_waiters: Vec::new(),
+            state_watchers: HashMap::new(),
             shutdown: None,
             next_due: None,
             last_renew: now_ms(),
@@ -196,10 +301,18 @@ impl<S: Store> Scheduler<S> {
                 self.pending.push(Pending::Raise { ack, wait, done });
             }
             Msg::ActionDone { entity_id, version, result } => self.on_action_done(entity_id, version, result),
+            Msg::Evaluated { entity_id, version, result } => self.on_evaluated(entity_id, version, result),
             Msg::WhenIdle(tx) => {
                 self.idle_waiters.push(tx);
                 // Recompute the due time: the caller may have written work we have not seen.
                 self.claim_now = true;
+            }
+            Msg::Watch { entity_id, states, reply } => {
+                self.state_watchers.retain(|_, w| {
+                    w.retain(|(_, tx)| !tx.is_closed());
+                    !w.is_empty()
+                });
+                self.state_watchers.entry(entity_id).or_default().push((states, reply));
             }
             Msg::Shutdown(tx) => self.shutdown = Some(tx),
         }
@@ -310,7 +423,8 @@ impl<S: Store> Scheduler<S> {
                     continue;
                 }
             };
-            self.held.insert(id, Held { machine, entity: c.entity, inbox_head: c.inbox_head, running: None });
+            self.held
+                .insert(id, Held { machine, entity: c.entity, inbox_head: c.inbox_head, running: None, firing: None });
             self.advance(id);
         }
     }
@@ -334,6 +448,9 @@ impl<S: Store> Scheduler<S> {
                 if let Some(p) = ctx.properties.take() {
                     e.properties = p;
                 }
+                if let Some(f) = ctx.fired.take() {
+                    e.fired = f;
+                }
                 let at_rest = held.machine.state(&e.state).is_none_or(|s| s.kind != StateKind::Unstable);
                 let snapshot = e.clone();
                 if let (Some(item), Some(outcome)) = (&ctx.item, ctx.outcome)
@@ -344,6 +461,16 @@ impl<S: Store> Scheduler<S> {
                         self.rest_waiters.entry(id).or_default().push((outcome, done));
                     } else {
                         let _ = done.send((outcome, snapshot.clone()));
+                    }
+                }
+                if ctx.entry.is_some()
+                    && let Some(watchers) = self.state_watchers.get_mut(&id)
+                {
+                    let (hit, keep): (Vec<_>, Vec<_>) =
+                        std::mem::take(watchers).into_iter().partition(|(states, _)| states.contains(&snapshot.state));
+                    *watchers = keep;
+                    for (_, tx) in hit {
+                        let _ = tx.send(snapshot.clone());
                     }
                 }
                 if at_rest && let Some(waiters) = self.rest_waiters.remove(&id) {
@@ -369,7 +496,7 @@ impl<S: Store> Scheduler<S> {
                 self.held.remove(&id);
             }
             Err(e) => {
-                // An effect failed: nothing is visible; record a fault and re-enter.
+                // An effect or precondition failed: nothing is visible; record a fault.
                 let action = ctx.action.clone();
                 self.fault(id, ctx.item, action.as_deref(), format!("commit failed: {e}"));
             }
@@ -382,54 +509,26 @@ impl<S: Store> Scheduler<S> {
         if held.running.is_some() {
             return;
         }
-        let machine = held.machine.clone();
         let now = now_ms();
         if let Some(item) = held.inbox_head.take() {
-            let has_handler = |action: &str| self.registry.handler(machine.name(), &action.into()).is_some();
-            let action_name = machine.event(&item.event).map(|e| e.action.clone());
-            let step = step::on_event(
-                &machine,
-                &held.entity.state,
-                &item.event,
-                action_name.as_deref().is_some_and(has_handler),
-            );
-            match step {
-                EventStep::Reject(rejection) => {
-                    let outcome =
-                        EventOutcome::Rejected { state: rejection.state.clone(), reason: rejection.reason.clone() };
-                    let after = self.after_unchanged(id, now);
-                    let held = &self.held[&id];
-                    let commit = Commit {
-                        fence: fence(&held.entity, &self.config.owner),
-                        from: held.entity.state.clone(),
-                        to: None,
-                        retry: held.entity.retry,
-                        auto_at: None,
-                        properties: None,
-                        kind: HistoryKind::Rejected,
-                        action: None,
-                        event: Some(item.event.clone()),
-                        consume: Some(item.id),
-                        request_id: item.request_id.clone(),
-                        detail: Some(rejection.reason),
-                        after,
-                        sql: vec![],
-                        creates: vec![],
-                        pushes: vec![],
-                    };
-                    self.push_commit(commit, Some(item), None, Some(outcome));
+            match item.kind {
+                InboxKind::Notice => self.evaluate(id, item),
+                InboxKind::Timer => {
+                    let machine = held.machine.clone();
+                    let state = held.entity.state.clone();
+                    let name = item.params.get("timer").and_then(Value::as_str).unwrap_or_default().to_string();
+                    if timer_applies(&machine, &state, &name, &item.event) {
+                        self.process_event(id, InboxItem { params: Value::Null, ..item });
+                    } else {
+                        let reason = format!("timer `{name}` does not apply in state `{state}`");
+                        self.reject(id, item, reason);
+                    }
                 }
-                EventStep::Plain { action, target } => {
-                    let action = Arc::new(action.clone());
-                    self.finish_action(id, &action, Some(item), Outcome::to(target));
-                }
-                EventStep::Run { action } => {
-                    let action = Arc::new(action.clone());
-                    self.spawn_action(id, action, Some(item));
-                }
+                InboxKind::Raised | InboxKind::Nested => self.process_event(id, item),
             }
             return;
         }
+        let machine = held.machine.clone();
         let state_unstable = machine.state(&held.entity.state).is_some_and(|s| s.kind == StateKind::Unstable);
         if state_unstable && held.entity.auto_at.is_none_or(|at| at <= now) {
             let auto = machine.state(&held.entity.state).and_then(|s| s.auto.clone()).expect("unstable state has auto");
@@ -437,7 +536,7 @@ impl<S: Store> Scheduler<S> {
             match step::on_auto(&machine, &held.entity.state, has_handler) {
                 Some(EventStep::Plain { action, target }) => {
                     let action = Arc::new(action.clone());
-                    self.finish_action(id, &action, None, Outcome::to(target));
+                    self.finish_action(id, &action, None, Outcome::to(target), Vec::new());
                 }
                 Some(EventStep::Run { action }) => {
                     let action = Arc::new(action.clone());
@@ -452,6 +551,129 @@ impl<S: Store> Scheduler<S> {
         self.held.remove(&id);
         self.ops.push(Op::Release(fence));
         self.pending.push(Pending::Release);
+    }
+
+    /// Processes an event (raised, nested, timer, or a subscription that fired).
+    fn process_event(&mut self, id: i64, item: InboxItem) {
+        let held = &self.held[&id];
+        let machine = held.machine.clone();
+        let has_handler =
+            machine.event(&item.event).is_some_and(|e| self.registry.handler(machine.name(), &e.action).is_some());
+        match step::on_event(&machine, &held.entity.state, &item.event, has_handler) {
+            EventStep::Reject(rejection) => self.reject(id, item, rejection.reason),
+            EventStep::Plain { action, target } => {
+                let action = Arc::new(action.clone());
+                self.finish_action(id, &action, Some(item), Outcome::to(target), Vec::new());
+            }
+            EventStep::Run { action } => {
+                let action = Arc::new(action.clone());
+                self.spawn_action(id, action, Some(item));
+            }
+        }
+    }
+
+    /// Records a rejected event: consumed, nothing else changes.
+    fn reject(&mut self, id: i64, item: InboxItem, reason: String) {
+        let now = now_ms();
+        let after = self.after_unchanged(id, now);
+        let held = self.held.get_mut(&id).expect("held entity");
+        let outcome = EventOutcome::Rejected { state: held.entity.state.clone(), reason: reason.clone() };
+        let mut commit = Commit {
+            retry: held.entity.retry,
+            event: Some(item.event.clone()),
+            consume: Some(item.id),
+            request_id: item.request_id.clone(),
+            detail: Some(reason),
+            ..Commit::new(
+                fence(&held.entity, &self.config.owner),
+                held.entity.state.clone(),
+                HistoryKind::Rejected,
+                after,
+            )
+        };
+        if let Some(f) = held.firing.take() {
+            commit.consume_notices_upto = Some(f.notices_upto);
+        }
+        self.push_commit(commit, Some(item), None, Some(outcome));
+    }
+
+    /// Starts evaluating the entity's subscriptions for a change notice. The successors
+    /// are read outside the scheduler; every notice up to the read is covered by it.
+    fn evaluate(&mut self, id: i64, notice: InboxItem) {
+        let now = now_ms();
+        let held = self.held.get_mut(&id).expect("held entity");
+        let machine = held.machine.clone();
+        let pending_subs = machine.subscriptions_in(&held.entity.state).any(|ev| !held.entity.fired.contains(&ev.name));
+        if !pending_subs {
+            // Nothing here listens: the notices are moot for this state entry (entering a
+            // state with subscriptions evaluates them afresh).
+            let notices_upto = Some(i64::MAX);
+            let e = &held.entity;
+            let commit = Commit {
+                retry: e.retry,
+                consume: Some(notice.id),
+                consume_notices_upto: notices_upto,
+                quiet: true,
+                ..Commit::new(fence(e, &self.config.owner), e.state.clone(), HistoryKind::Event, AfterCommit::Release)
+            };
+            let after = self.after_unchanged(id, now);
+            self.push_commit(Commit { after, ..commit }, None, None, None);
+            return;
+        }
+        let (state, fired, version) = (held.entity.state.clone(), held.entity.fired.clone(), held.entity.version);
+        held.running = Some(Running::Evaluating { notice });
+        let (store, registry, tx) = (self.store.clone(), self.registry.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let result = match store.successor_snapshot(id).await {
+                Ok(snap) => Ok((
+                    evaluate_subscriptions(&machine, &registry, &state, &fired, &snap.successors),
+                    snap.newest_notice,
+                )),
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = tx.send(Msg::Evaluated { entity_id: id, version, result });
+        });
+    }
+
+    fn on_evaluated(&mut self, id: i64, version: i64, result: std::result::Result<(Fire, Option<i64>), String>) {
+        let Some(held) = self.held.get_mut(&id) else { return };
+        if held.entity.version != version {
+            return;
+        }
+        let Some(Running::Evaluating { notice }) = held.running.take() else { return };
+        let (fire, newest) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // The read failed; the notice stays queued and is evaluated again.
+                tracing::warn!(entity = id, error = %e, "cannot read successors");
+                let fence = fence(&held.entity, &self.config.owner);
+                self.held.remove(&id);
+                self.ops.push(Op::Release(fence));
+                self.pending.push(Pending::Release);
+                return;
+            }
+        };
+        let notices_upto = newest.unwrap_or(notice.id).max(notice.id);
+        match fire {
+            Some((event, params)) => {
+                held.firing = Some(Firing { event: event.clone(), notices_upto });
+                let item = InboxItem { event, params, ..notice };
+                self.process_event(id, item);
+            }
+            None => {
+                let now = now_ms();
+                let after = self.after_unchanged(id, now);
+                let e = &self.held[&id].entity;
+                let commit = Commit {
+                    retry: e.retry,
+                    consume: Some(notice.id),
+                    consume_notices_upto: Some(notices_upto),
+                    quiet: true,
+                    ..Commit::new(fence(e, &self.config.owner), e.state.clone(), HistoryKind::Event, after)
+                };
+                self.push_commit(commit, None, None, None);
+            }
+        }
     }
 
     /// After a commit that changes no state: keep going if the auto action is due now.
@@ -469,6 +691,7 @@ impl<S: Store> Scheduler<S> {
         let held = self.held.get_mut(&id).expect("held entity");
         let handler = self.registry.handler(held.machine.name(), &action.name).expect("run step has a handler").clone();
         let e = &held.entity;
+        let locks = Arc::new(Mutex::new(Vec::new()));
         let ctx = ActionContext {
             machine: e.machine.clone(),
             key: e.key.clone(),
@@ -481,9 +704,11 @@ impl<S: Store> Scheduler<S> {
             event: item.as_ref().map(|i| i.event.clone()),
             params: item.as_ref().map(|i| i.params.clone()).unwrap_or(Value::Null),
             request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
+            nested: self.nested.clone(),
+            locks: locks.clone(),
         };
         let version = e.version;
-        held.running = Some((action, item));
+        held.running = Some(Running::Action { action, item, locks });
         // Poll once in place: an action that completes at once (a no-op, a cache hit)
         // commits in this round instead of a task and a message later.
         let mut fut = CatchUnwind(handler(ctx));
@@ -506,15 +731,23 @@ impl<S: Store> Scheduler<S> {
         if held.entity.version != version {
             return;
         }
-        let Some((action, item)) = held.running.take() else { return };
+        let Some(Running::Action { action, item, locks }) = held.running.take() else { return };
+        let locks = std::mem::take(&mut *locks.lock().expect("locks"));
         match result {
-            Ok(outcome) => self.finish_action(id, &action, item, outcome),
+            Ok(outcome) => self.finish_action(id, &action, item, outcome, locks),
             Err(error) => self.fault(id, item, Some(&action.name), error),
         }
     }
 
     /// Turns an action's outcome into a commit, or a fault if the core refuses it.
-    fn finish_action(&mut self, id: i64, action: &Action, item: Option<InboxItem>, outcome: Outcome) {
+    fn finish_action(
+        &mut self,
+        id: i64,
+        action: &Action,
+        item: Option<InboxItem>,
+        outcome: Outcome,
+        preconditions: Vec<(i64, i64)>,
+    ) {
         let now = now_ms();
         let held = &self.held[&id];
         let machine = held.machine.clone();
@@ -529,16 +762,10 @@ impl<S: Store> Scheduler<S> {
         let request_id = item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
         let mut creates = Vec::with_capacity(outcome.creates.len());
         for c in &outcome.creates {
-            match self.registry.machine(&c.machine).map_err(|e| e.to_string()).and_then(|m| {
-                step::initial_entry(m, &c.properties).map_err(|r| r.to_string()).map(|entry| NewEntity {
-                    machine: c.machine.clone(),
-                    key: c.key.clone(),
-                    state: entry.state,
-                    properties: c.properties.clone(),
-                    auto_at: entry.auto_delay.map(|d| now + d.as_millis() as i64),
-                    request_id: request_id.clone(),
-                })
-            }) {
+            let new = self.registry.machine(&c.machine).map_err(|e| e.to_string()).and_then(|m| {
+                new_entity(m, c.key.clone(), c.properties.clone(), request_id.clone(), now).map_err(|r| r.to_string())
+            });
+            match new {
                 Ok(new) => creates.push(new),
                 Err(err) => return self.fault(id, item, Some(&action.name), err),
             }
@@ -559,6 +786,8 @@ impl<S: Store> Scheduler<S> {
                 event: r.event.clone(),
                 params: r.params.clone(),
                 request_id: request_id.clone(),
+                kind: InboxKind::Nested,
+                join_from: r.join.then_some(id),
             });
         }
         let after = match entry.auto_delay {
@@ -566,24 +795,42 @@ impl<S: Store> Scheduler<S> {
             _ => AfterCommit::Release,
         };
         let outcome_for_caller = item.as_ref().map(|_| EventOutcome::Accepted { state: entry.state.clone() });
-        let held = &self.held[&id];
+        let held = self.held.get_mut(&id).expect("held entity");
+        let changed_state = entry.state != held.entity.state;
+        let firing = held.firing.take();
+        let fired = if changed_state {
+            Some(Vec::new())
+        } else {
+            firing.as_ref().map(|f| {
+                let mut fired = held.entity.fired.clone();
+                fired.push(f.event.clone());
+                fired
+            })
+        };
         let commit = Commit {
-            fence: fence(&held.entity, &self.config.owner),
-            from: held.entity.state.clone(),
             to: Some(entry.state.clone()),
             retry: entry.retry,
             auto_at: entry.auto_delay.map(|d| now + d.as_millis() as i64),
             properties: (props != held.entity.properties).then_some(props),
-            kind: if item.is_some() { HistoryKind::Event } else { HistoryKind::Auto },
             action: Some(action.name.clone()),
             event: item.as_ref().map(|i| i.event.clone()),
             consume: item.as_ref().map(|i| i.id),
+            consume_notices_upto: firing.map(|f| f.notices_upto),
             request_id,
-            detail: None,
-            after,
             sql: outcome.sql,
             creates,
             pushes,
+            preconditions,
+            timers: changed_state.then(|| timer_plan(&machine, &held.entity.state, &entry.state, now)),
+            fired,
+            notify_predecessors: changed_state,
+            notify_self: changed_state && machine.subscriptions_in(&entry.state).next().is_some(),
+            ..Commit::new(
+                fence(&held.entity, &self.config.owner),
+                held.entity.state.clone(),
+                if item.is_some() { HistoryKind::Event } else { HistoryKind::Auto },
+                after,
+            )
         };
         self.push_commit(commit, item, Some(action.name.clone()), outcome_for_caller);
     }
@@ -593,30 +840,28 @@ impl<S: Store> Scheduler<S> {
     /// backoff, counting the retry.
     fn fault(&mut self, id: i64, item: Option<InboxItem>, action: Option<&str>, error: String) {
         let now = now_ms();
-        let Some(held) = self.held.get(&id) else { return };
+        let after_unchanged = self.after_unchanged(id, now);
+        let Some(held) = self.held.get_mut(&id) else { return };
         tracing::warn!(machine = %held.entity.machine, key = %held.entity.key, state = %held.entity.state, error = %error, "action fault");
         let e = &held.entity;
-        let base = Commit {
-            fence: fence(e, &self.config.owner),
-            from: e.state.clone(),
-            to: None,
+        let mut base = Commit {
             retry: e.retry,
-            auto_at: None,
-            properties: None,
-            kind: HistoryKind::Fault,
             action: action.map(Into::into),
             event: item.as_ref().map(|i| i.event.clone()),
             consume: item.as_ref().map(|i| i.id),
             request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
             detail: Some(error.clone()),
-            after: AfterCommit::Release,
-            sql: vec![],
-            creates: vec![],
-            pushes: vec![],
+            ..Commit::new(fence(e, &self.config.owner), e.state.clone(), HistoryKind::Fault, AfterCommit::Release)
         };
+        if let Some(f) = held.firing.take() {
+            // The subscription fired (once per entry) even though its action failed.
+            let mut fired = e.fired.clone();
+            fired.push(f.event);
+            base.fired = Some(fired);
+            base.consume_notices_upto = Some(f.notices_upto);
+        }
         let (commit, outcome) = if item.is_some() {
-            let after = self.after_unchanged(id, now);
-            (Commit { after, ..base }, Some(EventOutcome::Failed { error }))
+            (Commit { after: after_unchanged, ..base }, Some(EventOutcome::Failed { error }))
         } else {
             let retry = e.retry + 1;
             let backoff = step::fault_backoff(retry);
@@ -630,13 +875,14 @@ impl<S: Store> Scheduler<S> {
         &mut self,
         commit: Commit,
         item: Option<InboxItem>,
-        action: Option<settle_core::ActionName>,
+        action: Option<ActionName>,
         outcome: Option<EventOutcome>,
     ) {
         let ctx = CommitCtx {
             entity_id: commit.fence.entity_id,
             entry: commit.to.clone().map(|to| (to, commit.retry, commit.auto_at)),
             properties: commit.properties.clone(),
+            fired: commit.fired.clone(),
             request_id: commit.request_id.clone(),
             after: commit.after,
             item,
@@ -646,6 +892,111 @@ impl<S: Store> Scheduler<S> {
         self.ops.push(Op::Commit(Box::new(commit)));
         self.pending.push(Pending::Commit(Box::new(ctx)));
     }
+}
+
+/// A new entity in its machine's initial state, with that state's timers.
+pub(crate) fn new_entity(
+    machine: &Machine,
+    key: EntityKey,
+    properties: settle_core::Properties,
+    request_id: Option<String>,
+    now: i64,
+) -> std::result::Result<NewEntity, settle_core::Refusal> {
+    let entry = step::initial_entry(machine, &properties)?;
+    let initial = machine.initial().name.clone();
+    Ok(NewEntity {
+        machine: machine.name().clone(),
+        key,
+        timers: timer_plan(machine, "", &initial, now),
+        notify_self: machine.subscriptions_in(&initial).next().is_some(),
+        state: entry.state,
+        properties,
+        auto_at: entry.auto_delay.map(|d| now + d.as_millis() as i64),
+        request_id,
+    })
+}
+
+/// The timers an entity has after entering `to` from `from`: the timers declared for
+/// `to`, and the timeouts of the subscriptions valid in `to`. One-shot timers start at the
+/// entry; a periodic timer, or a timeout, that was already running in `from` keeps its
+/// schedule.
+fn timer_plan(machine: &Machine, from: &str, to: &str, now: i64) -> Vec<TimerPlan> {
+    let ms = |d: Duration| d.as_millis() as i64;
+    let mut plans: Vec<TimerPlan> = machine
+        .timers_in(to)
+        .map(|t| match t.schedule {
+            Schedule::After(d) => TimerPlan {
+                name: t.name.clone(),
+                event: t.event.clone(),
+                due_at: now + ms(d),
+                every_ms: None,
+                restart: true,
+            },
+            Schedule::Every(d) => TimerPlan {
+                name: t.name.clone(),
+                event: t.event.clone(),
+                due_at: now + ms(d),
+                every_ms: Some(ms(d)),
+                restart: !t.valid_in(from),
+            },
+        })
+        .collect();
+    for ev in machine.subscriptions_in(to) {
+        if let Some(timeout) = ev.subscribe.as_ref().and_then(|s| s.timeout.as_ref()) {
+            plans.push(TimerPlan {
+                name: format!("timeout:{}", ev.name),
+                event: timeout.event.clone(),
+                due_at: now + ms(timeout.after),
+                every_ms: None,
+                restart: !ev.valid_in(from),
+            });
+        }
+    }
+    plans
+}
+
+/// Whether the timer `name` that raised `event` still applies in `state`.
+fn timer_applies(machine: &Machine, state: &str, name: &str, event: &str) -> bool {
+    if let Some(sub_event) = name.strip_prefix("timeout:") {
+        return machine.event(sub_event).is_some_and(|e| {
+            e.valid_in(state) && e.subscribe.as_ref().and_then(|s| s.timeout.as_ref()).is_some_and(|t| t.event == event)
+        });
+    }
+    machine.timers().iter().any(|t| t.name == name && t.event == event && t.valid_in(state))
+}
+
+/// The first subscription valid in `state`, not yet fired in this entry, whose pattern
+/// matches the successors; with the `matched` successors as the event's parameters.
+fn evaluate_subscriptions(
+    machine: &Machine,
+    registry: &Registry,
+    state: &str,
+    fired: &[EventName],
+    successors: &[EntityRow],
+) -> Fire {
+    let views: Vec<SuccessorView<'_>> = successors
+        .iter()
+        .map(|e| SuccessorView {
+            machine: &e.machine,
+            key: &e.key,
+            state: &e.state,
+            health: registry.machines.get(&e.machine).map(|m| m.health_of(&e.state)).unwrap_or_default(),
+        })
+        .collect();
+    for ev in machine.subscriptions_in(state) {
+        if fired.contains(&ev.name) {
+            continue;
+        }
+        let Some(sub) = &ev.subscribe else { continue };
+        if let Some(indices) = sub.pattern.eval(&views) {
+            let matched: Vec<Value> = indices
+                .iter()
+                .map(|&i| json!({"machine": views[i].machine, "key": views[i].key, "state": views[i].state}))
+                .collect();
+            return Some((ev.name.clone(), json!({ "matched": matched })));
+        }
+    }
+    None
 }
 
 fn action_result(

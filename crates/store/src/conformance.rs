@@ -31,6 +31,8 @@ fn new_entity(key: &str, state: &str, auto_at: Option<Millis>) -> NewEntity {
         properties: Properties::new(),
         auto_at,
         request_id: Some("req-1".into()),
+        timers: Vec::new(),
+        notify_self: false,
     }
 }
 
@@ -41,27 +43,21 @@ fn push(key: &str, event: &str) -> Push {
         event: EventName::new(event),
         params: json!({"n": 1}),
         request_id: Some(format!("req-{event}")),
+        kind: InboxKind::Raised,
+        join_from: None,
     }
 }
 
 fn commit(entity: &EntityRow, to: Option<&str>, consume: Option<i64>, after: AfterCommit) -> Commit {
+    let fence = Fence { entity_id: entity.id, version: entity.version, owner: OWNER.into() };
+    let kind = if to.is_some() { HistoryKind::Event } else { HistoryKind::Rejected };
     Commit {
-        fence: Fence { entity_id: entity.id, version: entity.version, owner: OWNER.into() },
-        from: entity.state.clone(),
         to: to.map(StateName::new),
-        retry: 0,
-        auto_at: None,
-        properties: None,
-        kind: if to.is_some() { HistoryKind::Event } else { HistoryKind::Rejected },
         action: to.map(|_| ActionName::new("go")),
         event: Some(EventName::new("go")),
         consume,
         request_id: Some("req-go".into()),
-        detail: None,
-        after,
-        sql: vec![],
-        creates: vec![],
-        pushes: vec![],
+        ..Commit::new(fence, entity.state.clone(), kind, after)
     }
 }
 
@@ -389,6 +385,130 @@ pub async fn auto_time_survives_events_and_release<S: Store>(store: S) {
     assert_eq!((e.lease_owner, e.due_at), (None, Some(T0 + 1_000)));
 }
 
+/// Claims `key` by pushing an event to it; returns the claimed entity and that event.
+async fn claim_with_event<S: Store>(store: &S, now: Millis, key: &str) -> (EntityRow, InboxItem) {
+    let r = write(store, now, vec![Op::Push(push(key, "go"))], true).await;
+    let c = r.claimed.into_iter().find(|c| c.entity.key == key).expect("claimed");
+    (c.entity, c.inbox_head.expect("head"))
+}
+
+/// Created entities become successors; a successor's commit writes a change notice to
+/// each predecessor in the same transaction; the snapshot shows successors and the newest
+/// notice; consuming notices up to an id leaves later ones.
+pub async fn successors_and_change_notices<S: Store>(store: S) {
+    create_one(&store, "parent").await;
+    let (p, ev) = claim_with_event(&store, T0, "parent").await;
+    let mut c = commit(&p, Some("waiting"), Some(ev.id), AfterCommit::Release);
+    c.creates = vec![new_entity("c1", "idle", None), new_entity("c2", "idle", None)];
+    let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(c))], false).await;
+    let Ok(Applied::Committed { created, .. }) = &r.results[0] else { panic!("{:?}", r.results[0]) };
+    assert_eq!(created.len(), 2);
+    let snap = store.successor_snapshot(p.id).await.unwrap();
+    assert_eq!(snap.successors.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["c1", "c2"]);
+    assert_eq!(snap.newest_notice, None);
+    // A nested event that joins an entity records it as a successor too.
+    create_one(&store, "joined").await;
+    let mut join = push("joined", "hello");
+    join.join_from = Some(p.id);
+    join.kind = InboxKind::Nested;
+    write(&store, T0 + 2, vec![Op::Push(join)], false).await;
+    assert_eq!(store.successor_snapshot(p.id).await.unwrap().successors.len(), 3);
+    // c1 moves: the parent gets a notice and becomes due, atomically.
+    let (c1, ev) = claim_with_event(&store, T0 + 3, "c1").await;
+    let mut cm = commit(&c1, Some("ready"), Some(ev.id), AfterCommit::Release);
+    cm.notify_predecessors = true;
+    let r = write(&store, T0 + 4, vec![Op::Commit(Box::new(cm))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    let inbox = store.inbox_list(p.id).await.unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!((inbox[0].kind, inbox[0].event.as_str()), (InboxKind::Notice, InboxKind::NOTICE_EVENT));
+    assert_eq!(get(&store, "parent").await.due_at, Some(T0 + 4));
+    let snap = store.successor_snapshot(p.id).await.unwrap();
+    assert_eq!(snap.newest_notice, Some(inbox[0].id));
+    assert_eq!(snap.successors.iter().find(|e| e.key == "c1").unwrap().state.as_str(), "ready");
+    // The parent evaluates (quietly) and consumes every notice up to the snapshot.
+    let r = write(&store, T0 + 5, vec![], true).await;
+    let claimed = r.claimed.iter().find(|c| c.entity.id == p.id).unwrap().clone();
+    let (c2, ev2) = claim_with_event(&store, T0 + 6, "c2").await;
+    let mut cm = commit(&c2, Some("ready"), Some(ev2.id), AfterCommit::Release);
+    cm.notify_predecessors = true;
+    write(&store, T0 + 7, vec![Op::Commit(Box::new(cm))], false).await;
+    let mut quiet = commit(&claimed.entity, None, None, AfterCommit::Release);
+    quiet.quiet = true;
+    quiet.consume_notices_upto = snap.newest_notice;
+    write(&store, T0 + 8, vec![Op::Commit(Box::new(quiet))], false).await;
+    let inbox = store.inbox_list(p.id).await.unwrap();
+    assert_eq!(inbox.len(), 1, "the notice written after the snapshot stays");
+    assert_eq!(get(&store, "parent").await.due_at, Some(T0 + 8), "and keeps the parent due");
+    let h = store.history_list(p.id).await.unwrap();
+    assert_eq!(h.len(), 2, "a quiet commit writes no history: {h:?}");
+}
+
+/// Timers are rows: set with a state entry, fired into the inbox by a claim when due
+/// (one-shot deleted, periodic rescheduled), kept or restarted as planned, and deleted
+/// when a commit's plan no longer lists them.
+pub async fn timers_fire_through_the_inbox<S: Store>(store: S) {
+    create_one(&store, "a").await;
+    let (e, ev) = claim_with_event(&store, T0, "a").await;
+    let plan = |name: &str, due: Millis, every: Option<i64>, restart: bool| TimerPlan {
+        name: name.into(),
+        event: EventName::new(name),
+        due_at: due,
+        every_ms: every,
+        restart,
+    };
+    let mut c = commit(&e, Some("ready"), Some(ev.id), AfterCommit::Release);
+    c.timers = Some(vec![plan("deadline", T0 + 100, None, true), plan("check", T0 + 50, Some(50), true)]);
+    write(&store, T0 + 1, vec![Op::Commit(Box::new(c))], false).await;
+    let e = get(&store, "a").await;
+    assert_eq!((e.timer_at, e.due_at), (Some(T0 + 50), Some(T0 + 50)));
+    let r = write(&store, T0 + 49, vec![], true).await;
+    assert!(r.claimed.is_empty());
+    let r = write(&store, T0 + 100, vec![], true).await;
+    assert_eq!(r.claimed.len(), 1);
+    let mut events: Vec<_> =
+        store.inbox_list(e.id).await.unwrap().iter().map(|i| (i.kind, i.event.to_string())).collect();
+    events.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(events, [(InboxKind::Timer, "check".to_string()), (InboxKind::Timer, "deadline".to_string())]);
+    let timers = store.timer_list(e.id).await.unwrap();
+    assert_eq!(timers.len(), 1, "the one-shot timer is gone");
+    assert_eq!((timers[0].name.as_str(), timers[0].due_at), ("check", T0 + 101));
+    // A plan that keeps `check` (no restart) and drops everything else.
+    let c = r.claimed[0].entity.clone();
+    let mut cm = commit(&c, Some("ready"), None, AfterCommit::Release);
+    cm.timers = Some(vec![plan("check", T0 + 9_999, Some(50), false)]);
+    write(&store, T0 + 101, vec![Op::Commit(Box::new(cm))], false).await;
+    assert_eq!(store.timer_list(e.id).await.unwrap()[0].due_at, T0 + 101, "kept its schedule");
+    let (c, _) = claim_with_event(&store, T0 + 102, "a").await;
+    let mut cm = commit(&c, Some("gone"), None, AfterCommit::Release);
+    cm.timers = Some(vec![]);
+    write(&store, T0 + 103, vec![Op::Commit(Box::new(cm))], false).await;
+    assert!(store.timer_list(e.id).await.unwrap().is_empty(), "leaving the state deletes its timers");
+    assert_eq!(get(&store, "a").await.timer_at, None);
+}
+
+/// A commit whose entity read "with lock" changed fails whole; fired subscriptions are
+/// stored with the entry and reset on request.
+pub async fn preconditions_and_fired<S: Store>(store: S) {
+    create_one(&store, "a").await;
+    let other = create_one(&store, "b").await;
+    let (e, ev) = claim_with_event(&store, T0, "a").await;
+    let mut stale = commit(&e, Some("busy"), Some(ev.id), AfterCommit::Release);
+    stale.preconditions = vec![(other.id, other.version + 1)];
+    let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(stale))], false).await;
+    assert_eq!(
+        r.results[0],
+        Err(OpError::Precondition { entity_id: other.id, expected: other.version + 1, found: other.version })
+    );
+    assert_eq!(get(&store, "a").await.version, 1);
+    let mut ok = commit(&e, Some("busy"), Some(ev.id), AfterCommit::Release);
+    ok.preconditions = vec![(other.id, other.version)];
+    ok.fired = Some(vec![EventName::new("all_ready")]);
+    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(ok))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    assert_eq!(get(&store, "a").await.fired, [EventName::new("all_ready")]);
+}
+
 /// Instantiates every conformance check as a `#[tokio::test]` for one backend.
 ///
 /// `$make` is an async expression yielding a fresh, empty store; `$dialect` a [`Dialect`].
@@ -435,6 +555,18 @@ macro_rules! store_conformance_suite {
             #[tokio::test]
             async fn auto_time_survives_events_and_release() {
                 suite::auto_time_survives_events_and_release($make.await).await
+            }
+            #[tokio::test]
+            async fn successors_and_change_notices() {
+                suite::successors_and_change_notices($make.await).await
+            }
+            #[tokio::test]
+            async fn timers_fire_through_the_inbox() {
+                suite::timers_fire_through_the_inbox($make.await).await
+            }
+            #[tokio::test]
+            async fn preconditions_and_fired() {
+                suite::preconditions_and_fired($make.await).await
             }
             #[tokio::test]
             async fn listing_counts_and_metadata() {

@@ -76,6 +76,10 @@ pub trait Store: Send + Sync + 'static {
     fn entity_count_pending(&self) -> impl Future<Output = Result<u64>> + Send;
     /// The history of an entity, oldest first.
     fn history_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<HistoryRow>>> + Send;
+    /// The successors of an entity and its newest change notice, in one snapshot.
+    fn successor_snapshot(&self, entity_id: i64) -> impl Future<Output = Result<SuccessorSnapshot>> + Send;
+    /// The timers of an entity, by name.
+    fn timer_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<TimerRow>>> + Send;
     /// The events waiting in an entity's inbox, in processing order.
     fn inbox_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<InboxItem>>> + Send;
 

@@ -22,7 +22,10 @@ use tokio::sync::oneshot;
 use crate::types::*;
 use crate::{Error, Result, Store};
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/sqlite/0001_core.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/sqlite/0001_core.sql")),
+    (2, include_str!("../migrations/sqlite/0002_workflows.sql")),
+];
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
@@ -197,7 +200,7 @@ fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
-const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at, lease_owner, lease_until, request_id";
+const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at, lease_owner, lease_until, request_id, fired, timer_at";
 
 fn parse_json_obj(text: &str) -> rusqlite::Result<Properties> {
     serde_json::from_str(text)
@@ -220,6 +223,12 @@ fn entity_from_row(r: &Row<'_>) -> rusqlite::Result<EntityRow> {
         lease_owner: r.get(11)?,
         lease_until: r.get(12)?,
         request_id: r.get(13)?,
+        fired: serde_json::from_str::<Vec<String>>(r.get_ref(14)?.as_str()?)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(14, rusqlite::types::Type::Text, Box::new(e)))?
+            .into_iter()
+            .map(EventName::from)
+            .collect(),
+        timer_at: r.get(15)?,
     })
 }
 
@@ -233,6 +242,16 @@ fn inbox_from_row(r: &Row<'_>) -> rusqlite::Result<InboxItem> {
             .map_err(|e| rusqlite::Error::FromSqlConversionFailure(3, rusqlite::types::Type::Text, Box::new(e)))?,
         request_id: r.get(4)?,
         created_at: r.get(5)?,
+        kind: {
+            let k = r.get_ref(6)?.as_str()?;
+            InboxKind::parse(k).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    6,
+                    rusqlite::types::Type::Text,
+                    format!("unknown inbox kind `{k}`").into(),
+                )
+            })?
+        },
     })
 }
 
@@ -299,6 +318,25 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Ent
         "INSERT INTO history (entity_id, from_state, to_state, kind, retry, request_id, at) VALUES (?1, NULL, ?2, 'create', 0, ?3, ?4)",
     )?
     .execute(params![id, e.state.as_str(), e.request_id, now])?;
+    if e.notify_self {
+        tx.prepare_cached(
+            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
+             VALUES (?1, ?2, '{}', ?3, 'notice', ?4)",
+        )?
+        .execute(params![id, InboxKind::NOTICE_EVENT, e.request_id, now])?;
+    }
+    if !e.timers.is_empty() {
+        set_timers(tx, id, &e.timers)?;
+    }
+    if e.notify_self || !e.timers.is_empty() {
+        refresh_due(tx, id, now)?;
+    }
+    let (timer_at, due_at): (Option<Millis>, Option<Millis>) = if e.notify_self || !e.timers.is_empty() {
+        tx.prepare_cached("SELECT timer_at, due_at FROM entities WHERE id = ?1")?
+            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?
+    } else {
+        (None, e.auto_at)
+    };
     Ok(EntityRow {
         id,
         machine: e.machine.clone(),
@@ -310,10 +348,12 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Ent
         created_at: now,
         entered_at: now,
         auto_at: e.auto_at,
-        due_at: e.auto_at,
+        due_at,
         lease_owner: None,
         lease_until: None,
         request_id: e.request_id.clone(),
+        fired: Vec::new(),
+        timer_at,
     })
 }
 
@@ -326,10 +366,13 @@ fn push_event(tx: &Transaction<'_>, now: Millis, p: &Push) -> Result<(i64, i64),
         return Err(Fail::Op(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() }));
     };
     tx.prepare_cached(
-        "INSERT INTO inbox (entity_id, event, params, request_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
-    .execute(params![entity_id, p.event.as_str(), json_text(&p.params), p.request_id, now])?;
+    .execute(params![entity_id, p.event.as_str(), json_text(&p.params), p.request_id, p.kind.as_str(), now])?;
     let inbox_id = tx.last_insert_rowid();
+    if let Some(pred) = p.join_from {
+        add_successor(tx, now, pred, entity_id, p.request_id.as_deref())?;
+    }
     tx.prepare_cached(
         "UPDATE entities SET due_at = ?2 WHERE id = ?1 AND lease_owner IS NULL AND (due_at IS NULL OR due_at > ?2)",
     )?
@@ -339,7 +382,7 @@ fn push_event(tx: &Transaction<'_>, now: Millis, p: &Push) -> Result<(i64, i64),
 
 fn inbox_head(tx: &Transaction<'_>, entity_id: i64) -> rusqlite::Result<Option<InboxItem>> {
     tx.prepare_cached(
-        "SELECT id, entity_id, event, params, request_id, created_at FROM inbox WHERE entity_id = ?1 ORDER BY id LIMIT 1",
+        "SELECT id, entity_id, event, params, request_id, created_at, kind FROM inbox WHERE entity_id = ?1 ORDER BY id LIMIT 1",
     )?
     .query_row([entity_id], inbox_from_row)
     .optional()
@@ -364,8 +407,20 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
         AfterCommit::Hold { lease_ms } => (true, Some(now + lease_ms)),
         AfterCommit::Release => (false, None),
     };
+    for &(entity_id, expected) in &c.preconditions {
+        let found: i64 = tx
+            .prepare_cached("SELECT version FROM entities WHERE id = ?1")?
+            .query_row([entity_id], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0);
+        if found != expected {
+            return Err(Fail::Op(OpError::Precondition { entity_id, expected, found }));
+        }
+    }
     let consumed = c.consume.unwrap_or(-1);
-    // The fence: only the lease holder, at the version it read, may write.
+    let fired = c.fired.as_ref().map(|f| json_text(&f.iter().map(|e| e.as_str()).collect::<Vec<_>>()));
+    // The fence: only the lease holder, at the version it read, may write. A released
+    // entity is next due now (queued events), else at its auto action or first timer.
     let updated = if let Some(to) = &c.to {
         tx.prepare_cached(
             "UPDATE entities SET
@@ -375,9 +430,12 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
                 lease_until = ?9,
                 auto_at = ?11,
                 request_id = COALESCE(?12, request_id),
+                fired = COALESCE(?13, fired),
                 due_at = CASE WHEN ?8 THEN ?9
                               WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1 AND id <> ?10) THEN ?6
-                              ELSE ?11 END
+                              WHEN ?11 IS NULL THEN timer_at
+                              WHEN timer_at IS NULL THEN ?11
+                              ELSE MIN(?11, timer_at) END
              WHERE id = ?1 AND version = ?2 AND lease_owner = ?3",
         )?
         .execute(params![
@@ -392,17 +450,21 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
             lease_until,
             consumed,
             c.auto_at,
-            c.request_id
+            c.request_id,
+            fired
         ])?
     } else {
         tx.prepare_cached(
             "UPDATE entities SET
                 properties = COALESCE(?4, properties),
+                fired = COALESCE(?9, fired),
                 lease_owner = CASE WHEN ?5 THEN lease_owner ELSE NULL END,
                 lease_until = ?6,
                 due_at = CASE WHEN ?5 THEN ?6
                               WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1 AND id <> ?7) THEN ?8
-                              ELSE auto_at END
+                              WHEN auto_at IS NULL THEN timer_at
+                              WHEN timer_at IS NULL THEN auto_at
+                              ELSE MIN(auto_at, timer_at) END
              WHERE id = ?1 AND version = ?2 AND lease_owner = ?3",
         )?
         .execute(params![
@@ -413,7 +475,8 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
             hold,
             lease_until,
             consumed,
-            now
+            now,
+            fired
         ])?
     };
     if updated == 0 {
@@ -422,22 +485,28 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
     if let Some(id) = c.consume {
         tx.prepare_cached("DELETE FROM inbox WHERE id = ?1 AND entity_id = ?2")?.execute([id, f.entity_id])?;
     }
-    tx.prepare_cached(
-        "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-    )?
-    .execute(params![
-        f.entity_id,
-        c.from.as_str(),
-        c.to.as_deref(),
-        c.kind.as_str(),
-        c.action.as_deref(),
-        c.event.as_deref(),
-        c.retry,
-        c.request_id,
-        now,
-        c.detail
-    ])?;
+    if let Some(upto) = c.consume_notices_upto {
+        tx.prepare_cached("DELETE FROM inbox WHERE entity_id = ?1 AND kind = 'notice' AND id <= ?2")?
+            .execute([f.entity_id, upto])?;
+    }
+    if !c.quiet {
+        tx.prepare_cached(
+            "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        )?
+        .execute(params![
+            f.entity_id,
+            c.from.as_str(),
+            c.to.as_deref(),
+            c.kind.as_str(),
+            c.action.as_deref(),
+            c.event.as_deref(),
+            c.retry,
+            c.request_id,
+            now,
+            c.detail
+        ])?;
+    }
     for (index, stmt) in c.sql.iter().enumerate() {
         let params: Vec<SqlValue> = stmt.params.iter().map(json_to_sql).collect();
         let run = tx.prepare_cached(&stmt.sql).and_then(|mut s| s.execute(rusqlite::params_from_iter(params)));
@@ -447,14 +516,159 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
     }
     let mut created = Vec::with_capacity(c.creates.len());
     for e in &c.creates {
-        created.push(insert_entity(tx, now, e)?.id);
+        let id = insert_entity(tx, now, e)?.id;
+        add_successor(tx, now, f.entity_id, id, c.request_id.as_deref())?;
+        created.push(id);
     }
     for p in &c.pushes {
         push_event(tx, now, p)?;
     }
+    if c.notify_predecessors {
+        notify_predecessors(tx, f.entity_id, now, c.request_id.as_deref())?;
+    }
+    let mut due_changed = false;
+    if c.notify_self {
+        tx.prepare_cached(
+            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
+             VALUES (?1, ?2, '{}', ?3, 'notice', ?4)",
+        )?
+        .execute(params![f.entity_id, InboxKind::NOTICE_EVENT, c.request_id, now])?;
+        due_changed = true;
+    }
+    if let Some(plans) = &c.timers {
+        set_timers(tx, f.entity_id, plans)?;
+        due_changed = true;
+    }
+    if due_changed {
+        refresh_due(tx, f.entity_id, now)?;
+    }
     let inbox_head = if hold { inbox_head(tx, f.entity_id)? } else { None };
     let version = if c.to.is_some() { f.version + 1 } else { f.version };
     Ok(Applied::Committed { version, inbox_head, created })
+}
+
+fn add_successor(
+    tx: &Transaction<'_>,
+    now: Millis,
+    pred: i64,
+    succ: i64,
+    request_id: Option<&str>,
+) -> rusqlite::Result<()> {
+    if pred == succ {
+        return Ok(());
+    }
+    tx.prepare_cached(
+        "INSERT INTO successors (predecessor_id, successor_id, request_id, created_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (predecessor_id, successor_id) DO NOTHING",
+    )?
+    .execute(params![pred, succ, request_id, now])?;
+    Ok(())
+}
+
+/// Recomputes an entity's timer time and due time after its timers or inbox changed.
+fn refresh_due(tx: &Transaction<'_>, id: i64, now: Millis) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "UPDATE entities SET timer_at = (SELECT MIN(due_at) FROM timers WHERE entity_id = ?1) WHERE id = ?1",
+    )?
+    .execute([id])?;
+    tx.prepare_cached(
+        "UPDATE entities SET due_at = CASE
+            WHEN lease_owner IS NOT NULL THEN lease_until
+            WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1) THEN ?2
+            WHEN auto_at IS NULL THEN timer_at
+            WHEN timer_at IS NULL THEN auto_at
+            ELSE MIN(auto_at, timer_at) END
+         WHERE id = ?1",
+    )?
+    .execute(params![id, now])?;
+    Ok(())
+}
+
+/// Writes a change notice to every predecessor of `id` and makes the free ones due.
+fn notify_predecessors(tx: &Transaction<'_>, id: i64, now: Millis, request_id: Option<&str>) -> rusqlite::Result<()> {
+    let inserted = tx
+        .prepare_cached(
+            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
+             SELECT predecessor_id, ?2, '{}', ?3, 'notice', ?4 FROM successors WHERE successor_id = ?1",
+        )?
+        .execute(params![id, InboxKind::NOTICE_EVENT, request_id, now])?;
+    if inserted > 0 {
+        tx.prepare_cached(
+            "UPDATE entities SET due_at = ?2
+             WHERE id IN (SELECT predecessor_id FROM successors WHERE successor_id = ?1)
+               AND lease_owner IS NULL AND (due_at IS NULL OR due_at > ?2)",
+        )?
+        .execute(params![id, now])?;
+    }
+    Ok(())
+}
+
+fn set_timers(tx: &Transaction<'_>, id: i64, plans: &[TimerPlan]) -> rusqlite::Result<()> {
+    let existing: Vec<String> = tx
+        .prepare_cached("SELECT name FROM timers WHERE entity_id = ?1")?
+        .query_map([id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for name in existing.iter().filter(|n| !plans.iter().any(|p| &p.name == *n)) {
+        tx.prepare_cached("DELETE FROM timers WHERE entity_id = ?1 AND name = ?2")?.execute(params![id, name])?;
+    }
+    for p in plans {
+        let sql = if p.restart {
+            "INSERT INTO timers (entity_id, name, event, due_at, every_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (entity_id, name) DO UPDATE SET
+                event = excluded.event, due_at = excluded.due_at, every_ms = excluded.every_ms"
+        } else {
+            "INSERT INTO timers (entity_id, name, event, due_at, every_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (entity_id, name) DO NOTHING"
+        };
+        tx.prepare_cached(sql)?.execute(params![id, p.name, p.event.as_str(), p.due_at, p.every_ms])?;
+    }
+    Ok(())
+}
+
+/// Turns due timers into inbox events (one-shot timers are deleted, periodic ones
+/// rescheduled) in the claiming transaction; the params name the timer.
+fn fire_timers(tx: &Transaction<'_>, now: Millis, limit: usize) -> rusqlite::Result<()> {
+    let due: Vec<TimerRow> = tx
+        .prepare_cached(
+            "SELECT entity_id, name, event, due_at, every_ms FROM timers WHERE due_at <= ?1 ORDER BY due_at LIMIT ?2",
+        )?
+        .query_map(params![now, limit as i64], timer_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    for t in &due {
+        tx.prepare_cached(
+            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
+             VALUES (?1, ?2, ?3, NULL, 'timer', ?4)",
+        )?
+        .execute(params![
+            t.entity_id,
+            t.event.as_str(),
+            json_text(&serde_json::json!({ "timer": t.name })),
+            now
+        ])?;
+        match t.every_ms {
+            Some(every) if every > 0 => {
+                let next = (t.due_at + every).max(now + 1);
+                tx.prepare_cached("UPDATE timers SET due_at = ?3 WHERE entity_id = ?1 AND name = ?2")?
+                    .execute(params![t.entity_id, t.name, next])?;
+            }
+            _ => {
+                tx.prepare_cached("DELETE FROM timers WHERE entity_id = ?1 AND name = ?2")?
+                    .execute(params![t.entity_id, t.name])?;
+            }
+        }
+        refresh_due(tx, t.entity_id, now)?;
+    }
+    Ok(())
+}
+
+fn timer_from_row(r: &Row<'_>) -> rusqlite::Result<TimerRow> {
+    Ok(TimerRow {
+        entity_id: r.get(0)?,
+        name: r.get(1)?,
+        event: EventName::new(r.get_ref(2)?.as_str()?),
+        due_at: r.get(3)?,
+        every_ms: r.get(4)?,
+    })
 }
 
 fn apply_op(tx: &Transaction<'_>, now: Millis, op: &Op) -> Result<Applied, Fail> {
@@ -491,7 +705,9 @@ fn apply_op(tx: &Transaction<'_>, now: Millis, op: &Op) -> Result<Applied, Fail>
 /// Whether an op can fail after writing something, so it needs a savepoint to undo alone.
 fn needs_savepoint(op: &Op) -> bool {
     match op {
-        Op::Commit(c) => !(c.sql.is_empty() && c.creates.is_empty() && c.pushes.is_empty()),
+        Op::Commit(c) => {
+            !(c.sql.is_empty() && c.creates.is_empty() && c.pushes.is_empty() && c.preconditions.is_empty())
+        }
         Op::Create(_) | Op::Push(_) | Op::Release(_) | Op::Renew { .. } => false,
     }
 }
@@ -523,6 +739,7 @@ fn apply_batch(conn: &mut Connection, batch: &Batch) -> rusqlite::Result<BatchRe
     }
     let mut claimed = Vec::new();
     if let Some(claim) = &batch.claim {
+        fire_timers(&tx, now, 1_000)?;
         let until = now + claim.lease_ms;
         let entities: Vec<EntityRow> = tx
             .prepare_cached(&format!(
@@ -609,11 +826,47 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn successor_snapshot(&self, entity_id: i64) -> Result<SuccessorSnapshot> {
+        self.on_reader(move |c| {
+            // One read transaction: WAL gives it a consistent snapshot.
+            c.execute_batch("BEGIN").map_err(db_err)?;
+            let read = (|| {
+                let successors = c
+                    .prepare_cached(&format!(
+                        "SELECT {} FROM entities e JOIN successors s ON s.successor_id = e.id
+                         WHERE s.predecessor_id = ?1 ORDER BY e.id",
+                        ENTITY_COLS.split(", ").map(|col| format!("e.{col}")).collect::<Vec<_>>().join(", ")
+                    ))?
+                    .query_map([entity_id], entity_from_row)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let newest_notice: Option<i64> = c
+                    .prepare_cached("SELECT MAX(id) FROM inbox WHERE entity_id = ?1 AND kind = 'notice'")?
+                    .query_row([entity_id], |r| r.get(0))?;
+                Ok(SuccessorSnapshot { successors, newest_notice })
+            })();
+            c.execute_batch("COMMIT").map_err(db_err)?;
+            read.map_err(db_err)
+        })
+        .await
+    }
+
+    async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT entity_id, name, event, due_at, every_ms FROM timers WHERE entity_id = ?1 ORDER BY name",
+                )
+                .map_err(db_err)?;
+            stmt.query_map([entity_id], timer_from_row).and_then(|rows| rows.collect()).map_err(db_err)
+        })
+        .await
+    }
+
     async fn inbox_list(&self, entity_id: i64) -> Result<Vec<InboxItem>> {
         self.on_reader(move |c| {
             let mut stmt = c
                 .prepare_cached(
-                    "SELECT id, entity_id, event, params, request_id, created_at FROM inbox WHERE entity_id = ?1 ORDER BY id",
+                    "SELECT id, entity_id, event, params, request_id, created_at, kind FROM inbox WHERE entity_id = ?1 ORDER BY id",
                 )
                 .map_err(db_err)?;
             stmt.query_map([entity_id], inbox_from_row).and_then(|rows| rows.collect()).map_err(db_err)

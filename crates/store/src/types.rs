@@ -41,6 +41,10 @@ pub struct EntityRow {
     pub lease_until: Option<Millis>,
     /// The request that caused the latest state entry; auto actions carry it on.
     pub request_id: Option<String>,
+    /// Subscription events already fired during the current state entry.
+    pub fired: Vec<EventName>,
+    /// The earliest due time of the entity's timers.
+    pub timer_at: Option<Millis>,
 }
 
 /// An event waiting in an entity's durable inbox.
@@ -56,8 +60,50 @@ pub struct InboxItem {
     pub params: Value,
     /// The request that raised it.
     pub request_id: Option<String>,
+    /// Where it came from.
+    pub kind: InboxKind,
     /// When it was raised.
     pub created_at: Millis,
+}
+
+/// Where an inbox item came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum InboxKind {
+    /// Raised by a caller of the API.
+    #[default]
+    Raised,
+    /// Raised by another entity's action.
+    Nested,
+    /// Raised by a timer.
+    Timer,
+    /// A notice that a successor changed state: the entity's subscriptions are to be
+    /// evaluated. Its `event` is [`InboxKind::NOTICE_EVENT`].
+    Notice,
+}
+
+impl InboxKind {
+    /// The event name of notices.
+    pub const NOTICE_EVENT: &'static str = "$successors";
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InboxKind::Raised => "raised",
+            InboxKind::Nested => "nested",
+            InboxKind::Timer => "timer",
+            InboxKind::Notice => "notice",
+        }
+    }
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "raised" => InboxKind::Raised,
+            "nested" => InboxKind::Nested,
+            "timer" => InboxKind::Timer,
+            "notice" => InboxKind::Notice,
+            _ => return None,
+        })
+    }
 }
 
 /// What a history row records.
@@ -167,6 +213,10 @@ pub struct NewEntity {
     pub auto_at: Option<Millis>,
     /// The request that created it.
     pub request_id: Option<String>,
+    /// The timers of its initial state.
+    pub timers: Vec<TimerPlan>,
+    /// Queue a change notice to itself (its initial state has subscriptions).
+    pub notify_self: bool,
 }
 
 /// An event to append to an entity's inbox.
@@ -182,6 +232,42 @@ pub struct Push {
     pub params: Value,
     /// The request raising it.
     pub request_id: Option<String>,
+    /// Where it comes from.
+    pub kind: InboxKind,
+    /// Records this entity as a predecessor of the target (the event joins the target into
+    /// its workflow).
+    pub join_from: Option<i64>,
+}
+
+/// A timer an entity should have after a commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerPlan {
+    /// Unique per entity.
+    pub name: String,
+    /// The event it raises.
+    pub event: EventName,
+    /// When it is next due.
+    pub due_at: Millis,
+    /// Period, for periodic timers.
+    pub every_ms: Option<i64>,
+    /// Reset the due time even if the timer exists (a new state entry); otherwise an
+    /// existing timer keeps its schedule.
+    pub restart: bool,
+}
+
+/// A stored timer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerRow {
+    /// The entity.
+    pub entity_id: i64,
+    /// The timer's name.
+    pub name: String,
+    /// The event it raises.
+    pub event: EventName,
+    /// When it is next due.
+    pub due_at: Millis,
+    /// Period, for periodic timers.
+    pub every_ms: Option<i64>,
 }
 
 /// A raw SQL statement run inside a commit. Parameters are bound, never interpolated.
@@ -254,6 +340,65 @@ pub struct Commit {
     pub creates: Vec<NewEntity>,
     /// Events pushed to other entities' inboxes in the same transaction.
     pub pushes: Vec<Push>,
+    /// Versions the entities read "with lock" must still have, or the commit fails.
+    pub preconditions: Vec<(i64, i64)>,
+    /// The timers the entity has after this commit (`None`: unchanged). Timers not listed
+    /// are deleted.
+    pub timers: Option<Vec<TimerPlan>>,
+    /// The subscription events fired during the current state entry after this commit
+    /// (`None`: unchanged).
+    pub fired: Option<Vec<EventName>>,
+    /// Write a change notice to every predecessor (the state changed).
+    pub notify_predecessors: bool,
+    /// Write a change notice to the entity itself (it entered a state with subscriptions).
+    pub notify_self: bool,
+    /// Write no history row (a notice that fired nothing).
+    pub quiet: bool,
+    /// Also consume every change notice up to this inbox id (they were all covered by the
+    /// subscription evaluation this commit concludes).
+    pub consume_notices_upto: Option<i64>,
+}
+
+impl Commit {
+    /// A commit with no state change, effects or history detail: set what applies.
+    pub fn new(fence: Fence, from: StateName, kind: HistoryKind, after: AfterCommit) -> Self {
+        Commit {
+            fence,
+            from,
+            to: None,
+            retry: 0,
+            auto_at: None,
+            properties: None,
+            kind,
+            action: None,
+            event: None,
+            consume: None,
+            request_id: None,
+            detail: None,
+            after,
+            sql: Vec::new(),
+            creates: Vec::new(),
+            pushes: Vec::new(),
+            preconditions: Vec::new(),
+            timers: None,
+            fired: None,
+            notify_predecessors: false,
+            notify_self: false,
+            quiet: false,
+            consume_notices_upto: None,
+        }
+    }
+}
+
+/// What a subscriber sees when it evaluates its subscriptions: its successors, and the
+/// newest change notice in its inbox, read in one snapshot (every notice up to it is
+/// covered by these successor states).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SuccessorSnapshot {
+    /// The successors, by id.
+    pub successors: Vec<EntityRow>,
+    /// The newest change notice of the subscriber, if any.
+    pub newest_notice: Option<i64>,
 }
 
 /// One operation of a [`Batch`]; each is atomic on its own.
@@ -352,6 +497,16 @@ pub enum OpError {
     LeaseLost {
         /// The entity.
         entity_id: i64,
+    },
+    /// An entity read "with lock" changed since it was read.
+    #[error("entity {entity_id} changed since it was read (version {expected}, now {found})")]
+    Precondition {
+        /// The entity.
+        entity_id: i64,
+        /// The version read.
+        expected: i64,
+        /// The version now (0: gone).
+        found: i64,
     },
     /// A raw SQL statement of the commit failed (constraint, syntax, ...).
     #[error("sql statement {index} failed: {message}")]

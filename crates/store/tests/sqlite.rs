@@ -24,6 +24,8 @@ fn entity(key: &str) -> settle_store::NewEntity {
         properties: Default::default(),
         auto_at: None,
         request_id: None,
+        timers: Vec::new(),
+        notify_self: false,
     }
 }
 
