@@ -821,7 +821,8 @@ impl<S: Store + Clone> Scheduler<S> {
             creates,
             pushes,
             preconditions,
-            timers: changed_state.then(|| timer_plan(&machine, &held.entity.state, &entry.state, now)),
+            timers: (changed_state && has_timers(&machine))
+                .then(|| timer_plan(&machine, &held.entity.state, &entry.state, now)),
             fired,
             notify_predecessors: changed_state,
             notify_self: changed_state && machine.subscriptions_in(&entry.state).next().is_some(),
@@ -953,6 +954,12 @@ fn timer_plan(machine: &Machine, from: &str, to: &str, now: i64) -> Vec<TimerPla
         }
     }
     plans
+}
+
+/// Whether entities of `machine` can have timers at all (declared timers or timeouts).
+fn has_timers(machine: &Machine) -> bool {
+    !machine.timers().is_empty()
+        || machine.events().iter().any(|e| e.subscribe.as_ref().is_some_and(|s| s.timeout.is_some()))
 }
 
 /// Whether the timer `name` that raised `event` still applies in `state`.
