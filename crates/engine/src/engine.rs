@@ -375,11 +375,10 @@ impl<S: Store> Engine<S> {
             return Ok(e);
         }
         let (tx, rx) = oneshot::channel();
-        self.send(Msg::Watch { entity_id: e.id, states: states.clone(), reply: tx })?;
-        // The watch is registered; a commit that landed before it is visible to this read.
-        let (ack, ack_rx) = oneshot::channel();
-        self.send(Msg::WhenIdle(ack)).ok();
-        drop(ack_rx);
+        let (registered, registered_rx) = oneshot::channel();
+        self.send(Msg::Watch { entity_id: e.id, states: states.clone(), reply: tx, registered })?;
+        registered_rx.await.map_err(|_| Error::Stopped)?;
+        // From here on the watch sees every commit; one that landed before is in this read.
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
         if states.contains(&e.state) {
             return Ok(e);

@@ -66,6 +66,8 @@ pub(crate) enum Msg {
         entity_id: i64,
         states: Vec<StateName>,
         reply: oneshot::Sender<EntityRow>,
+        /// Answered once the watch is in place.
+        registered: oneshot::Sender<()>,
     },
     Shutdown(oneshot::Sender<()>),
 }
@@ -307,12 +309,13 @@ impl<S: Store + Clone> Scheduler<S> {
                 // Recompute the due time: the caller may have written work we have not seen.
                 self.claim_now = true;
             }
-            Msg::Watch { entity_id, states, reply } => {
+            Msg::Watch { entity_id, states, reply, registered } => {
                 self.state_watchers.retain(|_, w| {
                     w.retain(|(_, tx)| !tx.is_closed());
                     !w.is_empty()
                 });
                 self.state_watchers.entry(entity_id).or_default().push((states, reply));
+                let _ = registered.send(());
             }
             Msg::Shutdown(tx) => self.shutdown = Some(tx),
         }

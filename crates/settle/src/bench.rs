@@ -23,6 +23,26 @@ pub const MAX_STEPS: usize = 8;
 pub enum Bench {
     /// Entities through a chain of unstable states with no-op actions.
     Chain(ChainArgs),
+    /// Parents that each create children doing one step, and wait for all of them by
+    /// subscription.
+    Fanout(FanoutArgs),
+}
+
+/// Options of `settle bench fanout`.
+#[derive(clap::Args, Debug)]
+pub struct FanoutArgs {
+    /// Number of parents (one workflow each).
+    #[arg(long, default_value_t = 2_000)]
+    entities: usize,
+    /// Children per parent.
+    #[arg(long, default_value_t = 4)]
+    children: u64,
+    /// Workflows in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Print one JSON line.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Options of `settle bench chain`.
@@ -72,7 +92,165 @@ fn peak_rss_mb() -> f64 {
 pub async fn run(db: Option<&Path>, bench: Bench) -> anyhow::Result<ExitCode> {
     match bench {
         Bench::Chain(args) => chain(db, args).await,
+        Bench::Fanout(args) => fanout(db, args).await,
     }
+}
+
+/// A database file for a benchmark: `--db` if given, else a scratch file removed after.
+fn bench_db(db: Option<&Path>) -> (PathBuf, Option<Scratch>) {
+    match db {
+        Some(p) => (p.to_path_buf(), None),
+        None => {
+            let p = std::env::temp_dir().join(format!("settle-bench-{}.db", std::process::id()));
+            (p.clone(), Some(Scratch(p)))
+        }
+    }
+}
+
+/// Creates `keys` entities of `machine` with `properties`, 512 at a time in flight.
+async fn create_all(
+    engine: &Engine<SqliteStore>,
+    machine: &str,
+    keys: &Arc<Vec<String>>,
+    properties: settle_core::Properties,
+) -> anyhow::Result<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    for _ in 0..512.min(keys.len()) {
+        let (engine, keys, next, machine, props) =
+            (engine.clone(), keys.clone(), next.clone(), machine.to_string(), properties.clone());
+        tasks.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(key) = keys.get(i) else { return anyhow::Ok(()) };
+                engine.create(&machine, key, props.clone()).await?;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(())
+}
+
+/// Runs one workflow per key with `concurrency` in flight; returns each one's latency.
+async fn drive<F, Fut>(keys: &Arc<Vec<String>>, concurrency: usize, one: F) -> anyhow::Result<(f64, Vec<Duration>)>
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let start = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.min(keys.len()) {
+        let (keys, next, one) = (keys.clone(), next.clone(), one.clone());
+        tasks.spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(key) = keys.get(i) else { return anyhow::Ok(latencies) };
+                let t0 = Instant::now();
+                one(key.clone()).await?;
+                latencies.push(t0.elapsed());
+            }
+        });
+    }
+    let mut latencies = Vec::with_capacity(keys.len());
+    let mut results = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        results.push(r?);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    for r in results {
+        latencies.extend(r?);
+    }
+    latencies.sort_unstable();
+    Ok((seconds, latencies))
+}
+
+/// Prints the report: one JSON line, or a few lines for people.
+fn report(
+    json_out: bool,
+    workflows: usize,
+    transitions: usize,
+    seconds: f64,
+    latencies: &[Duration],
+    extra: serde_json::Value,
+) {
+    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0;
+    let mut v = json!({
+        "workflows": workflows,
+        "transitions": transitions,
+        "seconds": round3(seconds),
+        "workflows_per_s": round3(workflows as f64 / seconds),
+        "transitions_per_s": round3(transitions as f64 / seconds),
+        "p50_ms": round3(pct(0.50)),
+        "p99_ms": round3(pct(0.99)),
+        "peak_rss_mb": round3(peak_rss_mb()),
+    });
+    if let (Some(obj), Some(more)) = (v.as_object_mut(), extra.as_object()) {
+        obj.extend(more.clone());
+    }
+    if json_out {
+        println!("{v}");
+    } else {
+        println!(
+            "{workflows} workflows ({transitions} transitions) in {seconds:.2} s: {:.0} workflows/s, {:.0} transitions/s",
+            workflows as f64 / seconds,
+            transitions as f64 / seconds
+        );
+        println!("latency: p50 {:.2} ms, p99 {:.2} ms", pct(0.50), pct(0.99));
+        println!("peak RSS: {:.1} MiB", peak_rss_mb());
+    }
+}
+
+async fn fanout(db: Option<&Path>, args: FanoutArgs) -> anyhow::Result<ExitCode> {
+    if args.entities == 0 || args.concurrency == 0 || args.children == 0 {
+        bail!("--entities, --children and --concurrency must be at least 1");
+    }
+    let (path, _scratch) = bench_db(db);
+    let store = SqliteStore::open(&path)?;
+    let engine = crate::machines::bind_fanout(Engine::builder(store)).start().await?;
+    let run_id = uuid_suffix();
+    let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("f{run_id}-{i}")).collect());
+    let mut props = settle_core::Properties::new();
+    props.insert("children".into(), json!(args.children));
+    let setup = Instant::now();
+    create_all(&engine, "fanparent", &keys, props).await?;
+    if !args.json {
+        eprintln!(
+            "created {} parents in {:.2} s; each creates {} children and waits for all; {} in flight",
+            args.entities,
+            setup.elapsed().as_secs_f64(),
+            args.children,
+            args.concurrency
+        );
+    }
+    let e = engine.clone();
+    let (seconds, latencies) = drive(&keys, args.concurrency, move |key| {
+        let e = e.clone();
+        async move {
+            let raised = e.raise("fanparent", &key, "go", RaiseOptions::wait(Wait::Outcome)).await?;
+            if !matches!(raised.outcome, Some(EventOutcome::Accepted { .. })) {
+                bail!("parent {key} refused `go`: {:?}", raised.outcome);
+            }
+            e.wait_for_state("fanparent", &key, &["done"], Duration::from_secs(60)).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    engine.shutdown().await;
+    // Per parent: go, spawn, children_done (3); per child: create excluded, work (1).
+    let transitions = args.entities * (3 + args.children as usize);
+    report(
+        args.json,
+        args.entities,
+        transitions,
+        seconds,
+        &latencies,
+        json!({"children": args.children, "concurrency": args.concurrency}),
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn chain(db: Option<&Path>, args: ChainArgs) -> anyhow::Result<ExitCode> {
@@ -82,35 +260,14 @@ async fn chain(db: Option<&Path>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     if args.entities == 0 || args.concurrency == 0 {
         bail!("--entities and --concurrency must be at least 1");
     }
-    let (path, _scratch) = match db {
-        Some(p) => (p.to_path_buf(), None),
-        None => {
-            let p = std::env::temp_dir().join(format!("settle-bench-{}.db", std::process::id()));
-            (p.clone(), Some(Scratch(p)))
-        }
-    };
+    let (path, _scratch) = bench_db(db);
     let store = SqliteStore::open(&path)?;
     let machine = format!("chain{}", args.steps);
     let engine = crate::machines::bind_chain(Engine::builder(store), args.steps).start().await?;
     let run_id = uuid_suffix();
     let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("b{run_id}-{i}")).collect());
-
     let setup = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    let next = Arc::new(AtomicUsize::new(0));
-    for _ in 0..512.min(args.entities) {
-        let (engine, keys, next, machine) = (engine.clone(), keys.clone(), next.clone(), machine.clone());
-        tasks.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(key) = keys.get(i) else { return anyhow::Ok(()) };
-                engine.create(&machine, key, Default::default()).await?;
-            }
-        });
-    }
-    while let Some(r) = tasks.join_next().await {
-        r??;
-    }
+    create_all(&engine, &machine, &keys, Default::default()).await?;
     if !args.json {
         eprintln!(
             "created {} entities in {:.2} s; running {} workflows, {} in flight",
@@ -120,65 +277,29 @@ async fn chain(db: Option<&Path>, args: ChainArgs) -> anyhow::Result<ExitCode> {
             args.concurrency
         );
     }
-
-    let start = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..args.concurrency.min(args.entities) {
-        let (engine, keys, next, machine) = (engine.clone(), keys.clone(), next.clone(), machine.clone());
-        tasks.spawn(async move {
-            let mut latencies = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(key) = keys.get(i) else { return anyhow::Ok(latencies) };
-                let t0 = Instant::now();
-                let opts = RaiseOptions::wait(Wait::Stable).timeout(Duration::from_secs(60));
-                let raised = engine.raise(&machine, key, "go", opts).await?;
-                match (&raised.outcome, &raised.entity) {
-                    (Some(EventOutcome::Accepted { .. }), Some(e)) if e.state == "done" => {}
-                    other => bail!("workflow {key} did not finish: {other:?}"),
-                }
-                latencies.push(t0.elapsed());
+    let e = engine.clone();
+    let (seconds, latencies) = drive(&keys, args.concurrency, move |key| {
+        let (e, machine) = (e.clone(), machine.clone());
+        async move {
+            let opts = RaiseOptions::wait(Wait::Stable).timeout(Duration::from_secs(60));
+            let raised = e.raise(&machine, &key, "go", opts).await?;
+            match (&raised.outcome, &raised.entity) {
+                (Some(EventOutcome::Accepted { .. }), Some(entity)) if entity.state == "done" => Ok(()),
+                other => bail!("workflow {key} did not finish: {other:?}"),
             }
-        });
-    }
-    let mut latencies = Vec::with_capacity(args.entities);
-    let mut results = Vec::new();
-    while let Some(r) = tasks.join_next().await {
-        results.push(r?);
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    for r in results {
-        latencies.extend(r?);
-    }
+        }
+    })
+    .await?;
     engine.shutdown().await;
-    latencies.sort_unstable();
-    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0;
-    let workflows = args.entities;
-    let transitions = workflows * (args.steps + 1);
-    let report = json!({
-        "workflows": workflows,
-        "transitions": transitions,
-        "seconds": round3(seconds),
-        "workflows_per_s": round3(workflows as f64 / seconds),
-        "transitions_per_s": round3(transitions as f64 / seconds),
-        "p50_ms": round3(pct(0.50)),
-        "p99_ms": round3(pct(0.99)),
-        "peak_rss_mb": round3(peak_rss_mb()),
-        "steps": args.steps,
-        "concurrency": args.concurrency,
-    });
-    if args.json {
-        println!("{report}");
-    } else {
-        println!(
-            "{workflows} workflows ({transitions} transitions) in {seconds:.2} s: {:.0} workflows/s, {:.0} transitions/s",
-            workflows as f64 / seconds,
-            transitions as f64 / seconds
-        );
-        println!("latency raise → stable: p50 {:.2} ms, p99 {:.2} ms", pct(0.50), pct(0.99));
-        println!("peak RSS: {:.1} MiB", peak_rss_mb());
-    }
+    let transitions = args.entities * (args.steps + 1);
+    report(
+        args.json,
+        args.entities,
+        transitions,
+        seconds,
+        &latencies,
+        json!({"steps": args.steps, "concurrency": args.concurrency}),
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,7 +1,10 @@
-//! `settle demo`: N servers provisioned through `new → creating → provisioning →
-//! configuring → ready` against a slow, flaky simulated provider, with a progress bar
-//! and a summary read back from the database. A demo interrupted by a crash resumes
-//! where it stopped when `settle demo` runs again on the same file.
+//! `settle demo`: the reference scenario (DESIGN §8) for N servers at once. Each server
+//! creates its `app`, `database`, `alias` and `dns` resources; `app → database → alias`
+//! provision in sequence and `dns` beside them, against a slow, flaky simulated provider.
+//! A subscription moves the server to `ready` when all are ready; if one fails (or the
+//! timeout passes) the server undoes what was created and ends `failed`. Progress bar, and
+//! a summary read back from the database. A demo interrupted by a crash resumes where it
+//! stopped when `settle demo` runs again on the same file.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -26,6 +29,13 @@ pub struct Args {
     /// Probability that a provider call fails transiently, in [0, 1).
     #[arg(long, default_value_t = 0.2)]
     fail_rate: f64,
+    /// Probability that a resource's provisioning fails for good, in [0, 1); its server
+    /// then undoes everything and ends `failed`.
+    #[arg(long, default_value_t = 0.0)]
+    fatal_rate: f64,
+    /// How long a server waits for all its resources before giving up (e.g. `10m`, `2s`).
+    #[arg(long, default_value = "10m")]
+    timeout: String,
     /// Seed of the simulated provider [default: from the clock].
     #[arg(long)]
     seed: Option<u64>,
@@ -87,6 +97,10 @@ pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
     if !(0.0..1.0).contains(&args.fail_rate) {
         bail!("--fail-rate must be in [0, 1), got {}", args.fail_rate);
     }
+    if !(0.0..1.0).contains(&args.fatal_rate) || args.fail_rate + args.fatal_rate >= 1.0 {
+        bail!("--fatal-rate must be in [0, 1) and, with --fail-rate, below 1; got {}", args.fatal_rate);
+    }
+    let timeout = settle_core::duration::parse(&args.timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
     if args.servers == 0 {
         bail!("--servers must be at least 1");
     }
@@ -112,7 +126,13 @@ pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
             DemoRun {
                 run: prev.map_or(1, |p| p.run + 1),
                 servers: args.servers,
-                provider: ProviderSettings { fail_rate: args.fail_rate, seed, ..ProviderSettings::default() },
+                provider: ProviderSettings {
+                    fail_rate: args.fail_rate,
+                    fatal_rate: args.fatal_rate,
+                    seed,
+                    timeout_ms: timeout.as_millis() as u64,
+                    ..ProviderSettings::default()
+                },
                 done: false,
             }
         }
@@ -125,14 +145,19 @@ pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
     let existing = servers_of(&store, &demo).await?;
     let have: std::collections::HashSet<String> = existing.iter().map(|e| e.key.to_string()).collect();
     let missing: Vec<String> = (0..demo.servers).map(|i| demo.key(i)).filter(|k| !have.contains(k)).collect();
+    let p = &demo.provider;
     eprintln!(
-        "demo run {}: {} servers, provider latency {}–{} ms, transient failure rate {}, seed {}",
+        "demo run {}: {} servers × {} resources, provider latency {}–{} ms, transient failure rate {}, \
+         fatal rate {}, timeout {}, seed {}",
         demo.run,
         demo.servers,
-        demo.provider.min_latency_ms,
-        demo.provider.max_latency_ms,
-        demo.provider.fail_rate,
-        demo.provider.seed
+        crate::machines::RESOURCES.len(),
+        p.min_latency_ms,
+        p.max_latency_ms,
+        p.fail_rate,
+        p.fatal_rate,
+        settle_core::duration::format(Duration::from_millis(p.timeout_ms)),
+        p.seed
     );
     let mut tasks = tokio::task::JoinSet::new();
     for key in missing {
@@ -170,7 +195,7 @@ async fn show_progress(store: &SqliteStore, demo: &DemoRun) -> anyhow::Result<()
     let bar = indicatif::ProgressBar::new(u64::from(demo.servers));
     if tty {
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} ready  {msg}")
+            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} servers finished  {msg}")
                 .expect("valid template")
                 .progress_chars("=> "),
         );
@@ -184,21 +209,20 @@ async fn show_progress(store: &SqliteStore, demo: &DemoRun) -> anyhow::Result<()
         for s in &servers {
             *counts.entry(s.state.as_str()).or_default() += 1;
         }
-        let ready = counts.get("ready").copied().unwrap_or(0);
-        let retrying = servers.iter().filter(|s| s.retry > 0).count();
-        let states = ["new", "creating", "provisioning", "configuring"]
+        let count = |s: &str| counts.get(s).copied().unwrap_or(0);
+        let finished = count("ready") + count("failed");
+        let msg = ["creating_resources", "undoing", "ready", "failed"]
             .iter()
-            .map(|s| format!("{s} {}", counts.get(s).copied().unwrap_or(0)))
+            .map(|s| format!("{s} {}", count(s)))
             .collect::<Vec<_>>()
             .join(", ");
-        let msg = format!("{states}; {retrying} retrying");
-        bar.set_position(ready);
+        bar.set_position(finished);
         bar.set_message(msg.clone());
-        if !tty && (last_line.elapsed() >= Duration::from_secs(2) || ready == u64::from(demo.servers)) {
-            eprintln!("progress: {ready}/{} ready; {msg}", demo.servers);
+        if !tty && (last_line.elapsed() >= Duration::from_secs(2) || finished == u64::from(demo.servers)) {
+            eprintln!("progress: {finished}/{} finished; {msg}", demo.servers);
             last_line = Instant::now();
         }
-        if ready == u64::from(demo.servers) {
+        if finished == u64::from(demo.servers) {
             bar.finish();
             return Ok(());
         }
@@ -217,13 +241,18 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 async fn summary(store: &SqliteStore, demo: &DemoRun, wall: Duration, db: &Path) -> anyhow::Result<()> {
     let servers = servers_of(store, demo).await?;
     let mut by_state: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut resources: std::collections::BTreeMap<String, u64> = Default::default();
     let mut retries = 0u64;
     let mut times = Vec::new();
     let mut spans = Vec::new();
     for s in &servers {
         *by_state.entry(s.state.to_string()).or_default() += 1;
+        for r in store.successor_snapshot(s.id).await?.successors {
+            *resources.entry(r.state.to_string()).or_default() += 1;
+            let h = store.history_list(r.id).await?;
+            retries += h.iter().filter(|r| r.kind == HistoryKind::Auto && r.retry > 0).count() as u64;
+        }
         let h = store.history_list(s.id).await?;
-        retries += h.iter().filter(|r| r.kind == HistoryKind::Auto && r.retry > 0).count() as u64;
         let start = h.iter().find(|r| r.event.as_deref() == Some("create") && r.kind == HistoryKind::Event);
         let ready = h.iter().find(|r| r.to.as_deref() == Some("ready"));
         if let (Some(a), Some(b)) = (start, ready) {
@@ -242,6 +271,10 @@ async fn summary(store: &SqliteStore, demo: &DemoRun, wall: Duration, db: &Path)
     let peak = peak.max().unwrap_or(0);
     println!("demo run {} finished in {:.1} s", demo.run, wall.as_secs_f64());
     println!("servers by state: {}", by_state.iter().map(|(s, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", "));
+    println!(
+        "resources by state: {}",
+        resources.iter().map(|(s, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", ")
+    );
     println!("provider retries: {retries}");
     println!("peak concurrent workflows: {peak}");
     println!(

@@ -1,82 +1,257 @@
-//! The machines this binary knows, with their handlers: the demo's `server`, the
-//! benchmark's `chain`, and the crash-test `job`. `settle run` can drive all of them.
+//! The machines this binary knows, with their handlers: the reference scenario's
+//! `server` and its resources (the demo), the benchmarks' `chain` and fan-out machines,
+//! and the crash-test `job`. `settle run` can drive all of them.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use settle_core::Properties;
 use settle_core::{Machine, MachineBuilder};
-use settle_engine::{EngineBuilder, Outcome};
+use settle_engine::{ActionContext, EngineBuilder, Outcome};
 use settle_store::Store;
 
 use crate::sim::Draws;
 
-/// Settings of the simulated provider behind the demo's `server` machine.
+/// Settings of the simulated provider behind the demo's machines, and of the scenario.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct ProviderSettings {
-    /// Probability that a provider call fails transiently.
+    /// Probability that a provider call fails transiently (retried).
     pub fail_rate: f64,
+    /// Probability that a provisioning call fails permanently (the resource fails).
+    #[serde(default)]
+    pub fatal_rate: f64,
     /// Seed of the simulation.
     pub seed: u64,
     /// Shortest provider call, in milliseconds.
     pub min_latency_ms: u64,
     /// Longest provider call, in milliseconds.
     pub max_latency_ms: u64,
+    /// How long a server waits for all its resources before it gives up, in milliseconds.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_timeout_ms() -> u64 {
+    600_000
 }
 
 impl Default for ProviderSettings {
     fn default() -> Self {
-        ProviderSettings { fail_rate: 0.2, seed: 1, min_latency_ms: 100, max_latency_ms: 800 }
+        ProviderSettings {
+            fail_rate: 0.2,
+            fatal_rate: 0.0,
+            seed: 1,
+            min_latency_ms: 100,
+            max_latency_ms: 800,
+            timeout_ms: default_timeout_ms(),
+        }
     }
 }
 
-/// `server`: new → creating → provisioning → configuring → ready.
-pub fn server() -> Machine {
+/// The resources a `server` creates, in provisioning order: `app`, then `database`, then
+/// `alias` (each waits for the one before); `dns` runs beside them.
+pub const RESOURCES: [&str; 4] = ["app", "database", "alias", "dns"];
+
+/// The resource that starts when `kind` is ready, if any.
+fn next_resource(kind: &str) -> Option<&'static str> {
+    match kind {
+        "app" => Some("database"),
+        "database" => Some("alias"),
+        _ => None,
+    }
+}
+
+/// The reference scenario's `server` (DESIGN §8): `create` → `creating`, whose action
+/// creates the four resources → `creating_resources`, where two subscriptions wait:
+/// all successors `ready` → `ready`; any successor `failed` (or the timeout) → `undoing`,
+/// whose auto action deletes what was created → `failed`.
+pub fn server(timeout: Duration) -> Machine {
     MachineBuilder::new("server")
         .state("new")
         .initial()
         .state("creating")
-        .auto("create_server")
-        .state("provisioning")
-        .auto("provision")
-        .state("configuring")
-        .auto("configure")
+        .auto("create_resources")
+        .state("creating_resources")
         .state("ready")
         .requires(["endpoint"])
+        .state("undoing")
+        .error_health()
+        .auto("undo")
+        .state("failed")
+        .error_health()
         .event("create", ["new"], "begin_create")
         .reject("creating", "already in progress")
-        .reject("provisioning", "already in progress")
-        .reject("configuring", "already in progress")
+        .reject("creating_resources", "already in progress")
         .reject("ready", "already exists")
+        .reject("undoing", "creation failed")
+        .reject("failed", "creation failed")
+        .event("resources_ready", ["creating_resources"], "finish")
+        .subscribe("all(*) in [ready]")
+        .timeout(timeout, "resources_timeout")
+        .event("resources_failed", ["creating_resources"], "abandon")
+        .subscribe("any(*) in [failed]")
+        .event("resources_timeout", ["creating_resources"], "abandon")
         .action("begin_create", ["creating"])
-        .action("create_server", ["provisioning"])
-        .action("provision", ["configuring"])
-        .action("configure", ["ready"])
+        .action("create_resources", ["creating_resources"])
+        .action("finish", ["ready"])
+        .action("abandon", ["undoing"])
+        .action("undo", ["failed"])
         .build()
-        .expect("the demo machine is valid")
+        .expect("the server machine is valid")
 }
 
-/// Binds the simulated provider to the `server` machine's actions. Each call takes a
-/// random latency and fails at `fail_rate`; a failure re-enters the state with an
-/// exponential backoff (the entity's retry count drives it).
-pub fn bind_server<S: Store + Clone>(b: EngineBuilder<S>, p: ProviderSettings) -> EngineBuilder<S> {
-    let steps = [("create_server", "provisioning"), ("provision", "configuring"), ("configure", "ready")];
-    steps.into_iter().fold(b.machine(server()), |b, (action, next)| {
-        b.on("server", action, move |ctx| async move {
-            let mut draws = Draws::new(p.seed, &ctx.idempotency_key());
-            let latency = draws.range(p.min_latency_ms, p.max_latency_ms.max(p.min_latency_ms + 1));
-            tokio::time::sleep(Duration::from_millis(latency)).await;
-            if draws.next_f64() < p.fail_rate {
-                let backoff = (100u64 << ctx.retry.min(5)).min(2_000);
-                return Ok(Outcome::retry_after(Duration::from_millis(backoff + draws.range(0, 100))));
+/// A resource of a server: `waiting` -start→ `provisioning` → `ready` | `failed`;
+/// `delete` from any of them → `deleting` → `gone` (deleted).
+pub fn resource(kind: &str) -> Machine {
+    MachineBuilder::new(kind)
+        .state("waiting")
+        .initial()
+        .state("provisioning")
+        .auto("provision")
+        .state("ready")
+        .state("failed")
+        .error_health()
+        .state("deleting")
+        .auto("deprovision")
+        .state("gone")
+        .kind(settle_core::StateKind::Deleted)
+        .event("start", ["waiting"], "begin")
+        .reject("provisioning", "already in progress")
+        .reject("ready", "already ready")
+        .event("delete", ["waiting", "provisioning", "ready", "failed"], "remove")
+        .reject("deleting", "already being deleted")
+        .reject("gone", "already deleted")
+        .action("begin", ["provisioning"])
+        .action("provision", ["ready", "failed"])
+        .action("remove", ["deleting"])
+        .action("deprovision", ["gone"])
+        .build()
+        .expect("the resource machine is valid")
+}
+
+/// One simulated provider call: waits its latency, then fails transiently (`Err(delay)`:
+/// retry after it), fails permanently (`Ok(false)`), or succeeds (`Ok(true)`).
+async fn provider_call(p: ProviderSettings, ctx: &ActionContext, fatal_rate: f64) -> Result<bool, Duration> {
+    let mut draws = Draws::new(p.seed, &ctx.idempotency_key());
+    let latency = draws.range(p.min_latency_ms, p.max_latency_ms.max(p.min_latency_ms + 1));
+    tokio::time::sleep(Duration::from_millis(latency)).await;
+    let x = draws.next_f64();
+    if x < fatal_rate {
+        return Ok(false);
+    }
+    if x < fatal_rate + p.fail_rate {
+        let backoff = (100u64 << ctx.retry.min(5)).min(2_000);
+        return Err(Duration::from_millis(backoff + draws.range(0, 100)));
+    }
+    Ok(true)
+}
+
+/// Binds the scenario's machines (`server` and its resources) with the simulated provider.
+pub fn bind_server<S: Store + Clone>(mut b: EngineBuilder<S>, p: ProviderSettings) -> EngineBuilder<S> {
+    b = b
+        .machine(server(Duration::from_millis(p.timeout_ms)))
+        .on("server", "create_resources", |ctx| async move {
+            let mut out = Outcome::to("creating_resources");
+            for kind in RESOURCES {
+                let mut props = Properties::new();
+                if let Some(next) = next_resource(kind) {
+                    props.insert("next".into(), json!(next));
+                }
+                out = out.create(kind, format!("{}-{kind}", ctx.key), props);
             }
-            let mut out = Outcome::to(next);
-            if next == "ready" {
-                out = out.set("endpoint", json!(format!("{}.servers.example", ctx.key)));
+            // `app` and `dns` start now; `database` and `alias` wait for their predecessor.
+            Ok(out.raise("app", format!("{}-app", ctx.key), "start", json!(null)).raise(
+                "dns",
+                format!("{}-dns", ctx.key),
+                "start",
+                json!(null),
+            ))
+        })
+        .on("server", "finish", |ctx| async move {
+            Ok(Outcome::to("ready").set("endpoint", json!(format!("{}.servers.example", ctx.key))))
+        })
+        .on("server", "undo", |ctx| async move {
+            let reason = ctx.event.as_ref().map(|e| e.to_string()).unwrap_or_else(|| "resources failed".into());
+            let mut out = Outcome::to("failed").set("undone", json!(true)).set("reason", json!(reason));
+            for kind in RESOURCES {
+                out = out.raise(kind, format!("{}-{kind}", ctx.key), "delete", json!(null));
+            }
+            Ok(out)
+        });
+    for kind in RESOURCES {
+        b = b
+            .machine(resource(kind))
+            .on(kind, "provision", move |ctx| async move {
+                match provider_call(p, &ctx, p.fatal_rate).await {
+                    Err(delay) => Ok(Outcome::retry_after(delay)),
+                    Ok(false) => Ok(Outcome::to("failed").set("error", json!("provider refused the request"))),
+                    Ok(true) => {
+                        let mut out = Outcome::to("ready");
+                        if let Some(next) = ctx.properties.get("next").and_then(|v| v.as_str()) {
+                            let server = ctx.key.strip_suffix(&format!("-{kind}")).unwrap_or(&ctx.key);
+                            out = out.raise(next, format!("{server}-{next}"), "start", json!(null));
+                        }
+                        Ok(out)
+                    }
+                }
+            })
+            .on(kind, "deprovision", move |ctx| async move {
+                match provider_call(p, &ctx, 0.0).await {
+                    Err(delay) => Ok(Outcome::retry_after(delay)),
+                    Ok(_) => Ok(Outcome::to("gone")),
+                }
+            });
+    }
+    b
+}
+
+/// `fanparent`: idle -go→ spawning, whose action creates `children` `fanchild`
+/// entities → waiting, until `all(fanchild) in [done]` → done.
+pub fn fan_parent() -> Machine {
+    MachineBuilder::new("fanparent")
+        .state("idle")
+        .initial()
+        .state("spawning")
+        .auto("spawn")
+        .state("waiting")
+        .state("done")
+        .event("go", ["idle"], "start")
+        .event("children_done", ["waiting"], "finish")
+        .subscribe("all(fanchild) in [done]")
+        .action("start", ["spawning"])
+        .action("spawn", ["waiting"])
+        .action("finish", ["done"])
+        .build()
+        .expect("the fan-out parent machine is valid")
+}
+
+/// `fanchild`: created in `working`, whose no-op action moves it to `done`.
+pub fn fan_child() -> Machine {
+    MachineBuilder::new("fanchild")
+        .state("working")
+        .initial()
+        .auto("work")
+        .state("done")
+        .action("work", ["done"])
+        .build()
+        .expect("the fan-out child machine is valid")
+}
+
+/// Binds the fan-out machines; each parent creates as many children as its `children`
+/// property says.
+pub fn bind_fanout<S: Store + Clone>(b: EngineBuilder<S>) -> EngineBuilder<S> {
+    b.machine(fan_parent())
+        .machine(fan_child())
+        .on("fanparent", "spawn", |ctx| async move {
+            let n = ctx.properties.get("children").and_then(|v| v.as_u64()).unwrap_or(4);
+            let mut out = Outcome::to("waiting");
+            for i in 0..n {
+                out = out.create("fanchild", format!("{}-{i}", ctx.key), Properties::new());
             }
             Ok(out)
         })
-    })
+        .on("fanchild", "work", |_| async { Ok(Outcome::to("done")) })
 }
 
 /// `chain{steps}`: idle -go→ u1 → … → u{steps} → done, each unstable step a no-op handler.

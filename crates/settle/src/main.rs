@@ -187,6 +187,7 @@ pub(crate) async fn start_engine_on(store: SqliteStore) -> anyhow::Result<Engine
     let mut b = Engine::builder(store);
     b = machines::bind_server(b, provider);
     b = machines::bind_job(b);
+    b = machines::bind_fanout(b);
     for steps in 1..=bench::MAX_STEPS {
         b = machines::bind_chain(b, steps);
     }
