@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 use settle_engine::{Engine, EventOutcome, RaiseOptions, Wait};
-use settle_store::SqliteStore;
+use settle_store::{SqliteStore, Store};
 
 /// Longest chain `bench chain --steps` accepts (and `settle run` knows).
 pub const MAX_STEPS: usize = 8;
@@ -26,6 +26,88 @@ pub enum Bench {
     /// Parents that each create children doing one step, and wait for all of them by
     /// subscription.
     Fanout(FanoutArgs),
+    /// Entities with a pending one-shot timer: memory while they wait, and firing them all
+    /// after an engine restart.
+    Timers(TimersArgs),
+}
+
+/// Options of `settle bench timers`.
+#[derive(clap::Args, Debug)]
+pub struct TimersArgs {
+    /// Number of entities, each with one pending timer.
+    #[arg(long, default_value_t = 100_000)]
+    entities: usize,
+    /// When the timers fire, after each entity's creation (e.g. `20s`).
+    #[arg(long, default_value = "20s")]
+    after: String,
+    /// Print one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Resident set size of this process now, in MiB (Linux; 0 elsewhere).
+fn rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+async fn timers(db: Option<&Path>, args: TimersArgs) -> anyhow::Result<ExitCode> {
+    let after = settle_core::duration::parse(&args.after).map_err(|e| anyhow::anyhow!("--after: {e}"))?;
+    let (path, _scratch) = bench_db(db);
+    let machine = || crate::machines::sleeper(after);
+    // Phase 1: an engine with no capacity to process writes the entities and timers.
+    let writer = Engine::builder(SqliteStore::open(&path)?)
+        .machine(machine())
+        .config(settle_engine::Config { max_inflight: 0, ..settle_engine::Config::default() })
+        .start()
+        .await?;
+    let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("t{}-{i}", uuid_suffix())).collect());
+    let started = Instant::now();
+    create_all(&writer, "sleeper", &keys, Default::default()).await?;
+    let create_s = started.elapsed().as_secs_f64();
+    writer.shutdown().await;
+    drop(writer);
+    if create_s >= after.as_secs_f64() {
+        bail!("creating took {create_s:.1} s, longer than --after; raise --after to measure waiting");
+    }
+    // Phase 2: a fresh engine waits for the timers, then processes them all.
+    let restarted = Instant::now();
+    let engine = Engine::builder(SqliteStore::open(&path)?).machine(machine()).start().await?;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let rss_waiting = rss_mb();
+    let waited = restarted.elapsed();
+    engine.wait_idle().await?;
+    let all_fired_s = restarted.elapsed().as_secs_f64();
+    let counts = engine.store().entity_count_by_state("sleeper").await?;
+    engine.shutdown().await;
+    let awake = counts.iter().find(|(s, _)| s == "awake").map_or(0, |(_, n)| *n);
+    if awake != args.entities as u64 {
+        bail!("only {awake} of {} timers fired: {counts:?}", args.entities);
+    }
+    let v = json!({
+        "timers": args.entities,
+        "create_s": round3(create_s),
+        "rss_waiting_mb": round3(rss_waiting),
+        "rss_sampled_after_restart_s": round3(waited.as_secs_f64()),
+        "all_fired_after_restart_s": round3(all_fired_s),
+        "peak_rss_mb": round3(peak_rss_mb()),
+    });
+    if args.json {
+        println!("{v}");
+    } else {
+        println!("{} timers written in {create_s:.2} s", args.entities);
+        println!("after a restart, RSS while they wait: {rss_waiting:.1} MiB");
+        println!("all fired and processed {all_fired_s:.2} s after the restart (they were due {})", args.after);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Options of `settle bench fanout`.
@@ -93,6 +175,7 @@ pub async fn run(db: Option<&Path>, bench: Bench) -> anyhow::Result<ExitCode> {
     match bench {
         Bench::Chain(args) => chain(db, args).await,
         Bench::Fanout(args) => fanout(db, args).await,
+        Bench::Timers(args) => timers(db, args).await,
     }
 }
 

@@ -206,6 +206,19 @@ pub fn bind_server<S: Store + Clone>(mut b: EngineBuilder<S>, p: ProviderSetting
     b
 }
 
+/// `sleeper`: created `asleep`, with a one-shot timer that raises `wake` after `after`.
+pub fn sleeper(after: Duration) -> Machine {
+    MachineBuilder::new("sleeper")
+        .state("asleep")
+        .initial()
+        .state("awake")
+        .event("wake", ["asleep"], "rise")
+        .action("rise", ["awake"])
+        .timer("alarm", "wake", settle_core::machine::Schedule::After(after), ["asleep"])
+        .build()
+        .expect("the sleeper machine is valid")
+}
+
 /// `fanparent`: idle -go→ spawning, whose action creates `children` `fanchild`
 /// entities → waiting, until `all(fanchild) in [done]` → done.
 pub fn fan_parent() -> Machine {
