@@ -150,6 +150,7 @@ fn load_machine(path: &Path) -> Result<(settle_core::Machine, settle_core::Repor
 
 fn validate(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
     let mut ok = true;
+    let mut loaded = Vec::new();
     for path in files {
         match load_machine(path) {
             Ok((m, report)) => {
@@ -163,6 +164,7 @@ fn validate(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
                     m.actions().len(),
                     report.warnings().count()
                 );
+                loaded.push(m);
             }
             Err(report) => {
                 ok = false;
@@ -172,6 +174,13 @@ fn validate(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+    }
+    // Subscriptions name other machines: check them against every machine given.
+    if loaded.len() > 1 {
+        let set: Vec<&settle_core::Machine> = loaded.iter().collect();
+        let report = settle_core::validate::check_set(&set);
+        print!("{report}");
+        ok &= !report.has_errors();
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

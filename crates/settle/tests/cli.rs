@@ -141,3 +141,48 @@ fn bench_chain_prints_one_json_line() {
     assert_eq!(v["workflows"], 300);
     assert_eq!(v["transitions"], 900);
 }
+
+#[test]
+fn validate_checks_subscriptions_across_the_files_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let parent = dir.path().join("parent.toml");
+    let worker = dir.path().join("worker.toml");
+    std::fs::write(
+        &parent,
+        r#"initial = "new"
+[states.new]
+[states.waiting]
+[states.done]
+kind = "terminal"
+[events.go]
+in = ["new"]
+action = "start"
+[events.all_done]
+in = ["waiting"]
+action = "finish"
+subscribe = "all(worker) in [finished]"
+[actions.start]
+to = ["waiting"]
+[actions.finish]
+to = ["done"]
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        &worker,
+        "initial = \"idle\"\n[states.idle]\n[states.done]\nkind = \"terminal\"\n[events.go]\nin = [\"idle\"]\naction = \"work\"\n[actions.work]\nto = [\"done\"]\n",
+    )
+    .unwrap();
+    let db = dir.path().join("unused.db");
+    let out = settle(&db, &["validate", parent.to_str().unwrap(), worker.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains(
+            "error: machine `parent`, event `all_done`: `subscribe`: machine `worker` has no state `finished`"
+        ),
+        "{}",
+        stdout(&out)
+    );
+    let alone = settle(&db, &["validate", parent.to_str().unwrap()]);
+    assert!(alone.status.success(), "one file alone cannot know the other machine: {}", stdout(&alone));
+}
