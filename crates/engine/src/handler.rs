@@ -233,38 +233,29 @@ impl Outcome {
         self
     }
     /// Raises an event on another entity, written to its inbox in the commit.
-    pub fn raise(
-        mut self,
-        machine: impl AsRef<str>,
-        key: impl AsRef<str>,
-        event: impl AsRef<str>,
-        params: Value,
-    ) -> Self {
-        self.raises.push(RaiseEffect {
-            machine: MachineName::new(machine),
-            key: EntityKey::new(key),
-            event: EventName::new(event),
-            params,
-            join: false,
-        });
-        self
+    pub fn raise(self, machine: impl AsRef<str>, key: impl AsRef<str>, event: impl AsRef<str>, params: Value) -> Self {
+        self.nested(machine, key, event, params, false)
     }
     /// Raises an event on another entity, written to its inbox in the commit, and joins
     /// that entity into this one's workflow: it becomes a successor, whose state changes
     /// this entity's subscriptions see.
-    pub fn join(
+    pub fn join(self, machine: impl AsRef<str>, key: impl AsRef<str>, event: impl AsRef<str>, params: Value) -> Self {
+        self.nested(machine, key, event, params, true)
+    }
+    fn nested(
         mut self,
         machine: impl AsRef<str>,
         key: impl AsRef<str>,
         event: impl AsRef<str>,
         params: Value,
+        join: bool,
     ) -> Self {
         self.raises.push(RaiseEffect {
             machine: MachineName::new(machine),
             key: EntityKey::new(key),
             event: EventName::new(event),
             params,
-            join: true,
+            join,
         });
         self
     }

@@ -47,16 +47,7 @@ pub struct TimersArgs {
 
 /// Resident set size of this process now, in MiB (Linux; 0 elsewhere).
 fn rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
+    proc_status_mb("VmRSS:")
 }
 
 async fn timers(db: Option<&Path>, args: TimersArgs) -> anyhow::Result<ExitCode> {
@@ -159,11 +150,16 @@ impl Drop for Scratch {
 
 /// Peak resident set size of this process in MiB (Linux; 0 elsewhere).
 fn peak_rss_mb() -> f64 {
+    proc_status_mb("VmHWM:")
+}
+
+/// A memory figure of `/proc/self/status` (given in kB there), in MiB; 0 if unavailable.
+fn proc_status_mb(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
