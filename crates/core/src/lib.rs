@@ -6,20 +6,25 @@
 //! - [`toml`]: loading definitions from TOML with line numbers;
 //! - [`validate`]: every check on a definition, reported at once;
 //! - [`step`]: the step function the runtime consults for each event and action outcome;
+//! - [`fault`]: fault policies, turning an entity's errors into backoff or parking;
+//! - [`upgrade`]: whether stored entities fit a new definition, and where they move;
 //! - [`graph`]: Mermaid and DOT diagrams.
 //!
 //! This crate does no IO, reads no clock and spawns nothing: time and randomness come in
 //! as arguments, decisions come out as data. See `examples/machines/` for definitions.
 
 pub mod duration;
+pub mod fault;
 pub mod graph;
 pub mod machine;
 pub mod names;
 pub mod pattern;
 pub mod step;
 pub mod toml;
+pub mod upgrade;
 pub mod validate;
 
+pub use fault::{FaultDecision, FaultPolicy};
 pub use machine::{
     Action, Event, Health, Machine, MachineBuilder, MachineDef, Schedule, State, StateKind, Subscription,
     SubscriptionTimeout, Target, Timer,
@@ -27,4 +32,5 @@ pub use machine::{
 pub use names::{ActionName, EntityKey, EventName, MachineName, StateName};
 pub use pattern::{Pattern, SuccessorView};
 pub use step::{EventStep, Properties, RaiseError, Refusal, Rejection};
+pub use upgrade::UpgradeRefused;
 pub use validate::{Diagnostic, Report, Severity};

@@ -9,6 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::duration;
+use crate::fault::FaultPolicy;
 use crate::names::{ActionName, EventName, MachineName, StateName};
 use crate::pattern::Pattern;
 use crate::validate::{self, Report};
@@ -72,6 +73,9 @@ pub struct StateDef {
     pub requires: Vec<String>,
     /// Marked initial on the state itself (`initial = true`).
     pub initial: bool,
+    /// Former names of this state (`renamed_from = [...]`): stored entities in one of
+    /// them move here when the definition is upgraded (see [`crate::upgrade`]).
+    pub renamed_from: Vec<String>,
     /// Where it was declared.
     pub origin: Origin,
 }
@@ -129,6 +133,61 @@ pub struct ActionDef {
     pub origin: Origin,
 }
 
+/// A fault policy as declared (`[fault]`), before validation: keys not declared take the
+/// value of [`FaultPolicy::DEFAULT`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FaultDef {
+    /// `max_errors`: the entity is parked when this many errors fall within the window.
+    pub max_errors: Option<u32>,
+    /// `window`: how far back errors count.
+    pub window: Option<Duration>,
+    /// `backoff.min`: the backoff after the first error.
+    pub backoff_min: Option<Duration>,
+    /// `backoff.max`: the longest backoff.
+    pub backoff_max: Option<Duration>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+impl FaultDef {
+    /// The declared policy, with defaults for the keys not declared.
+    pub fn policy(&self) -> FaultPolicy {
+        let d = FaultPolicy::DEFAULT;
+        FaultPolicy {
+            max_errors: self.max_errors.unwrap_or(d.max_errors),
+            window: self.window.unwrap_or(d.window),
+            backoff_min: self.backoff_min.unwrap_or(d.backoff_min),
+            backoff_max: self.backoff_max.unwrap_or(d.backoff_max),
+        }
+    }
+}
+
+impl From<FaultPolicy> for FaultDef {
+    /// Every key declared, with no origin.
+    fn from(p: FaultPolicy) -> Self {
+        FaultDef {
+            max_errors: Some(p.max_errors),
+            window: Some(p.window),
+            backoff_min: Some(p.backoff_min),
+            backoff_max: Some(p.backoff_max),
+            origin: Origin::default(),
+        }
+    }
+}
+
+/// One entry of the migration table (`[migrate] old = "new"`), before validation: stored
+/// entities in state `from`, which the definition no longer declares, move to `to` when
+/// the definition is upgraded (see [`crate::upgrade`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MigrateDef {
+    /// The old state name.
+    pub from: String,
+    /// The declared state its entities move to.
+    pub to: String,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
 /// A machine definition as written, possibly invalid. Produced by [`crate::toml::parse`]
 /// and by [`MachineBuilder`]; turned into a [`Machine`] by [`Machine::from_def`].
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -147,6 +206,10 @@ pub struct MachineDef {
     pub actions: Vec<ActionDef>,
     /// Timers in declaration order.
     pub timers: Vec<TimerDef>,
+    /// The declared fault policy (`[fault]`), if any; [`FaultPolicy::DEFAULT`] otherwise.
+    pub fault: Option<FaultDef>,
+    /// The migration table (`[migrate]`), in declaration order.
+    pub migrate: Vec<MigrateDef>,
     /// Where the machine was declared (file start).
     pub origin: Origin,
 }
@@ -166,6 +229,8 @@ pub struct State {
     pub health: Health,
     /// Properties that must be set in this state.
     pub requires: Vec<String>,
+    /// Former names of this state: stored entities in one of them move here on upgrade.
+    pub renamed_from: Vec<StateName>,
 }
 
 impl State {
@@ -315,6 +380,10 @@ pub struct Machine {
     events: Vec<Event>,
     actions: Vec<Action>,
     timers: Vec<Timer>,
+    /// `None` when not declared: [`FaultPolicy::DEFAULT`] applies.
+    fault: Option<FaultPolicy>,
+    /// The migration table: old state name to declared state.
+    migrate: BTreeMap<StateName, StateName>,
     state_index: HashMap<StateName, usize>,
     event_index: HashMap<EventName, usize>,
     action_index: HashMap<ActionName, usize>,
@@ -343,6 +412,7 @@ impl Machine {
                 wait: s.wait.unwrap_or_default(),
                 health: s.health,
                 requires: s.requires.clone(),
+                renamed_from: s.renamed_from.iter().map(StateName::new).collect(),
             })
             .collect();
         let initial_name = def
@@ -409,6 +479,8 @@ impl Machine {
             events,
             actions,
             timers,
+            fault: def.fault.as_ref().map(FaultDef::policy),
+            migrate: def.migrate.iter().map(|m| (StateName::new(&m.from), StateName::new(&m.to))).collect(),
         }
     }
 
@@ -435,6 +507,18 @@ impl Machine {
     /// All timers in declaration order.
     pub fn timers(&self) -> &[Timer] {
         &self.timers
+    }
+    /// The fault policy: the declared one, or [`FaultPolicy::DEFAULT`].
+    pub fn fault_policy(&self) -> &FaultPolicy {
+        self.fault.as_ref().unwrap_or(&FaultPolicy::DEFAULT)
+    }
+    /// Where stored entities in a state this definition no longer declares go on upgrade:
+    /// each old name (from a state's `renamed_from` or the `[migrate]` table) mapped to the
+    /// declared state that takes its entities. See [`crate::upgrade::check`].
+    pub fn state_mapping(&self) -> BTreeMap<StateName, StateName> {
+        let renamed =
+            self.states.iter().flat_map(|s| s.renamed_from.iter().map(move |old| (old.clone(), s.name.clone())));
+        renamed.chain(self.migrate.iter().map(|(old, new)| (old.clone(), new.clone()))).collect()
     }
     /// The state named `name`.
     pub fn state(&self, name: &str) -> Option<&State> {
@@ -480,14 +564,18 @@ impl Machine {
             .states
             .iter()
             .map(|s| {
-                json!({
+                let mut state = json!({
                     "name": s.name.as_str(),
                     "kind": s.kind.as_str(),
                     "auto": s.auto.as_deref(),
                     "wait_ms": ms(s.wait),
                     "health": if s.health == Health::Error { "error" } else { "ok" },
                     "requires": s.requires,
-                })
+                });
+                if !s.renamed_from.is_empty() {
+                    state["renamed_from"] = s.renamed_from.iter().map(|n| n.as_str()).collect();
+                }
+                state
             })
             .collect();
         let events: Vec<Value> = self
@@ -548,6 +636,18 @@ impl Machine {
                 })
                 .collect();
             machine["timers"] = Value::from(timers);
+        }
+        if let Some(f) = &self.fault {
+            machine["fault"] = json!({
+                "max_errors": f.max_errors,
+                "window_ms": ms(f.window),
+                "backoff": {"min_ms": ms(f.backoff_min), "max_ms": ms(f.backoff_max)},
+            });
+        }
+        if !self.migrate.is_empty() {
+            let migrate: Map<String, Value> =
+                self.migrate.iter().map(|(old, new)| (old.to_string(), Value::from(new.as_str()))).collect();
+            machine["migrate"] = Value::from(migrate);
         }
         machine.to_string()
     }
@@ -622,6 +722,16 @@ impl MachineBuilder {
     /// Marks the last state `health = "error"`.
     pub fn error_health(mut self) -> Self {
         self.last_state().health = Health::Error;
+        self
+    }
+    /// Declares former names of the last state: stored entities in one of them move to it
+    /// when the definition is upgraded (see [`crate::upgrade`]).
+    pub fn renamed_from<I, S>(mut self, old_names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.last_state().renamed_from.extend(old_names.into_iter().map(Into::into));
         self
     }
     /// Declares properties required in the last state.
@@ -727,6 +837,21 @@ impl MachineBuilder {
             ..TimerDef::default()
         });
         self.last = Last::Timer;
+        self
+    }
+
+    /// Declares the machine's fault policy (replacing any declared before). A machine-wide
+    /// setting: it may come anywhere and does not end the item being built.
+    pub fn fault_policy(mut self, policy: FaultPolicy) -> Self {
+        self.def.fault = Some(policy.into());
+        self
+    }
+    /// Adds an entry to the migration table: stored entities in state `old`, which the
+    /// definition no longer declares, move to the declared state `new` when the definition
+    /// is upgraded (see [`crate::upgrade`]). A machine-wide setting: it may come anywhere
+    /// and does not end the item being built.
+    pub fn migrate(mut self, old: impl Into<String>, new: impl Into<String>) -> Self {
+        self.def.migrate.push(MigrateDef { from: old.into(), to: new.into(), origin: Origin::default() });
         self
     }
 

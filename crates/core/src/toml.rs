@@ -7,19 +7,25 @@
 //!
 //! Keys supported so far:
 //! - top level: `name` (defaults to the file stem), `initial`, `[states.*]`, `[events.*]`,
-//!   `[actions.*]`, `[timers.*]`;
+//!   `[actions.*]`, `[timers.*]`, `[fault]`, `[migrate]`;
 //! - a state: `kind` (`stable`, `unstable`, `terminal`, `deleted`), `auto` (an action or
 //!   an array of actions), `wait` (a duration), `health` (`ok`, `error`), `requires`,
-//!   `initial` (a boolean);
+//!   `initial` (a boolean), `renamed_from` (former names of the state, see
+//!   [`crate::upgrade`]);
 //! - an event: `in`, `action`, `params`, `reject` (a table state → reason), `subscribe`
 //!   (a pattern over successors, see [`crate::pattern`]), `timeout` (`{ after = duration,
 //!   event = name }`, with `subscribe`);
 //! - an action: `to`, `wait` (a table target state → duration: a wait on that transition);
 //! - a timer: `event` (the event it raises), `every` or `after` (a duration: periodic, or
-//!   one-shot from state entry), `in` (the states where it runs).
+//!   one-shot from state entry), `in` (the states where it runs);
+//! - `[fault]`, the fault policy (see [`crate::fault`]), every key optional:
+//!   `max_errors` (an integer), `window` (a duration), `backoff = { min = duration,
+//!   max = duration }`;
+//! - `[migrate]`: a table old state name → declared state, where stored entities in a
+//!   state the definition no longer declares move on upgrade (see [`crate::upgrade`]).
 //!
-//! Keys of features still to come (`agent`, `lock`, `[fault]`) are refused with an error
-//! saying so; any other unknown key is an error too.
+//! Keys of features still to come (`agent`, `lock`) are refused with an error saying so;
+//! any other unknown key is an error too.
 //!
 //! ```
 //! let text = r#"
@@ -61,7 +67,9 @@ use serde::Deserialize;
 use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
 
 use crate::duration;
-use crate::machine::{ActionDef, EventDef, Health, Machine, MachineDef, Origin, StateDef, StateKind, TimerDef};
+use crate::machine::{
+    ActionDef, EventDef, FaultDef, Health, Machine, MachineDef, MigrateDef, Origin, StateDef, StateKind, TimerDef,
+};
 use crate::validate::{Diagnostic, Report, Severity};
 
 /// Parses one machine definition. `file_stem` is the machine's name unless the file sets
@@ -98,7 +106,8 @@ pub fn load(path_display: &str, file_stem: &str, text: &str) -> Result<(Machine,
 /// Parses what can be parsed. `Err` only when the text is not a machine file at all
 /// (syntax or type error); otherwise the definition comes back with the problems found
 /// in it (bad durations, unsupported keys), which leave the affected value out (a timer
-/// whose `every` or `after` is not a duration is left out whole).
+/// whose `every` or `after` is not a duration is left out whole; a fault policy key that
+/// is not a duration is left undeclared).
 fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnostic>), Report> {
     let file: FileToml = ::toml::from_str(text).map_err(|e| {
         let line = e.span().map(|s| line_of(text, s.start));
@@ -122,7 +131,6 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
         origin: Origin { line: Some(1) },
         ..MachineDef::default()
     };
-    p.unsupported("machine", "[fault]", "fault policies", file.fault.as_ref());
     for (key, state) in in_order(file.states) {
         def.states.push(p.state(key, state));
     }
@@ -135,6 +143,11 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
     for (key, timer) in in_order(file.timers) {
         def.timers.extend(p.timer(key, timer));
     }
+    def.fault = file.fault.map(|f| p.fault(f));
+    def.migrate = in_order(file.migrate)
+        .into_iter()
+        .map(|(from, to)| MigrateDef { origin: Origin { line: p.line(&from) }, from: from.into_inner(), to })
+        .collect();
     let mut diagnostics = p.diagnostics;
     diagnostics.sort_by_key(|d| d.line);
     Ok((def, diagnostics))
@@ -225,6 +238,7 @@ impl Parser<'_> {
             },
             requires: state.requires,
             initial: state.initial,
+            renamed_from: state.renamed_from,
             origin: Origin { line: self.line(&key) },
             name: key.into_inner(),
         }
@@ -266,6 +280,20 @@ impl Parser<'_> {
         })
     }
 
+    fn fault(&mut self, fault: Spanned<FaultToml>) -> FaultDef {
+        let origin = Origin { line: self.line(&fault) };
+        let fault = fault.into_inner();
+        let item = "fault policy";
+        let backoff = fault.backoff.unwrap_or_default();
+        FaultDef {
+            max_errors: fault.max_errors,
+            window: fault.window.as_ref().and_then(|w| self.duration(item, w)),
+            backoff_min: backoff.min.as_ref().and_then(|d| self.duration(item, d)),
+            backoff_max: backoff.max.as_ref().and_then(|d| self.duration(item, d)),
+            origin,
+        }
+    }
+
     fn action(&mut self, key: Spanned<String>, action: ActionToml) -> ActionDef {
         let item = format!("action `{}`", key.get_ref());
         self.unsupported(&item, "agent", "agent queues", action.agent.as_ref());
@@ -278,8 +306,7 @@ impl Parser<'_> {
     }
 }
 
-/// A whole file. Keys of features still to come are accepted here only to be refused
-/// with a clear message.
+/// A whole file.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileToml {
@@ -293,7 +320,24 @@ struct FileToml {
     actions: BTreeMap<Spanned<String>, ActionToml>,
     #[serde(default)]
     timers: BTreeMap<Spanned<String>, TimerToml>,
-    fault: Option<Spanned<IgnoredAny>>,
+    fault: Option<Spanned<FaultToml>>,
+    #[serde(default)]
+    migrate: BTreeMap<Spanned<String>, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultToml {
+    max_errors: Option<u32>,
+    window: Option<Spanned<String>>,
+    backoff: Option<BackoffToml>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BackoffToml {
+    min: Option<Spanned<String>>,
+    max: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -307,6 +351,8 @@ struct StateToml {
     requires: Vec<String>,
     #[serde(default)]
     initial: bool,
+    #[serde(default)]
+    renamed_from: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -356,6 +402,8 @@ struct TimerToml {
     valid_in: Vec<String>,
 }
 
+/// An action. Keys of features still to come are accepted here only to be refused with a
+/// clear message.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ActionToml {
@@ -396,6 +444,7 @@ impl<'de> Deserialize<'de> for Names {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fault::FaultPolicy;
     use crate::machine::{MachineBuilder, Schedule};
 
     const SERVER: &str = r#"name = "server"
@@ -530,7 +579,7 @@ to = ["gone", "failed"]
         assert_eq!(
             errors("door", "[states.closed]\nkind = \"stable\"\ncolour = \"red\"\n"),
             [
-                "line 3: error: machine `door`, file: unknown field `colour`, expected one of `kind`, `auto`, `wait`, `health`, `requires`, `initial`"
+                "line 3: error: machine `door`, file: unknown field `colour`, expected one of `kind`, `auto`, `wait`, `health`, `requires`, `initial`, `renamed_from`"
             ]
         );
         assert_eq!(
@@ -552,7 +601,7 @@ to = ["gone", "failed"]
         assert_eq!(
             errors("door", "naem = \"door\"\n"),
             [
-                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `fault`"
+                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `fault`, `migrate`"
             ]
         );
     }
@@ -564,15 +613,12 @@ to = ["gone", "failed"]
 to = ["waiting"]
 agent = "provisioner"
 lock = "2m"
-[fault]
-max_errors = 8
 "#;
         assert_eq!(
             errors("x", text),
             [
                 "line 4: error: machine `server`, action `create`: `agent` is not supported yet (agent queues come in a later version)",
                 "line 5: error: machine `server`, action `create`: `lock` is not supported yet (agent queues come in a later version)",
-                "line 6: error: machine `server`, machine: `[fault]` is not supported yet (fault policies come in a later version)",
             ]
         );
     }
@@ -801,6 +847,252 @@ every = "1m"
         assert_eq!(
             warnings.to_string(),
             "m.toml:2: warning: machine `m`, state `a`: no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)\n"
+        );
+    }
+
+    #[test]
+    fn definitions_without_new_keys_keep_their_hash() {
+        // Pinned before fault policies and upgrades existed: declaring neither changes nothing.
+        let (server, _) = load("server.toml", "server", SERVER).unwrap();
+        assert_eq!(server.content_hash(), "c90bcd10c3e34991d24dd53a46e922eaf1aa79d8866917a3e76e4423227a0802");
+        let (subscriber, _) = load("server.toml", "server", SUBSCRIBER).unwrap();
+        assert_eq!(subscriber.content_hash(), "96e07fcfa7a27ca07df2c95a363a7c3b9f50a8db214abeedf0a7d910a7e23191");
+        let json = server.canonical_json();
+        for key in ["fault", "migrate", "renamed_from"] {
+            assert!(!json.contains(key), "{json}");
+        }
+        assert_eq!(server.fault_policy(), &FaultPolicy::DEFAULT);
+        assert!(server.state_mapping().is_empty());
+    }
+
+    /// A door with every fault-policy and upgrade key.
+    const UPGRADED: &str = r#"initial = "closed"
+[states.closed]
+renamed_from = ["shut", "locked"]
+[states.open]
+renamed_from = ["ajar"]
+
+[events.open]
+in = ["closed"]
+action = "do_open"
+[events.close]
+in = ["open"]
+action = "do_close"
+[actions.do_open]
+to = ["open"]
+[actions.do_close]
+to = ["closed"]
+
+[fault]
+max_errors = 5
+window = "1h"
+backoff = { min = "500ms", max = "2m" }
+
+[migrate]
+jammed = "closed"
+swinging = "open"
+"#;
+
+    fn upgraded_builder() -> MachineBuilder {
+        MachineBuilder::new("door")
+            .state("closed")
+            .initial()
+            .renamed_from(["shut", "locked"])
+            .state("open")
+            .renamed_from(["ajar"])
+            .event("open", ["closed"], "do_open")
+            .event("close", ["open"], "do_close")
+            .action("do_open", ["open"])
+            .action("do_close", ["closed"])
+            .fault_policy(FaultPolicy {
+                max_errors: 5,
+                window: Duration::from_secs(3600),
+                backoff_min: Duration::from_millis(500),
+                backoff_max: Duration::from_secs(120),
+            })
+            .migrate("jammed", "closed")
+            .migrate("swinging", "open")
+    }
+
+    #[test]
+    fn parses_fault_policy_renames_and_migrations_with_lines() {
+        let def = parse("door", UPGRADED).unwrap();
+        assert_eq!(def.states[0].renamed_from, ["shut", "locked"]);
+        assert_eq!(def.states[1].renamed_from, ["ajar"]);
+        assert_eq!(
+            def.fault,
+            Some(FaultDef {
+                max_errors: Some(5),
+                window: Some(Duration::from_secs(3600)),
+                backoff_min: Some(Duration::from_millis(500)),
+                backoff_max: Some(Duration::from_secs(120)),
+                origin: Origin { line: Some(18) },
+            })
+        );
+        assert_eq!(
+            def.migrate,
+            [
+                MigrateDef { from: "jammed".into(), to: "closed".into(), origin: Origin { line: Some(24) } },
+                MigrateDef { from: "swinging".into(), to: "open".into(), origin: Origin { line: Some(25) } },
+            ]
+        );
+        let (m, warnings) = load("door.toml", "door", UPGRADED).unwrap();
+        assert_eq!(warnings, Report::default());
+        assert_eq!(m.fault_policy().backoff(3), Duration::from_secs(2));
+        let mapping = m.state_mapping();
+        let mapping: Vec<(&str, &str)> = mapping.iter().map(|(old, new)| (old.as_str(), new.as_str())).collect();
+        assert_eq!(
+            mapping,
+            [("ajar", "open"), ("jammed", "closed"), ("locked", "closed"), ("shut", "closed"), ("swinging", "open")]
+        );
+    }
+
+    #[test]
+    fn toml_and_builder_produce_equal_machines_with_fault_policy_and_upgrades() {
+        let (from_toml, _) = load("door.toml", "door", UPGRADED).unwrap();
+        let from_builder = upgraded_builder().build().unwrap();
+        assert_eq!(from_toml, from_builder);
+        assert_eq!(from_toml.content_hash(), from_builder.content_hash());
+        let json = from_toml.canonical_json();
+        assert!(
+            json.contains(r#""fault":{"backoff":{"max_ms":120000,"min_ms":500},"max_errors":5,"window_ms":3600000}"#),
+            "{json}"
+        );
+        assert!(json.contains(r#""migrate":{"jammed":"closed","swinging":"open"}"#), "{json}");
+        assert!(json.contains(r#""renamed_from":["shut","locked"]"#), "{json}");
+        // Each of them is part of the definition's version.
+        let hash = |b: MachineBuilder| b.build().unwrap().content_hash();
+        let base = hash(upgraded_builder());
+        assert_ne!(base, hash(upgraded_builder().migrate("stuck", "open")));
+        assert_ne!(base, hash(upgraded_builder().fault_policy(FaultPolicy::DEFAULT)));
+        let mut def = upgraded_builder().def().clone();
+        def.states[1].renamed_from.clear();
+        assert_ne!(base, Machine::from_def(&def).unwrap().0.content_hash());
+    }
+
+    #[test]
+    fn every_fault_key_is_optional() {
+        let door = "initial = \"closed\"\n[states.closed]\nkind = \"terminal\"\n";
+        let policy = |fault: &str| *load("door.toml", "door", &format!("{door}{fault}")).unwrap().0.fault_policy();
+        assert_eq!(policy(""), FaultPolicy::DEFAULT);
+        assert_eq!(policy("[fault]\n"), FaultPolicy::DEFAULT);
+        assert_eq!(policy("[fault]\nmax_errors = 3\n"), FaultPolicy { max_errors: 3, ..FaultPolicy::DEFAULT });
+        assert_eq!(
+            policy("[fault]\nwindow = \"1d\"\n"),
+            FaultPolicy { window: Duration::from_secs(86_400), ..FaultPolicy::DEFAULT }
+        );
+        assert_eq!(
+            policy("[fault.backoff]\nmax = \"1h\"\n"),
+            FaultPolicy { backoff_max: Duration::from_secs(3600), ..FaultPolicy::DEFAULT }
+        );
+        assert_eq!(
+            policy("[fault]\nbackoff = { min = \"2s\" }\n"),
+            FaultPolicy { backoff_min: Duration::from_secs(2), ..FaultPolicy::DEFAULT }
+        );
+        // Declared, even with default values: part of the hash. Not declared: not.
+        let hash = |fault: &str| load("door.toml", "door", &format!("{door}{fault}")).unwrap().0.content_hash();
+        assert_ne!(hash(""), hash("[fault]\n"));
+    }
+
+    #[test]
+    fn fault_policy_problems_are_reported_on_its_line() {
+        let door = "initial = \"closed\"\n[states.closed]\nkind = \"terminal\"\n";
+        let problems = |fault: &str| -> Vec<String> {
+            match load("door.toml", "door", &format!("{door}{fault}")) {
+                Ok((m, _)) => panic!("expected errors, loaded {m:?}"),
+                Err(report) => report.diagnostics.iter().map(ToString::to_string).collect(),
+            }
+        };
+        assert_eq!(
+            problems("[fault]\nmax_errors = 0\nwindow = \"0s\"\nbackoff = { min = \"0ms\" }\n"),
+            [
+                "door.toml:4: error: machine `door`, fault policy: `max_errors` is zero (declare at least 1)",
+                "door.toml:4: error: machine `door`, fault policy: `window` is zero (errors would never add up to park the entity)",
+                "door.toml:4: error: machine `door`, fault policy: `backoff.min` is zero (a failing action would be retried in a busy loop)",
+            ]
+        );
+        assert_eq!(
+            problems("\n[fault]\nbackoff = { min = \"5m\", max = \"1m\" }\n"),
+            ["door.toml:5: error: machine `door`, fault policy: `backoff.min` (5m) is greater than `backoff.max` (1m)"]
+        );
+        assert_eq!(
+            problems("[fault]\nbackoff = { min = \"1h\" }\n"),
+            [
+                "door.toml:4: error: machine `door`, fault policy: `backoff.min` (1h) is greater than `backoff.max` (10m by default)"
+            ]
+        );
+        assert_eq!(
+            problems("[fault]\nbackoff.max = \"500ms\"\n"),
+            [
+                "door.toml:4: error: machine `door`, fault policy: `backoff.min` (1s by default) is greater than `backoff.max` (500ms)"
+            ]
+        );
+        assert_eq!(
+            problems("[fault]\nwindow = \"soon\"\nbackoff = { max = \"1 m\" }\n"),
+            [
+                "door.toml:5: error: machine `door`, fault policy: invalid duration `soon` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)",
+                "door.toml:6: error: machine `door`, fault policy: invalid duration `1 m` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)",
+            ]
+        );
+    }
+
+    #[test]
+    fn fault_keys_are_checked() {
+        assert_eq!(
+            errors("m", "[fault]\nmax_errors = 8\nretries = 3\n"),
+            [
+                "line 3: error: machine `m`, file: unknown field `retries`, expected one of `max_errors`, `window`, `backoff`"
+            ]
+        );
+        assert_eq!(
+            errors("m", "[fault]\nbackoff = { min = \"1s\", factor = 3 }\n"),
+            ["line 2: error: machine `m`, file: unknown field `factor`, expected `min` or `max`"]
+        );
+        assert_eq!(
+            errors("m", "[fault]\nmax_errors = -1\n"),
+            ["line 2: error: machine `m`, file: invalid value: integer `-1`, expected u32"]
+        );
+        assert_eq!(
+            errors("m", "[fault]\nwindow = 60\n"),
+            ["line 2: error: machine `m`, file: invalid type: integer `60`, expected a string"]
+        );
+        assert_eq!(
+            errors("m", "[migrate]\nold = [\"new\"]\n"),
+            ["line 2: error: machine `m`, file: invalid type: sequence, expected a string"]
+        );
+    }
+
+    #[test]
+    fn renames_and_migrations_are_checked_on_their_lines() {
+        let text = r#"initial = "closed"
+[states.closed]
+renamed_from = ["open", "shut", "shut"]
+[states.open]
+renamed_from = ["ajar", "shut"]
+[events.open]
+in = ["closed"]
+action = "do_open"
+[events.close]
+in = ["open"]
+action = "do_close"
+[actions.do_open]
+to = ["open"]
+[actions.do_close]
+to = ["closed"]
+[migrate]
+closed = "open"
+ajar = "closed"
+jammed = "stuck"
+"#;
+        let report = load("door.toml", "door", text).unwrap_err();
+        assert_eq!(
+            report.to_string(),
+            "door.toml:2: error: machine `door`, state `closed`: duplicate `shut` in `renamed_from`\n\
+             door.toml:2: error: machine `door`, state `closed`: `renamed_from` names `open`, which is still a declared state\n\
+             door.toml:4: error: machine `door`, state `open`: `renamed_from`: old state `shut` is already mapped to `closed`\n\
+             door.toml:17: error: machine `door`, migration `closed`: `closed` is still a declared state (only states no longer declared can be migrated)\n\
+             door.toml:18: error: machine `door`, migration `ajar`: old state `ajar` is already mapped to `open`\n\
+             door.toml:19: error: machine `door`, migration `jammed`: migrates to unknown state `stuck`\n"
         );
     }
 

@@ -5,7 +5,11 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
-use crate::machine::{ActionDef, EventDef, Machine, MachineDef, Origin, StateDef, StateKind, TimerDef, effective_kind};
+use crate::duration;
+use crate::machine::{
+    ActionDef, EventDef, FaultDef, Machine, MachineDef, MigrateDef, Origin, StateDef, StateKind, TimerDef,
+    effective_kind,
+};
 use crate::pattern::Pattern;
 
 /// How serious a diagnostic is.
@@ -92,7 +96,7 @@ impl std::error::Error for Report {}
 
 /// Checks a definition and returns every error and warning found, never stopping at the
 /// first: errors item by item in declaration order (machine, states, events, actions,
-/// timers), then warnings.
+/// timers, migrations, fault policy), then warnings.
 ///
 /// Errors: unknown state, action or event references; no initial state or several; an
 /// unstable state without exactly one auto action, an auto action on any other kind, a
@@ -102,7 +106,10 @@ impl std::error::Error for Report {}
 /// deleted state; names outside `[A-Za-z0-9_-]`; a `subscribe` pattern that does not
 /// parse, lists a state twice or counts trivially ([`Pattern::problems`]); a `timeout`
 /// without `subscribe`, or whose event is valid in none of the subscription's states; a
-/// timer without exactly one of `every` and `after`, or with `every` zero.
+/// timer without exactly one of `every` and `after`, or with `every` zero; an old state
+/// name (in a state's `renamed_from` or a `[migrate]` entry) that is still a declared
+/// state or is mapped twice, a `[migrate]` entry to an unknown state; a fault policy with
+/// `max_errors`, `window` or `backoff.min` zero, or `backoff.min` above `backoff.max`.
 ///
 /// Warnings: states unreachable from the initial state, stable states no event leaves
 /// (an event raised by a subscription or a timer leaves a state like any other), busy
@@ -138,6 +145,12 @@ pub fn check(def: &MachineDef) -> Report {
     }
     for t in &def.timers {
         c.timer(t);
+    }
+    for m in &def.migrate {
+        c.migration(m);
+    }
+    if let Some(f) = &def.fault {
+        c.fault(f);
     }
     c.unreachable();
     c.dead_ends();
@@ -233,6 +246,8 @@ struct Checker<'a> {
     events: HashMap<&'a str, &'a EventDef>,
     /// Declared initial states that exist, in declaration order (top-level first).
     initials: Vec<&'a str>,
+    /// Old state names mapped so far (by `renamed_from` or `[migrate]`), to their new state.
+    mapped: HashMap<&'a str, &'a str>,
     diagnostics: Vec<Diagnostic>,
 }
 
@@ -261,7 +276,7 @@ impl<'a> Checker<'a> {
                 initials.push(name);
             }
         }
-        Checker { def, states, actions, events, initials, diagnostics: Vec::new() }
+        Checker { def, states, actions, events, initials, mapped: HashMap::new(), diagnostics: Vec::new() }
     }
 
     fn push(&mut self, severity: Severity, item: String, line: Option<u32>, message: String) {
@@ -359,6 +374,70 @@ impl<'a> Checker<'a> {
             self.error(&item, line, "`wait` declared without an auto action".into());
         }
         self.duplicate_entries(&item, line, "requires", s.requires.iter().map(String::as_str));
+        self.duplicate_entries(&item, line, "renamed_from", s.renamed_from.iter().map(String::as_str));
+        let mut seen = HashSet::new();
+        for old in &s.renamed_from {
+            if !seen.insert(old.as_str()) {
+                // Reported once, as a duplicate entry.
+            } else if self.has_state(old) {
+                self.error(&item, line, format!("`renamed_from` names `{old}`, which is still a declared state"));
+            } else if let Some(new) = self.map_old_name(old, &s.name) {
+                self.error(&item, line, format!("`renamed_from`: old state `{old}` is already mapped to `{new}`"));
+            }
+        }
+    }
+
+    /// Records that stored entities in `old` move to `new`; if `old` was already mapped,
+    /// returns the state it was mapped to instead.
+    fn map_old_name(&mut self, old: &'a str, new: &'a str) -> Option<&'a str> {
+        match self.mapped.get(old) {
+            Some(&before) => Some(before),
+            None => {
+                self.mapped.insert(old, new);
+                None
+            }
+        }
+    }
+
+    fn migration(&mut self, m: &'a MigrateDef) {
+        let item = format!("migration `{}`", m.from);
+        let line = m.origin.line;
+        if !self.has_state(&m.to) {
+            self.error(&item, line, format!("migrates to unknown state `{}`", m.to));
+        }
+        if self.has_state(&m.from) {
+            self.error(
+                &item,
+                line,
+                format!("`{}` is still a declared state (only states no longer declared can be migrated)", m.from),
+            );
+        } else if let Some(new) = self.map_old_name(&m.from, &m.to) {
+            self.error(&item, line, format!("old state `{}` is already mapped to `{new}`", m.from));
+        }
+    }
+
+    fn fault(&mut self, f: &FaultDef) {
+        let item = "fault policy";
+        let line = f.origin.line;
+        if f.max_errors == Some(0) {
+            self.error(item, line, "`max_errors` is zero (declare at least 1)".into());
+        }
+        if f.window.is_some_and(|w| w.is_zero()) {
+            self.error(item, line, "`window` is zero (errors would never add up to park the entity)".into());
+        }
+        if f.backoff_min.is_some_and(|m| m.is_zero()) {
+            self.error(item, line, "`backoff.min` is zero (a failing action would be retried in a busy loop)".into());
+        }
+        let p = f.policy();
+        if p.backoff_min > p.backoff_max {
+            let show = |d, declared: bool| {
+                let d = duration::format(d);
+                if declared { d } else { format!("{d} by default") }
+            };
+            let min = show(p.backoff_min, f.backoff_min.is_some());
+            let max = show(p.backoff_max, f.backoff_max.is_some());
+            self.error(item, line, format!("`backoff.min` ({min}) is greater than `backoff.max` ({max})"));
+        }
     }
 
     fn event(&mut self, e: &'a EventDef) {
@@ -626,6 +705,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::fault::FaultPolicy;
     use crate::machine::{MachineBuilder, Schedule};
 
     /// A clean machine: `idle` (initial) --go/start--> `busy` --auto work--> `idle`.
@@ -1185,5 +1265,97 @@ mod tests {
             messages(&[&app, &db, &app]),
             ["error: machine `app`, machine: more than one machine with this name in the set"]
         );
+    }
+
+    #[test]
+    fn fault_policies_are_checked() {
+        let policy = |p: FaultPolicy| messages(base().fault_policy(p).def());
+        assert_eq!(policy(FaultPolicy::DEFAULT), Vec::<String>::new());
+        assert_eq!(
+            policy(FaultPolicy { max_errors: 1, backoff_min: Duration::from_secs(600), ..FaultPolicy::DEFAULT }),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            policy(FaultPolicy {
+                max_errors: 0,
+                window: Duration::ZERO,
+                backoff_min: Duration::ZERO,
+                backoff_max: Duration::ZERO,
+            }),
+            [
+                "error: machine `m`, fault policy: `max_errors` is zero (declare at least 1)",
+                "error: machine `m`, fault policy: `window` is zero (errors would never add up to park the entity)",
+                "error: machine `m`, fault policy: `backoff.min` is zero (a failing action would be retried in a busy loop)",
+            ]
+        );
+        assert_eq!(
+            policy(FaultPolicy {
+                backoff_min: Duration::from_secs(90),
+                backoff_max: Duration::from_secs(60),
+                ..FaultPolicy::DEFAULT
+            }),
+            ["error: machine `m`, fault policy: `backoff.min` (1m30s) is greater than `backoff.max` (1m)"]
+        );
+        let mut def = base().def().clone();
+        def.fault = Some(FaultDef {
+            backoff_max: Some(Duration::from_millis(10)),
+            origin: Origin { line: Some(9) },
+            ..FaultDef::default()
+        });
+        assert_eq!(
+            messages(&def),
+            [
+                "line 9: error: machine `m`, fault policy: `backoff.min` (1s by default) is greater than `backoff.max` (10ms)"
+            ]
+        );
+    }
+
+    #[test]
+    fn renames_and_migrations_are_checked() {
+        let def = base()
+            .state("done")
+            .kind(StateKind::Terminal)
+            .renamed_from(["finished", "idle", "finished", "over"])
+            .state("stopped")
+            .kind(StateKind::Terminal)
+            .renamed_from(["over", "halted"])
+            .action("finish", ["done", "stopped"])
+            .migrate("busy", "done")
+            .migrate("halted", "done")
+            .migrate("paused", "limbo")
+            .migrate("paused", "idle")
+            .migrate("crashed", "idle")
+            .def()
+            .clone();
+        assert_eq!(
+            messages(&def),
+            [
+                "error: machine `m`, state `done`: duplicate `finished` in `renamed_from`",
+                "error: machine `m`, state `done`: `renamed_from` names `idle`, which is still a declared state",
+                "error: machine `m`, state `stopped`: `renamed_from`: old state `over` is already mapped to `done`",
+                "error: machine `m`, migration `busy`: `busy` is still a declared state (only states no longer declared can be migrated)",
+                "error: machine `m`, migration `halted`: old state `halted` is already mapped to `stopped`",
+                "error: machine `m`, migration `paused`: migrates to unknown state `limbo`",
+                "error: machine `m`, migration `paused`: old state `paused` is already mapped to `limbo`",
+                "warning: machine `m`, state `done`: unreachable from the initial state `idle`",
+                "warning: machine `m`, state `stopped`: unreachable from the initial state `idle`",
+            ]
+        );
+        // Mapping to a state of any kind is fine, and an old name may be mapped once either way.
+        let ok = MachineBuilder::new("m")
+            .state("idle")
+            .initial()
+            .migrate("waiting", "idle")
+            .state("busy")
+            .auto("work")
+            .renamed_from(["working"])
+            .event("go", ["idle"], "start")
+            .action("start", ["busy"])
+            .action("work", ["idle", "busy"])
+            .migrate("gone", "busy")
+            .build()
+            .unwrap();
+        let mapping: Vec<String> = ok.state_mapping().iter().map(|(old, new)| format!("{old} -> {new}")).collect();
+        assert_eq!(mapping, ["gone -> busy", "waiting -> idle", "working -> busy"]);
     }
 }

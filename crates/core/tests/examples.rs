@@ -42,6 +42,10 @@ fn server_example_is_the_reference_shape() {
     assert_eq!(m.state("ready").expect("ready").requires, ["endpoint"]);
     assert_eq!(m.state("gone").expect("gone").kind, settle_core::StateKind::Deleted);
     assert_eq!(m.state("failed").expect("failed").health, settle_core::Health::Error);
+    let policy = m.fault_policy();
+    assert_eq!((policy.max_errors, policy.window), (5, std::time::Duration::from_secs(3600)));
+    assert_eq!(policy.backoff(1), std::time::Duration::from_secs(2));
+    assert_eq!(policy.backoff(10), std::time::Duration::from_secs(300));
 }
 
 #[test]

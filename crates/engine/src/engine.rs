@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use settle_core::step::{self, Properties};
 use settle_core::{ActionName, EntityKey, EventName, Machine, MachineName, StateName};
-use settle_store::{EntityRow, HistoryRow, InboxKind, Push, Store};
+use settle_store::{Command, EntityRow, HistoryRow, InboxKind, Op, OpenOperation, OperationRow, Push, Store};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
@@ -29,6 +29,10 @@ pub struct Config {
     pub claim_batch: usize,
     /// Fallback poll for due work when nothing wakes the engine.
     pub poll: Duration,
+    /// An operation with no progress for this long is marked `hung` by the supervisor.
+    pub hung_after: Duration,
+    /// How often the supervisor looks for hung operations.
+    pub supervise_every: Duration,
 }
 
 impl Default for Config {
@@ -39,6 +43,8 @@ impl Default for Config {
             max_inflight: 1024,
             claim_batch: 256,
             poll: Duration::from_secs(1),
+            hung_after: Duration::from_secs(600),
+            supervise_every: Duration::from_secs(10),
         }
     }
 }
@@ -47,6 +53,8 @@ impl Default for Config {
 pub(crate) struct Registry {
     pub(crate) machines: HashMap<MachineName, Arc<Machine>>,
     pub(crate) handlers: HashMap<(MachineName, ActionName), Handler>,
+    /// Content hash (definition version) of each machine.
+    pub(crate) hashes: HashMap<MachineName, String>,
 }
 
 impl Registry {
@@ -55,6 +63,9 @@ impl Registry {
     }
     pub(crate) fn handler(&self, machine: &MachineName, action: &ActionName) -> Option<&Handler> {
         self.handlers.get(&(machine.clone(), action.clone()))
+    }
+    pub(crate) fn hash(&self, machine: &str) -> Option<String> {
+        self.hashes.get(machine).cloned()
     }
 }
 
@@ -71,7 +82,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
     pub fn new(store: S) -> Self {
         EngineBuilder {
             store,
-            registry: Registry { machines: HashMap::new(), handlers: HashMap::new() },
+            registry: Registry { machines: HashMap::new(), handlers: HashMap::new(), hashes: HashMap::new() },
             config: Config::default(),
             errors: Vec::new(),
         }
@@ -130,8 +141,28 @@ impl<S: Store + Clone> EngineBuilder<S> {
             return Err(Error::MissingHandlers(missing));
         }
         let now = crate::now_ms();
-        for m in self.registry.machines.values() {
-            self.store.machine_put(m.name(), &m.content_hash(), &m.canonical_json(), now).await?;
+        let stored = self.store.machine_list().await?;
+        let mut names: Vec<MachineName> = self.registry.machines.keys().cloned().collect();
+        names.sort();
+        for name in names {
+            let m = self.registry.machines[&name].clone();
+            let hash = m.content_hash();
+            // A new definition version is checked against the entities living under the old one.
+            let previous = stored.iter().filter(|r| r.name == name).max_by_key(|r| r.created_at);
+            if previous.is_some_and(|p| p.hash != hash) {
+                let occupied = self.store.entity_count_by_state(&name).await?;
+                let moves =
+                    settle_core::upgrade::check(&m, &occupied).map_err(|e| Error::UpgradeRefused(e.to_string()))?;
+                let moves: Vec<(String, String)> = moves.into_iter().map(|(old, new, _)| (old, new)).collect();
+                if !moves.is_empty() {
+                    let n = self.store.machine_migrate(&name, moves, &hash, now).await?;
+                    tracing::info!(machine = %name, entities = n, "moved entities to renamed states");
+                }
+            }
+            if previous.is_none_or(|p| p.hash != hash) {
+                self.store.machine_put(&name, &hash, &m.canonical_json(), now).await?;
+            }
+            self.registry.hashes.insert(name, hash);
         }
         if self.store.exclusive() {
             let n = self.store.lease_release_all(now).await?;
@@ -262,12 +293,36 @@ pub enum EventOutcome {
 pub struct Raised {
     /// The request id recorded with the event.
     pub request_id: String,
-    /// The event's inbox id.
-    pub inbox_id: i64,
+    /// The event's inbox id (`None` for a replayed request id).
+    pub inbox_id: Option<i64>,
+    /// The request id had been used before: nothing was raised again.
+    pub replayed: bool,
     /// The outcome (unless only [`Wait::Queued`] was asked).
     pub outcome: Option<EventOutcome>,
     /// The entity when the wait ended (unless only [`Wait::Queued`] was asked).
     pub entity: Option<EntityRow>,
+}
+
+/// The answer to [`Engine::create_with`].
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// The entity (as it is now, for a replay).
+    pub entity: EntityRow,
+    /// The operation's request id.
+    pub request_id: String,
+    /// The request id had been used before: nothing was created.
+    pub replayed: bool,
+}
+
+/// The answer to [`Engine::command`].
+#[derive(Debug, Clone)]
+pub struct Commanded {
+    /// The entity after the command (as it is now, for a replay).
+    pub entity: EntityRow,
+    /// The operation's request id.
+    pub request_id: String,
+    /// The request id had been used before: nothing was done again.
+    pub replayed: bool,
 }
 
 impl<S: Store + Clone> Engine<S> {
@@ -295,12 +350,80 @@ impl<S: Store> Engine<S> {
     /// Creates an entity in its machine's initial state (durably). If that state is
     /// unstable, its auto action runs.
     pub async fn create(&self, machine: &str, key: &str, properties: Properties) -> Result<EntityRow> {
+        let created = self.create_with(machine, key, properties, None).await?;
+        Ok(created.entity)
+    }
+
+    /// Creates an entity as an operation with `request_id` as its idempotency key (a new
+    /// one when `None`). Replaying a key creates nothing and returns the entity as it is.
+    pub async fn create_with(
+        &self,
+        machine: &str,
+        key: &str,
+        properties: Properties,
+        request_id: Option<String>,
+    ) -> Result<Created> {
         let m = self.inner.registry.machine(machine)?;
-        let request_id = Some(uuid::Uuid::now_v7().to_string());
-        let new = crate::scheduler::new_entity(m, EntityKey::new(key), properties, request_id, crate::now_ms())?;
+        let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let mut new = crate::scheduler::new_entity(
+            m,
+            EntityKey::new(key),
+            properties,
+            Some(request_id.clone()),
+            crate::now_ms(),
+        )?;
+        new.machine_hash = self.inner.registry.hash(machine);
+        new.operation = Some(OpenOperation {
+            request_id: request_id.clone(),
+            name: format!("{machine}.create"),
+            dimensions: serde_json::json!({"machine": machine}),
+        });
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Create { new, reply })?;
-        rx.await.map_err(|_| Error::Stopped)?
+        match rx.await.map_err(|_| Error::Stopped)?? {
+            Some(entity) => Ok(Created { entity, request_id, replayed: false }),
+            None => {
+                let entity = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
+                Ok(Created { entity, request_id, replayed: true })
+            }
+        }
+    }
+
+    /// Applies an operator command (pause, resume, sleep, kill, release, retry) as an
+    /// operation with `request_id` as its idempotency key.
+    pub async fn command(
+        &self,
+        machine: &str,
+        key: &str,
+        command: Command,
+        request_id: Option<String>,
+    ) -> Result<Commanded> {
+        let m = self.inner.registry.machine(machine)?;
+        let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let op = Op::Command {
+            machine: m.name().clone(),
+            key: EntityKey::new(key),
+            command,
+            operation: Some(OpenOperation {
+                request_id: request_id.clone(),
+                name: format!("{machine}.{}", command.as_str()),
+                dimensions: serde_json::json!({"machine": machine, "command": command.as_str()}),
+            }),
+        };
+        let (reply, rx) = oneshot::channel();
+        self.send(Msg::Command { op, reply })?;
+        match rx.await.map_err(|_| Error::Stopped)?? {
+            Some(entity) => Ok(Commanded { entity, request_id, replayed: false }),
+            None => {
+                let entity = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
+                Ok(Commanded { entity, request_id, replayed: true })
+            }
+        }
+    }
+
+    /// The operation opened with `request_id`.
+    pub async fn operation(&self, request_id: &str) -> Result<Option<OperationRow>> {
+        Ok(self.inner.store.operation_get(request_id).await?)
     }
 
     /// Raises `event` on an entity: checks the event and its parameters, writes it to the
@@ -317,6 +440,11 @@ impl<S: Store> Engine<S> {
             request_id: Some(request_id.clone()),
             kind: InboxKind::Raised,
             join_from: None,
+            operation: Some(OpenOperation {
+                request_id: request_id.clone(),
+                name: format!("{machine}.{event}"),
+                dimensions: serde_json::json!({"machine": machine, "event": event}),
+            }),
         };
         let (ack, ack_rx) = oneshot::channel();
         let (done, done_rx) = match options.wait {
@@ -327,8 +455,12 @@ impl<S: Store> Engine<S> {
             }
         };
         self.send(Msg::Raise { push, wait: options.wait, ack, done })?;
-        let inbox_id = ack_rx.await.map_err(|_| Error::Stopped)??;
-        let mut raised = Raised { request_id, inbox_id, outcome: None, entity: None };
+        let Some(inbox_id) = ack_rx.await.map_err(|_| Error::Stopped)?? else {
+            // The key was used before: that operation stands, nothing is raised again.
+            let entity = self.get(machine, key).await?;
+            return Ok(Raised { request_id, inbox_id: None, replayed: true, outcome: None, entity });
+        };
+        let mut raised = Raised { request_id, inbox_id: Some(inbox_id), replayed: false, outcome: None, entity: None };
         if let Some(rx) = done_rx {
             match tokio::time::timeout(options.timeout, rx).await {
                 Ok(Ok((outcome, entity))) => {

@@ -54,6 +54,17 @@ pub enum Error {
         /// How long we waited.
         waited: Duration,
     },
+    /// A new machine definition does not fit the entities stored under the old one.
+    #[error("definition upgrade refused: {0}")]
+    UpgradeRefused(String),
+    /// The entity was killed.
+    #[error("entity `{key}` of machine `{machine}` was killed")]
+    Killed {
+        /// Machine.
+        machine: String,
+        /// Key.
+        key: String,
+    },
     /// The engine is shutting down.
     #[error("engine stopped")]
     Stopped,

@@ -14,9 +14,10 @@ mod error;
 mod handler;
 mod scheduler;
 
-pub use engine::{Config, Engine, EngineBuilder, EventOutcome, RaiseOptions, Raised, Wait};
+pub use engine::{Commanded, Config, Created, Engine, EngineBuilder, EventOutcome, RaiseOptions, Raised, Wait};
 pub use error::{Error, Result};
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
+pub use settle_store::{Command, RunStatus};
 
 /// The wall clock in milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> i64 {

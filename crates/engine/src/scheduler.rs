@@ -16,13 +16,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use settle_core::fault::FaultDecision;
 use settle_core::machine::Schedule;
 use settle_core::pattern::SuccessorView;
 use settle_core::step::{self, EventStep};
 use settle_core::{Action, ActionName, EntityKey, EventName, Machine, MachineName, StateKind, StateName};
 use settle_store::{
-    AfterCommit, Applied, Batch, BatchResult, Claim, Commit, EntityRow, Fence, HistoryKind, InboxItem, InboxKind,
-    NewEntity, Op, OpError, Push, Store, TimerPlan,
+    AfterCommit, Applied, Batch, BatchResult, Claim, Command, Commit, EntityRow, ErrorRecord, EventRecord, Fence,
+    HistoryKind, InboxItem, InboxKind, NewEntity, Op, OpError, Push, RunStatus, Store, Telemetry, TimerPlan,
+    TransitionRecord,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -40,20 +42,27 @@ type Watchers = Vec<(Vec<StateName>, oneshot::Sender<EntityRow>)>;
 type Fire = Option<(EventName, Value)>;
 
 pub(crate) enum Msg {
+    /// Answered with the entity, or `None` when the request id was replayed.
     Create {
         new: NewEntity,
-        reply: oneshot::Sender<Result<EntityRow>>,
+        reply: oneshot::Sender<Result<Option<EntityRow>>>,
     },
+    /// `ack` gets the inbox id, or `None` when the request id was replayed.
     Raise {
         push: Push,
         wait: Wait,
-        ack: oneshot::Sender<Result<i64>>,
+        ack: oneshot::Sender<Result<Option<i64>>>,
         done: Option<DoneTx>,
+    },
+    /// An operator command (`Op::Command`); answered like `Create`.
+    Command {
+        op: Op,
+        reply: oneshot::Sender<Result<Option<EntityRow>>>,
     },
     ActionDone {
         entity_id: i64,
         version: i64,
-        result: std::result::Result<Outcome, String>,
+        result: std::result::Result<Outcome, FaultError>,
     },
     Evaluated {
         entity_id: i64,
@@ -74,11 +83,26 @@ pub(crate) enum Msg {
 
 /// What to do with the result of an operation once its batch is written.
 enum Pending {
-    Create(oneshot::Sender<Result<EntityRow>>),
-    Raise { ack: oneshot::Sender<Result<i64>>, wait: Wait, done: Option<DoneTx> },
+    Create(oneshot::Sender<Result<Option<EntityRow>>>),
+    Raise { ack: oneshot::Sender<Result<Option<i64>>>, wait: Wait, done: Option<DoneTx> },
+    Command { reply: oneshot::Sender<Result<Option<EntityRow>>>, command: Command },
     Commit(Box<CommitCtx>),
     Release,
     Renew,
+    Supervise,
+}
+
+/// A failed action, as the fault policy and the `errors` table see it.
+pub(crate) struct FaultError {
+    kind: &'static str,
+    details: String,
+    exception: Option<String>,
+}
+
+impl FaultError {
+    fn new(kind: &'static str, details: impl Into<String>) -> Self {
+        FaultError { kind, details: details.into(), exception: None }
+    }
 }
 
 /// A commit in flight: what its success changes in the in-memory snapshot, and what to
@@ -89,6 +113,8 @@ struct CommitCtx {
     entry: Option<(StateName, u32, Option<i64>)>,
     properties: Option<settle_core::Properties>,
     fired: Option<Vec<EventName>>,
+    /// The entity's event after the commit.
+    event_id: Option<i64>,
     request_id: Option<String>,
     after: AfterCommit,
     /// The event processed, if any.
@@ -100,8 +126,9 @@ struct CommitCtx {
 
 /// What a held entity is busy with.
 enum Running {
-    /// An action, with the event that triggered it and the entities it read with lock.
-    Action { action: Arc<Action>, item: Option<InboxItem>, locks: Arc<Mutex<Vec<(i64, i64)>>> },
+    /// An action, with the event that triggered it, the entities it read with lock, and
+    /// when it started.
+    Action { action: Arc<Action>, item: Option<InboxItem>, locks: Arc<Mutex<Vec<(i64, i64)>>>, started: i64 },
     /// Its subscriptions are being evaluated for this notice.
     Evaluating { notice: InboxItem },
 }
@@ -141,6 +168,7 @@ pub(crate) struct Scheduler<S> {
     shutdown: Option<oneshot::Sender<()>>,
     next_due: Option<i64>,
     last_renew: i64,
+    last_supervise: i64,
     claim_now: bool,
     stats: Stats,
 }
@@ -179,7 +207,16 @@ impl<S: Store + Clone> Nested for NestedHandle<S> {
         let lease = self.lease;
         Box::pin(async move {
             checked?;
-            let push = Push { machine, key, event, params, request_id, kind: InboxKind::Nested, join_from: Some(from) };
+            let push = Push {
+                machine,
+                key,
+                event,
+                params,
+                request_id,
+                kind: InboxKind::Nested,
+                join_from: Some(from),
+                operation: None,
+            };
             let (ack, ack_rx) = oneshot::channel();
             let (done, done_rx) = oneshot::channel();
             tx.send(Msg::Raise { push, wait: Wait::Stable, ack, done: Some(done) }).map_err(|_| Error::Stopped)?;
@@ -222,6 +259,7 @@ impl<S: Store + Clone> Scheduler<S> {
             shutdown: None,
             next_due: None,
             last_renew: now_ms(),
+            last_supervise: now_ms(),
             claim_now: true,
             stats: Stats::default(),
         }
@@ -251,6 +289,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 self.on_msg(msg);
             }
             self.maybe_renew();
+            self.maybe_supervise();
             self.write_batch().await;
         }
         let st = &self.stats;
@@ -302,6 +341,12 @@ impl<S: Store + Clone> Scheduler<S> {
                 self.ops.push(Op::Push(push));
                 self.pending.push(Pending::Raise { ack, wait, done });
             }
+            Msg::Command { op, reply } => {
+                let Op::Command { command, .. } = &op else { unreachable!("Msg::Command carries Op::Command") };
+                let command = *command;
+                self.ops.push(op);
+                self.pending.push(Pending::Command { reply, command });
+            }
             Msg::ActionDone { entity_id, version, result } => self.on_action_done(entity_id, version, result),
             Msg::Evaluated { entity_id, version, result } => self.on_evaluated(entity_id, version, result),
             Msg::WhenIdle(tx) => {
@@ -319,6 +364,17 @@ impl<S: Store + Clone> Scheduler<S> {
             }
             Msg::Shutdown(tx) => self.shutdown = Some(tx),
         }
+    }
+
+    /// Every `supervise_every`: mark operations without progress for `hung_after` as hung.
+    fn maybe_supervise(&mut self) {
+        let now = now_ms();
+        if now - self.last_supervise < self.config.supervise_every.as_millis() as i64 {
+            return;
+        }
+        self.last_supervise = now;
+        self.ops.push(Op::MarkHung { before: now - self.config.hung_after.as_millis() as i64 });
+        self.pending.push(Pending::Supervise);
     }
 
     fn maybe_renew(&mut self) {
@@ -374,10 +430,13 @@ impl<S: Store + Clone> Scheduler<S> {
                 Pending::Raise { ack, .. } => {
                     let _ = ack.send(Err(Error::Store(settle_store::Error::Db(msg.clone()))));
                 }
+                Pending::Command { reply, .. } => {
+                    let _ = reply.send(Err(Error::Store(settle_store::Error::Db(msg.clone()))));
+                }
                 Pending::Commit(ctx) => {
                     self.held.remove(&ctx.entity_id);
                 }
-                Pending::Release | Pending::Renew => {}
+                Pending::Release | Pending::Renew | Pending::Supervise => {}
             }
         }
         self.claim_now = false;
@@ -390,16 +449,34 @@ impl<S: Store + Clone> Scheduler<S> {
             match p {
                 Pending::Create(reply) => {
                     let _ = reply.send(r.map_err(op_error).map(|a| match a {
-                        Applied::Created(e) => e,
+                        Applied::Created(e) => Some(e),
+                        Applied::Replayed { .. } => None,
                         other => unreachable!("create answered with {other:?}"),
                     }));
+                }
+                Pending::Command { reply, command } => {
+                    let answer = r.map_err(op_error).map(|a| match a {
+                        Applied::Commanded(e) => Some(e),
+                        Applied::Replayed { .. } => None,
+                        other => unreachable!("command answered with {other:?}"),
+                    });
+                    if let Ok(Some(e)) = &answer
+                        && matches!(command, Command::Kill | Command::Release)
+                    {
+                        // Our lease is gone: whatever runs for it now can never commit.
+                        self.held.remove(&e.id);
+                    }
+                    let _ = reply.send(answer);
                 }
                 Pending::Raise { ack, wait, done } => match r {
                     Ok(Applied::Pushed { inbox_id, .. }) => {
                         if let Some(done) = done {
                             self.outcome_waiters.insert(inbox_id, (wait, done));
                         }
-                        let _ = ack.send(Ok(inbox_id));
+                        let _ = ack.send(Ok(Some(inbox_id)));
+                    }
+                    Ok(Applied::Replayed { .. }) => {
+                        let _ = ack.send(Ok(None));
                     }
                     Ok(other) => unreachable!("push answered with {other:?}"),
                     Err(e) => {
@@ -410,6 +487,13 @@ impl<S: Store + Clone> Scheduler<S> {
                 Pending::Release | Pending::Renew => {
                     if let Err(e) = r {
                         tracing::warn!(error = %e, "lease operation failed");
+                    }
+                }
+                Pending::Supervise => {
+                    if let Ok(Applied::MarkedHung(n)) = r
+                        && n > 0
+                    {
+                        tracing::warn!(operations = n, "operations marked hung");
                     }
                 }
             }
@@ -435,7 +519,7 @@ impl<S: Store + Clone> Scheduler<S> {
     fn on_committed(&mut self, mut ctx: CommitCtx, r: std::result::Result<Applied, OpError>) {
         let id = ctx.entity_id;
         match r {
-            Ok(Applied::Committed { version, inbox_head, .. }) => {
+            Ok(Applied::Committed { held: still_held, version, inbox_head, .. }) => {
                 let Some(held) = self.held.get_mut(&id) else { return };
                 let e = &mut held.entity;
                 e.version = version;
@@ -454,6 +538,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 if let Some(f) = ctx.fired.take() {
                     e.fired = f;
                 }
+                e.event_id = ctx.event_id;
                 let at_rest = held.machine.state(&e.state).is_none_or(|s| s.kind != StateKind::Unstable);
                 let snapshot = e.clone();
                 if let (Some(item), Some(outcome)) = (&ctx.item, ctx.outcome)
@@ -485,7 +570,11 @@ impl<S: Store + Clone> Scheduler<S> {
                     AfterCommit::Release => {
                         self.held.remove(&id);
                     }
-                    AfterCommit::Hold { .. } => {
+                    AfterCommit::Hold if !still_held => {
+                        // Paused, put to sleep or parked meanwhile: the store released it.
+                        self.held.remove(&id);
+                    }
+                    AfterCommit::Hold => {
                         if let Some(held) = self.held.get_mut(&id) {
                             held.inbox_head = inbox_head;
                         }
@@ -501,7 +590,8 @@ impl<S: Store + Clone> Scheduler<S> {
             Err(e) => {
                 // An effect or precondition failed: nothing is visible; record a fault.
                 let action = ctx.action.clone();
-                self.fault(id, ctx.item, action.as_deref(), format!("commit failed: {e}"));
+                let error = FaultError::new("commit_failed", format!("commit failed: {e}"));
+                self.fault(id, ctx.item, action.as_deref(), error);
             }
         }
     }
@@ -539,7 +629,7 @@ impl<S: Store + Clone> Scheduler<S> {
             match step::on_auto(&machine, &held.entity.state, has_handler) {
                 Some(EventStep::Plain { action, target }) => {
                     let action = Arc::new(action.clone());
-                    self.finish_action(id, &action, None, Outcome::to(target), Vec::new());
+                    self.finish_action(id, &action, None, Outcome::to(target), Vec::new(), None);
                 }
                 Some(EventStep::Run { action }) => {
                     let action = Arc::new(action.clone());
@@ -566,7 +656,7 @@ impl<S: Store + Clone> Scheduler<S> {
             EventStep::Reject(rejection) => self.reject(id, item, rejection.reason),
             EventStep::Plain { action, target } => {
                 let action = Arc::new(action.clone());
-                self.finish_action(id, &action, Some(item), Outcome::to(target), Vec::new());
+                self.finish_action(id, &action, Some(item), Outcome::to(target), Vec::new(), None);
             }
             EventStep::Run { action } => {
                 let action = Arc::new(action.clone());
@@ -579,6 +669,7 @@ impl<S: Store + Clone> Scheduler<S> {
     fn reject(&mut self, id: i64, item: InboxItem, reason: String) {
         let now = now_ms();
         let after = self.after_unchanged(id, now);
+        let owner = self.config.owner.clone();
         let held = self.held.get_mut(&id).expect("held entity");
         let outcome = EventOutcome::Rejected { state: held.entity.state.clone(), reason: reason.clone() };
         let mut commit = Commit {
@@ -587,12 +678,16 @@ impl<S: Store + Clone> Scheduler<S> {
             consume: Some(item.id),
             request_id: item.request_id.clone(),
             detail: Some(reason),
-            ..Commit::new(
-                fence(&held.entity, &self.config.owner),
-                held.entity.state.clone(),
-                HistoryKind::Rejected,
-                after,
-            )
+            machine_hash: self.registry.hash(held.machine.name()),
+            telemetry: Telemetry {
+                event: Some(event_record(&item, true, false)),
+                at_rest: !held.machine.state(&held.entity.state).is_some_and(|s| s.kind == StateKind::Unstable),
+                // The rejected event's operation may have nothing left to wait for.
+                complete: true,
+                current_event: held.entity.event_id,
+                ..Telemetry::default()
+            },
+            ..Commit::new(fence(&held.entity, &owner), held.entity.state.clone(), HistoryKind::Rejected, after)
         };
         if let Some(f) = held.firing.take() {
             commit.consume_notices_upto = Some(f.notices_upto);
@@ -600,27 +695,41 @@ impl<S: Store + Clone> Scheduler<S> {
         self.push_commit(commit, Some(item), None, Some(outcome));
     }
 
+    /// Consumes change notices without a history row (nothing fired). The operation the
+    /// notice belongs to may be complete now.
+    fn quiet_notice_commit(&mut self, id: i64, notice: &InboxItem, notices_upto: i64) {
+        let now = now_ms();
+        let after = self.after_unchanged(id, now);
+        let held = &self.held[&id];
+        let e = &held.entity;
+        let unstable = held.machine.state(&e.state).is_some_and(|s| s.kind == StateKind::Unstable);
+        let commit = Commit {
+            retry: e.retry,
+            consume: Some(notice.id),
+            consume_notices_upto: Some(notices_upto),
+            quiet: true,
+            request_id: notice.request_id.clone(),
+            telemetry: Telemetry {
+                at_rest: !unstable,
+                complete: true,
+                current_event: e.event_id,
+                ..Telemetry::default()
+            },
+            ..Commit::new(fence(e, &self.config.owner), e.state.clone(), HistoryKind::Event, after)
+        };
+        self.push_commit(commit, None, None, None);
+    }
+
     /// Starts evaluating the entity's subscriptions for a change notice. The successors
     /// are read outside the scheduler; every notice up to the read is covered by it.
     fn evaluate(&mut self, id: i64, notice: InboxItem) {
-        let now = now_ms();
         let held = self.held.get_mut(&id).expect("held entity");
         let machine = held.machine.clone();
         let pending_subs = machine.subscriptions_in(&held.entity.state).any(|ev| !held.entity.fired.contains(&ev.name));
         if !pending_subs {
             // Nothing here listens: the notices are moot for this state entry (entering a
             // state with subscriptions evaluates them afresh).
-            let notices_upto = Some(i64::MAX);
-            let e = &held.entity;
-            let commit = Commit {
-                retry: e.retry,
-                consume: Some(notice.id),
-                consume_notices_upto: notices_upto,
-                quiet: true,
-                ..Commit::new(fence(e, &self.config.owner), e.state.clone(), HistoryKind::Event, AfterCommit::Release)
-            };
-            let after = self.after_unchanged(id, now);
-            self.push_commit(Commit { after, ..commit }, None, None, None);
+            self.quiet_notice_commit(id, &notice, i64::MAX);
             return;
         }
         let (state, fired, version) = (held.entity.state.clone(), held.entity.fired.clone(), held.entity.version);
@@ -663,19 +772,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 let item = InboxItem { event, params, ..notice };
                 self.process_event(id, item);
             }
-            None => {
-                let now = now_ms();
-                let after = self.after_unchanged(id, now);
-                let e = &self.held[&id].entity;
-                let commit = Commit {
-                    retry: e.retry,
-                    consume: Some(notice.id),
-                    consume_notices_upto: Some(notices_upto),
-                    quiet: true,
-                    ..Commit::new(fence(e, &self.config.owner), e.state.clone(), HistoryKind::Event, after)
-                };
-                self.push_commit(commit, None, None, None);
-            }
+            None => self.quiet_notice_commit(id, &notice, notices_upto),
         }
     }
 
@@ -684,7 +781,7 @@ impl<S: Store + Clone> Scheduler<S> {
         let held = &self.held[&id];
         let unstable = held.machine.state(&held.entity.state).is_some_and(|s| s.kind == StateKind::Unstable);
         if unstable && held.entity.auto_at.is_none_or(|at| at <= now) {
-            AfterCommit::Hold { lease_ms: self.lease_ms() }
+            AfterCommit::Hold
         } else {
             AfterCommit::Release
         }
@@ -711,7 +808,7 @@ impl<S: Store + Clone> Scheduler<S> {
             locks: locks.clone(),
         };
         let version = e.version;
-        held.running = Some(Running::Action { action, item, locks });
+        held.running = Some(Running::Action { action, item, locks, started: now_ms() });
         // Poll once in place: an action that completes at once (a no-op, a cache hit)
         // commits in this round instead of a task and a message later.
         let mut fut = CatchUnwind(handler(ctx));
@@ -729,20 +826,21 @@ impl<S: Store + Clone> Scheduler<S> {
         });
     }
 
-    fn on_action_done(&mut self, id: i64, version: i64, result: std::result::Result<Outcome, String>) {
+    fn on_action_done(&mut self, id: i64, version: i64, result: std::result::Result<Outcome, FaultError>) {
         let Some(held) = self.held.get_mut(&id) else { return };
         if held.entity.version != version {
             return;
         }
-        let Some(Running::Action { action, item, locks }) = held.running.take() else { return };
+        let Some(Running::Action { action, item, locks, started }) = held.running.take() else { return };
         let locks = std::mem::take(&mut *locks.lock().expect("locks"));
         match result {
-            Ok(outcome) => self.finish_action(id, &action, item, outcome, locks),
+            Ok(outcome) => self.finish_action(id, &action, item, outcome, locks, Some(started)),
             Err(error) => self.fault(id, item, Some(&action.name), error),
         }
     }
 
     /// Turns an action's outcome into a commit, or a fault if the core refuses it.
+    /// `started` is when its handler started (`None`: a plain transition).
     fn finish_action(
         &mut self,
         id: i64,
@@ -750,6 +848,7 @@ impl<S: Store + Clone> Scheduler<S> {
         item: Option<InboxItem>,
         outcome: Outcome,
         preconditions: Vec<(i64, i64)>,
+        started: Option<i64>,
     ) {
         let now = now_ms();
         let held = &self.held[&id];
@@ -760,7 +859,9 @@ impl<S: Store + Clone> Scheduler<S> {
         step::apply_changes(&mut props, &outcome.changes);
         let entry = match step::enter(&machine, from, action, outcome.target(), outcome.delay, e.retry, &props) {
             Ok(entry) => entry,
-            Err(refusal) => return self.fault(id, item, Some(&action.name), refusal.to_string()),
+            Err(refusal) => {
+                return self.fault(id, item, Some(&action.name), FaultError::new("refused", refusal.to_string()));
+            }
         };
         let request_id = item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
         let mut creates = Vec::with_capacity(outcome.creates.len());
@@ -769,8 +870,11 @@ impl<S: Store + Clone> Scheduler<S> {
                 new_entity(m, c.key.clone(), c.properties.clone(), request_id.clone(), now).map_err(|r| r.to_string())
             });
             match new {
-                Ok(new) => creates.push(new),
-                Err(err) => return self.fault(id, item, Some(&action.name), err),
+                Ok(mut new) => {
+                    new.machine_hash = self.registry.hash(&c.machine);
+                    creates.push(new);
+                }
+                Err(err) => return self.fault(id, item, Some(&action.name), FaultError::new("refused", err)),
             }
         }
         let mut pushes = Vec::with_capacity(outcome.raises.len());
@@ -781,7 +885,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 .map_err(|e| e.to_string())
                 .and_then(|m| step::check_raise(m, &r.event, &r.params).map_err(|e| e.to_string()));
             if let Err(err) = checked {
-                return self.fault(id, item, Some(&action.name), err);
+                return self.fault(id, item, Some(&action.name), FaultError::new("refused", err));
             }
             pushes.push(Push {
                 machine: r.machine.clone(),
@@ -791,10 +895,11 @@ impl<S: Store + Clone> Scheduler<S> {
                 request_id: request_id.clone(),
                 kind: InboxKind::Nested,
                 join_from: r.join.then_some(id),
+                operation: None,
             });
         }
         let after = match entry.auto_delay {
-            Some(d) if d.is_zero() => AfterCommit::Hold { lease_ms: self.lease_ms() },
+            Some(d) if d.is_zero() => AfterCommit::Hold,
             _ => AfterCommit::Release,
         };
         let outcome_for_caller = item.as_ref().map(|_| EventOutcome::Accepted { state: entry.state.clone() });
@@ -809,6 +914,20 @@ impl<S: Store + Clone> Scheduler<S> {
                 fired.push(f.event.clone());
                 fired
             })
+        };
+        let kind = match (&item, started) {
+            (Some(_), None) => "event",
+            (Some(_), Some(_)) => "event_action",
+            (None, _) => "auto_action",
+        };
+        let transition = TransitionRecord {
+            kind,
+            start_health: Some(health_str(machine.health_of(&held.entity.state))),
+            end_health: health_str(machine.health_of(&entry.state)),
+            entry_time: held.entity.entered_at,
+            start_time: item.as_ref().map(|i| i.created_at).or(started).unwrap_or(now),
+            action_start_time: started,
+            outcome: if entry.retry > 0 { "retry" } else { "ok" },
         };
         let commit = Commit {
             to: Some(entry.state.clone()),
@@ -829,6 +948,15 @@ impl<S: Store + Clone> Scheduler<S> {
             fired,
             notify_predecessors: changed_state,
             notify_self: changed_state && machine.subscriptions_in(&entry.state).next().is_some(),
+            machine_hash: self.registry.hash(machine.name()),
+            telemetry: Telemetry {
+                event: item.as_ref().map(|i| event_record(i, false, false)),
+                transition: Some(transition),
+                error: None,
+                at_rest: entry.at_rest(),
+                complete: entry.at_rest(),
+                current_event: held.entity.event_id,
+            },
             ..Commit::new(
                 fence(&held.entity, &self.config.owner),
                 held.entity.state.clone(),
@@ -839,22 +967,42 @@ impl<S: Store + Clone> Scheduler<S> {
         self.push_commit(commit, item, Some(action.name.clone()), outcome_for_caller);
     }
 
-    /// An action failed (error, panic, refused outcome, failed commit). An event's action
-    /// consumes the event and changes nothing; an auto action re-enters its state after a
-    /// backoff, counting the retry.
-    fn fault(&mut self, id: i64, item: Option<InboxItem>, action: Option<&str>, error: String) {
+    /// An action failed (error, panic, refused outcome, failed commit). The machine's fault
+    /// policy decides: park the entity (`failed`, for an operator), or back off. An event's
+    /// action consumes the event and changes no state; an auto action re-enters its state
+    /// after the backoff (run status `fault` meanwhile), counting the retry.
+    fn fault(&mut self, id: i64, item: Option<InboxItem>, action: Option<&str>, error: FaultError) {
         let now = now_ms();
         let after_unchanged = self.after_unchanged(id, now);
+        let hash = self.registry.hash(self.held.get(&id).map(|h| h.machine.name().as_str()).unwrap_or_default());
         let Some(held) = self.held.get_mut(&id) else { return };
-        tracing::warn!(machine = %held.entity.machine, key = %held.entity.key, state = %held.entity.state, error = %error, "action fault");
         let e = &held.entity;
+        let (decision, recent) = held.machine.fault_policy().decide(&e.recent_errors, now);
+        tracing::warn!(
+            machine = %e.machine, key = %e.key, state = %e.state, error = %error.details,
+            parked = matches!(decision, FaultDecision::Park), "action fault"
+        );
+        let unstable = held.machine.state(&e.state).is_some_and(|s| s.kind == StateKind::Unstable);
+        let health = health_str(held.machine.health_of(&e.state));
         let mut base = Commit {
             retry: e.retry,
             action: action.map(Into::into),
             event: item.as_ref().map(|i| i.event.clone()),
             consume: item.as_ref().map(|i| i.id),
             request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
-            detail: Some(error.clone()),
+            detail: Some(error.details.clone()),
+            recent_errors: Some(recent),
+            machine_hash: hash,
+            telemetry: Telemetry {
+                event: item.as_ref().map(|i| event_record(i, false, true)),
+                error: Some(ErrorRecord {
+                    kind: error.kind,
+                    details: error.details.clone(),
+                    exception: error.exception,
+                }),
+                current_event: e.event_id,
+                ..Telemetry::default()
+            },
             ..Commit::new(fence(e, &self.config.owner), e.state.clone(), HistoryKind::Fault, AfterCommit::Release)
         };
         if let Some(f) = held.firing.take() {
@@ -864,12 +1012,53 @@ impl<S: Store + Clone> Scheduler<S> {
             base.fired = Some(fired);
             base.consume_notices_upto = Some(f.notices_upto);
         }
+        let parked = matches!(decision, FaultDecision::Park);
+        if parked {
+            base.run_status = Some((RunStatus::Failed, None));
+        }
+        let error_details = error.details;
         let (commit, outcome) = if item.is_some() {
-            (Commit { after: after_unchanged, ..base }, Some(EventOutcome::Failed { error }))
+            let after = if parked { AfterCommit::Release } else { after_unchanged };
+            let at_rest = parked || !unstable;
+            (
+                Commit { after, telemetry: Telemetry { at_rest, complete: true, ..base.telemetry.clone() }, ..base },
+                Some(EventOutcome::Failed { error: error_details }),
+            )
         } else {
             let retry = e.retry + 1;
-            let backoff = step::fault_backoff(retry);
-            (Commit { to: Some(e.state.clone()), retry, auto_at: Some(now + backoff.as_millis() as i64), ..base }, None)
+            let (auto_at, status) = match decision {
+                // Parked: the auto action runs again at once when an operator resumes it.
+                FaultDecision::Park => (now, base.run_status),
+                FaultDecision::Backoff(d) => {
+                    let until = now + d.as_millis() as i64;
+                    (until, Some((RunStatus::Fault, Some(until))))
+                }
+            };
+            let transition = TransitionRecord {
+                kind: "auto_action",
+                start_health: Some(health),
+                end_health: health,
+                entry_time: e.entered_at,
+                start_time: now,
+                action_start_time: None,
+                outcome: "error",
+            };
+            (
+                Commit {
+                    to: Some(e.state.clone()),
+                    retry,
+                    auto_at: Some(auto_at),
+                    run_status: status,
+                    telemetry: Telemetry {
+                        transition: Some(transition),
+                        at_rest: parked,
+                        complete: parked,
+                        ..base.telemetry.clone()
+                    },
+                    ..base
+                },
+                None,
+            )
         };
         // A fault commit has no effects, so it can only fail by losing the lease.
         self.push_commit(commit, item, None, outcome);
@@ -882,7 +1071,16 @@ impl<S: Store + Clone> Scheduler<S> {
         action: Option<ActionName>,
         outcome: Option<EventOutcome>,
     ) {
+        let t = &commit.telemetry;
+        let event_id = if t.at_rest {
+            None
+        } else if commit.to.is_some() && t.event.is_some() {
+            commit.consume
+        } else {
+            t.current_event
+        };
         let ctx = CommitCtx {
+            event_id,
             entity_id: commit.fence.entity_id,
             entry: commit.to.clone().map(|to| (to, commit.retry, commit.auto_at)),
             properties: commit.properties.clone(),
@@ -913,6 +1111,9 @@ pub(crate) fn new_entity(
         key,
         timers: timer_plan(machine, "", &initial, now),
         notify_self: machine.subscriptions_in(&initial).next().is_some(),
+        operation: None,
+        machine_hash: None,
+        health: health_str(machine.health_of(&initial)),
         state: entry.state,
         properties,
         auto_at: entry.auto_delay.map(|d| now + d.as_millis() as i64),
@@ -1011,11 +1212,36 @@ fn evaluate_subscriptions(
 
 fn action_result(
     r: std::result::Result<std::result::Result<Outcome, crate::handler::HandlerError>, String>,
-) -> std::result::Result<Outcome, String> {
+) -> std::result::Result<Outcome, FaultError> {
     match r {
         Ok(Ok(outcome)) => Ok(outcome),
-        Ok(Err(e)) => Err(format!("action error: {e}")),
-        Err(panic) => Err(format!("action panicked: {panic}")),
+        Ok(Err(e)) => Err(FaultError::new("action_error", format!("action error: {e}"))),
+        Err(panic) => {
+            Err(FaultError { kind: "panic", details: format!("action panicked: {panic}"), exception: Some(panic) })
+        }
+    }
+}
+
+fn health_str(h: settle_core::Health) -> &'static str {
+    match h {
+        settle_core::Health::Ok => "ok",
+        settle_core::Health::Error => "error",
+    }
+}
+
+/// The `events` row of a processed inbox item.
+fn event_record(item: &InboxItem, rejected: bool, failed: bool) -> EventRecord {
+    EventRecord {
+        kind: match item.kind {
+            InboxKind::Raised => "raised",
+            InboxKind::Nested => "nested",
+            InboxKind::Timer => "timer",
+            InboxKind::Notice => "subscription",
+        },
+        seq: item.id,
+        raised_at: item.created_at,
+        rejected,
+        failed,
     }
 }
 

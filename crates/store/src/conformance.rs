@@ -33,6 +33,9 @@ fn new_entity(key: &str, state: &str, auto_at: Option<Millis>) -> NewEntity {
         request_id: Some("req-1".into()),
         timers: Vec::new(),
         notify_self: false,
+        operation: None,
+        machine_hash: None,
+        health: "ok",
     }
 }
 
@@ -45,6 +48,7 @@ fn push(key: &str, event: &str) -> Push {
         request_id: Some(format!("req-{event}")),
         kind: InboxKind::Raised,
         join_from: None,
+        operation: None,
     }
 }
 
@@ -129,8 +133,7 @@ pub async fn commit_applies_and_reports_head<S: Store>(store: S) {
     create_one(&store, "a").await;
     let r = write(&store, T0, vec![Op::Push(push("a", "one")), Op::Push(push("a", "two"))], true).await;
     let c = r.claimed[0].clone();
-    let mut cm =
-        commit(&c.entity, Some("busy"), Some(c.inbox_head.as_ref().unwrap().id), AfterCommit::Hold { lease_ms: 5_000 });
+    let mut cm = commit(&c.entity, Some("busy"), Some(c.inbox_head.as_ref().unwrap().id), AfterCommit::Hold);
     let mut props = Properties::new();
     props.insert("endpoint".into(), json!("10.0.0.1"));
     cm.properties = Some(props.clone());
@@ -143,7 +146,11 @@ pub async fn commit_applies_and_reports_head<S: Store>(store: S) {
     let e = get(&store, "a").await;
     assert_eq!((e.state.as_str(), e.version, e.entered_at), ("busy", 2, T0 + 10));
     assert_eq!(e.properties, props);
-    assert_eq!((e.lease_until, e.due_at), (Some(T0 + 5_010), Some(T0 + 5_010)));
+    assert_eq!(
+        (e.lease_until, e.due_at),
+        (Some(T0 + 30_000), Some(T0 + 30_000)),
+        "holding keeps the claimed lease time (renewals extend it)"
+    );
     let h = store.history_list(e.id).await.unwrap();
     let last = h.last().unwrap();
     assert_eq!((last.from.as_deref(), last.to.as_deref(), last.kind), (Some("idle"), Some("busy"), HistoryKind::Event));

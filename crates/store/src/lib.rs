@@ -103,6 +103,27 @@ pub trait Store: Send + Sync + 'static {
     /// any batch. Not for entity data, which only changes through [`Store::write`].
     fn sql_execute(&self, sql: &str) -> impl Future<Output = Result<()>> + Send;
 
+    /// The operation opened with `request_id`.
+    fn operation_get(&self, request_id: &str) -> impl Future<Output = Result<Option<OperationRow>>> + Send;
+    /// Operations, newest first, optionally only those with `outcome` (`open` for the
+    /// unfinished ones), at most `limit`.
+    fn operation_list(
+        &self,
+        outcome: Option<String>,
+        limit: u64,
+    ) -> impl Future<Output = Result<Vec<OperationRow>>> + Send;
+    /// Moves every entity of `machine` in an old state to its new state (a definition
+    /// upgrade that renamed states), recording it in history. Returns how many moved.
+    fn machine_migrate(
+        &self,
+        machine: &str,
+        moves: Vec<(String, String)>,
+        hash: &str,
+        now: Millis,
+    ) -> impl Future<Output = Result<u64>> + Send;
+    /// Machine definition versions with how many entities last ran under each.
+    fn machine_versions(&self) -> impl Future<Output = Result<Vec<(MachineRecord, u64)>>> + Send;
+
     /// Whether this handle is the only engine on the store (SQLite's exclusive engine
     /// lock). An exclusive engine may reclaim every lease at start.
     fn exclusive(&self) -> bool;

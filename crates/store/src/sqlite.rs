@@ -25,6 +25,7 @@ use crate::{Error, Result, Store};
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/sqlite/0001_core.sql")),
     (2, include_str!("../migrations/sqlite/0002_workflows.sql")),
+    (3, include_str!("../migrations/sqlite/0003_operate.sql")),
 ];
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
@@ -200,14 +201,32 @@ fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
-const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at, lease_owner, lease_until, request_id, fired, timer_at";
+const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, auto_at, \
+     due_at, lease_owner, lease_until, request_id, fired, timer_at, run_status, sleep_until, recent_errors, event_id, \
+     machine_hash";
+
+/// When an entity is next due, from its current columns: never while paused, parked or
+/// killed; at the end of a sleep or backoff; at its lease expiry while leased; now if its
+/// inbox holds events; else at its auto action or first timer. Named parameter: `:now`.
+const DUE_EXPR: &str = "CASE
+    WHEN run_status IN ('paused', 'failed', 'killed') THEN NULL
+    WHEN run_status IN ('sleeping', 'fault') THEN sleep_until
+    WHEN lease_owner IS NOT NULL THEN lease_until
+    WHEN EXISTS (SELECT 1 FROM inbox i WHERE i.entity_id = entities.id) THEN :now
+    WHEN auto_at IS NULL THEN timer_at
+    WHEN timer_at IS NULL THEN auto_at
+    ELSE MIN(auto_at, timer_at) END";
+
+fn conversion(col: usize, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, e.into())
+}
 
 fn parse_json_obj(text: &str) -> rusqlite::Result<Properties> {
-    serde_json::from_str(text)
-        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))
+    serde_json::from_str(text).map_err(|e| conversion(0, e))
 }
 
 fn entity_from_row(r: &Row<'_>) -> rusqlite::Result<EntityRow> {
+    let status = r.get_ref(16)?.as_str()?;
     Ok(EntityRow {
         id: r.get(0)?,
         machine: MachineName::new(r.get_ref(1)?.as_str()?),
@@ -224,34 +243,30 @@ fn entity_from_row(r: &Row<'_>) -> rusqlite::Result<EntityRow> {
         lease_until: r.get(12)?,
         request_id: r.get(13)?,
         fired: serde_json::from_str::<Vec<String>>(r.get_ref(14)?.as_str()?)
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(14, rusqlite::types::Type::Text, Box::new(e)))?
+            .map_err(|e| conversion(14, e))?
             .into_iter()
             .map(EventName::from)
             .collect(),
         timer_at: r.get(15)?,
+        run_status: RunStatus::parse(status).ok_or_else(|| conversion(16, format!("unknown run status `{status}`")))?,
+        sleep_until: r.get(17)?,
+        recent_errors: serde_json::from_str(r.get_ref(18)?.as_str()?).map_err(|e| conversion(18, e))?,
+        event_id: r.get(19)?,
+        machine_hash: r.get(20)?,
     })
 }
 
 fn inbox_from_row(r: &Row<'_>) -> rusqlite::Result<InboxItem> {
     let params: String = r.get(3)?;
+    let kind = r.get_ref(6)?.as_str()?;
     Ok(InboxItem {
         id: r.get(0)?,
         entity_id: r.get(1)?,
         event: EventName::new(r.get_ref(2)?.as_str()?),
-        params: serde_json::from_str(&params)
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(3, rusqlite::types::Type::Text, Box::new(e)))?,
+        params: serde_json::from_str(&params).map_err(|e| conversion(3, e))?,
         request_id: r.get(4)?,
         created_at: r.get(5)?,
-        kind: {
-            let k = r.get_ref(6)?.as_str()?;
-            InboxKind::parse(k).ok_or_else(|| {
-                rusqlite::Error::FromSqlConversionFailure(
-                    6,
-                    rusqlite::types::Type::Text,
-                    format!("unknown inbox kind `{k}`").into(),
-                )
-            })?
-        },
+        kind: InboxKind::parse(kind).ok_or_else(|| conversion(6, format!("unknown inbox kind `{kind}`")))?,
     })
 }
 
@@ -262,13 +277,7 @@ fn history_from_row(r: &Row<'_>) -> rusqlite::Result<HistoryRow> {
         entity_id: r.get(1)?,
         from: r.get::<_, Option<String>>(2)?.map(StateName::from),
         to: r.get::<_, Option<String>>(3)?.map(StateName::from),
-        kind: HistoryKind::parse(&kind).ok_or_else(|| {
-            rusqlite::Error::FromSqlConversionFailure(
-                4,
-                rusqlite::types::Type::Text,
-                format!("unknown history kind `{kind}`").into(),
-            )
-        })?,
+        kind: HistoryKind::parse(&kind).ok_or_else(|| conversion(4, format!("unknown history kind `{kind}`")))?,
         action: r.get::<_, Option<String>>(5)?.map(ActionName::from),
         event: r.get::<_, Option<String>>(6)?.map(EventName::from),
         retry: r.get(7)?,
@@ -277,6 +286,26 @@ fn history_from_row(r: &Row<'_>) -> rusqlite::Result<HistoryRow> {
         detail: r.get(10)?,
     })
 }
+
+fn operation_from_row(r: &Row<'_>) -> rusqlite::Result<OperationRow> {
+    Ok(OperationRow {
+        id: r.get(0)?,
+        request_id: r.get(1)?,
+        name: r.get(2)?,
+        machine: r.get(3)?,
+        entity_key: r.get(4)?,
+        started_at: r.get(5)?,
+        ended_at: r.get(6)?,
+        first_response_at: r.get(7)?,
+        outcome: r.get(8)?,
+        error: r.get(9)?,
+        restart_count: r.get(10)?,
+        dimensions: serde_json::from_str(r.get_ref(11)?.as_str()?).map_err(|e| conversion(11, e))?,
+    })
+}
+
+const OPERATION_COLS: &str = "id, request_id, name, machine, entity_key, started_at, ended_at, first_response_at, \
+     outcome, error, restart_count, dimensions";
 
 /// Why an operation stopped: its own failure (rolled back alone) or the database's.
 enum Fail {
@@ -298,14 +327,65 @@ fn json_text(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v).expect("JSON values serialize")
 }
 
-fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<EntityRow, Fail> {
+/// Opens an operation; `Some(id)` of the existing one if its request id was seen before.
+fn open_operation(
+    tx: &Transaction<'_>,
+    now: Millis,
+    op: &OpenOperation,
+    machine: &str,
+    key: &str,
+) -> rusqlite::Result<Option<i64>> {
+    let inserted = tx
+        .prepare_cached(
+            "INSERT INTO operations (request_id, name, machine, entity_key, started_at, last_progress_at, dimensions)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6) ON CONFLICT (request_id) DO NOTHING",
+        )?
+        .execute(params![op.request_id, op.name, machine, key, now, json_text(&op.dimensions)])?;
+    if inserted == 1 {
+        return Ok(None);
+    }
+    tx.prepare_cached("SELECT id FROM operations WHERE request_id = ?1")?
+        .query_row([&op.request_id], |r| r.get(0))
+        .map(Some)
+}
+
+/// Ends the operation `request_id` if nothing it reached is still busy or queued.
+fn complete_operation(tx: &Transaction<'_>, request_id: &str, now: Millis) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "UPDATE operations SET ended_at = ?2,
+            outcome = CASE WHEN canceled = 1 THEN 'canceled' WHEN error_seen = 1 THEN 'failed' ELSE 'success' END
+         WHERE request_id = ?1 AND ended_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM entities WHERE request_id = ?1 AND busy = 1)
+           AND NOT EXISTS (SELECT 1 FROM inbox WHERE request_id = ?1)",
+    )?
+    .execute(params![request_id, now])?;
+    Ok(())
+}
+
+fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Applied, Fail> {
+    if let Some(op) = &e.operation
+        && let Some(operation_id) = open_operation(tx, now, op, &e.machine, &e.key)?
+    {
+        return Ok(Applied::Replayed { operation_id });
+    }
     let props = json_text(&e.properties);
     let inserted = tx
         .prepare_cached(
-            "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, auto_at, due_at, request_id)
-             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?6, ?7)",
+            "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, auto_at,
+                due_at, request_id, busy, machine_hash)
+             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?6, ?7, ?8, ?9)",
         )?
-        .execute(params![e.machine.as_str(), e.key.as_str(), e.state.as_str(), props, now, e.auto_at, e.request_id]);
+        .execute(params![
+            e.machine.as_str(),
+            e.key.as_str(),
+            e.state.as_str(),
+            props,
+            now,
+            e.auto_at,
+            e.request_id,
+            e.auto_at.is_some(),
+            e.machine_hash
+        ]);
     match inserted {
         Ok(_) => {}
         Err(err) if is_unique_violation(&err) => {
@@ -315,9 +395,28 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Ent
     }
     let id = tx.last_insert_rowid();
     tx.prepare_cached(
-        "INSERT INTO history (entity_id, from_state, to_state, kind, retry, request_id, at) VALUES (?1, NULL, ?2, 'create', 0, ?3, ?4)",
+        "INSERT INTO history (entity_id, from_state, to_state, kind, retry, request_id, at, machine_hash)
+         VALUES (?1, NULL, ?2, 'create', 0, ?3, ?4, ?5)",
     )?
-    .execute(params![id, e.state.as_str(), e.request_id, now])?;
+    .execute(params![id, e.state.as_str(), e.request_id, now, e.machine_hash])?;
+    let history_id = tx.last_insert_rowid();
+    tx.prepare_cached(
+        "INSERT INTO transitions (operation_id, request_id, event_id, history_id, ordinal, entity_id, machine, kind,
+            start_state, end_state, start_health, end_health, entry_time, start_time, retry_count, end_time, outcome,
+            machine_hash)
+         VALUES ((SELECT id FROM operations WHERE request_id = ?1), ?1, NULL, ?2, 1, ?3, ?4, 'create',
+            NULL, ?5, NULL, ?6, ?7, ?7, 0, ?7, 'ok', ?8)",
+    )?
+    .execute(params![
+        e.request_id,
+        history_id,
+        id,
+        e.machine.as_str(),
+        e.state.as_str(),
+        e.health,
+        now,
+        e.machine_hash
+    ])?;
     if e.notify_self {
         tx.prepare_cached(
             "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
@@ -329,35 +428,24 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Ent
         set_timers(tx, id, &e.timers)?;
     }
     if e.notify_self || !e.timers.is_empty() {
-        refresh_due(tx, id, now)?;
+        refresh_due(tx, id, now, !e.timers.is_empty())?;
     }
-    let (timer_at, due_at): (Option<Millis>, Option<Millis>) = if e.notify_self || !e.timers.is_empty() {
-        tx.prepare_cached("SELECT timer_at, due_at FROM entities WHERE id = ?1")?
-            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))?
-    } else {
-        (None, e.auto_at)
-    };
-    Ok(EntityRow {
-        id,
-        machine: e.machine.clone(),
-        key: e.key.clone(),
-        state: e.state.clone(),
-        properties: e.properties.clone(),
-        version: 1,
-        retry: 0,
-        created_at: now,
-        entered_at: now,
-        auto_at: e.auto_at,
-        due_at,
-        lease_owner: None,
-        lease_until: None,
-        request_id: e.request_id.clone(),
-        fired: Vec::new(),
-        timer_at,
-    })
+    // An external create that leaves the entity at rest ends its operation now; entities
+    // created by an action belong to that action's commit, which checks at its end.
+    if e.operation.is_some()
+        && let Some(r) = &e.request_id
+        && e.auto_at.is_none()
+        && !e.notify_self
+    {
+        complete_operation(tx, r, now)?;
+    }
+    let row = tx
+        .prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?
+        .query_row([id], entity_from_row)?;
+    Ok(Applied::Created(row))
 }
 
-fn push_event(tx: &Transaction<'_>, now: Millis, p: &Push) -> Result<(i64, i64), Fail> {
+fn push_event(tx: &Transaction<'_>, now: Millis, p: &Push) -> Result<Applied, Fail> {
     let entity_id: Option<i64> = tx
         .prepare_cached("SELECT id FROM entities WHERE machine = ?1 AND key = ?2")?
         .query_row(params![p.machine.as_str(), p.key.as_str()], |r| r.get(0))
@@ -365,6 +453,11 @@ fn push_event(tx: &Transaction<'_>, now: Millis, p: &Push) -> Result<(i64, i64),
     let Some(entity_id) = entity_id else {
         return Err(Fail::Op(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() }));
     };
+    if let Some(op) = &p.operation
+        && let Some(operation_id) = open_operation(tx, now, op, &p.machine, &p.key)?
+    {
+        return Ok(Applied::Replayed { operation_id });
+    }
     tx.prepare_cached(
         "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
@@ -374,10 +467,11 @@ fn push_event(tx: &Transaction<'_>, now: Millis, p: &Push) -> Result<(i64, i64),
         add_successor(tx, now, pred, entity_id, p.request_id.as_deref())?;
     }
     tx.prepare_cached(
-        "UPDATE entities SET due_at = ?2 WHERE id = ?1 AND lease_owner IS NULL AND (due_at IS NULL OR due_at > ?2)",
+        "UPDATE entities SET due_at = ?2
+         WHERE id = ?1 AND lease_owner IS NULL AND run_status = 'active' AND (due_at IS NULL OR due_at > ?2)",
     )?
     .execute(params![entity_id, now])?;
-    Ok((entity_id, inbox_id))
+    Ok(Applied::Pushed { inbox_id, entity_id })
 }
 
 fn inbox_head(tx: &Transaction<'_>, entity_id: i64) -> rusqlite::Result<Option<InboxItem>> {
@@ -403,10 +497,7 @@ fn json_to_sql(v: &Value) -> SqlValue {
 
 fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied, Fail> {
     let f = &c.fence;
-    let (hold, lease_until) = match c.after {
-        AfterCommit::Hold { lease_ms } => (true, Some(now + lease_ms)),
-        AfterCommit::Release => (false, None),
-    };
+    let hold = matches!(c.after, AfterCommit::Hold);
     for &(entity_id, expected) in &c.preconditions {
         let found: i64 = tx
             .prepare_cached("SELECT version FROM entities WHERE id = ?1")?
@@ -417,71 +508,75 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
             return Err(Fail::Op(OpError::Precondition { entity_id, expected, found }));
         }
     }
-    let consumed = c.consume.unwrap_or(-1);
     let fired = c.fired.as_ref().map(|f| json_text(&f.iter().map(|e| e.as_str()).collect::<Vec<_>>()));
-    // The fence: only the lease holder, at the version it read, may write. A released
-    // entity is next due now (queued events), else at its auto action or first timer.
-    let updated = if let Some(to) = &c.to {
-        tx.prepare_cached(
-            "UPDATE entities SET
-                state = ?4, version = version + 1, retry = ?5, entered_at = ?6,
-                properties = COALESCE(?7, properties),
-                lease_owner = CASE WHEN ?8 THEN lease_owner ELSE NULL END,
-                lease_until = ?9,
-                auto_at = ?11,
-                request_id = COALESCE(?12, request_id),
-                fired = COALESCE(?13, fired),
-                due_at = CASE WHEN ?8 THEN ?9
-                              WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1 AND id <> ?10) THEN ?6
-                              WHEN ?11 IS NULL THEN timer_at
-                              WHEN timer_at IS NULL THEN ?11
-                              ELSE MIN(?11, timer_at) END
-             WHERE id = ?1 AND version = ?2 AND lease_owner = ?3",
-        )?
-        .execute(params![
-            f.entity_id,
-            f.version,
-            f.owner,
-            to.as_str(),
-            c.retry,
-            now,
-            c.properties.as_ref().map(json_text),
-            hold,
-            lease_until,
-            consumed,
-            c.auto_at,
-            c.request_id,
-            fired
-        ])?
-    } else {
-        tx.prepare_cached(
-            "UPDATE entities SET
-                properties = COALESCE(?4, properties),
-                fired = COALESCE(?9, fired),
-                lease_owner = CASE WHEN ?5 THEN lease_owner ELSE NULL END,
-                lease_until = ?6,
-                due_at = CASE WHEN ?5 THEN ?6
-                              WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1 AND id <> ?7) THEN ?8
-                              WHEN auto_at IS NULL THEN timer_at
-                              WHEN timer_at IS NULL THEN auto_at
-                              ELSE MIN(auto_at, timer_at) END
-             WHERE id = ?1 AND version = ?2 AND lease_owner = ?3",
-        )?
-        .execute(params![
-            f.entity_id,
-            f.version,
-            f.owner,
-            c.properties.as_ref().map(json_text),
-            hold,
-            lease_until,
-            consumed,
-            now,
-            fired
-        ])?
+    let (status, sleep_until) = match c.run_status {
+        Some((s, until)) => (Some(s.as_str()), until),
+        None => (None, None),
     };
-    if updated == 0 {
+    // The fence: only the lease holder, at the version it read, may write. The lease is
+    // kept only by a `Hold` commit on an entity that is (still) active; it then keeps its
+    // lease time and due time (renewals extend them), so the due index is not touched.
+    // Otherwise the entity's next due time is computed from its new columns.
+    let fenced: Option<(bool, bool, String, String, i64)> = tx
+        .prepare_cached(
+            "UPDATE entities SET
+                state = COALESCE(?4, state),
+                version = version + (?4 IS NOT NULL),
+                retry = CASE WHEN ?4 IS NOT NULL THEN ?5 ELSE retry END,
+                entered_at = CASE WHEN ?4 IS NOT NULL THEN ?6 ELSE entered_at END,
+                auto_at = CASE WHEN ?4 IS NOT NULL THEN ?7 ELSE auto_at END,
+                busy = CASE WHEN ?4 IS NOT NULL THEN ?7 IS NOT NULL AND COALESCE(?11, run_status) <> 'failed'
+                            ELSE busy AND COALESCE(?11, run_status) <> 'failed' END,
+                request_id = CASE WHEN ?4 IS NOT NULL THEN COALESCE(?8, request_id) ELSE request_id END,
+                properties = COALESCE(?9, properties),
+                fired = COALESCE(?10, fired),
+                run_status = COALESCE(?11, run_status),
+                sleep_until = CASE WHEN ?11 IS NOT NULL THEN ?12 ELSE sleep_until END,
+                recent_errors = COALESCE(?13, recent_errors),
+                machine_hash = COALESCE(?14, machine_hash),
+                ordinal = CASE WHEN ?4 IS NULL THEN ordinal WHEN ?17 THEN 1 ELSE ordinal + 1 END,
+                event_id = CASE WHEN ?18 THEN NULL WHEN ?4 IS NOT NULL AND ?17 THEN ?16 ELSE event_id END,
+                lease_owner = CASE WHEN ?15 AND COALESCE(?11, run_status) = 'active' THEN lease_owner END,
+                lease_until = CASE WHEN ?15 AND COALESCE(?11, run_status) = 'active' THEN lease_until END,
+                due_at = CASE
+                    WHEN COALESCE(?11, run_status) IN ('paused', 'failed', 'killed') THEN NULL
+                    WHEN COALESCE(?11, run_status) IN ('sleeping', 'fault') THEN
+                        CASE WHEN ?11 IS NOT NULL THEN ?12 ELSE sleep_until END
+                    WHEN ?15 THEN due_at
+                    WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1 AND id <> ?16) THEN ?6
+                    WHEN (CASE WHEN ?4 IS NOT NULL THEN ?7 ELSE auto_at END) IS NULL THEN timer_at
+                    WHEN timer_at IS NULL THEN CASE WHEN ?4 IS NOT NULL THEN ?7 ELSE auto_at END
+                    ELSE MIN(CASE WHEN ?4 IS NOT NULL THEN ?7 ELSE auto_at END, timer_at) END
+             WHERE id = ?1 AND version = ?2 AND lease_owner = ?3
+             RETURNING lease_owner IS NOT NULL, has_predecessors, machine, key, ordinal",
+        )?
+        .query_row(
+            params![
+                f.entity_id,
+                f.version,
+                f.owner,
+                c.to.as_deref(),
+                c.retry,
+                now,
+                c.auto_at,
+                c.request_id,
+                c.properties.as_ref().map(json_text),
+                fired,
+                status,
+                sleep_until,
+                c.recent_errors.as_ref().map(json_text),
+                c.machine_hash,
+                hold,
+                c.consume.unwrap_or(-1),
+                c.telemetry.event.is_some(),
+                c.telemetry.at_rest
+            ],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )
+        .optional()?;
+    let Some((held, has_predecessors, machine, key, ordinal)) = fenced else {
         return Err(Fail::Op(OpError::LeaseLost { entity_id: f.entity_id }));
-    }
+    };
     if let Some(id) = c.consume {
         tx.prepare_cached("DELETE FROM inbox WHERE id = ?1 AND entity_id = ?2")?.execute([id, f.entity_id])?;
     }
@@ -489,10 +584,12 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
         tx.prepare_cached("DELETE FROM inbox WHERE entity_id = ?1 AND kind = 'notice' AND id <= ?2")?
             .execute([f.entity_id, upto])?;
     }
+    let mut history_id = None;
     if !c.quiet {
         tx.prepare_cached(
-            "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail,
+                machine_hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )?
         .execute(params![
             f.entity_id,
@@ -504,9 +601,12 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
             c.retry,
             c.request_id,
             now,
-            c.detail
+            c.detail,
+            c.machine_hash
         ])?;
+        history_id = Some(tx.last_insert_rowid());
     }
+    write_telemetry(tx, now, c, history_id, ordinal, &machine, &key)?;
     for (index, stmt) in c.sql.iter().enumerate() {
         let params: Vec<SqlValue> = stmt.params.iter().map(json_to_sql).collect();
         let run = tx.prepare_cached(&stmt.sql).and_then(|mut s| s.execute(rusqlite::params_from_iter(params)));
@@ -516,35 +616,155 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
     }
     let mut created = Vec::with_capacity(c.creates.len());
     for e in &c.creates {
-        let id = insert_entity(tx, now, e)?.id;
-        add_successor(tx, now, f.entity_id, id, c.request_id.as_deref())?;
-        created.push(id);
+        let Applied::Created(row) = insert_entity(tx, now, e)? else {
+            unreachable!("entities created by actions open no operation")
+        };
+        add_successor(tx, now, f.entity_id, row.id, c.request_id.as_deref())?;
+        created.push(row.id);
     }
     for p in &c.pushes {
         push_event(tx, now, p)?;
     }
-    if c.notify_predecessors {
+    if c.notify_predecessors && has_predecessors {
         notify_predecessors(tx, f.entity_id, now, c.request_id.as_deref())?;
     }
-    let mut due_changed = false;
     if c.notify_self {
         tx.prepare_cached(
             "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
              VALUES (?1, ?2, '{}', ?3, 'notice', ?4)",
         )?
         .execute(params![f.entity_id, InboxKind::NOTICE_EVENT, c.request_id, now])?;
-        due_changed = true;
     }
     if let Some(plans) = &c.timers {
         set_timers(tx, f.entity_id, plans)?;
-        due_changed = true;
     }
-    if due_changed {
-        refresh_due(tx, f.entity_id, now)?;
+    if c.timers.is_some() || c.notify_self || c.consume_notices_upto.is_some() {
+        refresh_due(tx, f.entity_id, now, c.timers.is_some())?;
     }
-    let inbox_head = if hold { inbox_head(tx, f.entity_id)? } else { None };
+    if c.telemetry.complete
+        && let Some(r) = &c.request_id
+    {
+        complete_operation(tx, r, now)?;
+    }
+    let inbox_head = if held { inbox_head(tx, f.entity_id)? } else { None };
     let version = if c.to.is_some() { f.version + 1 } else { f.version };
-    Ok(Applied::Committed { version, inbox_head, created })
+    Ok(Applied::Committed { held, version, inbox_head, created })
+}
+
+/// Writes the commit's `events`, `transitions`, `errors` and `exceptions` rows and closes
+/// the event whose workflow ends.
+fn write_telemetry(
+    tx: &Transaction<'_>,
+    now: Millis,
+    c: &Commit,
+    history_id: Option<i64>,
+    ordinal: i64,
+    machine: &str,
+    key: &str,
+) -> rusqlite::Result<()> {
+    let t = &c.telemetry;
+    let f = &c.fence;
+    let mut error_id = None;
+    if let Some(err) = &t.error {
+        tx.prepare_cached(
+            "INSERT INTO errors (entity_id, operation_id, request_id, at, kind, details)
+             VALUES (?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?3, ?4, ?5)",
+        )?
+        .execute(params![f.entity_id, c.request_id, now, err.kind, err.details])?;
+        let id = tx.last_insert_rowid();
+        error_id = Some(id);
+        if let Some(details) = &err.exception {
+            tx.prepare_cached("INSERT INTO exceptions (error_id, at, details) VALUES (?1, ?2, ?3)")?
+                .execute(params![id, now, details])?;
+        }
+        if let Some(r) = &c.request_id {
+            tx.prepare_cached(
+                "UPDATE operations SET error_seen = 1, error = COALESCE(error, ?2) WHERE request_id = ?1",
+            )?
+            .execute(params![r, err.details])?;
+        }
+    }
+    // The event this commit belongs to: the one it processes (its id is its inbox id),
+    // else the one whose workflow the entity is in.
+    let mut event_id = t.current_event;
+    if let (Some(ev), Some(name)) = (&t.event, &c.event) {
+        // An event that changes no state (rejected, failed) ends at once.
+        let ended = c.to.is_none();
+        tx.prepare_cached(
+            "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
+                start_state, start_time, rejected, failed, error_id, exception, end_state, end_time)
+             VALUES (?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
+                ?11, ?12, ?13, CASE WHEN ?14 THEN ?8 END, CASE WHEN ?14 THEN ?15 END)",
+        )?
+        .execute(params![
+            ev.seq,
+            c.request_id,
+            f.entity_id,
+            machine,
+            key,
+            name.as_str(),
+            ev.kind,
+            c.from.as_str(),
+            ev.raised_at,
+            ev.rejected,
+            ev.failed,
+            error_id,
+            t.error.as_ref().and_then(|e| e.exception.clone()),
+            ended,
+            now
+        ])?;
+        if !ended {
+            event_id = Some(ev.seq);
+        }
+        if ev.kind == "raised"
+            && let Some(r) = &c.request_id
+        {
+            tx.prepare_cached(
+                "UPDATE operations SET first_response_at = COALESCE(first_response_at, ?2) WHERE request_id = ?1",
+            )?
+            .execute(params![r, now])?;
+        }
+    }
+    if let (Some(tr), Some(to), Some(history_id)) = (&t.transition, &c.to, history_id) {
+        tx.prepare_cached(
+            "INSERT INTO transitions (operation_id, request_id, event_id, history_id, ordinal, entity_id, machine, kind,
+                action, start_state, end_state, start_health, end_health, entry_time, start_time, retry_count,
+                action_start_time, end_time, outcome, error, machine_hash)
+             VALUES ((SELECT id FROM operations WHERE request_id = ?1), ?1, ?2, ?3, ?20, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
+                ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+        )?
+        .execute(params![
+            c.request_id,
+            event_id,
+            history_id,
+            f.entity_id,
+            machine,
+            tr.kind,
+            c.action.as_deref(),
+            c.from.as_str(),
+            to.as_str(),
+            tr.start_health,
+            tr.end_health,
+            tr.entry_time,
+            tr.start_time,
+            c.retry,
+            tr.action_start_time,
+            now,
+            tr.outcome,
+            c.detail,
+            c.machine_hash,
+            ordinal
+        ])?;
+    }
+    // The workflow of the entity's event ends when the entity is at rest.
+    if t.at_rest
+        && c.to.is_some()
+        && let Some(id) = event_id
+    {
+        tx.prepare_cached("UPDATE events SET end_state = ?2, end_time = ?3 WHERE id = ?1 AND end_time IS NULL")?
+            .execute(params![id, c.to.as_deref(), now])?;
+    }
+    Ok(())
 }
 
 fn add_successor(
@@ -562,25 +782,21 @@ fn add_successor(
          ON CONFLICT (predecessor_id, successor_id) DO NOTHING",
     )?
     .execute(params![pred, succ, request_id, now])?;
+    tx.prepare_cached("UPDATE entities SET has_predecessors = 1 WHERE id = ?1 AND has_predecessors = 0")?
+        .execute([succ])?;
     Ok(())
 }
 
-/// Recomputes an entity's timer time and due time after its timers or inbox changed.
-fn refresh_due(tx: &Transaction<'_>, id: i64, now: Millis) -> rusqlite::Result<()> {
-    tx.prepare_cached(
-        "UPDATE entities SET timer_at = (SELECT MIN(due_at) FROM timers WHERE entity_id = ?1) WHERE id = ?1",
-    )?
-    .execute([id])?;
-    tx.prepare_cached(
-        "UPDATE entities SET due_at = CASE
-            WHEN lease_owner IS NOT NULL THEN lease_until
-            WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1) THEN ?2
-            WHEN auto_at IS NULL THEN timer_at
-            WHEN timer_at IS NULL THEN auto_at
-            ELSE MIN(auto_at, timer_at) END
-         WHERE id = ?1",
-    )?
-    .execute(params![id, now])?;
+/// Recomputes an entity's due time (and, when its timers changed, its timer time).
+fn refresh_due(tx: &Transaction<'_>, id: i64, now: Millis, timers_changed: bool) -> rusqlite::Result<()> {
+    if timers_changed {
+        tx.prepare_cached(
+            "UPDATE entities SET timer_at = (SELECT MIN(due_at) FROM timers WHERE entity_id = ?1) WHERE id = ?1",
+        )?
+        .execute([id])?;
+    }
+    tx.prepare_cached(&format!("UPDATE entities SET due_at = {DUE_EXPR} WHERE id = :id"))?
+        .execute(rusqlite::named_params! {":id": id, ":now": now})?;
     Ok(())
 }
 
@@ -596,7 +812,7 @@ fn notify_predecessors(tx: &Transaction<'_>, id: i64, now: Millis, request_id: O
         tx.prepare_cached(
             "UPDATE entities SET due_at = ?2
              WHERE id IN (SELECT predecessor_id FROM successors WHERE successor_id = ?1)
-               AND lease_owner IS NULL AND (due_at IS NULL OR due_at > ?2)",
+               AND lease_owner IS NULL AND run_status = 'active' AND (due_at IS NULL OR due_at > ?2)",
         )?
         .execute(params![id, now])?;
     }
@@ -625,12 +841,14 @@ fn set_timers(tx: &Transaction<'_>, id: i64, plans: &[TimerPlan]) -> rusqlite::R
     Ok(())
 }
 
-/// Turns due timers into inbox events (one-shot timers are deleted, periodic ones
-/// rescheduled) in the claiming transaction; the params name the timer.
+/// Turns due timers of active entities into inbox events (one-shot timers are deleted,
+/// periodic ones rescheduled) in the claiming transaction; the params name the timer. A
+/// paused or sleeping entity's timers wait.
 fn fire_timers(tx: &Transaction<'_>, now: Millis, limit: usize) -> rusqlite::Result<()> {
     let due: Vec<TimerRow> = tx
         .prepare_cached(
-            "SELECT entity_id, name, event, due_at, every_ms FROM timers WHERE due_at <= ?1 ORDER BY due_at LIMIT ?2",
+            "SELECT t.entity_id, t.name, t.event, t.due_at, t.every_ms FROM timers t JOIN entities e ON e.id = t.entity_id
+             WHERE t.due_at <= ?1 AND e.run_status = 'active' ORDER BY t.due_at LIMIT ?2",
         )?
         .query_map(params![now, limit as i64], timer_from_row)?
         .collect::<rusqlite::Result<_>>()?;
@@ -656,7 +874,7 @@ fn fire_timers(tx: &Transaction<'_>, now: Millis, limit: usize) -> rusqlite::Res
                     .execute(params![t.entity_id, t.name])?;
             }
         }
-        refresh_due(tx, t.entity_id, now)?;
+        refresh_due(tx, t.entity_id, now, true)?;
     }
     Ok(())
 }
@@ -671,22 +889,135 @@ fn timer_from_row(r: &Row<'_>) -> rusqlite::Result<TimerRow> {
     })
 }
 
+/// An operator command. Kill bumps the version (any commit in flight is refused) and
+/// cancels queued events and timers; release drops the lease; the others set the run
+/// status. Recorded in history; the entity's due time follows its new status.
+fn apply_command(
+    tx: &Transaction<'_>,
+    now: Millis,
+    machine: &str,
+    key: &str,
+    command: Command,
+    operation: Option<&OpenOperation>,
+) -> Result<Applied, Fail> {
+    let current: Option<(i64, String, String, Option<String>)> = tx
+        .prepare_cached("SELECT id, state, run_status, request_id FROM entities WHERE machine = ?1 AND key = ?2")?
+        .query_row(params![machine, key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .optional()?;
+    let Some((id, state, status, entity_request)) = current else {
+        return Err(Fail::Op(OpError::NotFound { machine: machine.to_string(), key: key.to_string() }));
+    };
+    if let Some(op) = operation
+        && let Some(operation_id) = open_operation(tx, now, op, machine, key)?
+    {
+        return Ok(Applied::Replayed { operation_id });
+    }
+    if status == "killed" && command != Command::Kill {
+        return Err(Fail::Op(OpError::Killed { machine: machine.to_string(), key: key.to_string() }));
+    }
+    let sql = match command {
+        Command::Pause => "UPDATE entities SET run_status = 'paused', sleep_until = NULL WHERE id = ?1",
+        Command::Resume => {
+            "UPDATE entities SET run_status = 'active', sleep_until = NULL, recent_errors = '[]',
+                auto_at = CASE WHEN auto_at IS NOT NULL AND ?3 IN ('fault', 'failed') THEN ?2 ELSE auto_at END,
+                busy = auto_at IS NOT NULL
+             WHERE id = ?1"
+        }
+        Command::Sleep { .. } => "UPDATE entities SET run_status = 'sleeping', sleep_until = ?4 WHERE id = ?1",
+        Command::Kill => {
+            "UPDATE entities SET run_status = 'killed', sleep_until = NULL, version = version + 1, busy = 0,
+                lease_owner = NULL, lease_until = NULL, auto_at = NULL, timer_at = NULL
+             WHERE id = ?1"
+        }
+        Command::Release => "UPDATE entities SET lease_owner = NULL, lease_until = NULL WHERE id = ?1",
+        Command::Retry => {
+            "UPDATE entities SET run_status = 'active', sleep_until = NULL,
+                auto_at = CASE WHEN auto_at IS NOT NULL THEN ?2 ELSE auto_at END,
+                busy = auto_at IS NOT NULL
+             WHERE id = ?1"
+        }
+    };
+    let until = match command {
+        Command::Sleep { until } => Some(until),
+        _ => None,
+    };
+    let (p3, p4) = (status.as_str(), until);
+    match command {
+        Command::Resume => tx.prepare_cached(sql)?.execute(params![id, now, p3])?,
+        Command::Sleep { .. } => tx.prepare_cached(sql)?.execute(params![id, now, p3, p4])?,
+        Command::Retry => tx.prepare_cached(sql)?.execute(params![id, now])?,
+        _ => tx.prepare_cached(sql)?.execute(params![id])?,
+    };
+    let request_id = operation.map(|o| o.request_id.clone());
+    if command == Command::Kill {
+        // Cancel pending work; the operations it belonged to end as canceled.
+        let mut canceled: Vec<String> = tx
+            .prepare_cached("SELECT DISTINCT request_id FROM inbox WHERE entity_id = ?1 AND request_id IS NOT NULL")?
+            .query_map([id], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        canceled.extend(entity_request);
+        tx.prepare_cached("DELETE FROM inbox WHERE entity_id = ?1")?.execute([id])?;
+        tx.prepare_cached("DELETE FROM timers WHERE entity_id = ?1")?.execute([id])?;
+        for r in &canceled {
+            tx.prepare_cached("UPDATE operations SET canceled = 1 WHERE request_id = ?1 AND ended_at IS NULL")?
+                .execute([r])?;
+            complete_operation(tx, r, now)?;
+        }
+    }
+    tx.prepare_cached(
+        "INSERT INTO history (entity_id, from_state, to_state, kind, retry, request_id, at, detail)
+         VALUES (?1, ?2, NULL, 'command', 0, ?3, ?4, ?5)",
+    )?
+    .execute(params![id, state, request_id, now, command.as_str()])?;
+    refresh_due(tx, id, now, false)?;
+    if let Some(r) = &request_id {
+        // A command is done when it is applied.
+        tx.prepare_cached(
+            "UPDATE operations SET first_response_at = ?2, ended_at = ?2, last_progress_at = ?2, outcome = 'success'
+             WHERE request_id = ?1 AND ended_at IS NULL",
+        )?
+        .execute(params![r, now])?;
+    }
+    let row = tx
+        .prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?
+        .query_row([id], entity_from_row)?;
+    Ok(Applied::Commanded(row))
+}
+
 fn apply_op(tx: &Transaction<'_>, now: Millis, op: &Op) -> Result<Applied, Fail> {
     match op {
-        Op::Create(e) => insert_entity(tx, now, e).map(Applied::Created),
-        Op::Push(p) => push_event(tx, now, p).map(|(entity_id, inbox_id)| Applied::Pushed { inbox_id, entity_id }),
+        Op::Create(e) => insert_entity(tx, now, e),
+        Op::Push(p) => push_event(tx, now, p),
         Op::Commit(c) => apply_commit(tx, now, c),
+        Op::Command { machine, key, command, operation } => {
+            apply_command(tx, now, machine, key, *command, operation.as_ref())
+        }
+        Op::MarkHung { before } => {
+            // No progress since `before`: nothing it reached entered a state (or retried)
+            // since, and no event of it was queued since.
+            let n = tx
+                .prepare_cached(
+                    "UPDATE operations SET outcome = 'hung'
+                     WHERE ended_at IS NULL AND outcome IS NULL AND started_at < ?1
+                       AND NOT EXISTS (SELECT 1 FROM entities e WHERE e.request_id = operations.request_id
+                                          AND e.busy = 1 AND e.entered_at >= ?1)
+                       AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.request_id = operations.request_id
+                                          AND i.created_at >= ?1)",
+                )?
+                .execute([before])?;
+            Ok(Applied::MarkedHung(n as u64))
+        }
         Op::Release(f) => {
             let n = tx
                 .prepare_cached(
-                    "UPDATE entities SET lease_owner = NULL, lease_until = NULL,
-                        due_at = CASE WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = ?1) THEN ?4 ELSE auto_at END
+                    "UPDATE entities SET lease_owner = NULL, lease_until = NULL
                      WHERE id = ?1 AND version = ?2 AND lease_owner = ?3",
                 )?
-                .execute(params![f.entity_id, f.version, f.owner, now])?;
+                .execute(params![f.entity_id, f.version, f.owner])?;
             if n == 0 {
                 return Err(Fail::Op(OpError::LeaseLost { entity_id: f.entity_id }));
             }
+            refresh_due(tx, f.entity_id, now, false)?;
             Ok(Applied::Released)
         }
         Op::Renew { ids, owner, until } => {
@@ -708,7 +1039,8 @@ fn needs_savepoint(op: &Op) -> bool {
         Op::Commit(c) => {
             !(c.sql.is_empty() && c.creates.is_empty() && c.pushes.is_empty() && c.preconditions.is_empty())
         }
-        Op::Create(_) | Op::Push(_) | Op::Release(_) | Op::Renew { .. } => false,
+        Op::Command { .. } => true,
+        Op::Create(_) | Op::Push(_) | Op::Release(_) | Op::Renew { .. } | Op::MarkHung { .. } => false,
     }
 }
 
@@ -741,9 +1073,11 @@ fn apply_batch(conn: &mut Connection, batch: &Batch) -> rusqlite::Result<BatchRe
     if let Some(claim) = &batch.claim {
         fire_timers(&tx, now, 1_000)?;
         let until = now + claim.lease_ms;
+        // A sleeping or backing-off entity that comes due wakes up: it is active again.
         let entities: Vec<EntityRow> = tx
             .prepare_cached(&format!(
-                "UPDATE entities SET lease_owner = ?1, lease_until = ?2, due_at = ?2
+                "UPDATE entities SET lease_owner = ?1, lease_until = ?2, due_at = ?2, sleep_until = NULL,
+                    run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
                  WHERE id IN (SELECT id FROM entities WHERE due_at <= ?3 ORDER BY due_at LIMIT ?4)
                  RETURNING {ENTITY_COLS}"
             ))?
@@ -928,6 +1262,91 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn operation_get(&self, request_id: &str) -> Result<Option<OperationRow>> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| {
+            c.prepare_cached(&format!("SELECT {OPERATION_COLS} FROM operations WHERE request_id = ?1"))
+                .and_then(|mut s| s.query_row([request_id], operation_from_row).optional())
+                .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn operation_list(&self, outcome: Option<String>, limit: u64) -> Result<Vec<OperationRow>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {OPERATION_COLS} FROM operations
+                     WHERE ?1 IS NULL OR (?1 = 'open' AND ended_at IS NULL) OR outcome = ?1
+                     ORDER BY id DESC LIMIT ?2"
+                ))
+                .map_err(db_err)?;
+            stmt.query_map(params![outcome, limit.min(i64::MAX as u64) as i64], operation_from_row)
+                .and_then(|rows| rows.collect())
+                .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn machine_migrate(
+        &self,
+        machine: &str,
+        moves: Vec<(String, String)>,
+        hash: &str,
+        now: Millis,
+    ) -> Result<u64> {
+        let (machine, hash) = (machine.to_string(), hash.to_string());
+        self.on_writer(move |c| {
+            let tx = c.transaction().map_err(db_err)?;
+            let mut moved = 0;
+            for (old, new) in &moves {
+                tx.execute(
+                    "INSERT INTO history (entity_id, from_state, to_state, kind, retry, at, detail, machine_hash)
+                     SELECT id, state, ?3, 'command', 0, ?4, 'upgrade: state renamed', ?5
+                     FROM entities WHERE machine = ?1 AND state = ?2",
+                    params![machine, old, new, now, hash],
+                )
+                .map_err(db_err)?;
+                moved += tx
+                    .execute(
+                        "UPDATE entities SET state = ?3, version = version + 1, machine_hash = ?4
+                         WHERE machine = ?1 AND state = ?2",
+                        params![machine, old, new, hash],
+                    )
+                    .map_err(db_err)? as u64;
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(moved)
+        })
+        .await
+    }
+
+    async fn machine_versions(&self) -> Result<Vec<(MachineRecord, u64)>> {
+        self.on_reader(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT m.name, m.hash, m.definition, m.created_at,
+                        (SELECT COUNT(*) FROM entities e WHERE e.machine = m.name AND e.machine_hash = m.hash)
+                     FROM machines m ORDER BY m.name, m.created_at",
+                )
+                .map_err(db_err)?;
+            stmt.query_map([], |r| {
+                Ok((
+                    MachineRecord {
+                        name: MachineName::new(r.get_ref(0)?.as_str()?),
+                        hash: r.get(1)?,
+                        definition: r.get(2)?,
+                        created_at: r.get(3)?,
+                    },
+                    r.get::<_, i64>(4)? as u64,
+                ))
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(db_err)
+        })
+        .await
+    }
+
     fn exclusive(&self) -> bool {
         self.inner.lock.is_some()
     }
@@ -939,14 +1358,19 @@ impl Store for SqliteStore {
 
     async fn lease_release_all(&self, now: Millis) -> Result<u64> {
         self.on_writer(move |c| {
-            c.execute(
-                "UPDATE entities SET lease_owner = NULL, lease_until = NULL,
-                    due_at = CASE WHEN auto_at IS NOT NULL AND auto_at > ?1 THEN auto_at ELSE ?1 END
-                 WHERE lease_owner IS NOT NULL",
-                [now],
-            )
-            .map(|n| n as u64)
-            .map_err(db_err)
+            let tx = c.transaction().map_err(db_err)?;
+            let ids: Vec<i64> = tx
+                .prepare("UPDATE entities SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL RETURNING id")
+                .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+                .map_err(db_err)?;
+            for &id in &ids {
+                refresh_due(&tx, id, now, false).map_err(db_err)?;
+            }
+            // Operations still open lived through an engine restart.
+            tx.execute("UPDATE operations SET restart_count = restart_count + 1 WHERE ended_at IS NULL", [])
+                .map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(ids.len() as u64)
         })
         .await
     }

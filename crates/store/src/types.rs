@@ -45,6 +45,196 @@ pub struct EntityRow {
     pub fired: Vec<EventName>,
     /// The earliest due time of the entity's timers.
     pub timer_at: Option<Millis>,
+    /// Lifecycle status beside the machine state.
+    pub run_status: RunStatus,
+    /// Until when a `sleeping` or `fault` entity waits.
+    pub sleep_until: Option<Millis>,
+    /// Times of the entity's recent errors, as its fault policy keeps them.
+    pub recent_errors: Vec<Millis>,
+    /// The telemetry event whose workflow the entity is in.
+    pub event_id: Option<i64>,
+    /// The definition version of the entity's latest transition.
+    pub machine_hash: Option<String>,
+}
+
+/// An entity's lifecycle status, beside its machine state (DESIGN §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RunStatus {
+    /// Runs normally.
+    #[default]
+    Active,
+    /// Nothing runs; events queue and run on resume.
+    Paused,
+    /// Nothing runs until `sleep_until` (an operator's `sleep`); events queue.
+    Sleeping,
+    /// Backing off after an error until `sleep_until`, then the state is re-entered.
+    Fault,
+    /// Parked by the fault policy for an operator.
+    Failed,
+    /// Terminal: never runs again; its pending work was canceled.
+    Killed,
+}
+
+impl RunStatus {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Active => "active",
+            RunStatus::Paused => "paused",
+            RunStatus::Sleeping => "sleeping",
+            RunStatus::Fault => "fault",
+            RunStatus::Failed => "failed",
+            RunStatus::Killed => "killed",
+        }
+    }
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "active" => RunStatus::Active,
+            "paused" => RunStatus::Paused,
+            "sleeping" => RunStatus::Sleeping,
+            "fault" => RunStatus::Fault,
+            "failed" => RunStatus::Failed,
+            "killed" => RunStatus::Killed,
+            _ => return None,
+        })
+    }
+}
+
+/// An operator command on an entity's run status (DESIGN §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Stop auto actions and timers; events queue.
+    Pause,
+    /// Back to `active` from paused, sleeping, fault or failed (clears the error count).
+    Resume,
+    /// Sleep until a time.
+    Sleep {
+        /// Wake-up time.
+        until: Millis,
+    },
+    /// Terminal: cancel pending work (queued events, timers); never run again.
+    Kill,
+    /// Drop the lease now so any instance may continue.
+    Release,
+    /// Run the pending auto action now (after a backoff, a retry delay or parking).
+    Retry,
+}
+
+impl Command {
+    /// The command's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Command::Pause => "pause",
+            Command::Resume => "resume",
+            Command::Sleep { .. } => "sleep",
+            Command::Kill => "kill",
+            Command::Release => "release",
+            Command::Retry => "retry",
+        }
+    }
+}
+
+/// An operation opened by an external request (DESIGN §1 "Operations").
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenOperation {
+    /// Caller-supplied idempotency key, or generated.
+    pub request_id: String,
+    /// What was asked, e.g. `server.create` or `server:new` or `server.pause`.
+    pub name: String,
+    /// Free-form dimensions (JSON object).
+    pub dimensions: Value,
+}
+
+/// A stored operation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationRow {
+    /// Store id.
+    pub id: i64,
+    /// Its request id.
+    pub request_id: String,
+    /// What was asked.
+    pub name: String,
+    /// The entity's machine.
+    pub machine: Option<String>,
+    /// The entity's key.
+    pub entity_key: Option<String>,
+    /// When it started.
+    pub started_at: Millis,
+    /// When every entity it reached was at rest again.
+    pub ended_at: Option<Millis>,
+    /// When its first event was processed.
+    pub first_response_at: Option<Millis>,
+    /// `success`, `failed`, `canceled` or `hung`.
+    pub outcome: Option<String>,
+    /// The first error, if any.
+    pub error: Option<String>,
+    /// Engine restarts it lived through.
+    pub restart_count: u32,
+    /// Free-form dimensions.
+    pub dimensions: Value,
+}
+
+/// Telemetry written with a commit (DESIGN §6).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Telemetry {
+    /// The inbox event this commit processes.
+    pub event: Option<EventRecord>,
+    /// The state entry this commit makes.
+    pub transition: Option<TransitionRecord>,
+    /// The error this commit records.
+    pub error: Option<ErrorRecord>,
+    /// The entity is at rest after the commit: its event's workflow ends.
+    pub at_rest: bool,
+    /// The operation of the commit's request may be complete: check it.
+    pub complete: bool,
+    /// The event whose workflow the entity was in before this commit.
+    pub current_event: Option<i64>,
+}
+
+/// A processed event, for the `events` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRecord {
+    /// raised | nested | subscription | timer.
+    pub kind: &'static str,
+    /// Its inbox id.
+    pub seq: i64,
+    /// When it was raised.
+    pub raised_at: Millis,
+    /// Rejected in the entity's state.
+    pub rejected: bool,
+    /// Its action failed.
+    pub failed: bool,
+}
+
+/// A state entry, for the `transitions` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransitionRecord {
+    /// create | event | event_action | auto_action.
+    pub kind: &'static str,
+    /// Health of the state left (`None` on creation).
+    pub start_health: Option<&'static str>,
+    /// Health of the state entered.
+    pub end_health: &'static str,
+    /// When the state left was entered.
+    pub entry_time: Millis,
+    /// When transitioning started: the event was received, or the action started.
+    pub start_time: Millis,
+    /// When the action started, if one ran.
+    pub action_start_time: Option<Millis>,
+    /// ok | retry | error.
+    pub outcome: &'static str,
+}
+
+/// An error, for the `errors` table (and `exceptions` for panics).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorRecord {
+    /// action_error | panic | refused | commit_failed.
+    pub kind: &'static str,
+    /// What went wrong.
+    pub details: String,
+    /// Exception details (a panic's message), if any.
+    pub exception: Option<String>,
 }
 
 /// An event waiting in an entity's durable inbox.
@@ -119,6 +309,8 @@ pub enum HistoryKind {
     Rejected,
     /// An action failed (error, panic, refused or failed commit); see `detail`.
     Fault,
+    /// An operator command (pause, resume, sleep, kill, release, retry); see `detail`.
+    Command,
 }
 
 impl HistoryKind {
@@ -130,6 +322,7 @@ impl HistoryKind {
             HistoryKind::Auto => "auto",
             HistoryKind::Rejected => "rejected",
             HistoryKind::Fault => "fault",
+            HistoryKind::Command => "command",
         }
     }
     /// Parses the stored name.
@@ -140,6 +333,7 @@ impl HistoryKind {
             "auto" => HistoryKind::Auto,
             "rejected" => HistoryKind::Rejected,
             "fault" => HistoryKind::Fault,
+            "command" => HistoryKind::Command,
             _ => return None,
         })
     }
@@ -217,6 +411,12 @@ pub struct NewEntity {
     pub timers: Vec<TimerPlan>,
     /// Queue a change notice to itself (its initial state has subscriptions).
     pub notify_self: bool,
+    /// Opens this operation (an external create); replays of its request id create nothing.
+    pub operation: Option<OpenOperation>,
+    /// The definition version it is created under.
+    pub machine_hash: Option<String>,
+    /// Health of the initial state (`ok` or `error`), for telemetry.
+    pub health: &'static str,
 }
 
 /// An event to append to an entity's inbox.
@@ -237,6 +437,8 @@ pub struct Push {
     /// Records this entity as a predecessor of the target (the event joins the target into
     /// its workflow).
     pub join_from: Option<i64>,
+    /// Opens this operation (an external raise); replays of its request id push nothing.
+    pub operation: Option<OpenOperation>,
 }
 
 /// A timer an entity should have after a commit.
@@ -294,11 +496,9 @@ pub struct Fence {
 /// What becomes of the lease after a commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterCommit {
-    /// Keep the lease (the holder continues right away) until `now + lease_ms`.
-    Hold {
-        /// Lease length from now.
-        lease_ms: i64,
-    },
+    /// Keep the lease (the holder continues right away). Its lease time is unchanged:
+    /// `Op::Renew` extends it, so a chain of steps does not rewrite the due-time index.
+    Hold,
     /// Drop the lease. The entity is next due at its `auto_at`, or at once if its inbox
     /// holds events (checked inside the commit, so no event is ever stranded).
     Release,
@@ -357,6 +557,14 @@ pub struct Commit {
     /// Also consume every change notice up to this inbox id (they were all covered by the
     /// subscription evaluation this commit concludes).
     pub consume_notices_upto: Option<i64>,
+    /// New run status and its `sleep_until` (fault policy), if it changes.
+    pub run_status: Option<(RunStatus, Option<Millis>)>,
+    /// The entity's recent errors after this commit, if they change.
+    pub recent_errors: Option<Vec<Millis>>,
+    /// The definition version the commit ran under.
+    pub machine_hash: Option<String>,
+    /// Telemetry rows written with the commit.
+    pub telemetry: Telemetry,
 }
 
 impl Commit {
@@ -386,6 +594,10 @@ impl Commit {
             notify_self: false,
             quiet: false,
             consume_notices_upto: None,
+            run_status: None,
+            recent_errors: None,
+            machine_hash: None,
+            telemetry: Telemetry::default(),
         }
     }
 }
@@ -413,6 +625,22 @@ pub enum Op {
     /// Drop the lease without a transition; the entity is due at its `auto_at`, or now if
     /// its inbox holds events.
     Release(Fence),
+    /// An operator command on an entity.
+    Command {
+        /// The entity's machine.
+        machine: MachineName,
+        /// The entity's key.
+        key: EntityKey,
+        /// What to do.
+        command: Command,
+        /// Opens this operation; replays of its request id do nothing.
+        operation: Option<OpenOperation>,
+    },
+    /// Marks operations with no progress since `before` as hung.
+    MarkHung {
+        /// The progress deadline.
+        before: Millis,
+    },
     /// Extend leases held by `owner` on `ids` until `until` (due at that time too).
     Renew {
         /// Entities.
@@ -458,8 +686,19 @@ pub enum Applied {
         /// The entity's id.
         entity_id: i64,
     },
+    /// The request id was seen before: the operation exists and nothing was done again.
+    Replayed {
+        /// The operation first opened with this request id.
+        operation_id: i64,
+    },
+    /// The command is applied; the entity afterwards.
+    Commanded(EntityRow),
+    /// Operations marked hung.
+    MarkedHung(u64),
     /// The commit is applied.
     Committed {
+        /// Whether the lease is still held (a `Hold` commit on an active entity).
+        held: bool,
         /// The entity's version afterwards.
         version: i64,
         /// The first event now waiting in the inbox (only reported when the lease is held).
@@ -507,6 +746,14 @@ pub enum OpError {
         expected: i64,
         /// The version now (0: gone).
         found: i64,
+    },
+    /// The entity was killed; it takes no commands but `kill`.
+    #[error("entity `{key}` of machine `{machine}` was killed")]
+    Killed {
+        /// Machine.
+        machine: String,
+        /// Key.
+        key: String,
     },
     /// A raw SQL statement of the commit failed (constraint, syntax, ...).
     #[error("sql statement {index} failed: {message}")]

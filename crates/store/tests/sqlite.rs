@@ -26,6 +26,9 @@ fn entity(key: &str) -> settle_store::NewEntity {
         request_id: None,
         timers: Vec::new(),
         notify_self: false,
+        operation: None,
+        machine_hash: None,
+        health: "ok",
     }
 }
 

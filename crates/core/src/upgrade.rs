@@ -1,0 +1,213 @@
+//! Definition upgrades: may a new definition of a machine replace the stored one, given
+//! the states its stored entities are in?
+//!
+//! Every stored entity must land in a state the new definition declares: either its state
+//! is still declared (it stays), or the new definition maps the old name to a declared
+//! state, by `renamed_from` on that state or by an entry of the `[migrate]` table
+//! ([`Machine::state_mapping`]); its entities then move there. Otherwise the upgrade is
+//! refused, naming every state left without a home and how many entities are in it.
+//!
+//! The check is pure: the engine gives it the stored entities' states with their counts,
+//! and applies the moves it returns.
+//!
+//! ```
+//! use settle_core::MachineBuilder;
+//! let new = MachineBuilder::new("server")
+//!     .state("new").initial()
+//!     .state("setting_up").renamed_from(["provisioning"])
+//!     .state("ready").kind(settle_core::StateKind::Terminal)
+//!     .event("create", ["new"], "begin")
+//!     .event("finish", ["setting_up"], "done")
+//!     .action("begin", ["setting_up"])
+//!     .action("done", ["ready"])
+//!     .migrate("configuring", "setting_up")
+//!     .build()
+//!     .unwrap();
+//! let occupied = [("new".to_string(), 4), ("provisioning".to_string(), 12), ("configuring".to_string(), 3)];
+//! assert_eq!(
+//!     settle_core::upgrade::check(&new, &occupied).unwrap(),
+//!     [("provisioning".to_string(), "setting_up".to_string(), 12), ("configuring".into(), "setting_up".into(), 3)]
+//! );
+//! let err = settle_core::upgrade::check(&new, &[("deleting".to_string(), 1)]).unwrap_err();
+//! assert_eq!(
+//!     err.to_string(),
+//!     "machine `server`: the new definition has no state for 1 entity in `deleting` \
+//!      (declare `renamed_from` on a state or a `[migrate]` entry)"
+//! );
+//! ```
+
+use std::fmt;
+
+use crate::machine::Machine;
+use crate::names::MachineName;
+
+/// A new definition refused because stored entities would be left in states it does not
+/// declare and does not map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeRefused {
+    /// The machine.
+    pub machine: MachineName,
+    /// The states with no home in the new definition, with the number of stored entities
+    /// in each, in the order they were given to [`check`].
+    pub unmapped: Vec<(String, u64)>,
+}
+
+/// One line, e.g. (wrapped here):
+///
+/// ```text
+/// machine `server`: the new definition has no state for 12 entities in `provisioning`,
+/// 3 in `configuring` (declare `renamed_from` on a state or a `[migrate]` entry)
+/// ```
+impl fmt::Display for UpgradeRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "machine `{}`: the new definition has no state for ", self.machine)?;
+        for (i, (state, count)) in self.unmapped.iter().enumerate() {
+            match (i, count) {
+                (0, 1) => write!(f, "1 entity in `{state}`")?,
+                (0, _) => write!(f, "{count} entities in `{state}`")?,
+                _ => write!(f, ", {count} in `{state}`")?,
+            }
+        }
+        f.write_str(" (declare `renamed_from` on a state or a `[migrate]` entry)")
+    }
+}
+
+impl std::error::Error for UpgradeRefused {}
+
+/// Checks whether `new` can replace the stored definition of its machine, whose stored
+/// entities occupy the states `occupied` (state name, number of entities).
+///
+/// A state `new` declares needs nothing. A state it no longer declares must be mapped by
+/// [`Machine::state_mapping`] (always to a declared state): its entities move there, and
+/// the move comes back as `(old, new, count)`, in the order of `occupied`. States with a
+/// count of zero are ignored; a state listed more than once counts the sum.
+///
+/// Errors: [`UpgradeRefused`] with every occupied state that is neither declared nor
+/// mapped, and its count; nothing should be moved then.
+pub fn check(new: &Machine, occupied: &[(String, u64)]) -> Result<Vec<(String, String, u64)>, UpgradeRefused> {
+    // Sum duplicates, keeping the order of first appearance.
+    let mut counts: Vec<(&str, u64)> = Vec::new();
+    for (state, count) in occupied {
+        match counts.iter_mut().find(|(s, _)| s == state) {
+            Some((_, sum)) => *sum = sum.saturating_add(*count),
+            None => counts.push((state, *count)),
+        }
+    }
+    let mapping = new.state_mapping();
+    let mut moves = Vec::new();
+    let mut unmapped = Vec::new();
+    for (state, count) in counts {
+        if count == 0 || new.state(state).is_some() {
+            continue;
+        }
+        match mapping.get(state) {
+            Some(target) => moves.push((state.to_string(), target.to_string(), count)),
+            None => unmapped.push((state.to_string(), count)),
+        }
+    }
+    if unmapped.is_empty() { Ok(moves) } else { Err(UpgradeRefused { machine: new.name().clone(), unmapped }) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::MachineBuilder;
+    use crate::names::StateName;
+
+    /// `server` after renaming `provisioning` to `setting_up` and dropping `configuring`
+    /// and `deleting` (the latter's entities go to `gone`).
+    fn upgraded() -> Machine {
+        MachineBuilder::new("server")
+            .state("new")
+            .initial()
+            .state("setting_up")
+            .renamed_from(["provisioning", "installing"])
+            .auto("set_up")
+            .state("ready")
+            .state("gone")
+            .kind(crate::StateKind::Deleted)
+            .event("create", ["new"], "begin")
+            .event("delete", ["ready"], "drop")
+            .action("begin", ["setting_up"])
+            .action("set_up", ["ready", "setting_up"])
+            .action("drop", ["gone"])
+            .migrate("deleting", "gone")
+            .build()
+            .unwrap()
+    }
+
+    fn occupied(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+        list.iter().map(|(s, n)| (s.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn state_mapping_combines_renamed_from_and_migrate() {
+        let mapping: Vec<(StateName, StateName)> = upgraded().state_mapping().into_iter().collect();
+        let expected: Vec<(StateName, StateName)> =
+            [("deleting", "gone"), ("installing", "setting_up"), ("provisioning", "setting_up")]
+                .into_iter()
+                .map(|(a, b)| (a.into(), b.into()))
+                .collect();
+        assert_eq!(mapping, expected);
+        assert_eq!(upgraded().state("setting_up").unwrap().renamed_from, ["provisioning", "installing"]);
+    }
+
+    #[test]
+    fn declared_states_stay_and_mapped_ones_move() {
+        let m = upgraded();
+        let moves = check(&m, &occupied(&[("ready", 40), ("provisioning", 12), ("new", 2), ("deleting", 1)])).unwrap();
+        assert_eq!(
+            moves,
+            [("provisioning".to_string(), "setting_up".to_string(), 12), ("deleting".into(), "gone".into(), 1)]
+        );
+        assert_eq!(check(&m, &[]), Ok(vec![]));
+        assert_eq!(check(&m, &occupied(&[("ready", 3)])), Ok(vec![]));
+    }
+
+    #[test]
+    fn unmapped_states_refuse_the_upgrade_with_every_count() {
+        let m = upgraded();
+        let err = check(&m, &occupied(&[("provisioning", 12), ("ready", 1), ("configuring", 3), ("resizing", 1)]))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            UpgradeRefused { machine: "server".into(), unmapped: occupied(&[("configuring", 3), ("resizing", 1)]) }
+        );
+        assert_eq!(
+            err.to_string(),
+            "machine `server`: the new definition has no state for 3 entities in `configuring`, 1 in `resizing` \
+             (declare `renamed_from` on a state or a `[migrate]` entry)"
+        );
+    }
+
+    #[test]
+    fn the_message_reads_like_the_brief() {
+        let err = UpgradeRefused {
+            machine: "server".into(),
+            unmapped: occupied(&[("provisioning", 12), ("configuring", 3)]),
+        };
+        assert_eq!(
+            err.to_string(),
+            "machine `server`: the new definition has no state for 12 entities in `provisioning`, 3 in `configuring` \
+             (declare `renamed_from` on a state or a `[migrate]` entry)"
+        );
+        let err = UpgradeRefused { machine: "server".into(), unmapped: occupied(&[("provisioning", 1)]) };
+        assert_eq!(
+            err.to_string(),
+            "machine `server`: the new definition has no state for 1 entity in `provisioning` \
+             (declare `renamed_from` on a state or a `[migrate]` entry)"
+        );
+    }
+
+    #[test]
+    fn empty_states_are_ignored_and_repeated_states_summed() {
+        let m = upgraded();
+        assert_eq!(check(&m, &occupied(&[("configuring", 0), ("ready", 0)])), Ok(vec![]));
+        assert_eq!(
+            check(&m, &occupied(&[("provisioning", 2), ("new", 1), ("provisioning", 3)])),
+            Ok(vec![("provisioning".to_string(), "setting_up".to_string(), 5)])
+        );
+        let err = check(&m, &occupied(&[("configuring", 2), ("configuring", 0), ("configuring", 1)])).unwrap_err();
+        assert_eq!(err.unmapped, occupied(&[("configuring", 3)]));
+    }
+}
