@@ -395,28 +395,11 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<App
     }
     let id = tx.last_insert_rowid();
     tx.prepare_cached(
-        "INSERT INTO history (entity_id, from_state, to_state, kind, retry, request_id, at, machine_hash)
-         VALUES (?1, NULL, ?2, 'create', 0, ?3, ?4, ?5)",
+        "INSERT INTO history (entity_id, from_state, to_state, kind, retry, request_id, at, machine_hash,
+            ordinal, transition_kind, end_health, entry_time, start_time, outcome)
+         VALUES (?1, NULL, ?2, 'create', 0, ?3, ?4, ?5, 1, 'create', ?6, ?4, ?4, 'ok')",
     )?
-    .execute(params![id, e.state.as_str(), e.request_id, now, e.machine_hash])?;
-    let history_id = tx.last_insert_rowid();
-    tx.prepare_cached(
-        "INSERT INTO transitions (operation_id, request_id, event_id, history_id, ordinal, entity_id, machine, kind,
-            start_state, end_state, start_health, end_health, entry_time, start_time, retry_count, end_time, outcome,
-            machine_hash)
-         VALUES ((SELECT id FROM operations WHERE request_id = ?1), ?1, NULL, ?2, 1, ?3, ?4, 'create',
-            NULL, ?5, NULL, ?6, ?7, ?7, 0, ?7, 'ok', ?8)",
-    )?
-    .execute(params![
-        e.request_id,
-        history_id,
-        id,
-        e.machine.as_str(),
-        e.state.as_str(),
-        e.health,
-        now,
-        e.machine_hash
-    ])?;
+    .execute(params![id, e.state.as_str(), e.request_id, now, e.machine_hash, e.health])?;
     if e.notify_self {
         tx.prepare_cached(
             "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
@@ -517,7 +500,7 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
     // kept only by a `Hold` commit on an entity that is (still) active; it then keeps its
     // lease time and due time (renewals extend them), so the due index is not touched.
     // Otherwise the entity's next due time is computed from its new columns.
-    let fenced: Option<(bool, bool, String, String, i64)> = tx
+    let updated = tx
         .prepare_cached(
             "UPDATE entities SET
                 state = COALESCE(?4, state),
@@ -547,36 +530,38 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
                     WHEN (CASE WHEN ?4 IS NOT NULL THEN ?7 ELSE auto_at END) IS NULL THEN timer_at
                     WHEN timer_at IS NULL THEN CASE WHEN ?4 IS NOT NULL THEN ?7 ELSE auto_at END
                     ELSE MIN(CASE WHEN ?4 IS NOT NULL THEN ?7 ELSE auto_at END, timer_at) END
-             WHERE id = ?1 AND version = ?2 AND lease_owner = ?3
-             RETURNING lease_owner IS NOT NULL, has_predecessors, machine, key, ordinal",
+             WHERE id = ?1 AND version = ?2 AND lease_owner = ?3",
         )?
-        .query_row(
-            params![
-                f.entity_id,
-                f.version,
-                f.owner,
-                c.to.as_deref(),
-                c.retry,
-                now,
-                c.auto_at,
-                c.request_id,
-                c.properties.as_ref().map(json_text),
-                fired,
-                status,
-                sleep_until,
-                c.recent_errors.as_ref().map(json_text),
-                c.machine_hash,
-                hold,
-                c.consume.unwrap_or(-1),
-                c.telemetry.event.is_some(),
-                c.telemetry.at_rest
-            ],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-        )
-        .optional()?;
-    let Some((held, has_predecessors, machine, key, ordinal)) = fenced else {
+        .execute(params![
+            f.entity_id,
+            f.version,
+            f.owner,
+            c.to.as_deref(),
+            c.retry,
+            now,
+            c.auto_at,
+            c.request_id,
+            c.properties.as_ref().map(json_text),
+            fired,
+            status,
+            sleep_until,
+            c.recent_errors.as_ref().map(json_text),
+            c.machine_hash,
+            hold,
+            c.consume.unwrap_or(-1),
+            c.telemetry.event.is_some(),
+            c.telemetry.at_rest
+        ])?;
+    if updated == 0 {
         return Err(Fail::Op(OpError::LeaseLost { entity_id: f.entity_id }));
-    };
+    }
+    // (Not `RETURNING`: SQLite compiles it as a temporary trigger and re-prepares the
+    // statement on every run.)
+    let (held, has_predecessors, machine, key, ordinal): (bool, bool, String, String, i64) = tx
+        .prepare_cached(
+            "SELECT lease_owner IS NOT NULL, has_predecessors, machine, key, ordinal FROM entities WHERE id = ?1",
+        )?
+        .query_row([f.entity_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?;
     if let Some(id) = c.consume {
         tx.prepare_cached("DELETE FROM inbox WHERE id = ?1 AND entity_id = ?2")?.execute([id, f.entity_id])?;
     }
@@ -584,12 +569,18 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
         tx.prepare_cached("DELETE FROM inbox WHERE entity_id = ?1 AND kind = 'notice' AND id <= ?2")?
             .execute([f.entity_id, upto])?;
     }
-    let mut history_id = None;
+    // The event this commit belongs to: the one it processes (its id is its inbox id),
+    // else the one whose workflow the entity is in.
+    let t = &c.telemetry;
+    let event_id = if t.event.is_some() && c.to.is_some() { c.consume } else { t.current_event };
     if !c.quiet {
+        // A state entry's history row is also its `transitions` row.
+        let tr = if c.to.is_some() { t.transition.as_ref() } else { None };
         tx.prepare_cached(
             "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail,
-                machine_hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                machine_hash, event_id, ordinal, transition_kind, start_health, end_health, entry_time, start_time,
+                action_start_time, outcome)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
         )?
         .execute(params![
             f.entity_id,
@@ -602,11 +593,19 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
             c.request_id,
             now,
             c.detail,
-            c.machine_hash
+            c.machine_hash,
+            tr.and(event_id),
+            tr.map(|_| ordinal),
+            tr.map(|t| t.kind),
+            tr.and_then(|t| t.start_health),
+            tr.map(|t| t.end_health),
+            tr.map(|t| t.entry_time),
+            tr.map(|t| t.start_time),
+            tr.and_then(|t| t.action_start_time),
+            tr.map(|t| t.outcome)
         ])?;
-        history_id = Some(tx.last_insert_rowid());
     }
-    write_telemetry(tx, now, c, history_id, ordinal, &machine, &key)?;
+    write_telemetry(tx, now, c, event_id, &machine, &key)?;
     for (index, stmt) in c.sql.iter().enumerate() {
         let params: Vec<SqlValue> = stmt.params.iter().map(json_to_sql).collect();
         let run = tx.prepare_cached(&stmt.sql).and_then(|mut s| s.execute(rusqlite::params_from_iter(params)));
@@ -657,8 +656,7 @@ fn write_telemetry(
     tx: &Transaction<'_>,
     now: Millis,
     c: &Commit,
-    history_id: Option<i64>,
-    ordinal: i64,
+    event_id: Option<i64>,
     machine: &str,
     key: &str,
 ) -> rusqlite::Result<()> {
@@ -684,9 +682,6 @@ fn write_telemetry(
             .execute(params![r, err.details])?;
         }
     }
-    // The event this commit belongs to: the one it processes (its id is its inbox id),
-    // else the one whose workflow the entity is in.
-    let mut event_id = t.current_event;
     if let (Some(ev), Some(name)) = (&t.event, &c.event) {
         // An event that changes no state (rejected, failed) ends at once.
         let ended = c.to.is_none();
@@ -713,9 +708,6 @@ fn write_telemetry(
             ended,
             now
         ])?;
-        if !ended {
-            event_id = Some(ev.seq);
-        }
         if ev.kind == "raised"
             && let Some(r) = &c.request_id
         {
@@ -724,37 +716,6 @@ fn write_telemetry(
             )?
             .execute(params![r, now])?;
         }
-    }
-    if let (Some(tr), Some(to), Some(history_id)) = (&t.transition, &c.to, history_id) {
-        tx.prepare_cached(
-            "INSERT INTO transitions (operation_id, request_id, event_id, history_id, ordinal, entity_id, machine, kind,
-                action, start_state, end_state, start_health, end_health, entry_time, start_time, retry_count,
-                action_start_time, end_time, outcome, error, machine_hash)
-             VALUES ((SELECT id FROM operations WHERE request_id = ?1), ?1, ?2, ?3, ?20, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
-                ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
-        )?
-        .execute(params![
-            c.request_id,
-            event_id,
-            history_id,
-            f.entity_id,
-            machine,
-            tr.kind,
-            c.action.as_deref(),
-            c.from.as_str(),
-            to.as_str(),
-            tr.start_health,
-            tr.end_health,
-            tr.entry_time,
-            tr.start_time,
-            c.retry,
-            tr.action_start_time,
-            now,
-            tr.outcome,
-            c.detail,
-            c.machine_hash,
-            ordinal
-        ])?;
     }
     // The workflow of the entity's event ends when the entity is at rest.
     if t.at_rest
@@ -1074,15 +1035,23 @@ fn apply_batch(conn: &mut Connection, batch: &Batch) -> rusqlite::Result<BatchRe
         fire_timers(&tx, now, 1_000)?;
         let until = now + claim.lease_ms;
         // A sleeping or backing-off entity that comes due wakes up: it is active again.
-        let entities: Vec<EntityRow> = tx
-            .prepare_cached(&format!(
-                "UPDATE entities SET lease_owner = ?1, lease_until = ?2, due_at = ?2, sleep_until = NULL,
-                    run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
-                 WHERE id IN (SELECT id FROM entities WHERE due_at <= ?3 ORDER BY due_at LIMIT ?4)
-                 RETURNING {ENTITY_COLS}"
-            ))?
-            .query_map(params![claim.owner, until, now, claim.limit as i64], entity_from_row)?
+        let ids: Vec<i64> = tx
+            .prepare_cached("SELECT id FROM entities WHERE due_at <= ?1 ORDER BY due_at LIMIT ?2")?
+            .query_map(params![now, claim.limit as i64], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?;
+        let mut entities = Vec::with_capacity(ids.len());
+        for id in ids {
+            tx.prepare_cached(
+                "UPDATE entities SET lease_owner = ?2, lease_until = ?3, due_at = ?3, sleep_until = NULL,
+                    run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
+                 WHERE id = ?1",
+            )?
+            .execute(params![id, claim.owner, until])?;
+            entities.push(
+                tx.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?
+                    .query_row([id], entity_from_row)?,
+            );
+        }
         for entity in entities {
             let inbox_head = inbox_head(&tx, entity.id)?;
             claimed.push(Claimed { entity, inbox_head });

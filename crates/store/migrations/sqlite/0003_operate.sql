@@ -62,30 +62,46 @@ CREATE TABLE events (
     exception     TEXT
 );
 
-CREATE TABLE transitions (
-    id                INTEGER PRIMARY KEY,
-    operation_id      INTEGER REFERENCES operations (id),
-    request_id        TEXT,
-    event_id          INTEGER REFERENCES events (id),
-    history_id        INTEGER NOT NULL REFERENCES history (id),
-    ordinal           INTEGER NOT NULL,   -- position within its event's workflow
-    entity_id         INTEGER NOT NULL,
-    machine           TEXT    NOT NULL,
-    kind              TEXT    NOT NULL,   -- create | event | event_action | auto_action
-    action            TEXT,
-    start_state       TEXT,
-    end_state         TEXT    NOT NULL,
-    start_health      TEXT,
-    end_health        TEXT    NOT NULL,
-    entry_time        INTEGER NOT NULL,   -- when the start state was entered
-    start_time        INTEGER NOT NULL,   -- event received, or action started
-    retry_count       INTEGER NOT NULL,
-    action_start_time INTEGER,
-    end_time          INTEGER NOT NULL,
-    outcome           TEXT    NOT NULL,   -- ok | retry | error
-    error             TEXT,
-    machine_hash      TEXT
-);
+-- Transitions: every state entry is one history row, which carries the transition's
+-- telemetry; `transitions` is the view of those rows at the level of DESIGN §6 (one append
+-- per state entry instead of two).
+ALTER TABLE history ADD COLUMN event_id INTEGER;          -- the event whose workflow it is part of
+ALTER TABLE history ADD COLUMN ordinal INTEGER;           -- position in that workflow
+ALTER TABLE history ADD COLUMN transition_kind TEXT;      -- create | event | event_action | auto_action
+ALTER TABLE history ADD COLUMN start_health TEXT;
+ALTER TABLE history ADD COLUMN end_health TEXT;
+ALTER TABLE history ADD COLUMN entry_time INTEGER;        -- when the start state was entered
+ALTER TABLE history ADD COLUMN start_time INTEGER;        -- event received, or action started
+ALTER TABLE history ADD COLUMN action_start_time INTEGER;
+ALTER TABLE history ADD COLUMN outcome TEXT;              -- ok | retry | error
+
+CREATE VIEW transitions AS
+SELECT h.id                 AS id,
+       o.id                 AS operation_id,
+       h.request_id         AS request_id,
+       h.event_id           AS event_id,
+       h.id                 AS history_id,
+       h.ordinal            AS ordinal,
+       h.entity_id          AS entity_id,
+       e.machine            AS machine,
+       h.transition_kind    AS kind,
+       h.action             AS action,
+       h.from_state         AS start_state,
+       h.to_state           AS end_state,
+       h.start_health       AS start_health,
+       h.end_health         AS end_health,
+       h.entry_time         AS entry_time,
+       h.start_time         AS start_time,
+       h.retry              AS retry_count,
+       h.action_start_time  AS action_start_time,
+       h.at                 AS end_time,
+       h.outcome            AS outcome,
+       CASE WHEN h.kind = 'fault' THEN h.detail END AS error,
+       h.machine_hash       AS machine_hash
+FROM history h
+JOIN entities e ON e.id = h.entity_id
+LEFT JOIN operations o ON o.request_id = h.request_id
+WHERE h.to_state IS NOT NULL AND h.transition_kind IS NOT NULL;
 
 CREATE TABLE errors (
     id           INTEGER PRIMARY KEY,
