@@ -264,6 +264,11 @@ impl RaiseOptions {
         self.timeout = timeout;
         self
     }
+    /// Sets the request id: the operation's idempotency key.
+    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
 }
 
 /// What became of a raised event.
@@ -522,7 +527,9 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Resolves once nothing is in flight, queued or scheduled anywhere in the store.
+    /// Resolves once nothing is in flight, queued or scheduled anywhere in the store:
+    /// no queued event, no pending auto action or retry, no timer. (An entity with a
+    /// periodic timer always has one scheduled; wait for a state instead.)
     pub async fn wait_idle(&self) -> Result<()> {
         let (tx, rx) = oneshot::channel();
         self.send(Msg::WhenIdle(tx))?;
