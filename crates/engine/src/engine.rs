@@ -434,9 +434,21 @@ impl<S: Store> Engine<S> {
     /// Raises `event` on an entity: checks the event and its parameters, writes it to the
     /// entity's durable inbox, then waits as `options.wait` says.
     pub async fn raise(&self, machine: &str, key: &str, event: &str, options: RaiseOptions) -> Result<Raised> {
+        let request_id = options.request_id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let span = tracing::info_span!("operation", request_id = %request_id, machine, key, event);
+        tracing::Instrument::instrument(self.raise_in(machine, key, event, options, request_id), span).await
+    }
+
+    async fn raise_in(
+        &self,
+        machine: &str,
+        key: &str,
+        event: &str,
+        options: RaiseOptions,
+        request_id: String,
+    ) -> Result<Raised> {
         let m = self.inner.registry.machine(machine)?;
         step::check_raise(m, event, &options.params)?;
-        let request_id = options.request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let push = Push {
             machine: m.name().clone(),
             key: EntityKey::new(key),

@@ -12,6 +12,7 @@
 mod engine;
 mod error;
 mod handler;
+pub mod metrics;
 mod scheduler;
 
 pub use engine::{Commanded, Config, Created, Engine, EngineBuilder, EventOutcome, RaiseOptions, Raised, Wait};

@@ -373,6 +373,12 @@ impl<S: Store + Clone> Scheduler<S> {
             return;
         }
         self.last_supervise = now;
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Ok(n) = store.entity_count_pending().await {
+                crate::metrics::due_backlog(n);
+            }
+        });
         self.ops.push(Op::MarkHung { before: now - self.config.hung_after.as_millis() as i64 });
         self.pending.push(Pending::Supervise);
     }
@@ -402,6 +408,7 @@ impl<S: Store + Clone> Scheduler<S> {
         self.claim_now = false;
         let ops = std::mem::take(&mut self.ops);
         let pending = std::mem::take(&mut self.pending);
+        crate::metrics::batch(ops.len(), self.held.len());
         let batch = Batch { now: now_ms(), ops, claim };
         self.stats.batches += 1;
         self.stats.ops += batch.ops.len() as u64;
@@ -523,6 +530,9 @@ impl<S: Store + Clone> Scheduler<S> {
                 let Some(held) = self.held.get_mut(&id) else { return };
                 let e = &mut held.entity;
                 e.version = version;
+                if let Some((state, _, _)) = &ctx.entry {
+                    crate::metrics::transition(&e.machine, &e.state, state);
+                }
                 if let Some((state, retry, auto_at)) = ctx.entry.clone() {
                     e.state = state;
                     e.retry = retry;
@@ -584,6 +594,7 @@ impl<S: Store + Clone> Scheduler<S> {
             }
             Ok(other) => unreachable!("commit answered with {other:?}"),
             Err(OpError::LeaseLost { .. }) => {
+                crate::metrics::lease_lost();
                 tracing::warn!(entity = id, "lease lost; another engine owns the entity now");
                 self.held.remove(&id);
             }
@@ -668,6 +679,11 @@ impl<S: Store + Clone> Scheduler<S> {
     /// Records a rejected event: consumed, nothing else changes.
     fn reject(&mut self, id: i64, item: InboxItem, reason: String) {
         let now = now_ms();
+        if let Some(h) = self.held.get(&id) {
+            crate::metrics::rejected(&h.entity.machine, &item.event);
+            tracing::debug!(request_id = ?item.request_id, machine = %h.entity.machine, key = %h.entity.key,
+                event = %item.event, reason = %reason, "event rejected");
+        }
         let after = self.after_unchanged(id, now);
         let owner = self.config.owner.clone();
         let held = self.held.get_mut(&id).expect("held entity");
@@ -808,10 +824,20 @@ impl<S: Store + Clone> Scheduler<S> {
             locks: locks.clone(),
         };
         let version = e.version;
+        // operation → event → action: the request id ties the spans together.
+        let span = tracing::info_span!(
+            "action",
+            request_id = ctx.request_id.as_deref().unwrap_or(""),
+            machine = %ctx.machine,
+            key = %ctx.key,
+            state = %ctx.state,
+            action = %ctx.action,
+            event = ctx.event.as_deref().unwrap_or(""),
+        );
         held.running = Some(Running::Action { action, item, locks, started: now_ms() });
         // Poll once in place: an action that completes at once (a no-op, a cache hit)
         // commits in this round instead of a task and a message later.
-        let mut fut = CatchUnwind(handler(ctx));
+        let mut fut = CatchUnwind(tracing::Instrument::instrument(handler(ctx), span));
         let waker = std::task::Waker::noop();
         if let std::task::Poll::Ready(result) =
             std::pin::Pin::new(&mut fut).poll(&mut std::task::Context::from_waker(waker))
@@ -832,6 +858,7 @@ impl<S: Store + Clone> Scheduler<S> {
             return;
         }
         let Some(Running::Action { action, item, locks, started }) = held.running.take() else { return };
+        crate::metrics::action_seconds(&held.entity.machine, &action.name, (now_ms() - started) as f64 / 1000.0);
         let locks = std::mem::take(&mut *locks.lock().expect("locks"));
         match result {
             Ok(outcome) => self.finish_action(id, &action, item, outcome, locks, Some(started)),
@@ -978,6 +1005,7 @@ impl<S: Store + Clone> Scheduler<S> {
         let Some(held) = self.held.get_mut(&id) else { return };
         let e = &held.entity;
         let (decision, recent) = held.machine.fault_policy().decide(&e.recent_errors, now);
+        crate::metrics::fault(&e.machine, error.kind, matches!(decision, FaultDecision::Park));
         tracing::warn!(
             machine = %e.machine, key = %e.key, state = %e.state, error = %error.details,
             parked = matches!(decision, FaultDecision::Park), "action fault"

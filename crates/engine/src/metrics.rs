@@ -1,0 +1,58 @@
+//! The engine's metrics, recorded through the `metrics` facade: free when no recorder is
+//! installed. The HTTP service (or any embedding program) installs one; with the
+//! `prometheus` feature, [`install_prometheus`] installs a Prometheus recorder and returns
+//! the handle that renders the text exposition format.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `settle_transitions_total` | counter | machine, from, to |
+//! | `settle_events_rejected_total` | counter | machine, event |
+//! | `settle_faults_total` | counter | machine, kind |
+//! | `settle_parked_total` | counter | machine |
+//! | `settle_leases_lost_total` | counter | |
+//! | `settle_action_seconds` | histogram | machine, action |
+//! | `settle_batch_ops` | histogram | |
+//! | `settle_inflight_entities` | gauge | |
+//! | `settle_due_backlog` | gauge | |
+
+pub(crate) fn transition(machine: &str, from: &str, to: &str) {
+    metrics::counter!("settle_transitions_total", "machine" => machine.to_string(), "from" => from.to_string(), "to" => to.to_string())
+        .increment(1);
+}
+
+pub(crate) fn rejected(machine: &str, event: &str) {
+    metrics::counter!("settle_events_rejected_total", "machine" => machine.to_string(), "event" => event.to_string())
+        .increment(1);
+}
+
+pub(crate) fn fault(machine: &str, kind: &'static str, parked: bool) {
+    metrics::counter!("settle_faults_total", "machine" => machine.to_string(), "kind" => kind).increment(1);
+    if parked {
+        metrics::counter!("settle_parked_total", "machine" => machine.to_string()).increment(1);
+    }
+}
+
+pub(crate) fn lease_lost() {
+    metrics::counter!("settle_leases_lost_total").increment(1);
+}
+
+pub(crate) fn action_seconds(machine: &str, action: &str, seconds: f64) {
+    metrics::histogram!("settle_action_seconds", "machine" => machine.to_string(), "action" => action.to_string())
+        .record(seconds);
+}
+
+pub(crate) fn batch(ops: usize, inflight: usize) {
+    metrics::histogram!("settle_batch_ops").record(ops as f64);
+    metrics::gauge!("settle_inflight_entities").set(inflight as f64);
+}
+
+pub(crate) fn due_backlog(n: u64) {
+    metrics::gauge!("settle_due_backlog").set(n as f64);
+}
+
+/// Installs a Prometheus recorder as the global metrics recorder and returns its handle;
+/// `handle.render()` gives the text exposition format.
+#[cfg(feature = "prometheus")]
+pub fn install_prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
+    metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().map_err(|e| e.to_string())
+}
