@@ -17,7 +17,8 @@ async fn transitions_and_rejections_are_counted() {
         .action("swing", ["open"])
         .build()
         .unwrap();
-    let engine = Engine::builder(SqliteStore::open(dir.path().join("m.db")).unwrap()).machine(door).start().await.unwrap();
+    let engine =
+        Engine::builder(SqliteStore::open(dir.path().join("m.db")).unwrap()).machine(door).start().await.unwrap();
     engine.create("door", "d", Default::default()).await.unwrap();
     engine.raise("door", "d", "open", RaiseOptions::wait(Wait::Stable)).await.unwrap();
     engine.raise("door", "d", "open", RaiseOptions::wait(Wait::Stable)).await.unwrap();

@@ -1,13 +1,14 @@
-//! Read-only views of a database file: `list`, `get`, `history`. They open the file
-//! read-only and never take the engine lock, so they work beside a running engine.
+//! Read-only views of a database file: `list`, `get`, `history`, `ops`, `machines`. They
+//! open the file read-only (never creating it) and never take the engine lock, so they work
+//! beside a running engine.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use serde_json::{Value, json};
-use settle_store::{EntityFilter, EntityRow, HistoryRow, SqliteStore, Store};
+use settle_store::{EntityFilter, EntityRow, EventRow, HistoryRow, OperationRow, SqliteStore, Store};
 
-fn open(db: &Path) -> anyhow::Result<SqliteStore> {
+pub(crate) fn open(db: &Path) -> anyhow::Result<SqliteStore> {
     Ok(SqliteStore::open_read_only(db)?)
 }
 
@@ -23,6 +24,54 @@ fn entity_json(e: &EntityRow) -> Value {
         "entered_at": e.entered_at,
         "due_at": e.due_at,
         "lease_owner": e.lease_owner,
+        "run_status": e.run_status.as_str(),
+        "sleep_until": e.sleep_until,
+    })
+}
+
+/// A request id short enough for a table: whole up to 12 characters, else its end (the
+/// random part of a generated UUIDv7; its start is a timestamp shared by close requests).
+fn short_id(id: Option<&str>) -> String {
+    match id {
+        None => "-".to_string(),
+        Some(id) if id.chars().count() <= 12 => id.to_string(),
+        Some(id) => {
+            let tail: Vec<char> = id.chars().rev().take(8).collect();
+            format!("…{}", tail.into_iter().rev().collect::<String>())
+        }
+    }
+}
+
+fn event_json(e: &EventRow) -> Value {
+    json!({
+        "id": e.id,
+        "event": e.event.as_str(),
+        "kind": e.kind,
+        "request_id": e.request_id,
+        "start_state": e.start_state.as_str(),
+        "end_state": e.end_state.as_deref(),
+        "start_time": e.start_time,
+        "end_time": e.end_time,
+        "rejected": e.rejected,
+        "failed": e.failed,
+        "error": e.error,
+        "exception": e.exception,
+    })
+}
+
+fn operation_json(o: &OperationRow) -> Value {
+    json!({
+        "request_id": o.request_id,
+        "name": o.name,
+        "machine": o.machine,
+        "key": o.entity_key,
+        "started_at": o.started_at,
+        "ended_at": o.ended_at,
+        "first_response_at": o.first_response_at,
+        "outcome": o.outcome,
+        "error": o.error,
+        "restart_count": o.restart_count,
+        "dimensions": o.dimensions,
     })
 }
 
@@ -61,6 +110,7 @@ pub async fn list(
     db: &Path,
     machine: Option<String>,
     state: Option<String>,
+    run_status: Option<String>,
     as_json: bool,
 ) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
@@ -73,6 +123,7 @@ pub async fn list(
                 state: state.clone(),
                 after_id: after,
                 limit: Some(1000),
+                run_status: run_status.clone(),
             })
             .await?;
         for e in &page {
@@ -80,14 +131,18 @@ pub async fn list(
                 println!("{}", entity_json(e));
             } else {
                 if first {
-                    println!("{:<12} {:<24} {:<16} {:>7}  properties", "MACHINE", "KEY", "STATE", "VERSION");
+                    println!(
+                        "{:<12} {:<24} {:<20} {:<10} {:>7}  properties",
+                        "MACHINE", "KEY", "STATE", "RUN", "VERSION"
+                    );
                     first = false;
                 }
                 println!(
-                    "{:<12} {:<24} {:<16} {:>7}  {}",
+                    "{:<12} {:<24} {:<20} {:<10} {:>7}  {}",
                     e.machine.as_str(),
                     e.key.as_str(),
                     e.state.as_str(),
+                    e.run_status.as_str(),
                     e.version,
                     Value::Object(e.properties.clone())
                 );
@@ -115,12 +170,16 @@ pub async fn get(db: &Path, machine: &str, key: &str, as_json: bool) -> anyhow::
     if as_json {
         let mut v = entity_json(&e);
         v["inbox"] = inbox.iter().map(|i| json!({"event": i.event.as_str(), "params": i.params})).collect();
+        v["recent_errors"] = json!(e.recent_errors.len());
         println!("{v}");
     } else {
         println!("machine:    {}", e.machine);
         println!("key:        {}", e.key);
         println!("state:      {} (entered {}, retry {})", e.state, fmt_time(e.entered_at), e.retry);
         println!("version:    {}", e.version);
+        let until = e.sleep_until.map(|t| format!(" until {}", fmt_time(t))).unwrap_or_default();
+        println!("run status: {}{until}", e.run_status.as_str());
+        println!("errors:     {} recent (counted by the fault policy)", e.recent_errors.len());
         println!("properties: {}", Value::Object(e.properties.clone()));
         match e.due_at {
             Some(due) => println!("due:        {}", fmt_time(due)),
@@ -159,13 +218,128 @@ pub async fn history(db: &Path, machine: &str, key: &str, as_json: bool) -> anyh
             let retry = if h.retry > 0 { format!(" (retry {})", h.retry) } else { String::new() };
             let detail = h.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
             println!(
-                "{}  {:<8} {:>14} → {:<14} {what}{retry}{detail}",
+                "{}  {:<9}  {:<8} {:>14} → {:<14} {what}{retry}{detail}",
                 fmt_time(h.at),
+                short_id(h.request_id.as_deref()),
                 h.kind.as_str(),
                 h.from.as_deref().unwrap_or("-"),
                 h.to.as_deref().unwrap_or("-"),
             );
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `settle history --events`: the events the entity processed, with their request ids.
+pub async fn events(db: &Path, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+    let store = open(db)?;
+    let e = find(&store, machine, key).await?;
+    let rows = store.events_list(e.id).await?;
+    for (i, ev) in rows.iter().enumerate() {
+        if as_json {
+            println!("{}", event_json(ev));
+            continue;
+        }
+        if i == 0 {
+            println!(
+                "{:<23}  {:<9}  {:<12} {:<20} {:>14} → {:<14} {:>8}  outcome",
+                "RAISED", "REQUEST", "KIND", "EVENT", "START", "END", "MS"
+            );
+        }
+        let outcome = if ev.rejected {
+            "rejected".to_string()
+        } else if ev.failed {
+            format!("failed{}", ev.error.as_deref().map(|d| format!(": {d}")).unwrap_or_default())
+        } else if ev.end_time.is_none() {
+            "running".to_string()
+        } else {
+            "ok".to_string()
+        };
+        println!(
+            "{:<23}  {:<9}  {:<12} {:<20} {:>14} → {:<14} {:>8}  {outcome}",
+            fmt_time(ev.start_time),
+            short_id(ev.request_id.as_deref()),
+            ev.kind,
+            ev.event.as_str(),
+            ev.start_state.as_str(),
+            ev.end_state.as_deref().unwrap_or("-"),
+            ev.end_time.map(|t| (t - ev.start_time).to_string()).unwrap_or_else(|| "-".into()),
+        );
+    }
+    if rows.is_empty() && !as_json {
+        eprintln!("no events processed");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `settle ops`: operations, newest first.
+pub async fn operations(db: &Path, outcome: Option<String>, limit: u64, as_json: bool) -> anyhow::Result<ExitCode> {
+    let store = open(db)?;
+    let rows = store.operation_list(outcome, limit).await?;
+    for (i, o) in rows.iter().enumerate() {
+        if as_json {
+            println!("{}", operation_json(o));
+            continue;
+        }
+        if i == 0 {
+            println!(
+                "{:<36}  {:<24} {:<32} {:<23} {:>9}  {:<8} error",
+                "REQUEST ID", "NAME", "ENTITY", "STARTED", "MS", "OUTCOME"
+            );
+        }
+        let entity = match (&o.machine, &o.entity_key) {
+            (Some(m), Some(k)) => format!("{m} {k}"),
+            _ => "-".to_string(),
+        };
+        println!(
+            "{:<36}  {:<24} {:<32} {:<23} {:>9}  {:<8} {}",
+            o.request_id,
+            o.name,
+            entity,
+            fmt_time(o.started_at),
+            o.ended_at.map(|t| (t - o.started_at).to_string()).unwrap_or_else(|| "-".into()),
+            o.outcome.as_deref().unwrap_or("open"),
+            o.error.as_deref().unwrap_or(""),
+        );
+    }
+    if rows.is_empty() && !as_json {
+        eprintln!("no operations");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `settle machines`: stored definition versions, the newest per machine marked current.
+pub async fn machines(db: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
+    let store = open(db)?;
+    let versions = store.machine_versions().await?;
+    // Listed by name, then creation time: the last of each name is its current version.
+    for (i, (m, entities)) in versions.iter().enumerate() {
+        let current = versions.get(i + 1).is_none_or(|(next, _)| next.name != m.name);
+        if as_json {
+            let v = json!({
+                "machine": m.name.as_str(),
+                "hash": m.hash,
+                "created_at": m.created_at,
+                "entities": entities,
+                "current": current,
+            });
+            println!("{v}");
+            continue;
+        }
+        if i == 0 {
+            println!("{:<20} {:<14} {:<23} {:>9}  current", "MACHINE", "VERSION", "STORED", "ENTITIES");
+        }
+        println!(
+            "{:<20} {:<14} {:<23} {:>9}  {}",
+            m.name.as_str(),
+            m.hash.chars().take(12).collect::<String>(),
+            fmt_time(m.created_at),
+            entities,
+            if current { "*" } else { "" }
+        );
+    }
+    if versions.is_empty() && !as_json {
+        eprintln!("no machines stored");
     }
     Ok(ExitCode::SUCCESS)
 }

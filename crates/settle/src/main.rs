@@ -5,6 +5,8 @@ mod bench;
 mod demo;
 mod inspect;
 mod machines;
+mod operate;
+mod report;
 mod sim;
 mod workload;
 
@@ -13,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use settle_core::graph::Format;
-use settle_engine::Engine;
+use settle_engine::{Config, Engine};
 use settle_store::SqliteStore;
 
 /// Settle: durable workflows on persistent state machines.
@@ -59,6 +61,9 @@ enum Command {
         /// Only this state.
         #[arg(long)]
         state: Option<String>,
+        /// Only this run status.
+        #[arg(long, value_parser = ["active", "paused", "sleeping", "fault", "failed", "killed"])]
+        status: Option<String>,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -73,12 +78,63 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show an entity's transition history.
+    /// Show an entity's transition history (or, with --events, the events it processed).
     History {
         /// Machine name.
         machine: String,
         /// Entity key.
         key: String,
+        /// List the entity's processed events (the `events` table) instead of its history.
+        #[arg(long)]
+        events: bool,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause an entity: nothing runs, events queue.
+    Pause(operate::Target),
+    /// Resume a paused, sleeping, backing-off or parked entity.
+    Resume(operate::Target),
+    /// Put an entity to sleep until a time.
+    Sleep {
+        #[command(flatten)]
+        target: operate::Target,
+        /// Wake-up time: RFC 3339 UTC (`2026-11-22T10:00:00Z`) or from now (`+10m`).
+        #[arg(long)]
+        until: String,
+    },
+    /// Kill an entity: terminal, its queued events and timers are canceled.
+    Kill(operate::Target),
+    /// Drop an entity's lease so any engine may continue it.
+    Release(operate::Target),
+    /// Run an entity's pending auto action now (after a backoff, retry delay or parking).
+    Retry(operate::Target),
+    /// List operations, newest first.
+    Ops {
+        /// Only this outcome (`open`: not finished).
+        #[arg(long, value_parser = ["success", "failed", "canceled", "hung", "open"])]
+        outcome: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u64,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Key figures from the telemetry tables: operations, transitions, top errors.
+    Stats {
+        /// Only what happened within this long before now (e.g. `1h`) [default: all time].
+        #[arg(long)]
+        since: Option<String>,
+        /// One JSON object.
+        #[arg(long, conflicts_with = "prometheus")]
+        json: bool,
+        /// Prometheus text exposition format.
+        #[arg(long)]
+        prometheus: bool,
+    },
+    /// List stored machine definition versions with their entity counts.
+    Machines {
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -127,15 +183,36 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Demo(args) => runtime()?.block_on(demo::run(&db_path(&cli.db), args)),
         Command::Run { until_idle } => runtime()?.block_on(run_engine(&db_path(&cli.db), until_idle)),
-        Command::List { machine, state, json } => {
-            runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, json))
+        Command::List { machine, state, status, json } => {
+            runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, status, json))
         }
         Command::Get { machine, key, json } => {
             runtime()?.block_on(inspect::get(&db_path(&cli.db), &machine, &key, json))
         }
-        Command::History { machine, key, json } => {
+        Command::History { machine, key, events: false, json } => {
             runtime()?.block_on(inspect::history(&db_path(&cli.db), &machine, &key, json))
         }
+        Command::History { machine, key, events: true, json } => {
+            runtime()?.block_on(inspect::events(&db_path(&cli.db), &machine, &key, json))
+        }
+        Command::Pause(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Pause),
+        Command::Resume(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Resume),
+        Command::Sleep { target, until } => operate::run(&db_path(&cli.db), target, operate::Kind::Sleep(until)),
+        Command::Kill(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Kill),
+        Command::Release(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Release),
+        Command::Retry(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Retry),
+        Command::Ops { outcome, limit, json } => {
+            runtime()?.block_on(inspect::operations(&db_path(&cli.db), outcome, limit, json))
+        }
+        Command::Stats { since, json, prometheus } => {
+            let format = match (json, prometheus) {
+                (true, _) => report::Format::Json,
+                (_, true) => report::Format::Prometheus,
+                _ => report::Format::Table,
+            };
+            runtime()?.block_on(report::stats(&db_path(&cli.db), since.as_deref(), format))
+        }
+        Command::Machines { json } => runtime()?.block_on(inspect::machines(&db_path(&cli.db), json)),
         Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
         Command::Workload(args) => runtime()?.block_on(workload::run(&db_path(&cli.db), args)),
     }
@@ -192,8 +269,21 @@ pub(crate) async fn start_engine(db: &Path) -> anyhow::Result<Engine<SqliteStore
 
 /// Starts an engine on an open store with every machine this binary knows.
 pub(crate) async fn start_engine_on(store: SqliteStore) -> anyhow::Result<Engine<SqliteStore>> {
+    start_engine_with(store, Config::default()).await
+}
+
+/// Starts an engine on an existing database that processes nothing (it claims no due
+/// work): for operator commands, which are written through the engine and return.
+pub(crate) async fn start_command_engine(db: &Path) -> anyhow::Result<Engine<SqliteStore>> {
+    // Refuse a missing or foreign file before opening it for writing (which would create it).
+    drop(SqliteStore::open_read_only(db)?);
+    start_engine_with(SqliteStore::open(db)?, Config { max_inflight: 0, ..Config::default() }).await
+}
+
+/// Starts an engine on an open store with every machine this binary knows and `config`.
+async fn start_engine_with(store: SqliteStore, config: Config) -> anyhow::Result<Engine<SqliteStore>> {
     let provider = demo::stored_settings(&store).await?.unwrap_or_default();
-    let mut b = Engine::builder(store);
+    let mut b = Engine::builder(store).config(config);
     b = machines::bind_server(b, provider);
     b = machines::bind_job(b);
     b = machines::bind_fanout(b);

@@ -124,6 +124,16 @@ pub trait Store: Send + Sync + 'static {
     /// Machine definition versions with how many entities last ran under each.
     fn machine_versions(&self) -> impl Future<Output = Result<Vec<(MachineRecord, u64)>>> + Send;
 
+    /// The processed events of an entity (the `events` telemetry table), oldest first.
+    fn events_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<EventRow>>> + Send;
+    /// Key performance indicators from the telemetry tables: per operation name (started at
+    /// or after `since`), per machine transition and the ten most frequent errors (both at
+    /// or after `since`); `None`: all time.
+    fn stats(&self, since: Option<Millis>) -> impl Future<Output = Result<Stats>> + Send;
+    /// Counters and gauges for a metrics exposition; `now` decides which due times have
+    /// passed (the due backlog).
+    fn metrics_snapshot(&self, now: Millis) -> impl Future<Output = Result<MetricsSnapshot>> + Send;
+
     /// Whether this handle is the only engine on the store (SQLite's exclusive engine
     /// lock). An exclusive engine may reclaim every lease at start.
     fn exclusive(&self) -> bool;

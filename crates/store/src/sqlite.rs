@@ -1063,6 +1063,127 @@ fn apply_batch(conn: &mut Connection, batch: &Batch) -> rusqlite::Result<BatchRe
     Ok(BatchResult { results, claimed, next_due })
 }
 
+/// Runs `read` in one read transaction: WAL gives it a consistent snapshot.
+fn in_read_transaction<T>(c: &Connection, read: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
+    c.execute_batch("BEGIN").map_err(db_err)?;
+    let out = read(c);
+    c.execute_batch("COMMIT").map_err(db_err)?;
+    out.map_err(db_err)
+}
+
+fn count(n: i64) -> u64 {
+    n.max(0) as u64
+}
+
+/// The KPIs of [`Store::stats`]: counts in SQL, duration percentiles from the sorted
+/// durations.
+fn read_stats(c: &Connection, since: Millis) -> rusqlite::Result<Stats> {
+    let mut operations: Vec<OperationStats> = c
+        .prepare_cached(
+            "SELECT name, COUNT(*), COUNT(ended_at), SUM(ended_at IS NOT NULL AND outcome = 'success')
+             FROM operations WHERE started_at >= ?1 GROUP BY name ORDER BY name",
+        )?
+        .query_map([since], |r| {
+            let (ended, success) = (count(r.get(2)?), count(r.get(3)?));
+            Ok(OperationStats {
+                name: r.get(0)?,
+                count: count(r.get(1)?),
+                ended,
+                success,
+                success_rate: if ended == 0 { 0.0 } else { success as f64 / ended as f64 },
+                p50_ms: 0,
+                p99_ms: 0,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut durations: std::collections::HashMap<String, Vec<i64>> = std::collections::HashMap::new();
+    let mut stmt = c.prepare_cached(
+        "SELECT name, ended_at - started_at FROM operations
+         WHERE started_at >= ?1 AND ended_at IS NOT NULL ORDER BY name, 2",
+    )?;
+    let mut rows = stmt.query([since])?;
+    while let Some(r) = rows.next()? {
+        durations.entry(r.get(0)?).or_default().push(r.get(1)?);
+    }
+    for op in &mut operations {
+        let sorted = durations.remove(&op.name).unwrap_or_default();
+        op.p50_ms = percentile(&sorted, 0.50);
+        op.p99_ms = percentile(&sorted, 0.99);
+    }
+    let transitions = c
+        .prepare_cached(
+            "SELECT machine, start_state, end_state, COUNT(*), AVG(outcome = 'error'), AVG(retry_count)
+             FROM transitions WHERE end_time >= ?1
+             GROUP BY machine, start_state, end_state ORDER BY machine, start_state, end_state",
+        )?
+        .query_map([since], |r| {
+            Ok(TransitionStats {
+                machine: r.get(0)?,
+                from: r.get(1)?,
+                to: r.get(2)?,
+                count: count(r.get(3)?),
+                error_rate: r.get::<_, Option<f64>>(4)?.unwrap_or(0.0),
+                mean_retries: r.get::<_, Option<f64>>(5)?.unwrap_or(0.0),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let top_errors = c
+        .prepare_cached(
+            "SELECT kind, details, COUNT(*) FROM errors WHERE at >= ?1
+             GROUP BY kind, details ORDER BY COUNT(*) DESC, kind, details LIMIT 10",
+        )?
+        .query_map([since], |r| Ok(ErrorStats { kind: r.get(0)?, details: r.get(1)?, count: count(r.get(2)?) }))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(Stats { operations, transitions, top_errors })
+}
+
+/// The counters and gauges of [`Store::metrics_snapshot`].
+fn read_metrics(c: &Connection, now: Millis) -> rusqlite::Result<MetricsSnapshot> {
+    let scalar = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> rusqlite::Result<u64> {
+        c.prepare_cached(sql)?.query_row(p, |r| r.get::<_, i64>(0)).map(count)
+    };
+    let transitions = c
+        .prepare_cached(
+            "SELECT machine, start_state, end_state, COUNT(*) FROM transitions
+             GROUP BY machine, start_state, end_state ORDER BY machine, start_state, end_state",
+        )?
+        .query_map([], |r| {
+            Ok(TransitionCount { machine: r.get(0)?, from: r.get(1)?, to: r.get(2)?, count: count(r.get(3)?) })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let entities = c
+        .prepare_cached(
+            "SELECT machine, state, run_status, COUNT(*) FROM entities
+             GROUP BY machine, state, run_status ORDER BY machine, state, run_status",
+        )?
+        .query_map([], |r| {
+            let status = r.get_ref(2)?.as_str()?;
+            Ok(EntityCount {
+                machine: r.get(0)?,
+                state: r.get(1)?,
+                run_status: RunStatus::parse(status)
+                    .ok_or_else(|| conversion(2, format!("unknown run status `{status}`")))?,
+                count: count(r.get(3)?),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let operations = c
+        .prepare_cached(
+            "SELECT COALESCE(outcome, 'open'), COUNT(*) FROM operations GROUP BY COALESCE(outcome, 'open') ORDER BY 1",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, count(r.get(1)?))))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(MetricsSnapshot {
+        transitions,
+        events_rejected: scalar("SELECT COUNT(*) FROM events WHERE rejected = 1", &[])?,
+        faults: scalar("SELECT COUNT(*) FROM errors", &[])?,
+        parked: scalar("SELECT COUNT(*) FROM entities WHERE run_status = 'failed'", &[])?,
+        entities,
+        due_backlog: scalar("SELECT COUNT(*) FROM entities WHERE due_at <= ?1", &[&now])?,
+        operations,
+    })
+}
+
 impl Store for SqliteStore {
     async fn write(&self, batch: Batch) -> Result<BatchResult> {
         self.on_writer(move |conn| apply_batch(conn, &batch).map_err(db_err)).await
@@ -1083,13 +1204,17 @@ impl Store for SqliteStore {
             let sql = format!(
                 "SELECT {ENTITY_COLS} FROM entities
                  WHERE (?1 IS NULL OR machine = ?1) AND (?2 IS NULL OR state = ?2) AND id > ?3
+                   AND (?5 IS NULL OR run_status = ?5)
                  ORDER BY id LIMIT ?4"
             );
             let limit = filter.limit.map(|l| l.min(i64::MAX as u64) as i64).unwrap_or(-1);
             let mut stmt = c.prepare_cached(&sql).map_err(db_err)?;
-            stmt.query_map(params![filter.machine, filter.state, filter.after_id.unwrap_or(0), limit], entity_from_row)
-                .and_then(|rows| rows.collect())
-                .map_err(db_err)
+            stmt.query_map(
+                params![filter.machine, filter.state, filter.after_id.unwrap_or(0), limit, filter.run_status],
+                entity_from_row,
+            )
+            .and_then(|rows| rows.collect())
+            .map_err(db_err)
         })
         .await
     }
@@ -1314,6 +1439,47 @@ impl Store for SqliteStore {
             .map_err(db_err)
         })
         .await
+    }
+
+    async fn events_list(&self, entity_id: i64) -> Result<Vec<EventRow>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT ev.id, ev.request_id, ev.event, ev.kind, ev.start_state, ev.end_state, ev.start_time,
+                        ev.end_time, ev.rejected, ev.failed, er.details, ev.exception
+                     FROM events ev LEFT JOIN errors er ON er.id = ev.error_id
+                     WHERE ev.entity_id = ?1 ORDER BY ev.id",
+                )
+                .map_err(db_err)?;
+            stmt.query_map([entity_id], |r| {
+                Ok(EventRow {
+                    id: r.get(0)?,
+                    request_id: r.get(1)?,
+                    event: EventName::new(r.get_ref(2)?.as_str()?),
+                    kind: r.get(3)?,
+                    start_state: StateName::new(r.get_ref(4)?.as_str()?),
+                    end_state: r.get::<_, Option<String>>(5)?.map(StateName::from),
+                    start_time: r.get(6)?,
+                    end_time: r.get(7)?,
+                    rejected: r.get(8)?,
+                    failed: r.get(9)?,
+                    error: r.get(10)?,
+                    exception: r.get(11)?,
+                })
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn stats(&self, since: Option<Millis>) -> Result<Stats> {
+        let since = since.unwrap_or(Millis::MIN);
+        self.on_reader(move |c| in_read_transaction(c, |c| read_stats(c, since))).await
+    }
+
+    async fn metrics_snapshot(&self, now: Millis) -> Result<MetricsSnapshot> {
+        self.on_reader(move |c| in_read_transaction(c, |c| read_metrics(c, now))).await
     }
 
     fn exclusive(&self) -> bool {

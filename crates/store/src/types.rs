@@ -390,6 +390,8 @@ pub struct EntityFilter {
     pub after_id: Option<i64>,
     /// At most this many (`None`: all).
     pub limit: Option<u64>,
+    /// Only this run status (its stored name, e.g. `paused`; see [`RunStatus::as_str`]).
+    pub run_status: Option<String>,
 }
 
 /// A new entity to insert.
@@ -783,4 +785,147 @@ pub struct BatchResult {
     pub claimed: Vec<Claimed>,
     /// The earliest `due_at` still pending after the batch (for the engine's wake-up).
     pub next_due: Option<Millis>,
+}
+
+/// One processed event of an entity, as the `events` telemetry table holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRow {
+    /// Its id (the inbox id it had).
+    pub id: i64,
+    /// The request that raised it.
+    pub request_id: Option<String>,
+    /// The event's name.
+    pub event: EventName,
+    /// raised | nested | subscription | timer.
+    pub kind: String,
+    /// The state it was processed in.
+    pub start_state: StateName,
+    /// The state the entity was at rest in afterwards (`None` while its workflow runs).
+    pub end_state: Option<StateName>,
+    /// When it was raised.
+    pub start_time: Millis,
+    /// When the entity was at rest again (`None` while its workflow runs).
+    pub end_time: Option<Millis>,
+    /// Rejected in the entity's state.
+    pub rejected: bool,
+    /// Its action failed.
+    pub failed: bool,
+    /// The error recorded with it, if any.
+    pub error: Option<String>,
+    /// Exception details (a panic's message), if any.
+    pub exception: Option<String>,
+}
+
+/// Key performance indicators read back from the telemetry tables (see [`crate::Store::stats`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Stats {
+    /// Per operation name, by name.
+    pub operations: Vec<OperationStats>,
+    /// Per machine transition (machine, start state, end state), in that order.
+    pub transitions: Vec<TransitionStats>,
+    /// The most frequent errors (kind and details), most frequent first.
+    pub top_errors: Vec<ErrorStats>,
+}
+
+/// Statistics of the operations with one name.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OperationStats {
+    /// The operation name, e.g. `server.create`.
+    pub name: String,
+    /// Operations started.
+    pub count: u64,
+    /// Of those, ended (with any outcome).
+    pub ended: u64,
+    /// Of those, ended with `success`.
+    pub success: u64,
+    /// `success / ended`, or 0 when none ended.
+    pub success_rate: f64,
+    /// Median duration (end − start) of the ended ones, in ms (nearest rank; 0 when none).
+    pub p50_ms: i64,
+    /// 99th percentile duration of the ended ones, in ms (nearest rank; 0 when none).
+    pub p99_ms: i64,
+}
+
+/// Statistics of one transition of one machine.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TransitionStats {
+    /// The machine.
+    pub machine: String,
+    /// The state left (`None`: the entity was created).
+    pub from: Option<String>,
+    /// The state entered.
+    pub to: String,
+    /// How many times it happened.
+    pub count: u64,
+    /// Share of them with outcome `error`, in [0, 1].
+    pub error_rate: f64,
+    /// Mean retry count of the entries.
+    pub mean_retries: f64,
+}
+
+/// How often one error occurred.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ErrorStats {
+    /// action_error | panic | refused | commit_failed.
+    pub kind: String,
+    /// What went wrong.
+    pub details: String,
+    /// Occurrences.
+    pub count: u64,
+}
+
+/// Counters and gauges for a metrics exposition (Prometheus), read in one snapshot (see
+/// [`crate::Store::metrics_snapshot`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MetricsSnapshot {
+    /// Transitions ever made, per machine, start state (`None`: creation) and end state.
+    pub transitions: Vec<TransitionCount>,
+    /// Events rejected.
+    pub events_rejected: u64,
+    /// Errors recorded (faults of actions and commits).
+    pub faults: u64,
+    /// Entities parked for an operator (run status `failed`).
+    pub parked: u64,
+    /// Entities per machine, state and run status.
+    pub entities: Vec<EntityCount>,
+    /// Entities whose due time has passed: work waiting to be claimed.
+    pub due_backlog: u64,
+    /// Operations per outcome; unfinished ones without an outcome count as `open`.
+    pub operations: Vec<(String, u64)>,
+}
+
+/// How many times one transition happened.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TransitionCount {
+    /// The machine.
+    pub machine: String,
+    /// The state left (`None`: the entity was created).
+    pub from: Option<String>,
+    /// The state entered.
+    pub to: String,
+    /// How many times.
+    pub count: u64,
+}
+
+/// How many entities are in one state with one run status.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EntityCount {
+    /// The machine.
+    pub machine: String,
+    /// The state.
+    pub state: String,
+    /// The run status.
+    pub run_status: RunStatus,
+    /// How many.
+    pub count: u64,
+}
+
+/// The value at quantile `q` (in [0, 1]) of ascending `sorted` values by nearest rank:
+/// index `round((n − 1) · q)`; 0 when empty.
+pub fn percentile(sorted: &[i64], q: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * q.clamp(0.0, 1.0)).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
 }
