@@ -380,7 +380,7 @@ impl<S: Store> Engine<S> {
         new.machine_hash = self.inner.registry.hash(machine);
         new.operation = Some(OpenOperation {
             request_id: request_id.clone(),
-            name: format!("{machine}.create"),
+            name: format!("{machine}:new"),
             dimensions: serde_json::json!({"machine": machine}),
         });
         let (reply, rx) = oneshot::channel();

@@ -1281,6 +1281,7 @@ fn op_error(e: OpError) -> Error {
     match e {
         OpError::NotFound { machine, key } => Error::NotFound { machine, key },
         OpError::AlreadyExists { machine, key } => Error::AlreadyExists { machine, key },
+        OpError::Killed { machine, key } => Error::Killed { machine, key },
         other => Error::Store(settle_store::Error::Db(other.to_string())),
     }
 }

@@ -183,7 +183,7 @@ async fn a_killed_entity_stays_untouched_across_a_restart() {
     let killed = engine.command("ticker", "k", Command::Kill, None).await.unwrap();
     assert_eq!(killed.entity.run_status, RunStatus::Killed);
     let err = engine.command("ticker", "k", Command::Resume, None).await.unwrap_err();
-    assert_eq!(err.to_string(), "database error: entity `k` of machine `ticker` was killed");
+    assert_eq!(err.to_string(), "entity `k` of machine `ticker` was killed");
     engine.shutdown().await;
     drop(engine);
     let engine = ticker_engine(&path).await;

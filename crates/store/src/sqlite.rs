@@ -363,10 +363,13 @@ fn complete_operation(tx: &Transaction<'_>, request_id: &str, now: Millis) -> ru
 }
 
 fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<Applied, Fail> {
-    if let Some(op) = &e.operation
-        && let Some(operation_id) = open_operation(tx, now, op, &e.machine, &e.key)?
-    {
-        return Ok(Applied::Replayed { operation_id });
+    if let Some(op) = &e.operation {
+        if let Some(operation_id) = open_operation(tx, now, op, &e.machine, &e.key)? {
+            return Ok(Applied::Replayed { operation_id });
+        }
+        // The caller's answer (the entity exists) is this commit.
+        tx.prepare_cached("UPDATE operations SET first_response_at = ?2 WHERE request_id = ?1")?
+            .execute(params![op.request_id, now])?;
     }
     let props = json_text(&e.properties);
     let inserted = tx
@@ -685,6 +688,12 @@ fn write_telemetry(
     if let (Some(ev), Some(name)) = (&t.event, &c.event) {
         // An event that changes no state (rejected, failed) ends at once.
         let ended = c.to.is_none();
+        // An event accepted while another one's workflow was still running interrupts it:
+        // that one ends here, in the state it had reached.
+        if !ended && let Some(previous) = t.current_event {
+            tx.prepare_cached("UPDATE events SET end_state = ?2, end_time = ?3 WHERE id = ?1 AND end_time IS NULL")?
+                .execute(params![previous, c.from.as_str(), now])?;
+        }
         tx.prepare_cached(
             "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
                 start_state, start_time, rejected, failed, error_id, exception, end_state, end_time)
@@ -716,6 +725,14 @@ fn write_telemetry(
             )?
             .execute(params![r, now])?;
         }
+    }
+    // Reaching an error-health state fails the operation.
+    if t.transition.as_ref().is_some_and(|tr| tr.end_health == "error")
+        && c.to.is_some()
+        && let Some(r) = &c.request_id
+    {
+        tx.prepare_cached("UPDATE operations SET error_seen = 1, error = COALESCE(error, ?2) WHERE request_id = ?1")?
+            .execute(params![r, format!("entered error state `{}`", c.to.as_deref().unwrap_or_default())])?;
     }
     // The workflow of the entity's event ends when the entity is at rest.
     if t.at_rest
@@ -1501,9 +1518,12 @@ impl Store for SqliteStore {
             for &id in &ids {
                 refresh_due(&tx, id, now, false).map_err(db_err)?;
             }
-            // Operations still open lived through an engine restart.
-            tx.execute("UPDATE operations SET restart_count = restart_count + 1 WHERE ended_at IS NULL", [])
-                .map_err(db_err)?;
+            // A previous engine died with work in flight: the open operations live on
+            // through this restart.
+            if !ids.is_empty() {
+                tx.execute("UPDATE operations SET restart_count = restart_count + 1 WHERE ended_at IS NULL", [])
+                    .map_err(db_err)?;
+            }
             tx.commit().map_err(db_err)?;
             Ok(ids.len() as u64)
         })
