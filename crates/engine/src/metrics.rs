@@ -3,51 +3,54 @@
 //! `prometheus` feature, [`install_prometheus`] installs a Prometheus recorder and returns
 //! the handle that renders the text exposition format.
 //!
+//! These are live, per-process figures (`settle_engine_*`); the store-wide totals that
+//! `settle stats --prometheus` reads from the database are `settle_*`.
+//!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `settle_transitions_total` | counter | machine, from, to |
-//! | `settle_events_rejected_total` | counter | machine, event |
-//! | `settle_faults_total` | counter | machine, kind |
-//! | `settle_parked_total` | counter | machine |
-//! | `settle_leases_lost_total` | counter | |
-//! | `settle_action_seconds` | histogram | machine, action |
-//! | `settle_batch_ops` | histogram | |
-//! | `settle_inflight_entities` | gauge | |
-//! | `settle_due_backlog` | gauge | |
+//! | `settle_engine_transitions_total` | counter | machine, from, to |
+//! | `settle_engine_events_rejected_total` | counter | machine, event |
+//! | `settle_engine_faults_total` | counter | machine, kind |
+//! | `settle_engine_parked_total` | counter | machine |
+//! | `settle_engine_leases_lost_total` | counter | |
+//! | `settle_engine_action_seconds` | histogram | machine, action |
+//! | `settle_engine_batch_ops` | histogram | |
+//! | `settle_engine_inflight_entities` | gauge | |
+//! | `settle_engine_pending_entities` | gauge | (entities with work scheduled) |
 
 pub(crate) fn transition(machine: &str, from: &str, to: &str) {
-    metrics::counter!("settle_transitions_total", "machine" => machine.to_string(), "from" => from.to_string(), "to" => to.to_string())
+    metrics::counter!("settle_engine_transitions_total", "machine" => machine.to_string(), "from" => from.to_string(), "to" => to.to_string())
         .increment(1);
 }
 
 pub(crate) fn rejected(machine: &str, event: &str) {
-    metrics::counter!("settle_events_rejected_total", "machine" => machine.to_string(), "event" => event.to_string())
+    metrics::counter!("settle_engine_events_rejected_total", "machine" => machine.to_string(), "event" => event.to_string())
         .increment(1);
 }
 
 pub(crate) fn fault(machine: &str, kind: &'static str, parked: bool) {
-    metrics::counter!("settle_faults_total", "machine" => machine.to_string(), "kind" => kind).increment(1);
+    metrics::counter!("settle_engine_faults_total", "machine" => machine.to_string(), "kind" => kind).increment(1);
     if parked {
-        metrics::counter!("settle_parked_total", "machine" => machine.to_string()).increment(1);
+        metrics::counter!("settle_engine_parked_total", "machine" => machine.to_string()).increment(1);
     }
 }
 
 pub(crate) fn lease_lost() {
-    metrics::counter!("settle_leases_lost_total").increment(1);
+    metrics::counter!("settle_engine_leases_lost_total").increment(1);
 }
 
 pub(crate) fn action_seconds(machine: &str, action: &str, seconds: f64) {
-    metrics::histogram!("settle_action_seconds", "machine" => machine.to_string(), "action" => action.to_string())
+    metrics::histogram!("settle_engine_action_seconds", "machine" => machine.to_string(), "action" => action.to_string())
         .record(seconds);
 }
 
 pub(crate) fn batch(ops: usize, inflight: usize) {
-    metrics::histogram!("settle_batch_ops").record(ops as f64);
-    metrics::gauge!("settle_inflight_entities").set(inflight as f64);
+    metrics::histogram!("settle_engine_batch_ops").record(ops as f64);
+    metrics::gauge!("settle_engine_inflight_entities").set(inflight as f64);
 }
 
 pub(crate) fn due_backlog(n: u64) {
-    metrics::gauge!("settle_due_backlog").set(n as f64);
+    metrics::gauge!("settle_engine_pending_entities").set(n as f64);
 }
 
 /// Installs a Prometheus recorder as the global metrics recorder and returns its handle;

@@ -24,7 +24,7 @@ async fn transitions_and_rejections_are_counted() {
     engine.raise("door", "d", "open", RaiseOptions::wait(Wait::Stable)).await.unwrap();
     engine.shutdown().await;
     let text = handle.render();
-    assert!(text.contains(r#"settle_transitions_total{machine="door",from="closed",to="open"} 1"#), "{text}");
-    assert!(text.contains(r#"settle_events_rejected_total{machine="door",event="open"} 1"#), "{text}");
-    assert!(text.contains("settle_batch_ops"), "{text}");
+    assert!(text.contains(r#"settle_engine_transitions_total{machine="door",from="closed",to="open"} 1"#), "{text}");
+    assert!(text.contains(r#"settle_engine_events_rejected_total{machine="door",event="open"} 1"#), "{text}");
+    assert!(text.contains("settle_engine_batch_ops"), "{text}");
 }
