@@ -1,29 +1,13 @@
 //! End-to-end tests of the `settle` binary as a user drives it.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+use common::{settle, stderr, stdout};
 
-fn settle(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_settle"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env("SETTLE_LOG", "error")
-        .output()
-        .expect("run settle")
-}
+use std::path::PathBuf;
 
 fn example(name: &str) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/machines").join(name);
     root.display().to_string()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]

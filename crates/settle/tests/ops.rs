@@ -3,30 +3,14 @@
 //! `sleep`, `kill`) and read-only views (`list --status`, `ops`, `machines`, `history
 //! --events`) work on a demo database.
 
+mod common;
+use common::{settle, stderr, stdout};
+
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
 
 use rusqlite::Connection;
 use serde_json::Value;
-
-fn settle(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_settle"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env("SETTLE_LOG", "error")
-        .output()
-        .expect("run settle")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// Runs `settle` and returns its standard output; fails the test if it failed.
 fn ok(db: &Path, args: &[&str]) -> String {

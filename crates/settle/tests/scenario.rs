@@ -1,26 +1,15 @@
 //! End-to-end tests of the reference scenario (`settle demo`): the happy path with
 //! transient faults, fatal resource failures (undo), the timeout path, and crash recovery.
 
+mod common;
+use common::{settle, stdout};
+
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const RESOURCES: [&str; 4] = ["app", "database", "alias", "dns"];
-
-fn settle(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_settle"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env("SETTLE_LOG", "error")
-        .output()
-        .expect("run settle")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// `key → state` of every entity of `machine`, read through `settle list --json`.
 fn states(db: &Path, machine: &str) -> BTreeMap<String, String> {
