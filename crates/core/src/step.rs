@@ -292,12 +292,6 @@ pub fn apply_changes(props: &mut Properties, changes: &[PropChange]) {
     }
 }
 
-/// Backoff after the `errors`-th consecutive fault of an action: 1 s doubling to 10 min.
-pub fn fault_backoff(errors: u32) -> Duration {
-    let exp = errors.saturating_sub(1).min(20);
-    Duration::from_secs(1u64 << exp).min(Duration::from_secs(600))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,12 +380,5 @@ mod tests {
             err.to_string(),
             "action `provision` of machine `server` may not move to `new` (declared: ready, failed)"
         );
-    }
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        assert_eq!(fault_backoff(1), Duration::from_secs(1));
-        assert_eq!(fault_backoff(4), Duration::from_secs(8));
-        assert_eq!(fault_backoff(40), Duration::from_secs(600));
     }
 }

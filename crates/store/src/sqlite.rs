@@ -337,8 +337,8 @@ fn open_operation(
 ) -> rusqlite::Result<Option<i64>> {
     let inserted = tx
         .prepare_cached(
-            "INSERT INTO operations (request_id, name, machine, entity_key, started_at, last_progress_at, dimensions)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6) ON CONFLICT (request_id) DO NOTHING",
+            "INSERT INTO operations (request_id, name, machine, entity_key, started_at, dimensions)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (request_id) DO NOTHING",
         )?
         .execute(params![op.request_id, op.name, machine, key, now, json_text(&op.dimensions)])?;
     if inserted == 1 {
@@ -951,7 +951,7 @@ fn apply_command(
     if let Some(r) = &request_id {
         // A command is done when it is applied.
         tx.prepare_cached(
-            "UPDATE operations SET first_response_at = ?2, ended_at = ?2, last_progress_at = ?2, outcome = 'success'
+            "UPDATE operations SET first_response_at = ?2, ended_at = ?2, outcome = 'success'
              WHERE request_id = ?1 AND ended_at IS NULL",
         )?
         .execute(params![r, now])?;

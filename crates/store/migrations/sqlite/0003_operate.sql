@@ -30,7 +30,6 @@ CREATE TABLE operations (
     started_at        INTEGER NOT NULL,
     ended_at          INTEGER,
     first_response_at INTEGER,
-    last_progress_at  INTEGER NOT NULL,
     outcome           TEXT,     -- success | failed | canceled | hung
     error             TEXT,
     restart_count     INTEGER NOT NULL DEFAULT 0,
