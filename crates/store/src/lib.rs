@@ -9,11 +9,14 @@
 //! of due entities in the same transaction.
 
 pub mod conformance;
+pub mod postgres;
 pub mod sqlite;
 pub mod types;
 
 use std::future::Future;
+use std::sync::Arc;
 
+pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 pub use types::*;
 
@@ -141,4 +144,10 @@ pub trait Store: Send + Sync + 'static {
     /// Drops every lease held by anyone; those entities become due now. Only for a caller
     /// that knows no other engine uses the store (SQLite's exclusive engine lock).
     fn lease_release_all(&self, now: Millis) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Notified when another process may have made work due (PostgreSQL's `LISTEN`): the
+    /// engine then claims at once instead of at its next poll. `None`: nothing tells.
+    fn wakeup(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
 }

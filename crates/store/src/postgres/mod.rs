@@ -1,0 +1,696 @@
+//! The PostgreSQL store: many engine instances on one database (DESIGN §2–§3).
+//!
+//! Same tables, migrations and semantics as the SQLite store; what differs is what
+//! concurrent instances need:
+//! - **Claims** take due entities with `FOR UPDATE SKIP LOCKED` in the batch's
+//!   transaction, so instances never wait for each other's claims and never claim the same
+//!   entity; a lease that expires makes its entity due, and any instance takes it over.
+//! - **Fencing**: a commit names the lease owner and the version it read; after a
+//!   takeover the old owner's commit matches no row and is refused (`LeaseLost`).
+//! - **Wake-ups**: a batch that gives others work ends with `pg_notify`; every handle
+//!   `LISTEN`s on a dedicated connection and wakes its engine ([`Store::wakeup`]);
+//!   engines still poll, so a lost notification only delays work.
+//! - **Reconnection**: one writer thread owns the write connection. A batch that fails
+//!   because the connection broke, or that lost a deadlock or serialization race, is
+//!   retried as a whole (nothing of it was committed) with backoff for up to 15 minutes.
+//!   Only a connection lost *during* `COMMIT` is reported as an error (the outcome is
+//!   unknown; idempotency keys make the caller's retry safe). Reads use a small pool of
+//!   connections and retry the same way.
+//!
+//! The URL is the driver's (`postgres://user:pw@host:port/db?...`) plus an optional
+//! `schema=NAME`: Settle's tables then live in that schema (created if missing), so several
+//! deployments, or tests, can share one database.
+
+mod conn;
+mod read;
+mod write;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use fallible_iterator::FallibleIterator;
+use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+use serde_json::Value;
+use tokio::sync::{Notify, oneshot};
+
+use self::conn::{Backoff, Conn, Recovery, Target, recovery};
+use crate::types::*;
+use crate::{Error, Result, Store};
+
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/postgres/0001_core.sql")),
+    (2, include_str!("../../migrations/postgres/0002_workflows.sql")),
+    (3, include_str!("../../migrations/postgres/0003_operate.sql")),
+];
+
+/// A database failure below the store's API.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Pg(postgres::Error),
+    Corrupt(String),
+}
+
+impl From<postgres::Error> for Failure {
+    fn from(e: postgres::Error) -> Self {
+        Failure::Pg(e)
+    }
+}
+
+impl Failure {
+    fn into_error(self) -> Error {
+        match self {
+            Failure::Pg(e) => Error::Db(pg_message(&e)),
+            Failure::Corrupt(m) => Error::Corrupt(m),
+        }
+    }
+
+    fn recovery(&self) -> Recovery {
+        match self {
+            Failure::Pg(e) => recovery(e),
+            Failure::Corrupt(_) => Recovery::Fail,
+        }
+    }
+}
+
+/// The server's message (with detail) when there is one, else the driver's.
+pub(crate) fn pg_message(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(detail) => format!("{}: {} ({detail})", db.code().code(), db.message()),
+            None => format!("{}: {}", db.code().code(), db.message()),
+        },
+        None => e.to_string(),
+    }
+}
+
+pub(crate) fn json_text(v: &impl serde::Serialize) -> String {
+    serde_json::to_string(v).expect("JSON values serialize")
+}
+
+/// A JSON value as a parameter of application SQL, converted to the type the server
+/// inferred for the parameter (numbers to integer or float columns, strings to text, any
+/// value to `json`/`jsonb`).
+#[derive(Debug)]
+pub(crate) struct JsonParam<'a>(pub(crate) &'a Value);
+
+impl ToSql for JsonParam<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        let v = self.0;
+        if v.is_null() {
+            return Ok(IsNull::Yes);
+        }
+        let mismatch = || format!("cannot pass JSON value {v} as a parameter of type {ty}");
+        match *ty {
+            Type::BOOL => v.as_bool().ok_or_else(mismatch)?.to_sql(ty, out),
+            Type::INT2 => i16::try_from(v.as_i64().ok_or_else(mismatch)?)?.to_sql(ty, out),
+            Type::INT4 => i32::try_from(v.as_i64().ok_or_else(mismatch)?)?.to_sql(ty, out),
+            Type::INT8 => v.as_i64().ok_or_else(mismatch)?.to_sql(ty, out),
+            Type::FLOAT4 => (v.as_f64().ok_or_else(mismatch)? as f32).to_sql(ty, out),
+            Type::FLOAT8 => v.as_f64().ok_or_else(mismatch)?.to_sql(ty, out),
+            Type::JSON => {
+                out.extend_from_slice(v.to_string().as_bytes());
+                Ok(IsNull::No)
+            }
+            Type::JSONB => {
+                out.extend_from_slice(&[1]);
+                out.extend_from_slice(v.to_string().as_bytes());
+                Ok(IsNull::No)
+            }
+            _ => match v {
+                Value::String(s) => s.as_str().to_sql(ty, out),
+                other => other.to_string().as_str().to_sql(ty, out),
+            },
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        matches!(
+            *ty,
+            Type::BOOL
+                | Type::INT2
+                | Type::INT4
+                | Type::INT8
+                | Type::FLOAT4
+                | Type::FLOAT8
+                | Type::JSON
+                | Type::JSONB
+                | Type::TEXT
+                | Type::VARCHAR
+                | Type::BPCHAR
+                | Type::NAME
+                | Type::UNKNOWN
+        )
+    }
+
+    to_sql_checked!();
+}
+
+type Job = Box<dyn FnOnce(&mut Writer) + Send>;
+
+/// The PostgreSQL implementation of [`Store`]. Cheap to clone; clones share the writer,
+/// the reader pool and the wake-up listener.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    target: Target,
+    writer: Option<Mutex<mpsc::Sender<Job>>>,
+    readers: Mutex<Vec<Conn>>,
+    wake: Arc<Notify>,
+    /// This handle's name in wake-up notifications (its own are ignored).
+    me: String,
+    channel: String,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Closing a connection blocks on the driver's own runtime, which may not run inside
+        // another (the last handle is often dropped on an async task): close them aside.
+        let readers = std::mem::take(self.readers.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if !readers.is_empty() {
+            let _ = std::thread::Builder::new().name("settle-pg-close".into()).spawn(move || drop(readers));
+        }
+    }
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("url", &self.inner.target.display).finish()
+    }
+}
+
+/// The writer thread's connection, reconnected on demand.
+struct Writer {
+    target: Target,
+    conn: Option<Conn>,
+}
+
+impl Writer {
+    /// The connection, connecting (with backoff) if there is none.
+    fn conn(&mut self, backoff: &mut Backoff) -> Result<&mut Conn> {
+        loop {
+            if self.conn.is_some() {
+                return Ok(self.conn.as_mut().expect("checked"));
+            }
+            match self.target.connect() {
+                Ok(c) => {
+                    if backoff.attempts() > 0 {
+                        tracing::warn!(attempts = backoff.attempts(), "store writer reconnected to PostgreSQL");
+                    }
+                    self.conn = Some(c);
+                }
+                Err(e) => {
+                    if !backoff.wait("store writer", &pg_message(&e)) {
+                        return Err(Error::Db(format!("cannot reach PostgreSQL: {}", pg_message(&e))));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `body` in a transaction on the writer's connection, retrying the whole
+/// transaction on a lost connection or a lost race. `now` is refreshed on a retry after a
+/// reconnection (the batch's times were taken before the outage).
+fn transact<T>(
+    w: &mut Writer,
+    what: &str,
+    mut body: impl FnMut(&mut Conn, bool) -> std::result::Result<T, Failure>,
+) -> Result<T> {
+    let mut backoff = Backoff::new();
+    let mut reconnected = false;
+    loop {
+        let c = w.conn(&mut backoff)?;
+        let attempt = c.batch("BEGIN").map_err(Failure::Pg).and_then(|()| body(c, reconnected));
+        let failure = match attempt {
+            Ok(out) => match c.batch("COMMIT") {
+                Ok(()) => return Ok(out),
+                Err(e) if recovery(&e) == Recovery::Reconnect => {
+                    w.conn = None;
+                    return Err(Error::Db(format!(
+                        "{what}: connection to PostgreSQL lost while committing; the outcome is unknown ({})",
+                        pg_message(&e)
+                    )));
+                }
+                Err(e) => Failure::Pg(e),
+            },
+            Err(f) => f,
+        };
+        match failure.recovery() {
+            Recovery::Reconnect => {
+                w.conn = None;
+                reconnected = true;
+                if !backoff.wait(what, &format!("{failure:?}")) {
+                    return Err(failure.into_error());
+                }
+            }
+            Recovery::Retry => {
+                let _ = c.batch("ROLLBACK");
+                tracing::debug!(error = ?failure, "{what}: transaction lost a race; retrying");
+                if !backoff.wait(what, &format!("{failure:?}")) {
+                    return Err(failure.into_error());
+                }
+            }
+            Recovery::Fail => {
+                if c.batch("ROLLBACK").is_err() {
+                    w.conn = None;
+                }
+                return Err(failure.into_error());
+            }
+        }
+    }
+}
+
+impl PgStore {
+    /// Connects to the database at `url` for an engine (or any writer): creates the schema
+    /// if the URL names one, runs pending migrations (serialised between instances by an
+    /// advisory lock), starts the writer thread and the wake-up listener.
+    ///
+    /// Blocks while it connects; safe to call from async code (it connects on a thread of
+    /// its own, as the driver's blocking client may not run inside another runtime).
+    pub fn open(url: &str) -> Result<Self> {
+        aside(|| Self::open_here(url))
+    }
+
+    fn open_here(url: &str) -> Result<Self> {
+        let target = Target::parse(url)?;
+        let open_err = |message: String| Error::Open { path: target.display.clone(), message };
+        let mut conn = Self::first_connection(&target, true)?;
+        migrate(&mut conn).map_err(|e| match e {
+            Error::Db(m) => open_err(m),
+            other => other,
+        })?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        let mut writer = Writer { target: target.clone(), conn: Some(conn) };
+        std::thread::Builder::new()
+            .name("settle-pg-writer".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job(&mut writer);
+                }
+            })
+            .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
+        let store = Self::handle(target, Some(Mutex::new(tx)));
+        store.start_listener()?;
+        Ok(store)
+    }
+
+    /// Connects for reading only: no migrations, no writer; fails if the database holds no
+    /// Settle tables.
+    pub fn open_read_only(url: &str) -> Result<Self> {
+        aside(|| Self::open_read_only_here(url))
+    }
+
+    fn open_read_only_here(url: &str) -> Result<Self> {
+        let target = Target::parse(url)?;
+        let mut conn = Self::first_connection(&target, false)?;
+        let version = schema_version(&mut conn)
+            .map_err(|e| Error::Open { path: target.display.clone(), message: pg_message(&e) })?;
+        if version == 0 {
+            return Err(Error::Open { path: target.display.clone(), message: "not a settle database".into() });
+        }
+        let store = Self::handle(target, None);
+        store.put_reader(conn);
+        Ok(store)
+    }
+
+    fn handle(target: Target, writer: Option<Mutex<mpsc::Sender<Job>>>) -> Self {
+        let channel = match &target.schema {
+            Some(s) => format!("settle_wake_{s}"),
+            None => "settle_wake".to_string(),
+        };
+        PgStore {
+            inner: Arc::new(Inner {
+                target,
+                writer,
+                readers: Mutex::new(Vec::new()),
+                wake: Arc::new(Notify::new()),
+                me: format!("{}-{}", std::process::id(), uuid_like()),
+                channel,
+                stop: Arc::new(AtomicBool::new(false)),
+            }),
+        }
+    }
+
+    fn first_connection(target: &Target, create_schema: bool) -> Result<Conn> {
+        let open_err = |message: String| Error::Open { path: target.display.clone(), message };
+        if create_schema && let Some(ident) = target.schema_ident() {
+            let mut plain =
+                Target { schema: None, ..target.clone() }.connect().map_err(|e| open_err(pg_message(&e)))?;
+            // The name was validated when the URL was parsed; identifiers cannot be parameters.
+            plain.batch(&format!("CREATE SCHEMA IF NOT EXISTS {ident}")).map_err(|e| open_err(pg_message(&e)))?;
+        }
+        target.connect().map_err(|e| open_err(pg_message(&e)))
+    }
+
+    /// The URL, password hidden.
+    pub fn url(&self) -> &str {
+        &self.inner.target.display
+    }
+
+    /// The schema Settle's tables are in, if the URL named one.
+    pub fn schema(&self) -> Option<&str> {
+        self.inner.target.schema.as_deref()
+    }
+
+    /// A dedicated connection that `LISTEN`s for other handles' wake-ups and wakes this
+    /// handle's engine; it reconnects with backoff and wakes once after reconnecting
+    /// (notifications sent meanwhile are lost).
+    fn start_listener(&self) -> Result<()> {
+        let target = self.inner.target.clone();
+        let wake = self.inner.wake.clone();
+        let stop = self.inner.stop.clone();
+        let me = self.inner.me.clone();
+        let channel = self.inner.channel.clone();
+        std::thread::Builder::new()
+            .name("settle-pg-listen".into())
+            .spawn(move || {
+                let mut backoff = Backoff::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let mut conn = match target.connect() {
+                        Ok(c) => c,
+                        Err(e) => {
+                            backoff.wait("wake-up listener", &pg_message(&e));
+                            continue;
+                        }
+                    };
+                    // A channel name is an identifier; it is built from the validated schema.
+                    if let Err(e) = conn.batch(&format!("LISTEN \"{channel}\"")) {
+                        backoff.wait("wake-up listener", &pg_message(&e));
+                        continue;
+                    }
+                    backoff = Backoff::new();
+                    wake.notify_one();
+                    while !stop.load(Ordering::Relaxed) {
+                        let next = conn.client.notifications().timeout_iter(Duration::from_millis(500)).next();
+                        match next {
+                            Ok(Some(n)) => {
+                                if n.payload() != me {
+                                    wake.notify_one();
+                                }
+                            }
+                            // A timeout: notice a dead connection, which yields no error here.
+                            Ok(None) if conn.client.is_closed() => break,
+                            Ok(None) => {}
+                            Err(_) => break,
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::Open { path: self.inner.target.display.clone(), message: e.to_string() })?;
+        Ok(())
+    }
+
+    async fn on_writer<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Writer) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let Some(writer) = &self.inner.writer else {
+            return Err(Error::Db("store opened read-only".into()));
+        };
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |w| {
+            let _ = tx.send(f(w));
+        });
+        writer.lock().expect("writer sender lock").send(job).map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    fn put_reader(&self, conn: Conn) {
+        let mut pool = self.inner.readers.lock().expect("reader pool lock");
+        if pool.len() < 8 {
+            pool.push(conn);
+        }
+    }
+
+    /// Runs `f` on a pooled connection on a blocking thread, reconnecting (with backoff)
+    /// if the connection is gone.
+    async fn on_reader<T: Send + 'static>(
+        &self,
+        f: impl Fn(&mut Conn) -> std::result::Result<T, Failure> + Send + 'static,
+    ) -> Result<T> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut backoff = Backoff::new();
+            loop {
+                let pooled = this.inner.readers.lock().expect("reader pool lock").pop();
+                let mut conn = match pooled {
+                    Some(c) if !c.client.is_closed() => c,
+                    _ => match this.inner.target.connect() {
+                        Ok(c) => c,
+                        Err(e) => {
+                            if !backoff.wait("store reader", &pg_message(&e)) {
+                                return Err(Error::Db(format!("cannot reach PostgreSQL: {}", pg_message(&e))));
+                            }
+                            continue;
+                        }
+                    },
+                };
+                match f(&mut conn) {
+                    Ok(out) => {
+                        this.put_reader(conn);
+                        return Ok(out);
+                    }
+                    Err(failure) => match failure.recovery() {
+                        Recovery::Reconnect | Recovery::Retry => {
+                            if !backoff.wait("store reader", &format!("{failure:?}")) {
+                                return Err(failure.into_error());
+                            }
+                        }
+                        Recovery::Fail => {
+                            // Leave no transaction open on a pooled connection.
+                            if conn.batch("ROLLBACK").is_ok() {
+                                this.put_reader(conn);
+                            }
+                            return Err(failure.into_error());
+                        }
+                    },
+                }
+            }
+        })
+        .await
+        .map_err(|e| Error::Db(format!("reader task failed: {e}")))?
+    }
+}
+
+/// Runs `f` on a thread of its own and waits for it.
+fn aside<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| s.spawn(f).join().expect("store open thread panicked"))
+}
+
+/// A random suffix for this handle's name (std's per-process random hash keys).
+fn uuid_like() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    format!("{:016x}", h.finish())
+}
+
+fn schema_version(c: &mut Conn) -> std::result::Result<i64, postgres::Error> {
+    let exists: bool = c.one("SELECT to_regclass('settle_schema') IS NOT NULL", &[])?.try_get(0)?;
+    if !exists {
+        return Ok(0);
+    }
+    c.one("SELECT COALESCE(MAX(version), 0) FROM settle_schema", &[])?.try_get(0)
+}
+
+/// Applies pending migrations in one transaction, under an advisory lock per schema so
+/// that instances starting together do not race.
+fn migrate(c: &mut Conn) -> Result<()> {
+    let run = |c: &mut Conn| -> std::result::Result<Option<Error>, postgres::Error> {
+        c.batch("BEGIN")?;
+        c.exec("SELECT pg_advisory_xact_lock(hashtext('settle-migrate:' || current_schema()))", &[])?;
+        c.batch("CREATE TABLE IF NOT EXISTS settle_schema (version BIGINT NOT NULL, applied_at BIGINT NOT NULL)")?;
+        let current: i64 = c.one("SELECT COALESCE(MAX(version), 0) FROM settle_schema", &[])?.try_get(0)?;
+        let newest = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+        if current > newest {
+            c.batch("ROLLBACK")?;
+            return Ok(Some(Error::SchemaTooNew { found: current, supported: newest }));
+        }
+        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+            c.batch(sql)?;
+            c.exec("INSERT INTO settle_schema (version, applied_at) VALUES ($1, $2)", &[version, &now_ms()])?;
+        }
+        c.batch("COMMIT")?;
+        Ok(None)
+    };
+    match run(c) {
+        Ok(None) => Ok(()),
+        Ok(Some(e)) => Err(e),
+        Err(e) => Err(Error::Db(format!("migration failed: {}", pg_message(&e)))),
+    }
+}
+
+fn now_ms() -> Millis {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+impl Store for PgStore {
+    async fn write(&self, batch: Batch) -> Result<BatchResult> {
+        let (channel, me) = (self.inner.channel.clone(), self.inner.me.clone());
+        self.on_writer(move |w| {
+            let mut batch = batch;
+            transact(w, "store write", |c, reconnected| {
+                if reconnected {
+                    batch.now = batch.now.max(now_ms());
+                }
+                write::apply_batch(c, &batch, Some((&channel, &me)))
+            })
+        })
+        .await
+    }
+
+    async fn entity_get(&self, machine: &str, key: &str) -> Result<Option<EntityRow>> {
+        let (machine, key) = (machine.to_string(), key.to_string());
+        self.on_reader(move |c| read::entity_get(c, &machine, &key)).await
+    }
+
+    async fn entity_list(&self, filter: EntityFilter) -> Result<Vec<EntityRow>> {
+        self.on_reader(move |c| read::entity_list(c, &filter)).await
+    }
+
+    async fn entity_count_by_state(&self, machine: &str) -> Result<Vec<(String, u64)>> {
+        let machine = machine.to_string();
+        self.on_reader(move |c| read::entity_count_by_state(c, &machine)).await
+    }
+
+    async fn entity_count_pending(&self) -> Result<u64> {
+        self.on_reader(read::entity_count_pending).await
+    }
+
+    async fn history_list(&self, entity_id: i64) -> Result<Vec<HistoryRow>> {
+        self.on_reader(move |c| read::history_list(c, entity_id)).await
+    }
+
+    async fn successor_snapshot(&self, entity_id: i64) -> Result<SuccessorSnapshot> {
+        self.on_reader(move |c| read::successor_snapshot(c, entity_id)).await
+    }
+
+    async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
+        self.on_reader(move |c| read::timer_list(c, entity_id)).await
+    }
+
+    async fn inbox_list(&self, entity_id: i64) -> Result<Vec<InboxItem>> {
+        self.on_reader(move |c| read::inbox_list(c, entity_id)).await
+    }
+
+    async fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> Result<()> {
+        let (name, hash, definition) = (name.to_string(), hash.to_string(), definition.to_string());
+        self.on_writer(move |w| {
+            transact(w, "machine_put", |c, _| {
+                c.exec(
+                    "INSERT INTO machines (name, hash, definition, created_at) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (name, hash) DO NOTHING",
+                    &[&name, &hash, &definition, &now],
+                )?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    async fn machine_list(&self) -> Result<Vec<MachineRecord>> {
+        self.on_reader(read::machine_list).await
+    }
+
+    async fn meta_get(&self, key: &str) -> Result<Option<String>> {
+        let key = key.to_string();
+        self.on_reader(move |c| read::meta_get(c, &key)).await
+    }
+
+    async fn meta_put(&self, key: &str, value: &str) -> Result<()> {
+        let (key, value) = (key.to_string(), value.to_string());
+        self.on_writer(move |w| {
+            transact(w, "meta_put", |c, _| {
+                c.exec(
+                    "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    &[&key, &value],
+                )?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    async fn sql_execute(&self, sql: &str) -> Result<()> {
+        let sql = sql.to_string();
+        self.on_writer(move |w| transact(w, "sql_execute", |c, _| Ok(c.batch(&sql)?))).await
+    }
+
+    async fn operation_get(&self, request_id: &str) -> Result<Option<OperationRow>> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| read::operation_get(c, &request_id)).await
+    }
+
+    async fn operation_list(&self, outcome: Option<String>, limit: u64) -> Result<Vec<OperationRow>> {
+        self.on_reader(move |c| read::operation_list(c, outcome.as_deref(), limit)).await
+    }
+
+    async fn machine_migrate(
+        &self,
+        machine: &str,
+        moves: Vec<(String, String)>,
+        hash: &str,
+        now: Millis,
+    ) -> Result<u64> {
+        let (machine, hash) = (machine.to_string(), hash.to_string());
+        self.on_writer(move |w| {
+            transact(w, "machine_migrate", |c, _| write::migrate_states(c, &machine, &moves, &hash, now))
+        })
+        .await
+    }
+
+    async fn machine_versions(&self) -> Result<Vec<(MachineRecord, u64)>> {
+        self.on_reader(read::machine_versions).await
+    }
+
+    async fn events_list(&self, entity_id: i64) -> Result<Vec<EventRow>> {
+        self.on_reader(move |c| read::events_list(c, entity_id)).await
+    }
+
+    async fn stats(&self, since: Option<Millis>) -> Result<Stats> {
+        let since = since.unwrap_or(Millis::MIN);
+        self.on_reader(move |c| read::stats(c, since)).await
+    }
+
+    async fn metrics_snapshot(&self, now: Millis) -> Result<MetricsSnapshot> {
+        self.on_reader(move |c| read::metrics(c, now)).await
+    }
+
+    fn exclusive(&self) -> bool {
+        false
+    }
+
+    async fn lease_release_all(&self, now: Millis) -> Result<u64> {
+        self.on_writer(move |w| transact(w, "lease_release_all", |c, _| write::release_all(c, now))).await
+    }
+
+    fn wakeup(&self) -> Option<Arc<Notify>> {
+        Some(self.inner.wake.clone())
+    }
+}
+
+/// Test support: a URL for a fresh schema in the database named by `SETTLE_TEST_PG`
+/// (`postgres://postgres@127.0.0.1:5432/test`, say), so tests can run in parallel; `None`,
+/// after saying so on stderr, when the variable is not set.
+pub fn test_url(prefix: &str) -> Option<String> {
+    let Ok(base) = std::env::var("SETTLE_TEST_PG") else {
+        eprintln!("skipped: PostgreSQL test ({prefix}): SETTLE_TEST_PG is not set");
+        return None;
+    };
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let schema = format!("{prefix}_{}_{n}_{}", std::process::id(), &uuid_like()[..8]);
+    let sep = if base.contains('?') { '&' } else { '?' };
+    Some(format!("{base}{sep}schema={schema}"))
+}

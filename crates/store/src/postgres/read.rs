@@ -1,0 +1,388 @@
+//! Row decoding and the read side (reports, listings) of the PostgreSQL store.
+
+use postgres::Row;
+use settle_core::{ActionName, EntityKey, EventName, MachineName, StateName};
+
+use super::Failure;
+use super::conn::Conn;
+use crate::types::*;
+
+type R<T> = std::result::Result<T, Failure>;
+
+pub(crate) const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, \
+     auto_at, due_at, lease_owner, lease_until, request_id, fired, timer_at, run_status, sleep_until, recent_errors, \
+     event_id, machine_hash";
+
+pub(crate) const OPERATION_COLS: &str = "id, request_id, name, machine, entity_key, started_at, ended_at, \
+     first_response_at, outcome, error, restart_count, dimensions";
+
+fn json<T: serde::de::DeserializeOwned>(r: &Row, col: usize) -> R<T> {
+    let text: &str = r.try_get(col)?;
+    serde_json::from_str(text).map_err(|e| Failure::Corrupt(format!("column {col}: {e}")))
+}
+
+fn count(r: &Row, col: usize) -> R<u64> {
+    Ok(r.try_get::<_, i64>(col)?.max(0) as u64)
+}
+
+fn small(r: &Row, col: usize) -> R<u32> {
+    Ok(r.try_get::<_, i64>(col)?.clamp(0, u32::MAX as i64) as u32)
+}
+
+pub(crate) fn entity_from_row(r: &Row) -> R<EntityRow> {
+    let status: &str = r.try_get(16)?;
+    Ok(EntityRow {
+        id: r.try_get(0)?,
+        machine: MachineName::new(r.try_get::<_, &str>(1)?),
+        key: EntityKey::new(r.try_get::<_, &str>(2)?),
+        state: StateName::new(r.try_get::<_, &str>(3)?),
+        properties: json(r, 4)?,
+        version: r.try_get(5)?,
+        retry: small(r, 6)?,
+        created_at: r.try_get(7)?,
+        entered_at: r.try_get(8)?,
+        auto_at: r.try_get(9)?,
+        due_at: r.try_get(10)?,
+        lease_owner: r.try_get(11)?,
+        lease_until: r.try_get(12)?,
+        request_id: r.try_get(13)?,
+        fired: json::<Vec<String>>(r, 14)?.into_iter().map(EventName::from).collect(),
+        timer_at: r.try_get(15)?,
+        run_status: RunStatus::parse(status)
+            .ok_or_else(|| Failure::Corrupt(format!("unknown run status `{status}`")))?,
+        sleep_until: r.try_get(17)?,
+        recent_errors: json(r, 18)?,
+        event_id: r.try_get(19)?,
+        machine_hash: r.try_get(20)?,
+    })
+}
+
+pub(crate) fn inbox_from_row(r: &Row) -> R<InboxItem> {
+    let kind: &str = r.try_get(6)?;
+    Ok(InboxItem {
+        id: r.try_get(0)?,
+        entity_id: r.try_get(1)?,
+        event: EventName::new(r.try_get::<_, &str>(2)?),
+        params: json(r, 3)?,
+        request_id: r.try_get(4)?,
+        created_at: r.try_get(5)?,
+        kind: InboxKind::parse(kind).ok_or_else(|| Failure::Corrupt(format!("unknown inbox kind `{kind}`")))?,
+    })
+}
+
+fn history_from_row(r: &Row) -> R<HistoryRow> {
+    let kind: &str = r.try_get(4)?;
+    Ok(HistoryRow {
+        id: r.try_get(0)?,
+        entity_id: r.try_get(1)?,
+        from: r.try_get::<_, Option<&str>>(2)?.map(StateName::from),
+        to: r.try_get::<_, Option<&str>>(3)?.map(StateName::from),
+        kind: HistoryKind::parse(kind).ok_or_else(|| Failure::Corrupt(format!("unknown history kind `{kind}`")))?,
+        action: r.try_get::<_, Option<&str>>(5)?.map(ActionName::from),
+        event: r.try_get::<_, Option<&str>>(6)?.map(EventName::from),
+        retry: small(r, 7)?,
+        request_id: r.try_get(8)?,
+        at: r.try_get(9)?,
+        detail: r.try_get(10)?,
+    })
+}
+
+pub(crate) fn operation_from_row(r: &Row) -> R<OperationRow> {
+    Ok(OperationRow {
+        id: r.try_get(0)?,
+        request_id: r.try_get(1)?,
+        name: r.try_get(2)?,
+        machine: r.try_get(3)?,
+        entity_key: r.try_get(4)?,
+        started_at: r.try_get(5)?,
+        ended_at: r.try_get(6)?,
+        first_response_at: r.try_get(7)?,
+        outcome: r.try_get(8)?,
+        error: r.try_get(9)?,
+        restart_count: small(r, 10)?,
+        dimensions: json(r, 11)?,
+    })
+}
+
+pub(crate) fn timer_from_row(r: &Row) -> R<TimerRow> {
+    Ok(TimerRow {
+        entity_id: r.try_get(0)?,
+        name: r.try_get(1)?,
+        event: EventName::new(r.try_get::<_, &str>(2)?),
+        due_at: r.try_get(3)?,
+        every_ms: r.try_get(4)?,
+    })
+}
+
+fn machine_from_row(r: &Row) -> R<MachineRecord> {
+    Ok(MachineRecord {
+        name: MachineName::new(r.try_get::<_, &str>(0)?),
+        hash: r.try_get(1)?,
+        definition: r.try_get(2)?,
+        created_at: r.try_get(3)?,
+    })
+}
+
+fn all<T>(rows: Vec<Row>, f: impl Fn(&Row) -> R<T>) -> R<Vec<T>> {
+    rows.iter().map(f).collect()
+}
+
+pub(crate) fn entity_get(c: &mut Conn, machine: &str, key: &str) -> R<Option<EntityRow>> {
+    c.opt(&format!("SELECT {ENTITY_COLS} FROM entities WHERE machine = $1 AND key = $2"), &[&machine, &key])?
+        .map(|r| entity_from_row(&r))
+        .transpose()
+}
+
+pub(crate) fn entity_list(c: &mut Conn, f: &EntityFilter) -> R<Vec<EntityRow>> {
+    let limit = f.limit.map(|l| l.min(i64::MAX as u64) as i64);
+    let rows = c.query(
+        &format!(
+            "SELECT {ENTITY_COLS} FROM entities
+             WHERE ($1::text IS NULL OR machine = $1) AND ($2::text IS NULL OR state = $2) AND id > $3
+               AND ($5::text IS NULL OR run_status = $5)
+             ORDER BY id LIMIT $4"
+        ),
+        &[&f.machine, &f.state, &f.after_id.unwrap_or(0), &limit, &f.run_status],
+    )?;
+    all(rows, entity_from_row)
+}
+
+pub(crate) fn entity_count_by_state(c: &mut Conn, machine: &str) -> R<Vec<(String, u64)>> {
+    let rows =
+        c.query("SELECT state, COUNT(*) FROM entities WHERE machine = $1 GROUP BY state ORDER BY state", &[&machine])?;
+    all(rows, |r| Ok((r.try_get(0)?, count(r, 1)?)))
+}
+
+pub(crate) fn entity_count_pending(c: &mut Conn) -> R<u64> {
+    count(&c.one("SELECT COUNT(*) FROM entities WHERE due_at IS NOT NULL", &[])?, 0)
+}
+
+pub(crate) fn history_list(c: &mut Conn, entity_id: i64) -> R<Vec<HistoryRow>> {
+    let rows = c.query(
+        "SELECT id, entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail
+         FROM history WHERE entity_id = $1 ORDER BY id",
+        &[&entity_id],
+    )?;
+    all(rows, history_from_row)
+}
+
+/// The successors and the newest notice, holding the subscriber's row `FOR UPDATE`: every
+/// notice up to the newest one read is committed (see `write::notify_predecessors`).
+pub(crate) fn successor_snapshot(c: &mut Conn, entity_id: i64) -> R<SuccessorSnapshot> {
+    c.batch("BEGIN")?;
+    c.query("SELECT 1 FROM entities WHERE id = $1 FOR UPDATE", &[&entity_id])?;
+    let newest_notice: Option<i64> =
+        c.one("SELECT MAX(id) FROM inbox WHERE entity_id = $1 AND kind = 'notice'", &[&entity_id])?.try_get(0)?;
+    let cols = ENTITY_COLS.split(", ").map(|col| format!("e.{col}")).collect::<Vec<_>>().join(", ");
+    let rows = c.query(
+        &format!(
+            "SELECT {cols} FROM entities e JOIN successors s ON s.successor_id = e.id
+             WHERE s.predecessor_id = $1 ORDER BY e.id"
+        ),
+        &[&entity_id],
+    )?;
+    let successors = all(rows, entity_from_row)?;
+    c.batch("COMMIT")?;
+    Ok(SuccessorSnapshot { successors, newest_notice })
+}
+
+pub(crate) fn timer_list(c: &mut Conn, entity_id: i64) -> R<Vec<TimerRow>> {
+    let rows = c.query(
+        "SELECT entity_id, name, event, due_at, every_ms FROM timers WHERE entity_id = $1 ORDER BY name",
+        &[&entity_id],
+    )?;
+    all(rows, timer_from_row)
+}
+
+pub(crate) fn inbox_list(c: &mut Conn, entity_id: i64) -> R<Vec<InboxItem>> {
+    let rows = c.query(
+        "SELECT id, entity_id, event, params, request_id, created_at, kind FROM inbox WHERE entity_id = $1 ORDER BY id",
+        &[&entity_id],
+    )?;
+    all(rows, inbox_from_row)
+}
+
+pub(crate) fn machine_list(c: &mut Conn) -> R<Vec<MachineRecord>> {
+    let rows = c.query("SELECT name, hash, definition, created_at FROM machines ORDER BY name, created_at", &[])?;
+    all(rows, machine_from_row)
+}
+
+pub(crate) fn meta_get(c: &mut Conn, key: &str) -> R<Option<String>> {
+    Ok(c.opt("SELECT value FROM meta WHERE key = $1", &[&key])?.map(|r| r.try_get(0)).transpose()?)
+}
+
+pub(crate) fn operation_get(c: &mut Conn, request_id: &str) -> R<Option<OperationRow>> {
+    c.opt(&format!("SELECT {OPERATION_COLS} FROM operations WHERE request_id = $1"), &[&request_id])?
+        .map(|r| operation_from_row(&r))
+        .transpose()
+}
+
+pub(crate) fn operation_list(c: &mut Conn, outcome: Option<&str>, limit: u64) -> R<Vec<OperationRow>> {
+    let limit = limit.min(i64::MAX as u64) as i64;
+    let rows = c.query(
+        &format!(
+            "SELECT {OPERATION_COLS} FROM operations
+             WHERE $1::text IS NULL OR ($1 = 'open' AND ended_at IS NULL) OR outcome = $1
+             ORDER BY id DESC LIMIT $2"
+        ),
+        &[&outcome, &limit],
+    )?;
+    all(rows, operation_from_row)
+}
+
+pub(crate) fn machine_versions(c: &mut Conn) -> R<Vec<(MachineRecord, u64)>> {
+    let rows = c.query(
+        "SELECT m.name, m.hash, m.definition, m.created_at,
+            (SELECT COUNT(*) FROM entities e WHERE e.machine = m.name AND e.machine_hash = m.hash)
+         FROM machines m ORDER BY m.name, m.created_at",
+        &[],
+    )?;
+    all(rows, |r| Ok((machine_from_row(r)?, count(r, 4)?)))
+}
+
+pub(crate) fn events_list(c: &mut Conn, entity_id: i64) -> R<Vec<EventRow>> {
+    let rows = c.query(
+        "SELECT ev.id, ev.request_id, ev.event, ev.kind, ev.start_state, ev.end_state, ev.start_time,
+            ev.end_time, ev.rejected, ev.failed, er.details, ev.exception
+         FROM events ev LEFT JOIN errors er ON er.id = ev.error_id
+         WHERE ev.entity_id = $1 ORDER BY ev.id",
+        &[&entity_id],
+    )?;
+    all(rows, |r| {
+        Ok(EventRow {
+            id: r.try_get(0)?,
+            request_id: r.try_get(1)?,
+            event: EventName::new(r.try_get::<_, &str>(2)?),
+            kind: r.try_get(3)?,
+            start_state: StateName::new(r.try_get::<_, &str>(4)?),
+            end_state: r.try_get::<_, Option<&str>>(5)?.map(StateName::from),
+            start_time: r.try_get(6)?,
+            end_time: r.try_get(7)?,
+            rejected: r.try_get(8)?,
+            failed: r.try_get(9)?,
+            error: r.try_get(10)?,
+            exception: r.try_get(11)?,
+        })
+    })
+}
+
+/// The KPIs of `Store::stats`, read in one repeatable-read snapshot.
+pub(crate) fn stats(c: &mut Conn, since: Millis) -> R<Stats> {
+    c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    let out = read_stats(c, since);
+    c.batch("COMMIT")?;
+    out
+}
+
+fn read_stats(c: &mut Conn, since: Millis) -> R<Stats> {
+    let rows = c.query(
+        "SELECT name, COUNT(*), COUNT(ended_at), COUNT(*) FILTER (WHERE ended_at IS NOT NULL AND outcome = 'success')
+         FROM operations WHERE started_at >= $1 GROUP BY name ORDER BY name",
+        &[&since],
+    )?;
+    let mut operations = all(rows, |r| {
+        let (ended, success) = (count(r, 2)?, count(r, 3)?);
+        Ok(OperationStats {
+            name: r.try_get(0)?,
+            count: count(r, 1)?,
+            ended,
+            success,
+            success_rate: if ended == 0 { 0.0 } else { success as f64 / ended as f64 },
+            p50_ms: 0,
+            p99_ms: 0,
+        })
+    })?;
+    let mut durations: std::collections::HashMap<String, Vec<i64>> = std::collections::HashMap::new();
+    for r in c.query(
+        "SELECT name, ended_at - started_at FROM operations
+         WHERE started_at >= $1 AND ended_at IS NOT NULL ORDER BY name, 2",
+        &[&since],
+    )? {
+        durations.entry(r.try_get(0)?).or_default().push(r.try_get(1)?);
+    }
+    for op in &mut operations {
+        let sorted = durations.remove(&op.name).unwrap_or_default();
+        op.p50_ms = percentile(&sorted, 0.50);
+        op.p99_ms = percentile(&sorted, 0.99);
+    }
+    let rows = c.query(
+        "SELECT machine, start_state, end_state, COUNT(*), AVG((outcome = 'error')::int)::float8,
+            AVG(retry_count)::float8
+         FROM transitions WHERE end_time >= $1
+         GROUP BY machine, start_state, end_state ORDER BY machine, start_state NULLS FIRST, end_state",
+        &[&since],
+    )?;
+    let transitions = all(rows, |r| {
+        Ok(TransitionStats {
+            machine: r.try_get(0)?,
+            from: r.try_get(1)?,
+            to: r.try_get(2)?,
+            count: count(r, 3)?,
+            error_rate: r.try_get::<_, Option<f64>>(4)?.unwrap_or(0.0),
+            mean_retries: r.try_get::<_, Option<f64>>(5)?.unwrap_or(0.0),
+        })
+    })?;
+    let rows = c.query(
+        "SELECT kind, details, COUNT(*) FROM errors WHERE at >= $1
+         GROUP BY kind, details ORDER BY COUNT(*) DESC, kind, details LIMIT 10",
+        &[&since],
+    )?;
+    let top_errors =
+        all(rows, |r| Ok(ErrorStats { kind: r.try_get(0)?, details: r.try_get(1)?, count: count(r, 2)? }))?;
+    Ok(Stats { operations, transitions, top_errors })
+}
+
+/// The counters and gauges of `Store::metrics_snapshot`, in one snapshot.
+pub(crate) fn metrics(c: &mut Conn, now: Millis) -> R<MetricsSnapshot> {
+    c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    let out = read_metrics(c, now);
+    c.batch("COMMIT")?;
+    out
+}
+
+fn read_metrics(c: &mut Conn, now: Millis) -> R<MetricsSnapshot> {
+    let rows = c.query(
+        "SELECT machine, start_state, end_state, COUNT(*) FROM transitions
+         GROUP BY machine, start_state, end_state ORDER BY machine, start_state NULLS FIRST, end_state",
+        &[],
+    )?;
+    let transitions = all(rows, |r| {
+        Ok(TransitionCount { machine: r.try_get(0)?, from: r.try_get(1)?, to: r.try_get(2)?, count: count(r, 3)? })
+    })?;
+    let rows = c.query(
+        "SELECT machine, state, run_status, COUNT(*) FROM entities
+         GROUP BY machine, state, run_status ORDER BY machine, state, run_status",
+        &[],
+    )?;
+    let entities = all(rows, |r| {
+        let status: &str = r.try_get(2)?;
+        Ok(EntityCount {
+            machine: r.try_get(0)?,
+            state: r.try_get(1)?,
+            run_status: RunStatus::parse(status)
+                .ok_or_else(|| Failure::Corrupt(format!("unknown run status `{status}`")))?,
+            count: count(r, 3)?,
+        })
+    })?;
+    let rows = c.query(
+        "SELECT COALESCE(outcome, 'open'), COUNT(*) FROM operations GROUP BY COALESCE(outcome, 'open') ORDER BY 1",
+        &[],
+    )?;
+    let operations = all(rows, |r| Ok((r.try_get(0)?, count(r, 1)?)))?;
+    let counts = c.one(
+        "SELECT (SELECT COUNT(*) FROM events WHERE rejected),
+                (SELECT COUNT(*) FROM errors),
+                (SELECT COUNT(*) FROM entities WHERE run_status = 'failed'),
+                (SELECT COUNT(*) FROM entities WHERE due_at <= $1)",
+        &[&now],
+    )?;
+    Ok(MetricsSnapshot {
+        transitions,
+        events_rejected: count(&counts, 0)?,
+        faults: count(&counts, 1)?,
+        parked: count(&counts, 2)?,
+        entities,
+        due_backlog: count(&counts, 3)?,
+        operations,
+    })
+}
