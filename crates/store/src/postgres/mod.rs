@@ -198,10 +198,7 @@ struct Writer {
 impl Writer {
     /// The connection, connecting (with backoff) if there is none.
     fn conn(&mut self, backoff: &mut Backoff) -> Result<&mut Conn> {
-        loop {
-            if self.conn.is_some() {
-                return Ok(self.conn.as_mut().expect("checked"));
-            }
+        while self.conn.is_none() {
             match self.target.connect() {
                 Ok(c) => {
                     if backoff.attempts() > 0 {
@@ -216,6 +213,7 @@ impl Writer {
                 }
             }
         }
+        Ok(self.conn.as_mut().expect("connected above"))
     }
 }
 
