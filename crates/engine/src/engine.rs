@@ -532,9 +532,30 @@ impl<S: Store> Engine<S> {
         if states.contains(&e.state) {
             return Ok(e);
         }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(e)) => Ok(e),
-            Ok(Err(_)) => Err(Error::Stopped),
+        // The watch sees this engine's commits; another instance sharing the store may be
+        // the one that moves the entity, so also read it now and then (5 ms, doubling to
+        // 200 ms).
+        let poll = async {
+            let mut every = Duration::from_millis(5);
+            loop {
+                tokio::time::sleep(every).await;
+                every = (every * 2).min(Duration::from_millis(200));
+                match self.get(machine, key).await {
+                    Ok(Some(e)) if states.contains(&e.state) => return Ok(e),
+                    Ok(Some(_)) => {}
+                    Ok(None) => return Err(not_found(machine, key)),
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let watched = async {
+            tokio::select! {
+                r = rx => r.map_err(|_| Error::Stopped),
+                r = poll => r,
+            }
+        };
+        match tokio::time::timeout(timeout, watched).await {
+            Ok(r) => r,
             Err(_) => Err(Error::Timeout { request_id: format!("wait for {machine} {key}"), waited: timeout }),
         }
     }

@@ -270,6 +270,8 @@ impl<S: Store + Clone> Scheduler<S> {
     }
 
     pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        // Another process may make work due (PostgreSQL's NOTIFY): claim at once then.
+        let wakeup = self.store.wakeup().unwrap_or_else(|| Arc::new(tokio::sync::Notify::new()));
         loop {
             if self.ops.is_empty() && !self.claim_now {
                 self.check_idle();
@@ -283,6 +285,7 @@ impl<S: Store + Clone> Scheduler<S> {
                         None => break,
                     },
                     _ = tokio::time::sleep(wait) => self.claim_now = true,
+                    _ = wakeup.notified() => self.claim_now = true,
                 }
             }
             while let Ok(msg) = rx.try_recv() {

@@ -4,7 +4,7 @@
 //! no-op actions to a stable state; C callers keep C workflows in flight. Latency is from
 //! the raise to the entity's next stable state, as a caller of `raise` sees it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 use settle_engine::{Engine, EventOutcome, RaiseOptions, Wait};
-use settle_store::{SqliteStore, Store};
+use settle_store::{AnyStore, Store};
+
+use crate::workers::Workers;
 
 /// Longest chain `bench chain --steps` accepts (and `settle run` knows).
 pub const MAX_STEPS: usize = 8;
@@ -50,12 +52,12 @@ fn rss_mb() -> f64 {
     proc_status_mb("VmRSS:")
 }
 
-async fn timers(db: Option<&Path>, args: TimersArgs) -> anyhow::Result<ExitCode> {
+async fn timers(db: Option<&str>, args: TimersArgs) -> anyhow::Result<ExitCode> {
     let after = settle_core::duration::parse(&args.after).map_err(|e| anyhow::anyhow!("--after: {e}"))?;
     let (path, _scratch) = bench_db(db);
     let machine = || crate::machines::sleeper(after);
     // Phase 1: an engine with no capacity to process writes the entities and timers.
-    let writer = Engine::builder(SqliteStore::open(&path)?)
+    let writer = Engine::builder(AnyStore::open(&path)?)
         .machine(machine())
         .config(settle_engine::Config { max_inflight: 0, ..settle_engine::Config::default() })
         .start()
@@ -71,7 +73,7 @@ async fn timers(db: Option<&Path>, args: TimersArgs) -> anyhow::Result<ExitCode>
     }
     // Phase 2: a fresh engine waits for the timers, then processes them all.
     let restarted = Instant::now();
-    let engine = Engine::builder(SqliteStore::open(&path)?).machine(machine()).start().await?;
+    let engine = Engine::builder(AnyStore::open(&path)?).machine(machine()).start().await?;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let rss_waiting = rss_mb();
     let waited = restarted.elapsed();
@@ -113,6 +115,10 @@ pub struct FanoutArgs {
     /// Workflows in flight at once.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// Worker processes (`settle run`) that process the workflows while this process
+    /// raises and watches; needs `--db postgres://...`. 0: this process processes.
+    #[arg(long, default_value_t = 0)]
+    instances: usize,
     /// Print one JSON line.
     #[arg(long)]
     json: bool,
@@ -130,6 +136,10 @@ pub struct ChainArgs {
     /// Workflows in flight at once.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// Worker processes (`settle run`) that process the workflows while this process
+    /// raises and watches; needs `--db postgres://...`. 0: this process processes.
+    #[arg(long, default_value_t = 0)]
+    instances: usize,
     /// Print one JSON line.
     #[arg(long)]
     json: bool,
@@ -167,7 +177,7 @@ fn proc_status_mb(field: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-pub async fn run(db: Option<&Path>, bench: Bench) -> anyhow::Result<ExitCode> {
+pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
     match bench {
         Bench::Chain(args) => chain(db, args).await,
         Bench::Fanout(args) => fanout(db, args).await,
@@ -176,19 +186,55 @@ pub async fn run(db: Option<&Path>, bench: Bench) -> anyhow::Result<ExitCode> {
 }
 
 /// A database file for a benchmark: `--db` if given, else a scratch file removed after.
-fn bench_db(db: Option<&Path>) -> (PathBuf, Option<Scratch>) {
+fn bench_db(db: Option<&str>) -> (String, Option<Scratch>) {
     match db {
-        Some(p) => (p.to_path_buf(), None),
+        Some(p) => (p.to_string(), None),
         None => {
             let p = std::env::temp_dir().join(format!("settle-bench-{}.db", std::process::id()));
-            (p.clone(), Some(Scratch(p)))
+            (p.display().to_string(), Some(Scratch(p)))
         }
+    }
+}
+
+/// The engine a benchmark drives: with `instances` > 0, one that only writes while that
+/// many worker processes (on PostgreSQL) do the processing; else one that processes too.
+async fn bench_engine(
+    db: &str,
+    instances: usize,
+    local: impl FnOnce(AnyStore) -> settle_engine::EngineBuilder<AnyStore>,
+) -> anyhow::Result<(Engine<AnyStore>, Option<Workers>)> {
+    crate::workers::check_db(db, instances)?;
+    let store = AnyStore::open(db)?;
+    if instances == 0 {
+        return Ok((local(store).start().await?, None));
+    }
+    let engine = crate::start_driver_engine(store).await?;
+    let workers = Workers::start(db, instances)?;
+    Ok((engine, Some(workers)))
+}
+
+/// Waits for a raised workflow to reach `state`: through the engine when it processes
+/// (`Wait::Stable`), else by watching the store while the workers process it.
+async fn raise_until(e: &Engine<AnyStore>, machine: &str, key: &str, state: &str, remote: bool) -> anyhow::Result<()> {
+    let limit = Duration::from_secs(60);
+    if remote {
+        let raised = e.raise(machine, key, "go", RaiseOptions::wait(Wait::Queued)).await?;
+        if raised.inbox_id.is_none() {
+            bail!("workflow {key}: `go` was not queued");
+        }
+        e.wait_for_state(machine, key, &[state], limit).await?;
+        return Ok(());
+    }
+    let raised = e.raise(machine, key, "go", RaiseOptions::wait(Wait::Stable).timeout(limit)).await?;
+    match (&raised.outcome, &raised.entity) {
+        (Some(EventOutcome::Accepted { .. }), Some(entity)) if entity.state == state => Ok(()),
+        other => bail!("workflow {key} did not finish: {other:?}"),
     }
 }
 
 /// Creates `keys` entities of `machine` with `properties`, 512 at a time in flight.
 async fn create_all(
-    engine: &Engine<SqliteStore>,
+    engine: &Engine<AnyStore>,
     machine: &str,
     keys: &Arc<Vec<String>>,
     properties: settle_core::Properties,
@@ -283,13 +329,14 @@ fn report(
     }
 }
 
-async fn fanout(db: Option<&Path>, args: FanoutArgs) -> anyhow::Result<ExitCode> {
+async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> {
     if args.entities == 0 || args.concurrency == 0 || args.children == 0 {
         bail!("--entities, --children and --concurrency must be at least 1");
     }
     let (path, _scratch) = bench_db(db);
-    let store = SqliteStore::open(&path)?;
-    let engine = crate::machines::bind_fanout(Engine::builder(store)).start().await?;
+    let (engine, workers) =
+        bench_engine(&path, args.instances, |s| crate::machines::bind_fanout(Engine::builder(s))).await?;
+    let remote = workers.is_some();
     let run_id = uuid_suffix();
     let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("f{run_id}-{i}")).collect());
     let mut props = settle_core::Properties::new();
@@ -308,17 +355,10 @@ async fn fanout(db: Option<&Path>, args: FanoutArgs) -> anyhow::Result<ExitCode>
     let e = engine.clone();
     let (seconds, latencies) = drive(&keys, args.concurrency, move |key| {
         let e = e.clone();
-        async move {
-            let raised = e.raise("fanparent", &key, "go", RaiseOptions::wait(Wait::Outcome)).await?;
-            if !matches!(raised.outcome, Some(EventOutcome::Accepted { .. })) {
-                bail!("parent {key} refused `go`: {:?}", raised.outcome);
-            }
-            e.wait_for_state("fanparent", &key, &["done"], Duration::from_secs(60)).await?;
-            Ok(())
-        }
+        async move { raise_until(&e, "fanparent", &key, "done", remote).await }
     })
     .await?;
-    engine.shutdown().await;
+    stop(engine, workers).await;
     // Per parent: go, spawn, children_done (3); per child: create excluded, work (1).
     let transitions = args.entities * (3 + args.children as usize);
     report(
@@ -327,12 +367,12 @@ async fn fanout(db: Option<&Path>, args: FanoutArgs) -> anyhow::Result<ExitCode>
         transitions,
         seconds,
         &latencies,
-        json!({"children": args.children, "concurrency": args.concurrency}),
+        json!({"children": args.children, "concurrency": args.concurrency, "instances": args.instances}),
     );
     Ok(ExitCode::SUCCESS)
 }
 
-async fn chain(db: Option<&Path>, args: ChainArgs) -> anyhow::Result<ExitCode> {
+async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     if !(1..=MAX_STEPS).contains(&args.steps) {
         bail!("--steps must be between 1 and {MAX_STEPS}, got {}", args.steps);
     }
@@ -340,9 +380,11 @@ async fn chain(db: Option<&Path>, args: ChainArgs) -> anyhow::Result<ExitCode> {
         bail!("--entities and --concurrency must be at least 1");
     }
     let (path, _scratch) = bench_db(db);
-    let store = SqliteStore::open(&path)?;
     let machine = format!("chain{}", args.steps);
-    let engine = crate::machines::bind_chain(Engine::builder(store), args.steps).start().await?;
+    let steps = args.steps;
+    let (engine, workers) =
+        bench_engine(&path, args.instances, |s| crate::machines::bind_chain(Engine::builder(s), steps)).await?;
+    let remote = workers.is_some();
     let run_id = uuid_suffix();
     let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("b{run_id}-{i}")).collect());
     let setup = Instant::now();
@@ -359,17 +401,10 @@ async fn chain(db: Option<&Path>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     let e = engine.clone();
     let (seconds, latencies) = drive(&keys, args.concurrency, move |key| {
         let (e, machine) = (e.clone(), machine.clone());
-        async move {
-            let opts = RaiseOptions::wait(Wait::Stable).timeout(Duration::from_secs(60));
-            let raised = e.raise(&machine, &key, "go", opts).await?;
-            match (&raised.outcome, &raised.entity) {
-                (Some(EventOutcome::Accepted { .. }), Some(entity)) if entity.state == "done" => Ok(()),
-                other => bail!("workflow {key} did not finish: {other:?}"),
-            }
-        }
+        async move { raise_until(&e, &machine, &key, "done", remote).await }
     })
     .await?;
-    engine.shutdown().await;
+    stop(engine, workers).await;
     let transitions = args.entities * (args.steps + 1);
     report(
         args.json,
@@ -377,9 +412,16 @@ async fn chain(db: Option<&Path>, args: ChainArgs) -> anyhow::Result<ExitCode> {
         transitions,
         seconds,
         &latencies,
-        json!({"steps": args.steps, "concurrency": args.concurrency}),
+        json!({"steps": args.steps, "concurrency": args.concurrency, "instances": args.instances}),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+async fn stop(engine: Engine<AnyStore>, workers: Option<Workers>) {
+    if let Some(w) = workers {
+        w.stop(Duration::from_secs(30)).await;
+    }
+    engine.shutdown().await;
 }
 
 fn round3(x: f64) -> f64 {

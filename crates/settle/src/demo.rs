@@ -7,14 +7,14 @@
 //! stopped when `settle demo` runs again on the same file.
 
 use std::io::IsTerminal;
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::workers::Workers;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use settle_engine::{RaiseOptions, Wait};
-use settle_store::{EntityFilter, EntityRow, HistoryKind, SqliteStore, Store};
+use settle_store::{AnyStore, EntityFilter, EntityRow, HistoryKind, Store};
 
 use crate::machines::ProviderSettings;
 
@@ -39,6 +39,11 @@ pub struct Args {
     /// Seed of the simulated provider [default: from the clock].
     #[arg(long)]
     seed: Option<u64>,
+    /// Worker processes (`settle run`) that do the processing, restarted if they die; this
+    /// process then only creates the servers and watches. Needs PostgreSQL (`--db
+    /// postgres://...`). 0: this process does everything.
+    #[arg(long, default_value_t = 0)]
+    instances: usize,
 }
 
 /// One demo run, stored in the database so an interrupted run can be resumed.
@@ -59,7 +64,7 @@ impl DemoRun {
     }
 }
 
-async fn stored_run(store: &SqliteStore) -> anyhow::Result<Option<DemoRun>> {
+async fn stored_run(store: &AnyStore) -> anyhow::Result<Option<DemoRun>> {
     match store.meta_get(META_KEY).await? {
         Some(text) => Ok(Some(serde_json::from_str(&text).context("stored demo settings are unreadable")?)),
         None => Ok(None),
@@ -67,11 +72,11 @@ async fn stored_run(store: &SqliteStore) -> anyhow::Result<Option<DemoRun>> {
 }
 
 /// The simulated provider settings of the latest demo run, if any (for `settle run`).
-pub async fn stored_settings(store: &SqliteStore) -> anyhow::Result<Option<ProviderSettings>> {
+pub async fn stored_settings(store: &AnyStore) -> anyhow::Result<Option<ProviderSettings>> {
     Ok(stored_run(store).await?.map(|r| r.provider))
 }
 
-async fn servers_of(store: &SqliteStore, run: &DemoRun) -> anyhow::Result<Vec<EntityRow>> {
+async fn servers_of(store: &AnyStore, run: &DemoRun) -> anyhow::Result<Vec<EntityRow>> {
     let prefix = run.prefix();
     let mut all = Vec::new();
     let mut after = None;
@@ -93,7 +98,7 @@ async fn servers_of(store: &SqliteStore, run: &DemoRun) -> anyhow::Result<Vec<En
     }
 }
 
-pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
+pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
     if !(0.0..1.0).contains(&args.fail_rate) {
         bail!("--fail-rate must be in [0, 1), got {}", args.fail_rate);
     }
@@ -104,15 +109,13 @@ pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
     if args.servers == 0 {
         bail!("--servers must be at least 1");
     }
-    let store = SqliteStore::open(db)?;
+    crate::workers::check_db(db, args.instances)?;
+    let store = AnyStore::open(db)?;
     let demo = match stored_run(&store).await? {
         Some(prev) if !prev.done => {
             eprintln!(
                 "resuming unfinished demo run {} ({} servers, fail rate {}) in {}",
-                prev.run,
-                prev.servers,
-                prev.provider.fail_rate,
-                db.display()
+                prev.run, prev.servers, prev.provider.fail_rate, db
             );
             prev
         }
@@ -139,7 +142,12 @@ pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
     };
     store.meta_put(META_KEY, &serde_json::to_string(&demo)?).await?;
     let started = Instant::now();
-    let engine = crate::start_engine_on(store.clone()).await?;
+    let (engine, mut workers) = if args.instances > 0 {
+        // Workers read the provider settings stored above when they start.
+        (crate::start_driver_engine(store.clone()).await?, Some(Workers::start(db, args.instances)?))
+    } else {
+        (crate::start_engine_on(store.clone()).await?, None)
+    };
 
     // Create the servers that do not exist yet, then raise `create` on those still new.
     let existing = servers_of(&store, &demo).await?;
@@ -181,8 +189,20 @@ pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
         r??;
     }
 
-    show_progress(&store, &demo).await?;
-    engine.wait_idle().await?;
+    show_progress(&store, &demo, workers.as_mut()).await?;
+    match workers.take() {
+        None => engine.wait_idle().await?,
+        Some(mut w) => {
+            // Servers are final; let the workers finish whatever is still due.
+            while store.entity_count_pending().await? > 0 {
+                w.supervise()?;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let restarts = w.restarts;
+            w.stop(Duration::from_secs(30)).await;
+            eprintln!("{} worker processes stopped; {restarts} restarted after dying", args.instances);
+        }
+    }
     engine.shutdown().await;
     let done = DemoRun { done: true, ..demo.clone() };
     store.meta_put(META_KEY, &serde_json::to_string(&done)?).await?;
@@ -190,7 +210,7 @@ pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn show_progress(store: &SqliteStore, demo: &DemoRun) -> anyhow::Result<()> {
+async fn show_progress(store: &AnyStore, demo: &DemoRun, mut workers: Option<&mut Workers>) -> anyhow::Result<()> {
     let tty = std::io::stderr().is_terminal();
     let bar = indicatif::ProgressBar::new(u64::from(demo.servers));
     if tty {
@@ -226,6 +246,9 @@ async fn show_progress(store: &SqliteStore, demo: &DemoRun) -> anyhow::Result<()
             bar.finish();
             return Ok(());
         }
+        if let Some(w) = workers.as_deref_mut() {
+            w.supervise()?;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -238,7 +261,7 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
     sorted[idx]
 }
 
-async fn summary(store: &SqliteStore, demo: &DemoRun, wall: Duration, db: &Path) -> anyhow::Result<()> {
+async fn summary(store: &AnyStore, demo: &DemoRun, wall: Duration, db: &str) -> anyhow::Result<()> {
     let servers = servers_of(store, demo).await?;
     let mut by_state: std::collections::BTreeMap<String, u64> = Default::default();
     let mut resources: std::collections::BTreeMap<String, u64> = Default::default();
@@ -283,7 +306,7 @@ async fn summary(store: &SqliteStore, demo: &DemoRun, wall: Duration, db: &Path)
         percentile(&times, 0.99),
         times.last().copied().unwrap_or(0)
     );
-    println!("database left at {} — try:", db.display());
+    println!("database left at {} — try:", db);
     println!("  settle list --machine server --state ready");
     println!("  settle history server {}", demo.key(0));
     Ok(())

@@ -2,14 +2,13 @@
 //! open the file read-only (never creating it) and never take the engine lock, so they work
 //! beside a running engine.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use serde_json::{Value, json};
-use settle_store::{EntityFilter, EntityRow, EventRow, HistoryRow, OperationRow, SqliteStore, Store};
+use settle_store::{AnyStore, EntityFilter, EntityRow, EventRow, HistoryRow, OperationRow, Store};
 
-pub(crate) fn open(db: &Path) -> anyhow::Result<SqliteStore> {
-    Ok(SqliteStore::open_read_only(db)?)
+pub(crate) fn open(db: &str) -> anyhow::Result<AnyStore> {
+    Ok(AnyStore::open_read_only(db)?)
 }
 
 fn entity_json(e: &EntityRow) -> Value {
@@ -107,7 +106,7 @@ pub fn fmt_time(ms: i64) -> String {
 }
 
 pub async fn list(
-    db: &Path,
+    db: &str,
     machine: Option<String>,
     state: Option<String>,
     run_status: Option<String>,
@@ -159,11 +158,11 @@ pub async fn list(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn find(store: &SqliteStore, machine: &str, key: &str) -> anyhow::Result<EntityRow> {
+async fn find(store: &AnyStore, machine: &str, key: &str) -> anyhow::Result<EntityRow> {
     store.entity_get(machine, key).await?.ok_or_else(|| anyhow::anyhow!("no entity `{key}` of machine `{machine}`"))
 }
 
-pub async fn get(db: &Path, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+pub async fn get(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
     let e = find(&store, machine, key).await?;
     let inbox = store.inbox_list(e.id).await?;
@@ -201,7 +200,7 @@ pub async fn get(db: &Path, machine: &str, key: &str, as_json: bool) -> anyhow::
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn history(db: &Path, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+pub async fn history(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
     let e = find(&store, machine, key).await?;
     let rows = store.history_list(e.id).await?;
@@ -231,7 +230,7 @@ pub async fn history(db: &Path, machine: &str, key: &str, as_json: bool) -> anyh
 }
 
 /// `settle history --events`: the events the entity processed, with their request ids.
-pub async fn events(db: &Path, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+pub async fn events(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
     let e = find(&store, machine, key).await?;
     let rows = store.events_list(e.id).await?;
@@ -273,7 +272,7 @@ pub async fn events(db: &Path, machine: &str, key: &str, as_json: bool) -> anyho
 }
 
 /// `settle ops`: operations, newest first.
-pub async fn operations(db: &Path, outcome: Option<String>, limit: u64, as_json: bool) -> anyhow::Result<ExitCode> {
+pub async fn operations(db: &str, outcome: Option<String>, limit: u64, as_json: bool) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
     let rows = store.operation_list(outcome, limit).await?;
     for (i, o) in rows.iter().enumerate() {
@@ -309,7 +308,7 @@ pub async fn operations(db: &Path, outcome: Option<String>, limit: u64, as_json:
 }
 
 /// `settle machines`: stored definition versions, the newest per machine marked current.
-pub async fn machines(db: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
+pub async fn machines(db: &str, as_json: bool) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
     let versions = store.machine_versions().await?;
     // Listed by name, then creation time: the last of each name is its current version.

@@ -8,6 +8,7 @@ mod machines;
 mod operate;
 mod report;
 mod sim;
+mod workers;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -16,15 +17,16 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use settle_core::graph::Format;
 use settle_engine::{Config, Engine};
-use settle_store::SqliteStore;
+use settle_store::AnyStore;
 
 /// Settle: durable workflows on persistent state machines.
 #[derive(Parser, Debug)]
 #[command(name = "settle", version, about)]
 struct Cli {
-    /// SQLite database file [default: settle.db]
+    /// Database: a SQLite file, or a PostgreSQL URL (`postgres://user@host:5432/db`, with
+    /// an optional `?schema=NAME`) shared by many instances [default: settle.db]
     #[arg(long, global = true, env = "SETTLE_DB")]
-    db: Option<PathBuf>,
+    db: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -47,11 +49,15 @@ enum Command {
     },
     /// Run the demo: servers provisioned against a slow, flaky simulated provider.
     Demo(demo::Args),
-    /// Process due work in the database until stopped.
+    /// Process due work in the database until stopped (Ctrl-C or SIGTERM). On PostgreSQL,
+    /// run as many of these as you like: each is a worker-only instance.
     Run {
         /// Exit once nothing is queued, running or scheduled.
         #[arg(long)]
         until_idle: bool,
+        /// Stop when stdin closes (for workers started by `--instances`).
+        #[arg(long, hide = true)]
+        until_stdin_closes: bool,
     },
     /// List entities.
     List {
@@ -147,8 +153,8 @@ enum Command {
     Workload(workload::Args),
 }
 
-fn db_path(db: &Option<PathBuf>) -> PathBuf {
-    db.clone().unwrap_or_else(|| PathBuf::from("settle.db"))
+fn db_path(db: &Option<String>) -> String {
+    db.clone().unwrap_or_else(|| "settle.db".to_string())
 }
 
 fn main() -> ExitCode {
@@ -182,7 +188,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo(args) => runtime()?.block_on(demo::run(&db_path(&cli.db), args)),
-        Command::Run { until_idle } => runtime()?.block_on(run_engine(&db_path(&cli.db), until_idle)),
+        Command::Run { until_idle, until_stdin_closes } => {
+            let stop = match (until_idle, until_stdin_closes) {
+                (true, _) => Stop::Idle,
+                (_, true) => Stop::StdinClosed,
+                _ => Stop::Signal,
+            };
+            runtime()?.block_on(run_engine(&db_path(&cli.db), stop))
+        }
         Command::List { machine, state, status, json } => {
             runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, status, json))
         }
@@ -263,25 +276,32 @@ fn validate(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
 }
 
 /// Starts an engine on `db` with every machine this binary knows.
-pub(crate) async fn start_engine(db: &Path) -> anyhow::Result<Engine<SqliteStore>> {
-    start_engine_on(SqliteStore::open(db)?).await
+pub(crate) async fn start_engine(db: &str) -> anyhow::Result<Engine<AnyStore>> {
+    start_engine_on(AnyStore::open(db)?).await
 }
 
 /// Starts an engine on an open store with every machine this binary knows.
-pub(crate) async fn start_engine_on(store: SqliteStore) -> anyhow::Result<Engine<SqliteStore>> {
+pub(crate) async fn start_engine_on(store: AnyStore) -> anyhow::Result<Engine<AnyStore>> {
     start_engine_with(store, Config::default()).await
 }
 
 /// Starts an engine on an existing database that processes nothing (it claims no due
 /// work): for operator commands, which are written through the engine and return.
-pub(crate) async fn start_command_engine(db: &Path) -> anyhow::Result<Engine<SqliteStore>> {
-    // Refuse a missing or foreign file before opening it for writing (which would create it).
-    drop(SqliteStore::open_read_only(db)?);
-    start_engine_with(SqliteStore::open(db)?, Config { max_inflight: 0, ..Config::default() }).await
+pub(crate) async fn start_command_engine(db: &str) -> anyhow::Result<Engine<AnyStore>> {
+    // Refuse a missing or foreign database before opening it for writing (which would
+    // create it).
+    drop(AnyStore::open_read_only(db)?);
+    start_driver_engine(AnyStore::open(db)?).await
+}
+
+/// An engine that writes (creates, raises, commands) but claims no due work: the driver of
+/// `--instances` runs, whose workers do the processing.
+pub(crate) async fn start_driver_engine(store: AnyStore) -> anyhow::Result<Engine<AnyStore>> {
+    start_engine_with(store, Config { max_inflight: 0, ..Config::default() }).await
 }
 
 /// Starts an engine on an open store with every machine this binary knows and `config`.
-async fn start_engine_with(store: SqliteStore, config: Config) -> anyhow::Result<Engine<SqliteStore>> {
+async fn start_engine_with(store: AnyStore, config: Config) -> anyhow::Result<Engine<AnyStore>> {
     let provider = demo::stored_settings(&store).await?.unwrap_or_default();
     let mut b = Engine::builder(store).config(config);
     b = machines::bind_server(b, provider);
@@ -293,17 +313,43 @@ async fn start_engine_with(store: SqliteStore, config: Config) -> anyhow::Result
     Ok(b.start().await?)
 }
 
-async fn run_engine(db: &Path, until_idle: bool) -> anyhow::Result<ExitCode> {
+/// When `settle run` stops.
+enum Stop {
+    Signal,
+    Idle,
+    StdinClosed,
+}
+
+async fn run_engine(db: &str, stop: Stop) -> anyhow::Result<ExitCode> {
     let engine = start_engine(db).await?;
-    eprintln!("settle: processing due work in {}", db.display());
-    if until_idle {
-        engine.wait_idle().await?;
-    } else {
-        shutdown_signal().await;
-        eprintln!("settle: stopping (finishing running actions)");
+    eprintln!("settle: processing due work in {}", engine.store().location());
+    match stop {
+        Stop::Idle => engine.wait_idle().await?,
+        Stop::Signal => {
+            shutdown_signal().await;
+            eprintln!("settle: stopping (finishing running actions)");
+        }
+        Stop::StdinClosed => {
+            tokio::select! {
+                _ = stdin_closed() => {}
+                _ = shutdown_signal() => {}
+            }
+        }
     }
     engine.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves when stdin reaches its end (the parent closed the pipe, or died).
+async fn stdin_closed() {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = stdin.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+    }
 }
 
 async fn shutdown_signal() {

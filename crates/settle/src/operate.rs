@@ -2,7 +2,6 @@
 //! Each starts an engine on the database that processes nothing, writes the command as an
 //! operation (idempotent per `--request-id`), prints the entity afterwards and stops.
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -41,7 +40,7 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-pub fn run(db: &Path, target: Target, kind: Kind) -> anyhow::Result<ExitCode> {
+pub fn run(db: &str, target: Target, kind: Kind) -> anyhow::Result<ExitCode> {
     let command = match kind {
         Kind::Pause => Command::Pause,
         Kind::Resume => Command::Resume,
@@ -56,7 +55,7 @@ pub fn run(db: &Path, target: Target, kind: Kind) -> anyhow::Result<ExitCode> {
     crate::runtime()?.block_on(apply(db, target, command))
 }
 
-async fn apply(db: &Path, t: Target, command: Command) -> anyhow::Result<ExitCode> {
+async fn apply(db: &str, t: Target, command: Command) -> anyhow::Result<ExitCode> {
     let engine = crate::start_command_engine(db).await?;
     let result = engine.command(&t.machine, &t.key, command, t.request_id.clone()).await;
     engine.shutdown().await;

@@ -2,7 +2,6 @@
 //! object, or the Prometheus text exposition format. Read-only, like `inspect`.
 
 use std::fmt::Write as _;
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -23,7 +22,7 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-pub async fn stats(db: &Path, since: Option<&str>, format: Format) -> anyhow::Result<ExitCode> {
+pub async fn stats(db: &str, since: Option<&str>, format: Format) -> anyhow::Result<ExitCode> {
     let store = crate::inspect::open(db)?;
     let now = now_ms();
     if format == Format::Prometheus {

@@ -4,7 +4,6 @@
 //! alone. It exits once every job is `done` and nothing is pending.
 
 use std::io::Write;
-use std::path::Path;
 use std::process::ExitCode;
 
 use settle_engine::{RaiseOptions, Wait};
@@ -18,7 +17,7 @@ pub struct Args {
     jobs: usize,
 }
 
-pub async fn run(db: &Path, args: Args) -> anyhow::Result<ExitCode> {
+pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
     let engine = crate::start_engine(db).await?;
     let (ack_tx, mut ack_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let printer = tokio::spawn(async move {

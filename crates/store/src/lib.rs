@@ -1,13 +1,15 @@
 //! settle-store: where Settle keeps everything.
 //!
-//! One [`Store`] trait, implemented by [`SqliteStore`] (embedded, default) — and, later,
-//! PostgreSQL — and checked by one [`conformance`] suite that every implementation must
+//! One [`Store`] trait, implemented by [`SqliteStore`] (embedded, default) and [`PgStore`]
+//! (PostgreSQL, many engine instances on one database), chosen at run time through
+//! [`AnyStore`], and checked by one [`conformance`] suite that every implementation must
 //! pass. Only this crate knows SQL.
 //!
 //! Writes go through [`Store::write`]: a [`Batch`] of independent, individually atomic
 //! operations committed in one transaction (group commit), optionally followed by a claim
 //! of due entities in the same transaction.
 
+mod any;
 pub mod conformance;
 pub mod postgres;
 pub mod sqlite;
@@ -16,6 +18,7 @@ pub mod types;
 use std::future::Future;
 use std::sync::Arc;
 
+pub use any::{AnyStore, is_postgres_url};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 pub use types::*;

@@ -1,0 +1,96 @@
+//! Worker processes for `--instances K`: K `settle run` processes on one PostgreSQL
+//! database, started and supervised by the driving command (`demo`, `bench`).
+//!
+//! Each worker's stdin is a pipe from the driver; a worker started with
+//! `--until-stdin-closes` stops gracefully when the pipe closes, so workers never outlive
+//! their driver, even when the driver is killed. A worker that dies (a crash, `kill -9`) is
+//! reported and restarted: its leases expire and the other workers, or its successor, take
+//! its entities over.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+struct Worker {
+    index: usize,
+    child: Child,
+}
+
+/// The running workers of one driver.
+pub struct Workers {
+    db: String,
+    workers: Vec<Worker>,
+    /// Workers restarted after they died.
+    pub restarts: u64,
+}
+
+/// Refuses `--instances` on a database only one process may drive.
+pub fn check_db(db: &str, instances: usize) -> anyhow::Result<()> {
+    if instances > 0 && !settle_store::is_postgres_url(db) {
+        bail!(
+            "--instances needs a PostgreSQL database (--db postgres://...): a SQLite file is driven by one engine \
+             process at a time"
+        );
+    }
+    Ok(())
+}
+
+impl Workers {
+    /// Starts `k` workers on `db`.
+    pub fn start(db: &str, k: usize) -> anyhow::Result<Self> {
+        let mut w = Workers { db: db.to_string(), workers: Vec::with_capacity(k), restarts: 0 };
+        for index in 1..=k {
+            let child = w.spawn(index)?;
+            w.workers.push(Worker { index, child });
+        }
+        Ok(w)
+    }
+
+    fn spawn(&self, index: usize) -> anyhow::Result<Child> {
+        let exe = std::env::current_exe().context("cannot find the settle executable")?;
+        let child = Command::new(exe)
+            .args(["run", "--until-stdin-closes", "--db", &self.db])
+            .env_remove("SETTLE_DB")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start a worker process")?;
+        eprintln!("worker {index} started (pid {})", child.id().unwrap_or(0));
+        Ok(child)
+    }
+
+    /// Restarts workers that have exited; call now and then.
+    pub fn supervise(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.workers.len() {
+            let exited = self.workers[i].child.try_wait().context("cannot check a worker")?;
+            if let Some(status) = exited {
+                let index = self.workers[i].index;
+                eprintln!("worker {index} exited ({status}); restarting it");
+                self.workers[i].child = self.spawn(index)?;
+                self.restarts += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks every worker to stop (closes their stdin) and waits for them, at most `grace`
+    /// each before killing it.
+    pub async fn stop(mut self, grace: Duration) {
+        for w in &mut self.workers {
+            drop(w.child.stdin.take());
+        }
+        for w in &mut self.workers {
+            match tokio::time::timeout(grace, w.child.wait()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    eprintln!("worker {} did not stop within {grace:?}; killing it", w.index);
+                    let _ = w.child.kill().await;
+                }
+            }
+        }
+    }
+}
