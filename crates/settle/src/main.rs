@@ -301,7 +301,10 @@ pub(crate) async fn start_driver_engine(store: AnyStore) -> anyhow::Result<Engin
 }
 
 /// Starts an engine on an open store with every machine this binary knows and `config`.
-async fn start_engine_with(store: AnyStore, config: Config) -> anyhow::Result<Engine<AnyStore>> {
+async fn start_engine_with(store: AnyStore, mut config: Config) -> anyhow::Result<Engine<AnyStore>> {
+    if let Ok(lease) = std::env::var("SETTLE_LEASE") {
+        config.lease = settle_core::duration::parse(&lease).map_err(|e| anyhow::anyhow!("SETTLE_LEASE: {e}"))?;
+    }
     let provider = demo::stored_settings(&store).await?.unwrap_or_default();
     let mut b = Engine::builder(store).config(config);
     b = machines::bind_server(b, provider);

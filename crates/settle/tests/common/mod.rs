@@ -24,3 +24,125 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// A `settle demo --instances K` run on PostgreSQL, its stderr read on a thread that
+/// records the worker processes' pids as they (re)start.
+pub struct DemoRun {
+    pub child: std::process::Child,
+    pub workers: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u32, u32>>>,
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DemoRun {
+    /// Starts the demo on `url` with `args` (leases of 3 s, so a dead worker's entities
+    /// move to the others quickly).
+    pub fn start(url: &str, args: &[&str]) -> DemoRun {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_settle"))
+            .args(["demo", "--db", url])
+            .args(args)
+            .env("SETTLE_LOG", "warn")
+            .env("SETTLE_LEASE", "3s")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start settle demo");
+        let workers = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let (w, l) = (workers.clone(), log.clone());
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                // "worker 2 started (pid 1234)"
+                if let Some(rest) = line.strip_prefix("worker ")
+                    && let Some((index, pid)) = rest.split_once(" started (pid ")
+                    && let (Ok(index), Ok(pid)) = (index.parse(), pid.trim_end_matches(')').parse())
+                {
+                    w.lock().unwrap().insert(index, pid);
+                }
+                let mut log = l.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        DemoRun { child, workers, log, reader: Some(reader) }
+    }
+
+    /// The current pid of worker `index`, waiting up to 30 s for it to start.
+    pub fn worker_pid(&self, index: u32) -> u32 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Some(&pid) = self.workers.lock().unwrap().get(&index) {
+                return pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "worker {index} never started:\n{}", self.log());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Everything the demo printed on stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits for the demo to exit (at most `limit`); its status and full stderr.
+    pub fn finish(mut self, limit: std::time::Duration) -> (std::process::ExitStatus, String) {
+        let deadline = std::time::Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("demo did not finish within {limit:?}:\n{}", self.log());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        if let Some(r) = self.reader.take() {
+            r.join().unwrap();
+        }
+        (status, self.log())
+    }
+}
+
+/// Sends SIGKILL to `pid`.
+pub fn kill_9(pid: u32) {
+    let ok = Command::new("kill").args(["-9", &pid.to_string()]).status().expect("run kill").success();
+    assert!(ok, "kill -9 {pid} failed");
+}
+
+/// Checks the outcome of a demo run on PostgreSQL at `url`: `servers` servers, every one
+/// `ready` with its resources, and in every entity's history each state entry exactly
+/// once (an unbroken chain from creation, no entry repeated).
+pub fn assert_demo_converged(url: &str, servers: usize) {
+    use settle_store::{EntityFilter, HistoryKind, PgStore, Store};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let store = PgStore::open_read_only(url).unwrap();
+        let all = store.entity_list(EntityFilter::default()).await.unwrap();
+        let of = |m: &str| all.iter().filter(|e| e.machine == m).collect::<Vec<_>>();
+        assert_eq!(of("server").len(), servers, "servers");
+        for e in of("server") {
+            assert_eq!(e.state, "ready", "server {} did not converge", e.key);
+        }
+        for e in &all {
+            assert_eq!(e.due_at, None, "{} {} still has pending work", e.machine, e.key);
+            let history = store.history_list(e.id).await.unwrap();
+            let entries: Vec<_> = history.iter().filter(|h| h.to.is_some()).collect();
+            assert_eq!(entries[0].kind, HistoryKind::Create, "{} {}: first entry", e.machine, e.key);
+            for pair in entries.windows(2) {
+                let (prev, next) = (pair[0], pair[1]);
+                assert_eq!(next.from, prev.to, "{} {}: history chain broken at {next:?}", e.machine, e.key);
+                let repeated = (next.from == prev.from
+                    && next.to == prev.to
+                    && next.kind == prev.kind
+                    && next.retry == prev.retry)
+                    && next.event == prev.event
+                    && next.action == prev.action;
+                assert!(!repeated, "{} {}: state entry recorded twice: {prev:?} / {next:?}", e.machine, e.key);
+            }
+            assert_eq!(entries.last().unwrap().to.as_ref(), Some(&e.state), "{} {}", e.machine, e.key);
+        }
+    });
+}

@@ -134,8 +134,12 @@ fn insert_entity(c: &mut Conn, now: Millis, e: &NewEntity) -> Result<Applied, Fa
 }
 
 fn push_event(c: &mut Conn, now: Millis, p: &Push) -> Result<Applied, Fail> {
-    let found =
-        c.opt("SELECT id FROM entities WHERE machine = $1 AND key = $2", &[&p.machine.as_str(), &p.key.as_str()])?;
+    // Locked so that a concurrent commit releasing the entity cannot miss this event
+    // (see `recheck_due`).
+    let found = c.opt(
+        "SELECT id FROM entities WHERE machine = $1 AND key = $2 FOR NO KEY UPDATE",
+        &[&p.machine.as_str(), &p.key.as_str()],
+    )?;
     let Some(found) = found else {
         return Err(Fail::Op(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() }));
     };
@@ -332,6 +336,9 @@ fn apply_commit(c: &mut Conn, now: Millis, cm: &Commit) -> Result<Applied, Fail>
     {
         complete_operation(c, r, now)?;
     }
+    if !held {
+        recheck_due(c, f.entity_id, now)?;
+    }
     let inbox_head = if held { inbox_head(c, f.entity_id)? } else { None };
     let version = if cm.to.is_some() { f.version + 1 } else { f.version };
     Ok(Applied::Committed { held, version, inbox_head, created })
@@ -444,19 +451,38 @@ pub(crate) fn refresh_due(c: &mut Conn, id: i64, now: Millis, timers_changed: bo
         )?;
     }
     c.exec(&format!("UPDATE entities SET due_at = {DUE_EXPR} WHERE id = $1"), &[&id, &now])?;
+    recheck_due(c, id, now)
+}
+
+/// Makes a free entity with queued events due now, in a statement of its own.
+///
+/// Under READ COMMITTED a statement that waited for a row lock re-reads that row but not
+/// the rest of the database: a commit that releases an entity while another instance
+/// pushes an event to it (locking the entity's row first, see `push_event` and
+/// `notify_predecessors`) computes the due time without seeing that event. This next
+/// statement sees it (its snapshot is taken after the wait), so no event is stranded on a
+/// free entity.
+fn recheck_due(c: &mut Conn, id: i64, now: Millis) -> R<()> {
+    c.exec(
+        "UPDATE entities SET due_at = $2
+         WHERE id = $1 AND lease_owner IS NULL AND run_status = 'active' AND (due_at IS NULL OR due_at > $2)
+           AND EXISTS (SELECT 1 FROM inbox WHERE entity_id = $1)",
+        &[&id, &now],
+    )?;
     Ok(())
 }
 
 /// Writes a change notice to every predecessor of `id` and makes the free ones due.
 ///
-/// The predecessors' rows are key-share locked *before* the notices get their ids. A
+/// The predecessors' rows are locked *before* the notices get their ids (which also
+/// orders this against a commit releasing them, see `recheck_due`). A
 /// subscriber reads its successors and newest notice holding its own row `FOR UPDATE`
 /// (`successor_snapshot`), so no notice with a smaller id than the newest it saw can be
 /// still uncommitted: consuming notices "up to" that id never drops one it did not cover.
 fn notify_predecessors(c: &mut Conn, id: i64, now: Millis, request_id: Option<&str>) -> R<()> {
     let locked = c.query(
         "SELECT e.id FROM entities e WHERE e.id IN (SELECT predecessor_id FROM successors WHERE successor_id = $1)
-         ORDER BY e.id FOR KEY SHARE",
+         ORDER BY e.id FOR NO KEY UPDATE",
         &[&id],
     )?;
     if locked.is_empty() {
