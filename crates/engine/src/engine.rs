@@ -533,13 +533,13 @@ impl<S: Store> Engine<S> {
             return Ok(e);
         }
         // The watch sees this engine's commits; another instance sharing the store may be
-        // the one that moves the entity, so also read it now and then (5 ms, doubling to
-        // 200 ms).
+        // the one that moves the entity, so also read it now and then (2 ms, doubling to
+        // 25 ms: the polling adds at most that to the wait).
         let poll = async {
-            let mut every = Duration::from_millis(5);
+            let mut every = Duration::from_millis(2);
             loop {
                 tokio::time::sleep(every).await;
-                every = (every * 2).min(Duration::from_millis(200));
+                every = (every * 2).min(Duration::from_millis(25));
                 match self.get(machine, key).await {
                     Ok(Some(e)) if states.contains(&e.state) => return Ok(e),
                     Ok(Some(_)) => {}
