@@ -12,6 +12,7 @@
 mod any;
 pub mod conformance;
 pub mod postgres;
+mod sql;
 pub mod sqlite;
 pub mod types;
 

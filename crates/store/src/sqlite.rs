@@ -19,6 +19,7 @@ use serde_json::Value;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
 use tokio::sync::oneshot;
 
+use crate::sql::{ENTITY_COLS, OPERATION_COLS, json_text, needs_savepoint};
 use crate::types::*;
 use crate::{Error, Result, Store};
 
@@ -201,10 +202,6 @@ fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
-const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, auto_at, \
-     due_at, lease_owner, lease_until, request_id, fired, timer_at, run_status, sleep_until, recent_errors, event_id, \
-     machine_hash";
-
 /// When an entity is next due, from its current columns: never while paused, parked or
 /// killed; at the end of a sleep or backoff; at its lease expiry while leased; now if its
 /// inbox holds events; else at its auto action or first timer. Named parameter: `:now`.
@@ -304,9 +301,6 @@ fn operation_from_row(r: &Row<'_>) -> rusqlite::Result<OperationRow> {
     })
 }
 
-const OPERATION_COLS: &str = "id, request_id, name, machine, entity_key, started_at, ended_at, first_response_at, \
-     outcome, error, restart_count, dimensions";
-
 /// Why an operation stopped: its own failure (rolled back alone) or the database's.
 enum Fail {
     Op(OpError),
@@ -321,10 +315,6 @@ impl From<rusqlite::Error> for Fail {
 
 fn is_unique_violation(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
-}
-
-fn json_text(v: &impl serde::Serialize) -> String {
-    serde_json::to_string(v).expect("JSON values serialize")
 }
 
 /// Opens an operation; `Some(id)` of the existing one if its request id was seen before.
@@ -1008,17 +998,6 @@ fn apply_op(tx: &Transaction<'_>, now: Millis, op: &Op) -> Result<Applied, Fail>
             }
             Ok(Applied::Renewed(n))
         }
-    }
-}
-
-/// Whether an op can fail after writing something, so it needs a savepoint to undo alone.
-fn needs_savepoint(op: &Op) -> bool {
-    match op {
-        Op::Commit(c) => {
-            !(c.sql.is_empty() && c.creates.is_empty() && c.pushes.is_empty() && c.preconditions.is_empty())
-        }
-        Op::Command { .. } => true,
-        Op::Create(_) | Op::Push(_) | Op::Release(_) | Op::Renew { .. } | Op::MarkHung { .. } => false,
     }
 }
 

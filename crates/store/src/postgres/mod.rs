@@ -85,10 +85,6 @@ pub(crate) fn pg_message(e: &postgres::Error) -> String {
     }
 }
 
-pub(crate) fn json_text(v: &impl serde::Serialize) -> String {
-    serde_json::to_string(v).expect("JSON values serialize")
-}
-
 /// A JSON value as a parameter of application SQL, converted to the type the server
 /// inferred for the parameter (numbers to integer or float columns, strings to text, any
 /// value to `json`/`jsonb`).

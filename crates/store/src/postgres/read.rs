@@ -5,16 +5,10 @@ use settle_core::{ActionName, EntityKey, EventName, MachineName, StateName};
 
 use super::Failure;
 use super::conn::Conn;
+use crate::sql::{ENTITY_COLS, OPERATION_COLS};
 use crate::types::*;
 
 type R<T> = std::result::Result<T, Failure>;
-
-pub(crate) const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, \
-     auto_at, due_at, lease_owner, lease_until, request_id, fired, timer_at, run_status, sleep_until, recent_errors, \
-     event_id, machine_hash";
-
-pub(crate) const OPERATION_COLS: &str = "id, request_id, name, machine, entity_key, started_at, ended_at, \
-     first_response_at, outcome, error, restart_count, dimensions";
 
 fn json<T: serde::de::DeserializeOwned>(r: &Row, col: usize) -> R<T> {
     let text: &str = r.try_get(col)?;

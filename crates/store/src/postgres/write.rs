@@ -3,9 +3,10 @@
 //! skip rows another instance has locked, and change notices are ordered against the
 //! subscriber's snapshot (see [`notify_predecessors`]).
 
+use super::Failure;
 use super::conn::Conn;
-use super::read::{ENTITY_COLS, entity_from_row, inbox_from_row};
-use super::{Failure, json_text};
+use super::read::{entity_from_row, inbox_from_row};
+use crate::sql::{ENTITY_COLS, json_text, needs_savepoint};
 use crate::types::*;
 
 /// Why an operation stopped: its own failure (rolled back alone) or the database's.
@@ -688,19 +689,6 @@ fn apply_op(c: &mut Conn, now: Millis, op: &Op) -> Result<Applied, Fail> {
             )?;
             Ok(Applied::Renewed(n))
         }
-    }
-}
-
-/// Whether an op can fail after writing something, so it needs a savepoint to undo alone.
-/// (Any failing statement aborts a PostgreSQL transaction, so every op whose failure is
-/// an `OpError` raised by the database, e.g. application SQL, needs one too.)
-fn needs_savepoint(op: &Op) -> bool {
-    match op {
-        Op::Commit(c) => {
-            !(c.sql.is_empty() && c.creates.is_empty() && c.pushes.is_empty() && c.preconditions.is_empty())
-        }
-        Op::Command { .. } => true,
-        Op::Create(_) | Op::Push(_) | Op::Release(_) | Op::Renew { .. } | Op::MarkHung { .. } => false,
     }
 }
 
