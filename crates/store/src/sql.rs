@@ -29,3 +29,40 @@ pub(crate) fn needs_savepoint(op: &Op) -> bool {
         Op::Create(_) | Op::Push(_) | Op::Release(_) | Op::Renew { .. } | Op::MarkHung { .. } => false,
     }
 }
+
+type Job<C> = Box<dyn FnOnce(&mut C) + Send>;
+
+/// A thread that owns a backend's write connection (`C`) and runs jobs on it one at a
+/// time: the single writer both SQL stores are built around.
+pub(crate) struct WriterThread<C> {
+    jobs: std::sync::Mutex<std::sync::mpsc::Sender<Job<C>>>,
+}
+
+impl<C: 'static> WriterThread<C> {
+    /// Starts the thread `name`, moving `conn` onto it.
+    pub(crate) fn spawn(name: &str, mut conn: C) -> std::io::Result<Self>
+    where
+        C: Send,
+    {
+        let (tx, rx) = std::sync::mpsc::channel::<Job<C>>();
+        std::thread::Builder::new().name(name.into()).spawn(move || {
+            while let Ok(job) = rx.recv() {
+                job(&mut conn);
+            }
+        })?;
+        Ok(WriterThread { jobs: std::sync::Mutex::new(tx) })
+    }
+
+    /// Runs `f` on the writer's connection and waits for its result.
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut C) -> crate::Result<T> + Send + 'static,
+    ) -> crate::Result<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job<C> = Box::new(move |conn| {
+            let _ = tx.send(f(conn));
+        });
+        self.jobs.lock().expect("writer sender lock").send(job).map_err(|_| crate::Error::Closed)?;
+        rx.await.map_err(|_| crate::Error::Closed)?
+    }
+}

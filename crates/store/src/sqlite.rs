@@ -11,15 +11,14 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior, params};
 use serde_json::Value;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
-use tokio::sync::oneshot;
 
-use crate::sql::{ENTITY_COLS, OPERATION_COLS, json_text, needs_savepoint};
+use crate::sql::{ENTITY_COLS, OPERATION_COLS, WriterThread, json_text, needs_savepoint};
 use crate::types::*;
 use crate::{Error, Result, Store};
 
@@ -29,8 +28,6 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/sqlite/0003_operate.sql")),
 ];
 
-type Job = Box<dyn FnOnce(&mut Connection) + Send>;
-
 /// The SQLite implementation of [`Store`]. Cheap to clone; clones share the writer.
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -39,7 +36,7 @@ pub struct SqliteStore {
 
 struct Inner {
     path: PathBuf,
-    writer: Option<Mutex<mpsc::Sender<Job>>>,
+    writer: Option<WriterThread<Connection>>,
     readers: Mutex<Vec<Connection>>,
     lock: Option<File>,
 }
@@ -93,23 +90,10 @@ impl SqliteStore {
             Error::Db(m) => open_err(m),
             other => other,
         })?;
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("settle-sqlite-writer".into())
-            .spawn(move || {
-                let mut conn = conn;
-                while let Ok(job) = rx.recv() {
-                    job(&mut conn);
-                }
-            })
+        let writer = WriterThread::spawn("settle-sqlite-writer", conn)
             .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
         Ok(SqliteStore {
-            inner: Arc::new(Inner {
-                path,
-                writer: Some(Mutex::new(tx)),
-                readers: Mutex::new(Vec::new()),
-                lock: Some(lock),
-            }),
+            inner: Arc::new(Inner { path, writer: Some(writer), readers: Mutex::new(Vec::new()), lock: Some(lock) }),
         })
     }
 
@@ -143,12 +127,7 @@ impl SqliteStore {
         let Some(writer) = &self.inner.writer else {
             return Err(Error::Db("store opened read-only".into()));
         };
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
-            let _ = tx.send(f(conn));
-        });
-        writer.lock().expect("writer sender lock").send(job).map_err(|_| Error::Closed)?;
-        rx.await.map_err(|_| Error::Closed)?
+        writer.run(f).await
     }
 
     fn reader(&self) -> Result<Connection> {

@@ -26,16 +26,17 @@ mod read;
 mod write;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
 use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use serde_json::Value;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
 use self::conn::{Backoff, Conn, Recovery, Target, recovery};
+use crate::sql::WriterThread;
 use crate::types::*;
 use crate::{Error, Result, Store};
 
@@ -147,8 +148,6 @@ impl ToSql for JsonParam<'_> {
     to_sql_checked!();
 }
 
-type Job = Box<dyn FnOnce(&mut Writer) + Send>;
-
 /// The PostgreSQL implementation of [`Store`]. Cheap to clone; clones share the writer,
 /// the reader pool and the wake-up listener.
 #[derive(Clone)]
@@ -158,7 +157,7 @@ pub struct PgStore {
 
 struct Inner {
     target: Target,
-    writer: Option<Mutex<mpsc::Sender<Job>>>,
+    writer: Option<WriterThread<Writer>>,
     readers: Mutex<Vec<Conn>>,
     wake: Arc<Notify>,
     /// This handle's name in wake-up notifications (its own are ignored).
@@ -284,17 +283,9 @@ impl PgStore {
             Error::Db(m) => open_err(m),
             other => other,
         })?;
-        let (tx, rx) = mpsc::channel::<Job>();
-        let mut writer = Writer { target: target.clone(), conn: Some(conn) };
-        std::thread::Builder::new()
-            .name("settle-pg-writer".into())
-            .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    job(&mut writer);
-                }
-            })
+        let writer = WriterThread::spawn("settle-pg-writer", Writer { target: target.clone(), conn: Some(conn) })
             .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
-        let store = Self::handle(target, Some(Mutex::new(tx)));
+        let store = Self::handle(target, Some(writer));
         store.start_listener()?;
         Ok(store)
     }
@@ -318,7 +309,7 @@ impl PgStore {
         Ok(store)
     }
 
-    fn handle(target: Target, writer: Option<Mutex<mpsc::Sender<Job>>>) -> Self {
+    fn handle(target: Target, writer: Option<WriterThread<Writer>>) -> Self {
         let channel = match &target.schema {
             Some(s) => format!("settle_wake_{s}"),
             None => "settle_wake".to_string(),
@@ -412,12 +403,7 @@ impl PgStore {
         let Some(writer) = &self.inner.writer else {
             return Err(Error::Db("store opened read-only".into()));
         };
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |w| {
-            let _ = tx.send(f(w));
-        });
-        writer.lock().expect("writer sender lock").send(job).map_err(|_| Error::Closed)?;
-        rx.await.map_err(|_| Error::Closed)?
+        writer.run(f).await
     }
 
     fn put_reader(&self, conn: Conn) {
