@@ -532,10 +532,15 @@ impl<S: Store> Engine<S> {
         if states.contains(&e.state) {
             return Ok(e);
         }
-        // The watch sees this engine's commits; another instance sharing the store may be
+        // The watch sees this engine's commits. On a shared store another instance may be
         // the one that moves the entity, so also read it now and then (2 ms, doubling to
-        // 25 ms: the polling adds at most that to the wait).
+        // 25 ms: the polling adds at most that to the wait). An exclusive store has no
+        // other writer: the watch is enough.
+        let shared = !self.store().exclusive();
         let poll = async {
+            if !shared {
+                return std::future::pending().await;
+            }
             let mut every = Duration::from_millis(2);
             loop {
                 tokio::time::sleep(every).await;
