@@ -107,3 +107,52 @@ async fn read_only_and_bad_urls() {
     let e = PgStore::open("postgres://postgres@127.0.0.1:1/none").unwrap_err();
     assert!(e.to_string().contains("cannot open database `postgres://postgres@127.0.0.1:1/none`"), "{e}");
 }
+
+/// Application SQL whose parameter does not convert to the column's type fails that
+/// commit alone with `OpError::Sql` (not a retry of the whole batch, as for a lost
+/// connection), and changes nothing.
+#[tokio::test]
+async fn unconvertible_sql_parameter_fails_the_commit_alone() {
+    use settle_store::{AfterCommit, Applied, Commit, Fence, HistoryKind, InboxKind, OpError, Push, SqlStatement};
+    let Some(url) = settle_store::postgres::test_url("sqlparam") else { return };
+    let store = open(&url).await;
+    store.sql_execute("CREATE TABLE counters (n BIGINT NOT NULL)").await.unwrap();
+    let push = Push {
+        machine: "m".into(),
+        key: "a".into(),
+        event: "go".into(),
+        params: serde_json::json!({}),
+        request_id: None,
+        kind: InboxKind::Raised,
+        join_from: None,
+        operation: None,
+    };
+    let r = store
+        .write(Batch {
+            now: 10,
+            ops: vec![Op::Create(entity("a", None)), Op::Push(push)],
+            claim: Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10 }),
+        })
+        .await
+        .unwrap();
+    let e = r.claimed[0].entity.clone();
+    let fence = Fence { entity_id: e.id, version: e.version, owner: "engine-a".into() };
+    let commit = Commit {
+        to: Some("busy".into()),
+        sql: vec![SqlStatement {
+            sql: "INSERT INTO counters (n) VALUES ($1)".into(),
+            params: vec![serde_json::json!("not a number")],
+        }],
+        ..Commit::new(fence, e.state.clone(), HistoryKind::Event, AfterCommit::Release)
+    };
+    let started = std::time::Instant::now();
+    let r = store.write(Batch { now: 20, ops: vec![Op::Commit(Box::new(commit))], claim: None }).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "the batch was retried: {:?}", started.elapsed());
+    match &r.results[0] {
+        Err(OpError::Sql { index: 0, message }) => assert!(message.contains("not a number"), "{message}"),
+        other => panic!("expected OpError::Sql, got {other:?}"),
+    }
+    assert!(!matches!(r.results[0], Ok(Applied::Committed { .. })));
+    let after = store.entity_get("m", "a").await.unwrap().unwrap();
+    assert_eq!((after.state.as_str(), after.version), ("idle", e.version));
+}

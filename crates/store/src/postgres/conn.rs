@@ -163,7 +163,11 @@ pub(crate) fn recovery(e: &postgres::Error) -> Recovery {
         return Recovery::Reconnect;
     }
     match e.code() {
-        None => Recovery::Reconnect,
+        // Not from the server: the socket failed, or the driver refused something on our
+        // side (a parameter that does not convert, an unexpected row count), which no
+        // reconnection mends.
+        None if io_failure(e) => Recovery::Reconnect,
+        None => Recovery::Fail,
         Some(c)
             if *c == SqlState::ADMIN_SHUTDOWN
                 || *c == SqlState::CRASH_SHUTDOWN
@@ -177,6 +181,18 @@ pub(crate) fn recovery(e: &postgres::Error) -> Recovery {
         }
         Some(_) => Recovery::Fail,
     }
+}
+
+/// Whether an IO error is among the causes of `e`.
+fn io_failure(e: &postgres::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// How long a handle keeps trying to reach the database before it reports the failure.

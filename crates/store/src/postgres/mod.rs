@@ -82,7 +82,10 @@ pub(crate) fn pg_message(e: &postgres::Error) -> String {
             Some(detail) => format!("{}: {} ({detail})", db.code().code(), db.message()),
             None => format!("{}: {}", db.code().code(), db.message()),
         },
-        None => e.to_string(),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 

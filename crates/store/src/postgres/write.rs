@@ -303,7 +303,9 @@ fn apply_commit(c: &mut Conn, now: Millis, cm: &Commit) -> Result<Applied, Fail>
     write_telemetry(c, now, cm, event_id, &machine, &key)?;
     for (index, stmt) in cm.sql.iter().enumerate() {
         if let Err(e) = c.exec_dynamic(&stmt.sql, &stmt.params) {
-            if e.code().is_none() || e.is_closed() {
+            // A lost connection or race is the batch's to retry; anything else is this
+            // statement's fault.
+            if super::conn::recovery(&e) != super::conn::Recovery::Fail {
                 return Err(e.into());
             }
             return Err(Fail::Op(OpError::Sql { index, message: super::pg_message(&e) }));
