@@ -26,7 +26,7 @@ pub mod validate;
 
 pub use fault::{FaultDecision, FaultPolicy};
 pub use machine::{
-    Action, Event, Health, Machine, MachineBuilder, MachineDef, Schedule, State, StateKind, Subscription,
+    Action, AgentBinding, Event, Health, Machine, MachineBuilder, MachineDef, Schedule, State, StateKind, Subscription,
     SubscriptionTimeout, Target, Timer,
 };
 pub use names::{ActionName, EntityKey, EventName, MachineName, StateName};

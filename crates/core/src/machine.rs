@@ -129,6 +129,10 @@ pub struct ActionDef {
     pub targets: Vec<String>,
     /// Delays declared on transitions to specific targets (a wait on that transition).
     pub target_waits: Vec<(String, Duration)>,
+    /// `agent`: the queue of the external agents that execute it.
+    pub agent: Option<String>,
+    /// `lock`: how long an agent holds a task it leased before it is offered again.
+    pub lock: Option<Duration>,
     /// Where it was declared.
     pub origin: Origin,
 }
@@ -348,6 +352,23 @@ pub struct Action {
     pub name: ActionName,
     /// Its declared targets.
     pub targets: Vec<Target>,
+    /// The agent queue that executes it (`None`: a Rust handler, or a plain transition).
+    pub agent: Option<AgentBinding>,
+}
+
+/// An action executed by external agents (DESIGN §5): entering its state offers a task on
+/// `queue`; an agent leases it for `lock` at a time and reports the outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentBinding {
+    /// The queue agents lease from.
+    pub queue: String,
+    /// How long a lease lasts before the task is offered again (heartbeats extend it).
+    pub lock: Duration,
+}
+
+impl AgentBinding {
+    /// The lock when the definition declares none.
+    pub const DEFAULT_LOCK: Duration = Duration::from_secs(60);
 }
 
 impl Action {
@@ -467,6 +488,10 @@ impl Machine {
                         wait: a.target_waits.iter().find(|(s, _)| s == t).map(|(_, d)| *d).unwrap_or_default(),
                     })
                     .collect(),
+                agent: a.agent.as_ref().map(|queue| AgentBinding {
+                    queue: queue.clone(),
+                    lock: a.lock.unwrap_or(AgentBinding::DEFAULT_LOCK),
+                }),
             })
             .collect();
         Machine {
@@ -550,10 +575,19 @@ impl Machine {
     pub fn health_of(&self, state: &str) -> Health {
         self.state(state).map_or(Health::Ok, |s| s.health)
     }
-    /// Actions that need a bound implementation: every action except those with exactly
-    /// one target, which the engine may perform itself as a plain transition.
+    /// Actions that need a bound Rust handler: every action except those with exactly
+    /// one target, which the engine may perform itself as a plain transition, and those
+    /// bound to an agent queue.
     pub fn actions_needing_handlers(&self) -> impl Iterator<Item = &Action> {
-        self.actions.iter().filter(|a| a.targets.len() != 1)
+        self.actions.iter().filter(|a| a.targets.len() != 1 && a.agent.is_none())
+    }
+    /// The agent queues this machine's actions are bound to, without repeats.
+    pub fn agent_queues(&self) -> Vec<&str> {
+        let mut queues: Vec<&str> =
+            self.actions.iter().filter_map(|a| a.agent.as_ref().map(|b| b.queue.as_str())).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        queues
     }
 
     /// A canonical, stable JSON rendering of the definition (stored with the machine).
@@ -605,10 +639,14 @@ impl Machine {
             .actions
             .iter()
             .map(|a| {
-                json!({
+                let mut action = json!({
                     "name": a.name.as_str(),
                     "to": a.targets.iter().map(|t| json!({"state": t.state.as_str(), "wait_ms": ms(t.wait)})).collect::<Vec<_>>(),
-                })
+                });
+                if let Some(b) = &a.agent {
+                    action["agent"] = json!({"queue": b.queue, "lock_ms": ms(b.lock)});
+                }
+                action
             })
             .collect();
         let mut machine = json!({
@@ -803,6 +841,14 @@ impl MachineBuilder {
             ..ActionDef::default()
         });
         self.last = Last::Action;
+        self
+    }
+    /// Binds the last action to agent queue `queue` with lock `lock` (DESIGN §5).
+    pub fn agent(mut self, queue: impl Into<String>, lock: Duration) -> Self {
+        assert!(matches!(self.last, Last::Action), "call .action(...) first");
+        let a = self.def.actions.last_mut().expect("an action was added");
+        a.agent = Some(queue.into());
+        a.lock = Some(lock);
         self
     }
     /// Declares a wait on the last action's transition to `target`.

@@ -125,6 +125,14 @@ pub enum EventStep<'m> {
         /// The action.
         action: &'m Action,
     },
+    /// The action is executed by an external agent (only ever a state's auto action): its
+    /// task is offered on the queue, and the agent's report is its outcome.
+    Agent {
+        /// The action.
+        action: &'m Action,
+        /// The queue it is offered on.
+        queue: &'m str,
+    },
 }
 
 /// Decides what `event` does in `state`. `has_handler` tells whether the action has an
@@ -150,6 +158,9 @@ pub fn on_event<'m>(machine: &'m Machine, state: &str, event: &str, has_handler:
 pub fn on_auto<'m>(machine: &'m Machine, state: &str, has_handler: bool) -> Option<EventStep<'m>> {
     let auto = machine.state(state)?.auto.as_ref()?;
     let action = machine.action(auto).expect("validated machine: auto action exists");
+    if let Some(binding) = &action.agent {
+        return Some(EventStep::Agent { action, queue: &binding.queue });
+    }
     Some(plain_or_run(action, has_handler))
 }
 

@@ -24,8 +24,9 @@
 //! - `[migrate]`: a table old state name → declared state, where stored entities in a
 //!   state the definition no longer declares move on upgrade (see [`crate::upgrade`]).
 //!
-//! Keys of features still to come (`agent`, `lock`) are refused with an error saying so;
-//! any other unknown key is an error too.
+//! An action may also name `agent` (the queue of external agents that execute it; it must
+//! then be a state's auto action) and `lock` (a duration: how long an agent holds a task
+//! before it is offered again, default 1m). Any unknown key is an error.
 //!
 //! ```
 //! let text = r#"
@@ -64,7 +65,7 @@ use std::time::Duration;
 
 use ::toml::Spanned;
 use serde::Deserialize;
-use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
+use serde::de::{self, SeqAccess, Visitor};
 
 use crate::duration;
 use crate::machine::{
@@ -203,13 +204,6 @@ impl Parser<'_> {
         });
     }
 
-    fn unsupported(&mut self, item: &str, key: &str, feature: &str, value: Option<&Spanned<IgnoredAny>>) {
-        if let Some(v) = value {
-            let line = self.line(v);
-            self.error(item, line, format!("`{key}` is not supported yet ({feature} come in a later version)"));
-        }
-    }
-
     fn duration(&mut self, item: &str, value: &Spanned<String>) -> Option<Duration> {
         match duration::parse(value.get_ref()) {
             Ok(d) => Some(d),
@@ -296,13 +290,19 @@ impl Parser<'_> {
 
     fn action(&mut self, key: Spanned<String>, action: ActionToml) -> ActionDef {
         let item = format!("action `{}`", key.get_ref());
-        self.unsupported(&item, "agent", "agent queues", action.agent.as_ref());
-        self.unsupported(&item, "lock", "agent queues", action.lock.as_ref());
+        let lock = action.lock.as_ref().and_then(|l| self.duration(&item, l));
         let target_waits = in_order(action.wait)
             .into_iter()
             .filter_map(|(target, wait)| self.duration(&item, &wait).map(|d| (target.into_inner(), d)))
             .collect();
-        ActionDef { targets: action.to, target_waits, origin: Origin { line: self.line(&key) }, name: key.into_inner() }
+        ActionDef {
+            targets: action.to,
+            target_waits,
+            agent: action.agent.map(Spanned::into_inner),
+            lock,
+            origin: Origin { line: self.line(&key) },
+            name: key.into_inner(),
+        }
     }
 }
 
@@ -411,8 +411,8 @@ struct ActionToml {
     to: Vec<String>,
     #[serde(default)]
     wait: BTreeMap<Spanned<String>, Spanned<String>>,
-    agent: Option<Spanned<IgnoredAny>>,
-    lock: Option<Spanned<IgnoredAny>>,
+    agent: Option<Spanned<String>>,
+    lock: Option<Spanned<String>>,
 }
 
 /// One name or an array of names (`auto = "x"` or `auto = ["x", "y"]`).
@@ -607,18 +607,26 @@ to = ["gone", "failed"]
     }
 
     #[test]
-    fn later_features_are_refused_with_their_line() {
+    fn agent_bindings_load_with_their_lock() {
         let text = r#"name = "server"
+initial = "creating"
+[states.creating]
+auto = "create"
+[states.ready]
 [actions.create]
-to = ["waiting"]
+to = ["ready", "creating"]
 agent = "provisioner"
 lock = "2m"
 "#;
+        let (m, report) = load("server.toml", "server", text).expect("loads");
+        assert!(!report.has_errors());
+        let binding = m.action("create").and_then(|a| a.agent.clone()).expect("bound");
+        assert_eq!((binding.queue.as_str(), binding.lock), ("provisioner", Duration::from_secs(120)));
+        assert_eq!(m.actions_needing_handlers().count(), 0, "an agent executes it");
         assert_eq!(
-            errors("x", text),
+            errors("x", &text.replace("\"2m\"", "\"two minutes\"")),
             [
-                "line 4: error: machine `server`, action `create`: `agent` is not supported yet (agent queues come in a later version)",
-                "line 5: error: machine `server`, action `create`: `lock` is not supported yet (agent queues come in a later version)",
+                "line 9: error: machine `server`, action `create`: invalid duration `two minutes` (expected e.g. `500ms`, `5s`, `10m`, `1h30m`)"
             ]
         );
     }

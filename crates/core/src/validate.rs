@@ -525,6 +525,44 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(&item, line, "wait", a.target_waits.iter().map(|(s, _)| s.as_str()));
+        self.agent_binding(a, &item);
+    }
+
+    /// An agent-bound action runs as a state's auto action (the task is offered when the
+    /// state is entered), never as an event's action; `lock` needs `agent` and must be > 0.
+    fn agent_binding(&mut self, a: &'a ActionDef, item: &str) {
+        let line = a.origin.line;
+        match &a.agent {
+            None => {
+                if a.lock.is_some() {
+                    self.error(item, line, "`lock` without `agent` (it is the agent's lease on a task)".into());
+                }
+            }
+            Some(queue) => {
+                if let Some(problem) = name_problem(queue) {
+                    self.error(item, line, format!("agent queue `{queue}`: {problem}"));
+                }
+                if a.lock.is_some_and(|l| l.is_zero()) {
+                    self.error(item, line, "`lock` must be longer than zero".into());
+                }
+                let events: Vec<&str> =
+                    self.def.events.iter().filter(|e| e.action == a.name).map(|e| e.name.as_str()).collect();
+                if !events.is_empty() {
+                    let events = events.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(", ");
+                    self.error(
+                        item,
+                        line,
+                        format!(
+                            "an agent action runs as a state's auto action, but event {events} triggers it \
+                             (make the event move to a state whose `auto` is this action)"
+                        ),
+                    );
+                }
+                if !self.def.states.iter().any(|s| s.auto.iter().any(|auto| *auto == a.name)) {
+                    self.warning(item, line, format!("bound to agent queue `{queue}` but no state runs it as `auto`"));
+                }
+            }
+        }
     }
 
     fn timer(&mut self, t: &'a TimerDef) {
@@ -849,6 +887,29 @@ mod tests {
     fn action_needs_targets() {
         let def = base().action("nothing", Vec::<String>::new()).def().clone();
         assert_eq!(messages(&def), ["error: machine `m`, action `nothing`: no target states (`to` is empty)"]);
+    }
+
+    #[test]
+    fn agent_actions_run_as_auto_actions_only() {
+        let ok = base().agent("workers", Duration::from_secs(30)).def().clone();
+        assert!(messages(&ok).is_empty(), "{:?}", messages(&ok));
+        let on_event = base().agent("workers", Duration::from_secs(30)).event("again", ["idle"], "work").def().clone();
+        assert_eq!(
+            messages(&on_event),
+            [
+                "error: machine `m`, action `work`: an agent action runs as a state's auto action, but event `again` triggers it (make the event move to a state whose `auto` is this action)"
+            ]
+        );
+        let mut bad = base().agent("no queue", Duration::ZERO).def().clone();
+        bad.actions[0].lock = Some(Duration::from_secs(1));
+        assert_eq!(
+            messages(&bad),
+            [
+                "error: machine `m`, action `start`: `lock` without `agent` (it is the agent's lease on a task)",
+                "error: machine `m`, action `work`: agent queue `no queue`: name may only contain letters, digits, `_` and `-`",
+                "error: machine `m`, action `work`: `lock` must be longer than zero",
+            ]
+        );
     }
 
     #[test]

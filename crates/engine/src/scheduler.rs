@@ -676,6 +676,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 let action = Arc::new(action.clone());
                 self.spawn_action(id, action, Some(item));
             }
+            EventStep::Agent { .. } => unreachable!("validation keeps agent actions off events"),
         }
     }
 
