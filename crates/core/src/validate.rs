@@ -558,7 +558,7 @@ impl<'a> Checker<'a> {
                         ),
                     );
                 }
-                if !self.def.states.iter().any(|s| s.auto.iter().any(|auto| *auto == a.name)) {
+                if !self.def.states.iter().any(|s| s.auto.contains(&a.name)) {
                     self.warning(item, line, format!("bound to agent queue `{queue}` but no state runs it as `auto`"));
                 }
             }

@@ -9,7 +9,10 @@ use std::time::Duration;
 use serde_json::Value;
 use settle_core::step::{self, Properties};
 use settle_core::{ActionName, EntityKey, EventName, Machine, MachineName, StateName};
-use settle_store::{Command, EntityRow, HistoryRow, InboxKind, Op, OpenOperation, OperationRow, Push, Store};
+use settle_store::{
+    AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, Op, OpenOperation, OperationRow, Push, Store,
+    TaskFilter, TaskResult,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
@@ -172,10 +175,17 @@ impl<S: Store + Clone> EngineBuilder<S> {
         }
         let registry = Arc::new(self.registry);
         let (tx, rx) = mpsc::unbounded_channel();
-        let scheduler = Scheduler::new(self.store.clone(), registry.clone(), self.config, tx.clone());
+        let offered = Arc::new(tokio::sync::Notify::new());
+        let scheduler = Scheduler::new(self.store.clone(), registry.clone(), self.config, tx.clone(), offered.clone());
         let task = tokio::spawn(scheduler.run(rx));
         Ok(Engine {
-            inner: Arc::new(Inner { store: self.store, registry, tx, task: std::sync::Mutex::new(Some(task)) }),
+            inner: Arc::new(Inner {
+                store: self.store,
+                registry,
+                tx,
+                offered,
+                task: std::sync::Mutex::new(Some(task)),
+            }),
         })
     }
 }
@@ -184,6 +194,8 @@ struct Inner<S> {
     store: S,
     registry: Arc<Registry>,
     tx: mpsc::UnboundedSender<Msg>,
+    /// Notified when this engine offered agent tasks.
+    offered: Arc<tokio::sync::Notify>,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -507,6 +519,103 @@ impl<S: Store> Engine<S> {
         let m = self.inner.registry.machine(machine)?.clone();
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
         Ok(m.permitted_events(&e.state).map(|ev| ev.name.clone()).collect())
+    }
+
+    /// The agent queues the registered machines' actions are bound to.
+    pub fn agent_queues(&self) -> Vec<String> {
+        let mut queues: Vec<String> = self
+            .inner
+            .registry
+            .machines
+            .values()
+            .flat_map(|m| m.agent_queues().into_iter().map(str::to_string))
+            .collect();
+        queues.sort_unstable();
+        queues.dedup();
+        queues
+    }
+
+    async fn agent_op(&self, op: Op) -> Result<Applied> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Msg::Agent { op, reply })?;
+        rx.await.map_err(|_| Error::Stopped)?
+    }
+
+    /// Leases up to `max` tasks of agent queue `queue` for `agent` (DESIGN §5): tasks
+    /// offered and not leased, or whose lease expired (offered again, attempt + 1). Waits up
+    /// to `wait` for one to become available (a long poll); an empty answer means none did.
+    /// Each task carries its lease `token`, needed to heartbeat and report.
+    pub async fn agent_lease(&self, queue: &str, agent: &str, max: usize, wait: Duration) -> Result<Vec<AgentTask>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before leasing: an offer committed meanwhile still wakes us.
+            let offered = self.inner.offered.notified();
+            tokio::pin!(offered);
+            offered.as_mut().enable();
+            let op = Op::TaskLease {
+                queue: queue.to_string(),
+                agent: agent.to_string(),
+                limit: max.max(1),
+                token_prefix: format!("{}.", uuid::Uuid::new_v4().simple()),
+            };
+            let tasks = match self.agent_op(op).await? {
+                Applied::Leased(tasks) => tasks,
+                other => unreachable!("lease answered with {other:?}"),
+            };
+            let now = tokio::time::Instant::now();
+            if !tasks.is_empty() || now >= deadline {
+                return Ok(tasks);
+            }
+            // Tasks also become available by time (a delay, an expired lease) or through
+            // another instance: look again at least every 250 ms.
+            let nap = (deadline - now).min(Duration::from_millis(250));
+            tokio::select! {
+                _ = offered => {}
+                _ = tokio::time::sleep(nap) => {}
+            }
+        }
+    }
+
+    /// Extends the lease on `task` by its lock time, if `token` still holds it; answers the
+    /// new end of the lease (ms since the epoch).
+    pub async fn agent_heartbeat(&self, task: i64, token: &str) -> Result<i64> {
+        match self.agent_op(Op::TaskHeartbeat { task, token: token.to_string() }).await? {
+            Applied::Extended { locked_until } => Ok(locked_until),
+            other => unreachable!("heartbeat answered with {other:?}"),
+        }
+    }
+
+    /// Reports the result of `task`. Refused ([`Error::TaskRefused`]), changing nothing,
+    /// when `token` no longer holds the lease (it expired or the task was leased again) or
+    /// the task was already reported or canceled; [`Error::BadReport`] when the target is
+    /// not one the action declares. Accepted, the report is queued durably to the entity,
+    /// whose engine commits it as the action's outcome.
+    pub async fn agent_report(&self, task: i64, token: &str, result: TaskResult) -> Result<()> {
+        if let TaskResult::Complete { target, .. } = &result {
+            let filter = TaskFilter { id: Some(task), ..TaskFilter::default() };
+            let Some(t) = self.inner.store.task_list(filter).await?.pop() else {
+                return Err(Error::TaskRefused { task, reason: "no such task".into() });
+            };
+            let machine = self.inner.registry.machine(&t.machine)?;
+            if let Some(action) = machine.action(&t.action)
+                && action.target(target).is_none()
+            {
+                let declared: Vec<&str> = action.targets.iter().map(|t| t.state.as_str()).collect();
+                return Err(Error::BadReport {
+                    task,
+                    reason: format!(
+                        "action `{}` of machine `{}` may not move to `{target}` (declared: {})",
+                        action.name,
+                        machine.name(),
+                        declared.join(", ")
+                    ),
+                });
+            }
+        }
+        match self.agent_op(Op::TaskReport { task, token: token.to_string(), result }).await? {
+            Applied::Pushed { .. } => Ok(()),
+            other => unreachable!("report answered with {other:?}"),
+        }
     }
 
     /// Waits until the entity is in one of `states` (at once if it is already), at most

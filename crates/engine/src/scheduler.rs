@@ -23,8 +23,8 @@ use settle_core::step::{self, EventStep};
 use settle_core::{Action, ActionName, EntityKey, EventName, Machine, MachineName, StateKind, StateName};
 use settle_store::{
     AfterCommit, Applied, Batch, BatchResult, Claim, Command, Commit, EntityRow, ErrorRecord, EventRecord, Fence,
-    HistoryKind, InboxItem, InboxKind, NewEntity, Op, OpError, Push, RunStatus, Store, Telemetry, TimerPlan,
-    TransitionRecord,
+    HistoryKind, InboxItem, InboxKind, NewEntity, Op, OpError, Push, RunStatus, Store, TaskOffer, TaskResult,
+    Telemetry, TimerPlan, TransitionRecord,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -69,6 +69,11 @@ pub(crate) enum Msg {
         version: i64,
         result: std::result::Result<(Fire, Option<i64>), String>,
     },
+    /// An agent's lease, heartbeat or report (`Op::TaskLease`, `TaskHeartbeat`, `TaskReport`).
+    Agent {
+        op: Op,
+        reply: oneshot::Sender<Result<Applied>>,
+    },
     WhenIdle(oneshot::Sender<()>),
     /// Tell `reply` when the entity commits into one of `states`.
     Watch {
@@ -87,6 +92,7 @@ enum Pending {
     Raise { ack: oneshot::Sender<Result<Option<i64>>>, wait: Wait, done: Option<DoneTx> },
     Command { reply: oneshot::Sender<Result<Option<EntityRow>>>, command: Command },
     Commit(Box<CommitCtx>),
+    Agent(oneshot::Sender<Result<Applied>>),
     Release,
     Renew,
     Supervise,
@@ -97,11 +103,13 @@ pub(crate) struct FaultError {
     kind: &'static str,
     details: String,
     exception: Option<String>,
+    /// Trying again cannot help (an agent's non-retryable failure): park at once.
+    fatal: bool,
 }
 
 impl FaultError {
     fn new(kind: &'static str, details: impl Into<String>) -> Self {
-        FaultError { kind, details: details.into(), exception: None }
+        FaultError { kind, details: details.into(), exception: None, fatal: false }
     }
 }
 
@@ -147,6 +155,8 @@ struct Held {
     inbox_head: Option<InboxItem>,
     running: Option<Running>,
     firing: Option<Firing>,
+    /// The agent report (inbox id) the current step concludes: consumed by its commit.
+    agent_report: Option<i64>,
 }
 
 pub(crate) struct Scheduler<S> {
@@ -155,6 +165,8 @@ pub(crate) struct Scheduler<S> {
     config: Config,
     tx: mpsc::UnboundedSender<Msg>,
     nested: Arc<dyn Nested>,
+    /// Woken when a batch offered agent tasks (agents long-polling a queue lease again).
+    offered: Arc<tokio::sync::Notify>,
     held: HashMap<i64, Held>,
     ops: Vec<Op>,
     pending: Vec<Pending>,
@@ -236,7 +248,13 @@ impl<S: Store + Clone> Nested for NestedHandle<S> {
 }
 
 impl<S: Store + Clone> Scheduler<S> {
-    pub(crate) fn new(store: S, registry: Arc<Registry>, config: Config, tx: mpsc::UnboundedSender<Msg>) -> Self {
+    pub(crate) fn new(
+        store: S,
+        registry: Arc<Registry>,
+        config: Config,
+        tx: mpsc::UnboundedSender<Msg>,
+        offered: Arc<tokio::sync::Notify>,
+    ) -> Self {
         let nested = Arc::new(NestedHandle {
             tx: tx.clone(),
             store: store.clone(),
@@ -249,6 +267,7 @@ impl<S: Store + Clone> Scheduler<S> {
             config,
             tx,
             nested,
+            offered,
             held: HashMap::new(),
             ops: Vec::new(),
             pending: Vec::new(),
@@ -350,6 +369,10 @@ impl<S: Store + Clone> Scheduler<S> {
                 self.ops.push(op);
                 self.pending.push(Pending::Command { reply, command });
             }
+            Msg::Agent { op, reply } => {
+                self.ops.push(op);
+                self.pending.push(Pending::Agent(reply));
+            }
             Msg::ActionDone { entity_id, version, result } => self.on_action_done(entity_id, version, result),
             Msg::Evaluated { entity_id, version, result } => self.on_evaluated(entity_id, version, result),
             Msg::WhenIdle(tx) => {
@@ -412,6 +435,12 @@ impl<S: Store + Clone> Scheduler<S> {
         let ops = std::mem::take(&mut self.ops);
         let pending = std::mem::take(&mut self.pending);
         crate::metrics::batch(ops.len(), self.held.len());
+        let offers = ops.iter().any(|op| match op {
+            Op::Commit(c) => c.offer.is_some(),
+            Op::Create(n) => n.offer.is_some(),
+            Op::Command { command, .. } => matches!(command, Command::Resume | Command::Retry),
+            _ => false,
+        });
         let batch = Batch { now: now_ms(), ops, claim };
         self.stats.batches += 1;
         self.stats.ops += batch.ops.len() as u64;
@@ -420,6 +449,9 @@ impl<S: Store + Clone> Scheduler<S> {
         self.stats.write_micros += started.elapsed().as_micros() as u64;
         if let Ok(r) = &written {
             self.stats.claimed += r.claimed.len() as u64;
+        }
+        if offers && written.is_ok() {
+            self.offered.notify_waiters();
         }
         match written {
             Ok(result) => self.on_result(pending, result),
@@ -441,6 +473,9 @@ impl<S: Store + Clone> Scheduler<S> {
                     let _ = ack.send(Err(Error::Store(settle_store::Error::Db(msg.clone()))));
                 }
                 Pending::Command { reply, .. } => {
+                    let _ = reply.send(Err(Error::Store(settle_store::Error::Db(msg.clone()))));
+                }
+                Pending::Agent(reply) => {
                     let _ = reply.send(Err(Error::Store(settle_store::Error::Db(msg.clone()))));
                 }
                 Pending::Commit(ctx) => {
@@ -494,6 +529,9 @@ impl<S: Store + Clone> Scheduler<S> {
                     }
                 },
                 Pending::Commit(ctx) => self.on_committed(*ctx, r),
+                Pending::Agent(reply) => {
+                    let _ = reply.send(r.map_err(op_error));
+                }
                 Pending::Release | Pending::Renew => {
                     if let Err(e) = r {
                         tracing::warn!(error = %e, "lease operation failed");
@@ -520,8 +558,17 @@ impl<S: Store + Clone> Scheduler<S> {
                     continue;
                 }
             };
-            self.held
-                .insert(id, Held { machine, entity: c.entity, inbox_head: c.inbox_head, running: None, firing: None });
+            self.held.insert(
+                id,
+                Held {
+                    machine,
+                    entity: c.entity,
+                    inbox_head: c.inbox_head,
+                    running: None,
+                    firing: None,
+                    agent_report: None,
+                },
+            );
             self.advance(id);
         }
     }
@@ -632,6 +679,7 @@ impl<S: Store + Clone> Scheduler<S> {
                     }
                 }
                 InboxKind::Raised | InboxKind::Nested => self.process_event(id, item),
+                InboxKind::Agent => self.agent_reported(id, item),
             }
             return;
         }
@@ -649,7 +697,19 @@ impl<S: Store + Clone> Scheduler<S> {
                     let action = Arc::new(action.clone());
                     self.spawn_action(id, action, None);
                 }
-                _ => unreachable!("an unstable state's auto step is plain or run"),
+                Some(EventStep::Agent { action, .. }) => {
+                    if held.entity.auto_at.is_some() {
+                        // Due (first entry after a resume, or after a retry-now): offer the task.
+                        self.offer_now(id, action.clone());
+                    } else {
+                        // The task is offered; the agent's report will make the entity due.
+                        let fence = fence(&held.entity, &self.config.owner);
+                        self.held.remove(&id);
+                        self.ops.push(Op::Release(fence));
+                        self.pending.push(Pending::Release);
+                    }
+                }
+                _ => unreachable!("an unstable state's auto step is plain, run or agent"),
             }
             return;
         }
@@ -807,6 +867,64 @@ impl<S: Store + Clone> Scheduler<S> {
         }
     }
 
+    /// Offers the entity's agent task now (its auto action came due without one: a resume
+    /// after parking, a retry-now).
+    fn offer_now(&mut self, id: i64, action: Action) {
+        let now = now_ms();
+        let held = &self.held[&id];
+        let e = &held.entity;
+        let commit = Commit {
+            retry: e.retry,
+            quiet: true,
+            request_id: e.request_id.clone(),
+            offer: task_offer(&held.machine, &e.state, now),
+            machine_hash: self.registry.hash(held.machine.name()),
+            telemetry: Telemetry { current_event: e.event_id, ..Telemetry::default() },
+            ..Commit::new(fence(e, &self.config.owner), e.state.clone(), HistoryKind::Auto, AfterCommit::Release)
+        };
+        debug_assert!(commit.offer.as_ref().is_some_and(|o| o.action == action.name));
+        self.push_commit(commit, None, None, None);
+    }
+
+    /// An agent reported on a task of this entity: its outcome is the auto action's, and
+    /// is committed like a handler's. A report for an earlier state entry is consumed and
+    /// changes nothing.
+    fn agent_reported(&mut self, id: i64, item: InboxItem) {
+        let held = self.held.get_mut(&id).expect("held entity");
+        let report = settle_store::AgentReport::from_json(&item.params);
+        let action = held
+            .machine
+            .state(&held.entity.state)
+            .and_then(|s| s.auto.as_ref())
+            .and_then(|a| held.machine.action(a))
+            .filter(|a| a.agent.is_some())
+            .cloned();
+        let (Some(report), Some(action)) = (report, action) else {
+            tracing::warn!(entity = id, "agent report for a state without an agent action; dropped");
+            return self.quiet_notice_commit(id, &item, 0);
+        };
+        if report.entity_version != held.entity.version {
+            tracing::debug!(entity = id, task = report.task, "agent report for an earlier state entry; dropped");
+            return self.quiet_notice_commit(id, &item, 0);
+        }
+        held.agent_report = Some(item.id);
+        match report.result {
+            TaskResult::Complete { target, properties } => {
+                let mut outcome = Outcome::to(target);
+                for (k, v) in properties {
+                    outcome = if v.is_null() { outcome.remove(k) } else { outcome.set(k, v) };
+                }
+                self.finish_action(id, &action, None, outcome, Vec::new(), Some(report.leased_at));
+            }
+            TaskResult::Fail { error, retryable } => {
+                let agent = report.agent.as_deref().unwrap_or("an agent");
+                let details = format!("{agent} failed task {} (attempt {}): {error}", report.task, report.attempt);
+                let error = FaultError { fatal: !retryable, ..FaultError::new("agent_error", details) };
+                self.fault(id, None, Some(&action.name), error);
+            }
+        }
+    }
+
     fn spawn_action(&mut self, id: i64, action: Arc<Action>, item: Option<InboxItem>) {
         let held = self.held.get_mut(&id).expect("held entity");
         let handler = self.registry.handler(held.machine.name(), &action.name).expect("run step has a handler").clone();
@@ -929,8 +1047,11 @@ impl<S: Store + Clone> Scheduler<S> {
                 operation: None,
             });
         }
+        let auto_at = entry.auto_delay.map(|d| now + d.as_millis() as i64);
+        // An agent-bound auto action: the commit offers its task instead.
+        let offer = auto_at.and_then(|at| task_offer(&machine, &entry.state, at));
         let after = match entry.auto_delay {
-            Some(d) if d.is_zero() => AfterCommit::Hold,
+            Some(d) if d.is_zero() && offer.is_none() => AfterCommit::Hold,
             _ => AfterCommit::Release,
         };
         let outcome_for_caller = item.as_ref().map(|_| EventOutcome::Accepted { state: entry.state.clone() });
@@ -963,11 +1084,12 @@ impl<S: Store + Clone> Scheduler<S> {
         let commit = Commit {
             to: Some(entry.state.clone()),
             retry: entry.retry,
-            auto_at: entry.auto_delay.map(|d| now + d.as_millis() as i64),
+            auto_at: if offer.is_some() { None } else { auto_at },
+            offer,
+            consume: item.as_ref().map(|i| i.id).or(held.agent_report.take()),
             properties: (props != held.entity.properties).then_some(props),
             action: Some(action.name.clone()),
             event: item.as_ref().map(|i| i.event.clone()),
-            consume: item.as_ref().map(|i| i.id),
             consume_notices_upto: firing.map(|f| f.notices_upto),
             request_id,
             sql: outcome.sql,
@@ -1008,7 +1130,10 @@ impl<S: Store + Clone> Scheduler<S> {
         let hash = self.registry.hash(self.held.get(&id).map(|h| h.machine.name().as_str()).unwrap_or_default());
         let Some(held) = self.held.get_mut(&id) else { return };
         let e = &held.entity;
-        let (decision, recent) = held.machine.fault_policy().decide(&e.recent_errors, now);
+        let (mut decision, recent) = held.machine.fault_policy().decide(&e.recent_errors, now);
+        if error.fatal {
+            decision = FaultDecision::Park;
+        }
         crate::metrics::fault(&e.machine, error.kind, matches!(decision, FaultDecision::Park));
         tracing::warn!(
             machine = %e.machine, key = %e.key, state = %e.state, error = %error.details,
@@ -1020,7 +1145,7 @@ impl<S: Store + Clone> Scheduler<S> {
             retry: e.retry,
             action: action.map(Into::into),
             event: item.as_ref().map(|i| i.event.clone()),
-            consume: item.as_ref().map(|i| i.id),
+            consume: item.as_ref().map(|i| i.id).or(held.agent_report.take()),
             request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
             detail: Some(error.details.clone()),
             recent_errors: Some(recent),
@@ -1075,11 +1200,15 @@ impl<S: Store + Clone> Scheduler<S> {
                 action_start_time: None,
                 outcome: "error",
             };
+            // An agent-bound auto action offers its next task for the end of the backoff (a
+            // parked entity offers it when resumed).
+            let offer = if parked { None } else { task_offer(&held.machine, &e.state, auto_at) };
             (
                 Commit {
                     to: Some(e.state.clone()),
                     retry,
-                    auto_at: Some(auto_at),
+                    auto_at: if offer.is_some() { None } else { Some(auto_at) },
+                    offer,
                     run_status: status,
                     telemetry: Telemetry {
                         transition: Some(transition),
@@ -1146,10 +1275,30 @@ pub(crate) fn new_entity(
         operation: None,
         machine_hash: None,
         health: health_str(machine.health_of(&initial)),
+        offer: entry.auto_delay.and_then(|d| task_offer(machine, &entry.state, now + d.as_millis() as i64)),
+        auto_at: entry.auto_delay.map(|d| now + d.as_millis() as i64),
         state: entry.state,
         properties,
-        auto_at: entry.auto_delay.map(|d| now + d.as_millis() as i64),
         request_id,
+    })
+    .map(|mut new: NewEntity| {
+        if new.offer.is_some() {
+            new.auto_at = None;
+        }
+        new
+    })
+}
+
+/// The agent task entering `state` offers, available at `at`: when its auto action is
+/// bound to an agent queue.
+fn task_offer(machine: &Machine, state: &str, at: i64) -> Option<TaskOffer> {
+    let action = machine.action(machine.state(state)?.auto.as_ref()?)?;
+    let binding = action.agent.as_ref()?;
+    Some(TaskOffer {
+        queue: binding.queue.clone(),
+        action: action.name.clone(),
+        lock_ms: binding.lock.as_millis() as i64,
+        available_at: at,
     })
 }
 
@@ -1248,9 +1397,12 @@ fn action_result(
     match r {
         Ok(Ok(outcome)) => Ok(outcome),
         Ok(Err(e)) => Err(FaultError::new("action_error", format!("action error: {e}"))),
-        Err(panic) => {
-            Err(FaultError { kind: "panic", details: format!("action panicked: {panic}"), exception: Some(panic) })
-        }
+        Err(panic) => Err(FaultError {
+            kind: "panic",
+            details: format!("action panicked: {panic}"),
+            exception: Some(panic),
+            fatal: false,
+        }),
     }
 }
 
@@ -1269,6 +1421,7 @@ fn event_record(item: &InboxItem, rejected: bool, failed: bool) -> EventRecord {
             InboxKind::Nested => "nested",
             InboxKind::Timer => "timer",
             InboxKind::Notice => "subscription",
+            InboxKind::Agent => "agent",
         },
         seq: item.id,
         raised_at: item.created_at,
@@ -1286,6 +1439,7 @@ fn op_error(e: OpError) -> Error {
         OpError::NotFound { machine, key } => Error::NotFound { machine, key },
         OpError::AlreadyExists { machine, key } => Error::AlreadyExists { machine, key },
         OpError::Killed { machine, key } => Error::Killed { machine, key },
+        OpError::TaskRefused { task, reason } => Error::TaskRefused { task, reason },
         other => Error::Store(settle_store::Error::Db(other.to_string())),
     }
 }

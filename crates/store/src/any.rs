@@ -82,6 +82,9 @@ impl Store for AnyStore {
     async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
         delegate!(self, s => s.timer_list(entity_id))
     }
+    async fn task_list(&self, filter: TaskFilter) -> Result<Vec<AgentTask>> {
+        delegate!(self, s => s.task_list(filter))
+    }
     async fn inbox_list(&self, entity_id: i64) -> Result<Vec<InboxItem>> {
         delegate!(self, s => s.inbox_list(entity_id))
     }

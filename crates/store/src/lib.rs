@@ -141,6 +141,9 @@ pub trait Store: Send + Sync + 'static {
     /// passed (the due backlog).
     fn metrics_snapshot(&self, now: Millis) -> impl Future<Output = Result<MetricsSnapshot>> + Send;
 
+    /// Agent tasks matching `filter`, newest first.
+    fn task_list(&self, filter: TaskFilter) -> impl Future<Output = Result<Vec<AgentTask>>> + Send;
+
     /// Whether this handle is the only engine on the store (SQLite's exclusive engine
     /// lock). An exclusive engine may reclaim every lease at start.
     fn exclusive(&self) -> bool;

@@ -18,7 +18,9 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, Trans
 use serde_json::Value;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
 
-use crate::sql::{ENTITY_COLS, OPERATION_COLS, WriterThread, json_text, needs_savepoint};
+use crate::sql::{
+    ENTITY_COLS, OPERATION_COLS, TASK_COLS, WriterThread, json_text, needs_savepoint, report_push, task_refusal,
+};
 use crate::types::*;
 use crate::{Error, Result, Store};
 
@@ -26,6 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/sqlite/0001_core.sql")),
     (2, include_str!("../migrations/sqlite/0002_workflows.sql")),
     (3, include_str!("../migrations/sqlite/0003_operate.sql")),
+    (4, include_str!("../migrations/sqlite/0004_agents.sql")),
 ];
 
 /// The SQLite implementation of [`Store`]. Cheap to clone; clones share the writer.
@@ -246,6 +249,35 @@ fn inbox_from_row(r: &Row<'_>) -> rusqlite::Result<InboxItem> {
     })
 }
 
+fn task_from_row(r: &Row<'_>) -> rusqlite::Result<AgentTask> {
+    let errors: String = r.get(10)?;
+    let errors: Vec<Value> = serde_json::from_str(&errors).map_err(|e| conversion(10, e))?;
+    Ok(AgentTask {
+        id: r.get(0)?,
+        queue: r.get(1)?,
+        machine: MachineName::new(r.get::<_, String>(2)?),
+        key: EntityKey::new(r.get::<_, String>(3)?),
+        entity_id: r.get(4)?,
+        state: StateName::new(r.get::<_, String>(5)?),
+        action: ActionName::new(r.get::<_, String>(6)?),
+        entity_version: r.get(7)?,
+        retry: r.get(8)?,
+        properties: parse_json_obj(&r.get::<_, String>(9)?)?,
+        errors: errors.len() as u32,
+        request_id: r.get(11)?,
+        status: r.get(12)?,
+        attempt: r.get(13)?,
+        token: r.get(14)?,
+        agent: r.get(15)?,
+        locked_until: r.get(16)?,
+        lock_ms: r.get(17)?,
+        available_at: r.get(18)?,
+        created_at: r.get(19)?,
+        outcome: r.get(20)?,
+        error: r.get(21)?,
+    })
+}
+
 fn history_from_row(r: &Row<'_>) -> rusqlite::Result<HistoryRow> {
     let kind: String = r.get(4)?;
     Ok(HistoryRow {
@@ -355,7 +387,7 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<App
             now,
             e.auto_at,
             e.request_id,
-            e.auto_at.is_some(),
+            e.auto_at.is_some() || e.offer.is_some(),
             e.machine_hash
         ]);
     match inserted {
@@ -382,6 +414,9 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<App
     if !e.timers.is_empty() {
         set_timers(tx, id, &e.timers)?;
     }
+    if let Some(offer) = &e.offer {
+        offer_task(tx, now, id, e.state.as_str(), 1, 0, e.request_id.as_deref(), offer)?;
+    }
     if e.notify_self || !e.timers.is_empty() {
         refresh_due(tx, id, now, !e.timers.is_empty())?;
     }
@@ -390,6 +425,7 @@ fn insert_entity(tx: &Transaction<'_>, now: Millis, e: &NewEntity) -> Result<App
     if e.operation.is_some()
         && let Some(r) = &e.request_id
         && e.auto_at.is_none()
+        && e.offer.is_none()
         && !e.notify_self
     {
         complete_operation(tx, r, now)?;
@@ -609,7 +645,17 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
     if let Some(plans) = &c.timers {
         set_timers(tx, f.entity_id, plans)?;
     }
-    if c.timers.is_some() || c.notify_self || c.consume_notices_upto.is_some() {
+    let version = if c.to.is_some() { f.version + 1 } else { f.version };
+    if c.to.is_some() {
+        cancel_tasks(tx, f.entity_id, now)?;
+    }
+    if let Some(offer) = &c.offer {
+        let state = c.to.as_ref().unwrap_or(&c.from);
+        offer_task(tx, now, f.entity_id, state, version, c.retry, c.request_id.as_deref(), offer)?;
+        tx.prepare_cached("UPDATE entities SET auto_at = NULL, busy = run_status <> 'failed' WHERE id = ?1")?
+            .execute([f.entity_id])?;
+    }
+    if c.timers.is_some() || c.notify_self || c.consume_notices_upto.is_some() || c.offer.is_some() {
         refresh_due(tx, f.entity_id, now, c.timers.is_some())?;
     }
     if c.telemetry.complete
@@ -618,7 +664,6 @@ fn apply_commit(tx: &Transaction<'_>, now: Millis, c: &Commit) -> Result<Applied
         complete_operation(tx, r, now)?;
     }
     let inbox_head = if held { inbox_head(tx, f.entity_id)? } else { None };
-    let version = if c.to.is_some() { f.version + 1 } else { f.version };
     Ok(Applied::Committed { held, version, inbox_head, created })
 }
 
@@ -867,7 +912,8 @@ fn apply_command(
         Command::Resume => {
             "UPDATE entities SET run_status = 'active', sleep_until = NULL, recent_errors = '[]',
                 auto_at = CASE WHEN auto_at IS NOT NULL AND ?3 IN ('fault', 'failed') THEN ?2 ELSE auto_at END,
-                busy = auto_at IS NOT NULL
+                busy = auto_at IS NOT NULL OR EXISTS (SELECT 1 FROM agent_tasks t
+                    WHERE t.entity_id = ?1 AND t.status IN ('ready', 'leased'))
              WHERE id = ?1"
         }
         Command::Sleep { .. } => "UPDATE entities SET run_status = 'sleeping', sleep_until = ?4 WHERE id = ?1",
@@ -880,7 +926,8 @@ fn apply_command(
         Command::Retry => {
             "UPDATE entities SET run_status = 'active', sleep_until = NULL,
                 auto_at = CASE WHEN auto_at IS NOT NULL THEN ?2 ELSE auto_at END,
-                busy = auto_at IS NOT NULL
+                busy = auto_at IS NOT NULL OR EXISTS (SELECT 1 FROM agent_tasks t
+                    WHERE t.entity_id = ?1 AND t.status IN ('ready', 'leased'))
              WHERE id = ?1"
         }
     };
@@ -895,6 +942,11 @@ fn apply_command(
         Command::Retry => tx.prepare_cached(sql)?.execute(params![id, now])?,
         _ => tx.prepare_cached(sql)?.execute(params![id])?,
     };
+    if command == Command::Retry {
+        // A task waiting for its delay or backoff is offered now.
+        tx.prepare_cached("UPDATE agent_tasks SET available_at = ?2 WHERE entity_id = ?1 AND status = 'ready'")?
+            .execute(params![id, now])?;
+    }
     let request_id = operation.map(|o| o.request_id.clone());
     if command == Command::Kill {
         // Cancel pending work; the operations it belonged to end as canceled.
@@ -905,6 +957,7 @@ fn apply_command(
         canceled.extend(entity_request);
         tx.prepare_cached("DELETE FROM inbox WHERE entity_id = ?1")?.execute([id])?;
         tx.prepare_cached("DELETE FROM timers WHERE entity_id = ?1")?.execute([id])?;
+        cancel_tasks(tx, id, now)?;
         for r in &canceled {
             tx.prepare_cached("UPDATE operations SET canceled = 1 WHERE request_id = ?1 AND ended_at IS NULL")?
                 .execute([r])?;
@@ -929,6 +982,100 @@ fn apply_command(
         .prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?
         .query_row([id], entity_from_row)?;
     Ok(Applied::Commanded(row))
+}
+
+/// Writes an agent task for the entity's state entry `version`.
+#[allow(clippy::too_many_arguments)]
+fn offer_task(
+    tx: &Transaction<'_>,
+    now: Millis,
+    entity_id: i64,
+    state: &str,
+    version: i64,
+    retry: u32,
+    request_id: Option<&str>,
+    o: &TaskOffer,
+) -> rusqlite::Result<()> {
+    // One open task per entity: a repeated offer (e.g. after a resume) keeps the open one.
+    tx.prepare_cached(
+        "INSERT INTO agent_tasks (entity_id, queue, action, state, entity_version, retry, lock_ms, request_id,
+            status, available_at, created_at)
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'ready', ?9, ?10
+         WHERE NOT EXISTS (SELECT 1 FROM agent_tasks WHERE entity_id = ?1 AND status IN ('ready', 'leased'))",
+    )?
+    .execute(params![
+        entity_id,
+        o.queue,
+        o.action.as_str(),
+        state,
+        version,
+        retry,
+        o.lock_ms,
+        request_id,
+        o.available_at,
+        now
+    ])?;
+    Ok(())
+}
+
+/// Cancels the entity's open tasks (it left the state, or was killed): their reports
+/// are refused from now on.
+fn cancel_tasks(tx: &Transaction<'_>, entity_id: i64, now: Millis) -> rusqlite::Result<()> {
+    tx.prepare_cached(
+        "UPDATE agent_tasks SET status = 'canceled', outcome = 'canceled', finished_at = ?2
+         WHERE entity_id = ?1 AND status IN ('ready', 'leased')",
+    )?
+    .execute(params![entity_id, now])?;
+    Ok(())
+}
+
+fn lease_tasks(
+    tx: &Transaction<'_>,
+    now: Millis,
+    queue: &str,
+    agent: &str,
+    limit: usize,
+    token_prefix: &str,
+) -> rusqlite::Result<Vec<AgentTask>> {
+    let ids: Vec<i64> = tx
+        .prepare_cached(
+            "SELECT t.id FROM agent_tasks t JOIN entities e ON e.id = t.entity_id
+             WHERE t.queue = ?1 AND t.status IN ('ready', 'leased') AND t.available_at <= ?2 AND e.run_status = 'active'
+             ORDER BY t.available_at, t.id LIMIT ?3",
+        )?
+        .query_map(params![queue, now, limit as i64], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut tasks = Vec::with_capacity(ids.len());
+    for id in ids {
+        tx.prepare_cached(
+            "UPDATE agent_tasks SET status = 'leased', attempt = attempt + 1, token = ?2 || id, agent = ?3,
+                leased_at = ?4, locked_until = ?4 + lock_ms, available_at = ?4 + lock_ms
+             WHERE id = ?1",
+        )?
+        .execute(params![id, token_prefix, agent, now])?;
+        tasks.push(
+            tx.prepare_cached(&format!(
+                "SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id WHERE t.id = ?1"
+            ))?
+            .query_row([id], task_from_row)?,
+        );
+    }
+    Ok(tasks)
+}
+
+/// Checks that `token` holds task `task` now; answers its lock time, or why not.
+fn check_task(tx: &Transaction<'_>, now: Millis, task: i64, token: &str) -> Result<(i64,), Fail> {
+    type Lease = (String, Option<String>, Option<i64>, i64, u32);
+    let row: Option<Lease> = tx
+        .prepare_cached("SELECT status, token, locked_until, lock_ms, attempt FROM agent_tasks WHERE id = ?1")?
+        .query_row([task], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .optional()?;
+    let Some((status, held, locked_until, lock_ms, attempt)) = row else {
+        return Err(Fail::Op(OpError::TaskRefused { task, reason: "no such task".into() }));
+    };
+    task_refusal(&status, held.as_deref(), locked_until, attempt, token, now)
+        .map(|reason| Err(Fail::Op(OpError::TaskRefused { task, reason })))
+        .unwrap_or(Ok((lock_ms,)))
 }
 
 fn apply_op(tx: &Transaction<'_>, now: Millis, op: &Op) -> Result<Applied, Fail> {
@@ -966,6 +1113,44 @@ fn apply_op(tx: &Transaction<'_>, now: Millis, op: &Op) -> Result<Applied, Fail>
             }
             refresh_due(tx, f.entity_id, now, false)?;
             Ok(Applied::Released)
+        }
+        Op::TaskLease { queue, agent, limit, token_prefix } => {
+            lease_tasks(tx, now, queue, agent, *limit, token_prefix).map(Applied::Leased).map_err(Fail::from)
+        }
+        Op::TaskHeartbeat { task, token } => {
+            let (lock_ms,) = check_task(tx, now, *task, token)?;
+            let until = now + lock_ms;
+            tx.prepare_cached("UPDATE agent_tasks SET locked_until = ?2, available_at = ?2 WHERE id = ?1")?
+                .execute(params![task, until])?;
+            Ok(Applied::Extended { locked_until: until })
+        }
+        Op::TaskReport { task, token, result } => {
+            check_task(tx, now, *task, token)?;
+            let (outcome, error) = match result {
+                TaskResult::Complete { .. } => ("complete", None),
+                TaskResult::Fail { error, .. } => ("fail", Some(error.as_str())),
+            };
+            tx.prepare_cached(
+                "UPDATE agent_tasks SET status = 'done', finished_at = ?2, outcome = ?3, error = ?4 WHERE id = ?1",
+            )?
+            .execute(params![task, now, outcome, error])?;
+            let push = tx
+                .prepare_cached(
+                    "SELECT e.machine, e.key, t.entity_version, t.attempt, t.leased_at, t.agent, t.request_id
+                     FROM agent_tasks t JOIN entities e ON e.id = t.entity_id WHERE t.id = ?1",
+                )?
+                .query_row([task], |r| {
+                    let report = AgentReport {
+                        task: *task,
+                        entity_version: r.get(2)?,
+                        attempt: r.get(3)?,
+                        leased_at: r.get(4)?,
+                        agent: r.get(5)?,
+                        result: result.clone(),
+                    };
+                    Ok(report_push(r.get::<_, String>(0)?, r.get::<_, String>(1)?, &report, r.get(6)?))
+                })?;
+            push_event(tx, now, &push)
         }
         Op::Renew { ids, owner, until } => {
             let mut stmt = tx.prepare_cached(
@@ -1455,6 +1640,24 @@ impl Store for SqliteStore {
 
     async fn metrics_snapshot(&self, now: Millis) -> Result<MetricsSnapshot> {
         self.on_reader(move |c| in_read_transaction(c, |c| read_metrics(c, now))).await
+    }
+
+    async fn task_list(&self, filter: TaskFilter) -> Result<Vec<AgentTask>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id
+                     WHERE (?1 IS NULL OR t.queue = ?1) AND (?2 IS NULL OR t.entity_id = ?2)
+                       AND (NOT ?3 OR t.status IN ('ready', 'leased')) AND (?5 IS NULL OR t.id = ?5)
+                     ORDER BY t.id DESC LIMIT ?4"
+                ))
+                .map_err(db_err)?;
+            let limit = filter.limit.map_or(-1, |l| l.min(i64::MAX as u64) as i64);
+            stmt.query_map(params![filter.queue, filter.entity_id, filter.open_only, limit, filter.id], task_from_row)
+                .and_then(|rows| rows.collect())
+                .map_err(db_err)
+        })
+        .await
     }
 
     fn exclusive(&self) -> bool {

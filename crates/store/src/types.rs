@@ -269,11 +269,17 @@ pub enum InboxKind {
     /// A notice that a successor changed state: the entity's subscriptions are to be
     /// evaluated. Its `event` is [`InboxKind::NOTICE_EVENT`].
     Notice,
+    /// An agent's report on a task (DESIGN §5): the outcome of the entity's agent-bound
+    /// auto action. Its `event` is [`InboxKind::AGENT_EVENT`]; its params are an
+    /// [`AgentReport`] with the task's id, attempt and state entry.
+    Agent,
 }
 
 impl InboxKind {
     /// The event name of notices.
     pub const NOTICE_EVENT: &'static str = "$successors";
+    /// The event name of agent reports.
+    pub const AGENT_EVENT: &'static str = "$agent";
 
     /// The stored name.
     pub fn as_str(self) -> &'static str {
@@ -282,6 +288,7 @@ impl InboxKind {
             InboxKind::Nested => "nested",
             InboxKind::Timer => "timer",
             InboxKind::Notice => "notice",
+            InboxKind::Agent => "agent",
         }
     }
     /// Parses the stored name.
@@ -291,6 +298,7 @@ impl InboxKind {
             "nested" => InboxKind::Nested,
             "timer" => InboxKind::Timer,
             "notice" => InboxKind::Notice,
+            "agent" => InboxKind::Agent,
             _ => return None,
         })
     }
@@ -419,6 +427,167 @@ pub struct NewEntity {
     pub machine_hash: Option<String>,
     /// Health of the initial state (`ok` or `error`), for telemetry.
     pub health: &'static str,
+    /// The agent task its initial state offers (its auto action is agent-bound).
+    pub offer: Option<TaskOffer>,
+}
+
+/// An agent task offered by a commit (DESIGN §5): the entity's state has an agent-bound
+/// auto action. The entity then has no `auto_at` of its own; the task carries the time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskOffer {
+    /// The agent queue.
+    pub queue: String,
+    /// The action the agent executes.
+    pub action: ActionName,
+    /// How long a lease on the task lasts.
+    pub lock_ms: i64,
+    /// When agents may lease it (the state's `wait`, a retry delay or a backoff).
+    pub available_at: Millis,
+}
+
+/// An agent task as stored, with what an agent needs to execute it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentTask {
+    /// Its id.
+    pub id: i64,
+    /// The queue it is offered on.
+    pub queue: String,
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The entity's key.
+    pub key: EntityKey,
+    /// The entity's id.
+    pub entity_id: i64,
+    /// The state whose auto action it is.
+    pub state: StateName,
+    /// The action to execute.
+    pub action: ActionName,
+    /// The entity's version at the offer (the state entry the task belongs to).
+    pub entity_version: i64,
+    /// The entity's retry count of that state entry.
+    pub retry: u32,
+    /// The entity's properties now.
+    pub properties: Properties,
+    /// How many errors the entity's fault policy counts now.
+    pub errors: u32,
+    /// The request the work belongs to.
+    pub request_id: Option<String>,
+    /// ready | leased | done | canceled.
+    pub status: String,
+    /// How many times it was leased (this lease included).
+    pub attempt: u32,
+    /// The current lease's token (only shown to the agent that leased it).
+    pub token: Option<String>,
+    /// The agent holding or last holding it.
+    pub agent: Option<String>,
+    /// When the current lease ends.
+    pub locked_until: Option<Millis>,
+    /// How long a lease lasts.
+    pub lock_ms: i64,
+    /// When it may be leased next (while ready or leased).
+    pub available_at: Millis,
+    /// When it was offered.
+    pub created_at: Millis,
+    /// complete | fail | canceled, once finished.
+    pub outcome: Option<String>,
+    /// The error an agent reported.
+    pub error: Option<String>,
+}
+
+/// What an agent reports on a task it leased.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskResult {
+    /// The action is done: move to `target` (one of the action's declared targets) with
+    /// these property changes (`null` removes a property).
+    Complete {
+        /// The state to enter.
+        target: StateName,
+        /// Properties to set.
+        properties: Properties,
+    },
+    /// The action failed: a fault of the entity, decided by its fault policy; a
+    /// non-retryable failure parks the entity for an operator at once.
+    Fail {
+        /// What went wrong.
+        error: String,
+        /// Whether trying again may help.
+        retryable: bool,
+    },
+}
+
+/// An agent report as queued in the entity's inbox ([`InboxKind::Agent`] params).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentReport {
+    /// The task.
+    pub task: i64,
+    /// The state entry (entity version) the task belongs to.
+    pub entity_version: i64,
+    /// The lease attempt that reported.
+    pub attempt: u32,
+    /// When that lease began.
+    pub leased_at: Millis,
+    /// The agent that reported.
+    pub agent: Option<String>,
+    /// The result.
+    pub result: TaskResult,
+}
+
+impl AgentReport {
+    /// The inbox params encoding.
+    pub fn to_json(&self) -> Value {
+        let result = match &self.result {
+            TaskResult::Complete { target, properties } => {
+                serde_json::json!({"complete": {"target": target.as_str(), "properties": properties}})
+            }
+            TaskResult::Fail { error, retryable } => {
+                serde_json::json!({"fail": {"error": error, "retryable": retryable}})
+            }
+        };
+        serde_json::json!({
+            "task": self.task,
+            "entity_version": self.entity_version,
+            "attempt": self.attempt,
+            "leased_at": self.leased_at,
+            "agent": self.agent,
+            "result": result,
+        })
+    }
+    /// Decodes [`AgentReport::to_json`]; `None` if it is not one.
+    pub fn from_json(v: &Value) -> Option<Self> {
+        let result = v.get("result")?;
+        let result = if let Some(c) = result.get("complete") {
+            TaskResult::Complete {
+                target: StateName::new(c.get("target")?.as_str()?),
+                properties: c.get("properties")?.as_object()?.clone().into_iter().collect(),
+            }
+        } else {
+            let f = result.get("fail")?;
+            TaskResult::Fail { error: f.get("error")?.as_str()?.to_string(), retryable: f.get("retryable")?.as_bool()? }
+        };
+        Some(AgentReport {
+            task: v.get("task")?.as_i64()?,
+            entity_version: v.get("entity_version")?.as_i64()?,
+            attempt: u32::try_from(v.get("attempt")?.as_u64()?).ok()?,
+            leased_at: v.get("leased_at")?.as_i64()?,
+            agent: v.get("agent").and_then(Value::as_str).map(str::to_string),
+            result,
+        })
+    }
+}
+
+/// Which agent tasks to list.
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    /// Only this task.
+    pub id: Option<i64>,
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this entity's tasks.
+    pub entity_id: Option<i64>,
+    /// Only ready or leased tasks.
+    pub open_only: bool,
+    /// At most this many, newest first (`None`: all).
+    pub limit: Option<u64>,
 }
 
 /// An event to append to an entity's inbox.
@@ -567,6 +736,10 @@ pub struct Commit {
     pub machine_hash: Option<String>,
     /// Telemetry rows written with the commit.
     pub telemetry: Telemetry,
+    /// An agent task to offer (the entity then waits for the agent; its `auto_at` is
+    /// cleared). Whenever the state is entered (`to` set), earlier open tasks of the entity
+    /// are canceled first.
+    pub offer: Option<TaskOffer>,
 }
 
 impl Commit {
@@ -600,6 +773,7 @@ impl Commit {
             recent_errors: None,
             machine_hash: None,
             telemetry: Telemetry::default(),
+            offer: None,
         }
     }
 }
@@ -642,6 +816,36 @@ pub enum Op {
     MarkHung {
         /// The progress deadline.
         before: Millis,
+    },
+    /// Leases up to `limit` available tasks of `queue` (offered and not yet leased, or
+    /// whose lease expired) for their lock time, to `agent`. Only tasks of active entities
+    /// are leased. Each lease's token is `token_prefix` followed by the task id.
+    TaskLease {
+        /// The queue.
+        queue: String,
+        /// Who leases (recorded).
+        agent: String,
+        /// At most this many.
+        limit: usize,
+        /// Unique per call: makes each lease's token unguessable and unique.
+        token_prefix: String,
+    },
+    /// Extends the lease of task `task` by its lock time, if `token` still holds it.
+    TaskHeartbeat {
+        /// The task.
+        task: i64,
+        /// The lease token.
+        token: String,
+    },
+    /// An agent's report on task `task`: if `token` still holds it, the task is done and the
+    /// report is queued in the entity's inbox (as [`InboxKind::Agent`]).
+    TaskReport {
+        /// The task.
+        task: i64,
+        /// The lease token.
+        token: String,
+        /// The result.
+        result: TaskResult,
     },
     /// Extend leases held by `owner` on `ids` until `until` (due at that time too).
     Renew {
@@ -712,6 +916,13 @@ pub enum Applied {
     Released,
     /// Leases renewed: how many.
     Renewed(u64),
+    /// Tasks leased (possibly none).
+    Leased(Vec<AgentTask>),
+    /// The task's lease now ends at `locked_until`.
+    Extended {
+        /// The new lease end.
+        locked_until: Millis,
+    },
 }
 
 /// Why one [`Op`] failed; nothing of it is visible.
@@ -756,6 +967,15 @@ pub enum OpError {
         machine: String,
         /// Key.
         key: String,
+    },
+    /// An agent's heartbeat or report was refused: the lease expired or was superseded,
+    /// the task was already reported or canceled, or it does not exist. Nothing changed.
+    #[error("task {task}: {reason}")]
+    TaskRefused {
+        /// The task.
+        task: i64,
+        /// Why.
+        reason: String,
     },
     /// A raw SQL statement of the commit failed (constraint, syntax, ...).
     #[error("sql statement {index} failed: {message}")]

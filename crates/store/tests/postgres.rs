@@ -33,6 +33,7 @@ fn entity(key: &str, auto_at: Option<i64>) -> NewEntity {
         operation: None,
         machine_hash: None,
         health: "ok",
+        offer: None,
     }
 }
 

@@ -29,6 +29,7 @@ fn entity(key: &str) -> settle_store::NewEntity {
         operation: None,
         machine_hash: None,
         health: "ok",
+        offer: None,
     }
 }
 

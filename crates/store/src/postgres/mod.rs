@@ -44,6 +44,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_core.sql")),
     (2, include_str!("../../migrations/postgres/0002_workflows.sql")),
     (3, include_str!("../../migrations/postgres/0003_operate.sql")),
+    (4, include_str!("../../migrations/postgres/0004_agents.sql")),
 ];
 
 /// A database failure below the store's API.
@@ -561,6 +562,10 @@ impl Store for PgStore {
 
     async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
         self.on_reader(move |c| read::timer_list(c, entity_id)).await
+    }
+
+    async fn task_list(&self, filter: TaskFilter) -> Result<Vec<AgentTask>> {
+        self.on_reader(move |c| read::task_list(c, &filter)).await
     }
 
     async fn inbox_list(&self, entity_id: i64) -> Result<Vec<InboxItem>> {

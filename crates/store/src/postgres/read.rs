@@ -5,7 +5,7 @@ use settle_core::{ActionName, EntityKey, EventName, MachineName, StateName};
 
 use super::Failure;
 use super::conn::Conn;
-use crate::sql::{ENTITY_COLS, OPERATION_COLS};
+use crate::sql::{ENTITY_COLS, OPERATION_COLS, TASK_COLS};
 use crate::types::*;
 
 type R<T> = std::result::Result<T, Failure>;
@@ -62,6 +62,48 @@ pub(crate) fn inbox_from_row(r: &Row) -> R<InboxItem> {
         created_at: r.try_get(5)?,
         kind: InboxKind::parse(kind).ok_or_else(|| Failure::Corrupt(format!("unknown inbox kind `{kind}`")))?,
     })
+}
+
+pub(crate) fn task_from_row(r: &Row) -> R<AgentTask> {
+    let errors: Vec<serde_json::Value> = json(r, 10)?;
+    Ok(AgentTask {
+        id: r.try_get(0)?,
+        queue: r.try_get(1)?,
+        machine: MachineName::new(r.try_get::<_, &str>(2)?),
+        key: EntityKey::new(r.try_get::<_, &str>(3)?),
+        entity_id: r.try_get(4)?,
+        state: StateName::new(r.try_get::<_, &str>(5)?),
+        action: ActionName::new(r.try_get::<_, &str>(6)?),
+        entity_version: r.try_get(7)?,
+        retry: small(r, 8)?,
+        properties: json(r, 9)?,
+        errors: errors.len() as u32,
+        request_id: r.try_get(11)?,
+        status: r.try_get(12)?,
+        attempt: small(r, 13)?,
+        token: r.try_get(14)?,
+        agent: r.try_get(15)?,
+        locked_until: r.try_get(16)?,
+        lock_ms: r.try_get(17)?,
+        available_at: r.try_get(18)?,
+        created_at: r.try_get(19)?,
+        outcome: r.try_get(20)?,
+        error: r.try_get(21)?,
+    })
+}
+
+pub(crate) fn task_list(c: &mut Conn, f: &TaskFilter) -> R<Vec<AgentTask>> {
+    let limit = f.limit.map(|l| l.min(i64::MAX as u64) as i64);
+    let rows = c.query(
+        &format!(
+            "SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id
+             WHERE ($1::text IS NULL OR t.queue = $1) AND ($2::bigint IS NULL OR t.entity_id = $2)
+               AND (NOT $3 OR t.status IN ('ready', 'leased')) AND ($5::bigint IS NULL OR t.id = $5)
+             ORDER BY t.id DESC LIMIT $4"
+        ),
+        &[&f.queue, &f.entity_id, &f.open_only, &limit, &f.id],
+    )?;
+    all(rows, task_from_row)
 }
 
 fn history_from_row(r: &Row) -> R<HistoryRow> {

@@ -5,8 +5,8 @@
 
 use super::Failure;
 use super::conn::Conn;
-use super::read::{entity_from_row, inbox_from_row};
-use crate::sql::{ENTITY_COLS, json_text, needs_savepoint};
+use super::read::{entity_from_row, inbox_from_row, task_from_row};
+use crate::sql::{ENTITY_COLS, TASK_COLS, json_text, needs_savepoint, report_push, task_refusal};
 use crate::types::*;
 
 /// Why an operation stopped: its own failure (rolled back alone) or the database's.
@@ -101,7 +101,7 @@ fn insert_entity(c: &mut Conn, now: Millis, e: &NewEntity) -> Result<Applied, Fa
             &now,
             &e.auto_at,
             &e.request_id,
-            &e.auto_at.is_some(),
+            &(e.auto_at.is_some() || e.offer.is_some()),
             &e.machine_hash,
         ],
     )?;
@@ -121,12 +121,16 @@ fn insert_entity(c: &mut Conn, now: Millis, e: &NewEntity) -> Result<Applied, Fa
     if !e.timers.is_empty() {
         set_timers(c, id, &e.timers)?;
     }
+    if let Some(offer) = &e.offer {
+        offer_task(c, now, id, e.state.as_str(), 1, 0, e.request_id.as_deref(), offer)?;
+    }
     if e.notify_self || !e.timers.is_empty() {
         refresh_due(c, id, now, !e.timers.is_empty())?;
     }
     if e.operation.is_some()
         && let Some(r) = &e.request_id
         && e.auto_at.is_none()
+        && e.offer.is_none()
         && !e.notify_self
     {
         complete_operation(c, r, now)?;
@@ -331,7 +335,16 @@ fn apply_commit(c: &mut Conn, now: Millis, cm: &Commit) -> Result<Applied, Fail>
     if let Some(plans) = &cm.timers {
         set_timers(c, f.entity_id, plans)?;
     }
-    if cm.timers.is_some() || cm.notify_self || cm.consume_notices_upto.is_some() {
+    let version = if cm.to.is_some() { f.version + 1 } else { f.version };
+    if cm.to.is_some() {
+        cancel_tasks(c, f.entity_id, now)?;
+    }
+    if let Some(offer) = &cm.offer {
+        let state = cm.to.as_ref().unwrap_or(&cm.from);
+        offer_task(c, now, f.entity_id, state, version, cm.retry, cm.request_id.as_deref(), offer)?;
+        c.exec("UPDATE entities SET auto_at = NULL, busy = run_status <> 'failed' WHERE id = $1", &[&f.entity_id])?;
+    }
+    if cm.timers.is_some() || cm.notify_self || cm.consume_notices_upto.is_some() || cm.offer.is_some() {
         refresh_due(c, f.entity_id, now, cm.timers.is_some())?;
     }
     if cm.telemetry.complete
@@ -343,7 +356,6 @@ fn apply_commit(c: &mut Conn, now: Millis, cm: &Commit) -> Result<Applied, Fail>
         recheck_due(c, f.entity_id, now)?;
     }
     let inbox_head = if held { inbox_head(c, f.entity_id)? } else { None };
-    let version = if cm.to.is_some() { f.version + 1 } else { f.version };
     Ok(Applied::Committed { held, version, inbox_head, created })
 }
 
@@ -591,7 +603,8 @@ fn apply_command(
             c.exec(
                 "UPDATE entities SET run_status = 'active', sleep_until = NULL, recent_errors = '[]',
                     auto_at = CASE WHEN auto_at IS NOT NULL AND $3::text IN ('fault', 'failed') THEN $2 ELSE auto_at END,
-                    busy = auto_at IS NOT NULL
+                    busy = auto_at IS NOT NULL OR EXISTS (SELECT 1 FROM agent_tasks t
+                        WHERE t.entity_id = $1 AND t.status IN ('ready', 'leased'))
                  WHERE id = $1",
                 &[&id, &now, &status],
             )?;
@@ -614,11 +627,16 @@ fn apply_command(
             c.exec(
                 "UPDATE entities SET run_status = 'active', sleep_until = NULL,
                     auto_at = CASE WHEN auto_at IS NOT NULL THEN $2 ELSE auto_at END,
-                    busy = auto_at IS NOT NULL
+                    busy = auto_at IS NOT NULL OR EXISTS (SELECT 1 FROM agent_tasks t
+                        WHERE t.entity_id = $1 AND t.status IN ('ready', 'leased'))
                  WHERE id = $1",
                 &[&id, &now],
             )?;
         }
+    }
+    if command == Command::Retry {
+        // A task waiting for its delay or backoff is offered now.
+        c.exec("UPDATE agent_tasks SET available_at = $2 WHERE entity_id = $1 AND status = 'ready'", &[&id, &now])?;
     }
     let request_id = operation.map(|o| o.request_id.clone());
     if command == Command::Kill {
@@ -631,6 +649,7 @@ fn apply_command(
         canceled.extend(entity_request);
         c.exec("DELETE FROM inbox WHERE entity_id = $1", &[&id])?;
         c.exec("DELETE FROM timers WHERE entity_id = $1", &[&id])?;
+        cancel_tasks(c, id, now)?;
         for r in &canceled {
             c.exec("UPDATE operations SET canceled = TRUE WHERE request_id = $1 AND ended_at IS NULL", &[r])?;
             complete_operation(c, r, now)?;
@@ -684,6 +703,45 @@ fn apply_op(c: &mut Conn, now: Millis, op: &Op) -> Result<Applied, Fail> {
             refresh_due(c, f.entity_id, now, false)?;
             Ok(Applied::Released)
         }
+        Op::TaskLease { queue, agent, limit, token_prefix } => {
+            Ok(Applied::Leased(lease_tasks(c, now, queue, agent, *limit, token_prefix)?))
+        }
+        Op::TaskHeartbeat { task, token } => {
+            let lock_ms = check_task(c, now, *task, token)?;
+            let until = now + lock_ms;
+            c.exec("UPDATE agent_tasks SET locked_until = $2, available_at = $2 WHERE id = $1", &[task, &until])?;
+            Ok(Applied::Extended { locked_until: until })
+        }
+        Op::TaskReport { task, token, result } => {
+            check_task(c, now, *task, token)?;
+            let (outcome, error) = match result {
+                TaskResult::Complete { .. } => ("complete", None),
+                TaskResult::Fail { error, .. } => ("fail", Some(error.as_str())),
+            };
+            let row = c.one(
+                "UPDATE agent_tasks t SET status = 'done', finished_at = $2, outcome = $3, error = $4
+                 FROM entities e WHERE t.id = $1 AND e.id = t.entity_id
+                 RETURNING e.machine, e.key, t.entity_version, t.attempt, t.leased_at, t.agent, t.request_id",
+                &[task, &now, &outcome, &error],
+            )?;
+            let get = |e: postgres::Error| Fail::Db(Failure::Pg(e));
+            let attempt: i64 = row.try_get(3).map_err(get)?;
+            let report = AgentReport {
+                task: *task,
+                entity_version: row.try_get(2).map_err(get)?,
+                attempt: attempt as u32,
+                leased_at: row.try_get(4).map_err(get)?,
+                agent: row.try_get(5).map_err(get)?,
+                result: result.clone(),
+            };
+            let push = report_push(
+                row.try_get(0).map_err(get)?,
+                row.try_get(1).map_err(get)?,
+                &report,
+                row.try_get(6).map_err(get)?,
+            );
+            push_event(c, now, &push)
+        }
         Op::Renew { ids, owner, until } => {
             let n = c.exec(
                 "UPDATE entities SET lease_until = $3, due_at = $3 WHERE id = ANY($1) AND lease_owner = $2",
@@ -704,8 +762,114 @@ pub(crate) fn shares_work(batch: &Batch) -> bool {
                 || c.notify_predecessors
                 || matches!(c.after, AfterCommit::Release)
         }
-        Op::MarkHung { .. } | Op::Renew { .. } => false,
+        // A report makes its entity due (whoever claims it); leases and heartbeats only
+        // concern agents.
+        Op::TaskReport { .. } => true,
+        Op::MarkHung { .. } | Op::Renew { .. } | Op::TaskLease { .. } | Op::TaskHeartbeat { .. } => false,
     })
+}
+
+/// Writes an agent task for the entity's state entry `version` (see sqlite.rs).
+#[allow(clippy::too_many_arguments)]
+fn offer_task(
+    c: &mut Conn,
+    now: Millis,
+    entity_id: i64,
+    state: &str,
+    version: i64,
+    retry: u32,
+    request_id: Option<&str>,
+    o: &TaskOffer,
+) -> R<()> {
+    // The entity's row is locked by the commit (or was just inserted): one open task each.
+    c.exec(
+        "INSERT INTO agent_tasks (entity_id, queue, action, state, entity_version, retry, lock_ms, request_id,
+            status, available_at, created_at)
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, 'ready', $9, $10
+         WHERE NOT EXISTS (SELECT 1 FROM agent_tasks WHERE entity_id = $1 AND status IN ('ready', 'leased'))",
+        &[
+            &entity_id,
+            &o.queue,
+            &o.action.as_str(),
+            &state,
+            &version,
+            &i64::from(retry),
+            &o.lock_ms,
+            &request_id,
+            &o.available_at,
+            &now,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Cancels the entity's open tasks: their reports are refused from now on.
+fn cancel_tasks(c: &mut Conn, entity_id: i64, now: Millis) -> R<()> {
+    c.exec(
+        "UPDATE agent_tasks SET status = 'canceled', outcome = 'canceled', finished_at = $2
+         WHERE entity_id = $1 AND status IN ('ready', 'leased')",
+        &[&entity_id, &now],
+    )?;
+    Ok(())
+}
+
+/// Leases available tasks of `queue`, skipping those another instance is leasing.
+fn lease_tasks(
+    c: &mut Conn,
+    now: Millis,
+    queue: &str,
+    agent: &str,
+    limit: usize,
+    token_prefix: &str,
+) -> R<Vec<AgentTask>> {
+    let ids: Vec<i64> = c
+        .query(
+            "SELECT t.id FROM agent_tasks t JOIN entities e ON e.id = t.entity_id
+             WHERE t.queue = $1 AND t.status IN ('ready', 'leased') AND t.available_at <= $2
+               AND e.run_status = 'active'
+             ORDER BY t.available_at, t.id LIMIT $3 FOR UPDATE OF t SKIP LOCKED",
+            &[&queue, &now, &(limit as i64)],
+        )?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()
+        .map_err(Failure::Pg)?;
+    let mut tasks = Vec::with_capacity(ids.len());
+    for id in ids {
+        c.exec(
+            "UPDATE agent_tasks SET status = 'leased', attempt = attempt + 1, token = $2::text || id::text, agent = $3,
+                leased_at = $4, locked_until = $4 + lock_ms, available_at = $4 + lock_ms
+             WHERE id = $1",
+            &[&id, &token_prefix, &agent, &now],
+        )?;
+        let row = c.one(
+            &format!("SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id WHERE t.id = $1"),
+            &[&id],
+        )?;
+        tasks.push(task_from_row(&row)?);
+    }
+    Ok(tasks)
+}
+
+/// Checks that `token` holds task `task` now (locking the task row); answers its lock time.
+fn check_task(c: &mut Conn, now: Millis, task: i64, token: &str) -> Result<i64, Fail> {
+    let row = c.opt(
+        "SELECT status, token, locked_until, lock_ms, attempt FROM agent_tasks WHERE id = $1 FOR UPDATE",
+        &[&task],
+    )?;
+    let Some(row) = row else {
+        return Err(Fail::Op(OpError::TaskRefused { task, reason: "no such task".into() }));
+    };
+    let get = |e: postgres::Error| Fail::Db(Failure::Pg(e));
+    let status: String = row.try_get(0).map_err(get)?;
+    let held: Option<String> = row.try_get(1).map_err(get)?;
+    let locked_until: Option<i64> = row.try_get(2).map_err(get)?;
+    let lock_ms: i64 = row.try_get(3).map_err(get)?;
+    let attempt: i64 = row.try_get(4).map_err(get)?;
+    match task_refusal(&status, held.as_deref(), locked_until, attempt as u32, token, now) {
+        Some(reason) => Err(Fail::Op(OpError::TaskRefused { task, reason })),
+        None => Ok(lock_ms),
+    }
 }
 
 /// The body of a batch's transaction (the caller begins and commits it).
