@@ -7,6 +7,7 @@ mod inspect;
 mod machines;
 mod operate;
 mod report;
+mod serve;
 mod sim;
 mod workers;
 mod workload;
@@ -145,6 +146,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the HTTP/JSON management API (see README "HTTP API").
+    Serve(serve::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -226,6 +229,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(report::stats(&db_path(&cli.db), since.as_deref(), format))
         }
         Command::Machines { json } => runtime()?.block_on(inspect::machines(&db_path(&cli.db), json)),
+        Command::Serve(args) => serve::run(&db_path(&cli.db), args),
         Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
         Command::Workload(args) => runtime()?.block_on(workload::run(&db_path(&cli.db), args)),
     }

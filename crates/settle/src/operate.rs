@@ -8,6 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::json;
 use settle_engine::Command;
 
+use settle_server::time::parse_time;
+
 use crate::inspect::fmt_time;
 
 /// The entity a command applies to.
@@ -90,99 +92,4 @@ async fn apply(db: &str, t: Target, command: Command) -> anyhow::Result<ExitCode
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn days_in_month(y: i64, m: i64) -> i64 {
-    match m {
-        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Parses a wake-up time: RFC 3339 in UTC (`2026-11-22T10:00:00Z`, optional fraction of a
-/// second, `Z` or `+00:00`) or a duration from `now` (`+10m`, `+1h30m`). Epoch ms.
-pub fn parse_time(text: &str, now: i64) -> Result<i64, String> {
-    let s = text.trim();
-    if let Some(rel) = s.strip_prefix('+') {
-        let d = settle_core::duration::parse(rel)?;
-        return Ok(now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)));
-    }
-    let bad = || format!("invalid time `{text}` (expected RFC 3339 UTC like `2026-11-22T10:00:00Z`, or `+10m`)");
-    let b = s.as_bytes();
-    let digits = |range: std::ops::Range<usize>| -> Result<i64, String> {
-        let part = s.get(range).ok_or_else(bad)?;
-        if part.is_empty() || !part.bytes().all(|c| c.is_ascii_digit()) {
-            return Err(bad());
-        }
-        part.parse().map_err(|_| bad())
-    };
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return Err(bad());
-    }
-    let (y, mo, d) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
-    let (h, mi, sec) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
-    let mut rest = &s[19..];
-    let mut millis = 0;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if n == 0 {
-            return Err(bad());
-        }
-        // Milliseconds: the first three digits, the rest truncated.
-        let ms: String = frac[..n].chars().chain("000".chars()).take(3).collect();
-        millis = ms.parse::<i64>().map_err(|_| bad())?;
-        rest = &frac[n..];
-    }
-    match rest {
-        "Z" | "z" | "+00:00" | "-00:00" => {}
-        other if other.starts_with('+') || other.starts_with('-') => {
-            return Err(format!("time `{text}` is not in UTC (write it with `Z`)"));
-        }
-        _ => return Err(bad()),
-    }
-    if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || sec > 59 {
-        return Err(format!("time `{text}` is out of range"));
-    }
-    Ok((days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec) * 1000 + millis)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_time;
-    use crate::inspect::fmt_time;
-
-    #[test]
-    fn parses_rfc3339_utc_and_relative_times() {
-        assert_eq!(parse_time("1970-01-01T00:00:00Z", 0), Ok(0));
-        assert_eq!(parse_time("2026-11-18T11:06:40.123Z", 0), Ok(1_795_000_000_123));
-        let t = parse_time("2026-11-22T10:00:00Z", 0).unwrap();
-        assert_eq!(fmt_time(t), "2026-11-22 10:00:00.000");
-        assert_eq!(parse_time("2024-02-29T23:59:59+00:00", 0).map(fmt_time).as_deref(), Ok("2024-02-29 23:59:59.000"));
-        assert_eq!(parse_time("+10m", 1_000), Ok(601_000));
-        assert_eq!(parse_time("+1h30m", 0), Ok(5_400_000));
-        assert!(parse_time("2026-11-22T10:00:00+02:00", 0).unwrap_err().contains("not in UTC"));
-        assert!(parse_time("2023-02-29T00:00:00Z", 0).unwrap_err().contains("out of range"));
-        assert!(parse_time("2026-11-22", 0).unwrap_err().contains("expected RFC 3339"));
-        assert!(parse_time("tomorrow", 0).is_err());
-        assert!(parse_time("+soon", 0).is_err());
-    }
 }

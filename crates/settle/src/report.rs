@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
-use settle_store::{MetricsSnapshot, Stats, Store};
+use settle_store::{Stats, Store};
 
 use crate::inspect::fmt_time;
 
@@ -29,7 +29,7 @@ pub async fn stats(db: &str, since: Option<&str>, format: Format) -> anyhow::Res
         if since.is_some() {
             anyhow::bail!("--since does not apply to --prometheus (counters are totals)");
         }
-        print!("{}", prometheus(&store.metrics_snapshot(now).await?));
+        print!("{}", settle_server::metrics::store_text(&store.metrics_snapshot(now).await?));
         return Ok(ExitCode::SUCCESS);
     }
     let since = match since {
@@ -141,131 +141,4 @@ fn tables(s: &Stats, since: Option<i64>) -> String {
         }
     }
     out
-}
-
-/// Escapes a label value of the Prometheus text format.
-fn label(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-/// The snapshot in the Prometheus text exposition format (version 0.0.4).
-fn prometheus(m: &MetricsSnapshot) -> String {
-    let mut out = String::new();
-    header(
-        &mut out,
-        "settle_transitions_total",
-        "counter",
-        "State entries committed, by machine, state left (empty on creation) and state entered.",
-    );
-    for t in &m.transitions {
-        let _ = writeln!(
-            out,
-            "settle_transitions_total{{machine=\"{}\",from=\"{}\",to=\"{}\"}} {}",
-            label(&t.machine),
-            label(t.from.as_deref().unwrap_or("")),
-            label(&t.to),
-            t.count
-        );
-    }
-    header(&mut out, "settle_events_rejected_total", "counter", "Events rejected in the entity's state.");
-    let _ = writeln!(out, "settle_events_rejected_total {}", m.events_rejected);
-    header(
-        &mut out,
-        "settle_faults_total",
-        "counter",
-        "Errors recorded: action errors, panics, refused outcomes, failed commits.",
-    );
-    let _ = writeln!(out, "settle_faults_total {}", m.faults);
-    header(&mut out, "settle_entities", "gauge", "Entities by machine, state and run status.");
-    for e in &m.entities {
-        let _ = writeln!(
-            out,
-            "settle_entities{{machine=\"{}\",state=\"{}\",run_status=\"{}\"}} {}",
-            label(&e.machine),
-            label(&e.state),
-            e.run_status.as_str(),
-            e.count
-        );
-    }
-    header(&mut out, "settle_parked_entities", "gauge", "Entities parked for an operator (run status failed).");
-    let _ = writeln!(out, "settle_parked_entities {}", m.parked);
-    header(&mut out, "settle_due_backlog", "gauge", "Entities whose due time has passed: work waiting to be claimed.");
-    let _ = writeln!(out, "settle_due_backlog {}", m.due_backlog);
-    header(
-        &mut out,
-        "settle_operations_total",
-        "counter",
-        "Operations by outcome (success, failed, canceled, hung); unfinished ones are in settle_operations_open.",
-    );
-    let mut open = 0;
-    for (outcome, n) in &m.operations {
-        if outcome == "open" {
-            open = *n;
-            continue;
-        }
-        let _ = writeln!(out, "settle_operations_total{{outcome=\"{}\"}} {n}", label(outcome));
-    }
-    header(&mut out, "settle_operations_open", "gauge", "Operations not finished and not marked hung.");
-    let _ = writeln!(out, "settle_operations_open {open}");
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use settle_store::{EntityCount, MetricsSnapshot, RunStatus, TransitionCount};
-
-    #[test]
-    fn prometheus_text_escapes_labels_and_declares_types() {
-        let m = MetricsSnapshot {
-            transitions: vec![
-                TransitionCount { machine: "m".into(), from: None, to: "new".into(), count: 2 },
-                TransitionCount { machine: "m".into(), from: Some("a\"b\\c\nd".into()), to: "x".into(), count: 1 },
-            ],
-            events_rejected: 3,
-            faults: 4,
-            parked: 1,
-            entities: vec![EntityCount {
-                machine: "m".into(),
-                state: "new".into(),
-                run_status: RunStatus::Paused,
-                count: 2,
-            }],
-            due_backlog: 5,
-            operations: vec![("open".into(), 2), ("success".into(), 7)],
-        };
-        let text = super::prometheus(&m);
-        assert!(text.contains("settle_transitions_total{machine=\"m\",from=\"\",to=\"new\"} 2\n"), "{text}");
-        assert!(text.contains(r#"settle_transitions_total{machine="m",from="a\"b\\c\nd",to="x"} 1"#), "{text}");
-        assert!(text.contains("settle_entities{machine=\"m\",state=\"new\",run_status=\"paused\"} 2\n"));
-        assert!(text.contains("settle_operations_total{outcome=\"success\"} 7\n"));
-        assert!(text.contains("settle_operations_open 2\n"));
-        for line in ["settle_events_rejected_total 3", "settle_faults_total 4", "settle_parked_entities 1"] {
-            assert!(text.lines().any(|l| l == line), "{line}: {text}");
-        }
-        assert!(text.contains("# TYPE settle_due_backlog gauge\nsettle_due_backlog 5\n"));
-        // Every sample's metric has a HELP and a TYPE line before it.
-        let mut declared = std::collections::HashSet::new();
-        for l in text.lines() {
-            if let Some(rest) = l.strip_prefix("# TYPE ") {
-                declared.insert(rest.split(' ').next().unwrap().to_string());
-            } else if !l.starts_with('#') {
-                let name = l.split(['{', ' ']).next().unwrap();
-                assert!(declared.contains(name), "{name} undeclared: {text}");
-            }
-        }
-    }
 }

@@ -1,0 +1,409 @@
+//! Access control: bearer tokens with roles.
+//!
+//! | role | may |
+//! |---|---|
+//! | `admin` | everything |
+//! | `operator` | read, create entities, raise events, lifecycle commands |
+//! | `reader` | `GET` machines, entities, history, operations, `/metrics`, `/openapi.json` |
+//! | `agent` | the agent queue routes of its named queues (and `/healthz`) |
+//!
+//! Every route belongs to one [`Access`] group; [`guard`] puts a group's routes behind the
+//! check, which answers 401 (no token, unknown token) or 403 (role not allowed) before the
+//! handler runs, and leaves the [`Caller`] in the request for handlers that refine the
+//! check (an agent's queues: [`Caller::authorize_queue`]). With no token configured
+//! ([`Tokens::open`]) every caller is an admin: the binary then serves loopback only.
+//!
+//! Tokens are compared in constant time (for equal lengths; a token's length is not
+//! hidden), and every configured token is compared on each request.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::header;
+use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::problem::{Kind, Problem};
+
+/// A token's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Everything.
+    Admin,
+    /// Read, create, raise, lifecycle commands.
+    Operator,
+    /// Agent queue routes of its named queues only.
+    Agent,
+    /// Read only.
+    Reader,
+}
+
+impl Role {
+    /// The role's name in token files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Operator => "operator",
+            Role::Agent => "agent",
+            Role::Reader => "reader",
+        }
+    }
+    /// Parses a role name.
+    pub fn parse(s: &str) -> Option<Role> {
+        Some(match s {
+            "admin" => Role::Admin,
+            "operator" => Role::Operator,
+            "agent" => Role::Agent,
+            "reader" => Role::Reader,
+            _ => return None,
+        })
+    }
+    /// Whether the role may use routes of `access`.
+    pub fn allows(self, access: Access) -> bool {
+        match access {
+            Access::Public => true,
+            Access::Read => matches!(self, Role::Admin | Role::Operator | Role::Reader),
+            Access::Write => matches!(self, Role::Admin | Role::Operator),
+            Access::Agent => matches!(self, Role::Admin | Role::Agent),
+        }
+    }
+}
+
+/// The access group of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No token needed (`/healthz`).
+    Public,
+    /// Reads: admin, operator, reader.
+    Read,
+    /// Changes (create, raise, lifecycle): admin, operator.
+    Write,
+    /// Agent queues: admin, and agents (each limited to its queues by
+    /// [`Caller::authorize_queue`]).
+    Agent,
+}
+
+/// One configured token.
+#[derive(Clone)]
+pub struct Token {
+    secret: String,
+    role: Role,
+    queues: Vec<String>,
+    name: Option<String>,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("role", &self.role)
+            .field("queues", &self.queues)
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl Token {
+    /// A token with `role`; `queues` are the queues of an agent (required for agents, refused
+    /// for other roles).
+    pub fn new(secret: impl Into<String>, role: Role, queues: Vec<String>) -> Result<Token, TokenError> {
+        let secret = secret.into();
+        if secret.is_empty() || secret.chars().any(|c| c.is_whitespace() || c == ';') {
+            return Err(TokenError("a token must be non-empty, without whitespace or `;`".into()));
+        }
+        match (role, queues.is_empty()) {
+            (Role::Agent, true) => return Err(TokenError("an agent token needs `queues`".into())),
+            (Role::Agent, false) => {}
+            (_, false) => return Err(TokenError(format!("only agent tokens have queues (role {})", role.as_str()))),
+            (_, true) => {}
+        }
+        if let Some(q) = queues.iter().find(|q| q.is_empty()) {
+            return Err(TokenError(format!("empty queue name `{q}`")));
+        }
+        Ok(Token { secret, role, queues, name: None })
+    }
+    /// The role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+}
+
+/// A token configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TokenError(pub String);
+
+/// The configured tokens; none means open access (everyone is an admin).
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    tokens: Vec<Token>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenFile {
+    #[serde(default)]
+    token: Vec<TokenToml>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenToml {
+    token: String,
+    role: String,
+    #[serde(default)]
+    queues: Vec<String>,
+    name: Option<String>,
+}
+
+impl Tokens {
+    /// No tokens: every caller is an admin.
+    pub fn open() -> Self {
+        Tokens::default()
+    }
+    /// Whether no token is configured (open access).
+    pub fn is_open(&self) -> bool {
+        self.tokens.is_empty()
+    }
+    /// How many tokens are configured.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+    /// Whether no token is configured (same as [`Tokens::is_open`]).
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+    /// Adds a token; the same secret twice is refused.
+    pub fn add(&mut self, token: Token) -> Result<(), TokenError> {
+        if self.tokens.iter().any(|t| t.secret == token.secret) {
+            return Err(TokenError("the same token is configured twice".into()));
+        }
+        self.tokens.push(token);
+        Ok(())
+    }
+
+    /// Adds every token of `other` (from another source); a secret configured twice is
+    /// refused.
+    pub fn merge(&mut self, other: Tokens) -> Result<(), TokenError> {
+        for t in other.tokens {
+            self.add(t)?;
+        }
+        Ok(())
+    }
+
+    /// Parses a token file:
+    ///
+    /// ```toml
+    /// [[token]]
+    /// token = "s3cret-admin"
+    /// role = "admin"            # admin | operator | reader | agent
+    ///
+    /// [[token]]
+    /// token = "s3cret-dns-agent"
+    /// role = "agent"
+    /// queues = ["dns"]          # agents only: the queues it may serve
+    /// name = "dns agent"        # optional, for logs
+    /// ```
+    pub fn from_toml(text: &str) -> Result<Tokens, TokenError> {
+        let file: TokenFile = toml::from_str(text).map_err(|e| TokenError(e.to_string().trim_end().to_string()))?;
+        let mut tokens = Tokens::default();
+        for (i, t) in file.token.into_iter().enumerate() {
+            let at = |e: TokenError| TokenError(format!("token #{}: {}", i + 1, e.0));
+            let role = Role::parse(&t.role)
+                .ok_or_else(|| at(TokenError(format!("unknown role `{}` (admin, operator, reader, agent)", t.role))))?;
+            let mut token = Token::new(t.token, role, t.queues).map_err(at)?;
+            token.name = t.name;
+            tokens.add(token).map_err(at)?;
+        }
+        Ok(tokens)
+    }
+
+    /// Parses the `SETTLE_TOKENS` form: entries separated by `;`, each `ROLE=TOKEN`, where
+    /// an agent's ROLE is `agent:QUEUE,QUEUE`. Example:
+    /// `admin=s3cret;reader=r3ad;agent:dns,app=ag3nt`.
+    pub fn from_spec(spec: &str) -> Result<Tokens, TokenError> {
+        let mut tokens = Tokens::default();
+        for (i, entry) in spec.split(';').map(str::trim).filter(|e| !e.is_empty()).enumerate() {
+            let at = |e: TokenError| TokenError(format!("SETTLE_TOKENS entry {}: {}", i + 1, e.0));
+            let (role, secret) = entry.split_once('=').ok_or_else(|| at(TokenError("expected ROLE=TOKEN".into())))?;
+            let (role, queues) = match role.split_once(':') {
+                Some((role, queues)) => (role, queues.split(',').map(|q| q.trim().to_string()).collect()),
+                None => (role, Vec::new()),
+            };
+            let role = Role::parse(role.trim())
+                .ok_or_else(|| at(TokenError(format!("unknown role `{role}` (admin, operator, reader, agent)"))))?;
+            tokens.add(Token::new(secret.trim(), role, queues).map_err(at)?).map_err(at)?;
+        }
+        Ok(tokens)
+    }
+
+    /// The token matching `presented`, comparing against every token in constant time.
+    fn find(&self, presented: &str) -> Option<&Token> {
+        let mut found = None;
+        for t in &self.tokens {
+            if bool::from(t.secret.as_bytes().ct_eq(presented.as_bytes())) {
+                found = Some(t);
+            }
+        }
+        found
+    }
+
+    /// Who is calling, from the request's `Authorization` header, for a route of `access`.
+    pub fn authenticate(&self, headers: &axum::http::HeaderMap, access: Access) -> Result<Caller, Problem> {
+        if self.is_open() {
+            return Ok(Caller { role: Role::Admin, queues: Vec::new(), name: None });
+        }
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim);
+        let token = match presented {
+            Some(p) => self.find(p),
+            None if access == Access::Public => {
+                return Ok(Caller { role: Role::Reader, queues: Vec::new(), name: None });
+            }
+            None => {
+                return Err(Problem::new(Kind::Unauthorized, "this route needs `Authorization: Bearer <token>`"));
+            }
+        };
+        let Some(token) = token else {
+            if access == Access::Public {
+                return Ok(Caller { role: Role::Reader, queues: Vec::new(), name: None });
+            }
+            return Err(Problem::new(Kind::Unauthorized, "unknown bearer token"));
+        };
+        let caller = Caller { role: token.role, queues: token.queues.clone(), name: token.name.clone() };
+        if !token.role.allows(access) {
+            return Err(Problem::new(Kind::Forbidden, format!("role {} may not use this route", token.role.as_str()))
+                .with("role", token.role.as_str()));
+        }
+        Ok(caller)
+    }
+}
+
+/// The authenticated caller of a request (an extractor on guarded routes).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    role: Role,
+    queues: Vec<String>,
+    name: Option<String>,
+}
+
+impl Caller {
+    /// The caller's role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+    /// The token's name, if configured.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+    /// Allows an admin, or an agent whose token names `queue`; anyone else gets 403.
+    pub fn authorize_queue(&self, queue: &str) -> Result<(), Problem> {
+        match self.role {
+            Role::Admin => Ok(()),
+            Role::Agent if self.queues.iter().any(|q| q == queue) => Ok(()),
+            Role::Agent => {
+                Err(Problem::new(Kind::Forbidden, format!("this agent token may not serve queue `{queue}`"))
+                    .with("queue", queue)
+                    .with("role", "agent"))
+            }
+            other => Err(Problem::new(Kind::Forbidden, format!("role {} may not serve agent queues", other.as_str()))
+                .with("queue", queue)
+                .with("role", other.as_str())),
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = Problem;
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or_else(|| Problem::new(Kind::Internal, "route is not behind auth::guard"))
+    }
+}
+
+/// Puts every route of `router` behind the check for `access`: 401/403 before the handler,
+/// and the [`Caller`] in the request extensions for the handler.
+pub fn guard<S: Clone + Send + Sync + 'static>(
+    router: OpenApiRouter<S>,
+    tokens: Arc<Tokens>,
+    access: Access,
+) -> OpenApiRouter<S> {
+    router.route_layer(axum::middleware::from_fn_with_state((tokens, access), check))
+}
+
+async fn check(State((tokens, access)): State<(Arc<Tokens>, Access)>, mut req: Request, next: Next) -> Response {
+    match tokens.authenticate(req.headers(), access) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(p) => p.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bearer(t: &str) -> axum::http::HeaderMap {
+        let mut h = axum::http::HeaderMap::new();
+        h.insert(header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn token_file_and_env_spec_parse_alike() {
+        let file = Tokens::from_toml(
+            "[[token]]\ntoken = \"a1\"\nrole = \"admin\"\n[[token]]\ntoken = \"g1\"\nrole = \"agent\"\nqueues = [\"dns\", \"app\"]\n",
+        )
+        .unwrap();
+        let env = Tokens::from_spec("admin=a1; agent:dns,app=g1").unwrap();
+        for t in [file, env] {
+            assert_eq!(t.len(), 2);
+            let agent = t.authenticate(&bearer("g1"), Access::Agent).unwrap();
+            assert!(agent.authorize_queue("dns").is_ok());
+            assert_eq!(agent.authorize_queue("db").unwrap_err().kind(), Kind::Forbidden);
+            assert_eq!(t.authenticate(&bearer("g1"), Access::Read).unwrap_err().kind(), Kind::Forbidden);
+            assert_eq!(t.authenticate(&bearer("a1"), Access::Write).unwrap().role(), Role::Admin);
+            assert_eq!(t.authenticate(&bearer("nope"), Access::Read).unwrap_err().kind(), Kind::Unauthorized);
+            assert_eq!(t.authenticate(&Default::default(), Access::Read).unwrap_err().kind(), Kind::Unauthorized);
+            assert!(t.authenticate(&Default::default(), Access::Public).is_ok());
+        }
+    }
+
+    #[test]
+    fn bad_token_configurations_are_refused() {
+        assert!(Tokens::from_spec("agent=x").unwrap_err().0.contains("queues"));
+        assert!(Tokens::from_spec("reader:dns=x").unwrap_err().0.contains("only agent"));
+        assert!(Tokens::from_spec("boss=x").unwrap_err().0.contains("unknown role"));
+        assert!(Tokens::from_spec("admin").unwrap_err().0.contains("ROLE=TOKEN"));
+        assert!(Tokens::from_spec("admin=x;reader=x").unwrap_err().0.contains("twice"));
+        assert!(Tokens::from_toml("[[token]]\ntoken = \"\"\nrole = \"admin\"\n").is_err());
+        assert!(Tokens::from_toml("[[token]]\ntoken = \"x\"\nrole = \"admin\"\nextra = 1\n").is_err());
+        assert!(Tokens::from_spec("").unwrap().is_open());
+    }
+
+    #[test]
+    fn roles_allow_their_groups_only() {
+        use Access::*;
+        let table = [
+            (Role::Admin, [true, true, true, true]),
+            (Role::Operator, [true, true, true, false]),
+            (Role::Reader, [true, true, false, false]),
+            (Role::Agent, [true, false, false, true]),
+        ];
+        for (role, expected) in table {
+            for (access, ok) in [Public, Read, Write, Agent].into_iter().zip(expected) {
+                assert_eq!(role.allows(access), ok, "{role:?} {access:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! settle-server: Settle's HTTP/JSON management API (`settle serve`).
+//!
+//! - [`router`]: the axum [`Router`](axum::Router) of every route, built from
+//!   `utoipa-axum` routers so `/openapi.json` lists exactly the routes served;
+//! - [`routes`]: the handlers — machines, entities, events, lifecycle commands,
+//!   operations, `/healthz`, `/metrics`;
+//! - [`auth`]: bearer tokens with roles (admin, operator, agent scoped to queues, reader);
+//! - [`problem`]: the one error type, served as `application/problem+json`;
+//! - [`extract`]: extractors whose rejections are problems too;
+//! - [`model`]: the JSON types of requests and responses.
+//!
+//! Only this crate knows HTTP. It reads no files and no environment: the binary parses
+//! `--tokens` and `SETTLE_TOKENS` with [`auth::Tokens`] and hands everything in.
+//!
+//! ```no_run
+//! # async fn demo(engine: settle_engine::Engine<settle_store::AnyStore>) -> std::io::Result<()> {
+//! use settle_server::{AppState, Config, auth::Tokens};
+//!
+//! let state = AppState::new(engine, &["door"], Tokens::open(), Config::default()).expect("machine");
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:7400").await?;
+//! settle_server::serve(listener, settle_server::router(state), std::future::pending()).await
+//! # }
+//! ```
+
+pub mod auth;
+pub mod extract;
+pub mod metrics;
+pub mod model;
+pub mod problem;
+pub mod router;
+pub mod routes;
+pub mod state;
+pub mod time;
+
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+
+pub use problem::{Kind, Problem};
+pub use router::{OpenApiJson, api, openapi, router};
+pub use state::{AppState, Config, MetricsRender};
+
+/// Serves `router` on `listener` until `shutdown` resolves, then finishes the requests in
+/// flight.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
+
+/// The URL of the operation with `request_id`.
+pub fn operation_location(request_id: &str) -> String {
+    format!("/v1/operations/{}", routes::encode_segment(request_id))
+}
+
+/// The wall clock in milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}

@@ -1,0 +1,93 @@
+//! The router: every module's routes behind their access group, the OpenAPI document built
+//! from the same routes, and problem+json for unknown routes and methods.
+//!
+//! To add a module of routes: give it a function returning an `OpenApiRouter<AppState>`
+//! whose handlers carry `#[utoipa::path]`, registered with `routes!` (never a bare
+//! `route`, so every served route is in the spec), and merge it in [`api`] with its
+//! [`Access`] group — one line.
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::{Extension, Router};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::auth::{self, Access};
+use crate::problem::{Kind, Problem};
+use crate::routes::{entities, events, lifecycle, machines, operations, system};
+use crate::state::AppState;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Settle",
+        description = "Settle's management API: machines, entities, events, operations, lifecycle \
+                       commands. Errors are application/problem+json with a stable `type`."
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "system", description = "health, metrics, this document"),
+        (name = "machines", description = "the machines the server serves"),
+        (name = "entities", description = "create, list and read entities"),
+        (name = "events", description = "raise events on entities"),
+        (name = "lifecycle", description = "operator commands on an entity's run status"),
+        (name = "operations", description = "what requests set in motion"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+/// The OpenAPI document as served by `/openapi.json`.
+#[derive(Clone)]
+pub struct OpenApiJson(pub Arc<String>);
+
+/// Every route with its access group, and the OpenAPI document describing them.
+pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
+    let tokens = state.tokens();
+    let guard = |routes, access| auth::guard(routes, tokens.clone(), access);
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(guard(system::public(), Access::Public))
+        .merge(guard(system::read(), Access::Read))
+        .merge(guard(machines::read(), Access::Read))
+        .merge(guard(entities::read(), Access::Read))
+        .merge(guard(entities::write(), Access::Write))
+        .merge(guard(events::write(), Access::Write))
+        .merge(guard(lifecycle::write(), Access::Write))
+        .merge(guard(operations::read(), Access::Read))
+}
+
+/// The OpenAPI document of [`api`].
+pub fn openapi(state: &AppState) -> utoipa::openapi::OpenApi {
+    api(state).into_openapi()
+}
+
+/// The service: [`api`] with the body limit, `/openapi.json`'s document, and problem+json
+/// for unknown routes (404) and methods (405).
+pub fn router(state: AppState) -> Router {
+    let (router, spec) = api(&state).split_for_parts();
+    let spec = OpenApiJson(Arc::new(spec.to_json().unwrap_or_default()));
+    router
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(Extension(spec))
+        .layer(DefaultBodyLimit::max(state.config().max_body))
+        .with_state(state)
+}
+
+async fn unknown_route(uri: axum::http::Uri) -> Problem {
+    Problem::new(Kind::UnknownRoute, format!("no route `{}`", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Problem {
+    Problem::new(Kind::MethodNotAllowed, format!("route `{}` does not take {method}", uri.path()))
+}

@@ -1,0 +1,171 @@
+//! Entities: create, list, read, history.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value};
+use settle_store::{EntityFilter, RunStatus, Store};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
+use crate::model::{CreateEntity, Entity, EntityPage, EntityQuery, HistoryEntry};
+use crate::problem::{Kind, Problem, ProblemBody};
+use crate::routes::{check_key, entity_location, find_entity, live_entity, parse_limit};
+use crate::state::AppState;
+
+/// Read routes of entities.
+pub fn read() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list)).routes(routes!(get)).routes(routes!(history))
+}
+
+/// Write routes of entities.
+pub fn write() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(create))
+}
+
+/// Creates an entity in its machine's initial state. With an `Idempotency-Key` already
+/// used, nothing is created and the entity is returned as it is (200).
+#[utoipa::path(
+    post,
+    path = "/v1/machines/{machine}/entities",
+    tag = "entities",
+    security(("bearer" = [])),
+    params(
+        ("machine" = String, Path, description = "machine name"),
+        ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id"),
+    ),
+    request_body = CreateEntity,
+    responses(
+        (status = 201, description = "created; Location is the entity's URL", body = Entity),
+        (status = 200, description = "replay of an Idempotency-Key: the entity as it is", body = Entity),
+        (status = 400, description = "malformed JSON or header", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "an entity with this key exists", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "body not application/json", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "invalid key, properties or body", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn create(
+    State(s): State<AppState>,
+    Path(machine): Path<String>,
+    IdempotencyKey(request_id): IdempotencyKey,
+    JsonBody(body): JsonBody<CreateEntity>,
+) -> Result<Response, Problem> {
+    s.machine(&machine)?;
+    check_key(&body.key)?;
+    let properties = match body.properties {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            return Err(Problem::new(Kind::InvalidProperties, "properties must be a JSON object")
+                .field("properties")
+                .with("machine", machine));
+        }
+    };
+    let created = s.engine().create_with(&machine, &body.key, properties, request_id).await?;
+    let status = if created.replayed { StatusCode::OK } else { StatusCode::CREATED };
+    let location = entity_location(&machine, &body.key);
+    Ok((status, [(header::LOCATION, location)], Json(Entity::from(&created.entity))).into_response())
+}
+
+/// Lists entities by id, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/entities",
+    tag = "entities",
+    security(("bearer" = [])),
+    params(EntityQuery),
+    responses(
+        (status = 200, description = "a page of entities", body = EntityPage),
+        (status = 400, description = "bad query", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result<Json<EntityPage>, Problem> {
+    if let Some(st) = q.status.as_deref()
+        && RunStatus::parse(st).is_none()
+    {
+        return Err(Problem::new(
+            Kind::BadRequest,
+            format!("unknown run status `{st}` (expected active, paused, sleeping, fault, failed or killed)"),
+        )
+        .field("status"));
+    }
+    let after = match q.after.as_deref() {
+        None => None,
+        Some(a) => Some(a.parse::<i64>().map_err(|_| {
+            Problem::new(Kind::BadRequest, format!("after must be the `next` cursor of a previous page, not `{a}`"))
+                .field("after")
+        })?),
+    };
+    let limit = parse_limit(q.limit.as_deref())?;
+    let mut rows = s
+        .engine()
+        .store()
+        .entity_list(EntityFilter {
+            machine: q.machine,
+            state: q.state,
+            after_id: after,
+            limit: Some(limit + 1),
+            run_status: q.status,
+        })
+        .await?;
+    let more = rows.len() as u64 > limit;
+    rows.truncate(limit as usize);
+    let next = if more { rows.last().map(|e| e.id.to_string()) } else { None };
+    Ok(Json(EntityPage { items: rows.iter().map(Entity::from).collect(), next }))
+}
+
+/// One entity, with the events valid in its state. An entity in its machine's deleted
+/// state is gone (410).
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{machine}/entities/{key}",
+    tag = "entities",
+    security(("bearer" = [])),
+    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    responses(
+        (status = 200, description = "the entity", body = Entity),
+        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn get(State(s): State<AppState>, Path((machine, key)): Path<(String, String)>) -> Result<Json<Entity>, Problem> {
+    let e = live_entity(&s, &machine, &key).await?;
+    let m = s.machine(&machine)?;
+    let mut entity = Entity::from(&e);
+    entity.permitted_events = Some(m.permitted_events(&e.state).map(|ev| ev.name.to_string()).collect());
+    Ok(Json(entity))
+}
+
+/// An entity's transition history, oldest first (also of a deleted entity: the audit
+/// trail stays readable).
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{machine}/entities/{key}/history",
+    tag = "entities",
+    security(("bearer" = [])),
+    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    responses(
+        (status = 200, description = "history rows, oldest first", body = Vec<HistoryEntry>),
+        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn history(
+    State(s): State<AppState>,
+    Path((machine, key)): Path<(String, String)>,
+) -> Result<Json<Vec<HistoryEntry>>, Problem> {
+    let e = find_entity(&s, &machine, &key).await?;
+    let rows = s.engine().store().history_list(e.id).await?;
+    Ok(Json(rows.iter().map(HistoryEntry::from).collect()))
+}

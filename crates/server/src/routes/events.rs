@@ -1,0 +1,170 @@
+//! Raising events: `POST /v1/machines/{machine}/entities/{key}/events/{event}`.
+//!
+//! Bad input (unknown machine, entity or event, invalid parameters, a deleted or killed
+//! entity) is answered before anything is written. An event that is not valid in the
+//! state of an entity *at rest* (stable state, nothing queued, no auto action pending,
+//! not leased) is refused at once with 409 and is not recorded: at that moment nothing
+//! could make it valid before its turn. Otherwise the event is queued durably and the
+//! engine decides in order; a rejection then is recorded in the entity's history, and is
+//! the operation's outcome (202) or a 409 (`wait=stable`).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use settle_core::Machine;
+use settle_engine::{EventOutcome, RaiseOptions, Wait};
+use settle_store::{EntityRow, RunStatus, Store};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::extract::{IdempotencyKey, OptionalJsonBody, Path, Query};
+use crate::model::{Entity, Outcome, RaiseAccepted, RaiseDone, RaiseQuery};
+use crate::operation_location;
+use crate::problem::{Kind, Problem, ProblemBody};
+use crate::routes::live_entity;
+use crate::state::AppState;
+
+/// Write routes of events.
+pub fn write() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(raise))
+}
+
+/// Raises an event on an entity. The body is the event's parameters (a JSON object; an
+/// empty body is no parameters). Without `wait`: 202 once the event is durably queued,
+/// with `Location: /v1/operations/{id}`. With `wait=stable`: 200 once the entity is at
+/// rest again; 409 if the event was rejected (reason and state in the problem), 422
+/// `event-failed` if its action failed (nothing changed), 504 if the wait ran out (the
+/// event is still processed; the problem links the operation).
+#[utoipa::path(
+    post,
+    path = "/v1/machines/{machine}/entities/{key}/events/{event}",
+    tag = "events",
+    security(("bearer" = [])),
+    params(
+        ("machine" = String, Path, description = "machine name"),
+        ("key" = String, Path, description = "entity key"),
+        ("event" = String, Path, description = "event name"),
+        ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id"),
+        RaiseQuery,
+    ),
+    request_body(content = Option<Object>, description = "the event's parameters", content_type = "application/json"),
+    responses(
+        (status = 202, description = "queued; Location is the operation", body = RaiseAccepted),
+        (status = 200, description = "wait=stable: the outcome and the entity at rest", body = RaiseDone),
+        (status = 400, description = "malformed JSON, query or header", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "unknown machine, entity or event", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "event rejected in the entity's state, or entity killed", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "body not application/json", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "invalid parameters, or the event's action failed", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 504, description = "wait=stable timed out; the event is still processed", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn raise(
+    State(s): State<AppState>,
+    Path((machine, key, event)): Path<(String, String, String)>,
+    Query(q): Query<RaiseQuery>,
+    IdempotencyKey(request_id): IdempotencyKey,
+    OptionalJsonBody(params): OptionalJsonBody<Value>,
+) -> Result<Response, Problem> {
+    let m = s.machine(&machine)?.clone();
+    let wait = match q.wait.as_deref() {
+        None => false,
+        Some("stable") => true,
+        Some(other) => {
+            return Err(Problem::new(Kind::BadRequest, format!("wait must be `stable`, not `{other}`")).field("wait"));
+        }
+    };
+    let timeout = match q.timeout.as_deref() {
+        None => s.config().default_wait,
+        Some(_) if !wait => {
+            return Err(Problem::new(Kind::BadRequest, "timeout applies to wait=stable only").field("timeout"));
+        }
+        Some(t) => settle_core::duration::parse(t)
+            .map_err(|e| Problem::new(Kind::BadRequest, e).field("timeout"))?
+            .min(s.config().max_wait),
+    };
+    let params = params.unwrap_or(Value::Null);
+    settle_core::step::check_raise(&m, &event, &params)?;
+    let e = live_entity(&s, &machine, &key).await?;
+    if e.run_status == RunStatus::Killed {
+        return Err(Problem::from(settle_engine::Error::Killed { machine, key }));
+    }
+    let replay = match &request_id {
+        Some(id) => s.engine().operation(id).await?.is_some(),
+        None => false,
+    };
+    if !replay && let Some(p) = refuse_at_rest(&s, &m, &e, &event).await? {
+        return Err(p);
+    }
+    let mut options =
+        RaiseOptions::wait(if wait { Wait::Stable } else { Wait::Queued }).params(params).timeout(timeout);
+    if let Some(id) = request_id {
+        options = options.request_id(id);
+    }
+    let raised = s.engine().raise(&machine, &key, &event, options).await?;
+    let location = operation_location(&raised.request_id);
+    if !wait {
+        let body =
+            RaiseAccepted { request_id: raised.request_id, operation: location.clone(), replayed: raised.replayed };
+        return Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(body)).into_response());
+    }
+    let entity = raised.entity.as_ref().map(Entity::from);
+    match &raised.outcome {
+        None | Some(EventOutcome::Accepted { .. }) => {
+            let body = RaiseDone {
+                request_id: raised.request_id.clone(),
+                outcome: raised.outcome.as_ref().map(Outcome::from),
+                entity,
+                replayed: raised.replayed,
+            };
+            Ok((StatusCode::OK, [(header::LOCATION, location)], Json(body)).into_response())
+        }
+        Some(EventOutcome::Rejected { state, reason }) => Err(rejected(&machine, &key, &event, state, reason)
+            .with("request_id", raised.request_id.clone())
+            .with("operation", location)),
+        Some(EventOutcome::Failed { error }) => {
+            Err(Problem::new(Kind::EventFailed, format!("event `{event}` failed: {error}"))
+                .with("machine", machine)
+                .with("key", key)
+                .with("event", event)
+                .with("error", error.clone())
+                .with("request_id", raised.request_id.clone())
+                .with("operation", location))
+        }
+    }
+}
+
+fn rejected(machine: &str, key: &str, event: &str, state: &str, reason: &str) -> Problem {
+    Problem::new(Kind::EventRejected, format!("event `{event}` rejected in state `{state}`: {reason}"))
+        .with("machine", machine)
+        .with("key", key)
+        .with("event", event)
+        .with("state", state)
+        .with("reason", reason)
+}
+
+/// The rejection of `event` when the entity is at rest (stable, terminal or deleted state,
+/// no auto action pending, not leased, nothing queued) and `event` is not valid in its
+/// state: nothing can change the state before the event's turn, so it is refused now.
+async fn refuse_at_rest(s: &AppState, m: &Machine, e: &EntityRow, event: &str) -> Result<Option<Problem>, Problem> {
+    let Some(ev) = m.event(event) else { return Ok(None) };
+    if ev.valid_in(&e.state) {
+        return Ok(None);
+    }
+    let at_rest = m.state(&e.state).is_some_and(|st| st.at_rest()) && e.auto_at.is_none() && e.lease_owner.is_none();
+    if !at_rest || !s.engine().store().inbox_list(e.id).await?.is_empty() {
+        return Ok(None);
+    }
+    let reason = ev
+        .reject
+        .get(e.state.as_str())
+        .cloned()
+        .unwrap_or_else(|| format!("event `{event}` is not valid in state `{}`", e.state));
+    Ok(Some(rejected(m.name(), &e.key, event, &e.state, &reason)))
+}

@@ -1,0 +1,94 @@
+//! The served machines: list, definition, diagram.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use settle_core::graph::{self, Format};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::extract::{Path, Query};
+use crate::model::{GraphQuery, MachineList, MachineSummary};
+use crate::problem::{Kind, Problem, ProblemBody};
+use crate::state::AppState;
+
+/// Read routes of machines.
+pub fn read() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list)).routes(routes!(definition)).routes(routes!(diagram))
+}
+
+/// The machines this server serves.
+#[utoipa::path(
+    get,
+    path = "/v1/machines",
+    tag = "machines",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the machines, by name", body = MachineList),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn list(State(s): State<AppState>) -> Json<MachineList> {
+    let items = s
+        .machines()
+        .iter()
+        .map(|m| MachineSummary {
+            name: m.name().to_string(),
+            hash: m.content_hash(),
+            states: m.states().iter().map(|st| st.name.to_string()).collect(),
+            events: m.events().iter().map(|e| e.name.to_string()).collect(),
+        })
+        .collect();
+    Json(MachineList { items })
+}
+
+/// A machine's definition, as canonical JSON; its `ETag` is the definition's hash.
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{machine}",
+    tag = "machines",
+    security(("bearer" = [])),
+    params(("machine" = String, Path, description = "machine name")),
+    responses(
+        (status = 200, description = "the canonical definition", body = Object),
+        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn definition(State(s): State<AppState>, Path(machine): Path<String>) -> Result<Response, Problem> {
+    let m = s.machine(&machine)?;
+    let etag = format!("\"{}\"", m.content_hash());
+    Ok(([(header::CONTENT_TYPE, "application/json".to_string()), (header::ETAG, etag)], m.canonical_json())
+        .into_response())
+}
+
+/// A machine's diagram: Mermaid `stateDiagram-v2` or Graphviz DOT.
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{machine}/graph",
+    tag = "machines",
+    security(("bearer" = [])),
+    params(("machine" = String, Path, description = "machine name"), GraphQuery),
+    responses(
+        (status = 200, description = "the diagram", body = String, content_type = "text/plain"),
+        (status = 400, description = "unknown format", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn diagram(
+    State(s): State<AppState>,
+    Path(machine): Path<String>,
+    Query(q): Query<GraphQuery>,
+) -> Result<Response, Problem> {
+    let m = s.machine(&machine)?;
+    let format = match q.format.as_deref() {
+        None => Format::Mermaid,
+        Some(f) => f.parse::<Format>().map_err(|e| Problem::new(Kind::BadRequest, e.to_string()).field("format"))?,
+    };
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], graph::render(m, format)).into_response())
+}

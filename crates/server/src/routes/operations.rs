@@ -1,0 +1,69 @@
+//! Operations: what requests set in motion, and how it ended.
+
+use axum::Json;
+use axum::extract::State;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::extract::{Path, Query};
+use crate::model::{Operation, OperationList, OperationQuery};
+use crate::problem::{Kind, Problem, ProblemBody};
+use crate::routes::parse_limit;
+use crate::state::AppState;
+
+/// Read routes of operations.
+pub fn read() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list)).routes(routes!(get))
+}
+
+const OUTCOMES: [&str; 5] = ["success", "failed", "canceled", "hung", "open"];
+
+/// Operations, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/operations",
+    tag = "operations",
+    security(("bearer" = [])),
+    params(OperationQuery),
+    responses(
+        (status = 200, description = "operations, newest first", body = OperationList),
+        (status = 400, description = "bad query", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn list(State(s): State<AppState>, Query(q): Query<OperationQuery>) -> Result<Json<OperationList>, Problem> {
+    if let Some(o) = q.outcome.as_deref()
+        && !OUTCOMES.contains(&o)
+    {
+        return Err(Problem::new(
+            Kind::BadRequest,
+            format!("unknown outcome `{o}` (expected {})", OUTCOMES.join(", ")),
+        )
+        .field("outcome"));
+    }
+    let limit = parse_limit(q.limit.as_deref())?;
+    let rows = settle_store::Store::operation_list(s.engine().store(), q.outcome, limit).await?;
+    Ok(Json(OperationList { items: rows.iter().map(Operation::from).collect() }))
+}
+
+/// One operation, by request id.
+#[utoipa::path(
+    get,
+    path = "/v1/operations/{id}",
+    tag = "operations",
+    security(("bearer" = [])),
+    params(("id" = String, Path, description = "the operation's request id")),
+    responses(
+        (status = 200, description = "the operation", body = Operation),
+        (status = 404, description = "unknown operation", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn get(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Operation>, Problem> {
+    let row = s.engine().operation(&id).await?.ok_or_else(|| {
+        Problem::new(Kind::UnknownOperation, format!("no operation with request id `{id}`")).with("request_id", id)
+    })?;
+    Ok(Json(Operation::from(&row)))
+}

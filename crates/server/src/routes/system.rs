@@ -1,0 +1,68 @@
+//! `/healthz`, `/metrics` and `/openapi.json`.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::model::Health;
+use crate::problem::{Problem, ProblemBody};
+use crate::state::AppState;
+use crate::{OpenApiJson, now_ms};
+
+/// Routes needing no token.
+pub fn public() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(healthz))
+}
+
+/// Read-only system routes.
+pub fn read() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(metrics)).routes(routes!(openapi))
+}
+
+/// Whether the server is up.
+#[utoipa::path(get, path = "/healthz", tag = "system", responses((status = 200, description = "the server runs", body = Health)))]
+async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok".into() })
+}
+
+/// Prometheus text: the engine's live `settle_engine_*` metrics and the store-wide
+/// `settle_*` figures (as `settle stats --prometheus`).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "system",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Prometheus text exposition format 0.0.4", body = String, content_type = "text/plain"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
+    let snapshot = settle_store::Store::metrics_snapshot(s.engine().store(), now_ms()).await?;
+    let mut text = s.engine_metrics().unwrap_or_default();
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&crate::metrics::store_text(&snapshot));
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+}
+
+/// This API's OpenAPI 3.1 document, generated from the routes the server serves.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "system",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the OpenAPI document", body = Object),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn openapi(Extension(spec): Extension<OpenApiJson>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], spec.0.as_ref().clone()).into_response()
+}

@@ -1,0 +1,105 @@
+//! [`AppState`]: what every handler shares — the engine, the machines it serves, the tokens
+//! and the limits ([`Config`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use settle_core::Machine;
+use settle_engine::Engine;
+use settle_store::AnyStore;
+
+use crate::auth::Tokens;
+use crate::problem::Problem;
+
+/// Limits of the HTTP API.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Largest accepted request body, in bytes (default 1 MiB); larger is 413.
+    pub max_body: usize,
+    /// Longest `wait=stable` a request may ask for (longer timeouts are capped).
+    pub max_wait: Duration,
+    /// The wait when `wait=stable` comes without `timeout`.
+    pub default_wait: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { max_body: 1 << 20, max_wait: Duration::from_secs(60), default_wait: Duration::from_secs(30) }
+    }
+}
+
+/// Renders the engine's live metrics in the Prometheus text format (see
+/// `settle_engine::metrics::install_prometheus`).
+pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Shared by all handlers; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine<AnyStore>,
+    machines: Vec<Arc<Machine>>,
+    tokens: Arc<Tokens>,
+    config: Config,
+    engine_metrics: Option<MetricsRender>,
+}
+
+impl AppState {
+    /// Serves the machines named in `machines` (each registered with `engine`; unknown names
+    /// are an error) with `tokens` and `config`.
+    pub fn new(
+        engine: Engine<AnyStore>,
+        machines: &[&str],
+        tokens: Tokens,
+        config: Config,
+    ) -> Result<AppState, settle_engine::Error> {
+        let mut served = Vec::new();
+        for name in machines {
+            served.push(engine.machine(name)?.clone());
+        }
+        served.sort_by(|a, b| a.name().cmp(b.name()));
+        served.dedup_by(|a, b| a.name() == b.name());
+        Ok(AppState {
+            inner: Arc::new(Inner { engine, machines: served, tokens: Arc::new(tokens), config, engine_metrics: None }),
+        })
+    }
+
+    /// Adds the engine's live metrics to `/metrics`.
+    pub fn with_engine_metrics(self, render: MetricsRender) -> AppState {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
+            engine: shared.engine.clone(),
+            machines: shared.machines.clone(),
+            tokens: shared.tokens.clone(),
+            config: shared.config.clone(),
+            engine_metrics: shared.engine_metrics.clone(),
+        });
+        AppState { inner: Arc::new(Inner { engine_metrics: Some(render), ..inner }) }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine<AnyStore> {
+        &self.inner.engine
+    }
+    /// The served machines, by name.
+    pub fn machines(&self) -> &[Arc<Machine>] {
+        &self.inner.machines
+    }
+    /// The served machine `name`, or 404 `unknown-machine`.
+    pub fn machine(&self, name: &str) -> Result<&Arc<Machine>, Problem> {
+        self.inner.machines.iter().find(|m| m.name().as_str() == name).ok_or_else(|| Problem::unknown_machine(name))
+    }
+    /// The tokens.
+    pub fn tokens(&self) -> Arc<Tokens> {
+        self.inner.tokens.clone()
+    }
+    /// The limits.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+    /// The engine's live metrics, if a renderer was given.
+    pub fn engine_metrics(&self) -> Option<String> {
+        self.inner.engine_metrics.as_ref().map(|f| f())
+    }
+}

@@ -1,0 +1,544 @@
+//! Handler tests: the router on a real SQLite store in a temporary directory, called with
+//! `tower::ServiceExt::oneshot`.
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use settle_engine::Engine;
+use settle_store::{AnyStore, EntityFilter, SqliteStore, Store};
+use tower::ServiceExt;
+
+use crate::auth::Tokens;
+use crate::{AppState, Config};
+
+/// A door: `closed` ⇄ `open`, `paint` needs a `color`, `remove` deletes it; `open` is
+/// rejected with a declared reason when the door is open already.
+pub(crate) const DOOR: &str = r#"
+initial = "closed"
+
+[states.closed]
+[states.open]
+[states.gone]
+kind = "deleted"
+
+[events.open]
+in = ["closed"]
+action = "swing_open"
+[events.open.reject]
+open = "already open"
+
+[events.close]
+in = ["open"]
+action = "swing_shut"
+
+[events.paint]
+in = ["closed"]
+action = "repaint"
+params = ["color"]
+
+[events.remove]
+in = ["closed"]
+action = "remove"
+
+[actions.swing_open]
+to = ["open"]
+[actions.swing_shut]
+to = ["closed"]
+[actions.repaint]
+to = ["closed"]
+[actions.remove]
+to = ["gone"]
+"#;
+
+pub(crate) struct App {
+    _dir: tempfile::TempDir,
+    pub state: AppState,
+    pub router: Router,
+}
+
+impl App {
+    pub async fn new(tokens: Tokens) -> App {
+        App::with_config(tokens, Config::default()).await
+    }
+
+    pub async fn with_config(tokens: Tokens, config: Config) -> App {
+        let dir = tempfile::tempdir().unwrap();
+        let store = AnyStore::Sqlite(SqliteStore::open(dir.path().join("settle.db")).unwrap());
+        let (door, _) = settle_core::toml::load("door.toml", "door", DOOR).unwrap();
+        let engine = Engine::builder(store).machine(door).start().await.unwrap();
+        let state = AppState::new(engine, &["door"], tokens, config).unwrap();
+        let router = crate::router(state.clone());
+        App { _dir: dir, state, router }
+    }
+
+    pub async fn call(&self, req: Req) -> Resp {
+        let mut b = Request::builder().method(req.method).uri(req.uri);
+        if let Some(t) = req.token {
+            b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        if let Some(ct) = req.content_type {
+            b = b.header(header::CONTENT_TYPE, ct);
+        }
+        for (k, v) in req.headers {
+            b = b.header(k, v);
+        }
+        let response = self.router.clone().oneshot(b.body(Body::from(req.body)).unwrap()).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        Resp { status, headers, text: String::from_utf8_lossy(&bytes).into_owned() }
+    }
+
+    pub async fn get(&self, uri: &str) -> Resp {
+        self.call(Req::new("GET", uri)).await
+    }
+
+    pub async fn post(&self, uri: &str, body: Value) -> Resp {
+        self.call(Req::new("POST", uri).json(body)).await
+    }
+
+    /// Everything a request could change: entities, their histories and inboxes, operations.
+    pub async fn dump(&self) -> String {
+        let store = self.state.engine().store();
+        let mut out = String::new();
+        for e in store.entity_list(EntityFilter::default()).await.unwrap() {
+            out.push_str(&format!("{e:?}\n"));
+            for h in store.history_list(e.id).await.unwrap() {
+                out.push_str(&format!("  {h:?}\n"));
+            }
+            for i in store.inbox_list(e.id).await.unwrap() {
+                out.push_str(&format!("  inbox {i:?}\n"));
+            }
+        }
+        for o in store.operation_list(None, 10_000).await.unwrap() {
+            out.push_str(&format!("{o:?}\n"));
+        }
+        out
+    }
+
+    pub async fn stop(self) {
+        self.state.engine().shutdown().await;
+    }
+}
+
+pub(crate) struct Req {
+    method: &'static str,
+    uri: String,
+    token: Option<String>,
+    content_type: Option<String>,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Req {
+    pub fn new(method: &'static str, uri: &str) -> Req {
+        Req { method, uri: uri.to_string(), token: None, content_type: None, headers: Vec::new(), body: Vec::new() }
+    }
+    pub fn json(mut self, v: Value) -> Req {
+        self.content_type = Some("application/json".into());
+        self.body = v.to_string().into_bytes();
+        self
+    }
+    pub fn raw(mut self, content_type: Option<&str>, body: impl Into<Vec<u8>>) -> Req {
+        self.content_type = content_type.map(str::to_string);
+        self.body = body.into();
+        self
+    }
+    pub fn token(mut self, t: Option<&str>) -> Req {
+        self.token = t.map(str::to_string);
+        self
+    }
+    pub fn header(mut self, k: &str, v: &str) -> Req {
+        self.headers.push((k.to_string(), v.to_string()));
+        self
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub text: String,
+}
+
+impl Resp {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text))
+    }
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).map(|v| v.to_str().unwrap()).unwrap_or("")
+    }
+    /// Asserts a problem document of `status` and `slug`, and returns it.
+    #[track_caller]
+    pub fn problem(&self, status: u16, slug: &str) -> Value {
+        assert_eq!(self.status.as_u16(), status, "{}", self.text);
+        assert_eq!(self.header("content-type"), "application/problem+json", "{}", self.text);
+        let v = self.json();
+        assert_eq!(v["type"], format!("https://settle.dev/problems/{slug}"), "{v}");
+        assert_eq!(v["status"], status, "{v}");
+        assert!(v["title"].is_string() && v["detail"].is_string(), "{v}");
+        v
+    }
+}
+
+#[tokio::test]
+async fn health_machines_definition_and_graph() {
+    let app = App::new(Tokens::open()).await;
+    let r = app.get("/healthz").await;
+    assert_eq!((r.status, r.json()), (StatusCode::OK, json!({"status": "ok"})));
+    let r = app.get("/v1/machines").await;
+    let v = r.json();
+    assert_eq!(v["items"][0]["name"], "door");
+    assert_eq!(v["items"][0]["states"], json!(["closed", "open", "gone"]));
+    assert_eq!(v["items"][0]["events"], json!(["open", "close", "paint", "remove"]));
+    let hash = v["items"][0]["hash"].as_str().unwrap().to_string();
+    let r = app.get("/v1/machines/door").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["initial"], "closed");
+    assert_eq!(r.header("etag"), format!("\"{hash}\""));
+    let r = app.get("/v1/machines/door/graph").await;
+    assert!(r.text.starts_with("stateDiagram-v2"), "{}", r.text);
+    assert!(r.header("content-type").starts_with("text/plain"));
+    let r = app.get("/v1/machines/door/graph?format=dot").await;
+    assert!(r.text.starts_with("digraph"), "{}", r.text);
+    app.get("/v1/machines/door/graph?format=svg").await.problem(400, "bad-request");
+    app.get("/v1/machines/nope").await.problem(404, "unknown-machine");
+    app.get("/v1/nothing/here").await.problem(404, "unknown-route");
+    app.call(Req::new("DELETE", "/v1/machines")).await.problem(405, "method-not-allowed");
+    let r = app.get("/metrics").await;
+    assert!(r.text.contains("# TYPE settle_entities gauge"), "{}", r.text);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn create_get_list_and_history() {
+    let app = App::new(Tokens::open()).await;
+    let r = app.post("/v1/machines/door/entities", json!({"key": "front door", "properties": {"floor": 1}})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    assert_eq!(r.header("location"), "/v1/machines/door/entities/front%20door");
+    assert_eq!(r.json()["state"], "closed");
+    assert_eq!(r.json()["properties"], json!({"floor": 1}));
+    let r = app.get("/v1/machines/door/entities/front%20door").await;
+    assert_eq!(r.json()["permitted_events"], json!(["open", "paint", "remove"]));
+    // Idempotency-Key: the replay creates nothing and answers 200.
+    let create = |key: &str| {
+        Req::new("POST", "/v1/machines/door/entities").json(json!({"key": key})).header("Idempotency-Key", "req-1")
+    };
+    assert_eq!(app.call(create("back")).await.status, StatusCode::CREATED);
+    let before = app.dump().await;
+    let r = app.call(create("back")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(app.dump().await, before);
+    app.post("/v1/machines/door/entities", json!({"key": "back"})).await.problem(409, "entity-exists");
+    app.post("/v1/machines/door/entities", json!({"key": "side"})).await;
+    // Pages of two: a cursor, then the last page.
+    let r = app.get("/v1/entities?machine=door&limit=2").await.json();
+    assert_eq!(r["items"].as_array().unwrap().len(), 2);
+    let next = r["next"].as_str().unwrap().to_string();
+    let r = app.get(&format!("/v1/entities?machine=door&limit=2&after={next}")).await.json();
+    assert_eq!(r["items"][0]["key"], "side");
+    assert_eq!(r["next"], Value::Null);
+    assert_eq!(app.get("/v1/entities?status=paused").await.json()["items"], json!([]));
+    app.get("/v1/entities?status=asleep").await.problem(400, "bad-request");
+    assert_eq!(app.get("/v1/entities?limit=5000").await.problem(400, "bad-request")["field"], "limit");
+    assert_eq!(app.get("/v1/entities?after=x").await.problem(400, "bad-request")["field"], "after");
+    assert_eq!(app.get("/v1/entities?colour=red").await.problem(400, "bad-request")["field"], "colour");
+    let h = app.get("/v1/machines/door/entities/back/history").await.json();
+    assert_eq!(h[0]["kind"], "create");
+    assert_eq!(h[0]["to"], "closed");
+    assert_eq!(h[0]["request_id"], "req-1");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn raise_queued_then_operation_completes() {
+    let app = App::new(Tokens::open()).await;
+    app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
+    let r = app.call(Req::new("POST", "/v1/machines/door/entities/d/events/open")).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    let location = r.header("location").to_string();
+    assert_eq!(location, r.json()["operation"]);
+    assert_eq!(location, format!("/v1/operations/{}", r.json()["request_id"].as_str().unwrap()));
+    app.state.engine().wait_idle().await.unwrap();
+    let op = app.get(&location).await.json();
+    assert_eq!(op["outcome"], "success", "{op}");
+    assert_eq!(op["name"], "door.open");
+    assert_eq!(app.get("/v1/machines/door/entities/d").await.json()["state"], "open");
+    let ops = app.get("/v1/operations?outcome=success").await.json();
+    assert!(ops["items"].as_array().unwrap().iter().any(|o| o["request_id"] == op["request_id"]));
+    app.get("/v1/operations?outcome=meh").await.problem(400, "bad-request");
+    app.get("/v1/operations/none-such").await.problem(404, "unknown-operation");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn raise_and_wait_until_stable() {
+    let app = App::new(Tokens::open()).await;
+    app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
+    let r =
+        app.post("/v1/machines/door/entities/d/events/paint?wait=stable&timeout=10s", json!({"color": "red"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let v = r.json();
+    assert_eq!(v["outcome"], json!({"result": "accepted", "state": "closed"}));
+    assert_eq!(v["entity"]["state"], "closed");
+    let r = app
+        .call(Req::new("POST", "/v1/machines/door/entities/d/events/open?wait=stable").header("Idempotency-Key", "k-1"))
+        .await;
+    assert_eq!(r.json()["entity"]["state"], "open", "{}", r.text);
+    // The replay raises nothing again: no new rejection although `open` is not valid now.
+    let before = app.dump().await;
+    let r = app
+        .call(Req::new("POST", "/v1/machines/door/entities/d/events/open?wait=stable").header("Idempotency-Key", "k-1"))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.json()["replayed"], true);
+    assert_eq!(app.dump().await, before);
+    let p = app
+        .post("/v1/machines/door/entities/d/events/open?wait=stable", json!({}))
+        .await
+        .problem(409, "event-rejected");
+    assert_eq!((p["reason"].as_str(), p["state"].as_str()), (Some("already open"), Some("open")));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_are_problems_and_change_nothing() {
+    let app = App::with_config(Tokens::open(), Config { max_body: 64, ..Config::default() }).await;
+    app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
+    app.post("/v1/machines/door/entities", json!({"key": "gone"})).await;
+    app.post("/v1/machines/door/entities/gone/events/remove?wait=stable", json!({})).await;
+    app.post("/v1/machines/door/entities", json!({"key": "dead"})).await;
+    app.call(Req::new("POST", "/v1/machines/door/entities/dead/kill")).await;
+    let ev = "/v1/machines/door/entities/d/events";
+    let create = "/v1/machines/door/entities";
+    let big = format!("{{\"key\": \"{}\"}}", "x".repeat(100));
+    // (request, status, type, field)
+    let table: Vec<(Req, u16, &str, Option<&str>)> = vec![
+        (Req::new("POST", create).raw(Some("application/json"), "{\"key\": "), 400, "malformed-json", None),
+        (Req::new("POST", create).raw(Some("application/json"), ""), 400, "malformed-json", None),
+        (
+            Req::new("POST", &format!("{ev}/paint")).raw(Some("application/json"), "{color: 1}"),
+            400,
+            "malformed-json",
+            None,
+        ),
+        (Req::new("POST", create).json(json!({"properties": {}})), 422, "invalid-body", Some("key")),
+        (Req::new("POST", create).json(json!({"key": 7})), 422, "invalid-body", Some("key")),
+        (Req::new("POST", create).json(json!({"key": ""})), 422, "invalid-key", Some("key")),
+        (
+            Req::new("POST", create).json(json!({"key": "k", "properties": [1]})),
+            422,
+            "invalid-properties",
+            Some("properties"),
+        ),
+        (Req::new("POST", "/v1/machines/nope/entities").json(json!({"key": "k"})), 404, "unknown-machine", None),
+        (Req::new("POST", "/v1/machines/nope/entities/d/events/open"), 404, "unknown-machine", None),
+        (Req::new("GET", "/v1/machines/door/entities/nope"), 404, "unknown-entity", None),
+        (Req::new("POST", "/v1/machines/door/entities/nope/events/open"), 404, "unknown-entity", None),
+        (Req::new("POST", "/v1/machines/door/entities/nope/pause"), 404, "unknown-entity", None),
+        (Req::new("POST", &format!("{ev}/fly")), 404, "unknown-event", None),
+        (Req::new("POST", &format!("{ev}/paint")), 422, "invalid-parameters", Some("color")),
+        (
+            Req::new("POST", &format!("{ev}/paint")).json(json!({"color": "red", "size": 2})),
+            422,
+            "invalid-parameters",
+            Some("size"),
+        ),
+        (Req::new("POST", &format!("{ev}/paint")).json(json!(["red"])), 422, "invalid-parameters", None),
+        (Req::new("POST", create).raw(Some("application/json"), big.clone()), 413, "body-too-large", None),
+        (Req::new("POST", &format!("{ev}/paint")).raw(Some("application/json"), big), 413, "body-too-large", None),
+        (
+            Req::new("POST", create).raw(Some("text/plain"), "{\"key\": \"k\"}"),
+            415,
+            "unsupported-media-type",
+            Some("Content-Type"),
+        ),
+        (Req::new("POST", create).raw(None, "{\"key\": \"k\"}"), 415, "unsupported-media-type", Some("Content-Type")),
+        (Req::new("POST", &format!("{ev}/close")), 409, "event-rejected", None),
+        (Req::new("POST", &format!("{ev}/close?wait=stable")), 409, "event-rejected", None),
+        (Req::new("POST", &format!("{ev}/open?wait=soon")), 400, "bad-request", Some("wait")),
+        (Req::new("POST", &format!("{ev}/open?wait=stable&timeout=often")), 400, "bad-request", Some("timeout")),
+        (
+            Req::new("POST", &format!("{ev}/open")).header("Idempotency-Key", "a/b"),
+            400,
+            "bad-request",
+            Some("Idempotency-Key"),
+        ),
+        (
+            Req::new("POST", "/v1/machines/door/entities/d/sleep").json(json!({"until": "soon"})),
+            422,
+            "invalid-body",
+            Some("until"),
+        ),
+        (Req::new("GET", "/v1/machines/door/entities/gone"), 410, "entity-deleted", None),
+        (Req::new("POST", "/v1/machines/door/entities/gone/events/open"), 410, "entity-deleted", None),
+        (Req::new("POST", "/v1/machines/door/entities/gone/pause"), 410, "entity-deleted", None),
+        (Req::new("POST", "/v1/machines/door/entities/dead/events/open"), 409, "entity-killed", None),
+        (Req::new("POST", "/v1/machines/door/entities/dead/pause"), 409, "entity-killed", None),
+    ];
+    let before = app.dump().await;
+    for (req, status, slug, field) in table {
+        let what = format!("{} {}", req.method, req.uri);
+        let r = app.call(req).await;
+        assert_eq!(r.status.as_u16(), status, "{what}: {}", r.text);
+        let p = r.problem(status, slug);
+        if let Some(f) = field {
+            assert_eq!(p["field"], f, "{what}: {p}");
+        }
+        assert_eq!(app.dump().await, before, "{what} changed the store");
+    }
+    // The deleted entity's history stays readable.
+    assert_eq!(app.get("/v1/machines/door/entities/gone/history").await.status, StatusCode::OK);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn lifecycle_commands() {
+    let app = App::new(Tokens::open()).await;
+    app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
+    let path = "/v1/machines/door/entities/d";
+    let r = app.call(Req::new("POST", &format!("{path}/pause"))).await;
+    assert_eq!(r.json()["run_status"], "paused", "{}", r.text);
+    // A paused entity queues events: accepted now, processed on resume.
+    assert_eq!(app.call(Req::new("POST", &format!("{path}/events/open"))).await.status, StatusCode::ACCEPTED);
+    assert_eq!(app.call(Req::new("POST", &format!("{path}/resume"))).await.json()["run_status"], "active");
+    app.state.engine().wait_idle().await.unwrap();
+    assert_eq!(app.get(path).await.json()["state"], "open");
+    let r = app.post(&format!("{path}/sleep"), json!({"until": "+10m"})).await;
+    assert_eq!(r.json()["run_status"], "sleeping", "{}", r.text);
+    assert!(r.json()["sleep_until"].as_i64().unwrap() > crate::now_ms());
+    for c in ["release", "retry", "resume", "kill"] {
+        assert_eq!(app.call(Req::new("POST", &format!("{path}/{c}"))).await.status, StatusCode::OK, "{c}");
+    }
+    assert_eq!(app.get(path).await.json()["run_status"], "killed");
+    app.stop().await;
+}
+
+/// Roles against every group of routes: read, write (create, raise, lifecycle), system.
+#[tokio::test]
+async fn access_matrix() {
+    let tokens = Tokens::from_spec("admin=t-admin;operator=t-op;reader=t-read;agent:dns=t-agent").unwrap();
+    let app = App::new(tokens).await;
+    let admin = Some("t-admin");
+    let r = app.call(Req::new("POST", "/v1/machines/door/entities").json(json!({"key": "d"})).token(admin)).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let e = "/v1/machines/door/entities/d";
+    let groups = ["read", "write", "system", "health"];
+    // Expected status class per (token, group): 2 = 2xx.
+    let matrix: [(Option<&str>, [u16; 4]); 6] = [
+        (Some("t-admin"), [2, 2, 2, 2]),
+        (Some("t-op"), [2, 2, 2, 2]),
+        (Some("t-read"), [2, 403, 2, 2]),
+        (Some("t-agent"), [403, 403, 403, 2]),
+        (None, [401, 401, 401, 2]),
+        (Some("t-wrong"), [401, 401, 401, 2]),
+    ];
+    for (token, expected) in matrix {
+        for (group, want) in groups.into_iter().zip(expected) {
+            for (i, req) in group_requests(group).into_iter().enumerate() {
+                let what = format!("{token:?} {group} {} {}", req.method, req.uri);
+                // A new key per token (creates succeed for two of them).
+                let req = if group == "write" && i == 0 {
+                    let key = format!("k-{}", token.unwrap_or("none"));
+                    Req::new("POST", "/v1/machines/door/entities").json(json!({"key": key}))
+                } else {
+                    req
+                };
+                let r = app.call(req.token(token)).await;
+                match want {
+                    2 => assert!(r.status.is_success(), "{what}: {} {}", r.status, r.text),
+                    401 => {
+                        r.problem(401, "unauthorized");
+                        assert_eq!(r.header("www-authenticate"), "Bearer", "{what}");
+                    }
+                    s => {
+                        r.problem(s, "forbidden");
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(app.get(e).await.status, StatusCode::UNAUTHORIZED);
+    app.stop().await;
+}
+
+/// The requests of one access group of [`access_matrix`], on the entity `d` of `door`.
+fn group_requests(group: &str) -> Vec<Req> {
+    let e = "/v1/machines/door/entities/d";
+    match group {
+        "read" => vec![
+            Req::new("GET", "/v1/machines"),
+            Req::new("GET", "/v1/machines/door"),
+            Req::new("GET", "/v1/machines/door/graph"),
+            Req::new("GET", "/v1/entities"),
+            Req::new("GET", e),
+            Req::new("GET", &format!("{e}/history")),
+            Req::new("GET", "/v1/operations"),
+        ],
+        "write" => vec![
+            Req::new("POST", "/v1/machines/door/entities").json(json!({"key": "new"})),
+            Req::new("POST", &format!("{e}/events/paint")).json(json!({"color": "red"})),
+            Req::new("POST", &format!("{e}/pause")),
+            Req::new("POST", &format!("{e}/resume")),
+            Req::new("POST", &format!("{e}/sleep")).json(json!({"until": "+1m"})),
+            Req::new("POST", &format!("{e}/release")),
+            Req::new("POST", &format!("{e}/retry")),
+        ],
+        "system" => vec![Req::new("GET", "/metrics"), Req::new("GET", "/openapi.json")],
+        _ => vec![Req::new("GET", "/healthz")],
+    }
+}
+
+#[tokio::test]
+async fn agents_are_limited_to_their_queues() {
+    // The helper queue routes call: an extractor-level check on the caller's queues.
+    let tokens = Tokens::from_spec("agent:dns=t-agent;operator=t-op;admin=t-admin").unwrap();
+    let caller = |t: &str| {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
+        tokens.authenticate(&h, crate::auth::Access::Agent)
+    };
+    assert!(caller("t-agent").unwrap().authorize_queue("dns").is_ok());
+    assert_eq!(caller("t-agent").unwrap().authorize_queue("app").unwrap_err().kind(), crate::Kind::Forbidden);
+    assert!(caller("t-admin").unwrap().authorize_queue("app").is_ok());
+    assert_eq!(caller("t-op").unwrap_err().kind(), crate::Kind::Forbidden);
+}
+
+/// `/openapi.json` is a valid OpenAPI 3.1 document, and every operation it lists is served
+/// by the router (probed with placeholder path parameters: the answer may be any problem
+/// but `unknown-route` or `method-not-allowed`).
+#[tokio::test]
+async fn openapi_lists_every_served_route() {
+    let app = App::new(Tokens::open()).await;
+    let r = app.get("/openapi.json").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let spec = oas3::from_json(&r.text).expect("a valid OpenAPI 3.1 document");
+    assert!(spec.openapi.starts_with("3.1"), "{}", spec.openapi);
+    let ops: Vec<(String, String)> = spec.operations().map(|(path, method, _)| (path, method.to_string())).collect();
+    // The served document is the one the router is built from.
+    let built = serde_json::to_value(crate::openapi(&app.state)).unwrap();
+    assert_eq!(built, r.json());
+    assert!(ops.len() >= 19, "{ops:?}");
+    for (path, method) in &ops {
+        let uri = path.split('/').map(|seg| if seg.starts_with('{') { "x" } else { seg }).collect::<Vec<_>>().join("/");
+        let method: &'static str = match method.as_str() {
+            "GET" => "GET",
+            "POST" => "POST",
+            other => panic!("unexpected method {other}"),
+        };
+        let r = app.call(Req::new(method, &uri)).await;
+        if !r.status.is_success() {
+            let v = r.json();
+            let t = v["type"].as_str().unwrap();
+            assert!(!t.ends_with("/unknown-route") && !t.ends_with("/method-not-allowed"), "{method} {path}: {v}");
+        }
+        // Every operation documents its problem answers with the problem schema.
+        let op = &spec.paths.as_ref().unwrap()[path];
+        assert!(op.get.is_some() || op.post.is_some());
+    }
+    let p = &r.json()["components"]["securitySchemes"]["bearer"];
+    assert_eq!(p["scheme"], "bearer");
+    app.stop().await;
+}

@@ -1,0 +1,214 @@
+//! `settle serve`: the HTTP/JSON management API (settle-server) over an engine on `--db`.
+//! Wiring only: reads the machine files, the token file and `SETTLE_TOKENS`, checks the
+//! listen address, starts the engine and the server, and stops both on Ctrl-C/SIGTERM.
+
+use std::io::Write as _;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use settle_core::Machine;
+use settle_engine::{Config, Engine};
+use settle_server::auth::Tokens;
+use settle_store::{AnyStore, Store};
+
+/// Arguments of `settle serve`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Serve the machines defined in this directory (every `*.toml`; a file with errors stops
+    /// start-up) [default: the built-in demo machines].
+    #[arg(long, value_name = "DIR")]
+    machines: Option<PathBuf>,
+    /// Address to listen on (`127.0.0.1:0` picks a free port). Without tokens only a
+    /// loopback address is accepted.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    listen: String,
+    /// Bearer tokens (TOML: `[[token]] token = "...", role = "admin|operator|reader|agent",
+    /// queues = [...]` for agents). Also read: `SETTLE_TOKENS` (`ROLE=TOKEN;agent:Q1,Q2=TOKEN`).
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// Largest request body in bytes; larger bodies are refused with 413.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body: usize,
+    /// Longest `wait=stable` a request may ask for (longer timeouts are capped).
+    #[arg(long, default_value = "60s")]
+    max_wait: String,
+}
+
+/// Exit status of a configuration the server refuses to start with.
+const REFUSED: u8 = 2;
+
+pub fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
+    let tokens = match load_tokens(args.tokens.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(REFUSED));
+        }
+    };
+    let addrs: Vec<SocketAddr> = match args.listen.to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => {
+            eprintln!("error: --listen {}: {e}", args.listen);
+            return Ok(ExitCode::from(REFUSED));
+        }
+    };
+    if tokens.is_open() && addrs.iter().any(|a| !a.ip().is_loopback()) {
+        eprintln!(
+            "error: refusing to listen on {} without tokens: anyone could change everything. \
+             Configure tokens (--tokens FILE or SETTLE_TOKENS) or listen on a loopback address (127.0.0.1, ::1)",
+            args.listen
+        );
+        return Ok(ExitCode::from(REFUSED));
+    }
+    let max_wait = match settle_core::duration::parse(&args.max_wait) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: --max-wait: {e}");
+            return Ok(ExitCode::from(REFUSED));
+        }
+    };
+    let machines = match &args.machines {
+        Some(dir) => match load_dir(dir) {
+            Ok(m) => Some(m),
+            Err(report) => {
+                eprint!("{report}");
+                if !report.ends_with('\n') {
+                    eprintln!();
+                }
+                return Ok(ExitCode::FAILURE);
+            }
+        },
+        None => None,
+    };
+    let config = settle_server::Config { max_body: args.max_body, max_wait, ..Default::default() };
+    crate::runtime()?.block_on(serve(db, machines, tokens, config, addrs))
+}
+
+/// Tokens from `--tokens FILE` and `SETTLE_TOKENS`, both if both are given.
+fn load_tokens(file: Option<&Path>) -> anyhow::Result<Tokens> {
+    let mut tokens = Tokens::open();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--tokens {}: cannot read: {e}", path.display()))?;
+        tokens = Tokens::from_toml(&text).map_err(|e| anyhow::anyhow!("--tokens {}: {e}", path.display()))?;
+    }
+    if let Ok(spec) = std::env::var("SETTLE_TOKENS") {
+        let from_env = Tokens::from_spec(&spec).map_err(|e| anyhow::anyhow!("{e}"))?;
+        tokens.merge(from_env).map_err(|e| anyhow::anyhow!("SETTLE_TOKENS: {e}"))?;
+    }
+    Ok(tokens)
+}
+
+/// Every `*.toml` of `dir`, by file name; `Err` holds the report of every file with errors.
+fn load_dir(dir: &Path) -> Result<Vec<Machine>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: cannot read directory: {e}", dir.display()))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("{}: no machine definitions (*.toml)", dir.display()));
+    }
+    let mut report = String::new();
+    let mut machines = Vec::new();
+    for path in &files {
+        match crate::load_machine(path) {
+            Ok((m, _warnings)) => machines.push(m),
+            Err(r) => report.push_str(&r),
+        }
+    }
+    if report.is_empty() {
+        let set: Vec<&Machine> = machines.iter().collect();
+        let checked = settle_core::validate::check_set(&set);
+        if checked.has_errors() {
+            report = checked.to_string();
+        }
+    }
+    if report.is_empty() { Ok(machines) } else { Err(report) }
+}
+
+async fn serve(
+    db: &str,
+    machines: Option<Vec<Machine>>,
+    tokens: Tokens,
+    config: settle_server::Config,
+    addrs: Vec<SocketAddr>,
+) -> anyhow::Result<ExitCode> {
+    let store = AnyStore::open(db)?;
+    let names: Option<Vec<String>> = machines.as_ref().map(|ms| ms.iter().map(|m| m.name().to_string()).collect());
+    let started = match machines {
+        Some(machines) => start_toml_engine(store, machines).await.map_err(anyhow::Error::from),
+        None => crate::start_engine_on(store).await,
+    };
+    let engine = match started {
+        Ok(engine) => engine,
+        Err(e) => {
+            if let Some(settle_engine::Error::MissingHandlers(actions)) = e.downcast_ref::<settle_engine::Error>() {
+                eprintln!(
+                    "error: cannot serve these machines: no handler for {}. `settle serve` runs actions with \
+                     exactly one target itself; an action with several targets needs a Rust handler (embed \
+                     settle-engine) or an agent queue",
+                    actions.join(", ")
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+            return Err(e);
+        }
+    };
+    // The built-in machines: those the engine registered (the store may hold others).
+    let names = match names {
+        Some(n) => n,
+        None => {
+            let mut n: Vec<String> = engine
+                .store()
+                .machine_list()
+                .await?
+                .into_iter()
+                .map(|r| r.name.to_string())
+                .filter(|name| engine.machine(name).is_ok())
+                .collect();
+            n.sort();
+            n.dedup();
+            n
+        }
+    };
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let open = tokens.is_open();
+    let mut state = settle_server::AppState::new(engine.clone(), &refs, tokens, config)?;
+    match settle_engine::metrics::install_prometheus() {
+        Ok(handle) => state = state.with_engine_metrics(Arc::new(move || handle.render())),
+        Err(e) => eprintln!("settle: engine metrics not exported: {e}"),
+    }
+    let listener = tokio::net::TcpListener::bind(&addrs[..]).await?;
+    let local = listener.local_addr()?;
+    eprintln!("settle: serving {} machine(s) on {}: {}", names.len(), engine.store().location(), names.join(", "));
+    if open {
+        eprintln!("settle: no tokens configured: every caller is an admin; serving loopback only");
+    }
+    println!("listening on http://{local}");
+    std::io::stdout().flush()?;
+    let served = settle_server::serve(listener, settle_server::router(state), crate::shutdown_signal()).await;
+    eprintln!("settle: stopping (finishing running actions)");
+    engine.shutdown().await;
+    served?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An engine running `machines` (loaded from TOML: no Rust handlers), with `SETTLE_LEASE`
+/// honoured as by every engine of this binary.
+async fn start_toml_engine(store: AnyStore, machines: Vec<Machine>) -> Result<Engine<AnyStore>, settle_engine::Error> {
+    let mut config = Config::default();
+    if let Ok(lease) = std::env::var("SETTLE_LEASE")
+        && let Ok(d) = settle_core::duration::parse(&lease)
+    {
+        config.lease = d;
+    }
+    let mut b = Engine::builder(store).config(config);
+    for m in machines {
+        b = b.machine(m);
+    }
+    b.start().await
+}
