@@ -262,6 +262,9 @@ fn raise_202_then_poll_the_operation_and_raise_with_wait_stable() {
     assert!(err.contains("no tokens configured"), "{err}");
 }
 
+/// A bad request and its answer: method, path, headers, body, status, problem type.
+type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], &'a str, u16, &'a str);
+
 #[test]
 fn bad_requests_are_problems_and_change_nothing() {
     let server = Server::start(&["--max-body", "256"], &[]);
@@ -276,8 +279,7 @@ fn bad_requests_are_problems_and_change_nothing() {
     let ev_paint = format!("{ev}/paint");
     let ev_fly = format!("{ev}/fly");
     let ev_close = format!("{ev}/close?wait=stable");
-    // (method, path, headers, body, status, type)
-    let table: Vec<(&str, &str, &[(&str, &str)], &str, u16, &str)> = vec![
+    let table: Vec<Case> = vec![
         ("POST", "/v1/machines/door/entities", &json_ct, "{\"key\": ", 400, "malformed-json"),
         ("POST", "/v1/machines/nope/entities", &json_ct, "{\"key\": \"k\"}", 404, "unknown-machine"),
         ("GET", "/v1/machines/door/entities/nope", &[], "", 404, "unknown-entity"),
