@@ -38,6 +38,7 @@ pub struct AppState {
     inner: Arc<Inner>,
 }
 
+#[derive(Clone)]
 struct Inner {
     engine: Engine<AnyStore>,
     machines: Vec<Arc<Machine>>,
@@ -67,15 +68,9 @@ impl AppState {
     }
 
     /// Adds the engine's live metrics to `/metrics`.
-    pub fn with_engine_metrics(self, render: MetricsRender) -> AppState {
-        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
-            engine: shared.engine.clone(),
-            machines: shared.machines.clone(),
-            tokens: shared.tokens.clone(),
-            config: shared.config.clone(),
-            engine_metrics: shared.engine_metrics.clone(),
-        });
-        AppState { inner: Arc::new(Inner { engine_metrics: Some(render), ..inner }) }
+    pub fn with_engine_metrics(mut self, render: MetricsRender) -> AppState {
+        Arc::make_mut(&mut self.inner).engine_metrics = Some(render);
+        self
     }
 
     /// The engine.
