@@ -95,6 +95,17 @@ kinds! {
     Unavailable => (SERVICE_UNAVAILABLE, "unavailable", "engine stopped"),
     /// `wait=stable` ran out; the request is durable and is still processed.
     WaitTimeout => (GATEWAY_TIMEOUT, "wait-timeout", "timed out waiting; the request is still processed"),
+    /// No action of any served machine is bound to that agent queue.
+    UnknownQueue => (NOT_FOUND, "unknown-queue", "unknown agent queue"),
+    /// No agent task with that id.
+    UnknownTask => (NOT_FOUND, "unknown-task", "unknown task"),
+    /// An agent's heartbeat or report without the live lease (expired or superseded), or on
+    /// a task already reported or canceled; nothing changed.
+    TaskRefused => (CONFLICT, "task-refused", "task lease not held"),
+    /// An agent's report that does not fit the task's action (an undeclared target).
+    InvalidReport => (UNPROCESSABLE_ENTITY, "invalid-report", "invalid agent report"),
+    /// Too many long polls are waiting on this server; retry shortly.
+    TooManyPolls => (TOO_MANY_REQUESTS, "too-many-polls", "too many long polls waiting"),
 }
 
 /// A problem document (RFC 9457): status, stable `type`, `title`, `detail`, the offending
@@ -200,6 +211,9 @@ impl IntoResponse for Problem {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
         if kind == Kind::Unauthorized {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if kind == Kind::TooManyPolls {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }

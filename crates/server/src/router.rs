@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::{self, Access};
 use crate::problem::{Kind, Problem};
-use crate::routes::{entities, events, lifecycle, machines, operations, system};
+use crate::routes::{entities, events, lifecycle, machines, operations, queues, system};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -24,7 +24,7 @@ use crate::state::AppState;
     info(
         title = "Settle",
         description = "Settle's management API: machines, entities, events, operations, lifecycle \
-                       commands. Errors are application/problem+json with a stable `type`."
+                       commands, agent queues. Errors are application/problem+json with a stable `type`."
     ),
     modifiers(&BearerAuth),
     tags(
@@ -34,6 +34,7 @@ use crate::state::AppState;
         (name = "events", description = "raise events on entities"),
         (name = "lifecycle", description = "operator commands on an entity's run status"),
         (name = "operations", description = "what requests set in motion"),
+        (name = "agents", description = "agent queues: lease tasks, heartbeat, report (DESIGN §5)"),
     )
 )]
 struct ApiDoc;
@@ -64,6 +65,7 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(events::write(), Access::Write))
         .merge(guard(lifecycle::write(), Access::Write))
         .merge(guard(operations::read(), Access::Read))
+        .merge(guard(queues::agent(), Access::Agent))
 }
 
 /// The OpenAPI document of [`api`].

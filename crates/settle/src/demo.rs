@@ -44,6 +44,12 @@ pub struct Args {
     /// postgres://...`). 0: this process does everything.
     #[arg(long, default_value_t = 0)]
     instances: usize,
+    /// Run the scenario through the HTTP server: start `settle serve --scenario` on the
+    /// database and this many agent processes (`settle agent`) that make the provider
+    /// calls over HTTP; create the servers and follow them with the HTTP client. 0: in
+    /// process.
+    #[arg(long, default_value_t = 0, conflicts_with = "instances")]
+    agents: usize,
 }
 
 /// One demo run, stored in the database so an interrupted run can be resumed.
@@ -141,6 +147,10 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     store.meta_put(META_KEY, &serde_json::to_string(&demo)?).await?;
+    if args.agents > 0 {
+        drop(store);
+        return run_with_agents(db, demo, args.agents).await;
+    }
     let started = Instant::now();
     let (engine, mut workers) = if args.instances > 0 {
         // Workers read the provider settings stored above when they start.
@@ -210,6 +220,182 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The demo through the server and external agents (`--agents K`).
+async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let mut server = Server::start(db).await?;
+    let p = &demo.provider;
+    let url = server.url.clone();
+    let agent_args: Vec<String> = [
+        "agent",
+        "--until-stdin-closes",
+        "--server",
+        &url,
+        "--name",
+        "demo-agent-{i}",
+        "--fail-rate",
+        &p.fail_rate.to_string(),
+        "--fatal-rate",
+        &p.fatal_rate.to_string(),
+        "--min-latency-ms",
+        &p.min_latency_ms.to_string(),
+        "--max-latency-ms",
+        &p.max_latency_ms.to_string(),
+        "--seed",
+        &p.seed.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut agents_running = Workers::start_with("agent", agent_args, agents)?;
+    eprintln!(
+        "demo run {} through {url}: {} servers, {agents} agent processes serving queue `{}`, transient failure \
+         rate {}, fatal rate {}, seed {}",
+        demo.run,
+        demo.servers,
+        crate::machines::PROVIDER_QUEUE,
+        p.fail_rate,
+        p.fatal_rate,
+        p.seed
+    );
+    let client = settle_client::Client::new(&url)?;
+    // Idempotency keys make every request safe to repeat: a resumed run sends them all again.
+    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..demo.servers {
+        let (client, key, limit) = (client.clone(), demo.key(i), limit.clone());
+        tasks.spawn(async move {
+            let _permit = limit.acquire_owned().await?;
+            match client.create("server", &key, serde_json::json!({}), Some(&format!("demo-create-{key}"))).await {
+                Ok(_) => {}
+                Err(e) if e.problem_kind() == Some("entity-exists") => {}
+                Err(e) => return Err(anyhow::anyhow!("creating server {key}: {e}")),
+            }
+            client
+                .raise("server", &key, "create", serde_json::json!({}), None, Some(&format!("demo-raise-{key}")))
+                .await
+                .map_err(|e| anyhow::anyhow!("raising create on {key}: {e}"))?;
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let prefix = demo.prefix();
+    let tty = std::io::stderr().is_terminal();
+    let mut last_line = Instant::now();
+    loop {
+        let filter =
+            settle_client::ListFilter { machine: Some("server".into()), limit: Some(1000), ..Default::default() };
+        let servers: Vec<_> =
+            client.list_all(&filter).await?.into_iter().filter(|e| e.key.starts_with(&prefix)).collect();
+        let finished = servers.iter().filter(|e| e.state == "ready" || e.state == "failed").count() as u32;
+        if !tty || last_line.elapsed() >= Duration::from_secs(2) || finished == demo.servers {
+            eprintln!("progress: {finished}/{} servers finished", demo.servers);
+            last_line = Instant::now();
+        }
+        if finished == demo.servers {
+            break;
+        }
+        agents_running.supervise()?;
+        server.check()?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Let the undo of failed servers finish (their resources are deleted by agents too).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let mut busy = 0;
+        for kind in crate::machines::RESOURCES {
+            let filter =
+                settle_client::ListFilter { machine: Some(kind.into()), limit: Some(1000), ..Default::default() };
+            busy += client
+                .list_all(&filter)
+                .await?
+                .iter()
+                .filter(|e| {
+                    e.key.starts_with(&prefix) && !matches!(e.state.as_str(), "ready" | "failed" | "gone" | "waiting")
+                })
+                .count();
+        }
+        if busy == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let restarts = agents_running.restarts;
+    agents_running.stop(Duration::from_secs(10)).await;
+    eprintln!("{agents} agent processes stopped; {restarts} restarted after dying");
+    server.stop().await?;
+    let store = AnyStore::open(db)?;
+    let done = DemoRun { done: true, ..demo.clone() };
+    store.meta_put(META_KEY, &serde_json::to_string(&done)?).await?;
+    summary(&store, &demo, started.elapsed(), db).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A `settle serve --scenario` child process on the demo's database.
+struct Server {
+    child: tokio::process::Child,
+    url: String,
+}
+
+impl Server {
+    async fn start(db: &str) -> anyhow::Result<Server> {
+        use tokio::io::AsyncBufReadExt;
+        let exe = std::env::current_exe().context("cannot find the settle executable")?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["serve", "--scenario", "--until-stdin-closes", "--listen", "127.0.0.1:0", "--db", db])
+            .env_remove("SETTLE_DB")
+            .env_remove("SETTLE_TOKENS")
+            // Transient provider failures are expected here: keep the server's log to errors.
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start `settle serve`")?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let url = loop {
+            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                .await
+                .context("`settle serve` did not say where it listens within 60 s")??;
+            let Some(line) = line else { bail!("`settle serve` exited before listening") };
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                break rest.split_whitespace().next().unwrap_or_default().to_string();
+            }
+        };
+        // Keep draining its stdout so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        eprintln!("server started (pid {}) at {url}", child.id().unwrap_or(0));
+        Ok(Server { child, url })
+    }
+
+    fn check(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("the server exited ({status}); run the demo again to resume");
+        }
+        Ok(())
+    }
+
+    async fn stop(mut self) -> anyhow::Result<()> {
+        drop(self.child.stdin.take());
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(status) => {
+                let status = status?;
+                if !status.success() {
+                    bail!("the server stopped with {status}");
+                }
+            }
+            Err(_) => {
+                self.child.kill().await?;
+                bail!("the server did not stop within 30 s; killed");
+            }
+        }
+        Ok(())
+    }
+}
+
 async fn show_progress(store: &AnyStore, demo: &DemoRun, mut workers: Option<&mut Workers>) -> anyhow::Result<()> {
     let tty = std::io::stderr().is_terminal();
     let bar = indicatif::ProgressBar::new(u64::from(demo.servers));
@@ -273,7 +459,11 @@ async fn summary(store: &AnyStore, demo: &DemoRun, wall: Duration, db: &str) -> 
         for r in store.successor_snapshot(s.id).await?.successors {
             *resources.entry(r.state.to_string()).or_default() += 1;
             let h = store.history_list(r.id).await?;
-            retries += h.iter().filter(|r| r.kind == HistoryKind::Auto && r.retry > 0).count() as u64;
+            // Re-entries for a retry (in process) and faults (an agent's transient failure).
+            retries += h
+                .iter()
+                .filter(|r| (r.kind == HistoryKind::Auto && r.retry > 0) || r.kind == HistoryKind::Fault)
+                .count() as u64;
         }
         let h = store.history_list(s.id).await?;
         let start = h.iter().find(|r| r.event.as_deref() == Some("create") && r.kind == HistoryKind::Event);

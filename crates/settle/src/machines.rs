@@ -149,8 +149,37 @@ async fn provider_call(p: ProviderSettings, ctx: &ActionContext, fatal_rate: f64
 
 /// Binds the scenario's machines (`server` and its resources) with the simulated provider.
 pub fn bind_server<S: Store + Clone>(mut b: EngineBuilder<S>, p: ProviderSettings) -> EngineBuilder<S> {
-    b = b
-        .machine(server(Duration::from_millis(p.timeout_ms)))
+    b = bind_server_machine(b, Duration::from_millis(p.timeout_ms));
+    for kind in RESOURCES {
+        b = b
+            .machine(resource(kind))
+            .on(kind, "provision", move |ctx| async move {
+                match provider_call(p, &ctx, p.fatal_rate).await {
+                    Err(delay) => Ok(Outcome::retry_after(delay)),
+                    Ok(false) => Ok(Outcome::to("failed").set("error", json!("provider refused the request"))),
+                    Ok(true) => {
+                        let mut out = Outcome::to("ready");
+                        if let Some(next) = ctx.properties.get("next").and_then(|v| v.as_str()) {
+                            let server = ctx.key.strip_suffix(&format!("-{kind}")).unwrap_or(&ctx.key);
+                            out = out.raise(next, format!("{server}-{next}"), "start", json!(null));
+                        }
+                        Ok(out)
+                    }
+                }
+            })
+            .on(kind, "deprovision", move |ctx| async move {
+                match provider_call(p, &ctx, 0.0).await {
+                    Err(delay) => Ok(Outcome::retry_after(delay)),
+                    Ok(_) => Ok(Outcome::to("gone")),
+                }
+            });
+    }
+    b
+}
+
+/// `server` with its handlers (shared by the in-process demo and the agents' one).
+fn bind_server_machine<S: Store + Clone>(b: EngineBuilder<S>, timeout: Duration) -> EngineBuilder<S> {
+    b.machine(server(timeout))
         .on("server", "create_resources", |ctx| async move {
             let mut out = Outcome::to("creating_resources");
             for kind in RESOURCES {
@@ -178,30 +207,69 @@ pub fn bind_server<S: Store + Clone>(mut b: EngineBuilder<S>, p: ProviderSetting
                 out = out.raise(kind, format!("{}-{kind}", ctx.key), "delete", json!(null));
             }
             Ok(out)
-        });
+        })
+}
+
+/// The agent queue the scenario's resources are provisioned through (`settle demo --agents`).
+pub const PROVIDER_QUEUE: &str = "provider";
+
+/// A resource provisioned by external agents: like [`resource`], but `provision` and
+/// `deprovision` are bound to [`PROVIDER_QUEUE`] (an agent reports the target), and a
+/// successful provisioning goes through `provisioned`, whose auto action starts the next
+/// resource in the chain (an agent's report carries only a target and properties).
+pub fn resource_via_agents(kind: &str) -> Machine {
+    let lock = Duration::from_secs(10);
+    MachineBuilder::new(kind)
+        .state("waiting")
+        .initial()
+        .state("provisioning")
+        .auto("provision")
+        .state("provisioned")
+        .auto("announce")
+        .state("ready")
+        .state("failed")
+        .error_health()
+        .state("deleting")
+        .auto("deprovision")
+        .state("gone")
+        .kind(settle_core::StateKind::Deleted)
+        .event("start", ["waiting"], "begin")
+        .reject("provisioning", "already in progress")
+        .reject("ready", "already ready")
+        .event("delete", ["waiting", "provisioning", "provisioned", "ready", "failed"], "remove")
+        .reject("deleting", "already being deleted")
+        .reject("gone", "already deleted")
+        .action("begin", ["provisioning"])
+        .action("provision", ["provisioned", "failed", "provisioning"])
+        .agent(PROVIDER_QUEUE, lock)
+        .action("announce", ["ready"])
+        .action("remove", ["deleting"])
+        .action("deprovision", ["gone", "deleting"])
+        .agent(PROVIDER_QUEUE, lock)
+        // Transient provider failures come back as agent faults: retry soon, park after many.
+        .fault_policy(settle_core::FaultPolicy {
+            max_errors: 20,
+            window: Duration::from_secs(3600),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(2),
+        })
+        .build()
+        .expect("the agent-provisioned resource machine is valid")
+}
+
+/// Binds the scenario for `settle serve --scenario`: `server` with its handlers, and the
+/// resources of [`resource_via_agents`], whose provider calls external agents make.
+pub fn bind_server_via_agents<S: Store + Clone>(mut b: EngineBuilder<S>, timeout: Duration) -> EngineBuilder<S> {
+    b = bind_server_machine(b, timeout);
     for kind in RESOURCES {
-        b = b
-            .machine(resource(kind))
-            .on(kind, "provision", move |ctx| async move {
-                match provider_call(p, &ctx, p.fatal_rate).await {
-                    Err(delay) => Ok(Outcome::retry_after(delay)),
-                    Ok(false) => Ok(Outcome::to("failed").set("error", json!("provider refused the request"))),
-                    Ok(true) => {
-                        let mut out = Outcome::to("ready");
-                        if let Some(next) = ctx.properties.get("next").and_then(|v| v.as_str()) {
-                            let server = ctx.key.strip_suffix(&format!("-{kind}")).unwrap_or(&ctx.key);
-                            out = out.raise(next, format!("{server}-{next}"), "start", json!(null));
-                        }
-                        Ok(out)
-                    }
-                }
-            })
-            .on(kind, "deprovision", move |ctx| async move {
-                match provider_call(p, &ctx, 0.0).await {
-                    Err(delay) => Ok(Outcome::retry_after(delay)),
-                    Ok(_) => Ok(Outcome::to("gone")),
-                }
-            });
+        b = b.machine(resource_via_agents(kind)).on(kind, "announce", move |ctx| async move {
+            let mut out = Outcome::to("ready");
+            if let Some(next) = ctx.properties.get("next").and_then(|v| v.as_str()) {
+                let server = ctx.key.strip_suffix(&format!("-{kind}")).unwrap_or(&ctx.key);
+                out = out.raise(next, format!("{server}-{next}"), "start", json!(null));
+            }
+            Ok(out)
+        });
     }
     b
 }

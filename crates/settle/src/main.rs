@@ -1,6 +1,7 @@
 //! `settle`: the command-line face of Settle. Wiring only: parsing arguments, opening the
 //! store, registering the built-in machines, printing. The engine lives in the libraries.
 
+mod agent;
 mod bench;
 mod demo;
 mod inspect;
@@ -148,6 +149,9 @@ enum Command {
     },
     /// Serve the HTTP/JSON management API (see README "HTTP API").
     Serve(serve::Args),
+    /// An external agent: serves an agent queue of a server over HTTP with the demo's
+    /// simulated provider (slow, flaky).
+    Agent(agent::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -230,6 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Machines { json } => runtime()?.block_on(inspect::machines(&db_path(&cli.db), json)),
         Command::Serve(args) => serve::run(&db_path(&cli.db), args),
+        Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
         Command::Workload(args) => runtime()?.block_on(workload::run(&db_path(&cli.db), args)),
     }

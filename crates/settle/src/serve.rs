@@ -31,9 +31,18 @@ pub struct Args {
     /// Largest request body in bytes; larger bodies are refused with 413.
     #[arg(long, default_value_t = 1 << 20)]
     max_body: usize,
-    /// Longest `wait=stable` a request may ask for (longer timeouts are capped).
+    /// Longest `wait=stable` a request, or an agent's long poll, may ask for (longer ones
+    /// are capped).
     #[arg(long, default_value = "60s")]
     max_wait: String,
+    /// Serve the reference scenario (`server` and its resources) with the resources'
+    /// provider calls made by external agents on queue `provider` (`settle agent`), as
+    /// `settle demo --agents` does. The server's timeout comes from the latest demo run.
+    #[arg(long, conflicts_with = "machines")]
+    scenario: bool,
+    /// Stop when stdin closes (for a server started by `settle demo --agents`).
+    #[arg(long, hide = true)]
+    until_stdin_closes: bool,
 }
 
 /// Exit status of a configuration the server refuses to start with.
@@ -83,7 +92,12 @@ pub fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let config = settle_server::Config { max_body: args.max_body, max_wait, ..Default::default() };
-    crate::runtime()?.block_on(serve(db, machines, tokens, config, addrs))
+    let source = match (machines, args.scenario) {
+        (Some(m), _) => Source::Toml(m),
+        (None, true) => Source::Scenario,
+        (None, false) => Source::BuiltIn,
+    };
+    crate::runtime()?.block_on(serve(db, source, tokens, config, addrs, args.until_stdin_closes))
 }
 
 /// Tokens from `--tokens FILE` and `SETTLE_TOKENS`, both if both are given.
@@ -130,18 +144,43 @@ fn load_dir(dir: &Path) -> Result<Vec<Machine>, String> {
     if report.is_empty() { Ok(machines) } else { Err(report) }
 }
 
+/// What the server runs.
+enum Source {
+    /// Machines from TOML files (no Rust handlers).
+    Toml(Vec<Machine>),
+    /// The built-in machines with their in-process handlers.
+    BuiltIn,
+    /// The reference scenario with agent-bound provider calls.
+    Scenario,
+}
+
 async fn serve(
     db: &str,
-    machines: Option<Vec<Machine>>,
+    source: Source,
     tokens: Tokens,
     config: settle_server::Config,
     addrs: Vec<SocketAddr>,
+    until_stdin_closes: bool,
 ) -> anyhow::Result<ExitCode> {
     let store = AnyStore::open(db)?;
-    let names: Option<Vec<String>> = machines.as_ref().map(|ms| ms.iter().map(|m| m.name().to_string()).collect());
-    let started = match machines {
-        Some(machines) => start_toml_engine(store, machines).await.map_err(anyhow::Error::from),
-        None => crate::start_engine_on(store).await,
+    let names: Option<Vec<String>> = match &source {
+        Source::Toml(ms) => Some(ms.iter().map(|m| m.name().to_string()).collect()),
+        Source::Scenario => {
+            let mut n: Vec<String> = crate::machines::RESOURCES.iter().map(|r| r.to_string()).collect();
+            n.insert(0, "server".into());
+            Some(n)
+        }
+        Source::BuiltIn => None,
+    };
+    let started = match source {
+        Source::Toml(machines) => start_toml_engine(store, machines).await.map_err(anyhow::Error::from),
+        Source::BuiltIn => crate::start_engine_on(store).await,
+        Source::Scenario => {
+            let timeout = crate::demo::stored_settings(&store).await?.unwrap_or_default().timeout_ms;
+            let b = Engine::builder(store).config(lease_config());
+            let b = crate::machines::bind_server_via_agents(b, std::time::Duration::from_millis(timeout));
+            b.start().await.map_err(anyhow::Error::from)
+        }
     };
     let engine = match started {
         Ok(engine) => engine,
@@ -190,23 +229,38 @@ async fn serve(
     }
     println!("listening on http://{local}");
     std::io::stdout().flush()?;
-    let served = settle_server::serve(listener, settle_server::router(state), crate::shutdown_signal()).await;
+    let stop = async move {
+        if until_stdin_closes {
+            tokio::select! {
+                _ = crate::stdin_closed() => {}
+                _ = crate::shutdown_signal() => {}
+            }
+        } else {
+            crate::shutdown_signal().await
+        }
+    };
+    let served = settle_server::serve(listener, settle_server::router(state), stop).await;
     eprintln!("settle: stopping (finishing running actions)");
     engine.shutdown().await;
     served?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// An engine running `machines` (loaded from TOML: no Rust handlers), with `SETTLE_LEASE`
-/// honoured as by every engine of this binary.
-async fn start_toml_engine(store: AnyStore, machines: Vec<Machine>) -> Result<Engine<AnyStore>, settle_engine::Error> {
+/// The default engine configuration, with `SETTLE_LEASE` honoured.
+fn lease_config() -> Config {
     let mut config = Config::default();
     if let Ok(lease) = std::env::var("SETTLE_LEASE")
         && let Ok(d) = settle_core::duration::parse(&lease)
     {
         config.lease = d;
     }
-    let mut b = Engine::builder(store).config(config);
+    config
+}
+
+/// An engine running `machines` (loaded from TOML: no Rust handlers), with `SETTLE_LEASE`
+/// honoured as by every engine of this binary.
+async fn start_toml_engine(store: AnyStore, machines: Vec<Machine>) -> Result<Engine<AnyStore>, settle_engine::Error> {
+    let mut b = Engine::builder(store).config(lease_config());
     for m in machines {
         b = b.machine(m);
     }

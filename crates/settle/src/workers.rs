@@ -1,5 +1,6 @@
 //! Worker processes for `--instances K`: K `settle run` processes on one PostgreSQL
-//! database, started and supervised by the driving command (`demo`, `bench`).
+//! database, started and supervised by the driving command (`demo`, `bench`); and the
+//! same for `settle demo --agents K` (K `settle agent` processes).
 //!
 //! Each worker's stdin is a pipe from the driver; a worker started with
 //! `--until-stdin-closes` stops gracefully when the pipe closes, so workers never outlive
@@ -20,7 +21,10 @@ struct Worker {
 
 /// The running workers of one driver.
 pub struct Workers {
-    db: String,
+    /// What they are called in messages (`worker`, `agent`).
+    label: &'static str,
+    /// The `settle` arguments each is started with.
+    args: Vec<String>,
     workers: Vec<Worker>,
     /// Workers restarted after they died.
     pub restarts: u64,
@@ -38,9 +42,16 @@ pub fn check_db(db: &str, instances: usize) -> anyhow::Result<()> {
 }
 
 impl Workers {
-    /// Starts `k` workers on `db`.
+    /// Starts `k` workers (`settle run`) on `db`.
     pub fn start(db: &str, k: usize) -> anyhow::Result<Self> {
-        let mut w = Workers { db: db.to_string(), workers: Vec::with_capacity(k), restarts: 0 };
+        let args = ["run", "--until-stdin-closes", "--db", db].map(String::from).to_vec();
+        Self::start_with("worker", args, k)
+    }
+
+    /// Starts `k` processes of `settle <args>` (which must stop when stdin closes); `{i}`
+    /// in an argument is replaced by the process's number.
+    pub fn start_with(label: &'static str, args: Vec<String>, k: usize) -> anyhow::Result<Self> {
+        let mut w = Workers { label, args, workers: Vec::with_capacity(k), restarts: 0 };
         for index in 1..=k {
             let child = w.spawn(index)?;
             w.workers.push(Worker { index, child });
@@ -50,26 +61,28 @@ impl Workers {
 
     fn spawn(&self, index: usize) -> anyhow::Result<Child> {
         let exe = std::env::current_exe().context("cannot find the settle executable")?;
+        let label = self.label;
+        let args: Vec<String> = self.args.iter().map(|a| a.replace("{i}", &index.to_string())).collect();
         let child = Command::new(exe)
-            .args(["run", "--until-stdin-closes", "--db", &self.db])
+            .args(&args)
             .env_remove("SETTLE_DB")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .context("cannot start a worker process")?;
-        eprintln!("worker {index} started (pid {})", child.id().unwrap_or(0));
+            .with_context(|| format!("cannot start {label} process {index}"))?;
+        eprintln!("{label} {index} started (pid {})", child.id().unwrap_or(0));
         Ok(child)
     }
 
     /// Restarts workers that have exited; call now and then.
     pub fn supervise(&mut self) -> anyhow::Result<()> {
         for i in 0..self.workers.len() {
-            let exited = self.workers[i].child.try_wait().context("cannot check a worker")?;
+            let exited = self.workers[i].child.try_wait().context("cannot check a child process")?;
             if let Some(status) = exited {
                 let index = self.workers[i].index;
-                eprintln!("worker {index} exited ({status}); restarting it");
+                eprintln!("{} {index} exited ({status}); restarting it", self.label);
                 self.workers[i].child = self.spawn(index)?;
                 self.restarts += 1;
             }
@@ -87,7 +100,7 @@ impl Workers {
             match tokio::time::timeout(grace, w.child.wait()).await {
                 Ok(_) => {}
                 Err(_) => {
-                    eprintln!("worker {} did not stop within {grace:?}; killing it", w.index);
+                    eprintln!("{} {} did not stop within {grace:?}; killing it", self.label, w.index);
                     let _ = w.child.kill().await;
                 }
             }

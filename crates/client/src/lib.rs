@@ -1,0 +1,585 @@
+//! settle-client: a typed HTTP client for Settle's management API (`settle serve`), for
+//! callers (create entities, raise events, follow operations, operator commands) and for
+//! external agents (lease tasks from a queue, heartbeat, report). Other languages use the
+//! server's `/openapi.json`.
+//!
+//! An agent's loop (see `examples/agent.rs` for a whole one):
+//!
+//! ```no_run
+//! # async fn agent() -> Result<(), settle_client::Error> {
+//! use std::time::Duration;
+//! let client = settle_client::Client::new("http://127.0.0.1:7400")?.with_token("agent-secret");
+//! loop {
+//!     for task in client.lease("dns", "dns-agent-1", 8, Duration::from_secs(20)).await? {
+//!         // ... call the provider, heartbeating if it takes long ...
+//!         let properties = serde_json::json!({"record": format!("{}.example", task.key)});
+//!         client.complete(&task, "ready", properties).await?;
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! Errors from the server arrive as [`Error::Problem`]: the problem+json body, with its
+//! stable `type` (see [`Problem::kind`]) and status.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The server answered with a problem (application/problem+json).
+    #[error("{status}: {} ({})", .problem.detail.as_deref().unwrap_or(&.problem.title), .problem.kind())]
+    Problem {
+        /// The HTTP status.
+        status: u16,
+        /// The problem body.
+        problem: Box<Problem>,
+    },
+    /// The server could not be reached, or the connection failed.
+    #[error("cannot reach {url}: {source}")]
+    Transport {
+        /// The URL called.
+        url: String,
+        /// The cause.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The answer was not what the API promises.
+    #[error("unexpected answer from {url}: {message}")]
+    Unexpected {
+        /// The URL called.
+        url: String,
+        /// What was wrong.
+        message: String,
+    },
+    /// The base URL is not an http(s) URL.
+    #[error("invalid server URL `{0}` (expected e.g. http://127.0.0.1:7400)")]
+    BadUrl(String),
+}
+
+impl Error {
+    /// The problem type's last segment (`rejected-event`, `task-refused`, ...), if the
+    /// server answered with a problem.
+    pub fn problem_kind(&self) -> Option<&str> {
+        match self {
+            Error::Problem { problem, .. } => Some(problem.kind()),
+            _ => None,
+        }
+    }
+    /// The HTTP status, if the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::Problem { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// An RFC 9457 problem as the server writes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Problem {
+    /// `https://settle.dev/problems/<kind>`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Short summary of the kind.
+    pub title: String,
+    /// The status.
+    pub status: u16,
+    /// What exactly went wrong.
+    pub detail: Option<String>,
+    /// The offending field, when there is one.
+    pub field: Option<String>,
+    /// Further members (machine, key, event, state, reason, operation, ...).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Problem {
+    /// The last segment of the type URI: a stable, short name of the problem.
+    pub fn kind(&self) -> &str {
+        self.type_.rsplit('/').next().unwrap_or(&self.type_)
+    }
+}
+
+/// An entity as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Entity {
+    /// Its machine.
+    pub machine: String,
+    /// Its key.
+    pub key: String,
+    /// Its state.
+    pub state: String,
+    /// Bumped by every transition.
+    pub version: i64,
+    /// Retry count of the current state entry.
+    pub retry: u32,
+    /// Its properties.
+    pub properties: Map<String, Value>,
+    /// Created (ms since the epoch).
+    pub created_at: i64,
+    /// Current state entered (ms since the epoch).
+    pub entered_at: i64,
+    /// When it next has work.
+    pub due_at: Option<i64>,
+    /// The engine holding it.
+    pub lease_owner: Option<String>,
+    /// active, paused, sleeping, fault, failed or killed.
+    pub run_status: String,
+    /// End of a sleep or backoff.
+    pub sleep_until: Option<i64>,
+    /// The events valid in its state (single-entity reads only).
+    #[serde(default)]
+    pub permitted_events: Option<Vec<String>>,
+}
+
+/// A page of entities.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EntityPage {
+    /// The entities.
+    pub items: Vec<Entity>,
+    /// The cursor of the next page (`None`: last page).
+    pub next: Option<String>,
+}
+
+/// One history row of an entity.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// State before (`None`: created).
+    pub from: Option<String>,
+    /// State after (`None`: no state change).
+    pub to: Option<String>,
+    /// create, event, auto, rejected, fault, command.
+    pub kind: String,
+    /// The action that ran.
+    pub action: Option<String>,
+    /// The event processed.
+    pub event: Option<String>,
+    /// Retry count.
+    pub retry: u32,
+    /// The request it belongs to.
+    pub request_id: Option<String>,
+    /// When (ms since the epoch).
+    pub at: i64,
+    /// Rejection reason, error or command.
+    pub detail: Option<String>,
+}
+
+/// An operation (a request and everything it set in motion).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Operation {
+    /// Its request id.
+    pub request_id: String,
+    /// Its name (`machine.event`, ...).
+    pub name: String,
+    /// The machine it started on.
+    pub machine: Option<String>,
+    /// The entity it started on.
+    pub key: Option<String>,
+    /// Started (ms since the epoch).
+    pub started_at: i64,
+    /// Ended, once complete.
+    pub ended_at: Option<i64>,
+    /// First answer to the caller.
+    pub first_response_at: Option<i64>,
+    /// success, failed, canceled or hung.
+    pub outcome: Option<String>,
+    /// The error, if it failed.
+    pub error: Option<String>,
+    /// Restarts.
+    pub restart_count: u32,
+    /// Free-form dimensions.
+    pub dimensions: Value,
+}
+
+/// What became of a raised event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "lowercase")]
+pub enum Outcome {
+    /// The action committed; the entity entered `state`.
+    Accepted {
+        /// The state entered.
+        state: String,
+    },
+    /// Not valid in `state`; nothing changed.
+    Rejected {
+        /// The entity's state.
+        state: String,
+        /// Why.
+        reason: String,
+    },
+    /// The action failed; nothing changed.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+/// The answer to [`Client::raise`].
+#[derive(Debug, Clone)]
+pub enum Raised {
+    /// Queued (202): follow `operation` (a path) for the outcome.
+    Queued {
+        /// The request id.
+        request_id: String,
+        /// The operation's path (`/v1/operations/{id}`).
+        operation: String,
+    },
+    /// Done (200, `wait=stable`): the outcome and the entity at rest.
+    Done {
+        /// The request id.
+        request_id: String,
+        /// The outcome.
+        outcome: Option<Outcome>,
+        /// The entity afterwards.
+        entity: Option<Box<Entity>>,
+    },
+}
+
+/// A task leased from an agent queue.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Task {
+    /// The task id.
+    pub id: i64,
+    /// The queue.
+    pub queue: String,
+    /// The entity's machine.
+    pub machine: String,
+    /// The entity's key.
+    pub key: String,
+    /// The state whose auto action this is.
+    pub state: String,
+    /// The action to carry out.
+    pub action: String,
+    /// How many times this task has been leased (1 on the first lease).
+    pub attempt: u32,
+    /// How many times the entity re-entered the state for a retry.
+    pub retry: u32,
+    /// Errors its fault policy counts now.
+    pub errors: u32,
+    /// The entity's properties.
+    pub properties: Map<String, Value>,
+    /// The request the work belongs to.
+    pub request_id: Option<String>,
+    /// The lease token: needed to heartbeat and report.
+    pub token: String,
+    /// When the lease ends (ms since the epoch) unless extended.
+    pub locked_until: i64,
+    /// How long each lease or heartbeat holds the task (ms).
+    pub lock_ms: i64,
+    /// The action's declared targets.
+    #[serde(default)]
+    pub targets: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Tasks {
+    tasks: Vec<Task>,
+}
+
+#[derive(Deserialize)]
+struct Items<T> {
+    items: Vec<T>,
+}
+
+/// Filters of [`Client::list`].
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only this machine.
+    pub machine: Option<String>,
+    /// Only this state.
+    pub state: Option<String>,
+    /// Only this run status.
+    pub status: Option<String>,
+    /// The cursor from the previous page.
+    pub after: Option<String>,
+    /// At most this many.
+    pub limit: Option<u32>,
+}
+
+/// A client of one Settle server. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client of the server at `base` (e.g. `http://127.0.0.1:7400`).
+    pub fn new(base: &str) -> Result<Self, Error> {
+        let base = base.trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(Error::BadUrl(base));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| Error::Transport { url: base.clone(), source: e })?;
+        Ok(Client { base, token: None, http })
+    }
+
+    /// Sends `token` as the bearer token.
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// The server's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<(u16, T), Error> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method, &url).timeout(timeout);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req.send().await.map_err(|e| Error::Transport { url: url.clone(), source: e })?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| Error::Transport { url: url.clone(), source: e })?;
+        if !status.is_success() {
+            return Err(match serde_json::from_slice::<Problem>(&bytes) {
+                Ok(problem) => Error::Problem { status: status.as_u16(), problem: Box::new(problem) },
+                Err(_) => Error::Unexpected {
+                    url,
+                    message: format!(
+                        "{status}: {}",
+                        String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()
+                    ),
+                },
+            });
+        }
+        let value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Unexpected { url, message: format!("{status}: cannot decode the body: {e}") })?;
+        Ok((status.as_u16(), value))
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        Ok(self.call(Method::GET, path, None, &[], Self::TIMEOUT).await?.1)
+    }
+
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T, Error> {
+        Ok(self.call(Method::POST, path, Some(body), &[], Self::TIMEOUT).await?.1)
+    }
+
+    /// Creates an entity; `idempotency_key` makes a retry safe (a replay answers the entity
+    /// as it is).
+    pub async fn create(
+        &self,
+        machine: &str,
+        key: &str,
+        properties: Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<Entity, Error> {
+        let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("idempotency-key", k)).into_iter().collect();
+        let body = json!({"key": key, "properties": properties});
+        let path = format!("/v1/machines/{}/entities", seg(machine));
+        Ok(self.call(Method::POST, &path, Some(&body), &headers, Self::TIMEOUT).await?.1)
+    }
+
+    /// Reads an entity, with the events permitted in its state.
+    pub async fn entity(&self, machine: &str, key: &str) -> Result<Entity, Error> {
+        self.get(&format!("/v1/machines/{}/entities/{}", seg(machine), seg(key))).await
+    }
+
+    /// Lists entities, one page.
+    pub async fn list(&self, f: &ListFilter) -> Result<EntityPage, Error> {
+        let mut q = Vec::new();
+        for (k, v) in [("machine", &f.machine), ("state", &f.state), ("status", &f.status), ("after", &f.after)] {
+            if let Some(v) = v {
+                q.push(format!("{k}={}", seg(v)));
+            }
+        }
+        if let Some(l) = f.limit {
+            q.push(format!("limit={l}"));
+        }
+        let query = if q.is_empty() { String::new() } else { format!("?{}", q.join("&")) };
+        self.get(&format!("/v1/entities{query}")).await
+    }
+
+    /// Every entity matching `f` (follows the pages).
+    pub async fn list_all(&self, f: &ListFilter) -> Result<Vec<Entity>, Error> {
+        let mut f = f.clone();
+        let mut all = Vec::new();
+        loop {
+            let page = self.list(&f).await?;
+            all.extend(page.items);
+            match page.next {
+                Some(next) => f.after = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    /// The entity's history, oldest first.
+    pub async fn history(&self, machine: &str, key: &str) -> Result<Vec<HistoryEntry>, Error> {
+        let path = format!("/v1/machines/{}/entities/{}/history", seg(machine), seg(key));
+        let v: Value = self.get(&path).await?;
+        // A bare array or `{ "items": [...] }`.
+        let items = if v.is_array() { v } else { v.get("items").cloned().unwrap_or(Value::Null) };
+        serde_json::from_value(items).map_err(|e| Error::Unexpected { url: path, message: e.to_string() })
+    }
+
+    /// Raises `event` with `params`. With `wait` (`Some(timeout)`), waits until the entity
+    /// is stable again (200) — a rejected event is then an [`Error::Problem`] of kind
+    /// `rejected-event` (409); without, answers at once with the operation to follow (202).
+    pub async fn raise(
+        &self,
+        machine: &str,
+        key: &str,
+        event: &str,
+        params: Value,
+        wait: Option<Duration>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Raised, Error> {
+        let mut path = format!("/v1/machines/{}/entities/{}/events/{}", seg(machine), seg(key), seg(event));
+        let timeout = match wait {
+            Some(t) => {
+                path.push_str(&format!("?wait=stable&timeout={}ms", t.as_millis()));
+                t + Self::TIMEOUT
+            }
+            None => Self::TIMEOUT,
+        };
+        let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("idempotency-key", k)).into_iter().collect();
+        let (status, v): (u16, Value) = self.call(Method::POST, &path, Some(&params), &headers, timeout).await?;
+        let decode = |e: serde_json::Error| Error::Unexpected { url: path.clone(), message: e.to_string() };
+        let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+        if status == StatusCode::ACCEPTED.as_u16() {
+            return Ok(Raised::Queued { request_id: text("request_id"), operation: text("operation") });
+        }
+        Ok(Raised::Done {
+            request_id: text("request_id"),
+            outcome: v
+                .get("outcome")
+                .filter(|o| !o.is_null())
+                .cloned()
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(decode)?,
+            entity: v
+                .get("entity")
+                .filter(|o| !o.is_null())
+                .cloned()
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(decode)?,
+        })
+    }
+
+    /// An operator command: `pause`, `resume`, `kill`, `release`, `retry`, or `sleep` (with
+    /// `until`: RFC 3339 UTC or `+10m`).
+    pub async fn command(&self, machine: &str, key: &str, command: &str, until: Option<&str>) -> Result<Entity, Error> {
+        let path = format!("/v1/machines/{}/entities/{}/{}", seg(machine), seg(key), seg(command));
+        let body = until.map(|u| json!({"until": u})).unwrap_or_else(|| json!({}));
+        self.post(&path, &body).await
+    }
+
+    /// One operation.
+    pub async fn operation(&self, request_id: &str) -> Result<Operation, Error> {
+        self.get(&format!("/v1/operations/{}", seg(request_id))).await
+    }
+
+    /// Operations, newest first (`outcome`: only those; `open`: unfinished).
+    pub async fn operations(&self, outcome: Option<&str>, limit: u64) -> Result<Vec<Operation>, Error> {
+        let mut path = format!("/v1/operations?limit={limit}");
+        if let Some(o) = outcome {
+            path.push_str(&format!("&outcome={}", seg(o)));
+        }
+        Ok(self.get::<Items<Operation>>(&path).await?.items)
+    }
+
+    /// Leases up to `max` tasks from `queue` as `agent`, waiting up to `wait` for one (a
+    /// long poll; the server caps it). An empty answer means none came.
+    pub async fn lease(&self, queue: &str, agent: &str, max: u32, wait: Duration) -> Result<Vec<Task>, Error> {
+        let body = json!({"agent": agent, "max": max, "wait_ms": wait.as_millis() as u64});
+        let path = format!("/v1/queues/{}/lease", seg(queue));
+        let (_, tasks): (u16, Tasks) = self.call(Method::POST, &path, Some(&body), &[], wait + Self::TIMEOUT).await?;
+        Ok(tasks.tasks)
+    }
+
+    /// Extends the lease on `task` by its lock time; answers the new `locked_until`. Fails
+    /// with kind `task-refused` (409) once the lease is lost: stop working on it.
+    pub async fn heartbeat(&self, task: &Task) -> Result<i64, Error> {
+        let v: Value = self.post(&format!("/v1/tasks/{}/heartbeat", task.id), &json!({"token": task.token})).await?;
+        v.get("locked_until")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| Error::Unexpected { url: "heartbeat".into(), message: format!("no locked_until in {v}") })
+    }
+
+    /// Reports success: the entity moves to `target` with `properties` set (`null` removes
+    /// one). Refused (409 `task-refused`) after the lease expired or was superseded.
+    pub async fn complete(&self, task: &Task, target: &str, properties: Value) -> Result<(), Error> {
+        let body = json!({"token": task.token, "target": target, "properties": properties});
+        self.post::<Value>(&format!("/v1/tasks/{}/complete", task.id), &body).await.map(|_| ())
+    }
+
+    /// Reports failure: a fault of the entity, retried by its fault policy when
+    /// `retryable`, parked for an operator otherwise.
+    pub async fn fail(&self, task: &Task, error: &str, retryable: bool) -> Result<(), Error> {
+        let body = json!({"token": task.token, "error": error, "retryable": retryable});
+        self.post::<Value>(&format!("/v1/tasks/{}/fail", task.id), &body).await.map(|_| ())
+    }
+}
+
+/// Percent-encodes a path segment or query value (keys are user data).
+fn seg(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_percent_encoded() {
+        assert_eq!(seg("a b/c?d"), "a%20b%2Fc%3Fd");
+        assert_eq!(seg("ok-1_2.3~"), "ok-1_2.3~");
+        assert_eq!(seg("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn urls_must_be_http() {
+        assert!(matches!(Client::new("127.0.0.1:7400"), Err(Error::BadUrl(_))));
+        assert_eq!(Client::new("http://127.0.0.1:7400/").unwrap().base(), "http://127.0.0.1:7400");
+    }
+
+    #[test]
+    fn problems_decode_with_their_kind() {
+        let p: Problem = serde_json::from_value(json!({
+            "type": "https://settle.dev/problems/task-refused", "title": "task refused", "status": 409,
+            "detail": "task 3: already reported", "task": 3
+        }))
+        .unwrap();
+        assert_eq!((p.kind(), p.extra.get("task")), ("task-refused", Some(&json!(3))));
+    }
+}

@@ -1,0 +1,365 @@
+//! Agent queues (DESIGN §5, Scheduler-Agent-Supervisor): agents lease tasks with a long
+//! poll, heartbeat to keep them, and report `complete` or `fail` with their lease token.
+//!
+//! - `POST /v1/queues/{queue}/lease` `{agent, max?, wait_ms?}` → `{tasks: [...]}` (empty
+//!   when nothing came within the wait, capped by the server's `max_wait`).
+//! - `POST /v1/tasks/{id}/heartbeat` `{token}` → `{locked_until}`.
+//! - `POST /v1/tasks/{id}/complete` `{token, target, properties?}` → 202 `{accepted}`.
+//! - `POST /v1/tasks/{id}/fail` `{token, error, retryable?}` → 202 `{accepted}`.
+//!
+//! A heartbeat or report after the lease expired, with a superseded token, or on a task
+//! already reported or canceled is refused with 409 `task-refused` and changes nothing.
+//! An agent token serves only its named queues. Long polls waiting at once are bounded
+//! ([`MAX_POLLS`]); beyond, 429 `too-many-polls` with `Retry-After`.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use settle_core::StateName;
+use settle_store::{AgentTask, Store, TaskFilter, TaskResult};
+use tokio::sync::Semaphore;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::Caller;
+use crate::extract::{JsonBody, Path};
+use crate::problem::{Kind, Problem, ProblemBody};
+use crate::state::AppState;
+
+/// Most long polls waiting at once (per server process).
+pub const MAX_POLLS: usize = 256;
+/// Most tasks per lease.
+pub const MAX_TASKS: u32 = 100;
+
+static POLLS: LazyLock<Semaphore> = LazyLock::new(|| Semaphore::new(MAX_POLLS));
+
+/// Routes of the agent queues.
+pub fn agent() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(lease))
+        .routes(routes!(heartbeat))
+        .routes(routes!(complete))
+        .routes(routes!(fail))
+}
+
+/// A lease request.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Who leases (recorded with the task; e.g. `dns-agent-3`).
+    pub agent: String,
+    /// At most this many tasks (1 to 100, default 1).
+    #[serde(default)]
+    pub max: Option<u32>,
+    /// How long to wait for a task, in ms (default 20000, capped by the server).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// A leased task: what to do, for which entity, and the lease token.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Task {
+    /// The task id.
+    pub id: i64,
+    /// The queue.
+    pub queue: String,
+    /// The entity's machine.
+    pub machine: String,
+    /// The entity's key.
+    pub key: String,
+    /// The state whose auto action this is.
+    pub state: String,
+    /// The action to carry out.
+    pub action: String,
+    /// The action's declared targets (what `complete` may name).
+    pub targets: Vec<String>,
+    /// How many times the task was leased (1 on the first lease).
+    pub attempt: u32,
+    /// How many times the entity re-entered the state for a retry.
+    pub retry: u32,
+    /// Errors the entity's fault policy counts now.
+    pub errors: u32,
+    /// The entity's properties.
+    #[schema(value_type = Object)]
+    pub properties: Map<String, Value>,
+    /// The request the work belongs to.
+    pub request_id: Option<String>,
+    /// The lease token: send it with heartbeats and reports.
+    pub token: String,
+    /// The lease ends then (ms since the epoch) unless a heartbeat extends it.
+    pub locked_until: i64,
+    /// How long a lease or heartbeat holds the task (ms).
+    pub lock_ms: i64,
+}
+
+/// Tasks leased.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Leased {
+    /// The tasks (empty: none came within the wait).
+    pub tasks: Vec<Task>,
+}
+
+/// A heartbeat.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The lease token.
+    pub token: String,
+}
+
+/// The lease after a heartbeat.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Extended {
+    /// The lease now ends then (ms since the epoch).
+    pub locked_until: i64,
+}
+
+/// A successful result.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    /// The lease token.
+    pub token: String,
+    /// The state to move to: one of the action's declared targets.
+    pub target: String,
+    /// Properties to set on the entity (`null` removes one).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub properties: Option<Value>,
+}
+
+/// A failed result.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    /// The lease token.
+    pub token: String,
+    /// What went wrong (recorded in the entity's history and the errors table).
+    pub error: String,
+    /// Whether trying again may help (default true): retried by the fault policy, or
+    /// parked for an operator at once.
+    #[serde(default)]
+    pub retryable: Option<bool>,
+}
+
+/// A report was accepted: it is queued durably for the entity.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Accepted {
+    /// Always true.
+    pub accepted: bool,
+}
+
+fn check_queue(s: &AppState, caller: &Caller, queue: &str) -> Result<(), Problem> {
+    caller.authorize_queue(queue)?;
+    if !s.engine().agent_queues().iter().any(|q| q == queue) {
+        let served = s.engine().agent_queues().join(", ");
+        return Err(Problem::new(
+            Kind::UnknownQueue,
+            format!("no action is bound to queue `{queue}` (queues: {served})"),
+        )
+        .with("queue", queue));
+    }
+    Ok(())
+}
+
+/// The task `id`, if the caller may serve its queue.
+async fn task_for(s: &AppState, caller: &Caller, id: i64) -> Result<AgentTask, Problem> {
+    let filter = TaskFilter { id: Some(id), ..TaskFilter::default() };
+    let task =
+        s.engine().store().task_list(filter).await.map_err(|e| Problem::new(Kind::Internal, e.to_string()))?.pop();
+    let Some(task) = task else {
+        return Err(Problem::new(Kind::UnknownTask, format!("no task {id}")).with("task", id));
+    };
+    caller.authorize_queue(&task.queue)?;
+    Ok(task)
+}
+
+fn task_json(s: &AppState, t: AgentTask) -> Task {
+    let targets = s
+        .machine(&t.machine)
+        .ok()
+        .and_then(|m| m.action(&t.action).map(|a| a.targets.iter().map(|t| t.state.to_string()).collect()))
+        .unwrap_or_default();
+    Task {
+        id: t.id,
+        queue: t.queue,
+        machine: t.machine.to_string(),
+        key: t.key.to_string(),
+        state: t.state.to_string(),
+        action: t.action.to_string(),
+        targets,
+        attempt: t.attempt,
+        retry: t.retry,
+        errors: t.errors,
+        properties: t.properties,
+        request_id: t.request_id,
+        token: t.token.unwrap_or_default(),
+        locked_until: t.locked_until.unwrap_or_default(),
+        lock_ms: t.lock_ms,
+    }
+}
+
+fn refused(e: settle_engine::Error) -> Problem {
+    match e {
+        settle_engine::Error::TaskRefused { task, reason } => {
+            Problem::new(Kind::TaskRefused, format!("task {task}: {reason}")).with("task", task).with("reason", reason)
+        }
+        settle_engine::Error::BadReport { task, reason } => {
+            Problem::new(Kind::InvalidReport, format!("task {task}: {reason}")).field("target").with("task", task)
+        }
+        other => other.into(),
+    }
+}
+
+/// Leases tasks from a queue: waits up to `wait_ms` for one (a long poll) and answers the
+/// tasks leased, each with its lease token, or none.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/lease",
+    tag = "agents",
+    security(("bearer" = [])),
+    params(("queue" = String, Path, description = "agent queue")),
+    request_body(content = LeaseRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "the tasks leased (possibly none)", body = Leased),
+        (status = 400, description = "malformed JSON", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role or queue not allowed", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "no action is bound to the queue", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "invalid body (agent, max, wait_ms)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 429, description = "too many long polls waiting", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn lease(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(queue): Path<String>,
+    JsonBody(req): JsonBody<LeaseRequest>,
+) -> Result<Json<Leased>, Problem> {
+    check_queue(&s, &caller, &queue)?;
+    if req.agent.trim().is_empty() || req.agent.chars().count() > 200 || req.agent.chars().any(char::is_control) {
+        return Err(Problem::new(Kind::InvalidBody, "agent must be 1 to 200 characters, without control characters")
+            .field("agent"));
+    }
+    let max = req.max.unwrap_or(1);
+    if !(1..=MAX_TASKS).contains(&max) {
+        return Err(
+            Problem::new(Kind::InvalidBody, format!("max must be from 1 to {MAX_TASKS}, not {max}")).field("max")
+        );
+    }
+    let wait = Duration::from_millis(req.wait_ms.unwrap_or(20_000)).min(s.config().max_wait);
+    let _permit = if wait.is_zero() {
+        None
+    } else {
+        Some(POLLS.try_acquire().map_err(|_| {
+            Problem::new(Kind::TooManyPolls, format!("{MAX_POLLS} long polls are waiting already; retry in a second"))
+        })?)
+    };
+    let tasks = s.engine().agent_lease(&queue, &req.agent, max as usize, wait).await?;
+    Ok(Json(Leased { tasks: tasks.into_iter().map(|t| task_json(&s, t)).collect() }))
+}
+
+/// Extends a task's lease by its lock time.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/{id}/heartbeat",
+    tag = "agents",
+    security(("bearer" = [])),
+    params(("id" = i64, Path, description = "task id")),
+    request_body(content = HeartbeatRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "the lease's new end", body = Extended),
+        (status = 404, description = "no such task", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "lease expired or superseded, task reported or canceled", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role or queue not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn heartbeat(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<i64>,
+    JsonBody(req): JsonBody<HeartbeatRequest>,
+) -> Result<Json<Extended>, Problem> {
+    task_for(&s, &caller, id).await?;
+    let locked_until = s.engine().agent_heartbeat(id, &req.token).await.map_err(refused)?;
+    Ok(Json(Extended { locked_until }))
+}
+
+fn accepted() -> Response {
+    (StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], Json(Accepted { accepted: true }))
+        .into_response()
+}
+
+/// Reports a task done: the entity moves to `target` with `properties` set, committed as
+/// the action's outcome.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/{id}/complete",
+    tag = "agents",
+    security(("bearer" = [])),
+    params(("id" = i64, Path, description = "task id")),
+    request_body(content = CompleteRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "accepted: queued durably for the entity", body = Accepted),
+        (status = 404, description = "no such task", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "lease expired or superseded, task reported or canceled", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "a target the action does not declare, or properties not an object", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role or queue not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn complete(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<i64>,
+    JsonBody(req): JsonBody<CompleteRequest>,
+) -> Result<Response, Problem> {
+    task_for(&s, &caller, id).await?;
+    let properties = match req.properties {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            return Err(Problem::new(Kind::InvalidBody, "properties must be a JSON object").field("properties"));
+        }
+    };
+    let result =
+        TaskResult::Complete { target: StateName::new(&req.target), properties: properties.into_iter().collect() };
+    s.engine().agent_report(id, &req.token, result).await.map_err(refused)?;
+    Ok(accepted())
+}
+
+/// Reports a task failed: a fault of the entity, decided by its fault policy.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/{id}/fail",
+    tag = "agents",
+    security(("bearer" = [])),
+    params(("id" = i64, Path, description = "task id")),
+    request_body(content = FailRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "accepted: queued durably for the entity", body = Accepted),
+        (status = 404, description = "no such task", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "lease expired or superseded, task reported or canceled", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 403, description = "role or queue not allowed", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn fail(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<i64>,
+    JsonBody(req): JsonBody<FailRequest>,
+) -> Result<Response, Problem> {
+    task_for(&s, &caller, id).await?;
+    let result = TaskResult::Fail { error: req.error, retryable: req.retryable.unwrap_or(true) };
+    s.engine().agent_report(id, &req.token, result).await.map_err(refused)?;
+    Ok(accepted())
+}
