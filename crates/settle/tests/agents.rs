@@ -13,28 +13,13 @@ use serde_json::json;
 use settle_client::Client;
 use settle_store::{EntityFilter, HistoryKind, SqliteStore, Store, TaskFilter};
 
-const VM: &str = r#"
-initial = "new"
-
-[states.new]
-[states.provisioning]
-auto = "provision"
-[states.ready]
-requires = ["ip"]
-[states.broken]
-health = "error"
-
-[events.create]
-in = ["new"]
-action = "begin"
-
-[actions.begin]
-to = ["provisioning"]
-[actions.provision]
-to = ["ready", "broken"]
-agent = "cloud"
-lock = "1s"
-"#;
+/// The example agent-provisioned machine, with a 1 s lock so that expiry is quick.
+fn vm_toml() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents/vm.toml");
+    let text = std::fs::read_to_string(path).expect("examples/agents/vm.toml");
+    assert!(text.contains("lock = \"30s\""), "the example's lock changed; adjust this test");
+    text.replace("lock = \"30s\"", "lock = \"1s\"")
+}
 
 struct Proc(Child);
 
@@ -74,7 +59,7 @@ async fn a_dead_agents_task_is_offered_again_and_a_late_report_changes_nothing()
     let dir = tempfile::tempdir().unwrap();
     let machines = dir.path().join("machines");
     std::fs::create_dir(&machines).unwrap();
-    std::fs::write(machines.join("vm.toml"), VM).unwrap();
+    std::fs::write(machines.join("vm.toml"), vm_toml()).unwrap();
     let db = dir.path().join("agents.db");
     let (_server, url) = serve(&db, &machines);
     let client = Client::new(&url).unwrap();
