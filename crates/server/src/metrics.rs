@@ -84,6 +84,15 @@ pub fn store_text(m: &MetricsSnapshot) -> String {
     }
     header(&mut out, "settle_operations_open", "gauge", "Operations not finished and not marked hung.");
     let _ = writeln!(out, "settle_operations_open {open}");
+    header(
+        &mut out,
+        "settle_agent_tasks",
+        "gauge",
+        "Open agent tasks by queue and status: ready (waiting for an agent) or leased.",
+    );
+    for (queue, status, n) in &m.tasks {
+        let _ = writeln!(out, "settle_agent_tasks{{queue=\"{}\",status=\"{}\"}} {n}", label(queue), label(status));
+    }
     out
 }
 
@@ -94,6 +103,7 @@ mod tests {
     #[test]
     fn prometheus_text_escapes_labels_and_declares_types() {
         let m = MetricsSnapshot {
+            tasks: vec![("dns".into(), "ready".into(), 3)],
             transitions: vec![
                 TransitionCount { machine: "m".into(), from: None, to: "new".into(), count: 2 },
                 TransitionCount { machine: "m".into(), from: Some("a\"b\\c\nd".into()), to: "x".into(), count: 1 },
@@ -116,6 +126,7 @@ mod tests {
         assert!(text.contains("settle_entities{machine=\"m\",state=\"new\",run_status=\"paused\"} 2\n"));
         assert!(text.contains("settle_operations_total{outcome=\"success\"} 7\n"));
         assert!(text.contains("settle_operations_open 2\n"));
+        assert!(text.contains("settle_agent_tasks{queue=\"dns\",status=\"ready\"} 3\n"), "{text}");
         for line in ["settle_events_rejected_total 3", "settle_faults_total 4", "settle_parked_entities 1"] {
             assert!(text.lines().any(|l| l == line), "{line}: {text}");
         }

@@ -986,6 +986,8 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
         |command| Op::Command { machine: MachineName::new("m"), key: EntityKey::new("b"), command, operation: None };
     write(&store, T0 + 3_000, vec![cmd(Command::Pause)], false).await;
     assert!(lease(&store, T0 + 3_001, "p-").await.is_empty(), "a paused entity's task is not leased");
+    let m = store.metrics_snapshot(T0 + 3_001).await.unwrap();
+    assert_eq!(m.tasks, vec![("q".to_string(), "ready".to_string(), 1)], "open tasks per queue and status");
     write(&store, T0 + 3_002, vec![cmd(Command::Resume)], false).await;
     assert!(get(&store, "b").await.run_status == RunStatus::Active);
     write(&store, T0 + 3_003, vec![cmd(Command::Kill)], false).await;

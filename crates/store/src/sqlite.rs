@@ -1333,7 +1333,15 @@ fn read_metrics(c: &Connection, now: Millis) -> rusqlite::Result<MetricsSnapshot
         )?
         .query_map([], |r| Ok((r.get(0)?, count(r.get(1)?))))?
         .collect::<rusqlite::Result<_>>()?;
+    let tasks = c
+        .prepare_cached(
+            "SELECT queue, status, COUNT(*) FROM agent_tasks WHERE status IN ('ready', 'leased')
+             GROUP BY queue, status ORDER BY queue, status",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, count(r.get(2)?))))?
+        .collect::<rusqlite::Result<_>>()?;
     Ok(MetricsSnapshot {
+        tasks,
         transitions,
         events_rejected: scalar("SELECT COUNT(*) FROM events WHERE rejected = 1", &[])?,
         faults: scalar("SELECT COUNT(*) FROM errors", &[])?,

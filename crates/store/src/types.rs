@@ -1112,6 +1112,8 @@ pub struct MetricsSnapshot {
     pub due_backlog: u64,
     /// Operations per outcome; unfinished ones without an outcome count as `open`.
     pub operations: Vec<(String, u64)>,
+    /// Open agent tasks per queue and status (`ready`: waiting for an agent, `leased`).
+    pub tasks: Vec<(String, String, u64)>,
 }
 
 /// How many times one transition happened.

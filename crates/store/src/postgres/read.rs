@@ -412,7 +412,14 @@ fn read_metrics(c: &mut Conn, now: Millis) -> R<MetricsSnapshot> {
                 (SELECT COUNT(*) FROM entities WHERE due_at <= $1)",
         &[&now],
     )?;
+    let rows = c.query(
+        "SELECT queue, status, COUNT(*) FROM agent_tasks WHERE status IN ('ready', 'leased')
+         GROUP BY queue, status ORDER BY queue, status",
+        &[],
+    )?;
+    let tasks = all(rows, |r| Ok((r.try_get(0)?, r.try_get(1)?, count(r, 2)?)))?;
     Ok(MetricsSnapshot {
+        tasks,
         transitions,
         events_rejected: count(&counts, 0)?,
         faults: count(&counts, 1)?,
