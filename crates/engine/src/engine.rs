@@ -675,12 +675,21 @@ impl<S: Store> Engine<S> {
     }
 
     /// Resolves once nothing is in flight, queued or scheduled anywhere in the store:
-    /// no queued event, no pending auto action or retry, no timer. (An entity with a
-    /// periodic timer always has one scheduled; wait for a state instead.)
+    /// no queued event, no pending auto action or retry, no timer, no agent task offered
+    /// or leased. (An entity with a periodic timer always has one scheduled; wait for a
+    /// state instead.)
     pub async fn wait_idle(&self) -> Result<()> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Msg::WhenIdle(tx))?;
-        rx.await.map_err(|_| Error::Stopped)
+        loop {
+            let (tx, rx) = oneshot::channel();
+            self.send(Msg::WhenIdle(tx))?;
+            rx.await.map_err(|_| Error::Stopped)?;
+            // Entities waiting for an agent have no due time: their open tasks are the work.
+            let open = TaskFilter { open_only: true, limit: Some(1), ..TaskFilter::default() };
+            if self.inner.store.task_list(open).await?.is_empty() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Stops claiming work, lets running actions finish and commit, releases leases, and

@@ -76,6 +76,8 @@ async fn an_agent_completes_the_action_and_the_operation_succeeds() {
     assert_eq!(task.properties.get("size"), Some(&json!("small")));
     assert_eq!(task.request_id.as_deref(), Some(raised.request_id.as_str()));
     let token = task.token.clone().unwrap();
+    let idle = tokio::time::timeout(Duration::from_millis(200), engine.wait_idle()).await;
+    assert!(idle.is_err(), "not idle while an agent holds a task");
     let until = engine.agent_heartbeat(task.id, &token).await.unwrap();
     assert!(until >= task.locked_until.unwrap());
     engine.agent_report(task.id, &token, complete("ready", json!({"ip": "10.0.0.7"}))).await.unwrap();
