@@ -491,9 +491,23 @@ impl Client {
     /// An operator command: `pause`, `resume`, `kill`, `release`, `retry`, or `sleep` (with
     /// `until`: RFC 3339 UTC or `+10m`).
     pub async fn command(&self, machine: &str, key: &str, command: &str, until: Option<&str>) -> Result<Entity, Error> {
+        self.command_with(machine, key, command, until, None).await
+    }
+
+    /// [`Client::command`] with an idempotency key: a command repeated with the same key is
+    /// done once (a replay answers the entity as it is).
+    pub async fn command_with(
+        &self,
+        machine: &str,
+        key: &str,
+        command: &str,
+        until: Option<&str>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Entity, Error> {
         let path = format!("/v1/machines/{}/entities/{}/{}", seg(machine), seg(key), seg(command));
         let body = until.map(|u| json!({"until": u})).unwrap_or_else(|| json!({}));
-        self.post(&path, &body).await
+        let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("idempotency-key", k)).into_iter().collect();
+        Ok(self.call(Method::POST, &path, Some(&body), &headers, Self::TIMEOUT).await?.1)
     }
 
     /// One operation.

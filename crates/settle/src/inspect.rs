@@ -1,44 +1,17 @@
 //! Read-only views of a database file: `list`, `get`, `history`, `ops`, `machines`. They
 //! open the file read-only (never creating it) and never take the engine lock, so they work
-//! beside a running engine.
+//! beside a running engine. They print through [`crate::print`], as `--server` does.
 
 use std::process::ExitCode;
 
 use serde_json::{Value, json};
-use settle_store::{AnyStore, EntityFilter, EntityRow, EventRow, HistoryRow, OperationRow, Store};
+use settle_store::{AnyStore, EntityFilter, EntityRow, EventRow, Store};
+
+pub(crate) use crate::print::fmt_time;
+use crate::print::{self, short_id};
 
 pub(crate) fn open(db: &str) -> anyhow::Result<AnyStore> {
     Ok(AnyStore::open_read_only(db)?)
-}
-
-fn entity_json(e: &EntityRow) -> Value {
-    json!({
-        "machine": e.machine.as_str(),
-        "key": e.key.as_str(),
-        "state": e.state.as_str(),
-        "version": e.version,
-        "retry": e.retry,
-        "properties": e.properties,
-        "created_at": e.created_at,
-        "entered_at": e.entered_at,
-        "due_at": e.due_at,
-        "lease_owner": e.lease_owner,
-        "run_status": e.run_status.as_str(),
-        "sleep_until": e.sleep_until,
-    })
-}
-
-/// A request id short enough for a table: whole up to 12 characters, else its end (the
-/// random part of a generated UUIDv7; its start is a timestamp shared by close requests).
-fn short_id(id: Option<&str>) -> String {
-    match id {
-        None => "-".to_string(),
-        Some(id) if id.chars().count() <= 12 => id.to_string(),
-        Some(id) => {
-            let tail: Vec<char> = id.chars().rev().take(8).collect();
-            format!("…{}", tail.into_iter().rev().collect::<String>())
-        }
-    }
 }
 
 fn event_json(e: &EventRow) -> Value {
@@ -58,53 +31,6 @@ fn event_json(e: &EventRow) -> Value {
     })
 }
 
-fn operation_json(o: &OperationRow) -> Value {
-    json!({
-        "request_id": o.request_id,
-        "name": o.name,
-        "machine": o.machine,
-        "key": o.entity_key,
-        "started_at": o.started_at,
-        "ended_at": o.ended_at,
-        "first_response_at": o.first_response_at,
-        "outcome": o.outcome,
-        "error": o.error,
-        "restart_count": o.restart_count,
-        "dimensions": o.dimensions,
-    })
-}
-
-fn history_json(h: &HistoryRow) -> Value {
-    json!({
-        "from": h.from.as_deref(),
-        "to": h.to.as_deref(),
-        "kind": h.kind.as_str(),
-        "action": h.action.as_deref(),
-        "event": h.event.as_deref(),
-        "retry": h.retry,
-        "request_id": h.request_id,
-        "at": h.at,
-        "detail": h.detail,
-    })
-}
-
-/// Formats epoch milliseconds as UTC `YYYY-MM-DD HH:MM:SS.mmm`.
-pub fn fmt_time(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}", rem / 3600, rem % 3600 / 60, rem % 60, ms.rem_euclid(1000))
-}
-
 pub async fn list(
     db: &str,
     machine: Option<String>,
@@ -114,7 +40,7 @@ pub async fn list(
 ) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
     let mut after = None;
-    let mut first = true;
+    let mut header = true;
     loop {
         let page = store
             .entity_list(EntityFilter {
@@ -125,36 +51,13 @@ pub async fn list(
                 run_status: run_status.clone(),
             })
             .await?;
-        for e in &page {
-            if as_json {
-                println!("{}", entity_json(e));
-            } else {
-                if first {
-                    println!(
-                        "{:<12} {:<24} {:<20} {:<10} {:>7}  properties",
-                        "MACHINE", "KEY", "STATE", "RUN", "VERSION"
-                    );
-                    first = false;
-                }
-                println!(
-                    "{:<12} {:<24} {:<20} {:<10} {:>7}  {}",
-                    e.machine.as_str(),
-                    e.key.as_str(),
-                    e.state.as_str(),
-                    e.run_status.as_str(),
-                    e.version,
-                    Value::Object(e.properties.clone())
-                );
-            }
-        }
+        print::entity_rows(&page.iter().map(print::entity_of).collect::<Vec<_>>(), as_json, &mut header);
         match page.last() {
             Some(last) if page.len() == 1000 => after = Some(last.id),
             _ => break,
         }
     }
-    if first && !as_json {
-        eprintln!("no entities");
-    }
+    print::no_entities(header, as_json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -166,37 +69,7 @@ pub async fn get(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::R
     let store = open(db)?;
     let e = find(&store, machine, key).await?;
     let inbox = store.inbox_list(e.id).await?;
-    if as_json {
-        let mut v = entity_json(&e);
-        v["inbox"] = inbox.iter().map(|i| json!({"event": i.event.as_str(), "params": i.params})).collect();
-        v["recent_errors"] = json!(e.recent_errors.len());
-        println!("{v}");
-    } else {
-        println!("machine:    {}", e.machine);
-        println!("key:        {}", e.key);
-        println!("state:      {} (entered {}, retry {})", e.state, fmt_time(e.entered_at), e.retry);
-        println!("version:    {}", e.version);
-        let until = e.sleep_until.map(|t| format!(" until {}", fmt_time(t))).unwrap_or_default();
-        println!("run status: {}{until}", e.run_status.as_str());
-        println!("errors:     {} recent (counted by the fault policy)", e.recent_errors.len());
-        println!("properties: {}", Value::Object(e.properties.clone()));
-        match e.due_at {
-            Some(due) => println!("due:        {}", fmt_time(due)),
-            None => println!("due:        nothing pending"),
-        }
-        if let Some(owner) = &e.lease_owner {
-            println!("lease:      {owner} until {}", e.lease_until.map(fmt_time).unwrap_or_default());
-        }
-        println!(
-            "inbox:      {} event(s){}",
-            inbox.len(),
-            if inbox.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", inbox.iter().map(|i| i.event.as_str()).collect::<Vec<_>>().join(", "))
-            }
-        );
-    }
+    print::entity(&print::entity_of(&e), Some(&print::Detail::of(&e, &inbox)), as_json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -204,28 +77,7 @@ pub async fn history(db: &str, machine: &str, key: &str, as_json: bool) -> anyho
     let store = open(db)?;
     let e = find(&store, machine, key).await?;
     let rows = store.history_list(e.id).await?;
-    for h in &rows {
-        if as_json {
-            println!("{}", history_json(h));
-        } else {
-            let what = match (h.event.as_deref(), h.action.as_deref()) {
-                (Some(ev), Some(a)) => format!("event {ev} → {a}"),
-                (Some(ev), None) => format!("event {ev}"),
-                (None, Some(a)) => format!("auto {a}"),
-                (None, None) => String::new(),
-            };
-            let retry = if h.retry > 0 { format!(" (retry {})", h.retry) } else { String::new() };
-            let detail = h.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
-            println!(
-                "{}  {:<9}  {:<8} {:>14} → {:<14} {what}{retry}{detail}",
-                fmt_time(h.at),
-                short_id(h.request_id.as_deref()),
-                h.kind.as_str(),
-                h.from.as_deref().unwrap_or("-"),
-                h.to.as_deref().unwrap_or("-"),
-            );
-        }
-    }
+    print::history(&rows.iter().map(print::history_of).collect::<Vec<_>>(), as_json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -275,35 +127,7 @@ pub async fn events(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow
 pub async fn operations(db: &str, outcome: Option<String>, limit: u64, as_json: bool) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
     let rows = store.operation_list(outcome, limit).await?;
-    for (i, o) in rows.iter().enumerate() {
-        if as_json {
-            println!("{}", operation_json(o));
-            continue;
-        }
-        if i == 0 {
-            println!(
-                "{:<36}  {:<24} {:<32} {:<23} {:>9}  {:<8} error",
-                "REQUEST ID", "NAME", "ENTITY", "STARTED", "MS", "OUTCOME"
-            );
-        }
-        let entity = match (&o.machine, &o.entity_key) {
-            (Some(m), Some(k)) => format!("{m} {k}"),
-            _ => "-".to_string(),
-        };
-        println!(
-            "{:<36}  {:<24} {:<32} {:<23} {:>9}  {:<8} {}",
-            o.request_id,
-            o.name,
-            entity,
-            fmt_time(o.started_at),
-            o.ended_at.map(|t| (t - o.started_at).to_string()).unwrap_or_else(|| "-".into()),
-            o.outcome.as_deref().unwrap_or("open"),
-            o.error.as_deref().unwrap_or(""),
-        );
-    }
-    if rows.is_empty() && !as_json {
-        eprintln!("no operations");
-    }
+    print::operations(&rows.iter().map(print::operation_of).collect::<Vec<_>>(), as_json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -341,13 +165,4 @@ pub async fn machines(db: &str, as_json: bool) -> anyhow::Result<ExitCode> {
         eprintln!("no machines stored");
     }
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn formats_utc_times() {
-        assert_eq!(super::fmt_time(0), "1970-01-01 00:00:00.000");
-        assert_eq!(super::fmt_time(1_795_000_000_123), "2026-11-18 11:06:40.123");
-    }
 }

@@ -7,6 +7,8 @@ mod demo;
 mod inspect;
 mod machines;
 mod operate;
+mod print;
+mod remote;
 mod report;
 mod serve;
 mod sim;
@@ -29,6 +31,13 @@ struct Cli {
     /// an optional `?schema=NAME`) shared by many instances [default: settle.db]
     #[arg(long, global = true, env = "SETTLE_DB")]
     db: Option<String>,
+    /// Talk to a `settle serve` at this URL instead of opening the database (`get`, `list`,
+    /// `history`, `ops`, `create`, `raise` and the operator commands).
+    #[arg(long, global = true, env = "SETTLE_SERVER", value_name = "URL")]
+    server: Option<String>,
+    /// Bearer token for `--server`.
+    #[arg(long, global = true, env = "SETTLE_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -61,6 +70,11 @@ enum Command {
         #[arg(long, hide = true)]
         until_stdin_closes: bool,
     },
+    /// Create an entity in its machine's initial state.
+    Create(operate::CreateArgs),
+    /// Raise an event on an entity: queued, or with --wait processed until the entity is at
+    /// rest again. A rejected event exits 1.
+    Raise(operate::RaiseArgs),
     /// List entities.
     List {
         /// Only this machine.
@@ -172,8 +186,11 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    match run(cli) {
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // A `--server` flag on a local-only command is refused; `SETTLE_SERVER` is ignored there.
+    let flag = matches!(matches.value_source("server"), Some(clap::parser::ValueSource::CommandLine));
+    match run(cli, flag) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -186,8 +203,18 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    match cli.command {
+fn run(cli: Cli, server_flag: bool) -> anyhow::Result<ExitCode> {
+    let command = match cli.server.as_deref() {
+        Some(server) => match remote_run(server, cli.token.as_deref(), cli.command)? {
+            Ok(code) => return Ok(code),
+            Err(local) => local,
+        },
+        None => cli.command,
+    };
+    if server_flag && let Some(refusal) = local_only(&command) {
+        anyhow::bail!("{refusal}");
+    }
+    match command {
         Command::Validate { files } => validate(&files),
         Command::Graph { file, format } => {
             let (machine, _) = load_machine(&file).map_err(|report| anyhow::anyhow!("{}", report.trim_end()))?;
@@ -221,6 +248,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Kill(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Kill),
         Command::Release(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Release),
         Command::Retry(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Retry),
+        Command::Create(args) => runtime()?.block_on(operate::create(&db_path(&cli.db), args)),
+        Command::Raise(args) => runtime()?.block_on(operate::raise(&db_path(&cli.db), args)),
         Command::Ops { outcome, limit, json } => {
             runtime()?.block_on(inspect::operations(&db_path(&cli.db), outcome, limit, json))
         }
@@ -238,6 +267,56 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
         Command::Workload(args) => runtime()?.block_on(workload::run(&db_path(&cli.db), args)),
     }
+}
+
+/// Runs `command` against the server at `server` through settle-client, printing as the
+/// local command does; gives the command back when it has no HTTP face.
+fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Result<Result<ExitCode, Command>> {
+    use operate::Kind;
+    let client = remote::client(server, token)?;
+    let c = &client;
+    let future: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<ExitCode>>>> = match command {
+        Command::List { machine, state, status, json } => Box::pin(remote::list(c, machine, state, status, json)),
+        Command::Get { machine, key, json } => Box::pin(async move { remote::get(c, &machine, &key, json).await }),
+        Command::History { events: true, .. } => anyhow::bail!(
+            "`settle history --events` reads the database's events table, which the HTTP API does not offer; \
+             run it without --server where the database is"
+        ),
+        Command::History { machine, key, json, .. } => {
+            Box::pin(async move { remote::history(c, &machine, &key, json).await })
+        }
+        Command::Ops { outcome, limit, json } => {
+            Box::pin(async move { remote::operations(c, outcome.as_deref(), limit, json).await })
+        }
+        Command::Pause(t) => Box::pin(remote::command(c, t, Kind::Pause)),
+        Command::Resume(t) => Box::pin(remote::command(c, t, Kind::Resume)),
+        Command::Sleep { target, until } => Box::pin(remote::command(c, target, Kind::Sleep(until))),
+        Command::Kill(t) => Box::pin(remote::command(c, t, Kind::Kill)),
+        Command::Release(t) => Box::pin(remote::command(c, t, Kind::Release)),
+        Command::Retry(t) => Box::pin(remote::command(c, t, Kind::Retry)),
+        Command::Create(args) => Box::pin(remote::create(c, args)),
+        Command::Raise(args) => Box::pin(remote::raise(c, args)),
+        local => return Ok(Err(local)),
+    };
+    Ok(Ok(runtime()?.block_on(future).map_err(remote::describe)?))
+}
+
+/// Why a command that only works on the database (or on files) refuses `--server`.
+fn local_only(command: &Command) -> Option<String> {
+    let (name, why) = match command {
+        Command::Validate { .. } => ("validate", "checks local files"),
+        Command::Graph { .. } => ("graph", "reads a local file"),
+        Command::Demo(_) => ("demo", "runs its own engine on the database"),
+        Command::Run { .. } => ("run", "processes the database directly"),
+        Command::Stats { .. } => ("stats", "reads the database directly"),
+        Command::Machines { .. } => ("machines", "reads the database directly"),
+        Command::Serve(_) => ("serve", "is the server: it opens the database directly"),
+        Command::Bench(_) => ("bench", "runs its own engines on a database"),
+        Command::Workload(_) => ("workload", "runs its own engine on the database"),
+        // `settle agent --server URL` is its own option; everything else went to the server.
+        _ => return None,
+    };
+    Some(format!("`settle {name}` {why}; it does not take --server"))
 }
 
 /// Loads and validates one TOML definition; `Err` holds the printed report.

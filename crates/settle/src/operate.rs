@@ -1,30 +1,33 @@
-//! Operator commands on one entity: `pause`, `resume`, `sleep`, `kill`, `release`, `retry`.
-//! Each starts an engine on the database that processes nothing, writes the command as an
-//! operation (idempotent per `--request-id`), prints the entity afterwards and stops.
+//! Writes on one entity: the operator commands (`pause`, `resume`, `sleep`, `kill`,
+//! `release`, `retry`), `create` and `raise`. Locally each starts an engine on the database
+//! that processes nothing (`raise --wait` excepted: it processes until the entity is at rest),
+//! writes the request as an operation (idempotent per request id), prints what it did and
+//! stops. Over `--server` [`crate::remote`] does the same through the API; both print
+//! through [`crate::print`].
 
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::json;
-use settle_engine::Command;
-
+use serde_json::{Map, Value};
+use settle_engine::{Command, Engine, EventOutcome, RaiseOptions, Wait};
 use settle_server::time::parse_time;
+use settle_store::{AnyStore, RunStatus, Store};
 
-use crate::inspect::fmt_time;
+use crate::print;
 
 /// The entity a command applies to.
 #[derive(clap::Args, Debug)]
 pub struct Target {
     /// Machine name.
-    machine: String,
+    pub(crate) machine: String,
     /// Entity key.
-    key: String,
+    pub(crate) key: String,
     /// Idempotency key: a command repeated with the same id is done once.
     #[arg(long)]
-    request_id: Option<String>,
+    pub(crate) request_id: Option<String>,
     /// One JSON object.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 /// Which command, with `sleep`'s wake-up time as given.
@@ -38,10 +41,100 @@ pub enum Kind {
     Retry,
 }
 
+impl Kind {
+    /// The command's name (its path segment in the API).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Kind::Pause => "pause",
+            Kind::Resume => "resume",
+            Kind::Sleep(_) => "sleep",
+            Kind::Kill => "kill",
+            Kind::Release => "release",
+            Kind::Retry => "retry",
+        }
+    }
+}
+
+/// Arguments of `settle create`.
+#[derive(clap::Args, Debug)]
+pub struct CreateArgs {
+    /// Machine name.
+    pub(crate) machine: String,
+    /// The new entity's key.
+    pub(crate) key: String,
+    /// Constructor properties: a JSON object.
+    #[arg(long, value_name = "JSON")]
+    props: Option<String>,
+    /// Idempotency key (the operation's request id): a create repeated with the same key
+    /// creates nothing and shows the entity as it is.
+    #[arg(long, visible_alias = "request-id", value_name = "K")]
+    pub(crate) idempotency_key: Option<String>,
+    /// One JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl CreateArgs {
+    /// `--props` as a JSON object (none: `{}`).
+    pub(crate) fn properties(&self) -> anyhow::Result<Map<String, Value>> {
+        match self.props.as_deref().map(serde_json::from_str::<Value>).transpose() {
+            Err(e) => anyhow::bail!("--props: not JSON: {e}"),
+            Ok(None | Some(Value::Null)) => Ok(Map::new()),
+            Ok(Some(Value::Object(o))) => Ok(o),
+            Ok(Some(_)) => anyhow::bail!("--props must be a JSON object"),
+        }
+    }
+}
+
+/// Arguments of `settle raise`.
+#[derive(clap::Args, Debug)]
+pub struct RaiseArgs {
+    /// Machine name.
+    pub(crate) machine: String,
+    /// Entity key.
+    pub(crate) key: String,
+    /// Event name.
+    pub(crate) event: String,
+    /// The event's parameters: a JSON object.
+    #[arg(long, value_name = "JSON")]
+    params: Option<String>,
+    /// Wait until the entity is at rest again, and show the outcome and the entity.
+    #[arg(long)]
+    pub(crate) wait: bool,
+    /// How long `--wait` waits (the event is still processed after).
+    #[arg(long, default_value = "30s", requires = "wait")]
+    timeout: String,
+    /// Idempotency key (the operation's request id): an event raised again with the same
+    /// key is raised once.
+    #[arg(long, visible_alias = "request-id", value_name = "K")]
+    pub(crate) idempotency_key: Option<String>,
+    /// One JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl RaiseArgs {
+    /// `--params` as JSON (none: null).
+    pub(crate) fn params(&self) -> anyhow::Result<Value> {
+        match self.params.as_deref().map(serde_json::from_str::<Value>).transpose() {
+            Err(e) => anyhow::bail!("--params: not JSON: {e}"),
+            Ok(None) => Ok(Value::Null),
+            Ok(Some(v @ (Value::Null | Value::Object(_)))) => Ok(v),
+            Ok(Some(_)) => anyhow::bail!("--params must be a JSON object"),
+        }
+    }
+
+    /// `--timeout`, parsed.
+    pub(crate) fn timeout(&self) -> anyhow::Result<Duration> {
+        settle_core::duration::parse(&self.timeout).map_err(|e| anyhow::anyhow!("--timeout: {e}"))
+    }
+}
+
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
+/// An operator command on the database `db`.
 pub fn run(db: &str, target: Target, kind: Kind) -> anyhow::Result<ExitCode> {
     let command = match kind {
         Kind::Pause => Command::Pause,
@@ -62,34 +155,105 @@ async fn apply(db: &str, t: Target, command: Command) -> anyhow::Result<ExitCode
     let result = engine.command(&t.machine, &t.key, command, t.request_id.clone()).await;
     engine.shutdown().await;
     let done = result?;
-    let e = &done.entity;
-    if t.json {
-        let v = json!({
-            "machine": e.machine.as_str(),
-            "key": e.key.as_str(),
-            "command": command.as_str(),
-            "state": e.state.as_str(),
-            "run_status": e.run_status.as_str(),
-            "sleep_until": e.sleep_until,
-            "request_id": done.request_id,
-            "replayed": done.replayed,
-        });
-        println!("{v}");
-    } else {
-        let until = e.sleep_until.map(|t| format!(" until {}", fmt_time(t))).unwrap_or_default();
-        println!(
-            "{} {}: {}; state {}, run status {}{until}",
-            e.machine,
-            e.key,
-            command.as_str(),
-            e.state,
-            e.run_status.as_str()
-        );
-        if done.replayed {
-            println!("replayed: request id {} was seen before; nothing was done again", done.request_id);
-        } else {
-            println!("request id {}", done.request_id);
-        }
-    }
+    let entity = print::entity_of(&done.entity);
+    let d = print::Done {
+        entity: &entity,
+        command: command.as_str(),
+        request_id: &done.request_id,
+        replayed: done.replayed,
+    };
+    print::done(&d, t.json);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `settle create` on the database `db` (created if missing). The entity's work, if its
+/// initial state has any, is left to `settle run`.
+pub async fn create(db: &str, a: CreateArgs) -> anyhow::Result<ExitCode> {
+    let properties = a.properties()?;
+    let engine = crate::start_driver_engine(AnyStore::open(db)?).await?;
+    let result = engine.create_with(&a.machine, &a.key, properties, a.idempotency_key.clone()).await;
+    engine.shutdown().await;
+    let created = result?;
+    let entity = print::entity_of(&created.entity);
+    let d =
+        print::Done { entity: &entity, command: "create", request_id: &created.request_id, replayed: created.replayed };
+    print::done(&d, a.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `settle raise` on the database `db`. Without `--wait` the event is queued for `settle
+/// run`; with it, this process runs the engine until the entity is at rest again.
+pub async fn raise(db: &str, a: RaiseArgs) -> anyhow::Result<ExitCode> {
+    let params = a.params()?;
+    let timeout = a.timeout()?;
+    let engine = if a.wait {
+        // Refuse a missing database rather than create it.
+        drop(AnyStore::open_read_only(db)?);
+        crate::start_engine(db).await?
+    } else {
+        crate::start_command_engine(db).await?
+    };
+    let result = raise_on(&engine, &a, params, timeout).await;
+    engine.shutdown().await;
+    let (request_id, raised) = result?;
+    let r =
+        print::Raise { machine: &a.machine, key: &a.key, event: &a.event, request_id: request_id.as_deref(), raised };
+    print::raise(&r, a.json);
+    Ok(if r.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+async fn raise_on(
+    engine: &Engine<AnyStore>,
+    a: &RaiseArgs,
+    params: Value,
+    timeout: Duration,
+) -> anyhow::Result<(Option<String>, print::Raised)> {
+    let m = engine.machine(&a.machine)?.clone();
+    let e = engine.get(&a.machine, &a.key).await?;
+    let replay = match &a.idempotency_key {
+        Some(id) => engine.operation(id).await?.is_some(),
+        None => false,
+    };
+    // As the server does: an event invalid in the state of an entity at rest is refused at
+    // once, unrecorded (nothing could make it valid before its turn).
+    if let (Some(e), Some(ev), false) = (&e, m.event(&a.event), replay)
+        && e.run_status != RunStatus::Killed
+        && !ev.valid_in(&e.state)
+        && m.state(&e.state).is_some_and(|st| st.at_rest())
+        && e.auto_at.is_none()
+        && e.lease_owner.is_none()
+        && engine.store().inbox_list(e.id).await?.is_empty()
+    {
+        let reason = ev
+            .reject
+            .get(e.state.as_str())
+            .cloned()
+            .unwrap_or_else(|| format!("event `{}` is not valid in state `{}`", a.event, e.state));
+        return Ok((None, print::Raised::Rejected { state: e.state.to_string(), reason }));
+    }
+    let mut options =
+        RaiseOptions::wait(if a.wait { Wait::Stable } else { Wait::Queued }).params(params).timeout(timeout);
+    if let Some(id) = &a.idempotency_key {
+        options = options.request_id(id.clone());
+    }
+    let raised = engine.raise(&a.machine, &a.key, &a.event, options).await?;
+    let outcome = if !a.wait {
+        print::Raised::Queued { replayed: raised.replayed }
+    } else {
+        match raised.outcome {
+            Some(EventOutcome::Rejected { state, reason }) => {
+                print::Raised::Rejected { state: state.to_string(), reason }
+            }
+            Some(EventOutcome::Failed { error }) => print::Raised::Failed { error },
+            Some(EventOutcome::Accepted { state }) => print::Raised::Done {
+                outcome: Some(settle_client::Outcome::Accepted { state: state.to_string() }),
+                entity: raised.entity.as_ref().map(|e| Box::new(print::entity_of(e))),
+            },
+            None => print::Raised::Done {
+                outcome: None,
+                entity: raised.entity.as_ref().map(|e| Box::new(print::entity_of(e))),
+            },
+        }
+    };
+    Ok((Some(raised.request_id), outcome))
 }

@@ -146,3 +146,68 @@ pub fn assert_demo_converged(url: &str, servers: usize) {
         }
     });
 }
+
+/// A running `settle --db DB serve --machines DIR --listen 127.0.0.1:0`, on a free port;
+/// killed when dropped unless stopped with [`Served::stop`].
+pub struct Served {
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl Served {
+    /// Starts `settle serve` on `db` with the machines of `machines` (`None`: the built-in
+    /// ones) and `env` set (`SETTLE_TOKENS` is cleared unless given); waits until it
+    /// listens.
+    pub fn start(db: &Path, machines: Option<&Path>, env: &[(&str, &str)]) -> Served {
+        use std::io::{BufRead, Read};
+        let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
+        c.arg("--db").arg(db).arg("serve").args(["--listen", "127.0.0.1:0"]);
+        if let Some(dir) = machines {
+            c.arg("--machines").arg(dir);
+        }
+        c.env("SETTLE_LOG", "error").env_remove("SETTLE_TOKENS").envs(env.iter().copied());
+        c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().expect("start settle serve");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("settle serve did not start: {line:?}\n{err}");
+        };
+        Served { url: addr.to_string(), child }
+    }
+
+    /// Runs `settle --server URL [--token TOKEN] ARGS...` to completion (no database, no
+    /// `SETTLE_SERVER`/`SETTLE_TOKEN`/`SETTLE_DB` from the environment).
+    pub fn settle(&self, token: Option<&str>, args: &[&str]) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
+        c.args(["--server", &self.url]);
+        if let Some(t) = token {
+            c.args(["--token", t]);
+        }
+        c.args(args)
+            .env("SETTLE_LOG", "error")
+            .env_remove("SETTLE_SERVER")
+            .env_remove("SETTLE_TOKEN")
+            .env_remove("SETTLE_DB")
+            .output()
+            .expect("run settle --server")
+    }
+
+    /// Stops the server with SIGTERM and waits for it to exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        let ok = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill -TERM failed");
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,452 @@
+//! What `get`, `list`, `history`, `ops`, the operator commands, `create` and `raise` print,
+//! text and `--json`, from the API's shapes (settle-client's [`Entity`], [`HistoryEntry`],
+//! [`Operation`]). The local commands convert store rows to these shapes and the `--server`
+//! commands receive them, so both print through the same code and the same bytes.
+
+use serde_json::{Value, json};
+use settle_client::{Entity, HistoryEntry, Operation};
+use settle_store::{EntityRow, HistoryRow, InboxItem, OperationRow};
+
+/// An entity row in the API's shape.
+pub fn entity_of(e: &EntityRow) -> Entity {
+    Entity {
+        machine: e.machine.to_string(),
+        key: e.key.to_string(),
+        state: e.state.to_string(),
+        version: e.version,
+        retry: e.retry,
+        properties: e.properties.clone(),
+        created_at: e.created_at,
+        entered_at: e.entered_at,
+        due_at: e.due_at,
+        lease_owner: e.lease_owner.clone(),
+        run_status: e.run_status.as_str().to_string(),
+        sleep_until: e.sleep_until,
+        permitted_events: None,
+    }
+}
+
+/// A history row in the API's shape.
+pub fn history_of(h: &HistoryRow) -> HistoryEntry {
+    HistoryEntry {
+        from: h.from.as_deref().map(str::to_string),
+        to: h.to.as_deref().map(str::to_string),
+        kind: h.kind.as_str().to_string(),
+        action: h.action.as_deref().map(str::to_string),
+        event: h.event.as_deref().map(str::to_string),
+        retry: h.retry,
+        request_id: h.request_id.clone(),
+        at: h.at,
+        detail: h.detail.clone(),
+    }
+}
+
+/// An operation row in the API's shape.
+pub fn operation_of(o: &OperationRow) -> Operation {
+    Operation {
+        request_id: o.request_id.clone(),
+        name: o.name.clone(),
+        machine: o.machine.clone(),
+        key: o.entity_key.clone(),
+        started_at: o.started_at,
+        ended_at: o.ended_at,
+        first_response_at: o.first_response_at,
+        outcome: o.outcome.clone(),
+        error: o.error.clone(),
+        restart_count: o.restart_count,
+        dimensions: o.dimensions.clone(),
+    }
+}
+
+/// What only the database knows of an entity (the API's entity does not carry it): `get`
+/// prints it locally, and leaves its lines out over `--server`.
+pub struct Detail {
+    /// When the lease ends.
+    pub lease_until: Option<i64>,
+    /// Errors the fault policy counts now.
+    pub recent_errors: usize,
+    /// Queued events: name and parameters.
+    pub inbox: Vec<(String, Value)>,
+}
+
+impl Detail {
+    /// The detail of an entity row and its inbox.
+    pub fn of(e: &EntityRow, inbox: &[InboxItem]) -> Detail {
+        Detail {
+            lease_until: e.lease_until,
+            recent_errors: e.recent_errors.len(),
+            inbox: inbox.iter().map(|i| (i.event.to_string(), i.params.clone())).collect(),
+        }
+    }
+}
+
+/// The entity's JSON line (`list --json`, `get --json`).
+pub fn entity_json(e: &Entity) -> Value {
+    json!({
+        "machine": e.machine,
+        "key": e.key,
+        "state": e.state,
+        "version": e.version,
+        "retry": e.retry,
+        "properties": e.properties,
+        "created_at": e.created_at,
+        "entered_at": e.entered_at,
+        "due_at": e.due_at,
+        "lease_owner": e.lease_owner,
+        "run_status": e.run_status,
+        "sleep_until": e.sleep_until,
+    })
+}
+
+fn history_json(h: &HistoryEntry) -> Value {
+    json!({
+        "from": h.from,
+        "to": h.to,
+        "kind": h.kind,
+        "action": h.action,
+        "event": h.event,
+        "retry": h.retry,
+        "request_id": h.request_id,
+        "at": h.at,
+        "detail": h.detail,
+    })
+}
+
+fn operation_json(o: &Operation) -> Value {
+    json!({
+        "request_id": o.request_id,
+        "name": o.name,
+        "machine": o.machine,
+        "key": o.key,
+        "started_at": o.started_at,
+        "ended_at": o.ended_at,
+        "first_response_at": o.first_response_at,
+        "outcome": o.outcome,
+        "error": o.error,
+        "restart_count": o.restart_count,
+        "dimensions": o.dimensions,
+    })
+}
+
+/// Formats epoch milliseconds as UTC `YYYY-MM-DD HH:MM:SS.mmm`.
+pub fn fmt_time(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}", rem / 3600, rem % 3600 / 60, rem % 60, ms.rem_euclid(1000))
+}
+
+/// A request id short enough for a table: whole up to 12 characters, else its end (the
+/// random part of a generated UUIDv7; its start is a timestamp shared by close requests).
+pub fn short_id(id: Option<&str>) -> String {
+    match id {
+        None => "-".to_string(),
+        Some(id) if id.chars().count() <= 12 => id.to_string(),
+        Some(id) => {
+            let tail: Vec<char> = id.chars().rev().take(8).collect();
+            format!("…{}", tail.into_iter().rev().collect::<String>())
+        }
+    }
+}
+
+/// `settle list`, a page at a time: the header before the first text row (`header` says
+/// whether it is still due, and is cleared once printed).
+pub fn entity_rows(page: &[Entity], as_json: bool, header: &mut bool) {
+    for e in page {
+        if as_json {
+            println!("{}", entity_json(e));
+            continue;
+        }
+        if *header {
+            println!("{:<12} {:<24} {:<20} {:<10} {:>7}  properties", "MACHINE", "KEY", "STATE", "RUN", "VERSION");
+            *header = false;
+        }
+        println!(
+            "{:<12} {:<24} {:<20} {:<10} {:>7}  {}",
+            e.machine,
+            e.key,
+            e.state,
+            e.run_status,
+            e.version,
+            Value::Object(e.properties.clone())
+        );
+    }
+}
+
+/// `settle list`'s note on stderr when nothing matched.
+pub fn no_entities(header_due: bool, as_json: bool) {
+    if header_due && !as_json {
+        eprintln!("no entities");
+    }
+}
+
+/// `settle get`: one entity; `detail` when the database was read.
+pub fn entity(e: &Entity, detail: Option<&Detail>, as_json: bool) {
+    if as_json {
+        let mut v = entity_json(e);
+        if let Some(d) = detail {
+            v["inbox"] = d.inbox.iter().map(|(event, params)| json!({"event": event, "params": params})).collect();
+            v["recent_errors"] = json!(d.recent_errors);
+        }
+        println!("{v}");
+        return;
+    }
+    println!("machine:    {}", e.machine);
+    println!("key:        {}", e.key);
+    println!("state:      {} (entered {}, retry {})", e.state, fmt_time(e.entered_at), e.retry);
+    println!("version:    {}", e.version);
+    let until = e.sleep_until.map(|t| format!(" until {}", fmt_time(t))).unwrap_or_default();
+    println!("run status: {}{until}", e.run_status);
+    if let Some(d) = detail {
+        println!("errors:     {} recent (counted by the fault policy)", d.recent_errors);
+    }
+    println!("properties: {}", Value::Object(e.properties.clone()));
+    match e.due_at {
+        Some(due) => println!("due:        {}", fmt_time(due)),
+        None => println!("due:        nothing pending"),
+    }
+    if let Some(owner) = &e.lease_owner {
+        match detail {
+            Some(d) => println!("lease:      {owner} until {}", d.lease_until.map(fmt_time).unwrap_or_default()),
+            None => println!("lease:      {owner}"),
+        }
+    }
+    if let Some(d) = detail {
+        println!(
+            "inbox:      {} event(s){}",
+            d.inbox.len(),
+            if d.inbox.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", d.inbox.iter().map(|(event, _)| event.as_str()).collect::<Vec<_>>().join(", "))
+            }
+        );
+    }
+}
+
+/// `settle history`: transition rows, oldest first.
+pub fn history(rows: &[HistoryEntry], as_json: bool) {
+    for h in rows {
+        if as_json {
+            println!("{}", history_json(h));
+            continue;
+        }
+        let what = match (h.event.as_deref(), h.action.as_deref()) {
+            (Some(ev), Some(a)) => format!("event {ev} → {a}"),
+            (Some(ev), None) => format!("event {ev}"),
+            (None, Some(a)) => format!("auto {a}"),
+            (None, None) => String::new(),
+        };
+        let retry = if h.retry > 0 { format!(" (retry {})", h.retry) } else { String::new() };
+        let detail = h.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+        println!(
+            "{}  {:<9}  {:<8} {:>14} → {:<14} {what}{retry}{detail}",
+            fmt_time(h.at),
+            short_id(h.request_id.as_deref()),
+            h.kind,
+            h.from.as_deref().unwrap_or("-"),
+            h.to.as_deref().unwrap_or("-"),
+        );
+    }
+}
+
+/// `settle ops`: operations, newest first.
+pub fn operations(rows: &[Operation], as_json: bool) {
+    for (i, o) in rows.iter().enumerate() {
+        if as_json {
+            println!("{}", operation_json(o));
+            continue;
+        }
+        if i == 0 {
+            println!(
+                "{:<36}  {:<24} {:<32} {:<23} {:>9}  {:<8} error",
+                "REQUEST ID", "NAME", "ENTITY", "STARTED", "MS", "OUTCOME"
+            );
+        }
+        let entity = match (&o.machine, &o.key) {
+            (Some(m), Some(k)) => format!("{m} {k}"),
+            _ => "-".to_string(),
+        };
+        println!(
+            "{:<36}  {:<24} {:<32} {:<23} {:>9}  {:<8} {}",
+            o.request_id,
+            o.name,
+            entity,
+            fmt_time(o.started_at),
+            o.ended_at.map(|t| (t - o.started_at).to_string()).unwrap_or_else(|| "-".into()),
+            o.outcome.as_deref().unwrap_or("open"),
+            o.error.as_deref().unwrap_or(""),
+        );
+    }
+    if rows.is_empty() && !as_json {
+        eprintln!("no operations");
+    }
+}
+
+/// What an operator command or `create` did: the entity afterwards, under `request_id`.
+pub struct Done<'a> {
+    /// The entity afterwards (as it is now, for a replay).
+    pub entity: &'a Entity,
+    /// `pause`, `kill`, ..., `create`.
+    pub command: &'a str,
+    /// The operation's request id.
+    pub request_id: &'a str,
+    /// The request id had been used before: nothing was done again.
+    pub replayed: bool,
+}
+
+/// The operator commands and `create`: one line on the entity, one on the request id.
+pub fn done(d: &Done<'_>, as_json: bool) {
+    let e = d.entity;
+    if as_json {
+        let v = json!({
+            "machine": e.machine,
+            "key": e.key,
+            "command": d.command,
+            "state": e.state,
+            "run_status": e.run_status,
+            "sleep_until": e.sleep_until,
+            "request_id": d.request_id,
+            "replayed": d.replayed,
+        });
+        println!("{v}");
+        return;
+    }
+    let until = e.sleep_until.map(|t| format!(" until {}", fmt_time(t))).unwrap_or_default();
+    println!("{} {}: {}; state {}, run status {}{until}", e.machine, e.key, d.command, e.state, e.run_status);
+    if d.replayed {
+        println!("replayed: request id {} was seen before; nothing was done again", d.request_id);
+    } else {
+        println!("request id {}", d.request_id);
+    }
+}
+
+/// What became of a raised event, as `settle raise` reports it.
+pub enum Raised {
+    /// Durably queued (no `--wait`).
+    Queued {
+        /// The request id had been used before: nothing was raised again.
+        replayed: bool,
+    },
+    /// Processed and at rest again (`--wait`); `outcome` is `None` for a replay.
+    Done {
+        /// What became of the event.
+        outcome: Option<settle_client::Outcome>,
+        /// The entity at rest.
+        entity: Option<Box<Entity>>,
+    },
+    /// Not valid in the entity's state; nothing changed.
+    Rejected {
+        /// The entity's state.
+        state: String,
+        /// Why.
+        reason: String,
+    },
+    /// The event's action failed; nothing changed.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+/// The request a raise is part of, and what became of it.
+pub struct Raise<'a> {
+    /// The entity's machine.
+    pub machine: &'a str,
+    /// The entity's key.
+    pub key: &'a str,
+    /// The event raised.
+    pub event: &'a str,
+    /// The request id (`None` when the event was refused before being recorded).
+    pub request_id: Option<&'a str>,
+    /// What became of it.
+    pub raised: Raised,
+}
+
+impl Raise<'_> {
+    /// Whether `settle raise` succeeds: not rejected, not failed.
+    pub fn ok(&self) -> bool {
+        !matches!(
+            self.raised,
+            Raised::Rejected { .. }
+                | Raised::Failed { .. }
+                | Raised::Done {
+                    outcome: Some(settle_client::Outcome::Rejected { .. } | settle_client::Outcome::Failed { .. }),
+                    ..
+                }
+        )
+    }
+}
+
+/// `settle raise`: the outcome (or where to follow it), the request id, and with `--wait`
+/// the entity at rest.
+pub fn raise(r: &Raise<'_>, as_json: bool) {
+    let operation = r.request_id.map(settle_server::operation_location);
+    let (outcome, entity, replayed) = match &r.raised {
+        Raised::Queued { replayed } => (None, None, *replayed),
+        Raised::Done { outcome, entity } => (outcome.clone(), entity.as_deref(), outcome.is_none()),
+        Raised::Rejected { state, reason } => {
+            (Some(settle_client::Outcome::Rejected { state: state.clone(), reason: reason.clone() }), None, false)
+        }
+        Raised::Failed { error } => (Some(settle_client::Outcome::Failed { error: error.clone() }), None, false),
+    };
+    if as_json {
+        let v = json!({
+            "machine": r.machine,
+            "key": r.key,
+            "event": r.event,
+            "request_id": r.request_id,
+            "operation": operation,
+            "replayed": replayed,
+            "outcome": outcome,
+            "entity": entity.map(entity_json),
+        });
+        println!("{v}");
+        return;
+    }
+    let (m, k, ev) = (r.machine, r.key, r.event);
+    match &r.raised {
+        Raised::Queued { .. } if !replayed => println!("{m} {k}: event {ev} queued"),
+        Raised::Queued { .. } | Raised::Done { outcome: None, .. } => {}
+        Raised::Done { outcome: Some(settle_client::Outcome::Accepted { state }), .. } => {
+            println!("{m} {k}: event {ev} accepted; entered {state}")
+        }
+        // The server answers these as problems; shown here for completeness.
+        Raised::Done { outcome: Some(settle_client::Outcome::Rejected { state, reason }), .. }
+        | Raised::Rejected { state, reason } => println!("{m} {k}: event {ev} rejected in state {state}: {reason}"),
+        Raised::Done { outcome: Some(settle_client::Outcome::Failed { error }), .. } | Raised::Failed { error } => {
+            println!("{m} {k}: event {ev} failed: {error}")
+        }
+    }
+    if let Some(id) = r.request_id {
+        if replayed {
+            println!("replayed: request id {id} was seen before; nothing was raised again");
+        } else {
+            println!("request id {id}");
+        }
+    }
+    if let (Raised::Queued { .. }, Some(op)) = (&r.raised, &operation) {
+        println!("operation {op}");
+    }
+    if let Some(e) = entity {
+        self::entity(e, None, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn formats_utc_times() {
+        assert_eq!(super::fmt_time(0), "1970-01-01 00:00:00.000");
+        assert_eq!(super::fmt_time(1_795_000_000_123), "2026-11-18 11:06:40.123");
+    }
+}
