@@ -184,6 +184,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 registry,
                 tx,
                 offered,
+                closing: std::sync::atomic::AtomicBool::new(false),
                 task: std::sync::Mutex::new(Some(task)),
             }),
         })
@@ -196,6 +197,8 @@ struct Inner<S> {
     tx: mpsc::UnboundedSender<Msg>,
     /// Notified when this engine offered agent tasks.
     offered: Arc<tokio::sync::Notify>,
+    /// Set (and `offered` pulsed) when waiting agent long polls should end.
+    closing: std::sync::atomic::AtomicBool,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -552,6 +555,9 @@ impl<S: Store> Engine<S> {
             let offered = self.inner.offered.notified();
             tokio::pin!(offered);
             offered.as_mut().enable();
+            if self.inner.closing.load(std::sync::atomic::Ordering::Acquire) {
+                return Ok(Vec::new());
+            }
             let op = Op::TaskLease {
                 queue: queue.to_string(),
                 agent: agent.to_string(),
@@ -574,6 +580,14 @@ impl<S: Store> Engine<S> {
                 _ = tokio::time::sleep(nap) => {}
             }
         }
+    }
+
+    /// Ends every waiting [`Engine::agent_lease`] long poll now (they answer no task) and
+    /// makes later ones answer at once: for a server about to stop, so that agents are not
+    /// held until their poll times out.
+    pub fn close_long_polls(&self) {
+        self.inner.closing.store(true, std::sync::atomic::Ordering::Release);
+        self.inner.offered.notify_waiters();
     }
 
     /// Extends the lease on `task` by its lock time, if `token` still holds it; answers the

@@ -93,6 +93,13 @@ async fn an_agent_completes_the_action_and_the_operation_succeeds() {
     engine.wait_idle().await.unwrap();
     let op = engine.operation(&raised.request_id).await.unwrap().unwrap();
     assert_eq!(op.outcome.as_deref(), Some("success"), "{op:?}");
+    // A server about to stop ends the agents' long polls at once.
+    let (poller, closer) = (engine.clone(), engine.clone());
+    let poll = tokio::spawn(async move { poller.agent_lease("cloud", "late", 1, Duration::from_secs(60)).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    closer.close_long_polls();
+    let closed = tokio::time::timeout(Duration::from_secs(10), poll).await.expect("the poll ended").unwrap();
+    assert!(closed.unwrap().is_empty());
     let again = engine.agent_report(task.id, &token, complete("ready", json!({}))).await;
     assert!(matches!(again, Err(Error::TaskRefused { ref reason, .. }) if reason == "already reported"), "{again:?}");
     engine.shutdown().await;

@@ -229,6 +229,7 @@ async fn serve(
     }
     println!("listening on http://{local}");
     std::io::stdout().flush()?;
+    let polls = engine.clone();
     let stop = async move {
         if until_stdin_closes {
             tokio::select! {
@@ -238,6 +239,8 @@ async fn serve(
         } else {
             crate::shutdown_signal().await
         }
+        // Agents' long polls would hold the graceful shutdown for up to their wait.
+        polls.close_long_polls();
     };
     let served = settle_server::serve(listener, settle_server::router(state), stop).await;
     eprintln!("settle: stopping (finishing running actions)");
