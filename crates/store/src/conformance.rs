@@ -978,6 +978,19 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     refused(task_op(&store, T0 + 2_004, report3).await, task3, "canceled");
     assert!(store.task_list(TaskFilter { open_only: true, ..TaskFilter::default() }).await.unwrap().is_empty());
 
+    // A definition upgrade that renames the state keeps the open task, for the new version.
+    let mut c = new_entity("c", "working", None);
+    c.offer = Some(offer(T0));
+    write(&store, T0, vec![Op::Create(c)], false).await;
+    assert_eq!(
+        store.machine_migrate("m", vec![("working".into(), "toiling".into())], "h2", T0 + 2_005).await.unwrap(),
+        1
+    );
+    let moved = lease(&store, T0 + 2_006, "mig-").await;
+    assert_eq!((moved.len(), moved[0].state.as_str(), moved[0].entity_version), (1, "toiling", 2));
+    let report = Op::TaskReport { task: moved[0].id, token: moved[0].token.clone().unwrap(), result: done.clone() };
+    assert!(task_op(&store, T0 + 2_007, report).await.is_ok());
+
     // Paused entities' tasks wait; kill cancels them.
     let mut b = new_entity("b", "working", None);
     b.offer = Some(offer(T0));
@@ -993,7 +1006,7 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     write(&store, T0 + 3_003, vec![cmd(Command::Kill)], false).await;
     assert!(lease(&store, T0 + 3_004, "k-").await.is_empty(), "kill cancels the task");
     let all = store.task_list(TaskFilter { queue: Some("q".into()), ..TaskFilter::default() }).await.unwrap();
-    assert_eq!(all.len(), 3);
+    assert_eq!(all.len(), 4);
     assert!(all.iter().all(|t| t.status != "ready" && t.status != "leased"), "{all:?}");
 }
 

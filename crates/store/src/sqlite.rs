@@ -1569,6 +1569,14 @@ impl Store for SqliteStore {
                     params![machine, old, new, now, hash],
                 )
                 .map_err(db_err)?;
+                // A renamed state keeps its open agent task, fenced by the entity's new version.
+                tx.execute(
+                    "UPDATE agent_tasks SET state = ?3, entity_version = entity_version + 1
+                     WHERE status IN ('ready', 'leased')
+                       AND entity_id IN (SELECT id FROM entities WHERE machine = ?1 AND state = ?2)",
+                    params![machine, old, new],
+                )
+                .map_err(db_err)?;
                 moved += tx
                     .execute(
                         "UPDATE entities SET state = ?3, version = version + 1, machine_hash = ?4

@@ -967,6 +967,13 @@ pub(crate) fn migrate_states(
              FROM entities WHERE machine = $1 AND state = $2",
             &[&machine, old, new, &now, &hash],
         )?;
+        // A renamed state keeps its open agent task, fenced by the entity's new version.
+        c.exec(
+            "UPDATE agent_tasks SET state = $3, entity_version = entity_version + 1
+             WHERE status IN ('ready', 'leased')
+               AND entity_id IN (SELECT id FROM entities WHERE machine = $1 AND state = $2)",
+            &[&machine, old, new],
+        )?;
         moved += c.exec(
             "UPDATE entities SET state = $3, version = version + 1, machine_hash = $4 WHERE machine = $1 AND state = $2",
             &[&machine, old, new, &hash],
