@@ -136,6 +136,24 @@ pub struct Entity {
     /// The events valid in its state (single-entity reads only).
     #[serde(default)]
     pub permitted_events: Option<Vec<String>>,
+    /// When the lease ends (single-entity reads only).
+    #[serde(default)]
+    pub lease_until: Option<i64>,
+    /// Errors the fault policy counts now (single-entity reads only).
+    #[serde(default)]
+    pub recent_errors: Option<u32>,
+    /// Queued events, in processing order (single-entity reads only).
+    #[serde(default)]
+    pub inbox: Option<Vec<QueuedEvent>>,
+}
+
+/// An event waiting in an entity's inbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueuedEvent {
+    /// The event.
+    pub event: String,
+    /// Its parameters.
+    pub params: Value,
 }
 
 /// A page of entities.

@@ -39,6 +39,25 @@ pub struct Entity {
     /// The events valid in the current state (single-entity reads only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub permitted_events: Option<Vec<String>>,
+    /// When the lease ends (single-entity reads only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub lease_until: Option<i64>,
+    /// Errors the entity's fault policy counts now (single-entity reads only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub recent_errors: Option<u32>,
+    /// Events queued in its inbox, in processing order (single-entity reads only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub inbox: Option<Vec<QueuedEvent>>,
+}
+
+/// An event waiting in an entity's inbox.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct QueuedEvent {
+    /// The event (`$successors` for a change notice, `$agent` for an agent's report).
+    pub event: String,
+    /// Its parameters.
+    #[schema(value_type = Object)]
+    pub params: Value,
 }
 
 impl From<&EntityRow> for Entity {
@@ -57,6 +76,9 @@ impl From<&EntityRow> for Entity {
             run_status: e.run_status.as_str().to_string(),
             sleep_until: e.sleep_until,
             permitted_events: None,
+            lease_until: None,
+            recent_errors: None,
+            inbox: None,
         }
     }
 }

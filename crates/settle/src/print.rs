@@ -23,6 +23,9 @@ pub fn entity_of(e: &EntityRow) -> Entity {
         run_status: e.run_status.as_str().to_string(),
         sleep_until: e.sleep_until,
         permitted_events: None,
+        lease_until: None,
+        recent_errors: None,
+        inbox: None,
     }
 }
 
@@ -58,8 +61,8 @@ pub fn operation_of(o: &OperationRow) -> Operation {
     }
 }
 
-/// What only the database knows of an entity (the API's entity does not carry it): `get`
-/// prints it locally, and leaves its lines out over `--server`.
+/// What `get` prints beyond the entity's list fields: from the database locally, from the
+/// API's single-entity read over `--server`.
 pub struct Detail {
     /// When the lease ends.
     pub lease_until: Option<i64>,

@@ -62,7 +62,12 @@ pub async fn list(
 /// API does not carry them).
 pub async fn get(c: &Client, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
     let e = c.entity(machine, key).await?;
-    print::entity(&e, None, as_json);
+    let detail = e.recent_errors.map(|errors| print::Detail {
+        lease_until: e.lease_until,
+        recent_errors: errors as usize,
+        inbox: e.inbox.iter().flatten().map(|q| (q.event.clone(), q.params.clone())).collect(),
+    });
+    print::entity(&e, detail.as_ref(), as_json);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
-use crate::model::{CreateEntity, Entity, EntityPage, EntityQuery, HistoryEntry};
+use crate::model::{CreateEntity, Entity, EntityPage, EntityQuery, HistoryEntry, QueuedEvent};
 use crate::problem::{Kind, Problem, ProblemBody};
 use crate::routes::{check_key, entity_location, find_entity, live_entity, parse_limit};
 use crate::state::AppState;
@@ -143,6 +143,12 @@ async fn get(State(s): State<AppState>, Path((machine, key)): Path<(String, Stri
     let m = s.machine(&machine)?;
     let mut entity = Entity::from(&e);
     entity.permitted_events = Some(m.permitted_events(&e.state).map(|ev| ev.name.to_string()).collect());
+    entity.lease_until = e.lease_until;
+    entity.recent_errors = Some(e.recent_errors.len() as u32);
+    let inbox =
+        s.engine().store().inbox_list(e.id).await.map_err(|err| Problem::new(Kind::Internal, err.to_string()))?;
+    entity.inbox =
+        Some(inbox.into_iter().map(|i| QueuedEvent { event: i.event.to_string(), params: i.params }).collect());
     Ok(Json(entity))
 }
 
