@@ -28,6 +28,8 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
+pub use settle_api::{Entity, EntityPage, HistoryEntry, Operation, Outcome, QueuedEvent, Task};
+use settle_api::{Leased, OperationList};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -106,138 +108,6 @@ impl Problem {
     }
 }
 
-/// An entity as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Entity {
-    /// Its machine.
-    pub machine: String,
-    /// Its key.
-    pub key: String,
-    /// Its state.
-    pub state: String,
-    /// Bumped by every transition.
-    pub version: i64,
-    /// Retry count of the current state entry.
-    pub retry: u32,
-    /// Its properties.
-    pub properties: Map<String, Value>,
-    /// Created (ms since the epoch).
-    pub created_at: i64,
-    /// Current state entered (ms since the epoch).
-    pub entered_at: i64,
-    /// When it next has work.
-    pub due_at: Option<i64>,
-    /// The engine holding it.
-    pub lease_owner: Option<String>,
-    /// active, paused, sleeping, fault, failed or killed.
-    pub run_status: String,
-    /// End of a sleep or backoff.
-    pub sleep_until: Option<i64>,
-    /// The events valid in its state (single-entity reads only).
-    #[serde(default)]
-    pub permitted_events: Option<Vec<String>>,
-    /// When the lease ends (single-entity reads only).
-    #[serde(default)]
-    pub lease_until: Option<i64>,
-    /// Errors the fault policy counts now (single-entity reads only).
-    #[serde(default)]
-    pub recent_errors: Option<u32>,
-    /// Queued events, in processing order (single-entity reads only).
-    #[serde(default)]
-    pub inbox: Option<Vec<QueuedEvent>>,
-}
-
-/// An event waiting in an entity's inbox.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QueuedEvent {
-    /// The event.
-    pub event: String,
-    /// Its parameters.
-    pub params: Value,
-}
-
-/// A page of entities.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct EntityPage {
-    /// The entities.
-    pub items: Vec<Entity>,
-    /// The cursor of the next page (`None`: last page).
-    pub next: Option<String>,
-}
-
-/// One history row of an entity.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct HistoryEntry {
-    /// State before (`None`: created).
-    pub from: Option<String>,
-    /// State after (`None`: no state change).
-    pub to: Option<String>,
-    /// create, event, auto, rejected, fault, command.
-    pub kind: String,
-    /// The action that ran.
-    pub action: Option<String>,
-    /// The event processed.
-    pub event: Option<String>,
-    /// Retry count.
-    pub retry: u32,
-    /// The request it belongs to.
-    pub request_id: Option<String>,
-    /// When (ms since the epoch).
-    pub at: i64,
-    /// Rejection reason, error or command.
-    pub detail: Option<String>,
-}
-
-/// An operation (a request and everything it set in motion).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Operation {
-    /// Its request id.
-    pub request_id: String,
-    /// Its name (`machine.event`, ...).
-    pub name: String,
-    /// The machine it started on.
-    pub machine: Option<String>,
-    /// The entity it started on.
-    pub key: Option<String>,
-    /// Started (ms since the epoch).
-    pub started_at: i64,
-    /// Ended, once complete.
-    pub ended_at: Option<i64>,
-    /// First answer to the caller.
-    pub first_response_at: Option<i64>,
-    /// success, failed, canceled or hung.
-    pub outcome: Option<String>,
-    /// The error, if it failed.
-    pub error: Option<String>,
-    /// Restarts.
-    pub restart_count: u32,
-    /// Free-form dimensions.
-    pub dimensions: Value,
-}
-
-/// What became of a raised event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "result", rename_all = "lowercase")]
-pub enum Outcome {
-    /// The action committed; the entity entered `state`.
-    Accepted {
-        /// The state entered.
-        state: String,
-    },
-    /// Not valid in `state`; nothing changed.
-    Rejected {
-        /// The entity's state.
-        state: String,
-        /// Why.
-        reason: String,
-    },
-    /// The action failed; nothing changed.
-    Failed {
-        /// What went wrong.
-        error: String,
-    },
-}
-
 /// The answer to [`Client::raise`].
 #[derive(Debug, Clone)]
 pub enum Raised {
@@ -257,52 +127,6 @@ pub enum Raised {
         /// The entity afterwards.
         entity: Option<Box<Entity>>,
     },
-}
-
-/// A task leased from an agent queue.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Task {
-    /// The task id.
-    pub id: i64,
-    /// The queue.
-    pub queue: String,
-    /// The entity's machine.
-    pub machine: String,
-    /// The entity's key.
-    pub key: String,
-    /// The state whose auto action this is.
-    pub state: String,
-    /// The action to carry out.
-    pub action: String,
-    /// How many times this task has been leased (1 on the first lease).
-    pub attempt: u32,
-    /// How many times the entity re-entered the state for a retry.
-    pub retry: u32,
-    /// Errors its fault policy counts now.
-    pub errors: u32,
-    /// The entity's properties.
-    pub properties: Map<String, Value>,
-    /// The request the work belongs to.
-    pub request_id: Option<String>,
-    /// The lease token: needed to heartbeat and report.
-    pub token: String,
-    /// When the lease ends (ms since the epoch) unless extended.
-    pub locked_until: i64,
-    /// How long each lease or heartbeat holds the task (ms).
-    pub lock_ms: i64,
-    /// The action's declared targets.
-    #[serde(default)]
-    pub targets: Vec<String>,
-}
-
-#[derive(Deserialize)]
-struct Tasks {
-    tasks: Vec<Task>,
-}
-
-#[derive(Deserialize)]
-struct Items<T> {
-    items: Vec<T>,
 }
 
 /// Filters of [`Client::list`].
@@ -539,7 +363,7 @@ impl Client {
         if let Some(o) = outcome {
             path.push_str(&format!("&outcome={}", seg(o)));
         }
-        Ok(self.get::<Items<Operation>>(&path).await?.items)
+        Ok(self.get::<OperationList>(&path).await?.items)
     }
 
     /// Leases up to `max` tasks from `queue` as `agent`, waiting up to `wait` for one (a
@@ -547,7 +371,7 @@ impl Client {
     pub async fn lease(&self, queue: &str, agent: &str, max: u32, wait: Duration) -> Result<Vec<Task>, Error> {
         let body = json!({"agent": agent, "max": max, "wait_ms": wait.as_millis() as u64});
         let path = format!("/v1/queues/{}/lease", seg(queue));
-        let (_, tasks): (u16, Tasks) = self.call(Method::POST, &path, Some(&body), &[], wait + Self::TIMEOUT).await?;
+        let (_, tasks): (u16, Leased) = self.call(Method::POST, &path, Some(&body), &[], wait + Self::TIMEOUT).await?;
         Ok(tasks.tasks)
     }
 

@@ -51,7 +51,7 @@ pub async fn list(
                 run_status: run_status.clone(),
             })
             .await?;
-        print::entity_rows(&page.iter().map(print::entity_of).collect::<Vec<_>>(), as_json, &mut header);
+        print::entity_rows(&page.iter().map(settle_client::Entity::from).collect::<Vec<_>>(), as_json, &mut header);
         match page.last() {
             Some(last) if page.len() == 1000 => after = Some(last.id),
             _ => break,
@@ -69,7 +69,7 @@ pub async fn get(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::R
     let store = open(db)?;
     let e = find(&store, machine, key).await?;
     let inbox = store.inbox_list(e.id).await?;
-    print::entity(&print::entity_of(&e), Some(&print::Detail::of(&e, &inbox)), as_json);
+    print::entity(&settle_client::Entity::from(&e), Some(&print::Detail::of(&e, &inbox)), as_json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -77,7 +77,7 @@ pub async fn history(db: &str, machine: &str, key: &str, as_json: bool) -> anyho
     let store = open(db)?;
     let e = find(&store, machine, key).await?;
     let rows = store.history_list(e.id).await?;
-    print::history(&rows.iter().map(print::history_of).collect::<Vec<_>>(), as_json);
+    print::history(&rows.iter().map(settle_client::HistoryEntry::from).collect::<Vec<_>>(), as_json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -127,7 +127,7 @@ pub async fn events(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow
 pub async fn operations(db: &str, outcome: Option<String>, limit: u64, as_json: bool) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
     let rows = store.operation_list(outcome, limit).await?;
-    print::operations(&rows.iter().map(print::operation_of).collect::<Vec<_>>(), as_json);
+    print::operations(&rows.iter().map(settle_client::Operation::from).collect::<Vec<_>>(), as_json);
     Ok(ExitCode::SUCCESS)
 }
 

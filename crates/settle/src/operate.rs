@@ -155,7 +155,7 @@ async fn apply(db: &str, t: Target, command: Command) -> anyhow::Result<ExitCode
     let result = engine.command(&t.machine, &t.key, command, t.request_id.clone()).await;
     engine.shutdown().await;
     let done = result?;
-    let entity = print::entity_of(&done.entity);
+    let entity = settle_client::Entity::from(&done.entity);
     let d = print::Done {
         entity: &entity,
         command: command.as_str(),
@@ -174,7 +174,7 @@ pub async fn create(db: &str, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let result = engine.create_with(&a.machine, &a.key, properties, a.idempotency_key.clone()).await;
     engine.shutdown().await;
     let created = result?;
-    let entity = print::entity_of(&created.entity);
+    let entity = settle_client::Entity::from(&created.entity);
     let d =
         print::Done { entity: &entity, command: "create", request_id: &created.request_id, replayed: created.replayed };
     print::done(&d, a.json);
@@ -247,11 +247,11 @@ async fn raise_on(
             Some(EventOutcome::Failed { error }) => print::Raised::Failed { error },
             Some(EventOutcome::Accepted { state }) => print::Raised::Done {
                 outcome: Some(settle_client::Outcome::Accepted { state: state.to_string() }),
-                entity: raised.entity.as_ref().map(|e| Box::new(print::entity_of(e))),
+                entity: raised.entity.as_ref().map(|e| Box::new(settle_client::Entity::from(e))),
             },
             None => print::Raised::Done {
                 outcome: None,
-                entity: raised.entity.as_ref().map(|e| Box::new(print::entity_of(e))),
+                entity: raised.entity.as_ref().map(|e| Box::new(settle_client::Entity::from(e))),
             },
         }
     };

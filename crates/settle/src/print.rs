@@ -1,65 +1,12 @@
 //! What `get`, `list`, `history`, `ops`, the operator commands, `create` and `raise` print,
 //! text and `--json`, from the API's shapes (settle-client's [`Entity`], [`HistoryEntry`],
-//! [`Operation`]). The local commands convert store rows to these shapes and the `--server`
-//! commands receive them, so both print through the same code and the same bytes.
+//! [`Operation`], from settle-api). The local commands convert store rows to these shapes
+//! (settle-api's `From` conversions, the server's own) and the `--server` commands receive
+//! them, so both print through the same code and the same bytes.
 
 use serde_json::{Value, json};
 use settle_client::{Entity, HistoryEntry, Operation};
-use settle_store::{EntityRow, HistoryRow, InboxItem, OperationRow};
-
-/// An entity row in the API's shape.
-pub fn entity_of(e: &EntityRow) -> Entity {
-    Entity {
-        machine: e.machine.to_string(),
-        key: e.key.to_string(),
-        state: e.state.to_string(),
-        version: e.version,
-        retry: e.retry,
-        properties: e.properties.clone(),
-        created_at: e.created_at,
-        entered_at: e.entered_at,
-        due_at: e.due_at,
-        lease_owner: e.lease_owner.clone(),
-        run_status: e.run_status.as_str().to_string(),
-        sleep_until: e.sleep_until,
-        permitted_events: None,
-        lease_until: None,
-        recent_errors: None,
-        inbox: None,
-    }
-}
-
-/// A history row in the API's shape.
-pub fn history_of(h: &HistoryRow) -> HistoryEntry {
-    HistoryEntry {
-        from: h.from.as_deref().map(str::to_string),
-        to: h.to.as_deref().map(str::to_string),
-        kind: h.kind.as_str().to_string(),
-        action: h.action.as_deref().map(str::to_string),
-        event: h.event.as_deref().map(str::to_string),
-        retry: h.retry,
-        request_id: h.request_id.clone(),
-        at: h.at,
-        detail: h.detail.clone(),
-    }
-}
-
-/// An operation row in the API's shape.
-pub fn operation_of(o: &OperationRow) -> Operation {
-    Operation {
-        request_id: o.request_id.clone(),
-        name: o.name.clone(),
-        machine: o.machine.clone(),
-        key: o.entity_key.clone(),
-        started_at: o.started_at,
-        ended_at: o.ended_at,
-        first_response_at: o.first_response_at,
-        outcome: o.outcome.clone(),
-        error: o.error.clone(),
-        restart_count: o.restart_count,
-        dimensions: o.dimensions.clone(),
-    }
-}
+use settle_store::{EntityRow, InboxItem};
 
 /// What `get` prints beyond the entity's list fields: from the database locally, from the
 /// API's single-entity read over `--server`.

@@ -20,7 +20,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::extract::{IdempotencyKey, OptionalJsonBody, Path, Query};
-use crate::model::{Entity, Outcome, RaiseAccepted, RaiseDone, RaiseQuery};
+use crate::model::{Entity, RaiseAccepted, RaiseDone, RaiseQuery};
 use crate::operation_location;
 use crate::problem::{Kind, Problem, ProblemBody};
 use crate::routes::live_entity;
@@ -119,7 +119,7 @@ async fn raise(
         None | Some(EventOutcome::Accepted { .. }) => {
             let body = RaiseDone {
                 request_id: raised.request_id.clone(),
-                outcome: raised.outcome.as_ref().map(Outcome::from),
+                outcome: raised.outcome.as_ref().map(crate::model::outcome_of),
                 entity,
                 replayed: raised.replayed,
             };

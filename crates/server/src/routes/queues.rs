@@ -19,17 +19,16 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use settle_core::StateName;
 use settle_store::{AgentTask, Store, TaskFilter, TaskResult};
 use tokio::sync::Semaphore;
-use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::auth::Caller;
 use crate::extract::{JsonBody, Path};
+use crate::model::{Accepted, CompleteRequest, Extended, FailRequest, HeartbeatRequest, LeaseRequest, Leased, Task};
 use crate::problem::{Kind, Problem, ProblemBody};
 use crate::state::AppState;
 
@@ -47,113 +46,6 @@ pub fn agent() -> OpenApiRouter<AppState> {
         .routes(routes!(heartbeat))
         .routes(routes!(complete))
         .routes(routes!(fail))
-}
-
-/// A lease request.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LeaseRequest {
-    /// Who leases (recorded with the task; e.g. `dns-agent-3`).
-    pub agent: String,
-    /// At most this many tasks (1 to 100, default 1).
-    #[serde(default)]
-    pub max: Option<u32>,
-    /// How long to wait for a task, in ms (default 20000, capped by the server).
-    #[serde(default)]
-    pub wait_ms: Option<u64>,
-}
-
-/// A leased task: what to do, for which entity, and the lease token.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Task {
-    /// The task id.
-    pub id: i64,
-    /// The queue.
-    pub queue: String,
-    /// The entity's machine.
-    pub machine: String,
-    /// The entity's key.
-    pub key: String,
-    /// The state whose auto action this is.
-    pub state: String,
-    /// The action to carry out.
-    pub action: String,
-    /// The action's declared targets (what `complete` may name).
-    pub targets: Vec<String>,
-    /// How many times the task was leased (1 on the first lease).
-    pub attempt: u32,
-    /// How many times the entity re-entered the state for a retry.
-    pub retry: u32,
-    /// Errors the entity's fault policy counts now.
-    pub errors: u32,
-    /// The entity's properties.
-    #[schema(value_type = Object)]
-    pub properties: Map<String, Value>,
-    /// The request the work belongs to.
-    pub request_id: Option<String>,
-    /// The lease token: send it with heartbeats and reports.
-    pub token: String,
-    /// The lease ends then (ms since the epoch) unless a heartbeat extends it.
-    pub locked_until: i64,
-    /// How long a lease or heartbeat holds the task (ms).
-    pub lock_ms: i64,
-}
-
-/// Tasks leased.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Leased {
-    /// The tasks (empty: none came within the wait).
-    pub tasks: Vec<Task>,
-}
-
-/// A heartbeat.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HeartbeatRequest {
-    /// The lease token.
-    pub token: String,
-}
-
-/// The lease after a heartbeat.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Extended {
-    /// The lease now ends then (ms since the epoch).
-    pub locked_until: i64,
-}
-
-/// A successful result.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CompleteRequest {
-    /// The lease token.
-    pub token: String,
-    /// The state to move to: one of the action's declared targets.
-    pub target: String,
-    /// Properties to set on the entity (`null` removes one).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub properties: Option<Value>,
-}
-
-/// A failed result.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct FailRequest {
-    /// The lease token.
-    pub token: String,
-    /// What went wrong (recorded in the entity's history and the errors table).
-    pub error: String,
-    /// Whether trying again may help (default true): retried by the fault policy, or
-    /// parked for an operator at once.
-    #[serde(default)]
-    pub retryable: Option<bool>,
-}
-
-/// A report was accepted: it is queued durably for the entity.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Accepted {
-    /// Always true.
-    pub accepted: bool,
 }
 
 fn check_queue(s: &AppState, caller: &Caller, queue: &str) -> Result<(), Problem> {

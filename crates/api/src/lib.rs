@@ -1,0 +1,463 @@
+//! settle-api: the JSON types of Settle's HTTP API — what requests carry and responses
+//! hold — shared by the server (`settle-server`) and the client (`settle-client`), so the
+//! two cannot drift apart. They are the deliberate serializable boundary (the store's and
+//! core's types are not `Serialize`); their shapes are also those of `settle ... --json`.
+//! Times are milliseconds since the Unix epoch.
+//!
+//! Features: `openapi` derives `utoipa::ToSchema` (the server's `/openapi.json`); `store`
+//! adds conversions from the store's rows.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// An entity.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Entity {
+    /// Its machine.
+    pub machine: String,
+    /// Its key, unique within the machine.
+    pub key: String,
+    /// The current state.
+    pub state: String,
+    /// Bumped by every transition.
+    pub version: i64,
+    /// Retry count of the current state entry.
+    pub retry: u32,
+    /// The entity's properties.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub properties: Map<String, Value>,
+    /// When it was created (ms).
+    pub created_at: i64,
+    /// When the current state was entered (ms).
+    pub entered_at: i64,
+    /// When it next has work (ms); null when dormant.
+    pub due_at: Option<i64>,
+    /// The engine instance holding its lease, if any.
+    pub lease_owner: Option<String>,
+    /// active, paused, sleeping, fault, failed or killed.
+    pub run_status: String,
+    /// Until when a sleeping or backing-off entity waits (ms).
+    pub sleep_until: Option<i64>,
+    /// The events valid in the current state (single-entity reads only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub permitted_events: Option<Vec<String>>,
+    /// When the lease ends (single-entity reads only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub lease_until: Option<i64>,
+    /// Errors the entity's fault policy counts now (single-entity reads only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub recent_errors: Option<u32>,
+    /// Events queued in its inbox, in processing order (single-entity reads only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub inbox: Option<Vec<QueuedEvent>>,
+}
+
+/// An event waiting in an entity's inbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct QueuedEvent {
+    /// The event (`$successors` for a change notice, `$agent` for an agent's report).
+    pub event: String,
+    /// Its parameters.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub params: Value,
+}
+
+/// A page of entities.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EntityPage {
+    /// The entities, by id.
+    pub items: Vec<Entity>,
+    /// The cursor of the next page (pass it as `after`), or null on the last page.
+    pub next: Option<String>,
+}
+
+/// One row of an entity's history.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HistoryEntry {
+    /// The state before (null on creation).
+    pub from: Option<String>,
+    /// The state entered (null when nothing was entered: rejections, failures, commands).
+    pub to: Option<String>,
+    /// create, event, auto, rejected, fault or command.
+    pub kind: String,
+    /// The action that ran.
+    pub action: Option<String>,
+    /// The event processed.
+    pub event: Option<String>,
+    /// Retry count of the entry.
+    pub retry: u32,
+    /// The request that caused it.
+    pub request_id: Option<String>,
+    /// When it was committed (ms).
+    pub at: i64,
+    /// Rejection reason, error text or command.
+    pub detail: Option<String>,
+}
+
+/// An operation: what one request set in motion.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Operation {
+    /// Its request id (the `Idempotency-Key`, or generated).
+    pub request_id: String,
+    /// What was asked, e.g. `server.create`, `server:new`, `server.pause`.
+    pub name: String,
+    /// The entity's machine.
+    pub machine: Option<String>,
+    /// The entity's key.
+    pub key: Option<String>,
+    /// When it started (ms).
+    pub started_at: i64,
+    /// When every entity it reached was at rest again (ms); null while open.
+    pub ended_at: Option<i64>,
+    /// When its first event was processed (ms).
+    pub first_response_at: Option<i64>,
+    /// success, failed, canceled or hung; null while open.
+    pub outcome: Option<String>,
+    /// The first error, if any.
+    pub error: Option<String>,
+    /// Engine restarts it lived through.
+    pub restart_count: u32,
+    /// Free-form dimensions.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub dimensions: Value,
+}
+
+/// A page of operations, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OperationList {
+    /// The operations.
+    pub items: Vec<Operation>,
+}
+
+/// A served machine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MachineSummary {
+    /// Its name.
+    pub name: String,
+    /// Content hash of its definition (the definition version).
+    pub hash: String,
+    /// Its states.
+    pub states: Vec<String>,
+    /// Its events.
+    pub events: Vec<String>,
+}
+
+/// The served machines, by name.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MachineList {
+    /// The machines.
+    pub items: Vec<MachineSummary>,
+}
+
+/// `POST /v1/machines/{machine}/entities`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateEntity {
+    /// The new entity's key: 1 to 256 characters, no control characters.
+    pub key: String,
+    /// Constructor properties: a JSON object (default `{}`).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    #[serde(default)]
+    pub properties: Option<Value>,
+}
+
+/// `POST .../sleep`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SleepRequest {
+    /// Wake-up time: RFC 3339 UTC (`2026-11-22T10:00:00Z`) or from now (`+10m`).
+    pub until: String,
+}
+
+/// What became of a raised event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "result", rename_all = "lowercase")]
+pub enum Outcome {
+    /// The event's action committed; the entity entered `state`.
+    Accepted {
+        /// The state entered.
+        state: String,
+    },
+    /// The event was not valid in `state`; nothing changed.
+    Rejected {
+        /// The state the entity was in.
+        state: String,
+        /// The declared reason, or the default one.
+        reason: String,
+    },
+    /// The event's action failed; nothing changed.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+/// The answer of a raise without `wait` (202), or of a replayed one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RaiseAccepted {
+    /// The request id (the operation's id).
+    pub request_id: String,
+    /// Where the operation is: `/v1/operations/{request_id}`.
+    pub operation: String,
+    /// The request id had been used before: nothing was raised again.
+    #[serde(default)]
+    pub replayed: bool,
+}
+
+/// The answer of a raise with `wait=stable` (200).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RaiseDone {
+    /// The request id (the operation's id).
+    pub request_id: String,
+    /// What became of the event (null for a replayed request id).
+    pub outcome: Option<Outcome>,
+    /// The entity when it was at rest again (as it is now, for a replay).
+    pub entity: Option<Entity>,
+    /// The request id had been used before: nothing was raised again.
+    #[serde(default)]
+    pub replayed: bool,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Health {
+    /// Always `ok` while the server runs.
+    pub status: String,
+}
+
+// Agent queues (DESIGN §5).
+
+/// A lease request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Who leases (recorded with the task; e.g. `dns-agent-3`).
+    pub agent: String,
+    /// At most this many tasks (1 to 100, default 1).
+    #[serde(default)]
+    pub max: Option<u32>,
+    /// How long to wait for a task, in ms (default 20000, capped by the server).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+}
+
+/// A leased task: what to do, for which entity, and the lease token.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Task {
+    /// The task id.
+    pub id: i64,
+    /// The queue.
+    pub queue: String,
+    /// The entity's machine.
+    pub machine: String,
+    /// The entity's key.
+    pub key: String,
+    /// The state whose auto action this is.
+    pub state: String,
+    /// The action to carry out.
+    pub action: String,
+    /// The action's declared targets (what `complete` may name).
+    pub targets: Vec<String>,
+    /// How many times the task was leased (1 on the first lease).
+    pub attempt: u32,
+    /// How many times the entity re-entered the state for a retry.
+    pub retry: u32,
+    /// Errors the entity's fault policy counts now.
+    pub errors: u32,
+    /// The entity's properties.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub properties: Map<String, Value>,
+    /// The request the work belongs to.
+    pub request_id: Option<String>,
+    /// The lease token: send it with heartbeats and reports.
+    pub token: String,
+    /// The lease ends then (ms since the epoch) unless a heartbeat extends it.
+    pub locked_until: i64,
+    /// How long a lease or heartbeat holds the task (ms).
+    pub lock_ms: i64,
+}
+
+/// Tasks leased.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Leased {
+    /// The tasks (empty: none came within the wait).
+    pub tasks: Vec<Task>,
+}
+
+/// A heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The lease token.
+    pub token: String,
+}
+
+/// The lease after a heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Extended {
+    /// The lease now ends then (ms since the epoch).
+    pub locked_until: i64,
+}
+
+/// A successful result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    /// The lease token.
+    pub token: String,
+    /// The state to move to: one of the action's declared targets.
+    pub target: String,
+    /// Properties to set on the entity (`null` removes one).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub properties: Option<Value>,
+}
+
+/// A failed result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    /// The lease token.
+    pub token: String,
+    /// What went wrong (recorded in the entity's history and the errors table).
+    pub error: String,
+    /// Whether trying again may help (default true): retried by the fault policy, or
+    /// parked for an operator at once.
+    #[serde(default)]
+    pub retryable: Option<bool>,
+}
+
+/// A report was accepted: it is queued durably for the entity.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Accepted {
+    /// Always true.
+    pub accepted: bool,
+}
+
+#[cfg(feature = "store")]
+mod from_store {
+    use settle_store::{EntityRow, HistoryRow, OperationRow};
+
+    use super::*;
+
+    impl From<&EntityRow> for Entity {
+        fn from(e: &EntityRow) -> Self {
+            Entity {
+                machine: e.machine.to_string(),
+                key: e.key.to_string(),
+                state: e.state.to_string(),
+                version: e.version,
+                retry: e.retry,
+                properties: e.properties.clone(),
+                created_at: e.created_at,
+                entered_at: e.entered_at,
+                due_at: e.due_at,
+                lease_owner: e.lease_owner.clone(),
+                run_status: e.run_status.as_str().to_string(),
+                sleep_until: e.sleep_until,
+                permitted_events: None,
+                lease_until: None,
+                recent_errors: None,
+                inbox: None,
+            }
+        }
+    }
+
+    impl From<&HistoryRow> for HistoryEntry {
+        fn from(h: &HistoryRow) -> Self {
+            HistoryEntry {
+                from: h.from.as_deref().map(str::to_string),
+                to: h.to.as_deref().map(str::to_string),
+                kind: h.kind.as_str().to_string(),
+                action: h.action.as_deref().map(str::to_string),
+                event: h.event.as_deref().map(str::to_string),
+                retry: h.retry,
+                request_id: h.request_id.clone(),
+                at: h.at,
+                detail: h.detail.clone(),
+            }
+        }
+    }
+
+    impl From<&OperationRow> for Operation {
+        fn from(o: &OperationRow) -> Self {
+            Operation {
+                request_id: o.request_id.clone(),
+                name: o.name.clone(),
+                machine: o.machine.clone(),
+                key: o.entity_key.clone(),
+                started_at: o.started_at,
+                ended_at: o.ended_at,
+                first_response_at: o.first_response_at,
+                outcome: o.outcome.clone(),
+                error: o.error.clone(),
+                restart_count: o.restart_count,
+                dimensions: o.dimensions.clone(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_are_tagged_by_result() {
+        let o = Outcome::Rejected { state: "open".into(), reason: "already open".into() };
+        let v = serde_json::to_value(&o).unwrap();
+        assert_eq!(v, serde_json::json!({"result": "rejected", "state": "open", "reason": "already open"}));
+        let back: Outcome = serde_json::from_value(v).unwrap();
+        assert!(matches!(back, Outcome::Rejected { .. }));
+    }
+
+    #[test]
+    fn single_entity_fields_are_left_out_of_lists() {
+        let e = Entity {
+            machine: "m".into(),
+            key: "k".into(),
+            state: "s".into(),
+            version: 1,
+            retry: 0,
+            properties: Map::new(),
+            created_at: 1,
+            entered_at: 1,
+            due_at: None,
+            lease_owner: None,
+            run_status: "active".into(),
+            sleep_until: None,
+            permitted_events: None,
+            lease_until: None,
+            recent_errors: None,
+            inbox: None,
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        for absent in ["permitted_events", "lease_until", "recent_errors", "inbox"] {
+            assert!(v.get(absent).is_none(), "{absent} in {v}");
+        }
+        let back: Entity = serde_json::from_value(v).unwrap();
+        assert_eq!(back.key, "k");
+    }
+}
