@@ -92,7 +92,8 @@ async fn serve(client: Client, args: Args, name: String) -> anyhow::Result<()> {
         // Lease only what there is room for: a leased task nobody works on would only
         // wait for its lock to run out.
         let first = slots.clone().acquire_owned().await?;
-        let free = 1 + slots.available_permits() as u32;
+        // The server leases at most 100 tasks per request.
+        let free = (1 + slots.available_permits() as u32).min(100);
         match client.lease(&args.queue, &name, free, Duration::from_secs(20)).await {
             Ok(tasks) => {
                 unreachable_since = None;

@@ -31,6 +31,117 @@ pub enum Bench {
     /// Entities with a pending one-shot timer: memory while they wait, and firing them all
     /// after an engine restart.
     Timers(TimersArgs),
+    /// Workflows whose one action is executed by external agents, all over HTTP: a
+    /// `settle serve` process; callers raise with `wait=stable`, agents lease and complete.
+    Agents(AgentsArgs),
+}
+
+/// Options of `settle bench agents`.
+#[derive(clap::Args, Debug)]
+pub struct AgentsArgs {
+    /// Number of entities (one workflow each).
+    #[arg(long, default_value_t = 5_000)]
+    entities: usize,
+    /// Callers in flight at once (each raises and waits for the entity to be at rest).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Agent loops (each leases up to `--batch` tasks per long poll and completes them).
+    #[arg(long, default_value_t = 4)]
+    agents: usize,
+    /// Most tasks per lease.
+    #[arg(long, default_value_t = 32)]
+    batch: u32,
+    /// Print one JSON line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The machine `bench agents` serves: `go` → `working`, whose auto action agents execute.
+const AGENT_BENCH_MACHINE: &str = r#"
+initial = "idle"
+[states.idle]
+[states.working]
+auto = "work"
+[states.done]
+kind = "terminal"
+[events.go]
+in = ["idle"]
+action = "start"
+[actions.start]
+to = ["working"]
+[actions.work]
+to = ["done"]
+agent = "bench"
+lock = "30s"
+"#;
+
+async fn agents(db: Option<&str>, args: AgentsArgs) -> anyhow::Result<ExitCode> {
+    if args.entities == 0 || args.concurrency == 0 || args.agents == 0 || args.batch == 0 {
+        bail!("--entities, --concurrency, --agents and --batch must be at least 1");
+    }
+    let (path, _scratch) = bench_db(db);
+    let dir = std::env::temp_dir().join(format!("settle-bench-machines-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("job.toml"), AGENT_BENCH_MACHINE)?;
+    let server = crate::workers::Server::start(&path, &["--machines", &dir.display().to_string()]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let server = server?;
+    let client = settle_client::Client::new(&server.url)?;
+    let suffix = uuid_suffix();
+    let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("a{suffix}-{i}")).collect());
+    // Create them first (not timed), 64 requests in flight.
+    let c = client.clone();
+    drive(&keys, 64, move |key| {
+        let c = c.clone();
+        async move {
+            c.create("job", &key, json!({}), None).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    // Agents: lease a batch, complete each at once (a provider that answers instantly).
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let mut agent_tasks = tokio::task::JoinSet::new();
+    for i in 0..args.agents {
+        let (c, stop, batch) = (client.clone(), stop.clone(), args.batch);
+        agent_tasks.spawn(async move {
+            let name = format!("bench-agent-{i}");
+            loop {
+                let leased = tokio::select! {
+                    _ = stop.notified() => return anyhow::Ok(()),
+                    r = c.lease("bench", &name, batch, Duration::from_secs(1)) => r?,
+                };
+                for task in leased {
+                    c.complete(&task, "done", json!({})).await?;
+                }
+            }
+        });
+    }
+    let c = client.clone();
+    let driven = drive(&keys, args.concurrency, move |key| {
+        let c = c.clone();
+        async move {
+            let raised = c.raise("job", &key, "go", json!({}), Some(Duration::from_secs(60)), None).await?;
+            match raised {
+                settle_client::Raised::Done { entity: Some(e), .. } if e.state == "done" => Ok(()),
+                other => bail!("workflow {key} did not finish: {other:?}"),
+            }
+        }
+    })
+    .await;
+    stop.notify_waiters();
+    let server_rss = proc_mb(server.pid(), "VmHWM:");
+    while let Some(r) = agent_tasks.join_next().await {
+        r??;
+    }
+    server.stop().await?;
+    let (seconds, latencies) = driven?;
+    let extra = json!({"agents": args.agents, "batch": args.batch, "server_peak_rss_mb": round3(server_rss)});
+    report(args.json, args.entities, args.entities * 2, seconds, &latencies, extra);
+    if !args.json {
+        println!("server peak RSS: {server_rss:.1} MiB");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Options of `settle bench timers`.
@@ -165,7 +276,16 @@ fn peak_rss_mb() -> f64 {
 
 /// A memory figure of `/proc/self/status` (given in kB there), in MiB; 0 if unavailable.
 fn proc_status_mb(field: &str) -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    proc_file_mb("/proc/self/status", field)
+}
+
+/// `field` of process `pid`'s status, in MiB (Linux; 0 elsewhere).
+fn proc_mb(pid: u32, field: &str) -> f64 {
+    proc_file_mb(&format!("/proc/{pid}/status"), field)
+}
+
+fn proc_file_mb(path: &str, field: &str) -> f64 {
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
             s.lines()
@@ -182,6 +302,7 @@ pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Chain(args) => chain(db, args).await,
         Bench::Fanout(args) => fanout(db, args).await,
         Bench::Timers(args) => timers(db, args).await,
+        Bench::Agents(args) => agents(db, args).await,
     }
 }
 

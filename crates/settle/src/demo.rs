@@ -223,7 +223,7 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
 /// The demo through the server and external agents (`--agents K`).
 async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
-    let mut server = Server::start(db).await?;
+    let mut server = crate::workers::Server::start(db, &["--scenario"]).await?;
     let p = &demo.provider;
     let url = server.url.clone();
     let agent_args: Vec<String> = [
@@ -233,6 +233,9 @@ async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Resu
         &url,
         "--name",
         "demo-agent-{i}",
+        // Provider calls mostly wait: many at once per agent, as a real one would.
+        "--concurrency",
+        "256",
         "--fail-rate",
         &p.fail_rate.to_string(),
         "--fatal-rate",
@@ -297,7 +300,10 @@ async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Resu
             break;
         }
         agents_running.supervise()?;
-        server.check()?;
+        if agents_running.restarts > 3 * agents as u64 {
+            bail!("the agents keep exiting ({} restarts); see their errors above", agents_running.restarts);
+        }
+        server.check().context("run the demo again to resume")?;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     // Let the undo of failed servers finish (their resources are deleted by agents too).
@@ -330,70 +336,6 @@ async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Resu
     store.meta_put(META_KEY, &serde_json::to_string(&done)?).await?;
     summary(&store, &demo, started.elapsed(), db).await?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// A `settle serve --scenario` child process on the demo's database.
-struct Server {
-    child: tokio::process::Child,
-    url: String,
-}
-
-impl Server {
-    async fn start(db: &str) -> anyhow::Result<Server> {
-        use tokio::io::AsyncBufReadExt;
-        let exe = std::env::current_exe().context("cannot find the settle executable")?;
-        let mut child = tokio::process::Command::new(exe)
-            .args(["serve", "--scenario", "--until-stdin-closes", "--listen", "127.0.0.1:0", "--db", db])
-            .env_remove("SETTLE_DB")
-            .env_remove("SETTLE_TOKENS")
-            // Transient provider failures are expected here: keep the server's log to errors.
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .context("cannot start `settle serve`")?;
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let url = loop {
-            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-                .await
-                .context("`settle serve` did not say where it listens within 60 s")??;
-            let Some(line) = line else { bail!("`settle serve` exited before listening") };
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                break rest.split_whitespace().next().unwrap_or_default().to_string();
-            }
-        };
-        // Keep draining its stdout so it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        eprintln!("server started (pid {}) at {url}", child.id().unwrap_or(0));
-        Ok(Server { child, url })
-    }
-
-    fn check(&mut self) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!("the server exited ({status}); run the demo again to resume");
-        }
-        Ok(())
-    }
-
-    async fn stop(mut self) -> anyhow::Result<()> {
-        drop(self.child.stdin.take());
-        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
-            Ok(status) => {
-                let status = status?;
-                if !status.success() {
-                    bail!("the server stopped with {status}");
-                }
-            }
-            Err(_) => {
-                self.child.kill().await?;
-                bail!("the server did not stop within 30 s; killed");
-            }
-        }
-        Ok(())
-    }
 }
 
 async fn show_progress(store: &AnyStore, demo: &DemoRun, mut workers: Option<&mut Workers>) -> anyhow::Result<()> {

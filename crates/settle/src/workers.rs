@@ -107,3 +107,78 @@ impl Workers {
         }
     }
 }
+
+/// A `settle serve` child process (for `demo --agents` and `bench agents`), stopped by
+/// closing its stdin.
+pub struct Server {
+    child: tokio::process::Child,
+    /// Its base URL.
+    pub url: String,
+}
+
+impl Server {
+    /// Starts `settle serve` on `db` with `extra` arguments, on a free loopback port.
+    pub async fn start(db: &str, extra: &[&str]) -> anyhow::Result<Server> {
+        use tokio::io::AsyncBufReadExt;
+        let exe = std::env::current_exe().context("cannot find the settle executable")?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["serve", "--until-stdin-closes", "--listen", "127.0.0.1:0", "--db", db])
+            .args(extra)
+            .env_remove("SETTLE_DB")
+            .env_remove("SETTLE_TOKENS")
+            // Transient provider failures are expected here: keep the server's log to errors.
+            .env("SETTLE_LOG", std::env::var("SETTLE_LOG").unwrap_or_else(|_| "error".into()))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start `settle serve`")?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let url = loop {
+            let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                .await
+                .context("`settle serve` did not say where it listens within 60 s")??;
+            let Some(line) = line else { bail!("`settle serve` exited before listening") };
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                break rest.split_whitespace().next().unwrap_or_default().to_string();
+            }
+        };
+        // Keep draining its stdout so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        eprintln!("server started (pid {}) at {url}", child.id().unwrap_or(0));
+        Ok(Server { child, url })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    /// Fails if the server exited.
+    pub fn check(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("the server exited ({status})");
+        }
+        Ok(())
+    }
+
+    /// Stops it gracefully (closes its stdin), at most 30 s.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        drop(self.child.stdin.take());
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(status) => {
+                let status = status?;
+                if !status.success() {
+                    bail!("the server stopped with {status}");
+                }
+            }
+            Err(_) => {
+                self.child.kill().await?;
+                bail!("the server did not stop within 30 s; killed");
+            }
+        }
+        Ok(())
+    }
+}

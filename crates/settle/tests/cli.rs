@@ -127,6 +127,20 @@ fn bench_chain_prints_one_json_line() {
 }
 
 #[test]
+fn bench_agents_runs_workflows_through_a_server_and_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bench.db");
+    let out = settle(&db, &["bench", "agents", "--entities", "200", "--agents", "2", "--batch", "8", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(
+        (v["workflows"].as_u64(), v["transitions"].as_u64(), v["agents"].as_u64()),
+        (Some(200), Some(400), Some(2))
+    );
+    assert!(v["server_peak_rss_mb"].as_f64().is_some_and(|mb| mb > 0.0), "{v}");
+}
+
+#[test]
 fn validate_checks_subscriptions_across_the_files_given() {
     let dir = tempfile::tempdir().unwrap();
     let parent = dir.path().join("parent.toml");

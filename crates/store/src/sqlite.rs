@@ -1660,16 +1660,30 @@ impl Store for SqliteStore {
 
     async fn task_list(&self, filter: TaskFilter) -> Result<Vec<AgentTask>> {
         self.on_reader(move |c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id
-                     WHERE (?1 IS NULL OR t.queue = ?1) AND (?2 IS NULL OR t.entity_id = ?2)
-                       AND (NOT ?3 OR t.status IN ('ready', 'leased')) AND (?5 IS NULL OR t.id = ?5)
-                     ORDER BY t.id DESC LIMIT ?4"
-                ))
-                .map_err(db_err)?;
-            let limit = filter.limit.map_or(-1, |l| l.min(i64::MAX as u64) as i64);
-            stmt.query_map(params![filter.queue, filter.entity_id, filter.open_only, limit, filter.id], task_from_row)
+            // Only the filters given, so that a lookup by id or entity uses its index
+            // (the statement is built from fixed fragments; values are bound).
+            let mut sql =
+                format!("SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id WHERE 1 = 1");
+            let mut values: Vec<rusqlite::types::Value> = Vec::new();
+            if let Some(id) = filter.id {
+                values.push(id.into());
+                sql.push_str(&format!(" AND t.id = ?{}", values.len()));
+            }
+            if let Some(entity) = filter.entity_id {
+                values.push(entity.into());
+                sql.push_str(&format!(" AND t.entity_id = ?{}", values.len()));
+            }
+            if let Some(queue) = filter.queue {
+                values.push(queue.into());
+                sql.push_str(&format!(" AND t.queue = ?{}", values.len()));
+            }
+            if filter.open_only {
+                sql.push_str(" AND t.status IN ('ready', 'leased')");
+            }
+            values.push(filter.limit.map_or(-1, |l| l.min(i64::MAX as u64) as i64).into());
+            sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ?{}", values.len()));
+            let mut stmt = c.prepare_cached(&sql).map_err(db_err)?;
+            stmt.query_map(rusqlite::params_from_iter(values), task_from_row)
                 .and_then(|rows| rows.collect())
                 .map_err(db_err)
         })

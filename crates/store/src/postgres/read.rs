@@ -93,16 +93,29 @@ pub(crate) fn task_from_row(r: &Row) -> R<AgentTask> {
 }
 
 pub(crate) fn task_list(c: &mut Conn, f: &TaskFilter) -> R<Vec<AgentTask>> {
+    // Only the filters given, so that a lookup by id or entity uses its index (the
+    // statement is built from fixed fragments; values are bound).
+    let mut sql = format!("SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id WHERE TRUE");
+    let mut params: Vec<&(dyn postgres::types::ToSql + Sync)> = Vec::new();
+    if let Some(id) = &f.id {
+        params.push(id);
+        sql.push_str(&format!(" AND t.id = ${}", params.len()));
+    }
+    if let Some(entity) = &f.entity_id {
+        params.push(entity);
+        sql.push_str(&format!(" AND t.entity_id = ${}", params.len()));
+    }
+    if let Some(queue) = &f.queue {
+        params.push(queue);
+        sql.push_str(&format!(" AND t.queue = ${}", params.len()));
+    }
+    if f.open_only {
+        sql.push_str(" AND t.status IN ('ready', 'leased')");
+    }
     let limit = f.limit.map(|l| l.min(i64::MAX as u64) as i64);
-    let rows = c.query(
-        &format!(
-            "SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id
-             WHERE ($1::text IS NULL OR t.queue = $1) AND ($2::bigint IS NULL OR t.entity_id = $2)
-               AND (NOT $3 OR t.status IN ('ready', 'leased')) AND ($5::bigint IS NULL OR t.id = $5)
-             ORDER BY t.id DESC LIMIT $4"
-        ),
-        &[&f.queue, &f.entity_id, &f.open_only, &limit, &f.id],
-    )?;
+    params.push(&limit);
+    sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ${}", params.len()));
+    let rows = c.query(&sql, &params)?;
     all(rows, task_from_row)
 }
 
