@@ -64,11 +64,21 @@ impl App {
     }
 
     pub async fn with_config(tokens: Tokens, config: Config) -> App {
+        App::with_machines(tokens, config, &[("door", DOOR)]).await
+    }
+
+    /// An app serving the TOML machines `machines` (name, definition).
+    pub async fn with_machines(tokens: Tokens, config: Config, machines: &[(&str, &str)]) -> App {
         let dir = tempfile::tempdir().unwrap();
         let store = AnyStore::Sqlite(SqliteStore::open(dir.path().join("settle.db")).unwrap());
-        let (door, _) = settle_core::toml::load("door.toml", "door", DOOR).unwrap();
-        let engine = Engine::builder(store).machine(door).start().await.unwrap();
-        let state = AppState::new(engine, &["door"], tokens, config).unwrap();
+        let mut b = Engine::builder(store);
+        for (name, text) in machines {
+            let (m, _) = settle_core::toml::load(&format!("{name}.toml"), name, text).unwrap();
+            b = b.machine(m);
+        }
+        let engine = b.start().await.unwrap();
+        let names: Vec<&str> = machines.iter().map(|(n, _)| *n).collect();
+        let state = AppState::new(engine, &names, tokens, config).unwrap();
         let router = crate::router(state.clone());
         App { _dir: dir, state, router }
     }
@@ -103,6 +113,9 @@ impl App {
     pub async fn dump(&self) -> String {
         let store = self.state.engine().store();
         let mut out = String::new();
+        for t in store.task_list(settle_store::TaskFilter::default()).await.unwrap() {
+            out.push_str(&format!("task {t:?}\n"));
+        }
         for e in store.entity_list(EntityFilter::default()).await.unwrap() {
             out.push_str(&format!("{e:?}\n"));
             for h in store.history_list(e.id).await.unwrap() {
@@ -391,6 +404,91 @@ async fn bad_requests_are_problems_and_change_nothing() {
     }
     // The deleted entity's history stays readable.
     assert_eq!(app.get("/v1/machines/door/entities/gone/history").await.status, StatusCode::OK);
+    app.stop().await;
+}
+
+/// An agent-provisioned machine (DESIGN §5).
+const VM: &str = r#"
+initial = "new"
+[states.new]
+[states.provisioning]
+auto = "provision"
+[states.ready]
+[events.create]
+in = ["new"]
+action = "begin"
+[actions.begin]
+to = ["provisioning"]
+[actions.provision]
+to = ["ready", "provisioning"]
+agent = "cloud"
+lock = "1m"
+"#;
+
+#[tokio::test]
+async fn agent_bad_requests_are_problems_and_change_nothing() {
+    let app = App::with_machines(Tokens::open(), Config::default(), &[("vm", VM)]).await;
+    app.post("/v1/machines/vm/entities", json!({"key": "v"})).await;
+    app.post("/v1/machines/vm/entities/v/events/create", json!({})).await;
+    let leased = app.post("/v1/queues/cloud/lease", json!({"agent": "a", "wait_ms": 5000})).await;
+    let task = &leased.json()["tasks"][0];
+    let (id, token) = (task["id"].as_i64().unwrap(), task["token"].as_str().unwrap().to_string());
+    assert_eq!(task["targets"], json!(["ready", "provisioning"]), "{task}");
+    let t = |what: &str| format!("/v1/tasks/{id}/{what}");
+    let table: Vec<(Req, u16, &str, Option<&str>)> = vec![
+        (Req::new("POST", "/v1/queues/dns/lease").json(json!({"agent": "a"})), 404, "unknown-queue", None),
+        (
+            Req::new("POST", "/v1/queues/cloud/lease").raw(Some("application/json"), "{agent"),
+            400,
+            "malformed-json",
+            None,
+        ),
+        (
+            Req::new("POST", "/v1/queues/cloud/lease").json(json!({"agent": "a", "max": 0})),
+            422,
+            "invalid-body",
+            Some("max"),
+        ),
+        (Req::new("POST", "/v1/queues/cloud/lease").json(json!({"agent": " "})), 422, "invalid-body", Some("agent")),
+        (Req::new("POST", "/v1/queues/cloud/lease").json(json!({"agent": "a", "n": 1})), 422, "invalid-body", None),
+        (Req::new("POST", "/v1/tasks/999/heartbeat").json(json!({"token": token})), 404, "unknown-task", None),
+        (Req::new("POST", "/v1/tasks/x/heartbeat").json(json!({"token": token})), 400, "bad-request", None),
+        (Req::new("POST", &t("heartbeat")).json(json!({"token": "forged"})), 409, "task-refused", None),
+        (
+            Req::new("POST", &t("complete")).json(json!({"token": "forged", "target": "ready"})),
+            409,
+            "task-refused",
+            None,
+        ),
+        (
+            Req::new("POST", &t("complete")).json(json!({"token": token, "target": "new"})),
+            422,
+            "invalid-report",
+            Some("target"),
+        ),
+        (
+            Req::new("POST", &t("complete")).json(json!({"token": token, "target": "ready", "properties": [1]})),
+            422,
+            "invalid-body",
+            Some("properties"),
+        ),
+        (Req::new("POST", &t("fail")).json(json!({"token": token})), 422, "invalid-body", None),
+        (Req::new("POST", &t("complete")).raw(Some("text/plain"), "{}"), 415, "unsupported-media-type", None),
+    ];
+    let before = app.dump().await;
+    for (req, status, slug, field) in table {
+        let what = format!("{} {}", req.method, req.uri);
+        let r = app.call(req).await;
+        assert_eq!(r.status.as_u16(), status, "{what}: {}", r.text);
+        let p = r.problem(status, slug);
+        if let Some(f) = field {
+            assert_eq!(p["field"], f, "{what}: {p}");
+        }
+        assert_eq!(app.dump().await, before, "{what} changed the store");
+    }
+    // The live token still holds the task: it reports.
+    let done = app.post(&t("complete"), json!({"token": token, "target": "ready"})).await;
+    assert_eq!(done.status, StatusCode::ACCEPTED, "{}", done.text);
     app.stop().await;
 }
 
