@@ -514,24 +514,28 @@ async fn lifecycle_commands() {
     app.stop().await;
 }
 
-/// Roles against every group of routes: read, write (create, raise, lifecycle), system.
+/// Roles against every group of routes: read, write (create, raise, lifecycle), system,
+/// health, agent queues.
 #[tokio::test]
 async fn access_matrix() {
-    let tokens = Tokens::from_spec("admin=t-admin;operator=t-op;reader=t-read;agent:dns=t-agent").unwrap();
-    let app = App::new(tokens).await;
+    let tokens =
+        Tokens::from_spec("admin=t-admin;operator=t-op;reader=t-read;agent:cloud=t-agent;agent:dns=t-dns").unwrap();
+    let app = App::with_machines(tokens, Config::default(), &[("door", DOOR), ("vm", VM)]).await;
     let admin = Some("t-admin");
     let r = app.call(Req::new("POST", "/v1/machines/door/entities").json(json!({"key": "d"})).token(admin)).await;
     assert_eq!(r.status, StatusCode::CREATED);
     let e = "/v1/machines/door/entities/d";
-    let groups = ["read", "write", "system", "health"];
-    // Expected status class per (token, group): 2 = 2xx.
-    let matrix: [(Option<&str>, [u16; 4]); 6] = [
-        (Some("t-admin"), [2, 2, 2, 2]),
-        (Some("t-op"), [2, 2, 2, 2]),
-        (Some("t-read"), [2, 403, 2, 2]),
-        (Some("t-agent"), [403, 403, 403, 2]),
-        (None, [401, 401, 401, 2]),
-        (Some("t-wrong"), [401, 401, 401, 2]),
+    let groups = ["read", "write", "system", "health", "agents"];
+    // Expected status class per (token, group): 2 = 2xx. `t-dns` is an agent of another
+    // queue than the one the agent group uses.
+    let matrix: [(Option<&str>, [u16; 5]); 7] = [
+        (Some("t-admin"), [2, 2, 2, 2, 2]),
+        (Some("t-op"), [2, 2, 2, 2, 403]),
+        (Some("t-read"), [2, 403, 2, 2, 403]),
+        (Some("t-agent"), [403, 403, 403, 2, 2]),
+        (Some("t-dns"), [403, 403, 403, 2, 403]),
+        (None, [401, 401, 401, 2, 401]),
+        (Some("t-wrong"), [401, 401, 401, 2, 401]),
     ];
     for (token, expected) in matrix {
         for (group, want) in groups.into_iter().zip(expected) {
@@ -585,6 +589,8 @@ fn group_requests(group: &str) -> Vec<Req> {
             Req::new("POST", &format!("{e}/retry")),
         ],
         "system" => vec![Req::new("GET", "/metrics"), Req::new("GET", "/openapi.json")],
+        // No vm exists, so nothing is offered: the lease answers at once with no task.
+        "agents" => vec![Req::new("POST", "/v1/queues/cloud/lease").json(json!({"agent": "a", "wait_ms": 0}))],
         _ => vec![Req::new("GET", "/healthz")],
     }
 }
