@@ -590,7 +590,10 @@ impl Machine {
         queues
     }
 
-    /// A canonical, stable JSON rendering of the definition (stored with the machine).
+    /// A canonical, stable JSON rendering of the definition (stored with the machine):
+    /// compact, object keys sorted — whatever order serde_json's maps keep in this build
+    /// (its `preserve_order` feature, enabled by any crate in a build, would otherwise
+    /// change the text and so every definition's hash).
     pub fn canonical_json(&self) -> String {
         use serde_json::{Map, Value, json};
         let ms = |d: Duration| Value::from(d.as_millis() as u64);
@@ -687,7 +690,9 @@ impl Machine {
                 self.migrate.iter().map(|(old, new)| (old.to_string(), Value::from(new.as_str()))).collect();
             machine["migrate"] = Value::from(migrate);
         }
-        machine.to_string()
+        let mut out = String::new();
+        write_sorted(&machine, &mut out);
+        out
     }
 
     /// SHA-256 of [`Machine::canonical_json`], hex-encoded: the definition's version hash.
@@ -908,5 +913,37 @@ impl MachineBuilder {
     /// Validates and builds the machine; errors come back as a full [`Report`].
     pub fn build(self) -> Result<Machine, Report> {
         Machine::from_def(&self.def).map(|(m, _)| m)
+    }
+}
+
+/// Writes `v` as compact JSON with every object's keys in sorted order.
+fn write_sorted(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::from(k.as_str()).to_string());
+                out.push(':');
+                write_sorted(&map[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_sorted(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
     }
 }
