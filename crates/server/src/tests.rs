@@ -15,42 +15,8 @@ use crate::{AppState, Config};
 
 /// A door: `closed` ⇄ `open`, `paint` needs a `color`, `remove` deletes it; `open` is
 /// rejected with a declared reason when the door is open already.
-pub(crate) const DOOR: &str = r#"
-initial = "closed"
-
-[states.closed]
-[states.open]
-[states.gone]
-kind = "deleted"
-
-[events.open]
-in = ["closed"]
-action = "swing_open"
-[events.open.reject]
-open = "already open"
-
-[events.close]
-in = ["open"]
-action = "swing_shut"
-
-[events.paint]
-in = ["closed"]
-action = "repaint"
-params = ["color"]
-
-[events.remove]
-in = ["closed"]
-action = "remove"
-
-[actions.swing_open]
-to = ["open"]
-[actions.swing_shut]
-to = ["closed"]
-[actions.repaint]
-to = ["closed"]
-[actions.remove]
-to = ["gone"]
-"#;
+/// The test machine of the server's tests and the binary's HTTP tests (one file).
+pub(crate) const DOOR: &str = include_str!("testdata/door.toml");
 
 pub(crate) struct App {
     _dir: tempfile::TempDir,

@@ -10,27 +10,8 @@ use std::process::Output;
 
 use serde_json::Value;
 
-const DOOR: &str = r#"
-initial = "closed"
-
-[states.closed]
-[states.open]
-
-[events.open]
-in = ["closed"]
-action = "swing_open"
-[events.open.reject]
-open = "already open"
-
-[events.close]
-in = ["open"]
-action = "swing_shut"
-
-[actions.swing_open]
-to = ["open"]
-[actions.swing_shut]
-to = ["closed"]
-"#;
+/// The server's test machine (shared with its unit tests).
+const DOOR: &str = include_str!("../../server/src/testdata/door.toml");
 
 /// A temporary directory with `machines/door.toml` and the database path `settle.db`.
 fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {

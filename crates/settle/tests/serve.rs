@@ -11,42 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const DOOR: &str = r#"
-initial = "closed"
-
-[states.closed]
-[states.open]
-[states.gone]
-kind = "deleted"
-
-[events.open]
-in = ["closed"]
-action = "swing_open"
-[events.open.reject]
-open = "already open"
-
-[events.close]
-in = ["open"]
-action = "swing_shut"
-
-[events.paint]
-in = ["closed"]
-action = "repaint"
-params = ["color"]
-
-[events.remove]
-in = ["closed"]
-action = "remove"
-
-[actions.swing_open]
-to = ["open"]
-[actions.swing_shut]
-to = ["closed"]
-[actions.repaint]
-to = ["closed"]
-[actions.remove]
-to = ["gone"]
-"#;
+/// The server's test machine (shared with its unit tests).
+const DOOR: &str = include_str!("../../server/src/testdata/door.toml");
 
 /// A running `settle serve`; stopped with SIGTERM when dropped.
 struct Server {
