@@ -182,6 +182,8 @@ pub(crate) struct Scheduler<S> {
     last_renew: i64,
     last_supervise: i64,
     claim_now: bool,
+    /// The machines this engine serves: it claims only their entities.
+    served: Vec<String>,
     stats: Stats,
 }
 
@@ -261,6 +263,8 @@ impl<S: Store + Clone> Scheduler<S> {
             registry: registry.clone(),
             lease: config.lease,
         });
+        let mut served: Vec<String> = registry.machines.keys().map(|m| m.to_string()).collect();
+        served.sort();
         Scheduler {
             store,
             registry,
@@ -280,6 +284,7 @@ impl<S: Store + Clone> Scheduler<S> {
             last_renew: now_ms(),
             last_supervise: now_ms(),
             claim_now: true,
+            served,
             stats: Stats::default(),
         }
     }
@@ -426,6 +431,7 @@ impl<S: Store + Clone> Scheduler<S> {
             owner: self.config.owner.clone(),
             lease_ms: self.lease_ms(),
             limit: capacity,
+            machines: self.served.clone(),
         });
         if self.ops.is_empty() && claim.is_none() {
             self.claim_now = false;

@@ -124,6 +124,12 @@ impl Store for AnyStore {
     async fn events_list(&self, entity_id: i64) -> Result<Vec<EventRow>> {
         delegate!(self, s => s.events_list(entity_id))
     }
+    async fn events_by_id(&self, ids: Vec<i64>) -> Result<Vec<EventRow>> {
+        delegate!(self, s => s.events_by_id(ids))
+    }
+    async fn entities_by_id(&self, ids: Vec<i64>) -> Result<Vec<EntityRow>> {
+        delegate!(self, s => s.entities_by_id(ids))
+    }
     async fn stats(&self, since: Option<Millis>) -> Result<Stats> {
         delegate!(self, s => s.stats(since))
     }
@@ -143,6 +149,12 @@ impl Store for AnyStore {
         match self {
             AnyStore::Sqlite(s) => s.wakeup(),
             AnyStore::Postgres(s) => s.wakeup(),
+        }
+    }
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<crate::Changes>> {
+        match self {
+            AnyStore::Sqlite(s) => s.changes(),
+            AnyStore::Postgres(s) => s.changes(),
         }
     }
 }

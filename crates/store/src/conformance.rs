@@ -67,7 +67,7 @@ fn commit(entity: &EntityRow, to: Option<&str>, consume: Option<i64>, after: Aft
 }
 
 async fn write<S: Store>(store: &S, now: Millis, ops: Vec<Op>, claim: bool) -> BatchResult {
-    let claim = claim.then(|| Claim { owner: OWNER.into(), lease_ms: 30_000, limit: 100 });
+    let claim = claim.then(|| Claim { owner: OWNER.into(), lease_ms: 30_000, limit: 100, machines: Vec::new() });
     store.write(Batch { now, ops, claim }).await.expect("batch commits")
 }
 
@@ -312,7 +312,7 @@ pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
         .write(Batch {
             now: T0 + 60_001,
             ops: vec![],
-            claim: Some(Claim { owner: "engine-b".into(), lease_ms: 30_000, limit: 10 }),
+            claim: Some(Claim { owner: "engine-b".into(), lease_ms: 30_000, limit: 10, machines: Vec::new() }),
         })
         .await
         .unwrap();

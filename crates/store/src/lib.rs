@@ -10,7 +10,9 @@
 //! of due entities in the same transaction.
 
 mod any;
+mod changes;
 pub mod conformance;
+mod plan;
 pub mod postgres;
 mod sql;
 pub mod sqlite;
@@ -20,6 +22,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use any::{AnyStore, is_postgres_url};
+pub use changes::{Changed, Changes};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 pub use types::*;
@@ -133,6 +136,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// The processed events of an entity (the `events` telemetry table), oldest first.
     fn events_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<EventRow>>> + Send;
+    /// The processed events with these ids (inbox ids), those that exist, in any order.
+    fn events_by_id(&self, ids: Vec<i64>) -> impl Future<Output = Result<Vec<EventRow>>> + Send;
+    /// The entities with these ids, those that exist, in any order.
+    fn entities_by_id(&self, ids: Vec<i64>) -> impl Future<Output = Result<Vec<EntityRow>>> + Send;
     /// Key performance indicators from the telemetry tables: per operation name (started at
     /// or after `since`), per machine transition and the ten most frequent errors (both at
     /// or after `since`); `None`: all time.
@@ -155,6 +162,13 @@ pub trait Store: Send + Sync + 'static {
     /// Notified when another process may have made work due (PostgreSQL's `LISTEN`): the
     /// engine then claims at once instead of at its next poll. `None`: nothing tells.
     fn wakeup(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
+
+    /// The entities other processes change, batch by batch, as they commit (PostgreSQL's
+    /// `NOTIFY`), so that callers waiting in this process are answered whichever instance
+    /// did the work. `None`: no other process writes (SQLite's exclusive engine lock).
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Changes>> {
         None
     }
 }

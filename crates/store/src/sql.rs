@@ -1,9 +1,10 @@
-//! What the SQL backends share: column lists (both schemas have the same columns in the
-//! same order), JSON text encoding, and which batch operations need a savepoint.
+//! What the SQL backends share besides the batch plan: column lists (both schemas have the
+//! same columns in the same order), JSON text encoding, agent task refusals, and the
+//! writer thread.
 
 use settle_core::{EntityKey, EventName, MachineName};
 
-use crate::types::{AgentReport, InboxKind, Op, Push};
+use crate::types::{AgentReport, InboxKind, Push};
 
 /// The columns an `EntityRow` is decoded from, in order.
 pub(crate) const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, \
@@ -13,6 +14,11 @@ pub(crate) const ENTITY_COLS: &str = "id, machine, key, state, properties, versi
 /// The columns an `OperationRow` is decoded from, in order.
 pub(crate) const OPERATION_COLS: &str = "id, request_id, name, machine, entity_key, started_at, ended_at, \
      first_response_at, outcome, error, restart_count, dimensions";
+
+/// The columns an `EventRow` is decoded from, in order (`ev`: events, `er`: its error, from
+/// `events ev LEFT JOIN errors er ON er.id = ev.error_id`).
+pub(crate) const EVENT_COLS: &str = "ev.id, ev.request_id, ev.event, ev.kind, ev.start_state, ev.end_state, \
+     ev.start_time, ev.end_time, ev.rejected, ev.failed, er.details, ev.exception, ev.reason, ev.entered";
 
 /// The columns an `AgentTask` is decoded from, in order (`t`: agent_tasks, `e`: entities).
 pub(crate) const TASK_COLS: &str = "t.id, t.queue, e.machine, e.key, t.entity_id, t.state, t.action, \
@@ -61,25 +67,6 @@ pub(crate) fn report_push(machine: String, key: String, report: &AgentReport, re
 /// JSON stored as text (properties, params, fired events, recent errors, dimensions).
 pub(crate) fn json_text(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v).expect("JSON values serialize")
-}
-
-/// Whether an op can fail after writing something, so it needs a savepoint to undo alone.
-/// (On PostgreSQL a failing statement also aborts the transaction; the ops that can fail
-/// in the database, e.g. through application SQL, are the same ones.)
-pub(crate) fn needs_savepoint(op: &Op) -> bool {
-    match op {
-        Op::Commit(c) => {
-            !(c.sql.is_empty() && c.creates.is_empty() && c.pushes.is_empty() && c.preconditions.is_empty())
-        }
-        Op::Command { .. } | Op::TaskReport { .. } => true,
-        Op::Create(_)
-        | Op::Push(_)
-        | Op::Release(_)
-        | Op::Renew { .. }
-        | Op::MarkHung { .. }
-        | Op::TaskLease { .. }
-        | Op::TaskHeartbeat { .. } => false,
-    }
 }
 
 type Job<C> = Box<dyn FnOnce(&mut C) + Send>;

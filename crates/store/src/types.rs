@@ -867,6 +867,8 @@ pub struct Claim {
     pub lease_ms: i64,
     /// At most this many.
     pub limit: usize,
+    /// Only entities of these machines (the ones the claiming engine serves); empty: any.
+    pub machines: Vec<String>,
 }
 
 /// Many operations written in one transaction (one fsync): the group commit.
@@ -1034,6 +1036,10 @@ pub struct EventRow {
     pub error: Option<String>,
     /// Exception details (a panic's message), if any.
     pub exception: Option<String>,
+    /// Why it was rejected, or how its action failed.
+    pub reason: Option<String>,
+    /// The state its action entered (when accepted).
+    pub entered: Option<StateName>,
 }
 
 /// Key performance indicators read back from the telemetry tables (see [`crate::Store::stats`]).

@@ -58,7 +58,7 @@ async fn concurrent_claims_never_overlap() {
                 .write(Batch {
                     now: 20,
                     ops: vec![],
-                    claim: Some(Claim { owner: owner.into(), lease_ms: 60_000, limit: 16 }),
+                    claim: Some(Claim { owner: owner.into(), lease_ms: 60_000, limit: 16, machines: Vec::new() }),
                 })
                 .await
                 .unwrap();
@@ -132,7 +132,7 @@ async fn unconvertible_sql_parameter_fails_the_commit_alone() {
         .write(Batch {
             now: 10,
             ops: vec![Op::Create(entity("a", None)), Op::Push(push)],
-            claim: Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10 }),
+            claim: Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() }),
         })
         .await
         .unwrap();

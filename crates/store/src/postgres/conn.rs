@@ -59,6 +59,17 @@ impl Target {
         self.schema.as_ref().map(|s| format!("\"{s}\""))
     }
 
+    /// A connection for the store's writer: its statements all find their rows through
+    /// indexes, but on a young or fast-growing table the statistics lag behind and the
+    /// planner would pick sequential scans, hash joins and bitmap scans (of partial indexes
+    /// bloated by dead entries) that cost milliseconds per batch. This connection tells the
+    /// planner not to.
+    pub(crate) fn connect_writer(&self) -> Result<Conn, postgres::Error> {
+        let mut conn = self.connect()?;
+        conn.tune_for_writer()?;
+        Ok(conn)
+    }
+
     /// A new connection, its search path set to the schema.
     pub(crate) fn connect(&self) -> Result<Conn, postgres::Error> {
         let mut client = self.config.connect(NoTls)?;
@@ -100,6 +111,13 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
+    /// See [`Target::connect_writer`].
+    pub(crate) fn tune_for_writer(&mut self) -> Result<(), postgres::Error> {
+        self.client.batch_execute(
+            "SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_bitmapscan = off",
+        )
+    }
+
     fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s.clone());

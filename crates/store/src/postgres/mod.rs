@@ -22,6 +22,7 @@
 //! deployments, or tests, can share one database.
 
 mod conn;
+mod dialect;
 mod read;
 mod write;
 
@@ -36,6 +37,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 use self::conn::{Backoff, Conn, Recovery, Target, recovery};
+use crate::changes::Changes;
 use crate::sql::WriterThread;
 use crate::types::*;
 use crate::{Error, Result, Store};
@@ -45,6 +47,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../../migrations/postgres/0002_workflows.sql")),
     (3, include_str!("../../migrations/postgres/0003_operate.sql")),
     (4, include_str!("../../migrations/postgres/0004_agents.sql")),
+    (5, include_str!("../../migrations/postgres/0005_write_path.sql")),
 ];
 
 /// A database failure below the store's API.
@@ -52,6 +55,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
 pub(crate) enum Failure {
     Pg(postgres::Error),
     Corrupt(String),
+    /// The batch lost a race with another instance that no lock prevents (an entity key
+    /// created concurrently): running it again sees the winner's row.
+    Race(String),
 }
 
 impl From<postgres::Error> for Failure {
@@ -65,6 +71,7 @@ impl Failure {
         match self {
             Failure::Pg(e) => Error::Db(pg_message(&e)),
             Failure::Corrupt(m) => Error::Corrupt(m),
+            Failure::Race(m) => Error::Db(format!("lost a race with another instance: {m}")),
         }
     }
 
@@ -72,6 +79,7 @@ impl Failure {
         match self {
             Failure::Pg(e) => recovery(e),
             Failure::Corrupt(_) => Recovery::Fail,
+            Failure::Race(_) => Recovery::Retry,
         }
     }
 }
@@ -164,6 +172,8 @@ struct Inner {
     writer: Option<WriterThread<Writer>>,
     readers: Mutex<Vec<Conn>>,
     wake: Arc<Notify>,
+    /// Entities other processes changed, for waiters in this one.
+    changes: tokio::sync::broadcast::Sender<Changes>,
     /// This handle's name in wake-up notifications (its own are ignored).
     me: String,
     channel: String,
@@ -198,7 +208,7 @@ impl Writer {
     /// The connection, connecting (with backoff) if there is none.
     fn conn(&mut self, backoff: &mut Backoff) -> Result<&mut Conn> {
         while self.conn.is_none() {
-            match self.target.connect() {
+            match self.target.connect_writer() {
                 Ok(c) => {
                     if backoff.attempts() > 0 {
                         tracing::warn!(attempts = backoff.attempts(), "store writer reconnected to PostgreSQL");
@@ -287,6 +297,7 @@ impl PgStore {
             Error::Db(m) => open_err(m),
             other => other,
         })?;
+        conn.tune_for_writer().map_err(|e| open_err(pg_message(&e)))?;
         let writer = WriterThread::spawn("settle-pg-writer", Writer { target: target.clone(), conn: Some(conn) })
             .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
         let store = Self::handle(target, Some(writer));
@@ -324,6 +335,7 @@ impl PgStore {
                 writer,
                 readers: Mutex::new(Vec::new()),
                 wake: Arc::new(Notify::new()),
+                changes: tokio::sync::broadcast::channel(4096).0,
                 me: format!("{}-{}", std::process::id(), uuid_like()),
                 channel,
                 stop: Arc::new(AtomicBool::new(false)),
@@ -358,6 +370,7 @@ impl PgStore {
     fn start_listener(&self) -> Result<()> {
         let target = self.inner.target.clone();
         let wake = self.inner.wake.clone();
+        let changes = self.inner.changes.clone();
         let stop = self.inner.stop.clone();
         let me = self.inner.me.clone();
         let channel = self.inner.channel.clone();
@@ -379,15 +392,29 @@ impl PgStore {
                         continue;
                     }
                     backoff = Backoff::new();
+                    // Whatever was told while nobody listened is lost: look again.
                     wake.notify_one();
+                    let _ = changes.send(Changes::Lost);
                     while !stop.load(Ordering::Relaxed) {
                         let next = conn.client.notifications().timeout_iter(Duration::from_millis(500)).next();
                         match next {
-                            Ok(Some(n)) => {
-                                if n.payload() != me {
-                                    wake.notify_one();
+                            Ok(Some(n)) => match crate::changes::decode(n.payload()) {
+                                Some((sender, _, _)) if sender == me => {}
+                                Some((_, work, changed)) => {
+                                    if work {
+                                        wake.notify_one();
+                                    }
+                                    if !changed.is_empty() {
+                                        // No receiver is fine: nobody waits here.
+                                        let _ = changes.send(Changes::Entities(changed.into()));
+                                    }
                                 }
-                            }
+                                None => {
+                                    tracing::warn!(payload = n.payload(), "unreadable wake-up notification");
+                                    wake.notify_one();
+                                    let _ = changes.send(Changes::Lost);
+                                }
+                            },
                             // A timeout: notice a dead connection, which yields no error here.
                             Ok(None) if conn.client.is_closed() => break,
                             Ok(None) => {}
@@ -528,7 +555,14 @@ impl Store for PgStore {
                 if reconnected {
                     batch.now = batch.now.max(now_ms());
                 }
-                write::apply_batch(c, &batch, Some((&channel, &me)))
+                let result = crate::plan::apply_batch(&mut dialect::Tx(c), &batch)?;
+                // Others learn of this batch when it commits: work to claim, entities moved.
+                let changed = crate::changes::changed(&batch, &result.results);
+                let payloads = crate::changes::encode(&me, write::shares_work(&batch), &changed);
+                if !payloads.is_empty() {
+                    c.exec("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", &[&channel, &payloads])?;
+                }
+                Ok(result)
             })
         })
         .await
@@ -646,6 +680,14 @@ impl Store for PgStore {
         self.on_reader(move |c| read::events_list(c, entity_id)).await
     }
 
+    async fn events_by_id(&self, ids: Vec<i64>) -> Result<Vec<EventRow>> {
+        self.on_reader(move |c| read::events_by_id(c, &ids)).await
+    }
+
+    async fn entities_by_id(&self, ids: Vec<i64>) -> Result<Vec<EntityRow>> {
+        self.on_reader(move |c| read::entities_by_id(c, &ids)).await
+    }
+
     async fn stats(&self, since: Option<Millis>) -> Result<Stats> {
         let since = since.unwrap_or(Millis::MIN);
         self.on_reader(move |c| read::stats(c, since)).await
@@ -665,6 +707,10 @@ impl Store for PgStore {
 
     fn wakeup(&self) -> Option<Arc<Notify>> {
         Some(self.inner.wake.clone())
+    }
+
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Changes>> {
+        Some(self.inner.changes.subscribe())
     }
 }
 

@@ -5,7 +5,7 @@ use settle_core::{ActionName, EntityKey, EventName, MachineName, StateName};
 
 use super::Failure;
 use super::conn::Conn;
-use crate::sql::{ENTITY_COLS, OPERATION_COLS, TASK_COLS};
+use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS};
 use crate::types::*;
 
 type R<T> = std::result::Result<T, Failure>;
@@ -24,30 +24,35 @@ fn small(r: &Row, col: usize) -> R<u32> {
 }
 
 pub(crate) fn entity_from_row(r: &Row) -> R<EntityRow> {
-    let status: &str = r.try_get(16)?;
+    entity_from_row_at(r, 0)
+}
+
+/// An entity whose columns ([`ENTITY_COLS`]) start at column `at` of the row.
+pub(crate) fn entity_from_row_at(r: &Row, at: usize) -> R<EntityRow> {
+    let status: &str = r.try_get(at + 16)?;
     Ok(EntityRow {
-        id: r.try_get(0)?,
-        machine: MachineName::new(r.try_get::<_, &str>(1)?),
-        key: EntityKey::new(r.try_get::<_, &str>(2)?),
-        state: StateName::new(r.try_get::<_, &str>(3)?),
-        properties: json(r, 4)?,
-        version: r.try_get(5)?,
-        retry: small(r, 6)?,
-        created_at: r.try_get(7)?,
-        entered_at: r.try_get(8)?,
-        auto_at: r.try_get(9)?,
-        due_at: r.try_get(10)?,
-        lease_owner: r.try_get(11)?,
-        lease_until: r.try_get(12)?,
-        request_id: r.try_get(13)?,
-        fired: json::<Vec<String>>(r, 14)?.into_iter().map(EventName::from).collect(),
-        timer_at: r.try_get(15)?,
+        id: r.try_get(at)?,
+        machine: MachineName::new(r.try_get::<_, &str>(at + 1)?),
+        key: EntityKey::new(r.try_get::<_, &str>(at + 2)?),
+        state: StateName::new(r.try_get::<_, &str>(at + 3)?),
+        properties: json(r, at + 4)?,
+        version: r.try_get(at + 5)?,
+        retry: small(r, at + 6)?,
+        created_at: r.try_get(at + 7)?,
+        entered_at: r.try_get(at + 8)?,
+        auto_at: r.try_get(at + 9)?,
+        due_at: r.try_get(at + 10)?,
+        lease_owner: r.try_get(at + 11)?,
+        lease_until: r.try_get(at + 12)?,
+        request_id: r.try_get(at + 13)?,
+        fired: json::<Vec<String>>(r, at + 14)?.into_iter().map(EventName::from).collect(),
+        timer_at: r.try_get(at + 15)?,
         run_status: RunStatus::parse(status)
             .ok_or_else(|| Failure::Corrupt(format!("unknown run status `{status}`")))?,
-        sleep_until: r.try_get(17)?,
-        recent_errors: json(r, 18)?,
-        event_id: r.try_get(19)?,
-        machine_hash: r.try_get(20)?,
+        sleep_until: r.try_get(at + 17)?,
+        recent_errors: json(r, at + 18)?,
+        event_id: r.try_get(at + 19)?,
+        machine_hash: r.try_get(at + 20)?,
     })
 }
 
@@ -289,30 +294,50 @@ pub(crate) fn machine_versions(c: &mut Conn) -> R<Vec<(MachineRecord, u64)>> {
     all(rows, |r| Ok((machine_from_row(r)?, count(r, 4)?)))
 }
 
+fn event_from_row(r: &Row) -> R<EventRow> {
+    Ok(EventRow {
+        id: r.try_get(0)?,
+        request_id: r.try_get(1)?,
+        event: EventName::new(r.try_get::<_, &str>(2)?),
+        kind: r.try_get(3)?,
+        start_state: StateName::new(r.try_get::<_, &str>(4)?),
+        end_state: r.try_get::<_, Option<&str>>(5)?.map(StateName::from),
+        start_time: r.try_get(6)?,
+        end_time: r.try_get(7)?,
+        rejected: r.try_get(8)?,
+        failed: r.try_get(9)?,
+        error: r.try_get(10)?,
+        exception: r.try_get(11)?,
+        reason: r.try_get(12)?,
+        entered: r.try_get::<_, Option<&str>>(13)?.map(StateName::from),
+    })
+}
+
 pub(crate) fn events_list(c: &mut Conn, entity_id: i64) -> R<Vec<EventRow>> {
     let rows = c.query(
-        "SELECT ev.id, ev.request_id, ev.event, ev.kind, ev.start_state, ev.end_state, ev.start_time,
-            ev.end_time, ev.rejected, ev.failed, er.details, ev.exception
-         FROM events ev LEFT JOIN errors er ON er.id = ev.error_id
-         WHERE ev.entity_id = $1 ORDER BY ev.id",
+        &format!(
+            "SELECT {EVENT_COLS} FROM events ev LEFT JOIN errors er ON er.id = ev.error_id
+             WHERE ev.entity_id = $1 ORDER BY ev.id"
+        ),
         &[&entity_id],
     )?;
-    all(rows, |r| {
-        Ok(EventRow {
-            id: r.try_get(0)?,
-            request_id: r.try_get(1)?,
-            event: EventName::new(r.try_get::<_, &str>(2)?),
-            kind: r.try_get(3)?,
-            start_state: StateName::new(r.try_get::<_, &str>(4)?),
-            end_state: r.try_get::<_, Option<&str>>(5)?.map(StateName::from),
-            start_time: r.try_get(6)?,
-            end_time: r.try_get(7)?,
-            rejected: r.try_get(8)?,
-            failed: r.try_get(9)?,
-            error: r.try_get(10)?,
-            exception: r.try_get(11)?,
-        })
-    })
+    all(rows, event_from_row)
+}
+
+pub(crate) fn events_by_id(c: &mut Conn, ids: &[i64]) -> R<Vec<EventRow>> {
+    let rows = c.query(
+        &format!(
+            "SELECT {EVENT_COLS} FROM events ev LEFT JOIN errors er ON er.id = ev.error_id
+             WHERE ev.id = ANY($1::bigint[])"
+        ),
+        &[&ids],
+    )?;
+    all(rows, event_from_row)
+}
+
+pub(crate) fn entities_by_id(c: &mut Conn, ids: &[i64]) -> R<Vec<EntityRow>> {
+    let rows = c.query(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ANY($1::bigint[])"), &[&ids])?;
+    all(rows, entity_from_row)
 }
 
 /// The KPIs of `Store::stats`, read in one repeatable-read snapshot.

@@ -1,0 +1,304 @@
+//! The rows a plan reads and writes: one struct per table and kind of write, handed to a
+//! [`Dialect`](super::Dialect) a whole set at a time.
+
+use crate::types::{Millis, RunStatus};
+
+/// The columns of an entity the plan reads and rewrites (everything but the JSON columns,
+/// which are only written when they change). Locked until the batch commits.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Current {
+    pub(crate) id: i64,
+    pub(crate) machine: String,
+    pub(crate) key: String,
+    pub(crate) state: String,
+    pub(crate) version: i64,
+    pub(crate) retry: i64,
+    pub(crate) entered_at: Millis,
+    pub(crate) auto_at: Option<Millis>,
+    pub(crate) due_at: Option<Millis>,
+    pub(crate) lease_owner: Option<String>,
+    pub(crate) lease_until: Option<Millis>,
+    pub(crate) request_id: Option<String>,
+    pub(crate) timer_at: Option<Millis>,
+    pub(crate) run_status: RunStatus,
+    pub(crate) sleep_until: Option<Millis>,
+    pub(crate) busy: bool,
+    pub(crate) event_id: Option<i64>,
+    pub(crate) ordinal: i64,
+    pub(crate) has_predecessors: bool,
+    pub(crate) machine_hash: Option<String>,
+}
+
+/// The columns of [`Current`], in its field order (`SELECT {CURRENT_COLS} FROM entities`).
+pub(crate) const CURRENT_COLS: &str = "id, machine, key, state, version, retry, entered_at, auto_at, due_at, \
+     lease_owner, lease_until, request_id, timer_at, run_status, sleep_until, busy, event_id, ordinal, \
+     has_predecessors, machine_hash";
+
+impl Current {
+    /// When the entity is next due, from its columns: never while paused, parked or
+    /// killed; at the end of a sleep or backoff; at its lease expiry while leased; now if
+    /// its inbox holds events; else at its auto action or first timer. This is the one
+    /// definition of `due_at` the write path uses.
+    pub(crate) fn due(&self, inbox_nonempty: bool, now: Millis) -> Option<Millis> {
+        match self.run_status {
+            RunStatus::Paused | RunStatus::Failed | RunStatus::Killed => None,
+            RunStatus::Sleeping | RunStatus::Fault => self.sleep_until,
+            RunStatus::Active if self.lease_owner.is_some() => self.lease_until,
+            RunStatus::Active if inbox_nonempty => Some(now),
+            RunStatus::Active => min_opt(self.auto_at, self.timer_at),
+        }
+    }
+
+    /// A free, active entity that just received an inbox item is due now (an earlier due
+    /// time is kept); others keep their due time.
+    pub(crate) fn receive(&mut self, now: Millis) {
+        if self.lease_owner.is_none() && self.run_status == RunStatus::Active && self.due_at.is_none_or(|d| d > now) {
+            self.due_at = Some(now);
+        }
+    }
+}
+
+/// The earlier of two optional times.
+pub(crate) fn min_opt(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// New values of an entity read as [`Current`]; the JSON columns only when they change.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EntityUpdate {
+    pub(crate) row: Current,
+    pub(crate) properties: Option<String>,
+    pub(crate) fired: Option<String>,
+    pub(crate) recent_errors: Option<String>,
+}
+
+/// A new entity. `created_at` and `entered_at` are the batch's time; version 1, retry 0.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EntityInsert {
+    pub(crate) machine: String,
+    pub(crate) key: String,
+    pub(crate) state: String,
+    pub(crate) properties: String,
+    pub(crate) created_at: Millis,
+    pub(crate) auto_at: Option<Millis>,
+    pub(crate) due_at: Option<Millis>,
+    pub(crate) request_id: Option<String>,
+    pub(crate) busy: bool,
+    pub(crate) machine_hash: Option<String>,
+    pub(crate) timer_at: Option<Millis>,
+    pub(crate) has_predecessors: bool,
+}
+
+/// Inbox items to delete for one entity: the item a commit consumes, and the change notices
+/// up to an id (`-1`: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InboxDelete {
+    pub(crate) entity_id: i64,
+    pub(crate) consume: i64,
+    pub(crate) notices_upto: i64,
+}
+
+/// A new inbox item.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct InboxInsert {
+    pub(crate) entity_id: i64,
+    pub(crate) event: String,
+    pub(crate) params: String,
+    pub(crate) request_id: Option<String>,
+    pub(crate) kind: &'static str,
+    pub(crate) created_at: Millis,
+}
+
+/// A history row (also the `transitions` row of a state entry).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct HistoryInsert {
+    pub(crate) entity_id: i64,
+    pub(crate) from_state: Option<String>,
+    pub(crate) to_state: Option<String>,
+    pub(crate) kind: &'static str,
+    pub(crate) action: Option<String>,
+    pub(crate) event: Option<String>,
+    pub(crate) retry: i64,
+    pub(crate) request_id: Option<String>,
+    pub(crate) at: Millis,
+    pub(crate) detail: Option<String>,
+    pub(crate) machine_hash: Option<String>,
+    pub(crate) event_id: Option<i64>,
+    pub(crate) ordinal: Option<i64>,
+    pub(crate) transition_kind: Option<&'static str>,
+    pub(crate) start_health: Option<&'static str>,
+    pub(crate) end_health: Option<&'static str>,
+    pub(crate) entry_time: Option<Millis>,
+    pub(crate) start_time: Option<Millis>,
+    pub(crate) action_start_time: Option<Millis>,
+    pub(crate) outcome: Option<&'static str>,
+}
+
+/// A successor edge (kept if it exists).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SuccessorInsert {
+    pub(crate) predecessor_id: i64,
+    pub(crate) successor_id: i64,
+    pub(crate) request_id: Option<String>,
+    pub(crate) created_at: Millis,
+}
+
+/// An agent task offered for an entity's state entry (only if it has no open task).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TaskInsert {
+    pub(crate) entity_id: i64,
+    pub(crate) queue: String,
+    pub(crate) action: String,
+    pub(crate) state: String,
+    pub(crate) entity_version: i64,
+    pub(crate) retry: i64,
+    pub(crate) lock_ms: i64,
+    pub(crate) request_id: Option<String>,
+    pub(crate) available_at: Millis,
+    pub(crate) created_at: Millis,
+}
+
+/// An error (its operation is found by request id).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ErrorInsert {
+    pub(crate) entity_id: i64,
+    pub(crate) request_id: Option<String>,
+    pub(crate) at: Millis,
+    pub(crate) kind: &'static str,
+    pub(crate) details: String,
+}
+
+/// Exception details of an error.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ExceptionInsert {
+    pub(crate) error_id: i64,
+    pub(crate) at: Millis,
+    pub(crate) details: String,
+}
+
+/// A processed event (its operation is found by request id).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EventInsert {
+    pub(crate) id: i64,
+    pub(crate) request_id: Option<String>,
+    pub(crate) entity_id: i64,
+    pub(crate) machine: String,
+    pub(crate) entity_key: String,
+    pub(crate) event: String,
+    pub(crate) kind: &'static str,
+    pub(crate) start_state: String,
+    pub(crate) start_time: Millis,
+    pub(crate) rejected: bool,
+    pub(crate) failed: bool,
+    pub(crate) error_id: Option<i64>,
+    pub(crate) exception: Option<String>,
+    pub(crate) end_state: Option<String>,
+    pub(crate) end_time: Option<Millis>,
+    /// Why it was rejected, or how its action failed.
+    pub(crate) reason: Option<String>,
+    /// The state its action entered.
+    pub(crate) entered: Option<String>,
+}
+
+/// An event's workflow ends (only if it has not ended yet).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EventEnd {
+    pub(crate) id: i64,
+    pub(crate) end_state: String,
+    pub(crate) end_time: Millis,
+}
+
+/// An operation to open (nothing if its request id exists).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OperationInsert {
+    pub(crate) request_id: String,
+    pub(crate) name: String,
+    pub(crate) machine: String,
+    pub(crate) entity_key: String,
+    pub(crate) started_at: Millis,
+    pub(crate) dimensions: String,
+    pub(crate) first_response_at: Option<Millis>,
+}
+
+/// Changes to an operation: its first response (kept if set), an error (the first kept).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OperationUpdate {
+    pub(crate) request_id: String,
+    pub(crate) first_response_at: Option<Millis>,
+    pub(crate) error_seen: bool,
+    pub(crate) error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> Current {
+        Current {
+            id: 1,
+            machine: "m".into(),
+            key: "k".into(),
+            state: "s".into(),
+            version: 1,
+            retry: 0,
+            entered_at: 0,
+            auto_at: None,
+            due_at: None,
+            lease_owner: None,
+            lease_until: None,
+            request_id: None,
+            timer_at: None,
+            run_status: RunStatus::Active,
+            sleep_until: None,
+            busy: false,
+            event_id: None,
+            ordinal: 0,
+            has_predecessors: false,
+            machine_hash: None,
+        }
+    }
+
+    #[test]
+    fn due_follows_run_status_lease_inbox_and_times() {
+        let now = 100;
+        let mut r = row();
+        assert_eq!(r.due(false, now), None, "dormant");
+        assert_eq!(r.due(true, now), Some(now), "queued events");
+        r.auto_at = Some(300);
+        r.timer_at = Some(200);
+        assert_eq!(r.due(false, now), Some(200), "the earlier of auto action and timer");
+        r.lease_owner = Some("me".into());
+        r.lease_until = Some(900);
+        assert_eq!(r.due(true, now), Some(900), "a leased entity is due when its lease ends");
+        r.run_status = RunStatus::Fault;
+        r.sleep_until = Some(500);
+        assert_eq!(r.due(true, now), Some(500), "backing off");
+        for s in [RunStatus::Paused, RunStatus::Failed, RunStatus::Killed] {
+            r.run_status = s;
+            assert_eq!(r.due(true, now), None, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn receiving_makes_only_free_active_entities_due() {
+        let mut r = row();
+        r.receive(100);
+        assert_eq!(r.due_at, Some(100));
+        r.due_at = Some(50);
+        r.receive(100);
+        assert_eq!(r.due_at, Some(50), "an earlier due time is kept");
+        let mut leased = row();
+        leased.lease_owner = Some("me".into());
+        leased.due_at = Some(900);
+        leased.receive(100);
+        assert_eq!(leased.due_at, Some(900));
+        let mut paused = row();
+        paused.run_status = RunStatus::Paused;
+        paused.receive(100);
+        assert_eq!(paused.due_at, None);
+    }
+}

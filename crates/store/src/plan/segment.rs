@@ -1,0 +1,1015 @@
+//! One segment of a batch: consecutive creates, pushes, commits and releases, planned
+//! together (see the [module docs](super)).
+//!
+//! The segment is decided operation by operation, in batch order, against the rows read
+//! for it ([`Slot`]s), exactly as the operations would apply one after another; the
+//! decisions are collected as rows per table and written at the end, one set per table.
+
+use std::collections::{BTreeSet, HashMap};
+
+use serde_json::Value;
+use settle_core::{EntityKey, EventName, MachineName, Properties, StateName};
+
+use super::Dialect;
+use super::rows::*;
+use crate::sql::json_text;
+use crate::types::*;
+
+/// An entity the segment reads or creates: its columns as they become.
+struct Slot {
+    cur: Current,
+    /// As read (`None`: created in this segment).
+    orig: Option<Current>,
+    /// New JSON columns, when they change (properties always, for a new entity).
+    properties: Option<String>,
+    fired: Option<String>,
+    recent_errors: Option<String>,
+    /// The entity's properties as given (new entities: their row is answered).
+    new_properties: Option<Properties>,
+    /// The inbox items this segment adds to the entity (indexes into `Plan::inbox`).
+    pending: Vec<usize>,
+}
+
+/// What an operation answers, before the ids the writes assign are known.
+enum Answer {
+    Done(Box<Applied>),
+    Created(usize),
+    Pushed { item: usize, slot: usize },
+    Committed { held: bool, version: i64, head: Head, created: Vec<usize> },
+}
+
+/// The inbox head a held entity is told about.
+enum Head {
+    None,
+    Stored(InboxItem),
+    New(usize),
+}
+
+/// An operation's request id as opened in this segment.
+#[derive(Clone, Copy)]
+struct Opened {
+    id: i64,
+    /// It existed before this operation: a replay.
+    replay: bool,
+}
+
+/// A new inbox item; its entity is a slot.
+struct Item {
+    slot: usize,
+    row: InboxInsert,
+}
+
+/// Everything the segment decided, written at its end.
+#[derive(Default)]
+struct Plan {
+    inbox: Vec<Item>,
+    deletes: Vec<InboxDelete>,
+    history: Vec<(usize, HistoryInsert)>,
+    successors: Vec<(usize, usize, Option<String>)>,
+    /// Entities whose timers are replaced by the rows listed for them.
+    timer_slots: Vec<usize>,
+    timers: Vec<(usize, TimerRow)>,
+    cancel: Vec<i64>,
+    offers: Vec<(usize, TaskInsert)>,
+    errors: Vec<ErrorInsert>,
+    exceptions: Vec<(usize, String)>,
+    /// Events, with the index of their error in `errors`.
+    events: Vec<(EventInsert, Option<usize>)>,
+    ends: Vec<EventEnd>,
+    /// Per request id, in first-seen order.
+    op_updates: Vec<OperationUpdate>,
+    complete: Vec<String>,
+    /// Operations opened for operations that then failed: removed again.
+    unopen: Vec<String>,
+}
+
+impl Plan {
+    fn op_update(&mut self, request_id: &str) -> &mut OperationUpdate {
+        let i = match self.op_updates.iter().position(|u| u.request_id == request_id) {
+            Some(i) => i,
+            None => {
+                self.op_updates.push(OperationUpdate {
+                    request_id: request_id.to_string(),
+                    first_response_at: None,
+                    error_seen: false,
+                    error: None,
+                });
+                self.op_updates.len() - 1
+            }
+        };
+        &mut self.op_updates[i]
+    }
+
+    fn error(&mut self, request_id: Option<&str>, details: &str) {
+        if let Some(r) = request_id {
+            let u = self.op_update(r);
+            u.error_seen = true;
+            u.error.get_or_insert_with(|| details.to_string());
+        }
+    }
+
+    fn complete(&mut self, request_id: Option<&String>) {
+        if let Some(r) = request_id
+            && !self.complete.contains(r)
+        {
+            self.complete.push(r.clone());
+        }
+    }
+}
+
+struct Work {
+    now: Millis,
+    slots: Vec<Slot>,
+    by_id: HashMap<i64, usize>,
+    by_key: HashMap<(String, String), usize>,
+    /// Predecessors of each slot (read, and added in this segment).
+    predecessors: HashMap<usize, Vec<i64>>,
+    /// The first stored inbox item each fenced entity keeps after its commit's deletions.
+    heads: HashMap<i64, InboxItem>,
+    /// Stored timers of the entities whose timers change.
+    timers: HashMap<i64, Vec<TimerRow>>,
+    opened: HashMap<String, Opened>,
+    /// Request ids opened by this segment, and by which operation.
+    opened_by: HashMap<String, usize>,
+    plan: Plan,
+}
+
+fn key_of(machine: &str, key: &str) -> (String, String) {
+    (machine.to_string(), key.to_string())
+}
+
+/// Plans and writes `ops` (creates, pushes, commits and releases, each entity fenced at
+/// most once); their results in order.
+pub(crate) fn apply<D: Dialect>(
+    d: &mut D,
+    now: Millis,
+    ops: &[&Op],
+) -> Result<Vec<Result<Applied, OpError>>, D::Error> {
+    // 1. Read: the entities the segment touches (locked), predecessors of those that may
+    // change state, the inbox each fenced entity keeps, the timers that change.
+    let mut ids = BTreeSet::new();
+    let mut keys = BTreeSet::new();
+    let mut notify = Vec::new();
+    let mut heads = Vec::new();
+    let mut timer_ids = Vec::new();
+    for op in ops {
+        match op {
+            Op::Create(e) => {
+                keys.insert(key_of(&e.machine, &e.key));
+            }
+            Op::Push(p) => {
+                keys.insert(key_of(&p.machine, &p.key));
+                ids.extend(p.join_from);
+            }
+            Op::Release(f) => {
+                ids.insert(f.entity_id);
+                heads.push(InboxDelete { entity_id: f.entity_id, consume: -1, notices_upto: -1 });
+            }
+            Op::Commit(c) => {
+                let id = c.fence.entity_id;
+                ids.insert(id);
+                ids.extend(c.preconditions.iter().map(|p| p.0));
+                keys.extend(c.creates.iter().map(|e| key_of(&e.machine, &e.key)));
+                keys.extend(c.pushes.iter().map(|p| key_of(&p.machine, &p.key)));
+                if c.notify_predecessors {
+                    notify.push(id);
+                }
+                heads.push(InboxDelete {
+                    entity_id: id,
+                    consume: c.consume.unwrap_or(-1),
+                    notices_upto: c.consume_notices_upto.unwrap_or(-1),
+                });
+                if c.timers.is_some() {
+                    timer_ids.push(id);
+                }
+            }
+            other => unreachable!("not a segment operation: {other:?}"),
+        }
+    }
+    let ids: Vec<i64> = ids.into_iter().collect();
+    let keys: Vec<(String, String)> = keys.into_iter().collect();
+    let rows = d.lock(&ids, &keys, &notify)?;
+    let mut w = Work {
+        now,
+        slots: Vec::with_capacity(rows.len()),
+        by_id: HashMap::with_capacity(rows.len()),
+        by_key: HashMap::with_capacity(rows.len()),
+        predecessors: HashMap::new(),
+        heads: HashMap::new(),
+        timers: HashMap::new(),
+        opened: HashMap::new(),
+        opened_by: HashMap::new(),
+        plan: Plan::default(),
+    };
+    for row in rows {
+        if w.by_id.contains_key(&row.id) {
+            continue;
+        }
+        let i = w.slots.len();
+        w.by_id.insert(row.id, i);
+        w.by_key.insert(key_of(&row.machine, &row.key), i);
+        w.slots.push(Slot {
+            orig: Some(row.clone()),
+            cur: row,
+            properties: None,
+            fired: None,
+            recent_errors: None,
+            new_properties: None,
+            pending: Vec::new(),
+        });
+    }
+    let successors: Vec<i64> =
+        notify.iter().copied().filter(|id| w.by_id.get(id).is_some_and(|&s| w.slots[s].cur.has_predecessors)).collect();
+    if !successors.is_empty() {
+        for (pred, succ) in d.edges(&successors)? {
+            let s = w.by_id[&succ];
+            w.predecessors.entry(s).or_default().push(pred);
+        }
+    }
+    if !heads.is_empty() {
+        for item in d.inbox_heads(&heads)? {
+            w.heads.insert(item.entity_id, item);
+        }
+    }
+    if !timer_ids.is_empty() {
+        for t in d.timers(&timer_ids)? {
+            w.timers.entry(t.entity_id).or_default().push(t);
+        }
+    }
+
+    // 2. Operations: open those of external creates and raises that can apply; a request
+    // id seen before makes its operation a replay.
+    let mut exists: BTreeSet<(String, String)> = w.by_key.keys().cloned().collect();
+    let mut opening: Vec<(usize, OperationInsert)> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        match op {
+            Op::Create(e) => {
+                if let Some(o) = &e.operation {
+                    opening.push((i, operation_row(o, &e.machine, &e.key, now, Some(now))));
+                }
+                exists.insert(key_of(&e.machine, &e.key));
+            }
+            Op::Push(p) => {
+                if let Some(o) = &p.operation
+                    && exists.contains(&key_of(&p.machine, &p.key))
+                {
+                    opening.push((i, operation_row(o, &p.machine, &p.key, now, None)));
+                }
+            }
+            Op::Commit(c) => exists.extend(c.creates.iter().map(|e| key_of(&e.machine, &e.key))),
+            _ => {}
+        }
+    }
+    if !opening.is_empty() {
+        let mut first: Vec<OperationInsert> = Vec::with_capacity(opening.len());
+        for (i, row) in &opening {
+            if !w.opened_by.contains_key(&row.request_id) {
+                w.opened_by.insert(row.request_id.clone(), *i);
+                first.push(row.clone());
+            }
+        }
+        let answers = d.open_operations(&first)?;
+        for (row, (id, existed)) in first.iter().zip(answers) {
+            w.opened.insert(row.request_id.clone(), Opened { id, replay: existed });
+        }
+    }
+
+    // 3. Decide, in order.
+    let mut answers = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let answer = match op {
+            Op::Create(e) => w.create_op(i, e),
+            Op::Push(p) => w.push_op(i, p),
+            Op::Commit(c) => w.commit(c),
+            Op::Release(f) => w.release(f),
+            _ => unreachable!("checked above"),
+        };
+        answers.push(answer);
+    }
+
+    // 4. Write.
+    w.write(d, answers)
+}
+
+fn operation_row(
+    o: &OpenOperation,
+    machine: &str,
+    key: &str,
+    now: Millis,
+    first_response_at: Option<Millis>,
+) -> OperationInsert {
+    OperationInsert {
+        request_id: o.request_id.clone(),
+        name: o.name.clone(),
+        machine: machine.to_string(),
+        entity_key: key.to_string(),
+        started_at: now,
+        dimensions: json_text(&o.dimensions),
+        first_response_at,
+    }
+}
+
+impl Work {
+    /// Whether op `i`'s request id was used before (answered with its operation's id).
+    fn replayed(&self, i: usize, o: Option<&OpenOperation>) -> Option<i64> {
+        let o = o?;
+        let opened = self.opened.get(&o.request_id)?;
+        (opened.replay || self.opened_by.get(&o.request_id) != Some(&i)).then_some(opened.id)
+    }
+
+    /// Op `i` failed after this segment opened its operation: the operation goes again.
+    fn unopen(&mut self, i: usize, o: Option<&OpenOperation>) {
+        if let Some(o) = o
+            && self.opened_by.get(&o.request_id) == Some(&i)
+            && self.opened.get(&o.request_id).is_some_and(|op| !op.replay)
+        {
+            self.plan.unopen.push(o.request_id.clone());
+        }
+    }
+
+    fn create_op(&mut self, i: usize, e: &NewEntity) -> Result<Answer, OpError> {
+        if let Some(operation_id) = self.replayed(i, e.operation.as_ref()) {
+            return Ok(Answer::Done(Box::new(Applied::Replayed { operation_id })));
+        }
+        if self.by_key.contains_key(&key_of(&e.machine, &e.key)) {
+            self.unopen(i, e.operation.as_ref());
+            return Err(OpError::AlreadyExists { machine: e.machine.to_string(), key: e.key.to_string() });
+        }
+        let slot = self.create(e);
+        // An external create that leaves the entity at rest ends its operation now;
+        // entities created by an action belong to that action's commit.
+        if e.operation.is_some() && e.auto_at.is_none() && e.offer.is_none() && !e.notify_self {
+            self.plan.complete(e.request_id.as_ref());
+        }
+        Ok(Answer::Created(slot))
+    }
+
+    /// A new entity in its initial state (its key is known to be free).
+    fn create(&mut self, e: &NewEntity) -> usize {
+        let now = self.now;
+        let slot = self.slots.len();
+        let cur = Current {
+            id: 0,
+            machine: e.machine.to_string(),
+            key: e.key.to_string(),
+            state: e.state.to_string(),
+            version: 1,
+            retry: 0,
+            entered_at: now,
+            auto_at: e.auto_at,
+            due_at: e.auto_at,
+            lease_owner: None,
+            lease_until: None,
+            request_id: e.request_id.clone(),
+            timer_at: None,
+            run_status: RunStatus::Active,
+            sleep_until: None,
+            busy: e.auto_at.is_some() || e.offer.is_some(),
+            event_id: None,
+            ordinal: 0,
+            has_predecessors: false,
+            machine_hash: e.machine_hash.clone(),
+        };
+        self.slots.push(Slot {
+            cur,
+            orig: None,
+            properties: Some(json_text(&e.properties)),
+            fired: None,
+            recent_errors: None,
+            new_properties: Some(e.properties.clone()),
+            pending: Vec::new(),
+        });
+        self.by_key.insert(key_of(&e.machine, &e.key), slot);
+        self.plan.history.push((
+            slot,
+            HistoryInsert {
+                to_state: Some(e.state.to_string()),
+                kind: HistoryKind::Create.as_str(),
+                request_id: e.request_id.clone(),
+                at: now,
+                machine_hash: e.machine_hash.clone(),
+                ordinal: Some(1),
+                transition_kind: Some("create"),
+                end_health: Some(e.health),
+                entry_time: Some(now),
+                start_time: Some(now),
+                outcome: Some("ok"),
+                ..HistoryInsert::default()
+            },
+        ));
+        if e.notify_self {
+            self.notice(slot, e.request_id.clone());
+        }
+        if !e.timers.is_empty() {
+            self.set_timers(slot, &e.timers);
+        }
+        if let Some(o) = &e.offer {
+            self.offer(slot, e.state.as_str(), e.request_id.clone(), 0, o);
+        }
+        let nonempty = !self.slots[slot].pending.is_empty();
+        let cur = &mut self.slots[slot].cur;
+        cur.due_at = cur.due(nonempty, now);
+        slot
+    }
+
+    fn push_op(&mut self, i: usize, p: &Push) -> Result<Answer, OpError> {
+        let Some(&target) = self.by_key.get(&key_of(&p.machine, &p.key)) else {
+            self.unopen(i, p.operation.as_ref());
+            return Err(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() });
+        };
+        if let Some(operation_id) = self.replayed(i, p.operation.as_ref()) {
+            return Ok(Answer::Done(Box::new(Applied::Replayed { operation_id })));
+        }
+        let item = self.push(target, p);
+        Ok(Answer::Pushed { item, slot: target })
+    }
+
+    /// Appends `p` to the inbox of `target` (known to exist).
+    fn push(&mut self, target: usize, p: &Push) -> usize {
+        let item = self.add_item(target, p.event.as_str(), json_text(&p.params), p.request_id.clone(), p.kind.as_str());
+        if let Some(pred) = p.join_from {
+            match self.by_id.get(&pred) {
+                Some(&s) => self.join(s, target, p.request_id.clone()),
+                None => tracing::warn!(predecessor = pred, "joining from an entity that does not exist; ignored"),
+            }
+        }
+        self.slots[target].cur.receive(self.now);
+        item
+    }
+
+    fn add_item(
+        &mut self,
+        slot: usize,
+        event: &str,
+        params: String,
+        request_id: Option<String>,
+        kind: &'static str,
+    ) -> usize {
+        let i = self.plan.inbox.len();
+        self.plan.inbox.push(Item {
+            slot,
+            row: InboxInsert { entity_id: 0, event: event.to_string(), params, request_id, kind, created_at: self.now },
+        });
+        self.slots[slot].pending.push(i);
+        i
+    }
+
+    fn notice(&mut self, slot: usize, request_id: Option<String>) {
+        self.add_item(slot, InboxKind::NOTICE_EVENT, "{}".to_string(), request_id, InboxKind::Notice.as_str());
+    }
+
+    /// Records `pred` as a predecessor of `succ`.
+    fn join(&mut self, pred: usize, succ: usize, request_id: Option<String>) {
+        if pred == succ {
+            return;
+        }
+        self.plan.successors.push((pred, succ, request_id));
+        self.slots[succ].cur.has_predecessors = true;
+        // A stored predecessor is named by id; a new one gets its id when written, and is
+        // never notified in the segment that creates it.
+        if let Some(orig) = &self.slots[pred].orig {
+            let list = self.predecessors.entry(succ).or_default();
+            if !list.contains(&orig.id) {
+                list.push(orig.id);
+            }
+        }
+    }
+
+    fn release(&mut self, f: &Fence) -> Result<Answer, OpError> {
+        let slot = self.fenced(f)?;
+        let now = self.now;
+        let nonempty = self.inbox_nonempty(slot);
+        let cur = &mut self.slots[slot].cur;
+        cur.lease_owner = None;
+        cur.lease_until = None;
+        cur.due_at = cur.due(nonempty, now);
+        Ok(Answer::Done(Box::new(Applied::Released)))
+    }
+
+    /// The slot of a fenced entity, if its lease holder and version match.
+    fn fenced(&self, f: &Fence) -> Result<usize, OpError> {
+        match self.by_id.get(&f.entity_id) {
+            Some(&s)
+                if self.slots[s].cur.version == f.version
+                    && self.slots[s].cur.lease_owner.as_deref() == Some(f.owner.as_str()) =>
+            {
+                Ok(s)
+            }
+            _ => Err(OpError::LeaseLost { entity_id: f.entity_id }),
+        }
+    }
+
+    /// Whether the entity's inbox holds anything after what its commit consumes.
+    fn inbox_nonempty(&self, slot: usize) -> bool {
+        let s = &self.slots[slot];
+        !s.pending.is_empty() || s.orig.as_ref().is_some_and(|o| self.heads.contains_key(&o.id))
+    }
+
+    fn commit(&mut self, c: &Commit) -> Result<Answer, OpError> {
+        let now = self.now;
+        let s = self.fenced(&c.fence)?;
+        for &(entity_id, expected) in &c.preconditions {
+            let found = self.by_id.get(&entity_id).map_or(0, |&p| self.slots[p].cur.version);
+            if found != expected {
+                return Err(OpError::Precondition { entity_id, expected, found });
+            }
+        }
+        // Effects that cannot apply fail the whole commit before anything is decided.
+        let mut creating: Vec<(String, String)> = Vec::with_capacity(c.creates.len());
+        for e in &c.creates {
+            let k = key_of(&e.machine, &e.key);
+            if self.by_key.contains_key(&k) || creating.contains(&k) {
+                return Err(OpError::AlreadyExists { machine: e.machine.to_string(), key: e.key.to_string() });
+            }
+            creating.push(k);
+        }
+        for p in &c.pushes {
+            let k = key_of(&p.machine, &p.key);
+            if !self.by_key.contains_key(&k) && !creating.contains(&k) {
+                return Err(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() });
+            }
+        }
+
+        let hold = matches!(c.after, AfterCommit::Hold);
+        let entity_id = c.fence.entity_id;
+        let slot = &mut self.slots[s];
+        let cur = &mut slot.cur;
+        let status = c.run_status.map_or(cur.run_status, |(status, _)| status);
+        match &c.to {
+            Some(to) => {
+                cur.state = to.to_string();
+                cur.version += 1;
+                cur.retry = i64::from(c.retry);
+                cur.entered_at = now;
+                cur.auto_at = c.auto_at;
+                cur.busy = c.auto_at.is_some() && status != RunStatus::Failed;
+                if let Some(r) = &c.request_id {
+                    cur.request_id = Some(r.clone());
+                }
+            }
+            None => cur.busy = cur.busy && status != RunStatus::Failed,
+        }
+        if let Some(p) = &c.properties {
+            slot.properties = Some(json_text(p));
+        }
+        if let Some(f) = &c.fired {
+            slot.fired = Some(json_text(&f.iter().map(|e| e.as_str()).collect::<Vec<_>>()));
+        }
+        if let Some((status, until)) = c.run_status {
+            cur.run_status = status;
+            cur.sleep_until = until;
+        }
+        if let Some(errors) = &c.recent_errors {
+            slot.recent_errors = Some(json_text(errors));
+        }
+        if let Some(h) = &c.machine_hash {
+            cur.machine_hash = Some(h.clone());
+        }
+        let t = &c.telemetry;
+        if c.to.is_some() {
+            cur.ordinal = if t.event.is_some() { 1 } else { cur.ordinal + 1 };
+        }
+        if t.at_rest {
+            cur.event_id = None;
+        } else if c.to.is_some() && t.event.is_some() {
+            cur.event_id = Some(c.consume.unwrap_or(-1));
+        }
+        if !(hold && status == RunStatus::Active) {
+            cur.lease_owner = None;
+            cur.lease_until = None;
+        }
+        let (machine, key, ordinal, version) = (cur.machine.clone(), cur.key.clone(), cur.ordinal, cur.version);
+        let has_predecessors = cur.has_predecessors;
+
+        if c.consume.is_some() || c.consume_notices_upto.is_some() {
+            self.plan.deletes.push(InboxDelete {
+                entity_id,
+                consume: c.consume.unwrap_or(-1),
+                notices_upto: c.consume_notices_upto.unwrap_or(-1),
+            });
+        }
+        // The event this commit belongs to: the one it processes (its id is its inbox id),
+        // else the one whose workflow the entity is in.
+        let event_id = if t.event.is_some() && c.to.is_some() { c.consume } else { t.current_event };
+        if !c.quiet {
+            // A state entry's history row is also its `transitions` row.
+            let tr = if c.to.is_some() { t.transition.as_ref() } else { None };
+            self.plan.history.push((
+                s,
+                HistoryInsert {
+                    entity_id,
+                    from_state: Some(c.from.to_string()),
+                    to_state: c.to.as_ref().map(|s| s.to_string()),
+                    kind: c.kind.as_str(),
+                    action: c.action.as_ref().map(|a| a.to_string()),
+                    event: c.event.as_ref().map(|e| e.to_string()),
+                    retry: i64::from(c.retry),
+                    request_id: c.request_id.clone(),
+                    at: now,
+                    detail: c.detail.clone(),
+                    machine_hash: c.machine_hash.clone(),
+                    event_id: tr.and(event_id),
+                    ordinal: tr.map(|_| ordinal),
+                    transition_kind: tr.map(|t| t.kind),
+                    start_health: tr.and_then(|t| t.start_health),
+                    end_health: tr.map(|t| t.end_health),
+                    entry_time: tr.map(|t| t.entry_time),
+                    start_time: tr.map(|t| t.start_time),
+                    action_start_time: tr.and_then(|t| t.action_start_time),
+                    outcome: tr.map(|t| t.outcome),
+                },
+            ));
+        }
+        self.telemetry(c, entity_id, &machine, &key, event_id);
+
+        let mut created = Vec::with_capacity(c.creates.len());
+        for e in &c.creates {
+            let new = self.create(e);
+            self.join(s, new, c.request_id.clone());
+            created.push(new);
+        }
+        for p in &c.pushes {
+            let target = self.by_key[&key_of(&p.machine, &p.key)];
+            self.push(target, p);
+        }
+        if c.notify_predecessors && has_predecessors {
+            let preds = self.predecessors.get(&s).cloned().unwrap_or_default();
+            for pred in preds {
+                match self.by_id.get(&pred) {
+                    Some(&p) => {
+                        self.notice(p, c.request_id.clone());
+                        self.slots[p].cur.receive(now);
+                    }
+                    None => tracing::warn!(predecessor = pred, "a predecessor was not read; its notice is lost"),
+                }
+            }
+        }
+        if c.notify_self {
+            self.notice(s, c.request_id.clone());
+        }
+        if let Some(plans) = &c.timers {
+            self.set_timers(s, plans);
+        }
+        if c.to.is_some() {
+            // Entering a state ends the tasks offered for the one left.
+            self.plan.cancel.push(entity_id);
+        }
+        if let Some(o) = &c.offer {
+            let state = c.to.as_ref().unwrap_or(&c.from).to_string();
+            self.offer(s, &state, c.request_id.clone(), c.retry, o);
+            let cur = &mut self.slots[s].cur;
+            cur.auto_at = None;
+            cur.busy = cur.run_status != RunStatus::Failed;
+        }
+        let nonempty = self.inbox_nonempty(s);
+        let cur = &mut self.slots[s].cur;
+        cur.due_at = cur.due(nonempty, now);
+        let held = cur.lease_owner.is_some();
+        if c.telemetry.complete {
+            self.plan.complete(c.request_id.as_ref());
+        }
+        let head = if !held {
+            Head::None
+        } else if let Some(item) = self.heads.get(&entity_id) {
+            Head::Stored(item.clone())
+        } else {
+            match self.slots[s].pending.first() {
+                Some(&i) => Head::New(i),
+                None => Head::None,
+            }
+        };
+        Ok(Answer::Committed { held, version, head, created })
+    }
+
+    /// The commit's `events`, `errors` and `exceptions` rows, and what it changes in its
+    /// operation.
+    fn telemetry(&mut self, c: &Commit, entity_id: i64, machine: &str, key: &str, event_id: Option<i64>) {
+        let now = self.now;
+        let t = &c.telemetry;
+        let request_id = c.request_id.as_deref();
+        let mut error = None;
+        if let Some(err) = &t.error {
+            error = Some(self.plan.errors.len());
+            self.plan.errors.push(ErrorInsert {
+                entity_id,
+                request_id: c.request_id.clone(),
+                at: now,
+                kind: err.kind,
+                details: err.details.clone(),
+            });
+            if let Some(details) = &err.exception {
+                self.plan.exceptions.push((error.expect("set above"), details.clone()));
+            }
+            self.plan.error(request_id, &err.details);
+        }
+        if let (Some(ev), Some(name)) = (&t.event, &c.event) {
+            // An event that changes no state (rejected, failed) ends at once.
+            let ended = c.to.is_none();
+            // An event accepted while another one's workflow was still running interrupts
+            // it: that one ends here, in the state it had reached.
+            if !ended && let Some(previous) = t.current_event {
+                self.plan.ends.push(EventEnd { id: previous, end_state: c.from.to_string(), end_time: now });
+            }
+            self.plan.events.push((
+                EventInsert {
+                    id: ev.seq,
+                    request_id: c.request_id.clone(),
+                    entity_id,
+                    machine: machine.to_string(),
+                    entity_key: key.to_string(),
+                    event: name.to_string(),
+                    kind: ev.kind,
+                    start_state: c.from.to_string(),
+                    start_time: ev.raised_at,
+                    rejected: ev.rejected,
+                    failed: ev.failed,
+                    error_id: None,
+                    exception: t.error.as_ref().and_then(|e| e.exception.clone()),
+                    end_state: ended.then(|| c.from.to_string()),
+                    end_time: ended.then_some(now),
+                    reason: if ended { c.detail.clone() } else { None },
+                    entered: c.to.as_ref().map(|s| s.to_string()),
+                },
+                error,
+            ));
+            if ev.kind == "raised"
+                && let Some(r) = request_id
+            {
+                self.plan.op_update(r).first_response_at = Some(now);
+            }
+        }
+        // Reaching an error-health state fails the operation.
+        if let Some(to) = &c.to
+            && t.transition.as_ref().is_some_and(|tr| tr.end_health == "error")
+        {
+            self.plan.error(request_id, &format!("entered error state `{to}`"));
+        }
+        // The workflow of the entity's event ends when the entity is at rest.
+        if t.at_rest
+            && let (Some(to), Some(id)) = (&c.to, event_id)
+        {
+            self.plan.ends.push(EventEnd { id, end_state: to.to_string(), end_time: now });
+        }
+    }
+
+    /// The entity's timers become `plans`: a plan that does not restart keeps the schedule
+    /// of a timer of its name that exists; timers not planned are deleted.
+    fn set_timers(&mut self, slot: usize, plans: &[TimerPlan]) {
+        let stored = self.slots[slot].orig.as_ref().and_then(|o| self.timers.get(&o.id)).cloned().unwrap_or_default();
+        self.plan.timer_slots.push(slot);
+        let mut timer_at = None;
+        for p in plans {
+            let kept = (!p.restart).then(|| stored.iter().find(|t| t.name == p.name)).flatten();
+            let row = match kept {
+                Some(t) => t.clone(),
+                None => TimerRow {
+                    entity_id: 0,
+                    name: p.name.clone(),
+                    event: p.event.clone(),
+                    due_at: p.due_at,
+                    every_ms: p.every_ms,
+                },
+            };
+            timer_at = min_opt(timer_at, Some(row.due_at));
+            self.plan.timers.push((slot, row));
+        }
+        self.slots[slot].cur.timer_at = timer_at;
+    }
+
+    fn offer(&mut self, slot: usize, state: &str, request_id: Option<String>, retry: u32, o: &TaskOffer) {
+        let version = self.slots[slot].cur.version;
+        self.plan.offers.push((
+            slot,
+            TaskInsert {
+                entity_id: 0,
+                queue: o.queue.clone(),
+                action: o.action.to_string(),
+                state: state.to_string(),
+                entity_version: version,
+                retry: i64::from(retry),
+                lock_ms: o.lock_ms,
+                request_id,
+                available_at: o.available_at,
+                created_at: self.now,
+            },
+        ));
+    }
+
+    /// Writes everything decided, set by set, and turns the answers into results.
+    fn write<D: Dialect>(
+        mut self,
+        d: &mut D,
+        answers: Vec<Result<Answer, OpError>>,
+    ) -> Result<Vec<Result<Applied, OpError>>, D::Error> {
+        let now = self.now;
+        let new_slots: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i].orig.is_none()).collect();
+        if !new_slots.is_empty() {
+            let rows: Vec<EntityInsert> = new_slots
+                .iter()
+                .map(|&i| {
+                    let s = &self.slots[i];
+                    EntityInsert {
+                        machine: s.cur.machine.clone(),
+                        key: s.cur.key.clone(),
+                        state: s.cur.state.clone(),
+                        properties: s.properties.clone().unwrap_or_else(|| "{}".into()),
+                        created_at: now,
+                        auto_at: s.cur.auto_at,
+                        due_at: s.cur.due_at,
+                        request_id: s.cur.request_id.clone(),
+                        busy: s.cur.busy,
+                        machine_hash: s.cur.machine_hash.clone(),
+                        timer_at: s.cur.timer_at,
+                        has_predecessors: s.cur.has_predecessors,
+                    }
+                })
+                .collect();
+            let ids = d.insert_entities(&rows)?;
+            for (&i, id) in new_slots.iter().zip(ids) {
+                self.slots[i].cur.id = id;
+            }
+        }
+        let id = |slots: &[Slot], i: usize| slots[i].cur.id;
+        let updates: Vec<EntityUpdate> = self
+            .slots
+            .iter()
+            .filter(|s| {
+                s.orig.as_ref().is_some_and(|o| {
+                    *o != s.cur || s.properties.is_some() || s.fired.is_some() || s.recent_errors.is_some()
+                })
+            })
+            .map(|s| EntityUpdate {
+                row: s.cur.clone(),
+                properties: s.properties.clone(),
+                fired: s.fired.clone(),
+                recent_errors: s.recent_errors.clone(),
+            })
+            .collect();
+        if !updates.is_empty() {
+            d.update_entities(&updates)?;
+        }
+        if !self.plan.deletes.is_empty() {
+            d.delete_inbox(&self.plan.deletes)?;
+        }
+        let mut inbox_ids = Vec::new();
+        if !self.plan.inbox.is_empty() {
+            let rows: Vec<InboxInsert> = self
+                .plan
+                .inbox
+                .iter()
+                .map(|item| InboxInsert { entity_id: id(&self.slots, item.slot), ..item.row.clone() })
+                .collect();
+            inbox_ids = d.insert_inbox(&rows)?;
+        }
+        if !self.plan.history.is_empty() {
+            let rows: Vec<HistoryInsert> = self
+                .plan
+                .history
+                .iter()
+                .map(|(slot, h)| HistoryInsert { entity_id: id(&self.slots, *slot), ..h.clone() })
+                .collect();
+            d.insert_history(&rows)?;
+        }
+        if !self.plan.successors.is_empty() {
+            let rows: Vec<SuccessorInsert> = self
+                .plan
+                .successors
+                .iter()
+                .map(|(pred, succ, request_id)| SuccessorInsert {
+                    predecessor_id: id(&self.slots, *pred),
+                    successor_id: id(&self.slots, *succ),
+                    request_id: request_id.clone(),
+                    created_at: now,
+                })
+                .collect();
+            d.insert_successors(&rows)?;
+        }
+        if !self.plan.timer_slots.is_empty() {
+            let entities: Vec<i64> = self.plan.timer_slots.iter().map(|&s| id(&self.slots, s)).collect();
+            let rows: Vec<TimerRow> = self
+                .plan
+                .timers
+                .iter()
+                .map(|(slot, t)| TimerRow { entity_id: id(&self.slots, *slot), ..t.clone() })
+                .collect();
+            d.replace_timers(&entities, &rows)?;
+        }
+        if !self.plan.cancel.is_empty() {
+            d.cancel_tasks(&self.plan.cancel, now)?;
+        }
+        if !self.plan.offers.is_empty() {
+            let rows: Vec<TaskInsert> = self
+                .plan
+                .offers
+                .iter()
+                .map(|(slot, t)| TaskInsert { entity_id: id(&self.slots, *slot), ..t.clone() })
+                .collect();
+            d.offer_tasks(&rows)?;
+        }
+        let mut error_ids = Vec::new();
+        if !self.plan.errors.is_empty() {
+            error_ids = d.insert_errors(&self.plan.errors)?;
+            if !self.plan.exceptions.is_empty() {
+                let rows: Vec<ExceptionInsert> = self
+                    .plan
+                    .exceptions
+                    .iter()
+                    .map(|(e, details)| ExceptionInsert { error_id: error_ids[*e], at: now, details: details.clone() })
+                    .collect();
+                d.insert_exceptions(&rows)?;
+            }
+        }
+        if !self.plan.events.is_empty() {
+            let rows: Vec<EventInsert> = self
+                .plan
+                .events
+                .iter()
+                .map(|(e, error)| EventInsert { error_id: error.map(|i| error_ids[i]), ..e.clone() })
+                .collect();
+            d.insert_events(&rows)?;
+        }
+        if !self.plan.ends.is_empty() {
+            // Only an event's first end counts.
+            let mut ends: Vec<EventEnd> = Vec::with_capacity(self.plan.ends.len());
+            for e in &self.plan.ends {
+                if !ends.iter().any(|x| x.id == e.id) {
+                    ends.push(e.clone());
+                }
+            }
+            d.end_events(&ends)?;
+        }
+        if !self.plan.unopen.is_empty() {
+            d.delete_operations(&self.plan.unopen)?;
+        }
+        if !self.plan.op_updates.is_empty() {
+            d.update_operations(&self.plan.op_updates)?;
+        }
+        if !self.plan.complete.is_empty() {
+            d.complete_operations(&self.plan.complete, now)?;
+        }
+
+        let slots = &self.slots;
+        let item = |i: usize| -> InboxItem {
+            let row = &self.plan.inbox[i].row;
+            InboxItem {
+                id: inbox_ids[i],
+                entity_id: slots[self.plan.inbox[i].slot].cur.id,
+                event: EventName::new(row.event.as_str()),
+                params: serde_json::from_str(&row.params).unwrap_or(Value::Null),
+                request_id: row.request_id.clone(),
+                kind: InboxKind::parse(row.kind).unwrap_or_default(),
+                created_at: row.created_at,
+            }
+        };
+        Ok(answers
+            .into_iter()
+            .map(|a| {
+                a.map(|a| match a {
+                    Answer::Done(applied) => *applied,
+                    Answer::Created(slot) => Applied::Created(new_row(&slots[slot])),
+                    Answer::Pushed { item, slot } => {
+                        Applied::Pushed { inbox_id: inbox_ids[item], entity_id: slots[slot].cur.id }
+                    }
+                    Answer::Committed { held, version, head, created } => Applied::Committed {
+                        held,
+                        version,
+                        inbox_head: match head {
+                            Head::None => None,
+                            Head::Stored(i) => Some(i),
+                            Head::New(i) => Some(item(i)),
+                        },
+                        created: created.iter().map(|&s| slots[s].cur.id).collect(),
+                    },
+                })
+            })
+            .collect())
+    }
+}
+
+/// The row of an entity this segment created, as a read of it would return it.
+fn new_row(s: &Slot) -> EntityRow {
+    let c = &s.cur;
+    EntityRow {
+        id: c.id,
+        machine: MachineName::new(c.machine.as_str()),
+        key: EntityKey::new(c.key.as_str()),
+        state: StateName::new(c.state.as_str()),
+        properties: s.new_properties.clone().unwrap_or_default(),
+        version: c.version,
+        retry: c.retry as u32,
+        created_at: c.entered_at,
+        entered_at: c.entered_at,
+        auto_at: c.auto_at,
+        due_at: c.due_at,
+        lease_owner: c.lease_owner.clone(),
+        lease_until: c.lease_until,
+        request_id: c.request_id.clone(),
+        fired: Vec::new(),
+        timer_at: c.timer_at,
+        run_status: c.run_status,
+        sleep_until: c.sleep_until,
+        recent_errors: Vec::new(),
+        event_id: c.event_id,
+        machine_hash: c.machine_hash.clone(),
+    }
+}

@@ -1,0 +1,575 @@
+//! The embedded SQLite store: one file, WAL, `synchronous=FULL`.
+//!
+//! One dedicated writer thread owns the only write connection; every [`Batch`] becomes one
+//! `BEGIN IMMEDIATE … COMMIT` (one fsync), so batches are the group commit. Reads use a
+//! small pool of read-only connections, which WAL lets run beside the writer.
+//!
+//! An engine opens the store with [`SqliteStore::open`], which also takes an exclusive
+//! lock on `<file>.lock`: only one engine process may drive a SQLite file, so after a
+//! crash the next engine knows every lease in the file is stale and reclaims them at once.
+//! [`SqliteStore::open_read_only`] opens for inspection without the lock.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+mod read;
+mod write;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use settle_core::MachineName;
+
+use self::read::*;
+use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS, WriterThread};
+use crate::types::*;
+use crate::{Error, Result, Store};
+
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/sqlite/0001_core.sql")),
+    (2, include_str!("../../migrations/sqlite/0002_workflows.sql")),
+    (3, include_str!("../../migrations/sqlite/0003_operate.sql")),
+    (4, include_str!("../../migrations/sqlite/0004_agents.sql")),
+    (5, include_str!("../../migrations/sqlite/0005_outcomes.sql")),
+];
+
+/// The SQLite implementation of [`Store`]. Cheap to clone; clones share the writer.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Option<WriterThread<Connection>>,
+    readers: Mutex<Vec<Connection>>,
+    lock: Option<File>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.inner.path).finish()
+    }
+}
+
+fn db_err(e: rusqlite::Error) -> Error {
+    Error::Db(e.to_string())
+}
+
+fn lock_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".lock");
+    PathBuf::from(p)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` for an engine: takes the exclusive
+    /// engine lock, sets WAL and `synchronous=FULL`, and runs pending migrations.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let open_err = |message: String| Error::Open { path: path.display().to_string(), message };
+        let lock_file = lock_path(&path);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_file)
+            .map_err(|e| open_err(format!("cannot create lock file `{}`: {e}", lock_file.display())))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Locked { path: path.display().to_string(), lock: lock_file.display().to_string() });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(open_err(format!("cannot lock: {e}"))),
+        }
+        let mut conn = Connection::open(&path).map_err(|e| open_err(e.to_string()))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             PRAGMA synchronous = FULL;
+             PRAGMA foreign_keys = ON;
+             PRAGMA busy_timeout = 5000;",
+        )
+        .map_err(|e| open_err(e.to_string()))?;
+        conn.set_prepared_statement_cache_capacity(128);
+        migrate(&mut conn).map_err(|e| match e {
+            Error::Db(m) => open_err(m),
+            other => other,
+        })?;
+        let writer = WriterThread::spawn("settle-sqlite-writer", conn)
+            .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner { path, writer: Some(writer), readers: Mutex::new(Vec::new()), lock: Some(lock) }),
+        })
+    }
+
+    /// Opens an existing database for reading only (no lock, no migrations, no writes).
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        if !path.exists() {
+            return Err(Error::Open { path: path.display().to_string(), message: "no such file".into() });
+        }
+        let store = SqliteStore {
+            inner: Arc::new(Inner { path: path.clone(), writer: None, readers: Mutex::new(Vec::new()), lock: None }),
+        };
+        let conn = store.reader()?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(db_err)?;
+        store.put_reader(conn);
+        if version == 0 {
+            return Err(Error::Open { path: path.display().to_string(), message: "not a settle database".into() });
+        }
+        Ok(store)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn on_writer<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let Some(writer) = &self.inner.writer else {
+            return Err(Error::Db("store opened read-only".into()));
+        };
+        writer.run(f).await
+    }
+
+    fn reader(&self) -> Result<Connection> {
+        if let Some(c) = self.inner.readers.lock().expect("reader pool lock").pop() {
+            return Ok(c);
+        }
+        let conn = Connection::open_with_flags(
+            &self.inner.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+        )
+        .map_err(|e| Error::Open { path: self.inner.path.display().to_string(), message: e.to_string() })?;
+        conn.execute_batch("PRAGMA busy_timeout = 5000; PRAGMA query_only = 1;").map_err(db_err)?;
+        Ok(conn)
+    }
+
+    fn put_reader(&self, conn: Connection) {
+        let mut pool = self.inner.readers.lock().expect("reader pool lock");
+        if pool.len() < 4 {
+            pool.push(conn);
+        }
+    }
+
+    async fn on_reader<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = this.reader()?;
+            let out = f(&conn);
+            this.put_reader(conn);
+            out
+        })
+        .await
+        .map_err(|e| Error::Db(format!("reader task failed: {e}")))?
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<()> {
+    let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(db_err)?;
+    let newest = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+    if current > newest {
+        return Err(Error::SchemaTooNew { found: current, supported: newest });
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
+        tx.execute_batch(sql).map_err(db_err)?;
+        tx.pragma_update(None, "user_version", version).map_err(db_err)?;
+        tx.commit().map_err(db_err)?;
+    }
+    Ok(())
+}
+
+/// When an entity is next due, from its current columns: never while paused, parked or
+/// killed; at the end of a sleep or backoff; at its lease expiry while leased; now if its
+/// inbox holds events; else at its auto action or first timer. Named parameter: `:now`.
+pub(crate) const DUE_EXPR: &str = "CASE
+    WHEN run_status IN ('paused', 'failed', 'killed') THEN NULL
+    WHEN run_status IN ('sleeping', 'fault') THEN sleep_until
+    WHEN lease_owner IS NOT NULL THEN lease_until
+    WHEN EXISTS (SELECT 1 FROM inbox i WHERE i.entity_id = entities.id) THEN :now
+    WHEN auto_at IS NULL THEN timer_at
+    WHEN timer_at IS NULL THEN auto_at
+    ELSE MIN(auto_at, timer_at) END";
+
+impl Store for SqliteStore {
+    async fn write(&self, batch: Batch) -> Result<BatchResult> {
+        self.on_writer(move |conn| {
+            let mut run = || -> rusqlite::Result<BatchResult> {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let result = crate::plan::apply_batch(&mut write::Tx(&tx), &batch)?;
+                tx.commit()?;
+                Ok(result)
+            };
+            run().map_err(db_err)
+        })
+        .await
+    }
+
+    async fn entity_get(&self, machine: &str, key: &str) -> Result<Option<EntityRow>> {
+        let (machine, key) = (machine.to_string(), key.to_string());
+        self.on_reader(move |c| {
+            c.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE machine = ?1 AND key = ?2"))
+                .and_then(|mut s| s.query_row([machine, key], entity_from_row).optional())
+                .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn entity_list(&self, filter: EntityFilter) -> Result<Vec<EntityRow>> {
+        self.on_reader(move |c| {
+            let sql = format!(
+                "SELECT {ENTITY_COLS} FROM entities
+                 WHERE (?1 IS NULL OR machine = ?1) AND (?2 IS NULL OR state = ?2) AND id > ?3
+                   AND (?5 IS NULL OR run_status = ?5)
+                 ORDER BY id LIMIT ?4"
+            );
+            let limit = filter.limit.map(|l| l.min(i64::MAX as u64) as i64).unwrap_or(-1);
+            let mut stmt = c.prepare_cached(&sql).map_err(db_err)?;
+            stmt.query_map(
+                params![filter.machine, filter.state, filter.after_id.unwrap_or(0), limit, filter.run_status],
+                entity_from_row,
+            )
+            .and_then(|rows| rows.collect())
+            .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn entity_count_by_state(&self, machine: &str) -> Result<Vec<(String, u64)>> {
+        let machine = machine.to_string();
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT state, COUNT(*) FROM entities WHERE machine = ?1 GROUP BY state ORDER BY state")
+                .map_err(db_err)?;
+            stmt.query_map([machine], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))
+                .and_then(|rows| rows.collect())
+                .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn entity_count_pending(&self) -> Result<u64> {
+        self.on_reader(|c| {
+            c.query_row("SELECT COUNT(*) FROM entities WHERE due_at IS NOT NULL", [], |r| r.get::<_, i64>(0))
+                .map(|n| n as u64)
+                .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn history_list(&self, entity_id: i64) -> Result<Vec<HistoryRow>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT id, entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail
+                     FROM history WHERE entity_id = ?1 ORDER BY id",
+                )
+                .map_err(db_err)?;
+            stmt.query_map([entity_id], history_from_row).and_then(|rows| rows.collect()).map_err(db_err)
+        })
+        .await
+    }
+
+    async fn successor_snapshot(&self, entity_id: i64) -> Result<SuccessorSnapshot> {
+        self.on_reader(move |c| {
+            // One read transaction: WAL gives it a consistent snapshot.
+            c.execute_batch("BEGIN").map_err(db_err)?;
+            let read = (|| {
+                let successors = c
+                    .prepare_cached(&format!(
+                        "SELECT {} FROM entities e JOIN successors s ON s.successor_id = e.id
+                         WHERE s.predecessor_id = ?1 ORDER BY e.id",
+                        ENTITY_COLS.split(", ").map(|col| format!("e.{col}")).collect::<Vec<_>>().join(", ")
+                    ))?
+                    .query_map([entity_id], entity_from_row)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let newest_notice: Option<i64> = c
+                    .prepare_cached("SELECT MAX(id) FROM inbox WHERE entity_id = ?1 AND kind = 'notice'")?
+                    .query_row([entity_id], |r| r.get(0))?;
+                Ok(SuccessorSnapshot { successors, newest_notice })
+            })();
+            c.execute_batch("COMMIT").map_err(db_err)?;
+            read.map_err(db_err)
+        })
+        .await
+    }
+
+    async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT entity_id, name, event, due_at, every_ms FROM timers WHERE entity_id = ?1 ORDER BY name",
+                )
+                .map_err(db_err)?;
+            stmt.query_map([entity_id], timer_from_row).and_then(|rows| rows.collect()).map_err(db_err)
+        })
+        .await
+    }
+
+    async fn inbox_list(&self, entity_id: i64) -> Result<Vec<InboxItem>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT id, entity_id, event, params, request_id, created_at, kind FROM inbox WHERE entity_id = ?1 ORDER BY id",
+                )
+                .map_err(db_err)?;
+            stmt.query_map([entity_id], inbox_from_row).and_then(|rows| rows.collect()).map_err(db_err)
+        })
+        .await
+    }
+
+    async fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> Result<()> {
+        let (name, hash, definition) = (name.to_string(), hash.to_string(), definition.to_string());
+        self.on_writer(move |c| {
+            c.execute(
+                "INSERT INTO machines (name, hash, definition, created_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (name, hash) DO NOTHING",
+                params![name, hash, definition, now],
+            )
+            .map(|_| ())
+            .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn machine_list(&self) -> Result<Vec<MachineRecord>> {
+        self.on_reader(|c| {
+            let mut stmt = c
+                .prepare_cached("SELECT name, hash, definition, created_at FROM machines ORDER BY name, created_at")
+                .map_err(db_err)?;
+            stmt.query_map([], |r| {
+                Ok(MachineRecord {
+                    name: MachineName::new(r.get_ref(0)?.as_str()?),
+                    hash: r.get(1)?,
+                    definition: r.get(2)?,
+                    created_at: r.get(3)?,
+                })
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn meta_get(&self, key: &str) -> Result<Option<String>> {
+        let key = key.to_string();
+        self.on_reader(move |c| {
+            c.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional().map_err(db_err)
+        })
+        .await
+    }
+
+    async fn meta_put(&self, key: &str, value: &str) -> Result<()> {
+        let (key, value) = (key.to_string(), value.to_string());
+        self.on_writer(move |c| {
+            c.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [key, value],
+            )
+            .map(|_| ())
+            .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn operation_get(&self, request_id: &str) -> Result<Option<OperationRow>> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| {
+            c.prepare_cached(&format!("SELECT {OPERATION_COLS} FROM operations WHERE request_id = ?1"))
+                .and_then(|mut s| s.query_row([request_id], operation_from_row).optional())
+                .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn operation_list(&self, outcome: Option<String>, limit: u64) -> Result<Vec<OperationRow>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {OPERATION_COLS} FROM operations
+                     WHERE ?1 IS NULL OR (?1 = 'open' AND ended_at IS NULL) OR outcome = ?1
+                     ORDER BY id DESC LIMIT ?2"
+                ))
+                .map_err(db_err)?;
+            stmt.query_map(params![outcome, limit.min(i64::MAX as u64) as i64], operation_from_row)
+                .and_then(|rows| rows.collect())
+                .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn machine_migrate(
+        &self,
+        machine: &str,
+        moves: Vec<(String, String)>,
+        hash: &str,
+        now: Millis,
+    ) -> Result<u64> {
+        let (machine, hash) = (machine.to_string(), hash.to_string());
+        self.on_writer(move |c| {
+            let tx = c.transaction().map_err(db_err)?;
+            let mut moved = 0;
+            for (old, new) in &moves {
+                tx.execute(
+                    "INSERT INTO history (entity_id, from_state, to_state, kind, retry, at, detail, machine_hash)
+                     SELECT id, state, ?3, 'command', 0, ?4, 'upgrade: state renamed', ?5
+                     FROM entities WHERE machine = ?1 AND state = ?2",
+                    params![machine, old, new, now, hash],
+                )
+                .map_err(db_err)?;
+                // A renamed state keeps its open agent task, fenced by the entity's new version.
+                tx.execute(
+                    "UPDATE agent_tasks SET state = ?3, entity_version = entity_version + 1
+                     WHERE status IN ('ready', 'leased')
+                       AND entity_id IN (SELECT id FROM entities WHERE machine = ?1 AND state = ?2)",
+                    params![machine, old, new],
+                )
+                .map_err(db_err)?;
+                moved += tx
+                    .execute(
+                        "UPDATE entities SET state = ?3, version = version + 1, machine_hash = ?4
+                         WHERE machine = ?1 AND state = ?2",
+                        params![machine, old, new, hash],
+                    )
+                    .map_err(db_err)? as u64;
+            }
+            tx.commit().map_err(db_err)?;
+            Ok(moved)
+        })
+        .await
+    }
+
+    async fn machine_versions(&self) -> Result<Vec<(MachineRecord, u64)>> {
+        self.on_reader(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT m.name, m.hash, m.definition, m.created_at,
+                        (SELECT COUNT(*) FROM entities e WHERE e.machine = m.name AND e.machine_hash = m.hash)
+                     FROM machines m ORDER BY m.name, m.created_at",
+                )
+                .map_err(db_err)?;
+            stmt.query_map([], |r| {
+                Ok((
+                    MachineRecord {
+                        name: MachineName::new(r.get_ref(0)?.as_str()?),
+                        hash: r.get(1)?,
+                        definition: r.get(2)?,
+                        created_at: r.get(3)?,
+                    },
+                    r.get::<_, i64>(4)? as u64,
+                ))
+            })
+            .and_then(|rows| rows.collect())
+            .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn events_list(&self, entity_id: i64) -> Result<Vec<EventRow>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {EVENT_COLS} FROM events ev LEFT JOIN errors er ON er.id = ev.error_id
+                     WHERE ev.entity_id = ?1 ORDER BY ev.id"
+                ))
+                .map_err(db_err)?;
+            stmt.query_map([entity_id], event_from_row).and_then(|rows| rows.collect()).map_err(db_err)
+        })
+        .await
+    }
+
+    async fn events_by_id(&self, ids: Vec<i64>) -> Result<Vec<EventRow>> {
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {EVENT_COLS} FROM events ev LEFT JOIN errors er ON er.id = ev.error_id WHERE ev.id = ?1"
+                ))
+                .map_err(db_err)?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                out.extend(stmt.query_row([id], event_from_row).optional().map_err(db_err)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn entities_by_id(&self, ids: Vec<i64>) -> Result<Vec<EntityRow>> {
+        self.on_reader(move |c| {
+            let mut stmt =
+                c.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1")).map_err(db_err)?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                out.extend(stmt.query_row([id], entity_from_row).optional().map_err(db_err)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn stats(&self, since: Option<Millis>) -> Result<Stats> {
+        let since = since.unwrap_or(Millis::MIN);
+        self.on_reader(move |c| in_read_transaction(c, |c| read_stats(c, since))).await
+    }
+
+    async fn metrics_snapshot(&self, now: Millis) -> Result<MetricsSnapshot> {
+        self.on_reader(move |c| in_read_transaction(c, |c| read_metrics(c, now))).await
+    }
+
+    async fn task_list(&self, filter: TaskFilter) -> Result<Vec<AgentTask>> {
+        self.on_reader(move |c| {
+            // Only the filters given, so that a lookup by id or entity uses its index
+            // (the statement is built from fixed fragments; values are bound).
+            let mut sql =
+                format!("SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id WHERE 1 = 1");
+            let mut values: Vec<rusqlite::types::Value> = Vec::new();
+            if let Some(id) = filter.id {
+                values.push(id.into());
+                sql.push_str(&format!(" AND t.id = ?{}", values.len()));
+            }
+            if let Some(entity) = filter.entity_id {
+                values.push(entity.into());
+                sql.push_str(&format!(" AND t.entity_id = ?{}", values.len()));
+            }
+            if let Some(queue) = filter.queue {
+                values.push(queue.into());
+                sql.push_str(&format!(" AND t.queue = ?{}", values.len()));
+            }
+            if filter.open_only {
+                sql.push_str(" AND t.status IN ('ready', 'leased')");
+            }
+            values.push(filter.limit.map_or(-1, |l| l.min(i64::MAX as u64) as i64).into());
+            sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ?{}", values.len()));
+            let mut stmt = c.prepare_cached(&sql).map_err(db_err)?;
+            stmt.query_map(rusqlite::params_from_iter(values), task_from_row)
+                .and_then(|rows| rows.collect())
+                .map_err(db_err)
+        })
+        .await
+    }
+
+    fn exclusive(&self) -> bool {
+        self.inner.lock.is_some()
+    }
+
+    async fn sql_execute(&self, sql: &str) -> Result<()> {
+        let sql = sql.to_string();
+        self.on_writer(move |conn| conn.execute_batch(&sql).map_err(db_err)).await
+    }
+
+    async fn lease_release_all(&self, now: Millis) -> Result<u64> {
+        self.on_writer(move |c| {
+            let tx = c.transaction().map_err(db_err)?;
+            let n = write::release_all(&tx, now).map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(n)
+        })
+        .await
+    }
+}

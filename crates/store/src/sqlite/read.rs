@@ -1,0 +1,286 @@
+//! Row decoding and the read side (reports, listings) of the SQLite store.
+
+use rusqlite::{Connection, Row};
+use serde_json::Value;
+use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
+
+use super::db_err;
+use crate::Result;
+use crate::types::*;
+
+pub(crate) fn conversion(col: usize, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, e.into())
+}
+
+pub(crate) fn parse_json_obj(text: &str) -> rusqlite::Result<Properties> {
+    serde_json::from_str(text).map_err(|e| conversion(0, e))
+}
+
+pub(crate) fn entity_from_row(r: &Row<'_>) -> rusqlite::Result<EntityRow> {
+    let status = r.get_ref(16)?.as_str()?;
+    Ok(EntityRow {
+        id: r.get(0)?,
+        machine: MachineName::new(r.get_ref(1)?.as_str()?),
+        key: EntityKey::new(r.get_ref(2)?.as_str()?),
+        state: StateName::new(r.get_ref(3)?.as_str()?),
+        properties: parse_json_obj(r.get_ref(4)?.as_str()?)?,
+        version: r.get(5)?,
+        retry: r.get(6)?,
+        created_at: r.get(7)?,
+        entered_at: r.get(8)?,
+        auto_at: r.get(9)?,
+        due_at: r.get(10)?,
+        lease_owner: r.get(11)?,
+        lease_until: r.get(12)?,
+        request_id: r.get(13)?,
+        fired: serde_json::from_str::<Vec<String>>(r.get_ref(14)?.as_str()?)
+            .map_err(|e| conversion(14, e))?
+            .into_iter()
+            .map(EventName::from)
+            .collect(),
+        timer_at: r.get(15)?,
+        run_status: RunStatus::parse(status).ok_or_else(|| conversion(16, format!("unknown run status `{status}`")))?,
+        sleep_until: r.get(17)?,
+        recent_errors: serde_json::from_str(r.get_ref(18)?.as_str()?).map_err(|e| conversion(18, e))?,
+        event_id: r.get(19)?,
+        machine_hash: r.get(20)?,
+    })
+}
+
+pub(crate) fn inbox_from_row(r: &Row<'_>) -> rusqlite::Result<InboxItem> {
+    let params: String = r.get(3)?;
+    let kind = r.get_ref(6)?.as_str()?;
+    Ok(InboxItem {
+        id: r.get(0)?,
+        entity_id: r.get(1)?,
+        event: EventName::new(r.get_ref(2)?.as_str()?),
+        params: serde_json::from_str(&params).map_err(|e| conversion(3, e))?,
+        request_id: r.get(4)?,
+        created_at: r.get(5)?,
+        kind: InboxKind::parse(kind).ok_or_else(|| conversion(6, format!("unknown inbox kind `{kind}`")))?,
+    })
+}
+
+pub(crate) fn task_from_row(r: &Row<'_>) -> rusqlite::Result<AgentTask> {
+    let errors: String = r.get(10)?;
+    let errors: Vec<Value> = serde_json::from_str(&errors).map_err(|e| conversion(10, e))?;
+    Ok(AgentTask {
+        id: r.get(0)?,
+        queue: r.get(1)?,
+        machine: MachineName::new(r.get::<_, String>(2)?),
+        key: EntityKey::new(r.get::<_, String>(3)?),
+        entity_id: r.get(4)?,
+        state: StateName::new(r.get::<_, String>(5)?),
+        action: ActionName::new(r.get::<_, String>(6)?),
+        entity_version: r.get(7)?,
+        retry: r.get(8)?,
+        properties: parse_json_obj(&r.get::<_, String>(9)?)?,
+        errors: errors.len() as u32,
+        request_id: r.get(11)?,
+        status: r.get(12)?,
+        attempt: r.get(13)?,
+        token: r.get(14)?,
+        agent: r.get(15)?,
+        locked_until: r.get(16)?,
+        lock_ms: r.get(17)?,
+        available_at: r.get(18)?,
+        created_at: r.get(19)?,
+        outcome: r.get(20)?,
+        error: r.get(21)?,
+    })
+}
+
+pub(crate) fn history_from_row(r: &Row<'_>) -> rusqlite::Result<HistoryRow> {
+    let kind: String = r.get(4)?;
+    Ok(HistoryRow {
+        id: r.get(0)?,
+        entity_id: r.get(1)?,
+        from: r.get::<_, Option<String>>(2)?.map(StateName::from),
+        to: r.get::<_, Option<String>>(3)?.map(StateName::from),
+        kind: HistoryKind::parse(&kind).ok_or_else(|| conversion(4, format!("unknown history kind `{kind}`")))?,
+        action: r.get::<_, Option<String>>(5)?.map(ActionName::from),
+        event: r.get::<_, Option<String>>(6)?.map(EventName::from),
+        retry: r.get(7)?,
+        request_id: r.get(8)?,
+        at: r.get(9)?,
+        detail: r.get(10)?,
+    })
+}
+
+pub(crate) fn operation_from_row(r: &Row<'_>) -> rusqlite::Result<OperationRow> {
+    Ok(OperationRow {
+        id: r.get(0)?,
+        request_id: r.get(1)?,
+        name: r.get(2)?,
+        machine: r.get(3)?,
+        entity_key: r.get(4)?,
+        started_at: r.get(5)?,
+        ended_at: r.get(6)?,
+        first_response_at: r.get(7)?,
+        outcome: r.get(8)?,
+        error: r.get(9)?,
+        restart_count: r.get(10)?,
+        dimensions: serde_json::from_str(r.get_ref(11)?.as_str()?).map_err(|e| conversion(11, e))?,
+    })
+}
+
+pub(crate) fn event_from_row(r: &Row<'_>) -> rusqlite::Result<EventRow> {
+    Ok(EventRow {
+        id: r.get(0)?,
+        request_id: r.get(1)?,
+        event: EventName::new(r.get_ref(2)?.as_str()?),
+        kind: r.get(3)?,
+        start_state: StateName::new(r.get_ref(4)?.as_str()?),
+        end_state: r.get::<_, Option<String>>(5)?.map(StateName::from),
+        start_time: r.get(6)?,
+        end_time: r.get(7)?,
+        rejected: r.get(8)?,
+        failed: r.get(9)?,
+        error: r.get(10)?,
+        exception: r.get(11)?,
+        reason: r.get(12)?,
+        entered: r.get::<_, Option<String>>(13)?.map(StateName::from),
+    })
+}
+
+pub(crate) fn timer_from_row(r: &Row<'_>) -> rusqlite::Result<TimerRow> {
+    Ok(TimerRow {
+        entity_id: r.get(0)?,
+        name: r.get(1)?,
+        event: EventName::new(r.get_ref(2)?.as_str()?),
+        due_at: r.get(3)?,
+        every_ms: r.get(4)?,
+    })
+}
+
+/// Runs `read` in one read transaction: WAL gives it a consistent snapshot.
+pub(crate) fn in_read_transaction<T>(
+    c: &Connection,
+    read: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> Result<T> {
+    c.execute_batch("BEGIN").map_err(db_err)?;
+    let out = read(c);
+    c.execute_batch("COMMIT").map_err(db_err)?;
+    out.map_err(db_err)
+}
+
+fn count(n: i64) -> u64 {
+    n.max(0) as u64
+}
+
+/// The KPIs of [`Store::stats`]: counts in SQL, duration percentiles from the sorted
+/// durations.
+pub(crate) fn read_stats(c: &Connection, since: Millis) -> rusqlite::Result<Stats> {
+    let mut operations: Vec<OperationStats> = c
+        .prepare_cached(
+            "SELECT name, COUNT(*), COUNT(ended_at), SUM(ended_at IS NOT NULL AND outcome = 'success')
+             FROM operations WHERE started_at >= ?1 GROUP BY name ORDER BY name",
+        )?
+        .query_map([since], |r| {
+            let (ended, success) = (count(r.get(2)?), count(r.get(3)?));
+            Ok(OperationStats {
+                name: r.get(0)?,
+                count: count(r.get(1)?),
+                ended,
+                success,
+                success_rate: if ended == 0 { 0.0 } else { success as f64 / ended as f64 },
+                p50_ms: 0,
+                p99_ms: 0,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut durations: std::collections::HashMap<String, Vec<i64>> = std::collections::HashMap::new();
+    let mut stmt = c.prepare_cached(
+        "SELECT name, ended_at - started_at FROM operations
+         WHERE started_at >= ?1 AND ended_at IS NOT NULL ORDER BY name, 2",
+    )?;
+    let mut rows = stmt.query([since])?;
+    while let Some(r) = rows.next()? {
+        durations.entry(r.get(0)?).or_default().push(r.get(1)?);
+    }
+    for op in &mut operations {
+        let sorted = durations.remove(&op.name).unwrap_or_default();
+        op.p50_ms = percentile(&sorted, 0.50);
+        op.p99_ms = percentile(&sorted, 0.99);
+    }
+    let transitions = c
+        .prepare_cached(
+            "SELECT machine, start_state, end_state, COUNT(*), AVG(outcome = 'error'), AVG(retry_count)
+             FROM transitions WHERE end_time >= ?1
+             GROUP BY machine, start_state, end_state ORDER BY machine, start_state, end_state",
+        )?
+        .query_map([since], |r| {
+            Ok(TransitionStats {
+                machine: r.get(0)?,
+                from: r.get(1)?,
+                to: r.get(2)?,
+                count: count(r.get(3)?),
+                error_rate: r.get::<_, Option<f64>>(4)?.unwrap_or(0.0),
+                mean_retries: r.get::<_, Option<f64>>(5)?.unwrap_or(0.0),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let top_errors = c
+        .prepare_cached(
+            "SELECT kind, details, COUNT(*) FROM errors WHERE at >= ?1
+             GROUP BY kind, details ORDER BY COUNT(*) DESC, kind, details LIMIT 10",
+        )?
+        .query_map([since], |r| Ok(ErrorStats { kind: r.get(0)?, details: r.get(1)?, count: count(r.get(2)?) }))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(Stats { operations, transitions, top_errors })
+}
+
+/// The counters and gauges of [`Store::metrics_snapshot`].
+pub(crate) fn read_metrics(c: &Connection, now: Millis) -> rusqlite::Result<MetricsSnapshot> {
+    let scalar = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> rusqlite::Result<u64> {
+        c.prepare_cached(sql)?.query_row(p, |r| r.get::<_, i64>(0)).map(count)
+    };
+    let transitions = c
+        .prepare_cached(
+            "SELECT machine, start_state, end_state, COUNT(*) FROM transitions
+             GROUP BY machine, start_state, end_state ORDER BY machine, start_state, end_state",
+        )?
+        .query_map([], |r| {
+            Ok(TransitionCount { machine: r.get(0)?, from: r.get(1)?, to: r.get(2)?, count: count(r.get(3)?) })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let entities = c
+        .prepare_cached(
+            "SELECT machine, state, run_status, COUNT(*) FROM entities
+             GROUP BY machine, state, run_status ORDER BY machine, state, run_status",
+        )?
+        .query_map([], |r| {
+            let status = r.get_ref(2)?.as_str()?;
+            Ok(EntityCount {
+                machine: r.get(0)?,
+                state: r.get(1)?,
+                run_status: RunStatus::parse(status)
+                    .ok_or_else(|| conversion(2, format!("unknown run status `{status}`")))?,
+                count: count(r.get(3)?),
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let operations = c
+        .prepare_cached(
+            "SELECT COALESCE(outcome, 'open'), COUNT(*) FROM operations GROUP BY COALESCE(outcome, 'open') ORDER BY 1",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, count(r.get(1)?))))?
+        .collect::<rusqlite::Result<_>>()?;
+    let tasks = c
+        .prepare_cached(
+            "SELECT queue, status, COUNT(*) FROM agent_tasks WHERE status IN ('ready', 'leased')
+             GROUP BY queue, status ORDER BY queue, status",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, count(r.get(2)?))))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(MetricsSnapshot {
+        tasks,
+        transitions,
+        events_rejected: scalar("SELECT COUNT(*) FROM events WHERE rejected = 1", &[])?,
+        faults: scalar("SELECT COUNT(*) FROM errors", &[])?,
+        parked: scalar("SELECT COUNT(*) FROM entities WHERE run_status = 'failed'", &[])?,
+        entities,
+        due_backlog: scalar("SELECT COUNT(*) FROM entities WHERE due_at <= ?1", &[&now])?,
+        operations,
+    })
+}
