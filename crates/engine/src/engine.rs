@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use settle_core::step::{self, Properties};
-use settle_core::{ActionName, EntityKey, EventName, Machine, MachineName, StateName};
+use settle_core::{ActionName, EntityKey, EventName, Machine, MachineName, StateKind, StateName};
 use settle_store::{
     AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, Op, OpenOperation, OperationRow, Push, Store,
     TaskFilter, TaskResult,
@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{Error, Result};
 use crate::handler::{ActionContext, Handler, HandlerError, Outcome, handler};
 use crate::scheduler::{Msg, Scheduler};
+use crate::watch::{Hub, Want, first_of};
 
 /// Engine tuning. The defaults suit one process on SQLite.
 #[derive(Debug, Clone)]
@@ -58,9 +59,16 @@ pub(crate) struct Registry {
     pub(crate) handlers: HashMap<(MachineName, ActionName), Handler>,
     /// Content hash (definition version) of each machine.
     pub(crate) hashes: HashMap<MachineName, String>,
+    /// The machines whose entities this engine processes (`None`: all registered).
+    pub(crate) served: Option<Vec<MachineName>>,
 }
 
 impl Registry {
+    /// Whether this engine processes entities of `machine` (else other instances do, and
+    /// this one only creates them and raises events on them).
+    pub(crate) fn serves(&self, machine: &str) -> bool {
+        self.served.as_ref().is_none_or(|s| s.iter().any(|m| m == machine))
+    }
     pub(crate) fn machine(&self, name: &str) -> Result<&Arc<Machine>> {
         self.machines.get(name).ok_or_else(|| Error::UnknownMachine(name.to_string()))
     }
@@ -85,7 +93,12 @@ impl<S: Store + Clone> EngineBuilder<S> {
     pub fn new(store: S) -> Self {
         EngineBuilder {
             store,
-            registry: Registry { machines: HashMap::new(), handlers: HashMap::new(), hashes: HashMap::new() },
+            registry: Registry {
+                machines: HashMap::new(),
+                handlers: HashMap::new(),
+                hashes: HashMap::new(),
+                served: None,
+            },
             config: Config::default(),
             errors: Vec::new(),
         }
@@ -108,6 +121,20 @@ impl<S: Store + Clone> EngineBuilder<S> {
     {
         self.handler(machine, action, handler(f))
     }
+    /// Processes only entities of these machines; the other registered machines are
+    /// *known*: this engine creates their entities and raises events on them (checked
+    /// against their definitions), while other instances, which serve them, process them
+    /// and own their definitions' upgrades. By default an engine serves every machine it
+    /// registers.
+    pub fn serve_only<I, N>(mut self, machines: I) -> Self
+    where
+        I: IntoIterator<Item = N>,
+        N: Into<MachineName>,
+    {
+        self.registry.served = Some(machines.into_iter().map(Into::into).collect());
+        self
+    }
+
     /// Replaces the configuration.
     pub fn config(mut self, config: Config) -> Self {
         self.config = config;
@@ -126,13 +153,18 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 return Err(Error::UnknownAction { machine: machine.to_string(), action: action.to_string() });
             }
         }
+        if let Some(served) = &self.registry.served
+            && let Some(unknown) = served.iter().find(|m| !self.registry.machines.contains_key(*m))
+        {
+            return Err(Error::UnknownMachine(unknown.to_string()));
+        }
         let machines: Vec<&Machine> = self.registry.machines.values().map(|m| m.as_ref()).collect();
         let report = settle_core::validate::check_set(&machines);
         if report.has_errors() {
             return Err(Error::Invalid(report));
         }
         let mut missing = Vec::new();
-        for m in self.registry.machines.values() {
+        for m in self.registry.machines.values().filter(|m| self.registry.serves(m.name())) {
             for a in m.actions_needing_handlers() {
                 if self.registry.handler(m.name(), &a.name).is_none() {
                     missing.push(format!("action `{}` of machine `{}`", a.name, m.name()));
@@ -150,6 +182,11 @@ impl<S: Store + Clone> EngineBuilder<S> {
         for name in names {
             let m = self.registry.machines[&name].clone();
             let hash = m.content_hash();
+            if !self.registry.serves(&name) {
+                // The instances serving it own its definition (and its upgrades).
+                self.registry.hashes.insert(name, hash);
+                continue;
+            }
             // A new definition version is checked against the entities living under the old one.
             let previous = stored.iter().filter(|r| r.name == name).max_by_key(|r| r.created_at);
             if previous.is_some_and(|p| p.hash != hash) {
@@ -176,7 +213,10 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let registry = Arc::new(self.registry);
         let (tx, rx) = mpsc::unbounded_channel();
         let offered = Arc::new(tokio::sync::Notify::new());
-        let scheduler = Scheduler::new(self.store.clone(), registry.clone(), self.config, tx.clone(), offered.clone());
+        // Another instance may move the entities callers of this one wait on.
+        let hub = self.store.changes().map(|changes| Hub::start(self.store.clone(), changes));
+        let scheduler =
+            Scheduler::new(self.store.clone(), registry.clone(), self.config, tx.clone(), offered.clone(), hub.clone());
         let task = tokio::spawn(scheduler.run(rx));
         Ok(Engine {
             inner: Arc::new(Inner {
@@ -184,6 +224,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 registry,
                 tx,
                 offered,
+                hub,
                 closing: std::sync::atomic::AtomicBool::new(false),
                 task: std::sync::Mutex::new(Some(task)),
             }),
@@ -197,6 +238,8 @@ struct Inner<S> {
     tx: mpsc::UnboundedSender<Msg>,
     /// Notified when this engine offered agent tasks.
     offered: Arc<tokio::sync::Notify>,
+    /// Callers waiting on entities another instance moves (shared stores only).
+    hub: Option<Hub>,
     /// Set (and `offered` pulsed) when waiting agent long polls should end.
     closing: std::sync::atomic::AtomicBool,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -486,20 +529,38 @@ impl<S: Store> Engine<S> {
                 (Some(tx), Some(rx))
             }
         };
-        self.send(Msg::Raise { push, wait: options.wait, ack, done })?;
-        let Some(inbox_id) = ack_rx.await.map_err(|_| Error::Stopped)?? else {
+        let mark = self.inner.hub.as_ref().map(Hub::mark);
+        let wait = options.wait;
+        self.send(Msg::Raise { push, wait, ack, done })?;
+        let Some((inbox_id, entity_id)) = ack_rx.await.map_err(|_| Error::Stopped)?? else {
             // The key was used before: that operation stands, nothing is raised again.
             let entity = self.get(machine, key).await?;
             return Ok(Raised { request_id, inbox_id: None, replayed: true, outcome: None, entity });
         };
         let mut raised = Raised { request_id, inbox_id: Some(inbox_id), replayed: false, outcome: None, entity: None };
         if let Some(rx) = done_rx {
-            match tokio::time::timeout(options.timeout, rx).await {
-                Ok(Ok((outcome, entity))) => {
+            // This engine answers if it processes the event; the hub if another instance does.
+            let remote = match (&self.inner.hub, mark) {
+                (Some(hub), Some(mark)) => {
+                    let (reply, remote) = oneshot::channel();
+                    let want = Want::Event {
+                        inbox_id,
+                        stable: wait == Wait::Stable,
+                        machine: m.clone(),
+                        accepted: None,
+                        reply,
+                    };
+                    hub.watch(entity_id, mark, want);
+                    Some(remote)
+                }
+                _ => None,
+            };
+            match tokio::time::timeout(options.timeout, first_of(rx, remote)).await {
+                Ok(Some((outcome, entity))) => {
                     raised.outcome = Some(outcome);
                     raised.entity = Some(entity);
                 }
-                Ok(Err(_)) => return Err(Error::Stopped),
+                Ok(None) => return Err(Error::Stopped),
                 Err(_) => return Err(Error::Timeout { request_id: raised.request_id, waited: options.timeout }),
             }
         }
@@ -642,6 +703,7 @@ impl<S: Store> Engine<S> {
         timeout: Duration,
     ) -> Result<EntityRow> {
         let states: Vec<StateName> = states.iter().map(|s| StateName::new(*s)).collect();
+        let mark = self.inner.hub.as_ref().map(Hub::mark);
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
         if states.contains(&e.state) {
             return Ok(e);
@@ -650,40 +712,27 @@ impl<S: Store> Engine<S> {
         let (registered, registered_rx) = oneshot::channel();
         self.send(Msg::Watch { entity_id: e.id, states: states.clone(), reply: tx, registered })?;
         registered_rx.await.map_err(|_| Error::Stopped)?;
-        // From here on the watch sees every commit; one that landed before is in this read.
+        // Another instance may be the one that moves the entity: the hub hears of its
+        // commits (from the mark on, so nothing since the read above is missed).
+        let remote = match (&self.inner.hub, mark) {
+            (Some(hub), Some(mark)) => {
+                let m = self.inner.registry.machine(machine)?;
+                let rest_only = states.iter().all(|s| m.state(s).is_some_and(|s| s.kind != StateKind::Unstable));
+                let (reply, remote) = oneshot::channel();
+                hub.watch(e.id, mark, Want::State { states: states.clone(), rest_only, reply });
+                Some(remote)
+            }
+            _ => None,
+        };
+        // From here on the local watch sees every commit of this engine; one that landed
+        // before is in this read.
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
         if states.contains(&e.state) {
             return Ok(e);
         }
-        // The watch sees this engine's commits. On a shared store another instance may be
-        // the one that moves the entity, so also read it now and then (2 ms, doubling to
-        // 25 ms: the polling adds at most that to the wait). An exclusive store has no
-        // other writer: the watch is enough.
-        let shared = !self.store().exclusive();
-        let poll = async {
-            if !shared {
-                return std::future::pending().await;
-            }
-            let mut every = Duration::from_millis(2);
-            loop {
-                tokio::time::sleep(every).await;
-                every = (every * 2).min(Duration::from_millis(25));
-                match self.get(machine, key).await {
-                    Ok(Some(e)) if states.contains(&e.state) => return Ok(e),
-                    Ok(Some(_)) => {}
-                    Ok(None) => return Err(not_found(machine, key)),
-                    Err(e) => return Err(e),
-                }
-            }
-        };
-        let watched = async {
-            tokio::select! {
-                r = rx => r.map_err(|_| Error::Stopped),
-                r = poll => r,
-            }
-        };
-        match tokio::time::timeout(timeout, watched).await {
-            Ok(r) => r,
+        match tokio::time::timeout(timeout, first_of(rx, remote)).await {
+            Ok(Some(e)) => Ok(e),
+            Ok(None) => Err(Error::Stopped),
             Err(_) => Err(Error::Timeout { request_id: format!("wait for {machine} {key}"), waited: timeout }),
         }
     }

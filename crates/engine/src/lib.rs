@@ -14,6 +14,7 @@ mod error;
 mod handler;
 pub mod metrics;
 mod scheduler;
+mod watch;
 
 pub use engine::{Commanded, Config, Created, Engine, EngineBuilder, EventOutcome, RaiseOptions, Raised, Wait};
 pub use error::{Error, Result};

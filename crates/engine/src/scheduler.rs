@@ -32,6 +32,7 @@ use crate::engine::{Config, EventOutcome, Registry, Wait};
 use crate::error::{Error, Result};
 use crate::handler::{ActionContext, CatchUnwind, EngineFuture, Nested, Outcome};
 use crate::now_ms;
+use crate::watch::{Hub, Want, first_of};
 
 type DoneTx = oneshot::Sender<(EventOutcome, EntityRow)>;
 
@@ -47,11 +48,12 @@ pub(crate) enum Msg {
         new: NewEntity,
         reply: oneshot::Sender<Result<Option<EntityRow>>>,
     },
-    /// `ack` gets the inbox id, or `None` when the request id was replayed.
+    /// `ack` gets the inbox id and the entity's id, or `None` when the request id was
+    /// replayed.
     Raise {
         push: Push,
         wait: Wait,
-        ack: oneshot::Sender<Result<Option<i64>>>,
+        ack: oneshot::Sender<Result<Option<(i64, i64)>>>,
         done: Option<DoneTx>,
     },
     /// An operator command (`Op::Command`); answered like `Create`.
@@ -89,7 +91,7 @@ pub(crate) enum Msg {
 /// What to do with the result of an operation once its batch is written.
 enum Pending {
     Create(oneshot::Sender<Result<Option<EntityRow>>>),
-    Raise { ack: oneshot::Sender<Result<Option<i64>>>, wait: Wait, done: Option<DoneTx> },
+    Raise { ack: oneshot::Sender<Result<Option<(i64, i64)>>>, wait: Wait, done: Option<DoneTx> },
     Command { reply: oneshot::Sender<Result<Option<EntityRow>>>, command: Command },
     Commit(Box<CommitCtx>),
     Agent(oneshot::Sender<Result<Applied>>),
@@ -184,6 +186,8 @@ pub(crate) struct Scheduler<S> {
     claim_now: bool,
     /// The machines this engine serves: it claims only their entities.
     served: Vec<String>,
+    /// Events raised through this scheduler (for pruning waiters now and then).
+    raised: u64,
     stats: Stats,
 }
 
@@ -203,6 +207,8 @@ struct NestedHandle<S> {
     store: S,
     registry: Arc<Registry>,
     lease: Duration,
+    /// Answers the wait when another instance processes the event (shared stores).
+    hub: Option<Hub>,
 }
 
 impl<S: Store + Clone> Nested for NestedHandle<S> {
@@ -215,12 +221,15 @@ impl<S: Store + Clone> Nested for NestedHandle<S> {
         params: Value,
         request_id: Option<String>,
     ) -> EngineFuture<(EventOutcome, EntityRow)> {
-        let checked =
-            self.registry.machine(&machine).and_then(|m| Ok(step::check_raise(m, &event, &params)?.name.clone()));
+        let checked = self.registry.machine(&machine).and_then(|m| {
+            step::check_raise(m, &event, &params)?;
+            Ok(m.clone())
+        });
         let tx = self.tx.clone();
         let lease = self.lease;
+        let hub = self.hub.clone();
         Box::pin(async move {
-            checked?;
+            let m = checked?;
             let push = Push {
                 machine,
                 key,
@@ -233,11 +242,21 @@ impl<S: Store + Clone> Nested for NestedHandle<S> {
             };
             let (ack, ack_rx) = oneshot::channel();
             let (done, done_rx) = oneshot::channel();
+            let mark = hub.as_ref().map(Hub::mark);
             tx.send(Msg::Raise { push, wait: Wait::Stable, ack, done: Some(done) }).map_err(|_| Error::Stopped)?;
-            ack_rx.await.map_err(|_| Error::Stopped)??;
-            match tokio::time::timeout(lease, done_rx).await {
-                Ok(Ok(answer)) => Ok(answer),
-                Ok(Err(_)) => Err(Error::Stopped),
+            let pushed = ack_rx.await.map_err(|_| Error::Stopped)??;
+            let remote = match (&hub, pushed, mark) {
+                (Some(hub), Some((inbox_id, entity_id)), Some(mark)) => {
+                    let (reply, rx) = oneshot::channel();
+                    let want = Want::Event { inbox_id, stable: true, machine: m, accepted: None, reply };
+                    hub.watch(entity_id, mark, want);
+                    Some(rx)
+                }
+                _ => None,
+            };
+            match tokio::time::timeout(lease, first_of(done_rx, remote)).await {
+                Ok(Some(answer)) => Ok(answer),
+                Ok(None) => Err(Error::Stopped),
                 Err(_) => Err(Error::Timeout { request_id: "nested event".into(), waited: lease }),
             }
         })
@@ -256,14 +275,17 @@ impl<S: Store + Clone> Scheduler<S> {
         config: Config,
         tx: mpsc::UnboundedSender<Msg>,
         offered: Arc<tokio::sync::Notify>,
+        hub: Option<Hub>,
     ) -> Self {
         let nested = Arc::new(NestedHandle {
             tx: tx.clone(),
             store: store.clone(),
             registry: registry.clone(),
             lease: config.lease,
+            hub,
         });
-        let mut served: Vec<String> = registry.machines.keys().map(|m| m.to_string()).collect();
+        let mut served: Vec<String> =
+            registry.machines.keys().filter(|m| registry.serves(m)).map(|m| m.to_string()).collect();
         served.sort();
         Scheduler {
             store,
@@ -285,6 +307,7 @@ impl<S: Store + Clone> Scheduler<S> {
             last_supervise: now_ms(),
             claim_now: true,
             served,
+            raised: 0,
             stats: Stats::default(),
         }
     }
@@ -365,6 +388,7 @@ impl<S: Store + Clone> Scheduler<S> {
                     let _ = ack.send(Err(Error::Stopped));
                     return;
                 }
+                self.prune_waiters();
                 self.ops.push(Op::Push(push));
                 self.pending.push(Pending::Raise { ack, wait, done });
             }
@@ -395,6 +419,21 @@ impl<S: Store + Clone> Scheduler<S> {
             }
             Msg::Shutdown(tx) => self.shutdown = Some(tx),
         }
+    }
+
+    /// Now and then, forgets callers that stopped waiting: on a shared store another
+    /// instance may answer a caller (through the hub), and this scheduler never sees its
+    /// event.
+    fn prune_waiters(&mut self) {
+        self.raised += 1;
+        if !self.raised.is_multiple_of(256) {
+            return;
+        }
+        self.outcome_waiters.retain(|_, (_, tx)| !tx.is_closed());
+        self.rest_waiters.retain(|_, w| {
+            w.retain(|(_, tx)| !tx.is_closed());
+            !w.is_empty()
+        });
     }
 
     /// Every `supervise_every`: mark operations without progress for `hung_after` as hung.
@@ -520,11 +559,11 @@ impl<S: Store + Clone> Scheduler<S> {
                     let _ = reply.send(answer);
                 }
                 Pending::Raise { ack, wait, done } => match r {
-                    Ok(Applied::Pushed { inbox_id, .. }) => {
+                    Ok(Applied::Pushed { inbox_id, entity_id }) => {
                         if let Some(done) = done {
                             self.outcome_waiters.insert(inbox_id, (wait, done));
                         }
-                        let _ = ack.send(Ok(Some(inbox_id)));
+                        let _ = ack.send(Ok(Some((inbox_id, entity_id))));
                     }
                     Ok(Applied::Replayed { .. }) => {
                         let _ = ack.send(Ok(None));

@@ -329,26 +329,25 @@ async fn bench_engine(
     if instances == 0 {
         return Ok((local(store).start().await?, None));
     }
-    let engine = crate::start_driver_engine(store).await?;
+    let engine = crate::start_driver_engine(store, &crate::defs::Machines::BUILT_IN).await?;
     let workers = Workers::start(db, instances)?;
     Ok((engine, Some(workers)))
 }
 
-/// Waits for a raised workflow to reach `state`: through the engine when it processes
-/// (`Wait::Stable`), else by watching the store while the workers process it.
-async fn raise_until(e: &Engine<AnyStore>, machine: &str, key: &str, state: &str, remote: bool) -> anyhow::Result<()> {
+/// Raises `go` and waits until the workflow reaches `state`: first for the answer of a
+/// `wait=stable` raise (the entity at rest again), then, if it rested short of `state`
+/// (a fan-out parent waits for its children in a stable state), for the state itself.
+/// Whichever instance does the work answers: this engine's scheduler, or another instance
+/// through the store's change notifications.
+async fn raise_until(e: &Engine<AnyStore>, machine: &str, key: &str, state: &str) -> anyhow::Result<()> {
     let limit = Duration::from_secs(60);
-    if remote {
-        let raised = e.raise(machine, key, "go", RaiseOptions::wait(Wait::Queued)).await?;
-        if raised.inbox_id.is_none() {
-            bail!("workflow {key}: `go` was not queued");
-        }
-        e.wait_for_state(machine, key, &[state], limit).await?;
-        return Ok(());
-    }
     let raised = e.raise(machine, key, "go", RaiseOptions::wait(Wait::Stable).timeout(limit)).await?;
     match (&raised.outcome, &raised.entity) {
         (Some(EventOutcome::Accepted { .. }), Some(entity)) if entity.state == state => Ok(()),
+        (Some(EventOutcome::Accepted { .. }), Some(_)) => {
+            e.wait_for_state(machine, key, &[state], limit).await?;
+            Ok(())
+        }
         other => bail!("workflow {key} did not finish: {other:?}"),
     }
 }
@@ -457,7 +456,6 @@ async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> 
     let (path, _scratch) = bench_db(db);
     let (engine, workers) =
         bench_engine(&path, args.instances, |s| crate::machines::bind_fanout(Engine::builder(s))).await?;
-    let remote = workers.is_some();
     let run_id = uuid_suffix();
     let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("f{run_id}-{i}")).collect());
     let mut props = settle_core::Properties::new();
@@ -476,7 +474,7 @@ async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> 
     let e = engine.clone();
     let (seconds, latencies) = drive(&keys, args.concurrency, move |key| {
         let e = e.clone();
-        async move { raise_until(&e, "fanparent", &key, "done", remote).await }
+        async move { raise_until(&e, "fanparent", &key, "done").await }
     })
     .await?;
     stop(engine, workers).await;
@@ -505,7 +503,6 @@ async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     let steps = args.steps;
     let (engine, workers) =
         bench_engine(&path, args.instances, |s| crate::machines::bind_chain(Engine::builder(s), steps)).await?;
-    let remote = workers.is_some();
     let run_id = uuid_suffix();
     let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("b{run_id}-{i}")).collect());
     let setup = Instant::now();
@@ -522,7 +519,7 @@ async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     let e = engine.clone();
     let (seconds, latencies) = drive(&keys, args.concurrency, move |key| {
         let (e, machine) = (e.clone(), machine.clone());
-        async move { raise_until(&e, &machine, &key, "done", remote).await }
+        async move { raise_until(&e, &machine, &key, "done").await }
     })
     .await?;
     stop(engine, workers).await;

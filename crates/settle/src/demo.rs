@@ -154,9 +154,12 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let (engine, mut workers) = if args.instances > 0 {
         // Workers read the provider settings stored above when they start.
-        (crate::start_driver_engine(store.clone()).await?, Some(Workers::start(db, args.instances)?))
+        (
+            crate::start_driver_engine(store.clone(), &crate::defs::Machines::BUILT_IN).await?,
+            Some(Workers::start(db, args.instances)?),
+        )
     } else {
-        (crate::start_engine_on(store.clone()).await?, None)
+        (crate::start_engine_on(store.clone(), &crate::defs::Machines::BUILT_IN).await?, None)
     };
 
     // Create the servers that do not exist yet, then raise `create` on those still new.

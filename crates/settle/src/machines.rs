@@ -1,6 +1,7 @@
 //! The machines this binary knows, with their handlers: the reference scenario's
 //! `server` and its resources (the demo), the benchmarks' `chain` and fan-out machines,
-//! and the crash-test `job`. `settle run` can drive all of them.
+//! the crash-test `job`, and `relay` (a sync nested event on a `job`). `settle run` can
+//! drive all of them.
 
 use std::time::Duration;
 
@@ -402,4 +403,31 @@ pub fn bind_job<S: Store + Clone>(b: EngineBuilder<S>) -> EngineBuilder<S> {
             })
         },
     )
+}
+
+/// `relay`: idle -go→ relaying, whose action raises `start` on the `job` of the same key
+/// and waits for it (a sync nested event, answered whichever instance runs the job) →
+/// relayed, with the job's outcome and state.
+pub fn relay() -> Machine {
+    MachineBuilder::new("relay")
+        .state("idle")
+        .initial()
+        .state("relaying")
+        .auto("relay")
+        .state("relayed")
+        .event("go", ["idle"], "begin")
+        .action("begin", ["relaying"])
+        .action("relay", ["relayed"])
+        .build()
+        .expect("the relay machine is valid")
+}
+
+/// Binds the `relay` machine's handler.
+pub fn bind_relay<S: Store + Clone>(b: EngineBuilder<S>) -> EngineBuilder<S> {
+    b.machine(relay()).on("relay", "relay", |ctx| async move {
+        let (outcome, job) = ctx.raise_and_wait("job", ctx.key.as_str(), "start", json!(null)).await?;
+        Ok(Outcome::to("relayed")
+            .set("job_outcome", json!(format!("{outcome:?}")))
+            .set("job_state", json!(job.state.as_str())))
+    })
 }

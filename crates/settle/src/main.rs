@@ -3,6 +3,7 @@
 
 mod agent;
 mod bench;
+mod defs;
 mod demo;
 mod inspect;
 mod machines;
@@ -38,6 +39,11 @@ struct Cli {
     /// Bearer token for `--server`.
     #[arg(long, global = true, env = "SETTLE_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     token: Option<String>,
+    /// Run the machines defined in this directory (every `*.toml`; a file with errors stops
+    /// the command) instead of the built-in ones: `run`, `serve`, `create`, `raise` and the
+    /// operator commands. An instance claims only entities of the machines it runs.
+    #[arg(long, global = true, env = "SETTLE_MACHINES", value_name = "DIR")]
+    machines: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -69,6 +75,10 @@ enum Command {
         /// Stop when stdin closes (for workers started by `--instances`).
         #[arg(long, hide = true)]
         until_stdin_closes: bool,
+        /// Process only entities of these machines; the others (of `--machines`, or the
+        /// built-in ones) are known: created and raised on, processed by other instances.
+        #[arg(long, value_delimiter = ',', value_name = "MACHINE,...")]
+        serve: Vec<String>,
     },
     /// Create an entity in its machine's initial state.
     Create(operate::CreateArgs),
@@ -189,8 +199,10 @@ fn main() -> ExitCode {
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // A `--server` flag on a local-only command is refused; `SETTLE_SERVER` is ignored there.
-    let flag = matches!(matches.value_source("server"), Some(clap::parser::ValueSource::CommandLine));
-    match run(cli, flag) {
+    // The same for `--machines` on a command that starts no engine (or talks to a server).
+    let given = |id: &str| matches!(matches.value_source(id), Some(clap::parser::ValueSource::CommandLine));
+    let flags = Flags { server: given("server"), machines: given("machines") };
+    match run(cli, flags) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -203,17 +215,45 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-fn run(cli: Cli, server_flag: bool) -> anyhow::Result<ExitCode> {
+/// Global options given on the command line (not through the environment).
+struct Flags {
+    server: bool,
+    machines: bool,
+}
+
+fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
     let command = match cli.server.as_deref() {
-        Some(server) => match remote_run(server, cli.token.as_deref(), cli.command)? {
-            Ok(code) => return Ok(code),
-            Err(local) => local,
-        },
+        Some(server) => {
+            if flags.machines {
+                anyhow::bail!(
+                    "--machines applies to an engine this command starts; with --server the server runs its own \
+                     machines"
+                );
+            }
+            match remote_run(server, cli.token.as_deref(), cli.command)? {
+                Ok(code) => return Ok(code),
+                Err(local) => local,
+            }
+        }
         None => cli.command,
     };
-    if server_flag && let Some(refusal) = local_only(&command) {
+    if flags.server
+        && let Some(refusal) = local_only(&command)
+    {
         anyhow::bail!("{refusal}");
     }
+    if flags.machines
+        && let Some(name) = without_engine(&command)
+    {
+        anyhow::bail!(
+            "`settle {name}` does not take --machines (it applies to run, serve, create, raise and the operator \
+             commands)"
+        );
+    }
+    // The machines of the engine the command starts: loaded only where one is started.
+    let machines = || -> anyhow::Result<defs::Machines> {
+        defs::Machines::load(cli.machines.as_deref()).map_err(|report| anyhow::anyhow!("{}", report.trim_end()))
+    };
     match command {
         Command::Validate { files } => validate(&files),
         Command::Graph { file, format } => {
@@ -222,13 +262,14 @@ fn run(cli: Cli, server_flag: bool) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo(args) => runtime()?.block_on(demo::run(&db_path(&cli.db), args)),
-        Command::Run { until_idle, until_stdin_closes } => {
+        Command::Run { until_idle, until_stdin_closes, serve } => {
             let stop = match (until_idle, until_stdin_closes) {
                 (true, _) => Stop::Idle,
                 (_, true) => Stop::StdinClosed,
                 _ => Stop::Signal,
             };
-            runtime()?.block_on(run_engine(&db_path(&cli.db), stop))
+            let machines = defs::Machines { serve, ..machines()? };
+            runtime()?.block_on(run_engine(&db_path(&cli.db), &machines, stop))
         }
         Command::List { machine, state, status, json } => {
             runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, status, json))
@@ -242,14 +283,16 @@ fn run(cli: Cli, server_flag: bool) -> anyhow::Result<ExitCode> {
         Command::History { machine, key, events: true, json } => {
             runtime()?.block_on(inspect::events(&db_path(&cli.db), &machine, &key, json))
         }
-        Command::Pause(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Pause),
-        Command::Resume(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Resume),
-        Command::Sleep { target, until } => operate::run(&db_path(&cli.db), target, operate::Kind::Sleep(until)),
-        Command::Kill(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Kill),
-        Command::Release(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Release),
-        Command::Retry(t) => operate::run(&db_path(&cli.db), t, operate::Kind::Retry),
-        Command::Create(args) => runtime()?.block_on(operate::create(&db_path(&cli.db), args)),
-        Command::Raise(args) => runtime()?.block_on(operate::raise(&db_path(&cli.db), args)),
+        Command::Pause(t) => operate::run(&db_path(&cli.db), &machines()?, t, operate::Kind::Pause),
+        Command::Resume(t) => operate::run(&db_path(&cli.db), &machines()?, t, operate::Kind::Resume),
+        Command::Sleep { target, until } => {
+            operate::run(&db_path(&cli.db), &machines()?, target, operate::Kind::Sleep(until))
+        }
+        Command::Kill(t) => operate::run(&db_path(&cli.db), &machines()?, t, operate::Kind::Kill),
+        Command::Release(t) => operate::run(&db_path(&cli.db), &machines()?, t, operate::Kind::Release),
+        Command::Retry(t) => operate::run(&db_path(&cli.db), &machines()?, t, operate::Kind::Retry),
+        Command::Create(args) => runtime()?.block_on(operate::create(&db_path(&cli.db), &machines()?, args)),
+        Command::Raise(args) => runtime()?.block_on(operate::raise(&db_path(&cli.db), &machines()?, args)),
         Command::Ops { outcome, limit, json } => {
             runtime()?.block_on(inspect::operations(&db_path(&cli.db), outcome, limit, json))
         }
@@ -262,7 +305,7 @@ fn run(cli: Cli, server_flag: bool) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(report::stats(&db_path(&cli.db), since.as_deref(), format))
         }
         Command::Machines { json } => runtime()?.block_on(inspect::machines(&db_path(&cli.db), json)),
-        Command::Serve(args) => serve::run(&db_path(&cli.db), args),
+        Command::Serve(args) => serve::run(&db_path(&cli.db), cli.machines.as_deref(), args),
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
         Command::Workload(args) => runtime()?.block_on(workload::run(&db_path(&cli.db), args)),
@@ -319,6 +362,34 @@ fn local_only(command: &Command) -> Option<String> {
     Some(format!("`settle {name}` {why}; it does not take --server"))
 }
 
+/// The name of a command that starts no engine on `--machines` (`None`: it uses them).
+fn without_engine(command: &Command) -> Option<&'static str> {
+    Some(match command {
+        Command::Run { .. }
+        | Command::Serve(_)
+        | Command::Create(_)
+        | Command::Raise(_)
+        | Command::Pause(_)
+        | Command::Resume(_)
+        | Command::Sleep { .. }
+        | Command::Kill(_)
+        | Command::Release(_)
+        | Command::Retry(_) => return None,
+        Command::Validate { .. } => "validate",
+        Command::Graph { .. } => "graph",
+        Command::Demo(_) => "demo",
+        Command::List { .. } => "list",
+        Command::Get { .. } => "get",
+        Command::History { .. } => "history",
+        Command::Ops { .. } => "ops",
+        Command::Stats { .. } => "stats",
+        Command::Machines { .. } => "machines",
+        Command::Agent(_) => "agent",
+        Command::Bench(_) => "bench",
+        Command::Workload(_) => "workload",
+    })
+}
+
 /// Loads and validates one TOML definition; `Err` holds the printed report.
 fn load_machine(path: &Path) -> Result<(settle_core::Machine, settle_core::Report), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
@@ -363,45 +434,50 @@ fn validate(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-/// Starts an engine on `db` with every machine this binary knows.
-pub(crate) async fn start_engine(db: &str) -> anyhow::Result<Engine<AnyStore>> {
-    start_engine_on(AnyStore::open(db)?).await
+/// Starts an engine on `db` running `machines`.
+pub(crate) async fn start_engine(db: &str, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
+    start_engine_on(AnyStore::open(db)?, machines).await
 }
 
-/// Starts an engine on an open store with every machine this binary knows.
-pub(crate) async fn start_engine_on(store: AnyStore) -> anyhow::Result<Engine<AnyStore>> {
-    start_engine_with(store, Config::default()).await
+/// Starts an engine on an open store running `machines`.
+pub(crate) async fn start_engine_on(store: AnyStore, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
+    start_engine_with(store, machines, Config::default()).await
 }
 
 /// Starts an engine on an existing database that processes nothing (it claims no due
 /// work): for operator commands, which are written through the engine and return.
-pub(crate) async fn start_command_engine(db: &str) -> anyhow::Result<Engine<AnyStore>> {
+pub(crate) async fn start_command_engine(db: &str, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
     // Refuse a missing or foreign database before opening it for writing (which would
     // create it).
     drop(AnyStore::open_read_only(db)?);
-    start_driver_engine(AnyStore::open(db)?).await
+    start_driver_engine(AnyStore::open(db)?, machines).await
 }
 
 /// An engine that writes (creates, raises, commands) but claims no due work: the driver of
 /// `--instances` runs, whose workers do the processing.
-pub(crate) async fn start_driver_engine(store: AnyStore) -> anyhow::Result<Engine<AnyStore>> {
-    start_engine_with(store, Config { max_inflight: 0, ..Config::default() }).await
+pub(crate) async fn start_driver_engine(
+    store: AnyStore,
+    machines: &defs::Machines,
+) -> anyhow::Result<Engine<AnyStore>> {
+    start_engine_with(store, machines, Config { max_inflight: 0, ..Config::default() }).await
 }
 
-/// Starts an engine on an open store with every machine this binary knows and `config`.
-async fn start_engine_with(store: AnyStore, mut config: Config) -> anyhow::Result<Engine<AnyStore>> {
+/// Starts an engine on an open store running `machines` with `config`.
+async fn start_engine_with(
+    store: AnyStore,
+    machines: &defs::Machines,
+    mut config: Config,
+) -> anyhow::Result<Engine<AnyStore>> {
     if let Ok(lease) = std::env::var("SETTLE_LEASE") {
         config.lease = settle_core::duration::parse(&lease).map_err(|e| anyhow::anyhow!("SETTLE_LEASE: {e}"))?;
     }
     let provider = demo::stored_settings(&store).await?.unwrap_or_default();
-    let mut b = Engine::builder(store).config(config);
-    b = machines::bind_server(b, provider);
-    b = machines::bind_job(b);
-    b = machines::bind_fanout(b);
-    for steps in 1..=bench::MAX_STEPS {
-        b = machines::bind_chain(b, steps);
+    let b = machines.bind(Engine::builder(store).config(config), provider);
+    match b.start().await {
+        Ok(engine) => Ok(engine),
+        Err(settle_engine::Error::MissingHandlers(actions)) => anyhow::bail!("{}", defs::missing_handlers(&actions)),
+        Err(e) => Err(e.into()),
     }
-    Ok(b.start().await?)
 }
 
 /// When `settle run` stops.
@@ -411,8 +487,11 @@ enum Stop {
     StdinClosed,
 }
 
-async fn run_engine(db: &str, stop: Stop) -> anyhow::Result<ExitCode> {
-    let engine = start_engine(db).await?;
+async fn run_engine(db: &str, machines: &defs::Machines, stop: Stop) -> anyhow::Result<ExitCode> {
+    let engine = start_engine(db, machines).await?;
+    if let Some(what) = machines.describe() {
+        eprintln!("settle: running {what}");
+    }
     eprintln!("settle: processing due work in {}", engine.store().location());
     match stop {
         Stop::Idle => engine.wait_idle().await?,

@@ -13,6 +13,7 @@ use settle_engine::{Command, Engine, EventOutcome, RaiseOptions, Wait};
 use settle_server::time::parse_time;
 use settle_store::{AnyStore, RunStatus, Store};
 
+use crate::defs::Machines;
 use crate::print;
 
 /// The entity a command applies to.
@@ -135,7 +136,7 @@ fn now_ms() -> i64 {
 }
 
 /// An operator command on the database `db`.
-pub fn run(db: &str, target: Target, kind: Kind) -> anyhow::Result<ExitCode> {
+pub fn run(db: &str, machines: &Machines, target: Target, kind: Kind) -> anyhow::Result<ExitCode> {
     let command = match kind {
         Kind::Pause => Command::Pause,
         Kind::Resume => Command::Resume,
@@ -147,11 +148,11 @@ pub fn run(db: &str, target: Target, kind: Kind) -> anyhow::Result<ExitCode> {
         Kind::Release => Command::Release,
         Kind::Retry => Command::Retry,
     };
-    crate::runtime()?.block_on(apply(db, target, command))
+    crate::runtime()?.block_on(apply(db, machines, target, command))
 }
 
-async fn apply(db: &str, t: Target, command: Command) -> anyhow::Result<ExitCode> {
-    let engine = crate::start_command_engine(db).await?;
+async fn apply(db: &str, machines: &Machines, t: Target, command: Command) -> anyhow::Result<ExitCode> {
+    let engine = crate::start_command_engine(db, machines).await?;
     let result = engine.command(&t.machine, &t.key, command, t.request_id.clone()).await;
     engine.shutdown().await;
     let done = result?;
@@ -168,9 +169,9 @@ async fn apply(db: &str, t: Target, command: Command) -> anyhow::Result<ExitCode
 
 /// `settle create` on the database `db` (created if missing). The entity's work, if its
 /// initial state has any, is left to `settle run`.
-pub async fn create(db: &str, a: CreateArgs) -> anyhow::Result<ExitCode> {
+pub async fn create(db: &str, machines: &Machines, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let properties = a.properties()?;
-    let engine = crate::start_driver_engine(AnyStore::open(db)?).await?;
+    let engine = crate::start_driver_engine(AnyStore::open(db)?, machines).await?;
     let result = engine.create_with(&a.machine, &a.key, properties, a.idempotency_key.clone()).await;
     engine.shutdown().await;
     let created = result?;
@@ -183,15 +184,15 @@ pub async fn create(db: &str, a: CreateArgs) -> anyhow::Result<ExitCode> {
 
 /// `settle raise` on the database `db`. Without `--wait` the event is queued for `settle
 /// run`; with it, this process runs the engine until the entity is at rest again.
-pub async fn raise(db: &str, a: RaiseArgs) -> anyhow::Result<ExitCode> {
+pub async fn raise(db: &str, machines: &Machines, a: RaiseArgs) -> anyhow::Result<ExitCode> {
     let params = a.params()?;
     let timeout = a.timeout()?;
     let engine = if a.wait {
         // Refuse a missing database rather than create it.
         drop(AnyStore::open_read_only(db)?);
-        crate::start_engine(db).await?
+        crate::start_engine(db, machines).await?
     } else {
-        crate::start_command_engine(db).await?
+        crate::start_command_engine(db, machines).await?
     };
     let result = raise_on(&engine, &a, params, timeout).await;
     engine.shutdown().await;

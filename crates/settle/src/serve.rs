@@ -16,10 +16,6 @@ use settle_store::{AnyStore, Store};
 /// Arguments of `settle serve`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Serve the machines defined in this directory (every `*.toml`; a file with errors stops
-    /// start-up) [default: the built-in demo machines].
-    #[arg(long, value_name = "DIR")]
-    machines: Option<PathBuf>,
     /// Address to listen on (`127.0.0.1:0` picks a free port). Without tokens only a
     /// loopback address is accepted.
     #[arg(long, default_value = "127.0.0.1:7400")]
@@ -38,7 +34,7 @@ pub struct Args {
     /// Serve the reference scenario (`server` and its resources) with the resources'
     /// provider calls made by external agents on queue `provider` (`settle agent`), as
     /// `settle demo --agents` does. The server's timeout comes from the latest demo run.
-    #[arg(long, conflicts_with = "machines")]
+    #[arg(long)]
     scenario: bool,
     /// Stop when stdin closes (for a server started by `settle demo --agents`).
     #[arg(long, hide = true)]
@@ -48,7 +44,12 @@ pub struct Args {
 /// Exit status of a configuration the server refuses to start with.
 const REFUSED: u8 = 2;
 
-pub fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
+/// Serves `db` with the machines of `machines` (a directory, `--machines`) or the built-in ones.
+pub fn run(db: &str, machines: Option<&Path>, args: Args) -> anyhow::Result<ExitCode> {
+    if args.scenario && machines.is_some() {
+        eprintln!("error: --scenario serves the built-in reference scenario; it does not take --machines");
+        return Ok(ExitCode::from(REFUSED));
+    }
     let tokens = match load_tokens(args.tokens.as_deref()) {
         Ok(t) => t,
         Err(e) => {
@@ -78,8 +79,8 @@ pub fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(REFUSED));
         }
     };
-    let machines = match &args.machines {
-        Some(dir) => match load_dir(dir) {
+    let machines = match machines {
+        Some(dir) => match crate::defs::load_dir(dir) {
             Ok(m) => Some(m),
             Err(report) => {
                 eprint!("{report}");
@@ -115,35 +116,6 @@ fn load_tokens(file: Option<&Path>) -> anyhow::Result<Tokens> {
     Ok(tokens)
 }
 
-/// Every `*.toml` of `dir`, by file name; `Err` holds the report of every file with errors.
-fn load_dir(dir: &Path) -> Result<Vec<Machine>, String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: cannot read directory: {e}", dir.display()))?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(format!("{}: no machine definitions (*.toml)", dir.display()));
-    }
-    let mut report = String::new();
-    let mut machines = Vec::new();
-    for path in &files {
-        match crate::load_machine(path) {
-            Ok((m, _warnings)) => machines.push(m),
-            Err(r) => report.push_str(&r),
-        }
-    }
-    if report.is_empty() {
-        let set: Vec<&Machine> = machines.iter().collect();
-        let checked = settle_core::validate::check_set(&set);
-        if checked.has_errors() {
-            report = checked.to_string();
-        }
-    }
-    if report.is_empty() { Ok(machines) } else { Err(report) }
-}
-
 /// What the server runs.
 enum Source {
     /// Machines from TOML files (no Rust handlers).
@@ -174,7 +146,7 @@ async fn serve(
     };
     let started = match source {
         Source::Toml(machines) => start_toml_engine(store, machines).await.map_err(anyhow::Error::from),
-        Source::BuiltIn => crate::start_engine_on(store).await,
+        Source::BuiltIn => crate::start_engine_on(store, &crate::defs::Machines::BUILT_IN).await,
         Source::Scenario => {
             let timeout = crate::demo::stored_settings(&store).await?.unwrap_or_default().timeout_ms;
             let b = Engine::builder(store).config(lease_config());
@@ -186,12 +158,7 @@ async fn serve(
         Ok(engine) => engine,
         Err(e) => {
             if let Some(settle_engine::Error::MissingHandlers(actions)) = e.downcast_ref::<settle_engine::Error>() {
-                eprintln!(
-                    "error: cannot serve these machines: no handler for {}. `settle serve` runs actions with \
-                     exactly one target itself; an action with several targets needs a Rust handler (embed \
-                     settle-engine) or an agent queue",
-                    actions.join(", ")
-                );
+                eprintln!("error: {}", crate::defs::missing_handlers(actions));
                 return Ok(ExitCode::FAILURE);
             }
             return Err(e);

@@ -18,7 +18,7 @@ pub struct Args {
 }
 
 pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
-    let engine = crate::start_engine(db).await?;
+    let engine = crate::start_engine(db, &crate::defs::Machines::BUILT_IN).await?;
     let (ack_tx, mut ack_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let printer = tokio::spawn(async move {
         while let Some(key) = ack_rx.recv().await {

@@ -157,3 +157,148 @@ async fn unconvertible_sql_parameter_fails_the_commit_alone() {
     let after = store.entity_get("m", "a").await.unwrap().unwrap();
     assert_eq!((after.state.as_str(), after.version), ("idle", e.version));
 }
+
+/// Instances started together on a new schema all start: creating the schema and
+/// migrating it are serialised between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_starting_together_on_a_new_schema() {
+    for _ in 0..3 {
+        let Some(url) = settle_store::postgres::test_url("together") else { return };
+        let starts: Vec<_> = (0..4)
+            .map(|_| {
+                let url = url.clone();
+                std::thread::spawn(move || PgStore::open(&url))
+            })
+            .collect();
+        for s in starts {
+            s.join().expect("no panic").expect("every instance starts");
+        }
+    }
+}
+
+fn push_op(key: &str, request_id: &str) -> Op {
+    use settle_store::{InboxKind, OpenOperation, Push};
+    Op::Push(Push {
+        machine: "m".into(),
+        key: key.into(),
+        event: "go".into(),
+        params: serde_json::json!({}),
+        request_id: Some(request_id.into()),
+        kind: InboxKind::Raised,
+        join_from: None,
+        operation: Some(OpenOperation {
+            request_id: request_id.into(),
+            name: "m.go".into(),
+            dimensions: serde_json::json!({}),
+        }),
+    })
+}
+
+/// A step as the engine commits it: the event's action moves the entity on (`to`), with
+/// its history, telemetry and operation bookkeeping.
+fn step(c: &settle_store::Claimed, to: &str, at_rest: bool) -> Op {
+    use settle_store::{AfterCommit, Commit, EventRecord, Fence, HistoryKind, Telemetry, TransitionRecord};
+    let e = &c.entity;
+    let item = c.inbox_head.as_ref();
+    let fence = Fence { entity_id: e.id, version: e.version, owner: "engine-a".into() };
+    let after = if at_rest { AfterCommit::Release } else { AfterCommit::Hold };
+    Op::Commit(Box::new(Commit {
+        to: Some(to.into()),
+        consume: item.map(|i| i.id),
+        event: item.map(|i| i.event.clone()),
+        action: Some("go".into()),
+        request_id: item.and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
+        notify_predecessors: true,
+        telemetry: Telemetry {
+            event: item.map(|i| EventRecord {
+                kind: "raised",
+                seq: i.id,
+                raised_at: i.created_at,
+                rejected: false,
+                failed: false,
+            }),
+            transition: Some(TransitionRecord {
+                kind: "event",
+                start_health: Some("ok"),
+                end_health: "ok",
+                entry_time: e.entered_at,
+                start_time: e.entered_at,
+                action_start_time: None,
+                outcome: "ok",
+            }),
+            error: None,
+            at_rest,
+            complete: at_rest,
+            current_event: e.event_id,
+        },
+        ..Commit::new(fence, e.state.clone(), HistoryKind::Event, after)
+    }))
+}
+
+/// The round trips to PostgreSQL of a batch do not grow with the batch: creating, raising
+/// on, stepping and finishing 64 entities at once takes as many as doing it for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_per_batch_do_not_grow_with_the_batch() {
+    let mut trips: Vec<(usize, [u64; 4])> = Vec::new();
+    for n in [1usize, 8, 64] {
+        let Some(url) = settle_store::postgres::test_url("trips") else { return };
+        let store = open(&url).await;
+        let claim = || Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 1_000, machines: Vec::new() });
+        let creates = (0..n).map(|i| Op::Create(entity(&format!("e{i}"), None))).collect();
+        store.write(Batch { now: 10, ops: creates, claim: claim() }).await.unwrap();
+        let created = store.last_batch_round_trips();
+        let pushes = (0..n).map(|i| push_op(&format!("e{i}"), &format!("r{i}"))).collect();
+        let r = store.write(Batch { now: 20, ops: pushes, claim: claim() }).await.unwrap();
+        let raised = store.last_batch_round_trips();
+        assert_eq!(r.claimed.len(), n);
+        let steps = r.claimed.iter().map(|c| step(c, "busy", false)).collect();
+        let r = store.write(Batch { now: 30, ops: steps, claim: claim() }).await.unwrap();
+        let stepped = store.last_batch_round_trips();
+        assert!(r.results.iter().all(|r| r.is_ok()), "{:?}", r.results);
+        let mut finish = Vec::new();
+        for e in store.entity_list(Default::default()).await.unwrap() {
+            finish.push(step(&settle_store::Claimed { entity: e, inbox_head: None }, "done", true));
+        }
+        let r = store.write(Batch { now: 40, ops: finish, claim: claim() }).await.unwrap();
+        let finished = store.last_batch_round_trips();
+        assert!(r.results.iter().all(|r| r.is_ok()), "{:?}", r.results);
+        let done = store.entity_list(Default::default()).await.unwrap();
+        assert!(done.iter().all(|e| e.state == "done" && e.lease_owner.is_none()), "{done:?}");
+        trips.push((n, [created, raised, stepped, finished]));
+    }
+    eprintln!("round trips per batch (create, raise, step, finish) by batch size: {trips:?}");
+    for (n, t) in &trips[1..] {
+        assert_eq!(t, &trips[0].1, "a batch of {n} took {t:?} round trips, a batch of 1 {:?}", trips[0].1);
+    }
+}
+
+/// A commit through one handle tells the other handles which entity changed, and that it
+/// is at rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_are_told_to_other_handles() {
+    use settle_store::Changes;
+    let Some(url) = settle_store::postgres::test_url("changes") else { return };
+    let a = open(&url).await;
+    let b = open(&url).await;
+    let mut told = b.changes().expect("PostgreSQL handles tell changes");
+    let claim = Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() });
+    a.write(Batch { now: 10, ops: vec![Op::Create(entity("x", None))], claim: None }).await.unwrap();
+    let r = a.write(Batch { now: 20, ops: vec![push_op("x", "r1")], claim }).await.unwrap();
+    let c = r.claimed[0].clone();
+    a.write(Batch { now: 30, ops: vec![step(&c, "done", true)], claim: None }).await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match told.recv().await.expect("listening") {
+                Changes::Entities(list) => {
+                    if let Some(ch) = list.iter().find(|ch| ch.entity_id == c.entity.id) {
+                        return *ch;
+                    }
+                }
+                Changes::Lost => {}
+            }
+        }
+    })
+    .await
+    .expect("b hears of a's commit");
+    assert!(seen.at_rest);
+}

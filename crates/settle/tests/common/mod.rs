@@ -211,3 +211,60 @@ impl Drop for Served {
         let _ = self.child.wait();
     }
 }
+
+/// A process a test started: killed (and reaped) when dropped.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `settle --db DB ARGS...` started in the background, logging errors only.
+pub fn spawn_settle(db: &str, args: &[&str]) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_settle"))
+        .args(["--db", db])
+        .args(args)
+        .env("SETTLE_LOG", "error")
+        .env_remove("SETTLE_TOKENS")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("start settle");
+    Proc(child)
+}
+
+/// `settle serve` on `db` with `args`, on a free loopback port: the process and its address.
+pub fn spawn_server(db: &str, args: &[&str]) -> (Proc, String) {
+    use std::io::BufRead;
+    let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    let mut p = spawn_settle(db, &all);
+    let mut line = String::new();
+    std::io::BufReader::new(p.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("no address: {line:?}"));
+    (p, addr.to_string())
+}
+
+/// One HTTP/1.1 request to `addr`: the status and the body as JSON (null when empty or
+/// not JSON).
+pub fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let body = body.unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
+}

@@ -144,11 +144,19 @@ fn needs_savepoint(op: &Op) -> bool {
     matches!(op, Op::Command { .. } | Op::TaskReport { .. })
 }
 
+/// A written batch: its result, and whether it left work that other instances may claim
+/// (an entity due now that the writer does not hold), so they should be woken.
+pub(crate) struct Written {
+    pub(crate) result: BatchResult,
+    pub(crate) others_due: bool,
+}
+
 /// Applies a batch (inside the caller's transaction) and claims due work.
-pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchResult, D::Error> {
+pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<Written, D::Error> {
     let now = batch.now;
     let ops = &batch.ops;
     let mut results = Vec::with_capacity(ops.len());
+    let mut others_due = false;
     let mut i = 0;
     while i < ops.len() {
         match kind(&ops[i]) {
@@ -162,19 +170,23 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                     end += 1;
                 }
                 let segment: Vec<&Op> = ops[i..end].iter().collect();
-                results.extend(segment::apply(d, now, &segment)?);
+                let done = segment::apply(d, now, &segment)?;
+                others_due |= done.due_now;
+                results.extend(done.results);
                 i = end;
             }
             Kind::Alone => {
                 let Op::Commit(c) = &ops[i] else { unreachable!("alone means a commit") };
                 d.savepoint()?;
-                let mut r = segment::apply(d, now, &[&ops[i]])?.pop().expect("one result per operation");
+                let done = segment::apply(d, now, &[&ops[i]])?;
+                let mut r = done.results.into_iter().next().expect("one result per operation");
                 if r.is_ok()
                     && let Err(e) = d.user_sql(&c.sql)?
                 {
                     r = Err(e);
                 }
                 if r.is_ok() {
+                    others_due |= done.due_now;
                     d.release_savepoint()?;
                 } else {
                     d.rollback_savepoint()?;
@@ -189,10 +201,16 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                     d.savepoint()?;
                 }
                 let r = match d.other(now, op)? {
-                    Ok(Other::Applied(applied)) => Ok(applied),
+                    // A command may make its entity due (resume, retry, release).
+                    Ok(Other::Applied(applied)) => {
+                        others_due |= matches!(applied, Applied::Commanded(_));
+                        Ok(applied)
+                    }
                     Ok(Other::Push(push)) => {
                         let push = Op::Push(push);
-                        segment::apply(d, now, &[&push])?.pop().expect("one result per operation")
+                        let done = segment::apply(d, now, &[&push])?;
+                        others_due |= done.due_now;
+                        done.results.into_iter().next().expect("one result per operation")
                     }
                     Err(e) => Err(e),
                 };
@@ -216,5 +234,5 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
         machines = &claim.machines;
     }
     let next_due = d.next_due(machines)?;
-    Ok(BatchResult { results, claimed, next_due })
+    Ok(Written { result: BatchResult { results, claimed, next_due }, others_due })
 }

@@ -138,13 +138,16 @@ fn key_of(machine: &str, key: &str) -> (String, String) {
     (machine.to_string(), key.to_string())
 }
 
+/// What a segment did: a result per operation, in order, and whether it left an entity due
+/// now that its writer does not hold (another instance may claim it).
+pub(crate) struct Done {
+    pub(crate) results: Vec<Result<Applied, OpError>>,
+    pub(crate) due_now: bool,
+}
+
 /// Plans and writes `ops` (creates, pushes, commits and releases, each entity fenced at
-/// most once); their results in order.
-pub(crate) fn apply<D: Dialect>(
-    d: &mut D,
-    now: Millis,
-    ops: &[&Op],
-) -> Result<Vec<Result<Applied, OpError>>, D::Error> {
+/// most once).
+pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<Done, D::Error> {
     // 1. Read: the entities the segment touches (locked), predecessors of those that may
     // change state, the inbox each fenced entity keeps, the timers that change.
     let mut ids = BTreeSet::new();
@@ -796,12 +799,14 @@ impl Work {
     }
 
     /// Writes everything decided, set by set, and turns the answers into results.
-    fn write<D: Dialect>(
-        mut self,
-        d: &mut D,
-        answers: Vec<Result<Answer, OpError>>,
-    ) -> Result<Vec<Result<Applied, OpError>>, D::Error> {
+    fn write<D: Dialect>(mut self, d: &mut D, answers: Vec<Result<Answer, OpError>>) -> Result<Done, D::Error> {
         let now = self.now;
+        let due_now = self.slots.iter().any(|s| {
+            s.orig.as_ref() != Some(&s.cur)
+                && s.cur.lease_owner.is_none()
+                && s.cur.run_status == RunStatus::Active
+                && s.cur.due_at.is_some_and(|at| at <= now)
+        });
         let new_slots: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i].orig.is_none()).collect();
         if !new_slots.is_empty() {
             let rows: Vec<EntityInsert> = new_slots
@@ -961,7 +966,7 @@ impl Work {
                 created_at: row.created_at,
             }
         };
-        Ok(answers
+        let results = answers
             .into_iter()
             .map(|a| {
                 a.map(|a| match a {
@@ -982,7 +987,8 @@ impl Work {
                     },
                 })
             })
-            .collect())
+            .collect();
+        Ok(Done { results, due_now })
     }
 }
 

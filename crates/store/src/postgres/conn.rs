@@ -77,7 +77,7 @@ impl Target {
             // Identifiers cannot be parameters; the name was validated in `parse`.
             client.batch_execute(&format!("SET search_path TO {ident}"))?;
         }
-        Ok(Conn { client, statements: HashMap::new() })
+        Ok(Conn { client, statements: HashMap::new(), round_trips: 0 })
     }
 }
 
@@ -108,6 +108,8 @@ pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 pub(crate) struct Conn {
     pub(crate) client: Client,
     statements: HashMap<String, Statement>,
+    /// Requests sent to the server and waited for (statement preparations included).
+    pub(crate) round_trips: u64,
 }
 
 impl Conn {
@@ -122,6 +124,7 @@ impl Conn {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s.clone());
         }
+        self.round_trips += 1;
         let s = self.client.prepare(sql)?;
         self.statements.insert(sql.to_string(), s.clone());
         Ok(s)
@@ -130,29 +133,34 @@ impl Conn {
     /// Runs a statement; the number of rows it changed.
     pub(crate) fn exec(&mut self, sql: &str, params: Params<'_>) -> Result<u64, postgres::Error> {
         let s = self.statement(sql)?;
+        self.round_trips += 1;
         self.client.execute(&s, params)
     }
 
     /// Runs a query; its rows.
     pub(crate) fn query(&mut self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, postgres::Error> {
         let s = self.statement(sql)?;
+        self.round_trips += 1;
         self.client.query(&s, params)
     }
 
     /// Runs a query that returns at most one row.
     pub(crate) fn opt(&mut self, sql: &str, params: Params<'_>) -> Result<Option<Row>, postgres::Error> {
         let s = self.statement(sql)?;
+        self.round_trips += 1;
         self.client.query_opt(&s, params)
     }
 
     /// Runs a query that returns exactly one row.
     pub(crate) fn one(&mut self, sql: &str, params: Params<'_>) -> Result<Row, postgres::Error> {
         let s = self.statement(sql)?;
+        self.round_trips += 1;
         self.client.query_one(&s, params)
     }
 
     /// Runs unparameterised SQL (transaction control, DDL).
     pub(crate) fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
+        self.round_trips += 1;
         self.client.batch_execute(sql)
     }
 
@@ -161,6 +169,7 @@ impl Conn {
         let s = self.statement(sql)?;
         let values: Vec<super::JsonParam<'_>> = params.iter().map(super::JsonParam).collect();
         let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        self.round_trips += 1;
         self.client.execute(&s, &refs)
     }
 }

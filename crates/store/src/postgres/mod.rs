@@ -160,6 +160,9 @@ impl ToSql for JsonParam<'_> {
     to_sql_checked!();
 }
 
+/// Reader connections kept per handle (and readers running at once).
+const READERS: usize = 8;
+
 /// The PostgreSQL implementation of [`Store`]. Cheap to clone; clones share the writer,
 /// the reader pool and the wake-up listener.
 #[derive(Clone)]
@@ -171,11 +174,16 @@ struct Inner {
     target: Target,
     writer: Option<WriterThread<Writer>>,
     readers: Mutex<Vec<Conn>>,
+    /// One permit per reader connection: readers beyond the pool wait for a connection
+    /// rather than connect anew each time.
+    read_slots: Arc<tokio::sync::Semaphore>,
     wake: Arc<Notify>,
     /// Entities other processes changed, for waiters in this one.
     changes: tokio::sync::broadcast::Sender<Changes>,
     /// This handle's name in wake-up notifications (its own are ignored).
     me: String,
+    /// Round trips to the server of the latest batch written.
+    batch_round_trips: Arc<std::sync::atomic::AtomicU64>,
     channel: String,
     stop: Arc<AtomicBool>,
 }
@@ -334,9 +342,11 @@ impl PgStore {
                 target,
                 writer,
                 readers: Mutex::new(Vec::new()),
+                read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
                 wake: Arc::new(Notify::new()),
                 changes: tokio::sync::broadcast::channel(4096).0,
                 me: format!("{}-{}", std::process::id(), uuid_like()),
+                batch_round_trips: Arc::new(std::sync::atomic::AtomicU64::new(0)),
                 channel,
                 stop: Arc::new(AtomicBool::new(false)),
             }),
@@ -348,8 +358,17 @@ impl PgStore {
         if create_schema && let Some(ident) = target.schema_ident() {
             let mut plain =
                 Target { schema: None, ..target.clone() }.connect().map_err(|e| open_err(pg_message(&e)))?;
-            // The name was validated when the URL was parsed; identifiers cannot be parameters.
-            plain.batch(&format!("CREATE SCHEMA IF NOT EXISTS {ident}")).map_err(|e| open_err(pg_message(&e)))?;
+            // Instances starting together on a new schema would race in `CREATE SCHEMA IF NOT
+            // EXISTS` (a unique violation): the migrations' advisory lock serialises them.
+            let key = format!("settle-migrate:{}", target.schema.as_deref().unwrap_or_default());
+            let create = |c: &mut Conn| -> std::result::Result<(), postgres::Error> {
+                c.batch("BEGIN")?;
+                c.exec("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])?;
+                // The name was validated when the URL was parsed; identifiers cannot be parameters.
+                c.batch(&format!("CREATE SCHEMA IF NOT EXISTS {ident}"))?;
+                c.batch("COMMIT")
+            };
+            create(&mut plain).map_err(|e| open_err(pg_message(&e)))?;
         }
         target.connect().map_err(|e| open_err(pg_message(&e)))
     }
@@ -357,6 +376,13 @@ impl PgStore {
     /// The URL, password hidden.
     pub fn url(&self) -> &str {
         &self.inner.target.display
+    }
+
+    /// How many round trips to the server the latest batch written through this handle
+    /// took (`BEGIN` and `COMMIT` included): a diagnostic, and what the tests check to
+    /// keep a batch's round trips from growing with its size.
+    pub fn last_batch_round_trips(&self) -> u64 {
+        self.inner.batch_round_trips.load(Ordering::Relaxed)
     }
 
     /// The schema Settle's tables are in, if the URL named one.
@@ -439,7 +465,7 @@ impl PgStore {
 
     fn put_reader(&self, conn: Conn) {
         let mut pool = self.inner.readers.lock().expect("reader pool lock");
-        if pool.len() < 8 {
+        if pool.len() < READERS {
             pool.push(conn);
         }
     }
@@ -451,7 +477,9 @@ impl PgStore {
         f: impl Fn(&mut Conn) -> std::result::Result<T, Failure> + Send + 'static,
     ) -> Result<T> {
         let this = self.clone();
+        let permit = self.inner.read_slots.clone().acquire_owned().await.map_err(|_| Error::Closed)?;
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let mut backoff = Backoff::new();
             loop {
                 let pooled = this.inner.readers.lock().expect("reader pool lock").pop();
@@ -549,21 +577,26 @@ fn now_ms() -> Millis {
 impl Store for PgStore {
     async fn write(&self, batch: Batch) -> Result<BatchResult> {
         let (channel, me) = (self.inner.channel.clone(), self.inner.me.clone());
+        let counter = self.inner.batch_round_trips.clone();
         self.on_writer(move |w| {
             let mut batch = batch;
-            transact(w, "store write", |c, reconnected| {
+            let before = w.conn.as_ref().map_or(0, |c| c.round_trips);
+            let written = transact(w, "store write", |c, reconnected| {
                 if reconnected {
                     batch.now = batch.now.max(now_ms());
                 }
-                let result = crate::plan::apply_batch(&mut dialect::Tx(c), &batch)?;
+                let written = crate::plan::apply_batch(&mut dialect::Tx(c), &batch)?;
                 // Others learn of this batch when it commits: work to claim, entities moved.
-                let changed = crate::changes::changed(&batch, &result.results);
-                let payloads = crate::changes::encode(&me, write::shares_work(&batch), &changed);
+                let changed = crate::changes::changed(&batch, &written.result.results);
+                let payloads = crate::changes::encode(&me, written.others_due, &changed);
                 if !payloads.is_empty() {
                     c.exec("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", &[&channel, &payloads])?;
                 }
-                Ok(result)
-            })
+                Ok(written.result)
+            });
+            let after = w.conn.as_ref().map_or(0, |c| c.round_trips);
+            counter.store(after.saturating_sub(before), Ordering::Relaxed);
+            written
         })
         .await
     }

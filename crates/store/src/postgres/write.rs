@@ -275,23 +275,6 @@ pub(crate) fn apply_other(c: &mut Conn, now: Millis, op: &Op) -> Result<Other, F
     Ok(Other::Applied(applied))
 }
 
-/// Whether other instances may have work because of this batch (wake them).
-pub(crate) fn shares_work(batch: &Batch) -> bool {
-    batch.ops.iter().any(|op| match op {
-        Op::Create(_) | Op::Push(_) | Op::Command { .. } | Op::Release(_) => true,
-        Op::Commit(c) => {
-            !c.pushes.is_empty()
-                || !c.creates.is_empty()
-                || c.notify_predecessors
-                || matches!(c.after, AfterCommit::Release)
-        }
-        // A report makes its entity due (whoever claims it); leases and heartbeats only
-        // concern agents.
-        Op::TaskReport { .. } => true,
-        Op::MarkHung { .. } | Op::Renew { .. } | Op::TaskLease { .. } | Op::TaskHeartbeat { .. } => false,
-    })
-}
-
 /// Cancels the open tasks of these entities: their reports are refused from now on.
 pub(crate) fn cancel_tasks_of(c: &mut Conn, entities: &[i64], now: Millis) -> R<()> {
     c.exec(

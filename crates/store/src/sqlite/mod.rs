@@ -32,6 +32,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../../migrations/sqlite/0005_outcomes.sql")),
 ];
 
+/// Read-only connections kept for readers (and readers running at once).
+const READERS: usize = 8;
+
 /// The SQLite implementation of [`Store`]. Cheap to clone; clones share the writer.
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -42,6 +45,9 @@ struct Inner {
     path: PathBuf,
     writer: Option<WriterThread<Connection>>,
     readers: Mutex<Vec<Connection>>,
+    /// One permit per reader connection: readers beyond the pool wait for a connection
+    /// rather than open (and parse the schema of) a new one each time.
+    read_slots: Arc<tokio::sync::Semaphore>,
     lock: Option<File>,
 }
 
@@ -97,7 +103,13 @@ impl SqliteStore {
         let writer = WriterThread::spawn("settle-sqlite-writer", conn)
             .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
         Ok(SqliteStore {
-            inner: Arc::new(Inner { path, writer: Some(writer), readers: Mutex::new(Vec::new()), lock: Some(lock) }),
+            inner: Arc::new(Inner {
+                path,
+                writer: Some(writer),
+                readers: Mutex::new(Vec::new()),
+                read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
+                lock: Some(lock),
+            }),
         })
     }
 
@@ -108,7 +120,13 @@ impl SqliteStore {
             return Err(Error::Open { path: path.display().to_string(), message: "no such file".into() });
         }
         let store = SqliteStore {
-            inner: Arc::new(Inner { path: path.clone(), writer: None, readers: Mutex::new(Vec::new()), lock: None }),
+            inner: Arc::new(Inner {
+                path: path.clone(),
+                writer: None,
+                readers: Mutex::new(Vec::new()),
+                read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
+                lock: None,
+            }),
         };
         let conn = store.reader()?;
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(db_err)?;
@@ -149,7 +167,7 @@ impl SqliteStore {
 
     fn put_reader(&self, conn: Connection) {
         let mut pool = self.inner.readers.lock().expect("reader pool lock");
-        if pool.len() < 4 {
+        if pool.len() < READERS {
             pool.push(conn);
         }
     }
@@ -159,7 +177,9 @@ impl SqliteStore {
         f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let this = self.clone();
+        let permit = self.inner.read_slots.clone().acquire_owned().await.map_err(|_| Error::Closed)?;
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let conn = this.reader()?;
             let out = f(&conn);
             this.put_reader(conn);
@@ -202,7 +222,7 @@ impl Store for SqliteStore {
         self.on_writer(move |conn| {
             let mut run = || -> rusqlite::Result<BatchResult> {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let result = crate::plan::apply_batch(&mut write::Tx(&tx), &batch)?;
+                let result = crate::plan::apply_batch(&mut write::Tx(&tx), &batch)?.result;
                 tx.commit()?;
                 Ok(result)
             };

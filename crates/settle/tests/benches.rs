@@ -1,0 +1,73 @@
+//! Every `settle bench` workload, run small as a correctness check (a benchmark nobody runs
+//! breaks silently): fan-out and timers on SQLite, chain and fan-out on PostgreSQL in this
+//! process and with worker processes (`--instances`). `bench chain` and `bench agents` on
+//! SQLite are in `cli.rs`. The PostgreSQL runs need `SETTLE_TEST_PG`; without it they say
+//! they skipped.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{settle, stderr, stdout};
+use serde_json::Value;
+
+/// Runs `settle --db DB bench ARGS... --json`: its one JSON line.
+fn bench(db: &str, args: &[&str]) -> Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_settle"))
+        .args(["--db", db, "bench"])
+        .args(args)
+        .arg("--json")
+        .env("SETTLE_LOG", "error")
+        .output()
+        .expect("run settle bench");
+    assert!(o.status.success(), "settle bench {args:?} failed:\n{}", stderr(&o));
+    serde_json::from_str(stdout(&o).trim()).unwrap_or_else(|e| panic!("not one JSON line ({e}): {}", stdout(&o)))
+}
+
+fn check_fanout(v: &Value, parents: u64, children: u64) {
+    assert_eq!(v["workflows"], parents, "{v}");
+    assert_eq!(v["transitions"], parents * (3 + children), "{v}");
+    assert!(v["p99_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{v}");
+}
+
+#[test]
+fn fanout_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("fan.db");
+    let v = bench(db.to_str().unwrap(), &["fanout", "--entities", "60", "--children", "3", "--concurrency", "16"]);
+    check_fanout(&v, 60, 3);
+    // Every parent and child finished, and the database says so.
+    let o = settle(Path::new(&db), &["list", "--machine", "fanchild", "--json"]);
+    let children: Vec<Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(children.len(), 180);
+    assert!(children.iter().all(|c| c["state"] == "done"));
+}
+
+#[test]
+fn timers_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("timers.db");
+    let v = bench(db.to_str().unwrap(), &["timers", "--entities", "300", "--after", "2s"]);
+    assert_eq!(v["timers"], 300, "{v}");
+    assert!(v["all_fired_after_restart_s"].as_f64().is_some_and(|s| s > 0.0), "{v}");
+}
+
+#[test]
+fn chain_and_fanout_on_postgres() {
+    for instances in ["0", "1"] {
+        let Some(url) = settle_store::postgres::test_url("bench") else { return };
+        let v = bench(
+            &url,
+            &["chain", "--entities", "80", "--steps", "3", "--concurrency", "16", "--instances", instances],
+        );
+        assert_eq!((v["workflows"].as_u64(), v["transitions"].as_u64()), (Some(80), Some(320)), "{v}");
+        assert_eq!(v["instances"], instances.parse::<u64>().unwrap());
+        let Some(url) = settle_store::postgres::test_url("benchfan") else { return };
+        let v = bench(
+            &url,
+            &["fanout", "--entities", "30", "--children", "4", "--concurrency", "8", "--instances", instances],
+        );
+        check_fanout(&v, 30, 4);
+    }
+}
