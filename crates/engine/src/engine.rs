@@ -214,7 +214,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let (tx, rx) = mpsc::unbounded_channel();
         let offered = Arc::new(tokio::sync::Notify::new());
         // Another instance may move the entities callers of this one wait on.
-        let hub = self.store.changes().map(|changes| Hub::start(self.store.clone(), changes));
+        let hub = (!self.store.exclusive()).then(|| Hub::start(self.store.clone()));
         let scheduler =
             Scheduler::new(self.store.clone(), registry.clone(), self.config, tx.clone(), offered.clone(), hub.clone());
         let task = tokio::spawn(scheduler.run(rx));

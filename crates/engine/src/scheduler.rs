@@ -188,6 +188,8 @@ pub(crate) struct Scheduler<S> {
     served: Vec<String>,
     /// Events raised through this scheduler (for pruning waiters now and then).
     raised: u64,
+    /// Woken when another process may have made work due.
+    wakeup: Arc<tokio::sync::Notify>,
     stats: Stats,
 }
 
@@ -308,6 +310,7 @@ impl<S: Store + Clone> Scheduler<S> {
             claim_now: true,
             served,
             raised: 0,
+            wakeup: Arc::new(tokio::sync::Notify::new()),
             stats: Stats::default(),
         }
     }
@@ -319,6 +322,7 @@ impl<S: Store + Clone> Scheduler<S> {
     pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         // Another process may make work due (PostgreSQL's NOTIFY): claim at once then.
         let wakeup = self.store.wakeup().unwrap_or_else(|| Arc::new(tokio::sync::Notify::new()));
+        self.wakeup = wakeup.clone();
         loop {
             if self.ops.is_empty() && !self.claim_now {
                 self.check_idle();
@@ -477,6 +481,14 @@ impl<S: Store + Clone> Scheduler<S> {
             return;
         }
         self.claim_now = false;
+        if claim.is_some() {
+            // A wake-up already received announced work committed before this claim: the
+            // claim sees it. Dropping it spares a claim of nothing after this batch (with
+            // several instances, every batch of one wakes all the others).
+            let woken = self.wakeup.notified();
+            tokio::pin!(woken);
+            let _ = woken.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        }
         let ops = std::mem::take(&mut self.ops);
         let pending = std::mem::take(&mut self.pending);
         crate::metrics::batch(ops.len(), self.held.len());

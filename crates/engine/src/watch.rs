@@ -54,11 +54,14 @@ impl Want {
         }
     }
 
-    /// Whether a change of its entity may end this wait.
+    /// Whether a change of its entity may end this wait. A wait for the entity at rest
+    /// after its event (`stable`) needs only changes that leave it at rest: then the event
+    /// was processed, and its outcome is read with the entity. (An event that fails while
+    /// its entity is busy is answered once the entity rests.)
     fn woken_by(&self, c: &Changed) -> bool {
         match self {
             Want::State { rest_only, .. } => c.at_rest || !rest_only,
-            Want::Event { accepted, .. } => c.at_rest || accepted.is_none(),
+            Want::Event { stable, accepted, .. } => c.at_rest || (!stable && accepted.is_none()),
         }
     }
 }
@@ -77,11 +80,13 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    /// Starts the hub's task on `store`'s change notifications.
-    pub(crate) fn start<S: Store + Clone>(store: S, changes: broadcast::Receiver<Changes>) -> Hub {
+    /// Starts the hub's task on `store`. It subscribes to the store's change notifications
+    /// ([`Store::changes`]) when the first caller waits: a process that never waits on
+    /// entities (a worker) is never told of others' changes.
+    pub(crate) fn start<S: Store + Clone>(store: S) -> Hub {
         let (tx, rx) = mpsc::unbounded_channel();
         let seq = Arc::new(AtomicU64::new(0));
-        tokio::spawn(run(store, changes, rx, seq.clone()));
+        tokio::spawn(run(store, rx, seq.clone()));
         Hub { tx, seq }
     }
 
@@ -156,12 +161,7 @@ impl State {
     }
 }
 
-async fn run<S: Store>(
-    store: S,
-    mut changes: broadcast::Receiver<Changes>,
-    mut rx: mpsc::UnboundedReceiver<Register>,
-    seq: Arc<AtomicU64>,
-) {
+async fn run<S: Store>(store: S, mut rx: mpsc::UnboundedReceiver<Register>, seq: Arc<AtomicU64>) {
     let mut st = State {
         watches: HashMap::new(),
         ring: VecDeque::with_capacity(RING),
@@ -170,26 +170,40 @@ async fn run<S: Store>(
         due: HashSet::new(),
         registered: 0,
     };
+    let mut changes: Option<broadcast::Receiver<Changes>> = None;
     let mut retry = false;
     loop {
         tokio::select! {
-            c = changes.recv() => match c {
+            c = async { changes.as_mut().expect("guarded").recv().await }, if changes.is_some() => match c {
                 Ok(c) => st.on_changes(c),
                 Err(broadcast::error::RecvError::Lagged(_)) => st.on_changes(Changes::Lost),
                 // The store is gone: nothing will be told any more.
                 Err(broadcast::error::RecvError::Closed) => return,
             },
             r = rx.recv() => match r {
-                Some(r) => st.on_register(r),
+                Some(r) => {
+                    if changes.is_none() {
+                        // The first waiter: listen from now on (the store then tells that
+                        // earlier changes were not heard, and every waiter looks).
+                        match store.changes() {
+                            Some(c) => changes = Some(c),
+                            // Nothing tells: only this engine answers.
+                            None => return,
+                        }
+                    }
+                    st.on_register(r);
+                }
                 None => return,
             },
             _ = tokio::time::sleep(Duration::from_millis(200)), if retry => {}
         }
-        loop {
-            match changes.try_recv() {
-                Ok(c) => st.on_changes(c),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => st.on_changes(Changes::Lost),
-                Err(_) => break,
+        if let Some(c) = changes.as_mut() {
+            loop {
+                match c.try_recv() {
+                    Ok(c) => st.on_changes(c),
+                    Err(broadcast::error::TryRecvError::Lagged(_)) => st.on_changes(Changes::Lost),
+                    Err(_) => break,
+                }
             }
         }
         while let Ok(r) = rx.try_recv() {

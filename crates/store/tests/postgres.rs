@@ -281,6 +281,9 @@ async fn commits_are_told_to_other_handles() {
     let a = open(&url).await;
     let b = open(&url).await;
     let mut told = b.changes().expect("PostgreSQL handles tell changes");
+    // b listens from its first subscriber on, and says so: anything before was not heard.
+    let first = tokio::time::timeout(Duration::from_secs(10), told.recv()).await.expect("b starts listening");
+    assert_eq!(first.unwrap(), Changes::Lost);
     let claim = Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() });
     a.write(Batch { now: 10, ops: vec![Op::Create(entity("x", None))], claim: None }).await.unwrap();
     let r = a.write(Batch { now: 20, ops: vec![push_op("x", "r1")], claim }).await.unwrap();

@@ -26,62 +26,25 @@
 pub(crate) mod rows;
 mod segment;
 
-use self::rows::*;
+pub(crate) use self::rows::{Finish, ReadSet, Reads, Writes};
+
 use crate::types::*;
 
-/// The reads and writes a plan needs from a SQL backend, each over a whole set of rows.
-/// Writes keep the order of their rows (ids are assigned in that order).
+/// What a plan needs from a SQL backend, in three phases per segment or batch: one read,
+/// one write, and the batch's finish. Each phase is a whole set of statements, so a
+/// backend with a network between it and the plan (PostgreSQL) sends each phase at once
+/// (pipelined) and waits once.
 pub(crate) trait Dialect {
     /// A failure of the database (the whole batch fails).
     type Error;
 
-    /// Reads, and locks until the transaction ends, the entities with these ids, with
-    /// these (machine, key) pairs, and the predecessors of the entities `notify` names.
-    fn lock(&mut self, ids: &[i64], keys: &[(String, String)], notify: &[i64]) -> Result<Vec<Current>, Self::Error>;
-    /// The successor edges (predecessor, successor) of these successors.
-    fn edges(&mut self, successors: &[i64]) -> Result<Vec<(i64, i64)>, Self::Error>;
-    /// For each entity, its first inbox item that is neither `consume` nor a notice up to
-    /// `notices_upto` (none if it has none).
-    fn inbox_heads(&mut self, rows: &[InboxDelete]) -> Result<Vec<InboxItem>, Self::Error>;
-    /// The timers of these entities.
-    fn timers(&mut self, entities: &[i64]) -> Result<Vec<TimerRow>, Self::Error>;
-    /// Opens operations whose request id is new; answers each row's operation id and
-    /// whether it existed before.
-    fn open_operations(&mut self, rows: &[OperationInsert]) -> Result<Vec<(i64, bool)>, Self::Error>;
-
-    /// Inserts entities; their ids, in order. A (machine, key) that exists is a race
-    /// lost to another writer: the whole batch fails (and is retried).
-    fn insert_entities(&mut self, rows: &[EntityInsert]) -> Result<Vec<i64>, Self::Error>;
-    /// Writes the columns of entities read with [`Dialect::lock`].
-    fn update_entities(&mut self, rows: &[EntityUpdate]) -> Result<(), Self::Error>;
-    /// Deletes consumed inbox items and covered change notices.
-    fn delete_inbox(&mut self, rows: &[InboxDelete]) -> Result<(), Self::Error>;
-    /// Appends inbox items; their ids, in order.
-    fn insert_inbox(&mut self, rows: &[InboxInsert]) -> Result<Vec<i64>, Self::Error>;
-    /// Appends history rows.
-    fn insert_history(&mut self, rows: &[HistoryInsert]) -> Result<(), Self::Error>;
-    /// Adds successor edges (existing ones are kept).
-    fn insert_successors(&mut self, rows: &[SuccessorInsert]) -> Result<(), Self::Error>;
-    /// Replaces the timers of `entities` by `rows`.
-    fn replace_timers(&mut self, entities: &[i64], rows: &[TimerRow]) -> Result<(), Self::Error>;
-    /// Cancels the open agent tasks of these entities.
-    fn cancel_tasks(&mut self, entities: &[i64], now: Millis) -> Result<(), Self::Error>;
-    /// Offers agent tasks to entities without an open one.
-    fn offer_tasks(&mut self, rows: &[TaskInsert]) -> Result<(), Self::Error>;
-    /// Records errors; their ids, in order.
-    fn insert_errors(&mut self, rows: &[ErrorInsert]) -> Result<Vec<i64>, Self::Error>;
-    /// Records exception details.
-    fn insert_exceptions(&mut self, rows: &[ExceptionInsert]) -> Result<(), Self::Error>;
-    /// Records processed events.
-    fn insert_events(&mut self, rows: &[EventInsert]) -> Result<(), Self::Error>;
-    /// Ends events' workflows (those not ended yet).
-    fn end_events(&mut self, rows: &[EventEnd]) -> Result<(), Self::Error>;
-    /// Removes operations opened by operations that then failed.
-    fn delete_operations(&mut self, request_ids: &[String]) -> Result<(), Self::Error>;
-    /// Records first responses and errors of operations.
-    fn update_operations(&mut self, rows: &[OperationUpdate]) -> Result<(), Self::Error>;
-    /// Ends each operation nothing of which is busy or queued any more.
-    fn complete_operations(&mut self, request_ids: &[String], now: Millis) -> Result<(), Self::Error>;
+    /// Reads what a segment needs (see [`Reads`]), locking the entities it will write
+    /// until the transaction ends (PostgreSQL), and opens its operations.
+    fn read(&mut self, r: &Reads) -> Result<ReadSet, Self::Error>;
+    /// Writes what a segment decided, set by set in the order of [`Writes`]'s fields;
+    /// answers the ids of the new inbox items, in order. A new entity whose (machine, key)
+    /// exists is a race lost to another writer: the whole batch fails (and is retried).
+    fn write(&mut self, w: &Writes) -> Result<Vec<i64>, Self::Error>;
 
     /// Runs a commit's application SQL (after the rest of the commit is written).
     fn user_sql(&mut self, statements: &[SqlStatement]) -> Result<Result<(), OpError>, Self::Error>;
@@ -97,12 +60,10 @@ pub(crate) trait Dialect {
     /// Undoes what the operation since the savepoint wrote.
     fn rollback_savepoint(&mut self) -> Result<(), Self::Error>;
 
-    /// Turns due timers of active entities into inbox events.
-    fn fire_timers(&mut self, now: Millis, limit: usize) -> Result<(), Self::Error>;
-    /// Leases due entities (with their first inbox item).
-    fn claim(&mut self, now: Millis, claim: &Claim) -> Result<Vec<Claimed>, Self::Error>;
-    /// The earliest due time left, among the machines claims take (all if none named).
-    fn next_due(&mut self, machines: &[String]) -> Result<Option<Millis>, Self::Error>;
+    /// Ends the batch: turns due timers of active entities into inbox events, claims due
+    /// entities (if asked), reads the earliest due time left, tells other processes what
+    /// the batch changed (PostgreSQL) and commits.
+    fn finish(&mut self, f: &Finish<'_>) -> Result<(Vec<Claimed>, Option<Millis>), Self::Error>;
 }
 
 /// What [`Dialect::other`] did.
@@ -144,15 +105,9 @@ fn needs_savepoint(op: &Op) -> bool {
     matches!(op, Op::Command { .. } | Op::TaskReport { .. })
 }
 
-/// A written batch: its result, and whether it left work that other instances may claim
-/// (an entity due now that the writer does not hold), so they should be woken.
-pub(crate) struct Written {
-    pub(crate) result: BatchResult,
-    pub(crate) others_due: bool,
-}
-
-/// Applies a batch (inside the caller's transaction) and claims due work.
-pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<Written, D::Error> {
+/// Applies a batch inside the caller's transaction, claims due work, and ends the
+/// transaction ([`Dialect::finish`]).
+pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchResult, D::Error> {
     let now = batch.now;
     let ops = &batch.ops;
     let mut results = Vec::with_capacity(ops.len());
@@ -226,13 +181,8 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<Writte
             }
         }
     }
-    let mut claimed = Vec::new();
-    let mut machines: &[String] = &[];
-    if let Some(claim) = &batch.claim {
-        d.fire_timers(now, 1_000)?;
-        claimed = d.claim(now, claim)?;
-        machines = &claim.machines;
-    }
-    let next_due = d.next_due(machines)?;
-    Ok(Written { result: BatchResult { results, claimed, next_due }, others_due })
+    let changed = crate::changes::changed(batch, &results);
+    let finish = Finish { now, claim: batch.claim.as_ref(), changed, others_due };
+    let (claimed, next_due) = d.finish(&finish)?;
+    Ok(BatchResult { results, claimed, next_due })
 }

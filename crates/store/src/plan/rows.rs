@@ -1,7 +1,81 @@
 //! The rows a plan reads and writes: one struct per table and kind of write, handed to a
 //! [`Dialect`](super::Dialect) a whole set at a time.
 
-use crate::types::{Millis, RunStatus};
+use crate::changes::Changed;
+use crate::types::{Claim, InboxItem, Millis, RunStatus, TimerRow};
+
+/// What a segment reads (see [`Dialect::read`](super::Dialect::read)).
+#[derive(Debug, Default)]
+pub(crate) struct Reads {
+    /// Entities to lock and read, by id (fenced, preconditions, joining predecessors).
+    pub(crate) ids: Vec<i64>,
+    /// Entities to lock and read, by (machine, key) (push targets, keys to create).
+    pub(crate) keys: Vec<(String, String)>,
+    /// Entities whose predecessors are to be locked and read, with their edges.
+    pub(crate) notify: Vec<i64>,
+    /// For each fenced entity, the first inbox item it keeps after these deletions.
+    pub(crate) heads: Vec<InboxDelete>,
+    /// Entities whose timers are to be read.
+    pub(crate) timers: Vec<i64>,
+    /// Operations to open (a request id seen before is answered as existing).
+    pub(crate) operations: Vec<OperationInsert>,
+    /// Ids to reserve for new entities and for errors.
+    pub(crate) new_entities: usize,
+    pub(crate) new_errors: usize,
+}
+
+/// What [`Reads`] found.
+#[derive(Debug, Default)]
+pub(crate) struct ReadSet {
+    pub(crate) rows: Vec<Current>,
+    /// (predecessor, successor) edges of the `notify` entities.
+    pub(crate) edges: Vec<(i64, i64)>,
+    pub(crate) heads: Vec<InboxItem>,
+    pub(crate) timers: Vec<TimerRow>,
+    /// Per operation of [`Reads::operations`], in order: its id, and whether it existed.
+    pub(crate) operations: Vec<(i64, bool)>,
+    /// Reserved ids, as many as asked.
+    pub(crate) entity_ids: Vec<i64>,
+    pub(crate) error_ids: Vec<i64>,
+}
+
+/// What a segment writes (see [`Dialect::write`](super::Dialect::write)), in this order.
+#[derive(Debug, Default)]
+pub(crate) struct Writes {
+    pub(crate) now: Millis,
+    pub(crate) entities: Vec<EntityInsert>,
+    pub(crate) updates: Vec<EntityUpdate>,
+    pub(crate) deletes: Vec<InboxDelete>,
+    pub(crate) inbox: Vec<InboxInsert>,
+    pub(crate) history: Vec<HistoryInsert>,
+    pub(crate) successors: Vec<SuccessorInsert>,
+    /// Entities whose timers become `timers`' rows for them.
+    pub(crate) timer_entities: Vec<i64>,
+    pub(crate) timers: Vec<TimerRow>,
+    /// Entities whose open agent tasks are canceled.
+    pub(crate) cancel: Vec<i64>,
+    pub(crate) offers: Vec<TaskInsert>,
+    pub(crate) errors: Vec<ErrorInsert>,
+    pub(crate) exceptions: Vec<ExceptionInsert>,
+    pub(crate) events: Vec<EventInsert>,
+    pub(crate) ends: Vec<EventEnd>,
+    /// Operations opened for operations that then failed: removed again.
+    pub(crate) unopen: Vec<String>,
+    pub(crate) op_updates: Vec<OperationUpdate>,
+    /// Request ids whose operations end if nothing of them is busy or queued any more.
+    pub(crate) complete: Vec<String>,
+}
+
+/// How a batch ends (see [`Dialect::finish`](super::Dialect::finish)).
+#[derive(Debug)]
+pub(crate) struct Finish<'a> {
+    pub(crate) now: Millis,
+    pub(crate) claim: Option<&'a Claim>,
+    /// The entities the batch changed, for other processes.
+    pub(crate) changed: Vec<Changed>,
+    /// The batch left an entity due now that its writer does not hold.
+    pub(crate) others_due: bool,
+}
 
 /// The columns of an entity the plan reads and rewrites (everything but the JSON columns,
 /// which are only written when they change). Locked until the batch commits.
@@ -76,9 +150,11 @@ pub(crate) struct EntityUpdate {
     pub(crate) recent_errors: Option<String>,
 }
 
-/// A new entity. `created_at` and `entered_at` are the batch's time; version 1, retry 0.
+/// A new entity (with its reserved id). `created_at` and `entered_at` are the batch's
+/// time; version 1, retry 0.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct EntityInsert {
+    pub(crate) id: i64,
     pub(crate) machine: String,
     pub(crate) key: String,
     pub(crate) state: String,
@@ -162,9 +238,10 @@ pub(crate) struct TaskInsert {
     pub(crate) created_at: Millis,
 }
 
-/// An error (its operation is found by request id).
+/// An error, with its reserved id (its operation is found by request id).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ErrorInsert {
+    pub(crate) id: i64,
     pub(crate) entity_id: i64,
     pub(crate) request_id: Option<String>,
     pub(crate) at: Millis,

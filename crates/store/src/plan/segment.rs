@@ -131,6 +131,9 @@ struct Work {
     opened: HashMap<String, Opened>,
     /// Request ids opened by this segment, and by which operation.
     opened_by: HashMap<String, usize>,
+    /// Ids reserved for the entities and errors this segment creates.
+    entity_ids: std::vec::IntoIter<i64>,
+    error_ids: std::vec::IntoIter<i64>,
     plan: Plan,
 }
 
@@ -189,22 +192,60 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
             other => unreachable!("not a segment operation: {other:?}"),
         }
     }
-    let ids: Vec<i64> = ids.into_iter().collect();
-    let keys: Vec<(String, String)> = keys.into_iter().collect();
-    let rows = d.lock(&ids, &keys, &notify)?;
+    // Operations of external creates and raises are opened with the reads; a request id
+    // seen before makes its operation a replay (and one opened for an operation that then
+    // fails is removed again).
+    let mut opened_by: HashMap<String, usize> = HashMap::new();
+    let mut operations: Vec<OperationInsert> = Vec::new();
+    let mut new_entities = 0;
+    let mut new_errors = 0;
+    for (i, op) in ops.iter().enumerate() {
+        let row = match op {
+            Op::Create(e) => {
+                new_entities += 1;
+                e.operation.as_ref().map(|o| operation_row(o, &e.machine, &e.key, now, Some(now)))
+            }
+            Op::Push(p) => p.operation.as_ref().map(|o| operation_row(o, &p.machine, &p.key, now, None)),
+            Op::Commit(c) => {
+                new_entities += c.creates.len();
+                new_errors += usize::from(c.telemetry.error.is_some());
+                None
+            }
+            _ => None,
+        };
+        if let Some(row) = row
+            && !opened_by.contains_key(&row.request_id)
+        {
+            opened_by.insert(row.request_id.clone(), i);
+            operations.push(row);
+        }
+    }
+    let reads = Reads {
+        ids: ids.into_iter().collect(),
+        keys: keys.into_iter().collect(),
+        notify,
+        heads,
+        timers: timer_ids,
+        operations,
+        new_entities,
+        new_errors,
+    };
+    let read = d.read(&reads)?;
     let mut w = Work {
         now,
-        slots: Vec::with_capacity(rows.len()),
-        by_id: HashMap::with_capacity(rows.len()),
-        by_key: HashMap::with_capacity(rows.len()),
+        slots: Vec::with_capacity(read.rows.len()),
+        by_id: HashMap::with_capacity(read.rows.len()),
+        by_key: HashMap::with_capacity(read.rows.len()),
         predecessors: HashMap::new(),
         heads: HashMap::new(),
         timers: HashMap::new(),
         opened: HashMap::new(),
-        opened_by: HashMap::new(),
+        opened_by,
+        entity_ids: read.entity_ids.into_iter(),
+        error_ids: read.error_ids.into_iter(),
         plan: Plan::default(),
     };
-    for row in rows {
+    for row in read.rows {
         if w.by_id.contains_key(&row.id) {
             continue;
         }
@@ -221,60 +262,19 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
             pending: Vec::new(),
         });
     }
-    let successors: Vec<i64> =
-        notify.iter().copied().filter(|id| w.by_id.get(id).is_some_and(|&s| w.slots[s].cur.has_predecessors)).collect();
-    if !successors.is_empty() {
-        for (pred, succ) in d.edges(&successors)? {
-            let s = w.by_id[&succ];
+    for (pred, succ) in read.edges {
+        if let Some(&s) = w.by_id.get(&succ) {
             w.predecessors.entry(s).or_default().push(pred);
         }
     }
-    if !heads.is_empty() {
-        for item in d.inbox_heads(&heads)? {
-            w.heads.insert(item.entity_id, item);
-        }
+    for item in read.heads {
+        w.heads.insert(item.entity_id, item);
     }
-    if !timer_ids.is_empty() {
-        for t in d.timers(&timer_ids)? {
-            w.timers.entry(t.entity_id).or_default().push(t);
-        }
+    for t in read.timers {
+        w.timers.entry(t.entity_id).or_default().push(t);
     }
-
-    // 2. Operations: open those of external creates and raises that can apply; a request
-    // id seen before makes its operation a replay.
-    let mut exists: BTreeSet<(String, String)> = w.by_key.keys().cloned().collect();
-    let mut opening: Vec<(usize, OperationInsert)> = Vec::new();
-    for (i, op) in ops.iter().enumerate() {
-        match op {
-            Op::Create(e) => {
-                if let Some(o) = &e.operation {
-                    opening.push((i, operation_row(o, &e.machine, &e.key, now, Some(now))));
-                }
-                exists.insert(key_of(&e.machine, &e.key));
-            }
-            Op::Push(p) => {
-                if let Some(o) = &p.operation
-                    && exists.contains(&key_of(&p.machine, &p.key))
-                {
-                    opening.push((i, operation_row(o, &p.machine, &p.key, now, None)));
-                }
-            }
-            Op::Commit(c) => exists.extend(c.creates.iter().map(|e| key_of(&e.machine, &e.key))),
-            _ => {}
-        }
-    }
-    if !opening.is_empty() {
-        let mut first: Vec<OperationInsert> = Vec::with_capacity(opening.len());
-        for (i, row) in &opening {
-            if !w.opened_by.contains_key(&row.request_id) {
-                w.opened_by.insert(row.request_id.clone(), *i);
-                first.push(row.clone());
-            }
-        }
-        let answers = d.open_operations(&first)?;
-        for (row, (id, existed)) in first.iter().zip(answers) {
-            w.opened.insert(row.request_id.clone(), Opened { id, replay: existed });
-        }
+    for (row, (id, existed)) in reads.operations.iter().zip(read.operations) {
+        w.opened.insert(row.request_id.clone(), Opened { id, replay: existed });
     }
 
     // 3. Decide, in order.
@@ -352,7 +352,7 @@ impl Work {
         let now = self.now;
         let slot = self.slots.len();
         let cur = Current {
-            id: 0,
+            id: self.entity_ids.next().expect("an id is reserved for every entity a segment may create"),
             machine: e.machine.to_string(),
             key: e.key.to_string(),
             state: e.state.to_string(),
@@ -373,6 +373,7 @@ impl Work {
             has_predecessors: false,
             machine_hash: e.machine_hash.clone(),
         };
+        self.by_id.insert(cur.id, slot);
         self.slots.push(Slot {
             cur,
             orig: None,
@@ -468,13 +469,10 @@ impl Work {
         }
         self.plan.successors.push((pred, succ, request_id));
         self.slots[succ].cur.has_predecessors = true;
-        // A stored predecessor is named by id; a new one gets its id when written, and is
-        // never notified in the segment that creates it.
-        if let Some(orig) = &self.slots[pred].orig {
-            let list = self.predecessors.entry(succ).or_default();
-            if !list.contains(&orig.id) {
-                list.push(orig.id);
-            }
+        let pred = self.slots[pred].cur.id;
+        let list = self.predecessors.entry(succ).or_default();
+        if !list.contains(&pred) {
+            list.push(pred);
         }
     }
 
@@ -694,6 +692,7 @@ impl Work {
         if let Some(err) = &t.error {
             error = Some(self.plan.errors.len());
             self.plan.errors.push(ErrorInsert {
+                id: self.error_ids.next().expect("an id is reserved for every error a segment records"),
                 entity_id,
                 request_id: c.request_id.clone(),
                 at: now,
@@ -799,7 +798,7 @@ impl Work {
     }
 
     /// Writes everything decided, set by set, and turns the answers into results.
-    fn write<D: Dialect>(mut self, d: &mut D, answers: Vec<Result<Answer, OpError>>) -> Result<Done, D::Error> {
+    fn write<D: Dialect>(self, d: &mut D, answers: Vec<Result<Answer, OpError>>) -> Result<Done, D::Error> {
         let now = self.now;
         let due_now = self.slots.iter().any(|s| {
             s.orig.as_ref() != Some(&s.cur)
@@ -807,158 +806,90 @@ impl Work {
                 && s.cur.run_status == RunStatus::Active
                 && s.cur.due_at.is_some_and(|at| at <= now)
         });
-        let new_slots: Vec<usize> = (0..self.slots.len()).filter(|&i| self.slots[i].orig.is_none()).collect();
-        if !new_slots.is_empty() {
-            let rows: Vec<EntityInsert> = new_slots
-                .iter()
-                .map(|&i| {
-                    let s = &self.slots[i];
-                    EntityInsert {
-                        machine: s.cur.machine.clone(),
-                        key: s.cur.key.clone(),
-                        state: s.cur.state.clone(),
-                        properties: s.properties.clone().unwrap_or_else(|| "{}".into()),
-                        created_at: now,
-                        auto_at: s.cur.auto_at,
-                        due_at: s.cur.due_at,
-                        request_id: s.cur.request_id.clone(),
-                        busy: s.cur.busy,
-                        machine_hash: s.cur.machine_hash.clone(),
-                        timer_at: s.cur.timer_at,
-                        has_predecessors: s.cur.has_predecessors,
-                    }
-                })
-                .collect();
-            let ids = d.insert_entities(&rows)?;
-            for (&i, id) in new_slots.iter().zip(ids) {
-                self.slots[i].cur.id = id;
-            }
-        }
-        let id = |slots: &[Slot], i: usize| slots[i].cur.id;
-        let updates: Vec<EntityUpdate> = self
-            .slots
-            .iter()
-            .filter(|s| {
-                s.orig.as_ref().is_some_and(|o| {
-                    *o != s.cur || s.properties.is_some() || s.fired.is_some() || s.recent_errors.is_some()
-                })
-            })
-            .map(|s| EntityUpdate {
-                row: s.cur.clone(),
-                properties: s.properties.clone(),
-                fired: s.fired.clone(),
-                recent_errors: s.recent_errors.clone(),
-            })
-            .collect();
-        if !updates.is_empty() {
-            d.update_entities(&updates)?;
-        }
-        if !self.plan.deletes.is_empty() {
-            d.delete_inbox(&self.plan.deletes)?;
-        }
-        let mut inbox_ids = Vec::new();
-        if !self.plan.inbox.is_empty() {
-            let rows: Vec<InboxInsert> = self
-                .plan
-                .inbox
-                .iter()
-                .map(|item| InboxInsert { entity_id: id(&self.slots, item.slot), ..item.row.clone() })
-                .collect();
-            inbox_ids = d.insert_inbox(&rows)?;
-        }
-        if !self.plan.history.is_empty() {
-            let rows: Vec<HistoryInsert> = self
-                .plan
-                .history
-                .iter()
-                .map(|(slot, h)| HistoryInsert { entity_id: id(&self.slots, *slot), ..h.clone() })
-                .collect();
-            d.insert_history(&rows)?;
-        }
-        if !self.plan.successors.is_empty() {
-            let rows: Vec<SuccessorInsert> = self
-                .plan
-                .successors
-                .iter()
-                .map(|(pred, succ, request_id)| SuccessorInsert {
-                    predecessor_id: id(&self.slots, *pred),
-                    successor_id: id(&self.slots, *succ),
-                    request_id: request_id.clone(),
+        let slots = &self.slots;
+        let id = |i: usize| slots[i].cur.id;
+        let plan = self.plan;
+        let mut w = Writes { now, ..Writes::default() };
+        for s in slots {
+            match &s.orig {
+                None => w.entities.push(EntityInsert {
+                    id: s.cur.id,
+                    machine: s.cur.machine.clone(),
+                    key: s.cur.key.clone(),
+                    state: s.cur.state.clone(),
+                    properties: s.properties.clone().unwrap_or_else(|| "{}".into()),
                     created_at: now,
-                })
-                .collect();
-            d.insert_successors(&rows)?;
-        }
-        if !self.plan.timer_slots.is_empty() {
-            let entities: Vec<i64> = self.plan.timer_slots.iter().map(|&s| id(&self.slots, s)).collect();
-            let rows: Vec<TimerRow> = self
-                .plan
-                .timers
-                .iter()
-                .map(|(slot, t)| TimerRow { entity_id: id(&self.slots, *slot), ..t.clone() })
-                .collect();
-            d.replace_timers(&entities, &rows)?;
-        }
-        if !self.plan.cancel.is_empty() {
-            d.cancel_tasks(&self.plan.cancel, now)?;
-        }
-        if !self.plan.offers.is_empty() {
-            let rows: Vec<TaskInsert> = self
-                .plan
-                .offers
-                .iter()
-                .map(|(slot, t)| TaskInsert { entity_id: id(&self.slots, *slot), ..t.clone() })
-                .collect();
-            d.offer_tasks(&rows)?;
-        }
-        let mut error_ids = Vec::new();
-        if !self.plan.errors.is_empty() {
-            error_ids = d.insert_errors(&self.plan.errors)?;
-            if !self.plan.exceptions.is_empty() {
-                let rows: Vec<ExceptionInsert> = self
-                    .plan
-                    .exceptions
-                    .iter()
-                    .map(|(e, details)| ExceptionInsert { error_id: error_ids[*e], at: now, details: details.clone() })
-                    .collect();
-                d.insert_exceptions(&rows)?;
-            }
-        }
-        if !self.plan.events.is_empty() {
-            let rows: Vec<EventInsert> = self
-                .plan
-                .events
-                .iter()
-                .map(|(e, error)| EventInsert { error_id: error.map(|i| error_ids[i]), ..e.clone() })
-                .collect();
-            d.insert_events(&rows)?;
-        }
-        if !self.plan.ends.is_empty() {
-            // Only an event's first end counts.
-            let mut ends: Vec<EventEnd> = Vec::with_capacity(self.plan.ends.len());
-            for e in &self.plan.ends {
-                if !ends.iter().any(|x| x.id == e.id) {
-                    ends.push(e.clone());
+                    auto_at: s.cur.auto_at,
+                    due_at: s.cur.due_at,
+                    request_id: s.cur.request_id.clone(),
+                    busy: s.cur.busy,
+                    machine_hash: s.cur.machine_hash.clone(),
+                    timer_at: s.cur.timer_at,
+                    has_predecessors: s.cur.has_predecessors,
+                }),
+                Some(orig) => {
+                    if *orig != s.cur || s.properties.is_some() || s.fired.is_some() || s.recent_errors.is_some() {
+                        w.updates.push(EntityUpdate {
+                            row: s.cur.clone(),
+                            properties: s.properties.clone(),
+                            fired: s.fired.clone(),
+                            recent_errors: s.recent_errors.clone(),
+                        });
+                    }
                 }
             }
-            d.end_events(&ends)?;
         }
-        if !self.plan.unopen.is_empty() {
-            d.delete_operations(&self.plan.unopen)?;
+        w.deletes = plan.deletes;
+        w.inbox = plan.inbox.iter().map(|item| InboxInsert { entity_id: id(item.slot), ..item.row.clone() }).collect();
+        w.history = plan.history.into_iter().map(|(slot, h)| HistoryInsert { entity_id: id(slot), ..h }).collect();
+        w.successors = plan
+            .successors
+            .into_iter()
+            .map(|(pred, succ, request_id)| SuccessorInsert {
+                predecessor_id: id(pred),
+                successor_id: id(succ),
+                request_id,
+                created_at: now,
+            })
+            .collect();
+        w.timer_entities = plan.timer_slots.iter().map(|&s| id(s)).collect();
+        w.timers = plan.timers.into_iter().map(|(slot, t)| TimerRow { entity_id: id(slot), ..t }).collect();
+        w.cancel = plan.cancel;
+        w.offers = plan.offers.into_iter().map(|(slot, t)| TaskInsert { entity_id: id(slot), ..t }).collect();
+        w.exceptions = plan
+            .exceptions
+            .into_iter()
+            .map(|(e, details)| ExceptionInsert { error_id: plan.errors[e].id, at: now, details })
+            .collect();
+        w.events = plan
+            .events
+            .into_iter()
+            .map(|(e, error)| EventInsert { error_id: error.map(|i| plan.errors[i].id), ..e })
+            .collect();
+        w.errors = plan.errors;
+        // Only an event's first end counts; an event recorded by this segment ends in its
+        // own row (a dialect may write all sets in one statement, which cannot update a
+        // row it inserts).
+        for e in plan.ends {
+            if let Some(new) = w.events.iter_mut().find(|x| x.id == e.id) {
+                if new.end_time.is_none() {
+                    new.end_state = Some(e.end_state);
+                    new.end_time = Some(e.end_time);
+                }
+            } else if !w.ends.iter().any(|x| x.id == e.id) {
+                w.ends.push(e);
+            }
         }
-        if !self.plan.op_updates.is_empty() {
-            d.update_operations(&self.plan.op_updates)?;
-        }
-        if !self.plan.complete.is_empty() {
-            d.complete_operations(&self.plan.complete, now)?;
-        }
+        w.unopen = plan.unopen;
+        w.op_updates = plan.op_updates;
+        w.complete = plan.complete;
+        let inbox_ids = d.write(&w)?;
 
-        let slots = &self.slots;
         let item = |i: usize| -> InboxItem {
-            let row = &self.plan.inbox[i].row;
+            let row = &plan.inbox[i].row;
             InboxItem {
                 id: inbox_ids[i],
-                entity_id: slots[self.plan.inbox[i].slot].cur.id,
+                entity_id: slots[plan.inbox[i].slot].cur.id,
                 event: EventName::new(row.event.as_str()),
                 params: serde_json::from_str(&row.params).unwrap_or(Value::Null),
                 request_id: row.request_id.clone(),

@@ -16,6 +16,8 @@ use crate::Error;
 #[derive(Clone)]
 pub(crate) struct Target {
     pub(crate) config: postgres::Config,
+    /// The same, for the asynchronous client of the writer.
+    pub(crate) async_config: tokio_postgres::Config,
     pub(crate) schema: Option<String>,
     pub(crate) display: String,
 }
@@ -51,23 +53,18 @@ impl Target {
             config.application_name("settle");
         }
         config.connect_timeout(Duration::from_secs(5));
-        Ok(Target { config, schema, display: redact(url) })
+        let mut async_config: tokio_postgres::Config =
+            driver_url.parse().map_err(|e| open_err(format!("invalid URL: {e}")))?;
+        if async_config.get_application_name().is_none() {
+            async_config.application_name("settle");
+        }
+        async_config.connect_timeout(Duration::from_secs(5));
+        Ok(Target { config, async_config, schema, display: redact(url) })
     }
 
     /// The schema's name in SQL: validated, so it is safe to quote as an identifier.
     pub(crate) fn schema_ident(&self) -> Option<String> {
         self.schema.as_ref().map(|s| format!("\"{s}\""))
-    }
-
-    /// A connection for the store's writer: its statements all find their rows through
-    /// indexes, but on a young or fast-growing table the statistics lag behind and the
-    /// planner would pick sequential scans, hash joins and bitmap scans (of partial indexes
-    /// bloated by dead entries) that cost milliseconds per batch. This connection tells the
-    /// planner not to.
-    pub(crate) fn connect_writer(&self) -> Result<Conn, postgres::Error> {
-        let mut conn = self.connect()?;
-        conn.tune_for_writer()?;
-        Ok(conn)
     }
 
     /// A new connection, its search path set to the schema.
@@ -77,7 +74,8 @@ impl Target {
             // Identifiers cannot be parameters; the name was validated in `parse`.
             client.batch_execute(&format!("SET search_path TO {ident}"))?;
         }
-        Ok(Conn { client, statements: HashMap::new(), round_trips: 0 })
+        client.batch_execute(INDEX_SETTINGS)?;
+        Ok(Conn { client, statements: HashMap::new() })
     }
 }
 
@@ -101,6 +99,19 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// Planner settings of every connection of the store: its statements find their rows
+/// through indexes, but on a young or fast-growing table (or with autovacuum off) the
+/// statistics lag behind and the planner would pick sequential scans, hash joins and
+/// bitmap scans (of partial indexes bloated by dead entries) that cost milliseconds per
+/// batch or lookup. Reports over whole tables turn them back on for their transaction
+/// ([`REPORT_SETTINGS`]).
+pub(crate) const INDEX_SETTINGS: &str = "SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_bitmapscan = off; \
+     SET plan_cache_mode = force_generic_plan";
+
+/// What a report's transaction sets: every plan, for queries that read whole tables.
+pub(crate) const REPORT_SETTINGS: &str = "SET LOCAL enable_seqscan = on; SET LOCAL enable_hashjoin = on; \
+     SET LOCAL enable_mergejoin = on; SET LOCAL enable_bitmapscan = on";
+
 /// Parameters of a statement.
 pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
@@ -108,23 +119,13 @@ pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 pub(crate) struct Conn {
     pub(crate) client: Client,
     statements: HashMap<String, Statement>,
-    /// Requests sent to the server and waited for (statement preparations included).
-    pub(crate) round_trips: u64,
 }
 
 impl Conn {
-    /// See [`Target::connect_writer`].
-    pub(crate) fn tune_for_writer(&mut self) -> Result<(), postgres::Error> {
-        self.client.batch_execute(
-            "SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_bitmapscan = off",
-        )
-    }
-
     fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s.clone());
         }
-        self.round_trips += 1;
         let s = self.client.prepare(sql)?;
         self.statements.insert(sql.to_string(), s.clone());
         Ok(s)
@@ -133,44 +134,30 @@ impl Conn {
     /// Runs a statement; the number of rows it changed.
     pub(crate) fn exec(&mut self, sql: &str, params: Params<'_>) -> Result<u64, postgres::Error> {
         let s = self.statement(sql)?;
-        self.round_trips += 1;
         self.client.execute(&s, params)
     }
 
     /// Runs a query; its rows.
     pub(crate) fn query(&mut self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, postgres::Error> {
         let s = self.statement(sql)?;
-        self.round_trips += 1;
         self.client.query(&s, params)
     }
 
     /// Runs a query that returns at most one row.
     pub(crate) fn opt(&mut self, sql: &str, params: Params<'_>) -> Result<Option<Row>, postgres::Error> {
         let s = self.statement(sql)?;
-        self.round_trips += 1;
         self.client.query_opt(&s, params)
     }
 
     /// Runs a query that returns exactly one row.
     pub(crate) fn one(&mut self, sql: &str, params: Params<'_>) -> Result<Row, postgres::Error> {
         let s = self.statement(sql)?;
-        self.round_trips += 1;
         self.client.query_one(&s, params)
     }
 
     /// Runs unparameterised SQL (transaction control, DDL).
     pub(crate) fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.round_trips += 1;
         self.client.batch_execute(sql)
-    }
-
-    /// Runs an application statement with parameters converted by the server's types.
-    pub(crate) fn exec_dynamic(&mut self, sql: &str, params: &[serde_json::Value]) -> Result<u64, postgres::Error> {
-        let s = self.statement(sql)?;
-        let values: Vec<super::JsonParam<'_>> = params.iter().map(super::JsonParam).collect();
-        let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-        self.round_trips += 1;
-        self.client.execute(&s, &refs)
     }
 }
 

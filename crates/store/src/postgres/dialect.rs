@@ -1,30 +1,75 @@
 //! The PostgreSQL [`Dialect`] of the batch plan: every set of rows is one statement over
-//! arrays (`unnest`), so a batch costs the same few round trips whatever its size.
+//! arrays (`unnest`), and each phase — a segment's reads, its writes, the batch's finish —
+//! is one pipeline: sent at once, waited for once. A batch costs the same few round trips
+//! whatever its size.
 //!
-//! Concurrency: [`Dialect::lock`] takes every entity row the segment writes `FOR NO KEY
+//! Concurrency: the read phase locks every entity row the segment writes `FOR NO KEY
 //! UPDATE`, in id order, in one statement. Pushes and change notices of other instances
 //! lock their target row the same way before inserting, so while a segment holds its rows
-//! nobody can add to their inboxes; the inbox reads that follow run after the locks are
-//! granted, so they see every item committed before. Claims and timer firing skip locked
-//! rows.
+//! nobody can add to their inboxes; the inbox reads run as statements of their own after
+//! the locks are granted, so they see every item committed before. Claims and timer firing
+//! skip locked rows.
 
 use postgres::Row;
+use postgres::error::SqlState;
+use postgres::types::ToSql;
 
 use super::Failure;
-use super::conn::{Conn, Recovery, recovery};
+use super::conn::{Recovery, recovery};
 use super::read::{entity_from_row_at, inbox_from_row, timer_from_row};
-use super::write::{Fail, apply_other, cancel_tasks_of, fire_timers};
+use super::write::{Fail, apply_other};
+use super::writer::{CommitError, Stmt, WriterConn};
 use crate::plan::rows::*;
-use crate::plan::{Dialect, Other};
+use crate::plan::{Dialect, Finish, Other, ReadSet, Reads, Writes};
 use crate::sql::ENTITY_COLS;
 use crate::types::*;
 
 type R<T> = std::result::Result<T, Failure>;
 
-/// A batch's transaction on the writer's connection, as the plan's [`Dialect`].
-pub(crate) struct Tx<'a>(pub(crate) &'a mut Conn);
+/// A batch's transaction on the writer's connection, as the plan's [`Dialect`]; the
+/// channels and `me` name its notifications.
+pub(crate) struct Tx<'a> {
+    pub(crate) c: &'a mut WriterConn,
+    /// The wake-up channel.
+    pub(crate) channel: &'a str,
+    /// The channel of entity changes.
+    pub(crate) changes_channel: &'a str,
+    pub(crate) me: &'a str,
+    /// When the earliest timer is due, as the previous batch read it (`i64::MIN`: not
+    /// known): timers are fired only from then on.
+    pub(crate) next_timer: &'a std::sync::atomic::AtomicI64,
+}
 
 const INBOX_COLS: &str = "i.id, i.entity_id, i.event, i.params, i.request_id, i.created_at, i.kind";
+
+/// A column of parameters: one array.
+fn col<T: ToSql + Sync + Send + 'static>(v: Vec<T>) -> Box<dyn ToSql + Sync + Send> {
+    Box::new(v)
+}
+
+fn one<T: ToSql + Sync + Send + 'static>(v: T) -> Box<dyn ToSql + Sync + Send> {
+    Box::new(v)
+}
+
+fn strings<'a, T: 'a>(rows: &'a [T], f: impl Fn(&'a T) -> &'a str) -> Box<dyn ToSql + Sync + Send> {
+    col(rows.iter().map(|r| f(r).to_string()).collect::<Vec<String>>())
+}
+
+fn opt_strings<'a, T: 'a>(rows: &'a [T], f: impl Fn(&'a T) -> Option<&'a str>) -> Box<dyn ToSql + Sync + Send> {
+    col(rows.iter().map(|r| f(r).map(str::to_string)).collect::<Vec<Option<String>>>())
+}
+
+fn ints<T>(rows: &[T], f: impl Fn(&T) -> i64) -> Box<dyn ToSql + Sync + Send> {
+    col(rows.iter().map(f).collect::<Vec<i64>>())
+}
+
+fn opt_ints<T>(rows: &[T], f: impl Fn(&T) -> Option<i64>) -> Box<dyn ToSql + Sync + Send> {
+    col(rows.iter().map(f).collect::<Vec<Option<i64>>>())
+}
+
+fn bools<T>(rows: &[T], f: impl Fn(&T) -> bool) -> Box<dyn ToSql + Sync + Send> {
+    col(rows.iter().map(f).collect::<Vec<bool>>())
+}
 
 fn current_from_row(r: &Row) -> R<Current> {
     let status: &str = r.try_get(13)?;
@@ -55,7 +100,7 @@ fn current_from_row(r: &Row) -> R<Current> {
 
 /// The ids an insert returned, in the order of its rows; each row's returned entity id
 /// (column 1) must be the one it was given.
-fn checked_ids(rows: Vec<Row>, expected: impl ExactSizeIterator<Item = i64>, what: &str) -> R<Vec<i64>> {
+fn checked_ids(rows: &[Row], expected: impl ExactSizeIterator<Item = i64>, what: &str) -> R<Vec<i64>> {
     if rows.len() != expected.len() {
         return Err(Failure::Corrupt(format!("{what}: {} rows inserted, {} expected", rows.len(), expected.len())));
     }
@@ -70,14 +115,34 @@ fn checked_ids(rows: Vec<Row>, expected: impl ExactSizeIterator<Item = i64>, wha
     Ok(ids)
 }
 
+/// A unique violation on `entities`: another instance created the key meanwhile.
+fn entity_race(e: postgres::Error) -> Failure {
+    match e.as_db_error() {
+        Some(db) if *db.code() == SqlState::UNIQUE_VIOLATION && db.table() == Some("entities") => {
+            Failure::Race(format!("an entity was created concurrently ({})", db.message()))
+        }
+        _ => Failure::Pg(e),
+    }
+}
+
+/// Positions of a phase's statements in its pipeline.
+#[derive(Default)]
+struct Slots(Vec<Stmt>);
+
+impl Slots {
+    fn add(&mut self, s: Stmt) -> usize {
+        self.0.push(s);
+        self.0.len() - 1
+    }
+}
+
 impl Dialect for Tx<'_> {
     type Error = Failure;
 
-    fn lock(&mut self, ids: &[i64], keys: &[(String, String)], notify: &[i64]) -> R<Vec<Current>> {
-        let machines: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
-        let names: Vec<&str> = keys.iter().map(|k| k.1.as_str()).collect();
-        let rows = self.0.query(
-            &format!(
+    fn read(&mut self, r: &Reads) -> R<ReadSet> {
+        let mut p = Slots::default();
+        let lock = p.add(Stmt::new(
+            format!(
                 "SELECT {CURRENT_COLS} FROM entities WHERE id IN (
                     SELECT unnest($1::bigint[])
                     UNION SELECT e.id FROM entities e
@@ -85,472 +150,431 @@ impl Dialect for Tx<'_> {
                     UNION SELECT s.predecessor_id FROM successors s WHERE s.successor_id = ANY($4::bigint[]))
                  ORDER BY id FOR NO KEY UPDATE"
             ),
-            &[&ids, &machines, &names, &notify],
-        )?;
-        rows.iter().map(current_from_row).collect()
-    }
-
-    fn edges(&mut self, successors: &[i64]) -> R<Vec<(i64, i64)>> {
-        let rows = self.0.query(
-            "SELECT predecessor_id, successor_id FROM successors WHERE successor_id = ANY($1::bigint[])",
-            &[&successors],
-        )?;
-        rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect()
-    }
-
-    fn inbox_heads(&mut self, rows: &[InboxDelete]) -> R<Vec<InboxItem>> {
-        let entities: Vec<i64> = rows.iter().map(|r| r.entity_id).collect();
-        let consume: Vec<i64> = rows.iter().map(|r| r.consume).collect();
-        let upto: Vec<i64> = rows.iter().map(|r| r.notices_upto).collect();
-        let rows = self.0.query(
-            &format!(
-                "SELECT {INBOX_COLS} FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(entity_id, consume, upto)
-                 CROSS JOIN LATERAL (SELECT * FROM inbox
-                     WHERE entity_id = c.entity_id AND id <> c.consume AND NOT (kind = 'notice' AND id <= c.upto)
-                     ORDER BY id LIMIT 1) i"
-            ),
-            &[&entities, &consume, &upto],
-        )?;
-        rows.iter().map(inbox_from_row).collect()
-    }
-
-    fn timers(&mut self, entities: &[i64]) -> R<Vec<TimerRow>> {
-        let rows = self.0.query(
-            "SELECT entity_id, name, event, due_at, every_ms FROM timers WHERE entity_id = ANY($1::bigint[])",
-            &[&entities],
-        )?;
-        rows.iter().map(timer_from_row).collect()
-    }
-
-    fn open_operations(&mut self, rows: &[OperationInsert]) -> R<Vec<(i64, bool)>> {
-        let request_ids: Vec<&str> = rows.iter().map(|o| o.request_id.as_str()).collect();
-        let names: Vec<&str> = rows.iter().map(|o| o.name.as_str()).collect();
-        let machines: Vec<&str> = rows.iter().map(|o| o.machine.as_str()).collect();
-        let keys: Vec<&str> = rows.iter().map(|o| o.entity_key.as_str()).collect();
-        let started: Vec<i64> = rows.iter().map(|o| o.started_at).collect();
-        let dimensions: Vec<&str> = rows.iter().map(|o| o.dimensions.as_str()).collect();
-        let first: Vec<Option<i64>> = rows.iter().map(|o| o.first_response_at).collect();
-        let inserted = self.0.query(
-            "INSERT INTO operations (request_id, name, machine, entity_key, started_at, dimensions, first_response_at)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[])
-             ON CONFLICT (request_id) DO NOTHING RETURNING request_id, id",
-            &[&request_ids, &names, &machines, &keys, &started, &dimensions, &first],
-        )?;
-        let mut found = std::collections::HashMap::with_capacity(rows.len());
-        for r in &inserted {
-            found.insert(r.try_get::<_, String>(0)?, (r.try_get::<_, i64>(1)?, false));
+            vec![
+                col(r.ids.clone()),
+                strings(&r.keys, |k| &k.0),
+                strings(&r.keys, |k| &k.1),
+                col(r.notify.clone()),
+            ],
+        ));
+        let edges = (!r.notify.is_empty()).then(|| {
+            p.add(Stmt::new(
+                "SELECT predecessor_id, successor_id FROM successors WHERE successor_id = ANY($1::bigint[])",
+                vec![col(r.notify.clone())],
+            ))
+        });
+        let heads = (!r.heads.is_empty()).then(|| {
+            p.add(Stmt::new(
+                format!(
+                    "SELECT {INBOX_COLS} FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(entity_id, consume, upto)
+                     CROSS JOIN LATERAL (SELECT * FROM inbox
+                         WHERE entity_id = c.entity_id AND id <> c.consume AND NOT (kind = 'notice' AND id <= c.upto)
+                         ORDER BY id LIMIT 1) i"
+                ),
+                vec![
+                    ints(&r.heads, |h| h.entity_id),
+                    ints(&r.heads, |h| h.consume),
+                    ints(&r.heads, |h| h.notices_upto),
+                ],
+            ))
+        });
+        let timers = (!r.timers.is_empty()).then(|| {
+            p.add(Stmt::new(
+                "SELECT entity_id, name, event, due_at, every_ms FROM timers WHERE entity_id = ANY($1::bigint[])",
+                vec![col(r.timers.clone())],
+            ))
+        });
+        let ops = &r.operations;
+        let operations = (!ops.is_empty()).then(|| {
+            // Opened now (`false`), or seen before (`true`).
+            p.add(Stmt::new(
+                "WITH opened AS (
+                    INSERT INTO operations (request_id, name, machine, entity_key, started_at, dimensions,
+                        first_response_at)
+                    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[],
+                        $7::bigint[])
+                    ON CONFLICT (request_id) DO NOTHING RETURNING request_id, id)
+                 SELECT request_id, id, FALSE FROM opened
+                 UNION ALL
+                 SELECT o.request_id, o.id, TRUE FROM operations o WHERE o.request_id = ANY($1::text[])",
+                vec![
+                    strings(ops, |o| &o.request_id),
+                    strings(ops, |o| &o.name),
+                    strings(ops, |o| &o.machine),
+                    strings(ops, |o| &o.entity_key),
+                    ints(ops, |o| o.started_at),
+                    strings(ops, |o| &o.dimensions),
+                    opt_ints(ops, |o| o.first_response_at),
+                ],
+            ))
+        });
+        let reserve = (r.new_entities > 0 || r.new_errors > 0).then(|| {
+            p.add(Stmt::new(
+                "SELECT ARRAY(SELECT nextval('entities_id_seq') FROM generate_series(1, $1::bigint)),
+                        ARRAY(SELECT nextval('errors_id_seq') FROM generate_series(1, $2::bigint))",
+                vec![one(r.new_entities as i64), one(r.new_errors as i64)],
+            ))
+        });
+        let rows = self.c.send(&p.0)?;
+        let mut out =
+            ReadSet { rows: rows[lock].iter().map(current_from_row).collect::<R<_>>()?, ..ReadSet::default() };
+        if let Some(i) = edges {
+            out.edges = rows[i].iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<R<_>>()?;
         }
-        if found.len() < rows.len() {
-            let missing: Vec<&str> = request_ids.iter().copied().filter(|r| !found.contains_key(*r)).collect();
-            for r in
-                self.0.query("SELECT request_id, id FROM operations WHERE request_id = ANY($1::text[])", &[&missing])?
-            {
-                found.insert(r.try_get::<_, String>(0)?, (r.try_get::<_, i64>(1)?, true));
+        if let Some(i) = heads {
+            out.heads = rows[i].iter().map(inbox_from_row).collect::<R<_>>()?;
+        }
+        if let Some(i) = timers {
+            out.timers = rows[i].iter().map(timer_from_row).collect::<R<_>>()?;
+        }
+        if let Some(i) = operations {
+            let mut found = std::collections::HashMap::with_capacity(ops.len());
+            for row in &rows[i] {
+                let (request_id, id, existed): (String, i64, bool) =
+                    (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+                // Opened now wins over the same row seen (it is not: one snapshot).
+                found.entry(request_id).and_modify(|e: &mut (i64, bool)| e.1 &= existed).or_insert((id, existed));
+            }
+            let missing: Vec<String> =
+                ops.iter().filter(|o| !found.contains_key(&o.request_id)).map(|o| o.request_id.clone()).collect();
+            if !missing.is_empty() {
+                // Opened by another instance whose transaction committed while this
+                // statement waited for it: a replay, read now.
+                let stmt = Stmt::new(
+                    "SELECT request_id, id FROM operations WHERE request_id = ANY($1::text[])",
+                    vec![col(missing)],
+                );
+                for row in &self.c.send(std::slice::from_ref(&stmt))?[0] {
+                    found.insert(row.try_get(0)?, (row.try_get(1)?, true));
+                }
+            }
+            out.operations = ops
+                .iter()
+                .map(|o| {
+                    found.get(&o.request_id).copied().ok_or_else(|| {
+                        Failure::Corrupt(format!("operation `{}` neither opened nor found", o.request_id))
+                    })
+                })
+                .collect::<R<_>>()?;
+        }
+        if let Some(i) = reserve {
+            let row = &rows[i][0];
+            out.entity_ids = row.try_get(0)?;
+            out.error_ids = row.try_get(1)?;
+        }
+        Ok(out)
+    }
+
+    fn write(&mut self, w: &Writes) -> R<Vec<i64>> {
+        let mut p = Slots::default();
+        if !w.entities.is_empty() {
+            let e = &w.entities;
+            p.add(Stmt::new(
+                "INSERT INTO entities (id, machine, key, state, properties, version, retry, created_at, entered_at,
+                    auto_at, due_at, request_id, busy, machine_hash, timer_at, has_predecessors)
+                 SELECT v.id, v.machine, v.key, v.state, v.properties, 1, 0, v.created_at, v.created_at, v.auto_at,
+                    v.due_at, v.request_id, v.busy, v.machine_hash, v.timer_at, v.has_predecessors
+                 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[],
+                    $7::bigint[], $8::bigint[], $9::text[], $10::boolean[], $11::text[], $12::bigint[], $13::boolean[])
+                    AS v(id, machine, key, state, properties, created_at, auto_at, due_at, request_id, busy,
+                         machine_hash, timer_at, has_predecessors)",
+                vec![
+                    ints(e, |e| e.id),
+                    strings(e, |e| &e.machine),
+                    strings(e, |e| &e.key),
+                    strings(e, |e| &e.state),
+                    strings(e, |e| &e.properties),
+                    ints(e, |e| e.created_at),
+                    opt_ints(e, |e| e.auto_at),
+                    opt_ints(e, |e| e.due_at),
+                    opt_strings(e, |e| e.request_id.as_deref()),
+                    bools(e, |e| e.busy),
+                    opt_strings(e, |e| e.machine_hash.as_deref()),
+                    opt_ints(e, |e| e.timer_at),
+                    bools(e, |e| e.has_predecessors),
+                ],
+            ));
+        }
+        if !w.updates.is_empty() {
+            let u = &w.updates;
+            p.add(Stmt::new(
+                "UPDATE entities e SET state = v.state, version = v.version, retry = v.retry,
+                    entered_at = v.entered_at, auto_at = v.auto_at, due_at = v.due_at, lease_owner = v.lease_owner,
+                    lease_until = v.lease_until, request_id = v.request_id, timer_at = v.timer_at,
+                    run_status = v.run_status, sleep_until = v.sleep_until, busy = v.busy, event_id = v.event_id,
+                    ordinal = v.ordinal, has_predecessors = v.has_predecessors, machine_hash = v.machine_hash,
+                    properties = COALESCE(v.properties, e.properties), fired = COALESCE(v.fired, e.fired),
+                    recent_errors = COALESCE(v.recent_errors, e.recent_errors)
+                 FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
+                    $7::bigint[], $8::text[], $9::bigint[], $10::text[], $11::bigint[], $12::text[], $13::bigint[],
+                    $14::boolean[], $15::bigint[], $16::bigint[], $17::boolean[], $18::text[], $19::text[],
+                    $20::text[], $21::text[])
+                    AS v(id, state, version, retry, entered_at, auto_at, due_at, lease_owner, lease_until,
+                         request_id, timer_at, run_status, sleep_until, busy, event_id, ordinal, has_predecessors,
+                         machine_hash, properties, fired, recent_errors)
+                 WHERE e.id = v.id",
+                vec![
+                    ints(u, |u| u.row.id),
+                    strings(u, |u| &u.row.state),
+                    ints(u, |u| u.row.version),
+                    ints(u, |u| u.row.retry),
+                    ints(u, |u| u.row.entered_at),
+                    opt_ints(u, |u| u.row.auto_at),
+                    opt_ints(u, |u| u.row.due_at),
+                    opt_strings(u, |u| u.row.lease_owner.as_deref()),
+                    opt_ints(u, |u| u.row.lease_until),
+                    opt_strings(u, |u| u.row.request_id.as_deref()),
+                    opt_ints(u, |u| u.row.timer_at),
+                    strings(u, |u| u.row.run_status.as_str()),
+                    opt_ints(u, |u| u.row.sleep_until),
+                    bools(u, |u| u.row.busy),
+                    opt_ints(u, |u| u.row.event_id),
+                    ints(u, |u| u.row.ordinal),
+                    bools(u, |u| u.row.has_predecessors),
+                    opt_strings(u, |u| u.row.machine_hash.as_deref()),
+                    opt_strings(u, |u| u.properties.as_deref()),
+                    opt_strings(u, |u| u.fired.as_deref()),
+                    opt_strings(u, |u| u.recent_errors.as_deref()),
+                ],
+            ));
+        }
+        if !w.deletes.is_empty() {
+            let d = &w.deletes;
+            p.add(Stmt::new(
+                "DELETE FROM inbox i USING unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(entity_id, consume, upto)
+                 WHERE i.entity_id = c.entity_id AND (i.id = c.consume OR (i.kind = 'notice' AND i.id <= c.upto))",
+                vec![ints(d, |d| d.entity_id), ints(d, |d| d.consume), ints(d, |d| d.notices_upto)],
+            ));
+        }
+        let inbox = (!w.inbox.is_empty()).then(|| {
+            let i = &w.inbox;
+            p.add(Stmt::new(
+                "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
+                 SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[])
+                 RETURNING id, entity_id",
+                vec![
+                    ints(i, |i| i.entity_id),
+                    strings(i, |i| &i.event),
+                    strings(i, |i| &i.params),
+                    opt_strings(i, |i| i.request_id.as_deref()),
+                    strings(i, |i| i.kind),
+                    ints(i, |i| i.created_at),
+                ],
+            ))
+        });
+        if !w.history.is_empty() {
+            let h = &w.history;
+            p.add(Stmt::new(
+                "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at,
+                    detail, machine_hash, event_id, ordinal, transition_kind, start_health, end_health, entry_time,
+                    start_time, action_start_time, outcome)
+                 SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                    $7::bigint[], $8::text[], $9::bigint[], $10::text[], $11::text[], $12::bigint[], $13::bigint[],
+                    $14::text[], $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::bigint[], $20::text[])",
+                vec![
+                    ints(h, |h| h.entity_id),
+                    opt_strings(h, |h| h.from_state.as_deref()),
+                    opt_strings(h, |h| h.to_state.as_deref()),
+                    strings(h, |h| h.kind),
+                    opt_strings(h, |h| h.action.as_deref()),
+                    opt_strings(h, |h| h.event.as_deref()),
+                    ints(h, |h| h.retry),
+                    opt_strings(h, |h| h.request_id.as_deref()),
+                    ints(h, |h| h.at),
+                    opt_strings(h, |h| h.detail.as_deref()),
+                    opt_strings(h, |h| h.machine_hash.as_deref()),
+                    opt_ints(h, |h| h.event_id),
+                    opt_ints(h, |h| h.ordinal),
+                    opt_strings(h, |h| h.transition_kind),
+                    opt_strings(h, |h| h.start_health),
+                    opt_strings(h, |h| h.end_health),
+                    opt_ints(h, |h| h.entry_time),
+                    opt_ints(h, |h| h.start_time),
+                    opt_ints(h, |h| h.action_start_time),
+                    opt_strings(h, |h| h.outcome),
+                ],
+            ));
+        }
+        if !w.successors.is_empty() {
+            let s = &w.successors;
+            p.add(Stmt::new(
+                "INSERT INTO successors (predecessor_id, successor_id, request_id, created_at)
+                 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[])
+                 ON CONFLICT (predecessor_id, successor_id) DO NOTHING",
+                vec![
+                    ints(s, |s| s.predecessor_id),
+                    ints(s, |s| s.successor_id),
+                    opt_strings(s, |s| s.request_id.as_deref()),
+                    ints(s, |s| s.created_at),
+                ],
+            ));
+        }
+        if !w.timer_entities.is_empty() {
+            p.add(Stmt::new(
+                "DELETE FROM timers WHERE entity_id = ANY($1::bigint[])",
+                vec![col(w.timer_entities.clone())],
+            ));
+            if !w.timers.is_empty() {
+                let t = &w.timers;
+                p.add(Stmt::new(
+                    "INSERT INTO timers (entity_id, name, event, due_at, every_ms)
+                     SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])",
+                    vec![
+                        ints(t, |t| t.entity_id),
+                        strings(t, |t| &t.name),
+                        strings(t, |t| t.event.as_str()),
+                        ints(t, |t| t.due_at),
+                        opt_ints(t, |t| t.every_ms),
+                    ],
+                ));
             }
         }
-        request_ids
-            .iter()
-            .map(|r| found.get(*r).copied().ok_or_else(|| Failure::Corrupt(format!("operation `{r}` vanished"))))
-            .collect()
-    }
-
-    fn insert_entities(&mut self, rows: &[EntityInsert]) -> R<Vec<i64>> {
-        let machines: Vec<&str> = rows.iter().map(|e| e.machine.as_str()).collect();
-        let keys: Vec<&str> = rows.iter().map(|e| e.key.as_str()).collect();
-        let states: Vec<&str> = rows.iter().map(|e| e.state.as_str()).collect();
-        let props: Vec<&str> = rows.iter().map(|e| e.properties.as_str()).collect();
-        let created: Vec<i64> = rows.iter().map(|e| e.created_at).collect();
-        let auto_at: Vec<Option<i64>> = rows.iter().map(|e| e.auto_at).collect();
-        let due_at: Vec<Option<i64>> = rows.iter().map(|e| e.due_at).collect();
-        let request_ids: Vec<Option<&str>> = rows.iter().map(|e| e.request_id.as_deref()).collect();
-        let busy: Vec<bool> = rows.iter().map(|e| e.busy).collect();
-        let hashes: Vec<Option<&str>> = rows.iter().map(|e| e.machine_hash.as_deref()).collect();
-        let timer_at: Vec<Option<i64>> = rows.iter().map(|e| e.timer_at).collect();
-        let preds: Vec<bool> = rows.iter().map(|e| e.has_predecessors).collect();
-        let inserted = self.0.query(
-            "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, auto_at,
-                due_at, request_id, busy, machine_hash, timer_at, has_predecessors)
-             SELECT v.machine, v.key, v.state, v.properties, 1, 0, v.created_at, v.created_at, v.auto_at, v.due_at,
-                v.request_id, v.busy, v.machine_hash, v.timer_at, v.has_predecessors
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[],
-                $8::text[], $9::boolean[], $10::text[], $11::bigint[], $12::boolean[])
-                AS v(machine, key, state, properties, created_at, auto_at, due_at, request_id, busy, machine_hash,
-                     timer_at, has_predecessors)
-             ON CONFLICT (machine, key) DO NOTHING RETURNING id, machine, key",
-            &[
-                &machines,
-                &keys,
-                &states,
-                &props,
-                &created,
-                &auto_at,
-                &due_at,
-                &request_ids,
-                &busy,
-                &hashes,
-                &timer_at,
-                &preds,
-            ],
-        )?;
-        if inserted.len() != rows.len() {
-            // Another instance created one of these keys after this batch looked.
-            return Err(Failure::Race("an entity was created concurrently".into()));
+        if !w.cancel.is_empty() {
+            p.add(Stmt::new(
+                "UPDATE agent_tasks SET status = 'canceled', outcome = 'canceled', finished_at = $2
+                 WHERE entity_id = ANY($1::bigint[]) AND status IN ('ready', 'leased')",
+                vec![col(w.cancel.clone()), one(w.now)],
+            ));
         }
-        let mut by_key = std::collections::HashMap::with_capacity(rows.len());
-        for r in &inserted {
-            by_key.insert((r.try_get::<_, String>(1)?, r.try_get::<_, String>(2)?), r.try_get::<_, i64>(0)?);
+        if !w.offers.is_empty() {
+            let t = &w.offers;
+            // One open task per entity (the entity rows are locked): a repeated offer keeps it.
+            p.add(Stmt::new(
+                "INSERT INTO agent_tasks (entity_id, queue, action, state, entity_version, retry, lock_ms, request_id,
+                    status, available_at, created_at)
+                 SELECT v.entity_id, v.queue, v.action, v.state, v.entity_version, v.retry, v.lock_ms, v.request_id,
+                    'ready', v.available_at, v.created_at
+                 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
+                    $7::bigint[], $8::text[], $9::bigint[], $10::bigint[])
+                    AS v(entity_id, queue, action, state, entity_version, retry, lock_ms, request_id, available_at,
+                         created_at)
+                 WHERE NOT EXISTS (SELECT 1 FROM agent_tasks t
+                                   WHERE t.entity_id = v.entity_id AND t.status IN ('ready', 'leased'))",
+                vec![
+                    ints(t, |t| t.entity_id),
+                    strings(t, |t| &t.queue),
+                    strings(t, |t| &t.action),
+                    strings(t, |t| &t.state),
+                    ints(t, |t| t.entity_version),
+                    ints(t, |t| t.retry),
+                    ints(t, |t| t.lock_ms),
+                    opt_strings(t, |t| t.request_id.as_deref()),
+                    ints(t, |t| t.available_at),
+                    ints(t, |t| t.created_at),
+                ],
+            ));
         }
-        rows.iter()
-            .map(|e| {
-                by_key
-                    .get(&(e.machine.clone(), e.key.clone()))
-                    .copied()
-                    .ok_or_else(|| Failure::Corrupt(format!("entity `{}` of `{}` not inserted", e.key, e.machine)))
-            })
-            .collect()
-    }
-
-    fn update_entities(&mut self, rows: &[EntityUpdate]) -> R<()> {
-        let ids: Vec<i64> = rows.iter().map(|u| u.row.id).collect();
-        let states: Vec<&str> = rows.iter().map(|u| u.row.state.as_str()).collect();
-        let versions: Vec<i64> = rows.iter().map(|u| u.row.version).collect();
-        let retries: Vec<i64> = rows.iter().map(|u| u.row.retry).collect();
-        let entered: Vec<i64> = rows.iter().map(|u| u.row.entered_at).collect();
-        let auto_at: Vec<Option<i64>> = rows.iter().map(|u| u.row.auto_at).collect();
-        let due_at: Vec<Option<i64>> = rows.iter().map(|u| u.row.due_at).collect();
-        let owners: Vec<Option<&str>> = rows.iter().map(|u| u.row.lease_owner.as_deref()).collect();
-        let until: Vec<Option<i64>> = rows.iter().map(|u| u.row.lease_until).collect();
-        let request_ids: Vec<Option<&str>> = rows.iter().map(|u| u.row.request_id.as_deref()).collect();
-        let timer_at: Vec<Option<i64>> = rows.iter().map(|u| u.row.timer_at).collect();
-        let status: Vec<&str> = rows.iter().map(|u| u.row.run_status.as_str()).collect();
-        let sleep: Vec<Option<i64>> = rows.iter().map(|u| u.row.sleep_until).collect();
-        let busy: Vec<bool> = rows.iter().map(|u| u.row.busy).collect();
-        let event_ids: Vec<Option<i64>> = rows.iter().map(|u| u.row.event_id).collect();
-        let ordinals: Vec<i64> = rows.iter().map(|u| u.row.ordinal).collect();
-        let preds: Vec<bool> = rows.iter().map(|u| u.row.has_predecessors).collect();
-        let hashes: Vec<Option<&str>> = rows.iter().map(|u| u.row.machine_hash.as_deref()).collect();
-        let props: Vec<Option<&str>> = rows.iter().map(|u| u.properties.as_deref()).collect();
-        let fired: Vec<Option<&str>> = rows.iter().map(|u| u.fired.as_deref()).collect();
-        let errors: Vec<Option<&str>> = rows.iter().map(|u| u.recent_errors.as_deref()).collect();
-        self.0.exec(
-            "UPDATE entities e SET state = v.state, version = v.version, retry = v.retry, entered_at = v.entered_at,
-                auto_at = v.auto_at, due_at = v.due_at, lease_owner = v.lease_owner, lease_until = v.lease_until,
-                request_id = v.request_id, timer_at = v.timer_at, run_status = v.run_status,
-                sleep_until = v.sleep_until, busy = v.busy, event_id = v.event_id, ordinal = v.ordinal,
-                has_predecessors = v.has_predecessors, machine_hash = v.machine_hash,
-                properties = COALESCE(v.properties, e.properties), fired = COALESCE(v.fired, e.fired),
-                recent_errors = COALESCE(v.recent_errors, e.recent_errors)
-             FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
-                $7::bigint[], $8::text[], $9::bigint[], $10::text[], $11::bigint[], $12::text[], $13::bigint[],
-                $14::boolean[], $15::bigint[], $16::bigint[], $17::boolean[], $18::text[], $19::text[], $20::text[],
-                $21::text[])
-                AS v(id, state, version, retry, entered_at, auto_at, due_at, lease_owner, lease_until, request_id,
-                     timer_at, run_status, sleep_until, busy, event_id, ordinal, has_predecessors, machine_hash,
-                     properties, fired, recent_errors)
-             WHERE e.id = v.id",
-            &[
-                &ids,
-                &states,
-                &versions,
-                &retries,
-                &entered,
-                &auto_at,
-                &due_at,
-                &owners,
-                &until,
-                &request_ids,
-                &timer_at,
-                &status,
-                &sleep,
-                &busy,
-                &event_ids,
-                &ordinals,
-                &preds,
-                &hashes,
-                &props,
-                &fired,
-                &errors,
-            ],
-        )?;
-        Ok(())
-    }
-
-    fn delete_inbox(&mut self, rows: &[InboxDelete]) -> R<()> {
-        let entities: Vec<i64> = rows.iter().map(|r| r.entity_id).collect();
-        let consume: Vec<i64> = rows.iter().map(|r| r.consume).collect();
-        let upto: Vec<i64> = rows.iter().map(|r| r.notices_upto).collect();
-        self.0.exec(
-            "DELETE FROM inbox i USING unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(entity_id, consume, upto)
-             WHERE i.entity_id = c.entity_id AND (i.id = c.consume OR (i.kind = 'notice' AND i.id <= c.upto))",
-            &[&entities, &consume, &upto],
-        )?;
-        Ok(())
-    }
-
-    fn insert_inbox(&mut self, rows: &[InboxInsert]) -> R<Vec<i64>> {
-        let entities: Vec<i64> = rows.iter().map(|i| i.entity_id).collect();
-        let events: Vec<&str> = rows.iter().map(|i| i.event.as_str()).collect();
-        let params: Vec<&str> = rows.iter().map(|i| i.params.as_str()).collect();
-        let request_ids: Vec<Option<&str>> = rows.iter().map(|i| i.request_id.as_deref()).collect();
-        let kinds: Vec<&str> = rows.iter().map(|i| i.kind).collect();
-        let created: Vec<i64> = rows.iter().map(|i| i.created_at).collect();
-        let inserted = self.0.query(
-            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
-             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[])
-             RETURNING id, entity_id",
-            &[&entities, &events, &params, &request_ids, &kinds, &created],
-        )?;
-        checked_ids(inserted, entities.iter().copied(), "inbox")
-    }
-
-    fn insert_history(&mut self, rows: &[HistoryInsert]) -> R<()> {
-        let entities: Vec<i64> = rows.iter().map(|h| h.entity_id).collect();
-        let from: Vec<Option<&str>> = rows.iter().map(|h| h.from_state.as_deref()).collect();
-        let to: Vec<Option<&str>> = rows.iter().map(|h| h.to_state.as_deref()).collect();
-        let kinds: Vec<&str> = rows.iter().map(|h| h.kind).collect();
-        let actions: Vec<Option<&str>> = rows.iter().map(|h| h.action.as_deref()).collect();
-        let events: Vec<Option<&str>> = rows.iter().map(|h| h.event.as_deref()).collect();
-        let retries: Vec<i64> = rows.iter().map(|h| h.retry).collect();
-        let request_ids: Vec<Option<&str>> = rows.iter().map(|h| h.request_id.as_deref()).collect();
-        let at: Vec<i64> = rows.iter().map(|h| h.at).collect();
-        let details: Vec<Option<&str>> = rows.iter().map(|h| h.detail.as_deref()).collect();
-        let hashes: Vec<Option<&str>> = rows.iter().map(|h| h.machine_hash.as_deref()).collect();
-        let event_ids: Vec<Option<i64>> = rows.iter().map(|h| h.event_id).collect();
-        let ordinals: Vec<Option<i64>> = rows.iter().map(|h| h.ordinal).collect();
-        let tkinds: Vec<Option<&str>> = rows.iter().map(|h| h.transition_kind).collect();
-        let start_health: Vec<Option<&str>> = rows.iter().map(|h| h.start_health).collect();
-        let end_health: Vec<Option<&str>> = rows.iter().map(|h| h.end_health).collect();
-        let entry: Vec<Option<i64>> = rows.iter().map(|h| h.entry_time).collect();
-        let start: Vec<Option<i64>> = rows.iter().map(|h| h.start_time).collect();
-        let action_start: Vec<Option<i64>> = rows.iter().map(|h| h.action_start_time).collect();
-        let outcomes: Vec<Option<&str>> = rows.iter().map(|h| h.outcome).collect();
-        self.0.exec(
-            "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail,
-                machine_hash, event_id, ordinal, transition_kind, start_health, end_health, entry_time, start_time,
-                action_start_time, outcome)
-             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                $7::bigint[], $8::text[], $9::bigint[], $10::text[], $11::text[], $12::bigint[], $13::bigint[],
-                $14::text[], $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::bigint[], $20::text[])",
-            &[
-                &entities,
-                &from,
-                &to,
-                &kinds,
-                &actions,
-                &events,
-                &retries,
-                &request_ids,
-                &at,
-                &details,
-                &hashes,
-                &event_ids,
-                &ordinals,
-                &tkinds,
-                &start_health,
-                &end_health,
-                &entry,
-                &start,
-                &action_start,
-                &outcomes,
-            ],
-        )?;
-        Ok(())
-    }
-
-    fn insert_successors(&mut self, rows: &[SuccessorInsert]) -> R<()> {
-        let preds: Vec<i64> = rows.iter().map(|s| s.predecessor_id).collect();
-        let succs: Vec<i64> = rows.iter().map(|s| s.successor_id).collect();
-        let request_ids: Vec<Option<&str>> = rows.iter().map(|s| s.request_id.as_deref()).collect();
-        let created: Vec<i64> = rows.iter().map(|s| s.created_at).collect();
-        self.0.exec(
-            "INSERT INTO successors (predecessor_id, successor_id, request_id, created_at)
-             SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[])
-             ON CONFLICT (predecessor_id, successor_id) DO NOTHING",
-            &[&preds, &succs, &request_ids, &created],
-        )?;
-        Ok(())
-    }
-
-    fn replace_timers(&mut self, entities: &[i64], rows: &[TimerRow]) -> R<()> {
-        self.0.exec("DELETE FROM timers WHERE entity_id = ANY($1::bigint[])", &[&entities])?;
-        if rows.is_empty() {
-            return Ok(());
+        if !w.errors.is_empty() {
+            let e = &w.errors;
+            p.add(Stmt::new(
+                "INSERT INTO errors (id, entity_id, operation_id, request_id, at, kind, details)
+                 SELECT v.id, v.entity_id, (SELECT o.id FROM operations o WHERE o.request_id = v.request_id),
+                    v.request_id, v.at, v.kind, v.details
+                 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[])
+                    AS v(id, entity_id, request_id, at, kind, details)",
+                vec![
+                    ints(e, |e| e.id),
+                    ints(e, |e| e.entity_id),
+                    opt_strings(e, |e| e.request_id.as_deref()),
+                    ints(e, |e| e.at),
+                    strings(e, |e| e.kind),
+                    strings(e, |e| &e.details),
+                ],
+            ));
         }
-        let ids: Vec<i64> = rows.iter().map(|t| t.entity_id).collect();
-        let names: Vec<&str> = rows.iter().map(|t| t.name.as_str()).collect();
-        let events: Vec<&str> = rows.iter().map(|t| t.event.as_str()).collect();
-        let due: Vec<i64> = rows.iter().map(|t| t.due_at).collect();
-        let every: Vec<Option<i64>> = rows.iter().map(|t| t.every_ms).collect();
-        self.0.exec(
-            "INSERT INTO timers (entity_id, name, event, due_at, every_ms)
-             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])",
-            &[&ids, &names, &events, &due, &every],
-        )?;
-        Ok(())
-    }
-
-    fn cancel_tasks(&mut self, entities: &[i64], now: Millis) -> R<()> {
-        cancel_tasks_of(self.0, entities, now)
-    }
-
-    fn offer_tasks(&mut self, rows: &[TaskInsert]) -> R<()> {
-        let entities: Vec<i64> = rows.iter().map(|t| t.entity_id).collect();
-        let queues: Vec<&str> = rows.iter().map(|t| t.queue.as_str()).collect();
-        let actions: Vec<&str> = rows.iter().map(|t| t.action.as_str()).collect();
-        let states: Vec<&str> = rows.iter().map(|t| t.state.as_str()).collect();
-        let versions: Vec<i64> = rows.iter().map(|t| t.entity_version).collect();
-        let retries: Vec<i64> = rows.iter().map(|t| t.retry).collect();
-        let locks: Vec<i64> = rows.iter().map(|t| t.lock_ms).collect();
-        let request_ids: Vec<Option<&str>> = rows.iter().map(|t| t.request_id.as_deref()).collect();
-        let available: Vec<i64> = rows.iter().map(|t| t.available_at).collect();
-        let created: Vec<i64> = rows.iter().map(|t| t.created_at).collect();
-        // One open task per entity (the entity rows are locked): a repeated offer keeps it.
-        self.0.exec(
-            "INSERT INTO agent_tasks (entity_id, queue, action, state, entity_version, retry, lock_ms, request_id,
-                status, available_at, created_at)
-             SELECT v.entity_id, v.queue, v.action, v.state, v.entity_version, v.retry, v.lock_ms, v.request_id,
-                'ready', v.available_at, v.created_at
-             FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[],
-                $8::text[], $9::bigint[], $10::bigint[])
-                AS v(entity_id, queue, action, state, entity_version, retry, lock_ms, request_id, available_at,
-                     created_at)
-             WHERE NOT EXISTS (SELECT 1 FROM agent_tasks t
-                               WHERE t.entity_id = v.entity_id AND t.status IN ('ready', 'leased'))",
-            &[&entities, &queues, &actions, &states, &versions, &retries, &locks, &request_ids, &available, &created],
-        )?;
-        Ok(())
-    }
-
-    fn insert_errors(&mut self, rows: &[ErrorInsert]) -> R<Vec<i64>> {
-        let entities: Vec<i64> = rows.iter().map(|e| e.entity_id).collect();
-        let request_ids: Vec<Option<&str>> = rows.iter().map(|e| e.request_id.as_deref()).collect();
-        let at: Vec<i64> = rows.iter().map(|e| e.at).collect();
-        let kinds: Vec<&str> = rows.iter().map(|e| e.kind).collect();
-        let details: Vec<&str> = rows.iter().map(|e| e.details.as_str()).collect();
-        let inserted = self.0.query(
-            "INSERT INTO errors (entity_id, operation_id, request_id, at, kind, details)
-             SELECT v.entity_id, (SELECT o.id FROM operations o WHERE o.request_id = v.request_id), v.request_id,
-                v.at, v.kind, v.details
-             FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[])
-                AS v(entity_id, request_id, at, kind, details)
-             RETURNING id, entity_id",
-            &[&entities, &request_ids, &at, &kinds, &details],
-        )?;
-        checked_ids(inserted, entities.iter().copied(), "errors")
-    }
-
-    fn insert_exceptions(&mut self, rows: &[ExceptionInsert]) -> R<()> {
-        let errors: Vec<i64> = rows.iter().map(|e| e.error_id).collect();
-        let at: Vec<i64> = rows.iter().map(|e| e.at).collect();
-        let details: Vec<&str> = rows.iter().map(|e| e.details.as_str()).collect();
-        self.0.exec(
-            "INSERT INTO exceptions (error_id, at, details) SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[])",
-            &[&errors, &at, &details],
-        )?;
-        Ok(())
-    }
-
-    fn insert_events(&mut self, rows: &[EventInsert]) -> R<()> {
-        let ids: Vec<i64> = rows.iter().map(|e| e.id).collect();
-        let request_ids: Vec<Option<&str>> = rows.iter().map(|e| e.request_id.as_deref()).collect();
-        let entities: Vec<i64> = rows.iter().map(|e| e.entity_id).collect();
-        let machines: Vec<&str> = rows.iter().map(|e| e.machine.as_str()).collect();
-        let keys: Vec<&str> = rows.iter().map(|e| e.entity_key.as_str()).collect();
-        let events: Vec<&str> = rows.iter().map(|e| e.event.as_str()).collect();
-        let kinds: Vec<&str> = rows.iter().map(|e| e.kind).collect();
-        let start_states: Vec<&str> = rows.iter().map(|e| e.start_state.as_str()).collect();
-        let start_times: Vec<i64> = rows.iter().map(|e| e.start_time).collect();
-        let rejected: Vec<bool> = rows.iter().map(|e| e.rejected).collect();
-        let failed: Vec<bool> = rows.iter().map(|e| e.failed).collect();
-        let error_ids: Vec<Option<i64>> = rows.iter().map(|e| e.error_id).collect();
-        let exceptions: Vec<Option<&str>> = rows.iter().map(|e| e.exception.as_deref()).collect();
-        let end_states: Vec<Option<&str>> = rows.iter().map(|e| e.end_state.as_deref()).collect();
-        let end_times: Vec<Option<i64>> = rows.iter().map(|e| e.end_time).collect();
-        let reasons: Vec<Option<&str>> = rows.iter().map(|e| e.reason.as_deref()).collect();
-        let entered: Vec<Option<&str>> = rows.iter().map(|e| e.entered.as_deref()).collect();
-        self.0.exec(
-            "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
-                start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered)
-             SELECT v.id, (SELECT o.id FROM operations o WHERE o.request_id = v.request_id), v.request_id, v.id,
-                v.entity_id, v.machine, v.entity_key, v.event, v.kind, v.start_state, v.start_time, v.rejected,
-                v.failed, v.error_id, v.exception, v.end_state, v.end_time, v.reason, v.entered
-             FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[],
-                $8::text[], $9::bigint[], $10::boolean[], $11::boolean[], $12::bigint[], $13::text[], $14::text[],
-                $15::bigint[], $16::text[], $17::text[])
-                AS v(id, request_id, entity_id, machine, entity_key, event, kind, start_state, start_time, rejected,
-                     failed, error_id, exception, end_state, end_time, reason, entered)",
-            &[
-                &ids,
-                &request_ids,
-                &entities,
-                &machines,
-                &keys,
-                &events,
-                &kinds,
-                &start_states,
-                &start_times,
-                &rejected,
-                &failed,
-                &error_ids,
-                &exceptions,
-                &end_states,
-                &end_times,
-                &reasons,
-                &entered,
-            ],
-        )?;
-        Ok(())
-    }
-
-    fn end_events(&mut self, rows: &[EventEnd]) -> R<()> {
-        let ids: Vec<i64> = rows.iter().map(|e| e.id).collect();
-        let states: Vec<&str> = rows.iter().map(|e| e.end_state.as_str()).collect();
-        let times: Vec<i64> = rows.iter().map(|e| e.end_time).collect();
-        self.0.exec(
-            "UPDATE events e SET end_state = v.end_state, end_time = v.end_time
-             FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS v(id, end_state, end_time)
-             WHERE e.id = v.id AND e.end_time IS NULL",
-            &[&ids, &states, &times],
-        )?;
-        Ok(())
-    }
-
-    fn delete_operations(&mut self, request_ids: &[String]) -> R<()> {
-        self.0.exec("DELETE FROM operations WHERE request_id = ANY($1::text[])", &[&request_ids])?;
-        Ok(())
-    }
-
-    fn update_operations(&mut self, rows: &[OperationUpdate]) -> R<()> {
-        let request_ids: Vec<&str> = rows.iter().map(|u| u.request_id.as_str()).collect();
-        let first: Vec<Option<i64>> = rows.iter().map(|u| u.first_response_at).collect();
-        let seen: Vec<bool> = rows.iter().map(|u| u.error_seen).collect();
-        let errors: Vec<Option<&str>> = rows.iter().map(|u| u.error.as_deref()).collect();
-        self.0.exec(
-            "UPDATE operations o SET first_response_at = COALESCE(o.first_response_at, v.first_response_at),
-                error_seen = o.error_seen OR v.error_seen, error = COALESCE(o.error, v.error)
-             FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::text[])
-                AS v(request_id, first_response_at, error_seen, error)
-             WHERE o.request_id = v.request_id",
-            &[&request_ids, &first, &seen, &errors],
-        )?;
-        Ok(())
-    }
-
-    fn complete_operations(&mut self, request_ids: &[String], now: Millis) -> R<()> {
-        self.0.exec(
-            "UPDATE operations SET ended_at = $2,
-                outcome = CASE WHEN canceled THEN 'canceled' WHEN error_seen THEN 'failed' ELSE 'success' END
-             WHERE request_id = ANY($1::text[]) AND ended_at IS NULL
-               AND NOT EXISTS (SELECT 1 FROM entities e WHERE e.request_id = operations.request_id AND e.busy)
-               AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.request_id = operations.request_id)",
-            &[&request_ids, &now],
-        )?;
-        Ok(())
+        if !w.exceptions.is_empty() {
+            let x = &w.exceptions;
+            p.add(Stmt::new(
+                "INSERT INTO exceptions (error_id, at, details)
+                 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[])",
+                vec![ints(x, |x| x.error_id), ints(x, |x| x.at), strings(x, |x| &x.details)],
+            ));
+        }
+        if !w.events.is_empty() {
+            let e = &w.events;
+            p.add(Stmt::new(
+                "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
+                    start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered)
+                 SELECT v.id, (SELECT o.id FROM operations o WHERE o.request_id = v.request_id), v.request_id, v.id,
+                    v.entity_id, v.machine, v.entity_key, v.event, v.kind, v.start_state, v.start_time, v.rejected,
+                    v.failed, v.error_id, v.exception, v.end_state, v.end_time, v.reason, v.entered
+                 FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[],
+                    $8::text[], $9::bigint[], $10::boolean[], $11::boolean[], $12::bigint[], $13::text[], $14::text[],
+                    $15::bigint[], $16::text[], $17::text[])
+                    AS v(id, request_id, entity_id, machine, entity_key, event, kind, start_state, start_time,
+                         rejected, failed, error_id, exception, end_state, end_time, reason, entered)",
+                vec![
+                    ints(e, |e| e.id),
+                    opt_strings(e, |e| e.request_id.as_deref()),
+                    ints(e, |e| e.entity_id),
+                    strings(e, |e| &e.machine),
+                    strings(e, |e| &e.entity_key),
+                    strings(e, |e| &e.event),
+                    strings(e, |e| e.kind),
+                    strings(e, |e| &e.start_state),
+                    ints(e, |e| e.start_time),
+                    bools(e, |e| e.rejected),
+                    bools(e, |e| e.failed),
+                    opt_ints(e, |e| e.error_id),
+                    opt_strings(e, |e| e.exception.as_deref()),
+                    opt_strings(e, |e| e.end_state.as_deref()),
+                    opt_ints(e, |e| e.end_time),
+                    opt_strings(e, |e| e.reason.as_deref()),
+                    opt_strings(e, |e| e.entered.as_deref()),
+                ],
+            ));
+        }
+        if !w.ends.is_empty() {
+            let e = &w.ends;
+            p.add(Stmt::new(
+                "UPDATE events e SET end_state = v.end_state, end_time = v.end_time
+                 FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS v(id, end_state, end_time)
+                 WHERE e.id = v.id AND e.end_time IS NULL",
+                vec![ints(e, |e| e.id), strings(e, |e| &e.end_state), ints(e, |e| e.end_time)],
+            ));
+        }
+        if !w.unopen.is_empty() {
+            p.add(Stmt::new("DELETE FROM operations WHERE request_id = ANY($1::text[])", vec![col(w.unopen.clone())]));
+        }
+        if !w.op_updates.is_empty() {
+            let u = &w.op_updates;
+            p.add(Stmt::new(
+                "UPDATE operations o SET first_response_at = COALESCE(o.first_response_at, v.first_response_at),
+                    error_seen = o.error_seen OR v.error_seen, error = COALESCE(o.error, v.error)
+                 FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::text[])
+                    AS v(request_id, first_response_at, error_seen, error)
+                 WHERE o.request_id = v.request_id",
+                vec![
+                    strings(u, |u| &u.request_id),
+                    opt_ints(u, |u| u.first_response_at),
+                    bools(u, |u| u.error_seen),
+                    opt_strings(u, |u| u.error.as_deref()),
+                ],
+            ));
+        }
+        if !w.complete.is_empty() {
+            p.add(Stmt::new(
+                "UPDATE operations SET ended_at = $2,
+                    outcome = CASE WHEN canceled THEN 'canceled' WHEN error_seen THEN 'failed' ELSE 'success' END
+                 WHERE request_id = ANY($1::text[]) AND ended_at IS NULL
+                   AND NOT EXISTS (SELECT 1 FROM entities e WHERE e.request_id = operations.request_id AND e.busy)
+                   AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.request_id = operations.request_id)",
+                vec![col(w.complete.clone()), one(w.now)],
+            ));
+        }
+        if p.0.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.c.send(&p.0).map_err(entity_race)?;
+        match inbox {
+            Some(i) => checked_ids(&rows[i], w.inbox.iter().map(|i| i.entity_id), "inbox"),
+            None => Ok(Vec::new()),
+        }
     }
 
     fn user_sql(&mut self, statements: &[SqlStatement]) -> R<Result<(), OpError>> {
         for (index, stmt) in statements.iter().enumerate() {
-            if let Err(e) = self.0.exec_dynamic(&stmt.sql, &stmt.params) {
+            if let Err(e) = self.c.exec_dynamic(&stmt.sql, &stmt.params) {
                 // A lost connection or race is the batch's to retry; anything else is this
                 // statement's fault.
                 if recovery(&e) != Recovery::Fail {
@@ -563,7 +587,7 @@ impl Dialect for Tx<'_> {
     }
 
     fn other(&mut self, now: Millis, op: &Op) -> R<Result<Other, OpError>> {
-        match apply_other(self.0, now, op) {
+        match apply_other(self.c, now, op) {
             Ok(other) => Ok(Ok(other)),
             Err(Fail::Op(e)) => Ok(Err(e)),
             Err(Fail::Db(e)) => Err(e),
@@ -571,70 +595,132 @@ impl Dialect for Tx<'_> {
     }
 
     fn savepoint(&mut self) -> R<()> {
-        Ok(self.0.batch("SAVEPOINT op")?)
+        Ok(self.c.batch("SAVEPOINT op")?)
     }
 
     fn release_savepoint(&mut self) -> R<()> {
-        Ok(self.0.batch("RELEASE SAVEPOINT op")?)
+        Ok(self.c.batch("RELEASE SAVEPOINT op")?)
     }
 
     fn rollback_savepoint(&mut self) -> R<()> {
-        Ok(self.0.batch("ROLLBACK TO SAVEPOINT op; RELEASE SAVEPOINT op")?)
+        Ok(self.c.batch("ROLLBACK TO SAVEPOINT op; RELEASE SAVEPOINT op")?)
     }
 
-    fn fire_timers(&mut self, now: Millis, limit: usize) -> R<()> {
-        fire_timers(self.0, now, limit as i64)
+    fn finish(&mut self, f: &Finish<'_>) -> R<(Vec<Claimed>, Option<Millis>)> {
+        let mut p = Slots::default();
+        let mut claim_at = None;
+        let mut machines: Vec<String> = Vec::new();
+        if let Some(claim) = f.claim {
+            // A timer created by another instance since is missed here at worst once: its
+            // entity is due (by `timer_at`), and this batch reads the earliest timer again.
+            if f.now >= self.next_timer.load(std::sync::atomic::Ordering::Relaxed) {
+                p.add(fire_timers(f.now, 1_000));
+            }
+            claim_at = Some(p.add(Stmt::new(
+                format!(
+                    "WITH picked AS (
+                        SELECT id, due_at AS was_due FROM entities
+                        WHERE due_at <= $1 AND (cardinality($5::text[]) = 0 OR machine = ANY($5::text[]))
+                        ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED),
+                     claimed AS (
+                        UPDATE entities e SET lease_owner = $2, lease_until = $3, due_at = $3, sleep_until = NULL,
+                            run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
+                        FROM picked p WHERE e.id = p.id
+                        RETURNING p.was_due, {})
+                     SELECT c.*, {INBOX_COLS} FROM claimed c
+                     LEFT JOIN LATERAL (SELECT * FROM inbox WHERE entity_id = c.id ORDER BY id LIMIT 1) i ON TRUE",
+                    ENTITY_COLS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ")
+                ),
+                vec![
+                    one(f.now),
+                    one(claim.owner.clone()),
+                    one(f.now + claim.lease_ms),
+                    one(claim.limit as i64),
+                    col(claim.machines.clone()),
+                ],
+            )));
+            machines = claim.machines.clone();
+        }
+        let next_due = p.add(Stmt::new(
+            "SELECT (SELECT MIN(due_at) FROM entities
+                     WHERE due_at IS NOT NULL AND (cardinality($1::text[]) = 0 OR machine = ANY($1::text[]))),
+                    (SELECT MIN(due_at) FROM timers)",
+            vec![col(machines)],
+        ));
+        // Others learn of this batch when it commits: work to claim, entities moved.
+        if f.others_due {
+            p.add(Stmt::new("SELECT pg_notify($1, $2)", vec![one(self.channel.to_string()), one(self.me.to_string())]));
+        }
+        let payloads = crate::changes::encode(self.me, &f.changed);
+        if !payloads.is_empty() {
+            p.add(Stmt::new(
+                "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload",
+                vec![one(self.changes_channel.to_string()), col(payloads)],
+            ));
+        }
+        let rows = self.c.send_and_commit(&p.0).map_err(|e| match e {
+            CommitError::Failed(e) => Failure::Pg(e),
+            CommitError::Unknown(e) => Failure::CommitUnknown(e),
+        })?;
+        let mut claimed = Vec::new();
+        if let Some(i) = claim_at {
+            let width = ENTITY_COLS.split(", ").count();
+            let mut picked = Vec::with_capacity(rows[i].len());
+            for r in &rows[i] {
+                let was: i64 = r.try_get(0)?;
+                let entity = entity_from_row_at(r, 1)?;
+                let head_id: Option<i64> = r.try_get(1 + width)?;
+                let inbox_head = match head_id {
+                    Some(_) => Some(super::read::inbox_from_row_at(r, 1 + width)?),
+                    None => None,
+                };
+                picked.push((was, Claimed { entity, inbox_head }));
+            }
+            // Oldest due first, as claimed.
+            picked.sort_by_key(|(was, c)| (*was, c.entity.id));
+            claimed = picked.into_iter().map(|(_, c)| c).collect();
+        }
+        let next: Option<Millis> = rows[next_due][0].try_get(0)?;
+        let next_timer: Option<Millis> = rows[next_due][0].try_get(1)?;
+        self.next_timer.store(next_timer.unwrap_or(Millis::MAX), std::sync::atomic::Ordering::Relaxed);
+        Ok((claimed, next))
     }
+}
 
-    fn claim(&mut self, now: Millis, claim: &Claim) -> R<Vec<Claimed>> {
-        let until = now + claim.lease_ms;
-        let rows = self.0.query(
-            &format!(
-                "WITH picked AS (
-                    SELECT id, due_at AS was_due FROM entities
-                    WHERE due_at <= $1 AND (cardinality($5::text[]) = 0 OR machine = ANY($5::text[]))
-                    ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED)
-                 UPDATE entities e SET lease_owner = $2, lease_until = $3, due_at = $3, sleep_until = NULL,
-                    run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
-                 FROM picked p WHERE e.id = p.id
-                 RETURNING p.was_due, {}",
-                ENTITY_COLS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ")
-            ),
-            &[&now, &claim.owner, &until, &(claim.limit as i64), &claim.machines],
-        )?;
-        let mut picked = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let was: i64 = r.try_get(0)?;
-            picked.push((was, entity_from_row_at(r, 1)?));
-        }
-        // Oldest due first, as claimed.
-        picked.sort_by_key(|(was, e)| (*was, e.id));
-        if picked.is_empty() {
-            return Ok(Vec::new());
-        }
-        let ids: Vec<i64> = picked.iter().map(|(_, e)| e.id).collect();
-        let mut heads = std::collections::HashMap::new();
-        for r in self.0.query(
-            &format!(
-                "SELECT {INBOX_COLS} FROM unnest($1::bigint[]) AS c(id)
-                 CROSS JOIN LATERAL (SELECT * FROM inbox WHERE entity_id = c.id ORDER BY id LIMIT 1) i"
-            ),
-            &[&ids],
-        )? {
-            let item = inbox_from_row(&r)?;
-            heads.insert(item.entity_id, item);
-        }
-        Ok(picked.into_iter().map(|(_, entity)| Claimed { inbox_head: heads.remove(&entity.id), entity }).collect())
-    }
-
-    fn next_due(&mut self, machines: &[String]) -> R<Option<Millis>> {
-        Ok(self
-            .0
-            .one(
-                "SELECT MIN(due_at) FROM entities
-                 WHERE due_at IS NOT NULL AND (cardinality($1::text[]) = 0 OR machine = ANY($1::text[]))",
-                &[&machines],
-            )?
-            .try_get(0)?)
-    }
+/// Turns due timers of active entities into inbox events (one-shot timers deleted,
+/// periodic ones rescheduled), in one statement. Timers whose row or entity another
+/// instance has locked are left for the next claim (it never waits for a lock, so it
+/// cannot deadlock with a commit replacing that entity's timers).
+fn fire_timers(now: Millis, limit: i64) -> Stmt {
+    Stmt::new(
+        // `due` walks the due index (a scalar subquery, which the planner cannot turn into
+        // a join starting from `entities`).
+        "WITH due AS MATERIALIZED (
+            SELECT t.entity_id, t.name, t.event, t.due_at, t.every_ms FROM timers t
+            WHERE t.due_at <= $1 AND (SELECT e.run_status FROM entities e WHERE e.id = t.entity_id) = 'active'
+            ORDER BY t.due_at LIMIT $2 FOR UPDATE OF t SKIP LOCKED),
+         held AS MATERIALIZED (
+            SELECT e.id FROM entities e WHERE e.id IN (SELECT entity_id FROM due) AND e.run_status = 'active'
+            FOR NO KEY UPDATE SKIP LOCKED),
+         fired AS MATERIALIZED (SELECT d.* FROM due d WHERE d.entity_id IN (SELECT id FROM held)),
+         queued AS (
+            INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
+            SELECT entity_id, event, jsonb_build_object('timer', name)::text, NULL, 'timer', $1
+            FROM fired ORDER BY due_at, entity_id, name),
+         moved AS (
+            UPDATE timers t SET due_at = GREATEST(f.due_at + f.every_ms, $1 + 1) FROM fired f
+            WHERE t.entity_id = f.entity_id AND t.name = f.name AND f.every_ms > 0
+            RETURNING t.entity_id, t.due_at),
+         gone AS (
+            DELETE FROM timers t USING fired f
+            WHERE t.entity_id = f.entity_id AND t.name = f.name AND COALESCE(f.every_ms, 0) <= 0)
+         UPDATE entities e SET
+            timer_at = LEAST(
+                (SELECT MIN(t.due_at) FROM timers t WHERE t.entity_id = e.id
+                    AND NOT EXISTS (SELECT 1 FROM fired f WHERE f.entity_id = t.entity_id AND f.name = t.name)),
+                (SELECT MIN(m.due_at) FROM moved m WHERE m.entity_id = e.id)),
+            due_at = CASE WHEN e.lease_owner IS NOT NULL THEN e.lease_until ELSE $1 END
+         WHERE e.id IN (SELECT entity_id FROM fired)",
+        vec![one(now), one(limit)],
+    )
 }

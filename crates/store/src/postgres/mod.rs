@@ -7,9 +7,11 @@
 //!   entity; a lease that expires makes its entity due, and any instance takes it over.
 //! - **Fencing**: a commit names the lease owner and the version it read; after a
 //!   takeover the old owner's commit matches no row and is refused (`LeaseLost`).
-//! - **Wake-ups**: a batch that gives others work ends with `pg_notify`; every handle
-//!   `LISTEN`s on a dedicated connection and wakes its engine ([`Store::wakeup`]);
-//!   engines still poll, so a lost notification only delays work.
+//! - **Notifications**: a batch that leaves work due for others ends with `pg_notify` on
+//!   the wake-up channel; every handle `LISTEN`s on a dedicated connection and wakes its
+//!   engine ([`Store::wakeup`]); engines still poll, so a lost notification only delays
+//!   work. A batch also tells, on a second channel, which entities it moved; a handle
+//!   listens there once something waits on entities ([`Store::changes`]).
 //! - **Reconnection**: one writer thread owns the write connection. A batch that fails
 //!   because the connection broke, or that lost a deadlock or serialization race, is
 //!   retried as a whole (nothing of it was committed) with backoff for up to 15 minutes.
@@ -25,6 +27,7 @@ mod conn;
 mod dialect;
 mod read;
 mod write;
+mod writer;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +40,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 use self::conn::{Backoff, Conn, Recovery, Target, recovery};
+use self::writer::WriterConn;
 use crate::changes::Changes;
 use crate::sql::WriterThread;
 use crate::types::*;
@@ -58,6 +62,8 @@ pub(crate) enum Failure {
     /// The batch lost a race with another instance that no lock prevents (an entity key
     /// created concurrently): running it again sees the winner's row.
     Race(String),
+    /// The connection was lost while the transaction committed: its outcome is unknown.
+    CommitUnknown(postgres::Error),
 }
 
 impl From<postgres::Error> for Failure {
@@ -72,6 +78,9 @@ impl Failure {
             Failure::Pg(e) => Error::Db(pg_message(&e)),
             Failure::Corrupt(m) => Error::Corrupt(m),
             Failure::Race(m) => Error::Db(format!("lost a race with another instance: {m}")),
+            Failure::CommitUnknown(e) => {
+                Error::Db(format!("connection lost while committing; the outcome is unknown ({})", pg_message(&e)))
+            }
         }
     }
 
@@ -80,6 +89,7 @@ impl Failure {
             Failure::Pg(e) => recovery(e),
             Failure::Corrupt(_) => Recovery::Fail,
             Failure::Race(_) => Recovery::Retry,
+            Failure::CommitUnknown(_) => Recovery::Fail,
         }
     }
 }
@@ -180,11 +190,19 @@ struct Inner {
     wake: Arc<Notify>,
     /// Entities other processes changed, for waiters in this one.
     changes: tokio::sync::broadcast::Sender<Changes>,
-    /// This handle's name in wake-up notifications (its own are ignored).
+    /// This handle's name in notifications (its own are ignored).
     me: String,
+    /// Something waits on changes (`Store::changes` was called): the listener then also
+    /// listens on `changes_channel`.
+    want_changes: Arc<AtomicBool>,
     /// Round trips to the server of the latest batch written.
     batch_round_trips: Arc<std::sync::atomic::AtomicU64>,
+    /// When the earliest timer is due, as the latest batch read it (see `dialect::Tx`).
+    next_timer: Arc<std::sync::atomic::AtomicI64>,
+    /// Where batches that leave work due for others say so (every handle listens).
     channel: String,
+    /// Where batches tell which entities they moved (handles with waiters listen).
+    changes_channel: String,
     stop: Arc<AtomicBool>,
 }
 
@@ -209,14 +227,14 @@ impl std::fmt::Debug for PgStore {
 /// The writer thread's connection, reconnected on demand.
 struct Writer {
     target: Target,
-    conn: Option<Conn>,
+    conn: Option<WriterConn>,
 }
 
 impl Writer {
     /// The connection, connecting (with backoff) if there is none.
-    fn conn(&mut self, backoff: &mut Backoff) -> Result<&mut Conn> {
-        while self.conn.is_none() {
-            match self.target.connect_writer() {
+    fn conn(&mut self, backoff: &mut Backoff) -> Result<&mut WriterConn> {
+        while self.conn.as_ref().is_none_or(WriterConn::is_closed) {
+            match WriterConn::connect(&self.target) {
                 Ok(c) => {
                     if backoff.attempts() > 0 {
                         tracing::warn!(attempts = backoff.attempts(), "store writer reconnected to PostgreSQL");
@@ -234,33 +252,37 @@ impl Writer {
     }
 }
 
-/// Runs `body` in a transaction on the writer's connection, retrying the whole
-/// transaction on a lost connection or a lost race. `now` is refreshed on a retry after a
-/// reconnection (the batch's times were taken before the outage).
+/// Runs `body` in a transaction on the writer's connection (committed after it, unless it
+/// committed itself, as a batch's finish does), retrying the whole transaction on a lost
+/// connection or a lost race. `now` is refreshed on a retry after a reconnection (the
+/// batch's times were taken before the outage).
 fn transact<T>(
     w: &mut Writer,
     what: &str,
-    mut body: impl FnMut(&mut Conn, bool) -> std::result::Result<T, Failure>,
+    mut body: impl FnMut(&mut WriterConn, bool) -> std::result::Result<T, Failure>,
 ) -> Result<T> {
     let mut backoff = Backoff::new();
     let mut reconnected = false;
     loop {
         let c = w.conn(&mut backoff)?;
-        let attempt = c.batch("BEGIN").map_err(Failure::Pg).and_then(|()| body(c, reconnected));
+        c.begin();
+        let attempt = body(c, reconnected);
         let failure = match attempt {
+            Ok(out) if !c.in_txn() => return Ok(out),
             Ok(out) => match c.batch("COMMIT") {
                 Ok(()) => return Ok(out),
-                Err(e) if recovery(&e) == Recovery::Reconnect => {
-                    w.conn = None;
-                    return Err(Error::Db(format!(
-                        "{what}: connection to PostgreSQL lost while committing; the outcome is unknown ({})",
-                        pg_message(&e)
-                    )));
-                }
+                Err(e) if recovery(&e) == Recovery::Reconnect => Failure::CommitUnknown(e),
                 Err(e) => Failure::Pg(e),
             },
             Err(f) => f,
         };
+        if let Failure::CommitUnknown(e) = &failure {
+            w.conn = None;
+            return Err(Error::Db(format!(
+                "{what}: connection to PostgreSQL lost while committing; the outcome is unknown ({})",
+                pg_message(e)
+            )));
+        }
         match failure.recovery() {
             Recovery::Reconnect => {
                 w.conn = None;
@@ -305,9 +327,11 @@ impl PgStore {
             Error::Db(m) => open_err(m),
             other => other,
         })?;
-        conn.tune_for_writer().map_err(|e| open_err(pg_message(&e)))?;
-        let writer = WriterThread::spawn("settle-pg-writer", Writer { target: target.clone(), conn: Some(conn) })
-            .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
+        drop(conn);
+        let writer_conn = WriterConn::connect(&target).map_err(|e| open_err(pg_message(&e)))?;
+        let writer =
+            WriterThread::spawn("settle-pg-writer", Writer { target: target.clone(), conn: Some(writer_conn) })
+                .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
         let store = Self::handle(target, Some(writer));
         store.start_listener()?;
         Ok(store)
@@ -333,10 +357,8 @@ impl PgStore {
     }
 
     fn handle(target: Target, writer: Option<WriterThread<Writer>>) -> Self {
-        let channel = match &target.schema {
-            Some(s) => format!("settle_wake_{s}"),
-            None => "settle_wake".to_string(),
-        };
+        let channel = crate::changes::channel("settle_wake", target.schema.as_deref());
+        let changes_channel = crate::changes::channel("settle_changes", target.schema.as_deref());
         PgStore {
             inner: Arc::new(Inner {
                 target,
@@ -347,7 +369,10 @@ impl PgStore {
                 changes: tokio::sync::broadcast::channel(4096).0,
                 me: format!("{}-{}", std::process::id(), uuid_like()),
                 batch_round_trips: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+                next_timer: Arc::new(std::sync::atomic::AtomicI64::new(Millis::MIN)),
                 channel,
+                changes_channel,
+                want_changes: Arc::new(AtomicBool::new(false)),
                 stop: Arc::new(AtomicBool::new(false)),
             }),
         }
@@ -390,16 +415,19 @@ impl PgStore {
         self.inner.target.schema.as_deref()
     }
 
-    /// A dedicated connection that `LISTEN`s for other handles' wake-ups and wakes this
-    /// handle's engine; it reconnects with backoff and wakes once after reconnecting
-    /// (notifications sent meanwhile are lost).
+    /// A dedicated connection that `LISTEN`s for other handles' notifications: wake-ups
+    /// (work to claim) wake this handle's engine; entity changes, listened to once
+    /// something waits on them ([`Store::changes`]), go to the change subscribers. It
+    /// reconnects with backoff and then wakes the engine and tells the subscribers that
+    /// changes may have been missed (notifications sent meanwhile are lost).
     fn start_listener(&self) -> Result<()> {
         let target = self.inner.target.clone();
         let wake = self.inner.wake.clone();
         let changes = self.inner.changes.clone();
+        let want_changes = self.inner.want_changes.clone();
         let stop = self.inner.stop.clone();
         let me = self.inner.me.clone();
-        let channel = self.inner.channel.clone();
+        let (channel, changes_channel) = (self.inner.channel.clone(), self.inner.changes_channel.clone());
         std::thread::Builder::new()
             .name("settle-pg-listen".into())
             .spawn(move || {
@@ -408,44 +436,58 @@ impl PgStore {
                     let mut conn = match target.connect() {
                         Ok(c) => c,
                         Err(e) => {
-                            backoff.wait("wake-up listener", &pg_message(&e));
+                            backoff.wait("notification listener", &pg_message(&e));
                             continue;
                         }
                     };
                     // A channel name is an identifier; it is built from the validated schema.
                     if let Err(e) = conn.batch(&format!("LISTEN \"{channel}\"")) {
-                        backoff.wait("wake-up listener", &pg_message(&e));
+                        backoff.wait("notification listener", &pg_message(&e));
                         continue;
                     }
                     backoff = Backoff::new();
                     // Whatever was told while nobody listened is lost: look again.
                     wake.notify_one();
-                    let _ = changes.send(Changes::Lost);
+                    let mut listening_changes = false;
                     while !stop.load(Ordering::Relaxed) {
-                        let next = conn.client.notifications().timeout_iter(Duration::from_millis(500)).next();
+                        if !listening_changes && want_changes.load(Ordering::Acquire) {
+                            if conn.batch(&format!("LISTEN \"{changes_channel}\"")).is_err() {
+                                break;
+                            }
+                            listening_changes = true;
+                            // Changes before this LISTEN were not heard: waiters look again.
+                            let _ = changes.send(Changes::Lost);
+                        }
+                        // Short waits while nothing is heard, so that a first waiter's LISTEN
+                        // follows within a tenth of a second.
+                        let next = conn.client.notifications().timeout_iter(Duration::from_millis(100)).next();
                         match next {
-                            Ok(Some(n)) => match crate::changes::decode(n.payload()) {
-                                Some((sender, _, _)) if sender == me => {}
-                                Some((_, work, changed)) => {
-                                    if work {
-                                        wake.notify_one();
-                                    }
-                                    if !changed.is_empty() {
-                                        // No receiver is fine: nobody waits here.
+                            Ok(Some(n)) if n.channel() == changes_channel => {
+                                match crate::changes::decode(n.payload()) {
+                                    Some((sender, _)) if sender == me => {}
+                                    // No receiver is fine: nobody waits any more.
+                                    Some((_, changed)) => {
                                         let _ = changes.send(Changes::Entities(changed.into()));
                                     }
+                                    None => {
+                                        tracing::warn!(payload = n.payload(), "unreadable change notification");
+                                        let _ = changes.send(Changes::Lost);
+                                    }
                                 }
-                                None => {
-                                    tracing::warn!(payload = n.payload(), "unreadable wake-up notification");
+                            }
+                            Ok(Some(n)) => {
+                                if crate::changes::sender(n.payload()) != me {
                                     wake.notify_one();
-                                    let _ = changes.send(Changes::Lost);
                                 }
-                            },
+                            }
                             // A timeout: notice a dead connection, which yields no error here.
                             Ok(None) if conn.client.is_closed() => break,
                             Ok(None) => {}
                             Err(_) => break,
                         }
+                    }
+                    if listening_changes {
+                        let _ = changes.send(Changes::Lost);
                     }
                 }
             })
@@ -577,7 +619,9 @@ fn now_ms() -> Millis {
 impl Store for PgStore {
     async fn write(&self, batch: Batch) -> Result<BatchResult> {
         let (channel, me) = (self.inner.channel.clone(), self.inner.me.clone());
+        let changes_channel = self.inner.changes_channel.clone();
         let counter = self.inner.batch_round_trips.clone();
+        let next_timer = self.inner.next_timer.clone();
         self.on_writer(move |w| {
             let mut batch = batch;
             let before = w.conn.as_ref().map_or(0, |c| c.round_trips);
@@ -585,14 +629,14 @@ impl Store for PgStore {
                 if reconnected {
                     batch.now = batch.now.max(now_ms());
                 }
-                let written = crate::plan::apply_batch(&mut dialect::Tx(c), &batch)?;
-                // Others learn of this batch when it commits: work to claim, entities moved.
-                let changed = crate::changes::changed(&batch, &written.result.results);
-                let payloads = crate::changes::encode(&me, written.others_due, &changed);
-                if !payloads.is_empty() {
-                    c.exec("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", &[&channel, &payloads])?;
-                }
-                Ok(written.result)
+                let mut tx = dialect::Tx {
+                    c,
+                    channel: &channel,
+                    changes_channel: &changes_channel,
+                    me: &me,
+                    next_timer: &next_timer,
+                };
+                crate::plan::apply_batch(&mut tx, &batch)
             });
             let after = w.conn.as_ref().map_or(0, |c| c.round_trips);
             counter.store(after.saturating_sub(before), Ordering::Relaxed);
@@ -743,7 +787,9 @@ impl Store for PgStore {
     }
 
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Changes>> {
-        Some(self.inner.changes.subscribe())
+        let receiver = self.inner.changes.subscribe();
+        self.inner.want_changes.store(true, Ordering::Release);
+        Some(receiver)
     }
 }
 

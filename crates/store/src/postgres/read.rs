@@ -57,14 +57,19 @@ pub(crate) fn entity_from_row_at(r: &Row, at: usize) -> R<EntityRow> {
 }
 
 pub(crate) fn inbox_from_row(r: &Row) -> R<InboxItem> {
-    let kind: &str = r.try_get(6)?;
+    inbox_from_row_at(r, 0)
+}
+
+/// An inbox item whose columns start at column `at` of the row.
+pub(crate) fn inbox_from_row_at(r: &Row, at: usize) -> R<InboxItem> {
+    let kind: &str = r.try_get(at + 6)?;
     Ok(InboxItem {
-        id: r.try_get(0)?,
-        entity_id: r.try_get(1)?,
-        event: EventName::new(r.try_get::<_, &str>(2)?),
-        params: json(r, 3)?,
-        request_id: r.try_get(4)?,
-        created_at: r.try_get(5)?,
+        id: r.try_get(at)?,
+        entity_id: r.try_get(at + 1)?,
+        event: EventName::new(r.try_get::<_, &str>(at + 2)?),
+        params: json(r, at + 3)?,
+        request_id: r.try_get(at + 4)?,
+        created_at: r.try_get(at + 5)?,
         kind: InboxKind::parse(kind).ok_or_else(|| Failure::Corrupt(format!("unknown inbox kind `{kind}`")))?,
     })
 }
@@ -316,7 +321,7 @@ fn event_from_row(r: &Row) -> R<EventRow> {
 pub(crate) fn events_list(c: &mut Conn, entity_id: i64) -> R<Vec<EventRow>> {
     let rows = c.query(
         &format!(
-            "SELECT {EVENT_COLS} FROM events ev LEFT JOIN errors er ON er.id = ev.error_id
+            "SELECT {EVENT_COLS} FROM events ev
              WHERE ev.entity_id = $1 ORDER BY ev.id"
         ),
         &[&entity_id],
@@ -327,7 +332,7 @@ pub(crate) fn events_list(c: &mut Conn, entity_id: i64) -> R<Vec<EventRow>> {
 pub(crate) fn events_by_id(c: &mut Conn, ids: &[i64]) -> R<Vec<EventRow>> {
     let rows = c.query(
         &format!(
-            "SELECT {EVENT_COLS} FROM events ev LEFT JOIN errors er ON er.id = ev.error_id
+            "SELECT {EVENT_COLS} FROM events ev
              WHERE ev.id = ANY($1::bigint[])"
         ),
         &[&ids],
@@ -342,7 +347,7 @@ pub(crate) fn entities_by_id(c: &mut Conn, ids: &[i64]) -> R<Vec<EntityRow>> {
 
 /// The KPIs of `Store::stats`, read in one repeatable-read snapshot.
 pub(crate) fn stats(c: &mut Conn, since: Millis) -> R<Stats> {
-    c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    c.batch(&format!("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {}", super::conn::REPORT_SETTINGS))?;
     let out = read_stats(c, since);
     c.batch("COMMIT")?;
     out
@@ -408,7 +413,7 @@ fn read_stats(c: &mut Conn, since: Millis) -> R<Stats> {
 
 /// The counters and gauges of `Store::metrics_snapshot`, in one snapshot.
 pub(crate) fn metrics(c: &mut Conn, now: Millis) -> R<MetricsSnapshot> {
-    c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    c.batch(&format!("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {}", super::conn::REPORT_SETTINGS))?;
     let out = read_metrics(c, now);
     c.batch("COMMIT")?;
     out

@@ -1,11 +1,11 @@
 //! The PostgreSQL store's writes outside the batch plan: operator commands, agent task
-//! operations, renewals and hung operations (each applied alone, in batch order), timer
-//! firing, definition upgrades and lease reclaiming. The plan's set-based writes are in
-//! `dialect.rs`.
+//! operations, renewals and hung operations (each applied alone, in batch order),
+//! definition upgrades and lease reclaiming. The plan's set-based writes (and timer firing)
+//! are in `dialect.rs`.
 
 use super::Failure;
-use super::conn::Conn;
-use super::read::{entity_from_row, task_from_row, timer_from_row};
+use super::read::{entity_from_row, task_from_row};
+use super::writer::WriterConn as Conn;
 use crate::plan::Other;
 use crate::sql::{ENTITY_COLS, TASK_COLS, json_text, report_push, task_refusal};
 use crate::types::*;
@@ -264,8 +264,14 @@ pub(crate) fn apply_other(c: &mut Conn, now: Millis, op: &Op) -> Result<Other, F
             return Ok(Other::Push(push));
         }
         Op::Renew { ids, owner, until } => {
+            // Rows another instance has locked this moment (it is pushing an event to one)
+            // are skipped: waiting for them while this batch holds other rows could close a
+            // cycle of waits, and their leases have two thirds left; the next renewal takes
+            // them.
             let n = c.exec(
-                "UPDATE entities SET lease_until = $3, due_at = $3 WHERE id = ANY($1) AND lease_owner = $2",
+                "UPDATE entities SET lease_until = $3, due_at = $3
+                 WHERE id IN (SELECT id FROM entities WHERE id = ANY($1) AND lease_owner = $2
+                              FOR NO KEY UPDATE SKIP LOCKED)",
                 &[ids, owner, until],
             )?;
             Applied::Renewed(n)
@@ -392,67 +398,4 @@ pub(crate) fn release_all(c: &mut Conn, now: Millis) -> R<u64> {
         c.exec("UPDATE operations SET restart_count = restart_count + 1 WHERE ended_at IS NULL", &[])?;
     }
     Ok(ids.len() as u64)
-}
-
-/// Turns due timers of active entities into inbox events (one-shot timers are deleted,
-/// periodic ones rescheduled) in the claiming transaction, in a fixed number of statements.
-/// Timers whose row or entity another instance has locked are left for the next claim.
-pub(crate) fn fire_timers(c: &mut Conn, now: Millis, limit: i64) -> R<()> {
-    // The earliest due timers first, walking the due index (a scalar subquery, which the
-    // planner cannot turn into a join starting from `entities`), then their rows locked.
-    let due = c.query(
-        "WITH due AS MATERIALIZED (
-            SELECT t.entity_id, t.name FROM timers t
-            WHERE t.due_at <= $1 AND (SELECT e.run_status FROM entities e WHERE e.id = t.entity_id) = 'active'
-            ORDER BY t.due_at LIMIT $2)
-         SELECT t.entity_id, t.name, t.event, t.due_at, t.every_ms
-         FROM due d JOIN timers t ON t.entity_id = d.entity_id AND t.name = d.name JOIN entities e ON e.id = t.entity_id
-         WHERE t.due_at <= $1 AND e.run_status = 'active'
-         ORDER BY t.due_at FOR UPDATE OF t, e SKIP LOCKED",
-        &[&now, &limit],
-    )?;
-    if due.is_empty() {
-        return Ok(());
-    }
-    let timers: Vec<TimerRow> = due.iter().map(timer_from_row).collect::<R<_>>()?;
-    let entities: Vec<i64> = timers.iter().map(|t| t.entity_id).collect();
-    let events: Vec<&str> = timers.iter().map(|t| t.event.as_str()).collect();
-    let params: Vec<String> = timers.iter().map(|t| json_text(&serde_json::json!({ "timer": t.name }))).collect();
-    c.exec(
-        "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
-         SELECT v.entity_id, v.event, v.params, NULL, 'timer', $4
-         FROM unnest($1::bigint[], $2::text[], $3::text[]) AS v(entity_id, event, params)",
-        &[&entities, &events, &params, &now],
-    )?;
-    let (periodic, once): (Vec<&TimerRow>, Vec<&TimerRow>) =
-        timers.iter().partition(|t| t.every_ms.is_some_and(|every| every > 0));
-    if !periodic.is_empty() {
-        let ids: Vec<i64> = periodic.iter().map(|t| t.entity_id).collect();
-        let names: Vec<&str> = periodic.iter().map(|t| t.name.as_str()).collect();
-        let next: Vec<i64> = periodic.iter().map(|t| (t.due_at + t.every_ms.unwrap_or(0)).max(now + 1)).collect();
-        c.exec(
-            "UPDATE timers t SET due_at = v.next FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS v(entity_id, name, next)
-             WHERE t.entity_id = v.entity_id AND t.name = v.name",
-            &[&ids, &names, &next],
-        )?;
-    }
-    if !once.is_empty() {
-        let ids: Vec<i64> = once.iter().map(|t| t.entity_id).collect();
-        let names: Vec<&str> = once.iter().map(|t| t.name.as_str()).collect();
-        c.exec(
-            "DELETE FROM timers t USING unnest($1::bigint[], $2::text[]) AS v(entity_id, name)
-             WHERE t.entity_id = v.entity_id AND t.name = v.name",
-            &[&ids, &names],
-        )?;
-    }
-    let mut ids = entities;
-    ids.sort_unstable();
-    ids.dedup();
-    c.exec(
-        "UPDATE entities SET timer_at = (SELECT MIN(due_at) FROM timers WHERE entity_id = entities.id)
-         WHERE id = ANY($1::bigint[])",
-        &[&ids],
-    )?;
-    c.exec(&format!("UPDATE entities SET due_at = {DUE_EXPR} WHERE id = ANY($1::bigint[])"), &[&ids, &now])?;
-    Ok(())
 }

@@ -220,13 +220,15 @@ pub(crate) const DUE_EXPR: &str = "CASE
 impl Store for SqliteStore {
     async fn write(&self, batch: Batch) -> Result<BatchResult> {
         self.on_writer(move |conn| {
-            let mut run = || -> rusqlite::Result<BatchResult> {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let result = crate::plan::apply_batch(&mut write::Tx(&tx), &batch)?.result;
-                tx.commit()?;
-                Ok(result)
-            };
-            run().map_err(db_err)
+            // One transaction per batch, committed by the plan's finish.
+            conn.execute_batch("BEGIN IMMEDIATE").map_err(db_err)?;
+            match crate::plan::apply_batch(&mut write::Tx(conn), &batch) {
+                Ok(result) => Ok(result),
+                Err(e) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    Err(db_err(e))
+                }
+            }
         })
         .await
     }
@@ -495,7 +497,7 @@ impl Store for SqliteStore {
         self.on_reader(move |c| {
             let mut stmt = c
                 .prepare_cached(&format!(
-                    "SELECT {EVENT_COLS} FROM events ev LEFT JOIN errors er ON er.id = ev.error_id
+                    "SELECT {EVENT_COLS} FROM events ev
                      WHERE ev.entity_id = ?1 ORDER BY ev.id"
                 ))
                 .map_err(db_err)?;
@@ -506,11 +508,8 @@ impl Store for SqliteStore {
 
     async fn events_by_id(&self, ids: Vec<i64>) -> Result<Vec<EventRow>> {
         self.on_reader(move |c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {EVENT_COLS} FROM events ev LEFT JOIN errors er ON er.id = ev.error_id WHERE ev.id = ?1"
-                ))
-                .map_err(db_err)?;
+            let mut stmt =
+                c.prepare_cached(&format!("SELECT {EVENT_COLS} FROM events ev WHERE ev.id = ?1")).map_err(db_err)?;
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
                 out.extend(stmt.query_row([id], event_from_row).optional().map_err(db_err)?);

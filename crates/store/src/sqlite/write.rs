@@ -4,18 +4,18 @@
 //! renewals, hung operations), timers and claims.
 
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{OptionalExtension, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 
 use super::DUE_EXPR;
 use super::read::{entity_from_row, inbox_from_row, task_from_row, timer_from_row};
 use crate::plan::rows::*;
-use crate::plan::{Dialect, Other};
+use crate::plan::{Dialect, Finish, Other, ReadSet, Reads, Writes};
 use crate::sql::{ENTITY_COLS, TASK_COLS, json_text, report_push, task_refusal};
 use crate::types::*;
 
-/// A batch's transaction, as the plan's [`Dialect`].
-pub(crate) struct Tx<'a, 'c>(pub(crate) &'a Transaction<'c>);
+/// The writer's connection inside a batch's transaction, as the plan's [`Dialect`].
+pub(crate) struct Tx<'a>(pub(crate) &'a Connection);
 
 const INBOX_COLS: &str = "id, entity_id, event, params, request_id, created_at, kind";
 
@@ -46,8 +46,58 @@ fn current_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Current> {
     })
 }
 
-impl Dialect for Tx<'_, '_> {
-    type Error = rusqlite::Error;
+impl Tx<'_> {
+    fn claim_due(&mut self, now: Millis, claim: &Claim) -> rusqlite::Result<Vec<Claimed>> {
+        let tx = self.0;
+        let until = now + claim.lease_ms;
+        let ids: Vec<i64> = if claim.machines.is_empty() {
+            tx.prepare_cached("SELECT id FROM entities WHERE due_at <= ?1 ORDER BY due_at LIMIT ?2")?
+                .query_map(params![now, claim.limit as i64], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?
+        } else {
+            tx.prepare_cached(
+                // Walk the due index, not the (machine, key) one, which would visit every
+                // entity of the machines.
+                "SELECT id FROM entities INDEXED BY entities_due
+                 WHERE due_at <= ?1 AND machine IN (SELECT value FROM json_each(?3))
+                 ORDER BY due_at LIMIT ?2",
+            )?
+            .query_map(params![now, claim.limit as i64, json_text(&claim.machines)], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?
+        };
+        let mut claimed = Vec::with_capacity(ids.len());
+        let mut update = tx.prepare_cached(
+            // A sleeping or backing-off entity that comes due wakes up: it is active again.
+            "UPDATE entities SET lease_owner = ?2, lease_until = ?3, due_at = ?3, sleep_until = NULL,
+                run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
+             WHERE id = ?1",
+        )?;
+        let mut select = tx.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?;
+        let mut head =
+            tx.prepare_cached(&format!("SELECT {INBOX_COLS} FROM inbox WHERE entity_id = ?1 ORDER BY id LIMIT 1"))?;
+        for id in ids {
+            update.execute(params![id, claim.owner, until])?;
+            let entity = select.query_row([id], entity_from_row)?;
+            let inbox_head = head.query_row([id], inbox_from_row).optional()?;
+            claimed.push(Claimed { entity, inbox_head });
+        }
+        Ok(claimed)
+    }
+
+    fn next_due_of(&mut self, machines: &[String]) -> rusqlite::Result<Option<Millis>> {
+        if machines.is_empty() {
+            self.0
+                .prepare_cached("SELECT MIN(due_at) FROM entities WHERE due_at IS NOT NULL")?
+                .query_row([], |r| r.get(0))
+        } else {
+            self.0
+                .prepare_cached(
+                    "SELECT MIN(due_at) FROM entities INDEXED BY entities_due WHERE due_at IS NOT NULL
+                       AND machine IN (SELECT value FROM json_each(?1))",
+                )?
+                .query_row([json_text(&machines)], |r| r.get(0))
+        }
+    }
 
     fn lock(&mut self, ids: &[i64], keys: &[(String, String)], notify: &[i64]) -> rusqlite::Result<Vec<Current>> {
         // The writer's transaction is the only one: reading is locking.
@@ -137,13 +187,12 @@ impl Dialect for Tx<'_, '_> {
         Ok(out)
     }
 
-    fn insert_entities(&mut self, rows: &[EntityInsert]) -> rusqlite::Result<Vec<i64>> {
+    fn insert_entities(&mut self, rows: &[EntityInsert]) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
             "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, auto_at,
-                due_at, request_id, busy, machine_hash, timer_at, has_predecessors)
-             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                due_at, request_id, busy, machine_hash, timer_at, has_predecessors, id)
+             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
         )?;
-        let mut ids = Vec::with_capacity(rows.len());
         for e in rows {
             stmt.execute(params![
                 e.machine,
@@ -157,11 +206,11 @@ impl Dialect for Tx<'_, '_> {
                 e.busy,
                 e.machine_hash,
                 e.timer_at,
-                e.has_predecessors
+                e.has_predecessors,
+                e.id
             ])?;
-            ids.push(self.0.last_insert_rowid());
         }
-        Ok(ids)
+        Ok(())
     }
 
     fn update_entities(&mut self, rows: &[EntityUpdate]) -> rusqlite::Result<()> {
@@ -315,17 +364,15 @@ impl Dialect for Tx<'_, '_> {
         Ok(())
     }
 
-    fn insert_errors(&mut self, rows: &[ErrorInsert]) -> rusqlite::Result<Vec<i64>> {
+    fn insert_errors(&mut self, rows: &[ErrorInsert]) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
-            "INSERT INTO errors (entity_id, operation_id, request_id, at, kind, details)
-             VALUES (?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?3, ?4, ?5)",
+            "INSERT INTO errors (id, entity_id, operation_id, request_id, at, kind, details)
+             VALUES (?6, ?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?3, ?4, ?5)",
         )?;
-        let mut ids = Vec::with_capacity(rows.len());
         for e in rows {
-            stmt.execute(params![e.entity_id, e.request_id, e.at, e.kind, e.details])?;
-            ids.push(self.0.last_insert_rowid());
+            stmt.execute(params![e.entity_id, e.request_id, e.at, e.kind, e.details, e.id])?;
         }
-        Ok(ids)
+        Ok(())
     }
 
     fn insert_exceptions(&mut self, rows: &[ExceptionInsert]) -> rusqlite::Result<()> {
@@ -403,6 +450,89 @@ impl Dialect for Tx<'_, '_> {
         }
         Ok(())
     }
+}
+
+impl Dialect for Tx<'_> {
+    type Error = rusqlite::Error;
+
+    fn read(&mut self, r: &Reads) -> rusqlite::Result<ReadSet> {
+        let mut out = ReadSet { rows: self.lock(&r.ids, &r.keys, &r.notify)?, ..ReadSet::default() };
+        if !r.notify.is_empty() {
+            out.edges = self.edges(&r.notify)?;
+        }
+        if !r.heads.is_empty() {
+            out.heads = self.inbox_heads(&r.heads)?;
+        }
+        if !r.timers.is_empty() {
+            out.timers = self.timers(&r.timers)?;
+        }
+        if !r.operations.is_empty() {
+            out.operations = self.open_operations(&r.operations)?;
+        }
+        // The only writer: ids after the largest taken are free for this batch.
+        let next = |table: &str| -> rusqlite::Result<i64> {
+            self.0.prepare_cached(&format!("SELECT COALESCE(MAX(id), 0) + 1 FROM {table}"))?.query_row([], |r| r.get(0))
+        };
+        if r.new_entities > 0 {
+            let first = next("entities")?;
+            out.entity_ids = (first..first + r.new_entities as i64).collect();
+        }
+        if r.new_errors > 0 {
+            let first = next("errors")?;
+            out.error_ids = (first..first + r.new_errors as i64).collect();
+        }
+        Ok(out)
+    }
+
+    fn write(&mut self, w: &Writes) -> rusqlite::Result<Vec<i64>> {
+        if !w.entities.is_empty() {
+            self.insert_entities(&w.entities)?;
+        }
+        if !w.updates.is_empty() {
+            self.update_entities(&w.updates)?;
+        }
+        if !w.deletes.is_empty() {
+            self.delete_inbox(&w.deletes)?;
+        }
+        let ids = if w.inbox.is_empty() { Vec::new() } else { self.insert_inbox(&w.inbox)? };
+        if !w.history.is_empty() {
+            self.insert_history(&w.history)?;
+        }
+        if !w.successors.is_empty() {
+            self.insert_successors(&w.successors)?;
+        }
+        if !w.timer_entities.is_empty() {
+            self.replace_timers(&w.timer_entities, &w.timers)?;
+        }
+        if !w.cancel.is_empty() {
+            self.cancel_tasks(&w.cancel, w.now)?;
+        }
+        if !w.offers.is_empty() {
+            self.offer_tasks(&w.offers)?;
+        }
+        if !w.errors.is_empty() {
+            self.insert_errors(&w.errors)?;
+        }
+        if !w.exceptions.is_empty() {
+            self.insert_exceptions(&w.exceptions)?;
+        }
+        if !w.events.is_empty() {
+            self.insert_events(&w.events)?;
+        }
+        if !w.ends.is_empty() {
+            self.end_events(&w.ends)?;
+        }
+        if !w.unopen.is_empty() {
+            self.delete_operations(&w.unopen)?;
+        }
+        if !w.op_updates.is_empty() {
+            self.update_operations(&w.op_updates)?;
+        }
+        if !w.complete.is_empty() {
+            self.complete_operations(&w.complete, w.now)?;
+        }
+        Ok(ids)
+    }
 
     fn user_sql(&mut self, statements: &[SqlStatement]) -> rusqlite::Result<Result<(), OpError>> {
         for (index, stmt) in statements.iter().enumerate() {
@@ -435,65 +565,22 @@ impl Dialect for Tx<'_, '_> {
         self.0.execute_batch("ROLLBACK TO op; RELEASE op")
     }
 
-    fn fire_timers(&mut self, now: Millis, limit: usize) -> rusqlite::Result<()> {
-        fire_timers(self.0, now, limit)
-    }
-
-    fn claim(&mut self, now: Millis, claim: &Claim) -> rusqlite::Result<Vec<Claimed>> {
-        let tx = self.0;
-        let until = now + claim.lease_ms;
-        let ids: Vec<i64> = if claim.machines.is_empty() {
-            tx.prepare_cached("SELECT id FROM entities WHERE due_at <= ?1 ORDER BY due_at LIMIT ?2")?
-                .query_map(params![now, claim.limit as i64], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?
-        } else {
-            tx.prepare_cached(
-                // Walk the due index, not the (machine, key) one, which would visit every
-                // entity of the machines.
-                "SELECT id FROM entities INDEXED BY entities_due
-                 WHERE due_at <= ?1 AND machine IN (SELECT value FROM json_each(?3))
-                 ORDER BY due_at LIMIT ?2",
-            )?
-            .query_map(params![now, claim.limit as i64, json_text(&claim.machines)], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?
-        };
-        let mut claimed = Vec::with_capacity(ids.len());
-        let mut update = tx.prepare_cached(
-            // A sleeping or backing-off entity that comes due wakes up: it is active again.
-            "UPDATE entities SET lease_owner = ?2, lease_until = ?3, due_at = ?3, sleep_until = NULL,
-                run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
-             WHERE id = ?1",
-        )?;
-        let mut select = tx.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?;
-        let mut head =
-            tx.prepare_cached(&format!("SELECT {INBOX_COLS} FROM inbox WHERE entity_id = ?1 ORDER BY id LIMIT 1"))?;
-        for id in ids {
-            update.execute(params![id, claim.owner, until])?;
-            let entity = select.query_row([id], entity_from_row)?;
-            let inbox_head = head.query_row([id], inbox_from_row).optional()?;
-            claimed.push(Claimed { entity, inbox_head });
+    fn finish(&mut self, f: &Finish<'_>) -> rusqlite::Result<(Vec<Claimed>, Option<Millis>)> {
+        let mut claimed = Vec::new();
+        let mut machines: &[String] = &[];
+        if let Some(claim) = f.claim {
+            fire_timers(self.0, f.now, 1_000)?;
+            claimed = self.claim_due(f.now, claim)?;
+            machines = &claim.machines;
         }
-        Ok(claimed)
-    }
-
-    fn next_due(&mut self, machines: &[String]) -> rusqlite::Result<Option<Millis>> {
-        if machines.is_empty() {
-            self.0
-                .prepare_cached("SELECT MIN(due_at) FROM entities WHERE due_at IS NOT NULL")?
-                .query_row([], |r| r.get(0))
-        } else {
-            self.0
-                .prepare_cached(
-                    "SELECT MIN(due_at) FROM entities INDEXED BY entities_due WHERE due_at IS NOT NULL
-                       AND machine IN (SELECT value FROM json_each(?1))",
-                )?
-                .query_row([json_text(&machines)], |r| r.get(0))
-        }
+        let next_due = self.next_due_of(machines)?;
+        self.0.execute_batch("COMMIT")?;
+        Ok((claimed, next_due))
     }
 }
 
 /// Drops every lease; those entities become due (see `Store::lease_release_all`).
-pub(crate) fn release_all(tx: &Transaction<'_>, now: Millis) -> rusqlite::Result<u64> {
+pub(crate) fn release_all(tx: &Connection, now: Millis) -> rusqlite::Result<u64> {
     let ids: Vec<i64> = tx
         .prepare(
             "UPDATE entities SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL RETURNING id",
@@ -523,7 +610,7 @@ impl From<rusqlite::Error> for Fail {
 
 /// Opens an operation; `Some(id)` of the existing one if its request id was seen before.
 fn open_operation(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     now: Millis,
     op: &OpenOperation,
     machine: &str,
@@ -544,7 +631,7 @@ fn open_operation(
 }
 
 /// Ends the operation `request_id` if nothing it reached is still busy or queued.
-fn complete_operation(tx: &Transaction<'_>, request_id: &str, now: Millis) -> rusqlite::Result<()> {
+fn complete_operation(tx: &Connection, request_id: &str, now: Millis) -> rusqlite::Result<()> {
     tx.prepare_cached(
         "UPDATE operations SET ended_at = ?2,
             outcome = CASE WHEN canceled = 1 THEN 'canceled' WHEN error_seen = 1 THEN 'failed' ELSE 'success' END
@@ -570,7 +657,7 @@ fn json_to_sql(v: &Value) -> SqlValue {
 }
 
 /// Recomputes an entity's due time (and, when its timers changed, its timer time).
-fn refresh_due(tx: &Transaction<'_>, id: i64, now: Millis, timers_changed: bool) -> rusqlite::Result<()> {
+fn refresh_due(tx: &Connection, id: i64, now: Millis, timers_changed: bool) -> rusqlite::Result<()> {
     if timers_changed {
         tx.prepare_cached(
             "UPDATE entities SET timer_at = (SELECT MIN(due_at) FROM timers WHERE entity_id = ?1) WHERE id = ?1",
@@ -585,7 +672,7 @@ fn refresh_due(tx: &Transaction<'_>, id: i64, now: Millis, timers_changed: bool)
 /// Turns due timers of active entities into inbox events (one-shot timers are deleted,
 /// periodic ones rescheduled) in the claiming transaction; the params name the timer. A
 /// paused or sleeping entity's timers wait.
-fn fire_timers(tx: &Transaction<'_>, now: Millis, limit: usize) -> rusqlite::Result<()> {
+fn fire_timers(tx: &Connection, now: Millis, limit: usize) -> rusqlite::Result<()> {
     let due: Vec<TimerRow> = tx
         .prepare_cached(
             "SELECT t.entity_id, t.name, t.event, t.due_at, t.every_ms FROM timers t JOIN entities e ON e.id = t.entity_id
@@ -624,7 +711,7 @@ fn fire_timers(tx: &Transaction<'_>, now: Millis, limit: usize) -> rusqlite::Res
 /// cancels queued events and timers; release drops the lease; the others set the run
 /// status. Recorded in history; the entity's due time follows its new status.
 fn apply_command(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     now: Millis,
     machine: &str,
     key: &str,
@@ -725,7 +812,7 @@ fn apply_command(
 
 /// Cancels the entity's open tasks (it left the state, or was killed): their reports
 /// are refused from now on.
-fn cancel_tasks(tx: &Transaction<'_>, entity_id: i64, now: Millis) -> rusqlite::Result<()> {
+fn cancel_tasks(tx: &Connection, entity_id: i64, now: Millis) -> rusqlite::Result<()> {
     tx.prepare_cached(
         "UPDATE agent_tasks SET status = 'canceled', outcome = 'canceled', finished_at = ?2
          WHERE entity_id = ?1 AND status IN ('ready', 'leased')",
@@ -735,7 +822,7 @@ fn cancel_tasks(tx: &Transaction<'_>, entity_id: i64, now: Millis) -> rusqlite::
 }
 
 fn lease_tasks(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     now: Millis,
     queue: &str,
     agent: &str,
@@ -769,7 +856,7 @@ fn lease_tasks(
 }
 
 /// Checks that `token` holds task `task` now; answers its lock time, or why not.
-fn check_task(tx: &Transaction<'_>, now: Millis, task: i64, token: &str) -> Result<(i64,), Fail> {
+fn check_task(tx: &Connection, now: Millis, task: i64, token: &str) -> Result<(i64,), Fail> {
     type Lease = (String, Option<String>, Option<i64>, i64, u32);
     let row: Option<Lease> = tx
         .prepare_cached("SELECT status, token, locked_until, lock_ms, attempt FROM agent_tasks WHERE id = ?1")?
@@ -784,7 +871,7 @@ fn check_task(tx: &Transaction<'_>, now: Millis, task: i64, token: &str) -> Resu
 }
 
 /// An operation applied alone (see [`Dialect::other`]).
-fn apply_other(tx: &Transaction<'_>, now: Millis, op: &Op) -> Result<Other, Fail> {
+fn apply_other(tx: &Connection, now: Millis, op: &Op) -> Result<Other, Fail> {
     let applied = match op {
         Op::Command { machine, key, command, operation } => {
             apply_command(tx, now, machine, key, *command, operation.as_ref())?
