@@ -103,14 +103,16 @@ pub(crate) fn redact(url: &str) -> String {
 /// through indexes, but on a young or fast-growing table (or with autovacuum off) the
 /// statistics lag behind and the planner would pick sequential scans, hash joins and
 /// bitmap scans (of partial indexes bloated by dead entries) that cost milliseconds per
-/// batch or lookup. Reports over whole tables turn them back on for their transaction
+/// batch or lookup. A disabled plan node still costs its plan 10^10, which would make
+/// the server compile such statements to machine code (JIT) at every execution: JIT is
+/// off. Reports over whole tables turn all of them back on for their transaction
 /// ([`REPORT_SETTINGS`]).
 pub(crate) const INDEX_SETTINGS: &str = "SET enable_seqscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_bitmapscan = off; \
-     SET plan_cache_mode = force_generic_plan";
+     SET plan_cache_mode = force_generic_plan; SET jit = off";
 
 /// What a report's transaction sets: every plan, for queries that read whole tables.
 pub(crate) const REPORT_SETTINGS: &str = "SET LOCAL enable_seqscan = on; SET LOCAL enable_hashjoin = on; \
-     SET LOCAL enable_mergejoin = on; SET LOCAL enable_bitmapscan = on";
+     SET LOCAL enable_mergejoin = on; SET LOCAL enable_bitmapscan = on; SET LOCAL jit TO DEFAULT";
 
 /// Parameters of a statement.
 pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];

@@ -125,6 +125,54 @@ fn entity_race(e: postgres::Error) -> Failure {
     }
 }
 
+/// `sql` with each parameter `$n` renamed `$(n + by)`.
+fn renumber(sql: &str, by: usize) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut chars = sql.char_indices().peekable();
+    while let Some((_, c)) = chars.next() {
+        out.push(c);
+        if c != '$' {
+            continue;
+        }
+        let mut n = 0usize;
+        let mut digits = false;
+        while let Some(&(_, d)) = chars.peek() {
+            let Some(v) = d.to_digit(10) else { break };
+            n = n * 10 + v as usize;
+            digits = true;
+            chars.next();
+        }
+        if digits {
+            out.push_str(&(n + by).to_string());
+        }
+    }
+    out
+}
+
+/// One statement doing the work of several: `parts` as data-modifying `WITH` items and
+/// `main` (by default a bare `SELECT`) as the statement whose rows are returned. Every
+/// part sees the database as it was before the statement: none may depend on another's
+/// rows.
+fn merge(parts: Vec<Stmt>, main: Option<Stmt>) -> Option<Stmt> {
+    if parts.is_empty() {
+        return main;
+    }
+    let main = main.unwrap_or_else(|| Stmt::new("SELECT 1", Vec::new()));
+    let mut sql = String::from("WITH ");
+    let mut params = Vec::new();
+    for (i, part) in parts.into_iter().enumerate() {
+        if i > 0 {
+            sql.push_str(",\n");
+        }
+        sql.push_str(&format!("w{i} AS ({})", renumber(&part.sql, params.len())));
+        params.extend(part.params);
+    }
+    sql.push('\n');
+    sql.push_str(&renumber(&main.sql, params.len()));
+    params.extend(main.params);
+    Some(Stmt::new(sql, params))
+}
+
 /// Positions of a phase's statements in its pipeline.
 #[derive(Default)]
 struct Slots(Vec<Stmt>);
@@ -266,10 +314,13 @@ impl Dialect for Tx<'_> {
     }
 
     fn write(&mut self, w: &Writes) -> R<Vec<i64>> {
+        // Sets no other set of the phase reads: one statement.
+        let mut merged = Vec::new();
+        // Sets that must see the rows written by the others.
         let mut p = Slots::default();
         if !w.entities.is_empty() {
             let e = &w.entities;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "INSERT INTO entities (id, machine, key, state, properties, version, retry, created_at, entered_at,
                     auto_at, due_at, request_id, busy, machine_hash, timer_at, has_predecessors)
                  SELECT v.id, v.machine, v.key, v.state, v.properties, 1, 0, v.created_at, v.created_at, v.auto_at,
@@ -297,7 +348,7 @@ impl Dialect for Tx<'_> {
         }
         if !w.updates.is_empty() {
             let u = &w.updates;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "UPDATE entities e SET state = v.state, version = v.version, retry = v.retry,
                     entered_at = v.entered_at, auto_at = v.auto_at, due_at = v.due_at, lease_owner = v.lease_owner,
                     lease_until = v.lease_until, request_id = v.request_id, timer_at = v.timer_at,
@@ -340,7 +391,7 @@ impl Dialect for Tx<'_> {
         }
         if !w.deletes.is_empty() {
             let d = &w.deletes;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "DELETE FROM inbox i USING unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(entity_id, consume, upto)
                  WHERE i.entity_id = c.entity_id AND (i.id = c.consume OR (i.kind = 'notice' AND i.id <= c.upto))",
                 vec![ints(d, |d| d.entity_id), ints(d, |d| d.consume), ints(d, |d| d.notices_upto)],
@@ -348,7 +399,7 @@ impl Dialect for Tx<'_> {
         }
         let inbox = (!w.inbox.is_empty()).then(|| {
             let i = &w.inbox;
-            p.add(Stmt::new(
+            Stmt::new(
                 "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
                  SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[])
                  RETURNING id, entity_id",
@@ -360,11 +411,11 @@ impl Dialect for Tx<'_> {
                     strings(i, |i| i.kind),
                     ints(i, |i| i.created_at),
                 ],
-            ))
+            )
         });
         if !w.history.is_empty() {
             let h = &w.history;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at,
                     detail, machine_hash, event_id, ordinal, transition_kind, start_health, end_health, entry_time,
                     start_time, action_start_time, outcome)
@@ -397,7 +448,7 @@ impl Dialect for Tx<'_> {
         }
         if !w.successors.is_empty() {
             let s = &w.successors;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "INSERT INTO successors (predecessor_id, successor_id, request_id, created_at)
                  SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[])
                  ON CONFLICT (predecessor_id, successor_id) DO NOTHING",
@@ -466,7 +517,7 @@ impl Dialect for Tx<'_> {
         }
         if !w.errors.is_empty() {
             let e = &w.errors;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "INSERT INTO errors (id, entity_id, operation_id, request_id, at, kind, details)
                  SELECT v.id, v.entity_id, (SELECT o.id FROM operations o WHERE o.request_id = v.request_id),
                     v.request_id, v.at, v.kind, v.details
@@ -484,7 +535,7 @@ impl Dialect for Tx<'_> {
         }
         if !w.exceptions.is_empty() {
             let x = &w.exceptions;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "INSERT INTO exceptions (error_id, at, details)
                  SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[])",
                 vec![ints(x, |x| x.error_id), ints(x, |x| x.at), strings(x, |x| &x.details)],
@@ -492,7 +543,7 @@ impl Dialect for Tx<'_> {
         }
         if !w.events.is_empty() {
             let e = &w.events;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
                     start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered)
                  SELECT v.id, (SELECT o.id FROM operations o WHERE o.request_id = v.request_id), v.request_id, v.id,
@@ -526,7 +577,7 @@ impl Dialect for Tx<'_> {
         }
         if !w.ends.is_empty() {
             let e = &w.ends;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "UPDATE events e SET end_state = v.end_state, end_time = v.end_time
                  FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS v(id, end_state, end_time)
                  WHERE e.id = v.id AND e.end_time IS NULL",
@@ -538,7 +589,7 @@ impl Dialect for Tx<'_> {
         }
         if !w.op_updates.is_empty() {
             let u = &w.op_updates;
-            p.add(Stmt::new(
+            merged.push(Stmt::new(
                 "UPDATE operations o SET first_response_at = COALESCE(o.first_response_at, v.first_response_at),
                     error_seen = o.error_seen OR v.error_seen, error = COALESCE(o.error, v.error)
                  FROM unnest($1::text[], $2::bigint[], $3::boolean[], $4::text[])
@@ -562,13 +613,17 @@ impl Dialect for Tx<'_> {
                 vec![col(w.complete.clone()), one(w.now)],
             ));
         }
-        if p.0.is_empty() {
+        let has_inbox = inbox.is_some();
+        let mut stmts = Vec::with_capacity(1 + p.0.len());
+        stmts.extend(merge(merged, inbox));
+        stmts.extend(p.0);
+        if stmts.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = self.c.send(&p.0).map_err(entity_race)?;
-        match inbox {
-            Some(i) => checked_ids(&rows[i], w.inbox.iter().map(|i| i.entity_id), "inbox"),
-            None => Ok(Vec::new()),
+        let rows = self.c.send(&stmts).map_err(entity_race)?;
+        match has_inbox {
+            true => checked_ids(&rows[0], w.inbox.iter().map(|i| i.entity_id), "inbox"),
+            false => Ok(Vec::new()),
         }
     }
 
@@ -641,23 +696,29 @@ impl Dialect for Tx<'_> {
             )));
             machines = claim.machines.clone();
         }
-        let next_due = p.add(Stmt::new(
+        // When the next entity and timer are due; and others learn of this batch when it
+        // commits: work to claim, entities moved.
+        let mut tail = String::from(
             "SELECT (SELECT MIN(due_at) FROM entities
                      WHERE due_at IS NOT NULL AND (cardinality($1::text[]) = 0 OR machine = ANY($1::text[]))),
                     (SELECT MIN(due_at) FROM timers)",
-            vec![col(machines)],
-        ));
-        // Others learn of this batch when it commits: work to claim, entities moved.
+        );
+        let mut params = vec![col(machines)];
         if f.others_due {
-            p.add(Stmt::new("SELECT pg_notify($1, $2)", vec![one(self.channel.to_string()), one(self.me.to_string())]));
+            tail.push_str(", pg_notify($2, $3)");
+            params.extend([one(self.channel.to_string()), one(self.me.to_string())]);
         }
         let payloads = crate::changes::encode(self.me, &f.changed);
         if !payloads.is_empty() {
-            p.add(Stmt::new(
-                "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload",
-                vec![one(self.changes_channel.to_string()), col(payloads)],
+            let n = params.len();
+            tail.push_str(&format!(
+                ", (SELECT count(pg_notify(${}, payload)) FROM unnest(${}::text[]) AS payload)",
+                n + 1,
+                n + 2
             ));
+            params.extend([one(self.changes_channel.to_string()), col(payloads)]);
         }
+        let next_due = p.add(Stmt::new(tail, params));
         let rows = self.c.send_and_commit(&p.0).map_err(|e| match e {
             CommitError::Failed(e) => Failure::Pg(e),
             CommitError::Unknown(e) => Failure::CommitUnknown(e),
@@ -723,4 +784,37 @@ fn fire_timers(now: Millis, limit: i64) -> Stmt {
          WHERE e.id IN (SELECT entity_id FROM fired)",
         vec![one(now), one(limit)],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renumber_moves_every_parameter() {
+        assert_eq!(
+            renumber("a = $1 AND b = ANY($12::text[]) OR c = '$'", 3),
+            "a = $4 AND b = ANY($15::text[]) OR c = '$'"
+        );
+        assert_eq!(renumber("no parameters", 5), "no parameters");
+    }
+
+    #[test]
+    fn merge_chains_parts_before_the_main_statement() {
+        let parts = vec![
+            Stmt::new("DELETE FROM a WHERE id = $1", vec![one(1i64)]),
+            Stmt::new("UPDATE b SET x = $2 WHERE id = $1", vec![one(2i64), one(3i64)]),
+        ];
+        let main = Stmt::new("INSERT INTO c VALUES ($1) RETURNING id", vec![one(4i64)]);
+        let m = merge(parts, Some(main)).expect("a statement");
+        assert_eq!(
+            m.sql,
+            "WITH w0 AS (DELETE FROM a WHERE id = $1),\nw1 AS (UPDATE b SET x = $3 WHERE id = $2)\n\
+             INSERT INTO c VALUES ($4) RETURNING id"
+        );
+        assert_eq!(m.params.len(), 4);
+        assert!(merge(Vec::new(), None).is_none());
+        let alone = merge(vec![Stmt::new("DELETE FROM a", Vec::new())], None).expect("a statement");
+        assert_eq!(alone.sql, "WITH w0 AS (DELETE FROM a)\nSELECT 1");
+    }
 }
