@@ -461,7 +461,8 @@ impl Dialect for Tx<'_> {
             ));
         }
         if !w.timer_entities.is_empty() {
-            p.add(Stmt::new(
+            // The new timers, inserted by a later statement, see these deleted.
+            merged.push(Stmt::new(
                 "DELETE FROM timers WHERE entity_id = ANY($1::bigint[])",
                 vec![col(w.timer_entities.clone())],
             ));
@@ -481,7 +482,8 @@ impl Dialect for Tx<'_> {
             }
         }
         if !w.cancel.is_empty() {
-            p.add(Stmt::new(
+            // The offers, inserted by a later statement, see these canceled.
+            merged.push(Stmt::new(
                 "UPDATE agent_tasks SET status = 'canceled', outcome = 'canceled', finished_at = $2
                  WHERE entity_id = ANY($1::bigint[]) AND status IN ('ready', 'leased')",
                 vec![col(w.cancel.clone()), one(w.now)],
@@ -663,76 +665,97 @@ impl Dialect for Tx<'_> {
 
     fn finish(&mut self, f: &Finish<'_>) -> R<(Vec<Claimed>, Option<Millis>)> {
         let mut p = Slots::default();
-        let mut claim_at = None;
-        let mut machines: Vec<String> = Vec::new();
-        if let Some(claim) = f.claim {
+        let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+        // The claim (if any) as CTEs, then one row: when the next entity and timer are
+        // due, and the batch's notifications (others learn of it when it commits: work to
+        // claim, entities moved), joined with the claimed rows.
+        let mut sql = String::new();
+        let claiming = f.claim.is_some();
+        let next_entity = if let Some(claim) = f.claim {
             // A timer created by another instance since is missed here at worst once: its
             // entity is due (by `timer_at`), and this batch reads the earliest timer again.
             if f.now >= self.next_timer.load(std::sync::atomic::Ordering::Relaxed) {
                 p.add(fire_timers(f.now, 1_000));
             }
-            claim_at = Some(p.add(Stmt::new(
-                format!(
-                    "WITH picked AS (
-                        SELECT id, due_at AS was_due FROM entities
-                        WHERE due_at <= $1 AND (cardinality($5::text[]) = 0 OR machine = ANY($5::text[]))
-                        ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED),
-                     claimed AS (
-                        UPDATE entities e SET lease_owner = $2, lease_until = $3, due_at = $3, sleep_until = NULL,
-                            run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
-                        FROM picked p WHERE e.id = p.id
-                        RETURNING p.was_due, {})
-                     SELECT c.*, {INBOX_COLS} FROM claimed c
-                     LEFT JOIN LATERAL (SELECT * FROM inbox WHERE entity_id = c.id ORDER BY id LIMIT 1) i ON TRUE",
-                    ENTITY_COLS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ")
-                ),
-                vec![
-                    one(f.now),
-                    one(claim.owner.clone()),
-                    one(f.now + claim.lease_ms),
-                    one(claim.limit as i64),
-                    col(claim.machines.clone()),
-                ],
-            )));
-            machines = claim.machines.clone();
-        }
-        // When the next entity and timer are due; and others learn of this batch when it
-        // commits: work to claim, entities moved.
-        let mut tail = String::from(
-            "SELECT (SELECT MIN(due_at) FROM entities
-                     WHERE due_at IS NOT NULL AND (cardinality($1::text[]) = 0 OR machine = ANY($1::text[]))),
-                    (SELECT MIN(due_at) FROM timers)",
-        );
-        let mut params = vec![col(machines)];
+            sql.push_str(&format!(
+                "WITH picked AS (
+                    SELECT id, due_at AS was_due FROM entities
+                    WHERE due_at <= $1 AND (cardinality($5::text[]) = 0 OR machine = ANY($5::text[]))
+                    ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED),
+                 claimed AS (
+                    UPDATE entities e SET lease_owner = $2, lease_until = $3, due_at = $3, sleep_until = NULL,
+                        run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
+                    FROM picked p WHERE e.id = p.id
+                    RETURNING p.was_due, {}),
+                 tail AS (SELECT ",
+                ENTITY_COLS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ")
+            ));
+            params.extend([
+                one(f.now),
+                one(claim.owner.clone()),
+                one(f.now + claim.lease_ms),
+                one(claim.limit as i64),
+                col(claim.machines.clone()),
+            ]);
+            // The statement sees the claimed rows as they were (due now): they are due
+            // again when their lease ends.
+            "LEAST((SELECT MIN(due_at) FROM entities
+                    WHERE due_at IS NOT NULL AND (cardinality($5::text[]) = 0 OR machine = ANY($5::text[]))
+                      AND id NOT IN (SELECT id FROM claimed)),
+                   (SELECT MAX($3::bigint) FROM claimed))"
+                .to_string()
+        } else {
+            sql.push_str("SELECT ");
+            "(SELECT MIN(due_at) FROM entities WHERE due_at IS NOT NULL)".to_string()
+        };
+        sql.push_str(&next_entity);
+        sql.push_str(", (SELECT MIN(due_at) FROM timers)");
         if f.others_due {
-            tail.push_str(", pg_notify($2, $3)");
+            let n = params.len();
+            sql.push_str(&format!(", pg_notify(${}, ${})", n + 1, n + 2));
             params.extend([one(self.channel.to_string()), one(self.me.to_string())]);
         }
         let payloads = crate::changes::encode(self.me, &f.changed);
+        let width = sql_tail_width(f.others_due, !payloads.is_empty());
         if !payloads.is_empty() {
             let n = params.len();
-            tail.push_str(&format!(
+            sql.push_str(&format!(
                 ", (SELECT count(pg_notify(${}, payload)) FROM unnest(${}::text[]) AS payload)",
                 n + 1,
                 n + 2
             ));
             params.extend([one(self.changes_channel.to_string()), col(payloads)]);
         }
-        let next_due = p.add(Stmt::new(tail, params));
+        if claiming {
+            sql.push_str(&format!(
+                ")
+                 SELECT t.*, c.*, {INBOX_COLS} FROM tail t
+                 LEFT JOIN claimed c ON TRUE
+                 LEFT JOIN LATERAL (SELECT * FROM inbox WHERE entity_id = c.id ORDER BY id LIMIT 1) i ON TRUE"
+            ));
+        }
+        let at = p.add(Stmt::new(sql, params));
         let rows = self.c.send_and_commit(&p.0).map_err(|e| match e {
             CommitError::Failed(e) => Failure::Pg(e),
             CommitError::Unknown(e) => Failure::CommitUnknown(e),
         })?;
+        let rows = &rows[at];
+        let first =
+            rows.first().ok_or_else(|| Failure::Corrupt("the batch's last statement returned no row".into()))?;
+        let next: Option<Millis> = first.try_get(0)?;
+        let next_timer: Option<Millis> = first.try_get(1)?;
+        self.next_timer.store(next_timer.unwrap_or(Millis::MAX), std::sync::atomic::Ordering::Relaxed);
         let mut claimed = Vec::new();
-        if let Some(i) = claim_at {
-            let width = ENTITY_COLS.split(", ").count();
-            let mut picked = Vec::with_capacity(rows[i].len());
-            for r in &rows[i] {
-                let was: i64 = r.try_get(0)?;
-                let entity = entity_from_row_at(r, 1)?;
-                let head_id: Option<i64> = r.try_get(1 + width)?;
-                let inbox_head = match head_id {
-                    Some(_) => Some(super::read::inbox_from_row_at(r, 1 + width)?),
+        if claiming {
+            let entity_width = ENTITY_COLS.split(", ").count();
+            let mut picked = Vec::with_capacity(rows.len());
+            for r in rows {
+                // No row claimed: the tail's one row, joined with nothing.
+                let Some(was) = r.try_get::<_, Option<i64>>(width)? else { continue };
+                let entity = entity_from_row_at(r, width + 1)?;
+                let head_at = width + 1 + entity_width;
+                let inbox_head = match r.try_get::<_, Option<i64>>(head_at)? {
+                    Some(_) => Some(super::read::inbox_from_row_at(r, head_at)?),
                     None => None,
                 };
                 picked.push((was, Claimed { entity, inbox_head }));
@@ -741,11 +764,14 @@ impl Dialect for Tx<'_> {
             picked.sort_by_key(|(was, c)| (*was, c.entity.id));
             claimed = picked.into_iter().map(|(_, c)| c).collect();
         }
-        let next: Option<Millis> = rows[next_due][0].try_get(0)?;
-        let next_timer: Option<Millis> = rows[next_due][0].try_get(1)?;
-        self.next_timer.store(next_timer.unwrap_or(Millis::MAX), std::sync::atomic::Ordering::Relaxed);
         Ok((claimed, next))
     }
+}
+
+/// Columns of the finish statement's tail: the next due entity and timer, and one per
+/// notification kind sent.
+fn sql_tail_width(wake: bool, changes: bool) -> usize {
+    2 + usize::from(wake) + usize::from(changes)
 }
 
 /// Turns due timers of active entities into inbox events (one-shot timers deleted,

@@ -11,6 +11,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 mod read;
@@ -49,6 +50,10 @@ struct Inner {
     /// rather than open (and parse the schema of) a new one each time.
     read_slots: Arc<tokio::sync::Semaphore>,
     lock: Option<File>,
+    /// Whether an agent task may be open: false until the writer offers one (or finds
+    /// one open at start). This process is the file's only writer, so while it is false
+    /// entering a state has no task to cancel.
+    tasks_open: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -100,6 +105,11 @@ impl SqliteStore {
             Error::Db(m) => open_err(m),
             other => other,
         })?;
+        let tasks_open: bool = conn
+            .query_row("SELECT EXISTS (SELECT 1 FROM agent_tasks WHERE status IN ('ready', 'leased'))", [], |r| {
+                r.get(0)
+            })
+            .map_err(|e| open_err(e.to_string()))?;
         let writer = WriterThread::spawn("settle-sqlite-writer", conn)
             .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
         Ok(SqliteStore {
@@ -109,6 +119,7 @@ impl SqliteStore {
                 readers: Mutex::new(Vec::new()),
                 read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
                 lock: Some(lock),
+                tasks_open: Arc::new(AtomicBool::new(tasks_open)),
             }),
         })
     }
@@ -126,6 +137,7 @@ impl SqliteStore {
                 readers: Mutex::new(Vec::new()),
                 read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
                 lock: None,
+                tasks_open: Arc::new(AtomicBool::new(true)),
             }),
         };
         let conn = store.reader()?;
@@ -219,10 +231,11 @@ pub(crate) const DUE_EXPR: &str = "CASE
 
 impl Store for SqliteStore {
     async fn write(&self, batch: Batch) -> Result<BatchResult> {
+        let tasks_open = self.inner.tasks_open.clone();
         self.on_writer(move |conn| {
             // One transaction per batch, committed by the plan's finish.
             conn.execute_batch("BEGIN IMMEDIATE").map_err(db_err)?;
-            match crate::plan::apply_batch(&mut write::Tx(conn), &batch) {
+            match crate::plan::apply_batch(&mut write::Tx(conn, &tasks_open), &batch) {
                 Ok(result) => Ok(result),
                 Err(e) => {
                     let _ = conn.execute_batch("ROLLBACK");

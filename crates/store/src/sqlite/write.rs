@@ -3,6 +3,8 @@
 //! not a round trip), and the operations applied alone (operator commands, agent tasks,
 //! renewals, hung operations), timers and claims.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
@@ -15,7 +17,9 @@ use crate::sql::{ENTITY_COLS, TASK_COLS, json_text, report_push, task_refusal};
 use crate::types::*;
 
 /// The writer's connection inside a batch's transaction, as the plan's [`Dialect`].
-pub(crate) struct Tx<'a>(pub(crate) &'a Connection);
+/// The writer's transaction, and whether any agent task may be open (see
+/// `Inner::tasks_open`).
+pub(crate) struct Tx<'a>(pub(crate) &'a Connection, pub(crate) &'a AtomicBool);
 
 const INBOX_COLS: &str = "id, entity_id, event, params, request_id, created_at, kind";
 
@@ -333,6 +337,10 @@ impl Tx<'_> {
     }
 
     fn cancel_tasks(&mut self, entities: &[i64], now: Millis) -> rusqlite::Result<()> {
+        // Without agents, nothing to cancel: spare a statement per state entered.
+        if !self.1.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         for &id in entities {
             cancel_tasks(self.0, id, now)?;
         }
@@ -340,6 +348,7 @@ impl Tx<'_> {
     }
 
     fn offer_tasks(&mut self, rows: &[TaskInsert]) -> rusqlite::Result<()> {
+        self.1.store(true, Ordering::Relaxed);
         // One open task per entity: a repeated offer (e.g. after a resume) keeps the open one.
         let mut stmt = self.0.prepare_cached(
             "INSERT INTO agent_tasks (entity_id, queue, action, state, entity_version, retry, lock_ms, request_id,
