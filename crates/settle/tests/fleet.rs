@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Proc, http, settle, spawn_server, spawn_settle, stderr, stdout};
+use common::{Proc, http, settle, spawn_server, spawn_settle, stderr, stdout, write_machines};
 use serde_json::Value;
 
 const TICKET: &str = r#"
@@ -53,12 +53,7 @@ to = ["delivered"]
 "#;
 
 fn machines_dir(dir: &Path, files: &[(&str, &str)]) -> String {
-    let d = dir.join("machines");
-    std::fs::create_dir_all(&d).unwrap();
-    for (name, text) in files {
-        std::fs::write(d.join(name), text).unwrap();
-    }
-    d.display().to_string()
+    write_machines(dir, files).display().to_string()
 }
 
 fn state(db: &Path, machine: &str, key: &str) -> String {

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::write_machines;
+
 use serde_json::{Value, json};
 
 /// The server's test machine (shared with its unit tests).
@@ -20,15 +22,6 @@ struct Server {
     addr: String,
     db: PathBuf,
     _dir: tempfile::TempDir,
-}
-
-fn write_machines(dir: &Path, files: &[(&str, &str)]) -> PathBuf {
-    let machines = dir.join("machines");
-    std::fs::create_dir_all(&machines).unwrap();
-    for (name, text) in files {
-        std::fs::write(machines.join(name), text).unwrap();
-    }
-    machines
 }
 
 fn serve_command(db: &Path, machines: &Path, extra: &[&str]) -> Command {

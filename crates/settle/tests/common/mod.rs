@@ -15,6 +15,17 @@ pub fn settle(db: &Path, args: &[&str]) -> Output {
         .expect("run settle")
 }
 
+/// Writes `files` (name, TOML text) into `DIR/machines` and returns that directory, for
+/// `--machines`.
+pub fn write_machines(dir: &Path, files: &[(&str, &str)]) -> std::path::PathBuf {
+    let machines = dir.join("machines");
+    std::fs::create_dir_all(&machines).unwrap();
+    for (name, text) in files {
+        std::fs::write(machines.join(name), text).unwrap();
+    }
+    machines
+}
+
 /// Standard output as text.
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
