@@ -19,9 +19,6 @@ mod watch;
 pub use engine::{Commanded, Config, Created, Engine, EngineBuilder, EventOutcome, RaiseOptions, Raised, Wait};
 pub use error::{Error, Result};
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
-pub use settle_store::{Command, RunStatus};
+pub use settle_store::{Clock, Command, ManualClock, RunStatus, SystemClock};
 
-/// The wall clock in milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+use settle_store::clock::now_ms;

@@ -55,8 +55,3 @@ pub async fn serve(
 pub fn operation_location(request_id: &str) -> String {
     format!("/v1/operations/{}", routes::encode_segment(request_id))
 }
-
-/// The wall clock in milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}

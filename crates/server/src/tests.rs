@@ -472,7 +472,7 @@ async fn lifecycle_commands() {
     assert_eq!(app.get(path).await.json()["state"], "open");
     let r = app.post(&format!("{path}/sleep"), json!({"until": "+10m"})).await;
     assert_eq!(r.json()["run_status"], "sleeping", "{}", r.text);
-    assert!(r.json()["sleep_until"].as_i64().unwrap() > crate::now_ms());
+    assert!(r.json()["sleep_until"].as_i64().unwrap() > settle_store::clock::now_ms());
     for c in ["release", "retry", "resume", "kill"] {
         assert_eq!(app.call(Req::new("POST", &format!("{path}/{c}"))).await.status, StatusCode::OK, "{c}");
     }

@@ -11,6 +11,7 @@
 
 mod any;
 mod changes;
+pub mod clock;
 pub mod conformance;
 mod plan;
 pub mod postgres;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 
 pub use any::{AnyStore, is_postgres_url};
 pub use changes::{Changed, Changes};
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 pub use types::*;

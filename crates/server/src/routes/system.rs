@@ -7,10 +7,10 @@ use axum::{Extension, Json};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::OpenApiJson;
 use crate::model::Health;
 use crate::problem::{Problem, ProblemBody};
 use crate::state::AppState;
-use crate::{OpenApiJson, now_ms};
 
 /// Routes needing no token.
 pub fn public() -> OpenApiRouter<AppState> {
@@ -42,7 +42,7 @@ async fn healthz() -> Json<Health> {
     )
 )]
 async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
-    let snapshot = settle_store::Store::metrics_snapshot(s.engine().store(), now_ms()).await?;
+    let snapshot = settle_store::Store::metrics_snapshot(s.engine().store(), settle_store::clock::now_ms()).await?;
     let mut text = s.engine_metrics().unwrap_or_default();
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');

@@ -600,7 +600,10 @@ fn migrate(c: &mut Conn) -> Result<()> {
         }
         for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
             c.batch(sql)?;
-            c.exec("INSERT INTO settle_schema (version, applied_at) VALUES ($1, $2)", &[version, &now_ms()])?;
+            c.exec(
+                "INSERT INTO settle_schema (version, applied_at) VALUES ($1, $2)",
+                &[version, &crate::clock::now_ms()],
+            )?;
         }
         c.batch("COMMIT")?;
         Ok(None)
@@ -610,10 +613,6 @@ fn migrate(c: &mut Conn) -> Result<()> {
         Ok(Some(e)) => Err(e),
         Err(e) => Err(Error::Db(format!("migration failed: {}", pg_message(&e)))),
     }
-}
-
-fn now_ms() -> Millis {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 impl Store for PgStore {
@@ -627,7 +626,7 @@ impl Store for PgStore {
             let before = w.conn.as_ref().map_or(0, |c| c.round_trips);
             let written = transact(w, "store write", |c, reconnected| {
                 if reconnected {
-                    batch.now = batch.now.max(now_ms());
+                    batch.now = batch.now.max(crate::clock::now_ms());
                 }
                 let mut tx = dialect::Tx {
                     c,

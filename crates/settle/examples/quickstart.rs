@@ -1,14 +1,12 @@
 //! Quickstart: define a machine, bind a handler, run an engine on a SQLite file, raise an
 //! event and wait for the entity to come to rest, then print its history.
 //!
-//! Run with `cargo run -p settle-engine --example quickstart`.
+//! Run with `cargo run -p settle --example quickstart`.
 
 use std::time::Duration;
 
 use serde_json::json;
-use settle_core::MachineBuilder;
-use settle_engine::{Engine, Outcome, RaiseOptions, Wait};
-use settle_store::SqliteStore;
+use settle::{Engine, MachineBuilder, Outcome, RaiseOptions, SqliteStore, Wait};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

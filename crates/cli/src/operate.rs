@@ -6,7 +6,7 @@
 //! through [`crate::print`].
 
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::{Map, Value};
 use settle_engine::{Command, Engine, EventOutcome, RaiseOptions, Wait};
@@ -131,17 +131,14 @@ impl RaiseArgs {
     }
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
 /// An operator command on the database `db`.
 pub fn run(db: &str, machines: &Machines, target: Target, kind: Kind) -> anyhow::Result<ExitCode> {
     let command = match kind {
         Kind::Pause => Command::Pause,
         Kind::Resume => Command::Resume,
         Kind::Sleep(until) => {
-            let until = parse_time(&until, now_ms()).map_err(|e| anyhow::anyhow!("--until: {e}"))?;
+            let until =
+                parse_time(&until, settle_store::clock::now_ms()).map_err(|e| anyhow::anyhow!("--until: {e}"))?;
             Command::Sleep { until }
         }
         Kind::Kill => Command::Kill,

@@ -3,7 +3,6 @@
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use settle_store::{Stats, Store};
@@ -18,13 +17,9 @@ pub enum Format {
     Prometheus,
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
 pub async fn stats(db: &str, since: Option<&str>, format: Format) -> anyhow::Result<ExitCode> {
     let store = crate::inspect::open(db)?;
-    let now = now_ms();
+    let now = settle_store::clock::now_ms();
     if format == Format::Prometheus {
         if since.is_some() {
             anyhow::bail!("--since does not apply to --prometheus (counters are totals)");
