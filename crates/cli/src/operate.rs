@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use settle_engine::{Command, Engine, EventOutcome, RaiseOptions, Wait};
 use settle_server::time::parse_time;
-use settle_store::{AnyStore, RunStatus, Store};
+use settle_store::AnyStore;
 
 use crate::defs::Machines;
 use crate::print;
@@ -206,35 +206,21 @@ async fn raise_on(
     params: Value,
     timeout: Duration,
 ) -> anyhow::Result<(Option<String>, print::Raised)> {
-    let m = engine.machine(&a.machine)?.clone();
-    let e = engine.get(&a.machine, &a.key).await?;
-    let replay = match &a.idempotency_key {
-        Some(id) => engine.operation(id).await?.is_some(),
-        None => false,
-    };
     // As the server does: an event invalid in the state of an entity at rest is refused at
     // once, unrecorded (nothing could make it valid before its turn).
-    if let (Some(e), Some(ev), false) = (&e, m.event(&a.event), replay)
-        && e.run_status != RunStatus::Killed
-        && !ev.valid_in(&e.state)
-        && m.state(&e.state).is_some_and(|st| st.at_rest())
-        && e.auto_at.is_none()
-        && e.lease_owner.is_none()
-        && engine.store().inbox_list(e.id).await?.is_empty()
-    {
-        let reason = ev
-            .reject
-            .get(e.state.as_str())
-            .cloned()
-            .unwrap_or_else(|| format!("event `{}` is not valid in state `{}`", a.event, e.state));
-        return Ok((None, print::Raised::Rejected { state: e.state.to_string(), reason }));
-    }
-    let mut options =
-        RaiseOptions::wait(if a.wait { Wait::Stable } else { Wait::Queued }).params(params).timeout(timeout);
+    let mut options = RaiseOptions::wait(if a.wait { Wait::Stable } else { Wait::Queued })
+        .params(params)
+        .timeout(timeout)
+        .refuse_at_rest();
     if let Some(id) = &a.idempotency_key {
         options = options.request_id(id.clone());
     }
     let raised = engine.raise(&a.machine, &a.key, &a.event, options).await?;
+    if raised.refused
+        && let Some(EventOutcome::Rejected { state, reason }) = raised.outcome
+    {
+        return Ok((None, print::Raised::Rejected { state: state.to_string(), reason }));
+    }
     let outcome = if !a.wait {
         print::Raised::Queued { replayed: raised.replayed }
     } else {

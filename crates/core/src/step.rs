@@ -1,18 +1,25 @@
 //! The pure step function: what the runtime does next, decided from data only.
 //!
-//! The engine asks three questions here and never answers them itself:
+//! The engine asks these questions here and never answers them itself:
 //! - may this event be raised at all ([`check_raise`]: known event, right parameters)?
-//! - what does this event do in the entity's current state ([`on_event`])?
+//!   May it be refused at once because the entity is at rest ([`refuse_at_rest`])?
+//! - what does this event do in the entity's current state ([`on_event`]), what does its
+//!   auto action do ([`on_auto`]), and is that auto action due ([`auto_due`])?
 //! - may this action outcome be committed, and what does the entity enter ([`enter`])?
+//! - what comes with entering a state: its timers ([`timers_on_entry`]), the agent task it
+//!   offers ([`agent_action`]); does a fired timer still apply ([`timer_applies`])?
+//! - which subscription fires over a snapshot of the successors ([`fire`])?
 //!
-//! No IO, no clock: time arrives as durations relative to "now", chosen by the caller.
+//! No IO, no clock: time arrives as arguments or as durations relative to "now", chosen
+//! by the caller.
 
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::machine::{Action, Machine, State, StateKind};
+use crate::machine::{Action, Event, Machine, Schedule, State, StateKind};
 use crate::names::{ActionName, EventName, MachineName, StateName};
+use crate::pattern::SuccessorView;
 
 /// Entity properties: a JSON object.
 pub type Properties = Map<String, Value>;
@@ -146,12 +153,37 @@ pub fn on_event<'m>(machine: &'m Machine, state: &str, event: &str, has_handler:
         });
     };
     if !ev.valid_in(state) {
-        let reason =
-            ev.reject.get(state).cloned().unwrap_or_else(|| format!("event `{event}` is not valid in state `{state}`"));
-        return EventStep::Reject(Rejection { state: StateName::new(state), event: ev.name.clone(), reason });
+        return EventStep::Reject(rejection(ev, state));
     }
     let action = machine.action(&ev.action).expect("validated machine: event action exists");
     plain_or_run(action, has_handler)
+}
+
+/// The rejection of `ev` in `state`, where it is not valid: its declared reason, or the
+/// default one.
+fn rejection(ev: &Event, state: &str) -> Rejection {
+    let reason =
+        ev.reject.get(state).cloned().unwrap_or_else(|| format!("event `{}` is not valid in state `{state}`", ev.name));
+    Rejection { state: StateName::new(state), event: ev.name.clone(), reason }
+}
+
+/// The rule for an event raised on an entity *at rest*: if `event` is not valid in its
+/// state, it is refused at once and nothing is recorded, since nothing could make it valid
+/// before its turn. `moving` says whether anything may still change the entity's state
+/// first (its auto action is pending, an engine holds its lease, or events are queued):
+/// then the event is queued and decided in order like any other. `None`: not refused now
+/// (valid here, unknown to the machine — [`check_raise`] answers that —, or the entity
+/// may move).
+pub fn refuse_at_rest(machine: &Machine, state: &str, event: &str, moving: bool) -> Option<Rejection> {
+    let ev = machine.event(event)?;
+    let at_rest = machine.state(state).is_some_and(State::at_rest);
+    (at_rest && !moving && !ev.valid_in(state)).then(|| rejection(ev, state))
+}
+
+/// Whether the auto action of an entity in `state` may run at `now`: the state is
+/// unstable and the action's time (`auto_at`, `None`: at once) has come.
+pub fn auto_due(machine: &Machine, state: &str, auto_at: Option<i64>, now: i64) -> bool {
+    machine.state(state).is_some_and(|s| s.kind == StateKind::Unstable) && auto_at.is_none_or(|at| at <= now)
 }
 
 /// What running the auto action of `state` comes to (`None` if the state has none).
@@ -301,6 +333,97 @@ pub fn apply_changes(props: &mut Properties, changes: &[PropChange]) {
             }
         }
     }
+}
+
+/// A timer to start on entering a state: one declared for the state, or the timeout of a
+/// subscription valid there. The runtime turns it into a stored due time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerStart {
+    /// The timer's name (`timeout:EVENT` for a subscription's timeout).
+    pub name: String,
+    /// The event it raises.
+    pub event: EventName,
+    /// When it first fires, counted from the entry.
+    pub after: Duration,
+    /// For a periodic timer: its period.
+    pub every: Option<Duration>,
+    /// Whether its schedule starts afresh at this entry; `false` for a periodic timer or
+    /// a timeout that was already running in the state left (it keeps its schedule).
+    pub restart: bool,
+}
+
+/// The timers an entity has after entering `to` from `from` (`None`: a new entity): the
+/// timers declared for `to`, and the timeouts of the subscriptions valid in `to`. One-shot
+/// timers start at the entry; a periodic timer, or a timeout, that was already running in
+/// `from` keeps its schedule.
+pub fn timers_on_entry(machine: &Machine, from: Option<&str>, to: &str) -> Vec<TimerStart> {
+    let from = from.unwrap_or_default();
+    let mut starts: Vec<TimerStart> = machine
+        .timers_in(to)
+        .map(|t| match t.schedule {
+            Schedule::After(d) => {
+                TimerStart { name: t.name.clone(), event: t.event.clone(), after: d, every: None, restart: true }
+            }
+            Schedule::Every(d) => TimerStart {
+                name: t.name.clone(),
+                event: t.event.clone(),
+                after: d,
+                every: Some(d),
+                restart: !t.valid_in(from),
+            },
+        })
+        .collect();
+    for ev in machine.subscriptions_in(to) {
+        if let Some(timeout) = ev.subscribe.as_ref().and_then(|s| s.timeout.as_ref()) {
+            starts.push(TimerStart {
+                name: format!("timeout:{}", ev.name),
+                event: timeout.event.clone(),
+                after: timeout.after,
+                every: None,
+                restart: !ev.valid_in(from),
+            });
+        }
+    }
+    starts
+}
+
+/// Whether entities of `machine` can have timers at all (declared timers or subscription
+/// timeouts): if not, a state change never needs to touch them.
+pub fn has_timers(machine: &Machine) -> bool {
+    !machine.timers().is_empty()
+        || machine.events().iter().any(|e| e.subscribe.as_ref().is_some_and(|s| s.timeout.is_some()))
+}
+
+/// Whether the timer `name`, which raised `event`, still applies in `state` (a timer that
+/// fired just as its entity left its states does not).
+pub fn timer_applies(machine: &Machine, state: &str, name: &str, event: &str) -> bool {
+    if let Some(sub_event) = name.strip_prefix("timeout:") {
+        return machine.event(sub_event).is_some_and(|e| {
+            e.valid_in(state) && e.subscribe.as_ref().and_then(|s| s.timeout.as_ref()).is_some_and(|t| t.event == event)
+        });
+    }
+    machine.timers().iter().any(|t| t.name == name && t.event == event && t.valid_in(state))
+}
+
+/// The auto action of `state` when an external agent executes it: entering the state
+/// offers its task on the action's queue instead of running anything.
+pub fn agent_action<'m>(machine: &'m Machine, state: &str) -> Option<&'m Action> {
+    machine.action(machine.state(state)?.auto.as_ref()?).filter(|a| a.agent.is_some())
+}
+
+/// The subscription that fires for an entity in `state` over a snapshot of its
+/// successors: the first valid in `state` (declaration order), not yet `fired` in this
+/// state entry, whose pattern holds; with the indices of the successors that made it hold.
+pub fn fire<'m>(
+    machine: &'m Machine,
+    state: &str,
+    fired: &[EventName],
+    successors: &[SuccessorView<'_>],
+) -> Option<(&'m Event, Vec<usize>)> {
+    machine.subscriptions_in(state).filter(|ev| !fired.contains(&ev.name)).find_map(|ev| {
+        let sub = ev.subscribe.as_ref()?;
+        sub.pattern.eval(successors).map(|matched| (ev, matched))
+    })
 }
 
 #[cfg(test)]

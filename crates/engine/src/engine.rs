@@ -1,248 +1,38 @@
-//! The engine's public face: [`EngineBuilder`] binds machines and handlers to a store and
-//! starts the scheduler; [`Engine`] creates entities, raises events and waits for them.
+//! The engine's public face: [`Engine`] creates entities, raises events, applies operator
+//! commands, serves agents, and waits for entities; everything it writes goes through the
+//! scheduler's channel. Start one with [`crate::EngineBuilder`].
 
-use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use settle_core::step::{self, Properties};
-use settle_core::{ActionName, EntityKey, EventName, Machine, MachineName, StateKind, StateName};
+use settle_core::{EntityKey, EventName, Machine, StateKind, StateName};
 use settle_store::{
-    AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, Op, OpenOperation, OperationRow, Push, Store,
-    TaskFilter, TaskResult,
+    AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, Op, OpenOperation, OperationRow, Push, RunStatus,
+    SharedClock, Store, TaskFilter, TaskResult,
 };
 use tokio::sync::{mpsc, oneshot};
 
+use crate::api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Wait};
+use crate::decide;
 use crate::error::{Error, Result};
-use crate::handler::{ActionContext, Handler, HandlerError, Outcome, handler};
-use crate::scheduler::{Msg, Scheduler};
+use crate::msg::Msg;
+use crate::registry::Registry;
 use crate::watch::{Hub, Want, first_of};
 
-/// Engine tuning. The defaults suit one process on SQLite.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// This instance's lease owner name (unique per process).
-    pub owner: String,
-    /// Lease length; leases of running actions are renewed every third of it.
-    pub lease: Duration,
-    /// Most entities processed at once (bounds memory and concurrent actions).
-    pub max_inflight: usize,
-    /// Most entities claimed per batch.
-    pub claim_batch: usize,
-    /// Fallback poll for due work when nothing wakes the engine.
-    pub poll: Duration,
-    /// An operation with no progress for this long is marked `hung` by the supervisor.
-    pub hung_after: Duration,
-    /// How often the supervisor looks for hung operations.
-    pub supervise_every: Duration,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            owner: format!("engine-{}", uuid::Uuid::now_v7()),
-            lease: Duration::from_secs(60),
-            max_inflight: 1024,
-            claim_batch: 256,
-            poll: Duration::from_secs(1),
-            hung_after: Duration::from_secs(600),
-            supervise_every: Duration::from_secs(10),
-        }
-    }
-}
-
-/// Machines and their bound handlers, shared by the engine and its scheduler.
-pub(crate) struct Registry {
-    pub(crate) machines: HashMap<MachineName, Arc<Machine>>,
-    pub(crate) handlers: HashMap<(MachineName, ActionName), Handler>,
-    /// Content hash (definition version) of each machine.
-    pub(crate) hashes: HashMap<MachineName, String>,
-    /// The machines whose entities this engine processes (`None`: all registered).
-    pub(crate) served: Option<Vec<MachineName>>,
-}
-
-impl Registry {
-    /// Whether this engine processes entities of `machine` (else other instances do, and
-    /// this one only creates them and raises events on them).
-    pub(crate) fn serves(&self, machine: &str) -> bool {
-        self.served.as_ref().is_none_or(|s| s.iter().any(|m| m == machine))
-    }
-    pub(crate) fn machine(&self, name: &str) -> Result<&Arc<Machine>> {
-        self.machines.get(name).ok_or_else(|| Error::UnknownMachine(name.to_string()))
-    }
-    pub(crate) fn handler(&self, machine: &MachineName, action: &ActionName) -> Option<&Handler> {
-        self.handlers.get(&(machine.clone(), action.clone()))
-    }
-    pub(crate) fn hash(&self, machine: &str) -> Option<String> {
-        self.hashes.get(machine).cloned()
-    }
-}
-
-/// Binds machines and handlers to a store, then [`start`](EngineBuilder::start)s.
-pub struct EngineBuilder<S: Store> {
-    store: S,
-    registry: Registry,
-    config: Config,
-    errors: Vec<Error>,
-}
-
-impl<S: Store + Clone> EngineBuilder<S> {
-    /// Starts with a store and no machines.
-    pub fn new(store: S) -> Self {
-        EngineBuilder {
-            store,
-            registry: Registry {
-                machines: HashMap::new(),
-                handlers: HashMap::new(),
-                hashes: HashMap::new(),
-                served: None,
-            },
-            config: Config::default(),
-            errors: Vec::new(),
-        }
-    }
-    /// Registers a validated machine.
-    pub fn machine(mut self, machine: Machine) -> Self {
-        self.registry.machines.insert(machine.name().clone(), Arc::new(machine));
-        self
-    }
-    /// Binds a handler to `machine`'s `action`.
-    pub fn handler(mut self, machine: &str, action: &str, h: Handler) -> Self {
-        self.registry.handlers.insert((MachineName::new(machine), ActionName::new(action)), h);
-        self
-    }
-    /// Binds an async function to `machine`'s `action`.
-    pub fn on<F, Fut>(self, machine: &str, action: &str, f: F) -> Self
-    where
-        F: Fn(ActionContext) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = std::result::Result<Outcome, HandlerError>> + Send + 'static,
-    {
-        self.handler(machine, action, handler(f))
-    }
-    /// Processes only entities of these machines; the other registered machines are
-    /// *known*: this engine creates their entities and raises events on them (checked
-    /// against their definitions), while other instances, which serve them, process them
-    /// and own their definitions' upgrades. By default an engine serves every machine it
-    /// registers.
-    pub fn serve_only<I, N>(mut self, machines: I) -> Self
-    where
-        I: IntoIterator<Item = N>,
-        N: Into<MachineName>,
-    {
-        self.registry.served = Some(machines.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Replaces the configuration.
-    pub fn config(mut self, config: Config) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Checks bindings, stores the definitions, reclaims stale leases (when the store is
-    /// exclusive) and starts the scheduler, which resumes all due work.
-    pub async fn start(mut self) -> Result<Engine<S>> {
-        if let Some(e) = self.errors.pop() {
-            return Err(e);
-        }
-        for (machine, action) in self.registry.handlers.keys() {
-            let m = self.registry.machine(machine)?;
-            if m.action(action).is_none() {
-                return Err(Error::UnknownAction { machine: machine.to_string(), action: action.to_string() });
-            }
-        }
-        if let Some(served) = &self.registry.served
-            && let Some(unknown) = served.iter().find(|m| !self.registry.machines.contains_key(*m))
-        {
-            return Err(Error::UnknownMachine(unknown.to_string()));
-        }
-        let machines: Vec<&Machine> = self.registry.machines.values().map(|m| m.as_ref()).collect();
-        let report = settle_core::validate::check_set(&machines);
-        if report.has_errors() {
-            return Err(Error::Invalid(report));
-        }
-        let mut missing = Vec::new();
-        for m in self.registry.machines.values().filter(|m| self.registry.serves(m.name())) {
-            for a in m.actions_needing_handlers() {
-                if self.registry.handler(m.name(), &a.name).is_none() {
-                    missing.push(format!("action `{}` of machine `{}`", a.name, m.name()));
-                }
-            }
-        }
-        if !missing.is_empty() {
-            missing.sort();
-            return Err(Error::MissingHandlers(missing));
-        }
-        let now = crate::now_ms();
-        let stored = self.store.machine_list().await?;
-        let mut names: Vec<MachineName> = self.registry.machines.keys().cloned().collect();
-        names.sort();
-        for name in names {
-            let m = self.registry.machines[&name].clone();
-            let hash = m.content_hash();
-            if !self.registry.serves(&name) {
-                // The instances serving it own its definition (and its upgrades).
-                self.registry.hashes.insert(name, hash);
-                continue;
-            }
-            // A new definition version is checked against the entities living under the old one.
-            let previous = stored.iter().filter(|r| r.name == name).max_by_key(|r| r.created_at);
-            if previous.is_some_and(|p| p.hash != hash) {
-                let occupied = self.store.entity_count_by_state(&name).await?;
-                let moves =
-                    settle_core::upgrade::check(&m, &occupied).map_err(|e| Error::UpgradeRefused(e.to_string()))?;
-                let moves: Vec<(String, String)> = moves.into_iter().map(|(old, new, _)| (old, new)).collect();
-                if !moves.is_empty() {
-                    let n = self.store.machine_migrate(&name, moves, &hash, now).await?;
-                    tracing::info!(machine = %name, entities = n, "moved entities to renamed states");
-                }
-            }
-            if previous.is_none_or(|p| p.hash != hash) {
-                self.store.machine_put(&name, &hash, &m.canonical_json(), now).await?;
-            }
-            self.registry.hashes.insert(name, hash);
-        }
-        if self.store.exclusive() {
-            let n = self.store.lease_release_all(now).await?;
-            if n > 0 {
-                tracing::info!(leases = n, "reclaimed leases left by a previous engine");
-            }
-        }
-        let registry = Arc::new(self.registry);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let offered = Arc::new(tokio::sync::Notify::new());
-        // Another instance may move the entities callers of this one wait on.
-        let hub = (!self.store.exclusive()).then(|| Hub::start(self.store.clone()));
-        let scheduler =
-            Scheduler::new(self.store.clone(), registry.clone(), self.config, tx.clone(), offered.clone(), hub.clone());
-        let task = tokio::spawn(scheduler.run(rx));
-        Ok(Engine {
-            inner: Arc::new(Inner {
-                store: self.store,
-                registry,
-                tx,
-                offered,
-                hub,
-                closing: std::sync::atomic::AtomicBool::new(false),
-                task: std::sync::Mutex::new(Some(task)),
-            }),
-        })
-    }
-}
-
-struct Inner<S> {
-    store: S,
-    registry: Arc<Registry>,
-    tx: mpsc::UnboundedSender<Msg>,
+/// What every clone of an [`Engine`] shares.
+pub(crate) struct Inner<S> {
+    pub(crate) store: S,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) clock: SharedClock,
+    pub(crate) tx: mpsc::UnboundedSender<Msg>,
     /// Notified when this engine offered agent tasks.
-    offered: Arc<tokio::sync::Notify>,
+    pub(crate) offered: Arc<tokio::sync::Notify>,
     /// Callers waiting on entities another instance moves (shared stores only).
-    hub: Option<Hub>,
+    pub(crate) hub: Option<Hub>,
     /// Set (and `offered` pulsed) when waiting agent long polls should end.
-    closing: std::sync::atomic::AtomicBool,
-    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pub(crate) closing: std::sync::atomic::AtomicBool,
+    pub(crate) task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// A running engine. Cheap to clone. Stop it with [`Engine::shutdown`].
@@ -267,131 +57,12 @@ struct Inner<S> {
 /// # Ok(()) }
 /// ```
 pub struct Engine<S: Store> {
-    inner: Arc<Inner<S>>,
+    pub(crate) inner: Arc<Inner<S>>,
 }
 
 impl<S: Store> Clone for Engine<S> {
     fn clone(&self) -> Self {
         Engine { inner: self.inner.clone() }
-    }
-}
-
-/// How long [`Engine::raise`] waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
-    /// Until the event is durably queued in the entity's inbox.
-    Queued,
-    /// Until the event is accepted (its action committed), rejected or failed.
-    Outcome,
-    /// Until the entity is at rest again after the event was accepted (or the event was
-    /// rejected or failed).
-    Stable,
-}
-
-/// Options of [`Engine::raise`].
-#[derive(Debug, Clone)]
-pub struct RaiseOptions {
-    /// The event's parameters (a JSON object, or null).
-    pub params: Value,
-    /// What to wait for.
-    pub wait: Wait,
-    /// How long to wait beyond queuing.
-    pub timeout: Duration,
-    /// The request id to record (generated when `None`).
-    pub request_id: Option<String>,
-}
-
-impl Default for RaiseOptions {
-    fn default() -> Self {
-        RaiseOptions { params: Value::Null, wait: Wait::Queued, timeout: Duration::from_secs(30), request_id: None }
-    }
-}
-
-impl RaiseOptions {
-    /// Default options waiting for `wait`.
-    pub fn wait(wait: Wait) -> Self {
-        RaiseOptions { wait, ..RaiseOptions::default() }
-    }
-    /// Sets the parameters.
-    pub fn params(mut self, params: Value) -> Self {
-        self.params = params;
-        self
-    }
-    /// Sets the timeout.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-    /// Sets the request id: the operation's idempotency key.
-    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
-        self.request_id = Some(request_id.into());
-        self
-    }
-}
-
-/// What became of a raised event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventOutcome {
-    /// The event's action committed; the entity entered `state`.
-    Accepted {
-        /// The state entered.
-        state: StateName,
-    },
-    /// The event was not valid in `state`; nothing changed.
-    Rejected {
-        /// The state the entity was in.
-        state: StateName,
-        /// The declared reason, or the default one.
-        reason: String,
-    },
-    /// The event's action failed (error, panic, refused or failed commit); nothing changed.
-    Failed {
-        /// What went wrong.
-        error: String,
-    },
-}
-
-/// The answer to [`Engine::raise`].
-#[derive(Debug, Clone)]
-pub struct Raised {
-    /// The request id recorded with the event.
-    pub request_id: String,
-    /// The event's inbox id (`None` for a replayed request id).
-    pub inbox_id: Option<i64>,
-    /// The request id had been used before: nothing was raised again.
-    pub replayed: bool,
-    /// The outcome (unless only [`Wait::Queued`] was asked).
-    pub outcome: Option<EventOutcome>,
-    /// The entity when the wait ended (unless only [`Wait::Queued`] was asked).
-    pub entity: Option<EntityRow>,
-}
-
-/// The answer to [`Engine::create_with`].
-#[derive(Debug, Clone)]
-pub struct Created {
-    /// The entity (as it is now, for a replay).
-    pub entity: EntityRow,
-    /// The operation's request id.
-    pub request_id: String,
-    /// The request id had been used before: nothing was created.
-    pub replayed: bool,
-}
-
-/// The answer to [`Engine::command`].
-#[derive(Debug, Clone)]
-pub struct Commanded {
-    /// The entity after the command (as it is now, for a replay).
-    pub entity: EntityRow,
-    /// The operation's request id.
-    pub request_id: String,
-    /// The request id had been used before: nothing was done again.
-    pub replayed: bool,
-}
-
-impl<S: Store + Clone> Engine<S> {
-    /// Starts building an engine on `store`.
-    pub fn builder(store: S) -> EngineBuilder<S> {
-        EngineBuilder::new(store)
     }
 }
 
@@ -404,6 +75,11 @@ impl<S: Store> Engine<S> {
     /// The registered machine `name`.
     pub fn machine(&self, name: &str) -> Result<&Arc<Machine>> {
         self.inner.registry.machine(name)
+    }
+
+    /// The clock this engine counts time on.
+    pub fn clock(&self) -> &SharedClock {
+        &self.inner.clock
     }
 
     fn send(&self, msg: Msg) -> Result<()> {
@@ -428,13 +104,8 @@ impl<S: Store> Engine<S> {
     ) -> Result<Created> {
         let m = self.inner.registry.machine(machine)?;
         let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let mut new = crate::scheduler::new_entity(
-            m,
-            EntityKey::new(key),
-            properties,
-            Some(request_id.clone()),
-            crate::now_ms(),
-        )?;
+        let now = self.inner.clock.now_ms();
+        let mut new = decide::new_entity(m, EntityKey::new(key), properties, Some(request_id.clone()), now)?;
         new.machine_hash = self.inner.registry.hash(machine);
         new.operation = Some(OpenOperation {
             request_id: request_id.clone(),
@@ -507,6 +178,20 @@ impl<S: Store> Engine<S> {
     ) -> Result<Raised> {
         let m = self.inner.registry.machine(machine)?;
         step::check_raise(m, event, &options.params)?;
+        if options.refuse_at_rest
+            && let Some((entity, rejection)) =
+                self.refusal_at_rest(m, key, event, options.request_id.as_deref()).await?
+        {
+            let outcome = EventOutcome::Rejected { state: rejection.state, reason: rejection.reason };
+            return Ok(Raised {
+                request_id,
+                inbox_id: None,
+                replayed: false,
+                refused: true,
+                outcome: Some(outcome),
+                entity: Some(entity),
+            });
+        }
         let push = Push {
             machine: m.name().clone(),
             key: EntityKey::new(key),
@@ -535,9 +220,16 @@ impl<S: Store> Engine<S> {
         let Some((inbox_id, entity_id)) = ack_rx.await.map_err(|_| Error::Stopped)?? else {
             // The key was used before: that operation stands, nothing is raised again.
             let entity = self.get(machine, key).await?;
-            return Ok(Raised { request_id, inbox_id: None, replayed: true, outcome: None, entity });
+            return Ok(Raised { request_id, inbox_id: None, replayed: true, refused: false, outcome: None, entity });
         };
-        let mut raised = Raised { request_id, inbox_id: Some(inbox_id), replayed: false, outcome: None, entity: None };
+        let mut raised = Raised {
+            request_id,
+            inbox_id: Some(inbox_id),
+            replayed: false,
+            refused: false,
+            outcome: None,
+            entity: None,
+        };
         if let Some(rx) = done_rx {
             // This engine answers if it processes the event; the hub if another instance does.
             let remote = match (&self.inner.hub, mark) {
@@ -565,6 +257,35 @@ impl<S: Store> Engine<S> {
             }
         }
         Ok(raised)
+    }
+
+    /// The rule of [`step::refuse_at_rest`] applied to the entity as stored: its state, its
+    /// pending auto action, its lease and its inbox. `None` as well when the entity does not
+    /// exist or was killed (the raise answers that), or when `request_id` was used before
+    /// (a replay answers as the first time did).
+    async fn refusal_at_rest(
+        &self,
+        m: &Machine,
+        key: &str,
+        event: &str,
+        request_id: Option<&str>,
+    ) -> Result<Option<(EntityRow, step::Rejection)>> {
+        let Some(e) = self.get(m.name(), key).await? else { return Ok(None) };
+        if e.run_status == RunStatus::Killed {
+            return Ok(None);
+        }
+        let moving = e.auto_at.is_some() || e.lease_owner.is_some();
+        // The inbox is read only when the rest of the rule would refuse.
+        if step::refuse_at_rest(m, &e.state, event, moving).is_none() {
+            return Ok(None);
+        }
+        if let Some(id) = request_id
+            && self.operation(id).await?.is_some()
+        {
+            return Ok(None);
+        }
+        let queued = !self.inner.store.inbox_list(e.id).await?.is_empty();
+        Ok(step::refuse_at_rest(m, &e.state, event, queued).map(|r| (e, r)))
     }
 
     /// The entity `key` of `machine`, as stored.
@@ -735,6 +456,17 @@ impl<S: Store> Engine<S> {
             Ok(None) => Err(Error::Stopped),
             Err(_) => Err(Error::Timeout { request_id: format!("wait for {machine} {key}"), waited: timeout }),
         }
+    }
+
+    /// Resolves once this engine has caught up with its clock: nothing held, nothing queued
+    /// to write, and nothing due before the clock's now (the next due time, if any, is in
+    /// the future). With a [`ManualClock`](settle_store::ManualClock), a test advances the
+    /// clock and then waits for this: every timer, backoff, delayed auto action, sleep and
+    /// lease expiry that came due has been processed.
+    pub async fn wait_caught_up(&self) -> Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Msg::WhenCaughtUp(tx))?;
+        rx.await.map_err(|_| Error::Stopped)
     }
 
     /// Resolves once nothing is in flight, queued or scheduled anywhere in the store:

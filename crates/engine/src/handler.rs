@@ -13,7 +13,7 @@ use settle_core::step::PropChange;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
 use settle_store::{EntityRow, SqlStatement};
 
-use crate::engine::EventOutcome;
+use crate::api::EventOutcome;
 
 /// The error type handlers return; any error counts as a fault of the action.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;

@@ -9,16 +9,25 @@
 //! a dormant entity costs nothing in memory, and due work is found through the store's
 //! index of due times.
 
+mod api;
+mod builder;
+mod config;
+mod decide;
 mod engine;
 mod error;
 mod handler;
 pub mod metrics;
+mod msg;
+mod nested;
+mod registry;
 mod scheduler;
+mod waiters;
 mod watch;
 
-pub use engine::{Commanded, Config, Created, Engine, EngineBuilder, EventOutcome, RaiseOptions, Raised, Wait};
+pub use api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Wait};
+pub use builder::EngineBuilder;
+pub use config::Config;
+pub use engine::Engine;
 pub use error::{Error, Result};
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
-pub use settle_store::{Clock, Command, ManualClock, RunStatus, SystemClock};
-
-use settle_store::clock::now_ms;
+pub use settle_store::{Clock, Command, ManualClock, RunStatus, SharedClock, SystemClock};

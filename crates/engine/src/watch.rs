@@ -24,7 +24,7 @@ use settle_core::{Machine, StateKind, StateName};
 use settle_store::{Changed, Changes, EntityRow, EventRow, Store};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use crate::engine::EventOutcome;
+use crate::api::EventOutcome;
 
 /// How many recent changes the hub remembers for late registrations.
 const RING: usize = 16_384;

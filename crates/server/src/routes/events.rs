@@ -13,9 +13,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
-use settle_core::Machine;
 use settle_engine::{EventOutcome, RaiseOptions, Wait};
-use settle_store::{EntityRow, RunStatus, Store};
+use settle_store::RunStatus;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -95,19 +94,21 @@ async fn raise(
     if e.run_status == RunStatus::Killed {
         return Err(Problem::from(settle_engine::Error::Killed { machine, key }));
     }
-    let replay = match &request_id {
-        Some(id) => s.engine().operation(id).await?.is_some(),
-        None => false,
-    };
-    if !replay && let Some(p) = refuse_at_rest(&s, &m, &e, &event).await? {
-        return Err(p);
-    }
-    let mut options =
-        RaiseOptions::wait(if wait { Wait::Stable } else { Wait::Queued }).params(params).timeout(timeout);
+    let mut options = RaiseOptions::wait(if wait { Wait::Stable } else { Wait::Queued })
+        .params(params)
+        .timeout(timeout)
+        .refuse_at_rest();
     if let Some(id) = request_id {
         options = options.request_id(id);
     }
     let raised = s.engine().raise(&machine, &key, &event, options).await?;
+    if raised.refused
+        && let Some(EventOutcome::Rejected { state, reason }) = &raised.outcome
+    {
+        // Refused at once, unrecorded: the entity is at rest and the event is not valid
+        // in its state.
+        return Err(rejected(&machine, &key, &event, state, reason));
+    }
     let location = operation_location(&raised.request_id);
     if !wait {
         let body =
@@ -147,24 +148,4 @@ fn rejected(machine: &str, key: &str, event: &str, state: &str, reason: &str) ->
         .with("event", event)
         .with("state", state)
         .with("reason", reason)
-}
-
-/// The rejection of `event` when the entity is at rest (stable, terminal or deleted state,
-/// no auto action pending, not leased, nothing queued) and `event` is not valid in its
-/// state: nothing can change the state before the event's turn, so it is refused now.
-async fn refuse_at_rest(s: &AppState, m: &Machine, e: &EntityRow, event: &str) -> Result<Option<Problem>, Problem> {
-    let Some(ev) = m.event(event) else { return Ok(None) };
-    if ev.valid_in(&e.state) {
-        return Ok(None);
-    }
-    let at_rest = m.state(&e.state).is_some_and(|st| st.at_rest()) && e.auto_at.is_none() && e.lease_owner.is_none();
-    if !at_rest || !s.engine().store().inbox_list(e.id).await?.is_empty() {
-        return Ok(None);
-    }
-    let reason = ev
-        .reject
-        .get(e.state.as_str())
-        .cloned()
-        .unwrap_or_else(|| format!("event `{event}` is not valid in state `{}`", e.state));
-    Ok(Some(rejected(m.name(), &e.key, event, &e.state, &reason)))
 }

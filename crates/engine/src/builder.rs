@@ -1,0 +1,176 @@
+//! Starting an engine: [`EngineBuilder`] binds machines and handlers to a store, checks
+//! the bindings and the definitions (and upgrades against the entities stored), reclaims
+//! stale leases, and starts the scheduler.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use settle_core::{ActionName, Machine, MachineName};
+use settle_store::{Clock, Store};
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::engine::{Engine, Inner};
+use crate::error::{Error, Result};
+use crate::handler::{ActionContext, Handler, HandlerError, Outcome, handler};
+use crate::registry::Registry;
+use crate::scheduler::Scheduler;
+use crate::watch::Hub;
+
+/// Binds machines and handlers to a store, then [`start`](EngineBuilder::start)s.
+pub struct EngineBuilder<S: Store> {
+    store: S,
+    registry: Registry,
+    config: Config,
+    errors: Vec<Error>,
+}
+
+impl<S: Store + Clone> EngineBuilder<S> {
+    /// Starts with a store and no machines.
+    pub fn new(store: S) -> Self {
+        EngineBuilder { store, registry: Registry::new(), config: Config::default(), errors: Vec::new() }
+    }
+    /// Registers a validated machine.
+    pub fn machine(mut self, machine: Machine) -> Self {
+        self.registry.machines.insert(machine.name().clone(), Arc::new(machine));
+        self
+    }
+    /// Binds a handler to `machine`'s `action`.
+    pub fn handler(mut self, machine: &str, action: &str, h: Handler) -> Self {
+        self.registry.handlers.insert((MachineName::new(machine), ActionName::new(action)), h);
+        self
+    }
+    /// Binds an async function to `machine`'s `action`.
+    pub fn on<F, Fut>(self, machine: &str, action: &str, f: F) -> Self
+    where
+        F: Fn(ActionContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<Outcome, HandlerError>> + Send + 'static,
+    {
+        self.handler(machine, action, handler(f))
+    }
+    /// Processes only entities of these machines; the other registered machines are
+    /// *known*: this engine creates their entities and raises events on them (checked
+    /// against their definitions), while other instances, which serve them, process them
+    /// and own their definitions' upgrades. By default an engine serves every machine it
+    /// registers.
+    pub fn serve_only<I, N>(mut self, machines: I) -> Self
+    where
+        I: IntoIterator<Item = N>,
+        N: Into<MachineName>,
+    {
+        self.registry.served = Some(machines.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Replaces the configuration.
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sets the clock the engine counts time on (default: the system clock). Tests pass a
+    /// [`ManualClock`](settle_store::ManualClock) and advance it.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.config.clock = Arc::new(clock);
+        self
+    }
+
+    /// Checks bindings, stores the definitions, reclaims stale leases (when the store is
+    /// exclusive) and starts the scheduler, which resumes all due work.
+    pub async fn start(mut self) -> Result<Engine<S>> {
+        if let Some(e) = self.errors.pop() {
+            return Err(e);
+        }
+        for (machine, action) in self.registry.handlers.keys() {
+            let m = self.registry.machine(machine)?;
+            if m.action(action).is_none() {
+                return Err(Error::UnknownAction { machine: machine.to_string(), action: action.to_string() });
+            }
+        }
+        if let Some(served) = &self.registry.served
+            && let Some(unknown) = served.iter().find(|m| !self.registry.machines.contains_key(*m))
+        {
+            return Err(Error::UnknownMachine(unknown.to_string()));
+        }
+        let machines: Vec<&Machine> = self.registry.machines.values().map(|m| m.as_ref()).collect();
+        let report = settle_core::validate::check_set(&machines);
+        if report.has_errors() {
+            return Err(Error::Invalid(report));
+        }
+        let mut missing = Vec::new();
+        for m in self.registry.machines.values().filter(|m| self.registry.serves(m.name())) {
+            for a in m.actions_needing_handlers() {
+                if self.registry.handler(m.name(), &a.name).is_none() {
+                    missing.push(format!("action `{}` of machine `{}`", a.name, m.name()));
+                }
+            }
+        }
+        if !missing.is_empty() {
+            missing.sort();
+            return Err(Error::MissingHandlers(missing));
+        }
+        let now = self.config.clock.now_ms();
+        let stored = self.store.machine_list().await?;
+        let mut names: Vec<MachineName> = self.registry.machines.keys().cloned().collect();
+        names.sort();
+        for name in names {
+            let m = self.registry.machines[&name].clone();
+            let hash = m.content_hash();
+            if !self.registry.serves(&name) {
+                // The instances serving it own its definition (and its upgrades).
+                self.registry.hashes.insert(name, hash);
+                continue;
+            }
+            // A new definition version is checked against the entities living under the old one.
+            let previous = stored.iter().filter(|r| r.name == name).max_by_key(|r| r.created_at);
+            if previous.is_some_and(|p| p.hash != hash) {
+                let occupied = self.store.entity_count_by_state(&name).await?;
+                let moves =
+                    settle_core::upgrade::check(&m, &occupied).map_err(|e| Error::UpgradeRefused(e.to_string()))?;
+                let moves: Vec<(String, String)> = moves.into_iter().map(|(old, new, _)| (old, new)).collect();
+                if !moves.is_empty() {
+                    let n = self.store.machine_migrate(&name, moves, &hash, now).await?;
+                    tracing::info!(machine = %name, entities = n, "moved entities to renamed states");
+                }
+            }
+            if previous.is_none_or(|p| p.hash != hash) {
+                self.store.machine_put(&name, &hash, &m.canonical_json(), now).await?;
+            }
+            self.registry.hashes.insert(name, hash);
+        }
+        if self.store.exclusive() {
+            let n = self.store.lease_release_all(now).await?;
+            if n > 0 {
+                tracing::info!(leases = n, "reclaimed leases left by a previous engine");
+            }
+        }
+        let registry = Arc::new(self.registry);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let offered = Arc::new(tokio::sync::Notify::new());
+        // Another instance may move the entities callers of this one wait on.
+        let hub = (!self.store.exclusive()).then(|| Hub::start(self.store.clone()));
+        let clock = self.config.clock.clone();
+        let scheduler =
+            Scheduler::new(self.store.clone(), registry.clone(), self.config, tx.clone(), offered.clone(), hub.clone());
+        let task = tokio::spawn(scheduler.run(rx));
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                store: self.store,
+                registry,
+                clock,
+                tx,
+                offered,
+                hub,
+                closing: std::sync::atomic::AtomicBool::new(false),
+                task: std::sync::Mutex::new(Some(task)),
+            }),
+        })
+    }
+}
+
+impl<S: Store + Clone> Engine<S> {
+    /// Starts building an engine on `store`.
+    pub fn builder(store: S) -> EngineBuilder<S> {
+        EngineBuilder::new(store)
+    }
+}

@@ -1,0 +1,87 @@
+//! What a running action may do with other entities ([`Nested`], implemented here by
+//! [`NestedHandle`]): raise a sync nested event and wait for its outcome, read an entity.
+//! Both go through the scheduler's channel and the store like any caller.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use settle_core::step;
+use settle_core::{EntityKey, EventName, MachineName};
+use settle_store::{EntityRow, InboxKind, Push, Store};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::{EventOutcome, Wait};
+use crate::error::Error;
+use crate::handler::{EngineFuture, Nested};
+use crate::msg::Msg;
+use crate::registry::Registry;
+use crate::watch::{Hub, Want, first_of};
+
+/// What actions may do with other entities while they run: raise a sync nested event,
+/// read. Goes through the scheduler's channel and the store like any caller.
+pub(crate) struct NestedHandle<S> {
+    pub(crate) tx: mpsc::UnboundedSender<Msg>,
+    pub(crate) store: S,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) lease: Duration,
+    /// Answers the wait when another instance processes the event (shared stores).
+    pub(crate) hub: Option<Hub>,
+}
+
+impl<S: Store + Clone> Nested for NestedHandle<S> {
+    fn raise_and_wait(
+        &self,
+        from: i64,
+        machine: MachineName,
+        key: EntityKey,
+        event: EventName,
+        params: Value,
+        request_id: Option<String>,
+    ) -> EngineFuture<(EventOutcome, EntityRow)> {
+        let checked = self.registry.machine(&machine).and_then(|m| {
+            step::check_raise(m, &event, &params)?;
+            Ok(m.clone())
+        });
+        let tx = self.tx.clone();
+        let lease = self.lease;
+        let hub = self.hub.clone();
+        Box::pin(async move {
+            let m = checked?;
+            let push = Push {
+                machine,
+                key,
+                event,
+                params,
+                request_id,
+                kind: InboxKind::Nested,
+                join_from: Some(from),
+                operation: None,
+            };
+            let (ack, ack_rx) = oneshot::channel();
+            let (done, done_rx) = oneshot::channel();
+            let mark = hub.as_ref().map(Hub::mark);
+            tx.send(Msg::Raise { push, wait: Wait::Stable, ack, done: Some(done) }).map_err(|_| Error::Stopped)?;
+            let pushed = ack_rx.await.map_err(|_| Error::Stopped)??;
+            let remote = match (&hub, pushed, mark) {
+                (Some(hub), Some((inbox_id, entity_id)), Some(mark)) => {
+                    let (reply, rx) = oneshot::channel();
+                    let want = Want::Event { inbox_id, stable: true, machine: m, accepted: None, reply };
+                    hub.watch(entity_id, mark, want);
+                    Some(rx)
+                }
+                _ => None,
+            };
+            match tokio::time::timeout(lease, first_of(done_rx, remote)).await {
+                Ok(Some(answer)) => Ok(answer),
+                Ok(None) => Err(Error::Stopped),
+                Err(_) => Err(Error::Timeout { request_id: "nested event".into(), waited: lease }),
+            }
+        })
+    }
+
+    fn read(&self, machine: MachineName, key: EntityKey) -> EngineFuture<Option<EntityRow>> {
+        let store = self.store.clone();
+        Box::pin(async move { Ok(store.entity_get(&machine, &key).await?) })
+    }
+}

@@ -1,0 +1,122 @@
+//! Callers of this engine waiting on what its scheduler commits: a raised event's outcome,
+//! an entity coming to rest, an entity entering some states, the engine going idle or
+//! catching up with its clock. The scheduler registers them and tells this module what
+//! landed; the answers go out from here.
+
+use std::collections::HashMap;
+
+use settle_core::StateName;
+use settle_store::EntityRow;
+use tokio::sync::oneshot;
+
+use crate::api::{EventOutcome, Wait};
+use crate::decide::Expect;
+use crate::msg::DoneTx;
+
+/// Callers waiting for an entity to enter one of some states.
+type Watchers = Vec<(Vec<StateName>, oneshot::Sender<EntityRow>)>;
+
+#[derive(Default)]
+pub(crate) struct Waiters {
+    /// Callers waiting for the outcome of an inbox event, by inbox id.
+    outcome: HashMap<i64, (Wait, DoneTx)>,
+    /// Callers waiting for an entity to come to rest, by entity id.
+    rest: HashMap<i64, Vec<(EventOutcome, DoneTx)>>,
+    /// Callers waiting for an entity to enter one of some states, by entity id.
+    states: HashMap<i64, Watchers>,
+    idle: Vec<oneshot::Sender<()>>,
+    caught_up: Vec<oneshot::Sender<()>>,
+    /// Events raised through this scheduler (for pruning waiters now and then).
+    raised: u64,
+}
+
+impl Waiters {
+    /// A caller waits on the outcome of the event queued as `inbox_id`.
+    pub(crate) fn on_outcome(&mut self, inbox_id: i64, wait: Wait, done: DoneTx) {
+        self.outcome.insert(inbox_id, (wait, done));
+    }
+
+    /// A caller waits for the entity to enter one of `states`.
+    pub(crate) fn on_state(&mut self, entity_id: i64, states: Vec<StateName>, reply: oneshot::Sender<EntityRow>) {
+        self.states.retain(|_, w| {
+            w.retain(|(_, tx)| !tx.is_closed());
+            !w.is_empty()
+        });
+        self.states.entry(entity_id).or_default().push((states, reply));
+    }
+
+    pub(crate) fn on_idle(&mut self, tx: oneshot::Sender<()>) {
+        self.idle.push(tx);
+    }
+
+    pub(crate) fn on_caught_up(&mut self, tx: oneshot::Sender<()>) {
+        self.caught_up.push(tx);
+    }
+
+    /// Answers the idle waiters (`idle`: nothing in flight, queued or scheduled) and the
+    /// caught-up ones (`caught_up`: nothing in flight or queued, nothing due yet).
+    pub(crate) fn answer_quiet(&mut self, idle: bool, caught_up: bool) {
+        if idle {
+            for tx in self.idle.drain(..) {
+                let _ = tx.send(());
+            }
+        }
+        if caught_up {
+            for tx in self.caught_up.drain(..) {
+                let _ = tx.send(());
+            }
+        }
+    }
+
+    /// Whether anyone waits for the engine to go idle or catch up.
+    pub(crate) fn want_quiet(&self) -> bool {
+        !self.idle.is_empty() || !self.caught_up.is_empty()
+    }
+
+    /// Now and then, forgets callers that stopped waiting: on a shared store another
+    /// instance may answer a caller (through the hub), and this scheduler never sees its
+    /// event.
+    pub(crate) fn prune(&mut self) {
+        self.raised += 1;
+        if !self.raised.is_multiple_of(256) {
+            return;
+        }
+        self.outcome.retain(|_, (_, tx)| !tx.is_closed());
+        self.rest.retain(|_, w| {
+            w.retain(|(_, tx)| !tx.is_closed());
+            !w.is_empty()
+        });
+    }
+
+    /// A commit of entity `id` landed: `entity` is the entity now, `at_rest` whether it
+    /// rests. Answers the caller of the event it processed (or keeps it until the entity
+    /// rests, for [`Wait::Stable`]), the state watchers it satisfies, and the callers
+    /// waiting for rest.
+    pub(crate) fn committed(&mut self, id: i64, expect: &Expect, entity: &EntityRow, at_rest: bool) {
+        if let (Some(item), Some(outcome)) = (&expect.item, &expect.outcome)
+            && let Some((wait, done)) = self.outcome.remove(&item.id)
+        {
+            let accepted = matches!(outcome, EventOutcome::Accepted { .. });
+            if wait == Wait::Stable && accepted && !at_rest {
+                self.rest.entry(id).or_default().push((outcome.clone(), done));
+            } else {
+                let _ = done.send((outcome.clone(), entity.clone()));
+            }
+        }
+        if expect.entry.is_some()
+            && let Some(watchers) = self.states.get_mut(&id)
+        {
+            let (hit, keep): (Vec<_>, Vec<_>) =
+                std::mem::take(watchers).into_iter().partition(|(states, _)| states.contains(&entity.state));
+            *watchers = keep;
+            for (_, tx) in hit {
+                let _ = tx.send(entity.clone());
+            }
+        }
+        if at_rest && let Some(waiters) = self.rest.remove(&id) {
+            for (outcome, done) in waiters {
+                let _ = done.send((outcome, entity.clone()));
+            }
+        }
+    }
+}
