@@ -34,7 +34,8 @@
 
 use std::fmt;
 
-use crate::machine::{Health, Machine};
+use crate::machine::Machine;
+use crate::machine::def::Health;
 use crate::names::{MachineName, StateName};
 
 /// A parsed subscription pattern. Build one with [`Pattern::parse`]; its `Display` is the

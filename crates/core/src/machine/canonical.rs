@@ -1,0 +1,154 @@
+//! The canonical JSON rendering of a validated [`Machine`] and its content hash: the
+//! definition's version, stored with it. The text must never change for a definition
+//! that does not change: keys of later features appear only when used.
+
+use std::time::Duration;
+
+use super::def::Health;
+use super::model::{Machine, Schedule};
+
+impl Machine {
+    /// A canonical, stable JSON rendering of the definition (stored with the machine):
+    /// compact, object keys sorted — whatever order serde_json's maps keep in this build
+    /// (its `preserve_order` feature, enabled by any crate in a build, would otherwise
+    /// change the text and so every definition's hash).
+    pub fn canonical_json(&self) -> String {
+        use serde_json::{Map, Value, json};
+        let ms = |d: Duration| Value::from(d.as_millis() as u64);
+        let states: Vec<Value> = self
+            .states()
+            .iter()
+            .map(|s| {
+                let mut state = json!({
+                    "name": s.name.as_str(),
+                    "kind": s.kind.as_str(),
+                    "auto": s.auto.as_deref(),
+                    "wait_ms": ms(s.wait),
+                    "health": if s.health == Health::Error { "error" } else { "ok" },
+                    "requires": s.requires,
+                });
+                if !s.renamed_from.is_empty() {
+                    state["renamed_from"] = s.renamed_from.iter().map(|n| n.as_str()).collect();
+                }
+                state
+            })
+            .collect();
+        let events: Vec<Value> = self
+            .events()
+            .iter()
+            .map(|e| {
+                let reject: Map<String, Value> =
+                    e.reject.iter().map(|(k, v)| (k.to_string(), Value::from(v.as_str()))).collect();
+                let mut event = json!({
+                    "name": e.name.as_str(),
+                    "in": e.valid_in.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                    "action": e.action.as_str(),
+                    "params": e.params,
+                    "reject": reject,
+                });
+                // Keys of later features only when used: older definitions keep their hash.
+                if let Some(sub) = &e.subscribe {
+                    event["subscribe"] = Value::from(sub.pattern.to_string());
+                    if let Some(t) = &sub.timeout {
+                        event["timeout"] = json!({"after_ms": ms(t.after), "event": t.event.as_str()});
+                    }
+                }
+                event
+            })
+            .collect();
+        let actions: Vec<Value> = self
+            .actions()
+            .iter()
+            .map(|a| {
+                let mut action = json!({
+                    "name": a.name.as_str(),
+                    "to": a.targets.iter().map(|t| json!({"state": t.state.as_str(), "wait_ms": ms(t.wait)})).collect::<Vec<_>>(),
+                });
+                if let Some(b) = &a.agent {
+                    action["agent"] = json!({"queue": b.queue, "lock_ms": ms(b.lock)});
+                }
+                action
+            })
+            .collect();
+        let mut machine = json!({
+            "name": self.name().as_str(),
+            "initial": self.initial().name.as_str(),
+            "states": states,
+            "events": events,
+            "actions": actions,
+        });
+        if !self.timers().is_empty() {
+            let timers: Vec<Value> = self
+                .timers()
+                .iter()
+                .map(|t| {
+                    let (key, d) = match t.schedule {
+                        Schedule::Every(d) => ("every_ms", d),
+                        Schedule::After(d) => ("after_ms", d),
+                    };
+                    json!({
+                        "name": t.name,
+                        "event": t.event.as_str(),
+                        key: ms(d),
+                        "in": t.valid_in.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                    })
+                })
+                .collect();
+            machine["timers"] = Value::from(timers);
+        }
+        if let Some(f) = &self.fault {
+            machine["fault"] = json!({
+                "max_errors": f.max_errors,
+                "window_ms": ms(f.window),
+                "backoff": {"min_ms": ms(f.backoff_min), "max_ms": ms(f.backoff_max)},
+            });
+        }
+        if !self.migrate.is_empty() {
+            let migrate: Map<String, Value> =
+                self.migrate.iter().map(|(old, new)| (old.to_string(), Value::from(new.as_str()))).collect();
+            machine["migrate"] = Value::from(migrate);
+        }
+        let mut out = String::new();
+        write_sorted(&machine, &mut out);
+        out
+    }
+
+    /// SHA-256 of [`Machine::canonical_json`], hex-encoded: the definition's version hash.
+    pub fn content_hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.canonical_json().as_bytes());
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Writes `v` as compact JSON with every object's keys in sorted order.
+fn write_sorted(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::from(k.as_str()).to_string());
+                out.push(':');
+                write_sorted(&map[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_sorted(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}

@@ -1,0 +1,221 @@
+//! The raw definition: a machine as written ([`MachineDef`] and its items), possibly
+//! invalid, with the line each item came from. Produced by [`crate::toml::parse`] and by
+//! [`crate::MachineBuilder`]; [`crate::validate::check`] reports its problems.
+//!
+//! Also the leaf enums that both the definition and the validated model use
+//! ([`StateKind`], [`Health`]). This module names no other part of the machine model, so
+//! patterns and validation can build on it.
+
+use std::time::Duration;
+
+use crate::fault::FaultPolicy;
+
+/// How a state behaves. See the README glossary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// Left only through an event's action.
+    Stable,
+    /// Has exactly one auto action, run on entry (after an optional wait).
+    Unstable,
+    /// No transitions out: the entity is archived and read-only.
+    Terminal,
+    /// The entity is gone for users; nothing leaves this state. At most one per machine.
+    Deleted,
+}
+
+impl StateKind {
+    /// The keyword used in TOML (`kind = "..."`) and in diagnostics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateKind::Stable => "stable",
+            StateKind::Unstable => "unstable",
+            StateKind::Terminal => "terminal",
+            StateKind::Deleted => "deleted",
+        }
+    }
+}
+
+/// The health a state reports (telemetry, operation outcomes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Health {
+    /// The normal case.
+    #[default]
+    Ok,
+    /// Declared with `health = "error"`.
+    Error,
+}
+
+/// Where a definition item was declared, for diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Origin {
+    /// 1-based line in the TOML source, when loaded from TOML.
+    pub line: Option<u32>,
+}
+
+/// A state as declared, before validation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StateDef {
+    /// The state's name.
+    pub name: String,
+    /// Explicit kind; when `None` the state is unstable if it has an auto action, else stable.
+    pub kind: Option<StateKind>,
+    /// Auto actions declared (a valid unstable state has exactly one).
+    pub auto: Vec<String>,
+    /// Delay before the auto action runs on entry.
+    pub wait: Option<Duration>,
+    /// Declared health.
+    pub health: Health,
+    /// Properties that must be set (non-null) while the entity is in this state.
+    pub requires: Vec<String>,
+    /// Marked initial on the state itself (`initial = true`).
+    pub initial: bool,
+    /// Former names of this state (`renamed_from = [...]`): stored entities in one of
+    /// them move here when the definition is upgraded (see [`crate::upgrade`]).
+    pub renamed_from: Vec<String>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// An event as declared, before validation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EventDef {
+    /// The event's name.
+    pub name: String,
+    /// States in which the event is valid.
+    pub valid_in: Vec<String>,
+    /// The action the event triggers.
+    pub action: String,
+    /// Required parameter names.
+    pub params: Vec<String>,
+    /// Rejection reasons for specific states where the event is not valid.
+    pub reject: Vec<(String, String)>,
+    /// The subscription pattern over successors (see [`crate::pattern`]), as written.
+    pub subscribe: Option<String>,
+    /// The subscription's timeout: after this long in a state where the subscription is
+    /// valid without it firing, this event is raised.
+    pub timeout: Option<(Duration, String)>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// A timer as declared, before validation. A valid timer has exactly one of `every` and
+/// `after`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TimerDef {
+    /// The timer's name.
+    pub name: String,
+    /// The event it raises.
+    pub event: String,
+    /// Period of a periodic timer, counted from entry into one of its states.
+    pub every: Option<Duration>,
+    /// Delay of a one-shot timer, counted from entry into one of its states.
+    pub after: Option<Duration>,
+    /// States in which the timer runs.
+    pub valid_in: Vec<String>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// An action as declared, before validation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ActionDef {
+    /// The action's name.
+    pub name: String,
+    /// The states the action may move the entity to.
+    pub targets: Vec<String>,
+    /// Delays declared on transitions to specific targets (a wait on that transition).
+    pub target_waits: Vec<(String, Duration)>,
+    /// `agent`: the queue of the external agents that execute it.
+    pub agent: Option<String>,
+    /// `lock`: how long an agent holds a task it leased before it is offered again.
+    pub lock: Option<Duration>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// A fault policy as declared (`[fault]`), before validation: keys not declared take the
+/// value of [`FaultPolicy::DEFAULT`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FaultDef {
+    /// `max_errors`: the entity is parked when this many errors fall within the window.
+    pub max_errors: Option<u32>,
+    /// `window`: how far back errors count.
+    pub window: Option<Duration>,
+    /// `backoff.min`: the backoff after the first error.
+    pub backoff_min: Option<Duration>,
+    /// `backoff.max`: the longest backoff.
+    pub backoff_max: Option<Duration>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+impl FaultDef {
+    /// The declared policy, with defaults for the keys not declared.
+    pub fn policy(&self) -> FaultPolicy {
+        let d = FaultPolicy::DEFAULT;
+        FaultPolicy {
+            max_errors: self.max_errors.unwrap_or(d.max_errors),
+            window: self.window.unwrap_or(d.window),
+            backoff_min: self.backoff_min.unwrap_or(d.backoff_min),
+            backoff_max: self.backoff_max.unwrap_or(d.backoff_max),
+        }
+    }
+}
+
+impl From<FaultPolicy> for FaultDef {
+    /// Every key declared, with no origin.
+    fn from(p: FaultPolicy) -> Self {
+        FaultDef {
+            max_errors: Some(p.max_errors),
+            window: Some(p.window),
+            backoff_min: Some(p.backoff_min),
+            backoff_max: Some(p.backoff_max),
+            origin: Origin::default(),
+        }
+    }
+}
+
+/// One entry of the migration table (`[migrate] old = "new"`), before validation: stored
+/// entities in state `from`, which the definition no longer declares, move to `to` when
+/// the definition is upgraded (see [`crate::upgrade`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MigrateDef {
+    /// The old state name.
+    pub from: String,
+    /// The declared state its entities move to.
+    pub to: String,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// A machine definition as written, possibly invalid. Produced by [`crate::toml::parse`]
+/// and by [`MachineBuilder`](crate::MachineBuilder); turned into a
+/// [`Machine`](crate::Machine) by [`Machine::from_def`](crate::Machine::from_def).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MachineDef {
+    /// The machine's name.
+    pub name: String,
+    /// The top-level `initial = "..."` declaration, if any.
+    pub initial: Option<String>,
+    /// Where `initial` was declared.
+    pub initial_origin: Origin,
+    /// States in declaration order.
+    pub states: Vec<StateDef>,
+    /// Events in declaration order.
+    pub events: Vec<EventDef>,
+    /// Actions in declaration order.
+    pub actions: Vec<ActionDef>,
+    /// Timers in declaration order.
+    pub timers: Vec<TimerDef>,
+    /// The declared fault policy (`[fault]`), if any; [`FaultPolicy::DEFAULT`] otherwise.
+    pub fault: Option<FaultDef>,
+    /// The migration table (`[migrate]`), in declaration order.
+    pub migrate: Vec<MigrateDef>,
+    /// Where the machine was declared (file start).
+    pub origin: Origin,
+}
+
+/// The kind a declared state has: explicit, or unstable iff it declares an auto action.
+pub fn effective_kind(s: &StateDef) -> StateKind {
+    s.kind.unwrap_or(if s.auto.is_empty() { StateKind::Stable } else { StateKind::Unstable })
+}
