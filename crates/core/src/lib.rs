@@ -24,6 +24,9 @@ pub mod toml;
 pub mod upgrade;
 pub mod validate;
 
+#[cfg(test)]
+mod fixtures;
+
 pub use fault::{FaultDecision, FaultPolicy};
 pub use machine::{
     Action, AgentBinding, Event, Health, Machine, MachineBuilder, MachineDef, Schedule, State, StateKind, Subscription,

@@ -34,7 +34,6 @@
 
 use std::fmt;
 
-use crate::machine::Machine;
 use crate::machine::def::Health;
 use crate::names::{MachineName, StateName};
 
@@ -148,7 +147,7 @@ pub struct SuccessorView<'a> {
     pub key: &'a str,
     /// The successor's current state.
     pub state: &'a str,
-    /// The health of that state (see [`Machine::health_of`]).
+    /// The health of that state (see [`Machine::health_of`](crate::Machine::health_of)).
     pub health: Health,
 }
 
@@ -212,7 +211,9 @@ impl Pattern {
     }
 
     /// Problems that need no other machine to see: duplicate states in `in [...]`, and
-    /// counts that can never hold (`< 0`) or always hold (`>= 0`).
+    /// counts that can never hold (`< 0`) or always hold (`>= 0`). Those that need the
+    /// machines named are found by [`Pattern::check`] and [`Pattern::check_against`], which
+    /// live with validation ([`crate::validate`]), where machines are known.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
         if let Condition::InStates(states) = &self.condition {
@@ -229,60 +230,6 @@ impl Pattern {
             Quantifier::Count(Comparison::Ge, 0) => out.push("`count(...) >= 0` always holds".to_string()),
             _ => {}
         }
-        out
-    }
-
-    /// Checks the pattern against the machines that `lookup` knows by name, and returns
-    /// every problem found: a filter naming an unknown machine (`unknown machine `x``),
-    /// states in `in [...]` the filtered machine does not declare (`machine `app` has no
-    /// state `x``), then those of [`Pattern::problems`].
-    ///
-    /// With the filter `*` a lookup cannot list the machines to search, so the states are
-    /// not checked: use [`Pattern::check_against`] with the whole set for that.
-    pub fn check<'m>(&self, lookup: &dyn Fn(&str) -> Option<&'m Machine>) -> Vec<String> {
-        self.check_with(lookup, &[])
-    }
-
-    /// Like [`Pattern::check`], with the set of known machines given as a slice; with the
-    /// filter `*`, each state in `in [...]` must then be declared by at least one of them
-    /// (unless the set is empty).
-    pub fn check_against(&self, machines: &[&Machine]) -> Vec<String> {
-        self.check_with(&|name| machines.iter().copied().find(|m| m.name() == name), machines)
-    }
-
-    fn check_with<'m>(&self, lookup: &dyn Fn(&str) -> Option<&'m Machine>, all: &[&Machine]) -> Vec<String> {
-        let mut out = Vec::new();
-        let states = match &self.condition {
-            Condition::InStates(states) => states.as_slice(),
-            Condition::Health(_) => &[],
-        };
-        // Each unknown state once, even when listed twice (the duplicate is reported apart).
-        let unknown = |known: &dyn Fn(&str) -> bool| -> Vec<&StateName> {
-            let mut out: Vec<&StateName> = Vec::new();
-            for s in states {
-                if !known(s) && !out.contains(&s) {
-                    out.push(s);
-                }
-            }
-            out
-        };
-        match &self.filter {
-            Filter::Machine(name) => match lookup(name) {
-                None => out.push(format!("unknown machine `{name}`")),
-                Some(m) => {
-                    for s in unknown(&|s| m.state(s).is_some()) {
-                        out.push(format!("machine `{name}` has no state `{s}`"));
-                    }
-                }
-            },
-            Filter::AnyMachine if !all.is_empty() => {
-                for s in unknown(&|s| all.iter().any(|m| m.state(s).is_some())) {
-                    out.push(format!("no known machine has state `{s}`"));
-                }
-            }
-            Filter::AnyMachine => {}
-        }
-        out.extend(self.problems());
         out
     }
 }
@@ -502,7 +449,6 @@ impl Parser {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::MachineBuilder;
 
     fn p(text: &str) -> Pattern {
         Pattern::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))
@@ -650,53 +596,5 @@ mod tests {
         for (text, successors, expected) in cases {
             assert_eq!(p(text).eval(successors), expected, "{text} over {successors:?}");
         }
-    }
-
-    fn machines() -> (Machine, Machine) {
-        let build = |name: &str, states: [&str; 2]| {
-            MachineBuilder::new(name)
-                .state(states[0])
-                .initial()
-                .state(states[1])
-                .kind(crate::StateKind::Terminal)
-                .event("finish", [states[0]], "done")
-                .action("done", [states[1]])
-                .build()
-                .unwrap()
-        };
-        (build("app", ["creating", "ready"]), build("db", ["provisioning", "ready"]))
-    }
-
-    #[test]
-    fn check_against_known_machines() {
-        let (app, db) = machines();
-        let set = [&app, &db];
-        let lookup = |name: &str| set.iter().copied().find(|m| m.name() == name);
-        let check = |text: &str| p(text).check(&lookup);
-        assert_eq!(check("all(app) in [ready]"), Vec::<String>::new());
-        assert_eq!(check("any(dns) in [ready]"), ["unknown machine `dns`"]);
-        assert_eq!(
-            check("all(app) in [ready, gone, provisioning, gone]"),
-            [
-                "machine `app` has no state `gone`",
-                "machine `app` has no state `provisioning`",
-                "duplicate state `gone` in `in [...]`",
-            ]
-        );
-        assert_eq!(check("count(db in [x]) < 0"), ["machine `db` has no state `x`", "`count(...) < 0` can never hold"]);
-        assert_eq!(check("count(db health ok) >= 0"), ["`count(...) >= 0` always holds"]);
-        assert_eq!(check("count(db health ok) <= 0"), Vec::<String>::new());
-        // A lookup cannot list machines: states under `*` are checked only by check_against.
-        assert_eq!(check("all(*) in [nowhere, nowhere]"), ["duplicate state `nowhere` in `in [...]`"]);
-        let against = |text: &str| p(text).check_against(&set);
-        assert_eq!(against("all(*) in [provisioning, creating]"), Vec::<String>::new());
-        assert_eq!(against("all(*) in [ready, nowhere]"), ["no known machine has state `nowhere`"]);
-        assert_eq!(against("none(web) health error"), ["unknown machine `web`"]);
-        // With no machine known at all, states under `*` are not checked.
-        assert_eq!(p("all(*) in [nowhere]").check_against(&[]), Vec::<String>::new());
-        assert_eq!(
-            p("count(* in [a, a]) < 0").problems(),
-            ["duplicate state `a` in `in [...]`", "`count(...) < 0` can never hold"]
-        );
     }
 }

@@ -1,98 +1,25 @@
 //! Validation of machine definitions: every problem at once, each with the machine, the
 //! item and (for TOML) the line, as errors (the definition is refused) or warnings.
+//!
+//! [`check`] needs only the raw definition ([`crate::machine::MachineDef`]), never the
+//! validated model, which is built from a definition it passes; [`check_set`], across
+//! validated machines, lives in `set`, the one part of validation above the model.
+//! [`Report`] and its [`Diagnostic`]s are in `report`.
+
+mod report;
+mod set;
 
 use std::collections::{HashMap, HashSet};
-use std::fmt;
 use std::time::Duration;
 
+pub use report::{Diagnostic, Report, Severity};
+pub use set::check_set;
+
 use crate::duration;
-use crate::machine::{
-    ActionDef, EventDef, FaultDef, Machine, MachineDef, MigrateDef, Origin, StateDef, StateKind, TimerDef,
-    effective_kind,
+use crate::machine::def::{
+    ActionDef, EventDef, FaultDef, MachineDef, MigrateDef, Origin, StateDef, StateKind, TimerDef, effective_kind,
 };
 use crate::pattern::Pattern;
-
-/// How serious a diagnostic is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Severity {
-    /// The definition is refused.
-    Error,
-    /// The definition is accepted, but probably not what was meant.
-    Warning,
-}
-
-/// One problem found in a definition.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Diagnostic {
-    /// Error or warning.
-    pub severity: Severity,
-    /// The file the definition came from, when known.
-    pub file: Option<String>,
-    /// 1-based line in that file, when known.
-    pub line: Option<u32>,
-    /// The machine's name.
-    pub machine: String,
-    /// The item concerned, e.g. "state `creating`", "event `create`", "machine".
-    pub item: String,
-    /// What is wrong, lowercase, no trailing period.
-    pub message: String,
-}
-
-impl fmt::Display for Diagnostic {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let sev = match self.severity {
-            Severity::Error => "error",
-            Severity::Warning => "warning",
-        };
-        match (&self.file, self.line) {
-            (Some(file), Some(line)) => write!(f, "{file}:{line}: ")?,
-            (Some(file), None) => write!(f, "{file}: ")?,
-            (None, Some(line)) => write!(f, "line {line}: ")?,
-            (None, None) => {}
-        }
-        write!(f, "{sev}: machine `{}`, {}: {}", self.machine, self.item, self.message)
-    }
-}
-
-/// All diagnostics for one or more definitions.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Report {
-    /// Diagnostics in the order found.
-    pub diagnostics: Vec<Diagnostic>,
-}
-
-impl Report {
-    /// Whether any diagnostic is an error.
-    pub fn has_errors(&self) -> bool {
-        self.diagnostics.iter().any(|d| d.severity == Severity::Error)
-    }
-    /// The errors only.
-    pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
-        self.diagnostics.iter().filter(|d| d.severity == Severity::Error)
-    }
-    /// The warnings only.
-    pub fn warnings(&self) -> impl Iterator<Item = &Diagnostic> {
-        self.diagnostics.iter().filter(|d| d.severity == Severity::Warning)
-    }
-    /// Sets `file` on every diagnostic that has none.
-    pub fn with_file(mut self, file: &str) -> Self {
-        for d in &mut self.diagnostics {
-            d.file.get_or_insert_with(|| file.to_string());
-        }
-        self
-    }
-}
-
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for d in &self.diagnostics {
-            writeln!(f, "{d}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for Report {}
 
 /// Checks a definition and returns every error and warning found, never stopping at the
 /// first: errors item by item in declaration order (machine, states, events, actions,
@@ -158,59 +85,6 @@ pub fn check(def: &MachineDef) -> Report {
     c.idle_timers();
     Report { diagnostics: c.diagnostics }
 }
-
-/// Checks what a single definition cannot: each subscription pattern of each machine
-/// against the whole set ([`Pattern::check_against`]: unknown machines, states they do not
-/// declare), and machine names used twice in the set. Errors only, without lines (the
-/// machines are already validated); the item is the subscription's event.
-///
-/// ```
-/// use settle_core::MachineBuilder;
-/// let server = MachineBuilder::new("server")
-///     .state("waiting").initial()
-///     .state("ready").kind(settle_core::StateKind::Terminal)
-///     .event("children_ready", ["waiting"], "finish")
-///     .subscribe("all(app) in [ready]")
-///     .action("finish", ["ready"])
-///     .build()
-///     .unwrap();
-/// let report = settle_core::validate::check_set(&[&server]);
-/// assert_eq!(
-///     report.to_string(),
-///     "error: machine `server`, event `children_ready`: `subscribe`: unknown machine `app`\n"
-/// );
-/// ```
-pub fn check_set(machines: &[&Machine]) -> Report {
-    let mut diagnostics = Vec::new();
-    let error = |machine: &str, item: String, message: String| Diagnostic {
-        severity: Severity::Error,
-        file: None,
-        line: None,
-        machine: machine.to_string(),
-        item,
-        message,
-    };
-    let mut seen = HashSet::new();
-    for m in machines {
-        if !seen.insert(m.name().as_str()) {
-            diagnostics.push(error(
-                m.name(),
-                "machine".into(),
-                "more than one machine with this name in the set".into(),
-            ));
-        }
-    }
-    for m in machines {
-        for e in m.events() {
-            let Some(sub) = &e.subscribe else { continue };
-            for message in sub.pattern.check_against(machines) {
-                diagnostics.push(error(m.name(), format!("event `{}`", e.name), format!("`subscribe`: {message}")));
-            }
-        }
-    }
-    Report { diagnostics }
-}
-
 /// A name may appear in diagrams and URLs: letters, digits, `_` and `-` only.
 fn name_problem(name: &str) -> Option<&'static str> {
     if name.is_empty() {
@@ -744,19 +618,8 @@ mod tests {
 
     use super::*;
     use crate::fault::FaultPolicy;
+    use crate::fixtures::base;
     use crate::machine::{MachineBuilder, Schedule};
-
-    /// A clean machine: `idle` (initial) --go/start--> `busy` --auto work--> `idle`.
-    fn base() -> MachineBuilder {
-        MachineBuilder::new("m")
-            .state("idle")
-            .initial()
-            .state("busy")
-            .auto("work")
-            .event("go", ["idle"], "start")
-            .action("start", ["busy"])
-            .action("work", ["idle", "busy"])
-    }
 
     fn messages(def: &MachineDef) -> Vec<String> {
         check(def).diagnostics.iter().map(ToString::to_string).collect()
@@ -1279,53 +1142,6 @@ mod tests {
             .def()
             .clone();
         assert_eq!(messages(&def), Vec::<String>::new());
-    }
-
-    #[test]
-    fn subscriptions_are_checked_against_the_set() {
-        let child = |name: &str| {
-            MachineBuilder::new(name)
-                .state("creating")
-                .initial()
-                .state("ready")
-                .kind(StateKind::Terminal)
-                .event("finish", ["creating"], "done")
-                .action("done", ["ready"])
-                .build()
-                .unwrap()
-        };
-        let (app, db) = (child("app"), child("db"));
-        let parent = base()
-            .event("all_ready", ["idle"], "start")
-            .subscribe("all(*) in [ready]")
-            .event("apps_ready", ["idle"], "start")
-            .subscribe("all(app) in [ready]")
-            .event("dns_ready", ["idle"], "start")
-            .subscribe("any(dns) in [ready]")
-            .event("db_gone", ["idle"], "start")
-            .subscribe("any(type=db) in [gone, ready, failed]")
-            .event("anything_gone", ["idle"], "start")
-            .subscribe("count(* in [gone, creating]) > 1")
-            .build()
-            .unwrap();
-        let messages =
-            |set: &[&Machine]| -> Vec<String> { check_set(set).diagnostics.iter().map(ToString::to_string).collect() };
-        assert_eq!(
-            messages(&[&parent, &app, &db]),
-            [
-                "error: machine `m`, event `dns_ready`: `subscribe`: unknown machine `dns`",
-                "error: machine `m`, event `db_gone`: `subscribe`: machine `db` has no state `gone`",
-                "error: machine `m`, event `db_gone`: `subscribe`: machine `db` has no state `failed`",
-                "error: machine `m`, event `anything_gone`: `subscribe`: no known machine has state `gone`",
-            ]
-        );
-        // The subscriber is a machine of the set too: `idle` is one of its states.
-        let ok = base().event("e", ["idle"], "start").subscribe("any(*) in [idle]").build().unwrap();
-        assert_eq!(messages(&[&ok]), Vec::<String>::new());
-        assert_eq!(
-            messages(&[&app, &db, &app]),
-            ["error: machine `app`, machine: more than one machine with this name in the set"]
-        );
     }
 
     #[test]

@@ -1,0 +1,221 @@
+//! Checks across a set of validated machines: what no single definition can tell
+//! ([`check_set`]), and checking a subscription [`Pattern`] against the machines it names
+//! ([`Pattern::check`], [`Pattern::check_against`]).
+//!
+//! This is the one part of validation that knows the validated [`Machine`]; checking a
+//! single definition ([`super::check`]) needs only the raw definition.
+
+use std::collections::HashSet;
+
+use super::report::{Diagnostic, Report, Severity};
+use crate::machine::Machine;
+use crate::names::StateName;
+use crate::pattern::{Condition, Filter, Pattern};
+
+/// Checks what a single definition cannot: each subscription pattern of each machine
+/// against the whole set ([`Pattern::check_against`]: unknown machines, states they do not
+/// declare), and machine names used twice in the set. Errors only, without lines (the
+/// machines are already validated); the item is the subscription's event.
+///
+/// ```
+/// use settle_core::MachineBuilder;
+/// let server = MachineBuilder::new("server")
+///     .state("waiting").initial()
+///     .state("ready").kind(settle_core::StateKind::Terminal)
+///     .event("children_ready", ["waiting"], "finish")
+///     .subscribe("all(app) in [ready]")
+///     .action("finish", ["ready"])
+///     .build()
+///     .unwrap();
+/// let report = settle_core::validate::check_set(&[&server]);
+/// assert_eq!(
+///     report.to_string(),
+///     "error: machine `server`, event `children_ready`: `subscribe`: unknown machine `app`\n"
+/// );
+/// ```
+pub fn check_set(machines: &[&Machine]) -> Report {
+    let mut diagnostics = Vec::new();
+    let error = |machine: &str, item: String, message: String| Diagnostic {
+        severity: Severity::Error,
+        file: None,
+        line: None,
+        machine: machine.to_string(),
+        item,
+        message,
+    };
+    let mut seen = HashSet::new();
+    for m in machines {
+        if !seen.insert(m.name().as_str()) {
+            diagnostics.push(error(
+                m.name(),
+                "machine".into(),
+                "more than one machine with this name in the set".into(),
+            ));
+        }
+    }
+    for m in machines {
+        for e in m.events() {
+            let Some(sub) = &e.subscribe else { continue };
+            for message in sub.pattern.check_against(machines) {
+                diagnostics.push(error(m.name(), format!("event `{}`", e.name), format!("`subscribe`: {message}")));
+            }
+        }
+    }
+    Report { diagnostics }
+}
+
+/// Checking a pattern against machines lives here, where machines are known; the rest of
+/// [`Pattern`] (parsing, evaluating, [`Pattern::problems`]) needs none.
+impl Pattern {
+    /// Checks the pattern against the machines that `lookup` knows by name, and returns
+    /// every problem found: a filter naming an unknown machine (`unknown machine `x``),
+    /// states in `in [...]` the filtered machine does not declare (`machine `app` has no
+    /// state `x``), then those of [`Pattern::problems`].
+    ///
+    /// With the filter `*` a lookup cannot list the machines to search, so the states are
+    /// not checked: use [`Pattern::check_against`] with the whole set for that.
+    pub fn check<'m>(&self, lookup: &dyn Fn(&str) -> Option<&'m Machine>) -> Vec<String> {
+        self.check_with(lookup, &[])
+    }
+
+    /// Like [`Pattern::check`], with the set of known machines given as a slice; with the
+    /// filter `*`, each state in `in [...]` must then be declared by at least one of them
+    /// (unless the set is empty).
+    pub fn check_against(&self, machines: &[&Machine]) -> Vec<String> {
+        self.check_with(&|name| machines.iter().copied().find(|m| m.name() == name), machines)
+    }
+
+    fn check_with<'m>(&self, lookup: &dyn Fn(&str) -> Option<&'m Machine>, all: &[&Machine]) -> Vec<String> {
+        let mut out = Vec::new();
+        let states = match self.condition() {
+            Condition::InStates(states) => states.as_slice(),
+            Condition::Health(_) => &[],
+        };
+        // Each unknown state once, even when listed twice (the duplicate is reported apart).
+        let unknown = |known: &dyn Fn(&str) -> bool| -> Vec<&StateName> {
+            let mut out: Vec<&StateName> = Vec::new();
+            for s in states {
+                if !known(s) && !out.contains(&s) {
+                    out.push(s);
+                }
+            }
+            out
+        };
+        match self.filter() {
+            Filter::Machine(name) => match lookup(name) {
+                None => out.push(format!("unknown machine `{name}`")),
+                Some(m) => {
+                    for s in unknown(&|s| m.state(s).is_some()) {
+                        out.push(format!("machine `{name}` has no state `{s}`"));
+                    }
+                }
+            },
+            Filter::AnyMachine if !all.is_empty() => {
+                for s in unknown(&|s| all.iter().any(|m| m.state(s).is_some())) {
+                    out.push(format!("no known machine has state `{s}`"));
+                }
+            }
+            Filter::AnyMachine => {}
+        }
+        out.extend(self.problems());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::base;
+    use crate::machine::{MachineBuilder, StateKind};
+
+    fn p(text: &str) -> Pattern {
+        Pattern::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    /// A machine whose entities go from `states[0]` (initial) to the terminal `states[1]`.
+    fn finishing(name: &str, states: [&str; 2]) -> Machine {
+        MachineBuilder::new(name)
+            .state(states[0])
+            .initial()
+            .state(states[1])
+            .kind(StateKind::Terminal)
+            .event("finish", [states[0]], "done")
+            .action("done", [states[1]])
+            .build()
+            .unwrap()
+    }
+
+    fn machines() -> (Machine, Machine) {
+        (finishing("app", ["creating", "ready"]), finishing("db", ["provisioning", "ready"]))
+    }
+
+    #[test]
+    fn check_against_known_machines() {
+        let (app, db) = machines();
+        let set = [&app, &db];
+        let lookup = |name: &str| set.iter().copied().find(|m| m.name() == name);
+        let check = |text: &str| p(text).check(&lookup);
+        assert_eq!(check("all(app) in [ready]"), Vec::<String>::new());
+        assert_eq!(check("any(dns) in [ready]"), ["unknown machine `dns`"]);
+        assert_eq!(
+            check("all(app) in [ready, gone, provisioning, gone]"),
+            [
+                "machine `app` has no state `gone`",
+                "machine `app` has no state `provisioning`",
+                "duplicate state `gone` in `in [...]`",
+            ]
+        );
+        assert_eq!(check("count(db in [x]) < 0"), ["machine `db` has no state `x`", "`count(...) < 0` can never hold"]);
+        assert_eq!(check("count(db health ok) >= 0"), ["`count(...) >= 0` always holds"]);
+        assert_eq!(check("count(db health ok) <= 0"), Vec::<String>::new());
+        // A lookup cannot list machines: states under `*` are checked only by check_against.
+        assert_eq!(check("all(*) in [nowhere, nowhere]"), ["duplicate state `nowhere` in `in [...]`"]);
+        let against = |text: &str| p(text).check_against(&set);
+        assert_eq!(against("all(*) in [provisioning, creating]"), Vec::<String>::new());
+        assert_eq!(against("all(*) in [ready, nowhere]"), ["no known machine has state `nowhere`"]);
+        assert_eq!(against("none(web) health error"), ["unknown machine `web`"]);
+        // With no machine known at all, states under `*` are not checked.
+        assert_eq!(p("all(*) in [nowhere]").check_against(&[]), Vec::<String>::new());
+        assert_eq!(
+            p("count(* in [a, a]) < 0").problems(),
+            ["duplicate state `a` in `in [...]`", "`count(...) < 0` can never hold"]
+        );
+    }
+
+    #[test]
+    fn subscriptions_are_checked_against_the_set() {
+        let child = |name: &str| finishing(name, ["creating", "ready"]);
+        let (app, db) = (child("app"), child("db"));
+        let parent = base()
+            .event("all_ready", ["idle"], "start")
+            .subscribe("all(*) in [ready]")
+            .event("apps_ready", ["idle"], "start")
+            .subscribe("all(app) in [ready]")
+            .event("dns_ready", ["idle"], "start")
+            .subscribe("any(dns) in [ready]")
+            .event("db_gone", ["idle"], "start")
+            .subscribe("any(type=db) in [gone, ready, failed]")
+            .event("anything_gone", ["idle"], "start")
+            .subscribe("count(* in [gone, creating]) > 1")
+            .build()
+            .unwrap();
+        let messages =
+            |set: &[&Machine]| -> Vec<String> { check_set(set).diagnostics.iter().map(ToString::to_string).collect() };
+        assert_eq!(
+            messages(&[&parent, &app, &db]),
+            [
+                "error: machine `m`, event `dns_ready`: `subscribe`: unknown machine `dns`",
+                "error: machine `m`, event `db_gone`: `subscribe`: machine `db` has no state `gone`",
+                "error: machine `m`, event `db_gone`: `subscribe`: machine `db` has no state `failed`",
+                "error: machine `m`, event `anything_gone`: `subscribe`: no known machine has state `gone`",
+            ]
+        );
+        // The subscriber is a machine of the set too: `idle` is one of its states.
+        let ok = base().event("e", ["idle"], "start").subscribe("any(*) in [idle]").build().unwrap();
+        assert_eq!(messages(&[&ok]), Vec::<String>::new());
+        assert_eq!(
+            messages(&[&app, &db, &app]),
+            ["error: machine `app`, machine: more than one machine with this name in the set"]
+        );
+    }
+}
