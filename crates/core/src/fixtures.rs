@@ -1,6 +1,8 @@
-//! Reference machines shared by the unit tests of several core modules.
+//! Reference machines, and helpers on them, shared by the unit tests of several core
+//! modules.
 
-use crate::machine::MachineBuilder;
+use crate::machine::{MachineBuilder, MachineDef};
+use crate::validate;
 
 /// A clean machine `m`: `idle` (initial) --go/start--> `busy` --auto work--> `idle`. The
 /// base that validation tests add their problems to.
@@ -13,4 +15,9 @@ pub fn base() -> MachineBuilder {
         .event("go", ["idle"], "start")
         .action("start", ["busy"])
         .action("work", ["idle", "busy"])
+}
+
+/// Every diagnostic [`validate::check`] finds in `def`, as displayed.
+pub fn messages(def: &MachineDef) -> Vec<String> {
+    validate::check(def).diagnostics.iter().map(ToString::to_string).collect()
 }
