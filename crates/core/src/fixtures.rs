@@ -1,7 +1,9 @@
 //! Reference machines, and helpers on them, shared by the unit tests of several core
 //! modules.
 
-use crate::machine::{MachineBuilder, MachineDef};
+use std::time::Duration;
+
+use crate::machine::{MachineBuilder, MachineDef, Schedule, StateKind};
 use crate::validate;
 
 /// A clean machine `m`: `idle` (initial) --go/start--> `busy` --auto work--> `idle`. The
@@ -20,4 +22,61 @@ pub fn base() -> MachineBuilder {
 /// Every diagnostic [`validate::check`] finds in `def`, as displayed.
 pub fn messages(def: &MachineDef) -> Vec<String> {
     validate::check(def).diagnostics.iter().map(ToString::to_string).collect()
+}
+
+/// The reference server as TOML: a wait, a required property, error health, a deleted
+/// state, parameters, rejection reasons and transition waits. Built by [`server`].
+pub const SERVER: &str = include_str!("testdata/server.toml");
+
+/// [`SERVER`] built in Rust: the same machine.
+pub fn server() -> MachineBuilder {
+    MachineBuilder::new("server")
+        .state("new")
+        .initial()
+        .state("creating")
+        .auto("create_resources")
+        .wait(Duration::ZERO)
+        .state("ready")
+        .requires(["endpoint"])
+        .state("failed")
+        .error_health()
+        .auto("undo")
+        .state("gone")
+        .kind(StateKind::Deleted)
+        .event("create", ["new"], "begin_create")
+        .params(["region"])
+        .reject("ready", "already exists")
+        .reject("creating", "already in progress")
+        .event("delete", ["ready"], "undo")
+        .action("begin_create", ["creating"])
+        .action("create_resources", ["ready", "creating", "failed"])
+        .target_wait("failed", Duration::from_secs(1))
+        .target_wait("creating", Duration::from_secs(5))
+        .action("undo", ["gone", "failed"])
+}
+
+/// The reference scenario's subscriber as TOML: subscriptions with a timeout, and timers.
+/// Built by [`subscriber`].
+pub const SUBSCRIBER: &str = include_str!("testdata/subscriber.toml");
+
+/// [`SUBSCRIBER`] built in Rust: the same machine.
+pub fn subscriber() -> MachineBuilder {
+    MachineBuilder::new("server")
+        .state("waiting")
+        .initial()
+        .state("ready")
+        .state("failed")
+        .error_health()
+        .event("resources_ready", ["waiting"], "finish")
+        .subscribe("all(*) in [ready]")
+        .timeout(Duration::from_secs(600), "resources_timeout")
+        .event("resources_failed", ["waiting"], "give_up")
+        .subscribe("any(*) health error")
+        .event("resources_timeout", ["waiting"], "give_up")
+        .event("check", ["ready", "failed"], "probe")
+        .timer("health", "check", Schedule::Every(Duration::from_secs(300)), ["ready"])
+        .timer("retry", "check", Schedule::After(Duration::from_secs(5400)), ["failed"])
+        .action("finish", ["ready"])
+        .action("give_up", ["failed"])
+        .action("probe", ["ready", "failed"])
 }

@@ -445,43 +445,8 @@ impl<'de> Deserialize<'de> for Names {
 mod tests {
     use super::*;
     use crate::fault::FaultPolicy;
+    use crate::fixtures;
     use crate::machine::{MachineBuilder, Schedule};
-
-    const SERVER: &str = r#"name = "server"
-initial = "new"
-
-[states.new]
-[states.creating]
-auto = "create_resources"
-wait = "0s"
-[states.ready]
-requires = ["endpoint"]
-[states.failed]
-health = "error"
-auto = ["undo"]
-[states.gone]
-kind = "deleted"
-
-[events.create]
-in = ["new"]
-action = "begin_create"
-params = ["region"]
-[events.create.reject]
-ready = "already exists"
-creating = "already in progress"
-
-[events.delete]
-in = ["ready"]
-action = "undo"
-
-[actions.begin_create]
-to = ["creating"]
-[actions.create_resources]
-to = ["ready", "creating", "failed"]
-wait = { failed = "1s", creating = "5s" }
-[actions.undo]
-to = ["gone", "failed"]
-"#;
 
     fn errors(file_stem: &str, text: &str) -> Vec<String> {
         match parse(file_stem, text) {
@@ -492,7 +457,7 @@ to = ["gone", "failed"]
 
     #[test]
     fn parses_items_in_declaration_order_with_lines() {
-        let def = parse("ignored", SERVER).unwrap();
+        let def = parse("ignored", fixtures::SERVER).unwrap();
         assert_eq!(def.name, "server");
         assert_eq!(def.initial.as_deref(), Some("new"));
         assert_eq!(def.initial_origin.line, Some(2));
@@ -524,33 +489,9 @@ to = ["gone", "failed"]
 
     #[test]
     fn toml_and_builder_produce_equal_machines() {
-        let (from_toml, warnings) = load("server.toml", "server", SERVER).unwrap();
+        let (from_toml, warnings) = load("server.toml", "server", fixtures::SERVER).unwrap();
         assert_eq!(warnings, Report::default());
-        let from_builder = MachineBuilder::new("server")
-            .state("new")
-            .initial()
-            .state("creating")
-            .auto("create_resources")
-            .wait(Duration::ZERO)
-            .state("ready")
-            .requires(["endpoint"])
-            .state("failed")
-            .error_health()
-            .auto("undo")
-            .state("gone")
-            .kind(StateKind::Deleted)
-            .event("create", ["new"], "begin_create")
-            .params(["region"])
-            .reject("ready", "already exists")
-            .reject("creating", "already in progress")
-            .event("delete", ["ready"], "undo")
-            .action("begin_create", ["creating"])
-            .action("create_resources", ["ready", "creating", "failed"])
-            .target_wait("failed", Duration::from_secs(1))
-            .target_wait("creating", Duration::from_secs(5))
-            .action("undo", ["gone", "failed"])
-            .build()
-            .unwrap();
+        let from_builder = fixtures::server().build().unwrap();
         assert_eq!(from_toml, from_builder);
         assert_eq!(from_toml.content_hash(), from_builder.content_hash());
     }
@@ -631,55 +572,9 @@ lock = "2m"
         );
     }
 
-    /// The reference scenario's subscriber: subscriptions with a timeout, and timers.
-    const SUBSCRIBER: &str = r#"name = "server"
-initial = "waiting"
-
-[states.waiting]
-[states.ready]
-[states.failed]
-health = "error"
-
-[events.resources_ready]
-in = ["waiting"]
-action = "finish"
-subscribe = "all(*) in [ready]"
-timeout = { after = "10m", event = "resources_timeout" }
-
-[events.resources_failed]
-in = ["waiting"]
-action = "give_up"
-subscribe = "any(*)  health error"
-
-[events.resources_timeout]
-in = ["waiting"]
-action = "give_up"
-
-[events.check]
-in = ["ready", "failed"]
-action = "probe"
-
-[timers.health]
-event = "check"
-every = "5m"
-in = ["ready"]
-
-[timers.retry]
-in = ["failed"]
-after = "1h30m"
-event = "check"
-
-[actions.finish]
-to = ["ready"]
-[actions.give_up]
-to = ["failed"]
-[actions.probe]
-to = ["ready", "failed"]
-"#;
-
     #[test]
     fn parses_subscriptions_and_timers_with_lines() {
-        let def = parse("x", SUBSCRIBER).unwrap();
+        let def = parse("x", fixtures::SUBSCRIBER).unwrap();
         let ready = &def.events[0];
         assert_eq!(ready.subscribe.as_deref(), Some("all(*) in [ready]"));
         assert_eq!(ready.timeout, Some((Duration::from_secs(600), "resources_timeout".to_string())));
@@ -694,7 +589,7 @@ to = ["ready", "failed"]
         );
         assert_eq!((def.timers[1].every, def.timers[1].after), (None, Some(Duration::from_secs(5400))));
 
-        let (m, warnings) = load("server.toml", "server", SUBSCRIBER).unwrap();
+        let (m, warnings) = load("server.toml", "server", fixtures::SUBSCRIBER).unwrap();
         assert_eq!(warnings, Report::default());
         let sub = m.event("resources_ready").unwrap().subscribe.as_ref().unwrap();
         assert_eq!(sub.pattern.to_string(), "all(*) in [ready]");
@@ -723,25 +618,8 @@ to = ["ready", "failed"]
 
     #[test]
     fn toml_and_builder_produce_equal_machines_with_subscriptions_and_timers() {
-        let (from_toml, _) = load("server.toml", "server", SUBSCRIBER).unwrap();
-        let builder = MachineBuilder::new("server")
-            .state("waiting")
-            .initial()
-            .state("ready")
-            .state("failed")
-            .error_health()
-            .event("resources_ready", ["waiting"], "finish")
-            .subscribe("all(*) in [ready]")
-            .timeout(Duration::from_secs(600), "resources_timeout")
-            .event("resources_failed", ["waiting"], "give_up")
-            .subscribe("any(*) health error")
-            .event("resources_timeout", ["waiting"], "give_up")
-            .event("check", ["ready", "failed"], "probe")
-            .timer("health", "check", Schedule::Every(Duration::from_secs(300)), ["ready"])
-            .timer("retry", "check", Schedule::After(Duration::from_secs(5400)), ["failed"])
-            .action("finish", ["ready"])
-            .action("give_up", ["failed"])
-            .action("probe", ["ready", "failed"]);
+        let (from_toml, _) = load("server.toml", "server", fixtures::SUBSCRIBER).unwrap();
+        let builder = fixtures::subscriber();
         let from_builder = builder.clone().build().unwrap();
         assert_eq!(from_toml, from_builder);
         assert_eq!(from_toml.canonical_json(), from_builder.canonical_json());
@@ -858,29 +736,11 @@ every = "1m"
         );
     }
 
-    #[test]
-    fn definitions_without_new_keys_keep_their_hash() {
-        // Pinned before fault policies and upgrades existed: declaring neither changes nothing.
-        let (server, _) = load("server.toml", "server", SERVER).unwrap();
-        assert_eq!(server.content_hash(), "c90bcd10c3e34991d24dd53a46e922eaf1aa79d8866917a3e76e4423227a0802");
-        let (subscriber, _) = load("server.toml", "server", SUBSCRIBER).unwrap();
-        assert_eq!(subscriber.content_hash(), "96e07fcfa7a27ca07df2c95a363a7c3b9f50a8db214abeedf0a7d910a7e23191");
-        let json = server.canonical_json();
-        for key in ["fault", "migrate", "renamed_from"] {
-            assert!(!json.contains(key), "{json}");
-        }
-        assert_eq!(server.fault_policy(), &FaultPolicy::DEFAULT);
-        assert!(server.state_mapping().is_empty());
-    }
-
-    /// A door with every fault-policy and upgrade key.
-    const UPGRADED: &str = r#"initial = "closed"
-[states.closed]
-renamed_from = ["shut", "locked"]
-[states.open]
-renamed_from = ["ajar"]
-
-[events.open]
+    /// The door's events and actions, shared by the door definitions below (a macro, so
+    /// that `concat!` can splice it into their text).
+    macro_rules! door_moves {
+        () => {
+            r#"[events.open]
 in = ["closed"]
 action = "do_open"
 [events.close]
@@ -890,7 +750,21 @@ action = "do_close"
 to = ["open"]
 [actions.do_close]
 to = ["closed"]
+"#
+        };
+    }
 
+    /// A door with every fault-policy and upgrade key.
+    const UPGRADED: &str = concat!(
+        r#"initial = "closed"
+[states.closed]
+renamed_from = ["shut", "locked"]
+[states.open]
+renamed_from = ["ajar"]
+
+"#,
+        door_moves!(),
+        r#"
 [fault]
 max_errors = 5
 window = "1h"
@@ -899,7 +773,8 @@ backoff = { min = "500ms", max = "2m" }
 [migrate]
 jammed = "closed"
 swinging = "open"
-"#;
+"#
+    );
 
     fn upgraded_builder() -> MachineBuilder {
         MachineBuilder::new("door")
@@ -1072,26 +947,20 @@ swinging = "open"
 
     #[test]
     fn renames_and_migrations_are_checked_on_their_lines() {
-        let text = r#"initial = "closed"
+        let text = concat!(
+            r#"initial = "closed"
 [states.closed]
 renamed_from = ["open", "shut", "shut"]
 [states.open]
 renamed_from = ["ajar", "shut"]
-[events.open]
-in = ["closed"]
-action = "do_open"
-[events.close]
-in = ["open"]
-action = "do_close"
-[actions.do_open]
-to = ["open"]
-[actions.do_close]
-to = ["closed"]
-[migrate]
+"#,
+            door_moves!(),
+            r#"[migrate]
 closed = "open"
 ajar = "closed"
 jammed = "stuck"
-"#;
+"#
+        );
         let report = load("door.toml", "door", text).unwrap_err();
         assert_eq!(
             report.to_string(),

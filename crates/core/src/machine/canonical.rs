@@ -152,3 +152,25 @@ fn write_sorted(v: &serde_json::Value, out: &mut String) {
         scalar => out.push_str(&scalar.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::fault::FaultPolicy;
+    use crate::fixtures::{SERVER, SUBSCRIBER};
+    use crate::toml::load;
+
+    #[test]
+    fn definitions_without_new_keys_keep_their_hash() {
+        // Pinned before fault policies and upgrades existed: declaring neither changes nothing.
+        let (server, _) = load("server.toml", "server", SERVER).unwrap();
+        assert_eq!(server.content_hash(), "c90bcd10c3e34991d24dd53a46e922eaf1aa79d8866917a3e76e4423227a0802");
+        let (subscriber, _) = load("server.toml", "server", SUBSCRIBER).unwrap();
+        assert_eq!(subscriber.content_hash(), "96e07fcfa7a27ca07df2c95a363a7c3b9f50a8db214abeedf0a7d910a7e23191");
+        let json = server.canonical_json();
+        for key in ["fault", "migrate", "renamed_from"] {
+            assert!(!json.contains(key), "{json}");
+        }
+        assert_eq!(server.fault_policy(), &FaultPolicy::DEFAULT);
+        assert!(server.state_mapping().is_empty());
+    }
+}
