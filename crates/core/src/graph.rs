@@ -283,145 +283,38 @@ fn dot_string(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::machine::{MachineBuilder, Schedule, StateKind};
+    use crate::fixtures;
 
+    /// Every kind of state and edge a diagram draws. The expected diagrams are beside its
+    /// definition, in `testdata/diagrams/`.
     fn server() -> Machine {
-        MachineBuilder::new("server")
-            .state("new")
-            .initial()
-            .state("creating")
-            .auto("provision")
-            .state("ready")
-            .state("failed")
-            .error_health()
-            .auto("undo")
-            .state("gone")
-            .kind(StateKind::Deleted)
-            .state("old-ready")
-            .kind(StateKind::Terminal)
-            .event("create", ["new"], "begin")
-            .event("retire", ["ready"], "archive")
-            .action("begin", ["creating"])
-            .action("provision", ["ready", "creating", "failed"])
-            .action("undo", ["gone", "failed"])
-            .action("archive", ["old-ready"])
-            .build()
-            .unwrap()
+        crate::toml::load("server.toml", "server", include_str!("testdata/diagrams/server.toml")).unwrap().0
     }
 
     #[test]
     fn mermaid_diagram() {
-        let expected = "\
-stateDiagram-v2
-    new
-    creating
-    ready
-    failed
-    gone
-    state \"old-ready\" as _5
-    [*] --> new
-    new --> creating : create
-    creating --> ready : auto / provision
-    creating --> creating : auto / provision
-    creating --> failed : auto / provision
-    ready --> _5 : retire
-    failed --> gone : auto / undo
-    failed --> failed : auto / undo
-    gone --> [*]
-    _5 --> [*]
-    classDef unstable stroke-dasharray:5 5
-    class creating,failed unstable
-    classDef error fill:#fdd,stroke:#c00,color:#900
-    class failed error
-";
-        assert_eq!(render(&server(), Format::Mermaid), expected);
+        assert_eq!(render(&server(), Format::Mermaid), include_str!("testdata/diagrams/server.mmd"));
     }
 
     #[test]
     fn dot_diagram() {
-        let expected = r#"digraph "server" {
-    rankdir=LR;
-    node [shape=box, style=rounded];
-    "[*]" [shape=point, label=""];
-    "new";
-    "creating" [style="rounded,dashed"];
-    "ready";
-    "failed" [style="rounded,dashed", color=red, fontcolor=red];
-    "gone" [shape=doublecircle, style=dashed];
-    "old-ready" [shape=doublecircle];
-    "[*]" -> "new";
-    "new" -> "creating" [label="create"];
-    "creating" -> "ready" [label="auto: provision"];
-    "creating" -> "creating" [label="auto: provision"];
-    "creating" -> "failed" [label="auto: provision"];
-    "ready" -> "old-ready" [label="retire"];
-    "failed" -> "gone" [label="auto: undo"];
-    "failed" -> "failed" [label="auto: undo"];
-}
-"#;
-        assert_eq!(render(&server(), Format::Dot), expected);
+        assert_eq!(render(&server(), Format::Dot), include_str!("testdata/diagrams/server.dot"));
     }
 
-    /// A subscriber: subscriptions with a timeout, and timers.
+    /// The reference subscriber without its failure subscription, its retry timer running
+    /// in `ready` too: subscriptions with a timeout, and timers.
     fn subscriber() -> Machine {
-        MachineBuilder::new("server")
-            .state("waiting")
-            .initial()
-            .state("ready")
-            .state("failed")
-            .error_health()
-            .event("resources_ready", ["waiting"], "finish")
-            .subscribe("all(*) in [ready]")
-            .timeout(Duration::from_secs(600), "resources_timeout")
-            .event("resources_timeout", ["waiting"], "give_up")
-            .event("check", ["ready", "failed"], "probe")
-            .timer("health", "check", Schedule::Every(Duration::from_secs(300)), ["ready"])
-            .timer("retry", "check", Schedule::After(Duration::from_secs(5400)), ["failed", "ready"])
-            .action("finish", ["ready"])
-            .action("give_up", ["failed"])
-            .action("probe", ["ready", "failed"])
-            .build()
-            .unwrap()
+        let mut def = fixtures::subscriber().def().clone();
+        def.events.retain(|e| e.name != "resources_failed");
+        def.timers[1].valid_in.push("ready".into());
+        Machine::from_def(&def).unwrap().0
     }
 
     #[test]
     fn subscriptions_and_timers_are_labelled() {
-        let mermaid = "\
-stateDiagram-v2
-    waiting
-    ready
-    failed
-    [*] --> waiting
-    waiting --> ready : resources_ready (subscription)
-    waiting --> failed : resources_timeout (timeout after 10m)
-    ready --> ready : check (timer every 5m, timer after 1h30m)
-    ready --> failed : check (timer every 5m, timer after 1h30m)
-    failed --> ready : check (timer after 1h30m)
-    failed --> failed : check (timer after 1h30m)
-    classDef error fill:#fdd,stroke:#c00,color:#900
-    class failed error
-";
-        assert_eq!(render(&subscriber(), Format::Mermaid), mermaid);
-        let dot = r#"digraph "server" {
-    rankdir=LR;
-    node [shape=box, style=rounded];
-    "[*]" [shape=point, label=""];
-    "waiting";
-    "ready";
-    "failed" [color=red, fontcolor=red];
-    "[*]" -> "waiting";
-    "waiting" -> "ready" [label="resources_ready (subscription)"];
-    "waiting" -> "failed" [label="resources_timeout (timeout after 10m)"];
-    "ready" -> "ready" [label="check (timer every 5m, timer after 1h30m)"];
-    "ready" -> "failed" [label="check (timer every 5m, timer after 1h30m)"];
-    "failed" -> "ready" [label="check (timer after 1h30m)"];
-    "failed" -> "failed" [label="check (timer after 1h30m)"];
-}
-"#;
-        assert_eq!(render(&subscriber(), Format::Dot), dot);
+        assert_eq!(render(&subscriber(), Format::Mermaid), include_str!("testdata/diagrams/subscriber.mmd"));
+        assert_eq!(render(&subscriber(), Format::Dot), include_str!("testdata/diagrams/subscriber.dot"));
     }
 
     #[test]
