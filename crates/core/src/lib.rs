@@ -1,10 +1,11 @@
 //! settle-core: the pure heart of Settle.
 //!
-//! - [`machine`]: the machine model ([`MachineDef`] as written, [`Machine`] validated) and
-//!   the [`MachineBuilder`];
+//! - [`machine`]: the machine model ([`MachineDef`] as written, [`Machine`] validated),
+//!   the [`MachineBuilder`], and the canonical JSON and content hash of a definition;
 //! - [`pattern`]: subscription patterns over successors (`all(*) in [ready]`);
 //! - [`toml`]: loading definitions from TOML with line numbers;
-//! - [`validate`]: every check on a definition, reported at once;
+//! - [`validate`]: every check on a definition, reported at once, and the checks across a
+//!   set of machines ([`validate::check_set`]);
 //! - [`step`]: the step function the runtime consults for each event and action outcome;
 //! - [`fault`]: fault policies, turning an entity's errors into backoff or parking;
 //! - [`upgrade`]: whether stored entities fit a new definition, and where they move;
@@ -12,6 +13,13 @@
 //!
 //! This crate does no IO, reads no clock and spawns nothing: time and randomness come in
 //! as arguments, decisions come out as data. See `examples/machines/` for definitions.
+//!
+//! Imports go one way. At the bottom are [`names`], [`duration`], [`fault`] and the raw
+//! definition (`machine::def`, with [`StateKind`] and [`Health`]); [`pattern`] and the
+//! single-definition checks of [`validate`] build on the definition only; the validated
+//! [`Machine`] builds on them (a definition becomes a machine once validated); everything
+//! that needs a validated machine comes after it: [`validate::check_set`], [`step`],
+//! [`upgrade`], [`graph`] and [`toml::load`].
 
 pub mod duration;
 pub mod fault;
