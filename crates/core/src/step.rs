@@ -515,4 +515,112 @@ mod tests {
             "action `provision` of machine `server` may not move to `new` (declared: ready, failed)"
         );
     }
+
+    #[test]
+    fn an_event_invalid_in_the_state_of_an_entity_at_rest_is_refused_at_once() {
+        let m = server();
+        // (state, event, may the entity still move) → the reason it is refused now
+        let cases = [
+            ("ready", "create", false, Some("event `create` is not valid in state `ready`")),
+            ("ready", "create", true, None),
+            ("creating", "create", false, None),
+            ("new", "create", false, None),
+            ("new", "nope", false, None),
+        ];
+        for (state, event, moving, refused) in cases {
+            let got = refuse_at_rest(&m, state, event, moving);
+            assert_eq!(got.as_ref().map(|r| r.reason.as_str()), refused, "{event} in {state}, moving: {moving}");
+        }
+        let declared = MachineBuilder::new("m")
+            .state("a")
+            .initial()
+            .state("b")
+            .event("go", ["a"], "move")
+            .reject("b", "gone already")
+            .action("move", ["b"])
+            .build()
+            .unwrap();
+        assert_eq!(refuse_at_rest(&declared, "b", "go", false).unwrap().reason, "gone already");
+    }
+
+    #[test]
+    fn an_auto_action_is_due_in_an_unstable_state_once_its_time_has_come() {
+        let m = server();
+        let cases = [
+            ("creating", None, true),
+            ("creating", Some(99), true),
+            ("creating", Some(100), true),
+            ("creating", Some(101), false),
+            ("new", None, false),
+            ("nowhere", None, false),
+        ];
+        for (state, auto_at, due) in cases {
+            assert_eq!(auto_due(&m, state, auto_at, 100), due, "{state} at {auto_at:?}");
+        }
+    }
+
+    #[test]
+    fn entering_a_state_starts_its_timers_and_subscription_timeouts() {
+        let m = crate::fixtures::subscriber().build().unwrap();
+        let mins = |n: u64| Duration::from_secs(60 * n);
+        type Started<'a> = Vec<(&'a str, Duration, Option<Duration>, bool)>;
+        // (from, to) → (name, after, every, restart) of each timer started
+        let cases: [(Option<&str>, &str, Started<'_>); 5] = [
+            (None, "waiting", vec![("timeout:resources_ready", mins(10), None, true)]),
+            (Some("waiting"), "ready", vec![("health", mins(5), Some(mins(5)), true)]),
+            (Some("ready"), "ready", vec![("health", mins(5), Some(mins(5)), false)]),
+            (Some("waiting"), "waiting", vec![("timeout:resources_ready", mins(10), None, false)]),
+            (Some("ready"), "failed", vec![("retry", mins(90), None, true)]),
+        ];
+        for (from, to, expected) in cases {
+            let got: Vec<_> =
+                timers_on_entry(&m, from, to).into_iter().map(|t| (t.name, t.after, t.every, t.restart)).collect();
+            let expected: Vec<_> = expected.into_iter().map(|(n, a, e, r)| (n.to_string(), a, e, r)).collect();
+            assert_eq!(got, expected, "{from:?} -> {to}");
+        }
+        assert!(has_timers(&m));
+        assert!(!has_timers(&server()));
+    }
+
+    #[test]
+    fn a_fired_timer_applies_only_where_it_runs() {
+        let m = crate::fixtures::subscriber().build().unwrap();
+        let cases = [
+            ("ready", "health", "check", true),
+            ("failed", "health", "check", false),
+            ("failed", "retry", "check", true),
+            ("waiting", "timeout:resources_ready", "resources_timeout", true),
+            ("ready", "timeout:resources_ready", "resources_timeout", false),
+            ("waiting", "timeout:resources_ready", "check", false),
+            ("ready", "gone", "check", false),
+        ];
+        for (state, name, event, applies) in cases {
+            assert_eq!(timer_applies(&m, state, name, event), applies, "{name} ({event}) in {state}");
+        }
+    }
+
+    #[test]
+    fn the_first_unfired_subscription_whose_pattern_holds_fires() {
+        use crate::Health;
+        let m = crate::fixtures::subscriber().build().unwrap();
+        let view = |state, health| SuccessorView { machine: "app", key: "a", state, health };
+        let ready = view("ready", Health::Ok);
+        let broken = view("broken", Health::Error);
+        let busy = view("creating", Health::Ok);
+        type Fired<'a> = Option<(&'a str, Vec<usize>)>;
+        // (state, fired, successors) → the event fired and the successors that matched
+        let cases: Vec<(&str, Vec<&str>, Vec<SuccessorView<'_>>, Fired<'_>)> = vec![
+            ("waiting", vec![], vec![ready, ready], Some(("resources_ready", vec![0, 1]))),
+            ("waiting", vec![], vec![ready, busy], None),
+            ("waiting", vec![], vec![busy, broken], Some(("resources_failed", vec![1]))),
+            ("waiting", vec!["resources_ready"], vec![ready], None),
+            ("waiting", vec![], vec![], None),
+            ("ready", vec![], vec![ready], None),
+        ];
+        for (state, fired, successors, expected) in cases {
+            let fired: Vec<EventName> = fired.into_iter().map(EventName::new).collect();
+            let got = fire(&m, state, &fired, &successors).map(|(ev, i)| (ev.name.as_str(), i));
+            assert_eq!(got, expected, "{state}, fired {fired:?}");
+        }
+    }
 }

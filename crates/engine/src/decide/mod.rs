@@ -7,9 +7,9 @@
 //! - what is the held entity's next step ([`next`]): its first inbox item (an event, a
 //!   fired timer, a successor's change notice, an agent's report), else its auto action
 //!   when due, else release the lease;
-//! - what does an action's result become ([`action_done`] → [`finish`] or [`fault`]): a
-//!   transition commit with its effects (created entities, raised events, SQL, timers,
-//!   agent task, telemetry), or, if the core refuses the outcome, a fault;
+//! - what does an action's result become ([`action_done`]): a transition commit with its
+//!   effects (`transition`: created entities, raised events, SQL, timers, agent task,
+//!   telemetry), or, if it failed or the core refuses the outcome, a fault (`fault`);
 //! - what do the subscriptions' evaluation ([`evaluated`]) and a failed commit
 //!   ([`commit_failed`]) come to;
 //! - what does a commit that landed change in the held snapshot ([`Expect::apply`]).
@@ -18,21 +18,28 @@
 //! timers start, which subscription fires) are `settle_core::step`'s; this module turns
 //! them into the store's [`Commit`]s.
 
+mod fault;
+#[cfg(test)]
+mod tests;
+mod transition;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
-use settle_core::fault::FaultDecision;
 use settle_core::pattern::SuccessorView;
 use settle_core::step::{self, EventStep};
-use settle_core::{Action, ActionName, EntityKey, EventName, Health, Machine, Properties, StateKind, StateName};
+use settle_core::{Action, ActionName, EventName, Machine, Properties, StateKind, StateName};
 use settle_store::{
-    AfterCommit, AgentReport, Commit, EntityRow, ErrorRecord, EventRecord, Fence, HistoryKind, InboxItem, InboxKind,
-    Millis, NewEntity, Push, RunStatus, TaskOffer, TaskResult, Telemetry, TimerPlan, TransitionRecord,
+    AfterCommit, AgentReport, Commit, EntityRow, Fence, HistoryKind, InboxItem, InboxKind, Millis, TaskResult,
+    Telemetry,
 };
 
+pub(crate) use fault::{FaultError, fault};
+use transition::{event_record, task_offer};
+pub(crate) use transition::{finish, new_entity};
+
 use crate::api::EventOutcome;
-use crate::handler::{HandlerError, Outcome};
+use crate::handler::Outcome;
 use crate::registry::Registry;
 
 /// What the decisions need beside the entity: the machines and handlers, this engine's
@@ -85,38 +92,6 @@ impl Held {
 pub(crate) struct Firing {
     pub(crate) event: EventName,
     pub(crate) notices_upto: i64,
-}
-
-/// A failed action, as the fault policy and the `errors` table see it.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct FaultError {
-    pub(crate) kind: &'static str,
-    pub(crate) details: String,
-    pub(crate) exception: Option<String>,
-    /// Trying again cannot help (an agent's non-retryable failure): park at once.
-    pub(crate) fatal: bool,
-}
-
-impl FaultError {
-    pub(crate) fn new(kind: &'static str, details: impl Into<String>) -> Self {
-        FaultError { kind, details: details.into(), exception: None, fatal: false }
-    }
-
-    /// A handler's result as the decisions take it: its error or panic becomes a fault.
-    pub(crate) fn of_handler(
-        r: std::result::Result<std::result::Result<Outcome, HandlerError>, String>,
-    ) -> std::result::Result<Outcome, FaultError> {
-        match r {
-            Ok(Ok(outcome)) => Ok(outcome),
-            Ok(Err(e)) => Err(FaultError::new("action_error", format!("action error: {e}"))),
-            Err(panic) => Err(FaultError {
-                kind: "panic",
-                details: format!("action panicked: {panic}"),
-                exception: Some(panic),
-                fatal: false,
-            }),
-        }
-    }
 }
 
 /// The next step of a held entity.
@@ -468,326 +443,4 @@ fn offer_now(held: &Held, env: &Env<'_>) -> Decided {
         telemetry: Telemetry { current_event: e.event_id, ..Telemetry::default() },
         ..Commit::new(held.fence(env.owner), e.state.clone(), HistoryKind::Auto, AfterCommit::Release)
     })
-}
-
-/// Turns an action's outcome into a transition commit, or a fault if the core refuses it
-/// (undeclared target, broken invariant, unknown machine or event in its effects).
-/// `started` is when its handler started (`None`: a plain transition).
-pub(crate) fn finish(
-    held: &mut Held,
-    action: &Action,
-    item: Option<InboxItem>,
-    outcome: Outcome,
-    preconditions: Vec<(i64, i64)>,
-    started: Option<Millis>,
-    env: &Env<'_>,
-) -> Decided {
-    let now = env.now;
-    let machine = held.machine.clone();
-    let e = &held.entity;
-    let from = machine.state(&e.state).expect("entity state exists in its machine");
-    let mut props = e.properties.clone();
-    step::apply_changes(&mut props, &outcome.changes);
-    let entry = match step::enter(&machine, from, action, outcome.target(), outcome.delay, e.retry, &props) {
-        Ok(entry) => entry,
-        Err(refusal) => {
-            return fault(held, item, Some(&action.name), FaultError::new("refused", refusal.to_string()), env);
-        }
-    };
-    let request_id = item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
-    let effects = effects(&outcome, held.entity.id, request_id.as_ref(), env);
-    let (creates, pushes) = match effects {
-        Ok(effects) => effects,
-        Err(err) => return fault(held, item, Some(&action.name), FaultError::new("refused", err), env),
-    };
-    let auto_at = entry.auto_delay.map(|d| now + ms(d));
-    // An agent-bound auto action: the commit offers its task instead.
-    let offer = auto_at.and_then(|at| task_offer(&machine, &entry.state, at));
-    let after = match entry.auto_delay {
-        Some(d) if d.is_zero() && offer.is_none() => AfterCommit::Hold,
-        _ => AfterCommit::Release,
-    };
-    let outcome_for_caller = item.as_ref().map(|_| EventOutcome::Accepted { state: entry.state.clone() });
-    let changed_state = entry.state != held.entity.state;
-    let firing = held.firing.take();
-    let fired = if changed_state {
-        Some(Vec::new())
-    } else {
-        firing.as_ref().map(|f| {
-            let mut fired = held.entity.fired.clone();
-            fired.push(f.event.clone());
-            fired
-        })
-    };
-    let kind = match (&item, started) {
-        (Some(_), None) => "event",
-        (Some(_), Some(_)) => "event_action",
-        (None, _) => "auto_action",
-    };
-    let e = &held.entity;
-    let transition = TransitionRecord {
-        kind,
-        start_health: Some(health_str(machine.health_of(&e.state))),
-        end_health: health_str(machine.health_of(&entry.state)),
-        entry_time: e.entered_at,
-        start_time: item.as_ref().map(|i| i.created_at).or(started).unwrap_or(now),
-        action_start_time: started,
-        outcome: if entry.retry > 0 { "retry" } else { "ok" },
-    };
-    let commit = Commit {
-        to: Some(entry.state.clone()),
-        retry: entry.retry,
-        auto_at: if offer.is_some() { None } else { auto_at },
-        offer,
-        consume: item.as_ref().map(|i| i.id).or(held.agent_report.take()),
-        properties: (props != e.properties).then_some(props),
-        action: Some(action.name.clone()),
-        event: item.as_ref().map(|i| i.event.clone()),
-        consume_notices_upto: firing.map(|f| f.notices_upto),
-        request_id,
-        sql: outcome.sql,
-        creates,
-        pushes,
-        preconditions,
-        timers: (changed_state && step::has_timers(&machine))
-            .then(|| timer_plan(&machine, Some(&e.state), &entry.state, now)),
-        fired,
-        notify_predecessors: changed_state,
-        notify_self: changed_state && machine.subscriptions_in(&entry.state).next().is_some(),
-        machine_hash: env.registry.hash(machine.name()),
-        telemetry: Telemetry {
-            event: item.as_ref().map(|i| event_record(i, false, false)),
-            transition: Some(transition),
-            error: None,
-            at_rest: entry.at_rest(),
-            complete: entry.at_rest(),
-            current_event: e.event_id,
-        },
-        ..Commit::new(
-            held.fence(env.owner),
-            e.state.clone(),
-            if item.is_some() { HistoryKind::Event } else { HistoryKind::Auto },
-            after,
-        )
-    };
-    Decided { item, action: Some(action.name.clone()), outcome: outcome_for_caller, ..Decided::new(commit) }
-}
-
-/// The entities an outcome creates and the events it raises, checked against their
-/// machines; the error says which one is refused and why.
-fn effects(
-    outcome: &Outcome,
-    entity_id: i64,
-    request_id: Option<&String>,
-    env: &Env<'_>,
-) -> std::result::Result<(Vec<NewEntity>, Vec<Push>), String> {
-    let mut creates = Vec::with_capacity(outcome.creates.len());
-    for c in &outcome.creates {
-        let m = env.registry.machine(&c.machine).map_err(|e| e.to_string())?;
-        let mut new = new_entity(m, c.key.clone(), c.properties.clone(), request_id.cloned(), env.now)
-            .map_err(|r| r.to_string())?;
-        new.machine_hash = env.registry.hash(&c.machine);
-        creates.push(new);
-    }
-    let mut pushes = Vec::with_capacity(outcome.raises.len());
-    for r in &outcome.raises {
-        let m = env.registry.machine(&r.machine).map_err(|e| e.to_string())?;
-        step::check_raise(m, &r.event, &r.params).map_err(|e| e.to_string())?;
-        pushes.push(Push {
-            machine: r.machine.clone(),
-            key: r.key.clone(),
-            event: r.event.clone(),
-            params: r.params.clone(),
-            request_id: request_id.cloned(),
-            kind: InboxKind::Nested,
-            join_from: r.join.then_some(entity_id),
-            operation: None,
-        });
-    }
-    Ok((creates, pushes))
-}
-
-/// An action failed (error, panic, refused outcome, failed commit). The machine's fault
-/// policy decides: park the entity (`failed`, for an operator), or back off. An event's
-/// action consumes the event and changes no state; an auto action re-enters its state
-/// after the backoff (run status `fault` meanwhile), counting the retry.
-pub(crate) fn fault(
-    held: &mut Held,
-    item: Option<InboxItem>,
-    action: Option<&str>,
-    error: FaultError,
-    env: &Env<'_>,
-) -> Decided {
-    let now = env.now;
-    let after_unchanged = held.after_unchanged(now);
-    let unstable = held.unstable();
-    let fence = held.fence(env.owner);
-    let e = &held.entity;
-    let (mut decision, recent) = held.machine.fault_policy().decide(&e.recent_errors, now);
-    if error.fatal {
-        decision = FaultDecision::Park;
-    }
-    let parked = matches!(decision, FaultDecision::Park);
-    let note = Note::Fault { kind: error.kind, details: error.details.clone(), parked };
-    let health = health_str(held.machine.health_of(&e.state));
-    let mut base = Commit {
-        retry: e.retry,
-        action: action.map(Into::into),
-        event: item.as_ref().map(|i| i.event.clone()),
-        consume: item.as_ref().map(|i| i.id).or(held.agent_report.take()),
-        request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
-        detail: Some(error.details.clone()),
-        recent_errors: Some(recent),
-        machine_hash: env.registry.hash(held.machine.name()),
-        telemetry: Telemetry {
-            event: item.as_ref().map(|i| event_record(i, false, true)),
-            error: Some(ErrorRecord { kind: error.kind, details: error.details.clone(), exception: error.exception }),
-            current_event: e.event_id,
-            ..Telemetry::default()
-        },
-        ..Commit::new(fence, e.state.clone(), HistoryKind::Fault, AfterCommit::Release)
-    };
-    if let Some(f) = held.firing.take() {
-        // The subscription fired (once per entry) even though its action failed.
-        let mut fired = e.fired.clone();
-        fired.push(f.event);
-        base.fired = Some(fired);
-        base.consume_notices_upto = Some(f.notices_upto);
-    }
-    if parked {
-        base.run_status = Some((RunStatus::Failed, None));
-    }
-    let (commit, outcome) = if item.is_some() {
-        let after = if parked { AfterCommit::Release } else { after_unchanged };
-        let at_rest = parked || !unstable;
-        (
-            Commit { after, telemetry: Telemetry { at_rest, complete: true, ..base.telemetry.clone() }, ..base },
-            Some(EventOutcome::Failed { error: error.details }),
-        )
-    } else {
-        let retry = e.retry + 1;
-        let (auto_at, status) = match decision {
-            // Parked: the auto action runs again at once when an operator resumes it.
-            FaultDecision::Park => (now, base.run_status),
-            FaultDecision::Backoff(d) => {
-                let until = now + ms(d);
-                (until, Some((RunStatus::Fault, Some(until))))
-            }
-        };
-        let transition = TransitionRecord {
-            kind: "auto_action",
-            start_health: Some(health),
-            end_health: health,
-            entry_time: e.entered_at,
-            start_time: now,
-            action_start_time: None,
-            outcome: "error",
-        };
-        // An agent-bound auto action offers its next task for the end of the backoff (a
-        // parked entity offers it when resumed).
-        let offer = if parked { None } else { task_offer(&held.machine, &e.state, auto_at) };
-        (
-            Commit {
-                to: Some(e.state.clone()),
-                retry,
-                auto_at: if offer.is_some() { None } else { Some(auto_at) },
-                offer,
-                run_status: status,
-                telemetry: Telemetry {
-                    transition: Some(transition),
-                    at_rest: parked,
-                    complete: parked,
-                    ..base.telemetry.clone()
-                },
-                ..base
-            },
-            None,
-        )
-    };
-    // A fault commit has no effects, so it can only fail by losing the lease.
-    Decided { item, outcome, note: Some(note), ..Decided::new(commit) }
-}
-
-/// A new entity in its machine's initial state, with that state's timers and, when an
-/// agent executes its auto action, its task.
-pub(crate) fn new_entity(
-    machine: &Machine,
-    key: EntityKey,
-    properties: Properties,
-    request_id: Option<String>,
-    now: Millis,
-) -> std::result::Result<NewEntity, settle_core::Refusal> {
-    let entry = step::initial_entry(machine, &properties)?;
-    let initial = machine.initial().name.clone();
-    let auto_at = entry.auto_delay.map(|d| now + ms(d));
-    let offer = auto_at.and_then(|at| task_offer(machine, &entry.state, at));
-    Ok(NewEntity {
-        machine: machine.name().clone(),
-        key,
-        timers: timer_plan(machine, None, &initial, now),
-        notify_self: machine.subscriptions_in(&initial).next().is_some(),
-        operation: None,
-        machine_hash: None,
-        health: health_str(machine.health_of(&initial)),
-        auto_at: if offer.is_some() { None } else { auto_at },
-        offer,
-        state: entry.state,
-        properties,
-        request_id,
-    })
-}
-
-/// The agent task entering `state` offers, available at `at`: when its auto action is
-/// bound to an agent queue.
-fn task_offer(machine: &Machine, state: &str, at: Millis) -> Option<TaskOffer> {
-    let action = step::agent_action(machine, state)?;
-    let binding = action.agent.as_ref()?;
-    Some(TaskOffer {
-        queue: binding.queue.clone(),
-        action: action.name.clone(),
-        lock_ms: ms(binding.lock),
-        available_at: at,
-    })
-}
-
-/// The stored timers an entity has after entering `to` from `from` at `now`.
-fn timer_plan(machine: &Machine, from: Option<&str>, to: &str, now: Millis) -> Vec<TimerPlan> {
-    step::timers_on_entry(machine, from, to)
-        .into_iter()
-        .map(|t| TimerPlan {
-            name: t.name,
-            event: t.event,
-            due_at: now + ms(t.after),
-            every_ms: t.every.map(ms),
-            restart: t.restart,
-        })
-        .collect()
-}
-
-fn ms(d: Duration) -> Millis {
-    d.as_millis() as Millis
-}
-
-fn health_str(h: Health) -> &'static str {
-    match h {
-        Health::Ok => "ok",
-        Health::Error => "error",
-    }
-}
-
-/// The `events` row of a processed inbox item.
-fn event_record(item: &InboxItem, rejected: bool, failed: bool) -> EventRecord {
-    EventRecord {
-        kind: match item.kind {
-            InboxKind::Raised => "raised",
-            InboxKind::Nested => "nested",
-            InboxKind::Timer => "timer",
-            InboxKind::Notice => "subscription",
-            InboxKind::Agent => "agent",
-        },
-        seq: item.id,
-        raised_at: item.created_at,
-        rejected,
-        failed,
-    }
 }

@@ -1,0 +1,409 @@
+//! Table-driven tests of the decisions: an entity in a state, an input, a time → the
+//! commit or step decided. No tokio, no store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use settle_core::fault::FaultPolicy;
+use settle_core::machine::Schedule;
+use settle_core::{Machine, MachineBuilder, Properties};
+use settle_store::{AfterCommit, AgentReport, EntityRow, HistoryKind, InboxItem, InboxKind, RunStatus, TaskResult};
+
+use super::*;
+use crate::handler::{Outcome, handler};
+use crate::registry::Registry;
+
+const NOW: i64 = 1_000_000;
+const OWNER: &str = "engine-test";
+
+/// A job: `idle` --go--> `working` (unstable, auto `work` after 1 s; retries) --> `done`
+/// (requires `result`), or `broken` (error health). `poke` runs a handler in `idle`;
+/// `check` is raised by a periodic timer in `done`; `report` waits on a subscription with a
+/// timeout in `waiting`; `fetch` is executed by an agent.
+fn job() -> Machine {
+    MachineBuilder::new("job")
+        .state("idle")
+        .initial()
+        .state("working")
+        .auto("work")
+        .wait(Duration::from_secs(1))
+        .state("done")
+        .requires(["result"])
+        .state("broken")
+        .error_health()
+        .state("waiting")
+        .state("fetching")
+        .auto("fetch")
+        .event("go", ["idle"], "start")
+        .reject("working", "already working")
+        .event("poke", ["idle"], "poke_it")
+        .event("check", ["done"], "recheck")
+        .event("report", ["waiting"], "finish")
+        .subscribe("all(*) in [done]")
+        .timeout(Duration::from_secs(600), "give_up")
+        .event("give_up", ["waiting"], "fail")
+        .action("start", ["working"])
+        .action("work", ["done", "broken"])
+        .action("poke_it", ["idle", "waiting"])
+        .action("recheck", ["done"])
+        .action("finish", ["done"])
+        .action("fail", ["broken"])
+        .action("fetch", ["done", "broken"])
+        .agent("q", Duration::from_secs(30))
+        .timer("tick", "check", Schedule::Every(Duration::from_secs(60)), ["done"])
+        .fault_policy(FaultPolicy {
+            max_errors: 3,
+            window: Duration::from_secs(3600),
+            backoff_min: Duration::from_secs(2),
+            backoff_max: Duration::from_secs(8),
+        })
+        .build()
+        .unwrap()
+}
+
+/// The registry of `job`, with handlers bound to `poke_it` and `work`.
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    let m = job();
+    r.hashes.insert(m.name().clone(), m.content_hash());
+    r.machines.insert(m.name().clone(), Arc::new(m));
+    for action in ["poke_it", "work"] {
+        let h = handler(|_| async { Ok(Outcome::stay()) });
+        r.handlers.insert(("job".into(), action.into()), h);
+    }
+    r
+}
+
+fn held(state: &str) -> Held {
+    let e = EntityRow {
+        id: 7,
+        machine: "job".into(),
+        key: "j1".into(),
+        state: state.into(),
+        properties: Properties::new(),
+        version: 3,
+        retry: 0,
+        created_at: NOW - 10_000,
+        entered_at: NOW - 5_000,
+        auto_at: None,
+        due_at: Some(NOW),
+        lease_owner: Some(OWNER.into()),
+        lease_until: Some(NOW + 60_000),
+        request_id: Some("r-entry".into()),
+        fired: Vec::new(),
+        timer_at: None,
+        run_status: RunStatus::Active,
+        sleep_until: None,
+        recent_errors: Vec::new(),
+        event_id: Some(40),
+        machine_hash: None,
+    };
+    Held::new(Arc::new(job()), e, None)
+}
+
+fn item(kind: InboxKind, event: &str, params: Value) -> InboxItem {
+    InboxItem {
+        id: 50,
+        entity_id: 7,
+        event: event.into(),
+        params,
+        request_id: Some("r-item".into()),
+        kind,
+        created_at: NOW - 100,
+    }
+}
+
+fn raised(event: &str) -> InboxItem {
+    item(InboxKind::Raised, event, Value::Null)
+}
+
+/// The commit of a decided next step (panics on any other step).
+fn committed(next: Next) -> Decided {
+    match next {
+        Next::Commit(d) => *d,
+        other => panic!("expected a commit, got {other:?}"),
+    }
+}
+
+/// A short description of a next step, for the tables.
+fn step_of(next: &Next) -> String {
+    match next {
+        Next::Commit(d) => {
+            let c = &d.commit;
+            format!("commit {:?} {} -> {}", c.kind, c.from, c.to.as_deref().unwrap_or("-"))
+        }
+        Next::Run { action, item } => {
+            format!("run {} for {}", action.name, item.as_ref().map_or("auto".to_string(), |i| i.event.to_string()))
+        }
+        Next::Evaluate { notice } => format!("evaluate notice {}", notice.id),
+        Next::Release => "release".to_string(),
+    }
+}
+
+#[test]
+fn the_next_step_of_a_held_entity() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let notice = item(InboxKind::Notice, "", Value::Null);
+    let timer = |name: &str, event: &str| item(InboxKind::Timer, event, json!({ "timer": name }));
+    type Case<'a> = (&'a str, Option<i64>, Vec<&'a str>, Option<InboxItem>, &'a str);
+    // (state, auto_at, fired, inbox head) → the step decided
+    let cases: Vec<Case<'_>> = vec![
+        ("idle", None, vec![], Some(raised("go")), "commit Event idle -> working"),
+        ("working", Some(NOW + 1), vec![], Some(raised("go")), "commit Rejected working -> -"),
+        ("idle", None, vec![], Some(raised("poke")), "run poke_it for poke"),
+        ("done", None, vec![], Some(timer("tick", "check")), "commit Event done -> done"),
+        ("idle", None, vec![], Some(timer("tick", "check")), "commit Rejected idle -> -"),
+        ("waiting", None, vec![], Some(timer("timeout:report", "give_up")), "commit Event waiting -> broken"),
+        ("waiting", None, vec![], Some(notice.clone()), "evaluate notice 50"),
+        ("waiting", None, vec!["report"], Some(notice.clone()), "commit Event waiting -> -"),
+        ("idle", None, vec![], Some(notice), "commit Event idle -> -"),
+        ("working", Some(NOW), vec![], None, "run work for auto"),
+        ("working", Some(NOW + 1), vec![], None, "release"),
+        ("working", None, vec![], None, "run work for auto"),
+        ("fetching", Some(NOW), vec![], None, "commit Auto fetching -> -"),
+        ("fetching", None, vec![], None, "release"),
+        ("done", None, vec![], None, "release"),
+    ];
+    for (state, auto_at, fired, head, expected) in cases {
+        let mut h = held(state);
+        h.entity.properties.insert("result".into(), json!(1));
+        h.entity.auto_at = auto_at;
+        h.entity.fired = fired.iter().map(|f| (*f).into()).collect();
+        h.inbox_head = head.clone();
+        let next = next(&mut h, &env);
+        assert_eq!(step_of(&next), expected, "{state} (auto at {auto_at:?}, fired {fired:?}) with {head:?}");
+        assert!(h.inbox_head.is_none(), "the head is taken");
+    }
+}
+
+#[test]
+fn a_plain_event_commits_its_transition_with_telemetry_and_the_caller_hears_accepted() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let mut h = held("idle");
+    h.inbox_head = Some(raised("go"));
+    let d = committed(next(&mut h, &env));
+    let c = &d.commit;
+    assert_eq!((c.fence.entity_id, c.fence.version, c.fence.owner.as_str()), (7, 3, OWNER));
+    assert_eq!((c.to.as_deref(), c.retry, c.auto_at), (Some("working"), 0, Some(NOW + 1_000)));
+    assert_eq!((c.kind, c.consume, c.request_id.as_deref()), (HistoryKind::Event, Some(50), Some("r-item")));
+    assert_eq!(c.after, AfterCommit::Release, "the auto action waits 1 s: nothing to hold the lease for");
+    assert!(c.notify_predecessors && !c.notify_self);
+    assert_eq!(c.timers.as_deref(), Some(&[][..]), "the machine has timers: the entry replaces them");
+    let t = c.telemetry.transition.as_ref().unwrap();
+    assert_eq!((t.kind, t.start_time, t.outcome), ("event", NOW - 100, "ok"));
+    assert!(!c.telemetry.at_rest && !c.telemetry.complete);
+    assert_eq!(d.outcome, Some(EventOutcome::Accepted { state: "working".into() }));
+    let mut expect = d.expect();
+    assert_eq!(expect.event_id, Some(50), "the event just processed is the entity's workflow now");
+    assert!(!expect.apply(&mut h, 4, NOW + 5), "working is not at rest");
+    assert_eq!((h.entity.state.as_str(), h.entity.version, h.entity.entered_at), ("working", 4, NOW + 5));
+    assert_eq!(h.entity.request_id.as_deref(), Some("r-item"));
+}
+
+#[test]
+fn a_rejected_event_is_consumed_with_its_declared_reason_and_changes_nothing() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let mut h = held("working");
+    h.entity.auto_at = Some(NOW - 1);
+    h.inbox_head = Some(raised("go"));
+    let d = committed(next(&mut h, &env));
+    assert_eq!(d.outcome, Some(EventOutcome::Rejected { state: "working".into(), reason: "already working".into() }));
+    let c = &d.commit;
+    assert_eq!((c.to.as_ref(), c.properties.as_ref(), c.consume), (None, None, Some(50)));
+    assert_eq!(c.detail.as_deref(), Some("already working"));
+    assert_eq!(c.after, AfterCommit::Hold, "the auto action is due: keep the lease and run it");
+    assert!(c.telemetry.event.as_ref().is_some_and(|e| e.rejected));
+    assert!(matches!(&d.note, Some(Note::Rejected { reason, .. }) if reason == "already working"));
+}
+
+#[test]
+fn outcomes_become_transitions_retries_or_faults() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let work = job().action("work").unwrap().clone();
+    let with_result = Outcome::to("done").set("result", json!(42));
+    type Case<'a> = (Outcome, u32, &'a str, u32, Option<i64>, bool);
+    // (outcome, retry before) → (state entered or the fault, retry after, auto_at, at rest)
+    let cases: Vec<Case<'_>> = vec![
+        (with_result, 0, "done", 0, None, true),
+        (Outcome::retry_after(Duration::from_millis(250)), 2, "working", 3, Some(NOW + 250), false),
+        (Outcome::stay(), 0, "working", 1, Some(NOW + 1_000), false),
+        (Outcome::to("done"), 0, "fault: state `done` of machine `job` requires `result`", 1, Some(NOW + 2_000), false),
+        (
+            Outcome::to("idle"),
+            0,
+            "fault: action `work` of machine `job` may not move to `idle` (declared: done, broken)",
+            1,
+            Some(NOW + 2_000),
+            false,
+        ),
+        (
+            Outcome::to("broken").create("nope", "n1", Properties::new()),
+            0,
+            "fault: unknown machine `nope`",
+            1,
+            Some(NOW + 2_000),
+            false,
+        ),
+        (
+            Outcome::to("broken").raise("job", "j2", "go", json!({"x": 1})),
+            0,
+            "fault: event `go` on machine `job` has no parameter `x` (declared: none)",
+            1,
+            Some(NOW + 2_000),
+            false,
+        ),
+    ];
+    for (outcome, retry, expected, retry_after, auto_at, at_rest) in cases {
+        let mut h = held("working");
+        h.entity.retry = retry;
+        let d = action_done(&mut h, &work, None, Ok(outcome.clone()), Vec::new(), NOW - 20, &env);
+        let c = &d.commit;
+        let got = match &d.note {
+            Some(Note::Fault { details, .. }) => format!("fault: {details}"),
+            _ => c.to.as_deref().unwrap_or("-").to_string(),
+        };
+        assert_eq!(got, expected, "{outcome:?}");
+        assert_eq!((c.retry, c.auto_at, c.telemetry.at_rest), (retry_after, auto_at, at_rest), "{outcome:?}");
+        assert_eq!(c.kind, if got.starts_with("fault") { HistoryKind::Fault } else { HistoryKind::Auto });
+    }
+}
+
+#[test]
+fn the_fault_policy_backs_off_doubling_then_parks() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let work = job().action("work").unwrap().clone();
+    // Errors already recorded → run status, sleep until, auto action time
+    let cases: Vec<(Vec<i64>, RunStatus, Option<i64>, i64)> = vec![
+        (vec![], RunStatus::Fault, Some(NOW + 2_000), NOW + 2_000),
+        (vec![NOW - 10], RunStatus::Fault, Some(NOW + 4_000), NOW + 4_000),
+        (vec![NOW - 20, NOW - 10], RunStatus::Failed, None, NOW),
+        // Errors older than the window are forgotten.
+        (vec![NOW - 7_200_000, NOW - 3_700_000], RunStatus::Fault, Some(NOW + 2_000), NOW + 2_000),
+    ];
+    for (recent, status, until, auto_at) in cases {
+        let mut h = held("working");
+        h.entity.recent_errors = recent.clone();
+        let error = FaultError::new("action_error", "action error: provider down");
+        let d = action_done(&mut h, &work, None, Err(error), Vec::new(), NOW - 20, &env);
+        let c = &d.commit;
+        assert_eq!(c.run_status, Some((status, until)), "after {recent:?}");
+        assert_eq!((c.to.as_deref(), c.auto_at), (Some("working"), Some(auto_at)), "after {recent:?}");
+        assert_eq!(c.telemetry.error.as_ref().map(|e| e.kind), Some("action_error"));
+        assert_eq!(c.telemetry.at_rest, status == RunStatus::Failed, "a parked entity is at rest");
+    }
+}
+
+#[test]
+fn an_event_whose_action_fails_is_consumed_and_its_caller_hears_failed() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let poke = job().action("poke_it").unwrap().clone();
+    let mut h = held("idle");
+    let error = FaultError::new("panic", "action panicked: boom");
+    let d = action_done(&mut h, &poke, Some(raised("poke")), Err(error), Vec::new(), NOW - 5, &env);
+    assert_eq!(d.outcome, Some(EventOutcome::Failed { error: "action panicked: boom".into() }));
+    let c = &d.commit;
+    assert_eq!((c.to.as_ref(), c.consume, c.kind), (None, Some(50), HistoryKind::Fault));
+    assert!(c.telemetry.at_rest && c.telemetry.complete);
+    assert_eq!(c.run_status, None, "one error backs off nothing: the state is stable");
+}
+
+#[test]
+fn a_fired_subscription_runs_its_event_and_records_it_once_per_entry() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let m = job();
+    let child = |state: &str| EntityRow { state: state.into(), ..held("idle").entity };
+    let fire = subscription_fires(&m, &registry, "waiting", &[], &[child("done"), child("done")]);
+    assert_eq!(fire.as_ref().map(|f| f.0.as_str()), Some("report"));
+    assert_eq!(subscription_fires(&m, &registry, "waiting", &[], &[child("done"), child("idle")]), None);
+    assert_eq!(subscription_fires(&m, &registry, "waiting", &["report".into()], &[child("done")]), None);
+    let mut h = held("waiting");
+    h.entity.properties.insert("result".into(), json!(1));
+    let notice = item(InboxKind::Notice, "", Value::Null);
+    let d = committed(evaluated(&mut h, notice.clone(), fire, Some(57), &env));
+    let c = &d.commit;
+    assert_eq!((c.to.as_deref(), c.event.as_deref()), (Some("done"), Some("report")));
+    assert_eq!(c.consume_notices_upto, Some(57), "every notice the snapshot covered");
+    assert_eq!(c.fired.as_deref(), Some(&[][..]), "a new state entry starts with none fired");
+    let mut h = held("waiting");
+    let d = committed(evaluated(&mut h, notice, None, None, &env));
+    assert!(d.commit.quiet && d.commit.consume_notices_upto == Some(50));
+}
+
+#[test]
+fn agent_reports_conclude_the_current_entry_only() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let report = |version: i64, result: TaskResult| {
+        let r = AgentReport { task: 9, entity_version: version, attempt: 1, leased_at: NOW - 300, agent: None, result };
+        item(InboxKind::Agent, "fetch", r.to_json())
+    };
+    let properties: Properties = [("result".to_string(), json!(1))].into_iter().collect();
+    let complete = TaskResult::Complete { target: "done".into(), properties };
+    let failed = TaskResult::Fail { error: "quota".into(), retryable: false };
+    // (entity version, report) → what is committed
+    let cases = [
+        (3, complete.clone(), "done", HistoryKind::Auto),
+        (2, complete, "-", HistoryKind::Event),
+        (3, failed, "fetching", HistoryKind::Fault),
+    ];
+    for (version, result, to, kind) in cases {
+        let mut h = held("fetching");
+        h.inbox_head = Some(report(version, result.clone()));
+        let d = committed(next(&mut h, &env));
+        let c = &d.commit;
+        assert_eq!((c.to.as_deref().unwrap_or("-"), c.kind, c.consume), (to, kind, Some(50)), "{result:?}");
+        if kind == HistoryKind::Fault {
+            assert_eq!(c.run_status.map(|s| s.0), Some(RunStatus::Failed), "not retryable: parked at once");
+        }
+        if version == 2 {
+            assert!(c.quiet && matches!(d.note, Some(Note::ReportDropped { stale: true, .. })));
+        }
+    }
+}
+
+#[test]
+fn entering_a_state_writes_its_timers_and_its_agent_task() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let work = job().action("work").unwrap().clone();
+    let mut h = held("working");
+    let d = finish(&mut h, &work, None, Outcome::to("done").set("result", json!(1)), Vec::new(), None, &env);
+    let timers = d.commit.timers.unwrap();
+    assert_eq!(timers.len(), 1);
+    let t = &timers[0];
+    assert_eq!(
+        (t.name.as_str(), t.event.as_str(), t.due_at, t.every_ms, t.restart),
+        ("tick", "check", NOW + 60_000, Some(60_000), true)
+    );
+    // Entering `waiting` starts its subscription's timeout.
+    let poke = job().action("poke_it").unwrap().clone();
+    let mut h = held("idle");
+    let d = finish(&mut h, &poke, Some(raised("poke")), Outcome::to("waiting"), Vec::new(), Some(NOW), &env);
+    let timers = d.commit.timers.unwrap();
+    assert_eq!(
+        timers.iter().map(|t| (t.name.as_str(), t.due_at)).collect::<Vec<_>>(),
+        [("timeout:report", NOW + 600_000)]
+    );
+    assert!(d.commit.notify_self, "a state with subscriptions evaluates them on entry");
+    // A new entity whose initial auto action an agent executes offers its task.
+    let fetcher = MachineBuilder::new("fetcher")
+        .state("fetching")
+        .initial()
+        .auto("fetch")
+        .state("done")
+        .action("fetch", ["done"])
+        .agent("q", Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let new = new_entity(&fetcher, "f1".into(), Properties::new(), None, NOW).unwrap();
+    let offer = new.offer.unwrap();
+    assert_eq!((offer.queue.as_str(), offer.lock_ms, offer.available_at, new.auto_at), ("q", 30_000, NOW, None));
+}

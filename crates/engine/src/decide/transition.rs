@@ -1,0 +1,237 @@
+//! What an action's outcome commits: the state it enters (as `settle_core::step::enter`
+//! decides), its effects checked against their machines (entities created, events
+//! raised), the timers and agent task that come with the entry, and the telemetry rows.
+
+use std::time::Duration;
+
+use settle_core::step;
+use settle_core::{Action, EntityKey, Health, Machine, Properties};
+use settle_store::{
+    AfterCommit, Commit, EventRecord, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, TaskOffer, Telemetry,
+    TimerPlan, TransitionRecord,
+};
+
+use super::{Decided, Env, FaultError, Held, fault};
+use crate::api::EventOutcome;
+use crate::handler::Outcome;
+
+/// Turns an action's outcome into a transition commit, or a fault if the core refuses it
+/// (undeclared target, broken invariant, unknown machine or event in its effects).
+/// `started` is when its handler started (`None`: a plain transition).
+pub(crate) fn finish(
+    held: &mut Held,
+    action: &Action,
+    item: Option<InboxItem>,
+    outcome: Outcome,
+    preconditions: Vec<(i64, i64)>,
+    started: Option<Millis>,
+    env: &Env<'_>,
+) -> Decided {
+    let now = env.now;
+    let machine = held.machine.clone();
+    let e = &held.entity;
+    let from = machine.state(&e.state).expect("entity state exists in its machine");
+    let mut props = e.properties.clone();
+    step::apply_changes(&mut props, &outcome.changes);
+    let entry = match step::enter(&machine, from, action, outcome.target(), outcome.delay, e.retry, &props) {
+        Ok(entry) => entry,
+        Err(refusal) => {
+            return fault(held, item, Some(&action.name), FaultError::new("refused", refusal.to_string()), env);
+        }
+    };
+    let request_id = item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
+    let effects = effects(&outcome, held.entity.id, request_id.as_ref(), env);
+    let (creates, pushes) = match effects {
+        Ok(effects) => effects,
+        Err(err) => return fault(held, item, Some(&action.name), FaultError::new("refused", err), env),
+    };
+    let auto_at = entry.auto_delay.map(|d| now + ms(d));
+    // An agent-bound auto action: the commit offers its task instead.
+    let offer = auto_at.and_then(|at| task_offer(&machine, &entry.state, at));
+    let after = match entry.auto_delay {
+        Some(d) if d.is_zero() && offer.is_none() => AfterCommit::Hold,
+        _ => AfterCommit::Release,
+    };
+    let outcome_for_caller = item.as_ref().map(|_| EventOutcome::Accepted { state: entry.state.clone() });
+    let changed_state = entry.state != held.entity.state;
+    let firing = held.firing.take();
+    let fired = if changed_state {
+        Some(Vec::new())
+    } else {
+        firing.as_ref().map(|f| {
+            let mut fired = held.entity.fired.clone();
+            fired.push(f.event.clone());
+            fired
+        })
+    };
+    let kind = match (&item, started) {
+        (Some(_), None) => "event",
+        (Some(_), Some(_)) => "event_action",
+        (None, _) => "auto_action",
+    };
+    let e = &held.entity;
+    let transition = TransitionRecord {
+        kind,
+        start_health: Some(health_str(machine.health_of(&e.state))),
+        end_health: health_str(machine.health_of(&entry.state)),
+        entry_time: e.entered_at,
+        start_time: item.as_ref().map(|i| i.created_at).or(started).unwrap_or(now),
+        action_start_time: started,
+        outcome: if entry.retry > 0 { "retry" } else { "ok" },
+    };
+    let commit = Commit {
+        to: Some(entry.state.clone()),
+        retry: entry.retry,
+        auto_at: if offer.is_some() { None } else { auto_at },
+        offer,
+        consume: item.as_ref().map(|i| i.id).or(held.agent_report.take()),
+        properties: (props != e.properties).then_some(props),
+        action: Some(action.name.clone()),
+        event: item.as_ref().map(|i| i.event.clone()),
+        consume_notices_upto: firing.map(|f| f.notices_upto),
+        request_id,
+        sql: outcome.sql,
+        creates,
+        pushes,
+        preconditions,
+        timers: (changed_state && step::has_timers(&machine))
+            .then(|| timer_plan(&machine, Some(&e.state), &entry.state, now)),
+        fired,
+        notify_predecessors: changed_state,
+        notify_self: changed_state && machine.subscriptions_in(&entry.state).next().is_some(),
+        machine_hash: env.registry.hash(machine.name()),
+        telemetry: Telemetry {
+            event: item.as_ref().map(|i| event_record(i, false, false)),
+            transition: Some(transition),
+            error: None,
+            at_rest: entry.at_rest(),
+            complete: entry.at_rest(),
+            current_event: e.event_id,
+        },
+        ..Commit::new(
+            held.fence(env.owner),
+            e.state.clone(),
+            if item.is_some() { HistoryKind::Event } else { HistoryKind::Auto },
+            after,
+        )
+    };
+    Decided { item, action: Some(action.name.clone()), outcome: outcome_for_caller, ..Decided::new(commit) }
+}
+
+/// The entities an outcome creates and the events it raises, checked against their
+/// machines; the error says which one is refused and why.
+fn effects(
+    outcome: &Outcome,
+    entity_id: i64,
+    request_id: Option<&String>,
+    env: &Env<'_>,
+) -> std::result::Result<(Vec<NewEntity>, Vec<Push>), String> {
+    let mut creates = Vec::with_capacity(outcome.creates.len());
+    for c in &outcome.creates {
+        let m = env.registry.machine(&c.machine).map_err(|e| e.to_string())?;
+        let mut new = new_entity(m, c.key.clone(), c.properties.clone(), request_id.cloned(), env.now)
+            .map_err(|r| r.to_string())?;
+        new.machine_hash = env.registry.hash(&c.machine);
+        creates.push(new);
+    }
+    let mut pushes = Vec::with_capacity(outcome.raises.len());
+    for r in &outcome.raises {
+        let m = env.registry.machine(&r.machine).map_err(|e| e.to_string())?;
+        step::check_raise(m, &r.event, &r.params).map_err(|e| e.to_string())?;
+        pushes.push(Push {
+            machine: r.machine.clone(),
+            key: r.key.clone(),
+            event: r.event.clone(),
+            params: r.params.clone(),
+            request_id: request_id.cloned(),
+            kind: InboxKind::Nested,
+            join_from: r.join.then_some(entity_id),
+            operation: None,
+        });
+    }
+    Ok((creates, pushes))
+}
+
+/// A new entity in its machine's initial state, with that state's timers and, when an
+/// agent executes its auto action, its task.
+pub(crate) fn new_entity(
+    machine: &Machine,
+    key: EntityKey,
+    properties: Properties,
+    request_id: Option<String>,
+    now: Millis,
+) -> std::result::Result<NewEntity, settle_core::Refusal> {
+    let entry = step::initial_entry(machine, &properties)?;
+    let initial = machine.initial().name.clone();
+    let auto_at = entry.auto_delay.map(|d| now + ms(d));
+    let offer = auto_at.and_then(|at| task_offer(machine, &entry.state, at));
+    Ok(NewEntity {
+        machine: machine.name().clone(),
+        key,
+        timers: timer_plan(machine, None, &initial, now),
+        notify_self: machine.subscriptions_in(&initial).next().is_some(),
+        operation: None,
+        machine_hash: None,
+        health: health_str(machine.health_of(&initial)),
+        auto_at: if offer.is_some() { None } else { auto_at },
+        offer,
+        state: entry.state,
+        properties,
+        request_id,
+    })
+}
+
+/// The agent task entering `state` offers, available at `at`: when its auto action is
+/// bound to an agent queue.
+pub(super) fn task_offer(machine: &Machine, state: &str, at: Millis) -> Option<TaskOffer> {
+    let action = step::agent_action(machine, state)?;
+    let binding = action.agent.as_ref()?;
+    Some(TaskOffer {
+        queue: binding.queue.clone(),
+        action: action.name.clone(),
+        lock_ms: ms(binding.lock),
+        available_at: at,
+    })
+}
+
+/// The stored timers an entity has after entering `to` from `from` at `now`.
+pub(super) fn timer_plan(machine: &Machine, from: Option<&str>, to: &str, now: Millis) -> Vec<TimerPlan> {
+    step::timers_on_entry(machine, from, to)
+        .into_iter()
+        .map(|t| TimerPlan {
+            name: t.name,
+            event: t.event,
+            due_at: now + ms(t.after),
+            every_ms: t.every.map(ms),
+            restart: t.restart,
+        })
+        .collect()
+}
+
+pub(super) fn ms(d: Duration) -> Millis {
+    d.as_millis() as Millis
+}
+
+pub(super) fn health_str(h: Health) -> &'static str {
+    match h {
+        Health::Ok => "ok",
+        Health::Error => "error",
+    }
+}
+
+/// The `events` row of a processed inbox item.
+pub(super) fn event_record(item: &InboxItem, rejected: bool, failed: bool) -> EventRecord {
+    EventRecord {
+        kind: match item.kind {
+            InboxKind::Raised => "raised",
+            InboxKind::Nested => "nested",
+            InboxKind::Timer => "timer",
+            InboxKind::Notice => "subscription",
+            InboxKind::Agent => "agent",
+        },
+        seq: item.id,
+        raised_at: item.created_at,
+        rejected,
+        failed,
+    }
+}
