@@ -2,14 +2,15 @@
 //! commands, serves agents, and waits for entities; everything it writes goes through the
 //! scheduler's channel. Start one with [`crate::EngineBuilder`].
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use settle_core::step::{self, Properties};
 use settle_core::{EntityKey, EventName, Machine, StateKind, StateName};
 use settle_store::{
-    AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, Op, OpenOperation, OperationRow, Push, RunStatus,
-    SharedClock, Store, TaskFilter, TaskResult,
+    AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, ManualClock, Millis, Op, OpenOperation,
+    OperationRow, Push, RunStatus, SharedClock, Store, TaskFilter, TaskResult,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -459,14 +460,57 @@ impl<S: Store> Engine<S> {
     }
 
     /// Resolves once this engine has caught up with its clock: nothing held, nothing queued
-    /// to write, and nothing due before the clock's now (the next due time, if any, is in
-    /// the future). With a [`ManualClock`](settle_store::ManualClock), a test advances the
-    /// clock and then waits for this: every timer, backoff, delayed auto action, sleep and
-    /// lease expiry that came due has been processed.
-    pub async fn wait_caught_up(&self) -> Result<()> {
+    /// to write, nothing due before the clock's now, and the supervisor's round done.
+    /// Answers the next due time of the engine's work (`None`: nothing scheduled).
+    ///
+    /// With a [`ManualClock`], a test advances the clock and then waits for this: every
+    /// timer, backoff, delayed auto action, sleep and lease expiry that came due has been
+    /// processed. [`Engine::drive`] does both in a loop.
+    pub async fn wait_caught_up(&self) -> Result<Option<Millis>> {
         let (tx, rx) = oneshot::channel();
         self.send(Msg::WhenCaughtUp(tx))?;
         rx.await.map_err(|_| Error::Stopped)
+    }
+
+    /// Drives this engine on `clock`, the [`ManualClock`] it runs on, until `until`
+    /// resolves: whenever the engine has caught up and `until` is still pending, the clock
+    /// moves on to the next due time. Time never moves while anything is in flight, so a
+    /// test sees the same sequence of events on every run, however long the delays it
+    /// declares.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: settle_engine::Engine<settle_store::SqliteStore>, clock: settle_store::ManualClock) -> settle_engine::Result<()> {
+    /// use settle_engine::{RaiseOptions, Wait};
+    /// // A retry after an hour takes no time at all:
+    /// let raised = engine.drive(&clock, engine.raise("job", "j1", "go", RaiseOptions::wait(Wait::Stable))).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn drive<F: Future>(&self, clock: &ManualClock, until: F) -> F::Output {
+        tokio::pin!(until);
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut until => return out,
+                next = self.wait_caught_up() => match next {
+                    Ok(Some(due)) => clock.advance_to(due),
+                    // Nothing scheduled (or stopped): `until` waits on something else.
+                    Ok(None) | Err(_) => tokio::task::yield_now().await,
+                },
+            }
+        }
+    }
+
+    /// Drives this engine on `clock` (see [`Engine::drive`]) until nothing is scheduled, or
+    /// until the next due time lies beyond `horizon` from now (a periodic timer is always
+    /// scheduled). Answers the next due time left, if any.
+    pub async fn drive_idle(&self, clock: &ManualClock, horizon: Duration) -> Result<Option<Millis>> {
+        let end = settle_store::Clock::now_ms(clock) + horizon.as_millis() as Millis;
+        loop {
+            match self.wait_caught_up().await? {
+                Some(due) if due <= end => clock.advance_to(due),
+                next => return Ok(next),
+            }
+        }
     }
 
     /// Resolves once nothing is in flight, queued or scheduled anywhere in the store:

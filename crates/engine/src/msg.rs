@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use settle_core::{EventName, StateName};
-use settle_store::{Applied, EntityRow, NewEntity, Op, Push};
+use settle_store::{Applied, EntityRow, Millis, NewEntity, Op, Push};
 use tokio::sync::oneshot;
 
 use crate::api::{EventOutcome, Wait};
@@ -35,8 +35,9 @@ pub(crate) enum Msg {
     Agent { op: Op, reply: oneshot::Sender<Result<Applied>> },
     /// Tell when nothing is in flight, queued or scheduled at all.
     WhenIdle(oneshot::Sender<()>),
-    /// Tell when nothing is in flight or queued and nothing is due before the clock's now.
-    WhenCaughtUp(oneshot::Sender<()>),
+    /// Tell when nothing is in flight or queued and nothing is due before the clock's now,
+    /// with the next due time.
+    WhenCaughtUp(oneshot::Sender<Option<Millis>>),
     /// Tell `reply` when the entity commits into one of `states`.
     Watch {
         entity_id: i64,

@@ -187,21 +187,32 @@ impl<S: Store + Clone> Scheduler<S> {
         }
     }
 
-    /// When to look for due work without being told: the next due time, or the fallback
-    /// poll, whichever comes first.
+    /// When to look for work without being told: the next due time, the supervisor's next
+    /// round, the next lease renewal while entities are held, or the fallback poll,
+    /// whichever comes first.
     fn wake_at(&self) -> Millis {
         let poll = self.clock.now_ms() + self.config.poll.as_millis() as Millis;
-        self.next_due.map_or(poll, |due| due.min(poll))
+        let mut at = self.next_due.map_or(poll, |due| due.min(poll)).min(self.next_supervise());
+        if !self.held.is_empty() {
+            at = at.min(self.last_renew + self.lease_ms() / 3);
+        }
+        at
+    }
+
+    fn next_supervise(&self) -> Millis {
+        self.last_supervise + self.config.supervise_every.as_millis() as Millis
     }
 
     /// Answers callers waiting for the engine to go idle (nothing held, queued or
-    /// scheduled) or to catch up with its clock (nothing held or queued, nothing due yet).
+    /// scheduled) or to catch up with its clock (nothing held or queued, nothing due yet,
+    /// the supervisor's round done).
     fn answer_quiet(&mut self) {
         if !self.waiters.want_quiet() || !self.held.is_empty() || !self.ops.is_empty() {
             return;
         }
         let now = self.clock.now_ms();
-        self.waiters.answer_quiet(self.next_due.is_none(), self.next_due.is_none_or(|due| due > now));
+        let caught_up = self.next_due.is_none_or(|due| due > now) && self.next_supervise() > now;
+        self.waiters.answer_quiet(self.next_due.is_none(), caught_up.then_some(self.next_due));
     }
 
     fn on_msg(&mut self, msg: Msg) {
@@ -242,7 +253,9 @@ impl<S: Store + Clone> Scheduler<S> {
             }
             Msg::WhenCaughtUp(tx) => {
                 self.waiters.on_caught_up(tx);
-                self.claim_now = true;
+                // Only this engine writes an exclusive store: the due time of its last batch
+                // is exact. Otherwise another process may have made work due: claim.
+                self.claim_now |= !self.store.exclusive();
             }
             Msg::Watch { entity_id, states, reply, registered } => {
                 self.waiters.on_state(entity_id, states, reply);

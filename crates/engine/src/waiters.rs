@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use settle_core::StateName;
-use settle_store::EntityRow;
+use settle_store::{EntityRow, Millis};
 use tokio::sync::oneshot;
 
 use crate::api::{EventOutcome, Wait};
@@ -25,7 +25,7 @@ pub(crate) struct Waiters {
     /// Callers waiting for an entity to enter one of some states, by entity id.
     states: HashMap<i64, Watchers>,
     idle: Vec<oneshot::Sender<()>>,
-    caught_up: Vec<oneshot::Sender<()>>,
+    caught_up: Vec<oneshot::Sender<Option<Millis>>>,
     /// Events raised through this scheduler (for pruning waiters now and then).
     raised: u64,
 }
@@ -49,21 +49,22 @@ impl Waiters {
         self.idle.push(tx);
     }
 
-    pub(crate) fn on_caught_up(&mut self, tx: oneshot::Sender<()>) {
+    pub(crate) fn on_caught_up(&mut self, tx: oneshot::Sender<Option<Millis>>) {
         self.caught_up.push(tx);
     }
 
-    /// Answers the idle waiters (`idle`: nothing in flight, queued or scheduled) and the
-    /// caught-up ones (`caught_up`: nothing in flight or queued, nothing due yet).
-    pub(crate) fn answer_quiet(&mut self, idle: bool, caught_up: bool) {
+    /// Answers the idle waiters (`idle`: nothing in flight, queued or scheduled) and, with
+    /// the next due time, the caught-up ones (`caught_up` is `Some(next due)` when nothing
+    /// is in flight or queued and nothing is due yet).
+    pub(crate) fn answer_quiet(&mut self, idle: bool, caught_up: Option<Option<Millis>>) {
         if idle {
             for tx in self.idle.drain(..) {
                 let _ = tx.send(());
             }
         }
-        if caught_up {
+        if let Some(next_due) = caught_up {
             for tx in self.caught_up.drain(..) {
-                let _ = tx.send(());
+                let _ = tx.send(next_due);
             }
         }
     }

@@ -1,14 +1,16 @@
 //! External agents (DESIGN §5): entering a state whose auto action is bound to an agent
 //! queue offers a task in the same commit; agents lease it, heartbeat, and report; the
 //! report is the action's outcome. Late or superseded reports are refused and change
-//! nothing; failures feed the fault policy.
+//! nothing; failures feed the fault policy. Locks and backoffs run on a manual clock.
+
+mod common;
 
 use std::time::Duration;
 
 use serde_json::json;
 use settle_core::fault::FaultPolicy;
 use settle_core::{Machine, MachineBuilder, Properties, StateName};
-use settle_engine::{Command, Engine, Error, RaiseOptions, RunStatus, Wait};
+use settle_engine::{Command, Engine, Error, ManualClock, RaiseOptions, RunStatus, Wait};
 use settle_store::{AgentTask, HistoryKind, SqliteStore, Store, TaskFilter, TaskResult};
 
 const LOCK: Duration = Duration::from_millis(300);
@@ -36,9 +38,9 @@ fn provisioned() -> Machine {
         .unwrap()
 }
 
-async fn engine(dir: &tempfile::TempDir) -> Engine<SqliteStore> {
+async fn engine(dir: &tempfile::TempDir, clock: &ManualClock) -> Engine<SqliteStore> {
     let store = SqliteStore::open(dir.path().join("agents.db")).unwrap();
-    Engine::builder(store).machine(provisioned()).start().await.unwrap()
+    Engine::builder(store).machine(provisioned()).clock(clock.clone()).start().await.unwrap()
 }
 
 async fn lease_one(engine: &Engine<SqliteStore>) -> AgentTask {
@@ -61,7 +63,8 @@ async fn create_and_start(engine: &Engine<SqliteStore>, key: &str) {
 #[tokio::test]
 async fn an_agent_completes_the_action_and_the_operation_succeeds() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir).await;
+    let clock = common::clock();
+    let engine = engine(&dir, &clock).await;
     assert_eq!(engine.agent_queues(), ["cloud"]);
     engine.create("vm", "a", Properties::from_iter([("size".to_string(), json!("small"))])).await.unwrap();
     let raised = engine.raise("vm", "a", "create", RaiseOptions::wait(Wait::Outcome)).await.unwrap();
@@ -76,8 +79,9 @@ async fn an_agent_completes_the_action_and_the_operation_succeeds() {
     assert_eq!(task.properties.get("size"), Some(&json!("small")));
     assert_eq!(task.request_id.as_deref(), Some(raised.request_id.as_str()));
     let token = task.token.clone().unwrap();
-    let idle = tokio::time::timeout(Duration::from_millis(200), engine.wait_idle()).await;
-    assert!(idle.is_err(), "not idle while an agent holds a task");
+    engine.wait_caught_up().await.unwrap();
+    let open = TaskFilter { open_only: true, ..TaskFilter::default() };
+    assert_eq!(engine.store().task_list(open).await.unwrap().len(), 1, "the leased task is open work: not idle");
     let until = engine.agent_heartbeat(task.id, &token).await.unwrap();
     assert!(until >= task.locked_until.unwrap());
     engine.agent_report(task.id, &token, complete("ready", json!({"ip": "10.0.0.7"}))).await.unwrap();
@@ -96,7 +100,7 @@ async fn an_agent_completes_the_action_and_the_operation_succeeds() {
     // A server about to stop ends the agents' long polls at once.
     let (poller, closer) = (engine.clone(), engine.clone());
     let poll = tokio::spawn(async move { poller.agent_lease("cloud", "late", 1, Duration::from_secs(60)).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Whether the poll is waiting already or not: closed, it answers at once.
     closer.close_long_polls();
     let closed = tokio::time::timeout(Duration::from_secs(10), poll).await.expect("the poll ended").unwrap();
     assert!(closed.unwrap().is_empty());
@@ -108,11 +112,12 @@ async fn an_agent_completes_the_action_and_the_operation_succeeds() {
 #[tokio::test]
 async fn a_late_report_is_refused_and_the_task_is_offered_again() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir).await;
+    let clock = common::clock();
+    let engine = engine(&dir, &clock).await;
     create_and_start(&engine, "late").await;
     let first = lease_one(&engine).await;
     // The agent "dies": its lock runs out.
-    tokio::time::sleep(LOCK + Duration::from_millis(50)).await;
+    clock.advance(LOCK + Duration::from_millis(1));
     let late =
         engine.agent_report(first.id, first.token.as_deref().unwrap(), complete("ready", json!({"ip": "x"}))).await;
     assert!(
@@ -140,28 +145,24 @@ async fn a_late_report_is_refused_and_the_task_is_offered_again() {
 #[tokio::test]
 async fn failures_feed_the_fault_policy_and_a_parked_entity_offers_again_on_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir).await;
+    let clock = common::clock();
+    let engine = engine(&dir, &clock).await;
     create_and_start(&engine, "f").await;
     let t1 = lease_one(&engine).await;
     let fail = |retryable| TaskResult::Fail { error: "quota exceeded".into(), retryable };
     engine.agent_report(t1.id, t1.token.as_deref().unwrap(), fail(true)).await.unwrap();
     // Backoff, then the next attempt: a new task for the re-entered state, with the count.
+    engine.wait_caught_up().await.unwrap();
+    assert!(engine.agent_lease("cloud", "a", 1, Duration::ZERO).await.unwrap().is_empty(), "backing off");
+    clock.advance(Duration::from_millis(10));
     let t2 = lease_one(&engine).await;
     assert_ne!(t2.id, t1.id);
     assert_eq!((t2.retry, t2.errors, t2.attempt), (1, 1, 1));
     // A failure that retrying cannot fix parks the entity at once.
     engine.agent_report(t2.id, t2.token.as_deref().unwrap(), fail(false)).await.unwrap();
-    let mut parked = None;
-    for _ in 0..500 {
-        let e = engine.get("vm", "f").await.unwrap().unwrap();
-        if e.run_status == RunStatus::Failed {
-            parked = Some(e);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let parked = parked.expect("the entity is parked");
-    assert_eq!(parked.state, "provisioning");
+    engine.wait_caught_up().await.unwrap();
+    let parked = engine.get("vm", "f").await.unwrap().unwrap();
+    assert_eq!((parked.state.as_str(), parked.run_status), ("provisioning", RunStatus::Failed), "parked");
     let errors = engine.store().history_list(parked.id).await.unwrap();
     let faults: Vec<_> = errors.iter().filter(|h| h.kind == HistoryKind::Fault).collect();
     assert_eq!(faults.len(), 2);
@@ -182,7 +183,8 @@ async fn failures_feed_the_fault_policy_and_a_parked_entity_offers_again_on_resu
 #[tokio::test]
 async fn bad_reports_and_killed_entities_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir).await;
+    let clock = common::clock();
+    let engine = engine(&dir, &clock).await;
     create_and_start(&engine, "k").await;
     let t = lease_one(&engine).await;
     let token = t.token.clone().unwrap();
@@ -207,11 +209,14 @@ async fn bad_reports_and_killed_entities_change_nothing() {
 #[tokio::test]
 async fn a_report_that_breaks_an_invariant_is_a_fault_and_the_task_is_offered_again() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine(&dir).await;
+    let clock = common::clock();
+    let engine = engine(&dir, &clock).await;
     create_and_start(&engine, "inv").await;
     let t = lease_one(&engine).await;
     // `ready` requires `ip`: the outcome is refused at commit, counted as an error.
     engine.agent_report(t.id, t.token.as_deref().unwrap(), complete("ready", json!({}))).await.unwrap();
+    engine.wait_caught_up().await.unwrap();
+    clock.advance(Duration::from_millis(10)); // the backoff
     let again = lease_one(&engine).await;
     assert_eq!((again.retry, again.errors), (1, 1));
     let e = engine.get("vm", "inv").await.unwrap().unwrap();

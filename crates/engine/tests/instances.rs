@@ -4,6 +4,8 @@
 //! only the machines it serves. Needs `SETTLE_TEST_PG`; without it every test says it
 //! skipped and passes.
 
+mod common;
+
 use std::time::Duration;
 
 use serde_json::json;
@@ -85,40 +87,13 @@ async fn callers_are_answered_by_whichever_instance_does_the_work() {
     worker.shutdown().await;
 }
 
-/// `caller`: idle -go→ asking, whose action raises `finish` on child `c` and waits for it
-/// (a sync nested event) → told.
-fn caller_machine() -> Machine {
-    MachineBuilder::new("caller")
-        .state("idle")
-        .initial()
-        .state("asking")
-        .auto("ask")
-        .state("told")
-        .event("go", ["idle"], "start")
-        .action("start", ["asking"])
-        .action("ask", ["told"])
-        .build()
-        .unwrap()
-}
-
-fn child() -> Machine {
-    MachineBuilder::new("child")
-        .state("waiting")
-        .initial()
-        .state("ready")
-        .event("finish", ["waiting"], "do_finish")
-        .action("do_finish", ["ready"])
-        .build()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_nested_event_returns_when_another_instance_processes_it() {
     let Some(url) = settle_store::postgres::test_url("nested") else { return };
     // Instance A serves `caller` and only knows `child`; instance B serves `child`.
     let a = Engine::builder(open(&url).await)
-        .machine(caller_machine())
-        .machine(child())
+        .machine(common::caller())
+        .machine(common::child())
         .serve_only(["caller"])
         .on("caller", "ask", |ctx| async move {
             let (outcome, entity) = ctx.raise_and_wait("child", "c", "finish", json!(null)).await?;
@@ -129,7 +104,7 @@ async fn a_sync_nested_event_returns_when_another_instance_processes_it() {
         .start()
         .await
         .unwrap();
-    let b = Engine::builder(open(&url).await).machine(child()).start().await.unwrap();
+    let b = Engine::builder(open(&url).await).machine(common::child()).start().await.unwrap();
     b.create("child", "c", Default::default()).await.unwrap();
     a.create("caller", "k", Default::default()).await.unwrap();
     let r = a.raise("caller", "k", "go", wait(Wait::Stable)).await.unwrap();

@@ -15,7 +15,9 @@
 //! auto action. Compared per entity: every answer, the whole history (kinds, states,
 //! actions, events, retry counts, reasons, request ids), the final state, retry count,
 //! version and request id, that the entity is at rest and unleased, and its permitted
-//! events. Nothing depends on timing: the gate is opened by the driver, not by a clock.
+//! events. Nothing depends on timing: the gate is opened by the driver, not by a clock,
+//! and the waits and retries declared run on a manual clock that `Engine::drive` moves
+//! whenever the engine has caught up.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -26,7 +28,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
 use settle_core::{Machine, MachineBuilder, StateKind};
-use settle_engine::{Engine, EngineBuilder, EventOutcome, Outcome, RaiseOptions, Raised, Wait};
+use settle_engine::{Engine, EngineBuilder, EventOutcome, ManualClock, Outcome, RaiseOptions, Raised, Wait};
 use settle_store::{HistoryKind, HistoryRow, SqliteStore};
 
 const MACHINE: &str = "m";
@@ -537,7 +539,7 @@ fn answer(raised: settle_engine::Result<Raised>) -> Answer {
     }
 }
 
-async fn drive(engine: Engine<SqliteStore>, gates: Gates, key: String, plan: Vec<Step>) -> Result<Observed, String> {
+async fn run_plan(engine: Engine<SqliteStore>, gates: Gates, key: String, plan: Vec<Step>) -> Result<Observed, String> {
     engine.create(MACHINE, &key, Default::default()).await.map_err(|e| format!("create: {e}"))?;
     let gate = &gates[key.as_str()];
     let mut answers = Vec::new();
@@ -618,20 +620,26 @@ fn run_case(spec: &Spec, scripts: &[Vec<RawStep>]) -> Result<(), TestCaseError> 
     let dir = tempfile::tempdir().unwrap();
     let (observed, rows, permitted) = rt.block_on(async {
         let store = SqliteStore::open(dir.path().join("model.db")).unwrap();
-        let engine = bind(Engine::builder(store).machine(machine), spec, &gates).start().await.unwrap();
+        let clock = ManualClock::new(1_767_225_600_000);
+        let builder = Engine::builder(store).machine(machine).clock(clock.clone());
+        let engine = bind(builder, spec, &gates).start().await.unwrap();
         // Entities run concurrently (sharing the engine's batches); each one's steps run
         // in order.
         let mut tasks = tokio::task::JoinSet::new();
         for (k, plan) in plans.into_iter().enumerate() {
             let (engine, gates, key) = (engine.clone(), gates.clone(), keys[k].clone());
-            tasks.spawn(async move { (k, drive(engine, gates, key, plan).await) });
+            tasks.spawn(async move { (k, run_plan(engine, gates, key, plan).await) });
         }
         let mut observed: Vec<Option<Result<Observed, String>>> = keys.iter().map(|_| None).collect();
-        while let Some(joined) = tasks.join_next().await {
-            let (k, o) = joined.expect("driver task panicked");
-            observed[k] = Some(o);
-        }
-        let idle = tokio::time::timeout(PATIENCE, engine.wait_idle()).await;
+        engine
+            .drive(&clock, async {
+                while let Some(joined) = tasks.join_next().await {
+                    let (k, o) = joined.expect("driver task panicked");
+                    observed[k] = Some(o);
+                }
+            })
+            .await;
+        let idle = tokio::time::timeout(PATIENCE, engine.drive(&clock, engine.wait_idle())).await;
         let mut rows = Vec::new();
         let mut permitted = Vec::new();
         for key in &keys {

@@ -1,5 +1,8 @@
 //! Operating the engine: run status and commands, the fault policy, operations and their
-//! outcomes, idempotency keys, and definition upgrades checked against live data.
+//! outcomes, idempotency keys, and definition upgrades checked against live data. Timers,
+//! backoffs, waits and the supervisor run on a manual clock.
+
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -9,8 +12,11 @@ use serde_json::json;
 use settle_core::fault::FaultPolicy;
 use settle_core::machine::Schedule;
 use settle_core::{Machine, MachineBuilder};
-use settle_engine::{Command, Config, Engine, Outcome, RaiseOptions, RunStatus, Wait};
+use settle_engine::{Command, Config, Engine, ManualClock, Outcome, RaiseOptions, RunStatus, Wait};
 use settle_store::{HistoryKind, SqliteStore, Store};
+
+/// How far ahead `drive_idle` may move the clock: far beyond any delay declared here.
+const HORIZON: Duration = Duration::from_secs(3600);
 
 fn job(policy: FaultPolicy) -> Machine {
     MachineBuilder::new("job")
@@ -36,7 +42,8 @@ fn quick_policy() -> FaultPolicy {
     }
 }
 
-/// Polls until `check` holds (progress-based, bounded); panics with `what` otherwise.
+/// Polls until `check` holds (progress-based, bounded: for work that runs outside the
+/// engine's clock, such as a handler waiting on the test); panics with `what` otherwise.
 async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
@@ -57,8 +64,10 @@ async fn a_poison_entity_is_parked_then_completes_after_the_fix_and_a_resume() {
     let fixed = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU32::new(0));
     let (f, c) = (fixed.clone(), calls.clone());
+    let clock = common::clock();
     let engine = Engine::builder(SqliteStore::open(dir.path().join("p.db")).unwrap())
         .machine(job(quick_policy()))
+        .clock(clock.clone())
         .on("job", "work", move |_| {
             c.fetch_add(1, Ordering::SeqCst);
             let ok = f.load(Ordering::SeqCst);
@@ -69,7 +78,7 @@ async fn a_poison_entity_is_parked_then_completes_after_the_fix_and_a_resume() {
         .unwrap();
     engine.create("job", "j", Default::default()).await.unwrap();
     let raised = engine.raise("job", "j", "go", RaiseOptions::default()).await.unwrap();
-    engine.wait_idle().await.unwrap();
+    assert_eq!(engine.drive_idle(&clock, HORIZON).await.unwrap(), None, "a parked entity is due for nothing");
     let e = engine.get("job", "j").await.unwrap().unwrap();
     assert_eq!((e.state.as_str(), e.run_status), ("working", RunStatus::Failed), "parked after 3 errors");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -87,7 +96,7 @@ async fn a_poison_entity_is_parked_then_completes_after_the_fix_and_a_resume() {
     fixed.store(true, Ordering::SeqCst);
     let resumed = engine.command("job", "j", Command::Resume, None).await.unwrap();
     assert_eq!(resumed.entity.run_status, RunStatus::Active);
-    engine.wait_idle().await.unwrap();
+    engine.drive_idle(&clock, HORIZON).await.unwrap();
     let e = engine.get("job", "j").await.unwrap().unwrap();
     assert_eq!((e.state.as_str(), e.run_status), ("done", RunStatus::Active));
     engine.shutdown().await;
@@ -114,9 +123,10 @@ fn ticker() -> Machine {
         .unwrap()
 }
 
-async fn ticker_engine(path: &std::path::Path) -> Engine<SqliteStore> {
+async fn ticker_engine(path: &std::path::Path, clock: &ManualClock) -> Engine<SqliteStore> {
     Engine::builder(SqliteStore::open(path).unwrap())
         .machine(ticker())
+        .clock(clock.clone())
         .on("ticker", "count", |ctx| async move {
             let n = ctx.properties.get("ticks").and_then(|v| v.as_u64()).unwrap_or(0);
             Ok(Outcome::to("on").set("ticks", json!(n + 1)))
@@ -134,39 +144,45 @@ async fn ticker_engine(path: &std::path::Path) -> Engine<SqliteStore> {
 #[tokio::test]
 async fn pause_stops_timers_and_auto_actions_and_queued_events_run_in_order_on_resume() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = ticker_engine(&dir.path().join("t.db")).await;
+    let clock = common::clock();
+    let engine = ticker_engine(&dir.path().join("t.db"), &clock).await;
     engine.create("ticker", "t", Default::default()).await.unwrap();
     let ticks = |e: &settle_store::EntityRow| e.properties.get("ticks").and_then(|v| v.as_u64()).unwrap_or(0);
-    eventually("the timer ticks", || async { ticks(&engine.get("ticker", "t").await.unwrap().unwrap()) >= 2 }).await;
+    let beat = Duration::from_millis(25);
+    for n in 1..=2 {
+        clock.advance(beat);
+        engine.wait_caught_up().await.unwrap();
+        assert_eq!(ticks(&engine.get("ticker", "t").await.unwrap().unwrap()), n, "one tick per period");
+    }
     let paused = engine.command("ticker", "t", Command::Pause, None).await.unwrap();
     assert_eq!(paused.entity.run_status, RunStatus::Paused);
-    // Anything in flight when the pause landed has committed by the time the engine is idle.
-    engine.wait_idle().await.unwrap();
+    engine.wait_caught_up().await.unwrap();
     let before = engine.get("ticker", "t").await.unwrap().unwrap();
     for n in 1..=3 {
         engine.raise("ticker", "t", "note", RaiseOptions::default().params(json!({ "n": n }))).await.unwrap();
     }
     // Ten timer periods pass: nothing runs while paused.
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    clock.advance(beat * 10);
+    engine.wait_caught_up().await.unwrap();
     let during = engine.get("ticker", "t").await.unwrap().unwrap();
     assert_eq!((ticks(&during), during.version), (ticks(&before), before.version), "no timer ran while paused");
     assert_eq!(engine.store().inbox_list(during.id).await.unwrap().len(), 3, "events queue while paused");
     engine.command("ticker", "t", Command::Resume, None).await.unwrap();
-    eventually("the queued notes are processed", || async {
-        engine.get("ticker", "t").await.unwrap().unwrap().properties.get("notes") == Some(&json!([1, 2, 3]))
-    })
-    .await;
-    eventually("the timer ticks again", || async {
-        ticks(&engine.get("ticker", "t").await.unwrap().unwrap()) > ticks(&before)
-    })
-    .await;
+    engine.wait_caught_up().await.unwrap();
+    let resumed = engine.get("ticker", "t").await.unwrap().unwrap();
+    assert_eq!(resumed.properties.get("notes"), Some(&json!([1, 2, 3])), "the queued notes, in order");
+    clock.advance(beat);
+    engine.wait_caught_up().await.unwrap();
+    assert!(ticks(&engine.get("ticker", "t").await.unwrap().unwrap()) > ticks(&before), "the timer ticks again");
     // A paused entity's auto action waits too.
     engine.raise("ticker", "t", "chill", RaiseOptions::wait(Wait::Outcome)).await.unwrap();
     engine.command("ticker", "t", Command::Pause, None).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    clock.advance(Duration::from_millis(300));
+    engine.wait_caught_up().await.unwrap();
     assert_eq!(engine.get("ticker", "t").await.unwrap().unwrap().state, "cooling", "auto action held by the pause");
     engine.command("ticker", "t", Command::Resume, None).await.unwrap();
-    engine.wait_for_state("ticker", "t", &["cold"], Duration::from_secs(10)).await.unwrap();
+    engine.wait_caught_up().await.unwrap();
+    assert_eq!(engine.get("ticker", "t").await.unwrap().unwrap().state, "cold", "resumed past its wait: runs at once");
     engine.shutdown().await;
 }
 
@@ -174,7 +190,8 @@ async fn pause_stops_timers_and_auto_actions_and_queued_events_run_in_order_on_r
 async fn a_killed_entity_stays_untouched_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("k.db");
-    let engine = ticker_engine(&path).await;
+    let clock = common::clock();
+    let engine = ticker_engine(&path, &clock).await;
     engine.create("ticker", "k", Default::default()).await.unwrap();
     engine.raise("ticker", "k", "chill", RaiseOptions::wait(Wait::Outcome)).await.unwrap();
     // Paused, the entity keeps the next event queued: the kill must cancel it.
@@ -186,9 +203,9 @@ async fn a_killed_entity_stays_untouched_across_a_restart() {
     assert_eq!(err.to_string(), "entity `k` of machine `ticker` was killed");
     engine.shutdown().await;
     drop(engine);
-    let engine = ticker_engine(&path).await;
-    tokio::time::sleep(Duration::from_millis(300)).await; // past the auto action's wait
-    engine.wait_idle().await.unwrap();
+    let engine = ticker_engine(&path, &clock).await;
+    clock.advance(Duration::from_millis(300)); // past the auto action's wait
+    assert_eq!(engine.wait_caught_up().await.unwrap(), None, "nothing left to do for a killed entity");
     let e = engine.get("ticker", "k").await.unwrap().unwrap();
     assert_eq!((e.state.as_str(), e.version, e.run_status), ("cooling", killed.entity.version, RunStatus::Killed));
     assert!(engine.store().inbox_list(e.id).await.unwrap().is_empty(), "pending work was canceled");
@@ -201,7 +218,7 @@ async fn a_killed_entity_stays_untouched_across_a_restart() {
 #[tokio::test]
 async fn replaying_an_idempotency_key_returns_the_first_operation_and_raises_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = ticker_engine(&dir.path().join("i.db")).await;
+    let engine = ticker_engine(&dir.path().join("i.db"), &common::clock()).await;
     let first = engine.create_with("ticker", "i", Default::default(), Some("create-i".into())).await.unwrap();
     let again = engine.create_with("ticker", "i", Default::default(), Some("create-i".into())).await.unwrap();
     assert!(!first.replayed && again.replayed);
@@ -283,22 +300,19 @@ async fn an_upgrade_that_drops_an_occupied_state_is_refused_unless_mapped() {
 #[tokio::test]
 async fn an_operation_without_progress_is_marked_hung_and_ends_when_the_work_does() {
     let dir = tempfile::tempdir().unwrap();
-    let release = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(tokio::sync::Notify::new());
     let r = release.clone();
-    let config = Config {
-        hung_after: Duration::from_millis(100),
-        supervise_every: Duration::from_millis(20),
-        ..Config::default()
-    };
+    let config =
+        Config { hung_after: Duration::from_secs(600), supervise_every: Duration::from_secs(10), ..Config::default() };
+    let clock = common::clock();
     let engine = Engine::builder(SqliteStore::open(dir.path().join("h.db")).unwrap())
         .machine(job(FaultPolicy::default()))
         .config(config)
+        .clock(clock.clone())
         .on("job", "work", move |_| {
             let r = r.clone();
             async move {
-                while !r.load(Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
+                r.notified().await;
                 Ok(Outcome::to("done"))
             }
         })
@@ -307,11 +321,13 @@ async fn an_operation_without_progress_is_marked_hung_and_ends_when_the_work_doe
         .unwrap();
     engine.create("job", "slow", Default::default()).await.unwrap();
     let raised = engine.raise("job", "slow", "go", RaiseOptions::default()).await.unwrap();
-    eventually("the supervisor marks the operation hung", || async {
-        engine.operation(&raised.request_id).await.unwrap().unwrap().outcome.as_deref() == Some("hung")
-    })
-    .await;
-    release.store(true, Ordering::SeqCst);
+    let outcome = || async { engine.operation(&raised.request_id).await.unwrap().unwrap().outcome };
+    assert_eq!(outcome().await, None);
+    // Eleven minutes without progress: the supervisor's next round marks it hung.
+    clock.advance(Duration::from_secs(660));
+    eventually("the supervisor marks the operation hung", || async { outcome().await.as_deref() == Some("hung") })
+        .await;
+    release.notify_one();
     engine.wait_idle().await.unwrap();
     let op = engine.operation(&raised.request_id).await.unwrap().unwrap();
     assert_eq!(op.outcome.as_deref(), Some("success"), "finishing later still ends it");

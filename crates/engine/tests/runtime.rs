@@ -1,5 +1,8 @@
 //! Runtime behaviour on a real SQLite file: events, rejections, auto actions, retries,
-//! waits, faults, effects and atomic commits.
+//! waits, faults, effects and atomic commits. Retries, backoffs and waits run on a manual
+//! clock that `Engine::drive` moves.
+
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -8,7 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 use settle_core::MachineBuilder;
 use settle_engine::{Engine, EventOutcome, Outcome, RaiseOptions, Wait};
-use settle_store::{HistoryKind, SqliteStore, Store};
+use settle_store::{HistoryKind, Store};
 
 fn server() -> settle_core::Machine {
     MachineBuilder::new("server")
@@ -34,23 +37,19 @@ fn server() -> settle_core::Machine {
         .unwrap()
 }
 
-fn store() -> (tempfile::TempDir, SqliteStore) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("t.db")).unwrap();
-    (dir, store)
-}
-
 fn stable(params: serde_json::Value) -> RaiseOptions {
     RaiseOptions::wait(Wait::Stable).params(params).timeout(Duration::from_secs(20))
 }
 
 #[tokio::test]
 async fn event_runs_workflow_to_stable_state_with_retries() {
-    let (_dir, store) = store();
+    let (_dir, store) = common::sqlite();
     let attempts = Arc::new(AtomicU32::new(0));
     let a = attempts.clone();
+    let clock = common::clock();
     let engine = Engine::builder(store)
         .machine(server())
+        .clock(clock.clone())
         .on("server", "provision", move |ctx| {
             let a = a.clone();
             async move {
@@ -65,7 +64,8 @@ async fn event_runs_workflow_to_stable_state_with_retries() {
         .await
         .unwrap();
     engine.create("server", "s1", Default::default()).await.unwrap();
-    let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    let raise = engine.raise("server", "s1", "create", stable(json!({"region": "eu"})));
+    let r = engine.drive(&clock, raise).await.unwrap();
     assert_eq!(r.outcome, Some(EventOutcome::Accepted { state: "creating".into() }));
     let e = r.entity.unwrap();
     assert_eq!(e.state, "ready");
@@ -82,6 +82,8 @@ async fn event_runs_workflow_to_stable_state_with_retries() {
             (Some("creating"), Some("ready"), HistoryKind::Auto, 0),
         ]
     );
+    let at: Vec<i64> = h.iter().map(|r| r.at - common::T0).collect();
+    assert_eq!(at, [0, 0, 0, 20, 40], "each retry 20 ms after the one before, on the clock");
     assert!(h[1..].iter().all(|r| r.request_id.as_deref() == Some(r.request_id.as_deref().unwrap())));
     assert_eq!(h[4].request_id.as_deref(), Some(r.request_id.as_str()), "auto actions carry the request id");
     assert_eq!(engine.permitted_events("server", "s1").await.unwrap(), ["delete"]);
@@ -90,7 +92,7 @@ async fn event_runs_workflow_to_stable_state_with_retries() {
 
 #[tokio::test]
 async fn rejected_events_change_nothing_and_report_the_declared_reason() {
-    let (_dir, store) = store();
+    let (_dir, store) = common::sqlite();
     let engine = Engine::builder(store)
         .machine(server())
         .on("server", "provision", |_| async { Ok(Outcome::to("ready").set("endpoint", json!("x"))) })
@@ -118,18 +120,20 @@ async fn rejected_events_change_nothing_and_report_the_declared_reason() {
 
 #[tokio::test]
 async fn missing_handlers_are_refused_at_start() {
-    let (_dir, store) = store();
+    let (_dir, store) = common::sqlite();
     let err = Engine::builder(store).machine(server()).start().await.err().unwrap();
     assert_eq!(err.to_string(), "no handler bound for action `provision` of machine `server`");
 }
 
 #[tokio::test]
 async fn undeclared_targets_and_broken_invariants_are_faults_that_retry() {
-    let (_dir, store) = store();
+    let (_dir, store) = common::sqlite();
     let attempts = Arc::new(AtomicU32::new(0));
     let a = attempts.clone();
+    let clock = common::clock();
     let engine = Engine::builder(store)
         .machine(server())
+        .clock(clock.clone())
         .on("server", "provision", move |_| {
             let n = a.fetch_add(1, Ordering::SeqCst);
             async move {
@@ -144,7 +148,8 @@ async fn undeclared_targets_and_broken_invariants_are_faults_that_retry() {
         .await
         .unwrap();
     engine.create("server", "s1", Default::default()).await.unwrap();
-    let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    let raise = engine.raise("server", "s1", "create", stable(json!({"region": "eu"})));
+    let r = engine.drive(&clock, raise).await.unwrap();
     assert_eq!(r.entity.unwrap().state, "ready");
     let h = engine.history("server", "s1").await.unwrap();
     let faults: Vec<_> = h.iter().filter(|r| r.kind == HistoryKind::Fault).map(|r| r.detail.clone().unwrap()).collect();
@@ -155,18 +160,22 @@ async fn undeclared_targets_and_broken_invariants_are_faults_that_retry() {
             "state `ready` of machine `server` requires `endpoint`",
         ]
     );
+    let at: Vec<i64> = h.iter().map(|r| r.at - common::T0).collect();
+    assert_eq!(at, [0, 0, 0, 1_000, 3_000], "the default backoff: 1 s, then 2 s");
     engine.shutdown().await;
 }
 
 #[tokio::test]
 async fn failed_sql_effect_leaves_nothing_and_panics_are_faults() {
-    let (_dir, store) = store();
+    let (_dir, store) = common::sqlite();
     store.sql_execute("CREATE TABLE servers (name TEXT PRIMARY KEY)").await.unwrap();
     store.sql_execute("INSERT INTO servers VALUES ('taken')").await.unwrap();
     let attempts = Arc::new(AtomicU32::new(0));
     let a = attempts.clone();
+    let clock = common::clock();
     let engine = Engine::builder(store.clone())
         .machine(server())
+        .clock(clock.clone())
         .on("server", "provision", move |ctx| {
             let n = a.fetch_add(1, Ordering::SeqCst);
             async move {
@@ -185,7 +194,8 @@ async fn failed_sql_effect_leaves_nothing_and_panics_are_faults() {
         .await
         .unwrap();
     engine.create("server", "s1", Default::default()).await.unwrap();
-    let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    let raise = engine.raise("server", "s1", "create", stable(json!({"region": "eu"})));
+    let r = engine.drive(&clock, raise).await.unwrap();
     assert_eq!(r.entity.unwrap().state, "ready");
     let h = engine.history("server", "s1").await.unwrap();
     let faults: Vec<_> = h.iter().filter(|r| r.kind == HistoryKind::Fault).map(|r| r.detail.clone().unwrap()).collect();
@@ -197,7 +207,7 @@ async fn failed_sql_effect_leaves_nothing_and_panics_are_faults() {
 
 #[tokio::test]
 async fn effects_create_entities_and_raise_events_atomically() {
-    let (_dir, store) = store();
+    let (_dir, store) = common::sqlite();
     let child = MachineBuilder::new("child")
         .state("idle")
         .initial()
@@ -235,7 +245,7 @@ async fn effects_create_entities_and_raise_events_atomically() {
 
 #[tokio::test]
 async fn waits_on_states_and_transitions_delay_the_auto_action() {
-    let (_dir, store) = store();
+    let (_dir, store) = common::sqlite();
     let m = MachineBuilder::new("slow")
         .state("idle")
         .initial()
@@ -249,12 +259,13 @@ async fn waits_on_states_and_transitions_delay_the_auto_action() {
         .action("cool", ["done"])
         .build()
         .unwrap();
-    let engine = Engine::builder(store).machine(m).start().await.unwrap();
+    let clock = common::clock();
+    let engine = Engine::builder(store).machine(m).clock(clock.clone()).start().await.unwrap();
     engine.create("slow", "x", Default::default()).await.unwrap();
-    let r = engine.raise("slow", "x", "go", stable(json!(null))).await.unwrap();
+    let r = engine.drive(&clock, engine.raise("slow", "x", "go", stable(json!(null)))).await.unwrap();
     assert_eq!(r.entity.unwrap().state, "done");
     let h = engine.history("slow", "x").await.unwrap();
     let waited = h[2].at - h[1].at;
-    assert!(waited >= 250, "auto action ran {waited} ms after entry; state wait 150 + transition wait 100");
+    assert_eq!(waited, 250, "the auto action ran after the state's wait (150 ms) and the transition's (100 ms)");
     engine.shutdown().await;
 }

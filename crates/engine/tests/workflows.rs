@@ -1,5 +1,7 @@
 //! Workflows across entities: successors, subscriptions, timers, nested events and reads
-//! with lock, on a real SQLite file.
+//! with lock, on a real SQLite file. Timers, timeouts and backoffs run on a manual clock.
+
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -8,23 +10,8 @@ use std::time::Duration;
 use serde_json::json;
 use settle_core::machine::Schedule;
 use settle_core::{Machine, MachineBuilder};
-use settle_engine::{Engine, EventOutcome, Outcome, RaiseOptions, Wait};
+use settle_engine::{Engine, EventOutcome, ManualClock, Outcome, RaiseOptions, Wait};
 use settle_store::{HistoryKind, SqliteStore, Store};
-
-fn child() -> Machine {
-    MachineBuilder::new("child")
-        .state("waiting")
-        .initial()
-        .state("ready")
-        .state("failed")
-        .error_health()
-        .event("finish", ["waiting"], "do_finish")
-        .event("fail", ["waiting"], "do_fail")
-        .action("do_finish", ["ready"])
-        .action("do_fail", ["failed"])
-        .build()
-        .unwrap()
-}
 
 /// `parent`: new -go→ spawning → (creates two children) → waiting ─all ready→ done
 ///                                                        └─any failed→ broken
@@ -62,12 +49,16 @@ fn parent(timeout: Option<Duration>) -> Machine {
         .unwrap()
 }
 
-async fn engine(timeout: Option<Duration>) -> (tempfile::TempDir, Engine<SqliteStore>) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("w.db")).unwrap();
+/// How far ahead `drive_idle` may move the clock: beyond every delay declared here.
+const HORIZON: Duration = Duration::from_secs(3600);
+
+async fn engine(timeout: Option<Duration>) -> (tempfile::TempDir, Engine<SqliteStore>, ManualClock) {
+    let (dir, store) = common::sqlite();
+    let clock = common::clock();
     let engine = Engine::builder(store)
-        .machine(child())
+        .machine(common::child())
         .machine(parent(timeout))
+        .clock(clock.clone())
         .on("parent", "spawn", |ctx| async move {
             Ok(Outcome::to(if ctx.key.starts_with('h') { "hold" } else { "waiting" })
                 .create("child", format!("{}-a", ctx.key), Default::default())
@@ -80,7 +71,7 @@ async fn engine(timeout: Option<Duration>) -> (tempfile::TempDir, Engine<SqliteS
         .start()
         .await
         .unwrap();
-    (dir, engine)
+    (dir, engine, clock)
 }
 
 fn stable() -> RaiseOptions {
@@ -93,7 +84,7 @@ async fn state(engine: &Engine<SqliteStore>, machine: &str, key: &str) -> String
 
 #[tokio::test]
 async fn all_successors_ready_fires_the_subscription_once_with_the_matches() {
-    let (_d, engine) = engine(None).await;
+    let (_d, engine, _clock) = engine(None).await;
     engine.create("parent", "p", Default::default()).await.unwrap();
     engine.raise("parent", "p", "go", stable()).await.unwrap();
     assert_eq!(state(&engine, "parent", "p").await, "waiting");
@@ -117,7 +108,7 @@ async fn all_successors_ready_fires_the_subscription_once_with_the_matches() {
 
 #[tokio::test]
 async fn entering_the_valid_state_when_the_pattern_already_holds_fires_at_once() {
-    let (_d, engine) = engine(None).await;
+    let (_d, engine, _clock) = engine(None).await;
     engine.create("parent", "h1", Default::default()).await.unwrap();
     engine.raise("parent", "h1", "go", stable()).await.unwrap();
     assert_eq!(state(&engine, "parent", "h1").await, "hold");
@@ -136,7 +127,7 @@ async fn entering_the_valid_state_when_the_pattern_already_holds_fires_at_once()
 
 #[tokio::test]
 async fn a_failed_successor_fires_the_error_subscription() {
-    let (_d, engine) = engine(None).await;
+    let (_d, engine, _clock) = engine(None).await;
     engine.create("parent", "p", Default::default()).await.unwrap();
     engine.raise("parent", "p", "go", stable()).await.unwrap();
     engine.raise("child", "p-a", "fail", stable()).await.unwrap();
@@ -150,11 +141,14 @@ async fn a_failed_successor_fires_the_error_subscription() {
 
 #[tokio::test]
 async fn a_subscription_timeout_fires_its_own_event() {
-    let (_d, engine) = engine(Some(Duration::from_millis(200))).await;
+    let (_d, engine, clock) = engine(Some(Duration::from_millis(200))).await;
     engine.create("parent", "p", Default::default()).await.unwrap();
     engine.raise("parent", "p", "go", stable()).await.unwrap();
-    engine.wait_idle().await.unwrap();
+    assert_eq!(engine.drive_idle(&clock, HORIZON).await.unwrap(), None);
     assert_eq!(state(&engine, "parent", "p").await, "timed_out");
+    let h = engine.history("parent", "p").await.unwrap();
+    let fired = h.iter().find(|r| r.event.as_deref() == Some("too_slow")).unwrap();
+    assert_eq!(fired.at - common::T0, 200, "the timeout fired 200 ms after the parent entered `waiting`");
     let p = engine.get("parent", "p").await.unwrap().unwrap();
     assert!(engine.store().timer_list(p.id).await.unwrap().is_empty(), "leaving the state drops its timers");
     engine.shutdown().await;
@@ -162,12 +156,12 @@ async fn a_subscription_timeout_fires_its_own_event() {
 
 #[tokio::test]
 async fn a_met_subscription_cancels_its_timeout() {
-    let (_d, engine) = engine(Some(Duration::from_millis(300))).await;
+    let (_d, engine, clock) = engine(Some(Duration::from_millis(300))).await;
     engine.create("parent", "p", Default::default()).await.unwrap();
     engine.raise("parent", "p", "go", stable()).await.unwrap();
     engine.raise("child", "p-a", "finish", stable()).await.unwrap();
     engine.raise("child", "p-b", "finish", stable()).await.unwrap();
-    engine.wait_idle().await.unwrap();
+    assert_eq!(engine.drive_idle(&clock, HORIZON).await.unwrap(), None, "the timeout is gone with the state");
     assert_eq!(state(&engine, "parent", "p").await, "done");
     let h = engine.history("parent", "p").await.unwrap();
     assert!(h.iter().all(|r| r.event.as_deref() != Some("too_slow")), "{h:?}");
@@ -196,12 +190,13 @@ fn ticking() -> Machine {
 
 #[tokio::test]
 async fn periodic_timers_fire_while_in_their_states_and_stop_when_left() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("t.db")).unwrap();
+    let (_dir, store) = common::sqlite();
+    let clock = common::clock();
     let ticks = Arc::new(AtomicU32::new(0));
     let t = ticks.clone();
     let engine = Engine::builder(store)
         .machine(ticking())
+        .clock(clock.clone())
         .on("ticker", "count", move |_| {
             t.fetch_add(1, Ordering::SeqCst);
             async { Ok(Outcome::to("on")) }
@@ -211,12 +206,16 @@ async fn periodic_timers_fire_while_in_their_states_and_stop_when_left() {
         .unwrap();
     let e = engine.create("ticker", "t", Default::default()).await.unwrap();
     assert_eq!(engine.store().timer_list(e.id).await.unwrap().len(), 1, "initial state's timer is set at creation");
-    while ticks.load(Ordering::SeqCst) < 3 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for n in 1..=3 {
+        assert_eq!(engine.wait_caught_up().await.unwrap(), Some(common::T0 + 40 * n), "the next beat");
+        clock.advance(Duration::from_millis(40));
+        engine.wait_caught_up().await.unwrap();
+        assert_eq!(ticks.load(Ordering::SeqCst), n as u32, "one tick per period");
     }
     engine.raise("ticker", "t", "stop", stable()).await.unwrap();
     assert!(engine.store().timer_list(e.id).await.unwrap().is_empty());
-    engine.wait_idle().await.unwrap();
+    assert_eq!(engine.drive_idle(&clock, HORIZON).await.unwrap(), None, "nothing scheduled once the state is left");
+    assert_eq!(ticks.load(Ordering::SeqCst), 3);
     let h = engine.history("ticker", "t").await.unwrap();
     let after_stop = h.iter().skip_while(|r| r.event.as_deref() != Some("stop")).skip(1);
     for r in after_stop {
@@ -227,10 +226,11 @@ async fn periodic_timers_fire_while_in_their_states_and_stop_when_left() {
 
 #[tokio::test]
 async fn a_one_shot_timer_whose_state_was_left_never_fires() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("t.db")).unwrap();
+    let (_dir, store) = common::sqlite();
+    let clock = common::clock();
     let engine = Engine::builder(store)
         .machine(ticking())
+        .clock(clock.clone())
         .on("ticker", "count", |_| async { Ok(Outcome::to("on")) })
         .start()
         .await
@@ -242,11 +242,13 @@ async fn a_one_shot_timer_whose_state_was_left_never_fires() {
         engine.raise("ticker", k, "arm", stable()).await.unwrap();
     }
     // `a` leaves `armed` before the fuse burns; `b` stays.
+    clock.advance(Duration::from_millis(100));
     engine.raise("ticker", "a", "stop", stable()).await.unwrap();
-    engine.wait_idle().await.unwrap();
+    assert_eq!(engine.drive_idle(&clock, HORIZON).await.unwrap(), None);
     assert_eq!(state(&engine, "ticker", "b").await, "off", "b's fuse fired");
     let hb = engine.history("ticker", "b").await.unwrap();
     assert_eq!(hb.last().unwrap().event.as_deref(), Some("boom"));
+    assert_eq!(hb.last().unwrap().at - common::T0, 150, "150 ms after b was armed");
     let ha = engine.history("ticker", "a").await.unwrap();
     assert!(ha.iter().all(|r| r.event.as_deref() != Some("boom")), "a's fuse never fired: {ha:?}");
     engine.shutdown().await;
@@ -254,40 +256,34 @@ async fn a_one_shot_timer_whose_state_was_left_never_fires() {
 
 #[tokio::test]
 async fn timers_survive_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t.db");
-    let build =
-        |store| Engine::builder(store).machine(ticking()).on("ticker", "count", |_| async { Ok(Outcome::to("on")) });
-    let engine = build(SqliteStore::open(&path).unwrap()).start().await.unwrap();
+    let (dir, store) = common::sqlite();
+    let path = dir.path().join("engine.db");
+    let clock = common::clock();
+    let build = |store| {
+        Engine::builder(store)
+            .machine(ticking())
+            .clock(clock.clone())
+            .on("ticker", "count", |_| async { Ok(Outcome::to("on")) })
+    };
+    let engine = build(store).start().await.unwrap();
     engine.create("ticker", "t", Default::default()).await.unwrap();
     engine.raise("ticker", "t", "stop", stable()).await.unwrap();
     engine.raise("ticker", "t", "arm", stable()).await.unwrap();
     engine.shutdown().await;
     drop(engine);
+    clock.advance(Duration::from_secs(60));
     let engine = build(SqliteStore::open(&path).unwrap()).start().await.unwrap();
-    engine.wait_idle().await.unwrap();
+    assert_eq!(engine.wait_caught_up().await.unwrap(), None);
     assert_eq!(state(&engine, "ticker", "t").await, "off", "the fuse set before the restart fired after it");
     engine.shutdown().await;
 }
 
 #[tokio::test]
 async fn sync_nested_events_return_the_outcome_and_join_the_target() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("n.db")).unwrap();
-    let caller = MachineBuilder::new("caller")
-        .state("idle")
-        .initial()
-        .state("asking")
-        .auto("ask")
-        .state("told")
-        .event("go", ["idle"], "start")
-        .action("start", ["asking"])
-        .action("ask", ["told"])
-        .build()
-        .unwrap();
+    let (_dir, store) = common::sqlite();
     let engine = Engine::builder(store)
-        .machine(child())
-        .machine(caller)
+        .machine(common::child())
+        .machine(common::caller())
         .on("caller", "ask", |ctx| async move {
             let (first, entity) = ctx.raise_and_wait("child", "c", "finish", json!(null)).await?;
             let (second, _) = ctx.raise_and_wait("child", "c", "finish", json!(null)).await?;
@@ -318,8 +314,7 @@ async fn sync_nested_events_return_the_outcome_and_join_the_target() {
 
 #[tokio::test]
 async fn a_read_with_lock_fails_the_commit_when_the_entity_changed() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("l.db")).unwrap();
+    let (_dir, store) = common::sqlite();
     let reader = MachineBuilder::new("reader")
         .state("idle")
         .initial()
@@ -333,9 +328,11 @@ async fn a_read_with_lock_fails_the_commit_when_the_entity_changed() {
         .unwrap();
     let attempts = Arc::new(AtomicU32::new(0));
     let a = attempts.clone();
+    let clock = common::clock();
     let engine = Engine::builder(store)
-        .machine(child())
+        .machine(common::child())
         .machine(reader)
+        .clock(clock.clone())
         .on("reader", "read", move |ctx| {
             let a = a.clone();
             async move {
@@ -352,7 +349,7 @@ async fn a_read_with_lock_fails_the_commit_when_the_entity_changed() {
         .unwrap();
     engine.create("child", "c", Default::default()).await.unwrap();
     engine.create("reader", "r", Default::default()).await.unwrap();
-    let r = engine.raise("reader", "r", "go", stable()).await.unwrap();
+    let r = engine.drive(&clock, engine.raise("reader", "r", "go", stable())).await.unwrap();
     let e = r.entity.unwrap();
     assert_eq!((e.state.as_str(), &e.properties["seen"]), ("done", &json!("ready")));
     let h = engine.history("reader", "r").await.unwrap();

@@ -87,6 +87,12 @@ impl ManualClock {
         self.inner.now.fetch_add(by.as_millis() as i64, Ordering::SeqCst);
         self.inner.moved.notify_waiters();
     }
+    /// Moves time forward to `at`; does nothing if the clock is already there or later.
+    pub fn advance_to(&self, at: Millis) {
+        if self.inner.now.fetch_max(at, Ordering::SeqCst) < at {
+            self.inner.moved.notify_waiters();
+        }
+    }
     /// Sets the time to `at` (backwards too: a clock jump), waking every sleeper whose time
     /// has come.
     pub fn set(&self, at: Millis) {

@@ -1,0 +1,54 @@
+//! What the engine's integration tests share: a SQLite store in a temporary directory and
+//! a manual clock. Time in these tests moves only when a test moves it (directly, or
+//! through `Engine::drive`), never by sleeping.
+
+#![allow(dead_code)]
+
+use settle_store::{ManualClock, SqliteStore};
+
+/// Where every manual clock starts: 2026-01-01T00:00:00Z.
+pub const T0: i64 = 1_767_225_600_000;
+
+/// A SQLite store in a fresh temporary directory (kept alive by the returned guard).
+pub fn sqlite() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("engine.db")).unwrap();
+    (dir, store)
+}
+
+/// A clock standing at [`T0`].
+pub fn clock() -> ManualClock {
+    ManualClock::new(T0)
+}
+
+/// `child`: waiting -finish→ ready, or -fail→ failed (error health).
+pub fn child() -> settle_core::Machine {
+    settle_core::MachineBuilder::new("child")
+        .state("waiting")
+        .initial()
+        .state("ready")
+        .state("failed")
+        .error_health()
+        .event("finish", ["waiting"], "do_finish")
+        .event("fail", ["waiting"], "do_fail")
+        .action("do_finish", ["ready"])
+        .action("do_fail", ["failed"])
+        .build()
+        .unwrap()
+}
+
+/// `caller`: idle -go→ asking, whose auto action `ask` (bound by each test, typically to a
+/// sync nested event on a `child`) → told.
+pub fn caller() -> settle_core::Machine {
+    settle_core::MachineBuilder::new("caller")
+        .state("idle")
+        .initial()
+        .state("asking")
+        .auto("ask")
+        .state("told")
+        .event("go", ["idle"], "start")
+        .action("start", ["asking"])
+        .action("ask", ["told"])
+        .build()
+        .unwrap()
+}
