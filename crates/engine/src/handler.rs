@@ -27,19 +27,22 @@ pub type Handler = Arc<dyn Fn(ActionContext) -> HandlerFuture + Send + Sync>;
 /// A boxed future of the engine's API.
 pub(crate) type EngineFuture<T> = Pin<Box<dyn Future<Output = Result<T, crate::Error>> + Send>>;
 
+/// A sync nested event: raised by the entity `from` on another, which joins `from`'s
+/// workflow.
+pub(crate) struct NestedEvent {
+    pub(crate) from: i64,
+    pub(crate) machine: MachineName,
+    pub(crate) key: EntityKey,
+    pub(crate) event: EventName,
+    pub(crate) params: Value,
+    pub(crate) request_id: Option<String>,
+}
+
 /// What an action may do with other entities while it runs (implemented by the engine).
 pub(crate) trait Nested: Send + Sync {
     /// Raises an event on another entity through its inbox, joining it into the raising
     /// entity's workflow, and waits for its outcome and next stable state.
-    fn raise_and_wait(
-        &self,
-        from: i64,
-        machine: MachineName,
-        key: EntityKey,
-        event: EventName,
-        params: Value,
-        request_id: Option<String>,
-    ) -> EngineFuture<(EventOutcome, EntityRow)>;
+    fn raise_and_wait(&self, nested: NestedEvent) -> EngineFuture<(EventOutcome, EntityRow)>;
     /// Reads an entity.
     fn read(&self, machine: MachineName, key: EntityKey) -> EngineFuture<Option<EntityRow>>;
 }
@@ -102,14 +105,14 @@ impl ActionContext {
         params: Value,
     ) -> Result<(EventOutcome, EntityRow), crate::Error> {
         self.nested
-            .raise_and_wait(
-                self.entity_id,
-                MachineName::new(machine),
-                EntityKey::new(key),
-                EventName::new(event),
+            .raise_and_wait(NestedEvent {
+                from: self.entity_id,
+                machine: MachineName::new(machine),
+                key: EntityKey::new(key),
+                event: EventName::new(event),
                 params,
-                self.request_id.clone(),
-            )
+                request_id: self.request_id.clone(),
+            })
             .await
     }
 

@@ -5,15 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
 use settle_core::step;
-use settle_core::{EntityKey, EventName, MachineName};
+use settle_core::{EntityKey, MachineName};
 use settle_store::{EntityRow, InboxKind, Push, Store};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{EventOutcome, Wait};
 use crate::error::Error;
-use crate::handler::{EngineFuture, Nested};
+use crate::handler::{EngineFuture, Nested, NestedEvent};
 use crate::msg::Msg;
 use crate::registry::Registry;
 use crate::watch::{Hub, Want, first_of};
@@ -30,15 +29,8 @@ pub(crate) struct NestedHandle<S> {
 }
 
 impl<S: Store + Clone> Nested for NestedHandle<S> {
-    fn raise_and_wait(
-        &self,
-        from: i64,
-        machine: MachineName,
-        key: EntityKey,
-        event: EventName,
-        params: Value,
-        request_id: Option<String>,
-    ) -> EngineFuture<(EventOutcome, EntityRow)> {
+    fn raise_and_wait(&self, nested: NestedEvent) -> EngineFuture<(EventOutcome, EntityRow)> {
+        let NestedEvent { from, machine, key, event, params, request_id } = nested;
         let checked = self.registry.machine(&machine).and_then(|m| {
             step::check_raise(m, &event, &params)?;
             Ok(m.clone())
