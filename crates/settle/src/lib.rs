@@ -62,4 +62,4 @@ pub use settle_engine::{
     ActionContext, Clock, Command, Config, Engine, EngineBuilder, Error, EventOutcome, HandlerError, ManualClock,
     Outcome, RaiseOptions, Raised, RunStatus, SystemClock, Wait,
 };
-pub use settle_store::{AnyStore, EntityRow, HistoryRow, PgStore, SqliteStore, Store};
+pub use settle_store::{AnyStore, EntityRow, HistoryKind, HistoryRow, PgStore, SqliteStore, Store};
