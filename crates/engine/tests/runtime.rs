@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
-use settle_core::MachineBuilder;
-use settle_engine::{Engine, EventOutcome, Outcome, RaiseOptions, Wait};
-use settle_store::{HistoryKind, Store};
+use settle_core::{Machine, MachineBuilder};
+use settle_engine::{
+    ActionContext, Engine, EventOutcome, HandlerError, ManualClock, Outcome, RaiseOptions, Raised, Wait,
+};
+use settle_store::{HistoryKind, HistoryRow, SqliteStore, Store};
 
 fn server() -> settle_core::Machine {
     MachineBuilder::new("server")
@@ -41,31 +43,53 @@ fn stable(params: serde_json::Value) -> RaiseOptions {
     RaiseOptions::wait(Wait::Stable).params(params).timeout(Duration::from_secs(20))
 }
 
-#[tokio::test]
-async fn event_runs_workflow_to_stable_state_with_retries() {
-    let (_dir, store) = common::sqlite();
-    let attempts = Arc::new(AtomicU32::new(0));
-    let a = attempts.clone();
+/// An engine on `store` and a manual clock, running `server` (and `more` machines), whose
+/// `provision` handler answers `provision(attempt, ctx)`, attempts counted from 0.
+async fn server_engine<F>(store: SqliteStore, more: Vec<Machine>, provision: F) -> (Engine<SqliteStore>, ManualClock)
+where
+    F: Fn(u32, ActionContext) -> Result<Outcome, HandlerError> + Send + Sync + 'static,
+{
+    let attempts = AtomicU32::new(0);
     let clock = common::clock();
-    let engine = Engine::builder(store)
-        .machine(server())
-        .clock(clock.clone())
+    let provision = Arc::new(provision);
+    let mut builder = Engine::builder(store).machine(server()).clock(clock.clone());
+    for m in more {
+        builder = builder.machine(m);
+    }
+    let engine = builder
         .on("server", "provision", move |ctx| {
-            let a = a.clone();
-            async move {
-                assert_eq!(ctx.params, serde_json::Value::Null, "auto actions get no params");
-                if a.fetch_add(1, Ordering::SeqCst) < 2 {
-                    return Ok(Outcome::retry_after(Duration::from_millis(20)));
-                }
-                Ok(Outcome::to("ready").set("endpoint", json!("10.0.0.1")))
-            }
+            let (n, provision) = (attempts.fetch_add(1, Ordering::SeqCst), provision.clone());
+            async move { provision(n, ctx) }
         })
         .start()
         .await
         .unwrap();
+    (engine, clock)
+}
+
+/// Creates `s1` and raises `create` on it, driving the clock until it is at rest.
+async fn create_s1(engine: &Engine<SqliteStore>, clock: &ManualClock) -> Raised {
     engine.create("server", "s1", Default::default()).await.unwrap();
-    let raise = engine.raise("server", "s1", "create", stable(json!({"region": "eu"})));
-    let r = engine.drive(&clock, raise).await.unwrap();
+    engine.drive(clock, engine.raise("server", "s1", "create", stable(json!({"region": "eu"})))).await.unwrap()
+}
+
+/// The details of the faults in a history, oldest first.
+fn faults(h: &[HistoryRow]) -> Vec<String> {
+    h.iter().filter(|r| r.kind == HistoryKind::Fault).map(|r| r.detail.clone().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn event_runs_workflow_to_stable_state_with_retries() {
+    let (_dir, store) = common::sqlite();
+    let (engine, clock) = server_engine(store, Vec::new(), |n, ctx| {
+        assert_eq!(ctx.params, serde_json::Value::Null, "auto actions get no params");
+        if n < 2 {
+            return Ok(Outcome::retry_after(Duration::from_millis(20)));
+        }
+        Ok(Outcome::to("ready").set("endpoint", json!("10.0.0.1")))
+    })
+    .await;
+    let r = create_s1(&engine, &clock).await;
     assert_eq!(r.outcome, Some(EventOutcome::Accepted { state: "creating".into() }));
     let e = r.entity.unwrap();
     assert_eq!(e.state, "ready");
@@ -93,14 +117,9 @@ async fn event_runs_workflow_to_stable_state_with_retries() {
 #[tokio::test]
 async fn rejected_events_change_nothing_and_report_the_declared_reason() {
     let (_dir, store) = common::sqlite();
-    let engine = Engine::builder(store)
-        .machine(server())
-        .on("server", "provision", |_| async { Ok(Outcome::to("ready").set("endpoint", json!("x"))) })
-        .start()
-        .await
-        .unwrap();
-    engine.create("server", "s1", Default::default()).await.unwrap();
-    engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    let (engine, clock) =
+        server_engine(store, Vec::new(), |_, _| Ok(Outcome::to("ready").set("endpoint", json!("x")))).await;
+    create_s1(&engine, &clock).await;
     let before = engine.get("server", "s1").await.unwrap().unwrap();
     let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
     assert_eq!(r.outcome, Some(EventOutcome::Rejected { state: "ready".into(), reason: "already exists".into() }));
@@ -128,33 +147,19 @@ async fn missing_handlers_are_refused_at_start() {
 #[tokio::test]
 async fn undeclared_targets_and_broken_invariants_are_faults_that_retry() {
     let (_dir, store) = common::sqlite();
-    let attempts = Arc::new(AtomicU32::new(0));
-    let a = attempts.clone();
-    let clock = common::clock();
-    let engine = Engine::builder(store)
-        .machine(server())
-        .clock(clock.clone())
-        .on("server", "provision", move |_| {
-            let n = a.fetch_add(1, Ordering::SeqCst);
-            async move {
-                Ok(match n {
-                    0 => Outcome::to("new"),   // not a declared target
-                    1 => Outcome::to("ready"), // breaks the `endpoint` invariant
-                    _ => Outcome::to("ready").set("endpoint", json!("e")),
-                })
-            }
+    let (engine, clock) = server_engine(store, Vec::new(), |n, _| {
+        Ok(match n {
+            0 => Outcome::to("new"),   // not a declared target
+            1 => Outcome::to("ready"), // breaks the `endpoint` invariant
+            _ => Outcome::to("ready").set("endpoint", json!("e")),
         })
-        .start()
-        .await
-        .unwrap();
-    engine.create("server", "s1", Default::default()).await.unwrap();
-    let raise = engine.raise("server", "s1", "create", stable(json!({"region": "eu"})));
-    let r = engine.drive(&clock, raise).await.unwrap();
+    })
+    .await;
+    let r = create_s1(&engine, &clock).await;
     assert_eq!(r.entity.unwrap().state, "ready");
     let h = engine.history("server", "s1").await.unwrap();
-    let faults: Vec<_> = h.iter().filter(|r| r.kind == HistoryKind::Fault).map(|r| r.detail.clone().unwrap()).collect();
     assert_eq!(
-        faults,
+        faults(&h),
         [
             "action `provision` of machine `server` may not move to `new` (declared: ready, failed)",
             "state `ready` of machine `server` requires `endpoint`",
@@ -170,35 +175,19 @@ async fn failed_sql_effect_leaves_nothing_and_panics_are_faults() {
     let (_dir, store) = common::sqlite();
     store.sql_execute("CREATE TABLE servers (name TEXT PRIMARY KEY)").await.unwrap();
     store.sql_execute("INSERT INTO servers VALUES ('taken')").await.unwrap();
-    let attempts = Arc::new(AtomicU32::new(0));
-    let a = attempts.clone();
-    let clock = common::clock();
-    let engine = Engine::builder(store.clone())
-        .machine(server())
-        .clock(clock.clone())
-        .on("server", "provision", move |ctx| {
-            let n = a.fetch_add(1, Ordering::SeqCst);
-            async move {
-                match n {
-                    0 => panic!("provider exploded"),
-                    1 => Ok(Outcome::to("ready")
-                        .set("endpoint", json!("e"))
-                        .sql("INSERT INTO servers (name) VALUES (?1)", [json!("taken")])),
-                    _ => Ok(Outcome::to("ready")
-                        .set("endpoint", json!("e"))
-                        .sql("INSERT INTO servers (name) VALUES (?1)", [json!(ctx.key.as_str())])),
-                }
-            }
-        })
-        .start()
-        .await
-        .unwrap();
-    engine.create("server", "s1", Default::default()).await.unwrap();
-    let raise = engine.raise("server", "s1", "create", stable(json!({"region": "eu"})));
-    let r = engine.drive(&clock, raise).await.unwrap();
+    let (engine, clock) = server_engine(store, Vec::new(), |n, ctx| {
+        let name = if n == 1 { "taken".to_string() } else { ctx.key.to_string() };
+        match n {
+            0 => panic!("provider exploded"),
+            _ => Ok(Outcome::to("ready")
+                .set("endpoint", json!("e"))
+                .sql("INSERT INTO servers (name) VALUES (?1)", [json!(name)])),
+        }
+    })
+    .await;
+    let r = create_s1(&engine, &clock).await;
     assert_eq!(r.entity.unwrap().state, "ready");
-    let h = engine.history("server", "s1").await.unwrap();
-    let faults: Vec<_> = h.iter().filter(|r| r.kind == HistoryKind::Fault).map(|r| r.detail.clone().unwrap()).collect();
+    let faults = faults(&engine.history("server", "s1").await.unwrap());
     assert_eq!(faults.len(), 2, "{faults:?}");
     assert_eq!(faults[0], "action panicked: provider exploded");
     assert!(faults[1].starts_with("commit failed: sql statement 0 failed: UNIQUE constraint failed"), "{}", faults[1]);
@@ -217,22 +206,16 @@ async fn effects_create_entities_and_raise_events_atomically() {
         .action("take", ["poked"])
         .build()
         .unwrap();
-    let engine = Engine::builder(store)
-        .machine(server())
-        .machine(child)
-        .on("server", "provision", |ctx| async move {
-            Ok(Outcome::to("ready")
-                .set("endpoint", json!("e"))
-                .create("child", format!("{}-a", ctx.key), Default::default())
-                .create("child", format!("{}-b", ctx.key), Default::default())
-                .raise("child", "existing", "poke", json!({"n": 1})))
-        })
-        .start()
-        .await
-        .unwrap();
+    let (engine, clock) = server_engine(store, vec![child], |_, ctx| {
+        Ok(Outcome::to("ready")
+            .set("endpoint", json!("e"))
+            .create("child", format!("{}-a", ctx.key), Default::default())
+            .create("child", format!("{}-b", ctx.key), Default::default())
+            .raise("child", "existing", "poke", json!({"n": 1})))
+    })
+    .await;
     engine.create("child", "existing", Default::default()).await.unwrap();
-    engine.create("server", "s1", Default::default()).await.unwrap();
-    let r = engine.raise("server", "s1", "create", stable(json!({"region": "eu"}))).await.unwrap();
+    let r = create_s1(&engine, &clock).await;
     assert_eq!(r.entity.unwrap().state, "ready");
     engine.wait_idle().await.unwrap();
     assert_eq!(engine.get("child", "s1-a").await.unwrap().unwrap().state, "idle");
