@@ -2,8 +2,11 @@
 
 use std::sync::Arc;
 
-use crate::types::*;
-use crate::{PgStore, Result, SqliteStore, Store};
+use crate::{
+    AgentTask, Batch, BatchResult, EntityFilter, EntityRow, EventRow, HistoryRow, InboxItem, MachineRecord,
+    MetricsSnapshot, Millis, OperationRow, PgStore, Result, SqliteStore, Stats, Store, SuccessorSnapshot, TaskFilter,
+    TimerRow,
+};
 
 /// Either backend, chosen at run time from a database argument: a `postgres://` or
 /// `postgresql://` URL selects PostgreSQL, anything else is a SQLite file path.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::types::{Applied, Batch, Op, OpError};
+use crate::{Applied, Batch, Op, OpError};
 
 /// One entity a batch of another process committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,12 @@
 use serde_json::{Value, json};
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
 
-use crate::types::*;
-use crate::{EntityFilter, Store};
+use crate::{
+    AfterCommit, AgentReport, AgentTask, Applied, Batch, BatchResult, Claim, Command, Commit, EntityFilter, EntityRow,
+    ErrorRecord, EventRecord, Fence, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Op, OpError, OpenOperation,
+    Push, RunStatus, SqlStatement, Stats, Store, TaskFilter, TaskOffer, TaskResult, Telemetry, TimerPlan,
+    TransitionRecord,
+};
 
 /// The SQL dialect details the suite needs from a backend.
 #[derive(Debug, Clone, Copy)]

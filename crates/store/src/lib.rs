@@ -10,24 +10,48 @@
 //! of due entities in the same transaction.
 
 mod any;
+mod batch;
 mod changes;
 pub mod clock;
 pub mod conformance;
+mod entity;
+mod history;
+mod inbox;
+mod machine;
+mod operation;
 mod plan;
 pub mod postgres;
+mod report;
 mod sql;
 pub mod sqlite;
-pub mod types;
+mod task;
+mod telemetry;
+mod timer;
 
 use std::future::Future;
 use std::sync::Arc;
 
 pub use any::{AnyStore, is_postgres_url};
+pub use batch::{AfterCommit, Applied, Batch, BatchResult, Claim, Claimed, Commit, Fence, Op, OpError, SqlStatement};
 pub use changes::{Changed, Changes};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use entity::{Command, EntityFilter, EntityRow, NewEntity, RunStatus, SuccessorSnapshot};
+pub use history::{HistoryKind, HistoryRow};
+pub use inbox::{InboxItem, InboxKind, Push};
+pub use machine::MachineRecord;
+pub use operation::{OpenOperation, OperationRow};
 pub use postgres::PgStore;
+pub use report::{
+    EntityCount, ErrorStats, MetricsSnapshot, OperationStats, Stats, TransitionCount, TransitionStats, percentile,
+};
 pub use sqlite::SqliteStore;
-pub use types::*;
+pub use task::{AgentReport, AgentTask, TaskFilter, TaskOffer, TaskResult};
+pub use telemetry::{ErrorRecord, EventRecord, EventRow, Telemetry, TransitionRecord};
+pub use timer::{TimerPlan, TimerRow};
+
+/// Milliseconds since the Unix epoch: every time the store keeps. Properties and parameters
+/// are JSON, stored as text, so every backend agrees.
+pub type Millis = i64;
 
 /// A store failure: the operation as a whole could not be carried out.
 #[derive(Debug, thiserror::Error)]

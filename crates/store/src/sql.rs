@@ -4,7 +4,7 @@
 
 use settle_core::{EntityKey, EventName, MachineName};
 
-use crate::types::{AgentReport, InboxKind, Push};
+use crate::{AgentReport, InboxKind, Push};
 
 /// The columns an `EntityRow` is decoded from, in order.
 pub(crate) const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, \

@@ -28,7 +28,7 @@ mod segment;
 
 pub(crate) use self::rows::{Finish, ReadSet, Reads, Writes};
 
-use crate::types::*;
+use crate::{Applied, Batch, BatchResult, Claimed, Millis, Op, OpError, Push, SqlStatement};
 
 /// What a plan needs from a SQL backend, in three phases per segment or batch: one read,
 /// one write, and the batch's finish. Each phase is a whole set of statements, so a

@@ -2,7 +2,7 @@
 //! [`Dialect`](super::Dialect) a whole set at a time.
 
 use crate::changes::Changed;
-use crate::types::{Claim, InboxItem, Millis, RunStatus, TimerRow};
+use crate::{Claim, InboxItem, Millis, RunStatus, TimerRow};
 
 /// What a segment reads (see [`Dialect::read`](super::Dialect::read)).
 #[derive(Debug, Default)]

@@ -13,7 +13,10 @@ use settle_core::{EntityKey, EventName, MachineName, Properties, StateName};
 use super::Dialect;
 use super::rows::*;
 use crate::sql::json_text;
-use crate::types::*;
+use crate::{
+    AfterCommit, Applied, Commit, EntityRow, Fence, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Op, OpError,
+    OpenOperation, Push, RunStatus, TaskOffer, TimerPlan, TimerRow,
+};
 
 /// An entity the segment reads or creates: its columns as they become.
 struct Slot {

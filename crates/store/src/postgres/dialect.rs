@@ -22,7 +22,7 @@ use super::writer::{CommitError, Stmt, WriterConn};
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, Other, ReadSet, Reads, Writes};
 use crate::sql::ENTITY_COLS;
-use crate::types::*;
+use crate::{Claimed, Millis, Op, OpError, RunStatus, SqlStatement};
 
 type R<T> = std::result::Result<T, Failure>;
 

@@ -43,8 +43,10 @@ use self::conn::{Backoff, Conn, Recovery, Target, recovery};
 use self::writer::WriterConn;
 use crate::changes::Changes;
 use crate::sql::WriterThread;
-use crate::types::*;
-use crate::{Error, Result, Store};
+use crate::{
+    AgentTask, Batch, BatchResult, EntityFilter, EntityRow, Error, EventRow, HistoryRow, InboxItem, MachineRecord,
+    MetricsSnapshot, Millis, OperationRow, Result, Stats, Store, SuccessorSnapshot, TaskFilter, TimerRow,
+};
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_core.sql")),

@@ -6,7 +6,11 @@ use settle_core::{ActionName, EntityKey, EventName, MachineName, StateName};
 use super::Failure;
 use super::conn::Conn;
 use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS};
-use crate::types::*;
+use crate::{
+    AgentTask, EntityCount, EntityFilter, EntityRow, ErrorStats, EventRow, HistoryKind, HistoryRow, InboxItem,
+    InboxKind, MachineRecord, MetricsSnapshot, Millis, OperationRow, OperationStats, RunStatus, Stats,
+    SuccessorSnapshot, TaskFilter, TimerRow, TransitionCount, TransitionStats, percentile,
+};
 
 type R<T> = std::result::Result<T, Failure>;
 

@@ -8,7 +8,7 @@ use super::read::{entity_from_row, task_from_row};
 use super::writer::WriterConn as Conn;
 use crate::plan::Other;
 use crate::sql::{ENTITY_COLS, TASK_COLS, json_text, report_push, task_refusal};
-use crate::types::*;
+use crate::{AgentReport, AgentTask, Applied, Command, EntityRow, Millis, Op, OpError, OpenOperation, TaskResult};
 
 /// Why an operation stopped: its own failure (rolled back alone) or the database's.
 pub(crate) enum Fail {

@@ -22,8 +22,10 @@ use settle_core::MachineName;
 
 use self::read::*;
 use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS, WriterThread};
-use crate::types::*;
-use crate::{Error, Result, Store};
+use crate::{
+    AgentTask, Batch, BatchResult, EntityFilter, EntityRow, Error, EventRow, HistoryRow, InboxItem, MachineRecord,
+    MetricsSnapshot, Millis, OperationRow, Result, Stats, Store, SuccessorSnapshot, TaskFilter, TimerRow,
+};
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/sqlite/0001_core.sql")),

@@ -5,8 +5,11 @@ use serde_json::Value;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
 
 use super::db_err;
-use crate::Result;
-use crate::types::*;
+use crate::{
+    AgentTask, EntityCount, EntityRow, ErrorStats, EventRow, HistoryKind, HistoryRow, InboxItem, InboxKind,
+    MetricsSnapshot, Millis, OperationRow, OperationStats, Result, RunStatus, Stats, TimerRow, TransitionCount,
+    TransitionStats, percentile,
+};
 
 pub(crate) fn conversion(col: usize, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, e.into())

@@ -14,7 +14,10 @@ use super::read::{entity_from_row, inbox_from_row, task_from_row, timer_from_row
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, Other, ReadSet, Reads, Writes};
 use crate::sql::{ENTITY_COLS, TASK_COLS, json_text, report_push, task_refusal};
-use crate::types::*;
+use crate::{
+    AgentReport, AgentTask, Applied, Claim, Claimed, Command, InboxItem, Millis, Op, OpError, OpenOperation, RunStatus,
+    SqlStatement, TaskResult, TimerRow,
+};
 
 /// The writer's connection inside a batch's transaction, as the plan's [`Dialect`].
 /// The writer's transaction, and whether any agent task may be open (see

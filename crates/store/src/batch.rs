@@ -1,0 +1,367 @@
+//! The write path's vocabulary: a [`Batch`] of [`Op`]s (creates, pushes, fenced [`Commit`]s,
+//! releases, commands, agent task operations, renewals), optionally followed by a [`Claim`],
+//! and what it answers ([`BatchResult`]: an [`Applied`] or an [`OpError`] per operation, the
+//! entities [`Claimed`]).
+
+use serde_json::Value;
+use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
+
+use crate::{
+    AgentTask, Command, EntityRow, HistoryKind, InboxItem, Millis, NewEntity, OpenOperation, Push, RunStatus,
+    TaskOffer, TaskResult, Telemetry, TimerPlan,
+};
+
+/// A raw SQL statement run inside a commit. Parameters are bound, never interpolated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqlStatement {
+    /// SQL text with placeholders (`?1`, `?2`, ... on SQLite).
+    pub sql: String,
+    /// Bound parameters: null, bool, numbers and strings map to SQL values; arrays and
+    /// objects are bound as JSON text.
+    pub params: Vec<Value>,
+}
+
+/// The lease a commit is fenced by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The entity.
+    pub entity_id: i64,
+    /// Its version as read by the lease holder.
+    pub version: i64,
+    /// The lease holder.
+    pub owner: String,
+}
+
+/// What becomes of the lease after a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterCommit {
+    /// Keep the lease (the holder continues right away). Its lease time is unchanged:
+    /// `Op::Renew` extends it, so a chain of steps does not rewrite the due-time index.
+    Hold,
+    /// Drop the lease. The entity is next due at its `auto_at`, or at once if its inbox
+    /// holds events (checked inside the commit, so no event is ever stranded).
+    Release,
+}
+
+/// One atomic, fenced change of one entity, with its effects.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    /// The lease this commit is fenced by.
+    pub fence: Fence,
+    /// The state before.
+    pub from: StateName,
+    /// The state entered, or `None` (rejection, failed event): state and version unchanged.
+    pub to: Option<StateName>,
+    /// Retry count of the entry.
+    pub retry: u32,
+    /// When the entered state's auto action is due (`None`: at rest). Ignored when `to` is
+    /// `None`: the entity keeps its auto action's due time.
+    pub auto_at: Option<Millis>,
+    /// New properties, when they changed.
+    pub properties: Option<Properties>,
+    /// History kind.
+    pub kind: HistoryKind,
+    /// The action that ran.
+    pub action: Option<ActionName>,
+    /// The event processed.
+    pub event: Option<EventName>,
+    /// The inbox item consumed by this commit.
+    pub consume: Option<i64>,
+    /// The request id recorded in history.
+    pub request_id: Option<String>,
+    /// Rejection reason or error text recorded in history.
+    pub detail: Option<String>,
+    /// What happens to the lease.
+    pub after: AfterCommit,
+    /// Raw SQL run in the same transaction.
+    pub sql: Vec<SqlStatement>,
+    /// Entities created in the same transaction.
+    pub creates: Vec<NewEntity>,
+    /// Events pushed to other entities' inboxes in the same transaction.
+    pub pushes: Vec<Push>,
+    /// Versions the entities read "with lock" must still have, or the commit fails.
+    pub preconditions: Vec<(i64, i64)>,
+    /// The timers the entity has after this commit (`None`: unchanged). Timers not listed
+    /// are deleted.
+    pub timers: Option<Vec<TimerPlan>>,
+    /// The subscription events fired during the current state entry after this commit
+    /// (`None`: unchanged).
+    pub fired: Option<Vec<EventName>>,
+    /// Write a change notice to every predecessor (the state changed).
+    pub notify_predecessors: bool,
+    /// Write a change notice to the entity itself (it entered a state with subscriptions).
+    pub notify_self: bool,
+    /// Write no history row (a notice that fired nothing).
+    pub quiet: bool,
+    /// Also consume every change notice up to this inbox id (they were all covered by the
+    /// subscription evaluation this commit concludes).
+    pub consume_notices_upto: Option<i64>,
+    /// New run status and its `sleep_until` (fault policy), if it changes.
+    pub run_status: Option<(RunStatus, Option<Millis>)>,
+    /// The entity's recent errors after this commit, if they change.
+    pub recent_errors: Option<Vec<Millis>>,
+    /// The definition version the commit ran under.
+    pub machine_hash: Option<String>,
+    /// Telemetry rows written with the commit.
+    pub telemetry: Telemetry,
+    /// An agent task to offer (the entity then waits for the agent; its `auto_at` is
+    /// cleared). Whenever the state is entered (`to` set), earlier open tasks of the entity
+    /// are canceled first.
+    pub offer: Option<TaskOffer>,
+}
+
+impl Commit {
+    /// A commit with no state change, effects or history detail: set what applies.
+    pub fn new(fence: Fence, from: StateName, kind: HistoryKind, after: AfterCommit) -> Self {
+        Commit {
+            fence,
+            from,
+            to: None,
+            retry: 0,
+            auto_at: None,
+            properties: None,
+            kind,
+            action: None,
+            event: None,
+            consume: None,
+            request_id: None,
+            detail: None,
+            after,
+            sql: Vec::new(),
+            creates: Vec::new(),
+            pushes: Vec::new(),
+            preconditions: Vec::new(),
+            timers: None,
+            fired: None,
+            notify_predecessors: false,
+            notify_self: false,
+            quiet: false,
+            consume_notices_upto: None,
+            run_status: None,
+            recent_errors: None,
+            machine_hash: None,
+            telemetry: Telemetry::default(),
+            offer: None,
+        }
+    }
+}
+
+/// One operation of a [`Batch`]; each is atomic on its own.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Insert an entity (history: `create`).
+    Create(NewEntity),
+    /// Append an event to an inbox; the entity becomes due unless leased.
+    Push(Push),
+    /// Commit an entity's step.
+    Commit(Box<Commit>),
+    /// Drop the lease without a transition; the entity is due at its `auto_at`, or now if
+    /// its inbox holds events.
+    Release(Fence),
+    /// An operator command on an entity.
+    Command {
+        /// The entity's machine.
+        machine: MachineName,
+        /// The entity's key.
+        key: EntityKey,
+        /// What to do.
+        command: Command,
+        /// Opens this operation; replays of its request id do nothing.
+        operation: Option<OpenOperation>,
+    },
+    /// Marks operations with no progress since `before` as hung.
+    MarkHung {
+        /// The progress deadline.
+        before: Millis,
+    },
+    /// Leases up to `limit` available tasks of `queue` (offered and not yet leased, or
+    /// whose lease expired) for their lock time, to `agent`. Only tasks of active entities
+    /// are leased. Each lease's token is `token_prefix` followed by the task id.
+    TaskLease {
+        /// The queue.
+        queue: String,
+        /// Who leases (recorded).
+        agent: String,
+        /// At most this many.
+        limit: usize,
+        /// Unique per call: makes each lease's token unguessable and unique.
+        token_prefix: String,
+    },
+    /// Extends the lease of task `task` by its lock time, if `token` still holds it.
+    TaskHeartbeat {
+        /// The task.
+        task: i64,
+        /// The lease token.
+        token: String,
+    },
+    /// An agent's report on task `task`: if `token` still holds it, the task is done and the
+    /// report is queued in the entity's inbox (as [`InboxKind::Agent`](crate::InboxKind::Agent)).
+    TaskReport {
+        /// The task.
+        task: i64,
+        /// The lease token.
+        token: String,
+        /// The result.
+        result: TaskResult,
+    },
+    /// Extend leases held by `owner` on `ids` until `until` (due at that time too).
+    Renew {
+        /// Entities.
+        ids: Vec<i64>,
+        /// The holder.
+        owner: String,
+        /// New lease end.
+        until: Millis,
+    },
+}
+
+/// Claim due entities at the end of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The claiming engine instance.
+    pub owner: String,
+    /// Lease length.
+    pub lease_ms: i64,
+    /// At most this many.
+    pub limit: usize,
+    /// Only entities of these machines (the ones the claiming engine serves); empty: any.
+    pub machines: Vec<String>,
+}
+
+/// Many operations written in one transaction (one fsync): the group commit.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Batch {
+    /// The engine's clock for this batch.
+    pub now: Millis,
+    /// Operations, applied in order; a failing one leaves no trace and does not stop the rest.
+    pub ops: Vec<Op>,
+    /// Claim due entities after the operations, in the same transaction.
+    pub claim: Option<Claim>,
+}
+
+/// The successful result of one [`Op`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    /// The entity inserted.
+    Created(EntityRow),
+    /// The event is in the inbox.
+    Pushed {
+        /// Its inbox id.
+        inbox_id: i64,
+        /// The entity's id.
+        entity_id: i64,
+    },
+    /// The request id was seen before: the operation exists and nothing was done again.
+    Replayed {
+        /// The operation first opened with this request id.
+        operation_id: i64,
+    },
+    /// The command is applied; the entity afterwards.
+    Commanded(EntityRow),
+    /// Operations marked hung.
+    MarkedHung(u64),
+    /// The commit is applied.
+    Committed {
+        /// Whether the lease is still held (a `Hold` commit on an active entity).
+        held: bool,
+        /// The entity's version afterwards.
+        version: i64,
+        /// The first event now waiting in the inbox (only reported when the lease is held).
+        inbox_head: Option<InboxItem>,
+        /// Ids of created entities.
+        created: Vec<i64>,
+    },
+    /// The lease was dropped.
+    Released,
+    /// Leases renewed: how many.
+    Renewed(u64),
+    /// Tasks leased (possibly none).
+    Leased(Vec<AgentTask>),
+    /// The task's lease now ends at `locked_until`.
+    Extended {
+        /// The new lease end.
+        locked_until: Millis,
+    },
+}
+
+/// Why one [`Op`] failed; nothing of it is visible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    /// No such entity.
+    #[error("no entity `{key}` of machine `{machine}`")]
+    NotFound {
+        /// Machine.
+        machine: String,
+        /// Key.
+        key: String,
+    },
+    /// An entity with this machine and key exists.
+    #[error("entity `{key}` of machine `{machine}` already exists")]
+    AlreadyExists {
+        /// Machine.
+        machine: String,
+        /// Key.
+        key: String,
+    },
+    /// The lease is no longer ours, or the version moved: another writer owns the entity.
+    #[error("lease lost on entity {entity_id}")]
+    LeaseLost {
+        /// The entity.
+        entity_id: i64,
+    },
+    /// An entity read "with lock" changed since it was read.
+    #[error("entity {entity_id} changed since it was read (version {expected}, now {found})")]
+    Precondition {
+        /// The entity.
+        entity_id: i64,
+        /// The version read.
+        expected: i64,
+        /// The version now (0: gone).
+        found: i64,
+    },
+    /// The entity was killed; it takes no commands but `kill`.
+    #[error("entity `{key}` of machine `{machine}` was killed")]
+    Killed {
+        /// Machine.
+        machine: String,
+        /// Key.
+        key: String,
+    },
+    /// An agent's heartbeat or report was refused: the lease expired or was superseded,
+    /// the task was already reported or canceled, or it does not exist. Nothing changed.
+    #[error("task {task}: {reason}")]
+    TaskRefused {
+        /// The task.
+        task: i64,
+        /// Why.
+        reason: String,
+    },
+    /// A raw SQL statement of the commit failed (constraint, syntax, ...).
+    #[error("sql statement {index} failed: {message}")]
+    Sql {
+        /// Index of the statement in the commit.
+        index: usize,
+        /// The database's message.
+        message: String,
+    },
+}
+
+/// An entity claimed for processing, with the first event of its inbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    /// The entity, now leased.
+    pub entity: EntityRow,
+    /// The first inbox event, if any.
+    pub inbox_head: Option<InboxItem>,
+}
+
+/// Results of a [`Batch`], in operation order.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchResult {
+    /// One result per operation.
+    pub results: Vec<Result<Applied, OpError>>,
+    /// Entities claimed.
+    pub claimed: Vec<Claimed>,
+    /// The earliest `due_at` still pending after the batch (for the engine's wake-up).
+    pub next_due: Option<Millis>,
+}

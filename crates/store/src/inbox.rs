@@ -1,0 +1,96 @@
+//! The durable inbox of an entity: the events waiting in it ([`InboxItem`]), where each came
+//! from ([`InboxKind`]), and an event to append ([`Push`]).
+
+use serde_json::Value;
+use settle_core::{EntityKey, EventName, MachineName};
+
+use crate::{Millis, OpenOperation};
+
+/// An event waiting in an entity's durable inbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InboxItem {
+    /// Store-assigned, increasing: the processing order.
+    pub id: i64,
+    /// The entity it was raised on.
+    pub entity_id: i64,
+    /// The event's name.
+    pub event: EventName,
+    /// Its parameters (a JSON object, or null).
+    pub params: Value,
+    /// The request that raised it.
+    pub request_id: Option<String>,
+    /// Where it came from.
+    pub kind: InboxKind,
+    /// When it was raised.
+    pub created_at: Millis,
+}
+
+/// Where an inbox item came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum InboxKind {
+    /// Raised by a caller of the API.
+    #[default]
+    Raised,
+    /// Raised by another entity's action.
+    Nested,
+    /// Raised by a timer.
+    Timer,
+    /// A notice that a successor changed state: the entity's subscriptions are to be
+    /// evaluated. Its `event` is [`InboxKind::NOTICE_EVENT`].
+    Notice,
+    /// An agent's report on a task (DESIGN §5): the outcome of the entity's agent-bound
+    /// auto action. Its `event` is [`InboxKind::AGENT_EVENT`]; its params are an
+    /// [`AgentReport`](crate::AgentReport) with the task's id, attempt and state entry.
+    Agent,
+}
+
+impl InboxKind {
+    /// The event name of notices.
+    pub const NOTICE_EVENT: &'static str = "$successors";
+    /// The event name of agent reports.
+    pub const AGENT_EVENT: &'static str = "$agent";
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InboxKind::Raised => "raised",
+            InboxKind::Nested => "nested",
+            InboxKind::Timer => "timer",
+            InboxKind::Notice => "notice",
+            InboxKind::Agent => "agent",
+        }
+    }
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "raised" => InboxKind::Raised,
+            "nested" => InboxKind::Nested,
+            "timer" => InboxKind::Timer,
+            "notice" => InboxKind::Notice,
+            "agent" => InboxKind::Agent,
+            _ => return None,
+        })
+    }
+}
+
+/// An event to append to an entity's inbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Push {
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The entity's key.
+    pub key: EntityKey,
+    /// The event.
+    pub event: EventName,
+    /// Its parameters.
+    pub params: Value,
+    /// The request raising it.
+    pub request_id: Option<String>,
+    /// Where it comes from.
+    pub kind: InboxKind,
+    /// Records this entity as a predecessor of the target (the event joins the target into
+    /// its workflow).
+    pub join_from: Option<i64>,
+    /// Opens this operation (an external raise); replays of its request id push nothing.
+    pub operation: Option<OpenOperation>,
+}

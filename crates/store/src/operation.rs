@@ -1,0 +1,46 @@
+//! Operations (DESIGN §1): what an external request asked for, opened by its first write
+//! ([`OpenOperation`]) and ended once nothing it reached is busy or queued ([`OperationRow`]).
+
+use serde_json::Value;
+
+use crate::Millis;
+
+/// An operation opened by an external request (DESIGN §1 "Operations").
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenOperation {
+    /// Caller-supplied idempotency key, or generated.
+    pub request_id: String,
+    /// What was asked, e.g. `server.create` or `server:new` or `server.pause`.
+    pub name: String,
+    /// Free-form dimensions (JSON object).
+    pub dimensions: Value,
+}
+
+/// A stored operation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationRow {
+    /// Store id.
+    pub id: i64,
+    /// Its request id.
+    pub request_id: String,
+    /// What was asked.
+    pub name: String,
+    /// The entity's machine.
+    pub machine: Option<String>,
+    /// The entity's key.
+    pub entity_key: Option<String>,
+    /// When it started.
+    pub started_at: Millis,
+    /// When every entity it reached was at rest again.
+    pub ended_at: Option<Millis>,
+    /// When its first event was processed.
+    pub first_response_at: Option<Millis>,
+    /// `success`, `failed`, `canceled` or `hung`.
+    pub outcome: Option<String>,
+    /// The first error, if any.
+    pub error: Option<String>,
+    /// Engine restarts it lived through.
+    pub restart_count: u32,
+    /// Free-form dimensions.
+    pub dimensions: Value,
+}

@@ -1,0 +1,167 @@
+//! Agent tasks (DESIGN §5): the task a commit offers ([`TaskOffer`]), the task as stored and
+//! leased ([`AgentTask`]), what an agent reports ([`TaskResult`]) and how that report reaches
+//! the entity's inbox ([`AgentReport`]), and which tasks to list ([`TaskFilter`]).
+
+use serde_json::Value;
+use settle_core::{ActionName, EntityKey, MachineName, Properties, StateName};
+
+use crate::Millis;
+
+/// An agent task offered by a commit (DESIGN §5): the entity's state has an agent-bound
+/// auto action. The entity then has no `auto_at` of its own; the task carries the time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskOffer {
+    /// The agent queue.
+    pub queue: String,
+    /// The action the agent executes.
+    pub action: ActionName,
+    /// How long a lease on the task lasts.
+    pub lock_ms: i64,
+    /// When agents may lease it (the state's `wait`, a retry delay or a backoff).
+    pub available_at: Millis,
+}
+
+/// An agent task as stored, with what an agent needs to execute it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentTask {
+    /// Its id.
+    pub id: i64,
+    /// The queue it is offered on.
+    pub queue: String,
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The entity's key.
+    pub key: EntityKey,
+    /// The entity's id.
+    pub entity_id: i64,
+    /// The state whose auto action it is.
+    pub state: StateName,
+    /// The action to execute.
+    pub action: ActionName,
+    /// The entity's version at the offer (the state entry the task belongs to).
+    pub entity_version: i64,
+    /// The entity's retry count of that state entry.
+    pub retry: u32,
+    /// The entity's properties now.
+    pub properties: Properties,
+    /// How many errors the entity's fault policy counts now.
+    pub errors: u32,
+    /// The request the work belongs to.
+    pub request_id: Option<String>,
+    /// ready | leased | done | canceled.
+    pub status: String,
+    /// How many times it was leased (this lease included).
+    pub attempt: u32,
+    /// The current lease's token (only shown to the agent that leased it).
+    pub token: Option<String>,
+    /// The agent holding or last holding it.
+    pub agent: Option<String>,
+    /// When the current lease ends.
+    pub locked_until: Option<Millis>,
+    /// How long a lease lasts.
+    pub lock_ms: i64,
+    /// When it may be leased next (while ready or leased).
+    pub available_at: Millis,
+    /// When it was offered.
+    pub created_at: Millis,
+    /// complete | fail | canceled, once finished.
+    pub outcome: Option<String>,
+    /// The error an agent reported.
+    pub error: Option<String>,
+}
+
+/// What an agent reports on a task it leased.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskResult {
+    /// The action is done: move to `target` (one of the action's declared targets) with
+    /// these property changes (`null` removes a property).
+    Complete {
+        /// The state to enter.
+        target: StateName,
+        /// Properties to set.
+        properties: Properties,
+    },
+    /// The action failed: a fault of the entity, decided by its fault policy; a
+    /// non-retryable failure parks the entity for an operator at once.
+    Fail {
+        /// What went wrong.
+        error: String,
+        /// Whether trying again may help.
+        retryable: bool,
+    },
+}
+
+/// An agent report as queued in the entity's inbox ([`InboxKind::Agent`](crate::InboxKind::Agent) params).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentReport {
+    /// The task.
+    pub task: i64,
+    /// The state entry (entity version) the task belongs to.
+    pub entity_version: i64,
+    /// The lease attempt that reported.
+    pub attempt: u32,
+    /// When that lease began.
+    pub leased_at: Millis,
+    /// The agent that reported.
+    pub agent: Option<String>,
+    /// The result.
+    pub result: TaskResult,
+}
+
+impl AgentReport {
+    /// The inbox params encoding.
+    pub fn to_json(&self) -> Value {
+        let result = match &self.result {
+            TaskResult::Complete { target, properties } => {
+                serde_json::json!({"complete": {"target": target.as_str(), "properties": properties}})
+            }
+            TaskResult::Fail { error, retryable } => {
+                serde_json::json!({"fail": {"error": error, "retryable": retryable}})
+            }
+        };
+        serde_json::json!({
+            "task": self.task,
+            "entity_version": self.entity_version,
+            "attempt": self.attempt,
+            "leased_at": self.leased_at,
+            "agent": self.agent,
+            "result": result,
+        })
+    }
+    /// Decodes [`AgentReport::to_json`]; `None` if it is not one.
+    pub fn from_json(v: &Value) -> Option<Self> {
+        let result = v.get("result")?;
+        let result = if let Some(c) = result.get("complete") {
+            TaskResult::Complete {
+                target: StateName::new(c.get("target")?.as_str()?),
+                properties: c.get("properties")?.as_object()?.clone().into_iter().collect(),
+            }
+        } else {
+            let f = result.get("fail")?;
+            TaskResult::Fail { error: f.get("error")?.as_str()?.to_string(), retryable: f.get("retryable")?.as_bool()? }
+        };
+        Some(AgentReport {
+            task: v.get("task")?.as_i64()?,
+            entity_version: v.get("entity_version")?.as_i64()?,
+            attempt: u32::try_from(v.get("attempt")?.as_u64()?).ok()?,
+            leased_at: v.get("leased_at")?.as_i64()?,
+            agent: v.get("agent").and_then(Value::as_str).map(str::to_string),
+            result,
+        })
+    }
+}
+
+/// Which agent tasks to list.
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    /// Only this task.
+    pub id: Option<i64>,
+    /// Only this queue.
+    pub queue: Option<String>,
+    /// Only this entity's tasks.
+    pub entity_id: Option<i64>,
+    /// Only ready or leased tasks.
+    pub open_only: bool,
+    /// At most this many, newest first (`None`: all).
+    pub limit: Option<u64>,
+}

@@ -1,0 +1,101 @@
+//! Telemetry (DESIGN §6): what a commit records beside its transition ([`Telemetry`]: its
+//! event, state entry and error), and the processed events read back ([`EventRow`]).
+
+use settle_core::{EventName, StateName};
+
+use crate::Millis;
+
+/// Telemetry written with a commit (DESIGN §6).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Telemetry {
+    /// The inbox event this commit processes.
+    pub event: Option<EventRecord>,
+    /// The state entry this commit makes.
+    pub transition: Option<TransitionRecord>,
+    /// The error this commit records.
+    pub error: Option<ErrorRecord>,
+    /// The entity is at rest after the commit: its event's workflow ends.
+    pub at_rest: bool,
+    /// The operation of the commit's request may be complete: check it.
+    pub complete: bool,
+    /// The event whose workflow the entity was in before this commit.
+    pub current_event: Option<i64>,
+}
+
+/// A processed event, for the `events` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRecord {
+    /// raised | nested | subscription | timer.
+    pub kind: &'static str,
+    /// Its inbox id.
+    pub seq: i64,
+    /// When it was raised.
+    pub raised_at: Millis,
+    /// Rejected in the entity's state.
+    pub rejected: bool,
+    /// Its action failed.
+    pub failed: bool,
+}
+
+/// A state entry, for the `transitions` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransitionRecord {
+    /// create | event | event_action | auto_action.
+    pub kind: &'static str,
+    /// Health of the state left (`None` on creation).
+    pub start_health: Option<&'static str>,
+    /// Health of the state entered.
+    pub end_health: &'static str,
+    /// When the state left was entered.
+    pub entry_time: Millis,
+    /// When transitioning started: the event was received, or the action started.
+    pub start_time: Millis,
+    /// When the action started, if one ran.
+    pub action_start_time: Option<Millis>,
+    /// ok | retry | error.
+    pub outcome: &'static str,
+}
+
+/// An error, for the `errors` table (and `exceptions` for panics).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorRecord {
+    /// action_error | panic | refused | commit_failed.
+    pub kind: &'static str,
+    /// What went wrong.
+    pub details: String,
+    /// Exception details (a panic's message), if any.
+    pub exception: Option<String>,
+}
+
+/// One processed event of an entity, as the `events` telemetry table holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRow {
+    /// Its id (the inbox id it had).
+    pub id: i64,
+    /// The request that raised it.
+    pub request_id: Option<String>,
+    /// The event's name.
+    pub event: EventName,
+    /// raised | nested | subscription | timer.
+    pub kind: String,
+    /// The state it was processed in.
+    pub start_state: StateName,
+    /// The state the entity was at rest in afterwards (`None` while its workflow runs).
+    pub end_state: Option<StateName>,
+    /// When it was raised.
+    pub start_time: Millis,
+    /// When the entity was at rest again (`None` while its workflow runs).
+    pub end_time: Option<Millis>,
+    /// Rejected in the entity's state.
+    pub rejected: bool,
+    /// Its action failed.
+    pub failed: bool,
+    /// The error recorded with it, if any.
+    pub error: Option<String>,
+    /// Exception details (a panic's message), if any.
+    pub exception: Option<String>,
+    /// Why it was rejected, or how its action failed.
+    pub reason: Option<String>,
+    /// The state its action entered (when accepted).
+    pub entered: Option<StateName>,
+}
