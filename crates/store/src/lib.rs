@@ -2,8 +2,8 @@
 //!
 //! One [`Store`] trait, implemented by [`SqliteStore`] (embedded, default) and [`PgStore`]
 //! (PostgreSQL, many engine instances on one database), chosen at run time through
-//! [`AnyStore`], and checked by one [`conformance`] suite that every implementation must
-//! pass. Only this crate knows SQL.
+//! [`AnyStore`], and checked by one conformance suite that every implementation must pass
+//! (`conformance`, built with the `testing` feature). Only this crate knows SQL.
 //!
 //! Writes go through [`Store::write`]: a [`Batch`] of independent, individually atomic
 //! operations committed in one transaction (group commit), optionally followed by a claim
@@ -13,6 +13,7 @@ mod any;
 mod batch;
 mod changes;
 pub mod clock;
+#[cfg(feature = "testing")]
 pub mod conformance;
 mod entity;
 mod history;
@@ -94,7 +95,8 @@ pub enum Error {
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The persistence boundary of Settle. Implementations must pass [`conformance`].
+/// The persistence boundary of Settle. Implementations must pass the conformance suite
+/// (`conformance`, with the `testing` feature).
 ///
 /// All methods are safe to call concurrently. [`Store::write`] is the only way entities,
 /// inboxes and history change.

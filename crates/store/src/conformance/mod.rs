@@ -1,0 +1,162 @@
+//! The conformance suite every [`Store`] implementation must pass (built with the crate's
+//! `testing` feature, for the stores' tests).
+//!
+//! Each check is a public async function over a fresh, empty store. A backend's test file
+//! instantiates them all with [`store_conformance_suite!`](crate::store_conformance_suite),
+//! the way Quickwit's metastore suite does, so a second backend runs exactly the same
+//! assertions. The checks are grouped by concept, one file each; this module holds what
+//! they share: the backend's [`Dialect`], the fixtures, and the macro.
+
+mod commits;
+mod entities;
+mod leases;
+mod successors;
+mod tasks;
+mod telemetry;
+mod timers;
+
+pub use commits::{
+    commit_applies_and_reports_head, commit_is_fenced, effects_are_atomic, preconditions_and_fired,
+    rejection_keeps_version,
+};
+pub use entities::{create_get_and_duplicate, listing_counts_and_metadata};
+pub use leases::{
+    auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
+    release_never_strands_events,
+};
+pub use successors::successors_and_change_notices;
+pub use tasks::agent_tasks_lease_and_report;
+pub use telemetry::{events_are_listed_per_entity, metrics_snapshot_and_run_status_filter, stats_summarise_telemetry};
+pub use timers::timers_fire_through_the_inbox;
+
+use serde_json::json;
+use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
+
+use crate::{
+    AfterCommit, Applied, Batch, BatchResult, Claim, Commit, EntityRow, Fence, HistoryKind, InboxItem, InboxKind,
+    Millis, NewEntity, Op, Push, Store,
+};
+
+/// The SQL dialect details the suite needs from a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct Dialect {
+    /// Creates the application table `widgets (name TEXT PRIMARY KEY)`.
+    pub create_widgets: &'static str,
+    /// Inserts one widget; its one parameter is the name.
+    pub insert_widget: &'static str,
+}
+
+const OWNER: &str = "engine-a";
+
+const T0: Millis = 1_000_000;
+
+fn new_entity(key: &str, state: &str, auto_at: Option<Millis>) -> NewEntity {
+    NewEntity {
+        machine: MachineName::new("m"),
+        key: EntityKey::new(key),
+        state: StateName::new(state),
+        properties: Properties::new(),
+        auto_at,
+        request_id: Some("req-1".into()),
+        timers: Vec::new(),
+        notify_self: false,
+        operation: None,
+        machine_hash: None,
+        health: "ok",
+        offer: None,
+    }
+}
+
+fn push(key: &str, event: &str) -> Push {
+    Push {
+        machine: MachineName::new("m"),
+        key: EntityKey::new(key),
+        event: EventName::new(event),
+        params: json!({"n": 1}),
+        request_id: Some(format!("req-{event}")),
+        kind: InboxKind::Raised,
+        join_from: None,
+        operation: None,
+    }
+}
+
+fn commit(entity: &EntityRow, to: Option<&str>, consume: Option<i64>, after: AfterCommit) -> Commit {
+    let fence = Fence { entity_id: entity.id, version: entity.version, owner: OWNER.into() };
+    let kind = if to.is_some() { HistoryKind::Event } else { HistoryKind::Rejected };
+    Commit {
+        to: to.map(StateName::new),
+        action: to.map(|_| ActionName::new("go")),
+        event: Some(EventName::new("go")),
+        consume,
+        request_id: Some("req-go".into()),
+        ..Commit::new(fence, entity.state.clone(), kind, after)
+    }
+}
+
+async fn write<S: Store>(store: &S, now: Millis, ops: Vec<Op>, claim: bool) -> BatchResult {
+    let claim = claim.then(|| Claim { owner: OWNER.into(), lease_ms: 30_000, limit: 100, machines: Vec::new() });
+    store.write(Batch { now, ops, claim }).await.expect("batch commits")
+}
+
+async fn get<S: Store>(store: &S, key: &str) -> EntityRow {
+    store.entity_get("m", key).await.expect("read").expect("entity exists")
+}
+
+async fn create_one<S: Store>(store: &S, key: &str) -> EntityRow {
+    let r = write(store, T0, vec![Op::Create(new_entity(key, "idle", None))], false).await;
+    match &r.results[0] {
+        Ok(Applied::Created(e)) => e.clone(),
+        other => panic!("create failed: {other:?}"),
+    }
+}
+
+/// Claims `key` by pushing an event to it; returns the claimed entity and that event.
+async fn claim_with_event<S: Store>(store: &S, now: Millis, key: &str) -> (EntityRow, InboxItem) {
+    let r = write(store, now, vec![Op::Push(push(key, "go"))], true).await;
+    let c = r.claimed.into_iter().find(|c| c.entity.key == key).expect("claimed");
+    (c.entity, c.inbox_head.expect("head"))
+}
+
+/// Instantiates every conformance check as a `#[tokio::test]` for one backend.
+///
+/// `$make` is an async expression yielding a fresh, empty store; `$dialect` a [`Dialect`].
+/// With `optional` first, `$make` yields an `Option` of a store, and each check returns at
+/// once on `None` (a backend that is not available on this machine; `$make` says so).
+#[macro_export]
+macro_rules! store_conformance_suite {
+    ($make:expr, $dialect:expr) => {
+        $crate::store_conformance_suite!(optional async { Some($make.await) }, $dialect);
+    };
+    (optional $make:expr, $dialect:expr) => {
+        $crate::store_conformance_suite!(@checks $make, $dialect;
+            store: create_get_and_duplicate, push_claim_fifo, commit_applies_and_reports_head, commit_is_fenced,
+                release_never_strands_events, rejection_keeps_version, expired_leases_move_and_renewal_extends,
+                auto_time_survives_events_and_release, successors_and_change_notices, timers_fire_through_the_inbox,
+                preconditions_and_fired, listing_counts_and_metadata, events_are_listed_per_entity,
+                stats_summarise_telemetry, agent_tasks_lease_and_report, metrics_snapshot_and_run_status_filter;
+            store_and_dialect: effects_are_atomic
+        );
+    };
+    (@checks $make:expr, $dialect:expr; store: $($check:ident),*; store_and_dialect: $($sql_check:ident),*) => {
+        mod conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            use $crate::conformance as suite;
+
+            $(
+                #[tokio::test]
+                async fn $check() {
+                    let Some(store) = $make.await else { return };
+                    suite::$check(store).await
+                }
+            )*
+            $(
+                #[tokio::test]
+                async fn $sql_check() {
+                    let Some(store) = $make.await else { return };
+                    suite::$sql_check(store, $dialect).await
+                }
+            )*
+        }
+    };
+}

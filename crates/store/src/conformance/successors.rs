@@ -1,0 +1,57 @@
+//! Successors and change notices: the edges a commit records and the notices a successor's
+//! state change leaves its predecessors.
+
+use super::{T0, claim_with_event, commit, create_one, get, new_entity, push, write};
+use crate::{AfterCommit, Applied, InboxKind, Op, Store};
+
+/// Created entities become successors; a successor's commit writes a change notice to
+/// each predecessor in the same transaction; the snapshot shows successors and the newest
+/// notice; consuming notices up to an id leaves later ones.
+pub async fn successors_and_change_notices<S: Store>(store: S) {
+    create_one(&store, "parent").await;
+    let (p, ev) = claim_with_event(&store, T0, "parent").await;
+    let mut c = commit(&p, Some("waiting"), Some(ev.id), AfterCommit::Release);
+    c.creates = vec![new_entity("c1", "idle", None), new_entity("c2", "idle", None)];
+    let r = write(&store, T0 + 1, vec![Op::Commit(Box::new(c))], false).await;
+    let Ok(Applied::Committed { created, .. }) = &r.results[0] else { panic!("{:?}", r.results[0]) };
+    assert_eq!(created.len(), 2);
+    let snap = store.successor_snapshot(p.id).await.unwrap();
+    assert_eq!(snap.successors.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["c1", "c2"]);
+    assert_eq!(snap.newest_notice, None);
+    // A nested event that joins an entity records it as a successor too.
+    create_one(&store, "joined").await;
+    let mut join = push("joined", "hello");
+    join.join_from = Some(p.id);
+    join.kind = InboxKind::Nested;
+    write(&store, T0 + 2, vec![Op::Push(join)], false).await;
+    assert_eq!(store.successor_snapshot(p.id).await.unwrap().successors.len(), 3);
+    // c1 moves: the parent gets a notice and becomes due, atomically.
+    let (c1, ev) = claim_with_event(&store, T0 + 3, "c1").await;
+    let mut cm = commit(&c1, Some("ready"), Some(ev.id), AfterCommit::Release);
+    cm.notify_predecessors = true;
+    let r = write(&store, T0 + 4, vec![Op::Commit(Box::new(cm))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    let inbox = store.inbox_list(p.id).await.unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!((inbox[0].kind, inbox[0].event.as_str()), (InboxKind::Notice, InboxKind::NOTICE_EVENT));
+    assert_eq!(get(&store, "parent").await.due_at, Some(T0 + 4));
+    let snap = store.successor_snapshot(p.id).await.unwrap();
+    assert_eq!(snap.newest_notice, Some(inbox[0].id));
+    assert_eq!(snap.successors.iter().find(|e| e.key == "c1").unwrap().state.as_str(), "ready");
+    // The parent evaluates (quietly) and consumes every notice up to the snapshot.
+    let r = write(&store, T0 + 5, vec![], true).await;
+    let claimed = r.claimed.iter().find(|c| c.entity.id == p.id).unwrap().clone();
+    let (c2, ev2) = claim_with_event(&store, T0 + 6, "c2").await;
+    let mut cm = commit(&c2, Some("ready"), Some(ev2.id), AfterCommit::Release);
+    cm.notify_predecessors = true;
+    write(&store, T0 + 7, vec![Op::Commit(Box::new(cm))], false).await;
+    let mut quiet = commit(&claimed.entity, None, None, AfterCommit::Release);
+    quiet.quiet = true;
+    quiet.consume_notices_upto = snap.newest_notice;
+    write(&store, T0 + 8, vec![Op::Commit(Box::new(quiet))], false).await;
+    let inbox = store.inbox_list(p.id).await.unwrap();
+    assert_eq!(inbox.len(), 1, "the notice written after the snapshot stays");
+    assert_eq!(get(&store, "parent").await.due_at, Some(T0 + 8), "and keeps the parent due");
+    let h = store.history_list(p.id).await.unwrap();
+    assert_eq!(h.len(), 2, "a quiet commit writes no history: {h:?}");
+}

@@ -1,0 +1,138 @@
+//! Agent tasks (DESIGN §5): offers, leases, heartbeats, reports and their refusals,
+//! cancellation on state entry and kill, and renamed states.
+
+use settle_core::{ActionName, EntityKey, MachineName, Properties, StateName};
+
+use super::{T0, commit, get, new_entity, push, write};
+use crate::{
+    AfterCommit, AgentReport, AgentTask, Applied, Command, InboxKind, Millis, Op, OpError, RunStatus, Store,
+    TaskFilter, TaskOffer, TaskResult,
+};
+
+fn offer(available_at: Millis) -> TaskOffer {
+    TaskOffer { queue: "q".into(), action: ActionName::new("work"), lock_ms: 1_000, available_at }
+}
+
+async fn lease<S: Store>(store: &S, now: Millis, prefix: &str) -> Vec<AgentTask> {
+    let op = Op::TaskLease { queue: "q".into(), agent: "agent-1".into(), limit: 10, token_prefix: prefix.into() };
+    match write(store, now, vec![op], false).await.results.remove(0) {
+        Ok(Applied::Leased(tasks)) => tasks,
+        other => panic!("lease failed: {other:?}"),
+    }
+}
+
+async fn task_op<S: Store>(store: &S, now: Millis, op: Op) -> Result<Applied, OpError> {
+    write(store, now, vec![op], false).await.results.remove(0)
+}
+
+fn refused(r: Result<Applied, OpError>, task: i64, starts: &str) {
+    match r {
+        Err(OpError::TaskRefused { task: t, reason }) if t == task && reason.starts_with(starts) => {}
+        other => panic!("expected task {task} refused with `{starts}…`, got {other:?}"),
+    }
+}
+
+/// Agent tasks (DESIGN §5): an entity created waiting for an agent offers one task, leased
+/// only once available and only by one agent at a time; heartbeats extend the lease; a
+/// report with an expired or superseded token, or a second report, is refused and changes
+/// nothing; an expired lease is offered again (attempt + 1); an accepted report lands in
+/// the entity's inbox; entering a state cancels open tasks; paused entities' tasks are not
+/// leased; kill cancels them.
+pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
+    let mut new = new_entity("a", "working", None);
+    new.offer = Some(offer(T0 + 100));
+    let r = write(&store, T0, vec![Op::Create(new)], false).await;
+    let Ok(Applied::Created(e)) = &r.results[0] else { panic!("{:?}", r.results[0]) };
+    assert_eq!((e.auto_at, e.due_at), (None, None), "the task, not the entity, carries the time");
+    let open = store.task_list(TaskFilter { open_only: true, ..TaskFilter::default() }).await.unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!((open[0].status.as_str(), open[0].entity_version, open[0].attempt), ("ready", 1, 0));
+    assert!(lease(&store, T0 + 99, "x").await.is_empty(), "not before it is available");
+
+    let leased = lease(&store, T0 + 100, "tok-").await;
+    assert_eq!(leased.len(), 1);
+    let t = &leased[0];
+    assert_eq!((t.key.as_str(), t.state.as_str(), t.action.as_str(), t.attempt), ("a", "working", "work", 1));
+    assert_eq!(t.token, Some(format!("tok-{}", t.id)));
+    assert_eq!(t.locked_until, Some(T0 + 1_100));
+    assert!(lease(&store, T0 + 200, "y").await.is_empty(), "a leased task is not leased twice");
+    let token = t.token.clone().unwrap();
+
+    let hb = |token: &str| Op::TaskHeartbeat { task: t.id, token: token.into() };
+    refused(task_op(&store, T0 + 300, hb("forged")).await, t.id, "lease token superseded");
+    assert_eq!(task_op(&store, T0 + 500, hb(&token)).await, Ok(Applied::Extended { locked_until: T0 + 1_500 }));
+
+    // The lease runs out: the report is refused, the task is offered again.
+    let done = TaskResult::Complete { target: StateName::new("done"), properties: Properties::new() };
+    let report = |token: &str| Op::TaskReport { task: t.id, token: token.into(), result: done.clone() };
+    refused(task_op(&store, T0 + 1_500, report(&token)).await, t.id, "lease expired");
+    assert!(store.inbox_list(e.id).await.unwrap().is_empty(), "a refused report changes nothing");
+    let again = lease(&store, T0 + 1_600, "second-").await;
+    assert_eq!((again.len(), again[0].attempt), (1, 2));
+    refused(task_op(&store, T0 + 1_700, report(&token)).await, t.id, "lease token superseded");
+    let token2 = again[0].token.clone().unwrap();
+    let Ok(Applied::Pushed { entity_id, .. }) = task_op(&store, T0 + 1_800, report(&token2)).await else {
+        panic!("the report with the live token is accepted")
+    };
+    assert_eq!(entity_id, e.id);
+    refused(task_op(&store, T0 + 1_900, report(&token2)).await, t.id, "already reported");
+    let inbox = store.inbox_list(e.id).await.unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!((inbox[0].kind, inbox[0].event.as_str()), (InboxKind::Agent, InboxKind::AGENT_EVENT));
+    let got = AgentReport::from_json(&inbox[0].params).expect("a report");
+    assert_eq!((got.task, got.entity_version, got.attempt, got.result), (t.id, 1, 2, done.clone()));
+    assert_eq!(get(&store, "a").await.due_at, Some(T0 + 1_800), "the report makes the entity due");
+
+    // A commit re-entering the state offers a new task for the new entry; entering another
+    // state cancels it.
+    let claimed = write(&store, T0 + 2_000, vec![], true).await.claimed.remove(0);
+    let mut cm = commit(&claimed.entity, Some("working"), Some(inbox[0].id), AfterCommit::Release);
+    cm.offer = Some(offer(T0 + 2_000));
+    cm.retry = 1;
+    assert!(task_op(&store, T0 + 2_000, Op::Commit(Box::new(cm))).await.is_ok());
+    let next = lease(&store, T0 + 2_001, "third-").await;
+    assert_eq!((next.len(), next[0].entity_version, next[0].retry, next[0].attempt), (1, 2, 1, 1));
+    let by_id = store.task_list(TaskFilter { id: Some(next[0].id), ..TaskFilter::default() }).await.unwrap();
+    assert_eq!(by_id, next);
+    let e2 = get(&store, "a").await;
+    assert_eq!(e2.auto_at, None);
+    let r = write(&store, T0 + 2_002, vec![Op::Push(push("a", "stop"))], true).await;
+    let c = r.claimed[0].clone();
+    let cm = commit(&c.entity, Some("idle"), Some(c.inbox_head.unwrap().id), AfterCommit::Release);
+    assert!(task_op(&store, T0 + 2_003, Op::Commit(Box::new(cm))).await.is_ok());
+    let (task3, token3) = (next[0].id, next[0].token.clone().unwrap());
+    let report3 = Op::TaskReport { task: task3, token: token3, result: done.clone() };
+    refused(task_op(&store, T0 + 2_004, report3).await, task3, "canceled");
+    assert!(store.task_list(TaskFilter { open_only: true, ..TaskFilter::default() }).await.unwrap().is_empty());
+
+    // A definition upgrade that renames the state keeps the open task, for the new version.
+    let mut c = new_entity("c", "working", None);
+    c.offer = Some(offer(T0));
+    write(&store, T0, vec![Op::Create(c)], false).await;
+    assert_eq!(
+        store.machine_migrate("m", vec![("working".into(), "toiling".into())], "h2", T0 + 2_005).await.unwrap(),
+        1
+    );
+    let moved = lease(&store, T0 + 2_006, "mig-").await;
+    assert_eq!((moved.len(), moved[0].state.as_str(), moved[0].entity_version), (1, "toiling", 2));
+    let report = Op::TaskReport { task: moved[0].id, token: moved[0].token.clone().unwrap(), result: done.clone() };
+    assert!(task_op(&store, T0 + 2_007, report).await.is_ok());
+
+    // Paused entities' tasks wait; kill cancels them.
+    let mut b = new_entity("b", "working", None);
+    b.offer = Some(offer(T0));
+    write(&store, T0, vec![Op::Create(b)], false).await;
+    let cmd =
+        |command| Op::Command { machine: MachineName::new("m"), key: EntityKey::new("b"), command, operation: None };
+    write(&store, T0 + 3_000, vec![cmd(Command::Pause)], false).await;
+    assert!(lease(&store, T0 + 3_001, "p-").await.is_empty(), "a paused entity's task is not leased");
+    let m = store.metrics_snapshot(T0 + 3_001).await.unwrap();
+    assert_eq!(m.tasks, vec![("q".to_string(), "ready".to_string(), 1)], "open tasks per queue and status");
+    write(&store, T0 + 3_002, vec![cmd(Command::Resume)], false).await;
+    assert!(get(&store, "b").await.run_status == RunStatus::Active);
+    write(&store, T0 + 3_003, vec![cmd(Command::Kill)], false).await;
+    assert!(lease(&store, T0 + 3_004, "k-").await.is_empty(), "kill cancels the task");
+    let all = store.task_list(TaskFilter { queue: Some("q".into()), ..TaskFilter::default() }).await.unwrap();
+    assert_eq!(all.len(), 4);
+    assert!(all.iter().all(|t| t.status != "ready" && t.status != "leased"), "{all:?}");
+}
