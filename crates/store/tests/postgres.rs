@@ -21,20 +21,7 @@ async fn fresh() -> Option<PgStore> {
 settle_store::store_conformance_suite!(optional fresh(), POSTGRES);
 
 fn entity(key: &str, auto_at: Option<i64>) -> NewEntity {
-    NewEntity {
-        machine: "m".into(),
-        key: key.into(),
-        state: "idle".into(),
-        properties: Default::default(),
-        auto_at,
-        request_id: None,
-        timers: Vec::new(),
-        notify_self: false,
-        operation: None,
-        machine_hash: None,
-        health: "ok",
-        offer: None,
-    }
+    NewEntity { auto_at, ..settle_store::conformance::entity(key, "idle") }
 }
 
 async fn open(url: &str) -> PgStore {

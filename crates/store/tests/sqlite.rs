@@ -17,20 +17,7 @@ async fn fresh() -> SqliteStore {
 settle_store::store_conformance_suite!(fresh(), SQLITE);
 
 fn entity(key: &str) -> settle_store::NewEntity {
-    settle_store::NewEntity {
-        machine: "m".into(),
-        key: key.into(),
-        state: "idle".into(),
-        properties: Default::default(),
-        auto_at: None,
-        request_id: None,
-        timers: Vec::new(),
-        notify_self: false,
-        operation: None,
-        machine_hash: None,
-        health: "ok",
-        offer: None,
-    }
+    settle_store::conformance::entity(key, "idle")
 }
 
 #[tokio::test]

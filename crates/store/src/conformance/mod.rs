@@ -50,14 +50,16 @@ const OWNER: &str = "engine-a";
 
 const T0: Millis = 1_000_000;
 
-fn new_entity(key: &str, state: &str, auto_at: Option<Millis>) -> NewEntity {
+/// A new entity `key` of machine `m` in state `state`, with nothing else: no auto action,
+/// request, timers, operation or task. Also for a backend's own tests.
+pub fn entity(key: &str, state: &str) -> NewEntity {
     NewEntity {
         machine: MachineName::new("m"),
         key: EntityKey::new(key),
         state: StateName::new(state),
         properties: Properties::new(),
-        auto_at,
-        request_id: Some("req-1".into()),
+        auto_at: None,
+        request_id: None,
         timers: Vec::new(),
         notify_self: false,
         operation: None,
@@ -65,6 +67,11 @@ fn new_entity(key: &str, state: &str, auto_at: Option<Millis>) -> NewEntity {
         health: "ok",
         offer: None,
     }
+}
+
+/// The checks' new entity: created by request `req-1`, due at `auto_at` if given.
+fn new_entity(key: &str, state: &str, auto_at: Option<Millis>) -> NewEntity {
+    NewEntity { auto_at, request_id: Some("req-1".into()), ..entity(key, state) }
 }
 
 fn push(key: &str, event: &str) -> Push {

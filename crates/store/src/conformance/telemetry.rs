@@ -8,15 +8,42 @@ use settle_core::{ActionName, EntityKey, MachineName, StateName};
 use super::{OWNER, T0, new_entity, push, write};
 use crate::{
     AfterCommit, Applied, Command, Commit, EntityFilter, EntityRow, ErrorRecord, EventRecord, Fence, HistoryKind,
-    InboxItem, Op, OpenOperation, RunStatus, Stats, Store, Telemetry, TransitionRecord,
+    InboxItem, Millis, NewEntity, Op, OpenOperation, Push, RunStatus, Stats, Store, Telemetry, TransitionRecord,
 };
 
 fn open_op(request_id: &str, name: &str) -> Option<OpenOperation> {
     Some(OpenOperation { request_id: request_id.into(), name: name.into(), dimensions: json!({}) })
 }
 
+/// `event` raised on `key` by request `request_id`, opening an operation named `operation`
+/// if given.
+fn raise(key: &str, event: &str, request_id: &str, operation: Option<&str>) -> Push {
+    Push {
+        request_id: Some(request_id.into()),
+        operation: operation.and_then(|name| open_op(request_id, name)),
+        ..push(key, event)
+    }
+}
+
+/// Raises `push` and claims its entity, the only one due, with that event.
+async fn claim_raised<S: Store>(store: &S, now: Millis, push: Push) -> (EntityRow, InboxItem) {
+    let r = write(store, now, vec![Op::Push(push)], true).await;
+    assert_eq!(r.claimed.len(), 1, "only the raised entity is due");
+    let c = r.claimed.into_iter().next().expect("claimed");
+    (c.entity, c.inbox_head.expect("head"))
+}
+
+/// Writes `commits` one batch each, at their times; each must apply.
+async fn commit_all<S: Store>(store: &S, commits: impl IntoIterator<Item = (Millis, Commit)>) {
+    for (now, c) in commits {
+        let r = write(store, now, vec![Op::Commit(Box::new(c))], false).await;
+        assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    }
+}
+
 /// One step of a workflow with its telemetry: from `e`'s state to `to` (`None`: nothing
 /// entered), at the lease holder's version `version`.
+#[derive(Clone, Copy)]
 struct Step<'a> {
     e: &'a EntityRow,
     version: i64,
@@ -33,7 +60,52 @@ struct Step<'a> {
     after: AfterCommit,
 }
 
-impl Step<'_> {
+impl<'a> Step<'a> {
+    /// `e`, as claimed, processes `item`, raised by request `request_id`: it enters `to`
+    /// holding its lease, or (`None`) rejects the event and is at rest.
+    fn raised(e: &'a EntityRow, item: &'a InboxItem, request_id: &'a str, to: Option<&'a str>) -> Self {
+        Step {
+            e,
+            version: e.version,
+            to,
+            kind: if to.is_some() { HistoryKind::Event } else { HistoryKind::Rejected },
+            retry: 0,
+            request_id,
+            event: Some((item, "raised")),
+            current_event: None,
+            outcome: "ok",
+            error: None,
+            at_rest: to.is_none(),
+            after: if to.is_some() { AfterCommit::Hold } else { AfterCommit::Release },
+        }
+    }
+
+    /// The auto action that follows this step in the same workflow enters `to` with retry
+    /// count `retry`.
+    fn then(&self, to: &'a str, retry: u32) -> Self {
+        Step {
+            version: self.version + 1,
+            to: Some(to),
+            kind: HistoryKind::Auto,
+            retry,
+            event: None,
+            current_event: self.event.map(|(item, _)| item.id).or(self.current_event),
+            outcome: "ok",
+            error: None,
+            ..*self
+        }
+    }
+
+    /// This step's action fails with `error`.
+    fn failing(self, error: &'a str) -> Self {
+        Step { outcome: "error", error: Some(error), ..self }
+    }
+
+    /// The workflow comes to rest with this step, which drops the lease.
+    fn resting(self) -> Self {
+        Step { at_rest: true, after: AfterCommit::Release, ..self }
+    }
+
     fn commit(&self, from: &str) -> Commit {
         let fence = Fence { entity_id: self.e.id, version: self.version, owner: OWNER.into() };
         let event = self.event.map(|(item, kind)| EventRecord {
@@ -77,128 +149,40 @@ impl Step<'_> {
 /// retry, a failed event, one left open), a workflow whose errors park its entity, a paused
 /// entity, a rejected event and an entity due soon. Returns the ids of `a`, `b`, `c`, `d`.
 async fn telemetry_fixture<S: Store>(store: &S) -> [i64; 4] {
-    let mut a = new_entity("a", "idle", None);
-    a.operation = open_op("op-a", "m.create");
-    a.request_id = Some("op-a".into());
-    let mut b = new_entity("b", "idle", None);
-    b.operation = open_op("op-b", "m.create");
-    b.request_id = Some("op-b".into());
-    let c = new_entity("c", "idle", None);
-    let r = write(store, T0, vec![Op::Create(a), Op::Create(b), Op::Create(c)], false).await;
+    let created_by = |key: &str, request_id: &str| NewEntity {
+        operation: open_op(request_id, "m.create"),
+        request_id: Some(request_id.into()),
+        ..new_entity(key, "idle", None)
+    };
+    let creates = [created_by("a", "op-a"), created_by("b", "op-b"), new_entity("c", "idle", None)];
+    let r = write(store, T0, creates.into_iter().map(Op::Create).collect(), false).await;
     assert!(r.results.iter().all(|r| r.is_ok()), "{r:?}");
     // a: op-go raised at T0+1; idle → busy, a retry, → done at T0+201 (success, 200 ms).
-    let mut go = push("a", "go");
-    go.request_id = Some("op-go".into());
-    go.operation = open_op("op-go", "m.go");
-    let r = write(store, T0 + 1, vec![Op::Push(go)], true).await;
-    let (e, item) = (r.claimed[0].entity.clone(), r.claimed[0].inbox_head.clone().expect("head"));
-    let base = Step {
-        e: &e,
-        version: e.version,
-        to: Some("busy"),
-        kind: HistoryKind::Event,
-        retry: 0,
-        request_id: "op-go",
-        event: Some((&item, "raised")),
-        current_event: None,
-        outcome: "ok",
-        error: None,
-        at_rest: false,
-        after: AfterCommit::Hold,
-    };
-    let retry = Step {
-        version: e.version + 1,
-        kind: HistoryKind::Auto,
-        retry: 1,
-        event: None,
-        current_event: Some(item.id),
-        outcome: "retry",
-        ..base
-    };
-    for (now, c) in [(T0 + 101, base.commit("idle")), (T0 + 150, retry.commit("busy"))] {
-        let r = write(store, now, vec![Op::Commit(Box::new(c))], false).await;
-        assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
-    }
-    let done = Step {
-        e: &e,
-        version: e.version + 2,
-        to: Some("done"),
-        kind: HistoryKind::Auto,
-        retry: 0,
-        request_id: "op-go",
-        event: None,
-        current_event: Some(item.id),
-        outcome: "ok",
-        error: None,
-        at_rest: true,
-        after: AfterCommit::Release,
-    };
-    let r = write(store, T0 + 201, vec![Op::Commit(Box::new(done.commit("busy")))], false).await;
-    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    let (e, item) = claim_raised(store, T0 + 1, raise("a", "go", "op-go", Some("m.go"))).await;
+    let go = Step::raised(&e, &item, "op-go", Some("busy"));
+    let retry = Step { outcome: "retry", ..go.then("busy", 1) };
+    let done = retry.then("done", 0).resting();
+    commit_all(
+        store,
+        [(T0 + 101, go.commit("idle")), (T0 + 150, retry.commit("busy")), (T0 + 201, done.commit("busy"))],
+    )
+    .await;
     // b: op-boom raised at T0+300 fails at T0+400 (failed, 100 ms).
-    let mut boom = push("b", "boom");
-    boom.request_id = Some("op-boom".into());
-    boom.operation = open_op("op-boom", "m.go");
-    let r = write(store, T0 + 300, vec![Op::Push(boom)], true).await;
-    let (eb, item) = (r.claimed[0].entity.clone(), r.claimed[0].inbox_head.clone().expect("head"));
-    let fault = Step {
-        e: &eb,
-        version: eb.version,
-        to: None,
-        kind: HistoryKind::Fault,
-        retry: 0,
-        request_id: "op-boom",
-        event: Some((&item, "raised")),
-        current_event: None,
-        outcome: "error",
-        error: Some("provider down"),
-        at_rest: true,
-        after: AfterCommit::Release,
-    };
+    let (eb, item) = claim_raised(store, T0 + 300, raise("b", "boom", "op-boom", Some("m.go"))).await;
+    let fault = Step { kind: HistoryKind::Fault, ..Step::raised(&eb, &item, "op-boom", None).failing("provider down") };
     let mut cm = fault.commit("idle");
     cm.action = Some(ActionName::new("go"));
-    let r = write(store, T0 + 400, vec![Op::Commit(Box::new(cm))], false).await;
-    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    commit_all(store, [(T0 + 400, cm)]).await;
     // c (no operation): idle → busy at T0+650, two errors (T0+700, T0+800), then parked.
-    let mut go = push("c", "go");
-    go.request_id = Some("req-c".into());
-    let r = write(store, T0 + 600, vec![Op::Push(go)], true).await;
-    let (ec, item) = (r.claimed[0].entity.clone(), r.claimed[0].inbox_head.clone().expect("head"));
-    let first = Step {
-        e: &ec,
-        version: ec.version,
-        to: Some("busy"),
-        kind: HistoryKind::Event,
-        retry: 0,
-        request_id: "req-c",
-        event: Some((&item, "raised")),
-        current_event: None,
-        outcome: "ok",
-        error: None,
-        at_rest: false,
-        after: AfterCommit::Hold,
-    };
-    let err1 = Step {
-        version: ec.version + 1,
-        kind: HistoryKind::Auto,
-        retry: 1,
-        event: None,
-        current_event: Some(item.id),
-        outcome: "error",
-        error: Some("provider down"),
-        ..first
-    };
-    let mut park = Step { version: ec.version + 2, retry: 2, error: Some("rate limited"), ..err1 }.commit("busy");
+    let (ec, item) = claim_raised(store, T0 + 600, raise("c", "go", "req-c", None)).await;
+    let first = Step::raised(&ec, &item, "req-c", Some("busy"));
+    let err1 = first.then("busy", 1).failing("provider down");
+    let mut park = err1.then("busy", 2).failing("rate limited").commit("busy");
     park.run_status = Some((RunStatus::Failed, None));
     park.after = AfterCommit::Release;
-    for (now, c) in [(T0 + 650, first.commit("idle")), (T0 + 700, err1.commit("busy")), (T0 + 800, park)] {
-        let r = write(store, now, vec![Op::Commit(Box::new(c))], false).await;
-        assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
-    }
+    commit_all(store, [(T0 + 650, first.commit("idle")), (T0 + 700, err1.commit("busy")), (T0 + 800, park)]).await;
     // op-open queued on b at T0+850 stays open; b is paused.
-    let mut open = push("b", "go");
-    open.request_id = Some("op-open".into());
-    open.operation = open_op("op-open", "m.go");
+    let open = raise("b", "go", "op-open", Some("m.go"));
     let pause = Op::Command {
         machine: MachineName::new("m"),
         key: EntityKey::new("b"),
@@ -208,25 +192,8 @@ async fn telemetry_fixture<S: Store>(store: &S) -> [i64; 4] {
     let r = write(store, T0 + 850, vec![Op::Push(open), pause], false).await;
     assert!(r.results.iter().all(|r| r.is_ok()), "{r:?}");
     // a rejects `bad` at T0+901.
-    let r = write(store, T0 + 900, vec![Op::Push(push("a", "bad"))], true).await;
-    assert_eq!(r.claimed.len(), 1, "only a is due");
-    let (ea, item) = (r.claimed[0].entity.clone(), r.claimed[0].inbox_head.clone().expect("head"));
-    let reject = Step {
-        e: &ea,
-        version: ea.version,
-        to: None,
-        kind: HistoryKind::Rejected,
-        retry: 0,
-        request_id: "req-bad",
-        event: Some((&item, "raised")),
-        current_event: None,
-        outcome: "ok",
-        error: None,
-        at_rest: true,
-        after: AfterCommit::Release,
-    };
-    let r = write(store, T0 + 901, vec![Op::Commit(Box::new(reject.commit("done")))], false).await;
-    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    let (ea, item) = claim_raised(store, T0 + 900, raise("a", "bad", "req-bad", None)).await;
+    commit_all(store, [(T0 + 901, Step::raised(&ea, &item, "req-bad", None).commit("done"))]).await;
     // d: due at T0+960.
     let r = write(store, T0 + 950, vec![Op::Create(new_entity("d", "waiting", Some(T0 + 960)))], false).await;
     let Ok(Applied::Created(d)) = &r.results[0] else { panic!("{:?}", r.results[0]) };
@@ -237,8 +204,22 @@ fn approx(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
 
-fn transition_stats(machine: &str, from: Option<&str>, to: &str, count: u64) -> (String, Option<String>, String, u64) {
+/// A transition and how many times it happened: (machine, from, to, count).
+type TransitionCount = (String, Option<String>, String, u64);
+
+fn transition_stats(machine: &str, from: Option<&str>, to: &str, count: u64) -> TransitionCount {
     (machine.into(), from.map(String::from), to.into(), count)
+}
+
+/// Every transition [`telemetry_fixture`] makes, all time.
+fn fixture_transitions() -> Vec<TransitionCount> {
+    vec![
+        transition_stats("m", None, "idle", 3),
+        transition_stats("m", None, "waiting", 1),
+        transition_stats("m", Some("busy"), "busy", 3),
+        transition_stats("m", Some("busy"), "done", 1),
+        transition_stats("m", Some("idle"), "busy", 2),
+    ]
 }
 
 /// An entity's processed events are listed oldest first with their request ids, states,
@@ -294,16 +275,7 @@ pub async fn stats_summarise_telemetry<S: Store>(store: S) {
     assert_eq!(ops, [("m.create", 2, 2, 2, 0, 0), ("m.go", 3, 2, 1, 200, 200)]);
     assert!(approx(s.operations[0].success_rate, 1.0) && approx(s.operations[1].success_rate, 0.5), "{s:?}");
     let tr: Vec<_> = s.transitions.iter().map(|t| (t.machine.clone(), t.from.clone(), t.to.clone(), t.count)).collect();
-    assert_eq!(
-        tr,
-        [
-            transition_stats("m", None, "idle", 3),
-            transition_stats("m", None, "waiting", 1),
-            transition_stats("m", Some("busy"), "busy", 3),
-            transition_stats("m", Some("busy"), "done", 1),
-            transition_stats("m", Some("idle"), "busy", 2),
-        ]
-    );
+    assert_eq!(tr, fixture_transitions());
     let busy = &s.transitions[2];
     assert!(approx(busy.error_rate, 2.0 / 3.0) && approx(busy.mean_retries, 4.0 / 3.0), "{busy:?}");
     assert!(s.transitions.iter().filter(|t| t.to != "busy").all(|t| t.error_rate == 0.0 && t.mean_retries == 0.0));
@@ -338,16 +310,7 @@ pub async fn metrics_snapshot_and_run_status_filter<S: Store>(store: S) {
     let [_, b, c, _] = telemetry_fixture(&store).await;
     let m = store.metrics_snapshot(T0 + 1_000).await.unwrap();
     let tr: Vec<_> = m.transitions.iter().map(|t| (t.machine.clone(), t.from.clone(), t.to.clone(), t.count)).collect();
-    assert_eq!(
-        tr,
-        [
-            transition_stats("m", None, "idle", 3),
-            transition_stats("m", None, "waiting", 1),
-            transition_stats("m", Some("busy"), "busy", 3),
-            transition_stats("m", Some("busy"), "done", 1),
-            transition_stats("m", Some("idle"), "busy", 2),
-        ]
-    );
+    assert_eq!(tr, fixture_transitions());
     assert_eq!((m.events_rejected, m.faults, m.parked, m.due_backlog), (1, 3, 1, 1));
     let entities: Vec<_> =
         m.entities.iter().map(|e| (e.machine.as_str(), e.state.as_str(), e.run_status, e.count)).collect();
