@@ -14,10 +14,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+mod dialect;
 mod read;
+mod schema;
 mod write;
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use settle_core::MachineName;
 
 use self::read::*;
@@ -26,14 +28,6 @@ use crate::{
     AgentTask, Batch, BatchResult, EntityFilter, EntityRow, Error, EventRow, HistoryRow, InboxItem, MachineRecord,
     MetricsSnapshot, Millis, OperationRow, Result, Stats, Store, SuccessorSnapshot, TaskFilter, TimerRow,
 };
-
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../../migrations/sqlite/0001_core.sql")),
-    (2, include_str!("../../migrations/sqlite/0002_workflows.sql")),
-    (3, include_str!("../../migrations/sqlite/0003_operate.sql")),
-    (4, include_str!("../../migrations/sqlite/0004_agents.sql")),
-    (5, include_str!("../../migrations/sqlite/0005_outcomes.sql")),
-];
 
 /// Read-only connections kept for readers (and readers running at once).
 const READERS: usize = 8;
@@ -103,7 +97,7 @@ impl SqliteStore {
         )
         .map_err(|e| open_err(e.to_string()))?;
         conn.set_prepared_statement_cache_capacity(128);
-        migrate(&mut conn).map_err(|e| match e {
+        schema::migrate(&mut conn).map_err(|e| match e {
             Error::Db(m) => open_err(m),
             other => other,
         })?;
@@ -204,40 +198,13 @@ impl SqliteStore {
     }
 }
 
-fn migrate(conn: &mut Connection) -> Result<()> {
-    let current: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(db_err)?;
-    let newest = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-    if current > newest {
-        return Err(Error::SchemaTooNew { found: current, supported: newest });
-    }
-    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db_err)?;
-        tx.execute_batch(sql).map_err(db_err)?;
-        tx.pragma_update(None, "user_version", version).map_err(db_err)?;
-        tx.commit().map_err(db_err)?;
-    }
-    Ok(())
-}
-
-/// When an entity is next due, from its current columns: never while paused, parked or
-/// killed; at the end of a sleep or backoff; at its lease expiry while leased; now if its
-/// inbox holds events; else at its auto action or first timer. Named parameter: `:now`.
-pub(crate) const DUE_EXPR: &str = "CASE
-    WHEN run_status IN ('paused', 'failed', 'killed') THEN NULL
-    WHEN run_status IN ('sleeping', 'fault') THEN sleep_until
-    WHEN lease_owner IS NOT NULL THEN lease_until
-    WHEN EXISTS (SELECT 1 FROM inbox i WHERE i.entity_id = entities.id) THEN :now
-    WHEN auto_at IS NULL THEN timer_at
-    WHEN timer_at IS NULL THEN auto_at
-    ELSE MIN(auto_at, timer_at) END";
-
 impl Store for SqliteStore {
     async fn write(&self, batch: Batch) -> Result<BatchResult> {
         let tasks_open = self.inner.tasks_open.clone();
         self.on_writer(move |conn| {
             // One transaction per batch, committed by the plan's finish.
             conn.execute_batch("BEGIN IMMEDIATE").map_err(db_err)?;
-            match crate::plan::apply_batch(&mut write::Tx(conn, &tasks_open), &batch) {
+            match crate::plan::apply_batch(&mut dialect::Tx(conn, &tasks_open), &batch) {
                 Ok(result) => Ok(result),
                 Err(e) => {
                     let _ = conn.execute_batch("ROLLBACK");
@@ -451,31 +418,7 @@ impl Store for SqliteStore {
         let (machine, hash) = (machine.to_string(), hash.to_string());
         self.on_writer(move |c| {
             let tx = c.transaction().map_err(db_err)?;
-            let mut moved = 0;
-            for (old, new) in &moves {
-                tx.execute(
-                    "INSERT INTO history (entity_id, from_state, to_state, kind, retry, at, detail, machine_hash)
-                     SELECT id, state, ?3, 'command', 0, ?4, 'upgrade: state renamed', ?5
-                     FROM entities WHERE machine = ?1 AND state = ?2",
-                    params![machine, old, new, now, hash],
-                )
-                .map_err(db_err)?;
-                // A renamed state keeps its open agent task, fenced by the entity's new version.
-                tx.execute(
-                    "UPDATE agent_tasks SET state = ?3, entity_version = entity_version + 1
-                     WHERE status IN ('ready', 'leased')
-                       AND entity_id IN (SELECT id FROM entities WHERE machine = ?1 AND state = ?2)",
-                    params![machine, old, new],
-                )
-                .map_err(db_err)?;
-                moved += tx
-                    .execute(
-                        "UPDATE entities SET state = ?3, version = version + 1, machine_hash = ?4
-                         WHERE machine = ?1 AND state = ?2",
-                        params![machine, old, new, hash],
-                    )
-                    .map_err(db_err)? as u64;
-            }
+            let moved = write::migrate_states(&tx, &machine, &moves, &hash, now).map_err(db_err)?;
             tx.commit().map_err(db_err)?;
             Ok(moved)
         })
