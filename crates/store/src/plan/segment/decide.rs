@@ -1,319 +1,18 @@
-//! One segment of a batch: consecutive creates, pushes, commits and releases, planned
-//! together (see the [module docs](super)).
-//!
-//! The segment is decided operation by operation, in batch order, against the rows read
-//! for it ([`Slot`]s), exactly as the operations would apply one after another; the
-//! decisions are collected as rows per table and written at the end, one set per table.
+//! Deciding a segment's operations, one after another, against the rows read for it: the
+//! checks every operation must pass before anything is written (fences, preconditions,
+//! keys that must exist or be free), and what each one changes — the entity's new columns
+//! and due time, its history and telemetry rows, inbox items, successor edges, timers and
+//! agent tasks — collected in the segment's [`Plan`](super::Plan).
 
-use std::collections::{BTreeSet, HashMap};
-
-use serde_json::Value;
-use settle_core::{EntityKey, EventName, MachineName, Properties, StateName};
-
-use super::Dialect;
-use super::rows::*;
+use super::{Answer, Head, Item, Slot, Work, key_of};
+use crate::plan::rows::{
+    Current, ErrorInsert, EventEnd, EventInsert, HistoryInsert, InboxDelete, InboxInsert, TaskInsert, min_opt,
+};
 use crate::sql::json_text;
 use crate::{
-    AfterCommit, Applied, Commit, EntityRow, Fence, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Op, OpError,
-    OpenOperation, Push, RunStatus, TaskOffer, TimerPlan, TimerRow,
+    AfterCommit, Applied, Commit, Fence, HistoryKind, InboxKind, NewEntity, OpError, OpenOperation, Push, RunStatus,
+    TaskOffer, TimerPlan, TimerRow,
 };
-
-/// An entity the segment reads or creates: its columns as they become.
-struct Slot {
-    cur: Current,
-    /// As read (`None`: created in this segment).
-    orig: Option<Current>,
-    /// New JSON columns, when they change (properties always, for a new entity).
-    properties: Option<String>,
-    fired: Option<String>,
-    recent_errors: Option<String>,
-    /// The entity's properties as given (new entities: their row is answered).
-    new_properties: Option<Properties>,
-    /// The inbox items this segment adds to the entity (indexes into `Plan::inbox`).
-    pending: Vec<usize>,
-}
-
-/// What an operation answers, before the ids the writes assign are known.
-enum Answer {
-    Done(Box<Applied>),
-    Created(usize),
-    Pushed { item: usize, slot: usize },
-    Committed { held: bool, version: i64, head: Head, created: Vec<usize> },
-}
-
-/// The inbox head a held entity is told about.
-enum Head {
-    None,
-    Stored(InboxItem),
-    New(usize),
-}
-
-/// An operation's request id as opened in this segment.
-#[derive(Clone, Copy)]
-struct Opened {
-    id: i64,
-    /// It existed before this operation: a replay.
-    replay: bool,
-}
-
-/// A new inbox item; its entity is a slot.
-struct Item {
-    slot: usize,
-    row: InboxInsert,
-}
-
-/// Everything the segment decided, written at its end.
-#[derive(Default)]
-struct Plan {
-    inbox: Vec<Item>,
-    deletes: Vec<InboxDelete>,
-    history: Vec<(usize, HistoryInsert)>,
-    successors: Vec<(usize, usize, Option<String>)>,
-    /// Entities whose timers are replaced by the rows listed for them.
-    timer_slots: Vec<usize>,
-    timers: Vec<(usize, TimerRow)>,
-    cancel: Vec<i64>,
-    offers: Vec<(usize, TaskInsert)>,
-    errors: Vec<ErrorInsert>,
-    exceptions: Vec<(usize, String)>,
-    /// Events, with the index of their error in `errors`.
-    events: Vec<(EventInsert, Option<usize>)>,
-    ends: Vec<EventEnd>,
-    /// Per request id, in first-seen order.
-    op_updates: Vec<OperationUpdate>,
-    complete: Vec<String>,
-    /// Operations opened for operations that then failed: removed again.
-    unopen: Vec<String>,
-}
-
-impl Plan {
-    fn op_update(&mut self, request_id: &str) -> &mut OperationUpdate {
-        let i = match self.op_updates.iter().position(|u| u.request_id == request_id) {
-            Some(i) => i,
-            None => {
-                self.op_updates.push(OperationUpdate {
-                    request_id: request_id.to_string(),
-                    first_response_at: None,
-                    error_seen: false,
-                    error: None,
-                });
-                self.op_updates.len() - 1
-            }
-        };
-        &mut self.op_updates[i]
-    }
-
-    fn error(&mut self, request_id: Option<&str>, details: &str) {
-        if let Some(r) = request_id {
-            let u = self.op_update(r);
-            u.error_seen = true;
-            u.error.get_or_insert_with(|| details.to_string());
-        }
-    }
-
-    fn complete(&mut self, request_id: Option<&String>) {
-        if let Some(r) = request_id
-            && !self.complete.contains(r)
-        {
-            self.complete.push(r.clone());
-        }
-    }
-}
-
-struct Work {
-    now: Millis,
-    slots: Vec<Slot>,
-    by_id: HashMap<i64, usize>,
-    by_key: HashMap<(String, String), usize>,
-    /// Predecessors of each slot (read, and added in this segment).
-    predecessors: HashMap<usize, Vec<i64>>,
-    /// The first stored inbox item each fenced entity keeps after its commit's deletions.
-    heads: HashMap<i64, InboxItem>,
-    /// Stored timers of the entities whose timers change.
-    timers: HashMap<i64, Vec<TimerRow>>,
-    opened: HashMap<String, Opened>,
-    /// Request ids opened by this segment, and by which operation.
-    opened_by: HashMap<String, usize>,
-    /// Ids reserved for the entities and errors this segment creates.
-    entity_ids: std::vec::IntoIter<i64>,
-    error_ids: std::vec::IntoIter<i64>,
-    plan: Plan,
-}
-
-fn key_of(machine: &str, key: &str) -> (String, String) {
-    (machine.to_string(), key.to_string())
-}
-
-/// What a segment did: a result per operation, in order, and whether it left an entity due
-/// now that its writer does not hold (another instance may claim it).
-pub(crate) struct Done {
-    pub(crate) results: Vec<Result<Applied, OpError>>,
-    pub(crate) due_now: bool,
-}
-
-/// Plans and writes `ops` (creates, pushes, commits and releases, each entity fenced at
-/// most once).
-pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<Done, D::Error> {
-    // 1. Read: the entities the segment touches (locked), predecessors of those that may
-    // change state, the inbox each fenced entity keeps, the timers that change.
-    let mut ids = BTreeSet::new();
-    let mut keys = BTreeSet::new();
-    let mut notify = Vec::new();
-    let mut heads = Vec::new();
-    let mut timer_ids = Vec::new();
-    for op in ops {
-        match op {
-            Op::Create(e) => {
-                keys.insert(key_of(&e.machine, &e.key));
-            }
-            Op::Push(p) => {
-                keys.insert(key_of(&p.machine, &p.key));
-                ids.extend(p.join_from);
-            }
-            Op::Release(f) => {
-                ids.insert(f.entity_id);
-                heads.push(InboxDelete { entity_id: f.entity_id, consume: -1, notices_upto: -1 });
-            }
-            Op::Commit(c) => {
-                let id = c.fence.entity_id;
-                ids.insert(id);
-                ids.extend(c.preconditions.iter().map(|p| p.0));
-                keys.extend(c.creates.iter().map(|e| key_of(&e.machine, &e.key)));
-                keys.extend(c.pushes.iter().map(|p| key_of(&p.machine, &p.key)));
-                if c.notify_predecessors {
-                    notify.push(id);
-                }
-                heads.push(InboxDelete {
-                    entity_id: id,
-                    consume: c.consume.unwrap_or(-1),
-                    notices_upto: c.consume_notices_upto.unwrap_or(-1),
-                });
-                if c.timers.is_some() {
-                    timer_ids.push(id);
-                }
-            }
-            other => unreachable!("not a segment operation: {other:?}"),
-        }
-    }
-    // Operations of external creates and raises are opened with the reads; a request id
-    // seen before makes its operation a replay (and one opened for an operation that then
-    // fails is removed again).
-    let mut opened_by: HashMap<String, usize> = HashMap::new();
-    let mut operations: Vec<OperationInsert> = Vec::new();
-    let mut new_entities = 0;
-    let mut new_errors = 0;
-    for (i, op) in ops.iter().enumerate() {
-        let row = match op {
-            Op::Create(e) => {
-                new_entities += 1;
-                e.operation.as_ref().map(|o| operation_row(o, &e.machine, &e.key, now, Some(now)))
-            }
-            Op::Push(p) => p.operation.as_ref().map(|o| operation_row(o, &p.machine, &p.key, now, None)),
-            Op::Commit(c) => {
-                new_entities += c.creates.len();
-                new_errors += usize::from(c.telemetry.error.is_some());
-                None
-            }
-            _ => None,
-        };
-        if let Some(row) = row
-            && !opened_by.contains_key(&row.request_id)
-        {
-            opened_by.insert(row.request_id.clone(), i);
-            operations.push(row);
-        }
-    }
-    let reads = Reads {
-        ids: ids.into_iter().collect(),
-        keys: keys.into_iter().collect(),
-        notify,
-        heads,
-        timers: timer_ids,
-        operations,
-        new_entities,
-        new_errors,
-    };
-    let read = d.read(&reads)?;
-    let mut w = Work {
-        now,
-        slots: Vec::with_capacity(read.rows.len()),
-        by_id: HashMap::with_capacity(read.rows.len()),
-        by_key: HashMap::with_capacity(read.rows.len()),
-        predecessors: HashMap::new(),
-        heads: HashMap::new(),
-        timers: HashMap::new(),
-        opened: HashMap::new(),
-        opened_by,
-        entity_ids: read.entity_ids.into_iter(),
-        error_ids: read.error_ids.into_iter(),
-        plan: Plan::default(),
-    };
-    for row in read.rows {
-        if w.by_id.contains_key(&row.id) {
-            continue;
-        }
-        let i = w.slots.len();
-        w.by_id.insert(row.id, i);
-        w.by_key.insert(key_of(&row.machine, &row.key), i);
-        w.slots.push(Slot {
-            orig: Some(row.clone()),
-            cur: row,
-            properties: None,
-            fired: None,
-            recent_errors: None,
-            new_properties: None,
-            pending: Vec::new(),
-        });
-    }
-    for (pred, succ) in read.edges {
-        if let Some(&s) = w.by_id.get(&succ) {
-            w.predecessors.entry(s).or_default().push(pred);
-        }
-    }
-    for item in read.heads {
-        w.heads.insert(item.entity_id, item);
-    }
-    for t in read.timers {
-        w.timers.entry(t.entity_id).or_default().push(t);
-    }
-    for (row, (id, existed)) in reads.operations.iter().zip(read.operations) {
-        w.opened.insert(row.request_id.clone(), Opened { id, replay: existed });
-    }
-
-    // 3. Decide, in order.
-    let mut answers = Vec::with_capacity(ops.len());
-    for (i, op) in ops.iter().enumerate() {
-        let answer = match op {
-            Op::Create(e) => w.create_op(i, e),
-            Op::Push(p) => w.push_op(i, p),
-            Op::Commit(c) => w.commit(c),
-            Op::Release(f) => w.release(f),
-            _ => unreachable!("checked above"),
-        };
-        answers.push(answer);
-    }
-
-    // 4. Write.
-    w.write(d, answers)
-}
-
-fn operation_row(
-    o: &OpenOperation,
-    machine: &str,
-    key: &str,
-    now: Millis,
-    first_response_at: Option<Millis>,
-) -> OperationInsert {
-    OperationInsert {
-        request_id: o.request_id.clone(),
-        name: o.name.clone(),
-        machine: machine.to_string(),
-        entity_key: key.to_string(),
-        started_at: now,
-        dimensions: json_text(&o.dimensions),
-        first_response_at,
-    }
-}
 
 impl Work {
     /// Whether op `i`'s request id was used before (answered with its operation's id).
@@ -333,7 +32,7 @@ impl Work {
         }
     }
 
-    fn create_op(&mut self, i: usize, e: &NewEntity) -> Result<Answer, OpError> {
+    pub(super) fn create_op(&mut self, i: usize, e: &NewEntity) -> Result<Answer, OpError> {
         if let Some(operation_id) = self.replayed(i, e.operation.as_ref()) {
             return Ok(Answer::Done(Box::new(Applied::Replayed { operation_id })));
         }
@@ -419,7 +118,7 @@ impl Work {
         slot
     }
 
-    fn push_op(&mut self, i: usize, p: &Push) -> Result<Answer, OpError> {
+    pub(super) fn push_op(&mut self, i: usize, p: &Push) -> Result<Answer, OpError> {
         let Some(&target) = self.by_key.get(&key_of(&p.machine, &p.key)) else {
             self.unopen(i, p.operation.as_ref());
             return Err(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() });
@@ -479,7 +178,7 @@ impl Work {
         }
     }
 
-    fn release(&mut self, f: &Fence) -> Result<Answer, OpError> {
+    pub(super) fn release(&mut self, f: &Fence) -> Result<Answer, OpError> {
         let slot = self.fenced(f)?;
         let now = self.now;
         let nonempty = self.inbox_nonempty(slot);
@@ -509,7 +208,7 @@ impl Work {
         !s.pending.is_empty() || s.orig.as_ref().is_some_and(|o| self.heads.contains_key(&o.id))
     }
 
-    fn commit(&mut self, c: &Commit) -> Result<Answer, OpError> {
+    pub(super) fn commit(&mut self, c: &Commit) -> Result<Answer, OpError> {
         let now = self.now;
         let s = self.fenced(&c.fence)?;
         for &(entity_id, expected) in &c.preconditions {
@@ -798,158 +497,5 @@ impl Work {
                 created_at: self.now,
             },
         ));
-    }
-
-    /// Writes everything decided, set by set, and turns the answers into results.
-    fn write<D: Dialect>(self, d: &mut D, answers: Vec<Result<Answer, OpError>>) -> Result<Done, D::Error> {
-        let now = self.now;
-        let due_now = self.slots.iter().any(|s| {
-            s.orig.as_ref() != Some(&s.cur)
-                && s.cur.lease_owner.is_none()
-                && s.cur.run_status == RunStatus::Active
-                && s.cur.due_at.is_some_and(|at| at <= now)
-        });
-        let slots = &self.slots;
-        let id = |i: usize| slots[i].cur.id;
-        let plan = self.plan;
-        let mut w = Writes { now, ..Writes::default() };
-        for s in slots {
-            match &s.orig {
-                None => w.entities.push(EntityInsert {
-                    id: s.cur.id,
-                    machine: s.cur.machine.clone(),
-                    key: s.cur.key.clone(),
-                    state: s.cur.state.clone(),
-                    properties: s.properties.clone().unwrap_or_else(|| "{}".into()),
-                    created_at: now,
-                    auto_at: s.cur.auto_at,
-                    due_at: s.cur.due_at,
-                    request_id: s.cur.request_id.clone(),
-                    busy: s.cur.busy,
-                    machine_hash: s.cur.machine_hash.clone(),
-                    timer_at: s.cur.timer_at,
-                    has_predecessors: s.cur.has_predecessors,
-                }),
-                Some(orig) => {
-                    if *orig != s.cur || s.properties.is_some() || s.fired.is_some() || s.recent_errors.is_some() {
-                        w.updates.push(EntityUpdate {
-                            row: s.cur.clone(),
-                            properties: s.properties.clone(),
-                            fired: s.fired.clone(),
-                            recent_errors: s.recent_errors.clone(),
-                        });
-                    }
-                }
-            }
-        }
-        w.deletes = plan.deletes;
-        w.inbox = plan.inbox.iter().map(|item| InboxInsert { entity_id: id(item.slot), ..item.row.clone() }).collect();
-        w.history = plan.history.into_iter().map(|(slot, h)| HistoryInsert { entity_id: id(slot), ..h }).collect();
-        w.successors = plan
-            .successors
-            .into_iter()
-            .map(|(pred, succ, request_id)| SuccessorInsert {
-                predecessor_id: id(pred),
-                successor_id: id(succ),
-                request_id,
-                created_at: now,
-            })
-            .collect();
-        w.timer_entities = plan.timer_slots.iter().map(|&s| id(s)).collect();
-        w.timers = plan.timers.into_iter().map(|(slot, t)| TimerRow { entity_id: id(slot), ..t }).collect();
-        w.cancel = plan.cancel;
-        w.offers = plan.offers.into_iter().map(|(slot, t)| TaskInsert { entity_id: id(slot), ..t }).collect();
-        w.exceptions = plan
-            .exceptions
-            .into_iter()
-            .map(|(e, details)| ExceptionInsert { error_id: plan.errors[e].id, at: now, details })
-            .collect();
-        w.events = plan
-            .events
-            .into_iter()
-            .map(|(e, error)| EventInsert { error_id: error.map(|i| plan.errors[i].id), ..e })
-            .collect();
-        w.errors = plan.errors;
-        // Only an event's first end counts; an event recorded by this segment ends in its
-        // own row (a dialect may write all sets in one statement, which cannot update a
-        // row it inserts).
-        for e in plan.ends {
-            if let Some(new) = w.events.iter_mut().find(|x| x.id == e.id) {
-                if new.end_time.is_none() {
-                    new.end_state = Some(e.end_state);
-                    new.end_time = Some(e.end_time);
-                }
-            } else if !w.ends.iter().any(|x| x.id == e.id) {
-                w.ends.push(e);
-            }
-        }
-        w.unopen = plan.unopen;
-        w.op_updates = plan.op_updates;
-        w.complete = plan.complete;
-        let inbox_ids = d.write(&w)?;
-
-        let item = |i: usize| -> InboxItem {
-            let row = &plan.inbox[i].row;
-            InboxItem {
-                id: inbox_ids[i],
-                entity_id: slots[plan.inbox[i].slot].cur.id,
-                event: EventName::new(row.event.as_str()),
-                params: serde_json::from_str(&row.params).unwrap_or(Value::Null),
-                request_id: row.request_id.clone(),
-                kind: InboxKind::parse(row.kind).unwrap_or_default(),
-                created_at: row.created_at,
-            }
-        };
-        let results = answers
-            .into_iter()
-            .map(|a| {
-                a.map(|a| match a {
-                    Answer::Done(applied) => *applied,
-                    Answer::Created(slot) => Applied::Created(new_row(&slots[slot])),
-                    Answer::Pushed { item, slot } => {
-                        Applied::Pushed { inbox_id: inbox_ids[item], entity_id: slots[slot].cur.id }
-                    }
-                    Answer::Committed { held, version, head, created } => Applied::Committed {
-                        held,
-                        version,
-                        inbox_head: match head {
-                            Head::None => None,
-                            Head::Stored(i) => Some(i),
-                            Head::New(i) => Some(item(i)),
-                        },
-                        created: created.iter().map(|&s| slots[s].cur.id).collect(),
-                    },
-                })
-            })
-            .collect();
-        Ok(Done { results, due_now })
-    }
-}
-
-/// The row of an entity this segment created, as a read of it would return it.
-fn new_row(s: &Slot) -> EntityRow {
-    let c = &s.cur;
-    EntityRow {
-        id: c.id,
-        machine: MachineName::new(c.machine.as_str()),
-        key: EntityKey::new(c.key.as_str()),
-        state: StateName::new(c.state.as_str()),
-        properties: s.new_properties.clone().unwrap_or_default(),
-        version: c.version,
-        retry: c.retry as u32,
-        created_at: c.entered_at,
-        entered_at: c.entered_at,
-        auto_at: c.auto_at,
-        due_at: c.due_at,
-        lease_owner: c.lease_owner.clone(),
-        lease_until: c.lease_until,
-        request_id: c.request_id.clone(),
-        fired: Vec::new(),
-        timer_at: c.timer_at,
-        run_status: c.run_status,
-        sleep_until: c.sleep_until,
-        recent_errors: Vec::new(),
-        event_id: c.event_id,
-        machine_hash: c.machine_hash.clone(),
     }
 }

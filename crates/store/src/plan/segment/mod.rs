@@ -1,0 +1,318 @@
+//! One segment of a batch: consecutive creates, pushes, commits and releases, planned
+//! together (see the [module docs](super)).
+//!
+//! The segment is decided operation by operation, in batch order, against the rows read
+//! for it ([`Slot`]s), exactly as the operations would apply one after another; the
+//! decisions are collected as rows per table and written at the end, one set per table.
+//!
+//! This module reads and drives: what a segment must read, the rows read turned into
+//! slots, then each operation decided ([`decide`]) and everything written ([`write`](mod@write)).
+
+mod decide;
+mod write;
+
+use std::collections::{BTreeSet, HashMap};
+
+use settle_core::Properties;
+
+use super::Dialect;
+use super::rows::*;
+use crate::sql::json_text;
+use crate::{Applied, InboxItem, Millis, Op, OpError, OpenOperation, TimerRow};
+
+/// An entity the segment reads or creates: its columns as they become.
+struct Slot {
+    cur: Current,
+    /// As read (`None`: created in this segment).
+    orig: Option<Current>,
+    /// New JSON columns, when they change (properties always, for a new entity).
+    properties: Option<String>,
+    fired: Option<String>,
+    recent_errors: Option<String>,
+    /// The entity's properties as given (new entities: their row is answered).
+    new_properties: Option<Properties>,
+    /// The inbox items this segment adds to the entity (indexes into `Plan::inbox`).
+    pending: Vec<usize>,
+}
+
+/// What an operation answers, before the ids the writes assign are known.
+enum Answer {
+    Done(Box<Applied>),
+    Created(usize),
+    Pushed { item: usize, slot: usize },
+    Committed { held: bool, version: i64, head: Head, created: Vec<usize> },
+}
+
+/// The inbox head a held entity is told about.
+enum Head {
+    None,
+    Stored(InboxItem),
+    New(usize),
+}
+
+/// An operation's request id as opened in this segment.
+#[derive(Clone, Copy)]
+struct Opened {
+    id: i64,
+    /// It existed before this operation: a replay.
+    replay: bool,
+}
+
+/// A new inbox item; its entity is a slot.
+struct Item {
+    slot: usize,
+    row: InboxInsert,
+}
+
+/// Everything the segment decided, written at its end.
+#[derive(Default)]
+struct Plan {
+    inbox: Vec<Item>,
+    deletes: Vec<InboxDelete>,
+    history: Vec<(usize, HistoryInsert)>,
+    successors: Vec<(usize, usize, Option<String>)>,
+    /// Entities whose timers are replaced by the rows listed for them.
+    timer_slots: Vec<usize>,
+    timers: Vec<(usize, TimerRow)>,
+    cancel: Vec<i64>,
+    offers: Vec<(usize, TaskInsert)>,
+    errors: Vec<ErrorInsert>,
+    exceptions: Vec<(usize, String)>,
+    /// Events, with the index of their error in `errors`.
+    events: Vec<(EventInsert, Option<usize>)>,
+    ends: Vec<EventEnd>,
+    /// Per request id, in first-seen order.
+    op_updates: Vec<OperationUpdate>,
+    complete: Vec<String>,
+    /// Operations opened for operations that then failed: removed again.
+    unopen: Vec<String>,
+}
+
+impl Plan {
+    fn op_update(&mut self, request_id: &str) -> &mut OperationUpdate {
+        let i = match self.op_updates.iter().position(|u| u.request_id == request_id) {
+            Some(i) => i,
+            None => {
+                self.op_updates.push(OperationUpdate {
+                    request_id: request_id.to_string(),
+                    first_response_at: None,
+                    error_seen: false,
+                    error: None,
+                });
+                self.op_updates.len() - 1
+            }
+        };
+        &mut self.op_updates[i]
+    }
+
+    fn error(&mut self, request_id: Option<&str>, details: &str) {
+        if let Some(r) = request_id {
+            let u = self.op_update(r);
+            u.error_seen = true;
+            u.error.get_or_insert_with(|| details.to_string());
+        }
+    }
+
+    fn complete(&mut self, request_id: Option<&String>) {
+        if let Some(r) = request_id
+            && !self.complete.contains(r)
+        {
+            self.complete.push(r.clone());
+        }
+    }
+}
+
+struct Work {
+    now: Millis,
+    slots: Vec<Slot>,
+    by_id: HashMap<i64, usize>,
+    by_key: HashMap<(String, String), usize>,
+    /// Predecessors of each slot (read, and added in this segment).
+    predecessors: HashMap<usize, Vec<i64>>,
+    /// The first stored inbox item each fenced entity keeps after its commit's deletions.
+    heads: HashMap<i64, InboxItem>,
+    /// Stored timers of the entities whose timers change.
+    timers: HashMap<i64, Vec<TimerRow>>,
+    opened: HashMap<String, Opened>,
+    /// Request ids opened by this segment, and by which operation.
+    opened_by: HashMap<String, usize>,
+    /// Ids reserved for the entities and errors this segment creates.
+    entity_ids: std::vec::IntoIter<i64>,
+    error_ids: std::vec::IntoIter<i64>,
+    plan: Plan,
+}
+
+fn key_of(machine: &str, key: &str) -> (String, String) {
+    (machine.to_string(), key.to_string())
+}
+
+/// What a segment did: a result per operation, in order, and whether it left an entity due
+/// now that its writer does not hold (another instance may claim it).
+pub(crate) struct Done {
+    pub(crate) results: Vec<Result<Applied, OpError>>,
+    pub(crate) due_now: bool,
+}
+
+/// Plans and writes `ops` (creates, pushes, commits and releases, each entity fenced at
+/// most once).
+pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<Done, D::Error> {
+    // 1. Read: the entities the segment touches (locked), predecessors of those that may
+    // change state, the inbox each fenced entity keeps, the timers that change.
+    let mut ids = BTreeSet::new();
+    let mut keys = BTreeSet::new();
+    let mut notify = Vec::new();
+    let mut heads = Vec::new();
+    let mut timer_ids = Vec::new();
+    for op in ops {
+        match op {
+            Op::Create(e) => {
+                keys.insert(key_of(&e.machine, &e.key));
+            }
+            Op::Push(p) => {
+                keys.insert(key_of(&p.machine, &p.key));
+                ids.extend(p.join_from);
+            }
+            Op::Release(f) => {
+                ids.insert(f.entity_id);
+                heads.push(InboxDelete { entity_id: f.entity_id, consume: -1, notices_upto: -1 });
+            }
+            Op::Commit(c) => {
+                let id = c.fence.entity_id;
+                ids.insert(id);
+                ids.extend(c.preconditions.iter().map(|p| p.0));
+                keys.extend(c.creates.iter().map(|e| key_of(&e.machine, &e.key)));
+                keys.extend(c.pushes.iter().map(|p| key_of(&p.machine, &p.key)));
+                if c.notify_predecessors {
+                    notify.push(id);
+                }
+                heads.push(InboxDelete {
+                    entity_id: id,
+                    consume: c.consume.unwrap_or(-1),
+                    notices_upto: c.consume_notices_upto.unwrap_or(-1),
+                });
+                if c.timers.is_some() {
+                    timer_ids.push(id);
+                }
+            }
+            other => unreachable!("not a segment operation: {other:?}"),
+        }
+    }
+    // Operations of external creates and raises are opened with the reads; a request id
+    // seen before makes its operation a replay (and one opened for an operation that then
+    // fails is removed again).
+    let mut opened_by: HashMap<String, usize> = HashMap::new();
+    let mut operations: Vec<OperationInsert> = Vec::new();
+    let mut new_entities = 0;
+    let mut new_errors = 0;
+    for (i, op) in ops.iter().enumerate() {
+        let row = match op {
+            Op::Create(e) => {
+                new_entities += 1;
+                e.operation.as_ref().map(|o| operation_row(o, &e.machine, &e.key, now, Some(now)))
+            }
+            Op::Push(p) => p.operation.as_ref().map(|o| operation_row(o, &p.machine, &p.key, now, None)),
+            Op::Commit(c) => {
+                new_entities += c.creates.len();
+                new_errors += usize::from(c.telemetry.error.is_some());
+                None
+            }
+            _ => None,
+        };
+        if let Some(row) = row
+            && !opened_by.contains_key(&row.request_id)
+        {
+            opened_by.insert(row.request_id.clone(), i);
+            operations.push(row);
+        }
+    }
+    let reads = Reads {
+        ids: ids.into_iter().collect(),
+        keys: keys.into_iter().collect(),
+        notify,
+        heads,
+        timers: timer_ids,
+        operations,
+        new_entities,
+        new_errors,
+    };
+    let read = d.read(&reads)?;
+    let mut w = Work {
+        now,
+        slots: Vec::with_capacity(read.rows.len()),
+        by_id: HashMap::with_capacity(read.rows.len()),
+        by_key: HashMap::with_capacity(read.rows.len()),
+        predecessors: HashMap::new(),
+        heads: HashMap::new(),
+        timers: HashMap::new(),
+        opened: HashMap::new(),
+        opened_by,
+        entity_ids: read.entity_ids.into_iter(),
+        error_ids: read.error_ids.into_iter(),
+        plan: Plan::default(),
+    };
+    for row in read.rows {
+        if w.by_id.contains_key(&row.id) {
+            continue;
+        }
+        let i = w.slots.len();
+        w.by_id.insert(row.id, i);
+        w.by_key.insert(key_of(&row.machine, &row.key), i);
+        w.slots.push(Slot {
+            orig: Some(row.clone()),
+            cur: row,
+            properties: None,
+            fired: None,
+            recent_errors: None,
+            new_properties: None,
+            pending: Vec::new(),
+        });
+    }
+    for (pred, succ) in read.edges {
+        if let Some(&s) = w.by_id.get(&succ) {
+            w.predecessors.entry(s).or_default().push(pred);
+        }
+    }
+    for item in read.heads {
+        w.heads.insert(item.entity_id, item);
+    }
+    for t in read.timers {
+        w.timers.entry(t.entity_id).or_default().push(t);
+    }
+    for (row, (id, existed)) in reads.operations.iter().zip(read.operations) {
+        w.opened.insert(row.request_id.clone(), Opened { id, replay: existed });
+    }
+
+    // 3. Decide, in order.
+    let mut answers = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let answer = match op {
+            Op::Create(e) => w.create_op(i, e),
+            Op::Push(p) => w.push_op(i, p),
+            Op::Commit(c) => w.commit(c),
+            Op::Release(f) => w.release(f),
+            _ => unreachable!("checked above"),
+        };
+        answers.push(answer);
+    }
+
+    // 4. Write.
+    w.write(d, answers)
+}
+
+fn operation_row(
+    o: &OpenOperation,
+    machine: &str,
+    key: &str,
+    now: Millis,
+    first_response_at: Option<Millis>,
+) -> OperationInsert {
+    OperationInsert {
+        request_id: o.request_id.clone(),
+        name: o.name.clone(),
+        machine: machine.to_string(),
+        entity_key: key.to_string(),
+        started_at: now,
+        dimensions: json_text(&o.dimensions),
+        first_response_at,
+    }
+}

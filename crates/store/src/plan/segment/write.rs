@@ -1,0 +1,169 @@
+//! Writing what a segment decided: its [`Plan`](super::Plan) turned into one set of rows per table (ids
+//! filled in from the slots), handed to the [`Dialect`] at once, and the operations' answers
+//! turned into their results with the ids the writes assigned.
+
+use serde_json::Value;
+use settle_core::{EntityKey, EventName, MachineName, StateName};
+
+use super::{Answer, Done, Head, Slot, Work};
+use crate::plan::Dialect;
+use crate::plan::rows::{
+    EntityInsert, EntityUpdate, EventInsert, ExceptionInsert, HistoryInsert, InboxInsert, SuccessorInsert, TaskInsert,
+    Writes,
+};
+use crate::{Applied, EntityRow, InboxItem, InboxKind, OpError, RunStatus, TimerRow};
+
+impl Work {
+    /// Writes everything decided, set by set, and turns the answers into results.
+    pub(super) fn write<D: Dialect>(self, d: &mut D, answers: Vec<Result<Answer, OpError>>) -> Result<Done, D::Error> {
+        let now = self.now;
+        let due_now = self.slots.iter().any(|s| {
+            s.orig.as_ref() != Some(&s.cur)
+                && s.cur.lease_owner.is_none()
+                && s.cur.run_status == RunStatus::Active
+                && s.cur.due_at.is_some_and(|at| at <= now)
+        });
+        let slots = &self.slots;
+        let id = |i: usize| slots[i].cur.id;
+        let plan = self.plan;
+        let mut w = Writes { now, ..Writes::default() };
+        for s in slots {
+            match &s.orig {
+                None => w.entities.push(EntityInsert {
+                    id: s.cur.id,
+                    machine: s.cur.machine.clone(),
+                    key: s.cur.key.clone(),
+                    state: s.cur.state.clone(),
+                    properties: s.properties.clone().unwrap_or_else(|| "{}".into()),
+                    created_at: now,
+                    auto_at: s.cur.auto_at,
+                    due_at: s.cur.due_at,
+                    request_id: s.cur.request_id.clone(),
+                    busy: s.cur.busy,
+                    machine_hash: s.cur.machine_hash.clone(),
+                    timer_at: s.cur.timer_at,
+                    has_predecessors: s.cur.has_predecessors,
+                }),
+                Some(orig) => {
+                    if *orig != s.cur || s.properties.is_some() || s.fired.is_some() || s.recent_errors.is_some() {
+                        w.updates.push(EntityUpdate {
+                            row: s.cur.clone(),
+                            properties: s.properties.clone(),
+                            fired: s.fired.clone(),
+                            recent_errors: s.recent_errors.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        w.deletes = plan.deletes;
+        w.inbox = plan.inbox.iter().map(|item| InboxInsert { entity_id: id(item.slot), ..item.row.clone() }).collect();
+        w.history = plan.history.into_iter().map(|(slot, h)| HistoryInsert { entity_id: id(slot), ..h }).collect();
+        w.successors = plan
+            .successors
+            .into_iter()
+            .map(|(pred, succ, request_id)| SuccessorInsert {
+                predecessor_id: id(pred),
+                successor_id: id(succ),
+                request_id,
+                created_at: now,
+            })
+            .collect();
+        w.timer_entities = plan.timer_slots.iter().map(|&s| id(s)).collect();
+        w.timers = plan.timers.into_iter().map(|(slot, t)| TimerRow { entity_id: id(slot), ..t }).collect();
+        w.cancel = plan.cancel;
+        w.offers = plan.offers.into_iter().map(|(slot, t)| TaskInsert { entity_id: id(slot), ..t }).collect();
+        w.exceptions = plan
+            .exceptions
+            .into_iter()
+            .map(|(e, details)| ExceptionInsert { error_id: plan.errors[e].id, at: now, details })
+            .collect();
+        w.events = plan
+            .events
+            .into_iter()
+            .map(|(e, error)| EventInsert { error_id: error.map(|i| plan.errors[i].id), ..e })
+            .collect();
+        w.errors = plan.errors;
+        // Only an event's first end counts; an event recorded by this segment ends in its
+        // own row (a dialect may write all sets in one statement, which cannot update a
+        // row it inserts).
+        for e in plan.ends {
+            if let Some(new) = w.events.iter_mut().find(|x| x.id == e.id) {
+                if new.end_time.is_none() {
+                    new.end_state = Some(e.end_state);
+                    new.end_time = Some(e.end_time);
+                }
+            } else if !w.ends.iter().any(|x| x.id == e.id) {
+                w.ends.push(e);
+            }
+        }
+        w.unopen = plan.unopen;
+        w.op_updates = plan.op_updates;
+        w.complete = plan.complete;
+        let inbox_ids = d.write(&w)?;
+
+        let item = |i: usize| -> InboxItem {
+            let row = &plan.inbox[i].row;
+            InboxItem {
+                id: inbox_ids[i],
+                entity_id: slots[plan.inbox[i].slot].cur.id,
+                event: EventName::new(row.event.as_str()),
+                params: serde_json::from_str(&row.params).unwrap_or(Value::Null),
+                request_id: row.request_id.clone(),
+                kind: InboxKind::parse(row.kind).unwrap_or_default(),
+                created_at: row.created_at,
+            }
+        };
+        let results = answers
+            .into_iter()
+            .map(|a| {
+                a.map(|a| match a {
+                    Answer::Done(applied) => *applied,
+                    Answer::Created(slot) => Applied::Created(new_row(&slots[slot])),
+                    Answer::Pushed { item, slot } => {
+                        Applied::Pushed { inbox_id: inbox_ids[item], entity_id: slots[slot].cur.id }
+                    }
+                    Answer::Committed { held, version, head, created } => Applied::Committed {
+                        held,
+                        version,
+                        inbox_head: match head {
+                            Head::None => None,
+                            Head::Stored(i) => Some(i),
+                            Head::New(i) => Some(item(i)),
+                        },
+                        created: created.iter().map(|&s| slots[s].cur.id).collect(),
+                    },
+                })
+            })
+            .collect();
+        Ok(Done { results, due_now })
+    }
+}
+
+/// The row of an entity this segment created, as a read of it would return it.
+fn new_row(s: &Slot) -> EntityRow {
+    let c = &s.cur;
+    EntityRow {
+        id: c.id,
+        machine: MachineName::new(c.machine.as_str()),
+        key: EntityKey::new(c.key.as_str()),
+        state: StateName::new(c.state.as_str()),
+        properties: s.new_properties.clone().unwrap_or_default(),
+        version: c.version,
+        retry: c.retry as u32,
+        created_at: c.entered_at,
+        entered_at: c.entered_at,
+        auto_at: c.auto_at,
+        due_at: c.due_at,
+        lease_owner: c.lease_owner.clone(),
+        lease_until: c.lease_until,
+        request_id: c.request_id.clone(),
+        fired: Vec::new(),
+        timer_at: c.timer_at,
+        run_status: c.run_status,
+        sleep_until: c.sleep_until,
+        recent_errors: Vec::new(),
+        event_id: c.event_id,
+        machine_hash: c.machine_hash.clone(),
+    }
+}
