@@ -1,6 +1,6 @@
 //! Connections: the target parsed from a URL, a connection with its statement cache, and
-//! the classification of failures into "retry on a new connection", "retry the
-//! transaction" and "give up".
+//! failures ([`Failure`]) and their classification into "retry on a new connection",
+//! "retry the transaction" and "give up".
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -243,6 +243,60 @@ impl Backoff {
 
     pub(crate) fn attempts(&self) -> u32 {
         self.attempts
+    }
+}
+
+/// A database failure below the store's API.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Pg(postgres::Error),
+    Corrupt(String),
+    /// The batch lost a race with another instance that no lock prevents (an entity key
+    /// created concurrently): running it again sees the winner's row.
+    Race(String),
+    /// The connection was lost while the transaction committed: its outcome is unknown.
+    CommitUnknown(postgres::Error),
+}
+
+impl From<postgres::Error> for Failure {
+    fn from(e: postgres::Error) -> Self {
+        Failure::Pg(e)
+    }
+}
+
+impl Failure {
+    pub(crate) fn into_error(self) -> Error {
+        match self {
+            Failure::Pg(e) => Error::Db(pg_message(&e)),
+            Failure::Corrupt(m) => Error::Corrupt(m),
+            Failure::Race(m) => Error::Db(format!("lost a race with another instance: {m}")),
+            Failure::CommitUnknown(e) => {
+                Error::Db(format!("connection lost while committing; the outcome is unknown ({})", pg_message(&e)))
+            }
+        }
+    }
+
+    pub(crate) fn recovery(&self) -> Recovery {
+        match self {
+            Failure::Pg(e) => recovery(e),
+            Failure::Corrupt(_) => Recovery::Fail,
+            Failure::Race(_) => Recovery::Retry,
+            Failure::CommitUnknown(_) => Recovery::Fail,
+        }
+    }
+}
+
+/// The server's message (with detail) when there is one, else the driver's.
+pub(crate) fn pg_message(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(detail) => format!("{}: {} ({detail})", db.code().code(), db.message()),
+            None => format!("{}: {}", db.code().code(), db.message()),
+        },
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 

@@ -14,11 +14,11 @@ use postgres::Row;
 use postgres::error::SqlState;
 use postgres::types::ToSql;
 
-use super::Failure;
-use super::conn::{Recovery, recovery};
+use super::conn::{Failure, Recovery, pg_message, recovery};
 use super::read::{entity_from_row_at, inbox_from_row, timer_from_row};
+use super::stmt::{Slots, Stmt, bools, col, ints, merge, one, opt_ints, opt_strings, strings};
 use super::write::{Fail, apply_other};
-use super::writer::{CommitError, Stmt, WriterConn};
+use super::writer::{CommitError, WriterConn};
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, Other, ReadSet, Reads, Writes};
 use crate::sql::ENTITY_COLS;
@@ -41,35 +41,6 @@ pub(crate) struct Tx<'a> {
 }
 
 const INBOX_COLS: &str = "i.id, i.entity_id, i.event, i.params, i.request_id, i.created_at, i.kind";
-
-/// A column of parameters: one array.
-fn col<T: ToSql + Sync + Send + 'static>(v: Vec<T>) -> Box<dyn ToSql + Sync + Send> {
-    Box::new(v)
-}
-
-fn one<T: ToSql + Sync + Send + 'static>(v: T) -> Box<dyn ToSql + Sync + Send> {
-    Box::new(v)
-}
-
-fn strings<'a, T: 'a>(rows: &'a [T], f: impl Fn(&'a T) -> &'a str) -> Box<dyn ToSql + Sync + Send> {
-    col(rows.iter().map(|r| f(r).to_string()).collect::<Vec<String>>())
-}
-
-fn opt_strings<'a, T: 'a>(rows: &'a [T], f: impl Fn(&'a T) -> Option<&'a str>) -> Box<dyn ToSql + Sync + Send> {
-    col(rows.iter().map(|r| f(r).map(str::to_string)).collect::<Vec<Option<String>>>())
-}
-
-fn ints<T>(rows: &[T], f: impl Fn(&T) -> i64) -> Box<dyn ToSql + Sync + Send> {
-    col(rows.iter().map(f).collect::<Vec<i64>>())
-}
-
-fn opt_ints<T>(rows: &[T], f: impl Fn(&T) -> Option<i64>) -> Box<dyn ToSql + Sync + Send> {
-    col(rows.iter().map(f).collect::<Vec<Option<i64>>>())
-}
-
-fn bools<T>(rows: &[T], f: impl Fn(&T) -> bool) -> Box<dyn ToSql + Sync + Send> {
-    col(rows.iter().map(f).collect::<Vec<bool>>())
-}
 
 fn current_from_row(r: &Row) -> R<Current> {
     let status: &str = r.try_get(13)?;
@@ -122,65 +93,6 @@ fn entity_race(e: postgres::Error) -> Failure {
             Failure::Race(format!("an entity was created concurrently ({})", db.message()))
         }
         _ => Failure::Pg(e),
-    }
-}
-
-/// `sql` with each parameter `$n` renamed `$(n + by)`.
-fn renumber(sql: &str, by: usize) -> String {
-    let mut out = String::with_capacity(sql.len() + 16);
-    let mut chars = sql.char_indices().peekable();
-    while let Some((_, c)) = chars.next() {
-        out.push(c);
-        if c != '$' {
-            continue;
-        }
-        let mut n = 0usize;
-        let mut digits = false;
-        while let Some(&(_, d)) = chars.peek() {
-            let Some(v) = d.to_digit(10) else { break };
-            n = n * 10 + v as usize;
-            digits = true;
-            chars.next();
-        }
-        if digits {
-            out.push_str(&(n + by).to_string());
-        }
-    }
-    out
-}
-
-/// One statement doing the work of several: `parts` as data-modifying `WITH` items and
-/// `main` (by default a bare `SELECT`) as the statement whose rows are returned. Every
-/// part sees the database as it was before the statement: none may depend on another's
-/// rows.
-fn merge(parts: Vec<Stmt>, main: Option<Stmt>) -> Option<Stmt> {
-    if parts.is_empty() {
-        return main;
-    }
-    let main = main.unwrap_or_else(|| Stmt::new("SELECT 1", Vec::new()));
-    let mut sql = String::from("WITH ");
-    let mut params = Vec::new();
-    for (i, part) in parts.into_iter().enumerate() {
-        if i > 0 {
-            sql.push_str(",\n");
-        }
-        sql.push_str(&format!("w{i} AS ({})", renumber(&part.sql, params.len())));
-        params.extend(part.params);
-    }
-    sql.push('\n');
-    sql.push_str(&renumber(&main.sql, params.len()));
-    params.extend(main.params);
-    Some(Stmt::new(sql, params))
-}
-
-/// Positions of a phase's statements in its pipeline.
-#[derive(Default)]
-struct Slots(Vec<Stmt>);
-
-impl Slots {
-    fn add(&mut self, s: Stmt) -> usize {
-        self.0.push(s);
-        self.0.len() - 1
     }
 }
 
@@ -637,7 +549,7 @@ impl Dialect for Tx<'_> {
                 if recovery(&e) != Recovery::Fail {
                     return Err(Failure::Pg(e));
                 }
-                return Ok(Err(OpError::Sql { index, message: super::pg_message(&e) }));
+                return Ok(Err(OpError::Sql { index, message: pg_message(&e) }));
             }
         }
         Ok(Ok(()))
@@ -810,37 +722,4 @@ fn fire_timers(now: Millis, limit: i64) -> Stmt {
          WHERE e.id IN (SELECT entity_id FROM fired)",
         vec![one(now), one(limit)],
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renumber_moves_every_parameter() {
-        assert_eq!(
-            renumber("a = $1 AND b = ANY($12::text[]) OR c = '$'", 3),
-            "a = $4 AND b = ANY($15::text[]) OR c = '$'"
-        );
-        assert_eq!(renumber("no parameters", 5), "no parameters");
-    }
-
-    #[test]
-    fn merge_chains_parts_before_the_main_statement() {
-        let parts = vec![
-            Stmt::new("DELETE FROM a WHERE id = $1", vec![one(1i64)]),
-            Stmt::new("UPDATE b SET x = $2 WHERE id = $1", vec![one(2i64), one(3i64)]),
-        ];
-        let main = Stmt::new("INSERT INTO c VALUES ($1) RETURNING id", vec![one(4i64)]);
-        let m = merge(parts, Some(main)).expect("a statement");
-        assert_eq!(
-            m.sql,
-            "WITH w0 AS (DELETE FROM a WHERE id = $1),\nw1 AS (UPDATE b SET x = $3 WHERE id = $2)\n\
-             INSERT INTO c VALUES ($4) RETURNING id"
-        );
-        assert_eq!(m.params.len(), 4);
-        assert!(merge(Vec::new(), None).is_none());
-        let alone = merge(vec![Stmt::new("DELETE FROM a", Vec::new())], None).expect("a statement");
-        assert_eq!(alone.sql, "WITH w0 AS (DELETE FROM a)\nSELECT 1");
-    }
 }

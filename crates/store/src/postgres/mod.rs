@@ -25,152 +25,26 @@
 
 mod conn;
 mod dialect;
+mod listen;
 mod read;
+mod schema;
+mod stmt;
 mod write;
 mod writer;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use bytes::BytesMut;
-use fallible_iterator::FallibleIterator;
-use postgres::types::{IsNull, ToSql, Type, to_sql_checked};
-use serde_json::Value;
 use tokio::sync::Notify;
 
-use self::conn::{Backoff, Conn, Recovery, Target, recovery};
-use self::writer::WriterConn;
+use self::conn::{Backoff, Conn, Failure, Recovery, Target, pg_message};
+use self::writer::{Writer, WriterConn, transact};
 use crate::changes::Changes;
 use crate::sql::WriterThread;
 use crate::{
     AgentTask, Batch, BatchResult, EntityFilter, EntityRow, Error, EventRow, HistoryRow, InboxItem, MachineRecord,
     MetricsSnapshot, Millis, OperationRow, Result, Stats, Store, SuccessorSnapshot, TaskFilter, TimerRow,
 };
-
-const MIGRATIONS: &[(i64, &str)] = &[
-    (1, include_str!("../../migrations/postgres/0001_core.sql")),
-    (2, include_str!("../../migrations/postgres/0002_workflows.sql")),
-    (3, include_str!("../../migrations/postgres/0003_operate.sql")),
-    (4, include_str!("../../migrations/postgres/0004_agents.sql")),
-    (5, include_str!("../../migrations/postgres/0005_write_path.sql")),
-];
-
-/// A database failure below the store's API.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    Pg(postgres::Error),
-    Corrupt(String),
-    /// The batch lost a race with another instance that no lock prevents (an entity key
-    /// created concurrently): running it again sees the winner's row.
-    Race(String),
-    /// The connection was lost while the transaction committed: its outcome is unknown.
-    CommitUnknown(postgres::Error),
-}
-
-impl From<postgres::Error> for Failure {
-    fn from(e: postgres::Error) -> Self {
-        Failure::Pg(e)
-    }
-}
-
-impl Failure {
-    fn into_error(self) -> Error {
-        match self {
-            Failure::Pg(e) => Error::Db(pg_message(&e)),
-            Failure::Corrupt(m) => Error::Corrupt(m),
-            Failure::Race(m) => Error::Db(format!("lost a race with another instance: {m}")),
-            Failure::CommitUnknown(e) => {
-                Error::Db(format!("connection lost while committing; the outcome is unknown ({})", pg_message(&e)))
-            }
-        }
-    }
-
-    fn recovery(&self) -> Recovery {
-        match self {
-            Failure::Pg(e) => recovery(e),
-            Failure::Corrupt(_) => Recovery::Fail,
-            Failure::Race(_) => Recovery::Retry,
-            Failure::CommitUnknown(_) => Recovery::Fail,
-        }
-    }
-}
-
-/// The server's message (with detail) when there is one, else the driver's.
-pub(crate) fn pg_message(e: &postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => match db.detail() {
-            Some(detail) => format!("{}: {} ({detail})", db.code().code(), db.message()),
-            None => format!("{}: {}", db.code().code(), db.message()),
-        },
-        None => match std::error::Error::source(e) {
-            Some(cause) => format!("{e}: {cause}"),
-            None => e.to_string(),
-        },
-    }
-}
-
-/// A JSON value as a parameter of application SQL, converted to the type the server
-/// inferred for the parameter (numbers to integer or float columns, strings to text, any
-/// value to `json`/`jsonb`).
-#[derive(Debug)]
-pub(crate) struct JsonParam<'a>(pub(crate) &'a Value);
-
-impl ToSql for JsonParam<'_> {
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut BytesMut,
-    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        let v = self.0;
-        if v.is_null() {
-            return Ok(IsNull::Yes);
-        }
-        let mismatch = || format!("cannot pass JSON value {v} as a parameter of type {ty}");
-        match *ty {
-            Type::BOOL => v.as_bool().ok_or_else(mismatch)?.to_sql(ty, out),
-            Type::INT2 => i16::try_from(v.as_i64().ok_or_else(mismatch)?)?.to_sql(ty, out),
-            Type::INT4 => i32::try_from(v.as_i64().ok_or_else(mismatch)?)?.to_sql(ty, out),
-            Type::INT8 => v.as_i64().ok_or_else(mismatch)?.to_sql(ty, out),
-            Type::FLOAT4 => (v.as_f64().ok_or_else(mismatch)? as f32).to_sql(ty, out),
-            Type::FLOAT8 => v.as_f64().ok_or_else(mismatch)?.to_sql(ty, out),
-            Type::JSON => {
-                out.extend_from_slice(v.to_string().as_bytes());
-                Ok(IsNull::No)
-            }
-            Type::JSONB => {
-                out.extend_from_slice(&[1]);
-                out.extend_from_slice(v.to_string().as_bytes());
-                Ok(IsNull::No)
-            }
-            _ => match v {
-                Value::String(s) => s.as_str().to_sql(ty, out),
-                other => other.to_string().as_str().to_sql(ty, out),
-            },
-        }
-    }
-
-    fn accepts(ty: &Type) -> bool {
-        matches!(
-            *ty,
-            Type::BOOL
-                | Type::INT2
-                | Type::INT4
-                | Type::INT8
-                | Type::FLOAT4
-                | Type::FLOAT8
-                | Type::JSON
-                | Type::JSONB
-                | Type::TEXT
-                | Type::VARCHAR
-                | Type::BPCHAR
-                | Type::NAME
-                | Type::UNKNOWN
-        )
-    }
-
-    to_sql_checked!();
-}
 
 /// Reader connections kept per handle (and readers running at once).
 const READERS: usize = 8;
@@ -226,90 +100,6 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
-/// The writer thread's connection, reconnected on demand.
-struct Writer {
-    target: Target,
-    conn: Option<WriterConn>,
-}
-
-impl Writer {
-    /// The connection, connecting (with backoff) if there is none.
-    fn conn(&mut self, backoff: &mut Backoff) -> Result<&mut WriterConn> {
-        while self.conn.as_ref().is_none_or(WriterConn::is_closed) {
-            match WriterConn::connect(&self.target) {
-                Ok(c) => {
-                    if backoff.attempts() > 0 {
-                        tracing::warn!(attempts = backoff.attempts(), "store writer reconnected to PostgreSQL");
-                    }
-                    self.conn = Some(c);
-                }
-                Err(e) => {
-                    if !backoff.wait("store writer", &pg_message(&e)) {
-                        return Err(Error::Db(format!("cannot reach PostgreSQL: {}", pg_message(&e))));
-                    }
-                }
-            }
-        }
-        Ok(self.conn.as_mut().expect("connected above"))
-    }
-}
-
-/// Runs `body` in a transaction on the writer's connection (committed after it, unless it
-/// committed itself, as a batch's finish does), retrying the whole transaction on a lost
-/// connection or a lost race. `now` is refreshed on a retry after a reconnection (the
-/// batch's times were taken before the outage).
-fn transact<T>(
-    w: &mut Writer,
-    what: &str,
-    mut body: impl FnMut(&mut WriterConn, bool) -> std::result::Result<T, Failure>,
-) -> Result<T> {
-    let mut backoff = Backoff::new();
-    let mut reconnected = false;
-    loop {
-        let c = w.conn(&mut backoff)?;
-        c.begin();
-        let attempt = body(c, reconnected);
-        let failure = match attempt {
-            Ok(out) if !c.in_txn() => return Ok(out),
-            Ok(out) => match c.batch("COMMIT") {
-                Ok(()) => return Ok(out),
-                Err(e) if recovery(&e) == Recovery::Reconnect => Failure::CommitUnknown(e),
-                Err(e) => Failure::Pg(e),
-            },
-            Err(f) => f,
-        };
-        if let Failure::CommitUnknown(e) = &failure {
-            w.conn = None;
-            return Err(Error::Db(format!(
-                "{what}: connection to PostgreSQL lost while committing; the outcome is unknown ({})",
-                pg_message(e)
-            )));
-        }
-        match failure.recovery() {
-            Recovery::Reconnect => {
-                w.conn = None;
-                reconnected = true;
-                if !backoff.wait(what, &format!("{failure:?}")) {
-                    return Err(failure.into_error());
-                }
-            }
-            Recovery::Retry => {
-                let _ = c.batch("ROLLBACK");
-                tracing::debug!(error = ?failure, "{what}: transaction lost a race; retrying");
-                if !backoff.wait(what, &format!("{failure:?}")) {
-                    return Err(failure.into_error());
-                }
-            }
-            Recovery::Fail => {
-                if c.batch("ROLLBACK").is_err() {
-                    w.conn = None;
-                }
-                return Err(failure.into_error());
-            }
-        }
-    }
-}
-
 impl PgStore {
     /// Connects to the database at `url` for an engine (or any writer): creates the schema
     /// if the URL names one, runs pending migrations (serialised between instances by an
@@ -324,8 +114,8 @@ impl PgStore {
     fn open_here(url: &str) -> Result<Self> {
         let target = Target::parse(url)?;
         let open_err = |message: String| Error::Open { path: target.display.clone(), message };
-        let mut conn = Self::first_connection(&target, true)?;
-        migrate(&mut conn).map_err(|e| match e {
+        let mut conn = schema::first_connection(&target, true)?;
+        schema::migrate(&mut conn).map_err(|e| match e {
             Error::Db(m) => open_err(m),
             other => other,
         })?;
@@ -347,8 +137,8 @@ impl PgStore {
 
     fn open_read_only_here(url: &str) -> Result<Self> {
         let target = Target::parse(url)?;
-        let mut conn = Self::first_connection(&target, false)?;
-        let version = schema_version(&mut conn)
+        let mut conn = schema::first_connection(&target, false)?;
+        let version = schema::schema_version(&mut conn)
             .map_err(|e| Error::Open { path: target.display.clone(), message: pg_message(&e) })?;
         if version == 0 {
             return Err(Error::Open { path: target.display.clone(), message: "not a settle database".into() });
@@ -380,26 +170,6 @@ impl PgStore {
         }
     }
 
-    fn first_connection(target: &Target, create_schema: bool) -> Result<Conn> {
-        let open_err = |message: String| Error::Open { path: target.display.clone(), message };
-        if create_schema && let Some(ident) = target.schema_ident() {
-            let mut plain =
-                Target { schema: None, ..target.clone() }.connect().map_err(|e| open_err(pg_message(&e)))?;
-            // Instances starting together on a new schema would race in `CREATE SCHEMA IF NOT
-            // EXISTS` (a unique violation): the migrations' advisory lock serialises them.
-            let key = format!("settle-migrate:{}", target.schema.as_deref().unwrap_or_default());
-            let create = |c: &mut Conn| -> std::result::Result<(), postgres::Error> {
-                c.batch("BEGIN")?;
-                c.exec("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])?;
-                // The name was validated when the URL was parsed; identifiers cannot be parameters.
-                c.batch(&format!("CREATE SCHEMA IF NOT EXISTS {ident}"))?;
-                c.batch("COMMIT")
-            };
-            create(&mut plain).map_err(|e| open_err(pg_message(&e)))?;
-        }
-        target.connect().map_err(|e| open_err(pg_message(&e)))
-    }
-
     /// The URL, password hidden.
     pub fn url(&self) -> &str {
         &self.inner.target.display
@@ -415,86 +185,6 @@ impl PgStore {
     /// The schema Settle's tables are in, if the URL named one.
     pub fn schema(&self) -> Option<&str> {
         self.inner.target.schema.as_deref()
-    }
-
-    /// A dedicated connection that `LISTEN`s for other handles' notifications: wake-ups
-    /// (work to claim) wake this handle's engine; entity changes, listened to once
-    /// something waits on them ([`Store::changes`]), go to the change subscribers. It
-    /// reconnects with backoff and then wakes the engine and tells the subscribers that
-    /// changes may have been missed (notifications sent meanwhile are lost).
-    fn start_listener(&self) -> Result<()> {
-        let target = self.inner.target.clone();
-        let wake = self.inner.wake.clone();
-        let changes = self.inner.changes.clone();
-        let want_changes = self.inner.want_changes.clone();
-        let stop = self.inner.stop.clone();
-        let me = self.inner.me.clone();
-        let (channel, changes_channel) = (self.inner.channel.clone(), self.inner.changes_channel.clone());
-        std::thread::Builder::new()
-            .name("settle-pg-listen".into())
-            .spawn(move || {
-                let mut backoff = Backoff::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let mut conn = match target.connect() {
-                        Ok(c) => c,
-                        Err(e) => {
-                            backoff.wait("notification listener", &pg_message(&e));
-                            continue;
-                        }
-                    };
-                    // A channel name is an identifier; it is built from the validated schema.
-                    if let Err(e) = conn.batch(&format!("LISTEN \"{channel}\"")) {
-                        backoff.wait("notification listener", &pg_message(&e));
-                        continue;
-                    }
-                    backoff = Backoff::new();
-                    // Whatever was told while nobody listened is lost: look again.
-                    wake.notify_one();
-                    let mut listening_changes = false;
-                    while !stop.load(Ordering::Relaxed) {
-                        if !listening_changes && want_changes.load(Ordering::Acquire) {
-                            if conn.batch(&format!("LISTEN \"{changes_channel}\"")).is_err() {
-                                break;
-                            }
-                            listening_changes = true;
-                            // Changes before this LISTEN were not heard: waiters look again.
-                            let _ = changes.send(Changes::Lost);
-                        }
-                        // Short waits while nothing is heard, so that a first waiter's LISTEN
-                        // follows within a tenth of a second.
-                        let next = conn.client.notifications().timeout_iter(Duration::from_millis(100)).next();
-                        match next {
-                            Ok(Some(n)) if n.channel() == changes_channel => {
-                                match crate::changes::decode(n.payload()) {
-                                    Some((sender, _)) if sender == me => {}
-                                    // No receiver is fine: nobody waits any more.
-                                    Some((_, changed)) => {
-                                        let _ = changes.send(Changes::Entities(changed.into()));
-                                    }
-                                    None => {
-                                        tracing::warn!(payload = n.payload(), "unreadable change notification");
-                                        let _ = changes.send(Changes::Lost);
-                                    }
-                                }
-                            }
-                            Ok(Some(n)) => {
-                                if crate::changes::sender(n.payload()) != me {
-                                    wake.notify_one();
-                                }
-                            }
-                            // A timeout: notice a dead connection, which yields no error here.
-                            Ok(None) if conn.client.is_closed() => break,
-                            Ok(None) => {}
-                            Err(_) => break,
-                        }
-                    }
-                    if listening_changes {
-                        let _ = changes.send(Changes::Lost);
-                    }
-                }
-            })
-            .map_err(|e| Error::Open { path: self.inner.target.display.clone(), message: e.to_string() })?;
-        Ok(())
     }
 
     async fn on_writer<T: Send + 'static>(
@@ -577,44 +267,6 @@ fn uuid_like() -> String {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
     format!("{:016x}", h.finish())
-}
-
-fn schema_version(c: &mut Conn) -> std::result::Result<i64, postgres::Error> {
-    let exists: bool = c.one("SELECT to_regclass('settle_schema') IS NOT NULL", &[])?.try_get(0)?;
-    if !exists {
-        return Ok(0);
-    }
-    c.one("SELECT COALESCE(MAX(version), 0) FROM settle_schema", &[])?.try_get(0)
-}
-
-/// Applies pending migrations in one transaction, under an advisory lock per schema so
-/// that instances starting together do not race.
-fn migrate(c: &mut Conn) -> Result<()> {
-    let run = |c: &mut Conn| -> std::result::Result<Option<Error>, postgres::Error> {
-        c.batch("BEGIN")?;
-        c.exec("SELECT pg_advisory_xact_lock(hashtext('settle-migrate:' || current_schema()))", &[])?;
-        c.batch("CREATE TABLE IF NOT EXISTS settle_schema (version BIGINT NOT NULL, applied_at BIGINT NOT NULL)")?;
-        let current: i64 = c.one("SELECT COALESCE(MAX(version), 0) FROM settle_schema", &[])?.try_get(0)?;
-        let newest = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
-        if current > newest {
-            c.batch("ROLLBACK")?;
-            return Ok(Some(Error::SchemaTooNew { found: current, supported: newest }));
-        }
-        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
-            c.batch(sql)?;
-            c.exec(
-                "INSERT INTO settle_schema (version, applied_at) VALUES ($1, $2)",
-                &[version, &crate::clock::now_ms()],
-            )?;
-        }
-        c.batch("COMMIT")?;
-        Ok(None)
-    };
-    match run(c) {
-        Ok(None) => Ok(()),
-        Ok(Some(e)) => Err(e),
-        Err(e) => Err(Error::Db(format!("migration failed: {}", pg_message(&e)))),
-    }
 }
 
 impl Store for PgStore {

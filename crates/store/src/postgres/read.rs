@@ -3,8 +3,7 @@
 use postgres::Row;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, StateName};
 
-use super::Failure;
-use super::conn::Conn;
+use super::conn::{Conn, Failure};
 use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS};
 use crate::{
     AgentTask, EntityCount, EntityFilter, EntityRow, ErrorStats, EventRow, HistoryKind, HistoryRow, InboxItem,

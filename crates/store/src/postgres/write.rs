@@ -3,7 +3,7 @@
 //! definition upgrades and lease reclaiming. The plan's set-based writes (and timer firing)
 //! are in `dialect.rs`.
 
-use super::Failure;
+use super::conn::Failure;
 use super::read::{entity_from_row, task_from_row};
 use super::writer::WriterConn as Conn;
 use crate::plan::Other;

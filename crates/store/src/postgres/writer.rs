@@ -10,22 +10,12 @@ use futures_util::future::{try_join, try_join_all};
 use postgres::types::ToSql;
 use postgres::{NoTls, Row, Statement};
 
-use super::conn::{Params, Recovery, Target, recovery};
+use super::conn::{Backoff, Failure, Params, Recovery, Target, pg_message, recovery};
+use super::stmt::{JsonParam, Stmt};
+use crate::{Error, Result};
 
 /// One statement of a pipeline: its SQL and parameters.
 pub(crate) type Item<'a> = (&'a str, Params<'a>);
-
-/// A statement with owned parameters, to be sent with others.
-pub(crate) struct Stmt {
-    pub(crate) sql: String,
-    pub(crate) params: Vec<Box<dyn ToSql + Sync + Send>>,
-}
-
-impl Stmt {
-    pub(crate) fn new(sql: impl Into<String>, params: Vec<Box<dyn ToSql + Sync + Send>>) -> Stmt {
-        Stmt { sql: sql.into(), params }
-    }
-}
 
 /// Borrows statements as pipeline items.
 fn with_items<T>(stmts: &[Stmt], f: impl FnOnce(&[Item<'_>]) -> T) -> T {
@@ -206,8 +196,92 @@ impl WriterConn {
 
     /// Runs an application statement with parameters converted by the server's types.
     pub(crate) fn exec_dynamic(&mut self, sql: &str, params: &[serde_json::Value]) -> Result<u64, postgres::Error> {
-        let values: Vec<super::JsonParam<'_>> = params.iter().map(super::JsonParam).collect();
+        let values: Vec<JsonParam<'_>> = params.iter().map(JsonParam).collect();
         let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
         self.exec(sql, &refs)
+    }
+}
+
+/// The writer thread's connection, reconnected on demand.
+pub(super) struct Writer {
+    pub(super) target: Target,
+    pub(super) conn: Option<WriterConn>,
+}
+
+impl Writer {
+    /// The connection, connecting (with backoff) if there is none.
+    fn conn(&mut self, backoff: &mut Backoff) -> Result<&mut WriterConn> {
+        while self.conn.as_ref().is_none_or(WriterConn::is_closed) {
+            match WriterConn::connect(&self.target) {
+                Ok(c) => {
+                    if backoff.attempts() > 0 {
+                        tracing::warn!(attempts = backoff.attempts(), "store writer reconnected to PostgreSQL");
+                    }
+                    self.conn = Some(c);
+                }
+                Err(e) => {
+                    if !backoff.wait("store writer", &pg_message(&e)) {
+                        return Err(Error::Db(format!("cannot reach PostgreSQL: {}", pg_message(&e))));
+                    }
+                }
+            }
+        }
+        Ok(self.conn.as_mut().expect("connected above"))
+    }
+}
+
+/// Runs `body` in a transaction on the writer's connection (committed after it, unless it
+/// committed itself, as a batch's finish does), retrying the whole transaction on a lost
+/// connection or a lost race. `now` is refreshed on a retry after a reconnection (the
+/// batch's times were taken before the outage).
+pub(super) fn transact<T>(
+    w: &mut Writer,
+    what: &str,
+    mut body: impl FnMut(&mut WriterConn, bool) -> std::result::Result<T, Failure>,
+) -> Result<T> {
+    let mut backoff = Backoff::new();
+    let mut reconnected = false;
+    loop {
+        let c = w.conn(&mut backoff)?;
+        c.begin();
+        let attempt = body(c, reconnected);
+        let failure = match attempt {
+            Ok(out) if !c.in_txn() => return Ok(out),
+            Ok(out) => match c.batch("COMMIT") {
+                Ok(()) => return Ok(out),
+                Err(e) if recovery(&e) == Recovery::Reconnect => Failure::CommitUnknown(e),
+                Err(e) => Failure::Pg(e),
+            },
+            Err(f) => f,
+        };
+        if let Failure::CommitUnknown(e) = &failure {
+            w.conn = None;
+            return Err(Error::Db(format!(
+                "{what}: connection to PostgreSQL lost while committing; the outcome is unknown ({})",
+                pg_message(e)
+            )));
+        }
+        match failure.recovery() {
+            Recovery::Reconnect => {
+                w.conn = None;
+                reconnected = true;
+                if !backoff.wait(what, &format!("{failure:?}")) {
+                    return Err(failure.into_error());
+                }
+            }
+            Recovery::Retry => {
+                let _ = c.batch("ROLLBACK");
+                tracing::debug!(error = ?failure, "{what}: transaction lost a race; retrying");
+                if !backoff.wait(what, &format!("{failure:?}")) {
+                    return Err(failure.into_error());
+                }
+            }
+            Recovery::Fail => {
+                if c.batch("ROLLBACK").is_err() {
+                    w.conn = None;
+                }
+                return Err(failure.into_error());
+            }
+        }
     }
 }

@@ -1,0 +1,74 @@
+//! The PostgreSQL schema: the schema a URL names (created if missing) and the migrations
+//! (`migrations/postgres`), applied in one transaction, serialised between instances that
+//! start together by an advisory lock; the version kept in `settle_schema`.
+
+use super::conn::{Conn, Target, pg_message};
+use crate::{Error, Result};
+
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/postgres/0001_core.sql")),
+    (2, include_str!("../../migrations/postgres/0002_workflows.sql")),
+    (3, include_str!("../../migrations/postgres/0003_operate.sql")),
+    (4, include_str!("../../migrations/postgres/0004_agents.sql")),
+    (5, include_str!("../../migrations/postgres/0005_write_path.sql")),
+];
+
+/// The first connection of a handle: to the schema the URL names, created first if
+/// `create_schema`.
+pub(super) fn first_connection(target: &Target, create_schema: bool) -> Result<Conn> {
+    let open_err = |message: String| Error::Open { path: target.display.clone(), message };
+    if create_schema && let Some(ident) = target.schema_ident() {
+        let mut plain = Target { schema: None, ..target.clone() }.connect().map_err(|e| open_err(pg_message(&e)))?;
+        // Instances starting together on a new schema would race in `CREATE SCHEMA IF NOT
+        // EXISTS` (a unique violation): the migrations' advisory lock serialises them.
+        let key = format!("settle-migrate:{}", target.schema.as_deref().unwrap_or_default());
+        let create = |c: &mut Conn| -> std::result::Result<(), postgres::Error> {
+            c.batch("BEGIN")?;
+            c.exec("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])?;
+            // The name was validated when the URL was parsed; identifiers cannot be parameters.
+            c.batch(&format!("CREATE SCHEMA IF NOT EXISTS {ident}"))?;
+            c.batch("COMMIT")
+        };
+        create(&mut plain).map_err(|e| open_err(pg_message(&e)))?;
+    }
+    target.connect().map_err(|e| open_err(pg_message(&e)))
+}
+
+/// The version of the schema (0: none, not a Settle database).
+pub(super) fn schema_version(c: &mut Conn) -> std::result::Result<i64, postgres::Error> {
+    let exists: bool = c.one("SELECT to_regclass('settle_schema') IS NOT NULL", &[])?.try_get(0)?;
+    if !exists {
+        return Ok(0);
+    }
+    c.one("SELECT COALESCE(MAX(version), 0) FROM settle_schema", &[])?.try_get(0)
+}
+
+/// Applies pending migrations in one transaction, under an advisory lock per schema so
+/// that instances starting together do not race.
+pub(super) fn migrate(c: &mut Conn) -> Result<()> {
+    let run = |c: &mut Conn| -> std::result::Result<Option<Error>, postgres::Error> {
+        c.batch("BEGIN")?;
+        c.exec("SELECT pg_advisory_xact_lock(hashtext('settle-migrate:' || current_schema()))", &[])?;
+        c.batch("CREATE TABLE IF NOT EXISTS settle_schema (version BIGINT NOT NULL, applied_at BIGINT NOT NULL)")?;
+        let current: i64 = c.one("SELECT COALESCE(MAX(version), 0) FROM settle_schema", &[])?.try_get(0)?;
+        let newest = MIGRATIONS.last().map(|m| m.0).unwrap_or(0);
+        if current > newest {
+            c.batch("ROLLBACK")?;
+            return Ok(Some(Error::SchemaTooNew { found: current, supported: newest }));
+        }
+        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+            c.batch(sql)?;
+            c.exec(
+                "INSERT INTO settle_schema (version, applied_at) VALUES ($1, $2)",
+                &[version, &crate::clock::now_ms()],
+            )?;
+        }
+        c.batch("COMMIT")?;
+        Ok(None)
+    };
+    match run(c) {
+        Ok(None) => Ok(()),
+        Ok(Some(e)) => Err(e),
+        Err(e) => Err(Error::Db(format!("migration failed: {}", pg_message(&e)))),
+    }
+}
