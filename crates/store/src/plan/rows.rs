@@ -108,7 +108,55 @@ pub(crate) const CURRENT_COLS: &str = "id, machine, key, state, version, retry, 
      lease_owner, lease_until, request_id, timer_at, run_status, sleep_until, busy, event_id, ordinal, \
      has_predecessors, machine_hash";
 
+/// A row of a backend's driver, read by column index: what decoding a [`Current`] needs,
+/// so that its columns ([`CURRENT_COLS`]) are read in one place for both backends.
+pub(crate) trait Columns {
+    /// The driver's failure to read a column.
+    type Error;
+    /// An integer column.
+    fn int(&self, col: usize) -> Result<i64, Self::Error>;
+    /// An integer column that may be null.
+    fn opt_int(&self, col: usize) -> Result<Option<i64>, Self::Error>;
+    /// A text column.
+    fn text(&self, col: usize) -> Result<String, Self::Error>;
+    /// A text column that may be null.
+    fn opt_text(&self, col: usize) -> Result<Option<String>, Self::Error>;
+    /// A boolean column.
+    fn flag(&self, col: usize) -> Result<bool, Self::Error>;
+    /// `f` of a text column, borrowed.
+    fn with_text<T>(&self, col: usize, f: impl FnOnce(&str) -> T) -> Result<T, Self::Error>;
+    /// A column that holds what no row may hold.
+    fn corrupt(col: usize, message: String) -> Self::Error;
+}
+
 impl Current {
+    /// Decodes the columns of `SELECT {CURRENT_COLS}`.
+    pub(crate) fn from_columns<C: Columns>(r: &C) -> Result<Current, C::Error> {
+        let run_status = r.with_text(13, |s| RunStatus::parse(s).ok_or_else(|| format!("unknown run status `{s}`")))?;
+        Ok(Current {
+            id: r.int(0)?,
+            machine: r.text(1)?,
+            key: r.text(2)?,
+            state: r.text(3)?,
+            version: r.int(4)?,
+            retry: r.int(5)?,
+            entered_at: r.int(6)?,
+            auto_at: r.opt_int(7)?,
+            due_at: r.opt_int(8)?,
+            lease_owner: r.opt_text(9)?,
+            lease_until: r.opt_int(10)?,
+            request_id: r.opt_text(11)?,
+            timer_at: r.opt_int(12)?,
+            run_status: run_status.map_err(|m| C::corrupt(13, m))?,
+            sleep_until: r.opt_int(14)?,
+            busy: r.flag(15)?,
+            event_id: r.opt_int(16)?,
+            ordinal: r.int(17)?,
+            has_predecessors: r.flag(18)?,
+            machine_hash: r.opt_text(19)?,
+        })
+    }
+
     /// When the entity is next due, from its columns: never while paused, parked or
     /// killed; at the end of a sleep or backoff; at its lease expiry while leased; now if
     /// its inbox holds events; else at its auto action or first timer. This is the one

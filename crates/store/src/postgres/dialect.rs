@@ -22,7 +22,7 @@ use super::writer::{CommitError, WriterConn};
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, Other, ReadSet, Reads, Writes};
 use crate::sql::ENTITY_COLS;
-use crate::{Claimed, Millis, Op, OpError, RunStatus, SqlStatement};
+use crate::{Claimed, Millis, Op, OpError, SqlStatement};
 
 type R<T> = std::result::Result<T, Failure>;
 
@@ -42,31 +42,29 @@ pub(crate) struct Tx<'a> {
 
 const INBOX_COLS: &str = "i.id, i.entity_id, i.event, i.params, i.request_id, i.created_at, i.kind";
 
-fn current_from_row(r: &Row) -> R<Current> {
-    let status: &str = r.try_get(13)?;
-    Ok(Current {
-        id: r.try_get(0)?,
-        machine: r.try_get(1)?,
-        key: r.try_get(2)?,
-        state: r.try_get(3)?,
-        version: r.try_get(4)?,
-        retry: r.try_get(5)?,
-        entered_at: r.try_get(6)?,
-        auto_at: r.try_get(7)?,
-        due_at: r.try_get(8)?,
-        lease_owner: r.try_get(9)?,
-        lease_until: r.try_get(10)?,
-        request_id: r.try_get(11)?,
-        timer_at: r.try_get(12)?,
-        run_status: RunStatus::parse(status)
-            .ok_or_else(|| Failure::Corrupt(format!("unknown run status `{status}`")))?,
-        sleep_until: r.try_get(14)?,
-        busy: r.try_get(15)?,
-        event_id: r.try_get(16)?,
-        ordinal: r.try_get(17)?,
-        has_predecessors: r.try_get(18)?,
-        machine_hash: r.try_get(19)?,
-    })
+impl Columns for Row {
+    type Error = Failure;
+    fn int(&self, col: usize) -> R<i64> {
+        Ok(self.try_get(col)?)
+    }
+    fn opt_int(&self, col: usize) -> R<Option<i64>> {
+        Ok(self.try_get(col)?)
+    }
+    fn text(&self, col: usize) -> R<String> {
+        Ok(self.try_get(col)?)
+    }
+    fn opt_text(&self, col: usize) -> R<Option<String>> {
+        Ok(self.try_get(col)?)
+    }
+    fn flag(&self, col: usize) -> R<bool> {
+        Ok(self.try_get(col)?)
+    }
+    fn with_text<T>(&self, col: usize, f: impl FnOnce(&str) -> T) -> R<T> {
+        Ok(f(self.try_get(col)?))
+    }
+    fn corrupt(_col: usize, message: String) -> Failure {
+        Failure::Corrupt(message)
+    }
 }
 
 /// The ids an insert returned, in the order of its rows; each row's returned entity id
@@ -177,7 +175,7 @@ impl Dialect for Tx<'_> {
         });
         let rows = self.c.send(&p.0)?;
         let mut out =
-            ReadSet { rows: rows[lock].iter().map(current_from_row).collect::<R<_>>()?, ..ReadSet::default() };
+            ReadSet { rows: rows[lock].iter().map(Current::from_columns).collect::<R<_>>()?, ..ReadSet::default() };
         if let Some(i) = edges {
             out.edges = rows[i].iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<R<_>>()?;
         }

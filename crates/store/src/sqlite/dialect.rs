@@ -13,37 +13,39 @@ use super::read::{INBOX_COLS, inbox_from_row, timer_from_row};
 use super::write;
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, Other, ReadSet, Reads, Writes};
-use crate::{Claimed, InboxItem, Millis, Op, OpError, RunStatus, SqlStatement, TimerRow};
+use crate::{Claimed, InboxItem, Millis, Op, OpError, SqlStatement, TimerRow};
 
 /// The writer's connection inside a batch's transaction, as the plan's [`Dialect`], and
 /// whether any agent task may be open (see `Inner::tasks_open`).
 pub(crate) struct Tx<'a>(pub(crate) &'a Connection, pub(crate) &'a AtomicBool);
 
+impl Columns for rusqlite::Row<'_> {
+    type Error = rusqlite::Error;
+    fn int(&self, col: usize) -> rusqlite::Result<i64> {
+        self.get(col)
+    }
+    fn opt_int(&self, col: usize) -> rusqlite::Result<Option<i64>> {
+        self.get(col)
+    }
+    fn text(&self, col: usize) -> rusqlite::Result<String> {
+        self.get(col)
+    }
+    fn opt_text(&self, col: usize) -> rusqlite::Result<Option<String>> {
+        self.get(col)
+    }
+    fn flag(&self, col: usize) -> rusqlite::Result<bool> {
+        self.get(col)
+    }
+    fn with_text<T>(&self, col: usize, f: impl FnOnce(&str) -> T) -> rusqlite::Result<T> {
+        Ok(f(self.get_ref(col)?.as_str()?))
+    }
+    fn corrupt(col: usize, message: String) -> rusqlite::Error {
+        super::read::conversion(col, message)
+    }
+}
+
 fn current_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Current> {
-    let status = r.get_ref(13)?.as_str()?;
-    Ok(Current {
-        id: r.get(0)?,
-        machine: r.get(1)?,
-        key: r.get(2)?,
-        state: r.get(3)?,
-        version: r.get(4)?,
-        retry: r.get(5)?,
-        entered_at: r.get(6)?,
-        auto_at: r.get(7)?,
-        due_at: r.get(8)?,
-        lease_owner: r.get(9)?,
-        lease_until: r.get(10)?,
-        request_id: r.get(11)?,
-        timer_at: r.get(12)?,
-        run_status: RunStatus::parse(status)
-            .ok_or_else(|| super::read::conversion(13, format!("unknown run status `{status}`")))?,
-        sleep_until: r.get(14)?,
-        busy: r.get(15)?,
-        event_id: r.get(16)?,
-        ordinal: r.get(17)?,
-        has_predecessors: r.get(18)?,
-        machine_hash: r.get(19)?,
-    })
+    Current::from_columns(r)
 }
 
 impl Tx<'_> {
