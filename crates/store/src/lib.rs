@@ -15,6 +15,7 @@ mod changes;
 pub mod clock;
 #[cfg(feature = "testing")]
 pub mod conformance;
+mod connections;
 mod entity;
 mod history;
 mod inbox;

@@ -1,6 +1,5 @@
 //! What the SQL backends share besides the batch plan: column lists (both schemas have the
-//! same columns in the same order), JSON text encoding, agent task refusals, and the
-//! writer thread.
+//! same columns in the same order), JSON text encoding, agent task refusals.
 
 use settle_core::{EntityKey, EventName, MachineName};
 
@@ -68,41 +67,4 @@ pub(crate) fn report_push(machine: String, key: String, report: &AgentReport, re
 /// JSON stored as text (properties, params, fired events, recent errors, dimensions).
 pub(crate) fn json_text(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v).expect("JSON values serialize")
-}
-
-type Job<C> = Box<dyn FnOnce(&mut C) + Send>;
-
-/// A thread that owns a backend's write connection (`C`) and runs jobs on it one at a
-/// time: the single writer both SQL stores are built around.
-pub(crate) struct WriterThread<C> {
-    jobs: std::sync::Mutex<std::sync::mpsc::Sender<Job<C>>>,
-}
-
-impl<C: 'static> WriterThread<C> {
-    /// Starts the thread `name`, moving `conn` onto it.
-    pub(crate) fn spawn(name: &str, mut conn: C) -> std::io::Result<Self>
-    where
-        C: Send,
-    {
-        let (tx, rx) = std::sync::mpsc::channel::<Job<C>>();
-        std::thread::Builder::new().name(name.into()).spawn(move || {
-            while let Ok(job) = rx.recv() {
-                job(&mut conn);
-            }
-        })?;
-        Ok(WriterThread { jobs: std::sync::Mutex::new(tx) })
-    }
-
-    /// Runs `f` on the writer's connection and waits for its result.
-    pub(crate) async fn run<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut C) -> crate::Result<T> + Send + 'static,
-    ) -> crate::Result<T> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let job: Job<C> = Box::new(move |conn| {
-            let _ = tx.send(f(conn));
-        });
-        self.jobs.lock().expect("writer sender lock").send(job).map_err(|_| crate::Error::Closed)?;
-        rx.await.map_err(|_| crate::Error::Closed)?
-    }
 }

@@ -32,22 +32,19 @@ mod stmt;
 mod write;
 mod writer;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
 use self::conn::{Backoff, Conn, Failure, Recovery, Target, pg_message};
 use self::writer::{Writer, WriterConn, transact};
 use crate::changes::Changes;
-use crate::sql::WriterThread;
+use crate::connections::{ReaderPool, WriterThread};
 use crate::{
     AgentTask, Batch, BatchResult, EntityFilter, EntityRow, Error, EventRow, HistoryRow, InboxItem, MachineRecord,
     MetricsSnapshot, Millis, OperationRow, Result, Stats, Store, SuccessorSnapshot, TaskFilter, TimerRow,
 };
-
-/// Reader connections kept per handle (and readers running at once).
-const READERS: usize = 8;
 
 /// The PostgreSQL implementation of [`Store`]. Cheap to clone; clones share the writer,
 /// the reader pool and the wake-up listener.
@@ -59,10 +56,7 @@ pub struct PgStore {
 struct Inner {
     target: Target,
     writer: Option<WriterThread<Writer>>,
-    readers: Mutex<Vec<Conn>>,
-    /// One permit per reader connection: readers beyond the pool wait for a connection
-    /// rather than connect anew each time.
-    read_slots: Arc<tokio::sync::Semaphore>,
+    readers: ReaderPool<Conn>,
     wake: Arc<Notify>,
     /// Entities other processes changed, for waiters in this one.
     changes: tokio::sync::broadcast::Sender<Changes>,
@@ -87,7 +81,7 @@ impl Drop for Inner {
         self.stop.store(true, Ordering::Relaxed);
         // Closing a connection blocks on the driver's own runtime, which may not run inside
         // another (the last handle is often dropped on an async task): close them aside.
-        let readers = std::mem::take(self.readers.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let readers = self.readers.drain();
         if !readers.is_empty() {
             let _ = std::thread::Builder::new().name("settle-pg-close".into()).spawn(move || drop(readers));
         }
@@ -144,7 +138,7 @@ impl PgStore {
             return Err(Error::Open { path: target.display.clone(), message: "not a settle database".into() });
         }
         let store = Self::handle(target, None);
-        store.put_reader(conn);
+        store.inner.readers.put(conn);
         Ok(store)
     }
 
@@ -155,8 +149,7 @@ impl PgStore {
             inner: Arc::new(Inner {
                 target,
                 writer,
-                readers: Mutex::new(Vec::new()),
-                read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
+                readers: ReaderPool::new(),
                 wake: Arc::new(Notify::new()),
                 changes: tokio::sync::broadcast::channel(4096).0,
                 me: format!("{}-{}", std::process::id(), uuid_like()),
@@ -191,68 +184,57 @@ impl PgStore {
         &self,
         f: impl FnOnce(&mut Writer) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let Some(writer) = &self.inner.writer else {
-            return Err(Error::Db("store opened read-only".into()));
-        };
-        writer.run(f).await
+        WriterThread::run_on(self.inner.writer.as_ref(), f).await
     }
 
-    fn put_reader(&self, conn: Conn) {
-        let mut pool = self.inner.readers.lock().expect("reader pool lock");
-        if pool.len() < READERS {
-            pool.push(conn);
-        }
-    }
-
-    /// Runs `f` on a pooled connection on a blocking thread, reconnecting (with backoff)
-    /// if the connection is gone.
+    /// Runs `f` on a pooled connection on a blocking thread (see [`PgStore::read`]).
     async fn on_reader<T: Send + 'static>(
         &self,
         f: impl Fn(&mut Conn) -> std::result::Result<T, Failure> + Send + 'static,
     ) -> Result<T> {
         let this = self.clone();
-        let permit = self.inner.read_slots.clone().acquire_owned().await.map_err(|_| Error::Closed)?;
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let mut backoff = Backoff::new();
-            loop {
-                let pooled = this.inner.readers.lock().expect("reader pool lock").pop();
-                let mut conn = match pooled {
-                    Some(c) if !c.client.is_closed() => c,
-                    _ => match this.inner.target.connect() {
-                        Ok(c) => c,
-                        Err(e) => {
-                            if !backoff.wait("store reader", &pg_message(&e)) {
-                                return Err(Error::Db(format!("cannot reach PostgreSQL: {}", pg_message(&e))));
-                            }
-                            continue;
+        self.inner.readers.run(move || this.read(f)).await
+    }
+
+    /// Runs `f` on a pooled connection, reconnecting (with backoff) if the connection is
+    /// gone, and again after a lost race.
+    fn read<T>(&self, f: impl Fn(&mut Conn) -> std::result::Result<T, Failure>) -> Result<T> {
+        let mut backoff = Backoff::new();
+        loop {
+            let pooled = self.inner.readers.take();
+            let mut conn = match pooled {
+                Some(c) if !c.client.is_closed() => c,
+                _ => match self.inner.target.connect() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        if !backoff.wait("store reader", &pg_message(&e)) {
+                            return Err(Error::Db(format!("cannot reach PostgreSQL: {}", pg_message(&e))));
                         }
-                    },
-                };
-                match f(&mut conn) {
-                    Ok(out) => {
-                        this.put_reader(conn);
-                        return Ok(out);
+                        continue;
                     }
-                    Err(failure) => match failure.recovery() {
-                        Recovery::Reconnect | Recovery::Retry => {
-                            if !backoff.wait("store reader", &format!("{failure:?}")) {
-                                return Err(failure.into_error());
-                            }
-                        }
-                        Recovery::Fail => {
-                            // Leave no transaction open on a pooled connection.
-                            if conn.batch("ROLLBACK").is_ok() {
-                                this.put_reader(conn);
-                            }
+                },
+            };
+            match f(&mut conn) {
+                Ok(out) => {
+                    self.inner.readers.put(conn);
+                    return Ok(out);
+                }
+                Err(failure) => match failure.recovery() {
+                    Recovery::Reconnect | Recovery::Retry => {
+                        if !backoff.wait("store reader", &format!("{failure:?}")) {
                             return Err(failure.into_error());
                         }
-                    },
-                }
+                    }
+                    Recovery::Fail => {
+                        // Leave no transaction open on a pooled connection.
+                        if conn.batch("ROLLBACK").is_ok() {
+                            self.inner.readers.put(conn);
+                        }
+                        return Err(failure.into_error());
+                    }
+                },
             }
-        })
-        .await
-        .map_err(|e| Error::Db(format!("reader task failed: {e}")))?
+        }
     }
 }
 

@@ -11,8 +11,8 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
 
 mod dialect;
 mod read;
@@ -23,14 +23,12 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use settle_core::MachineName;
 
 use self::read::*;
-use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS, WriterThread};
+use crate::connections::{ReaderPool, WriterThread};
+use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS};
 use crate::{
     AgentTask, Batch, BatchResult, EntityFilter, EntityRow, Error, EventRow, HistoryRow, InboxItem, MachineRecord,
     MetricsSnapshot, Millis, OperationRow, Result, Stats, Store, SuccessorSnapshot, TaskFilter, TimerRow,
 };
-
-/// Read-only connections kept for readers (and readers running at once).
-const READERS: usize = 8;
 
 /// The SQLite implementation of [`Store`]. Cheap to clone; clones share the writer.
 #[derive(Clone)]
@@ -41,10 +39,8 @@ pub struct SqliteStore {
 struct Inner {
     path: PathBuf,
     writer: Option<WriterThread<Connection>>,
-    readers: Mutex<Vec<Connection>>,
-    /// One permit per reader connection: readers beyond the pool wait for a connection
-    /// rather than open (and parse the schema of) a new one each time.
-    read_slots: Arc<tokio::sync::Semaphore>,
+    /// Read-only connections (a new one parses the schema).
+    readers: ReaderPool<Connection>,
     lock: Option<File>,
     /// Whether an agent task may be open: false until the writer offers one (or finds
     /// one open at start). This process is the file's only writer, so while it is false
@@ -112,8 +108,7 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 path,
                 writer: Some(writer),
-                readers: Mutex::new(Vec::new()),
-                read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
+                readers: ReaderPool::new(),
                 lock: Some(lock),
                 tasks_open: Arc::new(AtomicBool::new(tasks_open)),
             }),
@@ -130,15 +125,14 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 path: path.clone(),
                 writer: None,
-                readers: Mutex::new(Vec::new()),
-                read_slots: Arc::new(tokio::sync::Semaphore::new(READERS)),
+                readers: ReaderPool::new(),
                 lock: None,
                 tasks_open: Arc::new(AtomicBool::new(true)),
             }),
         };
         let conn = store.reader()?;
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(db_err)?;
-        store.put_reader(conn);
+        store.inner.readers.put(conn);
         if version == 0 {
             return Err(Error::Open { path: path.display().to_string(), message: "not a settle database".into() });
         }
@@ -154,14 +148,12 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let Some(writer) = &self.inner.writer else {
-            return Err(Error::Db("store opened read-only".into()));
-        };
-        writer.run(f).await
+        WriterThread::run_on(self.inner.writer.as_ref(), f).await
     }
 
+    /// A pooled read connection, or a new one.
     fn reader(&self) -> Result<Connection> {
-        if let Some(c) = self.inner.readers.lock().expect("reader pool lock").pop() {
+        if let Some(c) = self.inner.readers.take() {
             return Ok(c);
         }
         let conn = Connection::open_with_flags(
@@ -173,28 +165,21 @@ impl SqliteStore {
         Ok(conn)
     }
 
-    fn put_reader(&self, conn: Connection) {
-        let mut pool = self.inner.readers.lock().expect("reader pool lock");
-        if pool.len() < READERS {
-            pool.push(conn);
-        }
-    }
-
+    /// Runs `f` on a read connection, on a blocking thread.
     async fn on_reader<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let this = self.clone();
-        let permit = self.inner.read_slots.clone().acquire_owned().await.map_err(|_| Error::Closed)?;
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let conn = this.reader()?;
-            let out = f(&conn);
-            this.put_reader(conn);
-            out
-        })
-        .await
-        .map_err(|e| Error::Db(format!("reader task failed: {e}")))?
+        self.inner
+            .readers
+            .run(move || {
+                let conn = this.reader()?;
+                let out = f(&conn);
+                this.inner.readers.put(conn);
+                out
+            })
+            .await
     }
 }
 
