@@ -51,102 +51,54 @@ impl AnyStore {
     }
 }
 
+/// Implements each listed [`Store`] method by calling the same method of the backend.
 macro_rules! delegate {
-    ($self:ident, $s:ident => $call:expr) => {
-        match $self {
-            AnyStore::Sqlite($s) => $call.await,
-            AnyStore::Postgres($s) => $call.await,
-        }
+    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+        $(
+            async fn $name(&self $(, $arg: $ty)*) -> Result<$ret> {
+                match self {
+                    AnyStore::Sqlite(s) => s.$name($($arg),*).await,
+                    AnyStore::Postgres(s) => s.$name($($arg),*).await,
+                }
+            }
+        )*
     };
 }
 
 impl Store for AnyStore {
-    async fn write(&self, batch: Batch) -> Result<BatchResult> {
-        delegate!(self, s => s.write(batch))
+    delegate! {
+        fn write(&self, batch: Batch) -> BatchResult;
+        fn entity_get(&self, machine: &str, key: &str) -> Option<EntityRow>;
+        fn entity_list(&self, filter: EntityFilter) -> Vec<EntityRow>;
+        fn entity_count_by_state(&self, machine: &str) -> Vec<(String, u64)>;
+        fn entity_count_pending(&self) -> u64;
+        fn history_list(&self, entity_id: i64) -> Vec<HistoryRow>;
+        fn successor_snapshot(&self, entity_id: i64) -> SuccessorSnapshot;
+        fn timer_list(&self, entity_id: i64) -> Vec<TimerRow>;
+        fn task_list(&self, filter: TaskFilter) -> Vec<AgentTask>;
+        fn inbox_list(&self, entity_id: i64) -> Vec<InboxItem>;
+        fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> ();
+        fn machine_list(&self) -> Vec<MachineRecord>;
+        fn meta_get(&self, key: &str) -> Option<String>;
+        fn meta_put(&self, key: &str, value: &str) -> ();
+        fn sql_execute(&self, sql: &str) -> ();
+        fn operation_get(&self, request_id: &str) -> Option<OperationRow>;
+        fn operation_list(&self, outcome: Option<String>, limit: u64) -> Vec<OperationRow>;
+        fn machine_migrate(&self, machine: &str, moves: Vec<(String, String)>, hash: &str, now: Millis) -> u64;
+        fn machine_versions(&self) -> Vec<(MachineRecord, u64)>;
+        fn events_list(&self, entity_id: i64) -> Vec<EventRow>;
+        fn events_by_id(&self, ids: Vec<i64>) -> Vec<EventRow>;
+        fn entities_by_id(&self, ids: Vec<i64>) -> Vec<EntityRow>;
+        fn stats(&self, since: Option<Millis>) -> Stats;
+        fn metrics_snapshot(&self, now: Millis) -> MetricsSnapshot;
+        fn lease_release_all(&self, now: Millis) -> u64;
     }
-    async fn entity_get(&self, machine: &str, key: &str) -> Result<Option<EntityRow>> {
-        delegate!(self, s => s.entity_get(machine, key))
-    }
-    async fn entity_list(&self, filter: EntityFilter) -> Result<Vec<EntityRow>> {
-        delegate!(self, s => s.entity_list(filter))
-    }
-    async fn entity_count_by_state(&self, machine: &str) -> Result<Vec<(String, u64)>> {
-        delegate!(self, s => s.entity_count_by_state(machine))
-    }
-    async fn entity_count_pending(&self) -> Result<u64> {
-        delegate!(self, s => s.entity_count_pending())
-    }
-    async fn history_list(&self, entity_id: i64) -> Result<Vec<HistoryRow>> {
-        delegate!(self, s => s.history_list(entity_id))
-    }
-    async fn successor_snapshot(&self, entity_id: i64) -> Result<SuccessorSnapshot> {
-        delegate!(self, s => s.successor_snapshot(entity_id))
-    }
-    async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
-        delegate!(self, s => s.timer_list(entity_id))
-    }
-    async fn task_list(&self, filter: TaskFilter) -> Result<Vec<AgentTask>> {
-        delegate!(self, s => s.task_list(filter))
-    }
-    async fn inbox_list(&self, entity_id: i64) -> Result<Vec<InboxItem>> {
-        delegate!(self, s => s.inbox_list(entity_id))
-    }
-    async fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> Result<()> {
-        delegate!(self, s => s.machine_put(name, hash, definition, now))
-    }
-    async fn machine_list(&self) -> Result<Vec<MachineRecord>> {
-        delegate!(self, s => s.machine_list())
-    }
-    async fn meta_get(&self, key: &str) -> Result<Option<String>> {
-        delegate!(self, s => s.meta_get(key))
-    }
-    async fn meta_put(&self, key: &str, value: &str) -> Result<()> {
-        delegate!(self, s => s.meta_put(key, value))
-    }
-    async fn sql_execute(&self, sql: &str) -> Result<()> {
-        delegate!(self, s => s.sql_execute(sql))
-    }
-    async fn operation_get(&self, request_id: &str) -> Result<Option<OperationRow>> {
-        delegate!(self, s => s.operation_get(request_id))
-    }
-    async fn operation_list(&self, outcome: Option<String>, limit: u64) -> Result<Vec<OperationRow>> {
-        delegate!(self, s => s.operation_list(outcome, limit))
-    }
-    async fn machine_migrate(
-        &self,
-        machine: &str,
-        moves: Vec<(String, String)>,
-        hash: &str,
-        now: Millis,
-    ) -> Result<u64> {
-        delegate!(self, s => s.machine_migrate(machine, moves, hash, now))
-    }
-    async fn machine_versions(&self) -> Result<Vec<(MachineRecord, u64)>> {
-        delegate!(self, s => s.machine_versions())
-    }
-    async fn events_list(&self, entity_id: i64) -> Result<Vec<EventRow>> {
-        delegate!(self, s => s.events_list(entity_id))
-    }
-    async fn events_by_id(&self, ids: Vec<i64>) -> Result<Vec<EventRow>> {
-        delegate!(self, s => s.events_by_id(ids))
-    }
-    async fn entities_by_id(&self, ids: Vec<i64>) -> Result<Vec<EntityRow>> {
-        delegate!(self, s => s.entities_by_id(ids))
-    }
-    async fn stats(&self, since: Option<Millis>) -> Result<Stats> {
-        delegate!(self, s => s.stats(since))
-    }
-    async fn metrics_snapshot(&self, now: Millis) -> Result<MetricsSnapshot> {
-        delegate!(self, s => s.metrics_snapshot(now))
-    }
+
     fn exclusive(&self) -> bool {
         match self {
             AnyStore::Sqlite(s) => s.exclusive(),
             AnyStore::Postgres(s) => s.exclusive(),
         }
-    }
-    async fn lease_release_all(&self, now: Millis) -> Result<u64> {
-        delegate!(self, s => s.lease_release_all(now))
     }
     fn wakeup(&self) -> Option<Arc<tokio::sync::Notify>> {
         match self {
