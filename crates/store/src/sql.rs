@@ -1,9 +1,5 @@
 //! What the SQL backends share besides the batch plan: column lists (both schemas have the
-//! same columns in the same order), JSON text encoding, agent task refusals.
-
-use settle_core::{EntityKey, EventName, MachineName};
-
-use crate::{AgentReport, InboxKind, Push};
+//! same columns in the same order) and JSON text encoding.
 
 /// The columns an `EntityRow` is decoded from, in order.
 pub(crate) const ENTITY_COLS: &str = "id, machine, key, state, properties, version, retry, created_at, entered_at, \
@@ -24,45 +20,6 @@ pub(crate) const EVENT_COLS: &str = "ev.id, ev.request_id, ev.event, ev.kind, ev
 pub(crate) const TASK_COLS: &str = "t.id, t.queue, e.machine, e.key, t.entity_id, t.state, t.action, \
      t.entity_version, t.retry, e.properties, e.recent_errors, t.request_id, t.status, t.attempt, t.token, t.agent, \
      t.locked_until, t.lock_ms, t.available_at, t.created_at, t.outcome, t.error";
-
-/// Why an agent's heartbeat or report with `token` on a task in `status` is refused at
-/// `now` (`None`: it holds the lease).
-pub(crate) fn task_refusal(
-    status: &str,
-    held: Option<&str>,
-    locked_until: Option<i64>,
-    attempt: u32,
-    token: &str,
-    now: i64,
-) -> Option<String> {
-    match status {
-        "done" => Some("already reported".into()),
-        "canceled" => Some("canceled: the entity left the task's state, or was killed".into()),
-        "leased" if held != Some(token) => {
-            Some(format!("lease token superseded: the task was leased again (attempt {attempt})"))
-        }
-        "leased" if locked_until.is_none_or(|until| until <= now) => Some(format!(
-            "lease expired {} ms ago (locked_until passed); the task is offered again",
-            now - locked_until.unwrap_or(now)
-        )),
-        "leased" => None,
-        _ => Some("not leased: lease the task first".into()),
-    }
-}
-
-/// The inbox item that carries an agent's report to the task's entity.
-pub(crate) fn report_push(machine: String, key: String, report: &AgentReport, request_id: Option<String>) -> Push {
-    Push {
-        machine: MachineName::new(machine),
-        key: EntityKey::new(key),
-        event: EventName::new(InboxKind::AGENT_EVENT),
-        params: report.to_json(),
-        request_id,
-        kind: InboxKind::Agent,
-        join_from: None,
-        operation: None,
-    }
-}
 
 /// JSON stored as text (properties, params, fired events, recent errors, dimensions).
 pub(crate) fn json_text(v: &impl serde::Serialize) -> String {

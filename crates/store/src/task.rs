@@ -1,11 +1,12 @@
 //! Agent tasks (DESIGN §5): the task a commit offers ([`TaskOffer`]), the task as stored and
 //! leased ([`AgentTask`]), what an agent reports ([`TaskResult`]) and how that report reaches
-//! the entity's inbox ([`AgentReport`]), and which tasks to list ([`TaskFilter`]).
+//! the entity's inbox ([`AgentReport`]), which tasks to list ([`TaskFilter`]), and when a
+//! heartbeat or report is refused ([`refusal`], the rule both stores apply).
 
 use serde_json::Value;
-use settle_core::{ActionName, EntityKey, MachineName, Properties, StateName};
+use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
 
-use crate::Millis;
+use crate::{InboxKind, Millis, Push};
 
 /// An agent task offered by a commit (DESIGN §5): the entity's state has an agent-bound
 /// auto action. The entity then has no `auto_at` of its own; the task carries the time.
@@ -91,6 +92,16 @@ pub enum TaskResult {
     },
 }
 
+impl TaskResult {
+    /// The task's outcome as stored (`complete` or `fail`), and the error the agent reported.
+    pub(crate) fn outcome(&self) -> (&'static str, Option<&str>) {
+        match self {
+            TaskResult::Complete { .. } => ("complete", None),
+            TaskResult::Fail { error, .. } => ("fail", Some(error.as_str())),
+        }
+    }
+}
+
 /// An agent report as queued in the entity's inbox ([`InboxKind::Agent`](crate::InboxKind::Agent) params).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentReport {
@@ -109,6 +120,20 @@ pub struct AgentReport {
 }
 
 impl AgentReport {
+    /// The inbox item that carries this report to the task's entity, `key` of `machine`.
+    pub(crate) fn push(&self, machine: String, key: String, request_id: Option<String>) -> Push {
+        Push {
+            machine: MachineName::new(machine),
+            key: EntityKey::new(key),
+            event: EventName::new(InboxKind::AGENT_EVENT),
+            params: self.to_json(),
+            request_id,
+            kind: InboxKind::Agent,
+            join_from: None,
+            operation: None,
+        }
+    }
+
     /// The inbox params encoding.
     pub fn to_json(&self) -> Value {
         let result = match &self.result {
@@ -164,4 +189,29 @@ pub struct TaskFilter {
     pub open_only: bool,
     /// At most this many, newest first (`None`: all).
     pub limit: Option<u64>,
+}
+
+/// Why an agent's heartbeat or report with `token` on a task in `status` is refused at
+/// `now` (`None`: it holds the lease).
+pub(crate) fn refusal(
+    status: &str,
+    held: Option<&str>,
+    locked_until: Option<i64>,
+    attempt: u32,
+    token: &str,
+    now: i64,
+) -> Option<String> {
+    match status {
+        "done" => Some("already reported".into()),
+        "canceled" => Some("canceled: the entity left the task's state, or was killed".into()),
+        "leased" if held != Some(token) => {
+            Some(format!("lease token superseded: the task was leased again (attempt {attempt})"))
+        }
+        "leased" if locked_until.is_none_or(|until| until <= now) => Some(format!(
+            "lease expired {} ms ago (locked_until passed); the task is offered again",
+            now - locked_until.unwrap_or(now)
+        )),
+        "leased" => None,
+        _ => Some("not leased: lease the task first".into()),
+    }
 }

@@ -7,8 +7,8 @@ use super::conn::Failure;
 use super::read::{entity_from_row, task_from_row};
 use super::writer::WriterConn as Conn;
 use crate::plan::Other;
-use crate::sql::{ENTITY_COLS, TASK_COLS, json_text, report_push, task_refusal};
-use crate::{AgentReport, AgentTask, Applied, Command, EntityRow, Millis, Op, OpError, OpenOperation, TaskResult};
+use crate::sql::{ENTITY_COLS, TASK_COLS, json_text};
+use crate::{AgentReport, AgentTask, Applied, Command, EntityRow, Millis, Op, OpError, OpenOperation};
 
 /// Why an operation stopped: its own failure (rolled back alone) or the database's.
 pub(crate) enum Fail {
@@ -235,10 +235,7 @@ pub(crate) fn apply_other(c: &mut Conn, now: Millis, op: &Op) -> Result<Other, F
         }
         Op::TaskReport { task, token, result } => {
             check_task(c, now, *task, token)?;
-            let (outcome, error) = match result {
-                TaskResult::Complete { .. } => ("complete", None),
-                TaskResult::Fail { error, .. } => ("fail", Some(error.as_str())),
-            };
+            let (outcome, error) = result.outcome();
             let row = c.one(
                 "UPDATE agent_tasks t SET status = 'done', finished_at = $2, outcome = $3, error = $4
                  FROM entities e WHERE t.id = $1 AND e.id = t.entity_id
@@ -255,12 +252,8 @@ pub(crate) fn apply_other(c: &mut Conn, now: Millis, op: &Op) -> Result<Other, F
                 agent: row.try_get(5).map_err(get)?,
                 result: result.clone(),
             };
-            let push = report_push(
-                row.try_get(0).map_err(get)?,
-                row.try_get(1).map_err(get)?,
-                &report,
-                row.try_get(6).map_err(get)?,
-            );
+            let push =
+                report.push(row.try_get(0).map_err(get)?, row.try_get(1).map_err(get)?, row.try_get(6).map_err(get)?);
             return Ok(Other::Push(push));
         }
         Op::Renew { ids, owner, until } => {
@@ -344,7 +337,7 @@ fn check_task(c: &mut Conn, now: Millis, task: i64, token: &str) -> Result<i64, 
     let locked_until: Option<i64> = row.try_get(2).map_err(get)?;
     let lock_ms: i64 = row.try_get(3).map_err(get)?;
     let attempt: i64 = row.try_get(4).map_err(get)?;
-    match task_refusal(&status, held.as_deref(), locked_until, attempt as u32, token, now) {
+    match crate::task::refusal(&status, held.as_deref(), locked_until, attempt as u32, token, now) {
         Some(reason) => Err(Fail::Op(OpError::TaskRefused { task, reason })),
         None => Ok(lock_ms),
     }

@@ -7,10 +7,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::read::{INBOX_COLS, entity_from_row, inbox_from_row, task_from_row, timer_from_row};
 use crate::plan::Other;
-use crate::sql::{ENTITY_COLS, TASK_COLS, json_text, report_push, task_refusal};
-use crate::{
-    AgentReport, AgentTask, Applied, Claim, Claimed, Command, Millis, Op, OpError, OpenOperation, TaskResult, TimerRow,
-};
+use crate::sql::{ENTITY_COLS, TASK_COLS, json_text};
+use crate::{AgentReport, AgentTask, Applied, Claim, Claimed, Command, Millis, Op, OpError, OpenOperation, TimerRow};
 
 /// When an entity is next due, from its current columns: never while paused, parked or
 /// killed; at the end of a sleep or backoff; at its lease expiry while leased; now if its
@@ -299,7 +297,7 @@ fn check_task(tx: &Connection, now: Millis, task: i64, token: &str) -> Result<(i
     let Some((status, held, locked_until, lock_ms, attempt)) = row else {
         return Err(Fail::Op(OpError::TaskRefused { task, reason: "no such task".into() }));
     };
-    task_refusal(&status, held.as_deref(), locked_until, attempt, token, now)
+    crate::task::refusal(&status, held.as_deref(), locked_until, attempt, token, now)
         .map(|reason| Err(Fail::Op(OpError::TaskRefused { task, reason })))
         .unwrap_or(Ok((lock_ms,)))
 }
@@ -337,10 +335,7 @@ pub(super) fn apply_other(tx: &Connection, now: Millis, op: &Op) -> Result<Other
         }
         Op::TaskReport { task, token, result } => {
             check_task(tx, now, *task, token)?;
-            let (outcome, error) = match result {
-                TaskResult::Complete { .. } => ("complete", None),
-                TaskResult::Fail { error, .. } => ("fail", Some(error.as_str())),
-            };
+            let (outcome, error) = result.outcome();
             tx.prepare_cached(
                 "UPDATE agent_tasks SET status = 'done', finished_at = ?2, outcome = ?3, error = ?4 WHERE id = ?1",
             )?
@@ -359,7 +354,7 @@ pub(super) fn apply_other(tx: &Connection, now: Millis, op: &Op) -> Result<Other
                         agent: r.get(5)?,
                         result: result.clone(),
                     };
-                    Ok(report_push(r.get::<_, String>(0)?, r.get::<_, String>(1)?, &report, r.get(6)?))
+                    Ok(report.push(r.get(0)?, r.get(1)?, r.get(6)?))
                 })?;
             return Ok(Other::Push(push));
         }
