@@ -102,7 +102,7 @@ impl TaskResult {
     }
 }
 
-/// An agent report as queued in the entity's inbox ([`InboxKind::Agent`](crate::InboxKind::Agent) params).
+/// An agent report as queued in the entity's inbox ([`InboxKind::Agent`] params).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentReport {
     /// The task.

@@ -206,7 +206,7 @@ fn apply_command(
     Ok(Applied::Commanded(select_entity(c, id)?))
 }
 
-/// An operation applied alone (see [`Dialect::other`]).
+/// An operation applied alone (see [`Dialect::other`](crate::plan::Dialect::other)).
 pub(crate) fn apply_other(c: &mut Conn, now: Millis, op: &Op) -> Result<Other, Fail> {
     let applied = match op {
         Op::Command { machine, key, command, operation } => {

@@ -174,7 +174,7 @@ fn count(n: i64) -> u64 {
     n.max(0) as u64
 }
 
-/// The KPIs of [`Store::stats`]: counts in SQL, duration percentiles from the sorted
+/// The KPIs of [`Store::stats`](crate::Store::stats): counts in SQL, duration percentiles from the sorted
 /// durations.
 pub(crate) fn read_stats(c: &Connection, since: Millis) -> rusqlite::Result<Stats> {
     let mut operations: Vec<OperationStats> = c
@@ -236,7 +236,7 @@ pub(crate) fn read_stats(c: &Connection, since: Millis) -> rusqlite::Result<Stat
     Ok(Stats { operations, transitions, top_errors })
 }
 
-/// The counters and gauges of [`Store::metrics_snapshot`].
+/// The counters and gauges of [`Store::metrics_snapshot`](crate::Store::metrics_snapshot).
 pub(crate) fn read_metrics(c: &Connection, now: Millis) -> rusqlite::Result<MetricsSnapshot> {
     let scalar = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> rusqlite::Result<u64> {
         c.prepare_cached(sql)?.query_row(p, |r| r.get::<_, i64>(0)).map(count)

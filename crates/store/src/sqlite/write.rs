@@ -302,7 +302,7 @@ fn check_task(tx: &Connection, now: Millis, task: i64, token: &str) -> Result<(i
         .unwrap_or(Ok((lock_ms,)))
 }
 
-/// An operation applied alone (see [`Dialect::other`]).
+/// An operation applied alone (see [`Dialect::other`](crate::plan::Dialect::other)).
 pub(super) fn apply_other(tx: &Connection, now: Millis, op: &Op) -> Result<Other, Fail> {
     let applied = match op {
         Op::Command { machine, key, command, operation } => {
