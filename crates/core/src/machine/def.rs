@@ -45,6 +45,16 @@ pub enum Health {
     Error,
 }
 
+impl Health {
+    /// The name stored in telemetry and shown to users: `ok` or `error`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Ok => "ok",
+            Health::Error => "error",
+        }
+    }
+}
+
 /// Where a definition item was declared, for diagnostics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Origin {

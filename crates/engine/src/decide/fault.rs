@@ -5,7 +5,7 @@
 use settle_core::fault::FaultDecision;
 use settle_store::{AfterCommit, Commit, ErrorRecord, HistoryKind, InboxItem, RunStatus, Telemetry, TransitionRecord};
 
-use super::transition::{event_record, health_str, ms, task_offer};
+use super::transition::{event_record, ms, task_offer};
 use super::{Decided, Env, Held, Note};
 use crate::api::EventOutcome;
 use crate::handler::{HandlerError, Outcome};
@@ -64,7 +64,7 @@ pub(crate) fn fault(
     }
     let parked = matches!(decision, FaultDecision::Park);
     let note = Note::Fault { kind: error.kind, details: error.details.clone(), parked };
-    let health = health_str(held.machine.health_of(&e.state));
+    let health = held.machine.health_of(&e.state).as_str();
     let mut base = Commit {
         retry: e.retry,
         action: action.map(Into::into),

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use settle_core::step;
-use settle_core::{Action, EntityKey, Health, Machine, Properties};
+use settle_core::{Action, EntityKey, Machine, Properties};
 use settle_store::{
     AfterCommit, Commit, EventRecord, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, TaskOffer, Telemetry,
     TimerPlan, TransitionRecord,
@@ -72,8 +72,8 @@ pub(crate) fn finish(
     let e = &held.entity;
     let transition = TransitionRecord {
         kind,
-        start_health: Some(health_str(machine.health_of(&e.state))),
-        end_health: health_str(machine.health_of(&entry.state)),
+        start_health: Some(machine.health_of(&e.state).as_str()),
+        end_health: machine.health_of(&entry.state).as_str(),
         entry_time: e.entered_at,
         start_time: item.as_ref().map(|i| i.created_at).or(started).unwrap_or(now),
         action_start_time: started,
@@ -172,7 +172,7 @@ pub(crate) fn new_entity(
         notify_self: machine.subscriptions_in(&initial).next().is_some(),
         operation: None,
         machine_hash: None,
-        health: health_str(machine.health_of(&initial)),
+        health: machine.health_of(&initial).as_str(),
         auto_at: if offer.is_some() { None } else { auto_at },
         offer,
         state: entry.state,
@@ -212,12 +212,6 @@ pub(super) fn ms(d: Duration) -> Millis {
     d.as_millis() as Millis
 }
 
-pub(super) fn health_str(h: Health) -> &'static str {
-    match h {
-        Health::Ok => "ok",
-        Health::Error => "error",
-    }
-}
 
 /// The `events` row of a processed inbox item.
 pub(super) fn event_record(item: &InboxItem, rejected: bool, failed: bool) -> EventRecord {
