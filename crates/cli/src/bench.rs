@@ -15,10 +15,8 @@ use serde_json::json;
 use settle_engine::{Engine, EventOutcome, RaiseOptions, Wait};
 use settle_store::{AnyStore, Store};
 
+use crate::machines::MAX_CHAIN_STEPS;
 use crate::workers::Workers;
-
-/// Longest chain `bench chain --steps` accepts (and `settle run` knows).
-pub const MAX_STEPS: usize = 8;
 
 /// Benchmarks.
 #[derive(clap::Subcommand, Debug)]
@@ -492,8 +490,8 @@ async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> 
 }
 
 async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
-    if !(1..=MAX_STEPS).contains(&args.steps) {
-        bail!("--steps must be between 1 and {MAX_STEPS}, got {}", args.steps);
+    if !(1..=MAX_CHAIN_STEPS).contains(&args.steps) {
+        bail!("--steps must be between 1 and {MAX_CHAIN_STEPS}, got {}", args.steps);
     }
     if args.entities == 0 || args.concurrency == 0 {
         bail!("--entities and --concurrency must be at least 1");

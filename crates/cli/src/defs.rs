@@ -60,16 +60,7 @@ impl Machines {
             b = b.serve_only(self.serve.iter().map(String::as_str));
         }
         match &self.source {
-            Source::BuiltIn => {
-                b = crate::machines::bind_server(b, provider);
-                b = crate::machines::bind_job(b);
-                b = crate::machines::bind_relay(b);
-                b = crate::machines::bind_fanout(b);
-                for steps in 1..=crate::bench::MAX_STEPS {
-                    b = crate::machines::bind_chain(b, steps);
-                }
-                b
-            }
+            Source::BuiltIn => crate::machines::bind_built_in(b, provider),
             Source::Dir { machines, .. } => {
                 for m in machines {
                     b = b.machine(m.clone());

@@ -1,7 +1,7 @@
 //! The machines this binary knows, with their handlers: the reference scenario's
 //! `server` and its resources (the demo), the benchmarks' `chain` and fan-out machines,
 //! the crash-test `job`, and `relay` (a sync nested event on a `job`). `settle run` can
-//! drive all of them.
+//! drive all of them: [`bind_built_in`] binds them all.
 
 use std::time::Duration;
 
@@ -48,6 +48,20 @@ impl Default for ProviderSettings {
             timeout_ms: default_timeout_ms(),
         }
     }
+}
+
+/// Binds every built-in machine with its handlers: the scenario's (`server` and its
+/// resources, with the simulated `provider`), `job`, `relay`, the fan-out machines, and
+/// `chain1` to `chain{MAX_CHAIN_STEPS}`.
+pub fn bind_built_in<S: Store + Clone>(mut b: EngineBuilder<S>, provider: ProviderSettings) -> EngineBuilder<S> {
+    b = bind_server(b, provider);
+    b = bind_job(b);
+    b = bind_relay(b);
+    b = bind_fanout(b);
+    for steps in 1..=MAX_CHAIN_STEPS {
+        b = bind_chain(b, steps);
+    }
+    b
 }
 
 /// The resources a `server` creates, in provisioning order: `app`, then `database`, then
@@ -335,6 +349,10 @@ pub fn bind_fanout<S: Store + Clone>(b: EngineBuilder<S>) -> EngineBuilder<S> {
         })
         .on("fanchild", "work", |_| async { Ok(Outcome::to("done")) })
 }
+
+/// Longest `chain{steps}` machine this binary knows: `bench chain --steps` accepts 1 to
+/// this, and `settle run` binds every one of them.
+pub const MAX_CHAIN_STEPS: usize = 8;
 
 /// `chain{steps}`: idle -go→ u1 → … → u{steps} → done, each unstable step a no-op handler.
 pub fn chain(steps: usize) -> Machine {
