@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use serde_json::json;
-use settle_engine::{Engine, EventOutcome, RaiseOptions, Wait};
+use settle_engine::{Engine, EngineBuilder, EventOutcome, RaiseOptions, Wait};
 use settle_store::{AnyStore, Store};
 
 use crate::machines::MAX_CHAIN_STEPS;
@@ -221,6 +221,13 @@ pub struct FanoutArgs {
     /// Children per parent.
     #[arg(long, default_value_t = 4)]
     children: u64,
+    #[command(flatten)]
+    drive: DriveArgs,
+}
+
+/// Options of `settle bench chain` and `settle bench fanout`: how the workflows are driven.
+#[derive(clap::Args, Debug)]
+pub struct DriveArgs {
     /// Workflows in flight at once.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -242,16 +249,8 @@ pub struct ChainArgs {
     /// Unstable states per workflow (1 to 8).
     #[arg(long, default_value_t = 3)]
     steps: usize,
-    /// Workflows in flight at once.
-    #[arg(long, default_value_t = 64)]
-    concurrency: usize,
-    /// Worker processes (`settle run`) that process the workflows while this process
-    /// raises and watches; needs `--db postgres://...`. 0: this process processes.
-    #[arg(long, default_value_t = 0)]
-    instances: usize,
-    /// Print one JSON line.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    drive: DriveArgs,
 }
 
 /// Removes a scratch database and its side files when dropped.
@@ -320,7 +319,7 @@ fn bench_db(db: Option<&str>) -> (String, Option<Scratch>) {
 async fn bench_engine(
     db: &str,
     instances: usize,
-    local: impl FnOnce(AnyStore) -> settle_engine::EngineBuilder<AnyStore>,
+    local: impl FnOnce(AnyStore) -> EngineBuilder<AnyStore>,
 ) -> anyhow::Result<(Engine<AnyStore>, Option<Workers>)> {
     crate::workers::check_db(db, instances)?;
     let store = AnyStore::open(db)?;
@@ -448,89 +447,115 @@ fn report(
 }
 
 async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> {
-    if args.entities == 0 || args.concurrency == 0 || args.children == 0 {
+    if args.entities == 0 || args.drive.concurrency == 0 || args.children == 0 {
         bail!("--entities, --children and --concurrency must be at least 1");
     }
-    let (path, _scratch) = bench_db(db);
-    let (engine, workers) =
-        bench_engine(&path, args.instances, |s| crate::machines::bind_fanout(Engine::builder(s))).await?;
-    let run_id = uuid_suffix();
-    let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("f{run_id}-{i}")).collect());
-    let mut props = settle_core::Properties::new();
-    props.insert("children".into(), json!(args.children));
-    let setup = Instant::now();
-    create_all(&engine, "fanparent", &keys, props).await?;
-    if !args.json {
-        eprintln!(
-            "created {} parents in {:.2} s; each creates {} children and waits for all; {} in flight",
-            args.entities,
-            setup.elapsed().as_secs_f64(),
-            args.children,
-            args.concurrency
-        );
-    }
-    let e = engine.clone();
-    let (seconds, latencies) = drive(&keys, args.concurrency, move |key| {
-        let e = e.clone();
-        async move { raise_until(&e, "fanparent", &key, "done").await }
+    let mut properties = settle_core::Properties::new();
+    properties.insert("children".into(), json!(args.children));
+    let concurrency = args.drive.concurrency;
+    let run = Workflows {
+        machine: "fanparent".into(),
+        prefix: 'f',
+        properties,
+        entities: args.entities,
+        // Per parent: go, spawn, children_done (3); per child: create excluded, work (1).
+        transitions: args.entities * (3 + args.children as usize),
+        extra: json!({"children": args.children}),
+        drive: args.drive,
+    };
+    run.run(db, crate::machines::bind_fanout, |setup_s| {
+        format!(
+            "created {} parents in {setup_s:.2} s; each creates {} children and waits for all; {} in flight",
+            args.entities, args.children, concurrency
+        )
     })
-    .await?;
-    stop(engine, workers).await;
-    // Per parent: go, spawn, children_done (3); per child: create excluded, work (1).
-    let transitions = args.entities * (3 + args.children as usize);
-    report(
-        args.json,
-        args.entities,
-        transitions,
-        seconds,
-        &latencies,
-        json!({"children": args.children, "concurrency": args.concurrency, "instances": args.instances}),
-    );
-    Ok(ExitCode::SUCCESS)
+    .await
 }
 
 async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     if !(1..=MAX_CHAIN_STEPS).contains(&args.steps) {
         bail!("--steps must be between 1 and {MAX_CHAIN_STEPS}, got {}", args.steps);
     }
-    if args.entities == 0 || args.concurrency == 0 {
+    if args.entities == 0 || args.drive.concurrency == 0 {
         bail!("--entities and --concurrency must be at least 1");
     }
-    let (path, _scratch) = bench_db(db);
-    let machine = format!("chain{}", args.steps);
     let steps = args.steps;
-    let (engine, workers) =
-        bench_engine(&path, args.instances, |s| crate::machines::bind_chain(Engine::builder(s), steps)).await?;
-    let run_id = uuid_suffix();
-    let keys: Arc<Vec<String>> = Arc::new((0..args.entities).map(|i| format!("b{run_id}-{i}")).collect());
-    let setup = Instant::now();
-    create_all(&engine, &machine, &keys, Default::default()).await?;
-    if !args.json {
-        eprintln!(
-            "created {} entities in {:.2} s; running {} workflows, {} in flight",
-            args.entities,
-            setup.elapsed().as_secs_f64(),
-            args.entities,
-            args.concurrency
-        );
+    let concurrency = args.drive.concurrency;
+    let run = Workflows {
+        machine: format!("chain{steps}"),
+        prefix: 'b',
+        properties: Default::default(),
+        entities: args.entities,
+        transitions: args.entities * (steps + 1),
+        extra: json!({"steps": steps}),
+        drive: args.drive,
+    };
+    run.run(
+        db,
+        |b| crate::machines::bind_chain(b, steps),
+        |setup_s| {
+            format!(
+                "created {} entities in {setup_s:.2} s; running {} workflows, {} in flight",
+                args.entities, args.entities, concurrency
+            )
+        },
+    )
+    .await
+}
+
+/// A workflow benchmark (`bench chain`, `bench fanout`): one entity of `machine` per
+/// workflow, raised `go` until it is `done`.
+struct Workflows {
+    /// The workflows' machine.
+    machine: String,
+    /// The start of the entities' keys (`{prefix}{run id}-{i}`).
+    prefix: char,
+    /// The entities' properties when created.
+    properties: settle_core::Properties,
+    /// How many workflows.
+    entities: usize,
+    /// How they are driven.
+    drive: DriveArgs,
+    /// Transitions all the workflows make, for the report.
+    transitions: usize,
+    /// The benchmark's own fields of the report (beside `concurrency` and `instances`).
+    extra: serde_json::Value,
+}
+
+impl Workflows {
+    /// Creates the entities (not timed) and prints on stderr (unless `--json`) what
+    /// `created` says of the seconds that took; then runs the workflows, on an engine of
+    /// this process with the machines `bind` registers or on the worker processes, and
+    /// prints the report.
+    async fn run(
+        self,
+        db: Option<&str>,
+        bind: impl FnOnce(EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore>,
+        created: impl FnOnce(f64) -> String,
+    ) -> anyhow::Result<ExitCode> {
+        let (path, _scratch) = bench_db(db);
+        let (engine, workers) = bench_engine(&path, self.drive.instances, |s| bind(Engine::builder(s))).await?;
+        let run_id = uuid_suffix();
+        let keys: Arc<Vec<String>> =
+            Arc::new((0..self.entities).map(|i| format!("{}{run_id}-{i}", self.prefix)).collect());
+        let setup = Instant::now();
+        create_all(&engine, &self.machine, &keys, self.properties).await?;
+        if !self.drive.json {
+            eprintln!("{}", created(setup.elapsed().as_secs_f64()));
+        }
+        let (e, machine) = (engine.clone(), self.machine);
+        let (seconds, latencies) = drive(&keys, self.drive.concurrency, move |key| {
+            let (e, machine) = (e.clone(), machine.clone());
+            async move { raise_until(&e, &machine, &key, "done").await }
+        })
+        .await?;
+        stop(engine, workers).await;
+        let mut extra = self.extra;
+        extra["concurrency"] = json!(self.drive.concurrency);
+        extra["instances"] = json!(self.drive.instances);
+        report(self.drive.json, self.entities, self.transitions, seconds, &latencies, extra);
+        Ok(ExitCode::SUCCESS)
     }
-    let e = engine.clone();
-    let (seconds, latencies) = drive(&keys, args.concurrency, move |key| {
-        let (e, machine) = (e.clone(), machine.clone());
-        async move { raise_until(&e, &machine, &key, "done").await }
-    })
-    .await?;
-    stop(engine, workers).await;
-    let transitions = args.entities * (args.steps + 1);
-    report(
-        args.json,
-        args.entities,
-        transitions,
-        seconds,
-        &latencies,
-        json!({"steps": args.steps, "concurrency": args.concurrency, "instances": args.instances}),
-    );
-    Ok(ExitCode::SUCCESS)
 }
 
 async fn stop(engine: Engine<AnyStore>, workers: Option<Workers>) {

@@ -119,30 +119,7 @@ pub fn server(timeout: Duration) -> Machine {
 /// A resource of a server: `waiting` -start→ `provisioning` → `ready` | `failed`;
 /// `delete` from any of them → `deleting` → `gone` (deleted).
 pub fn resource(kind: &str) -> Machine {
-    MachineBuilder::new(kind)
-        .state("waiting")
-        .initial()
-        .state("provisioning")
-        .auto("provision")
-        .state("ready")
-        .state("failed")
-        .error_health()
-        .state("deleting")
-        .auto("deprovision")
-        .state("gone")
-        .kind(settle_core::StateKind::Deleted)
-        .event("start", ["waiting"], "begin")
-        .reject("provisioning", "already in progress")
-        .reject("ready", "already ready")
-        .event("delete", ["waiting", "provisioning", "ready", "failed"], "remove")
-        .reject("deleting", "already being deleted")
-        .reject("gone", "already deleted")
-        .action("begin", ["provisioning"])
-        .action("provision", ["ready", "failed"])
-        .action("remove", ["deleting"])
-        .action("deprovision", ["gone"])
-        .build()
-        .expect("the resource machine is valid")
+    resource_machine(kind, false).build().expect("the resource machine is valid")
 }
 
 /// One simulated provider call: waits its latency, then fails transiently (`Err(delay)`:
@@ -162,6 +139,17 @@ async fn provider_call(p: ProviderSettings, ctx: &ActionContext, fatal_rate: f64
     Ok(true)
 }
 
+/// A provisioned resource `kind` moves to `ready` and starts the next resource of its
+/// server's chain (its `next` property), if any.
+fn ready_then_next(ctx: &ActionContext, kind: &str) -> Outcome {
+    let mut out = Outcome::to("ready");
+    if let Some(next) = ctx.properties.get("next").and_then(|v| v.as_str()) {
+        let server = ctx.key.strip_suffix(&format!("-{kind}")).unwrap_or(&ctx.key);
+        out = out.raise(next, format!("{server}-{next}"), "start", json!(null));
+    }
+    out
+}
+
 /// Binds the scenario's machines (`server` and its resources) with the simulated provider.
 pub fn bind_server<S: Store + Clone>(mut b: EngineBuilder<S>, p: ProviderSettings) -> EngineBuilder<S> {
     b = bind_server_machine(b, Duration::from_millis(p.timeout_ms));
@@ -172,14 +160,7 @@ pub fn bind_server<S: Store + Clone>(mut b: EngineBuilder<S>, p: ProviderSetting
                 match provider_call(p, &ctx, p.fatal_rate).await {
                     Err(delay) => Ok(Outcome::retry_after(delay)),
                     Ok(false) => Ok(Outcome::to("failed").set("error", json!("provider refused the request"))),
-                    Ok(true) => {
-                        let mut out = Outcome::to("ready");
-                        if let Some(next) = ctx.properties.get("next").and_then(|v| v.as_str()) {
-                            let server = ctx.key.strip_suffix(&format!("-{kind}")).unwrap_or(&ctx.key);
-                            out = out.raise(next, format!("{server}-{next}"), "start", json!(null));
-                        }
-                        Ok(out)
-                    }
+                    Ok(true) => Ok(ready_then_next(&ctx, kind)),
                 }
             })
             .on(kind, "deprovision", move |ctx| async move {
@@ -233,14 +214,20 @@ pub const PROVIDER_QUEUE: &str = "provider";
 /// successful provisioning goes through `provisioned`, whose auto action starts the next
 /// resource in the chain (an agent's report carries only a target and properties).
 pub fn resource_via_agents(kind: &str) -> Machine {
+    resource_machine(kind, true).build().expect("the agent-provisioned resource machine is valid")
+}
+
+/// The one definition of a resource behind [`resource`] and (`via_agents`)
+/// [`resource_via_agents`].
+fn resource_machine(kind: &str, via_agents: bool) -> MachineBuilder {
     let lock = Duration::from_secs(10);
-    MachineBuilder::new(kind)
-        .state("waiting")
-        .initial()
-        .state("provisioning")
-        .auto("provision")
-        .state("provisioned")
-        .auto("announce")
+    let mut b = MachineBuilder::new(kind).state("waiting").initial().state("provisioning").auto("provision");
+    let mut deletable = vec!["waiting", "provisioning", "ready", "failed"];
+    if via_agents {
+        b = b.state("provisioned").auto("announce");
+        deletable.insert(2, "provisioned");
+    }
+    b = b
         .state("ready")
         .state("failed")
         .error_health()
@@ -251,11 +238,17 @@ pub fn resource_via_agents(kind: &str) -> Machine {
         .event("start", ["waiting"], "begin")
         .reject("provisioning", "already in progress")
         .reject("ready", "already ready")
-        .event("delete", ["waiting", "provisioning", "provisioned", "ready", "failed"], "remove")
+        .event("delete", deletable, "remove")
         .reject("deleting", "already being deleted")
         .reject("gone", "already deleted")
-        .action("begin", ["provisioning"])
-        .action("provision", ["provisioned", "failed", "provisioning"])
+        .action("begin", ["provisioning"]);
+    if !via_agents {
+        return b
+            .action("provision", ["ready", "failed"])
+            .action("remove", ["deleting"])
+            .action("deprovision", ["gone"]);
+    }
+    b.action("provision", ["provisioned", "failed", "provisioning"])
         .agent(PROVIDER_QUEUE, lock)
         .action("announce", ["ready"])
         .action("remove", ["deleting"])
@@ -268,8 +261,6 @@ pub fn resource_via_agents(kind: &str) -> Machine {
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(2),
         })
-        .build()
-        .expect("the agent-provisioned resource machine is valid")
 }
 
 /// Binds the scenario for `settle serve --scenario`: `server` with its handlers, and the
@@ -277,14 +268,9 @@ pub fn resource_via_agents(kind: &str) -> Machine {
 pub fn bind_server_via_agents<S: Store + Clone>(mut b: EngineBuilder<S>, timeout: Duration) -> EngineBuilder<S> {
     b = bind_server_machine(b, timeout);
     for kind in RESOURCES {
-        b = b.machine(resource_via_agents(kind)).on(kind, "announce", move |ctx| async move {
-            let mut out = Outcome::to("ready");
-            if let Some(next) = ctx.properties.get("next").and_then(|v| v.as_str()) {
-                let server = ctx.key.strip_suffix(&format!("-{kind}")).unwrap_or(&ctx.key);
-                out = out.raise(next, format!("{server}-{next}"), "start", json!(null));
-            }
-            Ok(out)
-        });
+        b = b
+            .machine(resource_via_agents(kind))
+            .on(kind, "announce", move |ctx| async move { Ok(ready_then_next(&ctx, kind)) });
     }
     b
 }

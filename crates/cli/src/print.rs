@@ -258,25 +258,32 @@ pub struct Done<'a> {
 pub fn done(d: &Done<'_>, as_json: bool) {
     let e = d.entity;
     if as_json {
-        let v = json!({
-            "machine": e.machine,
-            "key": e.key,
-            "command": d.command,
-            "state": e.state,
-            "run_status": e.run_status,
-            "sleep_until": e.sleep_until,
-            "request_id": d.request_id,
-            "replayed": d.replayed,
-        });
-        println!("{v}");
+        let fields =
+            json!({"command": d.command, "state": e.state, "run_status": e.run_status, "sleep_until": e.sleep_until});
+        println!("{}", request_json(&e.machine, &e.key, Some(d.request_id), d.replayed, fields));
         return;
     }
     let until = e.sleep_until.map(|t| format!(" until {}", fmt_time(t))).unwrap_or_default();
     println!("{} {}: {}; state {}, run status {}{until}", e.machine, e.key, d.command, e.state, e.run_status);
-    if d.replayed {
-        println!("replayed: request id {} was seen before; nothing was done again", d.request_id);
+    request_line(d.request_id, d.replayed, "done");
+}
+
+/// The JSON line of a request on an entity (`create`, the operator commands, `raise`):
+/// the entity's machine and key, the request id, whether it was a replay, and `fields`.
+fn request_json(machine: &str, key: &str, request_id: Option<&str>, replayed: bool, fields: Value) -> Value {
+    let mut v = json!({"machine": machine, "key": key, "request_id": request_id, "replayed": replayed});
+    if let (Some(all), Value::Object(fields)) = (v.as_object_mut(), fields) {
+        all.extend(fields);
+    }
+    v
+}
+
+/// The line naming a request's id; for a replay, that nothing was `done` again.
+fn request_line(request_id: &str, replayed: bool, done: &str) {
+    if replayed {
+        println!("replayed: request id {request_id} was seen before; nothing was {done} again");
     } else {
-        println!("request id {}", d.request_id);
+        println!("request id {request_id}");
     }
 }
 
@@ -350,17 +357,9 @@ pub fn raise(r: &Raise<'_>, as_json: bool) {
         Raised::Failed { error } => (Some(settle_client::Outcome::Failed { error: error.clone() }), None, false),
     };
     if as_json {
-        let v = json!({
-            "machine": r.machine,
-            "key": r.key,
-            "event": r.event,
-            "request_id": r.request_id,
-            "operation": operation,
-            "replayed": replayed,
-            "outcome": outcome,
-            "entity": entity.map(entity_json),
-        });
-        println!("{v}");
+        let fields =
+            json!({"event": r.event, "operation": operation, "outcome": outcome, "entity": entity.map(entity_json)});
+        println!("{}", request_json(r.machine, r.key, r.request_id, replayed, fields));
         return;
     }
     let (m, k, ev) = (r.machine, r.key, r.event);
@@ -378,11 +377,7 @@ pub fn raise(r: &Raise<'_>, as_json: bool) {
         }
     }
     if let Some(id) = r.request_id {
-        if replayed {
-            println!("replayed: request id {id} was seen before; nothing was raised again");
-        } else {
-            println!("request id {id}");
-        }
+        request_line(id, replayed, "raised");
     }
     if let (Raised::Queued { .. }, Some(op)) = (&r.raised, &operation) {
         println!("operation {op}");
