@@ -24,6 +24,7 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
+use utoipa::openapi::security::SecurityRequirement;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::problem::{Kind, Problem};
@@ -330,13 +331,43 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 }
 
 /// Puts every route of `router` behind the check for `access`: 401/403 before the handler,
-/// and the [`Caller`] in the request extensions for the handler.
+/// and the [`Caller`] in the request extensions for the handler. The routes' OpenAPI
+/// operations say so (unless the group is public): the `bearer` scheme, and the 401 and
+/// 403 problems the check answers, so no route declares them itself.
 pub fn guard<S: Clone + Send + Sync + 'static>(
     router: OpenApiRouter<S>,
     tokens: Arc<Tokens>,
     access: Access,
 ) -> OpenApiRouter<S> {
-    router.route_layer(axum::middleware::from_fn_with_state((tokens, access), check))
+    let mut router = router.route_layer(axum::middleware::from_fn_with_state((tokens, access), check));
+    if access != Access::Public {
+        document(router.get_openapi_mut(), access);
+    }
+    router
+}
+
+/// Adds to every operation of `openapi` the bearer requirement and the problems the check
+/// for `access` answers.
+fn document(openapi: &mut utoipa::openapi::OpenApi, access: Access) {
+    let forbidden = if access == Access::Agent { "role or queue not allowed" } else { "role not allowed" };
+    for item in openapi.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.options,
+            &mut item.head,
+            &mut item.patch,
+            &mut item.trace,
+        ];
+        for op in operations.into_iter().flatten() {
+            op.security.get_or_insert_with(Vec::new).push(SecurityRequirement::new("bearer", Vec::<String>::new()));
+            let answers = &mut op.responses.responses;
+            answers.insert("401".into(), crate::problem::openapi_response("missing or unknown token"));
+            answers.insert("403".into(), crate::problem::openapi_response(forbidden));
+        }
+    }
 }
 
 async fn check(State((tokens, access)): State<(Arc<Tokens>, Access)>, mut req: Request, next: Next) -> Response {

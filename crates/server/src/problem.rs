@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use settle_core::RaiseError;
 use utoipa::ToSchema;
+use utoipa::openapi::{self, Ref, RefOr};
 
 /// Where problem types live: `type` is this followed by the kind's slug.
 pub const TYPE_BASE: &str = "https://settle.dev/problems/";
@@ -142,6 +143,14 @@ pub struct ProblemBody {
     /// Context: machine, key, event, state, reason, operation, ...
     #[serde(flatten)]
     pub context: Map<String, Value>,
+}
+
+/// An OpenAPI answer that is a problem: `description`, served as [`CONTENT_TYPE`] with the
+/// [`ProblemBody`] schema (what `body = ProblemBody, content_type =
+/// "application/problem+json"` declares in a `#[utoipa::path]`).
+pub(crate) fn openapi_response(description: &str) -> RefOr<openapi::Response> {
+    let content = openapi::ContentBuilder::new().schema(Some(Ref::from_schema_name(ProblemBody::name()))).build();
+    openapi::ResponseBuilder::new().description(description).content(CONTENT_TYPE, content).into()
 }
 
 impl Problem {

@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{CreateEntity, Entity, EntityPage, EntityQuery, HistoryEntry, QueuedEvent};
 use crate::problem::{Kind, Problem, ProblemBody};
-use crate::routes::{check_key, entity_location, find_entity, live_entity, parse_limit};
+use crate::routes::{check_key, entity_location, find_entity, live_entity, parse_limit, unknown_word};
 use crate::state::AppState;
 
 /// Read routes of entities.
@@ -31,7 +31,6 @@ pub fn write() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/machines/{machine}/entities",
     tag = "entities",
-    security(("bearer" = [])),
     params(
         ("machine" = String, Path, description = "machine name"),
         ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id"),
@@ -46,8 +45,6 @@ pub fn write() -> OpenApiRouter<AppState> {
         (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
         (status = 415, description = "body not application/json", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "invalid key, properties or body", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn create(
@@ -78,24 +75,17 @@ async fn create(
     get,
     path = "/v1/entities",
     tag = "entities",
-    security(("bearer" = [])),
     params(EntityQuery),
     responses(
         (status = 200, description = "a page of entities", body = EntityPage),
         (status = 400, description = "bad query", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result<Json<EntityPage>, Problem> {
     if let Some(st) = q.status.as_deref()
         && RunStatus::parse(st).is_none()
     {
-        return Err(Problem::new(
-            Kind::BadRequest,
-            format!("unknown run status `{st}` (expected active, paused, sleeping, fault, failed or killed)"),
-        )
-        .field("status"));
+        return Err(unknown_word("status", "run status", st, "active, paused, sleeping, fault, failed or killed"));
     }
     let after = match q.after.as_deref() {
         None => None,
@@ -128,14 +118,11 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
     get,
     path = "/v1/machines/{machine}/entities/{key}",
     tag = "entities",
-    security(("bearer" = [])),
     params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
     responses(
         (status = 200, description = "the entity", body = Entity),
         (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
         (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn get(State(s): State<AppState>, Path((machine, key)): Path<(String, String)>) -> Result<Json<Entity>, Problem> {
@@ -158,13 +145,10 @@ async fn get(State(s): State<AppState>, Path((machine, key)): Path<(String, Stri
     get,
     path = "/v1/machines/{machine}/entities/{key}/history",
     tag = "entities",
-    security(("bearer" = [])),
     params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
     responses(
         (status = 200, description = "history rows, oldest first", body = Vec<HistoryEntry>),
         (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn history(

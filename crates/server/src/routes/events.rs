@@ -40,7 +40,6 @@ pub fn write() -> OpenApiRouter<AppState> {
     post,
     path = "/v1/machines/{machine}/entities/{key}/events/{event}",
     tag = "events",
-    security(("bearer" = [])),
     params(
         ("machine" = String, Path, description = "machine name"),
         ("key" = String, Path, description = "entity key"),
@@ -60,8 +59,6 @@ pub fn write() -> OpenApiRouter<AppState> {
         (status = 415, description = "body not application/json", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "invalid parameters, or the event's action failed", body = ProblemBody, content_type = "application/problem+json"),
         (status = 504, description = "wait=stable timed out; the event is still processed", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn raise(

@@ -35,35 +35,50 @@ async fn apply(
     Ok(Json(Entity::from(&done.entity)))
 }
 
-macro_rules! command {
-    ($name:ident, $path:literal, $command:expr, $doc:literal) => {
+/// A lifecycle route: `$doc`, the OpenAPI operation at `$path` every command shares (the
+/// entity's path, `Idempotency-Key`, the entity afterwards, 404, 409 killed, 410 deleted)
+/// with what the command adds (a request body, its problems), on the handler that follows.
+macro_rules! lifecycle {
+    ($doc:literal, $path:literal, [$($body:tt)*], [$($problems:tt)*], $($handler:tt)*) => {
         #[doc = $doc]
         #[utoipa::path(
             post,
             path = $path,
             tag = "lifecycle",
-            security(("bearer" = [])),
             params(
                 ("machine" = String, Path, description = "machine name"),
                 ("key" = String, Path, description = "entity key"),
                 ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id"),
             ),
+            $($body)*
             responses(
                 (status = 200, description = "the entity afterwards", body = Entity),
                 (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
                 (status = 409, description = "the entity was killed", body = ProblemBody, content_type = "application/problem+json"),
                 (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
-                (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-                (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
+                $($problems)*
             )
         )]
-        async fn $name(
-            State(s): State<AppState>,
-            Path((machine, key)): Path<(String, String)>,
-            IdempotencyKey(request_id): IdempotencyKey,
-        ) -> Result<Json<Entity>, Problem> {
-            apply(&s, &machine, &key, $command, request_id).await
-        }
+        $($handler)*
+    };
+}
+
+/// A command without a body: the handler `$name` applies `$command`.
+macro_rules! command {
+    ($name:ident, $path:literal, $command:expr, $doc:literal) => {
+        lifecycle!(
+            $doc,
+            $path,
+            [],
+            [],
+            async fn $name(
+                State(s): State<AppState>,
+                Path((machine, key)): Path<(String, String)>,
+                IdempotencyKey(request_id): IdempotencyKey,
+            ) -> Result<Json<Entity>, Problem> {
+                apply(&s, &machine, &key, $command, request_id).await
+            }
+        );
     };
 }
 
@@ -98,38 +113,29 @@ command!(
     "Runs an entity's pending auto action now."
 );
 
-/// Puts an entity to sleep until a time.
-#[utoipa::path(
-    post,
-    path = "/v1/machines/{machine}/entities/{key}/sleep",
-    tag = "lifecycle",
-    security(("bearer" = [])),
-    params(
-        ("machine" = String, Path, description = "machine name"),
-        ("key" = String, Path, description = "entity key"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id"),
-    ),
-    request_body = SleepRequest,
-    responses(
-        (status = 200, description = "the entity afterwards", body = Entity),
+lifecycle!(
+    "Puts an entity to sleep until a time.",
+    "/v1/machines/{machine}/entities/{key}/sleep",
+    [request_body = SleepRequest,],
+    [
         (status = 400, description = "malformed JSON", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "the entity was killed", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 415, description = "body not application/json", body = ProblemBody, content_type = "application/problem+json"),
+        (
+            status = 415,
+            description = "body not application/json",
+            body = ProblemBody,
+            content_type = "application/problem+json"
+        ),
         (status = 422, description = "invalid `until`", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role not allowed", body = ProblemBody, content_type = "application/problem+json"),
-    )
-)]
-async fn sleep(
-    State(s): State<AppState>,
-    Path((machine, key)): Path<(String, String)>,
-    IdempotencyKey(request_id): IdempotencyKey,
-    JsonBody(body): JsonBody<SleepRequest>,
-) -> Result<Json<Entity>, Problem> {
-    let until = crate::time::parse_time(&body.until, settle_store::clock::now_ms())
-        .map_err(|e| Problem::new(Kind::InvalidBody, e).field("until"))?;
-    apply(&s, &machine, &key, Command::Sleep { until }, request_id).await
-}
+    ],
+    async fn sleep(
+        State(s): State<AppState>,
+        Path((machine, key)): Path<(String, String)>,
+        IdempotencyKey(request_id): IdempotencyKey,
+        JsonBody(body): JsonBody<SleepRequest>,
+    ) -> Result<Json<Entity>, Problem> {
+        let until = crate::time::parse_time(&body.until, settle_store::clock::now_ms())
+            .map_err(|e| Problem::new(Kind::InvalidBody, e).field("until"))?;
+        apply(&s, &machine, &key, Command::Sleep { until }, request_id).await
+    }
+);

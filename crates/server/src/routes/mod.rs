@@ -35,6 +35,12 @@ pub(crate) fn parse_limit(limit: Option<&str>) -> Result<u64, Problem> {
     }
 }
 
+/// The problem of a query parameter `field` that must be one of a fixed set of words:
+/// 400, naming the field, the unknown `value` (a `what`) and the `expected` words.
+pub(crate) fn unknown_word(field: &str, what: &str, value: &str, expected: &str) -> Problem {
+    Problem::new(Kind::BadRequest, format!("unknown {what} `{value}` (expected {expected})")).field(field)
+}
+
 /// Checks a new entity's key: 1 to [`MAX_KEY`] characters, no control characters.
 pub(crate) fn check_key(key: &str) -> Result<(), Problem> {
     let n = key.chars().count();

@@ -116,14 +116,11 @@ fn refused(e: settle_engine::Error) -> Problem {
     post,
     path = "/v1/queues/{queue}/lease",
     tag = "agents",
-    security(("bearer" = [])),
     params(("queue" = String, Path, description = "agent queue")),
     request_body(content = LeaseRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "the tasks leased (possibly none)", body = Leased),
         (status = 400, description = "malformed JSON", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role or queue not allowed", body = ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "no action is bound to the queue", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "invalid body (agent, max, wait_ms)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 429, description = "too many long polls waiting", body = ProblemBody, content_type = "application/problem+json"),
@@ -163,15 +160,12 @@ async fn lease(
     post,
     path = "/v1/tasks/{id}/heartbeat",
     tag = "agents",
-    security(("bearer" = [])),
     params(("id" = i64, Path, description = "task id")),
     request_body(content = HeartbeatRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "the lease's new end", body = Extended),
         (status = 404, description = "no such task", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "lease expired or superseded, task reported or canceled", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role or queue not allowed", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn heartbeat(
@@ -196,7 +190,6 @@ fn accepted() -> Response {
     post,
     path = "/v1/tasks/{id}/complete",
     tag = "agents",
-    security(("bearer" = [])),
     params(("id" = i64, Path, description = "task id")),
     request_body(content = CompleteRequest, content_type = "application/json"),
     responses(
@@ -204,8 +197,6 @@ fn accepted() -> Response {
         (status = 404, description = "no such task", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "lease expired or superseded, task reported or canceled", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "a target the action does not declare, or properties not an object", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role or queue not allowed", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn complete(
@@ -233,15 +224,12 @@ async fn complete(
     post,
     path = "/v1/tasks/{id}/fail",
     tag = "agents",
-    security(("bearer" = [])),
     params(("id" = i64, Path, description = "task id")),
     request_body(content = FailRequest, content_type = "application/json"),
     responses(
         (status = 202, description = "accepted: queued durably for the entity", body = Accepted),
         (status = 404, description = "no such task", body = ProblemBody, content_type = "application/problem+json"),
         (status = 409, description = "lease expired or superseded, task reported or canceled", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 401, description = "missing or unknown token", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 403, description = "role or queue not allowed", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn fail(
