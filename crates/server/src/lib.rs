@@ -33,6 +33,8 @@ pub mod state;
 pub mod time;
 
 #[cfg(test)]
+mod testkit;
+#[cfg(test)]
 mod tests;
 
 use std::future::Future;

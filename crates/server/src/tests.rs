@@ -7,16 +7,12 @@ use axum::http::{HeaderMap, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use settle_engine::Engine;
-use settle_store::{AnyStore, EntityFilter, SqliteStore, Store};
+use settle_store::{AnyStore, SqliteStore};
 use tower::ServiceExt;
 
 use crate::auth::Tokens;
+use crate::testkit::{DOOR, VM};
 use crate::{AppState, Config};
-
-/// A door: `closed` ⇄ `open`, `paint` needs a `color`, `remove` deletes it; `open` is
-/// rejected with a declared reason when the door is open already.
-/// The test machine of the server's tests and the binary's HTTP tests (one file).
-pub(crate) const DOOR: &str = include_str!("testdata/door.toml");
 
 pub(crate) struct App {
     _dir: tempfile::TempDir,
@@ -75,26 +71,25 @@ impl App {
         self.call(Req::new("POST", uri).json(body)).await
     }
 
-    /// Everything a request could change: entities, their histories and inboxes, operations.
+    /// Everything a request could change ([`crate::testkit::dump`]).
     pub async fn dump(&self) -> String {
-        let store = self.state.engine().store();
-        let mut out = String::new();
-        for t in store.task_list(settle_store::TaskFilter::default()).await.unwrap() {
-            out.push_str(&format!("task {t:?}\n"));
-        }
-        for e in store.entity_list(EntityFilter::default()).await.unwrap() {
-            out.push_str(&format!("{e:?}\n"));
-            for h in store.history_list(e.id).await.unwrap() {
-                out.push_str(&format!("  {h:?}\n"));
+        crate::testkit::dump(self.state.engine().store()).await
+    }
+
+    /// Each request of `table` is answered with its problem (status, type, and `field` if
+    /// given) and changes nothing in the store.
+    pub async fn assert_problems(&self, table: Vec<(Req, u16, &str, Option<&str>)>) {
+        let before = self.dump().await;
+        for (req, status, slug, field) in table {
+            let what = format!("{} {}", req.method, req.uri);
+            let r = self.call(req).await;
+            assert_eq!(r.status.as_u16(), status, "{what}: {}", r.text);
+            let p = r.problem(status, slug);
+            if let Some(f) = field {
+                assert_eq!(p["field"], f, "{what}: {p}");
             }
-            for i in store.inbox_list(e.id).await.unwrap() {
-                out.push_str(&format!("  inbox {i:?}\n"));
-            }
+            assert_eq!(self.dump().await, before, "{what} changed the store");
         }
-        for o in store.operation_list(None, 10_000).await.unwrap() {
-            out.push_str(&format!("{o:?}\n"));
-        }
-        out
     }
 
     pub async fn stop(self) {
@@ -149,16 +144,12 @@ impl Resp {
     pub fn header(&self, name: &str) -> &str {
         self.headers.get(name).map(|v| v.to_str().unwrap()).unwrap_or("")
     }
-    /// Asserts a problem document of `status` and `slug`, and returns it.
+    /// Asserts a problem document of `status` and `slug` ([`crate::testkit::problem`]), and
+    /// returns it.
     #[track_caller]
     pub fn problem(&self, status: u16, slug: &str) -> Value {
-        assert_eq!(self.status.as_u16(), status, "{}", self.text);
-        assert_eq!(self.header("content-type"), "application/problem+json", "{}", self.text);
-        let v = self.json();
-        assert_eq!(v["type"], format!("https://settle.dev/problems/{slug}"), "{v}");
-        assert_eq!(v["status"], status, "{v}");
-        assert!(v["title"].is_string() && v["detail"].is_string(), "{v}");
-        v
+        let content_type = self.headers.get("content-type").map(|v| v.to_str().unwrap());
+        crate::testkit::problem(self.status.as_u16(), content_type, &self.text, status, slug)
     }
 }
 
@@ -357,39 +348,11 @@ async fn bad_requests_are_problems_and_change_nothing() {
         (Req::new("POST", "/v1/machines/door/entities/dead/events/open"), 409, "entity-killed", None),
         (Req::new("POST", "/v1/machines/door/entities/dead/pause"), 409, "entity-killed", None),
     ];
-    let before = app.dump().await;
-    for (req, status, slug, field) in table {
-        let what = format!("{} {}", req.method, req.uri);
-        let r = app.call(req).await;
-        assert_eq!(r.status.as_u16(), status, "{what}: {}", r.text);
-        let p = r.problem(status, slug);
-        if let Some(f) = field {
-            assert_eq!(p["field"], f, "{what}: {p}");
-        }
-        assert_eq!(app.dump().await, before, "{what} changed the store");
-    }
+    app.assert_problems(table).await;
     // The deleted entity's history stays readable.
     assert_eq!(app.get("/v1/machines/door/entities/gone/history").await.status, StatusCode::OK);
     app.stop().await;
 }
-
-/// An agent-provisioned machine (DESIGN §5).
-const VM: &str = r#"
-initial = "new"
-[states.new]
-[states.provisioning]
-auto = "provision"
-[states.ready]
-[events.create]
-in = ["new"]
-action = "begin"
-[actions.begin]
-to = ["provisioning"]
-[actions.provision]
-to = ["ready", "provisioning"]
-agent = "cloud"
-lock = "1m"
-"#;
 
 #[tokio::test]
 async fn agent_bad_requests_are_problems_and_change_nothing() {
@@ -441,17 +404,7 @@ async fn agent_bad_requests_are_problems_and_change_nothing() {
         (Req::new("POST", &t("fail")).json(json!({"token": token})), 422, "invalid-body", None),
         (Req::new("POST", &t("complete")).raw(Some("text/plain"), "{}"), 415, "unsupported-media-type", None),
     ];
-    let before = app.dump().await;
-    for (req, status, slug, field) in table {
-        let what = format!("{} {}", req.method, req.uri);
-        let r = app.call(req).await;
-        assert_eq!(r.status.as_u16(), status, "{what}: {}", r.text);
-        let p = r.problem(status, slug);
-        if let Some(f) = field {
-            assert_eq!(p["field"], f, "{what}: {p}");
-        }
-        assert_eq!(app.dump().await, before, "{what} changed the store");
-    }
+    app.assert_problems(table).await;
     // The live token still holds the task: it reports.
     let done = app.post(&t("complete"), json!({"token": token, "target": "ready"})).await;
     assert_eq!(done.status, StatusCode::ACCEPTED, "{}", done.text);

@@ -1,0 +1,53 @@
+//! What the server's handler tests (`tests.rs`) and the `settle` binary's HTTP tests
+//! (`crates/cli/tests/common`, which includes this file by path) check alike: the test
+//! machines, everything a request could change in a store, and what a problem document
+//! must be.
+//!
+//! It names nothing of this crate (only settle-store and serde_json), so that it compiles
+//! in both.
+
+use serde_json::Value;
+use settle_store::{EntityFilter, Store, TaskFilter};
+
+/// A door: `closed` ⇄ `open`, `paint` needs a `color`, `remove` deletes it; `open` is
+/// rejected with a declared reason when the door is open already.
+pub const DOOR: &str = include_str!("testdata/door.toml");
+
+/// An agent-provisioned machine (DESIGN §5): `create` → `provisioning`, whose action agents
+/// of queue `cloud` execute (lock 1 min) → `ready` or `provisioning` again.
+pub const VM: &str = include_str!("testdata/vm.toml");
+
+/// Everything a request could change: agent tasks, entities with their histories and
+/// inboxes, operations.
+pub async fn dump(store: &impl Store) -> String {
+    let mut out = String::new();
+    for t in store.task_list(TaskFilter::default()).await.unwrap() {
+        out.push_str(&format!("task {t:?}\n"));
+    }
+    for e in store.entity_list(EntityFilter::default()).await.unwrap() {
+        out.push_str(&format!("{e:?}\n"));
+        for h in store.history_list(e.id).await.unwrap() {
+            out.push_str(&format!("  {h:?}\n"));
+        }
+        for i in store.inbox_list(e.id).await.unwrap() {
+            out.push_str(&format!("  inbox {i:?}\n"));
+        }
+    }
+    for o in store.operation_list(None, 10_000).await.unwrap() {
+        out.push_str(&format!("{o:?}\n"));
+    }
+    out
+}
+
+/// Asserts that an answer (`status`, `content_type`, `body`) is a problem document of
+/// `want` and `slug`, with a title and a detail, and returns it.
+#[track_caller]
+pub fn problem(status: u16, content_type: Option<&str>, body: &str, want: u16, slug: &str) -> Value {
+    assert_eq!(status, want, "{body}");
+    assert_eq!(content_type, Some("application/problem+json"), "{body}");
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    assert_eq!(v["type"], format!("https://settle.dev/problems/{slug}"), "{v}");
+    assert_eq!(v["status"], want, "{v}");
+    assert!(v["title"].is_string() && v["detail"].is_string(), "{v}");
+    v
+}
