@@ -10,6 +10,11 @@ fn example(name: &str) -> String {
     root.display().to_string()
 }
 
+/// A machine of `tests/testdata`.
+fn testdata(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/testdata").join(name).display().to_string()
+}
+
 #[test]
 fn validate_accepts_good_files_and_reports_every_problem_of_bad_ones() {
     let dir = tempfile::tempdir().unwrap();
@@ -143,36 +148,10 @@ fn bench_agents_runs_workflows_through_a_server_and_agents() {
 #[test]
 fn validate_checks_subscriptions_across_the_files_given() {
     let dir = tempfile::tempdir().unwrap();
-    let parent = dir.path().join("parent.toml");
-    let worker = dir.path().join("worker.toml");
-    std::fs::write(
-        &parent,
-        r#"initial = "new"
-[states.new]
-[states.waiting]
-[states.done]
-kind = "terminal"
-[events.go]
-in = ["new"]
-action = "start"
-[events.all_done]
-in = ["waiting"]
-action = "finish"
-subscribe = "all(worker) in [finished]"
-[actions.start]
-to = ["waiting"]
-[actions.finish]
-to = ["done"]
-"#,
-    )
-    .unwrap();
-    std::fs::write(
-        &worker,
-        "initial = \"idle\"\n[states.idle]\n[states.done]\nkind = \"terminal\"\n[events.go]\nin = [\"idle\"]\naction = \"work\"\n[actions.work]\nto = [\"done\"]\n",
-    )
-    .unwrap();
+    // `parent` subscribes to a state `worker` does not have.
+    let (parent, worker) = (testdata("parent.toml"), testdata("worker.toml"));
     let db = dir.path().join("unused.db");
-    let out = settle(&db, &["validate", parent.to_str().unwrap(), worker.to_str().unwrap()]);
+    let out = settle(&db, &["validate", &parent, &worker]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(
         stdout(&out).contains(
@@ -181,6 +160,6 @@ to = ["done"]
         "{}",
         stdout(&out)
     );
-    let alone = settle(&db, &["validate", parent.to_str().unwrap()]);
+    let alone = settle(&db, &["validate", &parent]);
     assert!(alone.status.success(), "one file alone cannot know the other machine: {}", stdout(&alone));
 }

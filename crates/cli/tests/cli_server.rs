@@ -3,22 +3,18 @@
 //! database (checked by running them locally once the server has stopped).
 
 mod common;
-use common::{Served, settle, stderr, stdout};
+use common::testkit::DOOR;
+use common::{Served, settle, stderr, stdout, write_machines};
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use serde_json::Value;
 
-/// The server's test machine (shared with its unit tests).
-const DOOR: &str = include_str!("../../server/src/testdata/door.toml");
-
 /// A temporary directory with `machines/door.toml` and the database path `settle.db`.
 fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let machines = dir.path().join("machines");
-    std::fs::create_dir_all(&machines).unwrap();
-    std::fs::write(machines.join("door.toml"), DOOR).unwrap();
+    let machines = write_machines(dir.path(), &[("door.toml", DOOR)]);
     let db = dir.path().join("settle.db");
     (dir, machines, db)
 }

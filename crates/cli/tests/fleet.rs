@@ -11,46 +11,11 @@ use std::path::Path;
 use common::{Proc, http, settle, spawn_server, spawn_settle, stderr, stdout, write_machines};
 use serde_json::Value;
 
-const TICKET: &str = r#"
-initial = "new"
+/// A ticket: `open` → `opened`, triaged by an auto action → `triaged`, `close` → `closed`.
+const TICKET: &str = include_str!("testdata/ticket.toml");
 
-[states.new]
-[states.opened]
-auto = "triage"
-[states.triaged]
-[states.closed]
-kind = "terminal"
-
-[events.open]
-in = ["new"]
-action = "start"
-
-[events.close]
-in = ["triaged"]
-action = "finish"
-
-[actions.start]
-to = ["opened"]
-[actions.triage]
-to = ["triaged"]
-[actions.finish]
-to = ["closed"]
-"#;
-
-const NOTE: &str = r#"
-initial = "draft"
-[states.draft]
-[states.sent]
-auto = "deliver"
-[states.delivered]
-[events.send]
-in = ["draft"]
-action = "post"
-[actions.post]
-to = ["sent"]
-[actions.deliver]
-to = ["delivered"]
-"#;
+/// A note: `send` → `sent`, delivered by an auto action → `delivered`.
+const NOTE: &str = include_str!("testdata/note.toml");
 
 fn machines_dir(dir: &Path, files: &[(&str, &str)]) -> String {
     write_machines(dir, files).display().to_string()

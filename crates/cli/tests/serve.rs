@@ -9,12 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::testkit::{self, DOOR};
 use common::write_machines;
 
 use serde_json::{Value, json};
-
-/// The server's test machine (shared with its unit tests).
-const DOOR: &str = include_str!("../../server/src/testdata/door.toml");
 
 /// A running `settle serve`; stopped with SIGTERM when dropped.
 struct Server {
@@ -83,27 +81,10 @@ impl Server {
         self.call("POST", path, &headers, body.as_deref().map(str::as_bytes))
     }
 
-    /// Entities with their histories and inboxes, and operations, read from the database.
+    /// Everything a request could change, read from the database ([`testkit::dump`]).
     fn dump(&self) -> String {
-        use settle_store::{EntityFilter, SqliteStore, Store};
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async {
-            let store = SqliteStore::open_read_only(&self.db).unwrap();
-            let mut out = String::new();
-            for e in store.entity_list(EntityFilter::default()).await.unwrap() {
-                out.push_str(&format!("{e:?}\n"));
-                for h in store.history_list(e.id).await.unwrap() {
-                    out.push_str(&format!("  {h:?}\n"));
-                }
-                for i in store.inbox_list(e.id).await.unwrap() {
-                    out.push_str(&format!("  inbox {i:?}\n"));
-                }
-            }
-            for o in store.operation_list(None, 10_000).await.unwrap() {
-                out.push_str(&format!("{o:?}\n"));
-            }
-            out
-        })
+        rt.block_on(async { testkit::dump(&settle_store::SqliteStore::open_read_only(&self.db).unwrap()).await })
     }
 
     /// Stops the server with SIGTERM; its exit status and stderr.
@@ -164,14 +145,11 @@ impl Resp {
     fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
+    /// Asserts a problem document of `status` and `slug` ([`testkit::problem`]), and
+    /// returns it.
     #[track_caller]
     fn problem(&self, status: u16, slug: &str) -> Value {
-        assert_eq!(self.status, status, "{}", self.body);
-        assert_eq!(self.header("content-type"), Some("application/problem+json"), "{}", self.body);
-        let v = self.json();
-        assert_eq!(v["type"], format!("https://settle.dev/problems/{slug}"), "{v}");
-        assert_eq!(v["status"], status, "{v}");
-        v
+        testkit::problem(self.status, self.header("content-type"), &self.body, status, slug)
     }
 }
 

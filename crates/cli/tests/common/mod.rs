@@ -4,6 +4,11 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// The server's test kit, shared with its handler tests: the test machines (`DOOR`, `VM`),
+/// the dump of everything a request could change, the check of a problem document.
+#[path = "../../../server/src/testkit.rs"]
+pub mod testkit;
+
 /// Runs `settle --db DB ARGS...` to completion, with logging quiet.
 pub fn settle(db: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_settle"))
