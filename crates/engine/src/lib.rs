@@ -15,6 +15,8 @@ mod config;
 mod decide;
 mod engine;
 mod error;
+#[cfg(test)]
+mod fixtures;
 mod handler;
 pub mod metrics;
 mod msg;

@@ -397,29 +397,7 @@ mod tests {
     }
 
     fn entity(state: &str) -> EntityRow {
-        EntityRow {
-            id: 1,
-            machine: "m".into(),
-            key: "k".into(),
-            state: state.into(),
-            properties: Default::default(),
-            version: 1,
-            retry: 0,
-            created_at: 0,
-            entered_at: 0,
-            auto_at: None,
-            due_at: None,
-            lease_owner: None,
-            lease_until: None,
-            request_id: None,
-            fired: Vec::new(),
-            timer_at: None,
-            run_status: Default::default(),
-            sleep_until: None,
-            recent_errors: Vec::new(),
-            event_id: None,
-            machine_hash: None,
-        }
+        crate::fixtures::entity("m", "k", state)
     }
 
     fn event(rejected: bool, entered: Option<&str>) -> EventRow {

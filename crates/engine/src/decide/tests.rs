@@ -78,26 +78,15 @@ fn registry() -> Registry {
 fn held(state: &str) -> Held {
     let e = EntityRow {
         id: 7,
-        machine: "job".into(),
-        key: "j1".into(),
-        state: state.into(),
-        properties: Properties::new(),
         version: 3,
-        retry: 0,
         created_at: NOW - 10_000,
         entered_at: NOW - 5_000,
-        auto_at: None,
         due_at: Some(NOW),
         lease_owner: Some(OWNER.into()),
         lease_until: Some(NOW + 60_000),
         request_id: Some("r-entry".into()),
-        fired: Vec::new(),
-        timer_at: None,
-        run_status: RunStatus::Active,
-        sleep_until: None,
-        recent_errors: Vec::new(),
         event_id: Some(40),
-        machine_hash: None,
+        ..crate::fixtures::entity("job", "j1", state)
     };
     Held::new(Arc::new(job()), e, None)
 }

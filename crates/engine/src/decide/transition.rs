@@ -212,7 +212,6 @@ pub(super) fn ms(d: Duration) -> Millis {
     d.as_millis() as Millis
 }
 
-
 /// The `events` row of a processed inbox item.
 pub(super) fn event_record(item: &InboxItem, rejected: bool, failed: bool) -> EventRecord {
     EventRecord {

@@ -134,7 +134,7 @@ lifecycle!(
         IdempotencyKey(request_id): IdempotencyKey,
         JsonBody(body): JsonBody<SleepRequest>,
     ) -> Result<Json<Entity>, Problem> {
-        let until = crate::time::parse_time(&body.until, settle_store::clock::now_ms())
+        let until = crate::time::parse_time(&body.until, s.engine().clock().now_ms())
             .map_err(|e| Problem::new(Kind::InvalidBody, e).field("until"))?;
         apply(&s, &machine, &key, Command::Sleep { until }, request_id).await
     }

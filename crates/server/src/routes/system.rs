@@ -39,7 +39,7 @@ async fn healthz() -> Json<Health> {
     )
 )]
 async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
-    let snapshot = settle_store::Store::metrics_snapshot(s.engine().store(), settle_store::clock::now_ms()).await?;
+    let snapshot = settle_store::Store::metrics_snapshot(s.engine().store(), s.engine().clock().now_ms()).await?;
     let mut text = s.engine_metrics().unwrap_or_default();
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
