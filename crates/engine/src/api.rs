@@ -7,7 +7,7 @@ use serde_json::Value;
 use settle_core::StateName;
 use settle_store::EntityRow;
 
-/// How long [`Engine::raise`] waits.
+/// How long [`Engine::raise`](crate::Engine::raise) waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
     /// Until the event is durably queued in the entity's inbox.
@@ -19,7 +19,7 @@ pub enum Wait {
     Stable,
 }
 
-/// Options of [`Engine::raise`].
+/// Options of [`Engine::raise`](crate::Engine::raise).
 #[derive(Debug, Clone)]
 pub struct RaiseOptions {
     /// The event's parameters (a JSON object, or null).
@@ -99,7 +99,7 @@ pub enum EventOutcome {
     },
 }
 
-/// The answer to [`Engine::raise`].
+/// The answer to [`Engine::raise`](crate::Engine::raise).
 #[derive(Debug, Clone)]
 pub struct Raised {
     /// The request id recorded with the event.
@@ -117,7 +117,7 @@ pub struct Raised {
     pub entity: Option<EntityRow>,
 }
 
-/// The answer to [`Engine::create_with`].
+/// The answer to [`Engine::create_with`](crate::Engine::create_with).
 #[derive(Debug, Clone)]
 pub struct Created {
     /// The entity (as it is now, for a replay).
@@ -128,7 +128,7 @@ pub struct Created {
     pub replayed: bool,
 }
 
-/// The answer to [`Engine::command`].
+/// The answer to [`Engine::command`](crate::Engine::command).
 #[derive(Debug, Clone)]
 pub struct Commanded {
     /// The entity after the command (as it is now, for a replay).

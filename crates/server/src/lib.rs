@@ -1,6 +1,6 @@
 //! settle-server: Settle's HTTP/JSON management API (`settle serve`).
 //!
-//! - [`router`]: the axum [`Router`](axum::Router) of every route, built from
+//! - [`router`](mod@router): the axum [`Router`](axum::Router) of every route, built from
 //!   `utoipa-axum` routers so `/openapi.json` lists exactly the routes served;
 //! - [`routes`]: the handlers — machines, entities, events, lifecycle commands,
 //!   operations, `/healthz`, `/metrics`;

@@ -3,7 +3,7 @@
 //!
 //! Every failure a handler, an extractor or the auth layer can meet becomes a `Problem`;
 //! axum's own rejections are translated in [`crate::extract`], unknown routes and methods
-//! in [`crate::router`]. Server-side failures are logged once, here, at the edge.
+//! in [`crate::router`](mod@crate::router). Server-side failures are logged once, here, at the edge.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};

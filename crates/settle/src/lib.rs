@@ -11,7 +11,7 @@
 //!   [`PgStore`] (PostgreSQL, many instances), [`AnyStore`] (either, from a path or URL);
 //! - time: [`Clock`], with [`SystemClock`] in production and [`ManualClock`] in tests;
 //! - talking to a `settle serve` over HTTP: [`client`] (feature `client`, on by default);
-//! - serving the HTTP API from this process: [`server`] (feature `server`).
+//! - serving the HTTP API from this process: `settle::server` (feature `server`).
 //!
 //! The crates behind it ([`core`], [`engine`], [`store`]) stay reachable for everything
 //! else.

@@ -30,7 +30,7 @@ impl From<Failure> for Fail {
 
 type R<T> = std::result::Result<T, Failure>;
 
-/// When an entity is next due, from its current columns (`$2`: now); see `sqlite.rs`.
+/// When an entity is next due, from its current columns (`$2`: now); see `sqlite/write.rs`.
 const DUE_EXPR: &str = "CASE
     WHEN run_status IN ('paused', 'failed', 'killed') THEN NULL
     WHEN run_status IN ('sleeping', 'fault') THEN sleep_until
@@ -102,7 +102,7 @@ fn recheck_due(c: &mut Conn, id: i64, now: Millis) -> R<()> {
     Ok(())
 }
 
-/// An operator command (see sqlite.rs).
+/// An operator command (see `sqlite/write.rs`).
 fn apply_command(
     c: &mut Conn,
     now: Millis,
