@@ -4,10 +4,20 @@
 //! everything that must be written (created entities, raised events, action outcomes,
 //! lease renewals) into one [`settle_store::Batch`] per round — one transaction, one
 //! fsync — and claims due entities in the same transaction. Actions run as short-lived
-//! tasks outside any transaction and report back with an [`Outcome`]; the scheduler asks
-//! [`settle_core::step`] whether it may be committed. No task or timer exists per entity:
-//! a dormant entity costs nothing in memory, and due work is found through the store's
-//! index of due times.
+//! tasks outside any transaction and report back with an [`Outcome`]. What an entity does
+//! next, and what an outcome or a fault commits, is decided by a pure module (`decide`,
+//! over [`settle_core::step`]); the scheduler only carries the decisions out. No task or
+//! timer exists per entity: a dormant entity costs nothing in memory, and due work is
+//! found through the store's index of due times.
+//!
+//! Time comes from [`Config::clock`]: the system clock, or a [`ManualClock`] that tests
+//! move ([`Engine::drive`], [`Engine::wait_caught_up`]).
+//!
+//! Modules: `engine` (the API), `builder` (starting), `api` (what callers send and get),
+//! `config`, `registry` (machines and handlers), `decide` (the decisions), `scheduler` (the
+//! loop), `msg` (its inbox), `waiters` (callers waiting on it), `nested` (sync nested
+//! events), `handler` (what actions get and return), `watch` (other instances' commits),
+//! [`metrics`], `error`.
 
 mod api;
 mod builder;
