@@ -1,6 +1,6 @@
 //! The engine's metrics, recorded through the `metrics` facade: free when no recorder is
 //! installed. The HTTP service (or any embedding program) installs one; with the
-//! `prometheus` feature, [`install_prometheus`] installs a Prometheus recorder and returns
+//! `prometheus` feature, `install_prometheus` installs a Prometheus recorder and returns
 //! the handle that renders the text exposition format.
 //!
 //! These are live, per-process figures (`settle_engine_*`); the store-wide totals that
