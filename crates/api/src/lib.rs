@@ -196,6 +196,12 @@ pub enum Outcome {
         /// The declared reason, or the default one.
         reason: String,
     },
+    /// The event was accepted and dropped: `state` (or a state containing it) ignores it;
+    /// nothing changed.
+    Ignored {
+        /// The state the entity was in.
+        state: String,
+    },
     /// The event's action failed; nothing changed.
     Failed {
         /// What went wrong.

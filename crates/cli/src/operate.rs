@@ -233,6 +233,10 @@ async fn raise_on(
                 outcome: Some(settle_client::Outcome::Accepted { state: state.to_string() }),
                 entity: raised.entity.as_ref().map(|e| Box::new(settle_client::Entity::from(e))),
             },
+            Some(EventOutcome::Ignored { state }) => print::Raised::Done {
+                outcome: Some(settle_client::Outcome::Ignored { state: state.to_string() }),
+                entity: raised.entity.as_ref().map(|e| Box::new(settle_client::Entity::from(e))),
+            },
             None => print::Raised::Done {
                 outcome: None,
                 entity: raised.entity.as_ref().map(|e| Box::new(settle_client::Entity::from(e))),

@@ -369,6 +369,9 @@ pub fn raise(r: &Raise<'_>, as_json: bool) {
         Raised::Done { outcome: Some(settle_client::Outcome::Accepted { state }), .. } => {
             println!("{m} {k}: event {ev} accepted; entered {state}")
         }
+        Raised::Done { outcome: Some(settle_client::Outcome::Ignored { state }), .. } => {
+            println!("{m} {k}: event {ev} ignored in state {state}")
+        }
         // The server answers these as problems; shown here for completeness.
         Raised::Done { outcome: Some(settle_client::Outcome::Rejected { state, reason }), .. }
         | Raised::Rejected { state, reason } => println!("{m} {k}: event {ev} rejected in state {state}: {reason}"),

@@ -32,6 +32,33 @@ fn validate_accepts_good_files_and_reports_every_problem_of_bad_ones() {
     assert!(!db.exists(), "validate touches no database");
 }
 
+/// Every class of statechart mistake (one fixture each, shared with settle-core's own
+/// test, which holds the expected lines in `# expect:` comments) is reported by `settle
+/// validate` with its file and line; a file with errors fails the command.
+#[test]
+fn validate_reports_every_class_of_statechart_mistake_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("unused.db");
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../core/src/testdata/invalid");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&fixtures).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let expected: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# expect: "))
+            .map(|l| format!("{}:{l}", path.display()))
+            .collect();
+        let out = settle(&db, &["validate", &path.display().to_string()]);
+        let printed = stdout(&out);
+        let diagnostics: Vec<&str> = printed.lines().filter(|l| !l.contains(": ok: machine")).collect();
+        assert_eq!(diagnostics, expected, "{name}");
+        let has_errors = expected.iter().any(|l| l.contains(": error: "));
+        assert_eq!(out.status.code(), Some(if has_errors { 1 } else { 0 }), "{name}: {printed}");
+    }
+}
+
 #[test]
 fn graph_prints_mermaid_and_dot() {
     let dir = tempfile::tempdir().unwrap();

@@ -80,3 +80,12 @@ pub fn subscriber() -> MachineBuilder {
         .action("give_up", ["failed"])
         .action("probe", ["ready", "failed"])
 }
+
+/// A statechart: a cloud instance with substates, entry and exit actions, a guarded
+/// event, an internal transition and ignored events (see the file's comments).
+pub const INSTANCE: &str = include_str!("testdata/instance.toml");
+
+/// [`INSTANCE`], loaded and validated.
+pub fn instance() -> crate::Machine {
+    crate::toml::load("instance.toml", "instance", INSTANCE).unwrap_or_else(|r| panic!("{r}")).0
+}

@@ -133,9 +133,10 @@ fn edges(machine: &Machine) -> Vec<Edge<'_>> {
                 out.push(Edge { from: &s.name, to: &t.state, label: Label::Auto(&action.name) });
             }
         }
-        for e in machine.permitted_events(&s.name) {
-            if let Some(action) = machine.action(&e.action) {
-                let notes = raised_by(machine, &s.name, e);
+        for e in machine.events().iter().filter(|e| e.valid_in(&s.name)) {
+            let notes = raised_by(machine, &s.name, e);
+            let actions = e.alternatives.iter().filter(|a| a.applies_at(&s.name)).filter_map(|a| a.action());
+            for action in actions.filter_map(|a| machine.action(a)) {
                 for t in &action.targets {
                     out.push(Edge { from: &s.name, to: &t.state, label: Label::Event(&e.name, notes.clone()) });
                 }

@@ -24,6 +24,7 @@
 pub mod duration;
 pub mod fault;
 pub mod graph;
+pub mod guard;
 pub mod machine;
 pub mod names;
 pub mod pattern;

@@ -27,7 +27,7 @@
 //! use settle_core::pattern::{Pattern, SuccessorView};
 //! let p = Pattern::parse("count(type=db in [ready]) >= 2").unwrap();
 //! assert_eq!(p.to_string(), "count(db in [ready]) >= 2");
-//! let db = |key, state| SuccessorView { machine: "db", key, state, health: Health::Ok };
+//! let db = |key, state| SuccessorView { machine: "db", key, state, ancestors: &[], health: Health::Ok };
 //! assert_eq!(p.eval(&[db("a", "ready"), db("b", "creating"), db("c", "ready")]), Some(vec![0, 2]));
 //! assert_eq!(p.eval(&[db("a", "ready")]), None);
 //! ```
@@ -90,10 +90,11 @@ pub enum Condition {
 }
 
 impl Condition {
-    /// Whether a successor in `state` with `health` satisfies the condition.
-    pub fn holds(&self, state: &str, health: Health) -> bool {
+    /// Whether a successor in `state` (a substate of `ancestors`) with `health` satisfies
+    /// the condition: `in [p]` holds in `p` and in every substate of `p`.
+    pub fn holds(&self, state: &str, ancestors: &[&str], health: Health) -> bool {
         match self {
-            Condition::InStates(states) => states.iter().any(|s| s == state),
+            Condition::InStates(states) => states.iter().any(|s| s == state || ancestors.contains(&s.as_str())),
             Condition::Health(h) => *h == health,
         }
     }
@@ -147,6 +148,9 @@ pub struct SuccessorView<'a> {
     pub key: &'a str,
     /// The successor's current state.
     pub state: &'a str,
+    /// The states that state is a substate of, innermost first (empty on a flat machine):
+    /// `in [active]` holds for a successor in any substate of `active`.
+    pub ancestors: &'a [&'a str],
     /// The health of that state (see [`Machine::health_of`](crate::Machine::health_of)).
     pub health: Health,
 }
@@ -195,7 +199,7 @@ impl Pattern {
         let satisfying: Vec<usize> = filtered
             .iter()
             .copied()
-            .filter(|&i| self.condition.holds(successors[i].state, successors[i].health))
+            .filter(|&i| self.condition.holds(successors[i].state, successors[i].ancestors, successors[i].health))
             .collect();
         let holds = match self.quantifier {
             Quantifier::All => !filtered.is_empty() && satisfying.len() == filtered.len(),
@@ -545,7 +549,7 @@ mod tests {
     }
 
     fn s<'a>(machine: &'a str, key: &'a str, state: &'a str, health: Health) -> SuccessorView<'a> {
-        SuccessorView { machine, key, state, health }
+        SuccessorView { machine, key, state, ancestors: &[], health }
     }
 
     #[test]

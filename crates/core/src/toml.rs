@@ -6,16 +6,23 @@
 //! is reported at once.
 //!
 //! Keys supported so far:
-//! - top level: `name` (defaults to the file stem), `initial`, `[states.*]`, `[events.*]`,
-//!   `[actions.*]`, `[timers.*]`, `[fault]`, `[migrate]`;
+//! - top level: `name` (defaults to the file stem), `initial`, `properties` (the property
+//!   names guards may read), `[states.*]`, `[events.*]`, `[actions.*]`, `[timers.*]`,
+//!   `[fault]`, `[migrate]`;
 //! - a state: `kind` (`stable`, `unstable`, `terminal`, `deleted`), `auto` (an action or
 //!   an array of actions), `wait` (a duration), `health` (`ok`, `error`), `requires`,
-//!   `initial` (a boolean), `renamed_from` (former names of the state, see
-//!   [`crate::upgrade`]);
-//! - an event: `in`, `action`, `params`, `reject` (a table state → reason), `subscribe`
-//!   (a pattern over successors, see [`crate::pattern`]), `timeout` (`{ after = duration,
-//!   event = name }`, with `subscribe`);
-//! - an action: `to`, `wait` (a table target state → duration: a wait on that transition);
+//!   `initial` (`true` on the machine's initial state; on a parent, the name of the child
+//!   entered with it), `parent` (the state this one is a substate of), `on_entry` and
+//!   `on_exit` (an action or an array), `on_entry_from` (a table event → action(s)),
+//!   `renamed_from` (former names of the state, see [`crate::upgrade`]);
+//! - an event: `in`, `action`, `params`, `reject` (a table state → reason), `ignore`
+//!   (states where it is accepted and dropped), `internal` (a boolean), `when` (an array
+//!   of tables `{ in, guard, action | reject }`: guarded alternatives, see
+//!   [`crate::guard`]), `subscribe` (a pattern over successors, see [`crate::pattern`]),
+//!   `timeout` (`{ after = duration, event = name }`, with `subscribe`);
+//! - an action: `to`, `wait` (a table target state → duration: a wait on that transition),
+//!   `set` (a table property → value: a declarative action), `unset` (properties it
+//!   removes), `raise` (an array of `{ event, on = "predecessors" | "successors", params }`);
 //! - a timer: `event` (the event it raises), `every` or `after` (a duration: periodic, or
 //!   one-shot from state entry), `in` (the states where it runs);
 //! - `[fault]`, the fault policy (see [`crate::fault`]), every key optional:
@@ -69,7 +76,8 @@ use serde::de::{self, SeqAccess, Visitor};
 
 use crate::duration;
 use crate::machine::{
-    ActionDef, EventDef, FaultDef, Health, Machine, MachineDef, MigrateDef, Origin, StateDef, StateKind, TimerDef,
+    ActionDef, EventDef, FaultDef, Health, Machine, MachineDef, MigrateDef, Origin, RaiseDef, StateDef, StateKind,
+    TimerDef, WhenDef,
 };
 use crate::validate::{Diagnostic, Report, Severity};
 
@@ -129,6 +137,7 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
         name,
         initial: file.initial.as_ref().map(|i| i.get_ref().clone()),
         initial_origin: Origin { line: file.initial.as_ref().map(|i| line_of(text, i.span().start)) },
+        properties: file.properties,
         origin: Origin { line: Some(1) },
         ..MachineDef::default()
     };
@@ -231,7 +240,15 @@ impl Parser<'_> {
                 Some(HealthToml::Ok) | None => Health::Ok,
             },
             requires: state.requires,
-            initial: state.initial,
+            initial: matches!(state.initial, Some(InitialToml::Flag(true))),
+            initial_child: match state.initial {
+                Some(InitialToml::Child(child)) => Some(child),
+                _ => None,
+            },
+            parent: state.parent,
+            on_entry: state.on_entry.map(|a| a.0).unwrap_or_default(),
+            on_exit: state.on_exit.map(|a| a.0).unwrap_or_default(),
+            on_entry_from: in_order(state.on_entry_from).into_iter().map(|(e, a)| (e.into_inner(), a.0)).collect(),
             renamed_from: state.renamed_from,
             origin: Origin { line: self.line(&key) },
             name: key.into_inner(),
@@ -244,9 +261,21 @@ impl Parser<'_> {
             let after = self.duration(&item, &t.after)?;
             Some((after, t.event))
         });
+        let when = event
+            .when
+            .into_iter()
+            .map(|w| {
+                let origin = Origin { line: self.line(&w) };
+                let w = w.into_inner();
+                WhenDef { valid_in: w.valid_in, guard: w.guard, action: w.action, reject: w.reject, origin }
+            })
+            .collect();
         EventDef {
             valid_in: event.valid_in,
-            action: event.action,
+            action: event.action.unwrap_or_default(),
+            when,
+            ignore: event.ignore,
+            internal: event.internal,
             params: event.params,
             reject: in_order(event.reject).into_iter().map(|(s, r)| (s.into_inner(), r)).collect(),
             subscribe: event.subscribe,
@@ -295,11 +324,26 @@ impl Parser<'_> {
             .into_iter()
             .filter_map(|(target, wait)| self.duration(&item, &wait).map(|d| (target.into_inner(), d)))
             .collect();
+        let raise = action
+            .raise
+            .into_iter()
+            .map(|r| RaiseDef {
+                event: r.event,
+                on: r.on,
+                params: r.params.map_or(serde_json::Value::Null, toml_to_json),
+            })
+            .collect();
         ActionDef {
             targets: action.to,
             target_waits,
             agent: action.agent.map(Spanned::into_inner),
             lock,
+            set: in_order(action.set)
+                .into_iter()
+                .map(|(k, v)| (k.into_inner(), toml_to_json(v)))
+                .chain(action.unset.into_iter().map(|k| (k, serde_json::Value::Null)))
+                .collect(),
+            raise,
             origin: Origin { line: self.line(&key) },
             name: key.into_inner(),
         }
@@ -323,6 +367,22 @@ struct FileToml {
     fault: Option<Spanned<FaultToml>>,
     #[serde(default)]
     migrate: BTreeMap<Spanned<String>, String>,
+    #[serde(default)]
+    properties: Vec<String>,
+}
+
+/// A TOML value as JSON (a declarative action's `set` and `raise` parameters).
+fn toml_to_json(v: ::toml::Value) -> serde_json::Value {
+    use ::toml::Value as T;
+    match v {
+        T::String(s) => s.into(),
+        T::Integer(i) => i.into(),
+        T::Float(f) => serde_json::Number::from_f64(f).map_or(serde_json::Value::Null, serde_json::Value::Number),
+        T::Boolean(b) => b.into(),
+        T::Datetime(d) => d.to_string().into(),
+        T::Array(items) => items.into_iter().map(toml_to_json).collect(),
+        T::Table(t) => t.into_iter().map(|(k, v)| (k, toml_to_json(v))).collect::<serde_json::Map<_, _>>().into(),
+    }
 }
 
 #[derive(Deserialize)]
@@ -349,10 +409,23 @@ struct StateToml {
     health: Option<HealthToml>,
     #[serde(default)]
     requires: Vec<String>,
+    initial: Option<InitialToml>,
+    parent: Option<String>,
+    on_entry: Option<Names>,
+    on_exit: Option<Names>,
     #[serde(default)]
-    initial: bool,
+    on_entry_from: BTreeMap<Spanned<String>, Names>,
     #[serde(default)]
     renamed_from: Vec<String>,
+}
+
+/// A state's `initial`: `true` on the machine's initial state, or on a parent the name of
+/// its initial child.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum InitialToml {
+    Flag(bool),
+    Child(String),
 }
 
 #[derive(Deserialize)]
@@ -376,13 +449,29 @@ enum HealthToml {
 struct EventToml {
     #[serde(rename = "in")]
     valid_in: Vec<String>,
-    action: String,
+    action: Option<String>,
+    #[serde(default)]
+    when: Vec<Spanned<WhenToml>>,
+    #[serde(default)]
+    ignore: Vec<String>,
+    #[serde(default)]
+    internal: bool,
     #[serde(default)]
     params: Vec<String>,
     #[serde(default)]
     reject: BTreeMap<Spanned<String>, String>,
     subscribe: Option<String>,
     timeout: Option<TimeoutToml>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WhenToml {
+    #[serde(rename = "in", default)]
+    valid_in: Vec<String>,
+    guard: Option<String>,
+    action: Option<String>,
+    reject: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -413,6 +502,20 @@ struct ActionToml {
     wait: BTreeMap<Spanned<String>, Spanned<String>>,
     agent: Option<Spanned<String>>,
     lock: Option<Spanned<String>>,
+    #[serde(default)]
+    set: BTreeMap<Spanned<String>, ::toml::Value>,
+    #[serde(default)]
+    unset: Vec<String>,
+    #[serde(default)]
+    raise: Vec<RaiseToml>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RaiseToml {
+    event: String,
+    on: String,
+    params: Option<::toml::Value>,
 }
 
 /// One name or an array of names (`auto = "x"` or `auto = ["x", "y"]`).
@@ -520,7 +623,7 @@ mod tests {
         assert_eq!(
             errors("door", "[states.closed]\nkind = \"stable\"\ncolour = \"red\"\n"),
             [
-                "line 3: error: machine `door`, file: unknown field `colour`, expected one of `kind`, `auto`, `wait`, `health`, `requires`, `initial`, `renamed_from`"
+                "line 3: error: machine `door`, file: unknown field `colour`, expected one of `kind`, `auto`, `wait`, `health`, `requires`, `initial`, `parent`, `on_entry`, `on_exit`, `on_entry_from`, `renamed_from`"
             ]
         );
         assert_eq!(
@@ -535,14 +638,16 @@ mod tests {
                 "line 2: error: machine `door`, file: invalid type: integer `3`, expected an action name or an array of action names"
             ]
         );
+        let no_action =
+            load("door.toml", "door", "initial = \"closed\"\n[states.closed]\n[events.open]\nin = [\"closed\"]\n");
         assert_eq!(
-            errors("door", "[events.open]\nin = [\"closed\"]\n"),
-            ["line 1: error: machine `door`, file: missing field `action`"]
+            no_action.unwrap_err().diagnostics[0].to_string(),
+            "door.toml:3: error: machine `door`, event `open`: no action: declare `action`, or alternatives in `[[events.open.when]]`"
         );
         assert_eq!(
             errors("door", "naem = \"door\"\n"),
             [
-                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `fault`, `migrate`"
+                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `fault`, `migrate`, `properties`"
             ]
         );
     }

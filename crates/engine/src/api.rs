@@ -92,6 +92,12 @@ pub enum EventOutcome {
         /// The declared reason, or the default one.
         reason: String,
     },
+    /// The event was accepted and dropped: `state` (the entity's, or an ancestor of it)
+    /// ignores it (`ignore`); nothing changed.
+    Ignored {
+        /// The state the entity was in.
+        state: StateName,
+    },
     /// The event's action failed (error, panic, refused or failed commit); nothing changed.
     Failed {
         /// What went wrong.

@@ -83,8 +83,23 @@ impl<S: Store + Clone> EngineBuilder<S> {
         }
         for (machine, action) in self.registry.handlers.keys() {
             let m = self.registry.machine(machine)?;
-            if m.action(action).is_none() {
-                return Err(Error::UnknownAction { machine: machine.to_string(), action: action.to_string() });
+            match m.action(action) {
+                None => return Err(Error::UnknownAction { machine: machine.to_string(), action: action.to_string() }),
+                Some(a) if a.is_declarative() => {
+                    let what = format!("action `{action}` is declarative (`set`, `raise`): it takes no handler");
+                    return Err(Error::Unsupported { machine: machine.to_string(), what });
+                }
+                Some(_) => {}
+            }
+        }
+        for m in self.registry.machines.values() {
+            if let Some(a) = m.actions().iter().find(|a| !a.raise.is_empty()) {
+                let what = format!(
+                    "action `{}` raises events on related entities (`raise`), which this engine does not run yet: \
+                     raise them from a handler with `Outcome::raise`",
+                    a.name
+                );
+                return Err(Error::Unsupported { machine: m.name().to_string(), what });
             }
         }
         if let Some(served) = &self.registry.served

@@ -38,6 +38,14 @@ pub enum Error {
     /// Actions that need an implementation have none bound.
     #[error("no handler bound for {}", .0.join(", "))]
     MissingHandlers(Vec<String>),
+    /// A definition uses what this engine cannot run (named in the message).
+    #[error("machine `{machine}`: {what}")]
+    Unsupported {
+        /// Machine.
+        machine: String,
+        /// What, and what to do instead.
+        what: String,
+    },
     /// A handler was bound to an action its machine does not declare.
     #[error("handler bound to unknown action `{action}` of machine `{machine}`")]
     UnknownAction {

@@ -245,6 +245,22 @@ impl Outcome {
     pub fn join(self, machine: impl AsRef<str>, key: impl AsRef<str>, event: impl AsRef<str>, params: Value) -> Self {
         self.nested(machine, key, event, params, true)
     }
+    /// Adds the effects of an entry or exit action's outcome to this one (after its own):
+    /// property changes, SQL, created entities, raised events. Such an action never
+    /// chooses a state: an outcome with a target or a delay is refused (the error says so).
+    pub(crate) fn absorb(&mut self, hook: Outcome) -> Result<(), String> {
+        if let Some(target) = &hook.target {
+            return Err(format!("asked to move to `{target}`, but entry and exit actions never choose a state"));
+        }
+        if hook.delay.is_some() {
+            return Err("asked for a delay, but entry and exit actions never choose one".into());
+        }
+        self.changes.extend(hook.changes);
+        self.sql.extend(hook.sql);
+        self.creates.extend(hook.creates);
+        self.raises.extend(hook.raises);
+        Ok(())
+    }
     fn nested(
         mut self,
         machine: impl AsRef<str>,

@@ -7,7 +7,7 @@ use settle_store::{Applied, EntityRow, Millis, NewEntity, Op, Push};
 use tokio::sync::oneshot;
 
 use crate::api::{EventOutcome, Wait};
-use crate::decide::FaultError;
+use crate::decide::{FaultError, Hooks};
 use crate::error::Result;
 use crate::handler::Outcome;
 
@@ -28,6 +28,9 @@ pub(crate) enum Msg {
     Command { op: Op, reply: oneshot::Sender<Result<Option<EntityRow>>> },
     /// A handler finished.
     ActionDone { entity_id: i64, version: i64, result: std::result::Result<Outcome, FaultError> },
+    /// A transition's entry and exit actions ran: the outcome with their effects, or the
+    /// fault of the one that failed.
+    HooksDone { entity_id: i64, version: i64, hooks: Box<Hooks>, result: std::result::Result<Outcome, FaultError> },
     /// Subscriptions were evaluated over a snapshot of the successors (and its newest
     /// notice id), or the read failed.
     Evaluated { entity_id: i64, version: i64, result: std::result::Result<(Fire, Option<i64>), String> },

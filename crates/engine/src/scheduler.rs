@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::api::Wait;
 use crate::config::Config;
-use crate::decide::{self, Decided, Env, Expect, FaultError, Held, Next, Note};
+use crate::decide::{self, Decided, Env, Expect, FaultError, Held, Hooks, Next, Note};
 use crate::error::{Error, Result};
 use crate::handler::{ActionContext, CatchUnwind, Nested};
 use crate::msg::{DoneTx, Fire, Msg};
@@ -59,6 +59,8 @@ enum Running {
     Action { action: Arc<Action>, item: Option<InboxItem>, locks: Arc<Mutex<Vec<(i64, i64)>>>, started: Millis },
     /// Its subscriptions are being evaluated for this notice.
     Evaluating { notice: InboxItem },
+    /// The entry and exit actions of a transition are running.
+    Hooks,
 }
 
 /// An entity this engine holds the lease of: what the decisions see, and what runs for it.
@@ -245,6 +247,9 @@ impl<S: Store + Clone> Scheduler<S> {
                 self.pending.push(Pending::Agent(reply));
             }
             Msg::ActionDone { entity_id, version, result } => self.on_action_done(entity_id, version, result),
+            Msg::HooksDone { entity_id, version, hooks, result } => {
+                self.on_hooks_done(entity_id, version, *hooks, result)
+            }
             Msg::Evaluated { entity_id, version, result } => self.on_evaluated(entity_id, version, result),
             Msg::WhenIdle(tx) => {
                 self.waiters.on_idle(tx);
@@ -504,6 +509,7 @@ impl<S: Store + Clone> Scheduler<S> {
         match next {
             Next::Commit(d) => self.push(*d),
             Next::Run { action, item } => self.spawn_action(id, Arc::new(action), item),
+            Next::Hooks(hooks) => self.spawn_hooks(id, *hooks),
             Next::Evaluate { notice } => self.evaluate(id, notice),
             Next::Release => self.release(id),
         }
@@ -630,7 +636,38 @@ impl<S: Store + Clone> Scheduler<S> {
         let seconds = (env.now - started) as f64 / 1000.0;
         crate::metrics::action_seconds(&slot.held.entity.machine, &action.name, seconds);
         let locks = std::mem::take(&mut *locks.lock().expect("locks"));
-        let d = decide::action_done(&mut slot.held, &action, item, result, locks, started, &env);
+        let next = decide::action_done(&mut slot.held, &action, item, result, locks, started, &env);
+        self.carry_out(id, next);
+    }
+
+    /// Runs a transition's entry and exit actions in order on a task: declarative ones are
+    /// applied there, handlers are awaited one after another, each seeing the properties
+    /// as the ones before left them. Their effects join the transition's outcome.
+    fn spawn_hooks(&mut self, id: i64, mut hooks: Hooks) {
+        let slot = self.held.get_mut(&id).expect("held entity");
+        slot.running = Some(Running::Hooks);
+        let entity = slot.held.entity.clone();
+        let (registry, nested, tx) = (self.registry.clone(), self.nested.clone(), self.tx.clone());
+        tokio::spawn(async move {
+            let result = run_hooks(&registry, nested, &entity, &mut hooks).await;
+            let _ = tx.send(Msg::HooksDone { entity_id: id, version: entity.version, hooks: Box::new(hooks), result });
+        });
+    }
+
+    fn on_hooks_done(
+        &mut self,
+        id: i64,
+        version: i64,
+        hooks: Hooks,
+        result: std::result::Result<crate::Outcome, FaultError>,
+    ) {
+        let env = decide_env!(self);
+        let Some(slot) = self.held.get_mut(&id) else { return };
+        if slot.held.entity.version != version || !matches!(slot.running, Some(Running::Hooks)) {
+            return;
+        }
+        slot.running = None;
+        let d = decide::hooks_done(&mut slot.held, hooks, result, &env);
         self.push(d);
     }
 }
@@ -667,4 +704,56 @@ fn op_error(e: OpError) -> Error {
         OpError::TaskRefused { task, reason } => Error::TaskRefused { task, reason },
         other => Error::Store(settle_store::Error::Db(other.to_string())),
     }
+}
+
+/// Runs the hooks of `hooks` (see [`Scheduler::spawn_hooks`]) for `entity`; answers the
+/// main outcome with their effects added, or the fault of the first that failed (naming
+/// it). What they read with lock joins the transition's preconditions.
+async fn run_hooks(
+    registry: &Registry,
+    nested: Arc<dyn Nested>,
+    entity: &settle_store::EntityRow,
+    hooks: &mut Hooks,
+) -> std::result::Result<crate::Outcome, FaultError> {
+    let mut outcome = std::mem::take(&mut hooks.outcome);
+    let item = hooks.item.clone();
+    for hook in &hooks.run {
+        let what = if hook.exit { "exit" } else { "entry" };
+        let name = format!("{what} action `{}` of state `{}`", hook.action.name, hook.state);
+        if hook.action.is_declarative() {
+            decide::declare(&hook.action, &mut outcome);
+            continue;
+        }
+        let Some(handler) = registry.handler(&entity.machine, &hook.action.name) else {
+            return Err(FaultError::new("refused", format!("{name}: no handler bound")));
+        };
+        let mut properties = entity.properties.clone();
+        settle_core::step::apply_changes(&mut properties, &outcome.changes);
+        let locks = Arc::new(Mutex::new(Vec::new()));
+        let ctx = ActionContext {
+            machine: entity.machine.clone(),
+            key: entity.key.clone(),
+            entity_id: entity.id,
+            state: hook.state.clone(),
+            action: hook.action.name.clone(),
+            properties,
+            version: entity.version,
+            retry: entity.retry,
+            event: item.as_ref().map(|i| i.event.clone()),
+            params: item.as_ref().map(|i| i.params.clone()).unwrap_or(Value::Null),
+            request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| entity.request_id.clone()),
+            nested: nested.clone(),
+            locks: locks.clone(),
+        };
+        let result = FaultError::of_handler(CatchUnwind(handler(ctx)).await);
+        hooks.locks.extend(std::mem::take(&mut *locks.lock().expect("locks")));
+        match result {
+            Ok(effects) => outcome.absorb(effects).map_err(|e| FaultError::new("refused", format!("{name} {e}")))?,
+            Err(mut fault) => {
+                fault.details = format!("{name}: {}", fault.details);
+                return Err(fault);
+            }
+        }
+    }
+    Ok(outcome)
 }

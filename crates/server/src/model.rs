@@ -15,6 +15,7 @@ pub fn outcome_of(o: &EventOutcome) -> Outcome {
         EventOutcome::Rejected { state, reason } => {
             Outcome::Rejected { state: state.to_string(), reason: reason.clone() }
         }
+        EventOutcome::Ignored { state } => Outcome::Ignored { state: state.to_string() },
         EventOutcome::Failed { error } => Outcome::Failed { error: error.clone() },
     }
 }

@@ -108,6 +108,10 @@ pub struct Commit {
     /// cleared). Whenever the state is entered (`to` set), earlier open tasks of the entity
     /// are canceled first.
     pub offer: Option<TaskOffer>,
+    /// An internal transition (with `to` `None`): the entity stays in its state entry, but
+    /// its version moves (its properties or effects changed it), and the history row and
+    /// its `transitions` row stay in the state.
+    pub internal: bool,
 }
 
 impl Commit {
@@ -142,6 +146,7 @@ impl Commit {
             machine_hash: None,
             telemetry: Telemetry::default(),
             offer: None,
+            internal: false,
         }
     }
 }

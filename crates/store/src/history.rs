@@ -20,6 +20,11 @@ pub enum HistoryKind {
     Fault,
     /// An operator command (pause, resume, sleep, kill, release, retry); see `detail`.
     Command,
+    /// An internal transition: an event's action committed its effects without leaving or
+    /// entering any state.
+    Internal,
+    /// An event was accepted and dropped (`ignore`); nothing changed.
+    Ignored,
 }
 
 impl HistoryKind {
@@ -32,6 +37,8 @@ impl HistoryKind {
             HistoryKind::Rejected => "rejected",
             HistoryKind::Fault => "fault",
             HistoryKind::Command => "command",
+            HistoryKind::Internal => "internal",
+            HistoryKind::Ignored => "ignored",
         }
     }
     /// Parses the stored name.
@@ -43,6 +50,8 @@ impl HistoryKind {
             "rejected" => HistoryKind::Rejected,
             "fault" => HistoryKind::Fault,
             "command" => HistoryKind::Command,
+            "internal" => HistoryKind::Internal,
+            "ignored" => HistoryKind::Ignored,
             _ => return None,
         })
     }

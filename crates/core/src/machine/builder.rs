@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
-use super::def::{ActionDef, EventDef, Health, MachineDef, MigrateDef, Origin, StateDef, StateKind, TimerDef};
-use super::model::{Machine, Schedule};
+use super::def::{
+    ActionDef, EventDef, Health, MachineDef, MigrateDef, Origin, RaiseDef, StateDef, StateKind, TimerDef, WhenDef,
+};
+use super::model::{Machine, Related, Schedule};
 use crate::fault::FaultPolicy;
 use crate::validate::Report;
 
@@ -87,6 +89,38 @@ impl MachineBuilder {
         self
     }
 
+    /// Makes the last state a substate of `parent` (DESIGN §1, "Composite states").
+    pub fn parent(mut self, parent: impl Into<String>) -> Self {
+        self.last_state().parent = Some(parent.into());
+        self
+    }
+    /// Makes the last state a parent whose initial child is `child` (entered whenever the
+    /// parent is).
+    pub fn initial_child(mut self, child: impl Into<String>) -> Self {
+        self.last_state().initial_child = Some(child.into());
+        self
+    }
+    /// Adds an action the last state runs whenever a transition enters it.
+    pub fn on_entry(mut self, action: impl Into<String>) -> Self {
+        self.last_state().on_entry.push(action.into());
+        self
+    }
+    /// Adds an action the last state runs whenever a transition leaves it.
+    pub fn on_exit(mut self, action: impl Into<String>) -> Self {
+        self.last_state().on_exit.push(action.into());
+        self
+    }
+    /// Adds an action the last state runs when `event`'s transition enters it.
+    pub fn on_entry_from(mut self, event: impl Into<String>, action: impl Into<String>) -> Self {
+        let (event, action) = (event.into(), action.into());
+        let from = &mut self.last_state().on_entry_from;
+        match from.iter_mut().find(|(e, _)| *e == event) {
+            Some((_, actions)) => actions.push(action),
+            None => from.push((event, vec![action])),
+        }
+        self
+    }
+
     /// Adds an event valid in `valid_in` that triggers `action`.
     pub fn event<I, S>(mut self, name: impl Into<String>, valid_in: I, action: impl Into<String>) -> Self
     where
@@ -105,6 +139,59 @@ impl MachineBuilder {
     fn last_event(&mut self) -> &mut EventDef {
         assert!(matches!(self.last, Last::Event), "call .event(...) first");
         self.def.events.last_mut().expect("an event was added")
+    }
+    /// Adds an event valid in `valid_in` whose alternatives ([`when`](Self::when),
+    /// [`when_rejecting`](Self::when_rejecting)) decide what it does.
+    pub fn guarded_event<I, S>(mut self, name: impl Into<String>, valid_in: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.def.events.push(EventDef {
+            name: name.into(),
+            valid_in: valid_in.into_iter().map(Into::into).collect(),
+            ..EventDef::default()
+        });
+        self.last = Last::Event;
+        self
+    }
+    /// Adds an alternative to the last event: when `guard` holds (`None`: always), run
+    /// `action`.
+    pub fn when(mut self, guard: Option<&str>, action: impl Into<String>) -> Self {
+        let when = WhenDef { guard: guard.map(str::to_string), action: Some(action.into()), ..WhenDef::default() };
+        self.last_event().when.push(when);
+        self
+    }
+    /// Adds an alternative to the last event: when `guard` holds, reject it with `reason`.
+    pub fn when_rejecting(mut self, guard: Option<&str>, reason: impl Into<String>) -> Self {
+        let when = WhenDef { guard: guard.map(str::to_string), reject: Some(reason.into()), ..WhenDef::default() };
+        self.last_event().when.push(when);
+        self
+    }
+    /// Restricts the last event's last alternative to these of its states.
+    pub fn when_in<I, S>(mut self, states: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let w = self.last_event().when.last_mut().expect("call .when(...) first");
+        w.valid_in = states.into_iter().map(Into::into).collect();
+        self
+    }
+    /// Declares states where the last event is accepted and dropped.
+    pub fn ignore<I, S>(mut self, states: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.last_event().ignore.extend(states.into_iter().map(Into::into));
+        self
+    }
+    /// Makes the last event an internal transition: its action's effects commit without
+    /// leaving or entering any state.
+    pub fn internal(mut self) -> Self {
+        self.last_event().internal = true;
+        self
     }
     /// Declares required parameters of the last event.
     pub fn params<I, S>(mut self, params: I) -> Self
@@ -146,6 +233,35 @@ impl MachineBuilder {
             ..ActionDef::default()
         });
         self.last = Last::Action;
+        self
+    }
+    /// Adds an action with no target: an entry, exit or internal action.
+    pub fn effect(self, name: impl Into<String>) -> Self {
+        self.action(name, Vec::<String>::new())
+    }
+    fn last_action(&mut self) -> &mut ActionDef {
+        assert!(matches!(self.last, Last::Action), "call .action(...) first");
+        self.def.actions.last_mut().expect("an action was added")
+    }
+    /// Makes the last action declarative: it sets `property` to `value` (`null` removes it).
+    pub fn sets(mut self, property: impl Into<String>, value: serde_json::Value) -> Self {
+        self.last_action().set.push((property.into(), value));
+        self
+    }
+    /// Makes the last action declarative: it raises `event` with `params` on every
+    /// entity related to the entity as `on` says.
+    pub fn raises(mut self, event: impl Into<String>, on: Related, params: serde_json::Value) -> Self {
+        let raise = RaiseDef { event: event.into(), on: on.as_str().to_string(), params };
+        self.last_action().raise.push(raise);
+        self
+    }
+    /// Declares the property names the machine's entities carry (guards may read them).
+    pub fn properties<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.def.properties.extend(names.into_iter().map(Into::into));
         self
     }
     /// Binds the last action to agent queue `queue` with lock `lock` (DESIGN §5).

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::def::Health;
-use super::model::{Machine, Schedule};
+use super::model::{Alternative, Machine, Schedule, Then};
 
 impl Machine {
     /// A canonical, stable JSON rendering of the definition (stored with the machine):
@@ -30,6 +30,27 @@ impl Machine {
                 if !s.renamed_from.is_empty() {
                     state["renamed_from"] = s.renamed_from.iter().map(|n| n.as_str()).collect();
                 }
+                // Keys of substates and entry/exit actions only when used.
+                if let Some(p) = &s.parent {
+                    state["parent"] = Value::from(p.as_str());
+                }
+                if let Some(c) = &s.initial_child {
+                    state["initial"] = Value::from(c.as_str());
+                }
+                if !s.on_entry.is_empty() {
+                    state["on_entry"] = s.on_entry.iter().map(|a| a.as_str()).collect();
+                }
+                if !s.on_exit.is_empty() {
+                    state["on_exit"] = s.on_exit.iter().map(|a| a.as_str()).collect();
+                }
+                if !s.on_entry_from.is_empty() {
+                    let from: Map<String, Value> = s
+                        .on_entry_from
+                        .iter()
+                        .map(|(e, a)| (e.to_string(), a.iter().map(|a| a.as_str()).collect()))
+                        .collect();
+                    state["on_entry_from"] = Value::from(from);
+                }
                 state
             })
             .collect();
@@ -42,10 +63,19 @@ impl Machine {
                 let mut event = json!({
                     "name": e.name.as_str(),
                     "in": e.valid_in.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
-                    "action": e.action.as_str(),
                     "params": e.params,
                     "reject": reject,
                 });
+                match e.action() {
+                    Some(action) => event["action"] = Value::from(action.as_str()),
+                    None => event["when"] = e.alternatives.iter().map(alternative_json).collect(),
+                }
+                if !e.ignore.is_empty() {
+                    event["ignore"] = e.ignore.iter().map(|s| s.as_str()).collect();
+                }
+                if e.internal {
+                    event["internal"] = Value::from(true);
+                }
                 // Keys of later features only when used: older definitions keep their hash.
                 if let Some(sub) = &e.subscribe {
                     event["subscribe"] = Value::from(sub.pattern.to_string());
@@ -67,12 +97,23 @@ impl Machine {
                 if let Some(b) = &a.agent {
                     action["agent"] = json!({"queue": b.queue, "lock_ms": ms(b.lock)});
                 }
+                if !a.set.is_empty() {
+                    let set: Map<String, Value> = a.set.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                    action["set"] = Value::from(set);
+                }
+                if !a.raise.is_empty() {
+                    action["raise"] = a
+                        .raise
+                        .iter()
+                        .map(|r| json!({"event": r.event.as_str(), "on": r.on.as_str(), "params": r.params}))
+                        .collect();
+                }
                 action
             })
             .collect();
         let mut machine = json!({
             "name": self.name().as_str(),
-            "initial": self.initial().name.as_str(),
+            "initial": self.initial_declared().name.as_str(),
             "states": states,
             "events": events,
             "actions": actions,
@@ -103,6 +144,9 @@ impl Machine {
                 "backoff": {"min_ms": ms(f.backoff_min), "max_ms": ms(f.backoff_max)},
             });
         }
+        if !self.properties.is_empty() {
+            machine["properties"] = self.properties.iter().map(String::as_str).collect();
+        }
         if !self.migrate.is_empty() {
             let migrate: Map<String, Value> =
                 self.migrate.iter().map(|(old, new)| (old.to_string(), Value::from(new.as_str()))).collect();
@@ -122,6 +166,19 @@ impl Machine {
 }
 
 /// Writes `v` as compact JSON with every object's keys in sorted order.
+/// One `when` alternative, as stored.
+fn alternative_json(a: &Alternative) -> serde_json::Value {
+    let mut alt = serde_json::json!({ "in": a.valid_in.iter().map(|s| s.as_str()).collect::<Vec<_>>() });
+    if let Some(g) = &a.guard {
+        alt["guard"] = serde_json::Value::from(g.source());
+    }
+    match &a.then {
+        Then::Action(action) => alt["action"] = serde_json::Value::from(action.as_str()),
+        Then::Reject(reason) => alt["reject"] = serde_json::Value::from(reason.as_str()),
+    }
+    alt
+}
+
 fn write_sorted(v: &serde_json::Value, out: &mut String) {
     use serde_json::Value;
     match v {

@@ -82,6 +82,34 @@ pub struct StateDef {
     /// Former names of this state (`renamed_from = [...]`): stored entities in one of
     /// them move here when the definition is upgraded (see [`crate::upgrade`]).
     pub renamed_from: Vec<String>,
+    /// The state this one is a substate of (`parent = "..."`).
+    pub parent: Option<String>,
+    /// For a parent: the child entered when the parent is (`initial = "child"`).
+    pub initial_child: Option<String>,
+    /// Actions run whenever a transition enters this state (`on_entry`).
+    pub on_entry: Vec<String>,
+    /// Actions run whenever a transition leaves this state (`on_exit`).
+    pub on_exit: Vec<String>,
+    /// Actions run when this state is entered by a given event (`[states.X.on_entry_from]
+    /// EVENT = action`), after its `on_entry` actions.
+    pub on_entry_from: Vec<(String, Vec<String>)>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// One guarded alternative of an event (`[[events.E.when]]`), before validation: where it
+/// applies, its guard, and what it does when the guard holds.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WhenDef {
+    /// The states (levels) where it applies; empty: every state of the event.
+    pub valid_in: Vec<String>,
+    /// The guard, an expression over `props` and `params` (see [`crate::guard`]); `None`
+    /// always holds.
+    pub guard: Option<String>,
+    /// The action run when the guard holds.
+    pub action: Option<String>,
+    /// Or the reason the event is rejected when the guard holds.
+    pub reject: Option<String>,
     /// Where it was declared.
     pub origin: Origin,
 }
@@ -93,8 +121,15 @@ pub struct EventDef {
     pub name: String,
     /// States in which the event is valid.
     pub valid_in: Vec<String>,
-    /// The action the event triggers.
+    /// The action the event triggers (empty when it has `when` alternatives instead).
     pub action: String,
+    /// Guarded alternatives, tried in order (`[[events.E.when]]`).
+    pub when: Vec<WhenDef>,
+    /// States where the event is accepted and dropped (`ignore = [...]`).
+    pub ignore: Vec<String>,
+    /// An internal transition: the action's effects commit without leaving or entering
+    /// any state (`internal = true`).
+    pub internal: bool,
     /// Required parameter names.
     pub params: Vec<String>,
     /// Rejection reasons for specific states where the event is not valid.
@@ -139,8 +174,25 @@ pub struct ActionDef {
     pub agent: Option<String>,
     /// `lock`: how long an agent holds a task it leased before it is offered again.
     pub lock: Option<Duration>,
+    /// `set`: properties a declarative action sets (a JSON `null` removes one).
+    pub set: Vec<(String, serde_json::Value)>,
+    /// `raise`: events a declarative action raises on the entity's predecessors or
+    /// successors.
+    pub raise: Vec<RaiseDef>,
     /// Where it was declared.
     pub origin: Origin,
+}
+
+/// An event a declarative action raises on related entities (`raise = [{ event = "...",
+/// on = "predecessors" }]`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RaiseDef {
+    /// The event raised on each of them.
+    pub event: String,
+    /// `predecessors` or `successors`.
+    pub on: String,
+    /// Its parameters (a JSON object, or null).
+    pub params: serde_json::Value,
 }
 
 /// A fault policy as declared (`[fault]`), before validation: keys not declared take the
@@ -221,6 +273,9 @@ pub struct MachineDef {
     pub fault: Option<FaultDef>,
     /// The migration table (`[migrate]`), in declaration order.
     pub migrate: Vec<MigrateDef>,
+    /// Properties the machine's entities carry (`properties = [...]`): the names guards
+    /// may read besides those of `requires` and declarative `set`.
+    pub properties: Vec<String>,
     /// Where the machine was declared (file start).
     pub origin: Origin,
 }

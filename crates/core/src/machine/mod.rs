@@ -10,7 +10,9 @@
 //! - `model`: [`Machine`] and its validated parts;
 //! - `builder`: [`MachineBuilder`], a definition written in Rust;
 //! - `canonical`: [`Machine::canonical_json`] and [`Machine::content_hash`], the
-//!   definition's stored version.
+//!   definition's stored version;
+//! - `tree`: substates, and the queries that understand nesting ([`Machine::path`],
+//!   [`Machine::event_level`], [`Machine::transition_path`], …).
 //!
 //! Everything is re-exported here: `settle_core::machine::X` is the path to use.
 
@@ -18,12 +20,15 @@ mod builder;
 mod canonical;
 pub(crate) mod def;
 mod model;
+mod tree;
 
 pub use builder::MachineBuilder;
 pub use def::{
-    ActionDef, EventDef, FaultDef, Health, MachineDef, MigrateDef, Origin, StateDef, StateKind, TimerDef,
-    effective_kind,
+    ActionDef, EventDef, FaultDef, Health, MachineDef, MigrateDef, Origin, RaiseDef, StateDef, StateKind, TimerDef,
+    WhenDef, effective_kind,
 };
 pub use model::{
-    Action, AgentBinding, Event, Machine, Schedule, State, Subscription, SubscriptionTimeout, Target, Timer,
+    Action, AgentBinding, Alternative, Broadcast, Event, Machine, Related, Schedule, State, Subscription,
+    SubscriptionTimeout, Target, Then, Timer,
 };
+pub use tree::{Level, Path, Transition};

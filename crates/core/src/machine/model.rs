@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::def::{FaultDef, Health, MachineDef, StateKind, effective_kind};
 use crate::duration;
 use crate::fault::FaultPolicy;
+use crate::guard::Guard;
 use crate::names::{ActionName, EventName, MachineName, StateName};
 use crate::pattern::Pattern;
 use crate::validate::{self, Report};
@@ -32,12 +33,33 @@ pub struct State {
     pub requires: Vec<String>,
     /// Former names of this state: stored entities in one of them move here on upgrade.
     pub renamed_from: Vec<StateName>,
+    /// The state this one is a substate of.
+    pub parent: Option<StateName>,
+    /// For a parent: the child entered when the parent is (a parent is never occupied by
+    /// itself).
+    pub initial_child: Option<StateName>,
+    /// Actions run by every transition that enters this state.
+    pub on_entry: Vec<ActionName>,
+    /// Actions run by every transition that leaves this state.
+    pub on_exit: Vec<ActionName>,
+    /// Actions run when a given event's transition enters this state (after `on_entry`).
+    pub on_entry_from: BTreeMap<EventName, Vec<ActionName>>,
 }
 
 impl State {
     /// Stable, terminal and deleted states are "at rest": nothing runs on its own.
     pub fn at_rest(&self) -> bool {
         self.kind != StateKind::Unstable
+    }
+    /// Whether this state has substates (then an entity is never in it alone).
+    pub fn is_parent(&self) -> bool {
+        self.initial_child.is_some()
+    }
+    /// The actions entering this state runs when the transition was made by `event`:
+    /// `on_entry`, then `on_entry_from` for that event.
+    pub fn entry_actions<'s>(&'s self, event: Option<&str>) -> impl Iterator<Item = &'s ActionName> {
+        let from = event.and_then(|e| self.on_entry_from.get(e)).into_iter().flatten();
+        self.on_entry.iter().chain(from)
     }
 }
 
@@ -46,10 +68,17 @@ impl State {
 pub struct Event {
     /// The event's name.
     pub name: EventName,
-    /// States in which the event is valid, in declaration order.
+    /// States in which the event is valid, in declaration order: it applies to each of
+    /// them and to their substates (see [`Machine::event_level`]).
     pub valid_in: Vec<StateName>,
-    /// The action it triggers.
-    pub action: ActionName,
+    /// What the event does where it is valid, tried in order: a plain event has one
+    /// unguarded alternative running its action.
+    pub alternatives: Vec<Alternative>,
+    /// States where the event is accepted and dropped, recorded as ignored.
+    pub ignore: Vec<StateName>,
+    /// An internal transition: its action's effects commit without leaving or entering
+    /// any state.
+    pub internal: bool,
     /// Required parameter names.
     pub params: Vec<String>,
     /// Declared rejection reasons by state.
@@ -58,10 +87,66 @@ pub struct Event {
     pub subscribe: Option<Subscription>,
 }
 
+/// One of an event's alternatives: where it applies, its guard, and what it does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Alternative {
+    /// The states (levels) where it applies; empty: all of the event's.
+    pub valid_in: Vec<StateName>,
+    /// Its guard; `None` always holds.
+    pub guard: Option<Guard>,
+    /// What it does when it is chosen.
+    pub then: Then,
+}
+
+/// What a chosen alternative does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Then {
+    /// Run this action.
+    Action(ActionName),
+    /// Reject the event with this reason.
+    Reject(String),
+}
+
+impl Alternative {
+    /// Whether it applies at `level`, a state the event lists.
+    pub fn applies_at(&self, level: &str) -> bool {
+        self.valid_in.is_empty() || self.valid_in.iter().any(|s| s == level)
+    }
+    /// Its action, if it runs one.
+    pub fn action(&self) -> Option<&ActionName> {
+        match &self.then {
+            Then::Action(a) => Some(a),
+            Then::Reject(_) => None,
+        }
+    }
+}
+
 impl Event {
-    /// Whether the event may be processed in `state`.
+    /// Whether the event lists `state` (`in`). An event applies to the substates of the
+    /// states it lists too: see [`Machine::event_level`].
     pub fn valid_in(&self, state: &str) -> bool {
         self.valid_in.iter().any(|s| s == state)
+    }
+    /// Whether `state` is one of its `ignore` states.
+    pub fn ignored_in(&self, state: &str) -> bool {
+        self.ignore.iter().any(|s| s == state)
+    }
+    /// The action of a plain event (one unguarded alternative that runs an action).
+    pub fn action(&self) -> Option<&ActionName> {
+        match self.alternatives.as_slice() {
+            [only] if only.guard.is_none() && only.valid_in.is_empty() => only.action(),
+            _ => None,
+        }
+    }
+    /// Every action its alternatives may run, in order, without repeats.
+    pub fn actions(&self) -> Vec<&ActionName> {
+        let mut out: Vec<&ActionName> = Vec::new();
+        for a in self.alternatives.iter().filter_map(Alternative::action) {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+        out
     }
 }
 
@@ -147,10 +232,44 @@ pub struct Target {
 pub struct Action {
     /// The action's name.
     pub name: ActionName,
-    /// Its declared targets.
+    /// Its declared targets (none for an entry, exit or internal action).
     pub targets: Vec<Target>,
     /// The agent queue that executes it (`None`: a Rust handler, or a plain transition).
     pub agent: Option<AgentBinding>,
+    /// A declarative action's property changes (a JSON `null` removes the property).
+    pub set: Vec<(String, serde_json::Value)>,
+    /// A declarative action's events raised on related entities.
+    pub raise: Vec<Broadcast>,
+}
+
+/// An event a declarative action raises on every entity related one way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Broadcast {
+    /// The event.
+    pub event: EventName,
+    /// On whom.
+    pub on: Related,
+    /// Its parameters (a JSON object, or null).
+    pub params: serde_json::Value,
+}
+
+/// Entities related to one entity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Related {
+    /// Those it joined the workflow of (the entities it is a successor of).
+    Predecessors,
+    /// Those it created or joined into its workflow.
+    Successors,
+}
+
+impl Related {
+    /// `predecessors` or `successors`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Related::Predecessors => "predecessors",
+            Related::Successors => "successors",
+        }
+    }
 }
 
 /// An action executed by external agents (DESIGN §5): entering its state offers a task on
@@ -172,6 +291,11 @@ impl Action {
     /// The declared target named `state`, if any.
     pub fn target(&self, state: &str) -> Option<&Target> {
         self.targets.iter().find(|t| t.state == state)
+    }
+    /// Whether the engine performs it from its declaration alone (`set`, `raise`), with no
+    /// handler and no agent.
+    pub fn is_declarative(&self) -> bool {
+        !self.set.is_empty() || !self.raise.is_empty()
     }
 }
 
@@ -203,7 +327,13 @@ pub struct Machine {
     pub(super) fault: Option<FaultPolicy>,
     /// The migration table: old state name to declared state.
     pub(super) migrate: BTreeMap<StateName, StateName>,
-    state_index: HashMap<StateName, usize>,
+    /// Declared property names (`properties`).
+    pub(super) properties: Vec<String>,
+    /// Each state's parent, by index (the tree `tree.rs` walks).
+    pub(super) parents: Vec<Option<usize>>,
+    /// Whether any state has a parent (a flat machine skips the tree walks).
+    pub(super) nested: bool,
+    pub(super) state_index: HashMap<StateName, usize>,
     event_index: HashMap<EventName, usize>,
     action_index: HashMap<ActionName, usize>,
 }
@@ -232,6 +362,15 @@ impl Machine {
                 health: s.health,
                 requires: s.requires.clone(),
                 renamed_from: s.renamed_from.iter().map(StateName::new).collect(),
+                parent: s.parent.as_ref().map(StateName::new),
+                initial_child: s.initial_child.as_ref().map(StateName::new),
+                on_entry: s.on_entry.iter().map(ActionName::new).collect(),
+                on_exit: s.on_exit.iter().map(ActionName::new).collect(),
+                on_entry_from: s
+                    .on_entry_from
+                    .iter()
+                    .map(|(e, a)| (EventName::new(e), a.iter().map(ActionName::new).collect()))
+                    .collect(),
             })
             .collect();
         let initial_name = def
@@ -247,7 +386,9 @@ impl Machine {
             .map(|e| Event {
                 name: EventName::new(&e.name),
                 valid_in: e.valid_in.iter().map(StateName::new).collect(),
-                action: ActionName::new(&e.action),
+                alternatives: alternatives(e),
+                ignore: e.ignore.iter().map(StateName::new).collect(),
+                internal: e.internal,
                 params: e.params.clone(),
                 reject: e.reject.iter().map(|(s, r)| (StateName::new(s), r.clone())).collect(),
                 subscribe: e.subscribe.as_ref().map(|text| Subscription {
@@ -290,8 +431,20 @@ impl Machine {
                     queue: queue.clone(),
                     lock: a.lock.unwrap_or(AgentBinding::DEFAULT_LOCK),
                 }),
+                set: a.set.clone(),
+                raise: a
+                    .raise
+                    .iter()
+                    .map(|r| Broadcast {
+                        event: EventName::new(&r.event),
+                        on: if r.on == "successors" { Related::Successors } else { Related::Predecessors },
+                        params: r.params.clone(),
+                    })
+                    .collect(),
             })
             .collect();
+        let parents: Vec<Option<usize>> =
+            states.iter().map(|s| s.parent.as_ref().map(|p| state_index[p.as_str()])).collect();
         Machine {
             name: MachineName::new(&def.name),
             initial: state_index[initial_name.as_str()],
@@ -304,6 +457,9 @@ impl Machine {
             timers,
             fault: def.fault.as_ref().map(FaultDef::policy),
             migrate: def.migrate.iter().map(|m| (StateName::new(&m.from), StateName::new(&m.to))).collect(),
+            properties: def.properties.clone(),
+            nested: parents.iter().any(Option::is_some),
+            parents,
         }
     }
 
@@ -311,9 +467,18 @@ impl Machine {
     pub fn name(&self) -> &MachineName {
         &self.name
     }
-    /// The initial state.
+    /// The state a new entity starts in: the declared initial state, or, when that is a
+    /// parent, the leaf its initial children lead to.
     pub fn initial(&self) -> &State {
+        self.descend(&self.states[self.initial].name)
+    }
+    /// The initial state as declared (possibly a parent).
+    pub fn initial_declared(&self) -> &State {
         &self.states[self.initial]
+    }
+    /// The property names the machine declares (`properties`).
+    pub fn properties(&self) -> &[String] {
+        &self.properties
     }
     /// All states in declaration order.
     pub fn states(&self) -> &[State] {
@@ -355,29 +520,12 @@ impl Machine {
     pub fn action(&self, name: &str) -> Option<&Action> {
         self.action_index.get(name).map(|&i| &self.actions[i])
     }
-    /// Events valid in `state`, in declaration order.
-    pub fn permitted_events(&self, state: &str) -> impl Iterator<Item = &Event> {
-        self.events.iter().filter(move |e| e.valid_in(state))
-    }
-    /// Subscription events valid in `state`, in declaration order: those the runtime
-    /// evaluates while an entity is in `state`.
-    pub fn subscriptions_in(&self, state: &str) -> impl Iterator<Item = &Event> {
-        self.permitted_events(state).filter(|e| e.subscribe.is_some())
-    }
-    /// Timers that run in `state`, in declaration order.
-    pub fn timers_in(&self, state: &str) -> impl Iterator<Item = &Timer> {
-        self.timers.iter().filter(move |t| t.valid_in(state))
-    }
-    /// The health of the state named `state`; [`Health::Ok`] for a state the machine does
-    /// not declare.
-    pub fn health_of(&self, state: &str) -> Health {
-        self.state(state).map_or(Health::Ok, |s| s.health)
-    }
     /// Actions that need a bound Rust handler: every action except those with exactly
-    /// one target, which the engine may perform itself as a plain transition, and those
-    /// bound to an agent queue.
+    /// one target, which the engine may perform itself as a plain transition, those bound
+    /// to an agent queue, and declarative ones (`set`, `raise`). An entry, exit or internal
+    /// action with no target and nothing declared needs one: it would do nothing.
     pub fn actions_needing_handlers(&self) -> impl Iterator<Item = &Action> {
-        self.actions.iter().filter(|a| a.targets.len() != 1 && a.agent.is_none())
+        self.actions.iter().filter(|a| a.targets.len() != 1 && a.agent.is_none() && !a.is_declarative())
     }
     /// The agent queues this machine's actions are bound to, without repeats.
     pub fn agent_queues(&self) -> Vec<&str> {
@@ -387,4 +535,23 @@ impl Machine {
         queues.dedup();
         queues
     }
+}
+
+/// An event's alternatives: its `when` entries, or the one its `action` makes.
+fn alternatives(e: &super::def::EventDef) -> Vec<Alternative> {
+    if e.when.is_empty() {
+        return vec![Alternative { valid_in: Vec::new(), guard: None, then: Then::Action(ActionName::new(&e.action)) }];
+    }
+    e.when
+        .iter()
+        .map(|w| Alternative {
+            valid_in: w.valid_in.iter().map(StateName::new).collect(),
+            guard: w.guard.as_deref().map(|g| Guard::parse(g).expect("validated guard parses")),
+            then: match (&w.action, &w.reject) {
+                (Some(a), _) => Then::Action(ActionName::new(a)),
+                (None, Some(r)) => Then::Reject(r.clone()),
+                (None, None) => unreachable!("validated alternative has an action or a reason"),
+            },
+        })
+        .collect()
 }

@@ -7,6 +7,7 @@
 //! [`Report`] and its [`Diagnostic`]s are in `report`; the warnings, found on the
 //! definition's transition graph, in `warnings`.
 
+mod nesting;
 mod report;
 mod set;
 mod warnings;
@@ -205,6 +206,7 @@ impl<'a> Checker<'a> {
         self.duplicate_items("event", def.events.iter().map(|e| (e.name.as_str(), e.origin)));
         self.duplicate_items("action", def.actions.iter().map(|a| (a.name.as_str(), a.origin)));
         self.duplicate_items("timer", def.timers.iter().map(|t| (t.name.as_str(), t.origin)));
+        self.duplicate_entries("machine", def.origin.line, "properties", def.properties.iter().map(String::as_str));
         let deleted: Vec<&StateDef> = def.states.iter().filter(|s| s.kind == Some(StateKind::Deleted)).collect();
         if deleted.len() > 1 {
             let list = quoted(deleted.iter().map(|s| s.name.as_str()));
@@ -254,6 +256,12 @@ impl<'a> Checker<'a> {
         if s.wait.is_some() && s.auto.is_empty() {
             self.error(&item, line, "`wait` declared without an auto action".into());
         }
+        for a in &s.auto {
+            if self.actions.get(a.as_str()).is_some_and(|action| action.targets.is_empty()) {
+                self.error(&item, line, format!("auto action `{a}` has no target (`to`)"));
+            }
+        }
+        self.nesting(s, &item);
         self.duplicate_entries(&item, line, "requires", s.requires.iter().map(String::as_str));
         self.duplicate_entries(&item, line, "renamed_from", s.renamed_from.iter().map(String::as_str));
         let mut seen = HashSet::new();
@@ -333,15 +341,14 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(&item, line, "in", e.valid_in.iter().map(String::as_str));
-        if !self.actions.contains_key(e.action.as_str()) {
-            self.error(&item, line, format!("`action` names unknown action `{}`", e.action));
-        }
+        self.alternatives(e, &item);
         self.duplicate_entries(&item, line, "params", e.params.iter().map(String::as_str));
         for (st, _) in &e.reject {
             if !self.has_state(st) {
                 self.error(&item, line, format!("`reject` names unknown state `{st}`"));
-            } else if e.valid_in.contains(st) {
-                self.error(&item, line, format!("rejection reason for `{st}`, where the event is valid"));
+            } else if let Some(level) = self.path(st).into_iter().find(|s| e.valid_in.iter().any(|v| v == s)) {
+                let where_ = if level == st.as_str() { String::new() } else { format!(" (in `{level}`)") };
+                self.error(&item, line, format!("rejection reason for `{st}`, where the event is valid{where_}"));
             }
         }
         self.duplicate_entries(&item, line, "reject", e.reject.iter().map(|(s, _)| s.as_str()));
@@ -379,7 +386,8 @@ impl<'a> Checker<'a> {
 
     fn action(&mut self, a: &'a ActionDef) {
         let (item, line) = self.item("action", &a.name, a.origin);
-        if a.targets.is_empty() {
+        if a.targets.is_empty() && !self.runs_somewhere(&a.name) {
+            // Used as an event's or auto action, it is reported there.
             self.error(&item, line, "no target states (`to` is empty)".into());
         }
         for t in &a.targets {
@@ -399,6 +407,26 @@ impl<'a> Checker<'a> {
         }
         self.duplicate_entries(&item, line, "wait", a.target_waits.iter().map(|(s, _)| s.as_str()));
         self.agent_binding(a, &item);
+        self.declarative(a, &item);
+    }
+
+    /// Whether any state or event runs the action (as auto, entry or exit action, or as
+    /// an event's action).
+    fn runs_somewhere(&self, action: &str) -> bool {
+        let by_state = self.def.states.iter().any(|s| {
+            s.auto
+                .iter()
+                .chain(&s.on_entry)
+                .chain(&s.on_exit)
+                .chain(s.on_entry_from.iter().flat_map(|(_, a)| a))
+                .any(|a| a == action)
+        });
+        by_state
+            || self
+                .def
+                .events
+                .iter()
+                .any(|e| e.action == action || e.when.iter().any(|w| w.action.as_deref() == Some(action)))
     }
 
     /// An agent-bound action runs as a state's auto action (the task is offered when the
@@ -418,8 +446,9 @@ impl<'a> Checker<'a> {
                 if a.lock.is_some_and(|l| l.is_zero()) {
                     self.error(item, line, "`lock` must be longer than zero".into());
                 }
-                let events: Vec<&str> =
-                    self.def.events.iter().filter(|e| e.action == a.name).map(|e| e.name.as_str()).collect();
+                let runs =
+                    |e: &EventDef| e.action == a.name || e.when.iter().any(|w| w.action.as_ref() == Some(&a.name));
+                let events: Vec<&str> = self.def.events.iter().filter(|e| runs(e)).map(|e| e.name.as_str()).collect();
                 if !events.is_empty() {
                     let events = events.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(", ");
                     self.error(

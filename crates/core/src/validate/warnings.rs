@@ -27,17 +27,21 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// Edges of the transition graph out of `s`: targets of events valid in it and, for
-    /// unstable states, targets of its auto action. Unknown names are skipped.
-    fn successors(&self, s: &StateDef) -> Vec<&'a str> {
+    /// Edges of the transition graph out of `s`: the leaves entered by the targets of the
+    /// events valid in it (declared for it or an ancestor) and, for unstable states, of its
+    /// auto action. Unknown names are skipped.
+    fn successors(&self, s: &'a StateDef) -> Vec<&'a str> {
         let mut out = Vec::new();
         let mut add = |action: &str| {
             if let Some(a) = self.actions.get(action) {
-                out.extend(a.targets.iter().map(String::as_str).filter(|t| self.has_state(t)));
+                out.extend(a.targets.iter().map(String::as_str).filter(|t| self.has_state(t)).map(|t| self.descend(t)));
             }
         };
-        for e in self.def.events.iter().filter(|e| e.valid_in.contains(&s.name)) {
-            add(&e.action);
+        let path = self.path(&s.name);
+        for e in self.def.events.iter().filter(|e| path.iter().any(|p| e.valid_in.iter().any(|v| v == p))) {
+            for a in std::iter::once(&e.action).chain(e.when.iter().filter_map(|w| w.action.as_ref())) {
+                add(a);
+            }
         }
         if effective_kind(s) == StateKind::Unstable {
             for a in &s.auto {
@@ -51,14 +55,20 @@ impl<'a> Checker<'a> {
         if self.initials.is_empty() {
             return;
         }
-        let mut reached: HashSet<&str> = self.initials.iter().copied().collect();
-        let mut todo: Vec<&str> = self.initials.clone();
+        let mut reached: HashSet<&str> = HashSet::new();
+        let mut todo: Vec<&str> = self.initials.iter().map(|i| self.descend(i)).collect();
+        reached.extend(todo.iter().copied());
         while let Some(name) = todo.pop() {
             for next in self.successors(self.states[name]) {
                 if reached.insert(next) {
                     todo.push(next);
                 }
             }
+        }
+        // An entity in a leaf is in every ancestor of it too.
+        let leaves: Vec<&str> = reached.iter().copied().collect();
+        for leaf in leaves {
+            reached.extend(self.path(leaf));
         }
         let from = quoted(self.initials.iter().copied());
         let mut reported = HashSet::new();
@@ -76,8 +86,10 @@ impl<'a> Checker<'a> {
     pub(super) fn dead_ends(&mut self) {
         let mut reported = HashSet::new();
         for s in &self.def.states {
-            let left = self.def.events.iter().any(|e| e.valid_in.contains(&s.name));
-            if effective_kind(s) == StateKind::Stable && !left && reported.insert(s.name.as_str()) {
+            let path = self.path(&s.name);
+            let left = self.def.events.iter().any(|e| path.iter().any(|p| e.valid_in.iter().any(|v| v == p)));
+            let leaf = !self.is_parent(&s.name);
+            if leaf && effective_kind(s) == StateKind::Stable && !left && reported.insert(s.name.as_str()) {
                 self.warning(
                     &format!("state `{}`", s.name),
                     s.origin.line,
@@ -114,7 +126,7 @@ impl<'a> Checker<'a> {
                             **t != s.name && zero(wait)
                         })
                     })
-                    .filter_map(|t| index.get(t.as_str()).copied())
+                    .filter_map(|t| index.get(self.descend(t)).copied())
                     .collect()
             })
             .collect();

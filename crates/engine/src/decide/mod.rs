@@ -35,8 +35,8 @@ use settle_store::{
 };
 
 pub(crate) use fault::{FaultError, fault};
+pub(crate) use transition::{Hooks, declare, hooks_done, new_entity, transition};
 use transition::{event_record, task_offer};
-pub(crate) use transition::{finish, new_entity};
 
 use crate::api::EventOutcome;
 use crate::handler::Outcome;
@@ -101,6 +101,9 @@ pub(crate) enum Next {
     Commit(Box<Decided>),
     /// Run the action's handler, for the event that triggered it (`None`: the auto action).
     Run { action: Action, item: Option<InboxItem> },
+    /// Run the entry and exit actions of a transition (some have handlers), then decide
+    /// its commit with their effects ([`hooks_done`]).
+    Hooks(Box<Hooks>),
     /// Read the successors and evaluate the subscriptions for this change notice.
     Evaluate { notice: InboxItem },
     /// Nothing to do now: release the lease (the store keeps the due time).
@@ -238,7 +241,8 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
     let has_handler = env.registry.handler(machine.name(), auto).is_some();
     match step::on_auto(&machine, &state.name, has_handler) {
         Some(EventStep::Plain { action, target }) => {
-            commit(finish(held, action, None, Outcome::to(target), Vec::new(), None, env))
+            let outcome = target.map_or_else(Outcome::stay, Outcome::to);
+            transition(held, action, None, outcome, Vec::new(), None, env)
         }
         Some(EventStep::Run { action }) => Next::Run { action: action.clone(), item: None },
         // Due without a task (first entry after a resume, or a retry-now): offer it.
@@ -253,15 +257,19 @@ fn commit(d: Decided) -> Next {
     Next::Commit(Box::new(d))
 }
 
-/// An event (raised, nested, a timer's, or a subscription that fired) in the held state.
+/// An event (raised, nested, a timer's, or a subscription that fired) in the held state:
+/// its level, its alternative (guards read the entity's properties and the event's
+/// parameters), then what that alternative does.
 fn event(held: &mut Held, item: InboxItem, env: &Env<'_>) -> Next {
     let machine = held.machine.clone();
-    let has_handler =
-        machine.event(&item.event).is_some_and(|e| env.registry.handler(machine.name(), &e.action).is_some());
-    match step::on_event(&machine, &held.entity.state, &item.event, has_handler) {
+    let has_handler = |a: &Action| env.registry.handler(machine.name(), &a.name).is_some();
+    let e = &held.entity;
+    match step::on_event(&machine, &e.state, &item.event, &has_handler, &e.properties, &item.params) {
         EventStep::Reject(rejection) => commit(reject(held, item, rejection.reason, env)),
+        EventStep::Ignore { level } => commit(ignored(held, item, &level, env)),
         EventStep::Plain { action, target } => {
-            commit(finish(held, action, Some(item), Outcome::to(target), Vec::new(), None, env))
+            let outcome = target.map_or_else(Outcome::stay, Outcome::to);
+            transition(held, action, Some(item), outcome, Vec::new(), None, env)
         }
         EventStep::Run { action } => Next::Run { action: action.clone(), item: Some(item) },
         EventStep::Agent { .. } => unreachable!("validation keeps agent actions off events"),
@@ -308,12 +316,22 @@ pub(crate) fn subscription_fires(
     fired: &[EventName],
     successors: &[EntityRow],
 ) -> Option<(EventName, Value)> {
+    // Each successor's ancestors, for `in [parent]` to match its substates.
+    let ancestors: Vec<Vec<&str>> = successors
+        .iter()
+        .map(|e| match registry.machines.get(&e.machine) {
+            Some(m) if m.is_nested() => m.path(&e.state).skip(1).map(|s| s.name.as_str()).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
     let views: Vec<SuccessorView<'_>> = successors
         .iter()
-        .map(|e| SuccessorView {
+        .zip(&ancestors)
+        .map(|(e, ancestors)| SuccessorView {
             machine: &e.machine,
             key: &e.key,
             state: &e.state,
+            ancestors,
             health: registry.machines.get(&e.machine).map(|m| m.health_of(&e.state)).unwrap_or_default(),
         })
         .collect();
@@ -348,7 +366,7 @@ fn agent_reported(held: &mut Held, item: InboxItem, env: &Env<'_>) -> Next {
             for (k, v) in properties {
                 outcome = if v.is_null() { outcome.remove(k) } else { outcome.set(k, v) };
             }
-            commit(finish(held, &action, None, outcome, Vec::new(), Some(report.leased_at), env))
+            transition(held, &action, None, outcome, Vec::new(), Some(report.leased_at), env)
         }
         TaskResult::Fail { error, retryable } => {
             let agent = report.agent.as_deref().unwrap_or("an agent");
@@ -368,10 +386,10 @@ pub(crate) fn action_done(
     locks: Vec<(i64, i64)>,
     started: Millis,
     env: &Env<'_>,
-) -> Decided {
+) -> Next {
     match result {
-        Ok(outcome) => finish(held, action, item, outcome, locks, Some(started), env),
-        Err(error) => fault(held, item, Some(&action.name), error, env),
+        Ok(outcome) => transition(held, action, item, outcome, locks, Some(started), env),
+        Err(error) => commit(fault(held, item, Some(&action.name), error, env)),
     }
 }
 
@@ -408,6 +426,38 @@ pub(crate) fn reject(held: &mut Held, item: InboxItem, reason: String, env: &Env
     }
     let note = Note::Rejected { event: item.event.clone(), reason, request_id: item.request_id.clone() };
     Decided { outcome: Some(outcome), item: Some(item), note: Some(note), ..Decided::new(commit) }
+}
+
+/// Records an event accepted and dropped: `level` (the state or an ancestor) ignores it.
+/// Consumed; nothing else changes.
+fn ignored(held: &mut Held, item: InboxItem, level: &str, env: &Env<'_>) -> Decided {
+    let after = held.after_unchanged(env.now);
+    let outcome = EventOutcome::Ignored { state: held.entity.state.clone() };
+    let detail = if level == held.entity.state.as_str() {
+        format!("ignored in `{level}`")
+    } else {
+        format!("ignored in `{level}`, which contains `{}`", held.entity.state)
+    };
+    let mut commit = Commit {
+        retry: held.entity.retry,
+        event: Some(item.event.clone()),
+        consume: Some(item.id),
+        request_id: item.request_id.clone(),
+        detail: Some(detail),
+        machine_hash: env.registry.hash(held.machine.name()),
+        telemetry: Telemetry {
+            event: Some(event_record(&item, false, false)),
+            at_rest: !held.unstable(),
+            complete: true,
+            current_event: held.entity.event_id,
+            ..Telemetry::default()
+        },
+        ..Commit::new(held.fence(env.owner), held.entity.state.clone(), HistoryKind::Ignored, after)
+    };
+    if let Some(f) = held.firing.take() {
+        commit.consume_notices_upto = Some(f.notices_upto);
+    }
+    Decided { outcome: Some(outcome), item: Some(item), ..Decided::new(commit) }
 }
 
 /// Consumes change notices (up to `notices_upto`) without a history row: nothing fired.

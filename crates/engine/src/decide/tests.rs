@@ -126,6 +126,16 @@ fn step_of(next: &Next) -> String {
             format!("run {} for {}", action.name, item.as_ref().map_or("auto".to_string(), |i| i.event.to_string()))
         }
         Next::Evaluate { notice } => format!("evaluate notice {}", notice.id),
+        Next::Hooks(h) => {
+            let run: Vec<String> = h
+                .run
+                .iter()
+                .map(|hook| {
+                    format!("{} {} of {}", if hook.exit { "exit" } else { "entry" }, hook.action.name, hook.state)
+                })
+                .collect();
+            format!("hooks [{}] after {}", run.join(", "), h.action.name)
+        }
         Next::Release => "release".to_string(),
     }
 }
@@ -250,7 +260,7 @@ fn outcomes_become_transitions_retries_or_faults() {
     for (outcome, retry, expected, retry_after, auto_at, at_rest) in cases {
         let mut h = held("working");
         h.entity.retry = retry;
-        let d = action_done(&mut h, &work, None, Ok(outcome.clone()), Vec::new(), NOW - 20, &env);
+        let d = committed(action_done(&mut h, &work, None, Ok(outcome.clone()), Vec::new(), NOW - 20, &env));
         let c = &d.commit;
         let got = match &d.note {
             Some(Note::Fault { details, .. }) => format!("fault: {details}"),
@@ -279,7 +289,7 @@ fn the_fault_policy_backs_off_doubling_then_parks() {
         let mut h = held("working");
         h.entity.recent_errors = recent.clone();
         let error = FaultError::new("action_error", "action error: provider down");
-        let d = action_done(&mut h, &work, None, Err(error), Vec::new(), NOW - 20, &env);
+        let d = committed(action_done(&mut h, &work, None, Err(error), Vec::new(), NOW - 20, &env));
         let c = &d.commit;
         assert_eq!(c.run_status, Some((status, until)), "after {recent:?}");
         assert_eq!((c.to.as_deref(), c.auto_at), (Some("working"), Some(auto_at)), "after {recent:?}");
@@ -295,7 +305,7 @@ fn an_event_whose_action_fails_is_consumed_and_its_caller_hears_failed() {
     let poke = job().action("poke_it").unwrap().clone();
     let mut h = held("idle");
     let error = FaultError::new("panic", "action panicked: boom");
-    let d = action_done(&mut h, &poke, Some(raised("poke")), Err(error), Vec::new(), NOW - 5, &env);
+    let d = committed(action_done(&mut h, &poke, Some(raised("poke")), Err(error), Vec::new(), NOW - 5, &env));
     assert_eq!(d.outcome, Some(EventOutcome::Failed { error: "action panicked: boom".into() }));
     let c = &d.commit;
     assert_eq!((c.to.as_ref(), c.consume, c.kind), (None, Some(50), HistoryKind::Fault));
@@ -364,7 +374,8 @@ fn entering_a_state_writes_its_timers_and_its_agent_task() {
     let env = Env { registry: &registry, owner: OWNER, now: NOW };
     let work = job().action("work").unwrap().clone();
     let mut h = held("working");
-    let d = finish(&mut h, &work, None, Outcome::to("done").set("result", json!(1)), Vec::new(), None, &env);
+    let d =
+        transition::finish(&mut h, &work, None, Outcome::to("done").set("result", json!(1)), Vec::new(), None, &env);
     let timers = d.commit.timers.unwrap();
     assert_eq!(timers.len(), 1);
     let t = &timers[0];
@@ -375,7 +386,8 @@ fn entering_a_state_writes_its_timers_and_its_agent_task() {
     // Entering `waiting` starts its subscription's timeout.
     let poke = job().action("poke_it").unwrap().clone();
     let mut h = held("idle");
-    let d = finish(&mut h, &poke, Some(raised("poke")), Outcome::to("waiting"), Vec::new(), Some(NOW), &env);
+    let d =
+        transition::finish(&mut h, &poke, Some(raised("poke")), Outcome::to("waiting"), Vec::new(), Some(NOW), &env);
     let timers = d.commit.timers.unwrap();
     assert_eq!(
         timers.iter().map(|t| (t.name.as_str(), t.due_at)).collect::<Vec<_>>(),

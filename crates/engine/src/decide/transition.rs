@@ -1,23 +1,196 @@
-//! What an action's outcome commits: the state it enters (as `settle_core::step::enter`
-//! decides), its effects checked against their machines (entities created, events
-//! raised), the timers and agent task that come with the entry, and the telemetry rows.
+//! What an action's outcome commits: the states it leaves and enters (as
+//! `settle_core::step` decides), the effects of the entry and exit actions on the way
+//! (declarative ones applied here, handlers run by the scheduler first: [`Hooks`]), its
+//! effects checked against their machines (entities created, events raised), the timers
+//! and agent task that come with the entry, and the telemetry rows. An internal
+//! transition commits its effects without leaving or entering anything.
 
 use std::time::Duration;
 
 use settle_core::step;
-use settle_core::{Action, EntityKey, Machine, Properties};
+use settle_core::{Action, EntityKey, EventName, Machine, Properties, StateName};
 use settle_store::{
     AfterCommit, Commit, EventRecord, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, TaskOffer, Telemetry,
     TimerPlan, TransitionRecord,
 };
 
-use super::{Decided, Env, FaultError, Held, fault};
+use super::{Decided, Env, FaultError, Held, Next, commit, fault};
 use crate::api::EventOutcome;
 use crate::handler::Outcome;
 
-/// Turns an action's outcome into a transition commit, or a fault if the core refuses it
-/// (undeclared target, broken invariant, unknown machine or event in its effects).
-/// `started` is when its handler started (`None`: a plain transition).
+/// An entry or exit action to run before a transition commits.
+#[derive(Debug, Clone)]
+pub(crate) struct Hook {
+    /// The action.
+    pub(crate) action: Action,
+    /// The state being entered or left.
+    pub(crate) state: StateName,
+    /// Whether the state is being left (an exit action).
+    pub(crate) exit: bool,
+}
+
+/// A transition waiting for its entry and exit actions: what they run in (exits innermost
+/// first, then entries outermost first), and the main action's result they add to.
+#[derive(Debug)]
+pub(crate) struct Hooks {
+    pub(crate) run: Vec<Hook>,
+    /// The main action's outcome; the scheduler adds each hook's effects to it in order.
+    pub(crate) outcome: Outcome,
+    pub(crate) action: Action,
+    pub(crate) item: Option<InboxItem>,
+    pub(crate) locks: Vec<(i64, i64)>,
+    pub(crate) started: Option<Millis>,
+}
+
+/// Decides what an action's outcome comes to: an internal transition's commit; a fault
+/// when the target is not one the action declares; the entry and exit actions to run
+/// first when any of them has a handler; else the transition's commit, with the effects
+/// of declarative entry and exit actions. `started` is when the action's handler started
+/// (`None`: the engine performed it).
+pub(crate) fn transition(
+    held: &mut Held,
+    action: &Action,
+    item: Option<InboxItem>,
+    mut outcome: Outcome,
+    locks: Vec<(i64, i64)>,
+    started: Option<Millis>,
+    env: &Env<'_>,
+) -> Next {
+    if started.is_none() {
+        declare(action, &mut outcome);
+    }
+    let machine = held.machine.clone();
+    if item.as_ref().and_then(|i| machine.event(&i.event)).is_some_and(|e| e.internal) {
+        return commit(internal(held, action, item, outcome, locks, started, env));
+    }
+    let from = machine.state(&held.entity.state).expect("entity state exists in its machine");
+    let path = match step::transition_of(&machine, from, action, outcome.target()) {
+        Ok(path) => path,
+        Err(refusal) => {
+            let error = FaultError::new("refused", refusal.to_string());
+            return commit(fault(held, item, Some(&action.name), error, env));
+        }
+    };
+    let event = item.as_ref().map(|i| i.event.as_str());
+    let exits = path.left.iter().flat_map(|s| s.on_exit.iter().map(move |a| (*s, a, true)));
+    let entries = path.entered.iter().flat_map(|s| s.entry_actions(event).map(move |a| (*s, a, false)));
+    let run: Vec<Hook> = exits
+        .chain(entries)
+        .filter_map(|(s, a, exit)| machine.action(a).map(|a| Hook { action: a.clone(), state: s.name.clone(), exit }))
+        .collect();
+    if run.iter().any(|h| !h.action.is_declarative()) {
+        return Next::Hooks(Box::new(Hooks { run, outcome, action: action.clone(), item, locks, started }));
+    }
+    for hook in &run {
+        declare(&hook.action, &mut outcome);
+    }
+    commit(finish(held, action, item, outcome, locks, started, env))
+}
+
+/// The entry and exit actions of a transition ran; `outcome` carries their effects (or
+/// one of them failed: `Err`). Decides the transition's commit, or its fault.
+pub(crate) fn hooks_done(
+    held: &mut Held,
+    hooks: Hooks,
+    outcome: std::result::Result<Outcome, FaultError>,
+    env: &Env<'_>,
+) -> Decided {
+    match outcome {
+        Ok(outcome) => finish(held, &hooks.action, hooks.item, outcome, hooks.locks, hooks.started, env),
+        Err(error) => fault(held, hooks.item, Some(&hooks.action.name), error, env),
+    }
+}
+
+/// Adds a declarative action's effects to `outcome`: its `set` (a `null` removes the
+/// property).
+pub(crate) fn declare(action: &Action, outcome: &mut Outcome) {
+    for (key, value) in &action.set {
+        let change = if value.is_null() {
+            step::PropChange::Remove(key.clone())
+        } else {
+            step::PropChange::Set(key.clone(), value.clone())
+        };
+        outcome.changes.push(change);
+    }
+}
+
+/// An internal transition: the action's effects commit; the entity stays in its state
+/// entry (no exit or entry action, no retry count reset, timers and subscriptions as they
+/// were), with a history row of kind `internal`.
+fn internal(
+    held: &mut Held,
+    action: &Action,
+    item: Option<InboxItem>,
+    outcome: Outcome,
+    preconditions: Vec<(i64, i64)>,
+    started: Option<Millis>,
+    env: &Env<'_>,
+) -> Decided {
+    let now = env.now;
+    let machine = held.machine.clone();
+    let e = &held.entity;
+    let state = machine.state(&e.state).expect("entity state exists in its machine");
+    if let Some(target) = outcome.target().filter(|t| *t != e.state.as_str()) {
+        let details = format!(
+            "an internal transition stays in its state, but action `{}` asked to move to `{target}`",
+            action.name
+        );
+        return fault(held, item, Some(&action.name), FaultError::new("refused", details), env);
+    }
+    let mut props = e.properties.clone();
+    step::apply_changes(&mut props, &outcome.changes);
+    if let Err(refusal) = step::stay(&machine, state, &props) {
+        return fault(held, item, Some(&action.name), FaultError::new("refused", refusal.to_string()), env);
+    }
+    let request_id = item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
+    let (creates, pushes) = match effects(&outcome, e.id, request_id.as_ref(), env) {
+        Ok(effects) => effects,
+        Err(err) => return fault(held, item, Some(&action.name), FaultError::new("refused", err), env),
+    };
+    let after = held.after_unchanged(now);
+    let at_rest = !held.unstable();
+    let e = &held.entity;
+    let health = machine.health_of(&e.state).as_str();
+    let transition = TransitionRecord {
+        kind: "internal",
+        start_health: Some(health),
+        end_health: health,
+        entry_time: e.entered_at,
+        start_time: item.as_ref().map(|i| i.created_at).or(started).unwrap_or(now),
+        action_start_time: started,
+        outcome: "ok",
+    };
+    let commit = Commit {
+        retry: e.retry,
+        internal: true,
+        consume: item.as_ref().map(|i| i.id),
+        properties: (props != e.properties).then_some(props),
+        action: Some(action.name.clone()),
+        event: item.as_ref().map(|i| i.event.clone()),
+        request_id,
+        sql: outcome.sql,
+        creates,
+        pushes,
+        preconditions,
+        machine_hash: env.registry.hash(machine.name()),
+        telemetry: Telemetry {
+            event: item.as_ref().map(|i| event_record(i, false, false)),
+            transition: Some(transition),
+            error: None,
+            at_rest,
+            complete: at_rest,
+            current_event: e.event_id,
+        },
+        ..Commit::new(held.fence(env.owner), e.state.clone(), HistoryKind::Internal, after)
+    };
+    let outcome = item.as_ref().map(|_| EventOutcome::Accepted { state: e.state.clone() });
+    Decided { item, action: Some(action.name.clone()), outcome, ..Decided::new(commit) }
+}
+
+/// Turns an action's outcome (with its entry and exit actions' effects) into a transition
+/// commit, or a fault if the core refuses it (undeclared target, broken invariant,
+/// unknown machine or event in its effects). `started` is when its handler started
+/// (`None`: a plain transition).
 pub(crate) fn finish(
     held: &mut Held,
     action: &Action,
@@ -55,15 +228,7 @@ pub(crate) fn finish(
     let outcome_for_caller = item.as_ref().map(|_| EventOutcome::Accepted { state: entry.state.clone() });
     let changed_state = entry.state != held.entity.state;
     let firing = held.firing.take();
-    let fired = if changed_state {
-        Some(Vec::new())
-    } else {
-        firing.as_ref().map(|f| {
-            let mut fired = held.entity.fired.clone();
-            fired.push(f.event.clone());
-            fired
-        })
-    };
+    let fired = fired_after(&machine, &held.entity.fired, firing.as_ref().map(|f| &f.event), &entry, changed_state);
     let kind = match (&item, started) {
         (Some(_), None) => "event",
         (Some(_), Some(_)) => "event_action",
@@ -95,7 +260,7 @@ pub(crate) fn finish(
         pushes,
         preconditions,
         timers: (changed_state && step::has_timers(&machine))
-            .then(|| timer_plan(&machine, Some(&e.state), &entry.state, now)),
+            .then(|| timer_plan(&machine, Some(&e.state), &entry.state, &entry.entered, now)),
         fired,
         notify_predecessors: changed_state,
         notify_self: changed_state && machine.subscriptions_in(&entry.state).next().is_some(),
@@ -116,6 +281,34 @@ pub(crate) fn finish(
         )
     };
     Decided { item, action: Some(action.name.clone()), outcome: outcome_for_caller, ..Decided::new(commit) }
+}
+
+/// The subscription events fired in the current state entry after a transition (`None`:
+/// unchanged). Staying in the same leaf keeps them (plus the one `firing`, if any); moving
+/// keeps only those still valid at a level the transition did not enter anew (a
+/// subscription on a parent fires once per entry into the parent).
+fn fired_after(
+    machine: &Machine,
+    fired: &[EventName],
+    firing: Option<&EventName>,
+    entry: &step::Entry,
+    changed_state: bool,
+) -> Option<Vec<EventName>> {
+    if !changed_state {
+        return firing.map(|f| fired.iter().cloned().chain(std::iter::once(f.clone())).collect());
+    }
+    let kept: Vec<EventName> = fired
+        .iter()
+        .chain(firing)
+        .filter(|name| {
+            machine.event(name).is_some_and(|ev| match machine.event_level(ev, &entry.state) {
+                Some(settle_core::machine::Level::Valid(level)) => !entry.entered.contains(&level.name),
+                _ => false,
+            })
+        })
+        .cloned()
+        .collect();
+    Some(kept)
 }
 
 /// The entities an outcome creates and the events it raises, checked against their
@@ -168,7 +361,7 @@ pub(crate) fn new_entity(
     Ok(NewEntity {
         machine: machine.name().clone(),
         key,
-        timers: timer_plan(machine, None, &initial, now),
+        timers: timer_plan(machine, None, &initial, &entry.entered, now),
         notify_self: machine.subscriptions_in(&initial).next().is_some(),
         operation: None,
         machine_hash: None,
@@ -195,8 +388,14 @@ pub(super) fn task_offer(machine: &Machine, state: &str, at: Millis) -> Option<T
 }
 
 /// The stored timers an entity has after entering `to` from `from` at `now`.
-pub(super) fn timer_plan(machine: &Machine, from: Option<&str>, to: &str, now: Millis) -> Vec<TimerPlan> {
-    step::timers_on_entry(machine, from, to)
+pub(super) fn timer_plan(
+    machine: &Machine,
+    from: Option<&str>,
+    to: &str,
+    entered: &[StateName],
+    now: Millis,
+) -> Vec<TimerPlan> {
+    step::timers_on_entry(machine, from, to, entered)
         .into_iter()
         .map(|t| TimerPlan {
             name: t.name,

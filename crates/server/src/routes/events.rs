@@ -114,7 +114,7 @@ async fn raise(
     }
     let entity = raised.entity.as_ref().map(Entity::from);
     match &raised.outcome {
-        None | Some(EventOutcome::Accepted { .. }) => {
+        None | Some(EventOutcome::Accepted { .. } | EventOutcome::Ignored { .. }) => {
             let body = RaiseDone {
                 request_id: raised.request_id.clone(),
                 outcome: raised.outcome.as_ref().map(crate::model::outcome_of),

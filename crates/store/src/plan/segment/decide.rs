@@ -250,8 +250,15 @@ impl Work {
                     cur.request_id = Some(r.clone());
                 }
             }
-            None => cur.busy = cur.busy && status != RunStatus::Failed,
+            None => {
+                cur.busy = cur.busy && status != RunStatus::Failed;
+                if c.internal {
+                    cur.version += 1;
+                }
+            }
         }
+        // A row of `transitions`: a state entry, or an internal transition (it stays).
+        let moved = c.to.is_some() || c.internal;
         if let Some(p) = &c.properties {
             slot.properties = Some(json_text(p));
         }
@@ -269,12 +276,12 @@ impl Work {
             cur.machine_hash = Some(h.clone());
         }
         let t = &c.telemetry;
-        if c.to.is_some() {
+        if moved {
             cur.ordinal = if t.event.is_some() { 1 } else { cur.ordinal + 1 };
         }
         if t.at_rest {
             cur.event_id = None;
-        } else if c.to.is_some() && t.event.is_some() {
+        } else if moved && t.event.is_some() {
             cur.event_id = Some(c.consume.unwrap_or(-1));
         }
         if !(hold && status == RunStatus::Active) {
@@ -293,16 +300,16 @@ impl Work {
         }
         // The event this commit belongs to: the one it processes (its id is its inbox id),
         // else the one whose workflow the entity is in.
-        let event_id = if t.event.is_some() && c.to.is_some() { c.consume } else { t.current_event };
+        let event_id = if t.event.is_some() && moved { c.consume } else { t.current_event };
         if !c.quiet {
             // A state entry's history row is also its `transitions` row.
-            let tr = if c.to.is_some() { t.transition.as_ref() } else { None };
+            let tr = if moved { t.transition.as_ref() } else { None };
             self.plan.history.push((
                 s,
                 HistoryInsert {
                     entity_id,
                     from_state: Some(c.from.to_string()),
-                    to_state: c.to.as_ref().map(|s| s.to_string()),
+                    to_state: c.to.as_ref().or(c.internal.then_some(&c.from)).map(|s| s.to_string()),
                     kind: c.kind.as_str(),
                     action: c.action.as_ref().map(|a| a.to_string()),
                     event: c.event.as_ref().map(|e| e.to_string()),

@@ -3,23 +3,34 @@
 //! The engine asks these questions here and never answers them itself:
 //! - may this event be raised at all ([`check_raise`]: known event, right parameters)?
 //!   May it be refused at once because the entity is at rest ([`refuse_at_rest`])?
-//! - what does this event do in the entity's current state ([`on_event`]), what does its
-//!   auto action do ([`on_auto`]), and is that auto action due ([`auto_due`])?
-//! - may this action outcome be committed, and what does the entity enter ([`enter`])?
+//! - what does this event do in the entity's current state ([`on_event`]: the innermost
+//!   level of its state that lists or ignores the event, and the first alternative there
+//!   whose guard holds), what does its auto action do ([`on_auto`]), and is that auto
+//!   action due ([`auto_due`])?
+//! - may this action outcome be committed, which states does the transition leave and
+//!   enter, and which leaf does the entity end in ([`enter`], in `entry`)?
 //! - what comes with entering a state: its timers ([`timers_on_entry`]), the agent task it
-//!   offers ([`agent_action`]); does a fired timer still apply ([`timer_applies`])?
+//!   offers ([`agent_action`]); does a fired timer still apply ([`timer_applies`])? (in
+//!   `timers`)
 //! - which subscription fires over a snapshot of the successors ([`fire`])?
 //!
 //! No IO, no clock: time arrives as arguments or as durations relative to "now", chosen
 //! by the caller.
 
-use std::time::Duration;
+mod entry;
+#[cfg(test)]
+mod statecharts;
+mod timers;
 
 use serde_json::{Map, Value};
 
-use crate::machine::{Action, Event, Machine, Schedule, State, StateKind};
-use crate::names::{ActionName, EventName, MachineName, StateName};
-use crate::pattern::SuccessorView;
+pub use entry::{
+    Entry, PropChange, Refusal, apply_changes, enter, initial_entry, missing_required, stay, transition_of,
+};
+pub use timers::{TimerStart, agent_action, fire, has_timers, timer_applies, timers_on_entry};
+
+use crate::machine::{Action, Event, Level, Machine, StateKind, Then};
+use crate::names::{EventName, MachineName, StateName};
 
 /// Entity properties: a JSON object.
 pub type Properties = Map<String, Value>;
@@ -118,14 +129,21 @@ pub struct Rejection {
 /// What processing an event in a state comes to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EventStep<'m> {
-    /// The event is not valid here; nothing changes.
+    /// The event is not valid here, or an alternative rejects it; nothing changes.
     Reject(Rejection),
-    /// The action has one target and no handler: the engine moves the entity itself.
+    /// The event is accepted and dropped: `level` (the state, or an ancestor) ignores it.
+    Ignore {
+        /// The state that declares `ignore`.
+        level: StateName,
+    },
+    /// The engine performs the action itself (no handler): a transition to its one
+    /// target, or, with `target` `None`, effects only (a declarative action with no
+    /// target, as an internal transition's).
     Plain {
         /// The action.
         action: &'m Action,
         /// Its one target.
-        target: StateName,
+        target: Option<StateName>,
     },
     /// The action's handler must run and report an outcome.
     Run {
@@ -142,9 +160,24 @@ pub enum EventStep<'m> {
     },
 }
 
-/// Decides what `event` does in `state`. `has_handler` tells whether the action has an
-/// implementation bound (otherwise a one-target action is a plain transition).
-pub fn on_event<'m>(machine: &'m Machine, state: &str, event: &str, has_handler: bool) -> EventStep<'m> {
+/// Decides what `event` does for an entity in `state` with properties `props`, raised
+/// with `params`: the innermost state of its path that lists or ignores the event decides
+/// (an `ignore` there drops it); among the alternatives that apply at that level, the
+/// first whose guard holds is chosen (it runs its action or rejects with its reason). No
+/// level: rejected with the reason declared for the state (or its nearest ancestor), or
+/// the default one. No guard holding: rejected, naming the guards; a guard that cannot be
+/// evaluated rejects with the reason.
+///
+/// `has_handler` tells whether an action has an implementation bound (otherwise a
+/// one-target action is a plain transition).
+pub fn on_event<'m>(
+    machine: &'m Machine,
+    state: &str,
+    event: &str,
+    has_handler: &dyn Fn(&Action) -> bool,
+    props: &Properties,
+    params: &Value,
+) -> EventStep<'m> {
     let Some(ev) = machine.event(event) else {
         return EventStep::Reject(Rejection {
             state: StateName::new(state),
@@ -152,32 +185,58 @@ pub fn on_event<'m>(machine: &'m Machine, state: &str, event: &str, has_handler:
             reason: format!("machine `{}` has no event `{event}`", machine.name()),
         });
     };
-    if !ev.valid_in(state) {
-        return EventStep::Reject(rejection(ev, state));
+    let level = match machine.event_level(ev, state) {
+        None => return EventStep::Reject(rejection(machine, ev, state)),
+        Some(Level::Ignored(level)) => return EventStep::Ignore { level: level.name.clone() },
+        Some(Level::Valid(level)) => level,
+    };
+    let reject =
+        |reason: String| EventStep::Reject(Rejection { state: StateName::new(state), event: ev.name.clone(), reason });
+    let mut not_holding = Vec::new();
+    for alt in ev.alternatives.iter().filter(|a| a.applies_at(&level.name)) {
+        if let Some(guard) = &alt.guard {
+            match guard.eval(props, params) {
+                Ok(true) => {}
+                Ok(false) => {
+                    not_holding.push(format!("`{guard}`"));
+                    continue;
+                }
+                Err(e) => return reject(format!("guard `{guard}` of event `{}` cannot be evaluated: {e}", ev.name)),
+            }
+        }
+        return match &alt.then {
+            Then::Reject(reason) => reject(reason.clone()),
+            Then::Action(a) => {
+                let action = machine.action(a).expect("validated machine: alternative action exists");
+                plain_or_run(action, has_handler(action))
+            }
+        };
     }
-    let action = machine.action(&ev.action).expect("validated machine: event action exists");
-    plain_or_run(action, has_handler)
+    reject(format!("no guard of event `{}` holds in state `{state}` ({} false)", ev.name, not_holding.join(", ")))
 }
 
-/// The rejection of `ev` in `state`, where it is not valid: its declared reason, or the
-/// default one.
-fn rejection(ev: &Event, state: &str) -> Rejection {
-    let reason =
-        ev.reject.get(state).cloned().unwrap_or_else(|| format!("event `{}` is not valid in state `{state}`", ev.name));
+/// The rejection of `ev` for an entity in `state`, where it is not valid: the reason
+/// declared for the state or its nearest ancestor, or the default one.
+fn rejection(machine: &Machine, ev: &Event, state: &str) -> Rejection {
+    let reason = machine
+        .rejection_reason(ev, state)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("event `{}` is not valid in state `{state}`", ev.name));
     Rejection { state: StateName::new(state), event: ev.name.clone(), reason }
 }
 
 /// The rule for an event raised on an entity *at rest*: if `event` is not valid in its
-/// state, it is refused at once and nothing is recorded, since nothing could make it valid
-/// before its turn. `moving` says whether anything may still change the entity's state
-/// first (its auto action is pending, an engine holds its lease, or events are queued):
-/// then the event is queued and decided in order like any other. `None`: not refused now
-/// (valid here, unknown to the machine — [`check_raise`] answers that —, or the entity
-/// may move).
+/// state (nor ignored there), it is refused at once and nothing is recorded, since
+/// nothing could make it valid before its turn. `moving` says whether anything may still
+/// change the entity's state first (its auto action is pending, an engine holds its
+/// lease, or events are queued): then the event is queued and decided in order like any
+/// other. `None`: not refused now (valid or ignored here, unknown to the machine —
+/// [`check_raise`] answers that —, or the entity may move). Guards are not evaluated
+/// here: an event a guard rejects is recorded as rejected in its turn.
 pub fn refuse_at_rest(machine: &Machine, state: &str, event: &str, moving: bool) -> Option<Rejection> {
     let ev = machine.event(event)?;
-    let at_rest = machine.state(state).is_some_and(State::at_rest);
-    (at_rest && !moving && !ev.valid_in(state)).then(|| rejection(ev, state))
+    let at_rest = machine.state(state).is_some_and(crate::machine::State::at_rest);
+    (at_rest && !moving && machine.event_level(ev, state).is_none()).then(|| rejection(machine, ev, state))
 }
 
 /// Whether the auto action of an entity in `state` may run at `now`: the state is
@@ -198,239 +257,28 @@ pub fn on_auto<'m>(machine: &'m Machine, state: &str, has_handler: bool) -> Opti
 
 fn plain_or_run(action: &Action, has_handler: bool) -> EventStep<'_> {
     match (&action.targets[..], has_handler) {
-        ([only], false) => EventStep::Plain { action, target: only.state.clone() },
-        _ => EventStep::Run { action },
+        (_, true) => EventStep::Run { action },
+        ([only], false) => EventStep::Plain { action, target: Some(only.state.clone()) },
+        ([], false) => EventStep::Plain { action, target: None },
+        (_, false) => EventStep::Run { action },
     }
-}
-
-/// Why an action's outcome cannot be committed. The entity stays where it is.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
-    /// The outcome names a state the action does not declare.
-    #[error("action `{action}` of machine `{machine}` may not move to `{target}` (declared: {declared})")]
-    UndeclaredTarget {
-        /// The machine.
-        machine: MachineName,
-        /// The action.
-        action: ActionName,
-        /// The target asked for.
-        target: String,
-        /// Declared targets, comma-separated.
-        declared: String,
-    },
-    /// The target state's required properties would not be set.
-    #[error("state `{state}` of machine `{machine}` requires {}", missing.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", "))]
-    InvariantViolated {
-        /// The machine.
-        machine: MachineName,
-        /// The state whose invariant fails.
-        state: StateName,
-        /// The properties missing or null.
-        missing: Vec<String>,
-    },
-}
-
-/// An entry into a state, decided and ready to commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// The state entered.
-    pub state: StateName,
-    /// Retry count of this state entry (0 unless an unstable state re-enters itself).
-    pub retry: u32,
-    /// For unstable states: the delay before the auto action runs. `None` when at rest.
-    pub auto_delay: Option<Duration>,
-}
-
-impl Entry {
-    /// Whether the entity is at rest after this entry (stable, terminal or deleted).
-    pub fn at_rest(&self) -> bool {
-        self.auto_delay.is_none()
-    }
-}
-
-/// Properties that `state` requires but `props` lacks (absent or null).
-pub fn missing_required(state: &State, props: &Properties) -> Vec<String> {
-    state.requires.iter().filter(|p| props.get(*p).is_none_or(Value::is_null)).cloned().collect()
-}
-
-/// The entry into the initial state of a new entity with `props`.
-pub fn initial_entry(machine: &Machine, props: &Properties) -> Result<Entry, Refusal> {
-    let state = machine.initial();
-    check_invariant(machine, state, props)?;
-    Ok(Entry { state: state.name.clone(), retry: 0, auto_delay: auto_delay(state, Duration::ZERO, None) })
-}
-
-/// Decides the entry that `action`, run in state `from` (entered `retry` times so far),
-/// makes when it asks for `target` (`None`: re-enter `from`) after `delay`, given the
-/// properties the entity would have after the commit.
-///
-/// Re-entering the current state is always allowed (it is how actions retry); any other
-/// target must be declared. The delay before an unstable target's auto action is the
-/// delay the action asked for, if any; otherwise the target state's `wait` plus the
-/// wait declared on this transition.
-pub fn enter(
-    machine: &Machine,
-    from: &State,
-    action: &Action,
-    target: Option<&str>,
-    delay: Option<Duration>,
-    retry: u32,
-    props_after: &Properties,
-) -> Result<Entry, Refusal> {
-    let target_name = target.unwrap_or(&from.name);
-    let declared = action.target(target_name);
-    if declared.is_none() && target_name != from.name.as_str() {
-        return Err(Refusal::UndeclaredTarget {
-            machine: machine.name().clone(),
-            action: action.name.clone(),
-            target: target_name.to_string(),
-            declared: action.targets.iter().map(|t| t.state.as_str()).collect::<Vec<_>>().join(", "),
-        });
-    }
-    let state = machine.state(target_name).expect("declared targets and the current state exist");
-    check_invariant(machine, state, props_after)?;
-    let is_retry =
-        state.name == from.name && state.kind == StateKind::Unstable && from.auto.as_ref() == Some(&action.name);
-    let transition_wait = declared.map(|t| t.wait).unwrap_or_default();
-    Ok(Entry {
-        state: state.name.clone(),
-        retry: if is_retry { retry + 1 } else { 0 },
-        auto_delay: auto_delay(state, transition_wait, delay),
-    })
-}
-
-fn auto_delay(state: &State, transition_wait: Duration, requested: Option<Duration>) -> Option<Duration> {
-    (state.kind == StateKind::Unstable).then(|| requested.unwrap_or(state.wait + transition_wait))
-}
-
-fn check_invariant(machine: &Machine, state: &State, props: &Properties) -> Result<(), Refusal> {
-    let missing = missing_required(state, props);
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(Refusal::InvariantViolated { machine: machine.name().clone(), state: state.name.clone(), missing })
-    }
-}
-
-/// A change to one property, buffered by an action and applied at commit.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PropChange {
-    /// Set `key` to a value.
-    Set(String, Value),
-    /// Remove `key`.
-    Remove(String),
-}
-
-/// Applies buffered property changes in order.
-pub fn apply_changes(props: &mut Properties, changes: &[PropChange]) {
-    for c in changes {
-        match c {
-            PropChange::Set(k, v) => {
-                props.insert(k.clone(), v.clone());
-            }
-            PropChange::Remove(k) => {
-                props.remove(k);
-            }
-        }
-    }
-}
-
-/// A timer to start on entering a state: one declared for the state, or the timeout of a
-/// subscription valid there. The runtime turns it into a stored due time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TimerStart {
-    /// The timer's name (`timeout:EVENT` for a subscription's timeout).
-    pub name: String,
-    /// The event it raises.
-    pub event: EventName,
-    /// When it first fires, counted from the entry.
-    pub after: Duration,
-    /// For a periodic timer: its period.
-    pub every: Option<Duration>,
-    /// Whether its schedule starts afresh at this entry; `false` for a periodic timer or
-    /// a timeout that was already running in the state left (it keeps its schedule).
-    pub restart: bool,
-}
-
-/// The timers an entity has after entering `to` from `from` (`None`: a new entity): the
-/// timers declared for `to`, and the timeouts of the subscriptions valid in `to`. One-shot
-/// timers start at the entry; a periodic timer, or a timeout, that was already running in
-/// `from` keeps its schedule.
-pub fn timers_on_entry(machine: &Machine, from: Option<&str>, to: &str) -> Vec<TimerStart> {
-    let from = from.unwrap_or_default();
-    let mut starts: Vec<TimerStart> = machine
-        .timers_in(to)
-        .map(|t| match t.schedule {
-            Schedule::After(d) => {
-                TimerStart { name: t.name.clone(), event: t.event.clone(), after: d, every: None, restart: true }
-            }
-            Schedule::Every(d) => TimerStart {
-                name: t.name.clone(),
-                event: t.event.clone(),
-                after: d,
-                every: Some(d),
-                restart: !t.valid_in(from),
-            },
-        })
-        .collect();
-    for ev in machine.subscriptions_in(to) {
-        if let Some(timeout) = ev.subscribe.as_ref().and_then(|s| s.timeout.as_ref()) {
-            starts.push(TimerStart {
-                name: format!("timeout:{}", ev.name),
-                event: timeout.event.clone(),
-                after: timeout.after,
-                every: None,
-                restart: !ev.valid_in(from),
-            });
-        }
-    }
-    starts
-}
-
-/// Whether entities of `machine` can have timers at all (declared timers or subscription
-/// timeouts): if not, a state change never needs to touch them.
-pub fn has_timers(machine: &Machine) -> bool {
-    !machine.timers().is_empty()
-        || machine.events().iter().any(|e| e.subscribe.as_ref().is_some_and(|s| s.timeout.is_some()))
-}
-
-/// Whether the timer `name`, which raised `event`, still applies in `state` (a timer that
-/// fired just as its entity left its states does not).
-pub fn timer_applies(machine: &Machine, state: &str, name: &str, event: &str) -> bool {
-    if let Some(sub_event) = name.strip_prefix("timeout:") {
-        return machine.event(sub_event).is_some_and(|e| {
-            e.valid_in(state) && e.subscribe.as_ref().and_then(|s| s.timeout.as_ref()).is_some_and(|t| t.event == event)
-        });
-    }
-    machine.timers().iter().any(|t| t.name == name && t.event == event && t.valid_in(state))
-}
-
-/// The auto action of `state` when an external agent executes it: entering the state
-/// offers its task on the action's queue instead of running anything.
-pub fn agent_action<'m>(machine: &'m Machine, state: &str) -> Option<&'m Action> {
-    machine.action(machine.state(state)?.auto.as_ref()?).filter(|a| a.agent.is_some())
-}
-
-/// The subscription that fires for an entity in `state` over a snapshot of its
-/// successors: the first valid in `state` (declaration order), not yet `fired` in this
-/// state entry, whose pattern holds; with the indices of the successors that made it hold.
-pub fn fire<'m>(
-    machine: &'m Machine,
-    state: &str,
-    fired: &[EventName],
-    successors: &[SuccessorView<'_>],
-) -> Option<(&'m Event, Vec<usize>)> {
-    machine.subscriptions_in(state).filter(|ev| !fired.contains(&ev.name)).find_map(|ev| {
-        let sub = ev.subscribe.as_ref()?;
-        sub.pattern.eval(successors).map(|matched| (ev, matched))
-    })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
     use super::*;
     use crate::MachineBuilder;
-    use serde_json::json;
+    use crate::names::StateName;
+    use crate::pattern::SuccessorView;
+
+    /// `on_event` with no handlers bound (`true`: all bound), no properties, no parameters.
+    fn on<'m>(m: &'m Machine, state: &str, event: &str, handlers: bool) -> EventStep<'m> {
+        on_event(m, state, event, &|_| handlers, &Properties::new(), &Value::Null)
+    }
 
     fn server() -> Machine {
         MachineBuilder::new("server")
@@ -475,18 +323,18 @@ mod tests {
     #[test]
     fn events_reject_with_declared_or_default_reason() {
         let m = server();
-        match on_event(&m, "creating", "create", false) {
+        match on(&m, "creating", "create", false) {
             EventStep::Reject(r) => assert_eq!(r.reason, "already in progress"),
             other => panic!("{other:?}"),
         }
-        match on_event(&m, "ready", "create", false) {
+        match on(&m, "ready", "create", false) {
             EventStep::Reject(r) => {
                 assert_eq!(r.reason, "event `create` is not valid in state `ready`")
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(on_event(&m, "new", "create", false), EventStep::Plain { .. }));
-        assert!(matches!(on_event(&m, "new", "create", true), EventStep::Run { .. }));
+        assert!(matches!(on(&m, "new", "create", false), EventStep::Plain { .. }));
+        assert!(matches!(on(&m, "new", "create", true), EventStep::Run { .. }));
         assert!(matches!(on_auto(&m, "creating", false), Some(EventStep::Run { .. })));
         assert!(on_auto(&m, "ready", false).is_none());
     }
@@ -563,6 +411,10 @@ mod tests {
     fn entering_a_state_starts_its_timers_and_subscription_timeouts() {
         let m = crate::fixtures::subscriber().build().unwrap();
         let mins = |n: u64| Duration::from_secs(60 * n);
+        // A flat machine: a transition to another state enters it; to the same, nothing.
+        let entered = |from: Option<&str>, to: &str| -> Vec<StateName> {
+            if from == Some(to) { Vec::new() } else { vec![StateName::new(to)] }
+        };
         type Started<'a> = Vec<(&'a str, Duration, Option<Duration>, bool)>;
         // (from, to) → (name, after, every, restart) of each timer started
         let cases: [(Option<&str>, &str, Started<'_>); 5] = [
@@ -573,8 +425,10 @@ mod tests {
             (Some("ready"), "failed", vec![("retry", mins(90), None, true)]),
         ];
         for (from, to, expected) in cases {
-            let got: Vec<_> =
-                timers_on_entry(&m, from, to).into_iter().map(|t| (t.name, t.after, t.every, t.restart)).collect();
+            let got: Vec<_> = timers_on_entry(&m, from, to, &entered(from, to))
+                .into_iter()
+                .map(|t| (t.name, t.after, t.every, t.restart))
+                .collect();
             let expected: Vec<_> = expected.into_iter().map(|(n, a, e, r)| (n.to_string(), a, e, r)).collect();
             assert_eq!(got, expected, "{from:?} -> {to}");
         }
@@ -603,7 +457,7 @@ mod tests {
     fn the_first_unfired_subscription_whose_pattern_holds_fires() {
         use crate::Health;
         let m = crate::fixtures::subscriber().build().unwrap();
-        let view = |state, health| SuccessorView { machine: "app", key: "a", state, health };
+        let view = |state, health| SuccessorView { machine: "app", key: "a", state, ancestors: &[], health };
         let ready = view("ready", Health::Ok);
         let broken = view("broken", Health::Error);
         let busy = view("creating", Health::Ok);

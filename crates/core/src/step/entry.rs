@@ -1,0 +1,194 @@
+//! Entering states: may an action's outcome be committed, which states does the
+//! transition leave and enter, which leaf does the entity end in, and when does its next
+//! auto action run ([`enter`], [`initial_entry`]); property changes ([`apply_changes`]).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::Properties;
+use crate::machine::{Action, Machine, State, StateKind};
+use crate::names::{ActionName, MachineName, StateName};
+
+/// Why an action's outcome cannot be committed. The entity stays where it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The outcome names a state the action does not declare.
+    #[error("action `{action}` of machine `{machine}` may not move to `{target}` (declared: {declared})")]
+    UndeclaredTarget {
+        /// The machine.
+        machine: MachineName,
+        /// The action.
+        action: ActionName,
+        /// The target asked for.
+        target: String,
+        /// Declared targets, comma-separated.
+        declared: String,
+    },
+    /// The target state's required properties would not be set.
+    #[error("state `{state}` of machine `{machine}` requires {}", missing.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", "))]
+    InvariantViolated {
+        /// The machine.
+        machine: MachineName,
+        /// The state whose invariant fails (the leaf entered, or an ancestor of it).
+        state: StateName,
+        /// The properties missing or null.
+        missing: Vec<String>,
+    },
+}
+
+/// An entry into a state, decided and ready to commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The leaf state the entity is in afterwards.
+    pub state: StateName,
+    /// Retry count of this state entry (0 unless an unstable state re-enters itself).
+    pub retry: u32,
+    /// For unstable states: the delay before the auto action runs. `None` when at rest.
+    pub auto_delay: Option<Duration>,
+    /// The states the transition leaves, innermost first (their exit actions run in this
+    /// order).
+    pub left: Vec<StateName>,
+    /// The states it enters, outermost first, ending with the leaf (their entry actions
+    /// run in this order).
+    pub entered: Vec<StateName>,
+}
+
+impl Entry {
+    /// Whether the entity is at rest after this entry (stable, terminal or deleted).
+    pub fn at_rest(&self) -> bool {
+        self.auto_delay.is_none()
+    }
+    /// Whether the transition leaves or enters any state (a retry, or a transition back to
+    /// the same leaf, does not).
+    pub fn moves(&self) -> bool {
+        !self.left.is_empty() || !self.entered.is_empty()
+    }
+}
+
+/// Properties that `state` requires but `props` lacks (absent or null).
+pub fn missing_required(state: &State, props: &Properties) -> Vec<String> {
+    state.requires.iter().filter(|p| props.get(*p).is_none_or(Value::is_null)).cloned().collect()
+}
+
+/// The entry into the initial state of a new entity with `props`: the declared initial
+/// state, or the leaf its initial children lead to, with every state of its path entered.
+pub fn initial_entry(machine: &Machine, props: &Properties) -> Result<Entry, Refusal> {
+    let leaf = machine.initial();
+    check_invariants(machine, leaf, props)?;
+    let mut entered: Vec<StateName> = machine.path(&leaf.name).map(|s| s.name.clone()).collect();
+    entered.reverse();
+    Ok(Entry {
+        state: leaf.name.clone(),
+        retry: 0,
+        auto_delay: auto_delay(leaf, Duration::ZERO, None),
+        left: Vec::new(),
+        entered,
+    })
+}
+
+/// Decides the entry that `action`, run in the leaf `from` (entered `retry` times so far),
+/// makes when it asks for `target` (`None`: re-enter `from`) after `delay`, given the
+/// properties the entity would have after the commit.
+///
+/// Re-entering the current state is always allowed (it is how actions retry, and a retry
+/// leaves and enters nothing); any other target must be declared. A target that is a
+/// parent enters its initial leaf. The invariants of the leaf entered and of each of its
+/// ancestors must hold. The delay before an unstable leaf's auto action is the delay the
+/// action asked for, if any; otherwise the leaf's `wait` plus the wait declared on this
+/// transition.
+pub fn enter(
+    machine: &Machine,
+    from: &State,
+    action: &Action,
+    target: Option<&str>,
+    delay: Option<Duration>,
+    retry: u32,
+    props_after: &Properties,
+) -> Result<Entry, Refusal> {
+    let target_name = target.unwrap_or(&from.name);
+    let path = transition_of(machine, from, action, target)?;
+    let declared = action.target(target_name);
+    let leaf = path.leaf;
+    check_invariants(machine, leaf, props_after)?;
+    let is_retry =
+        leaf.name == from.name && leaf.kind == StateKind::Unstable && from.auto.as_ref() == Some(&action.name);
+    let transition_wait = declared.map(|t| t.wait).unwrap_or_default();
+    Ok(Entry {
+        state: leaf.name.clone(),
+        retry: if is_retry { retry + 1 } else { 0 },
+        auto_delay: auto_delay(leaf, transition_wait, delay),
+        left: path.left.iter().map(|s| s.name.clone()).collect(),
+        entered: path.entered.iter().map(|s| s.name.clone()).collect(),
+    })
+}
+
+/// The states `action`, run in the leaf `from`, leaves and enters when it asks for
+/// `target` (`None`: re-enter `from`): only the target is checked (declared, or the current
+/// state), not the invariants. For a runtime that runs entry and exit actions, whose
+/// property changes count, before [`enter`] decides the entry.
+pub fn transition_of<'m>(
+    machine: &'m Machine,
+    from: &State,
+    action: &Action,
+    target: Option<&str>,
+) -> Result<crate::machine::Transition<'m>, Refusal> {
+    let target_name = target.unwrap_or(&from.name);
+    if action.target(target_name).is_none() && target_name != from.name.as_str() {
+        return Err(Refusal::UndeclaredTarget {
+            machine: machine.name().clone(),
+            action: action.name.clone(),
+            target: target_name.to_string(),
+            declared: action.targets.iter().map(|t| t.state.as_str()).collect::<Vec<_>>().join(", "),
+        });
+    }
+    Ok(machine.transition_path(&from.name, target_name))
+}
+
+/// Whether an entity may stay in the leaf `state` with `props` (an internal transition's
+/// properties): the invariants of the state and its ancestors hold.
+pub fn stay(machine: &Machine, state: &State, props: &Properties) -> Result<(), Refusal> {
+    check_invariants(machine, state, props)
+}
+
+fn auto_delay(state: &State, transition_wait: Duration, requested: Option<Duration>) -> Option<Duration> {
+    (state.kind == StateKind::Unstable).then(|| requested.unwrap_or(state.wait + transition_wait))
+}
+
+/// The invariants of `leaf` and of every state it is a substate of, innermost first.
+fn check_invariants(machine: &Machine, leaf: &State, props: &Properties) -> Result<(), Refusal> {
+    for state in machine.path(&leaf.name) {
+        let missing = missing_required(state, props);
+        if !missing.is_empty() {
+            return Err(Refusal::InvariantViolated {
+                machine: machine.name().clone(),
+                state: state.name.clone(),
+                missing,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A change to one property, buffered by an action and applied at commit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PropChange {
+    /// Set `key` to a value.
+    Set(String, Value),
+    /// Remove `key`.
+    Remove(String),
+}
+
+/// Applies buffered property changes in order.
+pub fn apply_changes(props: &mut Properties, changes: &[PropChange]) {
+    for c in changes {
+        match c {
+            PropChange::Set(k, v) => {
+                props.insert(k.clone(), v.clone());
+            }
+            PropChange::Remove(k) => {
+                props.remove(k);
+            }
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! The checks of [`check`](super::check) about statecharts (DESIGN §1, "Composite
+//! states"): substates and their parents, entry and exit actions, events declared at
+//! several levels, `ignore`, internal transitions, guarded alternatives and their guards,
+//! and declarative actions. Also the state tree of the raw definition that the other
+//! checks and the warnings walk (`path`, `descend`).
+
+use std::collections::HashSet;
+
+use super::{Checker, quoted};
+use crate::guard::{Guard, Names};
+use crate::machine::def::{ActionDef, EventDef, StateDef, StateKind, effective_kind};
+
+impl<'a> Checker<'a> {
+    /// `name` and its ancestors, innermost first, stopping at an unknown parent or a cycle.
+    pub(super) fn path(&self, name: &'a str) -> Vec<&'a str> {
+        let mut out = vec![name];
+        let mut at = name;
+        while let Some(parent) = self.states.get(at).and_then(|s| s.parent.as_deref()) {
+            if out.contains(&parent) || !self.states.contains_key(parent) {
+                break;
+            }
+            out.push(parent);
+            at = parent;
+        }
+        out
+    }
+
+    /// Whether some state names `name` as its parent.
+    pub(super) fn is_parent(&self, name: &str) -> bool {
+        self.def.states.iter().any(|s| s.parent.as_deref() == Some(name))
+    }
+
+    /// The leaf entered when `name` is: following initial children while they are known
+    /// and lead somewhere new.
+    pub(super) fn descend(&self, name: &'a str) -> &'a str {
+        let mut at = name;
+        let mut seen = HashSet::new();
+        while let Some(child) = self.states.get(at).and_then(|s| s.initial_child.as_deref()) {
+            if !self.states.contains_key(child) || !seen.insert(at) {
+                break;
+            }
+            at = child;
+        }
+        at
+    }
+
+    /// A substate's parent, a parent's initial child and what a parent may not declare;
+    /// entry and exit actions.
+    pub(super) fn nesting(&mut self, s: &'a StateDef, item: &str) {
+        let line = s.origin.line;
+        if let Some(parent) = &s.parent {
+            if !self.has_state(parent) {
+                self.error(item, line, format!("`parent` names unknown state `{parent}`"));
+            } else if self.cycle_through(&s.name) {
+                let mut cycle = vec![s.name.as_str()];
+                let mut at = s.name.as_str();
+                while let Some(p) = self.states.get(at).and_then(|x| x.parent.as_deref()) {
+                    cycle.push(p);
+                    if p == s.name {
+                        break;
+                    }
+                    at = p;
+                }
+                self.error(item, line, format!("parent cycle: {}", cycle.join(" → ")));
+            }
+            let kind = effective_kind(s);
+            if matches!(kind, StateKind::Terminal | StateKind::Deleted) {
+                self.error(
+                    item,
+                    line,
+                    format!(
+                        "a {} state may not be a substate (nothing may leave it, not even its parent's events)",
+                        kind.as_str()
+                    ),
+                );
+            }
+        }
+        let children: Vec<&str> =
+            self.def.states.iter().filter(|c| c.parent.as_deref() == Some(&s.name)).map(|c| c.name.as_str()).collect();
+        match (&s.initial_child, children.is_empty()) {
+            (None, false) => self.error(
+                item,
+                line,
+                format!(
+                    "a parent state needs `initial = \"CHILD\"`, the substate entered with it (substates: {})",
+                    quoted(children.iter().copied())
+                ),
+            ),
+            (Some(child), true) => self.error(
+                item,
+                line,
+                format!("`initial = \"{child}\"` names a child, but no state declares `parent = \"{}\"`", s.name),
+            ),
+            (Some(child), false) if !children.contains(&child.as_str()) => self.error(
+                item,
+                line,
+                format!(
+                    "`initial` names `{child}`, which is not a substate of `{}` (substates: {})",
+                    s.name,
+                    quoted(children.iter().copied())
+                ),
+            ),
+            _ => {}
+        }
+        if !children.is_empty() {
+            let what = if !s.auto.is_empty() {
+                Some("an auto action")
+            } else if s.wait.is_some() {
+                Some("a `wait`")
+            } else if s.kind.is_some() {
+                Some("a `kind`")
+            } else {
+                None
+            };
+            if let Some(what) = what {
+                self.error(item, line, format!("a parent state is never occupied by itself: it may not have {what}"));
+            }
+        }
+        let hooks = s
+            .on_entry
+            .iter()
+            .map(|a| ("on_entry", a))
+            .chain(s.on_exit.iter().map(|a| ("on_exit", a)))
+            .chain(s.on_entry_from.iter().flat_map(|(_, actions)| actions.iter().map(|a| ("on_entry_from", a))));
+        let hooks: Vec<(&str, &String)> = hooks.collect();
+        for (key, a) in hooks {
+            match self.actions.get(a.as_str()) {
+                None => self.error(item, line, format!("`{key}` names unknown action `{a}`")),
+                Some(action) if !action.targets.is_empty() => self.error(
+                    item,
+                    line,
+                    format!(
+                        "`{key}` action `{a}` declares targets (`to`): entry and exit actions never choose a state"
+                    ),
+                ),
+                Some(action) if action.agent.is_some() => self.error(
+                    item,
+                    line,
+                    format!(
+                        "`{key}` action `{a}` is executed by an agent: an entry or exit action's effects join the \
+                         transition's commit, so it cannot wait for one (bind the state's `auto` action instead)"
+                    ),
+                ),
+                Some(_) => {}
+            }
+        }
+        for (event, _) in &s.on_entry_from {
+            if !self.events.contains_key(event.as_str()) {
+                self.error(item, line, format!("`on_entry_from` names unknown event `{event}`"));
+            }
+        }
+        self.duplicate_entries(item, line, "on_entry_from", s.on_entry_from.iter().map(|(e, _)| e.as_str()));
+    }
+
+    /// Whether following `name`'s parents comes back to it.
+    fn cycle_through(&self, name: &str) -> bool {
+        let mut at = name;
+        let mut seen = HashSet::new();
+        while let Some(p) = self.states.get(at).and_then(|s| s.parent.as_deref()) {
+            if p == name {
+                return true;
+            }
+            if !seen.insert(p) {
+                return false;
+            }
+            at = p;
+        }
+        false
+    }
+
+    /// An event's action or alternatives, their guards, `ignore`, `internal`, and the
+    /// levels it is declared at.
+    pub(super) fn alternatives(&mut self, e: &'a EventDef, item: &str) {
+        let line = e.origin.line;
+        match (e.action.is_empty(), e.when.is_empty()) {
+            (true, true) => self.error(
+                item,
+                line,
+                format!("no action: declare `action`, or alternatives in `[[events.{}.when]]`", e.name),
+            ),
+            (false, false) => self.error(item, line, "declare either `action` or `when` alternatives, not both".into()),
+            (false, true) => self.event_action(e, &e.action, item, line),
+            (true, false) => {}
+        }
+        let properties = self.mentioned_properties();
+        for w in &e.when {
+            let wline = w.origin.line.or(line);
+            match (&w.action, &w.reject) {
+                (Some(a), None) => self.event_action(e, a, item, wline),
+                (None, Some(_)) => {}
+                (None, None) => self.error(item, wline, "a `when` alternative needs `action` or `reject`".into()),
+                (Some(_), Some(_)) => {
+                    self.error(item, wline, "a `when` alternative has `action` or `reject`, not both".into())
+                }
+            }
+            for st in &w.valid_in {
+                if !e.valid_in.contains(st) {
+                    self.error(
+                        item,
+                        wline,
+                        format!("`when` lists `{st}`, a state the event is not valid in (add it to `in`)"),
+                    );
+                }
+            }
+            if let Some(text) = &w.guard {
+                match Guard::parse(text) {
+                    Ok(guard) => {
+                        for problem in guard.check(Names { params: &e.params, properties: &properties }) {
+                            self.error(item, wline, format!("guard `{text}`: {problem}"));
+                        }
+                    }
+                    Err(message) => self.error(item, wline, format!("guard `{text}`: {message}")),
+                }
+            }
+        }
+        for st in &e.ignore {
+            if !self.has_state(st) {
+                self.error(item, line, format!("`ignore` names unknown state `{st}`"));
+            } else if e.valid_in.contains(st) {
+                self.error(item, line, format!("`{st}` is both in `in` and in `ignore`"));
+            }
+        }
+        self.duplicate_entries(item, line, "ignore", e.ignore.iter().map(String::as_str));
+        self.levels(e, item);
+    }
+
+    /// An action an event runs: it must exist; an internal event's action declares no
+    /// target, any other event's at least one.
+    fn event_action(&mut self, e: &EventDef, a: &str, item: &str, line: Option<u32>) {
+        match self.actions.get(a) {
+            None => self.error(item, line, format!("`action` names unknown action `{a}`")),
+            Some(action) if e.internal && !action.targets.is_empty() => self.error(
+                item,
+                line,
+                format!("an internal transition stays in its state, but its action `{a}` declares targets (`to`)"),
+            ),
+            Some(action) if !e.internal && action.targets.is_empty() => self.error(
+                item,
+                line,
+                format!("action `{a}` has no target (`to`): declare one, or make the event `internal = true`"),
+            ),
+            Some(_) => {}
+        }
+    }
+
+    /// An event listed both for a state and for one of its ancestors, with nothing that
+    /// tells the two levels apart: the innermost wins, so the outer listing is all that
+    /// is needed.
+    fn levels(&mut self, e: &'a EventDef, item: &str) {
+        for st in &e.valid_in {
+            let ancestors = self.path(st);
+            let Some(outer) = ancestors[1..].iter().find(|a| e.valid_in.iter().any(|v| v == *a)) else { continue };
+            let specific = e.when.iter().any(|w| w.valid_in.iter().any(|v| v == st || v == outer));
+            if !specific {
+                self.error(
+                    item,
+                    e.origin.line,
+                    format!(
+                        "declared at several levels: `{st}` and `{outer}`, which contains it, do the same \
+                         (an event applies to every substate of a state it lists; list `{outer}` only, or give \
+                         `{st}` alternatives of its own with `[[events.{}.when]] in = [\"{st}\"]`)",
+                        e.name
+                    ),
+                );
+            }
+        }
+    }
+
+    /// A declarative action's `set` and `raise`; no agent beside them.
+    pub(super) fn declarative(&mut self, a: &'a ActionDef, item: &str) {
+        let line = a.origin.line;
+        if (!a.set.is_empty() || !a.raise.is_empty()) && a.agent.is_some() {
+            self.error(
+                item,
+                line,
+                "an action is declarative (`set`, `raise`) or executed by an agent, not both".into(),
+            );
+        }
+        for r in &a.raise {
+            if r.on != "predecessors" && r.on != "successors" {
+                self.error(item, line, format!("`raise` `on` must be `predecessors` or `successors`, not `{}`", r.on));
+            }
+            if !(r.params.is_null() || r.params.is_object()) {
+                self.error(item, line, format!("`raise` of `{}`: `params` must be a table", r.event));
+            }
+        }
+        self.duplicate_entries(item, line, "set", a.set.iter().map(|(k, _)| k.as_str()));
+    }
+
+    /// Every property name the machine mentions: declared `properties`, states' `requires`
+    /// and declarative actions' `set`. Guards may read these.
+    fn mentioned_properties(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.def.properties.clone();
+        names.extend(self.def.states.iter().flat_map(|s| s.requires.iter().cloned()));
+        names.extend(self.def.actions.iter().flat_map(|a| a.set.iter().map(|(k, _)| k.clone())));
+        names.sort();
+        names.dedup();
+        names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Every file of `testdata/invalid` is one class of statechart mistake; its `# expect:`
+    /// lines are every diagnostic loading it must give (line, severity, item, message).
+    /// The binary's `settle validate` test reads the same files.
+    #[test]
+    fn every_class_of_statechart_mistake_is_reported_with_its_line() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/testdata/invalid");
+        let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        assert!(files.len() >= 17, "one fixture per class");
+        for path in files {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let stem = path.file_stem().unwrap().to_str().unwrap();
+            let name = path.file_name().unwrap().to_str().unwrap();
+            let expected: Vec<String> =
+                text.lines().filter_map(|l| l.strip_prefix("# expect: ")).map(|l| format!("{name}:{l}")).collect();
+            let report = match crate::toml::load(name, stem, &text) {
+                Ok((_, warnings)) => warnings,
+                Err(errors) => errors,
+            };
+            let got: Vec<String> = report.diagnostics.iter().map(ToString::to_string).collect();
+            assert_eq!(got, expected, "{name}");
+        }
+    }
+}

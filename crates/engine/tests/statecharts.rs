@@ -1,0 +1,255 @@
+//! Statecharts run durably (DESIGN §1, "Composite states"): substates, guards, entry and
+//! exit actions (declarative and handlers), internal transitions and ignored events, on
+//! SQLite and, when `SETTLE_TEST_PG` is set, on PostgreSQL (a schema per test).
+
+mod common;
+
+use serde_json::{Value, json};
+use settle_core::Machine;
+use settle_engine::{Engine, EngineBuilder, EventOutcome, ManualClock, Outcome, RaiseOptions, Wait};
+use settle_store::{AnyStore, HistoryKind, PgStore, Store};
+
+/// The cloud instance of settle-core's fixtures: substates of `active`, declarative entry
+/// and exit actions, a guarded `resize`, an internal `touch`, ignored `start` and `stop`.
+fn instance() -> Machine {
+    let text = include_str!("../../core/src/testdata/instance.toml");
+    settle_core::toml::load("instance.toml", "instance", text).unwrap().0
+}
+
+/// The stores to run on: SQLite, and PostgreSQL (a schema of its own) when available.
+async fn stores(name: &str) -> Vec<(tempfile::TempDir, AnyStore)> {
+    let (dir, sqlite) = common::sqlite();
+    let mut out = vec![(dir, AnyStore::Sqlite(sqlite))];
+    if let Some(url) = settle_store::postgres::test_url(name) {
+        let pg = tokio::task::spawn_blocking(move || PgStore::open(&url)).await.unwrap().expect("PostgreSQL store");
+        out.push((tempfile::tempdir().unwrap(), AnyStore::Postgres(pg)));
+    }
+    out
+}
+
+fn stable(params: Value) -> RaiseOptions {
+    RaiseOptions::wait(Wait::Stable).params(params)
+}
+
+async fn start(builder: EngineBuilder<AnyStore>) -> (Engine<AnyStore>, ManualClock) {
+    let clock = common::clock();
+    (builder.clock(clock.clone()).start().await.unwrap(), clock)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statechart_runs_its_substates_guards_hooks_internal_and_ignored_events() {
+    for (_dir, store) in stores("statechart_instance").await {
+        let (engine, _clock) = start(Engine::builder(store).machine(instance())).await;
+        let props = json!({"max_size": 4}).as_object().cloned().unwrap();
+        engine.create("instance", "i1", props).await.unwrap();
+        engine.wait_idle().await.unwrap();
+        let e = engine.get("instance", "i1").await.unwrap().unwrap();
+        assert_eq!(e.state, "running", "provisioned, entered `active` and its initial `starting`, booted");
+        assert_eq!((&e.properties["ip"], &e.properties["announced"]), (&json!("10.0.0.9"), &json!(true)));
+
+        let grow = engine.raise("instance", "i1", "resize", stable(json!({"size": 2}))).await.unwrap();
+        assert_eq!(grow.outcome, Some(EventOutcome::Accepted { state: "resizing".into() }));
+        assert_eq!(grow.entity.as_ref().unwrap().state, "running");
+        assert_eq!(grow.entity.unwrap().properties["resized"], json!(true), "on_entry_from resize");
+        let too_big = engine.raise("instance", "i1", "resize", stable(json!({"size": 9}))).await.unwrap();
+        let reason = "size above this instance's maximum".to_string();
+        assert_eq!(too_big.outcome, Some(EventOutcome::Rejected { state: "running".into(), reason }));
+
+        let before = engine.get("instance", "i1").await.unwrap().unwrap();
+        let touched = engine.raise("instance", "i1", "touch", stable(Value::Null)).await.unwrap();
+        let after = touched.entity.unwrap();
+        assert_eq!(touched.outcome, Some(EventOutcome::Accepted { state: "running".into() }));
+        assert_eq!(after.properties["touched"], json!(true));
+        assert_eq!((after.state.as_str(), after.entered_at), ("running", before.entered_at), "no state entry");
+        assert!(after.version > before.version, "an internal transition moves the version");
+
+        let start = engine.raise("instance", "i1", "start", stable(Value::Null)).await.unwrap();
+        assert_eq!(start.outcome, Some(EventOutcome::Ignored { state: "running".into() }));
+        let stopped = engine.raise("instance", "i1", "stop", stable(Value::Null)).await.unwrap().entity.unwrap();
+        assert_eq!(stopped.state, "stopped");
+        assert!(stopped.properties.get("ip").is_none(), "released on leaving `active`");
+        let again = engine.raise("instance", "i1", "stop", stable(Value::Null)).await.unwrap();
+        assert_eq!(again.outcome, Some(EventOutcome::Ignored { state: "stopped".into() }));
+        let back = engine.raise("instance", "i1", "start", stable(Value::Null)).await.unwrap().entity.unwrap();
+        assert_eq!((back.state.as_str(), &back.properties["ip"]), ("running", &json!("10.0.0.9")));
+
+        let history = engine.history("instance", "i1").await.unwrap();
+        type Row<'a> = (HistoryKind, Option<&'a str>, Option<&'a str>, Option<&'a str>);
+        let rows: Vec<Row<'_>> =
+            history.iter().map(|h| (h.kind, h.event.as_deref(), h.from.as_deref(), h.to.as_deref())).collect();
+        use HistoryKind::*;
+        assert_eq!(
+            rows,
+            [
+                (Create, None, None, Some("provisioning")),
+                (Auto, None, Some("provisioning"), Some("starting")),
+                (Auto, None, Some("starting"), Some("running")),
+                (Event, Some("resize"), Some("running"), Some("resizing")),
+                (Auto, None, Some("resizing"), Some("running")),
+                (Rejected, Some("resize"), Some("running"), None),
+                (Internal, Some("touch"), Some("running"), Some("running")),
+                (Ignored, Some("start"), Some("running"), None),
+                (Event, Some("stop"), Some("running"), Some("stopped")),
+                (Ignored, Some("stop"), Some("stopped"), None),
+                (Event, Some("start"), Some("stopped"), Some("starting")),
+                (Auto, None, Some("starting"), Some("running")),
+            ]
+        );
+        let ignored = history.iter().find(|h| h.kind == Ignored).unwrap();
+        assert_eq!(ignored.detail.as_deref(), Some("ignored in `active`, which contains `running`"));
+        engine.shutdown().await;
+    }
+}
+
+/// `lab`: idle -go→ work (a parent: initial `prep`) ; prep -next→ run ; both substates of
+/// `work`. Each of `work`, `prep` and `run` has entry and exit actions bound to a handler
+/// that appends `entry X` / `exit X` to the property `log`.
+fn lab() -> Machine {
+    settle_core::MachineBuilder::new("lab")
+        .state("idle")
+        .initial()
+        .on_exit("leave_idle")
+        .state("work")
+        .initial_child("prep")
+        .on_entry("enter_work")
+        .on_exit("leave_work")
+        .state("prep")
+        .parent("work")
+        .on_entry("enter_prep")
+        .on_exit("leave_prep")
+        .state("run")
+        .parent("work")
+        .on_entry("enter_run")
+        .on_exit("leave_run")
+        .event("go", ["idle"], "start")
+        .event("next", ["prep"], "advance")
+        .event("done", ["work"], "finish")
+        .action("start", ["work"])
+        .action("advance", ["run"])
+        .action("finish", ["idle"])
+        .effect("leave_idle")
+        .effect("enter_work")
+        .effect("leave_work")
+        .effect("enter_prep")
+        .effect("leave_prep")
+        .effect("enter_run")
+        .effect("leave_run")
+        .build()
+        .unwrap()
+}
+
+/// Binds every hook of `lab` to a handler that logs it.
+fn logging(mut b: EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore> {
+    for hook in ["leave_idle", "enter_work", "leave_work", "enter_prep", "leave_prep", "enter_run", "leave_run"] {
+        b = b.on("lab", hook, move |ctx| async move {
+            let mut log = ctx.properties.get("log").and_then(Value::as_array).cloned().unwrap_or_default();
+            let (what, state) =
+                if ctx.action.starts_with("enter") { ("entry", &ctx.state) } else { ("exit", &ctx.state) };
+            log.push(json!(format!("{what} {state}")));
+            Ok(Outcome::stay().set("log", json!(log)))
+        });
+    }
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entry_and_exit_actions_run_innermost_exit_first_outermost_entry_first() {
+    for (_dir, store) in stores("statechart_hooks").await {
+        let (engine, _clock) = start(logging(Engine::builder(store).machine(lab()))).await;
+        engine.create("lab", "l", Default::default()).await.unwrap();
+        let log = |e: &settle_store::EntityRow| -> Vec<String> {
+            e.properties["log"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+        };
+        let e = engine.raise("lab", "l", "go", stable(Value::Null)).await.unwrap().entity.unwrap();
+        assert_eq!(e.state, "prep");
+        assert_eq!(log(&e), ["exit idle", "entry work", "entry prep"]);
+        let e = engine.raise("lab", "l", "next", stable(Value::Null)).await.unwrap().entity.unwrap();
+        assert_eq!(log(&e)[3..], ["exit prep", "entry run"], "`work`, the common ancestor, is untouched");
+        let e = engine.raise("lab", "l", "done", stable(Value::Null)).await.unwrap().entity.unwrap();
+        assert_eq!(log(&e)[5..], ["exit run", "exit work"], "innermost first; `idle` has no entry action");
+        assert_eq!(e.state, "idle");
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_action_whose_commit_fails_leaves_nothing_of_the_transition() {
+    for (_dir, store) in stores("statechart_commit_fails").await {
+        store.sql_execute("CREATE TABLE IF NOT EXISTS seats (name TEXT PRIMARY KEY)").await.unwrap();
+        store.sql_execute("INSERT INTO seats VALUES ('taken')").await.unwrap();
+        let insert = match &store {
+            AnyStore::Sqlite(_) => "INSERT INTO seats (name) VALUES (?1)",
+            AnyStore::Postgres(_) => "INSERT INTO seats (name) VALUES ($1)",
+        };
+        let builder = Engine::builder(store.clone()).machine(lab());
+        let builder = logging(builder).on("lab", "enter_run", move |_| async move {
+            // Its SQL breaks a constraint: the commit of the whole transition fails.
+            Ok(Outcome::stay().set("seat", json!("taken")).sql(insert, [json!("taken")]))
+        });
+        let (engine, _clock) = start(builder).await;
+        engine.create("lab", "l", Default::default()).await.unwrap();
+        engine.raise("lab", "l", "go", stable(Value::Null)).await.unwrap();
+        let before = engine.get("lab", "l").await.unwrap().unwrap();
+        let r = engine.raise("lab", "l", "next", stable(Value::Null)).await.unwrap();
+        match r.outcome {
+            Some(EventOutcome::Failed { error }) => {
+                assert!(error.starts_with("commit failed: sql statement 0 failed"), "{error}")
+            }
+            other => panic!("expected the event to fail, got {other:?}"),
+        }
+        let after = engine.get("lab", "l").await.unwrap().unwrap();
+        assert_eq!((after.state.as_str(), &after.properties), ("prep", &before.properties), "nothing of it");
+        assert!(after.properties.get("seat").is_none());
+        let last = engine.history("lab", "l").await.unwrap().pop().unwrap();
+        assert_eq!((last.kind, last.to), (HistoryKind::Fault, None));
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_or_target_choosing_entry_action_is_a_fault_of_the_transition() {
+    for (_dir, store) in stores("statechart_hook_faults").await {
+        let builder = Engine::builder(store).machine(lab());
+        let builder = logging(builder).on("lab", "enter_run", |_| async { Err("the lab is on fire".into()) }).on(
+            "lab",
+            "leave_prep",
+            |_| async { Ok(Outcome::stay()) },
+        );
+        let (engine, _clock) = start(builder).await;
+        engine.create("lab", "l", Default::default()).await.unwrap();
+        engine.raise("lab", "l", "go", stable(Value::Null)).await.unwrap();
+        let r = engine.raise("lab", "l", "next", stable(Value::Null)).await.unwrap();
+        let Some(EventOutcome::Failed { error }) = r.outcome else { panic!("{:?}", r.outcome) };
+        assert_eq!(error, "entry action `enter_run` of state `run`: action error: the lab is on fire");
+        assert_eq!(engine.get("lab", "l").await.unwrap().unwrap().state, "prep");
+        engine.shutdown().await;
+
+        let store = engine.store().clone();
+        let builder = logging(Engine::builder(store).machine(lab()))
+            .on("lab", "enter_run", |_| async { Ok(Outcome::to("idle")) });
+        let (engine, _clock) = start(builder).await;
+        let r = engine.raise("lab", "l", "next", stable(Value::Null)).await.unwrap();
+        let Some(EventOutcome::Failed { error }) = r.outcome else { panic!("{:?}", r.outcome) };
+        assert_eq!(
+            error,
+            "entry action `enter_run` of state `run` asked to move to `idle`, but entry and exit actions never choose a state"
+        );
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_handler_bound_to_a_declarative_action_is_refused_at_start() {
+    let (_dir, store) = common::sqlite();
+    let err = Engine::builder(store)
+        .machine(instance())
+        .on("instance", "announce", |_| async { Ok(Outcome::stay()) })
+        .start()
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "machine `instance`: action `announce` is declarative (`set`, `raise`): it takes no handler"
+    );
+}
