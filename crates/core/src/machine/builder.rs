@@ -122,19 +122,14 @@ impl MachineBuilder {
     }
 
     /// Adds an event valid in `valid_in` that triggers `action`.
-    pub fn event<I, S>(mut self, name: impl Into<String>, valid_in: I, action: impl Into<String>) -> Self
+    pub fn event<I, S>(self, name: impl Into<String>, valid_in: I, action: impl Into<String>) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.def.events.push(EventDef {
-            name: name.into(),
-            valid_in: valid_in.into_iter().map(Into::into).collect(),
-            action: action.into(),
-            ..EventDef::default()
-        });
-        self.last = Last::Event;
-        self
+        let mut b = self.guarded_event(name, valid_in);
+        b.last_event().action = action.into();
+        b
     }
     fn last_event(&mut self) -> &mut EventDef {
         assert!(matches!(self.last, Last::Event), "call .event(...) first");

@@ -35,7 +35,7 @@ use settle_store::{
 };
 
 pub(crate) use fault::{FaultError, fault};
-pub(crate) use transition::{Hooks, declare, hooks_done, new_entity, transition};
+pub(crate) use transition::{Hooks, Ran, declare, hooks_done, new_entity, transition};
 use transition::{event_record, task_offer};
 
 use crate::api::EventOutcome;
@@ -242,7 +242,7 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
     match step::on_auto(&machine, &state.name, has_handler) {
         Some(EventStep::Plain { action, target }) => {
             let outcome = target.map_or_else(Outcome::stay, Outcome::to);
-            transition(held, action, None, outcome, Vec::new(), None, env)
+            transition(held, Ran { action, item: None, outcome, locks: Vec::new(), started: None }, env)
         }
         Some(EventStep::Run { action }) => Next::Run { action: action.clone(), item: None },
         // Due without a task (first entry after a resume, or a retry-now): offer it.
@@ -269,7 +269,7 @@ fn event(held: &mut Held, item: InboxItem, env: &Env<'_>) -> Next {
         EventStep::Ignore { level } => commit(ignored(held, item, &level, env)),
         EventStep::Plain { action, target } => {
             let outcome = target.map_or_else(Outcome::stay, Outcome::to);
-            transition(held, action, Some(item), outcome, Vec::new(), None, env)
+            transition(held, Ran { action, item: Some(item), outcome, locks: Vec::new(), started: None }, env)
         }
         EventStep::Run { action } => Next::Run { action: action.clone(), item: Some(item) },
         EventStep::Agent { .. } => unreachable!("validation keeps agent actions off events"),
@@ -366,7 +366,11 @@ fn agent_reported(held: &mut Held, item: InboxItem, env: &Env<'_>) -> Next {
             for (k, v) in properties {
                 outcome = if v.is_null() { outcome.remove(k) } else { outcome.set(k, v) };
             }
-            transition(held, &action, None, outcome, Vec::new(), Some(report.leased_at), env)
+            transition(
+                held,
+                Ran { action: &action, item: None, outcome, locks: Vec::new(), started: Some(report.leased_at) },
+                env,
+            )
         }
         TaskResult::Fail { error, retryable } => {
             let agent = report.agent.as_deref().unwrap_or("an agent");
@@ -388,7 +392,7 @@ pub(crate) fn action_done(
     env: &Env<'_>,
 ) -> Next {
     match result {
-        Ok(outcome) => transition(held, action, item, outcome, locks, Some(started), env),
+        Ok(outcome) => transition(held, Ran { action, item, outcome, locks, started: Some(started) }, env),
         Err(error) => commit(fault(held, item, Some(&action.name), error, env)),
     }
 }

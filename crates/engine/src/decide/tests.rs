@@ -374,8 +374,17 @@ fn entering_a_state_writes_its_timers_and_its_agent_task() {
     let env = Env { registry: &registry, owner: OWNER, now: NOW };
     let work = job().action("work").unwrap().clone();
     let mut h = held("working");
-    let d =
-        transition::finish(&mut h, &work, None, Outcome::to("done").set("result", json!(1)), Vec::new(), None, &env);
+    let d = transition::finish(
+        &mut h,
+        Ran {
+            action: &work,
+            item: None,
+            outcome: Outcome::to("done").set("result", json!(1)),
+            locks: Vec::new(),
+            started: None,
+        },
+        &env,
+    );
     let timers = d.commit.timers.unwrap();
     assert_eq!(timers.len(), 1);
     let t = &timers[0];
@@ -386,8 +395,17 @@ fn entering_a_state_writes_its_timers_and_its_agent_task() {
     // Entering `waiting` starts its subscription's timeout.
     let poke = job().action("poke_it").unwrap().clone();
     let mut h = held("idle");
-    let d =
-        transition::finish(&mut h, &poke, Some(raised("poke")), Outcome::to("waiting"), Vec::new(), Some(NOW), &env);
+    let d = transition::finish(
+        &mut h,
+        Ran {
+            action: &poke,
+            item: Some(raised("poke")),
+            outcome: Outcome::to("waiting"),
+            locks: Vec::new(),
+            started: Some(NOW),
+        },
+        &env,
+    );
     let timers = d.commit.timers.unwrap();
     assert_eq!(
         timers.iter().map(|t| (t.name.as_str(), t.due_at)).collect::<Vec<_>>(),

@@ -29,6 +29,18 @@ pub(crate) struct Hook {
     pub(crate) exit: bool,
 }
 
+/// What an action did, to be committed: the action, the event it ran for (`None`: an
+/// auto action), its outcome, the entities it read with lock (the commit's
+/// preconditions), and when its handler started (`None`: the engine performed it).
+#[derive(Debug)]
+pub(crate) struct Ran<'a> {
+    pub(crate) action: &'a Action,
+    pub(crate) item: Option<InboxItem>,
+    pub(crate) outcome: Outcome,
+    pub(crate) locks: Vec<(i64, i64)>,
+    pub(crate) started: Option<Millis>,
+}
+
 /// A transition waiting for its entry and exit actions: what they run in (exits innermost
 /// first, then entries outermost first), and the main action's result they add to.
 #[derive(Debug)]
@@ -47,31 +59,20 @@ pub(crate) struct Hooks {
 /// first when any of them has a handler; else the transition's commit, with the effects
 /// of declarative entry and exit actions. `started` is when the action's handler started
 /// (`None`: the engine performed it).
-pub(crate) fn transition(
-    held: &mut Held,
-    action: &Action,
-    item: Option<InboxItem>,
-    mut outcome: Outcome,
-    locks: Vec<(i64, i64)>,
-    started: Option<Millis>,
-    env: &Env<'_>,
-) -> Next {
-    if started.is_none() {
-        declare(action, &mut outcome);
+pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Next {
+    if ran.started.is_none() {
+        declare(ran.action, &mut ran.outcome);
     }
     let machine = held.machine.clone();
-    if item.as_ref().and_then(|i| machine.event(&i.event)).is_some_and(|e| e.internal) {
-        return commit(internal(held, action, item, outcome, locks, started, env));
+    if ran.item.as_ref().and_then(|i| machine.event(&i.event)).is_some_and(|e| e.internal) {
+        return commit(internal(held, ran, env));
     }
     let from = machine.state(&held.entity.state).expect("entity state exists in its machine");
-    let path = match step::transition_of(&machine, from, action, outcome.target()) {
+    let path = match step::transition_of(&machine, from, ran.action, ran.outcome.target()) {
         Ok(path) => path,
-        Err(refusal) => {
-            let error = FaultError::new("refused", refusal.to_string());
-            return commit(fault(held, item, Some(&action.name), error, env));
-        }
+        Err(refusal) => return commit(refused(held, ran, refusal.to_string(), env)),
     };
-    let event = item.as_ref().map(|i| i.event.as_str());
+    let event = ran.item.as_ref().map(|i| i.event.as_str());
     let exits = path.left.iter().flat_map(|s| s.on_exit.iter().map(move |a| (*s, a, true)));
     let entries = path.entered.iter().flat_map(|s| s.entry_actions(event).map(move |a| (*s, a, false)));
     let run: Vec<Hook> = exits
@@ -79,12 +80,18 @@ pub(crate) fn transition(
         .filter_map(|(s, a, exit)| machine.action(a).map(|a| Hook { action: a.clone(), state: s.name.clone(), exit }))
         .collect();
     if run.iter().any(|h| !h.action.is_declarative()) {
+        let Ran { action, item, outcome, locks, started } = ran;
         return Next::Hooks(Box::new(Hooks { run, outcome, action: action.clone(), item, locks, started }));
     }
     for hook in &run {
-        declare(&hook.action, &mut outcome);
+        declare(&hook.action, &mut ran.outcome);
     }
-    commit(finish(held, action, item, outcome, locks, started, env))
+    commit(finish(held, ran, env))
+}
+
+/// The fault of an action whose outcome the core refuses (`why`).
+fn refused(held: &mut Held, ran: Ran<'_>, why: String, env: &Env<'_>) -> Decided {
+    fault(held, ran.item, Some(&ran.action.name), FaultError::new("refused", why), env)
 }
 
 /// The entry and exit actions of a transition ran; `outcome` carries their effects (or
@@ -95,9 +102,10 @@ pub(crate) fn hooks_done(
     outcome: std::result::Result<Outcome, FaultError>,
     env: &Env<'_>,
 ) -> Decided {
+    let Hooks { action, item, locks, started, .. } = hooks;
     match outcome {
-        Ok(outcome) => finish(held, &hooks.action, hooks.item, outcome, hooks.locks, hooks.started, env),
-        Err(error) => fault(held, hooks.item, Some(&hooks.action.name), error, env),
+        Ok(outcome) => finish(held, Ran { action: &action, item, outcome, locks, started }, env),
+        Err(error) => fault(held, item, Some(&action.name), error, env),
     }
 }
 
@@ -117,36 +125,23 @@ pub(crate) fn declare(action: &Action, outcome: &mut Outcome) {
 /// An internal transition: the action's effects commit; the entity stays in its state
 /// entry (no exit or entry action, no retry count reset, timers and subscriptions as they
 /// were), with a history row of kind `internal`.
-fn internal(
-    held: &mut Held,
-    action: &Action,
-    item: Option<InboxItem>,
-    outcome: Outcome,
-    preconditions: Vec<(i64, i64)>,
-    started: Option<Millis>,
-    env: &Env<'_>,
-) -> Decided {
-    let now = env.now;
+fn internal(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
     let machine = held.machine.clone();
-    let e = &held.entity;
-    let state = machine.state(&e.state).expect("entity state exists in its machine");
-    if let Some(target) = outcome.target().filter(|t| *t != e.state.as_str()) {
-        let details = format!(
+    let state = machine.state(&held.entity.state).expect("entity state exists in its machine");
+    if let Some(target) = ran.outcome.target().filter(|t| *t != state.name.as_str()) {
+        let why = format!(
             "an internal transition stays in its state, but action `{}` asked to move to `{target}`",
-            action.name
+            ran.action.name
         );
-        return fault(held, item, Some(&action.name), FaultError::new("refused", details), env);
+        return refused(held, ran, why, env);
     }
-    let mut props = e.properties.clone();
-    step::apply_changes(&mut props, &outcome.changes);
-    if let Err(refusal) = step::stay(&machine, state, &props) {
-        return fault(held, item, Some(&action.name), FaultError::new("refused", refusal.to_string()), env);
-    }
-    let request_id = item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
-    let (creates, pushes) = match effects(&outcome, e.id, request_id.as_ref(), env) {
-        Ok(effects) => effects,
-        Err(err) => return fault(held, item, Some(&action.name), FaultError::new("refused", err), env),
+    let checked = checked(held, &ran, |props| step::stay(&machine, state, props), env);
+    let (props, (), request_id, creates, pushes) = match checked {
+        Ok(checked) => checked,
+        Err(why) => return refused(held, ran, why, env),
     };
+    let Ran { action, item, outcome, locks: preconditions, started } = ran;
+    let now = env.now;
     let after = held.after_unchanged(now);
     let at_rest = !held.unstable();
     let e = &held.entity;
@@ -191,33 +186,18 @@ fn internal(
 /// commit, or a fault if the core refuses it (undeclared target, broken invariant,
 /// unknown machine or event in its effects). `started` is when its handler started
 /// (`None`: a plain transition).
-pub(crate) fn finish(
-    held: &mut Held,
-    action: &Action,
-    item: Option<InboxItem>,
-    outcome: Outcome,
-    preconditions: Vec<(i64, i64)>,
-    started: Option<Millis>,
-    env: &Env<'_>,
-) -> Decided {
-    let now = env.now;
+pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
     let machine = held.machine.clone();
     let e = &held.entity;
     let from = machine.state(&e.state).expect("entity state exists in its machine");
-    let mut props = e.properties.clone();
-    step::apply_changes(&mut props, &outcome.changes);
-    let entry = match step::enter(&machine, from, action, outcome.target(), outcome.delay, e.retry, &props) {
-        Ok(entry) => entry,
-        Err(refusal) => {
-            return fault(held, item, Some(&action.name), FaultError::new("refused", refusal.to_string()), env);
-        }
+    let (target, delay, retry) = (ran.outcome.target(), ran.outcome.delay, e.retry);
+    let enter = |props: &Properties| step::enter(&machine, from, ran.action, target, delay, retry, props);
+    let (props, entry, request_id, creates, pushes) = match checked(held, &ran, enter, env) {
+        Ok(checked) => checked,
+        Err(why) => return refused(held, ran, why, env),
     };
-    let request_id = item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
-    let effects = effects(&outcome, held.entity.id, request_id.as_ref(), env);
-    let (creates, pushes) = match effects {
-        Ok(effects) => effects,
-        Err(err) => return fault(held, item, Some(&action.name), FaultError::new("refused", err), env),
-    };
+    let Ran { action, item, outcome, locks: preconditions, started } = ran;
+    let now = env.now;
     let auto_at = entry.auto_delay.map(|d| now + ms(d));
     // An agent-bound auto action: the commit offers its task instead.
     let offer = auto_at.and_then(|at| task_offer(&machine, &entry.state, at));
@@ -281,6 +261,25 @@ pub(crate) fn finish(
         )
     };
     Decided { item, action: Some(action.name.clone()), outcome: outcome_for_caller, ..Decided::new(commit) }
+}
+
+/// What every commit of an outcome needs checked first: the properties after its changes,
+/// `decide`'s verdict on them (an entry, or staying), the request id, and its effects
+/// checked against their machines. `Err` says why the core refuses it.
+#[allow(clippy::type_complexity)]
+fn checked<T>(
+    held: &Held,
+    ran: &Ran<'_>,
+    decide: impl FnOnce(&Properties) -> Result<T, step::Refusal>,
+    env: &Env<'_>,
+) -> std::result::Result<(Properties, T, Option<String>, Vec<NewEntity>, Vec<Push>), String> {
+    let e = &held.entity;
+    let mut props = e.properties.clone();
+    step::apply_changes(&mut props, &ran.outcome.changes);
+    let verdict = decide(&props).map_err(|r| r.to_string())?;
+    let request_id = ran.item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
+    let (creates, pushes) = effects(&ran.outcome, e.id, request_id.as_ref(), env)?;
+    Ok((props, verdict, request_id, creates, pushes))
 }
 
 /// The subscription events fired in the current state entry after a transition (`None`:
