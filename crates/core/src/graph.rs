@@ -163,20 +163,59 @@ fn mermaid(machine: &Machine) -> String {
         machine.states().iter().zip(&ids).map(|(s, id)| (s.name.as_str(), id.as_str())).collect();
     let id = |name: &str| -> &str { by_name[name] };
     let mut out = String::from("stateDiagram-v2\n");
-    for (s, sid) in machine.states().iter().zip(&ids) {
+    let declare = |out: &mut String, s: &State, sid: &str, indent: &str| {
         if *sid == *s.name {
-            let _ = writeln!(out, "    {sid}");
+            let _ = writeln!(out, "{indent}{sid}");
         } else {
-            let _ = writeln!(out, "    state \"{}\" as {sid}", mermaid_text(&s.name).replace('"', "#quot;"));
+            let _ = writeln!(out, "{indent}state \"{}\" as {sid}", mermaid_text(&s.name).replace('"', "#quot;"));
+        }
+    };
+    // Composite states hold their substates, recursively.
+    fn nest(
+        machine: &Machine,
+        parent: Option<&str>,
+        depth: usize,
+        out: &mut String,
+        id: &dyn Fn(&str) -> String,
+        declare: &dyn Fn(&mut String, &State, &str, &str),
+    ) {
+        let indent = "    ".repeat(depth + 1);
+        for s in machine.states().iter().filter(|s| s.parent.as_deref() == parent) {
+            let sid = id(&s.name);
+            match &s.initial_child {
+                Some(child) => {
+                    if *sid != *s.name {
+                        declare(out, s, &sid, &indent);
+                    }
+                    let _ = writeln!(out, "{indent}state {sid} {{");
+                    let _ = writeln!(out, "{indent}    [*] --> {}", id(child));
+                    nest(machine, Some(&s.name), depth + 1, out, id, declare);
+                    let _ = writeln!(out, "{indent}}}");
+                }
+                None => declare(out, s, &sid, &indent),
+            }
         }
     }
-    let _ = writeln!(out, "    [*] --> {}", id(&machine.initial().name));
+    if machine.is_nested() {
+        nest(machine, None, 0, &mut out, &|n| id(n).to_string(), &declare);
+    } else {
+        for (s, sid) in machine.states().iter().zip(&ids) {
+            declare(&mut out, s, sid, "    ");
+        }
+    }
+    let _ = writeln!(out, "    [*] --> {}", id(&machine.initial_declared().name));
     for e in edges(machine) {
         let _ = writeln!(out, "    {} --> {} : {}", id(e.from), id(e.to), mermaid_text(&e.label.text(" /")));
     }
     for (s, sid) in machine.states().iter().zip(&ids) {
         if is_final(s) {
             let _ = writeln!(out, "    {sid} --> [*]");
+        }
+    }
+    for (s, sid) in machine.states().iter().zip(&ids) {
+        let notes = notes(machine, s, " /");
+        if !notes.is_empty() {
+            let _ = writeln!(out, "    note right of {sid} : {}", mermaid_text(&notes.join(", ")));
         }
     }
     let class = |pred: &dyn Fn(&State) -> bool| -> Vec<&str> {
@@ -236,33 +275,116 @@ fn mermaid_text(text: &str) -> String {
 fn dot(machine: &Machine) -> String {
     let mut out = format!("digraph {} {{\n", dot_string(machine.name()));
     out.push_str("    rankdir=LR;\n");
+    if machine.is_nested() {
+        out.push_str("    compound=true;\n");
+    }
     out.push_str("    node [shape=box, style=rounded];\n");
     // `[*]` cannot be a state's name, so the start node never collides with one.
     out.push_str("    \"[*]\" [shape=point, label=\"\"];\n");
-    for s in machine.states() {
-        let mut attrs: Vec<&str> = Vec::new();
-        match s.kind {
-            StateKind::Stable => {}
-            StateKind::Unstable => attrs.push("style=\"rounded,dashed\""),
-            StateKind::Terminal => attrs.push("shape=doublecircle"),
-            StateKind::Deleted => attrs.extend(["shape=doublecircle", "style=dashed"]),
+    dot_states(machine, None, 1, &mut out);
+    // A parent is a cluster, not a node: edges to it end at its initial leaf, edges from it
+    // start at that leaf, each clipped at the cluster's border.
+    let node = |name: &str| -> (String, Option<String>) {
+        match machine.state(name) {
+            Some(s) if s.is_parent() => {
+                (dot_string(&machine.descend(name).name), Some(dot_string(&format!("cluster_{name}"))))
+            }
+            _ => (dot_string(name), None),
         }
-        if s.health == Health::Error {
-            attrs.extend(["color=red", "fontcolor=red"]);
+    };
+    let (start, lhead) = node(&machine.initial_declared().name);
+    match lhead {
+        Some(cluster) => {
+            let _ = writeln!(out, "    \"[*]\" -> {start} [lhead={cluster}];");
         }
-        if attrs.is_empty() {
-            let _ = writeln!(out, "    {};", dot_string(&s.name));
-        } else {
-            let _ = writeln!(out, "    {} [{}];", dot_string(&s.name), attrs.join(", "));
+        None => {
+            let _ = writeln!(out, "    \"[*]\" -> {start};");
         }
     }
-    let _ = writeln!(out, "    \"[*]\" -> {};", dot_string(&machine.initial().name));
     for e in edges(machine) {
         let label = dot_string(&e.label.text(":"));
-        let _ = writeln!(out, "    {} -> {} [label={label}];", dot_string(e.from), dot_string(e.to));
+        let ((from, mut ltail), (to, mut lhead)) = (node(e.from), node(e.to));
+        // An edge between a parent and its own substate stays inside the cluster.
+        if machine.is_in(e.to, e.from) {
+            ltail = None;
+        }
+        if machine.is_in(e.from, e.to) {
+            lhead = None;
+        }
+        let mut attrs = format!("label={label}");
+        if let Some(c) = ltail {
+            attrs.push_str(&format!(", ltail={c}"));
+        }
+        if let Some(c) = lhead {
+            attrs.push_str(&format!(", lhead={c}"));
+        }
+        let _ = writeln!(out, "    {from} -> {to} [{attrs}];");
     }
     out.push_str("}\n");
     out
+}
+
+/// The states under `parent` (`None`: the top level), parents as clusters, recursively.
+fn dot_states(machine: &Machine, parent: Option<&str>, depth: usize, out: &mut String) {
+    let indent = "    ".repeat(depth);
+    for s in machine.states().iter().filter(|s| s.parent.as_deref() == parent) {
+        if s.is_parent() {
+            let _ = writeln!(out, "{indent}subgraph {} {{", dot_string(&format!("cluster_{}", s.name)));
+            let label = std::iter::once(s.name.to_string()).chain(notes(machine, s, ":")).collect::<Vec<_>>();
+            let _ = writeln!(out, "{indent}    label={};", dot_string(&label.join("\n")));
+            out.push_str(&format!("{indent}    style=rounded;\n"));
+            if s.health == Health::Error {
+                out.push_str(&format!("{indent}    color=red;\n"));
+            }
+            dot_states(machine, Some(&s.name), depth + 1, out);
+            let _ = writeln!(out, "{indent}}}");
+            continue;
+        }
+        let mut attrs: Vec<String> = Vec::new();
+        match s.kind {
+            StateKind::Stable => {}
+            StateKind::Unstable => attrs.push("style=\"rounded,dashed\"".into()),
+            StateKind::Terminal => attrs.push("shape=doublecircle".into()),
+            StateKind::Deleted => attrs.extend(["shape=doublecircle".into(), "style=dashed".into()]),
+        }
+        if s.health == Health::Error {
+            attrs.extend(["color=red".into(), "fontcolor=red".into()]);
+        }
+        let notes = notes(machine, s, ":");
+        if !notes.is_empty() {
+            let label = std::iter::once(s.name.to_string()).chain(notes).collect::<Vec<_>>().join("\n");
+            attrs.push(format!("label={}", dot_string(&label)));
+        }
+        if attrs.is_empty() {
+            let _ = writeln!(out, "{indent}{};", dot_string(&s.name));
+        } else {
+            let _ = writeln!(out, "{indent}{} [{}];", dot_string(&s.name), attrs.join(", "));
+        }
+    }
+}
+
+/// A state's entry and exit actions, and the internal transitions declared for it, as
+/// diagram notes (`entry / announce`, `touch / record_touch (internal)`; `sep` follows the
+/// keyword).
+fn notes(machine: &Machine, s: &State, sep: &str) -> Vec<String> {
+    let mut notes = Vec::new();
+    for a in &s.on_entry {
+        notes.push(format!("entry{sep} {a}"));
+    }
+    for (event, actions) in &s.on_entry_from {
+        for a in actions {
+            notes.push(format!("entry from {event}{sep} {a}"));
+        }
+    }
+    for a in &s.on_exit {
+        notes.push(format!("exit{sep} {a}"));
+    }
+    for e in machine.events().iter().filter(|e| e.internal && e.valid_in(&s.name)) {
+        for a in e.actions() {
+            notes.push(format!("{}{sep} {a} (internal)", e.name));
+        }
+    }
+    notes
 }
 
 /// A DOT quoted string: `"` and `\` escaped, line breaks as `\n`.
@@ -291,6 +413,15 @@ mod tests {
     /// definition, in `testdata/diagrams/`.
     fn server() -> Machine {
         crate::toml::load("server.toml", "server", include_str!("testdata/diagrams/server.toml")).unwrap().0
+    }
+
+    /// A statechart: substates in a composite state (Mermaid) or a cluster (DOT), entry
+    /// and exit actions and internal transitions as notes.
+    #[test]
+    fn nested_diagrams() {
+        let m = fixtures::instance();
+        assert_eq!(render(&m, Format::Mermaid), include_str!("testdata/diagrams/instance.mmd"));
+        assert_eq!(render(&m, Format::Dot), include_str!("testdata/diagrams/instance.dot"));
     }
 
     #[test]
