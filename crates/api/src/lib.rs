@@ -209,6 +209,45 @@ pub enum Outcome {
     },
 }
 
+/// What an event would do to an entity if raised now (`POST …/events/{event}/check`):
+/// guards are evaluated against the entity's properties and the given parameters.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EventCheck {
+    /// The event.
+    pub event: String,
+    /// The entity's state now.
+    pub state: String,
+    /// The verdict.
+    pub verdict: Verdict,
+}
+
+/// Whether an event would fire, and how.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "result", rename_all = "lowercase")]
+pub enum Verdict {
+    /// It would run `action` (its guard, if any, holds).
+    Fires {
+        /// The action chosen.
+        action: String,
+        /// Whether it is an internal transition (no state is left or entered).
+        internal: bool,
+    },
+    /// It would be accepted and dropped: `state` (the entity's or one containing it)
+    /// ignores it.
+    Ignored {
+        /// The state that ignores it.
+        state: String,
+    },
+    /// It would be rejected: not valid here, rejected by an alternative, no guard holds,
+    /// or a guard cannot be evaluated.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+}
+
 /// The answer of a raise without `wait` (202), or of a replayed one.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -110,6 +110,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What an event would do to an entity if raised now (guards evaluated against its
+    /// properties and --params): run an action, be ignored, or be rejected and why. Writes
+    /// nothing; exit 1 when it would be rejected.
+    Check(operate::CheckArgs),
     /// Show an entity's transition history (or, with --events, the events it processed).
     History {
         /// Machine name.
@@ -293,6 +297,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         Command::Retry(t) => operate::run(&db_path(&cli.db), &machines()?, t, operate::Kind::Retry),
         Command::Create(args) => runtime()?.block_on(operate::create(&db_path(&cli.db), &machines()?, args)),
         Command::Raise(args) => runtime()?.block_on(operate::raise(&db_path(&cli.db), &machines()?, args)),
+        Command::Check(args) => runtime()?.block_on(operate::check(&db_path(&cli.db), &machines()?, args)),
         Command::Ops { outcome, limit, json } => {
             runtime()?.block_on(inspect::operations(&db_path(&cli.db), outcome, limit, json))
         }
@@ -339,6 +344,7 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
         Command::Retry(t) => Box::pin(remote::command(c, t, Kind::Retry)),
         Command::Create(args) => Box::pin(remote::create(c, args)),
         Command::Raise(args) => Box::pin(remote::raise(c, args)),
+        Command::Check(args) => Box::pin(remote::check(c, args)),
         local => return Ok(Err(local)),
     };
     Ok(Ok(runtime()?.block_on(future).map_err(remote::describe)?))
@@ -369,6 +375,7 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         | Command::Serve(_)
         | Command::Create(_)
         | Command::Raise(_)
+        | Command::Check(_)
         | Command::Pause(_)
         | Command::Resume(_)
         | Command::Sleep { .. }

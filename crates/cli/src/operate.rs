@@ -114,15 +114,56 @@ pub struct RaiseArgs {
     pub(crate) json: bool,
 }
 
+/// `--params` as JSON (none: null).
+fn parse_params(params: Option<&str>) -> anyhow::Result<Value> {
+    match params.map(serde_json::from_str::<Value>).transpose() {
+        Err(e) => anyhow::bail!("--params: not JSON: {e}"),
+        Ok(None) => Ok(Value::Null),
+        Ok(Some(v @ (Value::Null | Value::Object(_)))) => Ok(v),
+        Ok(Some(_)) => anyhow::bail!("--params must be a JSON object"),
+    }
+}
+
+/// Arguments of `settle check`.
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// Machine name.
+    pub(crate) machine: String,
+    /// Entity key.
+    pub(crate) key: String,
+    /// Event name.
+    pub(crate) event: String,
+    /// The event's parameters: a JSON object (guards read them).
+    #[arg(long, value_name = "JSON")]
+    params: Option<String>,
+    /// One JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl CheckArgs {
+    /// `--params` as JSON (none: null).
+    pub(crate) fn params(&self) -> anyhow::Result<Value> {
+        parse_params(self.params.as_deref())
+    }
+}
+
+/// `settle check` on the database `db`: what the event would do to the entity now.
+pub async fn check(db: &str, machines: &Machines, a: CheckArgs) -> anyhow::Result<ExitCode> {
+    let params = a.params()?;
+    let engine = crate::start_command_engine(db, machines).await?;
+    let checked = engine.can_fire(&a.machine, &a.key, &a.event, &params).await;
+    engine.shutdown().await;
+    let (entity, permission) = checked?;
+    let verdict = settle_server::model::verdict_of(&permission);
+    let check = settle_client::EventCheck { event: a.event.clone(), state: entity.state.to_string(), verdict };
+    Ok(print::check(&a.machine, &a.key, &check, a.json))
+}
+
 impl RaiseArgs {
     /// `--params` as JSON (none: null).
     pub(crate) fn params(&self) -> anyhow::Result<Value> {
-        match self.params.as_deref().map(serde_json::from_str::<Value>).transpose() {
-            Err(e) => anyhow::bail!("--params: not JSON: {e}"),
-            Ok(None) => Ok(Value::Null),
-            Ok(Some(v @ (Value::Null | Value::Object(_)))) => Ok(v),
-            Ok(Some(_)) => anyhow::bail!("--params must be a JSON object"),
-        }
+        parse_params(self.params.as_deref())
     }
 
     /// `--timeout`, parsed.

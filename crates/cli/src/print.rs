@@ -390,6 +390,35 @@ pub fn raise(r: &Raise<'_>, as_json: bool) {
     }
 }
 
+/// `settle check`: what the event would do; exit 1 when it would be refused.
+pub fn check(machine: &str, key: &str, c: &settle_client::EventCheck, as_json: bool) -> std::process::ExitCode {
+    use settle_client::Verdict;
+    if as_json {
+        println!("{}", serde_json::to_string(c).expect("serializable"));
+    } else {
+        let (ev, state) = (&c.event, &c.state);
+        match &c.verdict {
+            Verdict::Fires { action, internal: false } => {
+                println!("{machine} {key}: event {ev} would run {action} (in state {state})")
+            }
+            Verdict::Fires { action, internal: true } => {
+                println!("{machine} {key}: event {ev} would run {action} as an internal transition (in state {state})")
+            }
+            Verdict::Ignored { state: level } => {
+                println!("{machine} {key}: event {ev} would be ignored in {level} (in state {state})")
+            }
+            Verdict::Refused { reason } => {
+                println!("{machine} {key}: event {ev} would be rejected in state {state}: {reason}")
+            }
+        }
+    }
+    if matches!(c.verdict, Verdict::Refused { .. }) {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

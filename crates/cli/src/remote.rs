@@ -155,3 +155,10 @@ pub async fn raise(c: &Client, a: RaiseArgs) -> anyhow::Result<ExitCode> {
     print::raise(&r, a.json);
     Ok(if r.ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
+
+/// `settle --server URL check`: the server's verdict, printed as the local command prints it.
+pub async fn check(c: &Client, a: crate::operate::CheckArgs) -> anyhow::Result<ExitCode> {
+    let params = a.params()?;
+    let check = c.check_event(&a.machine, &a.key, &a.event, params).await?;
+    Ok(crate::print::check(&a.machine, &a.key, &check, a.json))
+}

@@ -1,7 +1,7 @@
 //! End-to-end tests of the `settle` binary as a user drives it.
 
 mod common;
-use common::{settle, stderr, stdout};
+use common::{settle, stderr, stdout, write_machines};
 
 use std::path::PathBuf;
 
@@ -189,4 +189,39 @@ fn validate_checks_subscriptions_across_the_files_given() {
     );
     let alone = settle(&db, &["validate", &parent]);
     assert!(alone.status.success(), "one file alone cannot know the other machine: {}", stdout(&alone));
+}
+
+/// A statechart from TOML, driven from the command line: `settle check` tells what an
+/// event would do (guards against `--params`) without doing it; `raise --wait` shows an
+/// ignored event as such.
+#[test]
+fn check_tells_what_an_event_would_do_and_raise_shows_ignored_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sc.db");
+    let instance = include_str!("../../core/src/testdata/instance.toml");
+    let m = write_machines(dir.path(), &[("instance.toml", instance)]).display().to_string();
+    let with = |args: &[&str]| {
+        let mut all = vec!["--machines", m.as_str()];
+        all.extend_from_slice(args);
+        settle(&db, &all)
+    };
+    let created = with(&["create", "instance", "i", "--props", r#"{"max_size": 4}"#]);
+    assert!(created.status.success(), "{}", stderr(&created));
+    let ran = with(&["run", "--until-idle"]);
+    assert!(ran.status.success(), "{}", stderr(&ran));
+    let fires = with(&["check", "instance", "i", "resize", "--params", r#"{"size": 2}"#]);
+    assert_eq!(stdout(&fires), "instance i: event resize would run begin_resize (in state running)\n");
+    assert!(fires.status.success());
+    let refused = with(&["check", "instance", "i", "resize", "--params", r#"{"size": 8}"#]);
+    assert_eq!(
+        stdout(&refused),
+        "instance i: event resize would be rejected in state running: size above this instance's maximum\n"
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    let json = with(&["check", "instance", "i", "start", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(v["verdict"], serde_json::json!({"result": "ignored", "state": "active"}));
+    let raised = with(&["raise", "instance", "i", "start", "--wait"]);
+    assert!(raised.status.success(), "{}", stderr(&raised));
+    assert!(stdout(&raised).starts_with("instance i: event start ignored in state running\n"), "{}", stdout(&raised));
 }

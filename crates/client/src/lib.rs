@@ -28,7 +28,7 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-pub use settle_api::{Entity, EntityPage, HistoryEntry, Operation, Outcome, QueuedEvent, Task};
+pub use settle_api::{Entity, EntityPage, EventCheck, HistoryEntry, Operation, Outcome, QueuedEvent, Task, Verdict};
 use settle_api::{Leased, OperationList};
 
 /// Why a call failed.
@@ -244,6 +244,14 @@ impl Client {
     /// Reads an entity, with the events permitted in its state.
     pub async fn entity(&self, machine: &str, key: &str) -> Result<Entity, Error> {
         self.get(&format!("/v1/machines/{}/entities/{}", seg(machine), seg(key))).await
+    }
+
+    /// What `event`, raised now with `params`, would do to the entity: run an action,
+    /// be ignored, or be refused and why (guards evaluated). Nothing is written.
+    pub async fn check_event(&self, machine: &str, key: &str, event: &str, params: Value) -> Result<EventCheck, Error> {
+        let path = format!("/v1/machines/{}/entities/{}/events/{}/check", seg(machine), seg(key), seg(event));
+        let (_, v): (u16, Value) = self.call(Method::POST, &path, Some(&params), &[], Self::TIMEOUT).await?;
+        serde_json::from_value(v).map_err(|e| Error::Unexpected { url: path, message: e.to_string() })
     }
 
     /// Lists entities, one page.

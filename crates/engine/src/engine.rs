@@ -300,11 +300,36 @@ impl<S: Store> Engine<S> {
         Ok(self.inner.store.history_list(e.id).await?)
     }
 
-    /// The events valid in the entity's current state.
+    /// The events valid in the entity's current state (declared for it or a state it is a
+    /// substate of), guards aside: [`Engine::can_fire`] evaluates them for given
+    /// parameters.
     pub async fn permitted_events(&self, machine: &str, key: &str) -> Result<Vec<EventName>> {
         let m = self.inner.registry.machine(machine)?.clone();
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
         Ok(m.permitted_events(&e.state).map(|ev| ev.name.clone()).collect())
+    }
+
+    /// What `event`, raised now with `params`, would do to the entity (DESIGN §1: "can it
+    /// fire?"): run an action, be ignored, or be refused and why. Guards are evaluated
+    /// against the entity's properties and `params`; nothing is written. Unknown events
+    /// and bad parameters are errors, as for [`Engine::raise`]; a killed entity refuses
+    /// everything.
+    pub async fn can_fire(
+        &self,
+        machine: &str,
+        key: &str,
+        event: &str,
+        params: &serde_json::Value,
+    ) -> Result<(EntityRow, step::Permission)> {
+        let m = self.inner.registry.machine(machine)?;
+        step::check_raise(m, event, params)?;
+        let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
+        let permission = if e.run_status == RunStatus::Killed {
+            step::Permission::Refused { reason: format!("entity `{key}` of machine `{machine}` was killed") }
+        } else {
+            step::can_fire(m, &e.state, event, &e.properties, params)
+        };
+        Ok((e, permission))
     }
 
     /// The agent queues the registered machines' actions are bound to.

@@ -20,6 +20,17 @@ pub fn outcome_of(o: &EventOutcome) -> Outcome {
     }
 }
 
+/// The API's verdict on an event (see `Engine::can_fire`).
+pub fn verdict_of(p: &settle_core::Permission) -> Verdict {
+    match p {
+        settle_core::Permission::Fires { action, internal } => {
+            Verdict::Fires { action: action.to_string(), internal: *internal }
+        }
+        settle_core::Permission::Ignored { level } => Verdict::Ignored { state: level.to_string() },
+        settle_core::Permission::Refused { reason } => Verdict::Refused { reason: reason.clone() },
+    }
+}
+
 /// Query of `GET /v1/entities`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

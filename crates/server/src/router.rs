@@ -62,6 +62,7 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(machines::read(), Access::Read))
         .merge(guard(entities::read(), Access::Read))
         .merge(guard(entities::write(), Access::Write))
+        .merge(guard(events::read(), Access::Read))
         .merge(guard(events::write(), Access::Write))
         .merge(guard(lifecycle::write(), Access::Write))
         .merge(guard(operations::read(), Access::Read))

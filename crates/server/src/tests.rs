@@ -565,3 +565,53 @@ async fn openapi_lists_every_served_route() {
     assert_eq!(p["scheme"], "bearer");
     app.stop().await;
 }
+
+/// A statechart served as is: substates, guards, ignored events and internal transitions
+/// through the API; `…/check` tells what an event would do, without doing it.
+#[tokio::test]
+async fn a_statechart_through_the_api_and_what_its_events_would_do() {
+    let instance = include_str!("../../core/src/testdata/instance.toml");
+    let app = App::with_machines(Tokens::open(), Config::default(), &[("instance", instance)]).await;
+    let created = app.post("/v1/machines/instance/entities", json!({"key": "i", "properties": {"max_size": 4}})).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text);
+    app.state.engine().wait_idle().await.unwrap();
+    let e = "/v1/machines/instance/entities/i";
+    // (event, parameters) → the verdict, before anything is raised
+    let cases = [
+        ("resize", json!({"size": 2}), json!({"result": "fires", "action": "begin_resize", "internal": false})),
+        ("resize", json!({"size": 8}), json!({"result": "refused", "reason": "size above this instance's maximum"})),
+        ("touch", json!(null), json!({"result": "fires", "action": "record_touch", "internal": true})),
+        ("start", json!(null), json!({"result": "ignored", "state": "active"})),
+        (
+            "delete",
+            json!(null),
+            json!({"result": "refused", "reason": "event `delete` is not valid in state `running`"}),
+        ),
+    ];
+    let before = app.dump().await;
+    for (event, params, verdict) in cases {
+        let r = app.post(&format!("{e}/events/{event}/check"), params.clone()).await;
+        assert_eq!(r.status, StatusCode::OK, "{event}: {}", r.text);
+        assert_eq!(
+            (r.json()["state"].clone(), r.json()["verdict"].clone()),
+            (json!("running"), verdict),
+            "{event} {params}"
+        );
+    }
+    assert_eq!(app.dump().await, before, "checking writes nothing");
+    app.post(&format!("{e}/events/resize/check"), json!({"colour": "red"})).await.problem(422, "invalid-parameters");
+    app.post(&format!("{e}/events/nope/check"), json!(null)).await.problem(404, "unknown-event");
+    // Raised for real: ignored answers 200 with the outcome; a guard's rejection 409.
+    let start = app.post(&format!("{e}/events/start?wait=stable"), json!(null)).await;
+    assert_eq!(
+        (start.status, start.json()["outcome"].clone()),
+        (StatusCode::OK, json!({"result": "ignored", "state": "running"}))
+    );
+    app.post(&format!("{e}/events/resize?wait=stable"), json!({"size": 8})).await.problem(409, "event-rejected");
+    let touch = app.post(&format!("{e}/events/touch?wait=stable"), json!(null)).await;
+    assert_eq!(touch.json()["entity"]["properties"]["touched"], json!(true), "{}", touch.text);
+    let history = app.get(&format!("{e}/history")).await.json();
+    let kinds: Vec<&str> = history.as_array().unwrap().iter().map(|h| h["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds[kinds.len() - 3..], ["ignored", "rejected", "internal"]);
+    app.stop().await;
+}

@@ -215,6 +215,44 @@ pub fn on_event<'m>(
     reject(format!("no guard of event `{}` holds in state `{state}` ({} false)", ev.name, not_holding.join(", ")))
 }
 
+/// Whether an event would be processed, and how: the answer to "can it fire?" for an
+/// entity as it is now (see [`can_fire`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Permission {
+    /// It would run this action (a guard, if any, holds).
+    Fires {
+        /// The action chosen.
+        action: crate::names::ActionName,
+        /// Whether it is an internal transition.
+        internal: bool,
+    },
+    /// It would be accepted and dropped: this state ignores it.
+    Ignored {
+        /// The state (the entity's or an ancestor) that ignores it.
+        level: StateName,
+    },
+    /// It would be rejected, for this reason (not valid here, an alternative rejects it,
+    /// no guard holds, or a guard cannot be evaluated).
+    Refused {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Whether `event` would fire for an entity in `state` with properties `props` if raised
+/// now with `params`: levels, `ignore` and guards decided as [`on_event`] decides them.
+/// Parameters are not checked here ([`check_raise`] does that).
+pub fn can_fire(machine: &Machine, state: &str, event: &str, props: &Properties, params: &Value) -> Permission {
+    let internal = machine.event(event).is_some_and(|e| e.internal);
+    match on_event(machine, state, event, &|_| true, props, params) {
+        EventStep::Reject(r) => Permission::Refused { reason: r.reason },
+        EventStep::Ignore { level } => Permission::Ignored { level },
+        EventStep::Run { action } | EventStep::Plain { action, .. } | EventStep::Agent { action, .. } => {
+            Permission::Fires { action: action.name.clone(), internal }
+        }
+    }
+}
+
 /// The rejection of `ev` for an entity in `state`, where it is not valid: the reason
 /// declared for the state or its nearest ancestor, or the default one.
 fn rejection(machine: &Machine, ev: &Event, state: &str) -> Rejection {

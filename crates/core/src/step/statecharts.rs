@@ -242,6 +242,26 @@ to = ["big"]
     }
 }
 
+#[test]
+fn can_fire_says_what_an_event_would_do_and_why_not() {
+    let m = fixtures::instance();
+    let props: Properties = [("max_size".to_string(), json!(4))].into_iter().collect();
+    let ask = |state: &str, event: &str, params: Value| can_fire(&m, state, event, &props, &params);
+    let fires = |action: &str, internal| Permission::Fires { action: action.into(), internal };
+    assert_eq!(ask("running", "resize", json!({"size": 2})), fires("begin_resize", false));
+    assert_eq!(
+        ask("running", "resize", json!({"size": 8})),
+        Permission::Refused { reason: "size above this instance's maximum".into() }
+    );
+    assert_eq!(ask("running", "touch", Value::Null), fires("record_touch", true));
+    assert_eq!(ask("starting", "stop", Value::Null), fires("halt", false), "valid in a substate of `active`");
+    assert_eq!(ask("running", "start", Value::Null), Permission::Ignored { level: "active".into() });
+    assert_eq!(
+        ask("stopped", "touch", Value::Null),
+        Permission::Refused { reason: "event `touch` is not valid in state `stopped`".into() }
+    );
+}
+
 proptest! {
     /// No sequence of events, with any parameters, makes the step functions panic; and
     /// replaying the history (each row's `to`, when it has one) rebuilds the state,

@@ -19,7 +19,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::extract::{IdempotencyKey, OptionalJsonBody, Path, Query};
-use crate::model::{Entity, RaiseAccepted, RaiseDone, RaiseQuery};
+use crate::model::{Entity, EventCheck, RaiseAccepted, RaiseDone, RaiseQuery};
 use crate::operation_location;
 use crate::problem::{Kind, Problem, ProblemBody};
 use crate::routes::live_entity;
@@ -28,6 +28,47 @@ use crate::state::AppState;
 /// Write routes of events.
 pub fn write() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(raise))
+}
+
+/// Read routes of events: what an event would do (nothing is written).
+pub fn read() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(check))
+}
+
+/// What the event would do to the entity if raised now with these parameters: fire (with
+/// the action its guards choose), be ignored, or be refused and why. The body is the
+/// event's parameters, as for a raise. Nothing is written.
+#[utoipa::path(
+    post,
+    path = "/v1/machines/{machine}/entities/{key}/events/{event}/check",
+    tag = "events",
+    params(
+        ("machine" = String, Path, description = "machine name"),
+        ("key" = String, Path, description = "entity key"),
+        ("event" = String, Path, description = "event name"),
+    ),
+    request_body(content = Option<Object>, description = "the event's parameters", content_type = "application/json"),
+    responses(
+        (status = 200, description = "the verdict", body = EventCheck),
+        (status = 400, description = "malformed JSON", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "unknown machine, entity or event", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "body not application/json", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "invalid parameters", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn check(
+    State(s): State<AppState>,
+    Path((machine, key, event)): Path<(String, String, String)>,
+    OptionalJsonBody(params): OptionalJsonBody<Value>,
+) -> Result<Json<EventCheck>, Problem> {
+    let m = s.machine(&machine)?.clone();
+    let params = params.unwrap_or(Value::Null);
+    settle_core::step::check_raise(&m, &event, &params)?;
+    live_entity(&s, &machine, &key).await?;
+    let (entity, permission) = s.engine().can_fire(&machine, &key, &event, &params).await?;
+    Ok(Json(EventCheck { event, state: entity.state.to_string(), verdict: crate::model::verdict_of(&permission) }))
 }
 
 /// Raises an event on an entity. The body is the event's parameters (a JSON object; an
