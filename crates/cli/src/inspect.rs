@@ -39,6 +39,15 @@ pub async fn list(
     as_json: bool,
 ) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
+    // A parent state lists the entities in its substates, as the stored definitions nest them.
+    let substates = match &state {
+        Some(st) => {
+            let machines = stored_machines(&store).await?;
+            let of_machine = machines.iter().filter(|m| machine.as_deref().is_none_or(|n| m.name() == n));
+            settle_core::Machine::substates_across(of_machine, st)
+        }
+        None => Vec::new(),
+    };
     let mut after = None;
     let mut header = true;
     loop {
@@ -46,6 +55,7 @@ pub async fn list(
             .entity_list(EntityFilter {
                 machine: machine.clone(),
                 state: state.clone(),
+                substates: substates.clone(),
                 after_id: after,
                 limit: Some(1000),
                 run_status: run_status.clone(),
@@ -165,4 +175,26 @@ pub async fn machines(db: &str, as_json: bool) -> anyhow::Result<ExitCode> {
         eprintln!("no machines stored");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The newest stored definition of every machine, read back from the database (those that
+/// no longer read as a definition are left out, with a warning).
+pub async fn stored_machines(store: &AnyStore) -> anyhow::Result<Vec<settle_core::Machine>> {
+    let mut newest: std::collections::BTreeMap<String, settle_store::MachineRecord> = Default::default();
+    for r in store.machine_list().await? {
+        match newest.get(r.name.as_str()) {
+            Some(n) if n.created_at >= r.created_at => {}
+            _ => {
+                newest.insert(r.name.to_string(), r);
+            }
+        }
+    }
+    let mut machines = Vec::new();
+    for (name, r) in newest {
+        match settle_core::Machine::from_canonical_json(&r.definition) {
+            Ok(m) => machines.push(m),
+            Err(e) => eprintln!("warning: stored definition of machine `{name}` ({}) does not read back: {e}", r.hash),
+        }
+    }
+    Ok(machines)
 }

@@ -221,6 +221,14 @@ fn check_tells_what_an_event_would_do_and_raise_shows_ignored_events() {
     let json = with(&["check", "instance", "i", "start", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
     assert_eq!(v["verdict"], serde_json::json!({"result": "ignored", "state": "active"}));
+    // A parent lists its substates' entities (from the stored definition: no --machines).
+    let listed = settle(&db, &["list", "--state", "active", "--json"]);
+    let rows: Vec<serde_json::Value> = stdout(&listed).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(
+        rows.iter().map(|r| (r["key"].as_str(), r["state"].as_str())).collect::<Vec<_>>(),
+        [(Some("i"), Some("running"))]
+    );
+    assert!(stdout(&settle(&db, &["list", "--state", "stopped", "--json"])).is_empty());
     let raised = with(&["raise", "instance", "i", "start", "--wait"]);
     assert!(raised.status.success(), "{}", stderr(&raised));
     assert!(stdout(&raised).starts_with("instance i: event start ignored in state running\n"), "{}", stdout(&raised));

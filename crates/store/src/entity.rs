@@ -169,6 +169,10 @@ pub struct EntityFilter {
     pub machine: Option<String>,
     /// Only this state.
     pub state: Option<String>,
+    /// With `state`: entities in one of these (machine, state) pairs match too — the
+    /// substates of `state` in the machines that nest it (`Machine::within`), so that
+    /// listing a parent lists every entity in it.
+    pub substates: Vec<(String, String)>,
     /// Only entities with id greater than this (cursor).
     pub after_id: Option<i64>,
     /// At most this many (`None`: all).

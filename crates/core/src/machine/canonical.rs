@@ -166,6 +166,162 @@ impl Machine {
 }
 
 /// Writes `v` as compact JSON with every object's keys in sorted order.
+impl Machine {
+    /// Reads a definition back from its [`canonical_json`](Machine::canonical_json), as a
+    /// store keeps it: for tools that read the database without the definitions' files
+    /// (listing a parent's entities, labelling metrics with state paths). The result is
+    /// validated like any definition; its hash is the stored one.
+    pub fn from_canonical_json(text: &str) -> Result<Machine, String> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not a stored definition: {e}"))?;
+        let def =
+            def_of(&v).ok_or_else(|| "not a stored definition: a field is missing or of the wrong type".to_string())?;
+        Machine::from_def(&def).map(|(m, _)| m).map_err(|report| report.to_string())
+    }
+}
+
+/// The definition a canonical rendering describes (`None`: it is not one).
+fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
+    use super::def::{
+        ActionDef, EventDef, FaultDef, MachineDef, MigrateDef, RaiseDef, StateDef, StateKind, TimerDef, WhenDef,
+    };
+    use serde_json::Value;
+    let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+    let texts = |v: &Value, k: &str| -> Option<Vec<String>> {
+        match v.get(k) {
+            None | Some(Value::Null) => Some(Vec::new()),
+            Some(list) => list.as_array()?.iter().map(|x| x.as_str().map(str::to_string)).collect(),
+        }
+    };
+    let ms = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).map(Duration::from_millis);
+    let table = |v: &Value, k: &str| -> Vec<(String, Value)> {
+        v.get(k)
+            .and_then(Value::as_object)
+            .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    };
+    let mut def = MachineDef { name: text(v, "name")?, initial: Some(text(v, "initial")?), ..MachineDef::default() };
+    for s in v.get("states")?.as_array()? {
+        let kind = match s.get("kind")?.as_str()? {
+            "terminal" => Some(StateKind::Terminal),
+            "deleted" => Some(StateKind::Deleted),
+            _ => None,
+        };
+        def.states.push(StateDef {
+            name: text(s, "name")?,
+            kind,
+            auto: text(s, "auto").into_iter().collect(),
+            wait: ms(s, "wait_ms").filter(|d| !d.is_zero()),
+            health: if text(s, "health").as_deref() == Some("error") { Health::Error } else { Health::Ok },
+            requires: texts(s, "requires")?,
+            renamed_from: texts(s, "renamed_from")?,
+            parent: text(s, "parent"),
+            initial_child: text(s, "initial"),
+            on_entry: texts(s, "on_entry")?,
+            on_exit: texts(s, "on_exit")?,
+            on_entry_from: table(s, "on_entry_from")
+                .into_iter()
+                .map(|(e, a)| {
+                    Some((e, a.as_array()?.iter().map(|x| x.as_str().map(str::to_string)).collect::<Option<_>>()?))
+                })
+                .collect::<Option<_>>()?,
+            ..StateDef::default()
+        });
+    }
+    for e in v.get("events")?.as_array()? {
+        let when = match e.get("when").and_then(Value::as_array) {
+            None => Vec::new(),
+            Some(alts) => alts
+                .iter()
+                .map(|w| {
+                    Some(WhenDef {
+                        valid_in: texts(w, "in")?,
+                        guard: text(w, "guard"),
+                        action: text(w, "action"),
+                        reject: text(w, "reject"),
+                        ..WhenDef::default()
+                    })
+                })
+                .collect::<Option<_>>()?,
+        };
+        let timeout = e.get("timeout").and_then(|t| Some((ms(t, "after_ms")?, text(t, "event")?)));
+        def.events.push(EventDef {
+            name: text(e, "name")?,
+            valid_in: texts(e, "in")?,
+            action: text(e, "action").unwrap_or_default(),
+            when,
+            ignore: texts(e, "ignore")?,
+            internal: e.get("internal").and_then(Value::as_bool).unwrap_or(false),
+            params: texts(e, "params")?,
+            reject: table(e, "reject")
+                .into_iter()
+                .map(|(k, r)| Some((k, r.as_str()?.to_string())))
+                .collect::<Option<_>>()?,
+            subscribe: text(e, "subscribe"),
+            timeout,
+            ..EventDef::default()
+        });
+    }
+    for a in v.get("actions")?.as_array()? {
+        let to = a.get("to")?.as_array()?;
+        let targets: Vec<String> = to.iter().map(|t| text(t, "state")).collect::<Option<_>>()?;
+        let target_waits = to
+            .iter()
+            .filter_map(|t| Some((text(t, "state")?, ms(t, "wait_ms")?)))
+            .filter(|(_, d)| !d.is_zero())
+            .collect();
+        let agent = a.get("agent");
+        let raise = match a.get("raise").and_then(Value::as_array) {
+            None => Vec::new(),
+            Some(list) => list
+                .iter()
+                .map(|r| {
+                    Some(RaiseDef {
+                        event: text(r, "event")?,
+                        on: text(r, "on")?,
+                        params: r.get("params").cloned().unwrap_or(Value::Null),
+                    })
+                })
+                .collect::<Option<_>>()?,
+        };
+        def.actions.push(ActionDef {
+            name: text(a, "name")?,
+            targets,
+            target_waits,
+            agent: agent.and_then(|b| text(b, "queue")),
+            lock: agent.and_then(|b| ms(b, "lock_ms")),
+            set: table(a, "set"),
+            raise,
+            ..ActionDef::default()
+        });
+    }
+    for t in v.get("timers").and_then(Value::as_array).into_iter().flatten() {
+        def.timers.push(TimerDef {
+            name: text(t, "name")?,
+            event: text(t, "event")?,
+            every: ms(t, "every_ms"),
+            after: ms(t, "after_ms"),
+            valid_in: texts(t, "in")?,
+            ..TimerDef::default()
+        });
+    }
+    if let Some(f) = v.get("fault") {
+        let backoff = f.get("backoff")?;
+        def.fault = Some(FaultDef {
+            max_errors: u32::try_from(f.get("max_errors")?.as_u64()?).ok(),
+            window: ms(f, "window_ms"),
+            backoff_min: ms(backoff, "min_ms"),
+            backoff_max: ms(backoff, "max_ms"),
+            ..FaultDef::default()
+        });
+    }
+    def.migrate = table(v, "migrate")
+        .into_iter()
+        .map(|(from, to)| Some(MigrateDef { from, to: to.as_str()?.to_string(), ..MigrateDef::default() }))
+        .collect::<Option<_>>()?;
+    def.properties = texts(v, "properties")?;
+    Some(def)
+}
+
 /// One `when` alternative, as stored.
 fn alternative_json(a: &Alternative) -> serde_json::Value {
     let mut alt = serde_json::json!({ "in": a.valid_in.iter().map(|s| s.as_str()).collect::<Vec<_>>() });
@@ -229,5 +385,32 @@ mod tests {
         }
         assert_eq!(server.fault_policy(), &FaultPolicy::DEFAULT);
         assert!(server.state_mapping().is_empty());
+    }
+
+    /// A stored definition reads back as the machine it was: same model, same hash, for
+    /// every kind of item (substates, guards, hooks, declarative actions, timers,
+    /// subscriptions, fault policies, migrations).
+    #[test]
+    fn stored_definitions_read_back_as_the_same_machine() {
+        use crate::Machine;
+        let machines = [
+            load("server.toml", "server", SERVER).unwrap().0,
+            load("s.toml", "server", SUBSCRIBER).unwrap().0,
+            crate::fixtures::instance(),
+            crate::fixtures::server()
+                .fault_policy(FaultPolicy::DEFAULT)
+                .migrate("old", "ready")
+                .state("limbo")
+                .renamed_from(["older"])
+                .build()
+                .unwrap(),
+        ];
+        for m in machines {
+            let back =
+                Machine::from_canonical_json(&m.canonical_json()).unwrap_or_else(|e| panic!("{}: {e}", m.name()));
+            assert_eq!(back, m, "{}", m.name());
+            assert_eq!(back.content_hash(), m.content_hash());
+        }
+        assert!(Machine::from_canonical_json("{}").unwrap_err().starts_with("not a stored definition"));
     }
 }

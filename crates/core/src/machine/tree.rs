@@ -82,6 +82,21 @@ impl Machine {
         self.states().iter().filter(|s| self.is_in(&s.name, state)).map(|s| &s.name).collect()
     }
 
+    /// The substates of `state` in each of `machines` that nests it, as (machine, state)
+    /// pairs: what "in `state`" adds to an exact match when listing entities of several
+    /// machines. Empty when no machine declares `state` as a parent.
+    pub fn substates_across<'m>(machines: impl IntoIterator<Item = &'m Machine>, state: &str) -> Vec<(String, String)> {
+        machines
+            .into_iter()
+            .flat_map(|m| {
+                m.within(state)
+                    .into_iter()
+                    .filter(move |s| s.as_str() != state)
+                    .map(move |s| (m.name().to_string(), s.to_string()))
+            })
+            .collect()
+    }
+
     /// The leaf entered when `state` is: `state` itself, or the leaf its initial children
     /// lead to.
     ///

@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
+use settle_core::Machine;
 use settle_store::{EntityFilter, RunStatus, Store};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -95,17 +96,19 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
         })?),
     };
     let limit = parse_limit(q.limit.as_deref())?;
-    let mut rows = s
-        .engine()
-        .store()
-        .entity_list(EntityFilter {
-            machine: q.machine,
-            state: q.state,
-            after_id: after,
-            limit: Some(limit + 1),
-            run_status: q.status,
-        })
-        .await?;
+    // A parent state lists the entities in its substates.
+    let machines =
+        s.machines().iter().map(|m| m.as_ref()).filter(|m| q.machine.as_deref().is_none_or(|n| m.name() == n));
+    let substates = q.state.as_deref().map(|st| Machine::substates_across(machines, st)).unwrap_or_default();
+    let filter = EntityFilter {
+        machine: q.machine,
+        state: q.state,
+        substates,
+        after_id: after,
+        limit: Some(limit + 1),
+        run_status: q.status,
+    };
+    let mut rows = s.engine().store().entity_list(filter).await?;
     let more = rows.len() as u64 > limit;
     rows.truncate(limit as usize);
     let next = if more { rows.last().map(|e| e.id.to_string()) } else { None };

@@ -55,6 +55,14 @@ pub async fn listing_counts_and_metadata<S: Store>(store: S) {
         .await
         .unwrap();
     assert_eq!(page.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["k1", "k2"]);
+    // A parent state lists its substates, only in the machines that nest them.
+    let within =
+        EntityFilter { state: Some("busy".into()), substates: vec![("m".into(), "done".into())], ..Default::default() };
+    let within = store.entity_list(within).await.unwrap();
+    assert_eq!(within.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["k3", "k4"]);
+    let across =
+        EntityFilter { state: Some("idle".into()), substates: vec![("n".into(), "none".into())], ..Default::default() };
+    assert_eq!(store.entity_list(across).await.unwrap().len(), 4, "exact matches in every machine stay");
     assert_eq!(store.entity_count_by_state("m").await.unwrap(), vec![("done".to_string(), 2), ("idle".to_string(), 3)]);
     assert_eq!(store.entity_count_pending().await.unwrap(), 1);
     store.machine_put("m", "abc", "{}", T0).await.unwrap();

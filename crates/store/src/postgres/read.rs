@@ -200,11 +200,19 @@ pub(crate) fn entity_list(c: &mut Conn, f: &EntityFilter) -> R<Vec<EntityRow>> {
     let rows = c.query(
         &format!(
             "SELECT {ENTITY_COLS} FROM entities
-             WHERE ($1::text IS NULL OR machine = $1) AND ($2::text IS NULL OR state = $2) AND id > $3
-               AND ($5::text IS NULL OR run_status = $5)
+             WHERE ($1::text IS NULL OR machine = $1)
+               AND ($2::text IS NULL OR state = $2 OR (machine || chr(31) || state) = ANY($6::text[]))
+               AND id > $3 AND ($5::text IS NULL OR run_status = $5)
              ORDER BY id LIMIT $4"
         ),
-        &[&f.machine, &f.state, &f.after_id.unwrap_or(0), &limit, &f.run_status],
+        &[
+            &f.machine,
+            &f.state,
+            &f.after_id.unwrap_or(0),
+            &limit,
+            &f.run_status,
+            &crate::sql::substate_keys(&f.substates),
+        ],
     )?;
     all(rows, entity_from_row)
 }

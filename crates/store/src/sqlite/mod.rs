@@ -214,14 +214,23 @@ impl Store for SqliteStore {
         self.on_reader(move |c| {
             let sql = format!(
                 "SELECT {ENTITY_COLS} FROM entities
-                 WHERE (?1 IS NULL OR machine = ?1) AND (?2 IS NULL OR state = ?2) AND id > ?3
-                   AND (?5 IS NULL OR run_status = ?5)
+                 WHERE (?1 IS NULL OR machine = ?1)
+                   AND (?2 IS NULL OR state = ?2 OR (machine || char(31) || state) IN (SELECT value FROM json_each(?6)))
+                   AND id > ?3 AND (?5 IS NULL OR run_status = ?5)
                  ORDER BY id LIMIT ?4"
             );
             let limit = filter.limit.map(|l| l.min(i64::MAX as u64) as i64).unwrap_or(-1);
+            let substates = crate::sql::json_text(&crate::sql::substate_keys(&filter.substates));
             let mut stmt = c.prepare_cached(&sql).map_err(db_err)?;
             stmt.query_map(
-                params![filter.machine, filter.state, filter.after_id.unwrap_or(0), limit, filter.run_status],
+                params![
+                    filter.machine,
+                    filter.state,
+                    filter.after_id.unwrap_or(0),
+                    limit,
+                    filter.run_status,
+                    substates
+                ],
                 entity_from_row,
             )
             .and_then(|rows| rows.collect())
