@@ -174,7 +174,10 @@ fn demo_telemetry_is_consistent_and_stats_agree_with_sql() {
     ] {
         assert!(prom.lines().any(|l| l == declared), "missing `{declared}`: {prom}");
     }
-    assert!(prom.contains("settle_entities{machine=\"server\",state=\"ready\",run_status=\"active\"} 20\n"), "{prom}");
+    assert!(
+        prom.contains("settle_entities{machine=\"server\",state=\"ready\",path=\"ready\",run_status=\"active\"} 20\n"),
+        "{prom}"
+    );
     assert!(prom.lines().any(|l| l == "settle_parked_entities 0"), "{prom}");
     let succeeded: u64 = ops_sql.values().map(|v| v.2).sum();
     assert!(prom.lines().any(|l| l == format!("settle_operations_total{{outcome=\"success\"}} {succeeded}")), "{prom}");

@@ -7,6 +7,10 @@
 //! ([`Machine::state_mapping`]); its entities then move there. Otherwise the upgrade is
 //! refused, naming every state left without a home and how many entities are in it.
 //!
+//! Substates map like states. An entity is always in a leaf: where the state it is in (or
+//! the one it is mapped to) has become a parent, it moves on to that parent's initial leaf
+//! ([`Machine::descend`]). A move is not a transition: no entry or exit action runs.
+//!
 //! The check is pure: the engine gives it the stored entities' states with their counts,
 //! and applies the moves it returns.
 //!
@@ -77,9 +81,11 @@ impl std::error::Error for UpgradeRefused {}
 /// Checks whether `new` can replace the stored definition of its machine, whose stored
 /// entities occupy the states `occupied` (state name, number of entities).
 ///
-/// A state `new` declares needs nothing. A state it no longer declares must be mapped by
-/// [`Machine::state_mapping`] (always to a declared state): its entities move there, and
-/// the move comes back as `(old, new, count)`, in the order of `occupied`. States with a
+/// A state `new` declares as a leaf needs nothing. A state it no longer declares must be
+/// mapped by [`Machine::state_mapping`] (always to a declared state): its entities move
+/// there (to its initial leaf, if it is a parent); a state that has become a parent moves
+/// its entities to its initial leaf. Each move comes back as `(old, new, count)`, in the
+/// order of `occupied`. States with a
 /// count of zero are ignored; a state listed more than once counts the sum.
 ///
 /// Errors: [`UpgradeRefused`] with every occupied state that is neither declared nor
@@ -97,13 +103,21 @@ pub fn check(new: &Machine, occupied: &[(String, u64)]) -> Result<Vec<(String, S
     let mut moves = Vec::new();
     let mut unmapped = Vec::new();
     for (state, count) in counts {
-        if count == 0 || new.state(state).is_some() {
+        if count == 0 {
             continue;
         }
-        match mapping.get(state) {
-            Some(target) => moves.push((state.to_string(), target.to_string(), count)),
-            None => unmapped.push((state.to_string(), count)),
-        }
+        let target = match new.state(state) {
+            Some(s) if !s.is_parent() => continue,
+            Some(s) => &s.name,
+            None => match mapping.get(state) {
+                Some(target) => target,
+                None => {
+                    unmapped.push((state.to_string(), count));
+                    continue;
+                }
+            },
+        };
+        moves.push((state.to_string(), new.descend(target).name.to_string(), count));
     }
     if unmapped.is_empty() { Ok(moves) } else { Err(UpgradeRefused { machine: new.name().clone(), unmapped }) }
 }
@@ -209,5 +223,46 @@ mod tests {
         );
         let err = check(&m, &occupied(&[("configuring", 2), ("configuring", 0), ("configuring", 1)])).unwrap_err();
         assert_eq!(err.unmapped, occupied(&[("configuring", 3)]));
+    }
+
+    /// Substates map like states: a state that became a parent sends its entities to its
+    /// initial leaf, and so does a mapping to a parent.
+    #[test]
+    fn entities_land_in_leaves_when_states_become_parents() {
+        let new = MachineBuilder::new("vm")
+            .state("new")
+            .initial()
+            .state("active")
+            .initial_child("running")
+            .state("running")
+            .parent("active")
+            .state("paused")
+            .parent("active")
+            .renamed_from(["suspended"])
+            .state("off")
+            .event("start", ["new"], "boot")
+            .event("stop", ["active"], "halt")
+            .event("pause", ["running"], "hold")
+            .action("boot", ["active"])
+            .action("halt", ["off"])
+            .action("hold", ["paused"])
+            .migrate("up", "active")
+            .build()
+            .unwrap();
+        let occupied = [
+            ("new".to_string(), 1),
+            ("active".to_string(), 5),
+            ("suspended".to_string(), 2),
+            ("up".to_string(), 3),
+            ("running".to_string(), 4),
+        ];
+        assert_eq!(
+            check(&new, &occupied).unwrap(),
+            [
+                ("active".to_string(), "running".to_string(), 5),
+                ("suspended".to_string(), "paused".to_string(), 2),
+                ("up".to_string(), "running".to_string(), 3),
+            ]
+        );
     }
 }

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use settle_core::Machine;
 use settle_store::MetricsSnapshot;
 
 /// Escapes a label value of the Prometheus text format.
@@ -25,8 +26,22 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-/// The snapshot in the Prometheus text exposition format (version 0.0.4).
-pub fn store_text(m: &MetricsSnapshot) -> String {
+/// The path of `state` in `machine`: its ancestors and itself, outermost first, joined by
+/// `/` (`active/running`); the state alone for a flat machine or an unknown one.
+fn state_path(machines: &[&Machine], machine: &str, state: &str) -> String {
+    match machines.iter().find(|m| m.name() == machine) {
+        Some(m) if m.is_nested() && m.state(state).is_some() => {
+            let mut path: Vec<&str> = m.path(state).map(|s| s.name.as_str()).collect();
+            path.reverse();
+            path.join("/")
+        }
+        _ => state.to_string(),
+    }
+}
+
+/// The snapshot in the Prometheus text exposition format (version 0.0.4). `machines`
+/// give each state's path (a label beside the leaf state).
+pub fn store_text(m: &MetricsSnapshot, machines: &[&Machine]) -> String {
     let mut out = String::new();
     header(
         &mut out,
@@ -53,13 +68,19 @@ pub fn store_text(m: &MetricsSnapshot) -> String {
         "Errors recorded: action errors, panics, refused outcomes, failed commits.",
     );
     let _ = writeln!(out, "settle_faults_total {}", m.faults);
-    header(&mut out, "settle_entities", "gauge", "Entities by machine, state and run status.");
+    header(
+        &mut out,
+        "settle_entities",
+        "gauge",
+        "Entities by machine, (leaf) state, the state's path (its parents and itself, outermost first) and run status.",
+    );
     for e in &m.entities {
         let _ = writeln!(
             out,
-            "settle_entities{{machine=\"{}\",state=\"{}\",run_status=\"{}\"}} {}",
+            "settle_entities{{machine=\"{}\",state=\"{}\",path=\"{}\",run_status=\"{}\"}} {}",
             label(&e.machine),
             label(&e.state),
+            label(&state_path(machines, &e.machine, &e.state)),
             e.run_status.as_str(),
             e.count
         );
@@ -120,10 +141,10 @@ mod tests {
             due_backlog: 5,
             operations: vec![("open".into(), 2), ("success".into(), 7)],
         };
-        let text = super::store_text(&m);
+        let text = super::store_text(&m, &[]);
         assert!(text.contains("settle_transitions_total{machine=\"m\",from=\"\",to=\"new\"} 2\n"), "{text}");
         assert!(text.contains(r#"settle_transitions_total{machine="m",from="a\"b\\c\nd",to="x"} 1"#), "{text}");
-        assert!(text.contains("settle_entities{machine=\"m\",state=\"new\",run_status=\"paused\"} 2\n"));
+        assert!(text.contains("settle_entities{machine=\"m\",state=\"new\",path=\"new\",run_status=\"paused\"} 2\n"));
         assert!(text.contains("settle_operations_total{outcome=\"success\"} 7\n"));
         assert!(text.contains("settle_operations_open 2\n"));
         assert!(text.contains("settle_agent_tasks{queue=\"dns\",status=\"ready\"} 3\n"), "{text}");

@@ -602,6 +602,13 @@ async fn a_statechart_through_the_api_and_what_its_events_would_do() {
     let listed = app.get("/v1/entities?state=active").await.json();
     assert_eq!(listed["items"][0]["key"], json!("i"), "a parent lists its substates' entities: {listed}");
     assert_eq!(app.get("/v1/entities?machine=instance&state=stopped").await.json()["items"], json!([]));
+    let metrics = app.get("/metrics").await.text;
+    assert!(
+        metrics.contains(
+            "settle_entities{machine=\"instance\",state=\"running\",path=\"active/running\",run_status=\"active\"} 1\n"
+        ),
+        "{metrics}"
+    );
     app.post(&format!("{e}/events/resize/check"), json!({"colour": "red"})).await.problem(422, "invalid-parameters");
     app.post(&format!("{e}/events/nope/check"), json!(null)).await.problem(404, "unknown-event");
     // Raised for real: ignored answers 200 with the outcome; a guard's rejection 409.

@@ -44,7 +44,8 @@ async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
-    text.push_str(&crate::metrics::store_text(&snapshot));
+    let machines: Vec<&settle_core::Machine> = s.machines().iter().map(|m| m.as_ref()).collect();
+    text.push_str(&crate::metrics::store_text(&snapshot, &machines));
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
