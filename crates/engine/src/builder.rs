@@ -92,16 +92,6 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 Some(_) => {}
             }
         }
-        for m in self.registry.machines.values() {
-            if let Some(a) = m.actions().iter().find(|a| !a.raise.is_empty()) {
-                let what = format!(
-                    "action `{}` raises events on related entities (`raise`), which this engine does not run yet: \
-                     raise them from a handler with `Outcome::raise`",
-                    a.name
-                );
-                return Err(Error::Unsupported { machine: m.name().to_string(), what });
-            }
-        }
         if let Some(served) = &self.registry.served
             && let Some(unknown) = served.iter().find(|m| !self.registry.machines.contains_key(*m))
         {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use settle_core::step::PropChange;
-use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
+use settle_core::{ActionName, Broadcast, EntityKey, EventName, MachineName, Properties, Related, StateName};
 use settle_store::{EntityRow, SqlStatement};
 
 use crate::api::EventOutcome;
@@ -190,6 +190,7 @@ pub struct Outcome {
     pub(crate) sql: Vec<SqlStatement>,
     pub(crate) creates: Vec<CreateEffect>,
     pub(crate) raises: Vec<RaiseEffect>,
+    pub(crate) related: Vec<Broadcast>,
 }
 
 impl Outcome {
@@ -245,6 +246,21 @@ impl Outcome {
     pub fn join(self, machine: impl AsRef<str>, key: impl AsRef<str>, event: impl AsRef<str>, params: Value) -> Self {
         self.nested(machine, key, event, params, true)
     }
+    /// Raises an event on every entity related to this one `on` that way (its
+    /// predecessors, or its successors, including those this commit creates), written to
+    /// their inboxes in the commit: on those of the machines that declare the event.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use settle_core::Related;
+    /// use settle_engine::Outcome;
+    /// let done = Outcome::to("ready").raise_on(Related::Predecessors, "child_ready", json!(null));
+    /// assert_eq!(done.target(), Some("ready"));
+    /// ```
+    pub fn raise_on(mut self, on: Related, event: impl AsRef<str>, params: Value) -> Self {
+        self.related.push(Broadcast { event: EventName::new(event), on, params });
+        self
+    }
     /// Adds the effects of an entry or exit action's outcome to this one (after its own):
     /// property changes, SQL, created entities, raised events. Such an action never
     /// chooses a state: an outcome with a target or a delay is refused (the error says so).
@@ -259,6 +275,7 @@ impl Outcome {
         self.sql.extend(hook.sql);
         self.creates.extend(hook.creates);
         self.raises.extend(hook.raises);
+        self.related.extend(hook.related);
         Ok(())
     }
     fn nested(

@@ -253,3 +253,117 @@ async fn a_handler_bound_to_a_declarative_action_is_refused_at_start() {
         "machine `instance`: action `announce` is declarative (`set`, `raise`): it takes no handler"
     );
 }
+
+/// `cluster` and `node`, in TOML: the cluster's `spawn` handler creates two nodes; a node
+/// that comes `up` tells its predecessors (`announce`, declarative); a cluster that starts
+/// `dissolving` tells its successors to stop (`tell_nodes`, declarative).
+fn cluster_and_node() -> (Machine, Machine) {
+    let cluster = r#"
+initial = "forming"
+properties = ["heard"]
+[states.forming]
+[states.growing]
+auto = "spawn"
+[states.waiting]
+[states.dissolving]
+on_entry = "tell_nodes"
+[events.grow]
+in = ["forming"]
+action = "begin"
+[events.node_ready]
+in = ["waiting"]
+params = ["node"]
+action = "note"
+internal = true
+[events.dissolve]
+in = ["waiting"]
+action = "end"
+[actions.begin]
+to = ["growing"]
+[actions.spawn]
+to = ["waiting"]
+[actions.note]
+set = { heard = true }
+[actions.end]
+to = ["dissolving"]
+[actions.tell_nodes]
+raise = [{ event = "stop", on = "successors" }]
+"#;
+    let node = r#"
+initial = "booting"
+[states.booting]
+[states.up]
+on_entry = "announce"
+[states.stopped]
+kind = "terminal"
+[events.boot]
+in = ["booting"]
+action = "come_up"
+[events.ping]
+in = ["up"]
+action = "come_up"
+ignore = ["booting"]
+[events.stop]
+in = ["booting", "up"]
+action = "halt"
+[actions.come_up]
+to = ["up"]
+[actions.announce]
+raise = [{ event = "node_ready", on = "predecessors", params = { node = "a node" } }]
+[actions.halt]
+to = ["stopped"]
+"#;
+    let load = |name, text| settle_core::toml::load(&format!("{name}.toml"), name, text).unwrap().0;
+    (load("cluster", cluster), load("node", node))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declarative_actions_raise_events_on_predecessors_and_successors() {
+    for (_dir, store) in stores("statechart_related").await {
+        let (cluster, node) = cluster_and_node();
+        let builder = Engine::builder(store).machine(cluster).machine(node).on("cluster", "spawn", |_| async {
+            // A handler raises on related entities too: the nodes it creates in this commit.
+            Ok(Outcome::to("waiting")
+                .create("node", "n1", Default::default())
+                .create("node", "n2", Default::default())
+                .raise_on(settle_core::Related::Successors, "ping", Value::Null))
+        });
+        let (engine, _clock) = start(builder).await;
+        engine.create("cluster", "c", Default::default()).await.unwrap();
+        engine.raise("cluster", "c", "grow", stable(Value::Null)).await.unwrap();
+        engine.wait_idle().await.unwrap();
+        for n in ["n1", "n2"] {
+            let history = engine.history("node", n).await.unwrap();
+            let last = history.last().unwrap();
+            assert_eq!((last.kind, last.event.as_deref()), (HistoryKind::Ignored, Some("ping")), "{n}: {history:?}");
+        }
+
+        let up = engine.raise("node", "n1", "boot", stable(Value::Null)).await.unwrap();
+        let request_id = up.request_id.clone();
+        engine.wait_idle().await.unwrap();
+        let c = engine.get("cluster", "c").await.unwrap().unwrap();
+        assert_eq!((c.state.as_str(), &c.properties["heard"]), ("waiting", &json!(true)), "told by n1's entry");
+        let last = engine.history("cluster", "c").await.unwrap().pop().unwrap();
+        assert_eq!((last.kind, last.event.as_deref()), (HistoryKind::Internal, Some("node_ready")));
+        assert_eq!(last.request_id, Some(request_id), "the event belongs to the request that moved n1");
+
+        engine.raise("cluster", "c", "dissolve", stable(Value::Null)).await.unwrap();
+        engine.wait_idle().await.unwrap();
+        for n in ["n1", "n2"] {
+            assert_eq!(engine.get("node", n).await.unwrap().unwrap().state, "stopped", "{n}");
+        }
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn a_declarative_raise_of_an_event_no_machine_declares_is_refused_at_start() {
+    let (_dir, store) = common::sqlite();
+    let (_, node) = cluster_and_node();
+    let err = Engine::builder(store).machine(node).start().await.err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "invalid machine definition:\nerror: machine `node`, action `announce`: `raise` of `node_ready` on \
+         predecessors: no machine in the set declares that event\n"
+    );
+}

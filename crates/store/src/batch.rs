@@ -7,8 +7,8 @@ use serde_json::Value;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
 
 use crate::{
-    AgentTask, Command, EntityRow, HistoryKind, InboxItem, Millis, NewEntity, OpenOperation, Push, RunStatus,
-    TaskOffer, TaskResult, Telemetry, TimerPlan,
+    AgentTask, Command, EntityRow, HistoryKind, InboxItem, Millis, NewEntity, OpenOperation, Push, PushRelated,
+    RunStatus, TaskOffer, TaskResult, Telemetry, TimerPlan,
 };
 
 /// A raw SQL statement run inside a commit. Parameters are bound, never interpolated.
@@ -79,6 +79,9 @@ pub struct Commit {
     pub creates: Vec<NewEntity>,
     /// Events pushed to other entities' inboxes in the same transaction.
     pub pushes: Vec<Push>,
+    /// Events pushed to every predecessor or successor of the entity, in the same
+    /// transaction (after its creates and pushes).
+    pub push_related: Vec<PushRelated>,
     /// Versions the entities read "with lock" must still have, or the commit fails.
     pub preconditions: Vec<(i64, i64)>,
     /// The timers the entity has after this commit (`None`: unchanged). Timers not listed
@@ -134,6 +137,7 @@ impl Commit {
             sql: Vec::new(),
             creates: Vec::new(),
             pushes: Vec::new(),
+            push_related: Vec::new(),
             preconditions: Vec::new(),
             timers: None,
             fired: None,

@@ -1,7 +1,9 @@
 //! The durable inbox of an entity: the events waiting in it ([`InboxItem`]), where each came
-//! from ([`InboxKind`]), and an event to append ([`Push`]).
+//! from ([`InboxKind`]), and an event to append ([`Push`]) to one entity or to every related
+//! one ([`PushRelated`]).
 
 use serde_json::Value;
+use settle_core::machine::Related;
 use settle_core::{EntityKey, EventName, MachineName};
 
 use crate::{Millis, OpenOperation};
@@ -93,4 +95,21 @@ pub struct Push {
     pub join_from: Option<i64>,
     /// Opens this operation (an external raise); replays of its request id push nothing.
     pub operation: Option<OpenOperation>,
+}
+
+/// An event appended, with a commit, to the inbox of every entity related one way to the
+/// committing entity (a declarative action's `raise`): its predecessors or its successors
+/// as they are when the commit applies (successors it creates in the same commit
+/// included), of the machines listed (those that declare the event). Each receives it as
+/// a nested event of the commit's request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PushRelated {
+    /// Predecessors or successors.
+    pub on: Related,
+    /// The machines whose entities receive it; related entities of other machines do not.
+    pub machines: Vec<MachineName>,
+    /// The event.
+    pub event: EventName,
+    /// Its parameters.
+    pub params: Value,
 }

@@ -39,7 +39,7 @@ pub use changes::{Changed, Changes};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use entity::{Command, EntityFilter, EntityRow, NewEntity, RunStatus, SuccessorSnapshot};
 pub use history::{HistoryKind, HistoryRow};
-pub use inbox::{InboxItem, InboxKind, Push};
+pub use inbox::{InboxItem, InboxKind, Push, PushRelated};
 pub use machine::MachineRecord;
 pub use operation::{OpenOperation, OperationRow};
 pub use postgres::PgStore;

@@ -8,13 +8,14 @@
 use std::collections::HashSet;
 
 use super::report::{Diagnostic, Report, Severity};
-use crate::machine::Machine;
+use crate::machine::{Broadcast, Machine};
 use crate::names::StateName;
 use crate::pattern::{Condition, Filter, Pattern};
 
 /// Checks what a single definition cannot: each subscription pattern of each machine
 /// against the whole set ([`Pattern::check_against`]: unknown machines, states they do not
-/// declare), and machine names used twice in the set. Errors only, without lines (the
+/// declare), each declarative `raise` against the machines that declare its event (there
+/// is one; each takes its parameters), and machine names used twice in the set. Errors only, without lines (the
 /// machines are already validated); the item is the subscription's event.
 ///
 /// ```
@@ -54,6 +55,13 @@ pub fn check_set(machines: &[&Machine]) -> Report {
         }
     }
     for m in machines {
+        for a in m.actions() {
+            for r in &a.raise {
+                for message in raise_problems(machines, r) {
+                    diagnostics.push(error(m.name(), format!("action `{}`", a.name), message));
+                }
+            }
+        }
         for e in m.events() {
             let Some(sub) = &e.subscribe else { continue };
             for message in sub.pattern.check_against(machines) {
@@ -62,6 +70,24 @@ pub fn check_set(machines: &[&Machine]) -> Report {
         }
     }
     Report { diagnostics }
+}
+
+/// What is wrong with a declarative `raise` in this set: no machine declares its event, or
+/// one that does refuses its parameters.
+fn raise_problems(machines: &[&Machine], r: &Broadcast) -> Vec<String> {
+    let declaring: Vec<&&Machine> = machines.iter().filter(|m| m.event(&r.event).is_some()).collect();
+    if declaring.is_empty() {
+        return vec![format!(
+            "`raise` of `{}` on {}: no machine in the set declares that event",
+            r.event,
+            r.on.as_str()
+        )];
+    }
+    declaring
+        .into_iter()
+        .filter_map(|m| crate::step::check_raise(m, &r.event, &r.params).err())
+        .map(|e| format!("`raise` of `{}` on {}: {e}", r.event, r.on.as_str()))
+        .collect()
 }
 
 /// Checking a pattern against machines lives here, where machines are known; the rest of
@@ -217,5 +243,65 @@ mod tests {
             messages(&[&app, &db, &app]),
             ["error: machine `app`, machine: more than one machine with this name in the set"]
         );
+    }
+
+    #[test]
+    fn declarative_raises_are_checked_against_the_set() {
+        use crate::machine::Related;
+        use serde_json::json;
+        let child = MachineBuilder::new("child")
+            .state("idle")
+            .initial()
+            .state("ready")
+            .on_entry("tell")
+            .event("finish", ["idle"], "done")
+            .action("done", ["ready"])
+            .effect("tell")
+            .raises("child_ready", Related::Predecessors, json!({"size": 1}))
+            .raises("stop", Related::Successors, json!(null))
+            .build()
+            .unwrap();
+        let parent = |params: &[&str]| {
+            MachineBuilder::new("parent")
+                .state("waiting")
+                .initial()
+                .state("done")
+                .event("child_ready", ["waiting"], "finish")
+                .params(params.iter().copied())
+                .action("finish", ["done"])
+                .build()
+                .unwrap()
+        };
+        let messages =
+            |set: &[&Machine]| -> Vec<String> { check_set(set).diagnostics.iter().map(ToString::to_string).collect() };
+        assert_eq!(
+            messages(&[&child]),
+            [
+                "error: machine `child`, action `tell`: `raise` of `child_ready` on predecessors: no machine in the \
+                 set declares that event",
+                "error: machine `child`, action `tell`: `raise` of `stop` on successors: no machine in the set \
+                 declares that event",
+            ]
+        );
+        let (takes_size, takes_name) = (parent(&["size"]), parent(&["name"]));
+        assert_eq!(
+            messages(&[&child, &takes_name]),
+            [
+                "error: machine `child`, action `tell`: `raise` of `child_ready` on predecessors: event \
+                 `child_ready` on machine `parent` requires parameter `name`",
+                "error: machine `child`, action `tell`: `raise` of `stop` on successors: no machine in the set \
+                 declares that event",
+            ]
+        );
+        let app = MachineBuilder::new("app")
+            .state("running")
+            .initial()
+            .state("stopped")
+            .kind(StateKind::Terminal)
+            .event("stop", ["running"], "halt")
+            .action("halt", ["stopped"])
+            .build()
+            .unwrap();
+        assert_eq!(messages(&[&child, &takes_size, &app]), Vec::<String>::new());
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use settle_core::fault::FaultPolicy;
 use settle_core::machine::Schedule;
-use settle_core::{Machine, MachineBuilder, Properties};
+use settle_core::{Machine, MachineBuilder, Properties, Related};
 use settle_store::{AfterCommit, AgentReport, EntityRow, HistoryKind, InboxItem, InboxKind, RunStatus, TaskResult};
 
 use super::*;
@@ -252,6 +252,22 @@ fn outcomes_become_transitions_retries_or_faults() {
             Outcome::to("broken").raise("job", "j2", "go", json!({"x": 1})),
             0,
             "fault: event `go` on machine `job` has no parameter `x` (declared: none)",
+            1,
+            Some(NOW + 2_000),
+            false,
+        ),
+        (
+            Outcome::to("broken").raise_on(Related::Successors, "shout", Value::Null),
+            0,
+            "fault: raises `shout` on its successors, but no machine declares that event",
+            1,
+            Some(NOW + 2_000),
+            false,
+        ),
+        (
+            Outcome::to("broken").raise_on(Related::Predecessors, "go", json!([1])),
+            0,
+            "fault: raises `go` on its predecessors: parameters of event `go` on machine `job` must be a JSON object",
             1,
             Some(NOW + 2_000),
             false,

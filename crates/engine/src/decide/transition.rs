@@ -10,8 +10,8 @@ use std::time::Duration;
 use settle_core::step;
 use settle_core::{Action, EntityKey, EventName, Machine, Properties, StateName};
 use settle_store::{
-    AfterCommit, Commit, EventRecord, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, TaskOffer, Telemetry,
-    TimerPlan, TransitionRecord,
+    AfterCommit, Commit, EventRecord, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, PushRelated,
+    TaskOffer, Telemetry, TimerPlan, TransitionRecord,
 };
 
 use super::{Decided, Env, FaultError, Held, Next, commit, fault};
@@ -110,7 +110,7 @@ pub(crate) fn hooks_done(
 }
 
 /// Adds a declarative action's effects to `outcome`: its `set` (a `null` removes the
-/// property).
+/// property) and its `raise` on related entities.
 pub(crate) fn declare(action: &Action, outcome: &mut Outcome) {
     for (key, value) in &action.set {
         let change = if value.is_null() {
@@ -120,6 +120,7 @@ pub(crate) fn declare(action: &Action, outcome: &mut Outcome) {
         };
         outcome.changes.push(change);
     }
+    outcome.related.extend(action.raise.iter().cloned());
 }
 
 /// An internal transition: the action's effects commit; the entity stays in its state
@@ -136,7 +137,7 @@ fn internal(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         return refused(held, ran, why, env);
     }
     let checked = checked(held, &ran, |props| step::stay(&machine, state, props), env);
-    let (props, (), request_id, creates, pushes) = match checked {
+    let Checked { props, verdict: (), request_id, effects } = match checked {
         Ok(checked) => checked,
         Err(why) => return refused(held, ran, why, env),
     };
@@ -164,8 +165,9 @@ fn internal(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         event: item.as_ref().map(|i| i.event.clone()),
         request_id,
         sql: outcome.sql,
-        creates,
-        pushes,
+        creates: effects.creates,
+        pushes: effects.pushes,
+        push_related: effects.related,
         preconditions,
         machine_hash: env.registry.hash(machine.name()),
         telemetry: Telemetry {
@@ -192,7 +194,7 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
     let from = machine.state(&e.state).expect("entity state exists in its machine");
     let (target, delay, retry) = (ran.outcome.target(), ran.outcome.delay, e.retry);
     let enter = |props: &Properties| step::enter(&machine, from, ran.action, target, delay, retry, props);
-    let (props, entry, request_id, creates, pushes) = match checked(held, &ran, enter, env) {
+    let Checked { props, verdict: entry, request_id, effects } = match checked(held, &ran, enter, env) {
         Ok(checked) => checked,
         Err(why) => return refused(held, ran, why, env),
     };
@@ -236,8 +238,9 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         consume_notices_upto: firing.map(|f| f.notices_upto),
         request_id,
         sql: outcome.sql,
-        creates,
-        pushes,
+        creates: effects.creates,
+        pushes: effects.pushes,
+        push_related: effects.related,
         preconditions,
         timers: (changed_state && step::has_timers(&machine))
             .then(|| timer_plan(&machine, Some(&e.state), &entry.state, &entry.entered, now)),
@@ -263,23 +266,37 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
     Decided { item, action: Some(action.name.clone()), outcome: outcome_for_caller, ..Decided::new(commit) }
 }
 
-/// What every commit of an outcome needs checked first: the properties after its changes,
-/// `decide`'s verdict on them (an entry, or staying), the request id, and its effects
-/// checked against their machines. `Err` says why the core refuses it.
-#[allow(clippy::type_complexity)]
+/// An outcome checked: the properties after its changes, `decide`'s verdict on them (an
+/// entry, or staying), the request id, and its effects checked against their machines.
+struct Checked<T> {
+    props: Properties,
+    verdict: T,
+    request_id: Option<String>,
+    effects: Effects,
+}
+
+/// An outcome's effects on other entities, as the store writes them.
+struct Effects {
+    creates: Vec<NewEntity>,
+    pushes: Vec<Push>,
+    related: Vec<PushRelated>,
+}
+
+/// What every commit of an outcome needs checked first ([`Checked`]). `Err` says why the
+/// core refuses it.
 fn checked<T>(
     held: &Held,
     ran: &Ran<'_>,
     decide: impl FnOnce(&Properties) -> Result<T, step::Refusal>,
     env: &Env<'_>,
-) -> std::result::Result<(Properties, T, Option<String>, Vec<NewEntity>, Vec<Push>), String> {
+) -> std::result::Result<Checked<T>, String> {
     let e = &held.entity;
     let mut props = e.properties.clone();
     step::apply_changes(&mut props, &ran.outcome.changes);
     let verdict = decide(&props).map_err(|r| r.to_string())?;
     let request_id = ran.item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
-    let (creates, pushes) = effects(&ran.outcome, e.id, request_id.as_ref(), env)?;
-    Ok((props, verdict, request_id, creates, pushes))
+    let effects = effects(&ran.outcome, e.id, request_id.as_ref(), env)?;
+    Ok(Checked { props, verdict, request_id, effects })
 }
 
 /// The subscription events fired in the current state entry after a transition (`None`:
@@ -311,13 +328,14 @@ fn fired_after(
 }
 
 /// The entities an outcome creates and the events it raises, checked against their
-/// machines; the error says which one is refused and why.
+/// machines (an event raised on related entities against every machine that declares
+/// it); the error says which one is refused and why.
 fn effects(
     outcome: &Outcome,
     entity_id: i64,
     request_id: Option<&String>,
     env: &Env<'_>,
-) -> std::result::Result<(Vec<NewEntity>, Vec<Push>), String> {
+) -> std::result::Result<Effects, String> {
     let mut creates = Vec::with_capacity(outcome.creates.len());
     for c in &outcome.creates {
         let m = env.registry.machine(&c.machine).map_err(|e| e.to_string())?;
@@ -341,7 +359,21 @@ fn effects(
             operation: None,
         });
     }
-    Ok((creates, pushes))
+    let mut related = Vec::with_capacity(outcome.related.len());
+    for b in &outcome.related {
+        let mut machines = Vec::new();
+        for m in env.registry.machines.values().filter(|m| m.event(&b.event).is_some()) {
+            step::check_raise(m, &b.event, &b.params)
+                .map_err(|e| format!("raises `{}` on its {}: {e}", b.event, b.on.as_str()))?;
+            machines.push(m.name().clone());
+        }
+        if machines.is_empty() {
+            return Err(format!("raises `{}` on its {}, but no machine declares that event", b.event, b.on.as_str()));
+        }
+        machines.sort();
+        related.push(PushRelated { on: b.on, machines, event: b.event.clone(), params: b.params.clone() });
+    }
+    Ok(Effects { creates, pushes, related })
 }
 
 /// A new entity in its machine's initial state, with that state's timers and, when an

@@ -24,7 +24,7 @@ pub use leases::{
     auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
     release_never_strands_events,
 };
-pub use successors::successors_and_change_notices;
+pub use successors::{events_reach_related_entities, successors_and_change_notices};
 pub use tasks::agent_tasks_lease_and_report;
 pub use telemetry::{events_are_listed_per_entity, metrics_snapshot_and_run_status_filter, stats_summarise_telemetry};
 pub use timers::timers_fire_through_the_inbox;
@@ -138,7 +138,8 @@ macro_rules! store_conformance_suite {
         $crate::store_conformance_suite!(@checks $make, $dialect;
             store: create_get_and_duplicate, push_claim_fifo, commit_applies_and_reports_head, commit_is_fenced,
                 release_never_strands_events, rejection_keeps_version, expired_leases_move_and_renewal_extends,
-                auto_time_survives_events_and_release, successors_and_change_notices, timers_fire_through_the_inbox,
+                auto_time_survives_events_and_release, successors_and_change_notices, events_reach_related_entities,
+                timers_fire_through_the_inbox,
                 preconditions_and_fired, listing_counts_and_metadata, events_are_listed_per_entity,
                 stats_summarise_telemetry, agent_tasks_lease_and_report, metrics_snapshot_and_run_status_filter;
             store_and_dialect: effects_are_atomic

@@ -1,8 +1,12 @@
-//! Successors and change notices: the edges a commit records and the notices a successor's
-//! state change leaves its predecessors.
+//! Successors and change notices: the edges a commit records, the notices a successor's
+//! state change leaves its predecessors, and events a commit pushes to related entities.
+
+use serde_json::json;
+use settle_core::machine::Related;
+use settle_core::{EventName, MachineName};
 
 use super::{T0, claim_with_event, commit, create_one, get, new_entity, push, write};
-use crate::{AfterCommit, Applied, InboxKind, Op, Store};
+use crate::{AfterCommit, Applied, InboxKind, NewEntity, Op, PushRelated, Store};
 
 /// Created entities become successors; a successor's commit writes a change notice to
 /// each predecessor in the same transaction; the snapshot shows successors and the newest
@@ -54,4 +58,71 @@ pub async fn successors_and_change_notices<S: Store>(store: S) {
     assert_eq!(get(&store, "parent").await.due_at, Some(T0 + 8), "and keeps the parent due");
     let h = store.history_list(p.id).await.unwrap();
     assert_eq!(h.len(), 2, "a quiet commit writes no history: {h:?}");
+}
+
+/// A commit pushes an event to every predecessor or successor of the listed machines, in
+/// the same transaction: successors it creates in that commit included, successors of
+/// other machines left out; each target gets a nested event of the commit's request and
+/// becomes due.
+pub async fn events_reach_related_entities<S: Store>(store: S) {
+    let related = |on, machines: &[&str], event: &str| PushRelated {
+        on,
+        machines: machines.iter().map(|m| MachineName::new(*m)).collect(),
+        event: EventName::new(event),
+        params: json!({"from": "mid"}),
+    };
+    let inbox = |id| {
+        let store = &store;
+        async move {
+            let items = store.inbox_list(id).await.unwrap();
+            items.into_iter().map(|i| (i.event.to_string(), i.kind, i.request_id, i.params)).collect::<Vec<_>>()
+        }
+    };
+    let root = create_one(&store, "root").await;
+    let (r, ev) = claim_with_event(&store, T0, "root").await;
+    let mut c = commit(&r, Some("waiting"), Some(ev.id), AfterCommit::Release);
+    c.creates = vec![new_entity("mid", "idle", None)];
+    let done = write(&store, T0 + 1, vec![Op::Commit(Box::new(c))], false).await;
+    assert!(done.results[0].is_ok(), "{:?}", done.results[0]);
+
+    // mid creates c1 (machine m) and c2 (machine n), and raises on both sides.
+    let (mid, ev) = claim_with_event(&store, T0 + 2, "mid").await;
+    let mut c = commit(&mid, Some("working"), Some(ev.id), AfterCommit::Release);
+    c.creates = vec![
+        new_entity("c1", "idle", None),
+        NewEntity { machine: MachineName::new("n"), ..new_entity("c2", "idle", None) },
+    ];
+    c.push_related = vec![
+        related(Related::Successors, &["m"], "hello"),
+        related(Related::Predecessors, &["m"], "up"),
+        related(Related::Predecessors, &["n"], "not_for_root"),
+    ];
+    let done = write(&store, T0 + 3, vec![Op::Commit(Box::new(c))], false).await;
+    assert!(done.results[0].is_ok(), "{:?}", done.results[0]);
+    let nested =
+        |event: &str| (event.to_string(), InboxKind::Nested, Some("req-go".to_string()), json!({"from": "mid"}));
+    assert_eq!(inbox(root.id).await, [nested("up")]);
+    assert_eq!(get(&store, "root").await.due_at, Some(T0 + 3), "the predecessor is due");
+    let c1 = get(&store, "c1").await;
+    let c2 = store.entity_get("n", "c2").await.unwrap().expect("c2 exists");
+    assert_eq!(inbox(c1.id).await, [nested("hello")], "a successor created in the same commit receives it");
+    assert_eq!(c1.due_at, Some(T0 + 3));
+    assert_eq!(inbox(c2.id).await, [], "a successor of a machine not listed does not");
+
+    // Later, from the stored edges: both machines listed, both successors receive it.
+    let (mid, ev) = claim_with_event(&store, T0 + 4, "mid").await;
+    let mut c = commit(&mid, Some("done"), Some(ev.id), AfterCommit::Release);
+    c.push_related = vec![related(Related::Successors, &["m", "n"], "again")];
+    let done = write(&store, T0 + 5, vec![Op::Commit(Box::new(c))], false).await;
+    assert!(done.results[0].is_ok(), "{:?}", done.results[0]);
+    assert_eq!(inbox(c1.id).await, [nested("hello"), nested("again")]);
+    assert_eq!(inbox(c2.id).await, [nested("again")]);
+    assert_eq!(store.entity_get("n", "c2").await.unwrap().unwrap().due_at, Some(T0 + 5));
+
+    // A commit that fails pushes nothing.
+    let mut stale = commit(&mid, Some("done"), None, AfterCommit::Release);
+    stale.push_related = vec![related(Related::Successors, &["m", "n"], "lost")];
+    let done = write(&store, T0 + 6, vec![Op::Commit(Box::new(stale))], false).await;
+    assert!(done.results[0].is_err(), "a stale fence fails");
+    assert_eq!(inbox(c2.id).await, [nested("again")]);
 }

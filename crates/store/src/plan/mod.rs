@@ -8,8 +8,9 @@
 //!
 //! A segment is planned in four steps ([`segment`]):
 //! 1. **read**, in a few set-based reads: the entities it touches (locked until the batch
-//!    commits, on PostgreSQL), the predecessors of those whose state may change, the first
-//!    inbox item each fenced entity keeps, the timers that change;
+//!    commits, on PostgreSQL), the predecessors of those whose state may change, the
+//!    predecessors or successors a commit pushes an event to, the first inbox item each
+//!    fenced entity keeps, the timers that change;
 //! 2. **open operations** of external creates and raises, which tells replayed request
 //!    ids;
 //! 3. **decide** every operation in batch order against an in-memory copy of those rows —

@@ -13,6 +13,8 @@ pub(crate) struct Reads {
     pub(crate) keys: Vec<(String, String)>,
     /// Entities whose predecessors are to be locked and read, with their edges.
     pub(crate) notify: Vec<i64>,
+    /// Entities whose successors are to be locked and read, with their edges.
+    pub(crate) successors: Vec<i64>,
     /// For each fenced entity, the first inbox item it keeps after these deletions.
     pub(crate) heads: Vec<InboxDelete>,
     /// Entities whose timers are to be read.
@@ -30,6 +32,8 @@ pub(crate) struct ReadSet {
     pub(crate) rows: Vec<Current>,
     /// (predecessor, successor) edges of the `notify` entities.
     pub(crate) edges: Vec<(i64, i64)>,
+    /// (predecessor, successor) edges of the `successors` entities.
+    pub(crate) successor_edges: Vec<(i64, i64)>,
     pub(crate) heads: Vec<InboxItem>,
     pub(crate) timers: Vec<TimerRow>,
     /// Per operation of [`Reads::operations`], in order: its id, and whether it existed.

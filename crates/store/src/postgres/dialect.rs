@@ -105,7 +105,8 @@ impl Dialect for Tx<'_> {
                     SELECT unnest($1::bigint[])
                     UNION SELECT e.id FROM entities e
                         JOIN unnest($2::text[], $3::text[]) AS k(machine, key) ON e.machine = k.machine AND e.key = k.key
-                    UNION SELECT s.predecessor_id FROM successors s WHERE s.successor_id = ANY($4::bigint[]))
+                    UNION SELECT s.predecessor_id FROM successors s WHERE s.successor_id = ANY($4::bigint[])
+                    UNION SELECT s.successor_id FROM successors s WHERE s.predecessor_id = ANY($5::bigint[]))
                  ORDER BY id FOR NO KEY UPDATE"
             ),
             vec![
@@ -113,12 +114,19 @@ impl Dialect for Tx<'_> {
                 strings(&r.keys, |k| &k.0),
                 strings(&r.keys, |k| &k.1),
                 col(r.notify.clone()),
+                col(r.successors.clone()),
             ],
         ));
         let edges = (!r.notify.is_empty()).then(|| {
             p.add(Stmt::new(
                 "SELECT predecessor_id, successor_id FROM successors WHERE successor_id = ANY($1::bigint[])",
                 vec![col(r.notify.clone())],
+            ))
+        });
+        let successor_edges = (!r.successors.is_empty()).then(|| {
+            p.add(Stmt::new(
+                "SELECT predecessor_id, successor_id FROM successors WHERE predecessor_id = ANY($1::bigint[])",
+                vec![col(r.successors.clone())],
             ))
         });
         let heads = (!r.heads.is_empty()).then(|| {
@@ -178,6 +186,9 @@ impl Dialect for Tx<'_> {
             ReadSet { rows: rows[lock].iter().map(Current::from_columns).collect::<R<_>>()?, ..ReadSet::default() };
         if let Some(i) = edges {
             out.edges = rows[i].iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<R<_>>()?;
+        }
+        if let Some(i) = successor_edges {
+            out.successor_edges = rows[i].iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<R<_>>()?;
         }
         if let Some(i) = heads {
             out.heads = rows[i].iter().map(inbox_from_row).collect::<R<_>>()?;

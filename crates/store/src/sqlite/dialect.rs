@@ -49,7 +49,8 @@ fn current_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Current> {
 }
 
 impl Tx<'_> {
-    fn lock(&mut self, ids: &[i64], keys: &[(String, String)], notify: &[i64]) -> rusqlite::Result<Vec<Current>> {
+    fn lock(&mut self, r: &Reads) -> rusqlite::Result<Vec<Current>> {
+        let (ids, keys) = (&r.ids, &r.keys);
         // The writer's transaction is the only one: reading is locking.
         let tx = self.0;
         let mut out = Vec::with_capacity(ids.len() + keys.len());
@@ -66,19 +67,30 @@ impl Tx<'_> {
             "SELECT {CURRENT_COLS} FROM entities
              WHERE id IN (SELECT predecessor_id FROM successors WHERE successor_id = ?1)"
         ))?;
-        for id in notify {
+        for id in &r.notify {
             for row in preds.query_map([id], current_from_row)? {
+                out.push(row?);
+            }
+        }
+        let mut succs = tx.prepare_cached(&format!(
+            "SELECT {CURRENT_COLS} FROM entities
+             WHERE id IN (SELECT successor_id FROM successors WHERE predecessor_id = ?1)"
+        ))?;
+        for id in &r.successors {
+            for row in succs.query_map([id], current_from_row)? {
                 out.push(row?);
             }
         }
         Ok(out)
     }
 
-    fn edges(&mut self, successors: &[i64]) -> rusqlite::Result<Vec<(i64, i64)>> {
+    /// The (predecessor, successor) edges whose `end` (`successor_id` or `predecessor_id`)
+    /// is one of `ids`.
+    fn edges(&mut self, end: &str, ids: &[i64]) -> rusqlite::Result<Vec<(i64, i64)>> {
         let mut stmt =
-            self.0.prepare_cached("SELECT predecessor_id, successor_id FROM successors WHERE successor_id = ?1")?;
+            self.0.prepare_cached(&format!("SELECT predecessor_id, successor_id FROM successors WHERE {end} = ?1"))?;
         let mut out = Vec::new();
-        for id in successors {
+        for id in ids {
             for edge in stmt.query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))? {
                 out.push(edge?);
             }
@@ -411,9 +423,12 @@ impl Dialect for Tx<'_> {
     type Error = rusqlite::Error;
 
     fn read(&mut self, r: &Reads) -> rusqlite::Result<ReadSet> {
-        let mut out = ReadSet { rows: self.lock(&r.ids, &r.keys, &r.notify)?, ..ReadSet::default() };
+        let mut out = ReadSet { rows: self.lock(r)?, ..ReadSet::default() };
         if !r.notify.is_empty() {
-            out.edges = self.edges(&r.notify)?;
+            out.edges = self.edges("successor_id", &r.notify)?;
+        }
+        if !r.successors.is_empty() {
+            out.successor_edges = self.edges("predecessor_id", &r.successors)?;
         }
         if !r.heads.is_empty() {
             out.heads = self.inbox_heads(&r.heads)?;

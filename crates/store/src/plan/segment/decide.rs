@@ -4,14 +4,16 @@
 //! and due time, its history and telemetry rows, inbox items, successor edges, timers and
 //! agent tasks — collected in the segment's [`Plan`](super::Plan).
 
+use settle_core::machine::Related;
+
 use super::{Answer, Head, Item, Slot, Work, key_of};
 use crate::plan::rows::{
     Current, ErrorInsert, EventEnd, EventInsert, HistoryInsert, InboxDelete, InboxInsert, TaskInsert, min_opt,
 };
 use crate::sql::json_text;
 use crate::{
-    AfterCommit, Applied, Commit, Fence, HistoryKind, InboxKind, NewEntity, OpError, OpenOperation, Push, RunStatus,
-    TaskOffer, TimerPlan, TimerRow,
+    AfterCommit, Applied, Commit, Fence, HistoryKind, InboxKind, NewEntity, OpError, OpenOperation, Push, PushRelated,
+    RunStatus, TaskOffer, TimerPlan, TimerRow,
 };
 
 impl Work {
@@ -171,10 +173,35 @@ impl Work {
         }
         self.plan.successors.push((pred, succ, request_id));
         self.slots[succ].cur.has_predecessors = true;
-        let pred = self.slots[pred].cur.id;
+        let (pred_id, succ_id) = (self.slots[pred].cur.id, self.slots[succ].cur.id);
         let list = self.predecessors.entry(succ).or_default();
-        if !list.contains(&pred) {
-            list.push(pred);
+        if !list.contains(&pred_id) {
+            list.push(pred_id);
+        }
+        let list = self.successors.entry(pred).or_default();
+        if !list.contains(&succ_id) {
+            list.push(succ_id);
+        }
+    }
+
+    /// Appends `r`'s event to the inbox of every entity related to `slot` its way, of the
+    /// machines it names.
+    fn push_related(&mut self, slot: usize, r: &PushRelated, request_id: Option<&String>) {
+        let related = match r.on {
+            Related::Predecessors => self.predecessors.get(&slot),
+            Related::Successors => self.successors.get(&slot),
+        };
+        let params = json_text(&r.params);
+        for id in related.cloned().unwrap_or_default() {
+            let Some(&target) = self.by_id.get(&id) else {
+                tracing::warn!(entity = id, on = r.on.as_str(), "a related entity was not read; its event is lost");
+                continue;
+            };
+            if !r.machines.iter().any(|m| m.as_str() == self.slots[target].cur.machine) {
+                continue;
+            }
+            self.add_item(target, r.event.as_str(), params.clone(), request_id.cloned(), InboxKind::Nested.as_str());
+            self.slots[target].cur.receive(self.now);
         }
     }
 
@@ -341,6 +368,9 @@ impl Work {
         for p in &c.pushes {
             let target = self.by_key[&key_of(&p.machine, &p.key)];
             self.push(target, p);
+        }
+        for r in &c.push_related {
+            self.push_related(s, r, c.request_id.as_ref());
         }
         if c.notify_predecessors && has_predecessors {
             let preds = self.predecessors.get(&s).cloned().unwrap_or_default();

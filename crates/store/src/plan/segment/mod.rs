@@ -14,6 +14,7 @@ mod write;
 use std::collections::{BTreeSet, HashMap};
 
 use settle_core::Properties;
+use settle_core::machine::Related;
 
 use super::Dialect;
 use super::rows::*;
@@ -129,6 +130,9 @@ struct Work {
     by_key: HashMap<(String, String), usize>,
     /// Predecessors of each slot (read, and added in this segment).
     predecessors: HashMap<usize, Vec<i64>>,
+    /// Successors of each slot whose successors were read (and those added in this
+    /// segment).
+    successors: HashMap<usize, Vec<i64>>,
     /// The first stored inbox item each fenced entity keeps after its commit's deletions.
     heads: HashMap<i64, InboxItem>,
     /// Stored timers of the entities whose timers change.
@@ -157,10 +161,11 @@ pub(crate) struct Done {
 /// most once).
 pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<Done, D::Error> {
     // 1. Read: the entities the segment touches (locked), predecessors of those that may
-    // change state, the inbox each fenced entity keeps, the timers that change.
+    // change state, the related entities of those that push to them, the inbox each fenced entity keeps, the timers that change.
     let mut ids = BTreeSet::new();
     let mut keys = BTreeSet::new();
     let mut notify = Vec::new();
+    let mut successors = Vec::new();
     let mut heads = Vec::new();
     let mut timer_ids = Vec::new();
     for op in ops {
@@ -182,8 +187,12 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
                 ids.extend(c.preconditions.iter().map(|p| p.0));
                 keys.extend(c.creates.iter().map(|e| key_of(&e.machine, &e.key)));
                 keys.extend(c.pushes.iter().map(|p| key_of(&p.machine, &p.key)));
-                if c.notify_predecessors {
+                let related = |on| c.push_related.iter().any(|p| p.on == on);
+                if c.notify_predecessors || related(Related::Predecessors) {
                     notify.push(id);
+                }
+                if related(Related::Successors) {
+                    successors.push(id);
                 }
                 heads.push(InboxDelete {
                     entity_id: id,
@@ -229,6 +238,7 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
         ids: ids.into_iter().collect(),
         keys: keys.into_iter().collect(),
         notify,
+        successors,
         heads,
         timers: timer_ids,
         operations,
@@ -242,6 +252,7 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
         by_id: HashMap::with_capacity(read.rows.len()),
         by_key: HashMap::with_capacity(read.rows.len()),
         predecessors: HashMap::new(),
+        successors: HashMap::new(),
         heads: HashMap::new(),
         timers: HashMap::new(),
         opened: HashMap::new(),
@@ -270,6 +281,11 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
     for (pred, succ) in read.edges {
         if let Some(&s) = w.by_id.get(&succ) {
             w.predecessors.entry(s).or_default().push(pred);
+        }
+    }
+    for (pred, succ) in read.successor_edges {
+        if let Some(&p) = w.by_id.get(&pred) {
+            w.successors.entry(p).or_default().push(succ);
         }
     }
     for item in read.heads {
