@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use settle_engine::{Command, Engine, EventOutcome, RaiseOptions, Wait};
 use settle_server::time::parse_time;
-use settle_store::AnyStore;
+use settle_store::{AnyStore, Store};
 
 use crate::defs::Machines;
 use crate::print;
@@ -148,13 +148,34 @@ impl CheckArgs {
     }
 }
 
-/// `settle check` on the database `db`: what the event would do to the entity now.
+/// `settle check` on the database `db`: what the event would do to the entity now. It
+/// reads the database only (no engine starts): the machine is the one of `--machines`, or
+/// else its newest stored definition.
 pub async fn check(db: &str, machines: &Machines, a: CheckArgs) -> anyhow::Result<ExitCode> {
     let params = a.params()?;
-    let engine = crate::start_command_engine(db, machines).await?;
-    let checked = engine.can_fire(&a.machine, &a.key, &a.event, &params).await;
-    engine.shutdown().await;
-    let (entity, permission) = checked?;
+    let store = crate::inspect::open(db)?;
+    let machine = match &machines.source {
+        crate::defs::Source::Dir { machines, .. } => machines.iter().find(|m| m.name() == a.machine.as_str()).cloned(),
+        crate::defs::Source::BuiltIn => None,
+    };
+    let machine = match machine {
+        Some(m) => m,
+        None => crate::inspect::stored_machines(&store)
+            .await?
+            .into_iter()
+            .find(|m| m.name() == a.machine.as_str())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown machine `{}`: no definition of it is stored in {db} (or given with --machines)",
+                    a.machine
+                )
+            })?,
+    };
+    let entity = store
+        .entity_get(&a.machine, &a.key)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("entity `{}` of machine `{}` not found", a.key, a.machine))?;
+    let permission = settle_engine::can_fire(&machine, &entity, &a.event, &params)?;
     let verdict = settle_server::model::verdict_of(&permission);
     let check = settle_client::EventCheck { event: a.event.clone(), state: entity.state.to_string(), verdict };
     Ok(print::check(&a.machine, &a.key, &check, a.json))

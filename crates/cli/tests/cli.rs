@@ -22,7 +22,8 @@ fn validate_accepts_good_files_and_reports_every_problem_of_bad_ones() {
     let ok = settle(&db, &["validate", &example("server.toml")]);
     assert!(ok.status.success(), "{}", stderr(&ok));
     assert!(stdout(&ok).contains("ok: machine `server`"), "{}", stdout(&ok));
-    let bad = settle(&db, &["validate", &example("server.toml"), &example("broken.toml")]);
+    let broken = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/invalid/broken.toml");
+    let bad = settle(&db, &["validate", &example("server.toml"), &broken.display().to_string()]);
     assert_eq!(bad.status.code(), Some(1));
     let out = stdout(&bad);
     assert!(out.contains("ok: machine `server`"), "valid files are still reported: {out}");

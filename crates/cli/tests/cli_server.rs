@@ -209,3 +209,56 @@ fn tokens_decide_what_the_cli_may_do_over_http() {
     let out = ok(s.settle(Some("a1"), &["kill", "door", "x"]), "kill as admin");
     assert!(out.starts_with("door x: kill; state closed, run status killed\n"), "{out}");
 }
+
+/// The README's statechart walkthrough, as written: `settle serve --machines
+/// examples/machines` starts on the shipped examples, and the cluster goes where the
+/// README says.
+#[test]
+fn the_statechart_walkthrough_of_the_readme_runs_on_the_served_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/machines");
+    let db = dir.path().join("settle.db");
+    let s = Served::start(&db, Some(&examples), &[]);
+    let run = |args: &[&str]| ok(s.settle(None, args), &format!("settle --server {args:?}"));
+    let entity = || -> Value {
+        let out = run(&["get", "cluster", "db1", "--json"]);
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+
+    run(&["create", "cluster", "db1", "--props", r#"{"max_replicas": 5}"#]);
+    run(&["raise", "cluster", "db1", "create", "--wait"]);
+    let e = entity();
+    assert_eq!((&e["state"], &e["properties"]["endpoint"]), (&"serving".into(), &"db.internal:5432".into()));
+
+    let refused = s.settle(None, &["check", "cluster", "db1", "resize", "--params", r#"{"replicas": 9}"#]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(
+        stdout(&refused),
+        "cluster db1: event resize would be rejected in state serving: more replicas than this cluster allows\n"
+    );
+    run(&["raise", "cluster", "db1", "resize", "--params", r#"{"replicas": 3}"#, "--wait"]);
+    assert_eq!((&entity()["state"], &entity()["properties"]["resized"]), (&"serving".into(), &true.into()));
+    run(&["raise", "cluster", "db1", "heartbeat", "--wait"]);
+    assert_eq!(entity()["properties"]["last_seen"], "heartbeat");
+    run(&["raise", "cluster", "db1", "maintain", "--wait"]);
+    assert_eq!(entity()["state"], "patching");
+    let listed = run(&["list", "--state", "online", "--json"]);
+    let keys: Vec<String> = json_lines(&listed).iter().map(|l| l["key"].as_str().unwrap().to_string()).collect();
+    assert_eq!(keys, ["db1"], "patching is in online");
+    run(&["raise", "cluster", "db1", "patched", "--wait"]);
+    assert_eq!(entity()["state"], "serving");
+    run(&["raise", "cluster", "db1", "stop", "--wait"]);
+    let e = entity();
+    assert_eq!(e["state"], "stopped");
+    assert!(e["properties"].get("endpoint").is_none(), "online's exit action unset it: {e}");
+    let again = run(&["raise", "cluster", "db1", "stop", "--wait"]);
+    assert!(again.starts_with("cluster db1: event stop ignored in state stopped\n"), "{again}");
+
+    let history = json_lines(&run(&["history", "cluster", "db1", "--json"]));
+    let kinds: Vec<&str> = history.iter().map(|h| h["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["create", "event", "auto", "event", "auto", "internal", "event", "auto", "event", "event", "ignored"],
+        "{history:?}"
+    );
+}

@@ -1,37 +1,50 @@
 //! Every example machine loads: all of `examples/machines/*.toml` without errors or
-//! warnings, except `broken.toml`, which shows every kind of report at once.
+//! warnings, and together as a set; `examples/invalid/broken.toml` shows every kind of
+//! report at once.
 
 use std::path::{Path, PathBuf};
 
 use settle_core::{Machine, Report};
 
-fn machines_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/machines")
+fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
 
-/// Loads `examples/machines/<file>`, naming it by that relative path in diagnostics.
-fn load(file: &str) -> Result<(Machine, Report), Report> {
-    let path = machines_dir().join(file);
+/// Loads `examples/<file>` (e.g. `machines/server.toml`), naming it by that relative path
+/// in diagnostics.
+fn load_example(file: &str) -> Result<(Machine, Report), Report> {
+    let path = examples_dir().join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let stem = file.strip_suffix(".toml").expect("a .toml file");
-    settle_core::toml::load(&format!("examples/machines/{file}"), stem, &text)
+    let stem = Path::new(file).file_stem().and_then(|s| s.to_str()).expect("a .toml file");
+    settle_core::toml::load(&format!("examples/{file}"), stem, &text)
+}
+
+/// Loads `examples/machines/<file>`.
+fn load(file: &str) -> Result<(Machine, Report), Report> {
+    load_example(&format!("machines/{file}"))
 }
 
 #[test]
-fn every_example_but_broken_loads_cleanly() {
-    let mut files: Vec<String> = std::fs::read_dir(machines_dir())
+fn every_example_machine_loads_cleanly_and_the_set_checks() {
+    let mut files: Vec<String> = std::fs::read_dir(examples_dir().join("machines"))
         .expect("examples/machines exists")
         .map(|e| e.expect("readable directory entry").file_name().into_string().expect("utf-8 file name"))
-        .filter(|f| f.ends_with(".toml") && f != "broken.toml")
+        .filter(|f| f.ends_with(".toml"))
         .collect();
     files.sort();
     assert!(files.iter().any(|f| f == "server.toml"), "server.toml is among {files:?}");
+    let mut set = Vec::new();
     for file in &files {
         match load(file) {
-            Ok((_, warnings)) => assert!(warnings.diagnostics.is_empty(), "{file}: unexpected warnings:\n{warnings}"),
+            Ok((m, warnings)) => {
+                assert!(warnings.diagnostics.is_empty(), "{file}: unexpected warnings:\n{warnings}");
+                set.push(m);
+            }
             Err(report) => panic!("{file} does not load:\n{report}"),
         }
     }
+    let set: Vec<&Machine> = set.iter().collect();
+    assert_eq!(settle_core::validate::check_set(&set), Report::default(), "served together");
 }
 
 #[test]
@@ -65,21 +78,21 @@ fn logical_server_example_subscribes_and_runs_a_timer() {
 
 #[test]
 fn broken_example_reports_every_problem() {
-    let report = load("broken.toml").expect_err("broken.toml is refused");
+    let report = load_example("invalid/broken.toml").expect_err("broken.toml is refused");
     let expected = "\
-examples/machines/broken.toml:8: error: machine `broken`, state `working`: `auto` names unknown action `work_harder`
-examples/machines/broken.toml:8: error: machine `broken`, state `working`: unstable state must have exactly one auto action, found 2
-examples/machines/broken.toml:11: error: machine `broken`, state `idle`: `wait` declared without an auto action
-examples/machines/broken.toml:20: error: machine `broken`, event `start`: `in` names unknown state `nowhere`
-examples/machines/broken.toml:20: error: machine `broken`, event `start`: rejection reason for `new`, where the event is valid
-examples/machines/broken.toml:26: error: machine `broken`, event `revive`: valid in deleted state `gone`, which nothing may leave
-examples/machines/broken.toml:26: error: machine `broken`, event `revive`: `subscribe`: expected `[` after `in` at column 11
-examples/machines/broken.toml:34: error: machine `broken`, action `work`: wait declared for `new`, a target outside the declared set
-examples/machines/broken.toml:38: error: machine `broken`, action `give_up`: no target states (`to` is empty)
-examples/machines/broken.toml:41: error: machine `broken`, timer `poll`: `event` names unknown event `poke`
-examples/machines/broken.toml:41: error: machine `broken`, timer `poll`: `every` is zero (a timer firing continuously is a busy loop)
-examples/machines/broken.toml:11: warning: machine `broken`, state `idle`: no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)
-examples/machines/broken.toml:17: warning: machine `broken`, state `gone`: unreachable from the initial state `new`
+examples/invalid/broken.toml:8: error: machine `broken`, state `working`: `auto` names unknown action `work_harder`
+examples/invalid/broken.toml:8: error: machine `broken`, state `working`: unstable state must have exactly one auto action, found 2
+examples/invalid/broken.toml:11: error: machine `broken`, state `idle`: `wait` declared without an auto action
+examples/invalid/broken.toml:20: error: machine `broken`, event `start`: `in` names unknown state `nowhere`
+examples/invalid/broken.toml:20: error: machine `broken`, event `start`: rejection reason for `new`, where the event is valid
+examples/invalid/broken.toml:26: error: machine `broken`, event `revive`: valid in deleted state `gone`, which nothing may leave
+examples/invalid/broken.toml:26: error: machine `broken`, event `revive`: `subscribe`: expected `[` after `in` at column 11
+examples/invalid/broken.toml:34: error: machine `broken`, action `work`: wait declared for `new`, a target outside the declared set
+examples/invalid/broken.toml:38: error: machine `broken`, action `give_up`: no target states (`to` is empty)
+examples/invalid/broken.toml:41: error: machine `broken`, timer `poll`: `event` names unknown event `poke`
+examples/invalid/broken.toml:41: error: machine `broken`, timer `poll`: `every` is zero (a timer firing continuously is a busy loop)
+examples/invalid/broken.toml:11: warning: machine `broken`, state `idle`: no event leaves this stable state (declare `kind = \"terminal\"` if that is intended)
+examples/invalid/broken.toml:17: warning: machine `broken`, state `gone`: unreachable from the initial state `new`
 ";
     assert_eq!(report.to_string(), expected);
 }

@@ -321,14 +321,10 @@ impl<S: Store> Engine<S> {
         event: &str,
         params: &serde_json::Value,
     ) -> Result<(EntityRow, step::Permission)> {
-        let m = self.inner.registry.machine(machine)?;
-        step::check_raise(m, event, params)?;
+        let m = self.inner.registry.machine(machine)?.clone();
+        step::check_raise(&m, event, params)?;
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
-        let permission = if e.run_status == RunStatus::Killed {
-            step::Permission::Refused { reason: format!("entity `{key}` of machine `{machine}` was killed") }
-        } else {
-            step::can_fire(m, &e.state, event, &e.properties, params)
-        };
+        let permission = can_fire(&m, &e, event, params)?;
         Ok((e, permission))
     }
 
@@ -568,6 +564,25 @@ impl<S: Store> Engine<S> {
             let _ = task.await;
         }
     }
+}
+
+/// What `event`, raised now with `params`, would do to `entity` of `machine` (as
+/// [`Engine::can_fire`] answers it, for a caller that read the entity and its definition
+/// itself, e.g. from the store without an engine). Unknown events and bad parameters are
+/// errors; a killed entity refuses everything.
+pub fn can_fire(
+    machine: &Machine,
+    entity: &EntityRow,
+    event: &str,
+    params: &serde_json::Value,
+) -> Result<step::Permission> {
+    step::check_raise(machine, event, params)?;
+    Ok(if entity.run_status == RunStatus::Killed {
+        let reason = format!("entity `{}` of machine `{}` was killed", entity.key, machine.name());
+        step::Permission::Refused { reason }
+    } else {
+        step::can_fire(machine, &entity.state, event, &entity.properties, params)
+    })
 }
 
 fn not_found(machine: &str, key: &str) -> Error {
