@@ -473,13 +473,27 @@ pub(crate) async fn start_driver_engine(
 async fn start_engine_with(
     store: AnyStore,
     machines: &defs::Machines,
-    mut config: Config,
+    config: Config,
 ) -> anyhow::Result<Engine<AnyStore>> {
+    start_built(engine_builder(store, machines, config).await?).await
+}
+
+/// An engine builder on an open store with `machines` bound, and `config` (its lease from
+/// `SETTLE_LEASE` if set).
+pub(crate) async fn engine_builder(
+    store: AnyStore,
+    machines: &defs::Machines,
+    mut config: Config,
+) -> anyhow::Result<settle_engine::EngineBuilder<AnyStore>> {
     if let Ok(lease) = std::env::var("SETTLE_LEASE") {
         config.lease = settle_core::duration::parse(&lease).map_err(|e| anyhow::anyhow!("SETTLE_LEASE: {e}"))?;
     }
     let provider = demo::stored_settings(&store).await?.unwrap_or_default();
-    let b = machines.bind(Engine::builder(store).config(config), provider);
+    Ok(machines.bind(Engine::builder(store).config(config), provider))
+}
+
+/// Starts a built engine; missing handlers are explained.
+pub(crate) async fn start_built(b: settle_engine::EngineBuilder<AnyStore>) -> anyhow::Result<Engine<AnyStore>> {
     match b.start().await {
         Ok(engine) => Ok(engine),
         Err(settle_engine::Error::MissingHandlers(actions)) => anyhow::bail!("{}", defs::missing_handlers(&actions)),

@@ -1,13 +1,25 @@
-//! A crash-test workload (hidden command `settle workload`): creates `job` entities one
-//! by one, raises `start` on each, and prints `ack KEY` as soon as each raise is durable. Run
-//! again on the same file, it continues: entities already created or started are left
-//! alone. It exits once every job is `done` and nothing is pending.
+//! A crash-test workload (hidden command `settle workload`): creates entities one by one,
+//! raises `start` on each, and prints `ack KEY` as soon as each raise is durable. Run again
+//! on the same file, it continues: entities already created or started are left alone. It
+//! exits once every entity is done and nothing is pending.
+//!
+//! `--jobs N`: N `job`s (the built-in machine: three unstable steps). `--charts N`: N
+//! `chart`s, a statechart whose steps are substates of `working`, with entry and exit
+//! actions on both levels. Each entry or exit action prints `hook KEY ACTION STATE` when it
+//! runs (before its transition commits) and inserts that row into the table
+//! `chart_hooks` in the transition's commit; a crash between the two re-runs the whole
+//! transition, so the printed lines may repeat while the table holds each row once.
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use settle_engine::{RaiseOptions, Wait};
-use settle_store::Store;
+use serde_json::json;
+use settle_core::{Machine, MachineBuilder};
+use settle_engine::{Config, EngineBuilder, Outcome, RaiseOptions, Wait};
+use settle_store::{AnyStore, Store};
+
+use crate::sim::Draws;
 
 /// Options of `settle workload`.
 #[derive(clap::Args, Debug)]
@@ -15,10 +27,95 @@ pub struct Args {
     /// Number of jobs.
     #[arg(long, default_value_t = 200)]
     jobs: usize,
+    /// Number of charts (the statechart workload).
+    #[arg(long, default_value_t = 0)]
+    charts: usize,
+}
+
+/// The table the charts' entry and exit actions insert into, in their transitions' commits.
+pub const CHART_HOOKS_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS chart_hooks (key TEXT NOT NULL, hook TEXT NOT NULL, state TEXT NOT NULL)";
+
+/// `chart`: idle -start→ working (a parent: initial `step1`) ; step1 → step2 → step3
+/// (substates of `working`, each an auto action) → done. `working` has `enter_working` and
+/// `leave_working`, each step `enter_step` and `leave_step`.
+pub fn chart() -> Machine {
+    MachineBuilder::new("chart")
+        .state("idle")
+        .initial()
+        .state("working")
+        .initial_child("step1")
+        .on_entry("enter_working")
+        .on_exit("leave_working")
+        .state("step1")
+        .parent("working")
+        .auto("work1")
+        .on_entry("enter_step")
+        .on_exit("leave_step")
+        .state("step2")
+        .parent("working")
+        .auto("work2")
+        .on_entry("enter_step")
+        .on_exit("leave_step")
+        .state("step3")
+        .parent("working")
+        .auto("work3")
+        .on_entry("enter_step")
+        .on_exit("leave_step")
+        .state("done")
+        .event("start", ["idle"], "begin")
+        .reject("done", "already done")
+        .action("begin", ["working"])
+        .action("work1", ["step2"])
+        .action("work2", ["step3"])
+        .action("work3", ["done"])
+        .effect("enter_working")
+        .effect("leave_working")
+        .effect("enter_step")
+        .effect("leave_step")
+        .build()
+        .expect("the chart machine is valid")
+}
+
+/// Binds `chart` and its handlers: steps that take a few milliseconds and retry a quarter
+/// of the time (a retry re-enters the step: no exit or entry action), and entry and exit
+/// actions that print, take a few milliseconds, and insert their row.
+fn bind_chart(b: EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore> {
+    let mut b = b.machine(chart());
+    for (action, next) in [("work1", "step2"), ("work2", "step3"), ("work3", "done")] {
+        b = b.on("chart", action, move |ctx| async move {
+            let mut draws = Draws::new(7, &ctx.idempotency_key());
+            tokio::time::sleep(Duration::from_millis(draws.range(0, 10))).await;
+            if draws.next_f64() < 0.25 {
+                return Ok(Outcome::retry_after(Duration::from_millis(draws.range(1, 10))));
+            }
+            Ok(Outcome::to(next))
+        });
+    }
+    for hook in ["enter_working", "leave_working", "enter_step", "leave_step"] {
+        b = b.on("chart", hook, move |ctx| async move {
+            let (key, state) = (ctx.key.to_string(), ctx.state.to_string());
+            {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "hook {key} {hook} {state}");
+                let _ = out.flush();
+            }
+            let mut draws = Draws::new(11, &format!("{}-{hook}", ctx.idempotency_key()));
+            tokio::time::sleep(Duration::from_millis(draws.range(1, 8))).await;
+            Ok(Outcome::stay().sql(
+                "INSERT INTO chart_hooks (key, hook, state) VALUES ($1, $2, $3)",
+                [json!(key), json!(hook), json!(state)],
+            ))
+        });
+    }
+    b
 }
 
 pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
-    let engine = crate::start_engine(db, &crate::defs::Machines::BUILT_IN).await?;
+    let store = AnyStore::open(db)?;
+    store.sql_execute(CHART_HOOKS_TABLE).await?;
+    let b = crate::engine_builder(store, &crate::defs::Machines::BUILT_IN, Config::default()).await?;
+    let engine = crate::start_built(bind_chart(b)).await?;
     let (ack_tx, mut ack_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let printer = tokio::spawn(async move {
         while let Some(key) = ack_rx.recv().await {
@@ -27,16 +124,18 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
             let _ = out.flush();
         }
     });
-    // One job at a time, so that a crash can fall between any two raises.
-    for i in 0..args.jobs {
-        let key = format!("job-{i:05}");
-        let entity = match engine.get("job", &key).await? {
+    // One entity at a time, so that a crash can fall between any two raises.
+    let entities = (0..args.jobs)
+        .map(|i| ("job", format!("job-{i:05}")))
+        .chain((0..args.charts).map(|i| ("chart", format!("chart-{i:05}"))));
+    for (machine, key) in entities {
+        let entity = match engine.get(machine, &key).await? {
             Some(e) => e,
-            None => engine.create("job", &key, Default::default()).await?,
+            None => engine.create(machine, &key, Default::default()).await?,
         };
         let queued = !engine.store().inbox_list(entity.id).await?.is_empty();
         if entity.state == "idle" && !queued {
-            engine.raise("job", &key, "start", RaiseOptions::wait(Wait::Queued)).await?;
+            engine.raise(machine, &key, "start", RaiseOptions::wait(Wait::Queued)).await?;
             let _ = ack_tx.send(key);
         }
     }

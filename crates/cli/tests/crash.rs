@@ -1,7 +1,9 @@
-//! Crash test: the real binary runs a workload on a SQLite file and is killed with
+//! Crash tests: the real binary runs a workload on a SQLite file and is killed with
 //! SIGKILL at pseudo-random moments, again and again, then restarted until done.
-//! Afterwards every job is in its final state, every event acknowledged before a crash
-//! was processed exactly once, and the history records each state entry exactly once.
+//! Afterwards every entity is in its final state, every event acknowledged before a crash
+//! was processed exactly once, and the history records each state entry exactly once; for
+//! the statechart workload, every entry and exit action's effect is in the store exactly
+//! once, although crashes between such an action and its commit made transitions run again.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -20,26 +22,69 @@ fn settle(db: &Path) -> Command {
     c
 }
 
-/// Starts the workload, kills it after `after`, and returns the keys it acknowledged.
-fn run_and_kill(db: &Path, after: Duration) -> Vec<String> {
+/// Starts `settle workload ARGS`, kills it after `after`, and returns what it printed.
+fn run_and_kill(db: &Path, args: &[&str], after: Duration) -> Vec<String> {
     let mut child = settle(db)
-        .args(["workload", "--jobs", &JOBS.to_string()])
+        .arg("workload")
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn settle");
     let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .filter_map(|l| l.strip_prefix("ack ").map(str::to_string))
-            .collect::<Vec<_>>()
-    });
+    let reader = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
     std::thread::sleep(after);
     child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
     child.wait().unwrap();
     reader.join().unwrap()
+}
+
+/// The keys of `ack KEY` lines.
+fn acks(lines: &[String]) -> impl Iterator<Item = String> + '_ {
+    lines.iter().filter_map(|l| l.strip_prefix("ack ").map(str::to_string))
+}
+
+/// A pseudo-random delay of 100–400 ms (xorshift on `x`).
+fn next_delay(x: &mut u64) -> Duration {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    Duration::from_millis(100 + *x % 300)
+}
+
+fn seed() -> u64 {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    eprintln!("crash test seed {seed}");
+    seed | 1
+}
+
+/// Drains what is pending with `settle run --until-idle`, then lets `settle workload ARGS`
+/// finish (it creates and starts whatever a crash kept it from reaching); returns what the
+/// workload printed.
+fn finish(db: &Path, args: &[&str]) -> Vec<String> {
+    let out = settle(db).args(["run", "--until-idle"]).output().unwrap();
+    assert!(out.status.success(), "settle run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = settle(db).arg("workload").args(args).output().unwrap();
+    assert!(out.status.success(), "final workload failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(stdout.ends_with("all done\n"), "{stdout}");
+    stdout.lines().map(str::to_string).collect()
+}
+
+/// Asserts that `entity`'s history is one unbroken chain of state entries from creation
+/// to `last`, each entry once (retries count up one by one); answers how many times
+/// `event` was processed.
+fn assert_one_chain(history: &[settle_store::HistoryRow], key: &str, last: &str, event: &str) -> usize {
+    let entries: Vec<_> = history.iter().filter(|h| h.to.is_some()).collect();
+    assert_eq!((entries[0].kind, entries[0].to.as_deref()), (HistoryKind::Create, Some("idle")));
+    for pair in entries.windows(2) {
+        let (prev, next) = (pair[0], pair[1]);
+        assert_eq!(next.from, prev.to, "{key}: history chain broken at {next:?}");
+        let expected_retry = if next.to == next.from && next.kind == HistoryKind::Auto { prev.retry + 1 } else { 0 };
+        assert_eq!(next.retry, expected_retry, "{key}: duplicated or missing entry at {next:?}");
+    }
+    assert_eq!(entries.last().unwrap().to.as_deref(), Some(last));
+    history.iter().filter(|h| h.event.as_deref() == Some(event) && h.kind == HistoryKind::Event).count()
 }
 
 /// Jobs not yet created or not yet `done`, read from the file as left by the crash.
@@ -56,17 +101,15 @@ fn unfinished_jobs(db: &Path) -> usize {
 fn survives_repeated_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("crash.db");
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    eprintln!("crash test seed {seed}");
-    let mut x = seed | 1;
+    let jobs = JOBS.to_string();
+    let args = ["--jobs", jobs.as_str()];
+    let mut x = seed();
     let mut acked: HashSet<String> = HashSet::new();
     let mut interrupted = 0;
     for round in 0..KILLS {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let after = Duration::from_millis(100 + x % 300);
-        let keys = run_and_kill(&db, after);
+        let after = next_delay(&mut x);
+        let lines = run_and_kill(&db, &args, after);
+        let keys: Vec<String> = acks(&lines).collect();
         let unfinished = unfinished_jobs(&db);
         eprintln!("round {round}: killed after {after:?}, {} acks, {unfinished} jobs unfinished", keys.len());
         if unfinished > 0 {
@@ -75,15 +118,7 @@ fn survives_repeated_kill_9() {
         acked.extend(keys);
     }
     assert!(interrupted >= 5, "only {interrupted} kills interrupted unfinished work; the workload is too short");
-    // Drain whatever is pending with `settle run --until-idle`, then let the workload
-    // finish (it creates and starts any job a crash prevented it from reaching).
-    let out = settle(&db).args(["run", "--until-idle"]).output().unwrap();
-    assert!(out.status.success(), "settle run failed: {}", String::from_utf8_lossy(&out.stderr));
-    let out = settle(&db).args(["workload", "--jobs", &JOBS.to_string()]).output().unwrap();
-    assert!(out.status.success(), "final workload failed: {}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.ends_with("all done\n"), "{stdout}");
-    acked.extend(stdout.lines().filter_map(|l| l.strip_prefix("ack ").map(str::to_string)));
+    acked.extend(acks(&finish(&db, &args)));
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
@@ -96,25 +131,83 @@ fn survives_repeated_kill_9() {
             assert_eq!(job.due_at, None, "job {} still has pending work", job.key);
             assert!(store.inbox_list(job.id).await.unwrap().is_empty());
             let history = store.history_list(job.id).await.unwrap();
-            // Each state entry exactly once: the entries form one unbroken chain from
-            // creation, retries count up one by one, and nothing repeats.
-            let entries: Vec<_> = history.iter().filter(|h| h.to.is_some()).collect();
-            assert_eq!((entries[0].kind, entries[0].to.as_deref()), (HistoryKind::Create, Some("idle")));
-            for pair in entries.windows(2) {
-                let (prev, next) = (pair[0], pair[1]);
-                assert_eq!(next.from, prev.to, "job {}: history chain broken at {next:?}", job.key);
-                let expected_retry =
-                    if next.to == next.from && next.kind == HistoryKind::Auto { prev.retry + 1 } else { 0 };
-                assert_eq!(next.retry, expected_retry, "job {}: duplicated or missing entry at {next:?}", job.key);
-            }
-            assert_eq!(entries.last().unwrap().to.as_deref(), Some("done"));
-            let n =
-                history.iter().filter(|h| h.event.as_deref() == Some("start") && h.kind == HistoryKind::Event).count();
-            starts.insert(job.key.to_string(), n);
+            starts.insert(job.key.to_string(), assert_one_chain(&history, &job.key, "done", "start"));
         }
         for key in &acked {
             assert_eq!(starts.get(key), Some(&1), "acknowledged event on {key} must be processed exactly once");
         }
         assert!(starts.values().all(|&n| n == 1), "every job was started exactly once");
+    });
+}
+
+const CHARTS: usize = 300;
+
+/// The rows each finished chart leaves in `chart_hooks`, each once: its transitions
+/// idle → step1 → step2 → step3 → done leave and enter exactly these states.
+const CHART_HOOKS: [(&str, &str); 8] = [
+    ("enter_step", "step1"),
+    ("enter_step", "step2"),
+    ("enter_step", "step3"),
+    ("enter_working", "working"),
+    ("leave_step", "step1"),
+    ("leave_step", "step2"),
+    ("leave_step", "step3"),
+    ("leave_working", "working"),
+];
+
+/// A statechart whose entry and exit actions write rows in their transitions' commits: a
+/// `kill -9` between an action and its commit re-runs the whole transition (its entry and
+/// exit actions again), and the store ends with each effect exactly once.
+#[test]
+fn statechart_transitions_survive_kill_9_with_each_entry_effect_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("chart.db");
+    let charts = CHARTS.to_string();
+    let args = ["--jobs", "0", "--charts", charts.as_str()];
+    let mut x = seed();
+    let mut printed: Vec<String> = Vec::new();
+    for round in 0..KILLS {
+        let after = next_delay(&mut x);
+        let lines = run_and_kill(&db, &args, after);
+        eprintln!("round {round}: killed after {after:?}, {} lines", lines.len());
+        printed.extend(lines);
+    }
+    printed.extend(finish(&db, &args));
+
+    // How often each entry or exit action ran, as printed before its commit.
+    let mut ran: HashMap<(String, String, String), usize> = HashMap::new();
+    for line in printed.iter().filter_map(|l| l.strip_prefix("hook ")) {
+        let mut parts = line.split(' ').map(str::to_string);
+        let (key, hook, state) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        *ran.entry((key, hook, state)).or_default() += 1;
+    }
+    let rerun = ran.values().filter(|&&n| n > 1).count();
+    eprintln!("{rerun} entry or exit actions ran again after a crash before their commit");
+    assert!(rerun > 0, "no kill fell between an entry or exit action and its commit; the workload is too short");
+
+    let conn = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let mut rows: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let mut stmt = conn.prepare("SELECT key, hook, state FROM chart_hooks").unwrap();
+    for row in stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?))).unwrap() {
+        let (key, hook, state) = row.unwrap();
+        rows.entry(key).or_default().push((hook, state));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let store = SqliteStore::open_read_only(&db).unwrap();
+        let charts =
+            store.entity_list(EntityFilter { machine: Some("chart".into()), ..Default::default() }).await.unwrap();
+        assert_eq!(charts.len(), CHARTS);
+        for chart in &charts {
+            assert_eq!((chart.state.as_str(), chart.due_at), ("done", None), "chart {} not finished", chart.key);
+            let history = store.history_list(chart.id).await.unwrap();
+            assert_eq!(assert_one_chain(&history, &chart.key, "done", "start"), 1, "{}: started once", chart.key);
+            let mut effects = rows.remove(chart.key.as_str()).unwrap_or_default();
+            effects.sort();
+            let expected: Vec<(String, String)> =
+                CHART_HOOKS.iter().map(|(h, s)| (h.to_string(), s.to_string())).collect();
+            assert_eq!(effects, expected, "{}: each entry and exit action's effect exactly once", chart.key);
+        }
+        assert!(rows.is_empty(), "rows of no chart: {rows:?}");
     });
 }
