@@ -11,14 +11,15 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use settle_store::{EntityFilter, HistoryKind, SqliteStore, Store};
+use settle_store::{AnyStore, EntityFilter, HistoryKind, SqliteStore, Store};
 
 const JOBS: usize = 1500;
 const KILLS: usize = 6;
 
 fn settle(db: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
-    c.arg("--db").arg(db).env("SETTLE_LOG", "error");
+    // A short lease: on PostgreSQL, what a killed process held is taken over soon.
+    c.arg("--db").arg(db).env("SETTLE_LOG", "error").env("SETTLE_LEASE", "2s");
     c
 }
 
@@ -157,22 +158,35 @@ const CHART_HOOKS: [(&str, &str); 8] = [
 
 /// A statechart whose entry and exit actions write rows in their transitions' commits: a
 /// `kill -9` between an action and its commit re-runs the whole transition (its entry and
-/// exit actions again), and the store ends with each effect exactly once.
+/// exit actions again), and the store ends with each effect exactly once. On SQLite.
 #[test]
 fn statechart_transitions_survive_kill_9_with_each_entry_effect_once() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("chart.db");
+    chart_crash(&db.display().to_string());
+}
+
+/// The same on PostgreSQL (a schema of its own), with a short lease so that the entities a
+/// killed process held are taken over soon.
+#[test]
+fn statechart_transitions_survive_kill_9_on_postgres() {
+    let Some(url) = settle_store::postgres::test_url("chartcrash") else { return };
+    chart_crash(&url);
+}
+
+fn chart_crash(db: &str) {
+    let db = Path::new(db);
     let charts = CHARTS.to_string();
     let args = ["--jobs", "0", "--charts", charts.as_str()];
     let mut x = seed();
     let mut printed: Vec<String> = Vec::new();
     for round in 0..KILLS {
         let after = next_delay(&mut x);
-        let lines = run_and_kill(&db, &args, after);
+        let lines = run_and_kill(db, &args, after);
         eprintln!("round {round}: killed after {after:?}, {} lines", lines.len());
         printed.extend(lines);
     }
-    printed.extend(finish(&db, &args));
+    printed.extend(finish(db, &args));
 
     // How often each entry or exit action ran, as printed before its commit.
     let mut ran: HashMap<(String, String, String), usize> = HashMap::new();
@@ -185,16 +199,13 @@ fn statechart_transitions_survive_kill_9_with_each_entry_effect_once() {
     eprintln!("{rerun} entry or exit actions ran again after a crash before their commit");
     assert!(rerun > 0, "no kill fell between an entry or exit action and its commit; the workload is too short");
 
-    let conn = rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
     let mut rows: HashMap<String, Vec<(String, String)>> = HashMap::new();
-    let mut stmt = conn.prepare("SELECT key, hook, state FROM chart_hooks").unwrap();
-    for row in stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?))).unwrap() {
-        let (key, hook, state) = row.unwrap();
+    for (key, hook, state) in chart_hook_rows(db.to_str().unwrap()) {
         rows.entry(key).or_default().push((hook, state));
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let store = SqliteStore::open_read_only(&db).unwrap();
+        let store = AnyStore::open_read_only(db.to_str().unwrap()).unwrap();
         let charts =
             store.entity_list(EntityFilter { machine: Some("chart".into()), ..Default::default() }).await.unwrap();
         assert_eq!(charts.len(), CHARTS);
@@ -210,4 +221,21 @@ fn statechart_transitions_survive_kill_9_with_each_entry_effect_once() {
         }
         assert!(rows.is_empty(), "rows of no chart: {rows:?}");
     });
+}
+
+/// Every row of the application table `chart_hooks`: (key, hook, state).
+fn chart_hook_rows(db: &str) -> Vec<(String, String, String)> {
+    const QUERY: &str = "SELECT key, hook, state FROM chart_hooks";
+    if settle_store::is_postgres_url(db) {
+        // The store's URL names its schema with `schema=NAME`, which the driver does not know.
+        let (base, schema) = db.split_once("schema=").expect("a test URL names its schema");
+        let base = base.trim_end_matches(['?', '&']);
+        let mut client = postgres::Client::connect(base, postgres::NoTls).unwrap();
+        client.execute("SELECT set_config('search_path', $1, false)", &[&schema]).unwrap();
+        client.query(QUERY, &[]).unwrap().iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
+    } else {
+        let conn = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        let mut stmt = conn.prepare(QUERY).unwrap();
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect()
+    }
 }
