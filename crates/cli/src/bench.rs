@@ -2,7 +2,8 @@
 //!
 //! `bench chain`: N entities, each raised once and driven through K unstable states with
 //! no-op actions to a stable state; C callers keep C workflows in flight. Latency is from
-//! the raise to the entity's next stable state, as a caller of `raise` sees it.
+//! the raise to the entity's next stable state, as a caller of `raise` sees it. `--nested`:
+//! the same steps as substates of one parent with an entry and an exit action.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -249,6 +250,10 @@ pub struct ChainArgs {
     /// Unstable states per workflow (1 to 8).
     #[arg(long, default_value_t = 3)]
     steps: usize,
+    /// The steps as substates of one parent with an entry and an exit action (Rust
+    /// handlers, run once each per workflow): the cost of a statechart over a flat chain.
+    #[arg(long)]
+    nested: bool,
     #[command(flatten)]
     drive: DriveArgs,
 }
@@ -461,6 +466,7 @@ async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> 
         // Per parent: go, spawn, children_done (3); per child: create excluded, work (1).
         transitions: args.entities * (3 + args.children as usize),
         extra: json!({"children": args.children}),
+        count_hooks: false,
         drive: args.drive,
     };
     run.run(db, crate::machines::bind_fanout, |setup_s| {
@@ -482,12 +488,13 @@ async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     let steps = args.steps;
     let concurrency = args.drive.concurrency;
     let run = Workflows {
-        machine: format!("chain{steps}"),
+        machine: if args.nested { format!("chain{steps}_nested") } else { format!("chain{steps}") },
         prefix: 'b',
         properties: Default::default(),
         entities: args.entities,
         transitions: args.entities * (steps + 1),
-        extra: json!({"steps": steps}),
+        extra: json!({"steps": steps, "nested": args.nested}),
+        count_hooks: args.nested,
         drive: args.drive,
     };
     run.run(
@@ -520,6 +527,9 @@ struct Workflows {
     transitions: usize,
     /// The benchmark's own fields of the report (beside `concurrency` and `instances`).
     extra: serde_json::Value,
+    /// Report the runs of `chain{steps}_nested`'s entry and exit actions in this process
+    /// (`entry_runs`, `exit_runs`; 0 when worker processes ran them).
+    count_hooks: bool,
 }
 
 impl Workflows {
@@ -553,6 +563,11 @@ impl Workflows {
         let mut extra = self.extra;
         extra["concurrency"] = json!(self.drive.concurrency);
         extra["instances"] = json!(self.drive.instances);
+        if self.count_hooks {
+            let runs = &crate::machines::NESTED_CHAIN_HOOKS;
+            extra["entry_runs"] = json!(runs.entered.load(Ordering::Relaxed));
+            extra["exit_runs"] = json!(runs.left.load(Ordering::Relaxed));
+        }
         report(self.drive.json, self.entities, self.transitions, seconds, &latencies, extra);
         Ok(ExitCode::SUCCESS)
     }

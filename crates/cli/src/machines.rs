@@ -3,6 +3,7 @@
 //! the crash-test `job`, and `relay` (a sync nested event on a `job`). `settle run` can
 //! drive all of them: [`bind_built_in`] binds them all.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -354,18 +355,64 @@ pub fn chain(steps: usize) -> Machine {
     b.build().expect("the chain machine is valid")
 }
 
-/// Binds no-op handlers to every step of `chain{steps}`.
-pub fn bind_chain<S: Store + Clone>(mut b: EngineBuilder<S>, steps: usize) -> EngineBuilder<S> {
-    b = b.machine(chain(steps));
+/// `chain{steps}_nested`: `chain{steps}` as a statechart: its steps are substates of one
+/// parent, `running` (idle -go→ running, entering u1 → … → u{steps} → done), whose entry
+/// and exit actions are no-op handlers (run once each per workflow: moving between steps
+/// stays in `running`).
+pub fn nested_chain(steps: usize) -> Machine {
+    let mut b = MachineBuilder::new(format!("chain{steps}_nested"))
+        .state("idle")
+        .initial()
+        .state("running")
+        .initial_child("u1")
+        .on_entry("enter_running")
+        .on_exit("leave_running");
+    for i in 1..=steps {
+        b = b.state(format!("u{i}")).parent("running").auto(format!("step{i}"));
+    }
+    b = b.state("done").event("go", ["idle"], "start").reject("done", "already done").action("start", ["running"]);
     for i in 1..=steps {
         let next = if i == steps { "done".to_string() } else { format!("u{}", i + 1) };
-        b = b.on(&format!("chain{steps}"), &format!("step{i}"), move |_| {
-            let next = next.clone();
-            async move { Ok(Outcome::to(next)) }
-        });
+        b = b.action(format!("step{i}"), [next]);
     }
-    b
+    b.effect("enter_running").effect("leave_running").build().expect("the nested chain machine is valid")
 }
+
+/// Binds no-op handlers to every step of `chain{steps}` and of `chain{steps}_nested` (and
+/// to the latter's entry and exit actions).
+pub fn bind_chain<S: Store + Clone>(mut b: EngineBuilder<S>, steps: usize) -> EngineBuilder<S> {
+    b = b.machine(chain(steps)).machine(nested_chain(steps));
+    for machine in [format!("chain{steps}"), format!("chain{steps}_nested")] {
+        for i in 1..=steps {
+            let next = if i == steps { "done".to_string() } else { format!("u{}", i + 1) };
+            b = b.on(&machine, &format!("step{i}"), move |_| {
+                let next = next.clone();
+                async move { Ok(Outcome::to(next)) }
+            });
+        }
+    }
+    let nested = format!("chain{steps}_nested");
+    b.on(&nested, "enter_running", |_| async {
+        NESTED_CHAIN_HOOKS.entered.fetch_add(1, Ordering::Relaxed);
+        Ok(Outcome::stay())
+    })
+    .on(&nested, "leave_running", |_| async {
+        NESTED_CHAIN_HOOKS.left.fetch_add(1, Ordering::Relaxed);
+        Ok(Outcome::stay())
+    })
+}
+
+/// How often this process ran the entry and exit actions of `chain{steps}_nested` (every
+/// run, including one repeated after a failed commit): `bench chain --nested` reports them.
+pub struct ChainHookRuns {
+    /// Runs of `enter_running`.
+    pub entered: AtomicU64,
+    /// Runs of `leave_running`.
+    pub left: AtomicU64,
+}
+
+/// The runs of this process (see [`ChainHookRuns`]).
+pub static NESTED_CHAIN_HOOKS: ChainHookRuns = ChainHookRuns { entered: AtomicU64::new(0), left: AtomicU64::new(0) };
 
 /// `job`: idle -start→ step1 → step2 → step3 → done; each step sleeps a little and fails
 /// transiently a third of the time (used by the crash test).

@@ -160,6 +160,36 @@ fn bench_chain_prints_one_json_line() {
 }
 
 #[test]
+fn bench_chain_nested_runs_each_workflow_through_its_parent_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bench.db");
+    let args = ["bench", "chain", "--entities", "200", "--steps", "3", "--nested", "--concurrency", "16", "--json"];
+    let out = settle(&db, &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!((v["workflows"].as_u64(), v["transitions"].as_u64()), (Some(200), Some(800)), "{v}");
+    // One entry into `running` and one exit from it per workflow: moving between its
+    // substates runs neither.
+    assert_eq!((v["entry_runs"].as_u64(), v["exit_runs"].as_u64()), (Some(200), Some(200)), "{v}");
+    // Every workflow went idle → u1 (entering `running`) … u3 → done (leaving it).
+    let out = settle(&db, &["list", "--json"]);
+    let rows: Vec<serde_json::Value> =
+        stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 200);
+    assert!(rows.iter().all(|r| r["machine"] == "chain3_nested" && r["state"] == "done"), "{rows:?}");
+    let key = rows[0]["key"].as_str().unwrap();
+    let out = settle(&db, &["history", "chain3_nested", key, "--json"]);
+    let moves: Vec<(String, String)> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|h| h["from"].is_string())
+        .map(|h| (h["from"].as_str().unwrap().to_string(), h["to"].as_str().unwrap().to_string()))
+        .collect();
+    let expect = [("idle", "u1"), ("u1", "u2"), ("u2", "u3"), ("u3", "done")];
+    assert_eq!(moves, expect.map(|(a, b)| (a.to_string(), b.to_string())));
+}
+
+#[test]
 fn bench_agents_runs_workflows_through_a_server_and_agents() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bench.db");
