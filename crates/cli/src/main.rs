@@ -33,7 +33,7 @@ struct Cli {
     #[arg(long, global = true, env = "SETTLE_DB")]
     db: Option<String>,
     /// Talk to a `settle serve` at this URL instead of opening the database (`get`, `list`,
-    /// `history`, `ops`, `create`, `raise` and the operator commands).
+    /// `history`, `ops`, `create`, `raise`, `check` and the operator commands).
     #[arg(long, global = true, env = "SETTLE_SERVER", value_name = "URL")]
     server: Option<String>,
     /// Bearer token for `--server`.

@@ -173,8 +173,7 @@ fn bench_chain_nested_runs_each_workflow_through_its_parent_once() {
     assert_eq!((v["entry_runs"].as_u64(), v["exit_runs"].as_u64()), (Some(200), Some(200)), "{v}");
     // Every workflow went idle → u1 (entering `running`) … u3 → done (leaving it).
     let out = settle(&db, &["list", "--json"]);
-    let rows: Vec<serde_json::Value> =
-        stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len(), 200);
     assert!(rows.iter().all(|r| r["machine"] == "chain3_nested" && r["state"] == "done"), "{rows:?}");
     let key = rows[0]["key"].as_str().unwrap();
