@@ -33,6 +33,9 @@ pub enum Bench {
     /// Workflows whose one action is executed by external agents, all over HTTP: a
     /// `settle serve` process; callers raise with `wait=stable`, agents lease and complete.
     Agents(AgentsArgs),
+    /// What an operator's reads cost on a large fleet: the overview and a filtered page of
+    /// entities, on N entities (1,000,000 by default) spread over a nested machine's states.
+    Fleet(crate::bench_fleet::FleetArgs),
 }
 
 /// Options of `settle bench agents`.
@@ -305,6 +308,10 @@ pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Fanout(args) => fanout(db, args).await,
         Bench::Timers(args) => timers(db, args).await,
         Bench::Agents(args) => agents(db, args).await,
+        Bench::Fleet(args) => {
+            let (path, _scratch) = bench_db(db);
+            crate::bench_fleet::fleet(&path, args).await
+        }
     }
 }
 

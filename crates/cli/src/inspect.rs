@@ -36,6 +36,7 @@ pub async fn list(
     machine: Option<String>,
     state: Option<String>,
     run_status: Option<String>,
+    prefix: Option<String>,
     as_json: bool,
 ) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
@@ -48,7 +49,7 @@ pub async fn list(
         }
         None => Vec::new(),
     };
-    let mut after = None;
+    let (mut after, mut after_key) = (None, None);
     let mut header = true;
     loop {
         let page = store
@@ -59,11 +60,16 @@ pub async fn list(
                 after_id: after,
                 limit: Some(1000),
                 run_status: run_status.clone(),
+                key_prefix: prefix.clone(),
+                after_key: after_key.clone(),
             })
             .await?;
         print::entity_rows(&page.iter().map(settle_client::Entity::from).collect::<Vec<_>>(), as_json, &mut header);
         match page.last() {
-            Some(last) if page.len() == 1000 => after = Some(last.id),
+            Some(last) if page.len() == 1000 => {
+                after = Some(last.id);
+                after_key = Some((last.machine.to_string(), last.key.to_string()));
+            }
             _ => break,
         }
     }

@@ -3,6 +3,7 @@
 
 mod agent;
 mod bench;
+mod bench_fleet;
 mod defs;
 mod demo;
 mod inspect;
@@ -96,6 +97,9 @@ enum Command {
         /// Only this run status.
         #[arg(long, value_parser = ["active", "paused", "sleeping", "fault", "failed", "killed"])]
         status: Option<String>,
+        /// Only keys that start with this (listed by machine and key).
+        #[arg(long)]
+        prefix: Option<String>,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -275,8 +279,8 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
             let machines = defs::Machines { serve, ..machines()? };
             runtime()?.block_on(run_engine(&db_path(&cli.db), &machines, stop))
         }
-        Command::List { machine, state, status, json } => {
-            runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, status, json))
+        Command::List { machine, state, status, prefix, json } => {
+            runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, status, prefix, json))
         }
         Command::Get { machine, key, json } => {
             runtime()?.block_on(inspect::get(&db_path(&cli.db), &machine, &key, json))
@@ -324,7 +328,9 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
     let client = remote::client(server, token)?;
     let c = &client;
     let future: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<ExitCode>>>> = match command {
-        Command::List { machine, state, status, json } => Box::pin(remote::list(c, machine, state, status, json)),
+        Command::List { machine, state, status, prefix, json } => {
+            Box::pin(remote::list(c, machine, state, status, prefix, json))
+        }
         Command::Get { machine, key, json } => Box::pin(async move { remote::get(c, &machine, &key, json).await }),
         Command::History { events: true, .. } => anyhow::bail!(
             "`settle history --events` reads the database's events table, which the HTTP API does not offer; \

@@ -42,9 +42,10 @@ pub async fn list(
     machine: Option<String>,
     state: Option<String>,
     status: Option<String>,
+    prefix: Option<String>,
     as_json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let mut filter = ListFilter { machine, state, status, after: None, limit: Some(1000) };
+    let mut filter = ListFilter { machine, state, status, prefix, after: None, limit: Some(1000) };
     let mut header = true;
     loop {
         let page = c.list(&filter).await?;

@@ -1,6 +1,6 @@
 //! Every `settle bench` workload, run small as a correctness check (a benchmark nobody runs
 //! breaks silently): fan-out and timers on SQLite, chain and fan-out on PostgreSQL in this
-//! process and with worker processes (`--instances`). `bench chain` and `bench agents` on
+//! process and with worker processes (`--instances`); `bench fleet` on both. `bench chain` and `bench agents` on
 //! SQLite are in `cli.rs`. The PostgreSQL runs need `SETTLE_TEST_PG`; without it they say
 //! they skipped.
 
@@ -70,4 +70,42 @@ fn chain_and_fanout_on_postgres() {
         );
         check_fanout(&v, 30, 4);
     }
+}
+
+/// `bench fleet`, small: the fleet is written and every read it times answers; the pages
+/// the CLI reads through the same filters hold exactly the entities the seed put there.
+fn check_fleet(db: &str) {
+    let v = bench(db, &["fleet", "--entities", "2000", "--repeat", "3"]);
+    assert_eq!(v["entities"], 2000, "{v}");
+    for read in ["overview", "list_machine", "list_rare_state", "list_parent_state", "list_parked", "list_key_prefix"] {
+        assert!(v[format!("{read}_ms")].as_f64().is_some_and(|ms| ms >= 0.0), "{read}: {v}");
+    }
+    let keys = |args: &[&str]| -> Vec<String> {
+        let o = settle(Path::new(db), &[&["list", "--json"], args].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["key"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Keys srv-0000010 … srv-0000019, in key order.
+    assert_eq!(keys(&["--prefix", "srv-000001"]), (10..20).map(|n| format!("srv-{n:07}")).collect::<Vec<_>>());
+    // Every hundredth entity in `running` (n % 1000 < 900) was paused: 0, 100, …, 800, 1000, …, 1800.
+    let paused: Vec<String> =
+        (0..2000).filter(|n| n % 100 == 0 && n % 1000 < 900).map(|n| format!("srv-{n:07}")).collect();
+    assert_eq!(keys(&["--status", "paused"]), paused);
+    // A rare state: n % 1000 == 999.
+    assert_eq!(keys(&["--machine", "fleet", "--state", "broken"]), ["srv-0000999", "srv-0001999"]);
+}
+
+#[test]
+fn fleet_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    check_fleet(dir.path().join("fleet.db").to_str().unwrap());
+}
+
+#[test]
+fn fleet_on_postgres() {
+    let Some(url) = settle_store::postgres::test_url("bench_fleet") else { return };
+    check_fleet(&url);
 }

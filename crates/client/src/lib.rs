@@ -138,6 +138,8 @@ pub struct ListFilter {
     pub state: Option<String>,
     /// Only this run status.
     pub status: Option<String>,
+    /// Only keys that start with this (the pages are then in machine and key order).
+    pub prefix: Option<String>,
     /// The cursor from the previous page.
     pub after: Option<String>,
     /// At most this many.
@@ -257,7 +259,13 @@ impl Client {
     /// Lists entities, one page.
     pub async fn list(&self, f: &ListFilter) -> Result<EntityPage, Error> {
         let mut q = Vec::new();
-        for (k, v) in [("machine", &f.machine), ("state", &f.state), ("status", &f.status), ("after", &f.after)] {
+        for (k, v) in [
+            ("machine", &f.machine),
+            ("state", &f.state),
+            ("status", &f.status),
+            ("prefix", &f.prefix),
+            ("after", &f.after),
+        ] {
             if let Some(v) = v {
                 q.push(format!("{k}={}", seg(v)));
             }

@@ -42,6 +42,9 @@ pub struct EntityQuery {
     pub state: Option<String>,
     /// Only this run status: active, paused, sleeping, fault, failed, killed.
     pub status: Option<String>,
+    /// Only entities whose key starts with this; the page is then ordered by machine and
+    /// key (byte-wise) instead of by id.
+    pub prefix: Option<String>,
     /// The cursor: `next` of the previous page.
     pub after: Option<String>,
     /// At most this many (default 100, at most 1000).

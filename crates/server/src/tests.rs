@@ -215,6 +215,15 @@ async fn create_get_list_and_history() {
     assert_eq!(app.get("/v1/entities?limit=5000").await.problem(400, "bad-request")["field"], "limit");
     assert_eq!(app.get("/v1/entities?after=x").await.problem(400, "bad-request")["field"], "after");
     assert_eq!(app.get("/v1/entities?colour=red").await.problem(400, "bad-request")["field"], "colour");
+    // By key prefix: pages in key order, the cursor `machine/key`.
+    app.post("/v1/machines/door/entities", json!({"key": "basement"})).await;
+    let r = app.get("/v1/entities?prefix=ba&limit=1").await.json();
+    assert_eq!((r["items"][0]["key"].as_str(), r["next"].as_str()), (Some("back"), Some("door/back")));
+    let r = app.get("/v1/entities?prefix=ba&limit=1&after=door/back").await.json();
+    assert_eq!((r["items"][0]["key"].as_str(), &r["next"]), (Some("basement"), &Value::Null));
+    assert_eq!(app.get("/v1/entities?prefix=zz").await.json()["items"], json!([]));
+    let p = app.get("/v1/entities?prefix=ba&after=12").await.problem(400, "bad-request");
+    assert_eq!(p["field"], "after");
     let h = app.get("/v1/machines/door/entities/back/history").await.json();
     assert_eq!(h[0]["kind"], "create");
     assert_eq!(h[0]["to"], "closed");

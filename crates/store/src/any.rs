@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use crate::{
     AgentTask, Batch, BatchResult, EntityFilter, EntityRow, EventRow, HistoryRow, InboxItem, MachineRecord,
-    MetricsSnapshot, Millis, OperationRow, PgStore, Result, SqliteStore, Stats, Store, SuccessorSnapshot, TaskFilter,
-    TimerRow,
+    MetricsSnapshot, Millis, OperationRow, Overview, PgStore, Result, SqliteStore, Stats, Store, SuccessorSnapshot,
+    TaskFilter, TimerRow,
 };
 
 /// Either backend, chosen at run time from a database argument: a `postgres://` or
@@ -91,6 +91,7 @@ impl Store for AnyStore {
         fn entities_by_id(&self, ids: Vec<i64>) -> Vec<EntityRow>;
         fn stats(&self, since: Option<Millis>) -> Stats;
         fn metrics_snapshot(&self, now: Millis) -> MetricsSnapshot;
+        fn overview(&self, now: Millis, since: Millis) -> Overview;
         fn lease_release_all(&self, now: Millis) -> u64;
     }
 

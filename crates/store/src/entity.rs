@@ -179,6 +179,12 @@ pub struct EntityFilter {
     pub limit: Option<u64>,
     /// Only this run status (its stored name, e.g. `paused`; see [`RunStatus::as_str`]).
     pub run_status: Option<String>,
+    /// Only entities whose key starts with this. The page is then in (machine, key) order
+    /// (byte-wise) instead of id order, and continues after `after_key`; `after_id` is
+    /// ignored.
+    pub key_prefix: Option<String>,
+    /// With `key_prefix`: only entities after this (machine, key) (cursor).
+    pub after_key: Option<(String, String)>,
 }
 
 /// What a subscriber sees when it evaluates its subscriptions: its successors, and the

@@ -21,6 +21,7 @@ mod history;
 mod inbox;
 mod machine;
 mod operation;
+mod page;
 mod plan;
 pub mod postgres;
 mod report;
@@ -44,7 +45,8 @@ pub use machine::MachineRecord;
 pub use operation::{OpenOperation, OperationRow};
 pub use postgres::PgStore;
 pub use report::{
-    EntityCount, ErrorStats, MetricsSnapshot, OperationStats, Stats, TransitionCount, TransitionStats, percentile,
+    EntityCount, ErrorStats, MetricsSnapshot, MinuteCount, OperationStats, Overview, Stats, TransitionCount,
+    TransitionStats, percentile,
 };
 pub use sqlite::SqliteStore;
 pub use task::{AgentReport, AgentTask, TaskFilter, TaskOffer, TaskResult};
@@ -176,6 +178,11 @@ pub trait Store: Send + Sync + 'static {
     /// Counters and gauges for a metrics exposition; `now` decides which due times have
     /// passed (the due backlog).
     fn metrics_snapshot(&self, now: Millis) -> impl Future<Output = Result<MetricsSnapshot>> + Send;
+    /// The fleet at a glance, from the counts every commit keeps (entities per machine,
+    /// state and run status; operations per outcome; transitions and errors per minute at
+    /// or after `since`) and the index of due work (`now` decides what is due): its cost
+    /// does not grow with the number of entities.
+    fn overview(&self, now: Millis, since: Millis) -> impl Future<Output = Result<Overview>> + Send;
 
     /// Agent tasks matching `filter`, newest first.
     fn task_list(&self, filter: TaskFilter) -> impl Future<Output = Result<Vec<AgentTask>>> + Send;

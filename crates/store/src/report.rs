@@ -83,6 +83,34 @@ pub struct MetricsSnapshot {
     pub tasks: Vec<(String, String, u64)>,
 }
 
+/// What a fleet overview shows, read from the counts the commits keep (never by
+/// scanning entities or telemetry; see [`crate::Store::overview`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Overview {
+    /// Entities per machine, state and run status (only those with entities), ordered.
+    pub entities: Vec<EntityCount>,
+    /// Entities whose due time has passed: work waiting to be claimed.
+    pub due_backlog: u64,
+    /// Operations per outcome; unfinished ones count as `open`. Ordered by outcome.
+    pub operations: Vec<(String, u64)>,
+    /// Open agent tasks per queue and status (`ready`, `leased`).
+    pub tasks: Vec<(String, String, u64)>,
+    /// Transitions and errors per minute since the time asked for, oldest first; minutes
+    /// with neither are left out.
+    pub minutes: Vec<MinuteCount>,
+}
+
+/// Transitions and errors in one minute.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MinuteCount {
+    /// The minute's start (ms since the epoch, a multiple of 60,000).
+    pub minute: crate::Millis,
+    /// State entries recorded in it.
+    pub transitions: u64,
+    /// Errors recorded in it (faults of actions and commits).
+    pub errors: u64,
+}
+
 /// How many times one transition happened.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TransitionCount {

@@ -25,10 +25,3 @@ pub(crate) const TASK_COLS: &str = "t.id, t.queue, e.machine, e.key, t.entity_id
 pub(crate) fn json_text(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v).expect("JSON values serialize")
 }
-
-/// The (machine, state) pairs of an entity filter as `machine` U+001F `state` keys, the
-/// form both stores compare `machine || char(31) || state` with (a separator no name
-/// contains: names are letters, digits, `_` and `-`).
-pub(crate) fn substate_keys(pairs: &[(String, String)]) -> Vec<String> {
-    pairs.iter().map(|(m, s)| format!("{m}\u{1f}{s}")).collect()
-}

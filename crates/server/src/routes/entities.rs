@@ -71,7 +71,8 @@ async fn create(
     Ok((status, [(header::LOCATION, location)], Json(Entity::from(&created.entity))).into_response())
 }
 
-/// Lists entities by id, a page at a time.
+/// Lists entities by id (by machine and key with `prefix`), a page at a time. Every
+/// filter is read through an index: a page costs the same in a fleet of any size.
 #[utoipa::path(
     get,
     path = "/v1/entities",
@@ -88,12 +89,18 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
     {
         return Err(unknown_word("status", "run status", st, "active, paused, sleeping, fault, failed or killed"));
     }
-    let after = match q.after.as_deref() {
-        None => None,
-        Some(a) => Some(a.parse::<i64>().map_err(|_| {
-            Problem::new(Kind::BadRequest, format!("after must be the `next` cursor of a previous page, not `{a}`"))
-                .field("after")
-        })?),
+    let bad_cursor = |a: &str| {
+        Problem::new(Kind::BadRequest, format!("after must be the `next` cursor of a previous page, not `{a}`"))
+            .field("after")
+    };
+    // Pages by id have the last id as cursor; pages by key prefix `machine/key`.
+    let (after, after_key) = match (q.after.as_deref(), q.prefix.is_some()) {
+        (None, _) => (None, None),
+        (Some(a), false) => (Some(a.parse::<i64>().map_err(|_| bad_cursor(a))?), None),
+        (Some(a), true) => {
+            let (m, k) = a.split_once('/').ok_or_else(|| bad_cursor(a))?;
+            (None, Some((m.to_string(), k.to_string())))
+        }
     };
     let limit = parse_limit(q.limit.as_deref())?;
     // A parent state lists the entities in its substates.
@@ -107,11 +114,17 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
         after_id: after,
         limit: Some(limit + 1),
         run_status: q.status,
+        key_prefix: q.prefix.clone(),
+        after_key,
     };
     let mut rows = s.engine().store().entity_list(filter).await?;
     let more = rows.len() as u64 > limit;
     rows.truncate(limit as usize);
-    let next = if more { rows.last().map(|e| e.id.to_string()) } else { None };
+    let next = match rows.last() {
+        Some(e) if more && q.prefix.is_some() => Some(format!("{}/{}", e.machine, e.key)),
+        Some(e) if more => Some(e.id.to_string()),
+        _ => None,
+    };
     Ok(Json(EntityPage { items: rows.iter().map(Entity::from).collect(), next }))
 }
 

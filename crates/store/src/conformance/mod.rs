@@ -9,6 +9,7 @@
 
 mod commits;
 mod entities;
+mod fleet;
 mod leases;
 mod successors;
 mod tasks;
@@ -20,6 +21,7 @@ pub use commits::{
     rejection_keeps_version,
 };
 pub use entities::{create_get_and_duplicate, listing_counts_and_metadata};
+pub use fleet::{filtered_pages_match_a_scan, overview_counts_follow_every_write};
 pub use leases::{
     auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
     release_never_strands_events,
@@ -141,7 +143,8 @@ macro_rules! store_conformance_suite {
                 auto_time_survives_events_and_release, successors_and_change_notices, events_reach_related_entities,
                 timers_fire_through_the_inbox,
                 preconditions_and_fired, listing_counts_and_metadata, events_are_listed_per_entity,
-                stats_summarise_telemetry, agent_tasks_lease_and_report, metrics_snapshot_and_run_status_filter;
+                stats_summarise_telemetry, agent_tasks_lease_and_report, metrics_snapshot_and_run_status_filter,
+                overview_counts_follow_every_write, filtered_pages_match_a_scan;
             store_and_dialect: effects_are_atomic
         );
     };

@@ -148,7 +148,7 @@ impl<'a> Step<'a> {
 /// Writes a small history through batches only: operations (two creates, a workflow with a
 /// retry, a failed event, one left open), a workflow whose errors park its entity, a paused
 /// entity, a rejected event and an entity due soon. Returns the ids of `a`, `b`, `c`, `d`.
-async fn telemetry_fixture<S: Store>(store: &S) -> [i64; 4] {
+pub(super) async fn telemetry_fixture<S: Store>(store: &S) -> [i64; 4] {
     let created_by = |key: &str, request_id: &str| NewEntity {
         operation: open_op(request_id, "m.create"),
         request_id: Some(request_id.into()),

@@ -409,6 +409,10 @@ impl Store for PgStore {
         self.on_reader(move |c| read::metrics(c, now)).await
     }
 
+    async fn overview(&self, now: Millis, since: Millis) -> Result<crate::Overview> {
+        self.on_reader(move |c| read::overview(c, now, since)).await
+    }
+
     fn exclusive(&self) -> bool {
         false
     }

@@ -7,8 +7,8 @@ use super::conn::{Conn, Failure};
 use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS};
 use crate::{
     AgentTask, EntityCount, EntityFilter, EntityRow, ErrorStats, EventRow, HistoryKind, HistoryRow, InboxItem,
-    InboxKind, MachineRecord, MetricsSnapshot, Millis, OperationRow, OperationStats, RunStatus, Stats,
-    SuccessorSnapshot, TaskFilter, TimerRow, TransitionCount, TransitionStats, percentile,
+    InboxKind, MachineRecord, MetricsSnapshot, Millis, MinuteCount, OperationRow, OperationStats, Overview, RunStatus,
+    Stats, SuccessorSnapshot, TaskFilter, TimerRow, TransitionCount, TransitionStats, percentile,
 };
 
 type R<T> = std::result::Result<T, Failure>;
@@ -196,25 +196,29 @@ pub(crate) fn entity_get(c: &mut Conn, machine: &str, key: &str) -> R<Option<Ent
 }
 
 pub(crate) fn entity_list(c: &mut Conn, f: &EntityFilter) -> R<Vec<EntityRow>> {
-    let limit = f.limit.map(|l| l.min(i64::MAX as u64) as i64);
-    let rows = c.query(
-        &format!(
-            "SELECT {ENTITY_COLS} FROM entities
-             WHERE ($1::text IS NULL OR machine = $1)
-               AND ($2::text IS NULL OR state = $2 OR (machine || chr(31) || state) = ANY($6::text[]))
-               AND id > $3 AND ($5::text IS NULL OR run_status = $5)
-             ORDER BY id LIMIT $4"
-        ),
-        &[
-            &f.machine,
-            &f.state,
-            &f.after_id.unwrap_or(0),
-            &limit,
-            &f.run_status,
-            &crate::sql::substate_keys(&f.substates),
-        ],
-    )?;
-    all(rows, entity_from_row)
+    let present = if f.key_prefix.is_some() || f.machine.is_some() || f.state.is_some() {
+        let rows = c.query(
+            "SELECT machine, state FROM entity_counts GROUP BY machine, state HAVING SUM(n) > 0 ORDER BY machine, state",
+            &[],
+        )?;
+        all(rows, |r| Ok((r.try_get(0)?, r.try_get(1)?)))?
+    } else {
+        Vec::new()
+    };
+    let Some((sql, params)) = crate::page::page_sql(f, &present, true) else {
+        return Ok(Vec::new());
+    };
+    let values: Vec<Box<dyn postgres::types::ToSql + Sync>> = params
+        .into_iter()
+        .map(|p| -> Box<dyn postgres::types::ToSql + Sync> {
+            match p {
+                crate::page::Param::Text(t) => Box::new(t),
+                crate::page::Param::Int(i) => Box::new(i),
+            }
+        })
+        .collect();
+    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = values.iter().map(|v| v.as_ref()).collect();
+    all(c.query(&sql, &refs)?, entity_from_row)
 }
 
 pub(crate) fn entity_count_by_state(c: &mut Conn, machine: &str) -> R<Vec<(String, u64)>> {
@@ -430,6 +434,48 @@ pub(crate) fn metrics(c: &mut Conn, now: Millis) -> R<MetricsSnapshot> {
     out
 }
 
+/// Entities per machine, state and run status, from the counts the commits keep.
+fn entity_counts(c: &mut Conn) -> R<Vec<EntityCount>> {
+    let rows = c.query(
+        "SELECT machine, state, run_status, SUM(n)::bigint FROM entity_counts
+         GROUP BY machine, state, run_status HAVING SUM(n) > 0 ORDER BY machine, state, run_status",
+        &[],
+    )?;
+    all(rows, |r| {
+        let status: &str = r.try_get(2)?;
+        Ok(EntityCount {
+            machine: r.try_get(0)?,
+            state: r.try_get(1)?,
+            run_status: RunStatus::parse(status)
+                .ok_or_else(|| Failure::Corrupt(format!("unknown run status `{status}`")))?,
+            count: count(r, 3)?,
+        })
+    })
+}
+
+/// Operations per outcome (`open`: not ended), from the counts the commits keep.
+fn operation_counts(c: &mut Conn) -> R<Vec<(String, u64)>> {
+    let rows = c.query(
+        "SELECT outcome, SUM(n)::bigint FROM operation_counts GROUP BY outcome HAVING SUM(n) > 0 ORDER BY outcome",
+        &[],
+    )?;
+    all(rows, |r| Ok((r.try_get(0)?, count(r, 1)?)))
+}
+
+/// Open agent tasks per queue and status.
+fn task_counts(c: &mut Conn) -> R<Vec<(String, String, u64)>> {
+    let rows = c.query(
+        "SELECT queue, status, COUNT(*) FROM agent_tasks WHERE status IN ('ready', 'leased')
+         GROUP BY queue, status ORDER BY queue, status",
+        &[],
+    )?;
+    all(rows, |r| Ok((r.try_get(0)?, r.try_get(1)?, count(r, 2)?)))
+}
+
+fn due_backlog(c: &mut Conn, now: Millis) -> R<u64> {
+    count(&c.one("SELECT COUNT(*) FROM entities WHERE due_at <= $1", &[&now])?, 0)
+}
+
 fn read_metrics(c: &mut Conn, now: Millis) -> R<MetricsSnapshot> {
     let rows = c.query(
         "SELECT machine, start_state, end_state, COUNT(*) FROM transitions
@@ -439,47 +485,44 @@ fn read_metrics(c: &mut Conn, now: Millis) -> R<MetricsSnapshot> {
     let transitions = all(rows, |r| {
         Ok(TransitionCount { machine: r.try_get(0)?, from: r.try_get(1)?, to: r.try_get(2)?, count: count(r, 3)? })
     })?;
-    let rows = c.query(
-        "SELECT machine, state, run_status, COUNT(*) FROM entities
-         GROUP BY machine, state, run_status ORDER BY machine, state, run_status",
-        &[],
-    )?;
-    let entities = all(rows, |r| {
-        let status: &str = r.try_get(2)?;
-        Ok(EntityCount {
-            machine: r.try_get(0)?,
-            state: r.try_get(1)?,
-            run_status: RunStatus::parse(status)
-                .ok_or_else(|| Failure::Corrupt(format!("unknown run status `{status}`")))?,
-            count: count(r, 3)?,
-        })
-    })?;
-    let rows = c.query(
-        "SELECT COALESCE(outcome, 'open'), COUNT(*) FROM operations GROUP BY COALESCE(outcome, 'open') ORDER BY 1",
-        &[],
-    )?;
-    let operations = all(rows, |r| Ok((r.try_get(0)?, count(r, 1)?)))?;
-    let counts = c.one(
-        "SELECT (SELECT COUNT(*) FROM events WHERE rejected),
-                (SELECT COUNT(*) FROM errors),
-                (SELECT COUNT(*) FROM entities WHERE run_status = 'failed'),
-                (SELECT COUNT(*) FROM entities WHERE due_at <= $1)",
-        &[&now],
-    )?;
-    let rows = c.query(
-        "SELECT queue, status, COUNT(*) FROM agent_tasks WHERE status IN ('ready', 'leased')
-         GROUP BY queue, status ORDER BY queue, status",
-        &[],
-    )?;
-    let tasks = all(rows, |r| Ok((r.try_get(0)?, r.try_get(1)?, count(r, 2)?)))?;
+    let entities = entity_counts(c)?;
+    let parked = entities.iter().filter(|e| e.run_status == RunStatus::Failed).map(|e| e.count).sum();
+    let counts = c.one("SELECT (SELECT COUNT(*) FROM events WHERE rejected), (SELECT COUNT(*) FROM errors)", &[])?;
     Ok(MetricsSnapshot {
-        tasks,
+        tasks: task_counts(c)?,
         transitions,
         events_rejected: count(&counts, 0)?,
         faults: count(&counts, 1)?,
-        parked: count(&counts, 2)?,
+        parked,
         entities,
-        due_backlog: count(&counts, 3)?,
-        operations,
+        due_backlog: due_backlog(c, now)?,
+        operations: operation_counts(c)?,
+    })
+}
+
+/// [`Store::overview`](crate::Store::overview), in one snapshot: only maintained counts
+/// and indexes.
+pub(crate) fn overview(c: &mut Conn, now: Millis, since: Millis) -> R<Overview> {
+    c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    let out = read_overview(c, now, since);
+    c.batch("COMMIT")?;
+    out
+}
+
+fn read_overview(c: &mut Conn, now: Millis, since: Millis) -> R<Overview> {
+    let rows = c.query(
+        "SELECT minute, SUM(transitions)::bigint, SUM(errors)::bigint FROM minute_counts
+         WHERE minute >= $1::bigint / 60000 GROUP BY minute ORDER BY minute",
+        &[&since],
+    )?;
+    let minutes = all(rows, |r| {
+        Ok(MinuteCount { minute: r.try_get::<_, i64>(0)? * 60_000, transitions: count(r, 1)?, errors: count(r, 2)? })
+    })?;
+    Ok(Overview {
+        entities: entity_counts(c)?,
+        due_backlog: due_backlog(c, now)?,
+        operations: operation_counts(c)?,
+        tasks: task_counts(c)?,
+        minutes,
     })
 }

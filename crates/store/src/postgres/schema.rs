@@ -11,6 +11,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../../migrations/postgres/0003_operate.sql")),
     (4, include_str!("../../migrations/postgres/0004_agents.sql")),
     (5, include_str!("../../migrations/postgres/0005_write_path.sql")),
+    (6, include_str!("../../migrations/postgres/0006_fleet.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if

@@ -211,32 +211,7 @@ impl Store for SqliteStore {
     }
 
     async fn entity_list(&self, filter: EntityFilter) -> Result<Vec<EntityRow>> {
-        self.on_reader(move |c| {
-            let sql = format!(
-                "SELECT {ENTITY_COLS} FROM entities
-                 WHERE (?1 IS NULL OR machine = ?1)
-                   AND (?2 IS NULL OR state = ?2 OR (machine || char(31) || state) IN (SELECT value FROM json_each(?6)))
-                   AND id > ?3 AND (?5 IS NULL OR run_status = ?5)
-                 ORDER BY id LIMIT ?4"
-            );
-            let limit = filter.limit.map(|l| l.min(i64::MAX as u64) as i64).unwrap_or(-1);
-            let substates = crate::sql::json_text(&crate::sql::substate_keys(&filter.substates));
-            let mut stmt = c.prepare_cached(&sql).map_err(db_err)?;
-            stmt.query_map(
-                params![
-                    filter.machine,
-                    filter.state,
-                    filter.after_id.unwrap_or(0),
-                    limit,
-                    filter.run_status,
-                    substates
-                ],
-                entity_from_row,
-            )
-            .and_then(|rows| rows.collect())
-            .map_err(db_err)
-        })
-        .await
+        self.on_reader(move |c| read::entity_list(c, &filter).map_err(db_err)).await
     }
 
     async fn entity_count_by_state(&self, machine: &str) -> Result<Vec<(String, u64)>> {
@@ -491,6 +466,10 @@ impl Store for SqliteStore {
 
     async fn metrics_snapshot(&self, now: Millis) -> Result<MetricsSnapshot> {
         self.on_reader(move |c| in_read_transaction(c, |c| read_metrics(c, now))).await
+    }
+
+    async fn overview(&self, now: Millis, since: Millis) -> Result<crate::Overview> {
+        self.on_reader(move |c| in_read_transaction(c, |c| read::read_overview(c, now, since))).await
     }
 
     async fn task_list(&self, filter: TaskFilter) -> Result<Vec<AgentTask>> {

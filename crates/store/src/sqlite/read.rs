@@ -7,8 +7,8 @@ use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, Sta
 use super::db_err;
 use crate::{
     AgentTask, EntityCount, EntityRow, ErrorStats, EventRow, HistoryKind, HistoryRow, InboxItem, InboxKind,
-    MetricsSnapshot, Millis, OperationRow, OperationStats, Result, RunStatus, Stats, TimerRow, TransitionCount,
-    TransitionStats, percentile,
+    MetricsSnapshot, Millis, MinuteCount, OperationRow, OperationStats, Overview, Result, RunStatus, Stats, TimerRow,
+    TransitionCount, TransitionStats, percentile,
 };
 
 pub(crate) fn conversion(col: usize, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> rusqlite::Error {
@@ -236,10 +236,51 @@ pub(crate) fn read_stats(c: &Connection, since: Millis) -> rusqlite::Result<Stat
     Ok(Stats { operations, transitions, top_errors })
 }
 
+/// Entities per machine, state and run status, from the counts the commits keep.
+fn entity_counts(c: &Connection) -> rusqlite::Result<Vec<EntityCount>> {
+    c.prepare_cached(
+        "SELECT machine, state, run_status, n FROM entity_counts WHERE n > 0 ORDER BY machine, state, run_status",
+    )?
+    .query_map([], |r| {
+        let status = r.get_ref(2)?.as_str()?;
+        Ok(EntityCount {
+            machine: r.get(0)?,
+            state: r.get(1)?,
+            run_status: RunStatus::parse(status)
+                .ok_or_else(|| conversion(2, format!("unknown run status `{status}`")))?,
+            count: count(r.get(3)?),
+        })
+    })?
+    .collect()
+}
+
+/// Operations per outcome (`open`: not ended), from the counts the commits keep.
+fn operation_counts(c: &Connection) -> rusqlite::Result<Vec<(String, u64)>> {
+    c.prepare_cached("SELECT outcome, n FROM operation_counts WHERE n > 0 ORDER BY outcome")?
+        .query_map([], |r| Ok((r.get(0)?, count(r.get(1)?))))?
+        .collect()
+}
+
+/// Open agent tasks per queue and status.
+fn task_counts(c: &Connection) -> rusqlite::Result<Vec<(String, String, u64)>> {
+    c.prepare_cached(
+        "SELECT queue, status, COUNT(*) FROM agent_tasks WHERE status IN ('ready', 'leased')
+         GROUP BY queue, status ORDER BY queue, status",
+    )?
+    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, count(r.get(2)?))))?
+    .collect()
+}
+
+fn due_backlog(c: &Connection, now: Millis) -> rusqlite::Result<u64> {
+    c.prepare_cached("SELECT COUNT(*) FROM entities WHERE due_at <= ?1")?
+        .query_row([now], |r| r.get::<_, i64>(0))
+        .map(count)
+}
+
 /// The counters and gauges of [`Store::metrics_snapshot`](crate::Store::metrics_snapshot).
 pub(crate) fn read_metrics(c: &Connection, now: Millis) -> rusqlite::Result<MetricsSnapshot> {
-    let scalar = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> rusqlite::Result<u64> {
-        c.prepare_cached(sql)?.query_row(p, |r| r.get::<_, i64>(0)).map(count)
+    let scalar = |sql: &str| -> rusqlite::Result<u64> {
+        c.prepare_cached(sql)?.query_row([], |r| r.get::<_, i64>(0)).map(count)
     };
     let transitions = c
         .prepare_cached(
@@ -250,43 +291,59 @@ pub(crate) fn read_metrics(c: &Connection, now: Millis) -> rusqlite::Result<Metr
             Ok(TransitionCount { machine: r.get(0)?, from: r.get(1)?, to: r.get(2)?, count: count(r.get(3)?) })
         })?
         .collect::<rusqlite::Result<_>>()?;
-    let entities = c
+    let entities = entity_counts(c)?;
+    let parked = entities.iter().filter(|e| e.run_status == RunStatus::Failed).map(|e| e.count).sum();
+    Ok(MetricsSnapshot {
+        tasks: task_counts(c)?,
+        transitions,
+        events_rejected: scalar("SELECT COUNT(*) FROM events WHERE rejected = 1")?,
+        faults: scalar("SELECT COUNT(*) FROM errors")?,
+        parked,
+        entities,
+        due_backlog: due_backlog(c, now)?,
+        operations: operation_counts(c)?,
+    })
+}
+
+/// [`Store::overview`](crate::Store::overview): only maintained counts and indexes.
+pub(crate) fn read_overview(c: &Connection, now: Millis, since: Millis) -> rusqlite::Result<Overview> {
+    let minutes = c
         .prepare_cached(
-            "SELECT machine, state, run_status, COUNT(*) FROM entities
-             GROUP BY machine, state, run_status ORDER BY machine, state, run_status",
+            "SELECT minute, transitions, errors FROM minute_counts WHERE minute >= ?1 / 60000 ORDER BY minute",
         )?
-        .query_map([], |r| {
-            let status = r.get_ref(2)?.as_str()?;
-            Ok(EntityCount {
-                machine: r.get(0)?,
-                state: r.get(1)?,
-                run_status: RunStatus::parse(status)
-                    .ok_or_else(|| conversion(2, format!("unknown run status `{status}`")))?,
-                count: count(r.get(3)?),
+        .query_map([since], |r| {
+            Ok(MinuteCount {
+                minute: r.get::<_, i64>(0)? * 60_000,
+                transitions: count(r.get(1)?),
+                errors: count(r.get(2)?),
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
-    let operations = c
-        .prepare_cached(
-            "SELECT COALESCE(outcome, 'open'), COUNT(*) FROM operations GROUP BY COALESCE(outcome, 'open') ORDER BY 1",
-        )?
-        .query_map([], |r| Ok((r.get(0)?, count(r.get(1)?))))?
-        .collect::<rusqlite::Result<_>>()?;
-    let tasks = c
-        .prepare_cached(
-            "SELECT queue, status, COUNT(*) FROM agent_tasks WHERE status IN ('ready', 'leased')
-             GROUP BY queue, status ORDER BY queue, status",
-        )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, count(r.get(2)?))))?
-        .collect::<rusqlite::Result<_>>()?;
-    Ok(MetricsSnapshot {
-        tasks,
-        transitions,
-        events_rejected: scalar("SELECT COUNT(*) FROM events WHERE rejected = 1", &[])?,
-        faults: scalar("SELECT COUNT(*) FROM errors", &[])?,
-        parked: scalar("SELECT COUNT(*) FROM entities WHERE run_status = 'failed'", &[])?,
-        entities,
-        due_backlog: scalar("SELECT COUNT(*) FROM entities WHERE due_at <= ?1", &[&now])?,
-        operations,
+    Ok(Overview {
+        entities: entity_counts(c)?,
+        due_backlog: due_backlog(c, now)?,
+        operations: operation_counts(c)?,
+        tasks: task_counts(c)?,
+        minutes,
     })
+}
+
+/// A page of entities ([`Store::entity_list`](crate::Store::entity_list)), read through the
+/// index [`page_sql`](crate::page::page_sql) picks.
+pub(crate) fn entity_list(c: &Connection, f: &crate::EntityFilter) -> rusqlite::Result<Vec<EntityRow>> {
+    let present: Vec<(String, String)> = if f.key_prefix.is_some() || f.machine.is_some() || f.state.is_some() {
+        c.prepare_cached("SELECT machine, state FROM entity_counts WHERE n > 0 GROUP BY machine, state")?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    let Some((sql, params)) = crate::page::page_sql(f, &present, false) else {
+        return Ok(Vec::new());
+    };
+    let values = params.into_iter().map(|p| match p {
+        crate::page::Param::Text(t) => rusqlite::types::Value::Text(t),
+        crate::page::Param::Int(i) => rusqlite::types::Value::Integer(i),
+    });
+    c.prepare_cached(&sql)?.query_map(rusqlite::params_from_iter(values), entity_from_row)?.collect()
 }

@@ -12,6 +12,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../../migrations/sqlite/0003_operate.sql")),
     (4, include_str!("../../migrations/sqlite/0004_agents.sql")),
     (5, include_str!("../../migrations/sqlite/0005_outcomes.sql")),
+    (6, include_str!("../../migrations/sqlite/0006_fleet.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.

@@ -1,0 +1,139 @@
+//! The fleet at scale: the counts the commits keep ([`Store::overview`]) agree with the
+//! rows they count, whatever wrote them (creates, commits, faults, operator commands,
+//! upgrades), and every way a filtered page is read ([`EntityFilter`]) finds exactly the
+//! entities a scan would, page after page.
+
+use std::collections::BTreeMap;
+
+use settle_core::{EntityKey, MachineName};
+
+use super::telemetry::telemetry_fixture;
+use super::{T0, new_entity, write};
+use crate::{Command, EntityFilter, EntityRow, Op, Store};
+
+/// Every entity, by a plain scan of the whole table.
+async fn everything<S: Store>(store: &S) -> Vec<EntityRow> {
+    store.entity_list(EntityFilter::default()).await.unwrap()
+}
+
+/// Asserts that the overview's entity and operation counts equal those of the rows.
+async fn counts_agree<S: Store>(store: &S, now: i64) {
+    let o = store.overview(now, 0).await.unwrap();
+    let mut want: BTreeMap<(String, String, &str), u64> = BTreeMap::new();
+    for e in everything(store).await {
+        *want.entry((e.machine.to_string(), e.state.to_string(), e.run_status.as_str())).or_default() += 1;
+    }
+    let got: BTreeMap<_, _> =
+        o.entities.iter().map(|c| ((c.machine.clone(), c.state.clone(), c.run_status.as_str()), c.count)).collect();
+    assert_eq!(got, want, "entity counts");
+    let mut ops: BTreeMap<String, u64> = BTreeMap::new();
+    for op in store.operation_list(None, 10_000).await.unwrap() {
+        *ops.entry(op.outcome.clone().unwrap_or_else(|| "open".into())).or_default() += 1;
+    }
+    assert_eq!(o.operations.into_iter().collect::<BTreeMap<_, _>>(), ops, "operation counts");
+}
+
+/// The overview's counts follow creates, commits, faults, commands and upgrades; its
+/// minutes hold every transition and error.
+pub async fn overview_counts_follow_every_write<S: Store>(store: S) {
+    telemetry_fixture(&store).await;
+    counts_agree(&store, T0 + 1_000).await;
+    let o = store.overview(T0 + 1_000, 0).await.unwrap();
+    let m = store.metrics_snapshot(T0 + 1_000).await.unwrap();
+    let transitions: u64 = m.transitions.iter().map(|t| t.count).sum();
+    let minutes = (o.minutes.iter().map(|m| m.transitions).sum::<u64>(), o.minutes.iter().map(|m| m.errors).sum());
+    assert_eq!(minutes, (transitions, m.faults));
+    assert!(o.minutes.iter().all(|m| m.minute % 60_000 == 0 && m.minute <= T0 + 1_000), "{:?}", o.minutes);
+    assert_eq!(o.due_backlog, 1, "d is due at T0+960");
+    assert!(store.overview(T0 + 1_000, T0 + 3_600_000).await.unwrap().minutes.is_empty(), "nothing since then");
+    // Operator commands: kill one, resume another.
+    let command = |key: &str, command| Op::Command {
+        machine: MachineName::new("m"),
+        key: EntityKey::new(key),
+        command,
+        operation: None,
+    };
+    let r = write(&store, T0 + 2_000, vec![command("a", Command::Kill), command("b", Command::Resume)], false).await;
+    assert!(r.results.iter().all(|r| r.is_ok()), "{r:?}");
+    counts_agree(&store, T0 + 2_000).await;
+    // An upgrade moves entities between states.
+    let moved = store.machine_migrate("m", vec![("busy".into(), "working".into())], "h2", T0 + 3_000).await.unwrap();
+    assert_eq!(moved, 1);
+    counts_agree(&store, T0 + 3_000).await;
+}
+
+/// Every index path of a filtered page (state pairs, parents, run status, key prefix,
+/// plain scan) returns what filtering every row would, in its order, and paging through
+/// it with a cursor returns each entity once.
+pub async fn filtered_pages_match_a_scan<S: Store>(store: S) {
+    let mut ops = Vec::new();
+    for i in 0..24 {
+        let state = ["idle", "busy", "done"][i % 3];
+        let mut e = new_entity(&format!("{}-{i:02}", ["srv", "db", "srv-x"][i % 4 % 3]), state, None);
+        e.request_id = None;
+        if i % 5 == 0 {
+            e.machine = MachineName::new("n");
+        }
+        ops.push(Op::Create(e));
+    }
+    write(&store, T0, ops, false).await;
+    let pause = |key: String| Op::Command {
+        machine: MachineName::new("m"),
+        key: EntityKey::new(key),
+        command: Command::Pause,
+        operation: None,
+    };
+    let all = everything(&store).await;
+    let paused: Vec<_> =
+        all.iter().filter(|e| e.machine.as_str() == "m").step_by(4).map(|e| e.key.to_string()).collect();
+    write(&store, T0 + 1, paused.into_iter().map(pause).collect(), false).await;
+    let all = everything(&store).await;
+    assert_eq!(all.len(), 24);
+
+    let filters = [
+        EntityFilter { machine: Some("m".into()), ..Default::default() },
+        EntityFilter { state: Some("idle".into()), ..Default::default() },
+        EntityFilter { machine: Some("n".into()), state: Some("busy".into()), ..Default::default() },
+        // A parent: `busy` in every machine and `done` in m.
+        EntityFilter { state: Some("busy".into()), substates: vec![("m".into(), "done".into())], ..Default::default() },
+        EntityFilter { run_status: Some("paused".into()), ..Default::default() },
+        EntityFilter { run_status: Some("active".into()), machine: Some("m".into()), ..Default::default() },
+        EntityFilter { key_prefix: Some("srv-".into()), ..Default::default() },
+        EntityFilter { key_prefix: Some("srv-x".into()), machine: Some("m".into()), ..Default::default() },
+        EntityFilter { key_prefix: Some("d".into()), state: Some("idle".into()), ..Default::default() },
+        EntityFilter { key_prefix: Some("".into()), run_status: Some("paused".into()), ..Default::default() },
+        EntityFilter { machine: Some("nobody".into()), ..Default::default() },
+        EntityFilter { key_prefix: Some("zzz".into()), ..Default::default() },
+    ];
+    for f in filters {
+        let mut want: Vec<&EntityRow> = all
+            .iter()
+            .filter(|e| f.machine.as_ref().is_none_or(|m| e.machine.as_str() == m))
+            .filter(|e| {
+                f.state.as_ref().is_none_or(|s| {
+                    e.state.as_str() == s
+                        || f.substates.iter().any(|(m, ss)| e.machine.as_str() == m && e.state.as_str() == ss)
+                })
+            })
+            .filter(|e| f.run_status.as_ref().is_none_or(|s| e.run_status.as_str() == s))
+            .filter(|e| f.key_prefix.as_ref().is_none_or(|p| e.key.as_str().starts_with(p.as_str())))
+            .collect();
+        if f.key_prefix.is_some() {
+            want.sort_by(|a, b| (a.machine.as_str(), a.key.as_str()).cmp(&(b.machine.as_str(), b.key.as_str())));
+        }
+        let want: Vec<i64> = want.iter().map(|e| e.id).collect();
+        let whole: Vec<i64> = store.entity_list(f.clone()).await.unwrap().iter().map(|e| e.id).collect();
+        assert_eq!(whole, want, "{f:?}");
+        // Pages of two, each continuing after the previous one's last entity.
+        let mut paged = Vec::new();
+        let mut page = EntityFilter { limit: Some(2), ..f.clone() };
+        loop {
+            let rows = store.entity_list(page.clone()).await.unwrap();
+            paged.extend(rows.iter().map(|e| e.id));
+            let Some(last) = rows.last().filter(|_| rows.len() == 2) else { break };
+            page.after_id = Some(last.id);
+            page.after_key = Some((last.machine.to_string(), last.key.to_string()));
+        }
+        assert_eq!(paged, want, "paged {f:?}");
+    }
+}
