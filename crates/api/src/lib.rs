@@ -135,6 +135,81 @@ pub struct OperationList {
     pub items: Vec<Operation>,
 }
 
+/// `GET /v1/overview`: the fleet at a glance, read from counts the store keeps in every
+/// commit (its cost does not grow with the fleet).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Overview {
+    /// When it was read (ms).
+    pub now: i64,
+    /// Entities in all.
+    pub entities: u64,
+    /// Entities parked for an operator (run status `failed`) or backing off after faults
+    /// (`fault`).
+    pub parked: u64,
+    /// Entities whose due time has passed: work waiting to be claimed.
+    pub due_backlog: u64,
+    /// Entities per machine, state and run status (only those with entities).
+    pub counts: Vec<StateCount>,
+    /// Operations per outcome (`success`, `failed`, `canceled`, `hung`, `open`).
+    pub operations: Vec<OutcomeCount>,
+    /// Open agent tasks per queue and status (`ready`, `leased`).
+    pub tasks: Vec<TaskCount>,
+    /// Transitions and errors per minute over the window asked for, oldest first, one
+    /// entry per minute (zeros included).
+    pub minutes: Vec<MinuteRate>,
+}
+
+/// How many entities of a machine are in one state with one run status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StateCount {
+    /// The machine.
+    pub machine: String,
+    /// The (leaf) state.
+    pub state: String,
+    /// The state with its parents, outermost first (`active/running`).
+    pub path: String,
+    /// The run status.
+    pub run_status: String,
+    /// How many.
+    pub count: u64,
+}
+
+/// How many operations ended with one outcome (`open`: not ended).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OutcomeCount {
+    /// The outcome.
+    pub outcome: String,
+    /// How many.
+    pub count: u64,
+}
+
+/// Open agent tasks of one queue with one status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskCount {
+    /// The queue.
+    pub queue: String,
+    /// `ready` (waiting for an agent) or `leased`.
+    pub status: String,
+    /// How many.
+    pub count: u64,
+}
+
+/// Transitions and errors in one minute.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MinuteRate {
+    /// The minute's start (ms).
+    pub at: i64,
+    /// State entries in it.
+    pub transitions: u64,
+    /// Errors in it (faults of actions and commits).
+    pub errors: u64,
+}
+
 /// A served machine.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

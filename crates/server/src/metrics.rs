@@ -28,7 +28,7 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 
 /// The path of `state` in `machine`: its ancestors and itself, outermost first, joined by
 /// `/` (`active/running`); the state alone for a flat machine or an unknown one.
-fn state_path(machines: &[&Machine], machine: &str, state: &str) -> String {
+pub(crate) fn state_path(machines: &[&Machine], machine: &str, state: &str) -> String {
     match machines.iter().find(|m| m.name() == machine) {
         Some(m) if m.is_nested() && m.state(state).is_some() => {
             let mut path: Vec<&str> = m.path(state).map(|s| s.name.as_str()).collect();

@@ -51,6 +51,15 @@ pub struct EntityQuery {
     pub limit: Option<String>,
 }
 
+/// Query of `GET /v1/overview`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct OverviewQuery {
+    /// How far back the per-minute rates go: a duration from `1m` to `24h` (default `1h`).
+    pub window: Option<String>,
+}
+
 /// Query of `GET /v1/operations`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

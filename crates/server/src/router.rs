@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::{self, Access};
 use crate::problem::{Kind, Problem};
-use crate::routes::{entities, events, lifecycle, machines, operations, queues, system};
+use crate::routes::{entities, events, lifecycle, machines, operations, overview, queues, system};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -34,6 +34,7 @@ use crate::state::AppState;
         (name = "events", description = "raise events on entities"),
         (name = "lifecycle", description = "operator commands on an entity's run status"),
         (name = "operations", description = "what requests set in motion"),
+        (name = "overview", description = "the fleet at a glance"),
         (name = "agents", description = "agent queues: lease tasks, heartbeat, report (DESIGN §5)"),
     )
 )]
@@ -66,6 +67,7 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(events::write(), Access::Write))
         .merge(guard(lifecycle::write(), Access::Write))
         .merge(guard(operations::read(), Access::Read))
+        .merge(guard(overview::read(), Access::Read))
         .merge(guard(queues::agent(), Access::Agent))
 }
 

@@ -232,6 +232,34 @@ async fn create_get_list_and_history() {
 }
 
 #[tokio::test]
+async fn the_overview_counts_what_the_list_shows() {
+    let app = App::new(Tokens::open()).await;
+    for key in ["a", "b", "c"] {
+        app.post("/v1/machines/door/entities", json!({"key": key})).await;
+    }
+    let o = app.get("/v1/overview").await.json();
+    assert_eq!((o["entities"].as_u64(), o["parked"].as_u64()), (Some(3), Some(0)), "{o}");
+    assert_eq!(
+        o["counts"],
+        json!([{"machine": "door", "state": "closed", "path": "closed", "run_status": "active", "count": 3}])
+    );
+    let listed = app.get("/v1/entities?machine=door&state=closed").await.json();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 3);
+    // One entry per minute of the last hour; the three creations are in it.
+    let minutes = o["minutes"].as_array().unwrap();
+    assert_eq!(minutes.len(), 60);
+    assert_eq!(minutes.iter().map(|m| m["transitions"].as_u64().unwrap()).sum::<u64>(), 3);
+    assert!(minutes.windows(2).all(|w| w[1]["at"].as_i64().unwrap() - w[0]["at"].as_i64().unwrap() == 60_000));
+    assert_eq!(o["operations"], json!([{"outcome": "success", "count": 3}]));
+    assert_eq!(app.get("/v1/overview?window=10m").await.json()["minutes"].as_array().unwrap().len(), 10);
+    for bad in ["0s", "2d", "soon"] {
+        let p = app.get(&format!("/v1/overview?window={bad}")).await.problem(400, "bad-request");
+        assert_eq!(p["field"], "window", "{bad}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn raise_queued_then_operation_completes() {
     let app = App::new(Tokens::open()).await;
     app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
@@ -506,6 +534,7 @@ fn group_requests(group: &str) -> Vec<Req> {
             Req::new("GET", e),
             Req::new("GET", &format!("{e}/history")),
             Req::new("GET", "/v1/operations"),
+            Req::new("GET", "/v1/overview"),
         ],
         "write" => vec![
             Req::new("POST", "/v1/machines/door/entities").json(json!({"key": "new"})),

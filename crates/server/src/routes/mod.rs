@@ -7,6 +7,7 @@ pub mod events;
 pub mod lifecycle;
 pub mod machines;
 pub mod operations;
+pub mod overview;
 pub mod queues;
 pub mod system;
 
