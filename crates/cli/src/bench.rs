@@ -587,7 +587,7 @@ async fn stop(engine: Engine<AnyStore>, workers: Option<Workers>) {
     engine.shutdown().await;
 }
 
-fn round3(x: f64) -> f64 {
+pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 

@@ -12,6 +12,8 @@ use serde_json::json;
 use settle_core::{EntityKey, MachineName, StateName};
 use settle_store::{AnyStore, Batch, Command, EntityFilter, NewEntity, Op, Store};
 
+use crate::bench::round3;
+
 /// Options of `settle bench fleet`.
 #[derive(clap::Args, Debug)]
 pub struct FleetArgs {
@@ -108,7 +110,7 @@ pub async fn fleet(db: &str, args: FleetArgs) -> anyhow::Result<ExitCode> {
     }
     let total: u64 = store.overview(now, now).await?.entities.iter().map(|c| c.count).sum();
     results.insert("entities".into(), json!(total));
-    results.insert("seed_s".into(), json!((seed_s * 1000.0).round() / 1000.0));
+    results.insert("seed_s".into(), json!(round3(seed_s)));
     if args.json {
         println!("{}", serde_json::Value::Object(results));
     } else {
@@ -137,8 +139,7 @@ where
         times.push(t.elapsed());
     }
     times.sort();
-    let ms = times[times.len() / 2].as_secs_f64() * 1000.0;
-    Ok(((ms * 1000.0).round() / 1000.0, last.expect("repeat ≥ 1")))
+    Ok((round3(times[times.len() / 2].as_secs_f64() * 1000.0), last.expect("repeat ≥ 1")))
 }
 
 /// Writes entities `from..to` of `fleet` (keys `srv-0000000`…), then pauses 1 % of the

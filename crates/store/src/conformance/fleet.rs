@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use settle_core::{EntityKey, MachineName};
+use settle_core::MachineName;
 
 use super::telemetry::telemetry_fixture;
-use super::{T0, new_entity, write};
+use super::{T0, command, new_entity, write};
 use crate::{Command, EntityFilter, EntityRow, Op, Store};
 
 /// Every entity, by a plain scan of the whole table.
@@ -47,12 +47,6 @@ pub async fn overview_counts_follow_every_write<S: Store>(store: S) {
     assert_eq!(o.due_backlog, 1, "d is due at T0+960");
     assert!(store.overview(T0 + 1_000, T0 + 3_600_000).await.unwrap().minutes.is_empty(), "nothing since then");
     // Operator commands: kill one, resume another.
-    let command = |key: &str, command| Op::Command {
-        machine: MachineName::new("m"),
-        key: EntityKey::new(key),
-        command,
-        operation: None,
-    };
     let r = write(&store, T0 + 2_000, vec![command("a", Command::Kill), command("b", Command::Resume)], false).await;
     assert!(r.results.iter().all(|r| r.is_ok()), "{r:?}");
     counts_agree(&store, T0 + 2_000).await;
@@ -77,16 +71,10 @@ pub async fn filtered_pages_match_a_scan<S: Store>(store: S) {
         ops.push(Op::Create(e));
     }
     write(&store, T0, ops, false).await;
-    let pause = |key: String| Op::Command {
-        machine: MachineName::new("m"),
-        key: EntityKey::new(key),
-        command: Command::Pause,
-        operation: None,
-    };
     let all = everything(&store).await;
     let paused: Vec<_> =
         all.iter().filter(|e| e.machine.as_str() == "m").step_by(4).map(|e| e.key.to_string()).collect();
-    write(&store, T0 + 1, paused.into_iter().map(pause).collect(), false).await;
+    write(&store, T0 + 1, paused.iter().map(|k| command(k, Command::Pause)).collect(), false).await;
     let all = everything(&store).await;
     assert_eq!(all.len(), 24);
 

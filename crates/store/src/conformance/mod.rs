@@ -35,8 +35,8 @@ use serde_json::json;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
 
 use crate::{
-    AfterCommit, Applied, Batch, BatchResult, Claim, Commit, EntityRow, Fence, HistoryKind, InboxItem, InboxKind,
-    Millis, NewEntity, Op, Push, Store,
+    AfterCommit, Applied, Batch, BatchResult, Claim, Command, Commit, EntityRow, Fence, HistoryKind, InboxItem,
+    InboxKind, Millis, NewEntity, Op, Push, Store,
 };
 
 /// The SQL dialect details the suite needs from a backend.
@@ -87,6 +87,11 @@ fn push(key: &str, event: &str) -> Push {
         join_from: None,
         operation: None,
     }
+}
+
+/// Operator command `command` on entity `key` of machine `m`, outside any operation.
+fn command(key: &str, command: Command) -> Op {
+    Op::Command { machine: MachineName::new("m"), key: EntityKey::new(key), command, operation: None }
 }
 
 fn commit(entity: &EntityRow, to: Option<&str>, consume: Option<i64>, after: AfterCommit) -> Commit {

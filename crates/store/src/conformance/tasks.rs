@@ -1,9 +1,9 @@
 //! Agent tasks (DESIGN §5): offers, leases, heartbeats, reports and their refusals,
 //! cancellation on state entry and kill, and renamed states.
 
-use settle_core::{ActionName, EntityKey, MachineName, Properties, StateName};
+use settle_core::{ActionName, Properties, StateName};
 
-use super::{T0, commit, get, new_entity, push, write};
+use super::{T0, command, commit, get, new_entity, push, write};
 use crate::{
     AfterCommit, AgentReport, AgentTask, Applied, Command, InboxKind, Millis, Op, OpError, RunStatus, Store,
     TaskFilter, TaskOffer, TaskResult,
@@ -122,8 +122,7 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     let mut b = new_entity("b", "working", None);
     b.offer = Some(offer(T0));
     write(&store, T0, vec![Op::Create(b)], false).await;
-    let cmd =
-        |command| Op::Command { machine: MachineName::new("m"), key: EntityKey::new("b"), command, operation: None };
+    let cmd = |c| command("b", c);
     write(&store, T0 + 3_000, vec![cmd(Command::Pause)], false).await;
     assert!(lease(&store, T0 + 3_001, "p-").await.is_empty(), "a paused entity's task is not leased");
     let m = store.metrics_snapshot(T0 + 3_001).await.unwrap();

@@ -3,9 +3,9 @@
 //! ([`telemetry_fixture`]).
 
 use serde_json::json;
-use settle_core::{ActionName, EntityKey, MachineName, StateName};
+use settle_core::{ActionName, StateName};
 
-use super::{OWNER, T0, new_entity, push, write};
+use super::{OWNER, T0, command, new_entity, push, write};
 use crate::{
     AfterCommit, Applied, Command, Commit, EntityFilter, EntityRow, ErrorRecord, EventRecord, Fence, HistoryKind,
     InboxItem, Millis, NewEntity, Op, OpenOperation, Push, RunStatus, Stats, Store, Telemetry, TransitionRecord,
@@ -183,12 +183,7 @@ pub(super) async fn telemetry_fixture<S: Store>(store: &S) -> [i64; 4] {
     commit_all(store, [(T0 + 650, first.commit("idle")), (T0 + 700, err1.commit("busy")), (T0 + 800, park)]).await;
     // op-open queued on b at T0+850 stays open; b is paused.
     let open = raise("b", "go", "op-open", Some("m.go"));
-    let pause = Op::Command {
-        machine: MachineName::new("m"),
-        key: EntityKey::new("b"),
-        command: Command::Pause,
-        operation: None,
-    };
+    let pause = command("b", Command::Pause);
     let r = write(store, T0 + 850, vec![Op::Push(open), pause], false).await;
     assert!(r.results.iter().all(|r| r.is_ok()), "{r:?}");
     // a rejects `bad` at T0+901.
