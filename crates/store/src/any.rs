@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use crate::{
-    AgentTask, Batch, BatchResult, EntityFilter, EntityRow, EventRow, HistoryRow, InboxItem, MachineRecord,
-    MetricsSnapshot, Millis, OperationRow, Overview, PgStore, Result, SqliteStore, Stats, Store, SuccessorSnapshot,
-    TaskFilter, TimerRow,
+    AgentTask, Batch, BatchResult, EntityFilter, EntityRow, ErrorRow, EventRow, HistoryRow, InboxItem, MachineRecord,
+    MetricsSnapshot, Millis, OperationRow, OperationTrace, Overview, PgStore, Result, SqliteStore, Stats, Store,
+    SuccessorSnapshot, TaskFilter, TimerRow,
 };
 
 /// Either backend, chosen at run time from a database argument: a `postgres://` or
@@ -77,6 +77,9 @@ impl Store for AnyStore {
         fn timer_list(&self, entity_id: i64) -> Vec<TimerRow>;
         fn task_list(&self, filter: TaskFilter) -> Vec<AgentTask>;
         fn inbox_list(&self, entity_id: i64) -> Vec<InboxItem>;
+        fn predecessor_list(&self, entity_id: i64) -> Vec<EntityRow>;
+        fn error_list(&self, entity_id: i64, limit: u64) -> Vec<ErrorRow>;
+        fn operation_trace(&self, request_id: &str, limit: u64) -> OperationTrace;
         fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> ();
         fn machine_list(&self) -> Vec<MachineRecord>;
         fn meta_get(&self, key: &str) -> Option<String>;

@@ -16,6 +16,7 @@ pub mod clock;
 #[cfg(feature = "testing")]
 pub mod conformance;
 mod connections;
+mod detail;
 mod entity;
 mod history;
 mod inbox;
@@ -38,6 +39,7 @@ pub use any::{AnyStore, is_postgres_url};
 pub use batch::{AfterCommit, Applied, Batch, BatchResult, Claim, Claimed, Commit, Fence, Op, OpError, SqlStatement};
 pub use changes::{Changed, Changes};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use detail::{ErrorRow, OperationTrace};
 pub use entity::{Command, EntityFilter, EntityRow, NewEntity, RunStatus, SuccessorSnapshot};
 pub use history::{HistoryKind, HistoryRow};
 pub use inbox::{InboxItem, InboxKind, Push, PushRelated};
@@ -123,6 +125,14 @@ pub trait Store: Send + Sync + 'static {
     fn timer_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<TimerRow>>> + Send;
     /// The events waiting in an entity's inbox, in processing order.
     fn inbox_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<InboxItem>>> + Send;
+    /// The entities that have this entity as a successor, by id.
+    fn predecessor_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<EntityRow>>> + Send;
+    /// The entity's newest `limit` recorded errors, newest first.
+    fn error_list(&self, entity_id: i64, limit: u64) -> impl Future<Output = Result<Vec<ErrorRow>>> + Send;
+    /// What the operation of `request_id` touched: up to `limit` entities (its own first
+    /// among them, then those its events reached) and their history rows carrying the
+    /// request id. Empty when no such operation exists.
+    fn operation_trace(&self, request_id: &str, limit: u64) -> impl Future<Output = Result<OperationTrace>> + Send;
 
     /// Stores a machine definition version (idempotent per name and hash).
     fn machine_put(

@@ -28,7 +28,10 @@ pub use leases::{
 };
 pub use successors::{events_reach_related_entities, successors_and_change_notices};
 pub use tasks::agent_tasks_lease_and_report;
-pub use telemetry::{events_are_listed_per_entity, metrics_snapshot_and_run_status_filter, stats_summarise_telemetry};
+pub use telemetry::{
+    entity_errors_and_operation_traces, events_are_listed_per_entity, metrics_snapshot_and_run_status_filter,
+    stats_summarise_telemetry,
+};
 pub use timers::timers_fire_through_the_inbox;
 
 use serde_json::json;
@@ -148,6 +151,7 @@ macro_rules! store_conformance_suite {
                 auto_time_survives_events_and_release, successors_and_change_notices, events_reach_related_entities,
                 timers_fire_through_the_inbox,
                 preconditions_and_fired, listing_counts_and_metadata, events_are_listed_per_entity,
+                entity_errors_and_operation_traces,
                 stats_summarise_telemetry, agent_tasks_lease_and_report, metrics_snapshot_and_run_status_filter,
                 overview_counts_follow_every_write, filtered_pages_match_a_scan;
             store_and_dialect: effects_are_atomic

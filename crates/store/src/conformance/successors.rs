@@ -29,6 +29,11 @@ pub async fn successors_and_change_notices<S: Store>(store: S) {
     join.kind = InboxKind::Nested;
     write(&store, T0 + 2, vec![Op::Push(join)], false).await;
     assert_eq!(store.successor_snapshot(p.id).await.unwrap().successors.len(), 3);
+    // Each successor lists the parent as its predecessor; the parent has none.
+    let joined = get(&store, "joined").await;
+    let preds = store.predecessor_list(joined.id).await.unwrap();
+    assert_eq!(preds.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["parent"]);
+    assert!(store.predecessor_list(p.id).await.unwrap().is_empty());
     // c1 moves: the parent gets a notice and becomes due, atomically.
     let (c1, ev) = claim_with_event(&store, T0 + 3, "c1").await;
     let mut cm = commit(&c1, Some("ready"), Some(ev.id), AfterCommit::Release);

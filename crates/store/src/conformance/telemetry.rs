@@ -257,6 +257,31 @@ pub async fn events_are_listed_per_entity<S: Store>(store: S) {
     assert!(store.events_list(i64::MAX).await.unwrap().is_empty());
 }
 
+/// An entity's errors read newest first (and only its own); an operation's trace holds the
+/// entity it started on and each history row its request id caused, and nothing for an
+/// unknown request id.
+pub async fn entity_errors_and_operation_traces<S: Store>(store: S) {
+    let [a, b, c, _] = telemetry_fixture(&store).await;
+    let details = |rows: Vec<crate::ErrorRow>| rows.into_iter().map(|e| (e.details, e.at)).collect::<Vec<_>>();
+    assert_eq!(
+        details(store.error_list(c, 10).await.unwrap()),
+        [("rate limited".to_string(), T0 + 800), ("provider down".to_string(), T0 + 700)]
+    );
+    assert_eq!(details(store.error_list(c, 1).await.unwrap()).len(), 1, "the limit holds");
+    let boom = store.error_list(b, 10).await.unwrap();
+    assert_eq!((boom.len(), boom[0].request_id.as_deref()), (1, Some("op-boom")));
+    assert!(store.error_list(a, 10).await.unwrap().is_empty());
+    let go = store.operation_trace("op-go", 100).await.unwrap();
+    assert_eq!(go.entities.iter().map(|e| e.id).collect::<Vec<_>>(), [a]);
+    let steps: Vec<_> = go.transitions.iter().map(|h| (h.to.as_deref(), h.retry, h.entity_id)).collect();
+    assert_eq!(steps, [(Some("busy"), 0, a), (Some("busy"), 1, a), (Some("done"), 0, a)]);
+    assert!(!go.truncated);
+    let created = store.operation_trace("op-a", 100).await.unwrap();
+    assert_eq!(created.entities.iter().map(|e| e.id).collect::<Vec<_>>(), [a]);
+    assert_eq!(created.transitions.iter().map(|h| h.kind).collect::<Vec<_>>(), [crate::HistoryKind::Create]);
+    assert_eq!(store.operation_trace("no-such-request", 100).await.unwrap(), crate::OperationTrace::default());
+}
+
 /// Stats: per operation name (counts, success rate, nearest-rank duration percentiles),
 /// per machine transition (count, error rate, mean retries) and the most frequent errors,
 /// all time or since a moment.

@@ -306,6 +306,19 @@ impl Store for PgStore {
         self.on_reader(move |c| read::successor_snapshot(c, entity_id)).await
     }
 
+    async fn predecessor_list(&self, entity_id: i64) -> Result<Vec<EntityRow>> {
+        self.on_reader(move |c| read::predecessor_list(c, entity_id)).await
+    }
+
+    async fn error_list(&self, entity_id: i64, limit: u64) -> Result<Vec<crate::ErrorRow>> {
+        self.on_reader(move |c| read::error_list(c, entity_id, limit)).await
+    }
+
+    async fn operation_trace(&self, request_id: &str, limit: u64) -> Result<crate::OperationTrace> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| read::operation_trace(c, &request_id, limit)).await
+    }
+
     async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
         self.on_reader(move |c| read::timer_list(c, entity_id)).await
     }

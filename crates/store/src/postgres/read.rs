@@ -526,3 +526,78 @@ fn read_overview(c: &mut Conn, now: Millis, since: Millis) -> R<Overview> {
         minutes,
     })
 }
+
+/// The entities having `entity_id` as a successor, by id.
+pub(crate) fn predecessor_list(c: &mut Conn, entity_id: i64) -> R<Vec<EntityRow>> {
+    let cols = ENTITY_COLS.split(", ").map(|col| format!("e.{col}")).collect::<Vec<_>>().join(", ");
+    let rows = c.query(
+        &format!(
+            "SELECT {cols} FROM entities e JOIN successors s ON s.predecessor_id = e.id
+             WHERE s.successor_id = $1 ORDER BY e.id"
+        ),
+        &[&entity_id],
+    )?;
+    all(rows, entity_from_row)
+}
+
+/// The entity's newest `limit` errors, newest first (index `errors_entity`).
+pub(crate) fn error_list(c: &mut Conn, entity_id: i64, limit: u64) -> R<Vec<crate::ErrorRow>> {
+    let rows = c.query(
+        "SELECT id, request_id, at, kind, details FROM errors WHERE entity_id = $1 ORDER BY id DESC LIMIT $2",
+        &[&entity_id, &(limit as i64)],
+    )?;
+    all(rows, |r| {
+        Ok(crate::ErrorRow {
+            id: r.try_get(0)?,
+            request_id: r.try_get(1)?,
+            at: r.try_get(2)?,
+            kind: r.try_get(3)?,
+            details: r.try_get(4)?,
+        })
+    })
+}
+
+/// What the operation of `request_id` touched (see [`Store::operation_trace`](crate::Store::operation_trace)),
+/// in one repeatable-read snapshot.
+pub(crate) fn operation_trace(c: &mut Conn, request_id: &str, limit: u64) -> R<crate::OperationTrace> {
+    c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    let trace = (|| {
+        let Some(op) = c.opt("SELECT id FROM operations WHERE request_id = $1", &[&request_id])? else {
+            return Ok(crate::OperationTrace::default());
+        };
+        let op_id: i64 = op.try_get(0)?;
+        let own: Option<i64> = c
+            .opt(
+                "SELECT e.id FROM operations o JOIN entities e ON e.machine = o.machine AND e.key = o.entity_key
+                 WHERE o.id = $1",
+                &[&op_id],
+            )?
+            .map(|r| r.try_get(0))
+            .transpose()?;
+        let reached = c.query(
+            "SELECT DISTINCT entity_id FROM events WHERE operation_id = $1 ORDER BY entity_id LIMIT $2",
+            &[&op_id, &(limit as i64 + 1)],
+        )?;
+        let reached = all(reached, |r| Ok(r.try_get::<_, i64>(0)?))?;
+        let (ids, truncated) = crate::detail::trace_ids(own, reached, limit);
+        let rows = c.query(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ANY($1) ORDER BY id"), &[&ids])?;
+        let entities = all(rows, entity_from_row)?;
+        let rows = c.query(
+            "SELECT id, entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail
+             FROM history WHERE entity_id = ANY($1) AND request_id = $2 ORDER BY entity_id, id",
+            &[&ids, &request_id],
+        )?;
+        let transitions = all(rows, history_from_row)?;
+        Ok(crate::OperationTrace { entities, transitions, truncated })
+    })();
+    match trace {
+        Ok(t) => {
+            c.batch("COMMIT")?;
+            Ok(t)
+        }
+        Err(e) => {
+            let _ = c.batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}

@@ -273,6 +273,19 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn predecessor_list(&self, entity_id: i64) -> Result<Vec<EntityRow>> {
+        self.on_reader(move |c| predecessor_list(c, entity_id).map_err(db_err)).await
+    }
+
+    async fn error_list(&self, entity_id: i64, limit: u64) -> Result<Vec<crate::ErrorRow>> {
+        self.on_reader(move |c| error_list(c, entity_id, limit).map_err(db_err)).await
+    }
+
+    async fn operation_trace(&self, request_id: &str, limit: u64) -> Result<crate::OperationTrace> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| in_read_transaction(c, |c| operation_trace(c, &request_id, limit))).await
+    }
+
     async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
         self.on_reader(move |c| {
             let mut stmt = c

@@ -347,3 +347,63 @@ pub(crate) fn entity_list(c: &Connection, f: &crate::EntityFilter) -> rusqlite::
     });
     c.prepare_cached(&sql)?.query_map(rusqlite::params_from_iter(values), entity_from_row)?.collect()
 }
+
+/// The entities having `entity_id` as a successor, by id.
+pub(crate) fn predecessor_list(c: &Connection, entity_id: i64) -> rusqlite::Result<Vec<EntityRow>> {
+    let cols = crate::sql::ENTITY_COLS.split(", ").map(|col| format!("e.{col}")).collect::<Vec<_>>().join(", ");
+    c.prepare_cached(&format!(
+        "SELECT {cols} FROM entities e JOIN successors s ON s.predecessor_id = e.id
+         WHERE s.successor_id = ?1 ORDER BY e.id"
+    ))?
+    .query_map([entity_id], entity_from_row)?
+    .collect()
+}
+
+/// The entity's newest `limit` errors, newest first (index `errors_entity`).
+pub(crate) fn error_list(c: &Connection, entity_id: i64, limit: u64) -> rusqlite::Result<Vec<crate::ErrorRow>> {
+    c.prepare_cached(
+        "SELECT id, request_id, at, kind, details FROM errors WHERE entity_id = ?1 ORDER BY id DESC LIMIT ?2",
+    )?
+    .query_map(rusqlite::params![entity_id, limit as i64], |r| {
+        Ok(crate::ErrorRow { id: r.get(0)?, request_id: r.get(1)?, at: r.get(2)?, kind: r.get(3)?, details: r.get(4)? })
+    })?
+    .collect()
+}
+
+/// What the operation of `request_id` touched (see [`Store::operation_trace`](crate::Store::operation_trace)).
+pub(crate) fn operation_trace(c: &Connection, request_id: &str, limit: u64) -> rusqlite::Result<crate::OperationTrace> {
+    use rusqlite::OptionalExtension;
+    let Some(op_id) = c
+        .prepare_cached("SELECT id FROM operations WHERE request_id = ?1")?
+        .query_row([request_id], |r| r.get::<_, i64>(0))
+        .optional()?
+    else {
+        return Ok(crate::OperationTrace::default());
+    };
+    // Its own entity, then those its events reached (index `events_operation`).
+    let own: Option<i64> = c
+        .prepare_cached(
+            "SELECT e.id FROM operations o JOIN entities e ON e.machine = o.machine AND e.key = o.entity_key
+             WHERE o.id = ?1",
+        )?
+        .query_row([op_id], |r| r.get(0))
+        .optional()?;
+    let reached: Vec<i64> = c
+        .prepare_cached("SELECT DISTINCT entity_id FROM events WHERE operation_id = ?1 ORDER BY entity_id LIMIT ?2")?
+        .query_map(rusqlite::params![op_id, limit as i64 + 1], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let (ids, truncated) = crate::detail::trace_ids(own, reached, limit);
+    let mut trace = crate::OperationTrace { truncated, ..Default::default() };
+    let mut entity = c.prepare_cached(&format!("SELECT {} FROM entities WHERE id = ?1", crate::sql::ENTITY_COLS))?;
+    let mut history = c.prepare_cached(
+        "SELECT id, entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail
+         FROM history WHERE entity_id = ?1 AND request_id = ?2 ORDER BY id",
+    )?;
+    for id in ids {
+        trace.entities.extend(entity.query_row([id], entity_from_row).optional()?);
+        for row in history.query_map(rusqlite::params![id, request_id], history_from_row)? {
+            trace.transitions.push(row?);
+        }
+    }
+    Ok(trace)
+}

@@ -13,6 +13,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../../migrations/sqlite/0004_agents.sql")),
     (5, include_str!("../../migrations/sqlite/0005_outcomes.sql")),
     (6, include_str!("../../migrations/sqlite/0006_fleet.sql")),
+    (7, include_str!("../../migrations/sqlite/0007_detail.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.

@@ -1,0 +1,57 @@
+//! Reads behind one entity's or one operation's page: the entity's errors and
+//! predecessors, and what an operation touched. Each goes through an index (`errors_entity`,
+//! `successors`' keys, `events_operation`, `history_entity`), never a scan of a table that
+//! grows with the fleet.
+
+use crate::{EntityRow, HistoryRow, Millis};
+
+/// One recorded error of an entity (the `errors` table).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorRow {
+    /// Store id, increasing.
+    pub id: i64,
+    /// The request whose work failed, if any.
+    pub request_id: Option<String>,
+    /// When it happened.
+    pub at: Millis,
+    /// `action_error`, `panic`, `refused` or `commit_failed`.
+    pub kind: String,
+    /// What went wrong.
+    pub details: String,
+}
+
+/// What one operation touched: every entity its events reached (and the entity it was
+/// started on) and every history row its request id caused there.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OperationTrace {
+    /// The entities, by id.
+    pub entities: Vec<EntityRow>,
+    /// Their history rows caused by the operation, by entity then id.
+    pub transitions: Vec<HistoryRow>,
+    /// More entities were touched than the limit asked for.
+    pub truncated: bool,
+}
+
+/// The entity ids of a trace, by id: the operation's own entity (kept even past the
+/// limit) and up to `limit` of those its events reached (`reached` is sorted and holds at
+/// most `limit + 1`, so one more tells that some were left out).
+pub(crate) fn trace_ids(own: Option<i64>, mut reached: Vec<i64>, limit: u64) -> (Vec<i64>, bool) {
+    let truncated = reached.len() as u64 > limit;
+    reached.truncate(limit as usize);
+    reached.extend(own);
+    reached.sort_unstable();
+    reached.dedup();
+    (reached, truncated)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trace_ids;
+
+    #[test]
+    fn a_trace_keeps_the_own_entity_and_says_when_it_cut() {
+        assert_eq!(trace_ids(Some(5), vec![1, 5, 9], 10), (vec![1, 5, 9], false));
+        assert_eq!(trace_ids(Some(7), vec![1, 2, 3], 2), (vec![1, 2, 7], true));
+        assert_eq!(trace_ids(None, vec![], 2), (vec![], false));
+    }
+}
