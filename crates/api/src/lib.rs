@@ -476,9 +476,124 @@ pub struct Accepted {
     pub accepted: bool,
 }
 
+/// `GET /v1/session`: who the presented token is, so a client (the dashboard) can show
+/// what the caller may do.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Session {
+    /// `admin`, `operator` or `reader` (with no token configured: `admin`).
+    pub role: String,
+    /// The token's name, if it has one.
+    pub name: Option<String>,
+    /// Whether the role may create entities, raise events and send lifecycle commands.
+    pub can_write: bool,
+    /// The server runs without tokens (loopback only): anyone is an admin.
+    pub open: bool,
+}
+
+/// A timer of an entity, due to raise its event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Timer {
+    /// The timer's name.
+    pub name: String,
+    /// The event it raises.
+    pub event: String,
+    /// When it is next due (ms).
+    pub due_at: i64,
+    /// Its period (ms), for a periodic timer.
+    pub every_ms: Option<i64>,
+}
+
+/// An error recorded for an entity.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorEntry {
+    /// When it happened (ms).
+    pub at: i64,
+    /// `action_error`, `panic`, `refused` or `commit_failed`.
+    pub kind: String,
+    /// What went wrong.
+    pub details: String,
+    /// The request whose work failed, if any.
+    pub request_id: Option<String>,
+}
+
+/// `GET …/entities/{key}/related`: the entity's predecessors and successors, and how far
+/// each subscription valid in its state is from firing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Related {
+    /// Entities that have this one as a successor, by id.
+    pub predecessors: Vec<Entity>,
+    /// This entity's successors, by id.
+    pub successors: Vec<Entity>,
+    /// The subscriptions valid in the entity's state, evaluated over its successors now.
+    pub subscriptions: Vec<SubscriptionProgress>,
+}
+
+/// How far a subscription is from firing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SubscriptionProgress {
+    /// The subscription event.
+    pub event: String,
+    /// Its pattern, e.g. `all(replica) in [ready]`.
+    pub pattern: String,
+    /// Successors the pattern's filter selects.
+    pub selected: u64,
+    /// Of those, how many satisfy its condition.
+    pub satisfying: u64,
+    /// Whether the pattern holds now.
+    pub holds: bool,
+    /// Whether it already fired during the current state entry.
+    pub fired: bool,
+}
+
+/// One history row of an operation's trace, with the entity it belongs to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TraceEntry {
+    /// The entity's machine.
+    pub machine: String,
+    /// The entity's key.
+    pub key: String,
+    /// The history row.
+    #[serde(flatten)]
+    pub entry: HistoryEntry,
+}
+
+/// `GET /v1/operations/{id}/trace`: every entity and transition an operation touched.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OperationTrace {
+    /// The operation.
+    pub operation: Operation,
+    /// The entities it started on or its events reached, by id.
+    pub entities: Vec<Entity>,
+    /// The history rows its request id caused, by entity then time.
+    pub transitions: Vec<TraceEntry>,
+    /// More entities were touched than listed (the list stops at 1000).
+    pub truncated: bool,
+}
+
+/// A stored version of a machine's definition.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MachineVersion {
+    /// The definition's content hash.
+    pub hash: String,
+    /// When it was first stored (ms).
+    pub stored_at: i64,
+    /// Entities whose latest transition ran under it.
+    pub entities: u64,
+    /// Whether it is the version the server serves.
+    pub current: bool,
+}
+
 #[cfg(feature = "store")]
 mod from_store {
-    use settle_store::{EntityRow, HistoryRow, OperationRow};
+    use settle_store::{EntityRow, ErrorRow, HistoryRow, OperationRow, TimerRow};
 
     use super::*;
 
@@ -518,6 +633,18 @@ mod from_store {
                 at: h.at,
                 detail: h.detail.clone(),
             }
+        }
+    }
+
+    impl From<&TimerRow> for Timer {
+        fn from(t: &TimerRow) -> Self {
+            Timer { name: t.name.clone(), event: t.event.to_string(), due_at: t.due_at, every_ms: t.every_ms }
+        }
+    }
+
+    impl From<&ErrorRow> for ErrorEntry {
+        fn from(e: &ErrorRow) -> Self {
+            ErrorEntry { at: e.at, kind: e.kind.clone(), details: e.details.clone(), request_id: e.request_id.clone() }
         }
     }
 

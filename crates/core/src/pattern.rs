@@ -155,6 +155,17 @@ pub struct SuccessorView<'a> {
     pub health: Health,
 }
 
+/// How far a [`Pattern`] is from holding (see [`Pattern::progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Successors the filter selects.
+    pub selected: u64,
+    /// Of those, the ones satisfying the condition.
+    pub satisfying: u64,
+    /// Whether the pattern holds.
+    pub holds: bool,
+}
+
 impl Pattern {
     /// Parses a pattern (see the module documentation for the grammar). The error says
     /// what was expected where, e.g. "expected `(` after `all` at column 4" (columns count
@@ -212,6 +223,15 @@ impl Pattern {
             Quantifier::None => Vec::new(),
             Quantifier::Any | Quantifier::Count(..) => satisfying,
         })
+    }
+
+    /// How far the pattern is from holding over `successors`: how many its filter
+    /// selects, how many of those satisfy its condition, and whether it holds (as
+    /// [`Pattern::eval`] decides).
+    pub fn progress(&self, successors: &[SuccessorView<'_>]) -> Progress {
+        let selected: Vec<&SuccessorView<'_>> = successors.iter().filter(|s| self.filter.matches(s.machine)).collect();
+        let satisfying = selected.iter().filter(|s| self.condition.holds(s.state, s.ancestors, s.health)).count();
+        Progress { selected: selected.len() as u64, satisfying: satisfying as u64, holds: self.eval(successors).is_some() }
     }
 
     /// Problems that need no other machine to see: duplicate states in `in [...]`, and
@@ -484,6 +504,18 @@ mod tests {
         {
             assert_eq!(p(&format!("count(* health ok) {text} 3")).quantifier(), Quantifier::Count(cmp, 3));
         }
+    }
+
+    #[test]
+    fn progress_counts_selected_and_satisfying() {
+        let s = |machine, state| SuccessorView { machine, key: "k", state, ancestors: &[], health: Health::Ok };
+        let kids = [s("db", "ready"), s("db", "creating"), s("app", "ready")];
+        let progress = |text: &str| p(text).progress(&kids);
+        assert_eq!(progress("all(db) in [ready]"), Progress { selected: 2, satisfying: 1, holds: false });
+        assert_eq!(progress("all(*) in [ready, creating]"), Progress { selected: 3, satisfying: 3, holds: true });
+        assert_eq!(progress("count(db in [ready]) >= 1"), Progress { selected: 2, satisfying: 1, holds: true });
+        assert_eq!(progress("none(app) in [ready]"), Progress { selected: 1, satisfying: 1, holds: false });
+        assert_eq!(p("all(x) in [ready]").progress(&[]), Progress { selected: 0, satisfying: 0, holds: false });
     }
 
     #[test]

@@ -260,6 +260,72 @@ async fn the_overview_counts_what_the_list_shows() {
 }
 
 #[tokio::test]
+async fn the_entity_page_reads_and_an_operation_trace() {
+    let app = App::new(Tokens::open()).await;
+    let r = app
+        .call(
+            Req::new("POST", "/v1/machines/door/entities").header("Idempotency-Key", "mk-d").json(json!({"key": "d"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    let r = app
+        .call(
+            Req::new("POST", "/v1/machines/door/entities/d/events/open?wait=stable").header("Idempotency-Key", "op-1"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let e = "/v1/machines/door/entities/d";
+    let related = app.get(&format!("{e}/related")).await.json();
+    assert_eq!(related, json!({"predecessors": [], "successors": [], "subscriptions": []}));
+    assert_eq!(app.get(&format!("{e}/timers")).await.json(), json!([]));
+    assert_eq!(app.get(&format!("{e}/errors")).await.json(), json!([]));
+    for route in ["related", "timers", "errors"] {
+        app.get(&format!("/v1/machines/door/entities/nope/{route}")).await.problem(404, "unknown-entity");
+    }
+    // The create's trace: the entity and its creation; the raise's: the transition to open.
+    let t = app.get("/v1/operations/mk-d/trace").await.json();
+    assert_eq!(t["operation"]["request_id"], "mk-d");
+    assert_eq!(t["entities"].as_array().unwrap().len(), 1, "{t}");
+    assert_eq!(
+        (t["transitions"][0]["kind"].as_str(), t["transitions"][0]["key"].as_str()),
+        (Some("create"), Some("d"))
+    );
+    let t = app.get("/v1/operations/op-1/trace").await.json();
+    let rows = t["transitions"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{t}");
+    assert_eq!(
+        (rows[0]["to"].as_str(), rows[0]["machine"].as_str(), t["truncated"].as_bool()),
+        (Some("open"), Some("door"), Some(false))
+    );
+    app.get("/v1/operations/none-such/trace").await.problem(404, "unknown-operation");
+    let versions = app.get("/v1/machines/door/versions").await.json();
+    assert_eq!(versions.as_array().unwrap().len(), 1, "{versions}");
+    assert_eq!((versions[0]["current"].as_bool(), versions[0]["entities"].as_u64()), (Some(true), Some(1)));
+    let toml = app.get("/v1/machines/door/toml").await;
+    let (back, _) = settle_core::toml::load("door.toml", "door", &toml.text).unwrap();
+    assert_eq!(back.content_hash(), app.state.machine("door").unwrap().content_hash());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_session_says_who_signed_in() {
+    let app = App::new(Tokens::open()).await;
+    assert_eq!(
+        app.get("/v1/session").await.json(),
+        json!({"role": "admin", "name": null, "can_write": true, "open": true})
+    );
+    app.stop().await;
+    let app = App::new(Tokens::from_spec("reader=t-read;operator=t-op").unwrap()).await;
+    let who = |token: &str| Req::new("GET", "/v1/session").header("Authorization", &format!("Bearer {token}"));
+    let r = app.call(who("t-read")).await;
+    assert_eq!((r.json()["role"].as_str(), r.json()["can_write"].as_bool()), (Some("reader"), Some(false)));
+    let r = app.call(who("t-op")).await;
+    assert_eq!((r.json()["role"].as_str(), r.json()["can_write"].as_bool()), (Some("operator"), Some(true)));
+    assert_eq!(app.call(who("wrong")).await.status, StatusCode::UNAUTHORIZED);
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn raise_queued_then_operation_completes() {
     let app = App::new(Tokens::open()).await;
     app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
@@ -535,6 +601,12 @@ fn group_requests(group: &str) -> Vec<Req> {
             Req::new("GET", &format!("{e}/history")),
             Req::new("GET", "/v1/operations"),
             Req::new("GET", "/v1/overview"),
+            Req::new("GET", "/v1/session"),
+            Req::new("GET", &format!("{e}/related")),
+            Req::new("GET", &format!("{e}/timers")),
+            Req::new("GET", &format!("{e}/errors")),
+            Req::new("GET", "/v1/machines/door/versions"),
+            Req::new("GET", "/v1/machines/door/toml"),
         ],
         "write" => vec![
             Req::new("POST", "/v1/machines/door/entities").json(json!({"key": "new"})),

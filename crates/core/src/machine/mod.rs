@@ -11,6 +11,7 @@
 //! - `builder`: [`MachineBuilder`], a definition written in Rust;
 //! - `canonical`: [`Machine::canonical_json`] and [`Machine::content_hash`], the
 //!   definition's stored version;
+//! - `to_toml`: [`Machine::to_toml`], the definition written back as TOML;
 //! - `tree`: substates, and the queries that understand nesting ([`Machine::path`],
 //!   [`Machine::event_level`], [`Machine::transition_path`], …).
 //!
@@ -20,6 +21,7 @@ mod builder;
 mod canonical;
 pub(crate) mod def;
 mod model;
+mod to_toml;
 mod tree;
 
 pub use builder::MachineBuilder;

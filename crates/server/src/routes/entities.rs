@@ -11,14 +11,23 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
-use crate::model::{CreateEntity, Entity, EntityPage, EntityQuery, HistoryEntry, QueuedEvent};
+use crate::model::{
+    CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related,
+    SubscriptionProgress, Timer,
+};
 use crate::problem::{Kind, Problem, ProblemBody};
 use crate::routes::{check_key, entity_location, find_entity, live_entity, parse_limit, unknown_word};
 use crate::state::AppState;
 
 /// Read routes of entities.
 pub fn read() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list)).routes(routes!(get)).routes(routes!(history))
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(get))
+        .routes(routes!(history))
+        .routes(routes!(related))
+        .routes(routes!(timers))
+        .routes(routes!(errors))
 }
 
 /// Write routes of entities.
@@ -174,4 +183,105 @@ async fn history(
     let e = find_entity(&s, &machine, &key).await?;
     let rows = s.engine().store().history_list(e.id).await?;
     Ok(Json(rows.iter().map(HistoryEntry::from).collect()))
+}
+
+/// The entity's predecessors and successors, and how far each subscription valid in its
+/// state is from firing (its pattern evaluated over the successors now).
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{machine}/entities/{key}/related",
+    tag = "entities",
+    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    responses(
+        (status = 200, description = "predecessors, successors and subscription progress", body = Related),
+        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn related(
+    State(s): State<AppState>,
+    Path((machine, key)): Path<(String, String)>,
+) -> Result<Json<Related>, Problem> {
+    let e = find_entity(&s, &machine, &key).await?;
+    let store = s.engine().store();
+    let predecessors = store.predecessor_list(e.id).await?;
+    let successors = store.successor_snapshot(e.id).await?.successors;
+    let m = s.machine(&machine)?;
+    let served = |name: &str| s.machines().iter().find(|m| m.name() == name);
+    // Each successor's ancestors, so that `in [parent]` matches its substates.
+    let ancestors: Vec<Vec<&str>> = successors
+        .iter()
+        .map(|c| served(&c.machine).map(|m| m.path(&c.state).skip(1).map(|st| st.name.as_str()).collect()))
+        .map(Option::unwrap_or_default)
+        .collect();
+    let views: Vec<settle_core::pattern::SuccessorView<'_>> = successors
+        .iter()
+        .zip(&ancestors)
+        .map(|(c, ancestors)| settle_core::pattern::SuccessorView {
+            machine: &c.machine,
+            key: &c.key,
+            state: &c.state,
+            ancestors,
+            health: served(&c.machine).map(|m| m.health_of(&c.state)).unwrap_or_default(),
+        })
+        .collect();
+    let subscriptions = m
+        .subscriptions_in(&e.state)
+        .filter_map(|ev| ev.subscribe.as_ref().map(|sub| (ev, sub)))
+        .map(|(ev, sub)| {
+            let p = sub.pattern.progress(&views);
+            SubscriptionProgress {
+                event: ev.name.to_string(),
+                pattern: sub.pattern.to_string(),
+                selected: p.selected,
+                satisfying: p.satisfying,
+                holds: p.holds,
+                fired: e.fired.contains(&ev.name),
+            }
+        })
+        .collect();
+    Ok(Json(Related {
+        predecessors: predecessors.iter().map(Entity::from).collect(),
+        successors: successors.iter().map(Entity::from).collect(),
+        subscriptions,
+    }))
+}
+
+/// The entity's pending timers, by name.
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{machine}/entities/{key}/timers",
+    tag = "entities",
+    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    responses(
+        (status = 200, description = "pending timers, by name", body = Vec<Timer>),
+        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn timers(
+    State(s): State<AppState>,
+    Path((machine, key)): Path<(String, String)>,
+) -> Result<Json<Vec<Timer>>, Problem> {
+    let e = find_entity(&s, &machine, &key).await?;
+    let rows = s.engine().store().timer_list(e.id).await?;
+    Ok(Json(rows.iter().map(Timer::from).collect()))
+}
+
+/// The entity's newest recorded errors (at most 100), newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{machine}/entities/{key}/errors",
+    tag = "entities",
+    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    responses(
+        (status = 200, description = "errors, newest first", body = Vec<ErrorEntry>),
+        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn errors(
+    State(s): State<AppState>,
+    Path((machine, key)): Path<(String, String)>,
+) -> Result<Json<Vec<ErrorEntry>>, Problem> {
+    let e = find_entity(&s, &machine, &key).await?;
+    let rows = s.engine().store().error_list(e.id, 100).await?;
+    Ok(Json(rows.iter().map(ErrorEntry::from).collect()))
 }

@@ -9,13 +9,18 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::extract::{Path, Query};
-use crate::model::{GraphQuery, MachineList, MachineSummary};
+use crate::model::{GraphQuery, MachineList, MachineSummary, MachineVersion};
 use crate::problem::{Kind, Problem, ProblemBody};
 use crate::state::AppState;
 
 /// Read routes of machines.
 pub fn read() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list)).routes(routes!(definition)).routes(routes!(diagram))
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(definition))
+        .routes(routes!(diagram))
+        .routes(routes!(versions))
+        .routes(routes!(toml))
 }
 
 /// The machines this server serves.
@@ -82,4 +87,54 @@ async fn diagram(
         Some(f) => f.parse::<Format>().map_err(|e| Problem::new(Kind::BadRequest, e.to_string()).field("format"))?,
     };
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], graph::render(m, format)).into_response())
+}
+
+/// The stored versions of a machine's definition, oldest first, each with the entities
+/// whose latest transition ran under it (counted by reading the machine's entities: open
+/// it, do not poll it).
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{machine}/versions",
+    tag = "machines",
+    params(("machine" = String, Path, description = "machine name")),
+    responses(
+        (status = 200, description = "stored versions, oldest first", body = Vec<MachineVersion>),
+        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn versions(
+    State(s): State<AppState>,
+    Path(machine): Path<String>,
+) -> Result<Json<Vec<MachineVersion>>, Problem> {
+    let m = s.machine(&machine)?;
+    let current = m.content_hash();
+    let all = settle_store::Store::machine_versions(s.engine().store()).await?;
+    Ok(Json(
+        all.iter()
+            .filter(|(r, _)| r.name.as_str() == machine)
+            .map(|(r, n)| MachineVersion {
+                hash: r.hash.clone(),
+                stored_at: r.created_at,
+                entities: *n,
+                current: r.hash == current,
+            })
+            .collect(),
+    ))
+}
+
+/// A machine's definition as TOML, in the format `--machines` files are read in (it
+/// reads back to the same definition: the same hash).
+#[utoipa::path(
+    get,
+    path = "/v1/machines/{machine}/toml",
+    tag = "machines",
+    params(("machine" = String, Path, description = "machine name")),
+    responses(
+        (status = 200, description = "the definition as TOML", body = String, content_type = "application/toml"),
+        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn toml(State(s): State<AppState>, Path(machine): Path<String>) -> Result<Response, Problem> {
+    let m = s.machine(&machine)?;
+    Ok(([(header::CONTENT_TYPE, "application/toml; charset=utf-8")], m.to_toml()).into_response())
 }

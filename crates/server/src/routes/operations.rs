@@ -6,14 +6,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::extract::{Path, Query};
-use crate::model::{Operation, OperationList, OperationQuery};
+use crate::model::{Entity, HistoryEntry, Operation, OperationList, OperationQuery, OperationTrace, TraceEntry};
 use crate::problem::{Kind, Problem, ProblemBody};
 use crate::routes::{parse_limit, unknown_word};
 use crate::state::AppState;
 
 /// Read routes of operations.
 pub fn read() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list)).routes(routes!(get))
+    OpenApiRouter::new().routes(routes!(list)).routes(routes!(get)).routes(routes!(trace))
 }
 
 const OUTCOMES: [&str; 5] = ["success", "failed", "canceled", "hung", "open"];
@@ -56,4 +56,41 @@ async fn get(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<O
         Problem::new(Kind::UnknownOperation, format!("no operation with request id `{id}`")).with("request_id", id)
     })?;
     Ok(Json(Operation::from(&row)))
+}
+
+/// Entities listed in an operation's trace, at most.
+const TRACE_ENTITIES: u64 = 1000;
+
+/// Every entity and transition one operation touched: the entity it started on, those its
+/// events reached, and the history rows its request id caused there.
+#[utoipa::path(
+    get,
+    path = "/v1/operations/{id}/trace",
+    tag = "operations",
+    params(("id" = String, Path, description = "the operation's request id")),
+    responses(
+        (status = 200, description = "the operation with the entities and transitions it touched", body = OperationTrace),
+        (status = 404, description = "unknown operation", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+async fn trace(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<OperationTrace>, Problem> {
+    let row = s.engine().operation(&id).await?.ok_or_else(|| {
+        Problem::new(Kind::UnknownOperation, format!("no operation with request id `{id}`"))
+            .with("request_id", id.clone())
+    })?;
+    let t = settle_store::Store::operation_trace(s.engine().store(), &id, TRACE_ENTITIES).await?;
+    let transitions = t
+        .transitions
+        .iter()
+        .filter_map(|h| {
+            let e = t.entities.iter().find(|e| e.id == h.entity_id)?;
+            Some(TraceEntry { machine: e.machine.to_string(), key: e.key.to_string(), entry: HistoryEntry::from(h) })
+        })
+        .collect();
+    Ok(Json(OperationTrace {
+        operation: Operation::from(&row),
+        entities: t.entities.iter().map(Entity::from).collect(),
+        transitions,
+        truncated: t.truncated,
+    }))
 }

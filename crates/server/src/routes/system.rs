@@ -8,7 +8,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::OpenApiJson;
-use crate::model::Health;
+use crate::auth::{Access, Caller};
+use crate::model::{Health, Session};
 use crate::problem::Problem;
 use crate::state::AppState;
 
@@ -19,7 +20,7 @@ pub fn public() -> OpenApiRouter<AppState> {
 
 /// Read-only system routes.
 pub fn read() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(metrics)).routes(routes!(openapi))
+    OpenApiRouter::new().routes(routes!(metrics)).routes(routes!(openapi)).routes(routes!(session))
 }
 
 /// Whether the server is up.
@@ -60,4 +61,23 @@ async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
 )]
 async fn openapi(Extension(spec): Extension<OpenApiJson>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], spec.0.as_ref().clone()).into_response()
+}
+
+/// Who the presented token is: its role, its name, and whether it may change anything.
+/// The dashboard signs in with it; a bad token gets 401 here as everywhere.
+#[utoipa::path(
+    get,
+    path = "/v1/session",
+    tag = "system",
+    responses(
+        (status = 200, description = "the caller", body = Session),
+    )
+)]
+async fn session(State(s): State<AppState>, caller: Caller) -> Json<Session> {
+    Json(Session {
+        role: caller.role().as_str().to_string(),
+        name: caller.name().map(str::to_string),
+        can_write: caller.role().allows(Access::Write),
+        open: s.tokens().is_open(),
+    })
 }
