@@ -476,13 +476,18 @@ pub struct Accepted {
     pub accepted: bool,
 }
 
-/// `GET /v1/session`: who the presented token is, so a client (the dashboard) can show
-/// what the caller may do.
+/// `GET /v1/session`: whether the presented token is accepted and who it is, so a client
+/// (the dashboard) can sign in and show what the caller may do.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Session {
-    /// `admin`, `operator` or `reader` (with no token configured: `admin`).
-    pub role: String,
+    /// Whether the token (or, on a server without tokens, no token) is accepted for reads.
+    pub signed_in: bool,
+    /// Why not, when not signed in: no token, an unknown token, or a role that may not read.
+    pub reason: Option<String>,
+    /// `admin`, `operator` or `reader` (with no token configured: `admin`); null when not
+    /// signed in.
+    pub role: Option<String>,
     /// The token's name, if it has one.
     pub name: Option<String>,
     /// Whether the role may create entities, raise events and send lifecycle commands.

@@ -61,7 +61,7 @@ enum Command {
     Graph {
         /// Definition file.
         file: PathBuf,
-        /// mermaid or dot.
+        /// mermaid, dot or svg (laid out by Settle, no Graphviz needed).
         #[arg(long, default_value = "mermaid")]
         format: Format,
     },

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -36,16 +36,8 @@ impl Server {
         let db = dir.path().join("settle.db");
         let mut cmd = serve_command(&db, &machines, &["--listen", "127.0.0.1:0"]);
         cmd.args(extra).envs(env.iter().copied()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("start settle serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let Some(addr) = line.trim().strip_prefix("listening on http://") else {
-            let _ = child.kill();
-            let mut err = String::new();
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-            panic!("settle serve did not start: {line:?}\n{err}");
-        };
-        Server { addr: addr.to_string(), child, db, _dir: dir }
+        let (child, addr) = common::spawn_serve_command(&mut cmd);
+        Server { addr, child, db, _dir: dir }
     }
 
     fn call(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Resp {

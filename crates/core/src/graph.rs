@@ -9,6 +9,8 @@
 //! `timeout after 10m` for the timeout of a subscription valid there); an arrow to the end from terminal and deleted states (Mermaid) or
 //! a double circle (DOT). Unstable states are dashed and error-health states red.
 //!
+//! [`Format::Svg`] draws the same edges as an SVG image laid out by [`crate::svg`].
+//!
 //! ```
 //! use settle_core::graph::{self, Format};
 //! use settle_core::MachineBuilder;
@@ -39,14 +41,17 @@ pub enum Format {
     Mermaid,
     /// Graphviz DOT (`dot -Tsvg`).
     Dot,
+    /// An SVG image, laid out by [`crate::svg`] (no Graphviz needed).
+    Svg,
 }
 
 impl Format {
-    /// The name used on the command line: `mermaid` or `dot`.
+    /// The name used on the command line: `mermaid`, `dot` or `svg`.
     pub fn as_str(self) -> &'static str {
         match self {
             Format::Mermaid => "mermaid",
             Format::Dot => "dot",
+            Format::Svg => "svg",
         }
     }
 }
@@ -57,9 +62,9 @@ impl fmt::Display for Format {
     }
 }
 
-/// A diagram format name that is neither `mermaid` nor `dot`.
+/// A diagram format name that is none of `mermaid`, `dot` and `svg`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown diagram format `{0}` (expected `mermaid` or `dot`)")]
+#[error("unknown diagram format `{0}` (expected `mermaid`, `dot` or `svg`)")]
 pub struct UnknownFormat(pub String);
 
 impl FromStr for Format {
@@ -68,6 +73,7 @@ impl FromStr for Format {
         match s.to_ascii_lowercase().as_str() {
             "mermaid" => Ok(Format::Mermaid),
             "dot" => Ok(Format::Dot),
+            "svg" => Ok(Format::Svg),
             _ => Err(UnknownFormat(s.to_string())),
         }
     }
@@ -78,17 +84,20 @@ pub fn render(machine: &Machine, format: Format) -> String {
     match format {
         Format::Mermaid => mermaid(machine),
         Format::Dot => dot(machine),
+        Format::Svg => crate::svg::render(machine),
     }
 }
 
 /// An edge of the diagram: `from -> to`, from an auto action or an event.
-struct Edge<'m> {
-    from: &'m str,
-    to: &'m str,
-    label: Label<'m>,
+pub(crate) struct Edge<'m> {
+    pub(crate) from: &'m str,
+    pub(crate) to: &'m str,
+    pub(crate) label: Label<'m>,
 }
 
-enum Label<'m> {
+/// What an [`Edge`] is labelled with.
+pub(crate) enum Label<'m> {
+    /// The auto action.
     Auto(&'m str),
     /// The event, and what raises it on its own in the source state.
     Event(&'m str, Vec<String>),
@@ -96,7 +105,7 @@ enum Label<'m> {
 
 impl Label<'_> {
     /// The label text; `sep` follows `auto` (Mermaid labels cannot hold a colon).
-    fn text(&self, sep: &str) -> String {
+    pub(crate) fn text(&self, sep: &str) -> String {
         match self {
             Label::Auto(a) => format!("auto{sep} {a}"),
             Label::Event(e, notes) if notes.is_empty() => e.to_string(),
@@ -125,7 +134,7 @@ fn raised_by(machine: &Machine, state: &str, event: &Event) -> Vec<String> {
 
 /// Every edge, grouped by source state in declaration order: the auto action's targets
 /// first, then those of each event valid in the state.
-fn edges(machine: &Machine) -> Vec<Edge<'_>> {
+pub(crate) fn edges(machine: &Machine) -> Vec<Edge<'_>> {
     let mut out = Vec::new();
     for s in machine.states() {
         if let Some(action) = s.auto.as_ref().and_then(|a| machine.action(a)) {
@@ -366,7 +375,7 @@ fn dot_states(machine: &Machine, parent: Option<&str>, depth: usize, out: &mut S
 /// A state's entry and exit actions, and the internal transitions declared for it, as
 /// diagram notes (`entry / announce`, `touch / record_touch (internal)`; `sep` follows the
 /// keyword).
-fn notes(machine: &Machine, s: &State, sep: &str) -> Vec<String> {
+pub(crate) fn notes(machine: &Machine, s: &State, sep: &str) -> Vec<String> {
     let mut notes = Vec::new();
     for a in &s.on_entry {
         notes.push(format!("entry{sep} {a}"));
@@ -453,11 +462,13 @@ mod tests {
     fn formats_parse_and_display() {
         assert_eq!("mermaid".parse::<Format>(), Ok(Format::Mermaid));
         assert_eq!("DOT".parse::<Format>(), Ok(Format::Dot));
+        assert_eq!("Svg".parse::<Format>(), Ok(Format::Svg));
         assert_eq!(
-            "svg".parse::<Format>().unwrap_err().to_string(),
-            "unknown diagram format `svg` (expected `mermaid` or `dot`)"
+            "png".parse::<Format>().unwrap_err().to_string(),
+            "unknown diagram format `png` (expected `mermaid`, `dot` or `svg`)"
         );
         assert_eq!(Format::Dot.to_string(), "dot");
+        assert_eq!(Format::Svg.to_string(), "svg");
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! - [`step`]: the step function the runtime consults for each event and action outcome;
 //! - [`fault`]: fault policies, turning an entity's errors into backoff or parking;
 //! - [`upgrade`]: whether stored entities fit a new definition, and where they move;
-//! - [`graph`]: Mermaid and DOT diagrams.
+//! - [`graph`]: Mermaid and DOT diagrams;
+//! - [`svg`]: SVG diagrams, with a layered layout of their own (for the dashboard).
 //!
 //! This crate does no IO, reads no clock and spawns nothing: time and randomness come in
 //! as arguments, decisions come out as data. See `examples/machines/` for definitions.
@@ -19,7 +20,7 @@
 //! single-definition checks of [`validate`] build on the definition only; the validated
 //! [`Machine`] builds on them (a definition becomes a machine once validated); everything
 //! that needs a validated machine comes after it: [`validate::check_set`], [`step`],
-//! [`upgrade`], [`graph`] and [`toml::load`].
+//! [`upgrade`], [`graph`] (and [`svg`], which draws [`graph`]'s edges) and [`toml::load`].
 
 pub mod duration;
 pub mod fault;
@@ -29,6 +30,7 @@ pub mod machine;
 pub mod names;
 pub mod pattern;
 pub mod step;
+pub mod svg;
 pub mod toml;
 pub mod upgrade;
 pub mod validate;

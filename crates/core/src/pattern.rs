@@ -231,7 +231,11 @@ impl Pattern {
     pub fn progress(&self, successors: &[SuccessorView<'_>]) -> Progress {
         let selected: Vec<&SuccessorView<'_>> = successors.iter().filter(|s| self.filter.matches(s.machine)).collect();
         let satisfying = selected.iter().filter(|s| self.condition.holds(s.state, s.ancestors, s.health)).count();
-        Progress { selected: selected.len() as u64, satisfying: satisfying as u64, holds: self.eval(successors).is_some() }
+        Progress {
+            selected: selected.len() as u64,
+            satisfying: satisfying as u64,
+            holds: self.eval(successors).is_some(),
+        }
     }
 
     /// Problems that need no other machine to see: duplicate states in `in [...]`, and

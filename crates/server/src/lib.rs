@@ -7,7 +7,8 @@
 //! - [`auth`]: bearer tokens with roles (admin, operator, agent scoped to queues, reader);
 //! - [`problem`]: the one error type, served as `application/problem+json`;
 //! - [`extract`]: extractors whose rejections are problems too;
-//! - [`model`]: the JSON types of requests and responses.
+//! - [`model`]: the JSON types of requests and responses;
+//! - [`ui`]: the dashboard under `/ui/`, a client of the same API, compiled into the binary.
 //!
 //! Only this crate knows HTTP. It reads no files and no environment: the binary parses
 //! `--tokens` and `SETTLE_TOKENS` with [`auth::Tokens`] and hands everything in.
@@ -31,6 +32,7 @@ pub mod router;
 pub mod routes;
 pub mod state;
 pub mod time;
+pub mod ui;
 
 #[cfg(test)]
 mod testkit;

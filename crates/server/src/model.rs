@@ -89,6 +89,6 @@ pub struct RaiseQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct GraphQuery {
-    /// `mermaid` (default) or `dot`.
+    /// `mermaid` (default), `dot` or `svg`.
     pub format: Option<String>,
 }

@@ -76,12 +76,14 @@ pub fn openapi(state: &AppState) -> utoipa::openapi::OpenApi {
     api(state).into_openapi()
 }
 
-/// The service: [`api`] with the body limit, `/openapi.json`'s document, and problem+json
-/// for unknown routes (404) and methods (405).
+/// The service: [`api`] with the body limit, `/openapi.json`'s document, the dashboard's
+/// pages ([`crate::ui`], not API routes: outside the document), and problem+json for
+/// unknown routes (404) and methods (405).
 pub fn router(state: AppState) -> Router {
     let (router, spec) = api(&state).split_for_parts();
     let spec = OpenApiJson(Arc::new(spec.to_json().unwrap_or_default()));
     router
+        .merge(crate::ui::routes())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(Extension(spec))

@@ -173,7 +173,10 @@ async fn health_machines_definition_and_graph() {
     assert!(r.header("content-type").starts_with("text/plain"));
     let r = app.get("/v1/machines/door/graph?format=dot").await;
     assert!(r.text.starts_with("digraph"), "{}", r.text);
-    app.get("/v1/machines/door/graph?format=svg").await.problem(400, "bad-request");
+    let r = app.get("/v1/machines/door/graph?format=svg").await;
+    assert_eq!(r.header("content-type"), "image/svg+xml; charset=utf-8");
+    assert!(r.text.contains(r#"data-state="closed""#), "{}", r.text);
+    app.get("/v1/machines/door/graph?format=png").await.problem(400, "bad-request");
     app.get("/v1/machines/nope").await.problem(404, "unknown-machine");
     app.get("/v1/nothing/here").await.problem(404, "unknown-route");
     app.call(Req::new("DELETE", "/v1/machines")).await.problem(405, "method-not-allowed");
@@ -308,20 +311,63 @@ async fn the_entity_page_reads_and_an_operation_trace() {
 }
 
 #[tokio::test]
+async fn the_dashboard_is_served_from_the_binary() {
+    // Its pages need no token (they hold no data: the page asks the API with the token).
+    let app = App::new(Tokens::from_spec("reader=t-read").unwrap()).await;
+    for from in ["/", "/ui", "/dashboard"] {
+        let r = app.get(from).await;
+        assert_eq!((r.status, r.header("location")), (StatusCode::PERMANENT_REDIRECT, "/ui/"), "{from}");
+    }
+    for (path, ty, needle) in [
+        ("/ui/", "text/html; charset=utf-8", "<script src=\"/ui/app.js\""),
+        ("/ui/app.js", "text/javascript; charset=utf-8", "/v1/session"),
+        ("/ui/app.css", "text/css; charset=utf-8", ".diagram"),
+    ] {
+        let r = app.get(path).await;
+        assert_eq!((r.status, r.header("content-type")), (StatusCode::OK, ty), "{path}");
+        assert!(r.text.contains(needle), "{path}");
+        assert!(r.header("content-security-policy").contains("script-src 'self'"), "{path}");
+    }
+    // Not API routes: the document does not list them.
+    let doc = crate::openapi(&app.state);
+    assert!(
+        doc.paths
+            .paths
+            .keys()
+            .all(|p| p.starts_with("/v1/") || ["/healthz", "/metrics", "/openapi.json"].contains(&p.as_str()))
+    );
+    app.get("/ui/nothing.js").await.problem(404, "unknown-route");
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn the_session_says_who_signed_in() {
     let app = App::new(Tokens::open()).await;
     assert_eq!(
         app.get("/v1/session").await.json(),
-        json!({"role": "admin", "name": null, "can_write": true, "open": true})
+        json!({"signed_in": true, "reason": null, "role": "admin", "name": null, "can_write": true, "open": true})
     );
     app.stop().await;
-    let app = App::new(Tokens::from_spec("reader=t-read;operator=t-op").unwrap()).await;
+    let app = App::new(Tokens::from_spec("reader=t-read;operator=t-op;agent:q=t-agent").unwrap()).await;
     let who = |token: &str| Req::new("GET", "/v1/session").header("Authorization", &format!("Bearer {token}"));
-    let r = app.call(who("t-read")).await;
-    assert_eq!((r.json()["role"].as_str(), r.json()["can_write"].as_bool()), (Some("reader"), Some(false)));
-    let r = app.call(who("t-op")).await;
-    assert_eq!((r.json()["role"].as_str(), r.json()["can_write"].as_bool()), (Some("operator"), Some(true)));
-    assert_eq!(app.call(who("wrong")).await.status, StatusCode::UNAUTHORIZED);
+    let r = app.call(who("t-read")).await.json();
+    assert_eq!((r["role"].as_str(), r["can_write"].as_bool()), (Some("reader"), Some(false)));
+    let r = app.call(who("t-op")).await.json();
+    assert_eq!((r["role"].as_str(), r["can_write"].as_bool()), (Some("operator"), Some(true)));
+    // Not accepted: said with 200 and the reason, never a 401.
+    for (req, reason) in [
+        (who("wrong"), "unknown bearer token"),
+        (Req::new("GET", "/v1/session"), "this route needs `Authorization: Bearer <token>`"),
+        (who("t-agent"), "role agent may not use this route"),
+    ] {
+        let r = app.call(req).await;
+        assert_eq!(r.status, StatusCode::OK);
+        let v = r.json();
+        assert_eq!(
+            (v["signed_in"].as_bool(), v["reason"].as_str(), v["role"].as_str()),
+            (Some(false), Some(reason), None)
+        );
+    }
     app.stop().await;
 }
 
@@ -601,7 +647,6 @@ fn group_requests(group: &str) -> Vec<Req> {
             Req::new("GET", &format!("{e}/history")),
             Req::new("GET", "/v1/operations"),
             Req::new("GET", "/v1/overview"),
-            Req::new("GET", "/v1/session"),
             Req::new("GET", &format!("{e}/related")),
             Req::new("GET", &format!("{e}/timers")),
             Req::new("GET", &format!("{e}/errors")),

@@ -9,6 +9,8 @@ use std::process::{Command, Output};
 #[path = "../../../server/src/testkit.rs"]
 pub mod testkit;
 
+pub mod browser;
+
 /// Runs `settle --db DB ARGS...` to completion, with logging quiet.
 pub fn settle(db: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_settle"))
@@ -283,4 +285,22 @@ pub fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, s
     let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
     (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
+}
+
+/// Spawns `cmd` (a `settle serve` on `--listen 127.0.0.1:0`, stdout and stderr piped) and
+/// returns it with the address it printed; a server that did not start fails the test
+/// with its standard error.
+pub fn spawn_serve_command(cmd: &mut std::process::Command) -> (std::process::Child, String) {
+    use std::io::{BufRead, Read};
+    let mut child = cmd.spawn().expect("start settle serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let Some(addr) = line.trim().strip_prefix("listening on http://") else {
+        let _ = child.kill();
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        panic!("settle serve did not start: {line:?}\n{err}");
+    };
+    let addr = addr.to_string();
+    (child, addr)
 }

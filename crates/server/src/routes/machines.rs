@@ -64,14 +64,16 @@ async fn definition(State(s): State<AppState>, Path(machine): Path<String>) -> R
         .into_response())
 }
 
-/// A machine's diagram: Mermaid `stateDiagram-v2` or Graphviz DOT.
+/// A machine's diagram: Mermaid `stateDiagram-v2`, Graphviz DOT, or SVG laid out by the
+/// server (each state a `g.state[data-state]`, each edge a `g.edge[data-from][data-to]`,
+/// so a page can light the current state and the path taken).
 #[utoipa::path(
     get,
     path = "/v1/machines/{machine}/graph",
     tag = "machines",
     params(("machine" = String, Path, description = "machine name"), GraphQuery),
     responses(
-        (status = 200, description = "the diagram", body = String, content_type = "text/plain"),
+        (status = 200, description = "the diagram (text/plain; SVG as image/svg+xml)", body = String, content_type = "text/plain"),
         (status = 400, description = "unknown format", body = ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
     )
@@ -86,7 +88,11 @@ async fn diagram(
         None => Format::Mermaid,
         Some(f) => f.parse::<Format>().map_err(|e| Problem::new(Kind::BadRequest, e.to_string()).field("format"))?,
     };
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], graph::render(m, format)).into_response())
+    let content_type = match format {
+        Format::Svg => "image/svg+xml; charset=utf-8",
+        _ => "text/plain; charset=utf-8",
+    };
+    Ok(([(header::CONTENT_TYPE, content_type)], graph::render(m, format)).into_response())
 }
 
 /// The stored versions of a machine's definition, oldest first, each with the entities

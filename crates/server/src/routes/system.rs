@@ -8,19 +8,21 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::OpenApiJson;
-use crate::auth::{Access, Caller};
+use axum::http::HeaderMap;
+
+use crate::auth::Access;
 use crate::model::{Health, Session};
 use crate::problem::Problem;
 use crate::state::AppState;
 
 /// Routes needing no token.
 pub fn public() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(healthz))
+    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(session))
 }
 
 /// Read-only system routes.
 pub fn read() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(metrics)).routes(routes!(openapi)).routes(routes!(session))
+    OpenApiRouter::new().routes(routes!(metrics)).routes(routes!(openapi))
 }
 
 /// Whether the server is up.
@@ -63,21 +65,35 @@ async fn openapi(Extension(spec): Extension<OpenApiJson>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], spec.0.as_ref().clone()).into_response()
 }
 
-/// Who the presented token is: its role, its name, and whether it may change anything.
-/// The dashboard signs in with it; a bad token gets 401 here as everywhere.
+/// Whether the presented token is accepted for reads, and who it is: its role, its name,
+/// and whether it may change anything. It never answers 401 (that is its answer:
+/// `signed_in` false with the reason), so a sign-in page can ask it without an error.
 #[utoipa::path(
     get,
     path = "/v1/session",
     tag = "system",
     responses(
-        (status = 200, description = "the caller", body = Session),
+        (status = 200, description = "the caller, or why the token is not accepted", body = Session),
     )
 )]
-async fn session(State(s): State<AppState>, caller: Caller) -> Json<Session> {
-    Json(Session {
-        role: caller.role().as_str().to_string(),
-        name: caller.name().map(str::to_string),
-        can_write: caller.role().allows(Access::Write),
-        open: s.tokens().is_open(),
+async fn session(State(s): State<AppState>, headers: HeaderMap) -> Json<Session> {
+    let tokens = s.tokens();
+    Json(match tokens.authenticate(&headers, Access::Read) {
+        Ok(caller) => Session {
+            signed_in: true,
+            reason: None,
+            role: Some(caller.role().as_str().to_string()),
+            name: caller.name().map(str::to_string),
+            can_write: caller.role().allows(Access::Write),
+            open: tokens.is_open(),
+        },
+        Err(p) => Session {
+            signed_in: false,
+            reason: Some(p.detail().to_string()),
+            role: None,
+            name: None,
+            can_write: false,
+            open: false,
+        },
     })
 }

@@ -1,0 +1,627 @@
+// Settle dashboard: a client of the public HTTP API (/v1/…), nothing private.
+// Pages by hash route (#/overview, #/entities?…, #/entity/M/K, #/parked, #/operations,
+// #/operation/ID, #/machines, #/machine/M). Each page renders its frame once and
+// refreshes its data every 1.5 s. The bearer token lives in sessionStorage only.
+"use strict";
+
+const REFRESH_MS = 1500;
+const TOKEN_KEY = "settle.token";
+const $ = (sel, root = document) => root.querySelector(sel);
+
+// ---- text and time -------------------------------------------------------------
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+function enc(v) { return encodeURIComponent(v); }
+function pad(n, w = 2) { return String(n).padStart(w, "0"); }
+function fmtTime(ms) {
+  if (ms == null) return "–";
+  const d = new Date(ms);
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+}
+function ago(ms, now = Date.now()) {
+  if (ms == null) return "–";
+  let s = Math.round((now - ms) / 1000);
+  const future = s < 0; s = Math.abs(s);
+  const t = s < 60 ? `${s}s` : s < 3600 ? `${Math.floor(s / 60)}m` : s < 86400 ? `${Math.floor(s / 3600)}h` : `${Math.floor(s / 86400)}d`;
+  return future ? `in ${t}` : `${t} ago`;
+}
+function statusCell(st) { return `<span class="status-${esc(st)}">${esc(st)}</span>`; }
+function entityHref(machine, key) { return `#/entity/${enc(machine)}/${enc(key)}`; }
+function entityLink(e) { return `<a href="${entityHref(e.machine, e.key)}" class="wrap">${esc(e.key)}</a>`; }
+function opLink(id) { return id ? `<a href="#/operation/${enc(id)}" class="mono wrap">${esc(id)}</a>` : "–"; }
+function requestId() {
+  const b = new Uint8Array(8);
+  crypto.getRandomValues(b);
+  return "ui-" + Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+// ---- the API -------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super(problem?.detail || problem?.title || `HTTP ${status}`);
+    this.status = status;
+    this.problem = problem;
+  }
+}
+
+async function api(path, { method = "GET", body, headers = {}, text = false } = {}) {
+  const h = { Accept: text ? "*/*" : "application/json", ...headers };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) h.Authorization = `Bearer ${token}`;
+  if (body !== undefined) h["Content-Type"] = "application/json";
+  const r = await fetch(path, { method, headers: h, body: body === undefined ? undefined : JSON.stringify(body) });
+  if (!r.ok) {
+    let problem = null;
+    try { problem = await r.json(); } catch (_) { /* not JSON */ }
+    if (r.status === 401 && app.session) signOut(`Signed out: ${problem?.detail || "the server no longer accepts this token"}`);
+    throw new ApiError(r.status, problem);
+  }
+  return text ? r.text() : r.json();
+}
+
+// ---- session -------------------------------------------------------------------
+
+const app = { session: null, page: null, timer: null, busy: false, machines: null, svg: new Map() };
+
+async function boot() {
+  $("#signin-form").addEventListener("submit", (ev) => { ev.preventDefault(); signIn(); });
+  $("#signout").addEventListener("click", () => signOut(""));
+  $("#confirm-cancel").addEventListener("click", () => $("#confirm").close("cancel"));
+  $("#confirm-ok").addEventListener("click", () => $("#confirm").close("ok"));
+  window.addEventListener("hashchange", route);
+  await start();
+}
+
+async function start() {
+  let session;
+  try {
+    session = await api("/v1/session");
+  } catch (e) {
+    showSignIn(explain(e));
+    return;
+  }
+  if (!session.signed_in) {
+    app.session = null;
+    const presented = sessionStorage.getItem(TOKEN_KEY);
+    sessionStorage.removeItem(TOKEN_KEY);
+    showSignIn(presented ? `The server does not accept this token: ${session.reason}. Check it and try again.` : "");
+    return;
+  }
+  app.session = session;
+  $("#signin").hidden = true;
+  $("#main").hidden = false;
+  $("#nav").hidden = false;
+  $("#who").hidden = false;
+  $("#role").textContent = session.name ? `${session.name} · ${session.role}` : session.role;
+  $("#signout").hidden = session.open;
+  if (!location.hash || location.hash === "#" || location.hash === "#/") location.hash = "#/overview";
+  else route();
+}
+
+function explain(e) {
+  if (e instanceof ApiError) {
+    if (e.status === 401) return `The server does not accept this token (401: ${e.message}). Check it and try again.`;
+    if (e.status === 403) return `This token may not read the API (403: ${e.message}). The dashboard needs a reader, operator or admin token.`;
+    return `The server answered ${e.status}: ${e.message}`;
+  }
+  return `Cannot reach the server: ${e.message}`;
+}
+
+function showSignIn(message) {
+  stopTimer();
+  $("#main").hidden = true;
+  $("#nav").hidden = true;
+  $("#who").hidden = true;
+  $("#signin").hidden = false;
+  $("#signin-error").textContent = message || "";
+  $("#token").focus();
+}
+
+async function signIn() {
+  const token = $("#token").value.trim();
+  if (!token) return;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  $("#token").value = "";
+  await start();
+}
+
+function signOut(message) {
+  sessionStorage.removeItem(TOKEN_KEY);
+  app.session = null;
+  showSignIn(message);
+}
+
+function canWrite() { return !!app.session?.can_write; }
+
+// ---- routing and refresh -------------------------------------------------------
+
+const PAGES = { overview, entities, entity, parked, operations, operation, machines, machine };
+
+function parseHash() {
+  const raw = location.hash.replace(/^#\/?/, "");
+  const [path, query = ""] = raw.split("?");
+  const parts = path.split("/").map(decodeURIComponent);
+  return { name: parts[0] || "overview", args: parts.slice(1), query: new URLSearchParams(query) };
+}
+
+function route() {
+  if (!app.session) return;
+  const r = parseHash();
+  const make = PAGES[r.name];
+  for (const a of document.querySelectorAll("#nav a")) {
+    const current = a.dataset.page === r.name || (r.name === "entity" && a.dataset.page === "entities")
+      || (r.name === "operation" && a.dataset.page === "operations") || (r.name === "machine" && a.dataset.page === "machines");
+    if (current) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  stopTimer();
+  const main = $("#main");
+  if (!make) { main.innerHTML = `<h1>Not found</h1><p>No page <code>${esc(r.name)}</code>. <a href="#/overview">Overview</a></p>`; return; }
+  main.innerHTML = "";
+  app.page = make(main, r);
+  document.title = `Settle · ${app.page.title || r.name}`;
+  tick();
+  app.timer = setInterval(tick, REFRESH_MS);
+}
+
+function stopTimer() { if (app.timer) clearInterval(app.timer); app.timer = null; }
+
+async function tick() {
+  const page = app.page;
+  if (!page || app.busy || document.hidden || $("#confirm").open) return;
+  app.busy = true;
+  try {
+    await page.refresh();
+    $("#live").classList.remove("stale");
+    $("#live").textContent = "live";
+  } catch (e) {
+    $("#live").classList.add("stale");
+    $("#live").textContent = "offline";
+    if (page.error) page.error(e);
+  } finally {
+    app.busy = false;
+  }
+}
+
+function flash(html) {
+  const f = $("#flash");
+  f.innerHTML = html;
+  clearTimeout(flash.t);
+  flash.t = setTimeout(() => { f.innerHTML = ""; }, 8000);
+}
+
+async function servedMachines() {
+  if (!app.machines) app.machines = (await api("/v1/machines")).items;
+  return app.machines;
+}
+
+// ---- confirmation and commands ---------------------------------------------------
+
+function confirmAction(title, text, extraHtml = "") {
+  const d = $("#confirm");
+  $("#confirm-title").textContent = title;
+  $("#confirm-text").textContent = text;
+  $("#confirm-extra").innerHTML = extraHtml;
+  d.returnValue = "";
+  d.showModal();
+  (extraHtml ? $("#confirm-extra input, #confirm-extra select, #confirm-extra textarea") : $("#confirm-ok"))?.focus();
+  return new Promise((resolve) => {
+    d.addEventListener("close", () => resolve(d.returnValue === "ok"), { once: true });
+  });
+}
+
+const COMMANDS = {
+  pause: "Pause: the entity stops taking work until resumed.",
+  resume: "Resume: the entity runs again (a parked entity retries its state).",
+  kill: "Kill: the entity stops for good. This cannot be undone.",
+  retry: "Retry: the entity re-runs its current state's action now.",
+  release: "Release: the engine holding its lease lets go (use when that engine is gone).",
+  sleep: "Sleep: the entity waits until the given time, then runs again.",
+};
+
+async function command(e, cmd, done) {
+  let body;
+  let extra = "";
+  if (cmd === "sleep") extra = `<label for="sleep-until">Until (+duration or RFC 3339 UTC)</label><input id="sleep-until" value="+10m">`;
+  const ok = await confirmAction(`${cmd[0].toUpperCase()}${cmd.slice(1)} ${e.machine}/${e.key}?`, COMMANDS[cmd], extra);
+  if (!ok) return;
+  if (cmd === "sleep") body = { until: $("#sleep-until").value.trim() };
+  const id = requestId();
+  try {
+    const r = await api(`/v1/machines/${enc(e.machine)}/entities/${enc(e.key)}/${cmd}`, { method: "POST", body, headers: { "Idempotency-Key": id } });
+    flash(`${esc(cmd)} ${esc(e.key)}: now <strong>${esc(r.run_status)}</strong> · operation ${opLink(id)}`);
+  } catch (err) {
+    flash(`<span>${esc(cmd)} ${esc(e.key)} failed: ${esc(err.message)}</span>`);
+  }
+  if (done) await done();
+}
+
+function commandButtons(e, which) {
+  if (!canWrite()) return "";
+  return which.map((c) => `<button type="button" class="${c === "kill" ? "danger" : "secondary"}" data-cmd="${c}" data-machine="${esc(e.machine)}" data-key="${esc(e.key)}">${c[0].toUpperCase()}${c.slice(1)}</button>`).join(" ");
+}
+
+function wireCommands(root, done) {
+  root.addEventListener("click", (ev) => {
+    const b = ev.target.closest("button[data-cmd]");
+    if (!b) return;
+    command({ machine: b.dataset.machine, key: b.dataset.key }, b.dataset.cmd, done);
+  });
+}
+
+// ---- overview --------------------------------------------------------------------
+
+function overview(main) {
+  main.innerHTML = `<h1>Overview</h1>
+    <div class="cards" id="cards"></div>
+    <h2>Transitions and errors per minute, last hour</h2>
+    <div class="panel chart" id="chart"></div>
+    <div class="grid2">
+      <div><h2>Entities by machine, state and run status</h2><div class="scroll" id="counts"></div></div>
+      <div><h2>Operations by outcome</h2><div id="ops"></div><h2>Open agent tasks</h2><div id="tasks"></div></div>
+    </div>`;
+  return {
+    title: "Overview",
+    async refresh() {
+      const o = await api("/v1/overview?window=1h");
+      const last = o.minutes.slice(-2, -1)[0] || { transitions: 0, errors: 0 };
+      const hour = o.minutes.reduce((a, m) => ({ t: a.t + m.transitions, e: a.e + m.errors }), { t: 0, e: 0 });
+      const rate = hour.t ? (100 * hour.e / hour.t).toFixed(1) : "0.0";
+      $("#cards").innerHTML = [
+        ["entities", o.entities, "Entities", ""],
+        ["parked", o.parked, "Parked (failed or fault)", o.parked ? "bad" : ""],
+        ["due", o.due_backlog, "Due backlog", ""],
+        ["tps", (last.transitions / 60).toFixed(1), "Transitions/s (last full minute)", ""],
+        ["errors", `${rate}%`, "Error rate, last hour", hour.e ? "bad" : ""],
+      ].map(([id, n, l, cls]) => `<div class="card ${cls}" data-card="${id}"><div class="n">${esc(n)}</div><div class="l">${esc(l)}</div></div>`).join("");
+      $("#chart").innerHTML = chart(o.minutes);
+      $("#counts").innerHTML = `<table id="counts-table"><thead><tr><th>Machine</th><th>State</th><th>Run status</th><th class="num">Entities</th></tr></thead><tbody>${
+        o.counts.length ? o.counts.map((c) => `<tr data-machine="${esc(c.machine)}" data-state="${esc(c.state)}" data-status="${esc(c.run_status)}">
+          <td>${esc(c.machine)}</td><td><a href="#/entities?machine=${enc(c.machine)}&state=${enc(c.state)}&status=${enc(c.run_status)}">${esc(c.path)}</a></td>
+          <td>${statusCell(c.run_status)}</td><td class="num">${c.count}</td></tr>`).join("")
+          : `<tr class="empty"><td colspan="4">no entities yet</td></tr>`}</tbody></table>`;
+      $("#ops").innerHTML = `<table><thead><tr><th>Outcome</th><th class="num">Operations</th></tr></thead><tbody>${
+        o.operations.length ? o.operations.map((c) => `<tr><td><a href="#/operations?outcome=${enc(c.outcome)}" class="outcome-${esc(c.outcome)}">${esc(c.outcome)}</a></td><td class="num">${c.count}</td></tr>`).join("")
+          : `<tr class="empty"><td colspan="2">none</td></tr>`}</tbody></table>`;
+      $("#tasks").innerHTML = `<table><thead><tr><th>Queue</th><th>Status</th><th class="num">Tasks</th></tr></thead><tbody>${
+        o.tasks.length ? o.tasks.map((t) => `<tr><td>${esc(t.queue)}</td><td>${esc(t.status)}</td><td class="num">${t.count}</td></tr>`).join("")
+          : `<tr class="empty"><td colspan="3">none</td></tr>`}</tbody></table>`;
+    },
+  };
+}
+
+function chart(minutes) {
+  const w = 1200, h = 160, pad = 24;
+  const max = Math.max(1, ...minutes.map((m) => m.transitions));
+  const bw = (w - pad) / Math.max(1, minutes.length);
+  const bars = minutes.map((m, i) => {
+    const x = pad + i * bw;
+    const th = (h - 30) * m.transitions / max;
+    const eh = (h - 30) * m.errors / max;
+    const label = `${fmtTime(m.at).slice(11, 16)}: ${m.transitions} transitions, ${m.errors} errors`;
+    return `<g><title>${esc(label)}</title><rect class="bar" x="${x.toFixed(1)}" y="${(h - 16 - th).toFixed(1)}" width="${Math.max(1, bw - 2).toFixed(1)}" height="${th.toFixed(1)}"></rect>${
+      m.errors ? `<rect class="err" x="${x.toFixed(1)}" y="${(h - 16 - eh).toFixed(1)}" width="${Math.max(1, bw - 2).toFixed(1)}" height="${eh.toFixed(1)}"></rect>` : ""}</g>`;
+  }).join("");
+  const first = minutes[0], lastM = minutes[minutes.length - 1];
+  return `<svg viewBox="0 0 ${w} ${h}" preserveAspectRatio="none" role="img" aria-label="transitions per minute over the last hour, peak ${max}">
+    <line class="axis" x1="${pad}" y1="${h - 16}" x2="${w}" y2="${h - 16}"></line>
+    <text x="0" y="12">${max}</text><text x="0" y="${h - 18}">0</text>
+    ${first ? `<text x="${pad}" y="${h - 2}">${esc(fmtTime(first.at).slice(11, 16))}</text>` : ""}
+    ${lastM ? `<text x="${w - 34}" y="${h - 2}">${esc(fmtTime(lastM.at).slice(11, 16))}</text>` : ""}
+    ${bars}</svg>`;
+}
+
+// ---- entities ----------------------------------------------------------------------
+
+function entityRows(items, { withErrors = null, commands = [] } = {}) {
+  if (!items.length) return `<tr class="empty"><td colspan="8">no entities match</td></tr>`;
+  return items.map((e) => `<tr data-key="${esc(e.key)}" data-machine="${esc(e.machine)}">
+    <td>${entityLink(e)}</td><td>${esc(e.machine)}</td><td>${esc(e.state)}</td><td>${statusCell(e.run_status)}</td>
+    <td class="num">${e.version}</td><td title="${esc(fmtTime(e.entered_at))}">${esc(ago(e.entered_at))}</td>
+    ${withErrors ? `<td class="wrap">${esc(withErrors(e) ?? "")}</td>` : ""}
+    ${commands.length ? `<td class="actions">${commandButtons(e, commands)}</td>` : ""}</tr>`).join("");
+}
+
+function entities(main, r) {
+  const q = r.query;
+  main.innerHTML = `<h1>Entities</h1>
+    <form class="filters" id="filters">
+      <div><label for="f-machine">Machine</label><select id="f-machine" name="machine"><option value="">any</option></select></div>
+      <div><label for="f-state">State</label><select id="f-state" name="state"><option value="">any</option></select></div>
+      <div><label for="f-status">Run status</label><select id="f-status" name="status"><option value="">any</option>
+        ${["active", "paused", "sleeping", "fault", "failed", "killed"].map((s) => `<option>${s}</option>`).join("")}</select></div>
+      <div><label for="f-prefix">Key prefix</label><input id="f-prefix" name="prefix" size="18"></div>
+      <div><button type="submit">Filter</button></div>
+    </form>
+    <div class="scroll"><table id="entities-table"><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th></tr></thead><tbody id="rows"></tbody></table></div>
+    <div class="pager"><button type="button" class="secondary" id="first">First page</button><button type="button" class="secondary" id="next">Next page</button></div>`;
+  const form = $("#filters");
+  const fill = async () => {
+    const ms = await servedMachines();
+    $("#f-machine").innerHTML = `<option value="">any</option>` + ms.map((m) => `<option>${esc(m.name)}</option>`).join("");
+    $("#f-machine").value = q.get("machine") || "";
+    const states = new Set();
+    for (const m of ms) if (!q.get("machine") || m.name === q.get("machine")) {
+      const def = await machineDef(m.name);
+      for (const s of def.states) states.add(s.name);
+    }
+    $("#f-state").innerHTML = `<option value="">any</option>` + [...states].map((s) => `<option>${esc(s)}</option>`).join("");
+    $("#f-state").value = q.get("state") || "";
+  };
+  $("#f-status").value = q.get("status") || "";
+  $("#f-prefix").value = q.get("prefix") || "";
+  fill().catch(() => {});
+  $("#f-machine").addEventListener("change", () => { q.set("machine", $("#f-machine").value); q.delete("state"); fill().catch(() => {}); });
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const p = new URLSearchParams();
+    for (const [k, v] of new FormData(form)) if (v) p.set(k, v);
+    location.hash = `#/entities?${p}`;
+  });
+  let next = null;
+  $("#first").addEventListener("click", () => { const p = new URLSearchParams(q); p.delete("after"); location.hash = `#/entities?${p}`; });
+  $("#next").addEventListener("click", () => { if (!next) return; const p = new URLSearchParams(q); p.set("after", next); location.hash = `#/entities?${p}`; });
+  return {
+    title: "Entities",
+    async refresh() {
+      const p = new URLSearchParams();
+      for (const k of ["machine", "state", "status", "prefix", "after"]) if (q.get(k)) p.set(k, q.get(k));
+      p.set("limit", "50");
+      const page = await api(`/v1/entities?${p}`);
+      next = page.next;
+      $("#rows").innerHTML = entityRows(page.items);
+      $("#next").disabled = !next;
+      $("#first").disabled = !q.get("after");
+    },
+  };
+}
+
+const defs = new Map();
+async function machineDef(name) {
+  if (!defs.has(name)) defs.set(name, await api(`/v1/machines/${enc(name)}`));
+  return defs.get(name);
+}
+
+// ---- one entity ----------------------------------------------------------------------
+
+function entity(main, r) {
+  const [machineName, key] = r.args;
+  const base = `/v1/machines/${enc(machineName)}/entities/${enc(key)}`;
+  main.innerHTML = `<h1><span class="sub">${esc(machineName)} /</span> <span class="wrap">${esc(key)}</span></h1>
+    <div id="head"></div>
+    <div class="actions" id="commands"></div>
+    <div class="grid2">
+      <div>
+        <h2>State diagram</h2><div class="diagram" id="diagram" aria-live="off"></div>
+        <h2>Properties</h2><div class="panel" id="props"></div>
+        ${canWrite() ? `<h2>Raise an event</h2><form class="panel" id="raise">
+          <label for="raise-event">Event</label><select id="raise-event" name="event"></select>
+          <label for="raise-params">Parameters (JSON object)</label><textarea id="raise-params" name="params">{}</textarea>
+          <div class="actions"><button type="submit">Raise…</button></div></form>` : ""}
+      </div>
+      <div>
+        <h2>Queued events</h2><div id="inbox"></div>
+        <h2>Timers</h2><div id="timers"></div>
+        <h2>Related entities</h2><div id="related"></div>
+      </div>
+    </div>
+    <h2>Timeline</h2><div class="scroll" id="timeline"></div>`;
+  let latest = null;
+  wireCommands($("#commands"), () => tick());
+  let permitted = null;
+  if (canWrite()) {
+    $("#raise").addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const event = $("#raise-event").value;
+      let params;
+      try {
+        params = JSON.parse($("#raise-params").value || "{}");
+        if (params === null || typeof params !== "object" || Array.isArray(params)) throw new Error("not an object");
+      } catch (e) { flash(`Parameters must be a JSON object (${esc(e.message)})`); return; }
+      if (!event) return;
+      if (!(await confirmAction(`Raise ${event} on ${machineName}/${key}?`, `Parameters: ${JSON.stringify(params)}`))) return;
+      const id = requestId();
+      try {
+        await api(`${base}/events/${enc(event)}`, { method: "POST", body: params, headers: { "Idempotency-Key": id } });
+        flash(`Raised ${esc(event)} · operation ${opLink(id)}`);
+      } catch (e) { flash(`Raise ${esc(event)} failed: ${esc(e.message)}`); }
+      tick();
+    });
+  }
+  return {
+    title: `${machineName}/${key}`,
+    error(e) { if (e instanceof ApiError && (e.status === 404 || e.status === 410)) $("#head").innerHTML = `<p class="error">${esc(e.message)}</p>`; },
+    async refresh() {
+      const [e, history, errors, timers, related] = await Promise.all([
+        api(base).catch((err) => { if (err.status === 410) return null; throw err; }),
+        api(`${base}/history`), api(`${base}/errors`), api(`${base}/timers`), api(`${base}/related`),
+      ]);
+      const state = e ? e.state : history.filter((h) => h.to).slice(-1)[0]?.to;
+      $("#head").innerHTML = e ? `<dl class="props" id="summary">
+          <dt>State</dt><dd data-field="state"><strong>${esc(e.state)}</strong></dd>
+          <dt>Run status</dt><dd data-field="run_status">${statusCell(e.run_status)}${e.sleep_until ? ` until ${esc(fmtTime(e.sleep_until))}` : ""}</dd>
+          <dt>Version</dt><dd>${e.version} (retry ${e.retry})</dd>
+          <dt>Entered</dt><dd>${esc(fmtTime(e.entered_at))} (${esc(ago(e.entered_at))})</dd>
+          <dt>Due</dt><dd>${e.due_at ? esc(fmtTime(e.due_at)) : "dormant"}</dd>
+          <dt>Lease</dt><dd>${e.lease_owner ? `${esc(e.lease_owner)} until ${esc(fmtTime(e.lease_until))}` : "none"}</dd>
+          <dt>Recent errors</dt><dd>${e.recent_errors ?? 0}</dd></dl>`
+        : `<p class="error">This entity was deleted; its history stays readable.</p>`;
+      if (e && JSON.stringify([e.run_status, e.state]) !== latest) {
+        latest = JSON.stringify([e.run_status, e.state]);
+        $("#commands").innerHTML = commandButtons(e, ["pause", "resume", "retry", "release", "sleep", "kill"]);
+      }
+      if (e && canWrite()) {
+        const list = (e.permitted_events || []).join(",");
+        if (list !== permitted) {
+          permitted = list;
+          $("#raise-event").innerHTML = (e.permitted_events || []).map((n) => `<option>${esc(n)}</option>`).join("") || `<option value="">(none permitted now)</option>`;
+        }
+      }
+      $("#props").innerHTML = e ? `<pre class="mono wrap" id="properties">${esc(JSON.stringify(e.properties, null, 2))}</pre>` : "–";
+      $("#inbox").innerHTML = simpleTable(["Event", "Parameters"], (e?.inbox || []).map((i) => [esc(i.event), `<code class="wrap">${esc(JSON.stringify(i.params))}</code>`]), "no events queued");
+      $("#timers").innerHTML = simpleTable(["Timer", "Event", "Due", "Every"], timers.map((t) => [esc(t.name), esc(t.event), `${esc(fmtTime(t.due_at))} (${esc(ago(t.due_at))})`, t.every_ms ? `${t.every_ms / 1000}s` : "once"]), "no pending timers");
+      const rel = (label, list) => list.length ? `<p>${label}: ${list.slice(0, 50).map((x) => `<a href="${entityHref(x.machine, x.key)}">${esc(x.machine)}/${esc(x.key)}</a> <span class="sub">(${esc(x.state)})</span>`).join(", ")}${list.length > 50 ? ` … and ${list.length - 50} more` : ""}</p>` : "";
+      $("#related").innerHTML = (rel("Predecessors", related.predecessors) + rel("Successors", related.successors) +
+        (related.subscriptions.length ? simpleTable(["Subscription", "Pattern", "Progress", "Holds"], related.subscriptions.map((s) => [esc(s.event), `<code>${esc(s.pattern)}</code>`, `${s.satisfying} of ${s.selected}`, s.fired ? "fired" : s.holds ? "yes" : "not yet"]), "") : "")) || `<p class="sub">none</p>`;
+      await drawDiagram($("#diagram"), machineName, state, history);
+      $("#timeline").innerHTML = timeline(history, errors);
+    },
+  };
+}
+
+function simpleTable(heads, rows, empty) {
+  return `<table><thead><tr>${heads.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody>${
+    rows.length ? rows.map((r) => `<tr>${r.map((c) => `<td>${c}</td>`).join("")}</tr>`).join("") : `<tr class="empty"><td colspan="${heads.length}">${esc(empty)}</td></tr>`}</tbody></table>`;
+}
+
+function timeline(history, errors) {
+  const rows = history.map((h) => ({ at: h.at, kind: h.kind, what: h.to ? `${h.from ?? "∅"} → ${h.to}` : h.from ?? "", cause: h.event ? `event ${h.event}` : h.action ? `action ${h.action}` : "", rid: h.request_id, detail: h.detail }))
+    .concat(errors.map((e) => ({ at: e.at, kind: `error: ${e.kind}`, what: "", cause: "", rid: e.request_id, detail: e.details, error: true })));
+  rows.sort((a, b) => b.at - a.at);
+  return `<table id="timeline-table"><thead><tr><th>Time</th><th>Kind</th><th>Transition</th><th>Cause</th><th>Request</th><th>Detail</th></tr></thead><tbody>${
+    rows.length ? rows.map((r) => `<tr class="${r.error ? "error" : ""}" data-kind="${esc(r.kind)}"><td class="mono">${esc(fmtTime(r.at))}</td><td>${esc(r.kind)}</td><td>${esc(r.what)}</td><td>${esc(r.cause)}</td><td>${opLink(r.rid)}</td><td class="wrap">${esc(r.detail ?? "")}</td></tr>`).join("")
+      : `<tr class="empty"><td colspan="6">nothing yet</td></tr>`}</tbody></table>`;
+}
+
+async function diagramSvg(name) {
+  if (!app.svg.has(name)) app.svg.set(name, await api(`/v1/machines/${enc(name)}/graph?format=svg`, { text: true }));
+  return app.svg.get(name);
+}
+
+// Lights the current state (and the composite states holding it) and marks the states
+// and edges the entity's history went through.
+async function drawDiagram(box, machineName, state, history) {
+  if (!box.dataset.machine) {
+    box.innerHTML = await diagramSvg(machineName);
+    box.dataset.machine = machineName;
+  }
+  const svg = box.querySelector("svg");
+  if (!svg) return;
+  const css = (s) => (window.CSS && CSS.escape ? CSS.escape(s) : s.replace(/["\\]/g, "\\$&"));
+  svg.querySelectorAll(".lit, .visited").forEach((n) => n.classList.remove("lit", "visited"));
+  for (const h of history) {
+    if (h.to) svg.querySelector(`.state[data-state="${css(h.to)}"]`)?.classList.add("visited");
+    if (h.from && h.to) svg.querySelectorAll(`.edge[data-from="${css(h.from)}"][data-to="${css(h.to)}"]`).forEach((n) => n.classList.add("visited"));
+  }
+  let s = state ? svg.querySelector(`.state[data-state="${css(state)}"]`) : null;
+  while (s) {
+    s.classList.add("lit");
+    const parent = s.getAttribute("data-parent");
+    s = parent ? svg.querySelector(`.state[data-state="${css(parent)}"]`) : null;
+  }
+}
+
+// ---- parked ----------------------------------------------------------------------------
+
+function parked(main) {
+  main.innerHTML = `<h1>Parked</h1><p class="sub">Entities an operator must look at: <code>failed</code> (parked after their fault policy gave up) and <code>fault</code> (backing off after errors).</p>
+    <div class="scroll"><table id="parked-table"><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th><th>Last error</th>${canWrite() ? "<th>Actions</th>" : ""}</tr></thead><tbody id="rows"></tbody></table></div>`;
+  const lastError = new Map();
+  wireCommands($("#rows"), () => tick());
+  return {
+    title: "Parked",
+    async refresh() {
+      const [failed, fault] = await Promise.all([api("/v1/entities?status=failed&limit=50"), api("/v1/entities?status=fault&limit=50")]);
+      const items = failed.items.concat(fault.items);
+      await Promise.all(items.map(async (e) => {
+        const id = `${e.machine}/${e.key}@${e.version}`;
+        if (!lastError.has(id)) {
+          const errs = await api(`/v1/machines/${enc(e.machine)}/entities/${enc(e.key)}/errors`).catch(() => []);
+          lastError.set(id, errs[0] ? `${errs[0].details} (${ago(errs[0].at)})` : "");
+        }
+      }));
+      if ($("#rows").contains(document.activeElement) && document.activeElement.tagName === "BUTTON") return; // keep focus while tabbing
+      $("#rows").innerHTML = entityRows(items, { withErrors: (e) => lastError.get(`${e.machine}/${e.key}@${e.version}`), commands: canWrite() ? ["resume", "kill"] : [] });
+    },
+  };
+}
+
+// ---- operations ----------------------------------------------------------------------------
+
+function operations(main, r) {
+  const outcome = r.query.get("outcome") || "";
+  main.innerHTML = `<h1>Operations</h1>
+    <form class="filters" id="filters"><div><label for="f-outcome">Outcome</label><select id="f-outcome"><option value="">any</option>
+      ${["open", "success", "failed", "canceled", "hung"].map((o) => `<option>${o}</option>`).join("")}</select></div><div><button type="submit">Filter</button></div></form>
+    <div class="scroll"><table id="ops-table"><thead><tr><th>Request id</th><th>Name</th><th>Entity</th><th>Started</th><th class="num">ms</th><th>Outcome</th><th>Error</th></tr></thead><tbody id="rows"></tbody></table></div>`;
+  $("#f-outcome").value = outcome;
+  $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); const o = $("#f-outcome").value; location.hash = o ? `#/operations?outcome=${enc(o)}` : "#/operations"; });
+  return {
+    title: "Operations",
+    async refresh() {
+      const list = await api(`/v1/operations?limit=100${outcome ? `&outcome=${enc(outcome)}` : ""}`);
+      $("#rows").innerHTML = list.items.length ? list.items.map((o) => `<tr><td>${opLink(o.request_id)}</td><td>${esc(o.name)}</td>
+        <td>${o.machine && o.key ? `<a href="${entityHref(o.machine, o.key)}" class="wrap">${esc(o.machine)}/${esc(o.key)}</a>` : "–"}</td>
+        <td title="${esc(fmtTime(o.started_at))}">${esc(ago(o.started_at))}</td><td class="num">${o.ended_at ? o.ended_at - o.started_at : "–"}</td>
+        <td class="outcome-${esc(o.outcome || "open")}">${esc(o.outcome || "open")}</td><td class="wrap">${esc(o.error ?? "")}</td></tr>`).join("")
+        : `<tr class="empty"><td colspan="7">no operations</td></tr>`;
+    },
+  };
+}
+
+function operation(main, r) {
+  const id = r.args[0];
+  main.innerHTML = `<h1>Operation <span class="mono wrap">${esc(id)}</span></h1><div id="op"></div>
+    <h2>Entities it touched</h2><div class="scroll" id="touched"></div>
+    <h2>Transitions it caused</h2><div class="scroll" id="transitions"></div>`;
+  return {
+    title: `Operation ${id}`,
+    error(e) { if (e instanceof ApiError && e.status === 404) $("#op").innerHTML = `<p class="error">${esc(e.message)}</p>`; },
+    async refresh() {
+      const t = await api(`/v1/operations/${enc(id)}/trace`);
+      const o = t.operation;
+      $("#op").innerHTML = `<dl class="props"><dt>Name</dt><dd>${esc(o.name)}</dd><dt>Outcome</dt><dd class="outcome-${esc(o.outcome || "open")}">${esc(o.outcome || "open")}</dd>
+        <dt>Started</dt><dd>${esc(fmtTime(o.started_at))}</dd><dt>Ended</dt><dd>${esc(fmtTime(o.ended_at))}</dd>
+        <dt>Error</dt><dd class="wrap">${esc(o.error ?? "none")}</dd><dt>Restarts lived through</dt><dd>${o.restart_count}</dd></dl>`;
+      $("#touched").innerHTML = `<table><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th></tr></thead><tbody>${entityRows(t.entities)}</tbody></table>${t.truncated ? `<p class="sub">Only the first 1000 are listed.</p>` : ""}`;
+      $("#transitions").innerHTML = simpleTable(["Time", "Entity", "Kind", "Transition", "Cause", "Detail"], t.transitions.map((h) => [
+        `<span class="mono">${esc(fmtTime(h.at))}</span>`, `<a href="${entityHref(h.machine, h.key)}">${esc(h.machine)}/${esc(h.key)}</a>`, esc(h.kind),
+        esc(h.to ? `${h.from ?? "∅"} → ${h.to}` : h.from ?? ""), esc(h.event ? `event ${h.event}` : h.action ? `action ${h.action}` : ""), `<span class="wrap">${esc(h.detail ?? "")}</span>`]), "none");
+    },
+  };
+}
+
+// ---- machines ------------------------------------------------------------------------------
+
+function machines(main) {
+  main.innerHTML = `<h1>Machines</h1><div class="scroll"><table id="machines-table"><thead><tr><th>Machine</th><th>Version</th><th class="num">States</th><th class="num">Events</th><th class="num">Entities</th></tr></thead><tbody id="rows"></tbody></table></div>`;
+  return {
+    title: "Machines",
+    async refresh() {
+      const [ms, o] = await Promise.all([servedMachines(), api("/v1/overview?window=1m")]);
+      const count = (name) => o.counts.filter((c) => c.machine === name).reduce((a, c) => a + c.count, 0);
+      $("#rows").innerHTML = ms.map((m) => `<tr><td><a href="#/machine/${enc(m.name)}">${esc(m.name)}</a></td><td class="mono">${esc(m.hash.slice(0, 12))}</td>
+        <td class="num">${m.states.length}</td><td class="num">${m.events.length}</td><td class="num">${count(m.name)}</td></tr>`).join("");
+    },
+  };
+}
+
+function machine(main, r) {
+  const name = r.args[0];
+  main.innerHTML = `<h1>Machine ${esc(name)}</h1>
+    <h2>Entities by state</h2><div class="scroll" id="states"></div>
+    <h2>Diagram</h2><div class="diagram" id="diagram"></div>
+    <h2>Stored versions</h2><div class="scroll" id="versions"></div>
+    <h2>Definition (TOML)</h2><pre class="source" id="toml" tabindex="0"></pre>`;
+  let loaded = false;
+  return {
+    title: `Machine ${name}`,
+    error(e) { if (e instanceof ApiError && e.status === 404) $("#states").innerHTML = `<p class="error">${esc(e.message)}</p>`; },
+    async refresh() {
+      if (!loaded) {
+        const [toml, versions] = await Promise.all([api(`/v1/machines/${enc(name)}/toml`, { text: true }), api(`/v1/machines/${enc(name)}/versions`)]);
+        $("#toml").textContent = toml;
+        $("#versions").innerHTML = simpleTable(["Version", "Stored", "Entities", "Current"], versions.map((v) => [`<span class="mono">${esc(v.hash.slice(0, 12))}</span>`, esc(fmtTime(v.stored_at)), String(v.entities), v.current ? "current" : ""]), "none stored");
+        await drawDiagram($("#diagram"), name, null, []);
+        loaded = true;
+      }
+      const o = await api("/v1/overview?window=1m");
+      $("#states").innerHTML = simpleTable(["State", "Run status", "Entities"], o.counts.filter((c) => c.machine === name).map((c) => [
+        `<a href="#/entities?machine=${enc(name)}&state=${enc(c.state)}&status=${enc(c.run_status)}">${esc(c.path)}</a>`, statusCell(c.run_status), String(c.count)]), "no entities");
+    },
+  };
+}
+
+document.addEventListener("DOMContentLoaded", () => { boot().catch((e) => showSignIn(explain(e))); });
