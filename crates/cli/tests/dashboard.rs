@@ -297,6 +297,22 @@ fn the_dashboard_in_a_browser() {
     b.wait_for("document.querySelector('#diagram svg .state[data-state=\"ready\"]')", WAIT).unwrap();
     page_is_clean(&b, "machine");
 
+    // Raise a permitted event with its declared parameters filled in, confirmed.
+    b.goto(&s.url("#/entity/door/door-1")).unwrap();
+    b.wait_for("[...document.querySelectorAll('#raise-event option')].some(o => o.value === 'paint')", WAIT).unwrap();
+    b.eval("const e = document.querySelector('#raise-event'); e.value = 'paint'; e.dispatchEvent(new Event('change')); true")
+        .unwrap();
+    b.wait_for("document.querySelector('#raise-params').value.includes('\"color\"')", WAIT).unwrap();
+    b.type_into("#raise-params", r#"{"color": "teal"}"#).unwrap();
+    b.click("#raise button[type=submit]").unwrap();
+    b.wait_for("document.querySelector('#confirm').open", WAIT).unwrap();
+    b.click("#confirm-ok").unwrap();
+    b.wait_for("document.querySelector('#flash').textContent.startsWith('Raised paint')", WAIT).unwrap();
+    let op = b.eval("document.querySelector('#flash a').getAttribute('href')").unwrap();
+    let rid = op.as_str().unwrap().trim_start_matches("#/operation/").to_string();
+    eventually("the paint operation to end", || s.get(&format!("/v1/operations/{rid}"))["outcome"] == "success");
+    page_is_clean(&b, "raise");
+
     // A reader sees everything and no button.
     sign_out(&b);
     sign_in(&b, &s, "t-read");

@@ -412,6 +412,14 @@ function entity(main, r) {
   wireCommands($("#commands"), () => tick());
   let permitted = null;
   if (canWrite()) {
+    // Choosing an event fills in its declared parameters (unless they were edited).
+    let filled = "{}";
+    $("#raise-event").addEventListener("change", async () => {
+      const def = await machineDef(machineName).catch(() => null);
+      const declared = def?.events?.find((x) => x.name === $("#raise-event").value)?.params || [];
+      const text = JSON.stringify(Object.fromEntries(declared.map((p) => [p, ""])), null, 1).replace(/\n/g, " ");
+      if ($("#raise-params").value === filled) $("#raise-params").value = filled = declared.length ? text : "{}";
+    });
     $("#raise").addEventListener("submit", async (ev) => {
       ev.preventDefault();
       const event = $("#raise-event").value;
@@ -457,6 +465,7 @@ function entity(main, r) {
         if (list !== permitted) {
           permitted = list;
           $("#raise-event").innerHTML = (e.permitted_events || []).map((n) => `<option>${esc(n)}</option>`).join("") || `<option value="">(none permitted now)</option>`;
+          $("#raise-event").dispatchEvent(new Event("change"));
         }
       }
       $("#props").innerHTML = e ? `<pre class="mono wrap" id="properties">${esc(JSON.stringify(e.properties, null, 2))}</pre>` : "–";
