@@ -11,8 +11,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -47,28 +45,11 @@ impl Server {
         Server { addr, child, _dir: dir }
     }
 
-    /// One HTTP/1.1 request; the status and the JSON body (null if not JSON).
+    /// One HTTP/1.1 request with `token`: the status and the JSON body (null if not JSON).
     fn call(&self, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
-        let mut s = TcpStream::connect(&self.addr).unwrap();
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nAuthorization: Bearer {token}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        );
-        s.write_all(req.as_bytes()).unwrap();
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).unwrap();
-        let status = raw[9..12].parse().unwrap();
-        let (head, text) = raw.split_once("\r\n\r\n").unwrap();
-        // Bodies come chunked or with a length; JSON bodies here are small and one chunk.
-        let text = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            text.split_once("\r\n").map(|(_, rest)| rest.rsplitn(3, "\r\n").last().unwrap_or("")).unwrap_or("")
-        } else {
-            text
-        };
-        (status, serde_json::from_str(text).unwrap_or(Value::Null))
+        let auth = format!("Bearer {token}");
+        let body = body.map(|b| b.to_string());
+        common::http_with(&self.addr, method, path, &[("Authorization", &auth)], body.as_deref())
     }
 
     fn get(&self, path: &str) -> Value {

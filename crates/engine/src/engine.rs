@@ -36,6 +36,20 @@ pub(crate) struct Inner<S> {
     pub(crate) task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
+/// How far one subscription of an entity is from firing (see
+/// [`Engine::subscription_progress`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionProgress {
+    /// The subscription event.
+    pub event: EventName,
+    /// Its pattern, as canonical text.
+    pub pattern: String,
+    /// Successors selected, satisfying, and whether the pattern holds.
+    pub progress: settle_core::pattern::Progress,
+    /// Whether it already fired during the current state entry.
+    pub fired: bool,
+}
+
 /// A running engine. Cheap to clone. Stop it with [`Engine::shutdown`].
 ///
 /// ```no_run
@@ -326,6 +340,17 @@ impl<S: Store> Engine<S> {
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
         let permission = can_fire(&m, &e, event, params)?;
         Ok((e, permission))
+    }
+
+    /// How far each subscription valid in `entity`'s state is from firing over its
+    /// `successors` (as the engine would evaluate them now; nothing is raised).
+    pub fn subscription_progress(
+        &self,
+        entity: &EntityRow,
+        successors: &[EntityRow],
+    ) -> Result<Vec<SubscriptionProgress>> {
+        let m = self.inner.registry.machine(&entity.machine)?;
+        Ok(crate::decide::subscription_progress(m, &self.inner.registry, entity, successors))
     }
 
     /// The agent queues the registered machines' actions are bound to.

@@ -39,7 +39,7 @@ mod watch;
 pub use api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Wait};
 pub use builder::EngineBuilder;
 pub use config::Config;
-pub use engine::{Engine, can_fire};
+pub use engine::{Engine, SubscriptionProgress, can_fire};
 pub use error::{Error, Result};
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
 pub use settle_store::{Clock, Command, ManualClock, RunStatus, SharedClock, SystemClock};

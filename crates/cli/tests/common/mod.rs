@@ -270,12 +270,24 @@ pub fn spawn_server(db: &str, args: &[&str]) -> (Proc, String) {
 /// One HTTP/1.1 request to `addr`: the status and the body as JSON (null when empty or
 /// not JSON).
 pub fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+    http_with(addr, method, path, &[], body)
+}
+
+/// [`http`] with extra request headers (`Authorization`, say).
+pub fn http_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, serde_json::Value) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     let body = body.unwrap_or_default();
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
+         {extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).unwrap();

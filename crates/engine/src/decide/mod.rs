@@ -307,16 +307,10 @@ pub(crate) fn evaluated(
     }
 }
 
-/// The subscription that fires for the held state over `successors` (first valid, unfired,
-/// matching), with the matched successors as the event's parameters.
-pub(crate) fn subscription_fires(
-    machine: &Machine,
-    registry: &Registry,
-    state: &str,
-    fired: &[EventName],
-    successors: &[EntityRow],
-) -> Option<(EventName, Value)> {
-    // Each successor's ancestors, for `in [parent]` to match its substates.
+/// Runs `f` over `successors` as subscription patterns see them: each with its state's
+/// ancestors (so `in [parent]` matches its substates) and health, from the registered
+/// machines.
+fn with_views<R>(registry: &Registry, successors: &[EntityRow], f: impl FnOnce(&[SuccessorView<'_>]) -> R) -> R {
     let ancestors: Vec<Vec<&str>> = successors
         .iter()
         .map(|e| match registry.machines.get(&e.machine) {
@@ -335,12 +329,47 @@ pub(crate) fn subscription_fires(
             health: registry.machines.get(&e.machine).map(|m| m.health_of(&e.state)).unwrap_or_default(),
         })
         .collect();
-    let (ev, indices) = step::fire(machine, state, fired, &views)?;
-    let matched: Vec<Value> = indices
-        .iter()
-        .map(|&i| json!({"machine": views[i].machine, "key": views[i].key, "state": views[i].state}))
-        .collect();
-    Some((ev.name.clone(), json!({ "matched": matched })))
+    f(&views)
+}
+
+/// The subscription that fires for the held state over `successors` (first valid, unfired,
+/// matching), with the matched successors as the event's parameters.
+pub(crate) fn subscription_fires(
+    machine: &Machine,
+    registry: &Registry,
+    state: &str,
+    fired: &[EventName],
+    successors: &[EntityRow],
+) -> Option<(EventName, Value)> {
+    with_views(registry, successors, |views| {
+        let (ev, indices) = step::fire(machine, state, fired, views)?;
+        let matched: Vec<Value> = indices
+            .iter()
+            .map(|&i| json!({"machine": views[i].machine, "key": views[i].key, "state": views[i].state}))
+            .collect();
+        Some((ev.name.clone(), json!({ "matched": matched })))
+    })
+}
+
+/// How far each subscription valid in `entity`'s state is from firing over `successors`.
+pub(crate) fn subscription_progress(
+    machine: &Machine,
+    registry: &Registry,
+    entity: &EntityRow,
+    successors: &[EntityRow],
+) -> Vec<crate::SubscriptionProgress> {
+    with_views(registry, successors, |views| {
+        machine
+            .subscriptions_in(&entity.state)
+            .filter_map(|ev| ev.subscribe.as_ref().map(|sub| (ev, sub)))
+            .map(|(ev, sub)| crate::SubscriptionProgress {
+                event: ev.name.clone(),
+                pattern: sub.pattern.to_string(),
+                progress: sub.pattern.progress(views),
+                fired: entity.fired.contains(&ev.name),
+            })
+            .collect()
+    })
 }
 
 /// An agent reported on a task of this entity: its outcome is the auto action's, and is

@@ -330,6 +330,27 @@ fn an_event_whose_action_fails_is_consumed_and_its_caller_hears_failed() {
 }
 
 #[test]
+fn subscription_progress_counts_what_the_pattern_sees() {
+    let registry = registry();
+    let m = job();
+    let child = |state: &str| EntityRow { state: state.into(), ..held("idle").entity };
+    let mut waiting = held("waiting").entity;
+    let progress = |e: &EntityRow, kids: &[EntityRow]| subscription_progress(&m, &registry, e, kids);
+    let p = progress(&waiting, &[child("done"), child("idle")]);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!((p[0].event.as_str(), p[0].fired), ("report", false));
+    let seen = p[0].progress;
+    assert_eq!((seen.selected, seen.satisfying, seen.holds), (2, 1, false));
+    // It holds exactly when the subscription would fire, and says so once it did.
+    let kids = [child("done"), child("done")];
+    assert!(progress(&waiting, &kids)[0].progress.holds);
+    assert!(subscription_fires(&m, &registry, "waiting", &[], &kids).is_some());
+    waiting.fired = vec!["report".into()];
+    assert!(progress(&waiting, &kids)[0].fired);
+    assert!(progress(&held("idle").entity, &kids).is_empty(), "no subscription is valid in idle");
+}
+
+#[test]
 fn a_fired_subscription_runs_its_event_and_records_it_once_per_entry() {
     let registry = registry();
     let env = Env { registry: &registry, owner: OWNER, now: NOW };

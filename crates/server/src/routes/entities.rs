@@ -205,38 +205,17 @@ async fn related(
     let store = s.engine().store();
     let predecessors = store.predecessor_list(e.id).await?;
     let successors = store.successor_snapshot(e.id).await?.successors;
-    let m = s.machine(&machine)?;
-    let served = |name: &str| s.machines().iter().find(|m| m.name() == name);
-    // Each successor's ancestors, so that `in [parent]` matches its substates.
-    let ancestors: Vec<Vec<&str>> = successors
-        .iter()
-        .map(|c| served(&c.machine).map(|m| m.path(&c.state).skip(1).map(|st| st.name.as_str()).collect()))
-        .map(Option::unwrap_or_default)
-        .collect();
-    let views: Vec<settle_core::pattern::SuccessorView<'_>> = successors
-        .iter()
-        .zip(&ancestors)
-        .map(|(c, ancestors)| settle_core::pattern::SuccessorView {
-            machine: &c.machine,
-            key: &c.key,
-            state: &c.state,
-            ancestors,
-            health: served(&c.machine).map(|m| m.health_of(&c.state)).unwrap_or_default(),
-        })
-        .collect();
-    let subscriptions = m
-        .subscriptions_in(&e.state)
-        .filter_map(|ev| ev.subscribe.as_ref().map(|sub| (ev, sub)))
-        .map(|(ev, sub)| {
-            let p = sub.pattern.progress(&views);
-            SubscriptionProgress {
-                event: ev.name.to_string(),
-                pattern: sub.pattern.to_string(),
-                selected: p.selected,
-                satisfying: p.satisfying,
-                holds: p.holds,
-                fired: e.fired.contains(&ev.name),
-            }
+    let subscriptions = s
+        .engine()
+        .subscription_progress(&e, &successors)?
+        .into_iter()
+        .map(|p| SubscriptionProgress {
+            event: p.event.to_string(),
+            pattern: p.pattern,
+            selected: p.progress.selected,
+            satisfying: p.progress.satisfying,
+            holds: p.progress.holds,
+            fired: p.fired,
         })
         .collect();
     Ok(Json(Related {

@@ -52,10 +52,14 @@ async fn list(State(s): State<AppState>, Query(q): Query<OperationQuery>) -> Res
     )
 )]
 async fn get(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Operation>, Problem> {
-    let row = s.engine().operation(&id).await?.ok_or_else(|| {
+    Ok(Json(Operation::from(&find_operation(&s, &id).await?)))
+}
+
+/// The operation of request id `id`, or 404.
+async fn find_operation(s: &AppState, id: &str) -> Result<settle_store::OperationRow, Problem> {
+    s.engine().operation(id).await?.ok_or_else(|| {
         Problem::new(Kind::UnknownOperation, format!("no operation with request id `{id}`")).with("request_id", id)
-    })?;
-    Ok(Json(Operation::from(&row)))
+    })
 }
 
 /// Entities listed in an operation's trace, at most.
@@ -74,10 +78,7 @@ const TRACE_ENTITIES: u64 = 1000;
     )
 )]
 async fn trace(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<OperationTrace>, Problem> {
-    let row = s.engine().operation(&id).await?.ok_or_else(|| {
-        Problem::new(Kind::UnknownOperation, format!("no operation with request id `{id}`"))
-            .with("request_id", id.clone())
-    })?;
+    let row = find_operation(&s, &id).await?;
     let t = settle_store::Store::operation_trace(s.engine().store(), &id, TRACE_ENTITIES).await?;
     let transitions = t
         .transitions
