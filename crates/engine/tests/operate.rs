@@ -102,6 +102,43 @@ async fn a_poison_entity_is_parked_then_completes_after_the_fix_and_a_resume() {
     engine.shutdown().await;
 }
 
+/// Outcomes as a user reads them: work that recovered from a transient fault succeeded
+/// (its error stays in the entity's errors); a rejected event's operation failed, saying why.
+#[tokio::test]
+async fn a_recovered_fault_succeeds_and_a_rejected_event_fails_its_operation() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let clock = common::clock();
+    let engine = Engine::builder(SqliteStore::open(dir.path().join("o.db")).unwrap())
+        .machine(job(quick_policy()))
+        .clock(clock.clone())
+        .on("job", "work", move |_| {
+            let first = c.fetch_add(1, Ordering::SeqCst) == 0;
+            async move { if first { Err("provider timed out".into()) } else { Ok(Outcome::to("done")) } }
+        })
+        .start()
+        .await
+        .unwrap();
+    engine.create("job", "j", Default::default()).await.unwrap();
+    let raised = engine.raise("job", "j", "go", RaiseOptions::default()).await.unwrap();
+    engine.drive_idle(&clock, HORIZON).await.unwrap();
+    let e = engine.get("job", "j").await.unwrap().unwrap();
+    assert_eq!((e.state.as_str(), e.run_status, calls.load(Ordering::SeqCst)), ("done", RunStatus::Active, 2));
+    let op = engine.operation(&raised.request_id).await.unwrap().unwrap();
+    assert_eq!((op.outcome.as_deref(), op.error.as_deref()), (Some("success"), None), "{op:?}");
+    assert_eq!(engine.store().error_list(e.id, 10).await.unwrap().len(), 1, "the retried error is kept");
+
+    // `go` is not valid in `done`: the request's operation fails with the reason.
+    let rejected = engine.raise("job", "j", "go", RaiseOptions::default()).await.unwrap();
+    engine.drive_idle(&clock, HORIZON).await.unwrap();
+    let op = engine.operation(&rejected.request_id).await.unwrap().unwrap();
+    assert_eq!(op.outcome.as_deref(), Some("failed"), "{op:?}");
+    let error = op.error.unwrap_or_default();
+    assert!(error.starts_with("event `go` rejected in state `done`"), "{error}");
+    engine.shutdown().await;
+}
+
 fn ticker() -> Machine {
     MachineBuilder::new("ticker")
         .state("on")

@@ -65,6 +65,9 @@ pub struct ErrorRecord {
     pub details: String,
     /// Exception details (a panic's message), if any.
     pub exception: Option<String>,
+    /// The fault policy backs off and tries again: the error is recorded, but the
+    /// operation does not fail by it (it fails if the retries end parked).
+    pub retried: bool,
 }
 
 /// One processed event of an entity, as the `events` telemetry table holds it.

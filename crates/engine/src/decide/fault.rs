@@ -76,7 +76,13 @@ pub(crate) fn fault(
         machine_hash: env.registry.hash(held.machine.name()),
         telemetry: Telemetry {
             event: item.as_ref().map(|i| event_record(i, false, true)),
-            error: Some(ErrorRecord { kind: error.kind, details: error.details.clone(), exception: error.exception }),
+            error: Some(ErrorRecord {
+                kind: error.kind,
+                details: error.details.clone(),
+                exception: error.exception,
+                // An auto action backed off runs again; an event's action does not.
+                retried: item.is_none() && !parked,
+            }),
             current_event: e.event_id,
             ..Telemetry::default()
         },

@@ -135,7 +135,12 @@ impl<'a> Step<'a> {
                     action_start_time: None,
                     outcome: self.outcome,
                 }),
-                error: self.error.map(|d| ErrorRecord { kind: "action_error", details: d.into(), exception: None }),
+                error: self.error.map(|d| ErrorRecord {
+                    kind: "action_error",
+                    details: d.into(),
+                    exception: None,
+                    retried: false,
+                }),
                 at_rest: self.at_rest,
                 complete: true,
                 current_event: self.current_event,

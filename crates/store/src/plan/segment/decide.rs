@@ -441,7 +441,10 @@ impl Work {
             if let Some(details) = &err.exception {
                 self.plan.exceptions.push((error.expect("set above"), details.clone()));
             }
-            self.plan.error(request_id, &err.details);
+            // A retried error is history; the operation fails if the retries end parked.
+            if !err.retried {
+                self.plan.error(request_id, &err.details);
+            }
         }
         if let (Some(ev), Some(name)) = (&t.event, &c.event) {
             // An event that changes no state (rejected, failed) ends at once.
@@ -477,6 +480,11 @@ impl Work {
                 && let Some(r) = request_id
             {
                 self.plan.op_update(r).first_response_at = Some(now);
+                // The request's own event rejected: the operation did not do what it asked.
+                if ev.rejected {
+                    let reason = c.detail.as_deref().unwrap_or("no reason given");
+                    self.plan.error(request_id, &format!("event `{name}` rejected in state `{}`: {reason}", c.from));
+                }
             }
         }
         // Reaching an error-health state fails the operation.
