@@ -250,7 +250,7 @@ pub struct CreateEntity {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SleepRequest {
-    /// Wake-up time: RFC 3339 UTC (`2026-11-22T10:00:00Z`) or from now (`+10m`).
+    /// Wake-up time: RFC 3339 (`2026-11-22T10:00:00Z`, any offset) or from now (`+10m`).
     pub until: String,
 }
 
@@ -369,11 +369,25 @@ pub struct LeaseRequest {
     /// Who leases (recorded with the task; e.g. `dns-agent-3`).
     pub agent: String,
     /// At most this many tasks (1 to 100, default 1).
-    #[serde(default)]
-    pub max: Option<u32>,
+    #[serde(default, deserialize_with = "json_integer")]
+    pub max: Option<u64>,
     /// How long to wait for a task, in ms (default 20000, capped by the server).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "json_integer")]
     pub wait_ms: Option<u64>,
+}
+
+/// An optional non-negative integer as JSON numbers carry it: `5` or `5.0` (JSON does not
+/// tell the two apart, and neither does the schema's `integer`), not `5.5` or `-1`.
+fn json_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };
+    if let Some(u) = n.as_u64() {
+        return Ok(Some(u));
+    }
+    match n.as_f64() {
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => Ok(Some(f as u64)),
+        _ => Err(D::Error::custom(format!("expected a non-negative integer, not {n}"))),
+    }
 }
 
 /// A leased task: what to do, for which entity, and the lease token.

@@ -139,7 +139,7 @@ enum Command {
     Sleep {
         #[command(flatten)]
         target: operate::Target,
-        /// Wake-up time: RFC 3339 UTC (`2026-11-22T10:00:00Z`) or from now (`+10m`).
+        /// Wake-up time: RFC 3339 (`2026-11-22T10:00:00Z`, any offset) or from now (`+10m`).
         #[arg(long)]
         until: String,
     },

@@ -132,6 +132,7 @@ impl<S: Store> Engine<S> {
         match rx.await.map_err(|_| Error::Stopped)?? {
             Some(entity) => Ok(Created { entity, request_id, replayed: false }),
             None => {
+                self.same_request(&request_id, &format!("{machine}:new"), machine, key).await?;
                 let entity = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
                 Ok(Created { entity, request_id, replayed: true })
             }
@@ -234,6 +235,7 @@ impl<S: Store> Engine<S> {
         self.send(Msg::Raise { push, wait, ack, done })?;
         let Some((inbox_id, entity_id)) = ack_rx.await.map_err(|_| Error::Stopped)?? else {
             // The key was used before: that operation stands, nothing is raised again.
+            self.same_request(&request_id, &format!("{machine}.{event}"), machine, key).await?;
             let entity = self.get(machine, key).await?;
             return Ok(Raised { request_id, inbox_id: None, replayed: true, refused: false, outcome: None, entity });
         };
@@ -272,6 +274,20 @@ impl<S: Store> Engine<S> {
             }
         }
         Ok(raised)
+    }
+
+    /// A replayed request id must name the request it was first used for (`name` on
+    /// `machine`/`key`); otherwise [`Error::KeyReused`].
+    async fn same_request(&self, request_id: &str, name: &str, machine: &str, key: &str) -> Result<()> {
+        let Some(op) = self.operation(request_id).await? else { return Ok(()) };
+        if op.name == name && op.machine.as_deref() == Some(machine) && op.entity_key.as_deref() == Some(key) {
+            return Ok(());
+        }
+        Err(Error::KeyReused {
+            request_id: request_id.to_string(),
+            used_for: op.name,
+            entity: format!("{}/{}", op.machine.unwrap_or_default(), op.entity_key.unwrap_or_default()),
+        })
     }
 
     /// The rule of [`step::refuse_at_rest`] applied to the entity as stored: its state, its

@@ -26,6 +26,17 @@ pub enum Error {
         /// Key.
         key: String,
     },
+    /// The request id (idempotency key) was used before for another request: a replay
+    /// must ask for the same thing on the same entity.
+    #[error("request id `{request_id}` was used before for `{used_for}` on `{entity}`")]
+    KeyReused {
+        /// The request id.
+        request_id: String,
+        /// What the first request asked (`server.create`, `server:new`, ...).
+        used_for: String,
+        /// The entity of the first request (`machine/key`).
+        entity: String,
+    },
     /// The event cannot be raised (unknown event, bad parameters).
     #[error(transparent)]
     Raise(#[from] RaiseError),

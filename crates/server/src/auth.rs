@@ -332,8 +332,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 
 /// Puts every route of `router` behind the check for `access`: 401/403 before the handler,
 /// and the [`Caller`] in the request extensions for the handler. The routes' OpenAPI
-/// operations say so (unless the group is public): the `bearer` scheme, and the 401 and
-/// 403 problems the check answers, so no route declares them itself.
+/// operations say so (unless the group is public): the `bearer` scheme, from which
+/// [`crate::contract::document`] adds the 401 and 403 problems the check answers.
 pub fn guard<S: Clone + Send + Sync + 'static>(
     router: OpenApiRouter<S>,
     tokens: Arc<Tokens>,
@@ -341,15 +341,13 @@ pub fn guard<S: Clone + Send + Sync + 'static>(
 ) -> OpenApiRouter<S> {
     let mut router = router.route_layer(axum::middleware::from_fn_with_state((tokens, access), check));
     if access != Access::Public {
-        document(router.get_openapi_mut(), access);
+        document(router.get_openapi_mut());
     }
     router
 }
 
-/// Adds to every operation of `openapi` the bearer requirement and the problems the check
-/// for `access` answers.
-fn document(openapi: &mut utoipa::openapi::OpenApi, access: Access) {
-    let forbidden = if access == Access::Agent { "role or queue not allowed" } else { "role not allowed" };
+/// Adds to every operation of `openapi` the bearer requirement.
+fn document(openapi: &mut utoipa::openapi::OpenApi) {
     for item in openapi.paths.paths.values_mut() {
         let operations = [
             &mut item.get,
@@ -363,9 +361,6 @@ fn document(openapi: &mut utoipa::openapi::OpenApi, access: Access) {
         ];
         for op in operations.into_iter().flatten() {
             op.security.get_or_insert_with(Vec::new).push(SecurityRequirement::new("bearer", Vec::<String>::new()));
-            let answers = &mut op.responses.responses;
-            answers.insert("401".into(), crate::problem::openapi_response("missing or unknown token"));
-            answers.insert("403".into(), crate::problem::openapi_response(forbidden));
         }
     }
 }

@@ -155,7 +155,8 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
 }
 
 /// The optional `Idempotency-Key` header: the request id of the operation the request
-/// opens. 1 to 200 characters from `A-Z a-z 0-9 . _ ~ : -` (so it fits a URL path as is).
+/// opens ([`crate::contract::IDEMPOTENCY_KEY`]: 1 to 200 characters from
+/// `A-Z a-z 0-9 . _ ~ : -`, so it fits a URL path as is).
 #[derive(Debug, Clone, Default)]
 pub struct IdempotencyKey(pub Option<String>);
 
@@ -173,10 +174,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
             .field("Idempotency-Key")
         };
         let key = value.to_str().map_err(|_| bad())?;
-        let ok = !key.is_empty()
-            && key.len() <= MAX_IDEMPOTENCY_KEY
-            && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._~:-".contains(&b));
-        if !ok {
+        if !crate::contract::IDEMPOTENCY_KEY.matches(key) {
             return Err(bad());
         }
         Ok(IdempotencyKey(Some(key.to_string())))

@@ -24,6 +24,7 @@
 //! ```
 
 pub mod auth;
+pub mod contract;
 pub mod extract;
 pub mod metrics;
 pub mod model;

@@ -56,7 +56,8 @@ pub struct EntityQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct OverviewQuery {
-    /// How far back the per-minute rates go: a duration from `1m` to `24h` (default `1h`).
+    /// How far back the per-minute rates go: a duration (default `1h`), brought within
+    /// `1m` to `24h`.
     pub window: Option<String>,
 }
 
@@ -79,8 +80,8 @@ pub struct RaiseQuery {
     /// `stable`: answer 200 once the entity is at rest again (or the event was rejected or
     /// failed). Absent: answer 202 once the event is durably queued.
     pub wait: Option<String>,
-    /// How long to wait with `wait=stable` (e.g. `30s`; default 30s, at most the server's
-    /// `--max-wait`).
+    /// How long to wait with `wait` (e.g. `30s`; default 30s, at most the server's
+    /// `--max-wait`; without `wait` it bounds nothing).
     pub timeout: Option<String>,
 }
 

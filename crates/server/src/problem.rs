@@ -11,7 +11,6 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use settle_core::RaiseError;
 use utoipa::ToSchema;
-use utoipa::openapi::{self, Ref, RefOr};
 
 /// Where problem types live: `type` is this followed by the kind's slug.
 pub const TYPE_BASE: &str = "https://settle.dev/problems/";
@@ -72,6 +71,9 @@ kinds! {
     EventRejected => (CONFLICT, "event-rejected", "event rejected"),
     /// An entity with that key exists already.
     EntityExists => (CONFLICT, "entity-exists", "entity already exists"),
+    /// The `Idempotency-Key` was used before for another request (another entity, event or
+    /// route); nothing changed.
+    KeyReused => (CONFLICT, "idempotency-key-reused", "idempotency key used for another request"),
     /// The entity was killed: it takes nothing but `kill`.
     EntityKilled => (CONFLICT, "entity-killed", "entity killed"),
     /// The entity is in its machine's deleted state: gone for users.
@@ -143,14 +145,6 @@ pub struct ProblemBody {
     /// Context: machine, key, event, state, reason, operation, ...
     #[serde(flatten)]
     pub context: Map<String, Value>,
-}
-
-/// An OpenAPI answer that is a problem: `description`, served as [`CONTENT_TYPE`] with the
-/// [`ProblemBody`] schema (what `body = ProblemBody, content_type =
-/// "application/problem+json"` declares in a `#[utoipa::path]`).
-pub(crate) fn openapi_response(description: &str) -> RefOr<openapi::Response> {
-    let content = openapi::ContentBuilder::new().schema(Some(Ref::from_schema_name(ProblemBody::name()))).build();
-    openapi::ResponseBuilder::new().description(description).content(CONTENT_TYPE, content).into()
 }
 
 impl Problem {
@@ -247,6 +241,14 @@ impl From<settle_engine::Error> for Problem {
             .with("machine", machine)
             .with("key", key),
             E::Raise(r) => r.into(),
+            E::KeyReused { request_id, used_for, entity } => Problem::new(
+                Kind::KeyReused,
+                format!("Idempotency-Key `{request_id}` was used before for `{used_for}` on `{entity}`"),
+            )
+            .field("Idempotency-Key")
+            .with("request_id", request_id)
+            .with("used_for", used_for)
+            .with("entity", entity),
             E::Refused(r) => {
                 let mut p = Problem::new(Kind::InvalidProperties, r.to_string()).field("properties");
                 if let settle_core::Refusal::InvariantViolated { machine, state, missing } = &r {

@@ -27,6 +27,8 @@ use crate::state::AppState;
                        commands, agent queues. Errors are application/problem+json with a stable `type`."
     ),
     modifiers(&BearerAuth),
+    // Every error response refers to it (see crate::contract).
+    components(schemas(crate::problem::ProblemBody)),
     tags(
         (name = "system", description = "health, metrics, this document"),
         (name = "machines", description = "the machines the server serves"),
@@ -71,9 +73,16 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(queues::agent(), Access::Agent))
 }
 
-/// The OpenAPI document of [`api`].
-pub fn openapi(state: &AppState) -> utoipa::openapi::OpenApi {
-    api(state).into_openapi()
+/// The OpenAPI document of [`api`], as served: the routes' annotations with the contract
+/// ([`crate::contract::document`]: constraints, examples, every problem of each operation).
+pub fn openapi(state: &AppState) -> serde_json::Value {
+    finish(api(state).into_openapi())
+}
+
+fn finish(doc: utoipa::openapi::OpenApi) -> serde_json::Value {
+    let mut doc = serde_json::to_value(doc).expect("the document serializes");
+    crate::contract::document(&mut doc);
+    doc
 }
 
 /// The service: [`api`] with the body limit, `/openapi.json`'s document, the dashboard's
@@ -81,7 +90,7 @@ pub fn openapi(state: &AppState) -> utoipa::openapi::OpenApi {
 /// unknown routes (404) and methods (405).
 pub fn router(state: AppState) -> Router {
     let (router, spec) = api(&state).split_for_parts();
-    let spec = OpenApiJson(Arc::new(spec.to_json().unwrap_or_default()));
+    let spec = OpenApiJson(Arc::new(finish(spec).to_string()));
     router
         .merge(crate::ui::routes())
         .fallback(unknown_route)

@@ -1,4 +1,4 @@
-//! Times in requests: RFC 3339 UTC instants or durations from now, as epoch milliseconds.
+//! Times in requests: RFC 3339 instants or durations from now, as epoch milliseconds.
 //! Shared by the HTTP API (`sleep`'s `until`) and the CLI (`settle sleep --until`).
 
 /// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
@@ -21,15 +21,16 @@ fn days_in_month(y: i64, m: i64) -> i64 {
     }
 }
 
-/// Parses a wake-up time: RFC 3339 in UTC (`2026-11-22T10:00:00Z`, optional fraction of a
-/// second, `Z` or `+00:00`) or a duration from `now` (`+10m`, `+1h30m`). Epoch ms.
+/// Parses a wake-up time: RFC 3339 (`2026-11-22T10:00:00Z`, optional fraction of a
+/// second, `Z` or an offset such as `+02:00`) or a duration from `now` (`+10m`,
+/// `+1h30m`). Epoch ms.
 pub fn parse_time(text: &str, now: i64) -> Result<i64, String> {
     let s = text.trim();
     if let Some(rel) = s.strip_prefix('+') {
         let d = settle_core::duration::parse(rel)?;
         return Ok(now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)));
     }
-    let bad = || format!("invalid time `{text}` (expected RFC 3339 UTC like `2026-11-22T10:00:00Z`, or `+10m`)");
+    let bad = || format!("invalid time `{text}` (expected RFC 3339 like `2026-11-22T10:00:00Z`, or `+10m`)");
     let b = s.as_bytes();
     let digits = |range: std::ops::Range<usize>| -> Result<i64, String> {
         let part = s.get(range).ok_or_else(bad)?;
@@ -61,17 +62,24 @@ pub fn parse_time(text: &str, now: i64) -> Result<i64, String> {
         millis = ms.parse::<i64>().map_err(|_| bad())?;
         rest = &frac[n..];
     }
-    match rest {
-        "Z" | "z" | "+00:00" | "-00:00" => {}
-        other if other.starts_with('+') || other.starts_with('-') => {
-            return Err(format!("time `{text}` is not in UTC (write it with `Z`)"));
+    // The offset from UTC, in minutes: `Z` or `±HH:MM`.
+    let offset = match rest.as_bytes() {
+        [b'Z' | b'z'] => 0,
+        [sign @ (b'+' | b'-'), _, _, b':', _, _] => {
+            let at = s.len() - rest.len();
+            let (oh, om) = (digits(at + 1..at + 3)?, digits(at + 4..at + 6)?);
+            if oh > 23 || om > 59 {
+                return Err(format!("time `{text}` has an offset out of range"));
+            }
+            let minutes = oh * 60 + om;
+            if *sign == b'-' { -minutes } else { minutes }
         }
         _ => return Err(bad()),
-    }
+    };
     if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || sec > 59 {
         return Err(format!("time `{text}` is out of range"));
     }
-    Ok((days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec) * 1000 + millis)
+    Ok((days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec - offset * 60) * 1000 + millis)
 }
 
 #[cfg(test)]
@@ -86,7 +94,10 @@ mod tests {
         assert_eq!(parse_time("2024-02-29T23:59:59+00:00", 0), Ok(1_709_251_199_000));
         assert_eq!(parse_time("+10m", 1_000), Ok(601_000));
         assert_eq!(parse_time("+1h30m", 0), Ok(5_400_000));
-        assert!(parse_time("2026-11-22T10:00:00+02:00", 0).unwrap_err().contains("not in UTC"));
+        assert_eq!(parse_time("2026-11-22T12:00:00+02:00", 0), Ok(1_795_341_600_000));
+        assert_eq!(parse_time("2026-11-22T04:30:00-05:30", 0), Ok(1_795_341_600_000));
+        assert!(parse_time("2026-11-22T10:00:00+24:00", 0).unwrap_err().contains("offset out of range"));
+        assert!(parse_time("2026-11-22T10:00:00+0200", 0).is_err());
         assert!(parse_time("2023-02-29T00:00:00Z", 0).unwrap_err().contains("out of range"));
         assert!(parse_time("2026-11-22", 0).unwrap_err().contains("expected RFC 3339"));
         assert!(parse_time("tomorrow", 0).is_err());

@@ -10,12 +10,13 @@ use settle_store::{EntityFilter, RunStatus, Store};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::contract::{CURSOR, RUN_STATUS};
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{
     CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related,
     SubscriptionProgress, Timer,
 };
-use crate::problem::{Kind, Problem, ProblemBody};
+use crate::problem::{Kind, Problem};
 use crate::routes::{check_key, entity_location, find_entity, live_entity, parse_limit, unknown_word};
 use crate::state::AppState;
 
@@ -39,6 +40,7 @@ pub fn write() -> OpenApiRouter<AppState> {
 /// used, nothing is created and the entity is returned as it is (200).
 #[utoipa::path(
     post,
+    operation_id = "createEntity",
     path = "/v1/machines/{machine}/entities",
     tag = "entities",
     params(
@@ -49,12 +51,6 @@ pub fn write() -> OpenApiRouter<AppState> {
     responses(
         (status = 201, description = "created; Location is the entity's URL", body = Entity),
         (status = 200, description = "replay of an Idempotency-Key: the entity as it is", body = Entity),
-        (status = 400, description = "malformed JSON or header", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "an entity with this key exists", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 415, description = "body not application/json", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "invalid key, properties or body", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn create(
@@ -84,32 +80,23 @@ async fn create(
 /// filter is read through an index: a page costs the same in a fleet of any size.
 #[utoipa::path(
     get,
+    operation_id = "listEntities",
     path = "/v1/entities",
     tag = "entities",
     params(EntityQuery),
     responses(
         (status = 200, description = "a page of entities", body = EntityPage),
-        (status = 400, description = "bad query", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result<Json<EntityPage>, Problem> {
     if let Some(st) = q.status.as_deref()
-        && RunStatus::parse(st).is_none()
+        && (!RUN_STATUS.contains(&st) || RunStatus::parse(st).is_none())
     {
-        return Err(unknown_word("status", "run status", st, "active, paused, sleeping, fault, failed or killed"));
+        return Err(unknown_word("status", "run status", st, &RUN_STATUS.join(", ")));
     }
-    let bad_cursor = |a: &str| {
-        Problem::new(Kind::BadRequest, format!("after must be the `next` cursor of a previous page, not `{a}`"))
-            .field("after")
-    };
-    // Pages by id have the last id as cursor; pages by key prefix `machine/key`.
-    let (after, after_key) = match (q.after.as_deref(), q.prefix.is_some()) {
-        (None, _) => (None, None),
-        (Some(a), false) => (Some(a.parse::<i64>().map_err(|_| bad_cursor(a))?), None),
-        (Some(a), true) => {
-            let (m, k) = a.split_once('/').ok_or_else(|| bad_cursor(a))?;
-            (None, Some((m.to_string(), k.to_string())))
-        }
+    let (after, after_key) = match q.after.as_deref() {
+        None => (None, None),
+        Some(a) => cursor(&s, a, q.prefix.is_some()).await?,
     };
     let limit = parse_limit(q.limit.as_deref())?;
     // A parent state lists the entities in its substates.
@@ -137,17 +124,46 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
     Ok(Json(EntityPage { items: rows.iter().map(Entity::from).collect(), next }))
 }
 
+/// The position after the cursor `a` in the page's order: by id, or (with a key prefix) by
+/// machine and key. `next` gives the form of the order; the other form names an entity,
+/// looked up (404 if there is none).
+async fn cursor(s: &AppState, a: &str, by_key: bool) -> Result<(Option<i64>, Option<(String, String)>), Problem> {
+    if !CURSOR.matches(a) {
+        return Err(Problem::new(
+            Kind::BadRequest,
+            format!("after must be the `next` of a previous page (an entity id, or `machine/key`), not `{a}`"),
+        )
+        .field("after"));
+    }
+    let unknown =
+        || Problem::new(Kind::UnknownEntity, format!("after names no entity: `{a}`")).field("after").with("after", a);
+    match (a.split_once('/'), by_key) {
+        (Some((m, k)), true) => Ok((None, Some((m.to_string(), k.to_string())))),
+        (Some((m, k)), false) => {
+            let e = s.engine().store().entity_get(m, k).await?.ok_or_else(unknown)?;
+            Ok((Some(e.id), None))
+        }
+        (None, by_key) => {
+            let id: i64 = a.parse().map_err(|_| unknown())?;
+            if !by_key {
+                return Ok((Some(id), None));
+            }
+            let e = s.engine().store().entities_by_id(vec![id]).await?.into_iter().next().ok_or_else(unknown)?;
+            Ok((None, Some((e.machine.to_string(), e.key.to_string()))))
+        }
+    }
+}
+
 /// One entity, with the events valid in its state. An entity in its machine's deleted
 /// state is gone (410).
 #[utoipa::path(
     get,
+    operation_id = "getEntity",
     path = "/v1/machines/{machine}/entities/{key}",
     tag = "entities",
     params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
     responses(
         (status = 200, description = "the entity", body = Entity),
-        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn get(State(s): State<AppState>, Path((machine, key)): Path<(String, String)>) -> Result<Json<Entity>, Problem> {
@@ -168,12 +184,12 @@ async fn get(State(s): State<AppState>, Path((machine, key)): Path<(String, Stri
 /// trail stays readable).
 #[utoipa::path(
     get,
+    operation_id = "getEntityHistory",
     path = "/v1/machines/{machine}/entities/{key}/history",
     tag = "entities",
     params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
     responses(
         (status = 200, description = "history rows, oldest first", body = Vec<HistoryEntry>),
-        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn history(
@@ -189,12 +205,12 @@ async fn history(
 /// state is from firing (its pattern evaluated over the successors now).
 #[utoipa::path(
     get,
+    operation_id = "getEntityRelated",
     path = "/v1/machines/{machine}/entities/{key}/related",
     tag = "entities",
     params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
     responses(
         (status = 200, description = "predecessors, successors and subscription progress", body = Related),
-        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn related(
@@ -228,12 +244,12 @@ async fn related(
 /// The entity's pending timers, by name.
 #[utoipa::path(
     get,
+    operation_id = "listEntityTimers",
     path = "/v1/machines/{machine}/entities/{key}/timers",
     tag = "entities",
     params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
     responses(
         (status = 200, description = "pending timers, by name", body = Vec<Timer>),
-        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn timers(
@@ -248,12 +264,12 @@ async fn timers(
 /// The entity's newest recorded errors (at most 100), newest first.
 #[utoipa::path(
     get,
+    operation_id = "listEntityErrors",
     path = "/v1/machines/{machine}/entities/{key}/errors",
     tag = "entities",
     params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
     responses(
         (status = 200, description = "errors, newest first", body = Vec<ErrorEntry>),
-        (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn errors(

@@ -18,11 +18,12 @@ use settle_store::RunStatus;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::contract::{DURATION, WAIT};
 use crate::extract::{IdempotencyKey, OptionalJsonBody, Path, Query};
 use crate::model::{Entity, EventCheck, RaiseAccepted, RaiseDone, RaiseQuery};
 use crate::operation_location;
-use crate::problem::{Kind, Problem, ProblemBody};
-use crate::routes::live_entity;
+use crate::problem::{Kind, Problem};
+use crate::routes::{live_entity, unknown_word};
 use crate::state::AppState;
 
 /// Write routes of events.
@@ -40,6 +41,7 @@ pub fn read() -> OpenApiRouter<AppState> {
 /// event's parameters, as for a raise. Nothing is written.
 #[utoipa::path(
     post,
+    operation_id = "checkEvent",
     path = "/v1/machines/{machine}/entities/{key}/events/{event}/check",
     tag = "events",
     params(
@@ -50,12 +52,6 @@ pub fn read() -> OpenApiRouter<AppState> {
     request_body(content = Option<Object>, description = "the event's parameters", content_type = "application/json"),
     responses(
         (status = 200, description = "the verdict", body = EventCheck),
-        (status = 400, description = "malformed JSON", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "unknown machine, entity or event", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 415, description = "body not application/json", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "invalid parameters", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn check(
@@ -79,6 +75,7 @@ async fn check(
 /// event is still processed; the problem links the operation).
 #[utoipa::path(
     post,
+    operation_id = "raiseEvent",
     path = "/v1/machines/{machine}/entities/{key}/events/{event}",
     tag = "events",
     params(
@@ -92,14 +89,6 @@ async fn check(
     responses(
         (status = 202, description = "queued; Location is the operation", body = RaiseAccepted),
         (status = 200, description = "wait=stable: the outcome and the entity at rest", body = RaiseDone),
-        (status = 400, description = "malformed JSON, query or header", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "unknown machine, entity or event", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "event rejected in the entity's state, or entity killed", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 415, description = "body not application/json", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "invalid parameters, or the event's action failed", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 504, description = "wait=stable timed out; the event is still processed", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn raise(
@@ -114,16 +103,20 @@ async fn raise(
         None => false,
         Some("stable") => true,
         Some(other) => {
-            return Err(Problem::new(Kind::BadRequest, format!("wait must be `stable`, not `{other}`")).field("wait"));
+            return Err(unknown_word("wait", "wait", other, &WAIT.join(", ")));
         }
     };
+    // A timeout without a wait has nothing to bound; it is checked all the same.
     let timeout = match q.timeout.as_deref() {
         None => s.config().default_wait,
-        Some(_) if !wait => {
-            return Err(Problem::new(Kind::BadRequest, "timeout applies to wait=stable only").field("timeout"));
-        }
-        Some(t) => settle_core::duration::parse(t)
-            .map_err(|e| Problem::new(Kind::BadRequest, e).field("timeout"))?
+        Some(t) => DURATION
+            .matches(t)
+            .then(|| settle_core::duration::parse(t).ok())
+            .flatten()
+            .ok_or_else(|| {
+                Problem::new(Kind::BadRequest, format!("timeout must be a duration such as `30s`, not `{t}`"))
+                    .field("timeout")
+            })?
             .min(s.config().max_wait),
     };
     let params = params.unwrap_or(Value::Null);

@@ -8,7 +8,7 @@ use utoipa_axum::routes;
 
 use crate::extract::{IdempotencyKey, JsonBody, Path};
 use crate::model::{Entity, SleepRequest};
-use crate::problem::{Kind, Problem, ProblemBody};
+use crate::problem::{Kind, Problem};
 use crate::routes::live_entity;
 use crate::state::AppState;
 
@@ -35,14 +35,16 @@ async fn apply(
     Ok(Json(Entity::from(&done.entity)))
 }
 
-/// A lifecycle route: `$doc`, the OpenAPI operation at `$path` every command shares (the
-/// entity's path, `Idempotency-Key`, the entity afterwards, 404, 409 killed, 410 deleted)
-/// with what the command adds (a request body, its problems), on the handler that follows.
+/// A lifecycle route: `$doc`, the OpenAPI operation `$id` at `$path` every command shares
+/// (the entity's path, `Idempotency-Key`, the entity afterwards; its problems are in
+/// [`crate::contract::PROBLEMS`]) with the request body the command adds, on the handler
+/// that follows.
 macro_rules! lifecycle {
-    ($doc:literal, $path:literal, [$($body:tt)*], [$($problems:tt)*], $($handler:tt)*) => {
+    ($doc:literal, $id:literal, $path:literal, [$($body:tt)*], $($handler:tt)*) => {
         #[doc = $doc]
         #[utoipa::path(
             post,
+            operation_id = $id,
             path = $path,
             tag = "lifecycle",
             params(
@@ -53,10 +55,6 @@ macro_rules! lifecycle {
             $($body)*
             responses(
                 (status = 200, description = "the entity afterwards", body = Entity),
-                (status = 404, description = "unknown machine or entity", body = ProblemBody, content_type = "application/problem+json"),
-                (status = 409, description = "the entity was killed", body = ProblemBody, content_type = "application/problem+json"),
-                (status = 410, description = "the entity was deleted", body = ProblemBody, content_type = "application/problem+json"),
-                $($problems)*
             )
         )]
         $($handler)*
@@ -65,11 +63,11 @@ macro_rules! lifecycle {
 
 /// A command without a body: the handler `$name` applies `$command`.
 macro_rules! command {
-    ($name:ident, $path:literal, $command:expr, $doc:literal) => {
+    ($name:ident, $id:literal, $path:literal, $command:expr, $doc:literal) => {
         lifecycle!(
             $doc,
+            $id,
             $path,
-            [],
             [],
             async fn $name(
                 State(s): State<AppState>,
@@ -84,30 +82,35 @@ macro_rules! command {
 
 command!(
     pause,
+    "pauseEntity",
     "/v1/machines/{machine}/entities/{key}/pause",
     Command::Pause,
     "Pauses an entity: nothing runs, events queue."
 );
 command!(
     resume,
+    "resumeEntity",
     "/v1/machines/{machine}/entities/{key}/resume",
     Command::Resume,
     "Resumes a paused, sleeping, backing-off or parked entity."
 );
 command!(
     kill,
+    "killEntity",
     "/v1/machines/{machine}/entities/{key}/kill",
     Command::Kill,
     "Kills an entity: terminal; its queued events and timers are canceled."
 );
 command!(
     release,
+    "releaseEntity",
     "/v1/machines/{machine}/entities/{key}/release",
     Command::Release,
     "Drops an entity's lease so any engine may continue it."
 );
 command!(
     retry,
+    "retryEntity",
     "/v1/machines/{machine}/entities/{key}/retry",
     Command::Retry,
     "Runs an entity's pending auto action now."
@@ -115,19 +118,9 @@ command!(
 
 lifecycle!(
     "Puts an entity to sleep until a time.",
+    "sleepEntity",
     "/v1/machines/{machine}/entities/{key}/sleep",
     [request_body = SleepRequest,],
-    [
-        (status = 400, description = "malformed JSON", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
-        (
-            status = 415,
-            description = "body not application/json",
-            body = ProblemBody,
-            content_type = "application/problem+json"
-        ),
-        (status = 422, description = "invalid `until`", body = ProblemBody, content_type = "application/problem+json"),
-    ],
     async fn sleep(
         State(s): State<AppState>,
         Path((machine, key)): Path<(String, String)>,

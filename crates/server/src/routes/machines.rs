@@ -10,7 +10,7 @@ use utoipa_axum::routes;
 
 use crate::extract::{Path, Query};
 use crate::model::{GraphQuery, MachineList, MachineSummary, MachineVersion};
-use crate::problem::{Kind, Problem, ProblemBody};
+use crate::problem::{Kind, Problem};
 use crate::state::AppState;
 
 /// Read routes of machines.
@@ -26,6 +26,7 @@ pub fn read() -> OpenApiRouter<AppState> {
 /// The machines this server serves.
 #[utoipa::path(
     get,
+    operation_id = "listMachines",
     path = "/v1/machines",
     tag = "machines",
     responses(
@@ -49,12 +50,12 @@ async fn list(State(s): State<AppState>) -> Json<MachineList> {
 /// A machine's definition, as canonical JSON; its `ETag` is the definition's hash.
 #[utoipa::path(
     get,
+    operation_id = "getMachine",
     path = "/v1/machines/{machine}",
     tag = "machines",
     params(("machine" = String, Path, description = "machine name")),
     responses(
         (status = 200, description = "the canonical definition", body = Object),
-        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn definition(State(s): State<AppState>, Path(machine): Path<String>) -> Result<Response, Problem> {
@@ -69,13 +70,15 @@ async fn definition(State(s): State<AppState>, Path(machine): Path<String>) -> R
 /// so a page can light the current state and the path taken).
 #[utoipa::path(
     get,
+    operation_id = "getMachineGraph",
     path = "/v1/machines/{machine}/graph",
     tag = "machines",
     params(("machine" = String, Path, description = "machine name"), GraphQuery),
     responses(
-        (status = 200, description = "the diagram (text/plain; SVG as image/svg+xml)", body = String, content_type = "text/plain"),
-        (status = 400, description = "unknown format", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 200, description = "the diagram: Mermaid or DOT as text, SVG as an image", content(
+            (String = "text/plain"),
+            (String = "image/svg+xml"),
+        )),
     )
 )]
 async fn diagram(
@@ -100,12 +103,12 @@ async fn diagram(
 /// it, do not poll it).
 #[utoipa::path(
     get,
+    operation_id = "listMachineVersions",
     path = "/v1/machines/{machine}/versions",
     tag = "machines",
     params(("machine" = String, Path, description = "machine name")),
     responses(
         (status = 200, description = "stored versions, oldest first", body = Vec<MachineVersion>),
-        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn versions(
@@ -132,12 +135,12 @@ async fn versions(
 /// reads back to the same definition: the same hash).
 #[utoipa::path(
     get,
+    operation_id = "getMachineToml",
     path = "/v1/machines/{machine}/toml",
     tag = "machines",
     params(("machine" = String, Path, description = "machine name")),
     responses(
         (status = 200, description = "the definition as TOML", body = String, content_type = "application/toml"),
-        (status = 404, description = "unknown machine", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn toml(State(s): State<AppState>, Path(machine): Path<String>) -> Result<Response, Problem> {

@@ -14,26 +14,20 @@ pub mod system;
 use settle_core::StateKind;
 use settle_store::EntityRow;
 
+use crate::contract::{self, LIMIT};
 use crate::problem::{Kind, Problem};
 use crate::state::AppState;
 
-/// Default page size of lists.
-pub const DEFAULT_LIMIT: u64 = 100;
-/// Largest page size of lists.
-pub const MAX_LIMIT: u64 = 1000;
-/// Longest entity key, in characters.
+/// Longest entity key, in characters (as [`contract::KEY`] says).
 pub const MAX_KEY: usize = 256;
 
-/// Parses a `limit` query parameter (1 to [`MAX_LIMIT`], default [`DEFAULT_LIMIT`]).
+/// Parses a `limit` query parameter ([`contract::LIMIT`]).
 pub(crate) fn parse_limit(limit: Option<&str>) -> Result<u64, Problem> {
-    let Some(text) = limit else { return Ok(DEFAULT_LIMIT) };
-    match text.parse::<u64>() {
-        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
-        _ => {
-            Err(Problem::new(Kind::BadRequest, format!("limit must be an integer from 1 to {MAX_LIMIT}, not `{text}`"))
-                .field("limit"))
-        }
-    }
+    let Some(text) = limit else { return Ok(LIMIT.default) };
+    LIMIT.parse(text).ok_or_else(|| {
+        Problem::new(Kind::BadRequest, format!("limit must be an integer from 1 to {}, not `{text}`", LIMIT.max))
+            .field("limit")
+    })
 }
 
 /// The problem of a query parameter `field` that must be one of a fixed set of words:
@@ -42,8 +36,12 @@ pub(crate) fn unknown_word(field: &str, what: &str, value: &str, expected: &str)
     Problem::new(Kind::BadRequest, format!("unknown {what} `{value}` (expected {expected})")).field(field)
 }
 
-/// Checks a new entity's key: 1 to [`MAX_KEY`] characters, no control characters.
+/// Checks a new entity's key ([`contract::KEY`]): 1 to [`MAX_KEY`] characters, no
+/// control characters.
 pub(crate) fn check_key(key: &str) -> Result<(), Problem> {
+    if contract::KEY.matches(key) {
+        return Ok(());
+    }
     let n = key.chars().count();
     let why = if n == 0 {
         "an entity key must not be empty".to_string()

@@ -5,9 +5,10 @@ use axum::extract::State;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::contract::OUTCOME;
 use crate::extract::{Path, Query};
 use crate::model::{Entity, HistoryEntry, Operation, OperationList, OperationQuery, OperationTrace, TraceEntry};
-use crate::problem::{Kind, Problem, ProblemBody};
+use crate::problem::{Kind, Problem};
 use crate::routes::{parse_limit, unknown_word};
 use crate::state::AppState;
 
@@ -16,24 +17,22 @@ pub fn read() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list)).routes(routes!(get)).routes(routes!(trace))
 }
 
-const OUTCOMES: [&str; 5] = ["success", "failed", "canceled", "hung", "open"];
-
 /// Operations, newest first.
 #[utoipa::path(
     get,
+    operation_id = "listOperations",
     path = "/v1/operations",
     tag = "operations",
     params(OperationQuery),
     responses(
         (status = 200, description = "operations, newest first", body = OperationList),
-        (status = 400, description = "bad query", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn list(State(s): State<AppState>, Query(q): Query<OperationQuery>) -> Result<Json<OperationList>, Problem> {
     if let Some(o) = q.outcome.as_deref()
-        && !OUTCOMES.contains(&o)
+        && !OUTCOME.contains(&o)
     {
-        return Err(unknown_word("outcome", "outcome", o, &OUTCOMES.join(", ")));
+        return Err(unknown_word("outcome", "outcome", o, &OUTCOME.join(", ")));
     }
     let limit = parse_limit(q.limit.as_deref())?;
     let rows = settle_store::Store::operation_list(s.engine().store(), q.outcome, limit).await?;
@@ -43,12 +42,12 @@ async fn list(State(s): State<AppState>, Query(q): Query<OperationQuery>) -> Res
 /// One operation, by request id.
 #[utoipa::path(
     get,
+    operation_id = "getOperation",
     path = "/v1/operations/{id}",
     tag = "operations",
     params(("id" = String, Path, description = "the operation's request id")),
     responses(
         (status = 200, description = "the operation", body = Operation),
-        (status = 404, description = "unknown operation", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn get(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Operation>, Problem> {
@@ -69,12 +68,12 @@ const TRACE_ENTITIES: u64 = 1000;
 /// events reached, and the history rows its request id caused there.
 #[utoipa::path(
     get,
+    operation_id = "getOperationTrace",
     path = "/v1/operations/{id}/trace",
     tag = "operations",
     params(("id" = String, Path, description = "the operation's request id")),
     responses(
         (status = 200, description = "the operation with the entities and transitions it touched", body = OperationTrace),
-        (status = 404, description = "unknown operation", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn trace(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<OperationTrace>, Problem> {

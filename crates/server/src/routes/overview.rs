@@ -2,14 +2,16 @@
 //! the store keeps in every commit: its cost does not grow with the number of entities.
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use settle_api::{MinuteRate, OutcomeCount, Overview, StateCount, TaskCount};
 use settle_store::{RunStatus, Store};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::contract::DURATION;
+use crate::extract::Query;
 use crate::model::OverviewQuery;
-use crate::problem::{Kind, Problem, ProblemBody};
+use crate::problem::{Kind, Problem};
 use crate::state::AppState;
 
 /// The overview route (readers).
@@ -19,29 +21,33 @@ pub fn read() -> OpenApiRouter<AppState> {
 
 /// The longest window of per-minute rates: a day.
 const MAX_WINDOW_MS: i64 = 24 * 3_600_000;
+/// The shortest window: a minute.
+const MIN_WINDOW_MS: i64 = 60_000;
 
 /// The fleet at a glance: entities by machine, state and run status; parked entities;
 /// due backlog; operations by outcome; open agent tasks; transitions and errors per minute
 /// over the window (one hour by default).
 #[utoipa::path(
     get,
+    operation_id = "getOverview",
     path = "/v1/overview",
     tag = "overview",
     params(OverviewQuery),
     responses(
         (status = 200, description = "the overview", body = Overview),
-        (status = 400, description = "bad window", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn overview(State(s): State<AppState>, Query(q): Query<OverviewQuery>) -> Result<Json<Overview>, Problem> {
     let window = match q.window.as_deref() {
         None => 3_600_000,
-        Some(w) => settle_core::duration::parse(w)
-            .ok()
-            .map(|d| d.as_millis().min(i64::MAX as u128) as i64)
-            .filter(|ms| (60_000..=MAX_WINDOW_MS).contains(ms))
+        // A window outside 1m to 24h is brought inside.
+        Some(w) => DURATION
+            .matches(w)
+            .then(|| settle_core::duration::parse(w).ok())
+            .flatten()
+            .map(|d| (d.as_millis().min(MAX_WINDOW_MS as u128) as i64).max(MIN_WINDOW_MS))
             .ok_or_else(|| {
-                Problem::new(Kind::BadRequest, format!("window must be a duration from 1m to 24h (`90m`), not `{w}`"))
+                Problem::new(Kind::BadRequest, format!("window must be a duration such as `90m` or `1h`, not `{w}`"))
                     .field("window")
             })?,
     };

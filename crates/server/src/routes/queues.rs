@@ -27,15 +27,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::auth::Caller;
+use crate::contract::{AGENT, TASKS, WAIT_MS};
 use crate::extract::{JsonBody, Path};
 use crate::model::{Accepted, CompleteRequest, Extended, FailRequest, HeartbeatRequest, LeaseRequest, Leased, Task};
-use crate::problem::{Kind, Problem, ProblemBody};
+use crate::problem::{Kind, Problem};
 use crate::state::AppState;
 
 /// Most long polls waiting at once (per server process).
 pub const MAX_POLLS: usize = 256;
-/// Most tasks per lease.
-pub const MAX_TASKS: u32 = 100;
 
 static POLLS: LazyLock<Semaphore> = LazyLock::new(|| Semaphore::new(MAX_POLLS));
 
@@ -114,16 +113,13 @@ fn refused(e: settle_engine::Error) -> Problem {
 /// tasks leased, each with its lease token, or none.
 #[utoipa::path(
     post,
+    operation_id = "leaseTasks",
     path = "/v1/queues/{queue}/lease",
     tag = "agents",
     params(("queue" = String, Path, description = "agent queue")),
     request_body(content = LeaseRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "the tasks leased (possibly none)", body = Leased),
-        (status = 400, description = "malformed JSON", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "no action is bound to the queue", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "invalid body (agent, max, wait_ms)", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 429, description = "too many long polls waiting", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn lease(
@@ -133,17 +129,25 @@ async fn lease(
     JsonBody(req): JsonBody<LeaseRequest>,
 ) -> Result<Json<Leased>, Problem> {
     check_queue(&s, &caller, &queue)?;
-    if req.agent.trim().is_empty() || req.agent.chars().count() > 200 || req.agent.chars().any(char::is_control) {
+    if !AGENT.matches(&req.agent) {
         return Err(Problem::new(Kind::InvalidBody, "agent must be 1 to 200 characters, without control characters")
             .field("agent"));
     }
-    let max = req.max.unwrap_or(1);
-    if !(1..=MAX_TASKS).contains(&max) {
+    let max = req.max.unwrap_or(TASKS.default);
+    if !TASKS.contains(max) {
         return Err(
-            Problem::new(Kind::InvalidBody, format!("max must be from 1 to {MAX_TASKS}, not {max}")).field("max")
+            Problem::new(Kind::InvalidBody, format!("max must be from 1 to {}, not {max}", TASKS.max)).field("max")
         );
     }
-    let wait = Duration::from_millis(req.wait_ms.unwrap_or(20_000)).min(s.config().max_wait);
+    let wait_ms = req.wait_ms.unwrap_or(WAIT_MS.default);
+    if !WAIT_MS.contains(wait_ms) {
+        return Err(Problem::new(
+            Kind::InvalidBody,
+            format!("wait_ms must be from 0 to {} (a day), not {wait_ms}", WAIT_MS.max),
+        )
+        .field("wait_ms"));
+    }
+    let wait = Duration::from_millis(wait_ms).min(s.config().max_wait);
     let _permit = if wait.is_zero() {
         None
     } else {
@@ -158,14 +162,13 @@ async fn lease(
 /// Extends a task's lease by its lock time.
 #[utoipa::path(
     post,
+    operation_id = "heartbeatTask",
     path = "/v1/tasks/{id}/heartbeat",
     tag = "agents",
     params(("id" = i64, Path, description = "task id")),
     request_body(content = HeartbeatRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "the lease's new end", body = Extended),
-        (status = 404, description = "no such task", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "lease expired or superseded, task reported or canceled", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn heartbeat(
@@ -188,15 +191,13 @@ fn accepted() -> Response {
 /// the action's outcome.
 #[utoipa::path(
     post,
+    operation_id = "completeTask",
     path = "/v1/tasks/{id}/complete",
     tag = "agents",
     params(("id" = i64, Path, description = "task id")),
     request_body(content = CompleteRequest, content_type = "application/json"),
     responses(
         (status = 202, description = "accepted: queued durably for the entity", body = Accepted),
-        (status = 404, description = "no such task", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "lease expired or superseded, task reported or canceled", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "a target the action does not declare, or properties not an object", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn complete(
@@ -222,14 +223,13 @@ async fn complete(
 /// Reports a task failed: a fault of the entity, decided by its fault policy.
 #[utoipa::path(
     post,
+    operation_id = "failTask",
     path = "/v1/tasks/{id}/fail",
     tag = "agents",
     params(("id" = i64, Path, description = "task id")),
     request_body(content = FailRequest, content_type = "application/json"),
     responses(
         (status = 202, description = "accepted: queued durably for the entity", body = Accepted),
-        (status = 404, description = "no such task", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "lease expired or superseded, task reported or canceled", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 async fn fail(

@@ -26,7 +26,7 @@ pub fn read() -> OpenApiRouter<AppState> {
 }
 
 /// Whether the server is up.
-#[utoipa::path(get, path = "/healthz", tag = "system", responses((status = 200, description = "the server runs", body = Health)))]
+#[utoipa::path(get, operation_id = "healthz", path = "/healthz", tag = "system", responses((status = 200, description = "the server runs", body = Health)))]
 async fn healthz() -> Json<Health> {
     Json(Health { status: "ok".into() })
 }
@@ -35,6 +35,7 @@ async fn healthz() -> Json<Health> {
 /// `settle_*` figures (as `settle stats --prometheus`).
 #[utoipa::path(
     get,
+    operation_id = "metrics",
     path = "/metrics",
     tag = "system",
     responses(
@@ -55,6 +56,7 @@ async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
 /// This API's OpenAPI 3.1 document, generated from the routes the server serves.
 #[utoipa::path(
     get,
+    operation_id = "openapi",
     path = "/openapi.json",
     tag = "system",
     responses(
@@ -70,6 +72,7 @@ async fn openapi(Extension(spec): Extension<OpenApiJson>) -> Response {
 /// `signed_in` false with the reason), so a sign-in page can ask it without an error.
 #[utoipa::path(
     get,
+    operation_id = "session",
     path = "/v1/session",
     tag = "system",
     responses(
