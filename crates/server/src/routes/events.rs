@@ -18,12 +18,12 @@ use settle_store::RunStatus;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::contract::{DURATION, WAIT};
+use crate::contract::WAIT;
 use crate::extract::{IdempotencyKey, OptionalJsonBody, Path, Query};
 use crate::model::{Entity, EventCheck, RaiseAccepted, RaiseDone, RaiseQuery};
 use crate::operation_location;
 use crate::problem::{Kind, Problem};
-use crate::routes::{live_entity, unknown_word};
+use crate::routes::{live_entity, parse_duration, unknown_word};
 use crate::state::AppState;
 
 /// Write routes of events.
@@ -103,21 +103,13 @@ async fn raise(
         None => false,
         Some("stable") => true,
         Some(other) => {
-            return Err(unknown_word("wait", "wait", other, &WAIT.join(", ")));
+            return Err(unknown_word("wait", "wait", other, WAIT));
         }
     };
     // A timeout without a wait has nothing to bound; it is checked all the same.
     let timeout = match q.timeout.as_deref() {
         None => s.config().default_wait,
-        Some(t) => DURATION
-            .matches(t)
-            .then(|| settle_core::duration::parse(t).ok())
-            .flatten()
-            .ok_or_else(|| {
-                Problem::new(Kind::BadRequest, format!("timeout must be a duration such as `30s`, not `{t}`"))
-                    .field("timeout")
-            })?
-            .min(s.config().max_wait),
+        Some(t) => parse_duration("timeout", t)?.min(s.config().max_wait),
     };
     let params = params.unwrap_or(Value::Null);
     settle_core::step::check_raise(&m, &event, &params)?;

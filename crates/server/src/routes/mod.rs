@@ -30,10 +30,18 @@ pub(crate) fn parse_limit(limit: Option<&str>) -> Result<u64, Problem> {
     })
 }
 
-/// The problem of a query parameter `field` that must be one of a fixed set of words:
-/// 400, naming the field, the unknown `value` (a `what`) and the `expected` words.
-pub(crate) fn unknown_word(field: &str, what: &str, value: &str, expected: &str) -> Problem {
-    Problem::new(Kind::BadRequest, format!("unknown {what} `{value}` (expected {expected})")).field(field)
+/// The problem of a query parameter `field` that must be one of the `expected` words
+/// ([`contract::Words`]): 400, naming the field, the unknown `value` (a `what`) and the words.
+pub(crate) fn unknown_word(field: &str, what: &str, value: &str, expected: contract::Words) -> Problem {
+    Problem::new(Kind::BadRequest, format!("unknown {what} `{value}` (expected {})", expected.join(", "))).field(field)
+}
+
+/// Parses a duration query parameter `field` ([`contract::DURATION`]); 400 naming it.
+pub(crate) fn parse_duration(field: &str, text: &str) -> Result<std::time::Duration, Problem> {
+    contract::DURATION.matches(text).then(|| settle_core::duration::parse(text).ok()).flatten().ok_or_else(|| {
+        Problem::new(Kind::BadRequest, format!("{field} must be a duration such as `30s` or `1h30m`, not `{text}`"))
+            .field(field)
+    })
 }
 
 /// Checks a new entity's key ([`contract::KEY`]): 1 to [`MAX_KEY`] characters, no

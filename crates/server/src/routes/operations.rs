@@ -32,7 +32,7 @@ async fn list(State(s): State<AppState>, Query(q): Query<OperationQuery>) -> Res
     if let Some(o) = q.outcome.as_deref()
         && !OUTCOME.contains(&o)
     {
-        return Err(unknown_word("outcome", "outcome", o, &OUTCOME.join(", ")));
+        return Err(unknown_word("outcome", "outcome", o, OUTCOME));
     }
     let limit = parse_limit(q.limit.as_deref())?;
     let rows = settle_store::Store::operation_list(s.engine().store(), q.outcome, limit).await?;

@@ -8,10 +8,10 @@ use settle_store::{RunStatus, Store};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::contract::DURATION;
 use crate::extract::Query;
 use crate::model::OverviewQuery;
-use crate::problem::{Kind, Problem};
+use crate::problem::Problem;
+use crate::routes::parse_duration;
 use crate::state::AppState;
 
 /// The overview route (readers).
@@ -41,15 +41,7 @@ async fn overview(State(s): State<AppState>, Query(q): Query<OverviewQuery>) -> 
     let window = match q.window.as_deref() {
         None => 3_600_000,
         // A window outside 1m to 24h is brought inside.
-        Some(w) => DURATION
-            .matches(w)
-            .then(|| settle_core::duration::parse(w).ok())
-            .flatten()
-            .map(|d| (d.as_millis().min(MAX_WINDOW_MS as u128) as i64).max(MIN_WINDOW_MS))
-            .ok_or_else(|| {
-                Problem::new(Kind::BadRequest, format!("window must be a duration such as `90m` or `1h`, not `{w}`"))
-                    .field("window")
-            })?,
+        Some(w) => (parse_duration("window", w)?.as_millis().min(MAX_WINDOW_MS as u128) as i64).max(MIN_WINDOW_MS),
     };
     let now = s.engine().clock().now_ms();
     // Whole minutes: the current one and the window's full minutes before it.
