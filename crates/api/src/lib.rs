@@ -336,7 +336,7 @@ pub struct RaiseAccepted {
     pub replayed: bool,
 }
 
-/// The answer of a raise with `wait=stable` (200).
+/// The answer of a raise with `wait=stable` or `wait=operation` (200).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RaiseDone {
@@ -344,11 +344,16 @@ pub struct RaiseDone {
     pub request_id: String,
     /// What became of the event (null for a replayed request id).
     pub outcome: Option<Outcome>,
-    /// The entity when it was at rest again (as it is now, for a replay).
+    /// The entity when the wait ended: at rest again (`stable`), or as the operation left
+    /// it (`operation`); as it is now, for a replay.
     pub entity: Option<Entity>,
     /// The request id had been used before: nothing was raised again.
     #[serde(default)]
     pub replayed: bool,
+    /// With `wait=operation`: the operation, ended; its `outcome` says how (`failed`
+    /// with its `error` when something it reached failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<Operation>,
 }
 
 /// `GET /healthz`.

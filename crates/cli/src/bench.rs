@@ -23,18 +23,24 @@ use crate::workers::Workers;
 #[derive(clap::Subcommand, Debug)]
 pub enum Bench {
     /// Entities through a chain of unstable states with no-op actions.
+    #[command(after_help = "Examples:\n  settle bench chain --entities 10000 --steps 4 --concurrency 256\n  \
+                            settle bench chain --entities 1000 --steps 3 --nested --json")]
     Chain(ChainArgs),
     /// Parents that each create children doing one step, and wait for all of them by
     /// subscription.
+    #[command(after_help = "Example:\n  settle bench fanout --entities 1000 --children 4 --json")]
     Fanout(FanoutArgs),
     /// Entities with a pending one-shot timer: memory while they wait, and firing them all
     /// after an engine restart.
+    #[command(after_help = "Example:\n  settle bench timers --entities 100000 --after 5s")]
     Timers(TimersArgs),
     /// Workflows whose one action is executed by external agents, all over HTTP: a
     /// `settle serve` process; callers raise with `wait=stable`, agents lease and complete.
+    #[command(after_help = "Example:\n  settle bench agents --entities 5000 --agents 4 --batch 32 --json")]
     Agents(AgentsArgs),
     /// What an operator's reads cost on a large fleet: the overview and a filtered page of
     /// entities, on N entities (1,000,000 by default) spread over a nested machine's states.
+    #[command(after_help = "Example:\n  settle --db fleet.db bench fleet --entities 100000 --repeat 11 --json")]
     Fleet(crate::bench_fleet::FleetArgs),
 }
 
@@ -123,7 +129,16 @@ async fn agents(db: Option<&str>, args: AgentsArgs) -> anyhow::Result<ExitCode> 
     let driven = drive(&keys, args.concurrency, move |key| {
         let c = c.clone();
         async move {
-            let raised = c.raise("job", &key, "go", json!({}), Some(Duration::from_secs(60)), None).await?;
+            let raised = c
+                .raise(
+                    "job",
+                    &key,
+                    "go",
+                    json!({}),
+                    Some((settle_client::WaitFor::Stable, Duration::from_secs(60))),
+                    None,
+                )
+                .await?;
             match raised {
                 settle_client::Raised::Done { entity: Some(e), .. } if e.state == "done" => Ok(()),
                 other => bail!("workflow {key} did not finish: {other:?}"),

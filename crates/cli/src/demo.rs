@@ -77,6 +77,16 @@ async fn stored_run(store: &AnyStore) -> anyhow::Result<Option<DemoRun>> {
     }
 }
 
+/// The request id of the `create` of the demo's server `key` (keys hold the run number).
+fn create_request(key: &str) -> String {
+    format!("demo-create-{key}")
+}
+
+/// The request id of the `create` event raised on the demo's server `key`.
+fn raise_request(key: &str) -> String {
+    format!("demo-raise-{key}")
+}
+
 /// The simulated provider settings of the latest demo run, if any (for `settle run`).
 pub async fn stored_settings(store: &AnyStore) -> anyhow::Result<Option<ProviderSettings>> {
     Ok(stored_run(store).await?.map(|r| r.provider))
@@ -162,10 +172,11 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
         (crate::start_engine_on(store.clone(), &crate::defs::Machines::BUILT_IN).await?, None)
     };
 
-    // Create the servers that do not exist yet, then raise `create` on those still new.
+    // Create the servers that do not exist yet, then raise `create` on each, every request
+    // with its own request id: a resumed run sends the requests whose answers a crash lost
+    // again, and the store recognises them (a replay, not a second `create`).
     let existing = servers_of(&store, &demo).await?;
     let have: std::collections::HashSet<String> = existing.iter().map(|e| e.key.to_string()).collect();
-    let missing: Vec<String> = (0..demo.servers).map(|i| demo.key(i)).filter(|k| !have.contains(k)).collect();
     let p = &demo.provider;
     eprintln!(
         "demo run {}: {} servers × {} resources, provider latency {}–{} ms, transient failure rate {}, \
@@ -181,25 +192,31 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
         p.seed
     );
     let mut tasks = tokio::task::JoinSet::new();
-    for key in missing {
-        let engine = engine.clone();
+    let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(256));
+    for i in 0..demo.servers {
+        let (engine, key, limit) = (engine.clone(), demo.key(i), limit.clone());
+        let exists = have.contains(&key);
         tasks.spawn(async move {
-            engine.create("server", &key, Default::default()).await?;
-            engine.raise("server", &key, "create", RaiseOptions::wait(Wait::Queued)).await?;
-            anyhow::Ok(())
+            let _permit = limit.acquire_owned().await?;
+            if !exists {
+                match engine.create_with("server", &key, Default::default(), Some(create_request(&key))).await {
+                    Ok(_) | Err(settle_engine::Error::AlreadyExists { .. }) => {}
+                    Err(e) => return Err(anyhow::anyhow!("creating server {key}: {e}")),
+                }
+            }
+            let options = RaiseOptions::wait(Wait::Queued).request_id(raise_request(&key));
+            let raised = engine.raise("server", &key, "create", options).await?;
+            anyhow::Ok(raised.replayed)
         });
     }
-    for e in existing.iter().filter(|e| e.state == "new") {
-        if store.inbox_list(e.id).await?.is_empty() {
-            let (engine, key) = (engine.clone(), e.key.to_string());
-            tasks.spawn(async move {
-                engine.raise("server", &key, "create", RaiseOptions::wait(Wait::Queued)).await?;
-                anyhow::Ok(())
-            });
-        }
-    }
+    let mut replayed = 0;
     while let Some(r) = tasks.join_next().await {
-        r??;
+        replayed += u32::from(r??);
+    }
+    if replayed > 0 {
+        eprintln!(
+            "{replayed} servers had been asked to `create` before the interruption (replays: nothing raised twice)"
+        );
     }
 
     show_progress(&store, &demo, workers.as_mut()).await?;
@@ -271,13 +288,13 @@ async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Resu
         let (client, key, limit) = (client.clone(), demo.key(i), limit.clone());
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await?;
-            match client.create("server", &key, serde_json::json!({}), Some(&format!("demo-create-{key}"))).await {
+            match client.create("server", &key, serde_json::json!({}), Some(&create_request(&key))).await {
                 Ok(_) => {}
                 Err(e) if e.problem_kind() == Some("entity-exists") => {}
                 Err(e) => return Err(anyhow::anyhow!("creating server {key}: {e}")),
             }
             client
-                .raise("server", &key, "create", serde_json::json!({}), None, Some(&format!("demo-raise-{key}")))
+                .raise("server", &key, "create", serde_json::json!({}), None, Some(&raise_request(&key)))
                 .await
                 .map_err(|e| anyhow::anyhow!("raising create on {key}: {e}"))?;
             anyhow::Ok(())

@@ -1,4 +1,5 @@
-//! Read-only views of a database file: `list`, `get`, `history`, `ops`, `machines`. They
+//! Read-only views of a database file: `list`, `get`, `history`, `ops`, `op`, `related`,
+//! `machines`. They
 //! open the file read-only (never creating it) and never take the engine lock, so they work
 //! beside a running engine. They print through [`crate::print`], as `--server` does.
 
@@ -145,6 +146,79 @@ pub async fn operations(db: &str, outcome: Option<String>, limit: u64, as_json: 
     let rows = store.operation_list(outcome, limit).await?;
     print::operations(&rows.iter().map(settle_client::Operation::from).collect::<Vec<_>>(), as_json);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Entities listed in an operation's trace, at most (as the API's trace route lists them).
+const TRACE_ENTITIES: u64 = 1000;
+
+/// `settle op`: one operation with the entities it touched and the transitions it caused
+/// there, read as the API's `GET /v1/operations/{id}/trace` reads them.
+pub async fn operation(db: &str, request_id: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+    let store = open(db)?;
+    let row = store
+        .operation_get(request_id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no operation with request id `{request_id}`"))?;
+    let t = store.operation_trace(request_id, TRACE_ENTITIES).await?;
+    let transitions = t
+        .transitions
+        .iter()
+        .filter_map(|h| {
+            let e = t.entities.iter().find(|e| e.id == h.entity_id)?;
+            let entry = settle_client::HistoryEntry::from(h);
+            Some(settle_api::TraceEntry { machine: e.machine.to_string(), key: e.key.to_string(), entry })
+        })
+        .collect();
+    let trace = settle_api::OperationTrace {
+        operation: settle_client::Operation::from(&row),
+        entities: t.entities.iter().map(settle_client::Entity::from).collect(),
+        transitions,
+        truncated: t.truncated,
+    };
+    print::operation_trace(&trace, as_json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `settle related`: the entity's predecessors and successors, and how far each
+/// subscription valid in its state is from firing, read as the API's `related` route
+/// reads them (the machines' definitions are the newest stored ones).
+pub async fn related(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+    let store = open(db)?;
+    let e = find(&store, machine, key).await?;
+    let predecessors = store.predecessor_list(e.id).await?;
+    let successors = store.successor_snapshot(e.id).await?.successors;
+    let machines = stored_machines(&store).await?;
+    let related = settle_api::Related {
+        predecessors: predecessors.iter().map(settle_client::Entity::from).collect(),
+        successors: successors.iter().map(settle_client::Entity::from).collect(),
+        subscriptions: subscription_progress(&machines, &e, &successors),
+    };
+    print::related(&settle_client::Entity::from(&e), &related, as_json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How far each subscription valid in `entity`'s state is from firing over `successors`,
+/// as the engine evaluates it, with the stored definitions (no engine runs here).
+fn subscription_progress(
+    machines: &[settle_core::Machine],
+    entity: &EntityRow,
+    successors: &[EntityRow],
+) -> Vec<settle_api::SubscriptionProgress> {
+    let of = |name: &str| machines.iter().find(|m| m.name().as_str() == name);
+    let Some(machine) = of(entity.machine.as_str()) else {
+        return Vec::new();
+    };
+    settle_engine::subscription_progress_with(machine, of, entity, successors)
+        .into_iter()
+        .map(|p| settle_api::SubscriptionProgress {
+            event: p.event.to_string(),
+            pattern: p.pattern,
+            selected: p.progress.selected,
+            satisfying: p.progress.satisfying,
+            holds: p.progress.holds,
+            fired: p.fired,
+        })
+        .collect()
 }
 
 /// `settle machines`: stored definition versions, the newest per machine marked current.

@@ -14,6 +14,7 @@ mod remote;
 mod report;
 mod serve;
 mod sim;
+mod telemetry;
 mod workers;
 mod workload;
 
@@ -27,14 +28,23 @@ use settle_store::AnyStore;
 
 /// Settle: durable workflows on persistent state machines.
 #[derive(Parser, Debug)]
-#[command(name = "settle", version, about)]
+#[command(
+    name = "settle",
+    version,
+    about,
+    after_help = "Examples:\n  settle demo --servers 100\n  settle list --machine server --state ready\n  \
+                  settle --server http://127.0.0.1:7400 get server r1-srv-00000 --json\n\n\
+                  Each command's --help ends with an example; `settle completions bash|zsh|fish` prints a \
+                  completion script."
+)]
 struct Cli {
     /// Database: a SQLite file, or a PostgreSQL URL (`postgres://user@host:5432/db`, with
     /// an optional `?schema=NAME`) shared by many instances [default: settle.db]
     #[arg(long, global = true, env = "SETTLE_DB")]
     db: Option<String>,
     /// Talk to a `settle serve` at this URL instead of opening the database (`get`, `list`,
-    /// `history`, `ops`, `create`, `raise`, `check` and the operator commands).
+    /// `history`, `ops`, `op`, `related`, `create`, `raise`, `check` and the operator
+    /// commands).
     #[arg(long, global = true, env = "SETTLE_SERVER", value_name = "URL")]
     server: Option<String>,
     /// Bearer token for `--server`.
@@ -52,12 +62,20 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Check machine definitions (TOML); exits 1 if any has errors.
+    #[command(after_help = "Examples:\n  settle validate examples/machines/*.toml\n  \
+                            settle validate examples/machines/server.toml --json")]
     Validate {
         /// Definition files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// One JSON object: `ok`, each file's machine and diagnostics, the diagnostics
+        /// across machines.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a machine's diagram.
+    #[command(after_help = "Examples:\n  settle graph examples/machines/server.toml\n  \
+                            settle graph examples/machines/cluster.toml --format svg > cluster.svg")]
     Graph {
         /// Definition file.
         file: PathBuf,
@@ -66,9 +84,14 @@ enum Command {
         format: Format,
     },
     /// Run the demo: servers provisioned against a slow, flaky simulated provider.
+    #[command(after_help = "Examples:\n  settle demo --servers 100 --fail-rate 0.3\n  \
+                            settle demo --db postgres://settle@localhost:5432/settle --instances 3")]
     Demo(demo::Args),
     /// Process due work in the database until stopped (Ctrl-C or SIGTERM). On PostgreSQL,
     /// run as many of these as you like: each is a worker-only instance.
+    #[command(after_help = "Examples:\n  settle run --until-idle\n  \
+                            settle run --db postgres://settle@localhost:5432/settle --serve cluster \
+                            --machines examples/machines")]
     Run {
         /// Exit once nothing is queued, running or scheduled.
         #[arg(long)]
@@ -82,11 +105,18 @@ enum Command {
         serve: Vec<String>,
     },
     /// Create an entity in its machine's initial state.
+    #[command(after_help = "Examples:\n  settle create server web-1 --idempotency-key create-web-1\n  \
+                            settle create cluster db-1 --props '{\"max_replicas\": 3}' --machines examples/machines")]
     Create(operate::CreateArgs),
     /// Raise an event on an entity: queued, or with --wait processed until the entity is at
     /// rest again. A rejected event exits 1.
+    #[command(after_help = "Examples:\n  settle raise server web-1 create\n  \
+                            settle --server http://127.0.0.1:7400 raise cluster db-1 resize \
+                            --params '{\"replicas\": 2}' --wait --json")]
     Raise(operate::RaiseArgs),
     /// List entities.
+    #[command(after_help = "Examples:\n  settle list --machine server --state ready\n  \
+                            settle list --status fault --json | jq -r .key")]
     List {
         /// Only this machine.
         #[arg(long)]
@@ -105,6 +135,7 @@ enum Command {
         json: bool,
     },
     /// Show one entity.
+    #[command(after_help = "Example:\n  settle get server r1-srv-00000 --json")]
     Get {
         /// Machine name.
         machine: String,
@@ -117,8 +148,12 @@ enum Command {
     /// What an event would do to an entity if raised now (guards evaluated against its
     /// properties and --params): run an action, be ignored, or be rejected and why. Writes
     /// nothing; exit 1 when it would be rejected.
+    #[command(after_help = "Example:\n  settle check cluster db-1 resize --params '{\"replicas\": 5}' \
+                            --machines examples/machines")]
     Check(operate::CheckArgs),
     /// Show an entity's transition history (or, with --events, the events it processed).
+    #[command(after_help = "Examples:\n  settle history server r1-srv-00000\n  \
+                            settle history server r1-srv-00000 --events --json")]
     History {
         /// Machine name.
         machine: String,
@@ -132,10 +167,14 @@ enum Command {
         json: bool,
     },
     /// Pause an entity: nothing runs, events queue.
+    #[command(after_help = "Example:\n  settle pause server web-1 --request-id pause-web-1")]
     Pause(operate::Target),
     /// Resume a paused, sleeping, backing-off or parked entity.
+    #[command(after_help = "Example:\n  settle resume server web-1 --json")]
     Resume(operate::Target),
     /// Put an entity to sleep until a time.
+    #[command(after_help = "Examples:\n  settle sleep server web-1 --until +10m\n  \
+                            settle sleep server web-1 --until 2026-11-22T10:00:00Z")]
     Sleep {
         #[command(flatten)]
         target: operate::Target,
@@ -144,12 +183,17 @@ enum Command {
         until: String,
     },
     /// Kill an entity: terminal, its queued events and timers are canceled.
+    #[command(after_help = "Example:\n  settle kill server web-1 --request-id kill-web-1")]
     Kill(operate::Target),
     /// Drop an entity's lease so any engine may continue it.
+    #[command(after_help = "Example:\n  settle release server web-1")]
     Release(operate::Target),
     /// Run an entity's pending auto action now (after a backoff, retry delay or parking).
+    #[command(after_help = "Example:\n  settle retry server web-1")]
     Retry(operate::Target),
     /// List operations, newest first.
+    #[command(after_help = "Examples:\n  settle ops --outcome failed --limit 10\n  \
+                            settle ops --limit 1 --json | jq -r .request_id | xargs settle op")]
     Ops {
         /// Only this outcome (`open`: not finished).
         #[arg(long, value_parser = ["success", "failed", "canceled", "hung", "open"])]
@@ -161,7 +205,33 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// One operation with everything it touched: the entities its request reached and the
+    /// transitions it caused there, in order.
+    #[command(after_help = "Examples:\n  settle op 0196f3a2-7c41-7d2e-9a51-3f0c2b8e4d17\n  \
+                            settle --server http://127.0.0.1:7400 op create-web-1 --json")]
+    Op {
+        /// The operation's request id (`settle ops` lists them).
+        request_id: String,
+        /// One JSON object: the operation, its entities and its transitions.
+        #[arg(long)]
+        json: bool,
+    },
+    /// An entity's predecessors (the entities it reports to, e.g. the parent that created
+    /// it) and successors (those it created, whose states its subscriptions watch), with
+    /// their states, and how far each subscription valid in its state is from firing.
+    #[command(after_help = "Examples:\n  settle related server r1-srv-00000\n  \
+                            settle related app r1-srv-00000-app --json")]
+    Related {
+        /// Machine name.
+        machine: String,
+        /// Entity key.
+        key: String,
+        /// One JSON object: the entity, its predecessors, successors and subscriptions.
+        #[arg(long)]
+        json: bool,
+    },
     /// Key figures from the telemetry tables: operations, transitions, top errors.
+    #[command(after_help = "Examples:\n  settle stats --since 1h\n  settle stats --prometheus")]
     Stats {
         /// Only what happened within this long before now (e.g. `1h`) [default: all time].
         #[arg(long)]
@@ -174,21 +244,34 @@ enum Command {
         prometheus: bool,
     },
     /// List stored machine definition versions with their entity counts.
+    #[command(after_help = "Example:\n  settle machines --json")]
     Machines {
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
     },
     /// Serve the HTTP/JSON management API (see README "HTTP API").
+    #[command(after_help = "Examples:\n  settle serve\n  \
+                            settle serve --listen 0.0.0.0:7400 --tokens tokens.toml --machines examples/machines")]
     Serve(serve::Args),
     /// An external agent: serves an agent queue of a server over HTTP with the demo's
     /// simulated provider (slow, flaky).
+    #[command(after_help = "Example:\n  settle agent --server http://127.0.0.1:7400 --queue provider --concurrency 16")]
     Agent(agent::Args),
     /// Benchmarks.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Example:\n  settle bench chain --entities 10000 --steps 4 --json")]
     Bench(bench::Bench),
+    /// Print a shell completion script (bash, zsh, fish, elvish or powershell).
+    #[command(after_help = "Examples:\n  \
+                            settle completions bash > ~/.local/share/bash-completion/completions/settle\n  \
+                            settle completions zsh > ~/.zfunc/_settle\n  \
+                            settle completions fish > ~/.config/fish/completions/settle.fish")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Crash-test workload (used by the test suite).
-    #[command(hide = true)]
+    #[command(hide = true, after_help = "Example:\n  settle --db crash.db workload --jobs 200 --charts 20")]
     Workload(workload::Args),
 }
 
@@ -197,19 +280,17 @@ fn db_path(db: &Option<String>) -> String {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Flushes the OpenTelemetry export (feature `otlp`) when `main` returns.
+    let _telemetry = telemetry::init();
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // A `--server` flag on a local-only command is refused; `SETTLE_SERVER` is ignored there.
     // The same for `--machines` on a command that starts no engine (or talks to a server).
     let given = |id: &str| matches!(matches.value_source(id), Some(clap::parser::ValueSource::CommandLine));
     let flags = Flags { server: given("server"), machines: given("machines") };
+    if exits_after_printing(&cli.command) {
+        die_quietly_on_closed_pipe();
+    }
     match run(cli, flags) {
         Ok(code) => code,
         Err(e) => {
@@ -218,6 +299,37 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// Whether a command prints and exits (every one but the processes that stay up and talk
+/// to other processes: `serve`, `run`, `agent`, `demo` and the crash-test `workload`).
+/// Those that do die quietly when their output is closed (`settle list --json | head -1`).
+fn exits_after_printing(command: &Command) -> bool {
+    !matches!(
+        command,
+        Command::Serve(_) | Command::Run { .. } | Command::Agent(_) | Command::Demo(_) | Command::Workload(_)
+    )
+}
+
+/// Makes a write to a closed pipe end the process as it ends `cat` or `ls`: killed by
+/// SIGPIPE, quietly (a shell reports status 141), instead of a panic ("failed printing to
+/// stdout: Broken pipe") with a backtrace. Rust ignores SIGPIPE so that a write to a dead
+/// peer is an error to handle. That stays so on TCP sockets (HTTP, PostgreSQL), written
+/// without the signal (MSG_NOSIGNAL, SO_NOSIGPIPE); a PostgreSQL server gone from under a
+/// Unix socket would now end a command that would have failed anyway. The processes that
+/// stay up keep the error (see [`exits_after_printing`]).
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn die_quietly_on_closed_pipe() {
+    // SAFETY: `signal` only sets SIGPIPE's disposition back to the default action; no
+    // handler is installed, so no code of ours ever runs in a signal context, and the
+    // arguments are libc's own constants.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn die_quietly_on_closed_pipe() {}
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
@@ -263,7 +375,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         defs::Machines::load(cli.machines.as_deref()).map_err(|report| anyhow::anyhow!("{}", report.trim_end()))
     };
     match command {
-        Command::Validate { files } => validate(&files),
+        Command::Validate { files, json } => validate(&files, json),
         Command::Graph { file, format } => {
             let (machine, _) = load_machine(&file).map_err(|report| anyhow::anyhow!("{}", report.trim_end()))?;
             print!("{}", settle_core::graph::render(&machine, format));
@@ -314,6 +426,21 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(report::stats(&db_path(&cli.db), since.as_deref(), format))
         }
         Command::Machines { json } => runtime()?.block_on(inspect::machines(&db_path(&cli.db), json)),
+        Command::Op { request_id, json } => {
+            runtime()?.block_on(inspect::operation(&db_path(&cli.db), &request_id, json))
+        }
+        Command::Related { machine, key, json } => {
+            runtime()?.block_on(inspect::related(&db_path(&cli.db), &machine, &key, json))
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "settle",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Serve(args) => serve::run(&db_path(&cli.db), cli.machines.as_deref(), args),
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
@@ -351,6 +478,10 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
         Command::Create(args) => Box::pin(remote::create(c, args)),
         Command::Raise(args) => Box::pin(remote::raise(c, args)),
         Command::Check(args) => Box::pin(remote::check(c, args)),
+        Command::Op { request_id, json } => Box::pin(async move { remote::operation(c, &request_id, json).await }),
+        Command::Related { machine, key, json } => {
+            Box::pin(async move { remote::related(c, &machine, &key, json).await })
+        }
         local => return Ok(Err(local)),
     };
     Ok(Ok(runtime()?.block_on(future).map_err(remote::describe)?))
@@ -368,6 +499,7 @@ fn local_only(command: &Command) -> Option<String> {
         Command::Serve(_) => ("serve", "is the server: it opens the database directly"),
         Command::Bench(_) => ("bench", "runs its own engines on a database"),
         Command::Workload(_) => ("workload", "runs its own engine on the database"),
+        Command::Completions { .. } => ("completions", "prints a script"),
         // `settle agent --server URL` is its own option; everything else went to the server.
         _ => return None,
     };
@@ -395,6 +527,9 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         Command::Get { .. } => "get",
         Command::History { .. } => "history",
         Command::Ops { .. } => "ops",
+        Command::Op { .. } => "op",
+        Command::Related { .. } => "related",
+        Command::Completions { .. } => "completions",
         Command::Stats { .. } => "stats",
         Command::Machines { .. } => "machines",
         Command::Agent(_) => "agent",
@@ -403,18 +538,47 @@ fn without_engine(command: &Command) -> Option<&'static str> {
     })
 }
 
-/// Loads and validates one TOML definition; `Err` holds the printed report.
-fn load_machine(path: &Path) -> Result<(settle_core::Machine, settle_core::Report), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("machine");
-    settle_core::toml::load(&path.display().to_string(), stem, &text).map_err(|report| report.to_string())
+/// Why a definition file did not load.
+enum LoadError {
+    /// It could not be read.
+    Unreadable(std::io::Error),
+    /// It has errors (and perhaps warnings).
+    Invalid(settle_core::Report),
 }
 
-fn validate(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
+/// Loads and validates one TOML definition.
+fn load_definition(path: &Path) -> Result<(settle_core::Machine, settle_core::Report), LoadError> {
+    let text = std::fs::read_to_string(path).map_err(LoadError::Unreadable)?;
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("machine");
+    settle_core::toml::load(&path.display().to_string(), stem, &text).map_err(LoadError::Invalid)
+}
+
+/// Loads and validates one TOML definition; `Err` holds the printed report.
+fn load_machine(path: &Path) -> Result<(settle_core::Machine, settle_core::Report), String> {
+    load_definition(path).map_err(|e| match e {
+        LoadError::Unreadable(e) => format!("{}: cannot read: {e}", path.display()),
+        LoadError::Invalid(report) => report.to_string(),
+    })
+}
+
+fn validate(files: &[PathBuf], as_json: bool) -> anyhow::Result<ExitCode> {
     let mut ok = true;
     let mut loaded = Vec::new();
+    let mut results = Vec::new();
     for path in files {
-        match load_machine(path) {
+        match load_definition(path) {
+            Ok((m, report)) if as_json => {
+                results.push(serde_json::json!({
+                    "file": path.display().to_string(),
+                    "ok": true,
+                    "machine": m.name().as_str(),
+                    "states": m.states().len(),
+                    "events": m.events().len(),
+                    "actions": m.actions().len(),
+                    "diagnostics": diagnostics_json(&report),
+                }));
+                loaded.push(m);
+            }
             Ok((m, report)) => {
                 print!("{report}");
                 println!(
@@ -428,23 +592,82 @@ fn validate(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
                 );
                 loaded.push(m);
             }
-            Err(report) => {
+            Err(e) => {
                 ok = false;
-                print!("{report}");
-                if !report.ends_with('\n') {
-                    println!();
+                let report = match e {
+                    LoadError::Invalid(report) => report,
+                    LoadError::Unreadable(e) if !as_json => {
+                        println!("{}: cannot read: {e}", path.display());
+                        continue;
+                    }
+                    // The file itself as the item of an error diagnostic, as a reader of the
+                    // JSON expects every problem to be.
+                    LoadError::Unreadable(e) => settle_core::Report {
+                        diagnostics: vec![settle_core::Diagnostic {
+                            severity: settle_core::Severity::Error,
+                            file: Some(path.display().to_string()),
+                            line: None,
+                            machine: String::new(),
+                            item: "file".to_string(),
+                            message: format!("cannot read: {e}"),
+                        }],
+                    },
+                };
+                if as_json {
+                    let machine = report.diagnostics.first().map(|d| d.machine.clone()).filter(|m| !m.is_empty());
+                    results.push(serde_json::json!({
+                        "file": path.display().to_string(),
+                        "ok": false,
+                        "machine": machine,
+                        "states": null,
+                        "events": null,
+                        "actions": null,
+                        "diagnostics": diagnostics_json(&report),
+                    }));
+                } else {
+                    print!("{report}");
                 }
             }
         }
     }
     // Subscriptions name other machines: check them against every machine given.
+    let mut across = settle_core::Report::default();
     if loaded.len() > 1 {
         let set: Vec<&settle_core::Machine> = loaded.iter().collect();
-        let report = settle_core::validate::check_set(&set);
-        print!("{report}");
-        ok &= !report.has_errors();
+        across = settle_core::validate::check_set(&set);
+        if !as_json {
+            print!("{across}");
+        }
+        ok &= !across.has_errors();
+    }
+    if as_json {
+        let v = serde_json::json!({"ok": ok, "files": results, "across_machines": diagnostics_json(&across)});
+        println!("{v}");
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// `settle validate --json`'s diagnostics: `severity` (`error` or `warning`), `file`,
+/// `line` (null when unknown), `machine`, `item`, `message`.
+fn diagnostics_json(report: &settle_core::Report) -> serde_json::Value {
+    let severity = |s: settle_core::Severity| match s {
+        settle_core::Severity::Error => "error",
+        settle_core::Severity::Warning => "warning",
+    };
+    report
+        .diagnostics
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "severity": severity(d.severity),
+                "file": d.file,
+                "line": d.line,
+                "machine": d.machine,
+                "item": d.item,
+                "message": d.message,
+            })
+        })
+        .collect()
 }
 
 /// Starts an engine on `db` running `machines`.

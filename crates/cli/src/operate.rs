@@ -99,9 +99,18 @@ pub struct RaiseArgs {
     /// The event's parameters: a JSON object.
     #[arg(long, value_name = "JSON")]
     params: Option<String>,
-    /// Wait until the entity is at rest again, and show the outcome and the entity.
-    #[arg(long)]
-    pub(crate) wait: bool,
+    /// Wait, and show the outcome and the entity: `--wait` (or `--wait=operation`) until
+    /// the operation the event started has ended, every entity it reached at rest again
+    /// (exit 1 unless it ended `success`); `--wait=stable` until this entity is at rest
+    /// again.
+    #[arg(
+        long,
+        value_name = "WHAT",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "operation"
+    )]
+    pub(crate) wait: Option<WaitFor>,
     /// How long `--wait` waits (the event is still processed after).
     #[arg(long, default_value = "30s", requires = "wait")]
     timeout: String,
@@ -241,12 +250,39 @@ pub async fn create(db: &str, machines: &Machines, a: CreateArgs) -> anyhow::Res
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `settle raise --wait` waits for.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitFor {
+    /// The operation the event started has ended.
+    Operation,
+    /// The entity is at rest again.
+    Stable,
+}
+
+impl WaitFor {
+    /// The engine's wait.
+    fn engine(self) -> Wait {
+        match self {
+            WaitFor::Operation => Wait::Operation,
+            WaitFor::Stable => Wait::Stable,
+        }
+    }
+
+    /// The client's wait.
+    pub(crate) fn client(self) -> settle_client::WaitFor {
+        match self {
+            WaitFor::Operation => settle_client::WaitFor::Operation,
+            WaitFor::Stable => settle_client::WaitFor::Stable,
+        }
+    }
+}
+
 /// `settle raise` on the database `db`. Without `--wait` the event is queued for `settle
 /// run`; with it, this process runs the engine until the entity is at rest again.
 pub async fn raise(db: &str, machines: &Machines, a: RaiseArgs) -> anyhow::Result<ExitCode> {
     let params = a.params()?;
     let timeout = a.timeout()?;
-    let engine = if a.wait {
+    let engine = if a.wait.is_some() {
         // Refuse a missing database rather than create it.
         drop(AnyStore::open_read_only(db)?);
         crate::start_engine(db, machines).await?
@@ -270,7 +306,7 @@ async fn raise_on(
 ) -> anyhow::Result<(Option<String>, print::Raised)> {
     // As the server does: an event invalid in the state of an entity at rest is refused at
     // once, unrecorded (nothing could make it valid before its turn).
-    let mut options = RaiseOptions::wait(if a.wait { Wait::Stable } else { Wait::Queued })
+    let mut options = RaiseOptions::wait(a.wait.map_or(Wait::Queued, WaitFor::engine))
         .params(params)
         .timeout(timeout)
         .refuse_at_rest();
@@ -283,7 +319,9 @@ async fn raise_on(
     {
         return Ok((None, print::Raised::Rejected { state: state.to_string(), reason }));
     }
-    let outcome = if !a.wait {
+    let entity = raised.entity.as_ref().map(|e| Box::new(settle_client::Entity::from(e)));
+    let operation = raised.operation.as_ref().map(|o| Box::new(settle_client::Operation::from(o)));
+    let outcome = if a.wait.is_none() {
         print::Raised::Queued { replayed: raised.replayed }
     } else {
         match raised.outcome {
@@ -293,16 +331,15 @@ async fn raise_on(
             Some(EventOutcome::Failed { error }) => print::Raised::Failed { error },
             Some(EventOutcome::Accepted { state }) => print::Raised::Done {
                 outcome: Some(settle_client::Outcome::Accepted { state: state.to_string() }),
-                entity: raised.entity.as_ref().map(|e| Box::new(settle_client::Entity::from(e))),
+                entity,
+                operation,
             },
             Some(EventOutcome::Ignored { state }) => print::Raised::Done {
                 outcome: Some(settle_client::Outcome::Ignored { state: state.to_string() }),
-                entity: raised.entity.as_ref().map(|e| Box::new(settle_client::Entity::from(e))),
+                entity,
+                operation,
             },
-            None => print::Raised::Done {
-                outcome: None,
-                entity: raised.entity.as_ref().map(|e| Box::new(settle_client::Entity::from(e))),
-            },
+            None => print::Raised::Done { outcome: None, entity, operation },
         }
     };
     Ok((Some(raised.request_id), outcome))

@@ -1,4 +1,5 @@
-//! What `get`, `list`, `history`, `ops`, the operator commands, `create` and `raise` print,
+//! What `get`, `list`, `history`, `ops`, `op`, `related`, the operator commands, `create`,
+//! `raise` and `check` print,
 //! text and `--json`, from the API's shapes (settle-client's [`Entity`], [`HistoryEntry`],
 //! [`Operation`], from settle-api). The local commands convert store rows to these shapes
 //! (settle-api's `From` conversions, the server's own) and the `--server` commands receive
@@ -183,6 +184,20 @@ pub fn entity(e: &Entity, detail: Option<&Detail>, as_json: bool) {
     }
 }
 
+/// What a history row did, as its table shows it: the event and action, the retry, the
+/// detail.
+fn history_what(h: &HistoryEntry) -> String {
+    let what = match (h.event.as_deref(), h.action.as_deref()) {
+        (Some(ev), Some(a)) => format!("event {ev} → {a}"),
+        (Some(ev), None) => format!("event {ev}"),
+        (None, Some(a)) => format!("auto {a}"),
+        (None, None) => String::new(),
+    };
+    let retry = if h.retry > 0 { format!(" (retry {})", h.retry) } else { String::new() };
+    let detail = h.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+    format!("{what}{retry}{detail}")
+}
+
 /// `settle history`: transition rows, oldest first.
 pub fn history(rows: &[HistoryEntry], as_json: bool) {
     for h in rows {
@@ -190,21 +205,14 @@ pub fn history(rows: &[HistoryEntry], as_json: bool) {
             println!("{}", history_json(h));
             continue;
         }
-        let what = match (h.event.as_deref(), h.action.as_deref()) {
-            (Some(ev), Some(a)) => format!("event {ev} → {a}"),
-            (Some(ev), None) => format!("event {ev}"),
-            (None, Some(a)) => format!("auto {a}"),
-            (None, None) => String::new(),
-        };
-        let retry = if h.retry > 0 { format!(" (retry {})", h.retry) } else { String::new() };
-        let detail = h.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
         println!(
-            "{}  {:<9}  {:<8} {:>14} → {:<14} {what}{retry}{detail}",
+            "{}  {:<9}  {:<8} {:>14} → {:<14} {}",
             fmt_time(h.at),
             short_id(h.request_id.as_deref()),
             h.kind,
             h.from.as_deref().unwrap_or("-"),
             h.to.as_deref().unwrap_or("-"),
+            history_what(h),
         );
     }
 }
@@ -239,6 +247,123 @@ pub fn operations(rows: &[Operation], as_json: bool) {
     }
     if rows.is_empty() && !as_json {
         eprintln!("no operations");
+    }
+}
+
+/// `settle op`: one operation, the entities it touched and the transitions it caused.
+/// JSON: one object, `operation` (as a `settle ops --json` line), `entities` (as `settle
+/// list --json` lines, by id), `transitions` (as `settle history --json` lines with the
+/// entity's `machine` and `key`, by entity then time, as the API lists them), `truncated`
+/// (more than 1000 entities were touched; the first 1000 are listed). The text lists the
+/// transitions in the order they were committed.
+pub fn operation_trace(t: &settle_api::OperationTrace, as_json: bool) {
+    if as_json {
+        let transitions: Vec<Value> = t
+            .transitions
+            .iter()
+            .map(|tr| {
+                let mut v = json!({"machine": tr.machine, "key": tr.key});
+                if let (Some(all), Value::Object(fields)) = (v.as_object_mut(), history_json(&tr.entry)) {
+                    all.extend(fields);
+                }
+                v
+            })
+            .collect();
+        let v = json!({
+            "operation": operation_json(&t.operation),
+            "entities": t.entities.iter().map(entity_json).collect::<Vec<_>>(),
+            "transitions": transitions,
+            "truncated": t.truncated,
+        });
+        println!("{v}");
+        return;
+    }
+    let o = &t.operation;
+    let entity = match (&o.machine, &o.key) {
+        (Some(m), Some(k)) => format!(" on {m} {k}"),
+        _ => String::new(),
+    };
+    println!("operation {}: {}{entity}", o.request_id, o.name);
+    match (o.outcome.as_deref(), o.ended_at) {
+        (Some(outcome), Some(ended)) => println!(
+            "outcome:   {outcome} after {} ms (started {}, ended {})",
+            ended - o.started_at,
+            fmt_time(o.started_at),
+            fmt_time(ended)
+        ),
+        (outcome, _) => println!("outcome:   {} (started {})", outcome.unwrap_or("open"), fmt_time(o.started_at)),
+    }
+    if let Some(error) = &o.error {
+        println!("error:     {error}");
+    }
+    if o.restart_count > 0 {
+        println!("restarts:  {}", o.restart_count);
+    }
+    println!(
+        "\nentities ({}{}):",
+        t.entities.len(),
+        if t.truncated { ", more were touched: the list stops there" } else { "" }
+    );
+    let mut header = true;
+    entity_rows(&t.entities, false, &mut header);
+    println!("\ntransitions ({}):", t.transitions.len());
+    // In the order they were committed (the API lists them by entity, then time).
+    let mut rows: Vec<&settle_api::TraceEntry> = t.transitions.iter().collect();
+    rows.sort_by_key(|tr| tr.entry.at);
+    let width = rows.iter().map(|tr| tr.machine.chars().count() + 1 + tr.key.chars().count()).max().unwrap_or(0);
+    for tr in rows {
+        let h = &tr.entry;
+        let line = format!(
+            "{}  {:<width$}  {:<8} {:>14} → {:<14} {}",
+            fmt_time(h.at),
+            format!("{} {}", tr.machine, tr.key),
+            h.kind,
+            h.from.as_deref().unwrap_or("-"),
+            h.to.as_deref().unwrap_or("-"),
+            history_what(h),
+        );
+        println!("{}", line.trim_end());
+    }
+}
+
+/// `settle related`: the entity, its predecessors and successors, and its subscriptions'
+/// progress. JSON: one object, `entity`, `predecessors` and `successors` (each as `settle
+/// list --json` lines, by id) and `subscriptions` (`event`, `pattern`, `selected`,
+/// `satisfying`, `holds`, `fired`, as the API's `related` route has them).
+pub fn related(e: &Entity, r: &settle_api::Related, as_json: bool) {
+    if as_json {
+        let v = json!({
+            "entity": entity_json(e),
+            "predecessors": r.predecessors.iter().map(entity_json).collect::<Vec<_>>(),
+            "successors": r.successors.iter().map(entity_json).collect::<Vec<_>>(),
+            "subscriptions": r.subscriptions,
+        });
+        println!("{v}");
+        return;
+    }
+    println!("{} {}: state {}, run status {}", e.machine, e.key, e.state, e.run_status);
+    for (title, list) in [("predecessors", &r.predecessors), ("successors", &r.successors)] {
+        if list.is_empty() {
+            println!("\n{title}: none");
+            continue;
+        }
+        println!("\n{title} ({}):", list.len());
+        let mut header = true;
+        entity_rows(list, false, &mut header);
+    }
+    if r.subscriptions.is_empty() {
+        println!("\nsubscriptions in state {}: none", e.state);
+        return;
+    }
+    println!("\nsubscriptions in state {}:", e.state);
+    let width = r.subscriptions.iter().map(|p| p.event.chars().count()).max().unwrap_or(0);
+    for p in &r.subscriptions {
+        let status = match (p.fired, p.holds) {
+            (true, _) => "fired",
+            (false, true) => "holds",
+            (false, false) => "waiting",
+        };
+        println!("  {:<width$}  {}: {} of {} selected satisfy; {status}", p.event, p.pattern, p.satisfying, p.selected);
     }
 }
 
@@ -294,12 +419,15 @@ pub enum Raised {
         /// The request id had been used before: nothing was raised again.
         replayed: bool,
     },
-    /// Processed and at rest again (`--wait`); `outcome` is `None` for a replay.
+    /// Processed (`--wait`): the entity at rest again, or the operation ended; `outcome`
+    /// is `None` for a replay.
     Done {
         /// What became of the event.
         outcome: Option<settle_client::Outcome>,
-        /// The entity at rest.
+        /// The entity when the wait ended.
         entity: Option<Box<Entity>>,
+        /// The operation, ended (`--wait=operation`).
+        operation: Option<Box<Operation>>,
     },
     /// Not valid in the entity's state; nothing changed.
     Rejected {
@@ -330,17 +458,19 @@ pub struct Raise<'a> {
 }
 
 impl Raise<'_> {
-    /// Whether `settle raise` succeeds: not rejected, not failed.
+    /// Whether `settle raise` succeeds: not rejected, not failed, and an operation waited
+    /// for ended `success`.
     pub fn ok(&self) -> bool {
-        !matches!(
-            self.raised,
+        match &self.raised {
             Raised::Rejected { .. }
-                | Raised::Failed { .. }
-                | Raised::Done {
-                    outcome: Some(settle_client::Outcome::Rejected { .. } | settle_client::Outcome::Failed { .. }),
-                    ..
-                }
-        )
+            | Raised::Failed { .. }
+            | Raised::Done {
+                outcome: Some(settle_client::Outcome::Rejected { .. } | settle_client::Outcome::Failed { .. }),
+                ..
+            } => false,
+            Raised::Done { operation: Some(op), .. } => op.outcome.as_deref() == Some("success"),
+            _ => true,
+        }
     }
 }
 
@@ -350,15 +480,22 @@ pub fn raise(r: &Raise<'_>, as_json: bool) {
     let operation = r.request_id.map(settle_server::operation_location);
     let (outcome, entity, replayed) = match &r.raised {
         Raised::Queued { replayed } => (None, None, *replayed),
-        Raised::Done { outcome, entity } => (outcome.clone(), entity.as_deref(), outcome.is_none()),
+        Raised::Done { outcome, entity, .. } => (outcome.clone(), entity.as_deref(), outcome.is_none()),
         Raised::Rejected { state, reason } => {
             (Some(settle_client::Outcome::Rejected { state: state.clone(), reason: reason.clone() }), None, false)
         }
         Raised::Failed { error } => (Some(settle_client::Outcome::Failed { error: error.clone() }), None, false),
     };
+    let ended = match &r.raised {
+        Raised::Done { operation: Some(op), .. } => Some(op.as_ref()),
+        _ => None,
+    };
     if as_json {
-        let fields =
+        let mut fields =
             json!({"event": r.event, "operation": operation, "outcome": outcome, "entity": entity.map(entity_json)});
+        if let Some(op) = ended {
+            fields["operation_ended"] = operation_json(op);
+        }
         println!("{}", request_json(r.machine, r.key, r.request_id, replayed, fields));
         return;
     }
@@ -384,6 +521,14 @@ pub fn raise(r: &Raise<'_>, as_json: bool) {
     }
     if let (Raised::Queued { .. }, Some(op)) = (&r.raised, &operation) {
         println!("operation {op}");
+    }
+    if let Some(op) = ended {
+        let took = op.ended_at.map(|end| format!(" after {} ms", end - op.started_at)).unwrap_or_default();
+        let outcome = op.outcome.as_deref().unwrap_or("open");
+        match &op.error {
+            Some(error) => println!("operation ended {outcome}{took}: {error}"),
+            None => println!("operation ended {outcome}{took}"),
+        }
     }
     if let Some(e) = entity {
         self::entity(e, None, false);

@@ -1,7 +1,7 @@
 //! `settle --server URL ...`: the commands with an HTTP face (`get`, `list`, `history`,
-//! `ops`, `create`, `raise` and the operator commands) through settle-client instead of the
-//! database. They print through [`crate::print`], as the local commands do; the server's
-//! problems become errors (exit 1) with their detail.
+//! `ops`, `op`, `related`, `create`, `raise`, `check` and the operator commands) through
+//! settle-client instead of the database. They print through [`crate::print`], as the
+//! local commands do; the server's problems become errors (exit 1) with their detail.
 
 use std::process::ExitCode;
 
@@ -114,6 +114,21 @@ pub async fn command(c: &Client, t: Target, kind: Kind) -> anyhow::Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
+/// `settle op`: the operation's trace (`GET /v1/operations/{id}/trace`).
+pub async fn operation(c: &Client, request_id: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+    let trace = c.operation_trace(request_id).await?;
+    print::operation_trace(&trace, as_json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `settle related`: the entity, then its relations (`GET …/entities/{key}/related`).
+pub async fn related(c: &Client, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+    let entity = c.entity(machine, key).await?;
+    let related = c.related(machine, key).await?;
+    print::related(&entity, &related, as_json);
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `settle create`.
 pub async fn create(c: &Client, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let properties = a.properties()?;
@@ -127,7 +142,10 @@ pub async fn create(c: &Client, a: CreateArgs) -> anyhow::Result<ExitCode> {
 /// action (409 `event-rejected`, 422 `event-failed`) is an outcome, printed, exit 1.
 pub async fn raise(c: &Client, a: RaiseArgs) -> anyhow::Result<ExitCode> {
     let params = a.params()?;
-    let wait = if a.wait { Some(a.timeout()?) } else { None };
+    let wait = match a.wait {
+        Some(w) => Some((w.client(), a.timeout()?)),
+        None => None,
+    };
     let replayed = match &a.idempotency_key {
         Some(id) => seen(c, id).await?,
         None => false,
@@ -135,7 +153,9 @@ pub async fn raise(c: &Client, a: RaiseArgs) -> anyhow::Result<ExitCode> {
     let answer = c.raise(&a.machine, &a.key, &a.event, params, wait, a.idempotency_key.as_deref()).await;
     let (request_id, raised) = match answer {
         Ok(Raised::Queued { request_id, .. }) => (Some(request_id), print::Raised::Queued { replayed }),
-        Ok(Raised::Done { request_id, outcome, entity }) => (Some(request_id), print::Raised::Done { outcome, entity }),
+        Ok(Raised::Done { request_id, outcome, entity, operation }) => {
+            (Some(request_id), print::Raised::Done { outcome, entity, operation })
+        }
         Err(Error::Problem { problem, .. }) if matches!(problem.kind(), "event-rejected" | "event-failed") => {
             let text = |k: &str| problem.extra.get(k).and_then(Value::as_str).map(str::to_string);
             let raised = if problem.kind() == "event-rejected" {

@@ -263,3 +263,36 @@ fn check_tells_what_an_event_would_do_and_raise_shows_ignored_events() {
     assert!(raised.status.success(), "{}", stderr(&raised));
     assert!(stdout(&raised).starts_with("instance i: event start ignored in state running\n"), "{}", stdout(&raised));
 }
+
+/// `raise --wait` waits for the operation: the reference `server` is `ready`, its four
+/// resources with it; `--wait=stable` answers at the server's next stable state,
+/// `creating_resources`, while its resources are still being provisioned.
+#[test]
+fn raise_waits_for_the_operation_or_for_the_entity_at_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("wait.db");
+    for key in ["s1", "s2"] {
+        assert!(settle(&db, &["create", "server", key]).status.success());
+    }
+    let whole = settle(&db, &["raise", "server", "s1", "create", "--wait", "--json"]);
+    assert!(whole.status.success(), "{}", stderr(&whole));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&whole)).unwrap();
+    assert_eq!(v["entity"]["state"], "ready", "{v}");
+    let op = &v["operation_ended"];
+    assert_eq!((op["request_id"].as_str(), op["outcome"].as_str()), (v["request_id"].as_str(), Some("success")));
+    for kind in ["app", "database", "alias", "dns"] {
+        let e = settle(&db, &["get", kind, &format!("s1-{kind}"), "--json"]);
+        let e: serde_json::Value = serde_json::from_str(&stdout(&e)).unwrap();
+        assert_eq!(e["state"], "ready", "the operation ended with every resource ready: {e}");
+    }
+    let text = settle(&db, &["raise", "server", "s1", "create", "--wait", "--idempotency-key", "again"]);
+    assert_eq!(text.status.code(), Some(1), "rejected: already exists");
+    let stable = settle(&db, &["raise", "server", "s2", "create", "--wait=stable"]);
+    assert!(stable.status.success(), "{}", stderr(&stable));
+    let out = stdout(&stable);
+    assert!(out.contains("state:      creating_resources"), "{out}");
+    assert!(!out.contains("operation ended"), "{out}");
+    let bad = settle(&db, &["raise", "server", "s2", "create", "--wait=soon"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("possible values: operation, stable"), "{}", stderr(&bad));
+}

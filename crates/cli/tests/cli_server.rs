@@ -64,13 +64,15 @@ fn the_cli_over_http_prints_what_it_prints_on_the_database() {
     let out = run(&["raise", "door", "front", "open"]);
     let id = request_id(&out);
     assert_eq!(out, format!("door front: event open queued\nrequest id {id}\noperation /v1/operations/{id}\n"));
-    // raise --wait: processed after the queued `open`; the outcome and the entity at rest.
+    // raise --wait: processed after the queued `open`; the outcome, the operation ended and
+    // the entity as it left it.
     let out = run(&["raise", "door", "front", "close", "--wait", "--timeout", "20s"]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "door front: event close accepted; entered closed", "{out}");
     assert!(lines[1].starts_with("request id "), "{out}");
-    assert_eq!(lines[2..4], ["machine:    door", "key:        front"], "{out}");
-    assert!(lines[4].starts_with("state:      closed (entered "), "{out}");
+    assert!(lines[2].starts_with("operation ended success after "), "{out}");
+    assert_eq!(lines[3..5], ["machine:    door", "key:        front"], "{out}");
+    assert!(lines[5].starts_with("state:      closed (entered "), "{out}");
     assert!(out.contains("\nrun status: active\n") && out.contains("\nproperties: {\"color\":\"red\"}\n"), "{out}");
 
     // A rejected event: the reason, exit 1 (refused at once: the door is at rest).

@@ -156,4 +156,34 @@ fn the_demo_survives_repeated_kill_9() {
         assert!(text.contains("servers by state: ready 300"), "{text}");
         assert_eq!(assert_converged(&db), (300, 0));
     }
+    assert_each_request_once(&db);
+}
+
+/// Every server of every run processed exactly one `create` event, the one its request id
+/// names, and nothing was rejected: a resumed run's repeated requests were replays.
+fn assert_each_request_once(db: &Path) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    let rejected: Vec<(String, String, String)> = c
+        .prepare("SELECT entity_key, event, COALESCE(reason, '') FROM events WHERE rejected = 1")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(rejected.is_empty(), "rejected events after the kills: {rejected:?}");
+    let creates: Vec<(String, i64, String)> = c
+        .prepare(
+            "SELECT entity_key, COUNT(*), MIN(COALESCE(request_id, '')) FROM events
+             WHERE machine = 'server' AND event = 'create' GROUP BY entity_key",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let servers = states(db, "server");
+    assert_eq!(creates.len(), servers.len(), "one `create` per server");
+    for (key, n, request_id) in creates {
+        assert_eq!((n, request_id), (1, format!("demo-raise-{key}")), "server {key}");
+    }
 }

@@ -28,7 +28,10 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-pub use settle_api::{Entity, EntityPage, EventCheck, HistoryEntry, Operation, Outcome, QueuedEvent, Task, Verdict};
+pub use settle_api::{
+    Entity, EntityPage, EventCheck, HistoryEntry, Operation, OperationTrace, Outcome, QueuedEvent, Related, Task,
+    Verdict,
+};
 use settle_api::{Leased, OperationList};
 
 /// Why a call failed.
@@ -118,7 +121,7 @@ pub enum Raised {
         /// The operation's path (`/v1/operations/{id}`).
         operation: String,
     },
-    /// Done (200, `wait=stable`): the outcome and the entity at rest.
+    /// Done (200, [`WaitFor`]): the outcome and the entity afterwards.
     Done {
         /// The request id.
         request_id: String,
@@ -126,7 +129,19 @@ pub enum Raised {
         outcome: Option<Outcome>,
         /// The entity afterwards.
         entity: Option<Box<Entity>>,
+        /// The operation, ended ([`WaitFor::Operation`] only).
+        operation: Option<Box<Operation>>,
     },
+}
+
+/// What [`Client::raise`] waits for (the `wait` query parameter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitFor {
+    /// The entity at rest again after the event (`wait=stable`).
+    Stable,
+    /// The operation the event started ended: every entity it reached at rest
+    /// (`wait=operation`).
+    Operation,
 }
 
 /// Filters of [`Client::list`].
@@ -300,22 +315,27 @@ impl Client {
         serde_json::from_value(items).map_err(|e| Error::Unexpected { url: path, message: e.to_string() })
     }
 
-    /// Raises `event` with `params`. With `wait` (`Some(timeout)`), waits until the entity
-    /// is stable again (200) — a rejected event is then an [`Error::Problem`] of kind
-    /// `rejected-event` (409); without, answers at once with the operation to follow (202).
+    /// Raises `event` with `params`. With `wait` (`Some((what, timeout))`), waits until the
+    /// entity is stable again or the whole operation ended (200) — a rejected event is then
+    /// an [`Error::Problem`] of kind `event-rejected` (409); without, answers at once with
+    /// the operation to follow (202).
     pub async fn raise(
         &self,
         machine: &str,
         key: &str,
         event: &str,
         params: Value,
-        wait: Option<Duration>,
+        wait: Option<(WaitFor, Duration)>,
         idempotency_key: Option<&str>,
     ) -> Result<Raised, Error> {
         let mut path = format!("/v1/machines/{}/entities/{}/events/{}", seg(machine), seg(key), seg(event));
         let timeout = match wait {
-            Some(t) => {
-                path.push_str(&format!("?wait=stable&timeout={}ms", t.as_millis()));
+            Some((what, t)) => {
+                let what = match what {
+                    WaitFor::Stable => "stable",
+                    WaitFor::Operation => "operation",
+                };
+                path.push_str(&format!("?wait={what}&timeout={}ms", t.as_millis()));
                 t + Self::TIMEOUT
             }
             None => Self::TIMEOUT,
@@ -338,6 +358,13 @@ impl Client {
                 .map_err(decode)?,
             entity: v
                 .get("entity")
+                .filter(|o| !o.is_null())
+                .cloned()
+                .map(serde_json::from_value)
+                .transpose()
+                .map_err(decode)?,
+            operation: v
+                .get("operation")
                 .filter(|o| !o.is_null())
                 .cloned()
                 .map(serde_json::from_value)
@@ -371,6 +398,17 @@ impl Client {
     /// One operation.
     pub async fn operation(&self, request_id: &str) -> Result<Operation, Error> {
         self.get(&format!("/v1/operations/{}", seg(request_id))).await
+    }
+
+    /// What the operation of `request_id` touched: its entities and their transitions.
+    pub async fn operation_trace(&self, request_id: &str) -> Result<OperationTrace, Error> {
+        self.get(&format!("/v1/operations/{}/trace", seg(request_id))).await
+    }
+
+    /// An entity's predecessors and successors, and how far its subscriptions are from
+    /// firing.
+    pub async fn related(&self, machine: &str, key: &str) -> Result<Related, Error> {
+        self.get(&format!("/v1/machines/{}/entities/{}/related", seg(machine), seg(key))).await
     }
 
     /// Operations, newest first (`outcome`: only those; `open`: unfinished).

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use settle_core::StateName;
-use settle_store::EntityRow;
+use settle_store::{EntityRow, OperationRow};
 
 /// How long [`Engine::raise`](crate::Engine::raise) waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +17,10 @@ pub enum Wait {
     /// Until the entity is at rest again after the event was accepted (or the event was
     /// rejected or failed).
     Stable,
+    /// Until the operation the event started has ended: every entity it reached (children
+    /// it created, parents it woke, agents' tasks) is at rest again ([`Raised::operation`]
+    /// holds it). For a replayed request id, until the first request's operation ended.
+    Operation,
 }
 
 /// Options of [`Engine::raise`](crate::Engine::raise).
@@ -121,6 +125,8 @@ pub struct Raised {
     pub outcome: Option<EventOutcome>,
     /// The entity when the wait ended (unless only [`Wait::Queued`] was asked).
     pub entity: Option<EntityRow>,
+    /// The operation, ended ([`Wait::Operation`] only).
+    pub operation: Option<OperationRow>,
 }
 
 /// The answer to [`Engine::create_with`](crate::Engine::create_with).

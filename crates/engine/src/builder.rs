@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::engine::{Engine, Inner};
 use crate::error::{Error, Result};
 use crate::handler::{ActionContext, Handler, HandlerError, Outcome, handler};
+use crate::opwatch::OpWatch;
 use crate::registry::Registry;
 use crate::scheduler::Scheduler;
 use crate::watch::Hub;
@@ -154,9 +155,17 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let offered = Arc::new(tokio::sync::Notify::new());
         // Another instance may move the entities callers of this one wait on.
         let hub = (!self.store.exclusive()).then(|| Hub::start(self.store.clone()));
+        let ops = OpWatch::start(self.store.clone());
         let clock = self.config.clock.clone();
-        let scheduler =
-            Scheduler::new(self.store.clone(), registry.clone(), self.config, tx.clone(), offered.clone(), hub.clone());
+        let scheduler = Scheduler::new(
+            self.store.clone(),
+            registry.clone(),
+            self.config,
+            tx.clone(),
+            offered.clone(),
+            hub.clone(),
+            ops.clone(),
+        );
         let task = tokio::spawn(scheduler.run(rx));
         Ok(Engine {
             inner: Arc::new(Inner {
@@ -166,6 +175,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 tx,
                 offered,
                 hub,
+                ops,
                 closing: std::sync::atomic::AtomicBool::new(false),
                 task: std::sync::Mutex::new(Some(task)),
             }),

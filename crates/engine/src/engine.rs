@@ -18,6 +18,7 @@ use crate::api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Wait};
 use crate::decide;
 use crate::error::{Error, Result};
 use crate::msg::Msg;
+use crate::opwatch::OpWatch;
 use crate::registry::Registry;
 use crate::watch::{Hub, Want, first_of};
 
@@ -31,6 +32,8 @@ pub(crate) struct Inner<S> {
     pub(crate) offered: Arc<tokio::sync::Notify>,
     /// Callers waiting on entities another instance moves (shared stores only).
     pub(crate) hub: Option<Hub>,
+    /// Callers waiting for operations to end.
+    pub(crate) ops: OpWatch,
     /// Set (and `offered` pulsed) when waiting agent long polls should end.
     pub(crate) closing: std::sync::atomic::AtomicBool,
     pub(crate) task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -206,6 +209,7 @@ impl<S: Store> Engine<S> {
                 refused: true,
                 outcome: Some(outcome),
                 entity: Some(entity),
+                operation: None,
             });
         }
         let push = Push {
@@ -225,7 +229,7 @@ impl<S: Store> Engine<S> {
         let (ack, ack_rx) = oneshot::channel();
         let (done, done_rx) = match options.wait {
             Wait::Queued => (None, None),
-            Wait::Outcome | Wait::Stable => {
+            Wait::Outcome | Wait::Stable | Wait::Operation => {
                 let (tx, rx) = oneshot::channel();
                 (Some(tx), Some(rx))
             }
@@ -233,11 +237,24 @@ impl<S: Store> Engine<S> {
         let mark = self.inner.hub.as_ref().map(Hub::mark);
         let wait = options.wait;
         self.send(Msg::Raise { push, wait, ack, done })?;
+        let started = tokio::time::Instant::now();
         let Some((inbox_id, entity_id)) = ack_rx.await.map_err(|_| Error::Stopped)?? else {
             // The key was used before: that operation stands, nothing is raised again.
             self.same_request(&request_id, &format!("{machine}.{event}"), machine, key).await?;
+            let operation = match wait {
+                Wait::Operation => Some(self.wait_operation(&request_id, options.timeout).await?),
+                _ => None,
+            };
             let entity = self.get(machine, key).await?;
-            return Ok(Raised { request_id, inbox_id: None, replayed: true, refused: false, outcome: None, entity });
+            return Ok(Raised {
+                request_id,
+                inbox_id: None,
+                replayed: true,
+                refused: false,
+                outcome: None,
+                entity,
+                operation,
+            });
         };
         let mut raised = Raised {
             request_id,
@@ -246,6 +263,7 @@ impl<S: Store> Engine<S> {
             refused: false,
             outcome: None,
             entity: None,
+            operation: None,
         };
         if let Some(rx) = done_rx {
             // This engine answers if it processes the event; the hub if another instance does.
@@ -273,7 +291,34 @@ impl<S: Store> Engine<S> {
                 Err(_) => return Err(Error::Timeout { request_id: raised.request_id, waited: options.timeout }),
             }
         }
+        if wait == Wait::Operation {
+            let left = options.timeout.saturating_sub(started.elapsed());
+            let op = self.wait_operation(&raised.request_id, left).await.map_err(|e| match e {
+                Error::Timeout { request_id, .. } => Error::Timeout { request_id, waited: options.timeout },
+                e => e,
+            })?;
+            // The entity as the operation left it.
+            if let Some(entity) = self.get(machine, key).await? {
+                raised.entity = Some(entity);
+            }
+            raised.operation = Some(op);
+        }
         Ok(raised)
+    }
+
+    /// Waits until the operation `request_id` has ended (every entity it reached at rest
+    /// again), at most `timeout`: the operation as it ended. [`Error::Timeout`] when the
+    /// time runs out first, or when no operation of that request id exists by then.
+    ///
+    /// The engine answers as the commit that ends it lands, whichever instance of a shared
+    /// store commits it: nothing polls.
+    pub async fn wait_operation(&self, request_id: &str, timeout: Duration) -> Result<OperationRow> {
+        let rx = self.inner.ops.wait(request_id.to_string());
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(op)) => Ok(op),
+            Ok(Err(_)) => Err(Error::Stopped),
+            Err(_) => Err(Error::Timeout { request_id: request_id.to_string(), waited: timeout }),
+        }
     }
 
     /// A replayed request id must name the request it was first used for (`name` on
@@ -604,6 +649,7 @@ impl<S: Store> Engine<S> {
         if let Some(task) = task {
             let _ = task.await;
         }
+        self.inner.ops.stop().await;
     }
 }
 

@@ -15,8 +15,8 @@
 //!
 //! Modules: `engine` (the API), `builder` (starting), `api` (what callers send and get),
 //! `config`, `registry` (machines and handlers), `decide` (the decisions), `scheduler` (the
-//! loop), `msg` (its inbox), `waiters` (callers waiting on it), `nested` (sync nested
-//! events), `handler` (what actions get and return), `watch` (other instances' commits),
+//! loop), `msg` (its inbox), `waiters` (callers waiting on it), `opwatch` (callers waiting
+//! for operations to end), `nested` (sync nested events), `handler` (what actions get and return), `watch` (other instances' commits),
 //! [`metrics`], `error`.
 
 mod api;
@@ -31,6 +31,7 @@ mod handler;
 pub mod metrics;
 mod msg;
 mod nested;
+mod opwatch;
 mod registry;
 mod scheduler;
 mod waiters;
@@ -39,6 +40,7 @@ mod watch;
 pub use api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Wait};
 pub use builder::EngineBuilder;
 pub use config::Config;
+pub use decide::subscription_progress_with;
 pub use engine::{Engine, SubscriptionProgress, can_fire};
 pub use error::{Error, Result};
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};

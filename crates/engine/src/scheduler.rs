@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::handler::{ActionContext, CatchUnwind, Nested};
 use crate::msg::{DoneTx, Fire, Msg};
 use crate::nested::NestedHandle;
+use crate::opwatch::OpWatch;
 use crate::registry::Registry;
 use crate::waiters::Waiters;
 use crate::watch::Hub;
@@ -82,6 +83,8 @@ pub(crate) struct Scheduler<S> {
     ops: Vec<Op>,
     pending: Vec<Pending>,
     waiters: Waiters,
+    /// Callers waiting for operations to end, told what may have ended them.
+    ops_watch: OpWatch,
     shutdown: Option<oneshot::Sender<()>>,
     next_due: Option<Millis>,
     last_renew: Millis,
@@ -111,6 +114,7 @@ impl<S: Store + Clone> Scheduler<S> {
         tx: mpsc::UnboundedSender<Msg>,
         offered: Arc<tokio::sync::Notify>,
         hub: Option<Hub>,
+        ops_watch: OpWatch,
     ) -> Self {
         let nested = Arc::new(NestedHandle {
             tx: tx.clone(),
@@ -134,6 +138,7 @@ impl<S: Store + Clone> Scheduler<S> {
             ops: Vec::new(),
             pending: Vec::new(),
             waiters: Waiters::default(),
+            ops_watch,
             shutdown: None,
             next_due: None,
             last_renew: now,
@@ -378,6 +383,15 @@ impl<S: Store + Clone> Scheduler<S> {
 
     fn on_result(&mut self, pending: Vec<Pending>, result: BatchResult) {
         self.next_due = result.next_due;
+        // Operator commands, agents' reports and the supervisor may end operations that no
+        // commit of this batch names: operation waiters look at theirs.
+        if self.ops_watch.anyone()
+            && pending.iter().zip(&result.results).any(|(p, r)| {
+                r.is_ok() && matches!(p, Pending::Command { .. } | Pending::Agent(_) | Pending::Supervise)
+            })
+        {
+            self.ops_watch.anything();
+        }
         for (p, r) in pending.into_iter().zip(result.results) {
             match p {
                 Pending::Create(reply) => {
@@ -463,6 +477,20 @@ impl<S: Store + Clone> Scheduler<S> {
                 }
                 let at_rest = expect.apply(&mut slot.held, version, now);
                 self.waiters.committed(id, &expect, &slot.held.entity, at_rest);
+                if self.ops_watch.anyone() {
+                    // The commit may have ended its own operation, the one its entity
+                    // works for, or that of the event it processed.
+                    let item = expect.item.as_ref().and_then(|i| i.request_id.as_ref());
+                    let mut told: Vec<&String> = Vec::with_capacity(3);
+                    for r in
+                        [expect.request_id.as_ref(), slot.held.entity.request_id.as_ref(), item].into_iter().flatten()
+                    {
+                        if !told.contains(&r) {
+                            self.ops_watch.maybe_ended(r);
+                            told.push(r);
+                        }
+                    }
+                }
                 match expect.after {
                     AfterCommit::Release => {
                         self.held.remove(&id);

@@ -1,6 +1,6 @@
 //! Several engine instances on one PostgreSQL schema, each with a store handle of its own
 //! as separate processes have: a caller of one instance is answered whichever instance
-//! does the work (raise waits, sync nested events, state waits), and each instance claims
+//! does the work (raise waits, operation waits, sync nested events, state waits), and each instance claims
 //! only the machines it serves. Needs `SETTLE_TEST_PG`; without it every test says it
 //! skipped and passes.
 
@@ -63,6 +63,12 @@ async fn callers_are_answered_by_whichever_instance_does_the_work() {
         }
         other => panic!("expected a rejection, got {other:?}"),
     }
+    // A wait for the operation is answered when the worker's commit ends it.
+    caller.create("door", "whole", Default::default()).await.unwrap();
+    let r = caller.raise("door", "whole", "open", wait(Wait::Operation)).await.unwrap();
+    let op = r.operation.expect("the operation");
+    assert_eq!((op.outcome.as_deref(), op.ended_at.is_some()), (Some("success"), true));
+    assert_eq!(r.entity.unwrap().state, "open");
     // A wait for a state sees the worker's commits.
     caller.raise("door", "d", "close", wait(Wait::Queued)).await.unwrap();
     let e = caller.wait_for_state("door", "d", &["closed"], Duration::from_secs(20)).await.unwrap();

@@ -371,3 +371,107 @@ async fn an_operation_without_progress_is_marked_hung_and_ends_when_the_work_doe
     assert!(op.first_response_at.is_some() && op.ended_at.is_some());
     engine.shutdown().await;
 }
+
+/// `parent`: `go` spawns two children that build slowly, then rests in `waiting` until
+/// they are all `built`, and ends `done`.
+fn family() -> (Machine, Machine) {
+    let parent = MachineBuilder::new("parent")
+        .state("idle")
+        .initial()
+        .state("spawning")
+        .auto("spawn")
+        .state("waiting")
+        .state("done")
+        .event("go", ["idle"], "start")
+        .event("children_built", ["waiting"], "finish")
+        .subscribe("all(*) in [built]")
+        .action("start", ["spawning"])
+        .action("spawn", ["waiting"])
+        .action("finish", ["done"])
+        .build()
+        .unwrap();
+    let child = MachineBuilder::new("child")
+        .state("new")
+        .initial()
+        .state("building")
+        .auto("work")
+        .state("built")
+        .event("build", ["new"], "begin")
+        .action("begin", ["building"])
+        .action("work", ["built"])
+        .build()
+        .unwrap();
+    (parent, child)
+}
+
+#[tokio::test]
+async fn wait_operation_answers_when_every_entity_the_operation_reached_is_at_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = common::clock();
+    let (parent, child) = family();
+    let attempts = Arc::new(AtomicU32::new(0));
+    let a = attempts.clone();
+    let engine =
+        Engine::builder(SqliteStore::open(dir.path().join("w.db")).unwrap())
+            .machine(parent)
+            .machine(child)
+            .clock(clock.clone())
+            .on("parent", "spawn", |ctx| async move {
+                let mut out = Outcome::to("waiting");
+                for i in 0..2 {
+                    let key = format!("{}-{i}", ctx.key);
+                    out =
+                        out.create("child", key.clone(), Default::default()).raise("child", key, "build", json!(null));
+                }
+                Ok(out)
+            })
+            // Each child's first attempt asks for another 50 ms: the children are still
+            // building when the parent rests in `waiting`.
+            .on("child", "work", move |_| {
+                let first = a.fetch_add(1, Ordering::SeqCst) < 2;
+                async move {
+                    if first { Ok(Outcome::retry_after(Duration::from_millis(50))) } else { Ok(Outcome::to("built")) }
+                }
+            })
+            .start()
+            .await
+            .unwrap();
+    engine.create("parent", "p1", Default::default()).await.unwrap();
+    engine.create("parent", "p2", Default::default()).await.unwrap();
+    let timeout = Duration::from_secs(20);
+
+    // `stable` answers at the parent's next stable state, before its children are done.
+    let stable = RaiseOptions::wait(Wait::Stable).timeout(timeout).request_id("op-stable");
+    let r = engine.drive(&clock, engine.raise("parent", "p1", "go", stable)).await.unwrap();
+    assert_eq!(r.entity.as_ref().map(|e| e.state.as_str()), Some("waiting"));
+    assert!(r.operation.is_none());
+    let open = engine.operation("op-stable").await.unwrap().unwrap();
+    assert_eq!((open.ended_at, open.outcome), (None, None), "the children are still building");
+    // The operation ends once the children are built and the parent is done.
+    let op = engine.drive(&clock, engine.wait_operation("op-stable", timeout)).await.unwrap();
+    assert_eq!(op.outcome.as_deref(), Some("success"));
+    assert_eq!(engine.get("parent", "p1").await.unwrap().unwrap().state, "done");
+
+    // `operation` answers when the whole operation ended: the parent done, every child built.
+    let whole = RaiseOptions::wait(Wait::Operation).timeout(timeout).request_id("op-whole");
+    let r = engine.drive(&clock, engine.raise("parent", "p2", "go", whole.clone())).await.unwrap();
+    let op = r.operation.expect("the operation");
+    assert_eq!((op.request_id.as_str(), op.outcome.as_deref()), ("op-whole", Some("success")));
+    assert!(op.ended_at.is_some());
+    assert_eq!(r.entity.as_ref().map(|e| e.state.as_str()), Some("done"), "the entity as the operation left it");
+    for i in 0..2 {
+        let c = engine.get("child", &format!("p2-{i}")).await.unwrap().unwrap();
+        assert_eq!(c.state, "built");
+    }
+    assert!(matches!(r.outcome, Some(settle_engine::EventOutcome::Accepted { .. })), "{:?}", r.outcome);
+
+    // The same request again is a replay that answers with the operation as it ended.
+    let again = engine.raise("parent", "p2", "go", whole).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.operation.map(|o| o.outcome), Some(Some("success".to_string())));
+
+    // A request id nobody used: the wait runs out.
+    let err = engine.wait_operation("no-such-request", Duration::from_millis(50)).await.unwrap_err();
+    assert!(matches!(err, settle_engine::Error::Timeout { .. }), "{err}");
+    engine.shutdown().await;
+}

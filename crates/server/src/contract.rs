@@ -110,7 +110,7 @@ pub const RUN_STATUS: Words = &["active", "paused", "sleeping", "fault", "failed
 /// Operation outcomes, and `open` for operations still running.
 pub const OUTCOME: Words = &["success", "failed", "canceled", "hung", "open"];
 /// What a raise waits for.
-pub const WAIT: Words = &["stable"];
+pub const WAIT: Words = &["stable", "operation"];
 /// Diagram formats.
 pub const FORMAT: Words = &["mermaid", "dot", "svg"];
 

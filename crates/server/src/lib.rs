@@ -33,6 +33,7 @@ pub mod router;
 pub mod routes;
 pub mod state;
 pub mod time;
+pub mod trace;
 pub mod ui;
 
 #[cfg(test)]

@@ -78,7 +78,9 @@ pub struct OperationQuery {
 #[into_params(parameter_in = Query)]
 pub struct RaiseQuery {
     /// `stable`: answer 200 once the entity is at rest again (or the event was rejected or
-    /// failed). Absent: answer 202 once the event is durably queued.
+    /// failed). `operation`: answer 200 once the operation the event started has ended,
+    /// every entity it reached at rest (children, parents, agents' tasks); the body holds
+    /// the operation. Absent: answer 202 once the event is durably queued.
     pub wait: Option<String>,
     /// How long to wait with `wait` (e.g. `30s`; default 30s, at most the server's
     /// `--max-wait`; without `wait` it bounds nothing).

@@ -97,6 +97,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(Extension(spec))
         .layer(DefaultBodyLimit::max(state.config().max_body))
+        .layer(axum::middleware::from_fn(crate::trace::request))
         .with_state(state)
 }
 

@@ -441,6 +441,44 @@ async fn raise_and_wait_until_stable() {
 }
 
 #[tokio::test]
+async fn raise_and_wait_for_the_operation() {
+    let app = App::new(Tokens::open()).await;
+    app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
+    let open = || {
+        Req::new("POST", "/v1/machines/door/entities/d/events/open?wait=operation&timeout=10s")
+            .header("Idempotency-Key", "op-open")
+    };
+    let r = app.call(open()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let v = r.json();
+    assert_eq!(
+        (v["operation"]["request_id"].as_str(), v["operation"]["outcome"].as_str()),
+        (Some("op-open"), Some("success"))
+    );
+    assert!(v["operation"]["ended_at"].is_i64(), "{v}");
+    assert_eq!(v["entity"]["state"], "open");
+    assert_eq!(r.header("location"), "/v1/operations/op-open");
+    // A replay waits for the same operation and answers with it.
+    let r = app.call(open()).await;
+    assert_eq!(
+        (r.json()["replayed"].as_bool(), r.json()["operation"]["outcome"].as_str()),
+        (Some(true), Some("success"))
+    );
+    // An event not valid at rest is still refused at once with a 409, and not recorded.
+    let p = app
+        .call(
+            Req::new("POST", "/v1/machines/door/entities/d/events/open?wait=operation")
+                .header("Idempotency-Key", "op-again"),
+        )
+        .await
+        .problem(409, "event-rejected");
+    assert_eq!(p["state"], "open");
+    app.get("/v1/operations/op-again").await.problem(404, "unknown-operation");
+    app.post("/v1/machines/door/entities/d/events/close?wait=soon", json!({})).await.problem(400, "bad-request");
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn bad_requests_are_problems_and_change_nothing() {
     let app = App::with_config(Tokens::open(), Config { max_body: 64, ..Config::default() }).await;
     app.post("/v1/machines/door/entities", json!({"key": "d"})).await;

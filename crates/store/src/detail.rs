@@ -44,9 +44,55 @@ pub(crate) fn trace_ids(own: Option<i64>, mut reached: Vec<i64>, limit: u64) -> 
     (reached, truncated)
 }
 
+/// Adds to a trace's entity ids those the operation created without their processing any
+/// of its events (an action's new entities, which its successor edges name with the
+/// request id): `created_by(id)` lists the successors `id` created under the operation.
+/// Transitively, at most `limit` entities in all; `true` when some were left out.
+pub(crate) fn with_created<E>(
+    mut ids: Vec<i64>,
+    limit: u64,
+    mut created_by: impl FnMut(i64) -> Result<Vec<i64>, E>,
+) -> Result<(Vec<i64>, bool), E> {
+    let mut seen: std::collections::HashSet<i64> = ids.iter().copied().collect();
+    let mut frontier = ids.clone();
+    let mut truncated = false;
+    while let Some(id) = frontier.pop() {
+        for child in created_by(id)? {
+            if seen.contains(&child) {
+                continue;
+            }
+            if ids.len() as u64 >= limit {
+                truncated = true;
+                continue;
+            }
+            seen.insert(child);
+            ids.push(child);
+            frontier.push(child);
+        }
+    }
+    ids.sort_unstable();
+    Ok((ids, truncated))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::trace_ids;
+    use super::{trace_ids, with_created};
+
+    #[test]
+    fn a_trace_adds_what_its_entities_created_within_the_limit() {
+        // 1 created 2 and 3; 3 created 4; 2 names 1 again (an edge back changes nothing).
+        let created = |id: i64| -> Result<Vec<i64>, ()> {
+            Ok(match id {
+                1 => vec![2, 3],
+                2 => vec![1],
+                3 => vec![4],
+                _ => vec![],
+            })
+        };
+        assert_eq!(with_created(vec![1], 10, created), Ok((vec![1, 2, 3, 4], false)));
+        assert_eq!(with_created(vec![1], 3, created).map(|(ids, cut)| (ids.len(), cut)), Ok((3, true)));
+        assert_eq!(with_created(vec![], 10, created), Ok((vec![], false)));
+    }
 
     #[test]
     fn a_trace_keeps_the_own_entity_and_says_when_it_cut() {

@@ -31,6 +31,7 @@ pub mod sqlite;
 mod task;
 mod telemetry;
 mod timer;
+mod trace;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -156,6 +157,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// The operation opened with `request_id`.
     fn operation_get(&self, request_id: &str) -> impl Future<Output = Result<Option<OperationRow>>> + Send;
+    /// Those of the operations of `request_ids` that have ended (in no particular order):
+    /// one read for callers waiting on many operations.
+    fn operations_ended(&self, request_ids: Vec<String>) -> impl Future<Output = Result<Vec<OperationRow>>> + Send;
     /// Operations, newest first, optionally only those with `outcome` (`open` for the
     /// unfinished ones), at most `limit`.
     fn operation_list(

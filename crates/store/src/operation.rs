@@ -17,7 +17,7 @@ pub struct OpenOperation {
 }
 
 /// A stored operation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct OperationRow {
     /// Store id.
     pub id: i64,

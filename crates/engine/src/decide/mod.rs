@@ -310,10 +310,14 @@ pub(crate) fn evaluated(
 /// Runs `f` over `successors` as subscription patterns see them: each with its state's
 /// ancestors (so `in [parent]` matches its substates) and health, from the registered
 /// machines.
-fn with_views<R>(registry: &Registry, successors: &[EntityRow], f: impl FnOnce(&[SuccessorView<'_>]) -> R) -> R {
+fn with_views<'m, R>(
+    machine_of: impl Fn(&str) -> Option<&'m Machine>,
+    successors: &[EntityRow],
+    f: impl FnOnce(&[SuccessorView<'_>]) -> R,
+) -> R {
     let ancestors: Vec<Vec<&str>> = successors
         .iter()
-        .map(|e| match registry.machines.get(&e.machine) {
+        .map(|e| match machine_of(e.machine.as_str()) {
             Some(m) if m.is_nested() => m.path(&e.state).skip(1).map(|s| s.name.as_str()).collect(),
             _ => Vec::new(),
         })
@@ -326,7 +330,7 @@ fn with_views<R>(registry: &Registry, successors: &[EntityRow], f: impl FnOnce(&
             key: &e.key,
             state: &e.state,
             ancestors,
-            health: registry.machines.get(&e.machine).map(|m| m.health_of(&e.state)).unwrap_or_default(),
+            health: machine_of(e.machine.as_str()).map(|m| m.health_of(&e.state)).unwrap_or_default(),
         })
         .collect();
     f(&views)
@@ -341,14 +345,18 @@ pub(crate) fn subscription_fires(
     fired: &[EventName],
     successors: &[EntityRow],
 ) -> Option<(EventName, Value)> {
-    with_views(registry, successors, |views| {
-        let (ev, indices) = step::fire(machine, state, fired, views)?;
-        let matched: Vec<Value> = indices
-            .iter()
-            .map(|&i| json!({"machine": views[i].machine, "key": views[i].key, "state": views[i].state}))
-            .collect();
-        Some((ev.name.clone(), json!({ "matched": matched })))
-    })
+    with_views(
+        |name| registry.machine(name).ok().map(|m| &**m),
+        successors,
+        |views| {
+            let (ev, indices) = step::fire(machine, state, fired, views)?;
+            let matched: Vec<Value> = indices
+                .iter()
+                .map(|&i| json!({"machine": views[i].machine, "key": views[i].key, "state": views[i].state}))
+                .collect();
+            Some((ev.name.clone(), json!({ "matched": matched })))
+        },
+    )
 }
 
 /// How far each subscription valid in `entity`'s state is from firing over `successors`.
@@ -358,7 +366,21 @@ pub(crate) fn subscription_progress(
     entity: &EntityRow,
     successors: &[EntityRow],
 ) -> Vec<crate::SubscriptionProgress> {
-    with_views(registry, successors, |views| {
+    subscription_progress_with(machine, |name| registry.machine(name).ok().map(|m| &**m), entity, successors)
+}
+
+/// How far each subscription valid in `entity`'s state (of `machine`) is from firing over
+/// its `successors`, each seen with its state's ancestors and health in its own machine,
+/// looked up by `machine_of`: what [`Engine::subscription_progress`](crate::Engine::subscription_progress)
+/// answers, for a caller holding the definitions without an engine (e.g. read from the
+/// store). Nothing is raised.
+pub fn subscription_progress_with<'m>(
+    machine: &Machine,
+    machine_of: impl Fn(&str) -> Option<&'m Machine>,
+    entity: &EntityRow,
+    successors: &[EntityRow],
+) -> Vec<crate::SubscriptionProgress> {
+    with_views(machine_of, successors, |views| {
         machine
             .subscriptions_in(&entity.state)
             .filter_map(|ev| ev.subscribe.as_ref().map(|sub| (ev, sub)))

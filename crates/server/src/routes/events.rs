@@ -70,9 +70,11 @@ async fn check(
 /// Raises an event on an entity. The body is the event's parameters (a JSON object; an
 /// empty body is no parameters). Without `wait`: 202 once the event is durably queued,
 /// with `Location: /v1/operations/{id}`. With `wait=stable`: 200 once the entity is at
-/// rest again; 409 if the event was rejected (reason and state in the problem), 422
-/// `event-failed` if its action failed (nothing changed), 504 if the wait ran out (the
-/// event is still processed; the problem links the operation).
+/// rest again; with `wait=operation`: 200 once the operation has ended (every entity it
+/// reached at rest), the operation in the body. Either way 409 if the event was rejected
+/// (reason and state in the problem), 422 `event-failed` if its action failed (nothing
+/// changed), 504 if the wait ran out (the event is still processed; the problem links the
+/// operation).
 #[utoipa::path(
     post,
     operation_id = "raiseEvent",
@@ -88,7 +90,7 @@ async fn check(
     request_body(content = Option<Object>, description = "the event's parameters", content_type = "application/json"),
     responses(
         (status = 202, description = "queued; Location is the operation", body = RaiseAccepted),
-        (status = 200, description = "wait=stable: the outcome and the entity at rest", body = RaiseDone),
+        (status = 200, description = "wait=stable: the outcome and the entity at rest; wait=operation: also the operation, ended", body = RaiseDone),
     )
 )]
 async fn raise(
@@ -100,8 +102,9 @@ async fn raise(
 ) -> Result<Response, Problem> {
     let m = s.machine(&machine)?.clone();
     let wait = match q.wait.as_deref() {
-        None => false,
-        Some("stable") => true,
+        None => Wait::Queued,
+        Some("stable") => Wait::Stable,
+        Some("operation") => Wait::Operation,
         Some(other) => {
             return Err(unknown_word("wait", "wait", other, WAIT));
         }
@@ -117,10 +120,7 @@ async fn raise(
     if e.run_status == RunStatus::Killed {
         return Err(Problem::from(settle_engine::Error::Killed { machine, key }));
     }
-    let mut options = RaiseOptions::wait(if wait { Wait::Stable } else { Wait::Queued })
-        .params(params)
-        .timeout(timeout)
-        .refuse_at_rest();
+    let mut options = RaiseOptions::wait(wait).params(params).timeout(timeout).refuse_at_rest();
     if let Some(id) = request_id {
         options = options.request_id(id);
     }
@@ -133,7 +133,7 @@ async fn raise(
         return Err(rejected(&machine, &key, &event, state, reason));
     }
     let location = operation_location(&raised.request_id);
-    if !wait {
+    if wait == Wait::Queued {
         let body =
             RaiseAccepted { request_id: raised.request_id, operation: location.clone(), replayed: raised.replayed };
         return Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(body)).into_response());
@@ -146,6 +146,7 @@ async fn raise(
                 outcome: raised.outcome.as_ref().map(crate::model::outcome_of),
                 entity,
                 replayed: raised.replayed,
+                operation: raised.operation.as_ref().map(crate::model::Operation::from),
             };
             Ok((StatusCode::OK, [(header::LOCATION, location)], Json(body)).into_response())
         }

@@ -264,7 +264,8 @@ pub async fn events_are_listed_per_entity<S: Store>(store: S) {
 
 /// An entity's errors read newest first (and only its own); an operation's trace holds the
 /// entity it started on and each history row its request id caused, and nothing for an
-/// unknown request id.
+/// unknown request id; of several request ids, those whose operations ended are read at
+/// once.
 pub async fn entity_errors_and_operation_traces<S: Store>(store: S) {
     let [a, b, c, _] = telemetry_fixture(&store).await;
     let details = |rows: Vec<crate::ErrorRow>| rows.into_iter().map(|e| (e.details, e.at)).collect::<Vec<_>>();
@@ -285,6 +286,14 @@ pub async fn entity_errors_and_operation_traces<S: Store>(store: S) {
     assert_eq!(created.entities.iter().map(|e| e.id).collect::<Vec<_>>(), [a]);
     assert_eq!(created.transitions.iter().map(|h| h.kind).collect::<Vec<_>>(), [crate::HistoryKind::Create]);
     assert_eq!(store.operation_trace("no-such-request", 100).await.unwrap(), crate::OperationTrace::default());
+    // Of several request ids, the operations that ended (an open one and an unknown one
+    // are left out).
+    let ids = ["op-go", "op-open", "op-a", "no-such-request"].map(String::from).to_vec();
+    let mut ended: Vec<_> =
+        store.operations_ended(ids).await.unwrap().into_iter().map(|o| (o.request_id, o.outcome)).collect();
+    ended.sort();
+    assert_eq!(ended, [("op-a".into(), Some("success".into())), ("op-go".into(), Some("success".into()))]);
+    assert!(store.operations_ended(Vec::new()).await.unwrap().is_empty());
 }
 
 /// Stats: per operation name (counts, success rate, nearest-rank duration percentiles),

@@ -259,6 +259,8 @@ impl Store for PgStore {
         let next_timer = self.inner.next_timer.clone();
         self.on_writer(move |w| {
             let mut batch = batch;
+            let span = crate::trace::commit_span("postgres", &batch);
+            let _entered = span.enter();
             let before = w.conn.as_ref().map_or(0, |c| c.round_trips);
             let written = transact(w, "store write", |c, reconnected| {
                 if reconnected {
@@ -275,6 +277,7 @@ impl Store for PgStore {
             });
             let after = w.conn.as_ref().map_or(0, |c| c.round_trips);
             counter.store(after.saturating_sub(before), Ordering::Relaxed);
+            crate::trace::finish(&span, &batch, &written);
             written
         })
         .await
@@ -377,6 +380,13 @@ impl Store for PgStore {
     async fn operation_get(&self, request_id: &str) -> Result<Option<OperationRow>> {
         let request_id = request_id.to_string();
         self.on_reader(move |c| read::operation_get(c, &request_id)).await
+    }
+
+    async fn operations_ended(&self, request_ids: Vec<String>) -> Result<Vec<OperationRow>> {
+        if request_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.on_reader(move |c| read::operations_ended(c, &request_ids)).await
     }
 
     async fn operation_list(&self, outcome: Option<String>, limit: u64) -> Result<Vec<OperationRow>> {

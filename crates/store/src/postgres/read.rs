@@ -291,6 +291,14 @@ pub(crate) fn operation_get(c: &mut Conn, request_id: &str) -> R<Option<Operatio
         .transpose()
 }
 
+pub(crate) fn operations_ended(c: &mut Conn, request_ids: &[String]) -> R<Vec<OperationRow>> {
+    let rows = c.query(
+        &format!("SELECT {OPERATION_COLS} FROM operations WHERE request_id = ANY($1) AND ended_at IS NOT NULL"),
+        &[&request_ids],
+    )?;
+    all(rows, operation_from_row)
+}
+
 pub(crate) fn operation_list(c: &mut Conn, outcome: Option<&str>, limit: u64) -> R<Vec<OperationRow>> {
     let limit = limit.min(i64::MAX as u64) as i64;
     let rows = c.query(
@@ -580,6 +588,14 @@ pub(crate) fn operation_trace(c: &mut Conn, request_id: &str, limit: u64) -> R<c
         )?;
         let reached = all(reached, |r| Ok(r.try_get::<_, i64>(0)?))?;
         let (ids, truncated) = crate::detail::trace_ids(own, reached, limit);
+        let (ids, more) = crate::detail::with_created(ids, limit.max(1), |id| {
+            let rows = c.query(
+                "SELECT successor_id FROM successors WHERE predecessor_id = $1 AND request_id = $2",
+                &[&id, &request_id],
+            )?;
+            all(rows, |r| Ok(r.try_get::<_, i64>(0)?))
+        })?;
+        let truncated = truncated || more;
         let rows = c.query(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ANY($1) ORDER BY id"), &[&ids])?;
         let entities = all(rows, entity_from_row)?;
         let rows = c.query(

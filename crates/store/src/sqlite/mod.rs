@@ -187,15 +187,20 @@ impl Store for SqliteStore {
     async fn write(&self, batch: Batch) -> Result<BatchResult> {
         let tasks_open = self.inner.tasks_open.clone();
         self.on_writer(move |conn| {
+            let span = crate::trace::commit_span("sqlite", &batch);
+            let _entered = span.enter();
             // One transaction per batch, committed by the plan's finish.
-            conn.execute_batch("BEGIN IMMEDIATE").map_err(db_err)?;
-            match crate::plan::apply_batch(&mut dialect::Tx(conn, &tasks_open), &batch) {
-                Ok(result) => Ok(result),
-                Err(e) => {
-                    let _ = conn.execute_batch("ROLLBACK");
-                    Err(db_err(e))
+            let result = conn.execute_batch("BEGIN IMMEDIATE").map_err(db_err).and_then(|()| {
+                match crate::plan::apply_batch(&mut dialect::Tx(conn, &tasks_open), &batch) {
+                    Ok(result) => Ok(result),
+                    Err(e) => {
+                        let _ = conn.execute_batch("ROLLBACK");
+                        Err(db_err(e))
+                    }
                 }
-            }
+            });
+            crate::trace::finish(&span, &batch, &result);
+            result
         })
         .await
     }
@@ -370,6 +375,27 @@ impl Store for SqliteStore {
             c.prepare_cached(&format!("SELECT {OPERATION_COLS} FROM operations WHERE request_id = ?1"))
                 .and_then(|mut s| s.query_row([request_id], operation_from_row).optional())
                 .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn operations_ended(&self, request_ids: Vec<String>) -> Result<Vec<OperationRow>> {
+        if request_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {OPERATION_COLS} FROM operations WHERE request_id = ?1 AND ended_at IS NOT NULL"
+                ))
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            for r in &request_ids {
+                if let Some(row) = stmt.query_row([r], operation_from_row).optional().map_err(db_err)? {
+                    out.push(row);
+                }
+            }
+            Ok(out)
         })
         .await
     }

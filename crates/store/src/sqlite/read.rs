@@ -393,7 +393,12 @@ pub(crate) fn operation_trace(c: &Connection, request_id: &str, limit: u64) -> r
         .query_map(rusqlite::params![op_id, limit as i64 + 1], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     let (ids, truncated) = crate::detail::trace_ids(own, reached, limit);
-    let mut trace = crate::OperationTrace { truncated, ..Default::default() };
+    let mut created =
+        c.prepare_cached("SELECT successor_id FROM successors WHERE predecessor_id = ?1 AND request_id = ?2")?;
+    let (ids, more) = crate::detail::with_created(ids, limit.max(1), |id| {
+        created.query_map(rusqlite::params![id, request_id], |r| r.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()
+    })?;
+    let mut trace = crate::OperationTrace { truncated: truncated || more, ..Default::default() };
     let mut entity = c.prepare_cached(&format!("SELECT {} FROM entities WHERE id = ?1", crate::sql::ENTITY_COLS))?;
     let mut history = c.prepare_cached(
         "SELECT id, entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail
