@@ -168,6 +168,8 @@ impl<S: Store> Engine<S> {
         match rx.await.map_err(|_| Error::Stopped)?? {
             Some(entity) => Ok(Commanded { entity, request_id, replayed: false }),
             None => {
+                // The key was used before: for this same command, or it is refused.
+                self.same_request(&request_id, &format!("{machine}.{}", command.as_str()), machine, key).await?;
                 let entity = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
                 Ok(Commanded { entity, request_id, replayed: true })
             }

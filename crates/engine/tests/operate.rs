@@ -274,6 +274,12 @@ async fn replaying_an_idempotency_key_returns_the_first_operation_and_raises_not
     let cmd2 = engine.command("ticker", "i", Command::Pause, Some("pause-1".into())).await.unwrap();
     assert!(!cmd1.replayed && cmd2.replayed);
     assert_eq!(cmd2.entity.run_status, RunStatus::Active, "the replayed pause did nothing");
+    // A key of another request (another command, a create) is refused, and nothing is done.
+    for (command, key) in [(Command::Resume, "pause-1"), (Command::Pause, "create-i")] {
+        let err = engine.command("ticker", "i", command, Some(key.into())).await.unwrap_err();
+        assert!(matches!(err, settle_engine::Error::KeyReused { .. }), "{err}");
+    }
+    assert_eq!(engine.get("ticker", "i").await.unwrap().unwrap().run_status, RunStatus::Active);
     engine.shutdown().await;
 }
 

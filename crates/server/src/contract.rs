@@ -214,7 +214,8 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
 ];
 
 /// The problems of every lifecycle command.
-const LIFECYCLE: &[Kind] = &[UnknownMachine, UnknownEntity, EntityKilled, EntityDeleted, Internal, Unavailable];
+const LIFECYCLE: &[Kind] =
+    &[UnknownMachine, UnknownEntity, EntityKilled, EntityDeleted, KeyReused, Internal, Unavailable];
 
 /// What an operation's shape implies it can answer: a bad path, query or header (400);
 /// a body that is malformed, too large, of another media type or of the wrong shape; a

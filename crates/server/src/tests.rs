@@ -621,8 +621,14 @@ async fn lifecycle_commands() {
     let app = App::new(Tokens::open()).await;
     app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
     let path = "/v1/machines/door/entities/d";
-    let r = app.call(Req::new("POST", &format!("{path}/pause"))).await;
+    let r = app.call(Req::new("POST", &format!("{path}/pause")).header("Idempotency-Key", "pause-d")).await;
     assert_eq!(r.json()["run_status"], "paused", "{}", r.text);
+    // The pause's key names the pause: a resume with it is refused, and changes nothing.
+    let before = app.dump().await;
+    app.call(Req::new("POST", &format!("{path}/resume")).header("Idempotency-Key", "pause-d"))
+        .await
+        .problem(409, "idempotency-key-reused");
+    assert_eq!(app.dump().await, before);
     // A paused entity queues events: accepted now, processed on resume.
     assert_eq!(app.call(Req::new("POST", &format!("{path}/events/open"))).await.status, StatusCode::ACCEPTED);
     assert_eq!(app.call(Req::new("POST", &format!("{path}/resume"))).await.json()["run_status"], "active");
