@@ -42,6 +42,11 @@ pub enum Bench {
     /// entities, on N entities (1,000,000 by default) spread over a nested machine's states.
     #[command(after_help = "Example:\n  settle --db fleet.db bench fleet --entities 100000 --repeat 11 --json")]
     Fleet(crate::bench_fleet::FleetArgs),
+    /// A large fleet at rest with pending timers (1,000,000 entities and 100,000 timers by
+    /// default): idle RSS after an engine restart, the time to claim due work as the fleet
+    /// grows, and how late the timers fire.
+    #[command(after_help = "Example:\n  settle bench dormant --entities 200000 --timers 20000 --json")]
+    Dormant(crate::bench_dormant::DormantArgs),
 }
 
 /// Options of `settle bench agents`.
@@ -176,7 +181,7 @@ pub struct TimersArgs {
 }
 
 /// Resident set size of this process now, in MiB (Linux; 0 elsewhere).
-fn rss_mb() -> f64 {
+pub(crate) fn rss_mb() -> f64 {
     proc_status_mb("VmRSS:")
 }
 
@@ -290,7 +295,7 @@ impl Drop for Scratch {
 }
 
 /// Peak resident set size of this process in MiB (Linux; 0 elsewhere).
-fn peak_rss_mb() -> f64 {
+pub(crate) fn peak_rss_mb() -> f64 {
     proc_status_mb("VmHWM:")
 }
 
@@ -326,6 +331,10 @@ pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Fleet(args) => {
             let (path, _scratch) = bench_db(db);
             crate::bench_fleet::fleet(&path, args).await
+        }
+        Bench::Dormant(args) => {
+            let (path, _scratch) = bench_db(db);
+            crate::bench_dormant::dormant(&path, args).await
         }
     }
 }

@@ -3,6 +3,7 @@
 
 mod agent;
 mod bench;
+mod bench_dormant;
 mod bench_fleet;
 mod defs;
 mod demo;
@@ -252,7 +253,8 @@ enum Command {
     },
     /// Serve the HTTP/JSON management API (see README "HTTP API").
     #[command(after_help = "Examples:\n  settle serve\n  \
-                            settle serve --listen 0.0.0.0:7400 --tokens tokens.toml --machines examples/machines")]
+                            settle serve --listen 0.0.0.0:7400 --tokens tokens.toml --machines examples/machines \
+                            --tls-cert cert.pem --tls-key key.pem")]
     Serve(serve::Args),
     /// An external agent: serves an agent queue of a server over HTTP with the demo's
     /// simulated provider (slow, flaky).

@@ -1,7 +1,7 @@
 //! Every `settle bench` workload, run small as a correctness check (a benchmark nobody runs
 //! breaks silently): fan-out and timers on SQLite, chain and fan-out on PostgreSQL in this
 //! process and with worker processes (`--instances`); `bench fleet` on both. `bench chain` and `bench agents` on
-//! SQLite are in `cli.rs`. The PostgreSQL runs need `SETTLE_TEST_PG`; without it they say
+//! SQLite are in `cli.rs`; `bench dormant` on both. The PostgreSQL runs need `SETTLE_TEST_PG`; without it they say
 //! they skipped.
 
 mod common;
@@ -108,4 +108,49 @@ fn fleet_on_sqlite() {
 fn fleet_on_postgres() {
     let Some(url) = settle_store::postgres::test_url("bench_fleet") else { return };
     check_fleet(&url);
+}
+
+/// `bench dormant`, small: the fleet is written, a batch of due work is timed at each
+/// step, and after the restart every timer fires and its lateness is reported.
+fn check_dormant(db: &str) {
+    let v = bench(
+        db,
+        &[
+            "dormant",
+            "--entities",
+            "2000",
+            "--timers",
+            "200",
+            "--steps",
+            "500,2000",
+            "--due",
+            "20",
+            "--lead",
+            "3s",
+            "--spread",
+            "2s",
+        ],
+    );
+    assert_eq!((v["entities"].as_u64(), v["timers"].as_u64()), (Some(2000), Some(200)), "{v}");
+    let claims = v["claim"].as_array().unwrap_or_else(|| panic!("no claim steps: {v}"));
+    assert_eq!(claims.iter().map(|c| c["entities"].as_u64().unwrap()).collect::<Vec<_>>(), [500, 2000], "{v}");
+    assert!(claims.iter().all(|c| c["ms"].as_f64().is_some_and(|ms| ms > 0.0)), "{v}");
+    assert_eq!(v["timers_fired"], 200, "{v}");
+    for field in ["lateness_max_ms", "lateness_p99_ms", "lateness_p50_ms", "timers_within_1s"] {
+        assert!(v[field].as_i64().is_some(), "{field}: {v}");
+    }
+    assert!(v["rss_idle_mb"].as_f64().is_some_and(|mb| mb >= 0.0), "{v}");
+    assert!(v["claim_last_over_first"].as_f64().is_some(), "{v}");
+}
+
+#[test]
+fn dormant_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    check_dormant(dir.path().join("dormant.db").to_str().unwrap());
+}
+
+#[test]
+fn dormant_on_postgres() {
+    let Some(url) = settle_store::postgres::test_url("bench_dormant") else { return };
+    check_dormant(&url);
 }
