@@ -17,7 +17,8 @@ use settle_store::{AnyStore, Store};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Address to listen on (`127.0.0.1:0` picks a free port). Without tokens only a
-    /// loopback address is accepted.
+    /// loopback address is accepted; with tokens, a non-loopback address needs TLS
+    /// (`--tls-cert`/`--tls-key`) or `--insecure-http`.
     #[arg(long, default_value = "127.0.0.1:7400")]
     listen: String,
     /// Bearer tokens (TOML: `[[token]] token = "...", role = "admin|operator|reader|agent",
@@ -31,6 +32,29 @@ pub struct Args {
     /// are capped).
     #[arg(long, default_value = "60s")]
     max_wait: String,
+    /// Requests per second each token may make, in bursts of as many; more are answered 429
+    /// `rate-limited` with `Retry-After`. `/healthz` and `/v1/session` are not limited, nor
+    /// is a server without tokens. 0: no limit.
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    rate_limit: u32,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); needs `--tls-key`.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of `--tls-cert` (PEM: PKCS#8, RSA or EC).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plain HTTP on a non-loopback address although tokens are configured: the
+    /// bearer tokens cross the network in clear text (behind a TLS-terminating proxy, say).
+    #[arg(long, conflicts_with = "tls_cert")]
+    insecure_http: bool,
+    /// Longest time a client may take to send a request head (and finish its TLS
+    /// handshake); slower or idle connections are closed.
+    #[arg(long, default_value = "10s")]
+    header_timeout: String,
+    /// Longest time a request may take until its response starts; slower ones get 503.
+    /// Default: `--max-wait` plus 30 s, so long polls are never cut.
+    #[arg(long)]
+    request_timeout: Option<String>,
     /// Serve the reference scenario (`server` and its resources) with the resources'
     /// provider calls made by external agents on queue `provider` (`settle agent`), as
     /// `settle demo --agents` does. The server's timeout comes from the latest demo run.
@@ -79,6 +103,22 @@ pub fn run(db: &str, machines: Option<&Path>, args: Args) -> anyhow::Result<Exit
             return Ok(ExitCode::from(REFUSED));
         }
     };
+    let listen = match listen_config(&args, max_wait) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(REFUSED));
+        }
+    };
+    if !tokens.is_open() && listen.tls.is_none() && !args.insecure_http && addrs.iter().any(|a| !a.ip().is_loopback()) {
+        eprintln!(
+            "error: refusing to listen on {} over plain HTTP: the bearer tokens would cross the network in clear text. \
+             Serve TLS (--tls-cert FILE --tls-key FILE), listen on a loopback address (127.0.0.1, ::1), \
+             or accept the risk with --insecure-http (behind a TLS-terminating proxy, say)",
+            args.listen
+        );
+        return Ok(ExitCode::from(REFUSED));
+    }
     let machines = match machines {
         Some(dir) => match crate::defs::load_dir(dir) {
             Ok(m) => Some(m),
@@ -92,13 +132,45 @@ pub fn run(db: &str, machines: Option<&Path>, args: Args) -> anyhow::Result<Exit
         },
         None => None,
     };
-    let config = settle_server::Config { max_body: args.max_body, max_wait, ..Default::default() };
+    let config =
+        settle_server::Config { max_body: args.max_body, max_wait, rate_limit: args.rate_limit, ..Default::default() };
     let source = match (machines, args.scenario) {
         (Some(m), _) => Source::Toml(m),
         (None, true) => Source::Scenario,
         (None, false) => Source::BuiltIn,
     };
-    crate::runtime()?.block_on(serve(db, source, tokens, config, addrs, args.until_stdin_closes))
+    crate::runtime()?.block_on(serve(db, source, tokens, config, addrs, listen, args.until_stdin_closes))
+}
+
+/// The listener's TLS and timeouts from the flags; errors name the flag or file.
+fn listen_config(args: &Args, max_wait: std::time::Duration) -> anyhow::Result<settle_server::Listen> {
+    let header_timeout =
+        settle_core::duration::parse(&args.header_timeout).map_err(|e| anyhow::anyhow!("--header-timeout: {e}"))?;
+    let request_timeout = match &args.request_timeout {
+        Some(t) => settle_core::duration::parse(t).map_err(|e| anyhow::anyhow!("--request-timeout: {e}"))?,
+        None => max_wait + std::time::Duration::from_secs(30),
+    };
+    for (flag, d) in [("--header-timeout", header_timeout), ("--request-timeout", request_timeout)] {
+        anyhow::ensure!(!d.is_zero(), "{flag}: must be longer than 0");
+    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let read = |flag: &str, path: &Path| {
+                std::fs::read(path).map_err(|e| anyhow::anyhow!("{flag} {}: cannot read: {e}", path.display()))
+            };
+            let (cert_pem, key_pem) = (read("--tls-cert", cert)?, read("--tls-key", key)?);
+            let config = settle_server::TlsConfig::from_pem(&cert_pem, &key_pem).map_err(|e| match e {
+                settle_server::TlsError::Cert(m) => anyhow::anyhow!("--tls-cert {}: {m}", cert.display()),
+                settle_server::TlsError::Key(m) => anyhow::anyhow!("--tls-key {}: {m}", key.display()),
+                settle_server::TlsError::Pair(m) => {
+                    anyhow::anyhow!("--tls-cert {} with --tls-key {}: {m}", cert.display(), key.display())
+                }
+            })?;
+            Some(config)
+        }
+        _ => None,
+    };
+    Ok(settle_server::Listen { tls, header_timeout, request_timeout })
 }
 
 /// Tokens from `--tokens FILE` and `SETTLE_TOKENS`, both if both are given.
@@ -132,6 +204,7 @@ async fn serve(
     tokens: Tokens,
     config: settle_server::Config,
     addrs: Vec<SocketAddr>,
+    listen: settle_server::Listen,
     until_stdin_closes: bool,
 ) -> anyhow::Result<ExitCode> {
     let store = AnyStore::open(db)?;
@@ -194,7 +267,8 @@ async fn serve(
     if open {
         eprintln!("settle: no tokens configured: every caller is an admin; serving loopback only");
     }
-    println!("listening on http://{local}");
+    let scheme = if listen.tls.is_some() { "https" } else { "http" };
+    println!("listening on {scheme}://{local}");
     std::io::stdout().flush()?;
     let polls = engine.clone();
     let stop = async move {
@@ -209,7 +283,7 @@ async fn serve(
         // Agents' long polls would hold the graceful shutdown for up to their wait.
         polls.close_long_polls();
     };
-    let served = settle_server::serve(listener, settle_server::router(state), stop).await;
+    let served = settle_server::serve(listener, settle_server::router(state), stop, &listen).await;
     eprintln!("settle: stopping (finishing running actions)");
     engine.shutdown().await;
     served?;

@@ -13,8 +13,15 @@
 //! check (an agent's queues: [`Caller::authorize_queue`]). With no token configured
 //! ([`Tokens::open`]) every caller is an admin: the binary then serves loopback only.
 //!
-//! Tokens are compared in constant time (for equal lengths; a token's length is not
-//! hidden), and every configured token is compared on each request.
+//! Tokens are compared in constant time: the server keeps each token's SHA-256 digest,
+//! digests the presented token and compares it with every configured digest (all 32 bytes,
+//! without stopping at a difference or at a match), so neither a token's content nor its
+//! length shows in the time an answer takes.
+//!
+//! The guard also enforces the per-token request rate limit ([`RateLimiter`]) on every
+//! route but the public ones (`/healthz`, `/v1/session`): a token over it is answered
+//! 429 `rate-limited` with `Retry-After`. A request refused 401/403 is not counted, and an
+//! open server is not limited.
 
 use std::sync::Arc;
 
@@ -23,11 +30,13 @@ use axum::http::header;
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use subtle::ConstantTimeEq;
+use sha2::{Digest, Sha256};
+use subtle::{ConditionallySelectable, ConstantTimeEq};
 use utoipa::openapi::security::SecurityRequirement;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::problem::{Kind, Problem};
+use crate::ratelimit::RateLimiter;
 
 /// A token's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,7 +99,8 @@ pub enum Access {
 /// One configured token.
 #[derive(Clone)]
 pub struct Token {
-    secret: String,
+    /// The SHA-256 digest of the secret: what requests are compared with.
+    digest: [u8; 32],
     role: Role,
     queues: Vec<String>,
     name: Option<String>,
@@ -123,12 +133,17 @@ impl Token {
         if let Some(q) = queues.iter().find(|q| q.is_empty()) {
             return Err(TokenError(format!("empty queue name `{q}`")));
         }
-        Ok(Token { secret, role, queues, name: None })
+        Ok(Token { digest: digest(&secret), role, queues, name: None })
     }
     /// The role.
     pub fn role(&self) -> Role {
         self.role
     }
+}
+
+/// The SHA-256 digest of a token.
+fn digest(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
 }
 
 /// A token configuration that cannot be used.
@@ -178,7 +193,7 @@ impl Tokens {
     }
     /// Adds a token; the same secret twice is refused.
     pub fn add(&mut self, token: Token) -> Result<(), TokenError> {
-        if self.tokens.iter().any(|t| t.secret == token.secret) {
+        if self.find(&token.digest).is_some() {
             return Err(TokenError("the same token is configured twice".into()));
         }
         self.tokens.push(token);
@@ -240,39 +255,44 @@ impl Tokens {
         Ok(tokens)
     }
 
-    /// The token matching `presented`, comparing against every token in constant time.
-    fn find(&self, presented: &str) -> Option<&Token> {
-        let mut found = None;
-        for t in &self.tokens {
-            if bool::from(t.secret.as_bytes().ct_eq(presented.as_bytes())) {
-                found = Some(t);
-            }
+    /// The position of the token whose digest is `presented` (a token's digest): compared
+    /// with every token, each in constant time, the match selected without a branch.
+    fn find(&self, presented: &[u8; 32]) -> Option<usize> {
+        let mut found = u64::MAX;
+        for (i, t) in self.tokens.iter().enumerate() {
+            found.conditional_assign(&(i as u64), t.digest.ct_eq(presented));
         }
-        found
+        usize::try_from(found).ok().filter(|i| *i < self.tokens.len())
     }
 
     /// Who is calling, from the request's `Authorization` header, for a route of `access`.
     pub fn authenticate(&self, headers: &axum::http::HeaderMap, access: Access) -> Result<Caller, Problem> {
+        self.identify(headers, access).map(|(caller, _)| caller)
+    }
+
+    /// [`Tokens::authenticate`], with the position of the caller's token (none for an
+    /// anonymous caller).
+    fn identify(&self, headers: &axum::http::HeaderMap, access: Access) -> Result<(Caller, Option<usize>), Problem> {
         if self.is_open() {
-            return Ok(Caller { role: Role::Admin, queues: Vec::new(), name: None });
+            return Ok((Caller { role: Role::Admin, queues: Vec::new(), name: None }, None));
         }
         let presented = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim);
-        let token = match presented {
-            Some(p) => self.find(p),
+        let index = match presented {
+            Some(p) => self.find(&digest(p)),
             None if access == Access::Public => {
-                return Ok(Caller { role: Role::Reader, queues: Vec::new(), name: None });
+                return Ok((Caller { role: Role::Reader, queues: Vec::new(), name: None }, None));
             }
             None => {
                 return Err(Problem::new(Kind::Unauthorized, "this route needs `Authorization: Bearer <token>`"));
             }
         };
-        let Some(token) = token else {
+        let Some((index, token)) = index.map(|i| (i, &self.tokens[i])) else {
             if access == Access::Public {
-                return Ok(Caller { role: Role::Reader, queues: Vec::new(), name: None });
+                return Ok((Caller { role: Role::Reader, queues: Vec::new(), name: None }, None));
             }
             return Err(Problem::new(Kind::Unauthorized, "unknown bearer token"));
         };
@@ -281,7 +301,7 @@ impl Tokens {
             return Err(Problem::new(Kind::Forbidden, format!("role {} may not use this route", token.role.as_str()))
                 .with("role", token.role.as_str()));
         }
-        Ok(caller)
+        Ok((caller, Some(index)))
     }
 }
 
@@ -331,15 +351,17 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 }
 
 /// Puts every route of `router` behind the check for `access`: 401/403 before the handler,
-/// and the [`Caller`] in the request extensions for the handler. The routes' OpenAPI
-/// operations say so (unless the group is public): the `bearer` scheme, from which
-/// [`crate::contract::document`] adds the 401 and 403 problems the check answers.
+/// then (unless the group is public) the token's rate limit, 429; and the [`Caller`] in
+/// the request extensions for the handler. The routes' OpenAPI operations say so (unless
+/// the group is public): the `bearer` scheme, from which [`crate::contract::document`]
+/// adds the 401, 403 and 429 problems the check answers.
 pub fn guard<S: Clone + Send + Sync + 'static>(
     router: OpenApiRouter<S>,
     tokens: Arc<Tokens>,
+    limiter: Arc<RateLimiter>,
     access: Access,
 ) -> OpenApiRouter<S> {
-    let mut router = router.route_layer(axum::middleware::from_fn_with_state((tokens, access), check));
+    let mut router = router.route_layer(axum::middleware::from_fn_with_state((tokens, limiter, access), check));
     if access != Access::Public {
         document(router.get_openapi_mut());
     }
@@ -365,14 +387,21 @@ fn document(openapi: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-async fn check(State((tokens, access)): State<(Arc<Tokens>, Access)>, mut req: Request, next: Next) -> Response {
-    match tokens.authenticate(req.headers(), access) {
-        Ok(caller) => {
-            req.extensions_mut().insert(caller);
-            next.run(req).await
-        }
-        Err(p) => p.into_response(),
+type Check = (Arc<Tokens>, Arc<RateLimiter>, Access);
+
+async fn check(State((tokens, limiter, access)): State<Check>, mut req: Request, next: Next) -> Response {
+    let (caller, index) = match tokens.identify(req.headers(), access) {
+        Ok(found) => found,
+        Err(p) => return p.into_response(),
+    };
+    if access != Access::Public
+        && let Some(token) = index
+        && let Err(seconds) = limiter.check(token)
+    {
+        return Problem::rate_limited(limiter.rate(), seconds).into_response();
     }
+    req.extensions_mut().insert(caller);
+    next.run(req).await
 }
 
 #[cfg(test)]
@@ -415,6 +444,23 @@ mod tests {
         assert!(Tokens::from_toml("[[token]]\ntoken = \"\"\nrole = \"admin\"\n").is_err());
         assert!(Tokens::from_toml("[[token]]\ntoken = \"x\"\nrole = \"admin\"\nextra = 1\n").is_err());
         assert!(Tokens::from_spec("").unwrap().is_open());
+    }
+
+    #[test]
+    fn tokens_are_found_by_digest_among_all() {
+        let t = Tokens::from_spec("admin=alpha;operator=beta;reader=gamma;agent:q=delta").unwrap();
+        for (i, secret) in ["alpha", "beta", "gamma", "delta"].into_iter().enumerate() {
+            assert_eq!(t.find(&digest(secret)), Some(i), "{secret}");
+        }
+        for wrong in ["", "alph", "alphaa", "Alpha", "delt\u{0}", "zeta"] {
+            assert_eq!(t.find(&digest(wrong)), None, "{wrong:?}");
+        }
+        assert_eq!(Tokens::open().find(&digest("alpha")), None);
+        assert_eq!(digest("alpha"), digest("alpha"));
+        assert_ne!(digest("alpha"), digest("alphb"));
+        // The secret itself is not kept, nor shown.
+        let shown = format!("{t:?}");
+        assert!(!shown.contains("alpha") && !shown.contains("delta"), "{shown}");
     }
 
     #[test]

@@ -217,11 +217,13 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
 const LIFECYCLE: &[Kind] =
     &[UnknownMachine, UnknownEntity, EntityKilled, EntityDeleted, KeyReused, Internal, Unavailable];
 
-/// What an operation's shape implies it can answer: a bad path, query or header (400);
+/// What an operation's shape implies it can answer: 503 `request-timeout` (any request); a
+/// bad path, query or header (400);
 /// a body that is malformed, too large, of another media type or of the wrong shape; a
-/// token refused (401, 403) on a guarded route.
+/// token refused (401, 403) or over its rate limit (429 `rate-limited`) on a guarded route.
 fn shape_problems(op: &Value) -> Vec<Kind> {
-    let mut kinds = Vec::new();
+    // Any request may outlast the server's request timeout.
+    let mut kinds = vec![RequestTimeout];
     if op["parameters"].as_array().is_some_and(|p| !p.is_empty()) {
         kinds.push(BadRequest);
     }
@@ -229,7 +231,7 @@ fn shape_problems(op: &Value) -> Vec<Kind> {
         kinds.extend([MalformedJson, BodyTooLarge, UnsupportedMediaType, InvalidBody]);
     }
     if op["security"].as_array().is_some_and(|s| !s.is_empty()) {
-        kinds.extend([Unauthorized, Forbidden]);
+        kinds.extend([Unauthorized, Forbidden, RateLimited]);
     }
     kinds
 }
@@ -345,7 +347,7 @@ fn problem_response(kinds: &[Kind]) -> Value {
     if kinds.contains(&Unauthorized) {
         headers.insert("WWW-Authenticate".into(), json!({"description": "`Bearer`", "schema": {"type": "string"}}));
     }
-    if kinds.contains(&TooManyPolls) {
+    if kinds.contains(&TooManyPolls) || kinds.contains(&RateLimited) {
         headers.insert(
             "Retry-After".into(),
             json!({"description": "seconds to wait before retrying", "schema": {"type": "string"}}),
@@ -425,5 +427,18 @@ mod tests {
         let schema = &r["content"][CONTENT_TYPE]["schema"]["properties"];
         assert_eq!(schema["status"]["enum"], json!([404]));
         assert_eq!(schema["type"]["enum"][1], "https://settle.dev/problems/unknown-entity");
+        let r = problem_response(&[RateLimited]);
+        assert!(r["headers"]["Retry-After"].is_object(), "{r}");
+    }
+
+    #[test]
+    fn guarded_operations_document_the_rate_limit_and_public_ones_do_not() {
+        let guarded = json!({"security": [{"bearer": []}]});
+        assert!(shape_problems(&guarded).contains(&RateLimited));
+        assert!(!shape_problems(&json!({})).contains(&RateLimited));
+        let both = problem_response(&[TooManyPolls, RateLimited]);
+        let types = &both["content"][CONTENT_TYPE]["schema"]["properties"]["type"]["enum"];
+        assert_eq!(types, &json!([format!("{TYPE_BASE}too-many-polls"), format!("{TYPE_BASE}rate-limited")]));
+        assert!(both["headers"]["Retry-After"].is_object(), "{both}");
     }
 }

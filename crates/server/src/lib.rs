@@ -5,30 +5,37 @@
 //! - [`routes`]: the handlers — machines, entities, events, lifecycle commands,
 //!   operations, `/healthz`, `/metrics`;
 //! - [`auth`]: bearer tokens with roles (admin, operator, agent scoped to queues, reader);
+//! - [`ratelimit`]: per-token request rate limits (429 `rate-limited`);
 //! - [`problem`]: the one error type, served as `application/problem+json`;
 //! - [`extract`]: extractors whose rejections are problems too;
 //! - [`model`]: the JSON types of requests and responses;
-//! - [`ui`]: the dashboard under `/ui/`, a client of the same API, compiled into the binary.
+//! - [`ui`]: the dashboard under `/ui/`, a client of the same API, compiled into the binary;
+//! - [`listen`]: the listener — HTTP/1.1 with hyper, TLS with rustls, header and request
+//!   timeouts, graceful shutdown.
 //!
 //! Only this crate knows HTTP. It reads no files and no environment: the binary parses
 //! `--tokens` and `SETTLE_TOKENS` with [`auth::Tokens`] and hands everything in.
 //!
 //! ```no_run
 //! # async fn demo(engine: settle_engine::Engine<settle_store::AnyStore>) -> std::io::Result<()> {
-//! use settle_server::{AppState, Config, auth::Tokens};
+//! use settle_server::{AppState, Config, Listen, auth::Tokens};
 //!
 //! let state = AppState::new(engine, &["door"], Tokens::open(), Config::default()).expect("machine");
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:7400").await?;
-//! settle_server::serve(listener, settle_server::router(state), std::future::pending()).await
+//! // Plain HTTP; `tls: Some(TlsConfig::from_pem(cert, key)?)` serves HTTPS.
+//! let listen = Listen::default();
+//! settle_server::serve(listener, settle_server::router(state), std::future::pending(), &listen).await
 //! # }
 //! ```
 
 pub mod auth;
 pub mod contract;
 pub mod extract;
+pub mod listen;
 pub mod metrics;
 pub mod model;
 pub mod problem;
+pub mod ratelimit;
 pub mod router;
 pub mod routes;
 pub mod state;
@@ -41,21 +48,10 @@ mod testkit;
 #[cfg(test)]
 mod tests;
 
-use std::future::Future;
-
+pub use listen::{Listen, TlsConfig, TlsError, serve};
 pub use problem::{Kind, Problem};
 pub use router::{OpenApiJson, api, openapi, router};
 pub use state::{AppState, Config, MetricsRender};
-
-/// Serves `router` on `listener` until `shutdown` resolves, then finishes the requests in
-/// flight.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
-}
 
 /// The URL of the operation with `request_id`.
 pub fn operation_location(request_id: &str) -> String {

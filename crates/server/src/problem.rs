@@ -96,6 +96,9 @@ kinds! {
     Internal => (INTERNAL_SERVER_ERROR, "internal", "internal error"),
     /// The engine is shutting down.
     Unavailable => (SERVICE_UNAVAILABLE, "unavailable", "engine stopped"),
+    /// The response had not started within the server's request timeout (what the request
+    /// asked for may still happen: follow its operation).
+    RequestTimeout => (SERVICE_UNAVAILABLE, "request-timeout", "request took longer than the server allows"),
     /// `wait=stable` ran out; the request is durable and is still processed.
     WaitTimeout => (GATEWAY_TIMEOUT, "wait-timeout", "timed out waiting; the request is still processed"),
     /// No action of any served machine is bound to that agent queue.
@@ -109,6 +112,9 @@ kinds! {
     InvalidReport => (UNPROCESSABLE_ENTITY, "invalid-report", "invalid agent report"),
     /// Too many long polls are waiting on this server; retry shortly.
     TooManyPolls => (TOO_MANY_REQUESTS, "too-many-polls", "too many long polls waiting"),
+    /// The token made more requests per second than `--rate-limit` allows; retry after
+    /// `Retry-After` seconds (also the member `retry_after`).
+    RateLimited => (TOO_MANY_REQUESTS, "rate-limited", "rate limit exceeded"),
 }
 
 /// A problem document (RFC 9457): status, stable `type`, `title`, `detail`, the offending
@@ -186,6 +192,14 @@ impl Problem {
     pub fn unknown_machine(machine: &str) -> Self {
         Problem::new(Kind::UnknownMachine, format!("unknown machine `{machine}`")).with("machine", machine)
     }
+    /// Over the rate limit of `rate` requests per second: retry in `retry_after` seconds.
+    pub fn rate_limited(rate: u32, retry_after: u64) -> Self {
+        Problem::new(
+            Kind::RateLimited,
+            format!("more than {rate} requests per second with this token; retry in {retry_after}s"),
+        )
+        .with("retry_after", retry_after)
+    }
     /// No entity `key` of `machine`.
     pub fn unknown_entity(machine: &str, key: &str) -> Self {
         Problem::new(Kind::UnknownEntity, format!("no entity `{key}` of machine `{machine}`"))
@@ -217,6 +231,10 @@ impl IntoResponse for Problem {
         }
         if kind == Kind::TooManyPolls {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if kind == Kind::RateLimited {
+            let seconds = self.0.context.get("retry_after").and_then(Value::as_u64).unwrap_or(1).max(1);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
     }

@@ -57,8 +57,8 @@ pub struct OpenApiJson(pub Arc<String>);
 
 /// Every route with its access group, and the OpenAPI document describing them.
 pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
-    let tokens = state.tokens();
-    let guard = |routes, access| auth::guard(routes, tokens.clone(), access);
+    let (tokens, limiter) = (state.tokens(), state.limiter());
+    let guard = |routes, access| auth::guard(routes, tokens.clone(), limiter.clone(), access);
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(guard(system::public(), Access::Public))
         .merge(guard(system::read(), Access::Read))

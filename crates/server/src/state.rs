@@ -10,6 +10,7 @@ use settle_store::AnyStore;
 
 use crate::auth::Tokens;
 use crate::problem::Problem;
+use crate::ratelimit::RateLimiter;
 
 /// Limits of the HTTP API.
 #[derive(Debug, Clone)]
@@ -20,11 +21,20 @@ pub struct Config {
     pub max_wait: Duration,
     /// The wait when `wait=stable` comes without `timeout`.
     pub default_wait: Duration,
+    /// Requests per second each token may make, with bursts of as many; more are answered
+    /// 429 `rate-limited`. 0 is no limit; an open server (no tokens) is not limited.
+    /// Default 200.
+    pub rate_limit: u32,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { max_body: 1 << 20, max_wait: Duration::from_secs(60), default_wait: Duration::from_secs(30) }
+        Config {
+            max_body: 1 << 20,
+            max_wait: Duration::from_secs(60),
+            default_wait: Duration::from_secs(30),
+            rate_limit: 200,
+        }
     }
 }
 
@@ -43,6 +53,7 @@ struct Inner {
     engine: Engine<AnyStore>,
     machines: Vec<Arc<Machine>>,
     tokens: Arc<Tokens>,
+    limiter: Arc<RateLimiter>,
     config: Config,
     engine_metrics: Option<MetricsRender>,
 }
@@ -62,8 +73,16 @@ impl AppState {
         }
         served.sort_by(|a, b| a.name().cmp(b.name()));
         served.dedup_by(|a, b| a.name() == b.name());
+        let limiter = Arc::new(RateLimiter::new(config.rate_limit, tokens.len(), engine.clock().clone()));
         Ok(AppState {
-            inner: Arc::new(Inner { engine, machines: served, tokens: Arc::new(tokens), config, engine_metrics: None }),
+            inner: Arc::new(Inner {
+                engine,
+                machines: served,
+                tokens: Arc::new(tokens),
+                limiter,
+                config,
+                engine_metrics: None,
+            }),
         })
     }
 
@@ -88,6 +107,10 @@ impl AppState {
     /// The tokens.
     pub fn tokens(&self) -> Arc<Tokens> {
         self.inner.tokens.clone()
+    }
+    /// The per-token request rate limits (`Config::rate_limit`, on the engine's clock).
+    pub fn limiter(&self) -> Arc<RateLimiter> {
+        self.inner.limiter.clone()
     }
     /// The limits.
     pub fn config(&self) -> &Config {

@@ -31,9 +31,20 @@ impl App {
 
     /// An app serving the TOML machines `machines` (name, definition).
     pub async fn with_machines(tokens: Tokens, config: Config, machines: &[(&str, &str)]) -> App {
+        App::with_engine(tokens, config, machines, settle_engine::Config::default()).await
+    }
+
+    /// An app serving the TOML machines `machines` on an engine configured with `engine`
+    /// (its clock, say).
+    pub async fn with_engine(
+        tokens: Tokens,
+        config: Config,
+        machines: &[(&str, &str)],
+        engine: settle_engine::Config,
+    ) -> App {
         let dir = tempfile::tempdir().unwrap();
         let store = AnyStore::Sqlite(SqliteStore::open(dir.path().join("settle.db")).unwrap());
-        let mut b = Engine::builder(store);
+        let mut b = Engine::builder(store).config(engine);
         for (name, text) in machines {
             let (m, _) = settle_core::toml::load(&format!("{name}.toml"), name, text).unwrap();
             b = b.machine(m);
@@ -840,5 +851,86 @@ async fn a_statechart_through_the_api_and_what_its_events_would_do() {
     let history = app.get(&format!("{e}/history")).await.json();
     let kinds: Vec<&str> = history.as_array().unwrap().iter().map(|h| h["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds[kinds.len() - 3..], ["ignored", "rejected", "internal"]);
+    app.stop().await;
+}
+
+/// `--rate-limit N`: the N+1-th request of a token within a second is 429 `rate-limited`
+/// with `Retry-After`; another token keeps its own budget; once the clock moves the token
+/// passes again. The public routes are not limited.
+#[tokio::test]
+async fn a_token_over_its_rate_limit_gets_429_with_retry_after() {
+    let clock = settle_engine::ManualClock::new(1_795_000_000_000);
+    let engine = settle_engine::Config { clock: std::sync::Arc::new(clock.clone()), ..Default::default() };
+    let tokens = Tokens::from_spec("admin=a1;reader=r1").unwrap();
+    let config = Config { rate_limit: 3, ..Config::default() };
+    let app = App::with_engine(tokens, config, &[("door", DOOR)], engine).await;
+    let get = |t: &str| Req::new("GET", "/v1/machines").token(Some(t));
+    for _ in 0..3 {
+        assert_eq!(app.call(get("r1")).await.status, StatusCode::OK);
+    }
+    let r = app.call(get("r1")).await;
+    let p = r.problem(429, "rate-limited");
+    assert_eq!(r.header("retry-after"), "1");
+    assert_eq!(p["retry_after"], 1);
+    // Every guarded route draws from the token's bucket; a route its role may not use is
+    // refused before it.
+    app.call(Req::new("GET", "/openapi.json").token(Some("r1"))).await.problem(429, "rate-limited");
+    let create = Req::new("POST", "/v1/machines/door/entities").token(Some("r1")).json(json!({"key": "k"}));
+    app.call(create).await.problem(403, "forbidden");
+    // A refused token is not counted, and is refused before the limit.
+    app.call(Req::new("GET", "/v1/machines").token(Some("nope"))).await.problem(401, "unauthorized");
+    // Another token is unaffected; the public routes are not limited.
+    for _ in 0..3 {
+        assert_eq!(app.call(get("a1")).await.status, StatusCode::OK);
+    }
+    for _ in 0..10 {
+        assert_eq!(app.call(Req::new("GET", "/healthz").token(Some("r1"))).await.status, StatusCode::OK);
+    }
+    // A third of a second refills one request; a second, the whole burst.
+    clock.advance(std::time::Duration::from_millis(334));
+    assert_eq!(app.call(get("r1")).await.status, StatusCode::OK);
+    app.call(get("r1")).await.problem(429, "rate-limited");
+    clock.advance(std::time::Duration::from_secs(1));
+    for _ in 0..3 {
+        assert_eq!(app.call(get("r1")).await.status, StatusCode::OK);
+    }
+    app.call(get("r1")).await.problem(429, "rate-limited");
+    app.stop().await;
+}
+
+/// An open server is not limited (loopback only, every caller an admin); nor is any server
+/// with `rate_limit: 0`.
+#[tokio::test]
+async fn an_open_server_and_a_zero_limit_limit_nothing() {
+    let clock = settle_engine::ManualClock::new(1_795_000_000_000);
+    let engine = || settle_engine::Config { clock: std::sync::Arc::new(clock.clone()), ..Default::default() };
+    let one = Config { rate_limit: 1, ..Config::default() };
+    let app = App::with_engine(Tokens::open(), one, &[("door", DOOR)], engine()).await;
+    for _ in 0..50 {
+        assert_eq!(app.get("/v1/machines").await.status, StatusCode::OK);
+    }
+    app.stop().await;
+    let off = Config { rate_limit: 0, ..Config::default() };
+    let app = App::with_engine(Tokens::from_spec("reader=r1").unwrap(), off, &[("door", DOOR)], engine()).await;
+    for _ in 0..50 {
+        let r = app.call(Req::new("GET", "/v1/machines").token(Some("r1"))).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    app.stop().await;
+}
+
+/// Tokens are looked up by digest: a prefix, an extension or another token of the same
+/// length is unknown; the same token configured twice is refused.
+#[tokio::test]
+async fn tokens_match_exactly() {
+    let app = App::new(Tokens::from_spec("admin=s3cret-admin;reader=s3cret-reade").unwrap()).await;
+    let get = |t: &str| Req::new("GET", "/v1/machines").token(Some(t));
+    assert_eq!(app.call(get("s3cret-admin")).await.status, StatusCode::OK);
+    for wrong in ["s3cret-admi", "s3cret-admin2", "s3cret-admiN", "s3cret-adm1n"] {
+        app.call(get(wrong)).await.problem(401, "unauthorized");
+    }
+    let p =
+        app.call(Req::new("POST", "/v1/machines/door/entities").token(Some("s3cret-reade")).json(json!({"key": "k"})));
+    p.await.problem(403, "forbidden");
     app.stop().await;
 }

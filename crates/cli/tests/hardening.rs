@@ -1,0 +1,221 @@
+//! End to end: the listener of `settle serve` — slow clients are cut off by the header
+//! timeout, HTTPS with `--tls-cert`/`--tls-key`, and the refusal to send bearer tokens over
+//! plain HTTP off loopback.
+
+mod common;
+
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::testkit::DOOR;
+use common::write_machines;
+
+/// `settle --db DIR/settle-N.db serve --machines DIR/machines ARGS...` (a database of its
+/// own for each server: an engine locks its database), logging errors only.
+fn serve_command(dir: &Path, args: &[&str]) -> Command {
+    static DBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = DBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let machines = write_machines(dir, &[("door.toml", DOOR)]);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_settle"));
+    c.arg("--db").arg(dir.join(format!("settle-{n}.db"))).arg("serve").arg("--machines").arg(machines).args(args);
+    c.env("SETTLE_LOG", "error").env_remove("SETTLE_TOKENS");
+    c
+}
+
+/// A started server: killed when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `cmd` and returns it with the URL it printed (`http://...` or `https://...`); a
+/// server that did not start fails the test with its standard error.
+fn start(cmd: &mut Command) -> (Running, String) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start settle serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let Some(url) = line.trim().strip_prefix("listening on ") else {
+        let _ = child.kill();
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        panic!("settle serve did not start: {line:?}\n{err}");
+    };
+    let url = url.to_string();
+    (Running(child), url)
+}
+
+/// Reads until the server closes the connection (EOF or reset), at most `limit`: how long
+/// it took. Fails the test if the connection is still open after `limit`.
+fn wait_closed(s: &mut TcpStream, limit: Duration) -> Duration {
+    let started = Instant::now();
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return started.elapsed(),
+            // hyper may answer the stalled head before closing; keep reading to the end.
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return started.elapsed(),
+            Err(e) => panic!("connection still open after {:?}: {e}", started.elapsed()),
+        }
+        assert!(started.elapsed() < limit, "connection still open after {limit:?}");
+    }
+}
+
+#[test]
+fn slow_clients_are_cut_off_by_the_header_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, url) = start(&mut serve_command(dir.path(), &["--listen", "127.0.0.1:0", "--header-timeout", "1s"]));
+    let addr = url.strip_prefix("http://").unwrap();
+
+    // Half a request head, then nothing.
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nX-Slow: ").as_bytes()).unwrap();
+    // A connection that sends nothing at all.
+    let mut silent = TcpStream::connect(addr).unwrap();
+
+    // Meanwhile, an ordinary request on another connection is served.
+    let (status, _) = common::http(addr, "GET", "/healthz", None);
+    assert_eq!(status, 200);
+
+    // Both stalled connections are closed by the server: after about the 1 s header
+    // timeout; 15 s is a generous bound for a loaded machine.
+    let took = wait_closed(&mut slow, Duration::from_secs(15));
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    wait_closed(&mut silent, Duration::from_secs(15));
+
+    // And the server still serves.
+    let (status, _) = common::http(addr, "GET", "/healthz", None);
+    assert_eq!(status, 200);
+}
+
+/// A self-signed certificate for `localhost` and `127.0.0.1`, written as `DIR/cert.pem`
+/// and `DIR/key.pem`; its DER, to trust it.
+fn self_signed(dir: &Path) -> rustls::pki_types::CertificateDer<'static> {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    std::fs::write(dir.join("cert.pem"), ck.cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), ck.signing_key.serialize_pem()).unwrap();
+    ck.cert.der().clone()
+}
+
+/// `GET PATH` over TLS to `addr`, trusting only `root`: the raw response.
+fn https_get(addr: &str, root: &rustls::pki_types::CertificateDer<'static>, path: &str) -> String {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(root.clone()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    match tls.read_to_end(&mut raw) {
+        Ok(_) => {}
+        // A peer that closes without close_notify; what arrived is still the response.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+        Err(e) => panic!("HTTPS GET {path}: {e}"),
+    }
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+#[test]
+fn tls_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = self_signed(dir.path());
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let mut cmd = serve_command(dir.path(), &["--listen", "127.0.0.1:0"]);
+    cmd.arg("--tls-cert").arg(&cert).arg("--tls-key").arg(&key);
+    let (_server, url) = start(&mut cmd);
+    let addr = url.strip_prefix("https://").unwrap_or_else(|| panic!("not an https URL: {url}"));
+
+    let response = https_get(addr, &root, "/healthz");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+
+    // Plain HTTP to the TLS port gets no HTTP response.
+    let mut plain = TcpStream::connect(addr).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    plain.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = plain.read_to_end(&mut raw);
+    assert!(!raw.starts_with(b"HTTP/"), "{}", String::from_utf8_lossy(&raw));
+
+    // The server still speaks TLS afterwards.
+    assert!(https_get(addr, &root, "/healthz").starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn tokens_off_loopback_need_tls_or_insecure_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = self_signed(dir.path());
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let tokens = [("SETTLE_TOKENS", "admin=hardening-secret")];
+
+    // Tokens, a non-loopback address, plain HTTP: refused.
+    let out = serve_command(dir.path(), &["--listen", "0.0.0.0:0"]).envs(tokens).output().unwrap();
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("bearer tokens would cross the network in clear text"), "{err}");
+    assert!(err.contains("--insecure-http") && err.contains("--tls-cert"), "{err}");
+
+    // With --insecure-http it starts, over plain HTTP.
+    let mut cmd = serve_command(dir.path(), &["--listen", "0.0.0.0:0", "--insecure-http"]);
+    let (server, url) = start(cmd.envs(tokens));
+    assert!(url.starts_with("http://"), "{url}");
+    drop(server);
+
+    // With TLS it starts, over HTTPS, and serves.
+    let mut cmd = serve_command(dir.path(), &["--listen", "0.0.0.0:0"]);
+    cmd.arg("--tls-cert").arg(&cert).arg("--tls-key").arg(&key).envs(tokens);
+    let (_server, url) = start(&mut cmd);
+    let port = url.strip_prefix("https://0.0.0.0:").unwrap_or_else(|| panic!("{url}"));
+    let response = https_get(&format!("127.0.0.1:{port}"), &root, "/healthz");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+
+    // Loopback stays allowed over plain HTTP with tokens.
+    let (_local, url) = start(serve_command(dir.path(), &["--listen", "127.0.0.1:0"]).envs(tokens));
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+}
+
+#[test]
+fn bad_tls_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    self_signed(dir.path());
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let missing = dir.path().join("missing.pem");
+    let cases: [(&Path, &Path, &str); 4] = [
+        (&missing, &key, "--tls-cert"),
+        (&junk, &key, "--tls-cert"),
+        (&cert, &junk, "--tls-key"),
+        (&cert, &cert, "--tls-key"),
+    ];
+    for (c, k, flag) in cases {
+        let mut cmd = serve_command(dir.path(), &["--listen", "127.0.0.1:0"]);
+        let out = cmd.arg("--tls-cert").arg(c).arg("--tls-key").arg(k).output().unwrap();
+        let err = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        let named = if flag == "--tls-cert" { c } else { k };
+        assert!(err.contains(&format!("{flag} {}", named.display())), "{flag} {}: {err}", named.display());
+    }
+
+    // A certificate needs its key.
+    let mut cmd = serve_command(dir.path(), &["--listen", "127.0.0.1:0"]);
+    let out = cmd.arg("--tls-cert").arg(&cert).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
+    assert!(common::stderr(&out).contains("--tls-key"), "{}", common::stderr(&out));
+}
