@@ -20,12 +20,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use serde_json::json;
+use settle_core::EventName;
 use settle_core::machine::{Machine, MachineBuilder, Schedule};
-use settle_core::{EntityKey, EventName, MachineName, StateName};
 use settle_engine::{Engine, EventOutcome, RaiseOptions, Wait};
-use settle_store::{AnyStore, Applied, Batch, NewEntity, Op, Store, TimerPlan};
+use settle_store::{AnyStore, Store, TimerPlan};
 
 use crate::bench::round3;
+use crate::bench_fleet::{SEED_BATCH, at_rest, write_creates};
 
 /// Options of `settle bench dormant`.
 #[derive(clap::Args, Debug)]
@@ -78,8 +79,6 @@ fn machine() -> Machine {
 }
 
 /// Entities per write while seeding (as `bench fleet`).
-const SEED_BATCH: usize = 5_000;
-
 /// Writes progress on stderr at most every 2 s.
 struct Progress {
     what: &'static str,
@@ -102,43 +101,16 @@ impl Progress {
     }
 }
 
-fn new_entity(key: String, state: &str, timers: Vec<TimerPlan>) -> Op {
-    Op::Create(NewEntity {
-        machine: MachineName::new(MACHINE),
-        key: EntityKey::new(key),
-        state: StateName::new(state),
-        properties: Default::default(),
-        auto_at: None,
-        request_id: None,
-        timers,
-        notify_self: false,
-        operation: None,
-        machine_hash: None,
-        health: "ok",
-        offer: None,
-    })
-}
-
-/// Writes one batch of creations; answers the entities' ids in order.
-async fn write_batch(store: &AnyStore, ops: Vec<Op>) -> anyhow::Result<Vec<i64>> {
-    let r = store.write(Batch { now: settle_store::clock::now_ms(), ops, claim: None }).await?;
-    r.results
-        .into_iter()
-        .map(|r| match r {
-            Ok(Applied::Created(e)) => Ok(e.id),
-            Ok(other) => bail!("seeding wrote something else: {other:?}"),
-            Err(e) => bail!("seeding failed (use a fresh database): {e}"),
-        })
-        .collect()
-}
-
 /// Writes resting entities `from..to` (keys `d{run}-{i}`).
 async fn seed_resting(store: &AnyStore, run: &str, from: usize, to: usize, p: &mut Progress) -> anyhow::Result<()> {
     let mut i = from;
     while i < to {
         let end = (i + SEED_BATCH).min(to);
-        write_batch(store, (i..end).map(|n| new_entity(format!("d{run}-{n}"), "resting", Vec::new())).collect())
-            .await?;
+        write_creates(
+            store,
+            (i..end).map(|n| at_rest(MACHINE, format!("d{run}-{n}"), "resting", Vec::new())).collect(),
+        )
+        .await?;
         i = end;
         p.tick(i, to);
     }
@@ -170,10 +142,10 @@ async fn seed_timers(
                     every_ms: None,
                     restart: true,
                 };
-                new_entity(format!("t{run}-{n}"), "asleep", vec![timer])
+                at_rest(MACHINE, format!("t{run}-{n}"), "asleep", vec![timer])
             })
             .collect();
-        let ids = write_batch(store, ops).await?;
+        let ids = write_creates(store, ops).await?;
         out.extend(ids.into_iter().zip((i..end).map(due)));
         i = end;
         p.tick(i, count);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 use settle_core::{EntityKey, MachineName, StateName};
-use settle_store::{AnyStore, Batch, Command, EntityFilter, NewEntity, Op, Store};
+use settle_store::{AnyStore, Applied, Batch, Command, EntityFilter, NewEntity, Op, Store, TimerPlan};
 
 use crate::bench::round3;
 
@@ -37,7 +37,8 @@ const SPREAD: [(&str, usize); 6] =
     [("running", 900), ("creating", 40), ("configuring", 30), ("stopped", 20), ("deleting", 9), ("broken", 1)];
 
 /// Entities per write while seeding.
-const SEED_BATCH: usize = 5_000;
+/// Entities written per store batch when seeding (also `bench dormant`'s).
+pub(crate) const SEED_BATCH: usize = 5_000;
 
 /// The state of the `i`th entity, by [`SPREAD`].
 fn state_of(i: usize) -> &'static str {
@@ -142,6 +143,38 @@ where
     Ok((round3(times[times.len() / 2].as_secs_f64() * 1000.0), last.expect("repeat ≥ 1")))
 }
 
+/// The creation of entity `key` of `machine` in `state`, at rest (nothing due but its
+/// `timers`), written straight to the store: how the benches seed large fleets.
+pub(crate) fn at_rest(machine: &str, key: String, state: &str, timers: Vec<TimerPlan>) -> Op {
+    Op::Create(NewEntity {
+        machine: MachineName::new(machine),
+        key: EntityKey::new(key),
+        state: StateName::new(state),
+        properties: Default::default(),
+        auto_at: None,
+        request_id: None,
+        timers,
+        notify_self: false,
+        operation: None,
+        machine_hash: None,
+        health: "ok",
+        offer: None,
+    })
+}
+
+/// Writes one batch of creations; answers the entities' ids in order.
+pub(crate) async fn write_creates(store: &AnyStore, ops: Vec<Op>) -> anyhow::Result<Vec<i64>> {
+    let r = store.write(Batch { now: settle_store::clock::now_ms(), ops, claim: None }).await?;
+    r.results
+        .into_iter()
+        .map(|r| match r {
+            Ok(Applied::Created(e)) => Ok(e.id),
+            Ok(other) => bail!("seeding wrote something else: {other:?}"),
+            Err(e) => bail!("seeding failed (use a fresh database): {e}"),
+        })
+        .collect()
+}
+
 /// Writes entities `from..to` of `fleet` (keys `srv-0000000`…), then pauses 1 % of the
 /// `running` ones and parks 0.5 % of them (run status `failed`).
 async fn seed(store: &AnyStore, from: usize, to: usize, quiet: bool) -> anyhow::Result<()> {
@@ -150,28 +183,8 @@ async fn seed(store: &AnyStore, from: usize, to: usize, quiet: bool) -> anyhow::
     let mut i = from;
     while i < to {
         let end = (i + SEED_BATCH).min(to);
-        let ops = (i..end)
-            .map(|n| {
-                Op::Create(NewEntity {
-                    machine: MachineName::new(FLEET_MACHINE),
-                    key: EntityKey::new(format!("srv-{n:07}")),
-                    state: StateName::new(state_of(n)),
-                    properties: Default::default(),
-                    auto_at: None,
-                    request_id: None,
-                    timers: Vec::new(),
-                    notify_self: false,
-                    operation: None,
-                    machine_hash: None,
-                    health: "ok",
-                    offer: None,
-                })
-            })
-            .collect();
-        let r = store.write(Batch { now: settle_store::clock::now_ms(), ops, claim: None }).await?;
-        if let Some(e) = r.results.iter().find_map(|r| r.as_ref().err()) {
-            bail!("seeding failed: {e}");
-        }
+        let ops = (i..end).map(|n| at_rest(FLEET_MACHINE, format!("srv-{n:07}"), state_of(n), Vec::new())).collect();
+        write_creates(store, ops).await?;
         let mut commands = Vec::new();
         for n in (i..end).filter(|n| state_of(*n) == "running") {
             if n % 100 != 0 {

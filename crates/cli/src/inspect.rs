@@ -210,14 +210,7 @@ fn subscription_progress(
     };
     settle_engine::subscription_progress_with(machine, of, entity, successors)
         .into_iter()
-        .map(|p| settle_api::SubscriptionProgress {
-            event: p.event.to_string(),
-            pattern: p.pattern,
-            selected: p.progress.selected,
-            satisfying: p.progress.satisfying,
-            holds: p.progress.holds,
-            fired: p.fired,
-        })
+        .map(settle_server::model::subscription_progress_of)
         .collect()
 }
 

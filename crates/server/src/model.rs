@@ -20,6 +20,18 @@ pub fn outcome_of(o: &EventOutcome) -> Outcome {
     }
 }
 
+/// An engine's subscription progress as the API shows it.
+pub fn subscription_progress_of(p: settle_engine::SubscriptionProgress) -> SubscriptionProgress {
+    SubscriptionProgress {
+        event: p.event.to_string(),
+        pattern: p.pattern,
+        selected: p.progress.selected,
+        satisfying: p.progress.satisfying,
+        holds: p.progress.holds,
+        fired: p.fired,
+    }
+}
+
 /// The API's verdict on an event (see `Engine::can_fire`).
 pub fn verdict_of(p: &settle_core::Permission) -> Verdict {
     match p {

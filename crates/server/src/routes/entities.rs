@@ -13,8 +13,7 @@ use utoipa_axum::routes;
 use crate::contract::{CURSOR, RUN_STATUS};
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{
-    CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related,
-    SubscriptionProgress, Timer,
+    CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related, Timer,
 };
 use crate::problem::{Kind, Problem};
 use crate::routes::{check_key, entity_location, find_entity, live_entity, parse_limit, unknown_word};
@@ -225,14 +224,7 @@ async fn related(
         .engine()
         .subscription_progress(&e, &successors)?
         .into_iter()
-        .map(|p| SubscriptionProgress {
-            event: p.event.to_string(),
-            pattern: p.pattern,
-            selected: p.progress.selected,
-            satisfying: p.progress.satisfying,
-            holds: p.progress.holds,
-            fired: p.fired,
-        })
+        .map(crate::model::subscription_progress_of)
         .collect();
     Ok(Json(Related {
         predecessors: predecessors.iter().map(Entity::from).collect(),
