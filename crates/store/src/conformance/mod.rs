@@ -11,6 +11,7 @@ mod commits;
 mod entities;
 mod fleet;
 mod leases;
+mod operations;
 mod successors;
 mod tasks;
 mod telemetry;
@@ -26,6 +27,7 @@ pub use leases::{
     auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
     release_never_strands_events,
 };
+pub use operations::operations_end_when_nothing_waits_on_them;
 pub use successors::{events_reach_related_entities, successors_and_change_notices};
 pub use tasks::agent_tasks_lease_and_report;
 pub use telemetry::{
@@ -153,7 +155,8 @@ macro_rules! store_conformance_suite {
                 preconditions_and_fired, listing_counts_and_metadata, events_are_listed_per_entity,
                 entity_errors_and_operation_traces,
                 stats_summarise_telemetry, agent_tasks_lease_and_report, metrics_snapshot_and_run_status_filter,
-                overview_counts_follow_every_write, filtered_pages_match_a_scan;
+                overview_counts_follow_every_write, filtered_pages_match_a_scan,
+                operations_end_when_nothing_waits_on_them;
             store_and_dialect: effects_are_atomic
         );
     };

@@ -35,6 +35,9 @@ pub(crate) struct ReadSet {
     /// (predecessor, successor) edges of the `successors` entities.
     pub(crate) successor_edges: Vec<(i64, i64)>,
     pub(crate) heads: Vec<InboxItem>,
+    /// The request ids of the inbox items the `heads` deletions remove (distinct): their
+    /// operations may end once those are gone.
+    pub(crate) consumed: Vec<String>,
     pub(crate) timers: Vec<TimerRow>,
     /// Per operation of [`Reads::operations`], in order: its id, and whether it existed.
     pub(crate) operations: Vec<(i64, bool)>,

@@ -144,6 +144,19 @@ impl Dialect for Tx<'_> {
                 ],
             ))
         });
+        let consuming: Vec<&InboxDelete> = r.heads.iter().filter(|h| h.consume >= 0 || h.notices_upto >= 0).collect();
+        let consumed = (!consuming.is_empty()).then(|| {
+            p.add(Stmt::new(
+                "SELECT DISTINCT i.request_id FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(entity_id, consume, upto)
+                 JOIN inbox i ON i.entity_id = c.entity_id AND (i.id = c.consume OR (i.kind = 'notice' AND i.id <= c.upto))
+                 WHERE i.request_id IS NOT NULL",
+                vec![
+                    ints(&consuming, |h| h.entity_id),
+                    ints(&consuming, |h| h.consume),
+                    ints(&consuming, |h| h.notices_upto),
+                ],
+            ))
+        });
         let timers = (!r.timers.is_empty()).then(|| {
             p.add(Stmt::new(
                 "SELECT entity_id, name, event, due_at, every_ms FROM timers WHERE entity_id = ANY($1::bigint[])",
@@ -192,6 +205,9 @@ impl Dialect for Tx<'_> {
         }
         if let Some(i) = heads {
             out.heads = rows[i].iter().map(inbox_from_row).collect::<R<_>>()?;
+        }
+        if let Some(i) = consumed {
+            out.consumed = rows[i].iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
         }
         if let Some(i) = timers {
             out.timers = rows[i].iter().map(timer_from_row).collect::<R<_>>()?;

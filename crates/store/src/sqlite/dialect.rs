@@ -98,6 +98,24 @@ impl Tx<'_> {
         Ok(out)
     }
 
+    /// The distinct request ids of the items these deletions remove.
+    fn consumed_requests(&mut self, rows: &[InboxDelete]) -> rusqlite::Result<Vec<String>> {
+        let mut stmt = self.0.prepare_cached(
+            "SELECT DISTINCT request_id FROM inbox
+             WHERE entity_id = ?1 AND (id = ?2 OR (kind = 'notice' AND id <= ?3)) AND request_id IS NOT NULL",
+        )?;
+        let mut out: Vec<String> = Vec::new();
+        for r in rows.iter().filter(|r| r.consume >= 0 || r.notices_upto >= 0) {
+            for id in stmt.query_map([r.entity_id, r.consume, r.notices_upto], |row| row.get::<_, String>(0))? {
+                let id = id?;
+                if !out.contains(&id) {
+                    out.push(id);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn inbox_heads(&mut self, rows: &[InboxDelete]) -> rusqlite::Result<Vec<InboxItem>> {
         let mut stmt = self.0.prepare_cached(&format!(
             "SELECT {INBOX_COLS} FROM inbox
@@ -432,6 +450,7 @@ impl Dialect for Tx<'_> {
         }
         if !r.heads.is_empty() {
             out.heads = self.inbox_heads(&r.heads)?;
+            out.consumed = self.consumed_requests(&r.heads)?;
         }
         if !r.timers.is_empty() {
             out.timers = self.timers(&r.timers)?;

@@ -128,8 +128,18 @@ impl Work {
         if let Some(operation_id) = self.replayed(i, p.operation.as_ref()) {
             return Ok(Answer::Done(Box::new(Applied::Replayed { operation_id })));
         }
+        if self.killed(target) {
+            // Killed is terminal: nothing would ever take the event (nor end its operation).
+            self.unopen(i, p.operation.as_ref());
+            return Err(OpError::Killed { machine: p.machine.to_string(), key: p.key.to_string() });
+        }
         let item = self.push(target, p);
         Ok(Answer::Pushed { item, slot: target })
+    }
+
+    /// Whether the entity in `slot` is killed: it takes no more events or notices.
+    fn killed(&self, slot: usize) -> bool {
+        self.slots[slot].cur.run_status == RunStatus::Killed
     }
 
     /// Appends `p` to the inbox of `target` (known to exist).
@@ -197,7 +207,7 @@ impl Work {
                 tracing::warn!(entity = id, on = r.on.as_str(), "a related entity was not read; its event is lost");
                 continue;
             };
-            if !r.machines.iter().any(|m| m.as_str() == self.slots[target].cur.machine) {
+            if !r.machines.iter().any(|m| m.as_str() == self.slots[target].cur.machine) || self.killed(target) {
                 continue;
             }
             self.add_item(target, r.event.as_str(), params.clone(), request_id.cloned(), InboxKind::Nested.as_str());
@@ -265,6 +275,7 @@ impl Work {
         let slot = &mut self.slots[s];
         let cur = &mut slot.cur;
         let status = c.run_status.map_or(cur.run_status, |(status, _)| status);
+        let mut superseded = None;
         match &c.to {
             Some(to) => {
                 cur.state = to.to_string();
@@ -273,8 +284,12 @@ impl Work {
                 cur.entered_at = now;
                 cur.auto_at = c.auto_at;
                 cur.busy = c.auto_at.is_some() && status != RunStatus::Failed;
-                if let Some(r) = &c.request_id {
-                    cur.request_id = Some(r.clone());
+                if let Some(r) = &c.request_id
+                    && cur.request_id.as_ref() != Some(r)
+                {
+                    // Another operation's workflow takes the entity over: the one it worked
+                    // for no longer waits on it, and may end.
+                    superseded = cur.request_id.replace(r.clone());
                 }
             }
             None => {
@@ -367,7 +382,11 @@ impl Work {
         }
         for p in &c.pushes {
             let target = self.by_key[&key_of(&p.machine, &p.key)];
-            self.push(target, p);
+            // An event for a killed entity is dropped: queued, it would never be taken and
+            // its operation would never end.
+            if !self.killed(target) {
+                self.push(target, p);
+            }
         }
         for r in &c.push_related {
             self.push_related(s, r, c.request_id.as_ref());
@@ -376,6 +395,7 @@ impl Work {
             let preds = self.predecessors.get(&s).cloned().unwrap_or_default();
             for pred in preds {
                 match self.by_id.get(&pred) {
+                    Some(&p) if self.killed(p) => {}
                     Some(&p) => {
                         self.notice(p, c.request_id.clone());
                         self.slots[p].cur.receive(now);
@@ -405,8 +425,13 @@ impl Work {
         let cur = &mut self.slots[s].cur;
         cur.due_at = cur.due(nonempty, now);
         let held = cur.lease_owner.is_some();
+        self.plan.complete(superseded.as_ref());
         if c.telemetry.complete {
             self.plan.complete(c.request_id.as_ref());
+            // The operation the entity works for may have waited only on this entity's
+            // other queued events (another operation's): at rest now, it may end too.
+            let working_for = self.slots[s].cur.request_id.clone();
+            self.plan.complete(working_for.as_ref());
         }
         let head = if !held {
             Head::None

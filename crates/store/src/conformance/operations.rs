@@ -1,0 +1,99 @@
+//! Operations end: once nothing they reached is busy and nothing queued carries their
+//! request id — also when the last thing they waited on was another operation's work on
+//! the same entity. Each case here is one the simulation (`settle simulate`) found left
+//! open forever.
+
+use serde_json::json;
+use settle_core::{EntityKey, MachineName};
+
+use super::{T0, claim_with_event, command, commit, create_one, get, new_entity, push, write};
+use crate::{AfterCommit, Command, Op, OpError, OpenOperation, Push, Store};
+
+fn open(request_id: &str) -> Option<OpenOperation> {
+    Some(OpenOperation { request_id: request_id.into(), name: "m.go".into(), dimensions: json!({}) })
+}
+
+async fn ended<S: Store>(store: &S, request_id: &str) -> bool {
+    let op = store.operation_get(request_id).await.expect("read").expect("operation exists");
+    op.ended_at.is_some()
+}
+
+/// Operations end when (1) the entity they worked for is taken over by another
+/// operation's workflow, (2) the last change notice they left a predecessor is consumed,
+/// whoever consumes it; and (3) a killed entity takes no more events: a raise is refused
+/// (`Killed`, no operation opened), an event a commit sends it is dropped.
+pub async fn operations_end_when_nothing_waits_on_them<S: Store>(store: S) {
+    // (1) `a` works for r1 (busy: its auto action is due); r2's event moves it on and it
+    // comes to rest under r2: r1 no longer waits on it.
+    let r = write(
+        &store,
+        T0,
+        vec![Op::Create(crate::NewEntity {
+            request_id: Some("r1".into()),
+            operation: open("r1"),
+            ..new_entity("a", "working", Some(T0 + 60_000))
+        })],
+        false,
+    )
+    .await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    assert!(!ended(&store, "r1").await, "r1 is open while `a` is busy");
+    let (a, ev) = claim_with_event(&store, T0 + 1, "a").await;
+    let mut c = commit(&a, Some("done"), Some(ev.id), AfterCommit::Release);
+    c.request_id = Some("r2".into());
+    c.telemetry.at_rest = true;
+    c.telemetry.complete = true;
+    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(c))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    assert!(ended(&store, "r1").await, "r1 ended once another operation took `a` over and it came to rest");
+
+    // (2) Child `c1` of `p` moves under r3 and leaves `p` a notice carrying r3; `p`
+    // consumes it quietly under its own request id: r3 has nothing left.
+    create_one(&store, "p").await;
+    let (p, ev) = claim_with_event(&store, T0 + 10, "p").await;
+    let mut c = commit(&p, Some("waiting"), Some(ev.id), AfterCommit::Release);
+    c.creates = vec![new_entity("c1", "idle", None)];
+    write(&store, T0 + 11, vec![Op::Commit(Box::new(c))], false).await;
+    let raise = Push { request_id: Some("r3".into()), operation: open("r3"), ..push("c1", "go") };
+    let r = write(&store, T0 + 12, vec![Op::Push(raise)], true).await;
+    let claimed = r.claimed.into_iter().find(|c| c.entity.key == "c1").expect("c1 claimed");
+    let mut cm = commit(&claimed.entity, Some("ready"), claimed.inbox_head.map(|i| i.id), AfterCommit::Release);
+    cm.request_id = Some("r3".into());
+    cm.notify_predecessors = true;
+    cm.telemetry.at_rest = true;
+    cm.telemetry.complete = true;
+    write(&store, T0 + 13, vec![Op::Commit(Box::new(cm))], false).await;
+    assert!(!ended(&store, "r3").await, "r3 waits for the notice it left `p`");
+    let r = write(&store, T0 + 14, vec![], true).await;
+    let p = r.claimed.into_iter().find(|c| c.entity.key == "p").expect("p claimed with the notice").entity;
+    let snap = store.successor_snapshot(p.id).await.unwrap();
+    let mut quiet = commit(&p, None, None, AfterCommit::Release);
+    quiet.quiet = true;
+    quiet.consume_notices_upto = snap.newest_notice;
+    let r = write(&store, T0 + 15, vec![Op::Commit(Box::new(quiet))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    assert!(ended(&store, "r3").await, "r3 ended when its notice was consumed");
+
+    // (3) `k` is killed: a raise is refused without opening its operation, and an event a
+    // commit sends it is dropped (the commit applies).
+    create_one(&store, "k").await;
+    write(&store, T0 + 20, vec![command("k", Command::Kill)], false).await;
+    let raise = Push { request_id: Some("r4".into()), operation: open("r4"), ..push("k", "go") };
+    let r = write(&store, T0 + 21, vec![Op::Push(raise)], false).await;
+    assert!(matches!(&r.results[0], Err(OpError::Killed { .. })), "{:?}", r.results[0]);
+    assert!(store.operation_get("r4").await.unwrap().is_none(), "no operation opened for the refused raise");
+    create_one(&store, "sender").await;
+    let (s, ev) = claim_with_event(&store, T0 + 22, "sender").await;
+    let mut c = commit(&s, Some("sent"), Some(ev.id), AfterCommit::Release);
+    c.pushes = vec![Push {
+        machine: MachineName::new("m"),
+        key: EntityKey::new("k"),
+        kind: crate::InboxKind::Nested,
+        ..push("k", "hello")
+    }];
+    let r = write(&store, T0 + 23, vec![Op::Commit(Box::new(c))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    let k = get(&store, "k").await;
+    assert!(store.inbox_list(k.id).await.unwrap().is_empty(), "a killed entity's inbox stays empty");
+    assert_eq!(k.due_at, None);
+}
