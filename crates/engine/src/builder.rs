@@ -16,6 +16,7 @@ use crate::handler::{ActionContext, Handler, HandlerError, Outcome, handler};
 use crate::opwatch::OpWatch;
 use crate::registry::Registry;
 use crate::scheduler::Scheduler;
+use crate::sim::SimNode;
 use crate::watch::Hub;
 
 /// Binds machines and handlers to a store, then [`start`](EngineBuilder::start)s.
@@ -78,7 +79,54 @@ impl<S: Store + Clone> EngineBuilder<S> {
 
     /// Checks bindings, stores the definitions, reclaims stale leases (when the store is
     /// exclusive) and starts the scheduler, which resumes all due work.
-    pub async fn start(mut self) -> Result<Engine<S>> {
+    pub async fn start(self) -> Result<Engine<S>> {
+        let Prepared { store, registry, config } = self.prepare(true).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let offered = Arc::new(tokio::sync::Notify::new());
+        // Another instance may move the entities callers of this one wait on.
+        let hub = (!store.exclusive()).then(|| Hub::start(store.clone()));
+        let ops = OpWatch::start(store.clone());
+        let clock = config.clock.clone();
+        let scheduler = Scheduler::new(
+            store.clone(),
+            registry.clone(),
+            config,
+            tx.clone(),
+            offered.clone(),
+            hub.clone(),
+            ops.clone(),
+        );
+        let task = tokio::spawn(scheduler.run(rx));
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                store,
+                registry,
+                clock,
+                tx,
+                offered,
+                hub,
+                ops,
+                closing: std::sync::atomic::AtomicBool::new(false),
+                task: std::sync::Mutex::new(Some(task)),
+            }),
+        })
+    }
+
+    /// Starts a steppable engine for a deterministic simulation ([`SimNode`]): the same
+    /// checks and definition storage as [`start`](Self::start), no task of its own.
+    /// `reclaim` releases every lease in the store first, as an engine starting on an
+    /// exclusive store does (a simulation sharing one store between several nodes says
+    /// when that happens).
+    pub async fn start_sim(self, reclaim: bool) -> Result<SimNode<S>> {
+        let prepared = self.prepare(reclaim).await?;
+        Ok(SimNode::new(prepared))
+    }
+
+    /// Everything [`start`](Self::start) does before the scheduler runs: checks the
+    /// bindings and definitions, stores new definition versions (moving entities of
+    /// renamed states), and, if `reclaim` and the store is exclusive, releases the leases
+    /// a previous engine left.
+    async fn prepare(mut self, reclaim: bool) -> Result<Prepared<S>> {
         if let Some(e) = self.errors.pop() {
             return Err(e);
         }
@@ -144,43 +192,21 @@ impl<S: Store + Clone> EngineBuilder<S> {
             }
             self.registry.hashes.insert(name, hash);
         }
-        if self.store.exclusive() {
+        if reclaim && self.store.exclusive() {
             let n = self.store.lease_release_all(now).await?;
             if n > 0 {
                 tracing::info!(leases = n, "reclaimed leases left by a previous engine");
             }
         }
-        let registry = Arc::new(self.registry);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let offered = Arc::new(tokio::sync::Notify::new());
-        // Another instance may move the entities callers of this one wait on.
-        let hub = (!self.store.exclusive()).then(|| Hub::start(self.store.clone()));
-        let ops = OpWatch::start(self.store.clone());
-        let clock = self.config.clock.clone();
-        let scheduler = Scheduler::new(
-            self.store.clone(),
-            registry.clone(),
-            self.config,
-            tx.clone(),
-            offered.clone(),
-            hub.clone(),
-            ops.clone(),
-        );
-        let task = tokio::spawn(scheduler.run(rx));
-        Ok(Engine {
-            inner: Arc::new(Inner {
-                store: self.store,
-                registry,
-                clock,
-                tx,
-                offered,
-                hub,
-                ops,
-                closing: std::sync::atomic::AtomicBool::new(false),
-                task: std::sync::Mutex::new(Some(task)),
-            }),
-        })
+        Ok(Prepared { store: self.store, registry: Arc::new(self.registry), config: self.config })
     }
+}
+
+/// A checked engine, not yet running: what a scheduler is built from.
+pub(crate) struct Prepared<S> {
+    pub(crate) store: S,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) config: Config,
 }
 
 impl<S: Store + Clone> Engine<S> {

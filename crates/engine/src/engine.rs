@@ -9,7 +9,7 @@ use std::time::Duration;
 use settle_core::step::{self, Properties};
 use settle_core::{EntityKey, EventName, Machine, StateKind, StateName};
 use settle_store::{
-    AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, ManualClock, Millis, Op, OpenOperation,
+    AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, ManualClock, Millis, NewEntity, Op, OpenOperation,
     OperationRow, Push, RunStatus, SharedClock, Store, TaskFilter, TaskResult,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -120,16 +120,9 @@ impl<S: Store> Engine<S> {
         properties: Properties,
         request_id: Option<String>,
     ) -> Result<Created> {
-        let m = self.inner.registry.machine(machine)?;
         let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let now = self.inner.clock.now_ms();
-        let mut new = decide::new_entity(m, EntityKey::new(key), properties, Some(request_id.clone()), now)?;
-        new.machine_hash = self.inner.registry.hash(machine);
-        new.operation = Some(OpenOperation {
-            request_id: request_id.clone(),
-            name: format!("{machine}:new"),
-            dimensions: serde_json::json!({"machine": machine}),
-        });
+        let new = create_op(&self.inner.registry, machine, key, properties, &request_id, now)?;
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Create { new, reply })?;
         match rx.await.map_err(|_| Error::Stopped)?? {
@@ -151,18 +144,8 @@ impl<S: Store> Engine<S> {
         command: Command,
         request_id: Option<String>,
     ) -> Result<Commanded> {
-        let m = self.inner.registry.machine(machine)?;
         let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let op = Op::Command {
-            machine: m.name().clone(),
-            key: EntityKey::new(key),
-            command,
-            operation: Some(OpenOperation {
-                request_id: request_id.clone(),
-                name: format!("{machine}.{}", command.as_str()),
-                dimensions: serde_json::json!({"machine": machine, "command": command.as_str()}),
-            }),
-        };
+        let op = command_op(&self.inner.registry, machine, key, command, &request_id)?;
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Command { op, reply })?;
         match rx.await.map_err(|_| Error::Stopped)?? {
@@ -214,20 +197,7 @@ impl<S: Store> Engine<S> {
                 operation: None,
             });
         }
-        let push = Push {
-            machine: m.name().clone(),
-            key: EntityKey::new(key),
-            event: EventName::new(event),
-            params: options.params,
-            request_id: Some(request_id.clone()),
-            kind: InboxKind::Raised,
-            join_from: None,
-            operation: Some(OpenOperation {
-                request_id: request_id.clone(),
-                name: format!("{machine}.{event}"),
-                dimensions: serde_json::json!({"machine": machine, "event": event}),
-            }),
-        };
+        let push = push_op(m, key, event, options.params, &request_id);
         let (ack, ack_rx) = oneshot::channel();
         let (done, done_rx) = match options.wait {
             Wait::Queued => (None, None),
@@ -676,4 +646,66 @@ pub fn can_fire(
 
 fn not_found(machine: &str, key: &str) -> Error {
     Error::NotFound { machine: machine.to_string(), key: key.to_string() }
+}
+
+/// The store operation creating entity `key` of `machine` as the operation `request_id`
+/// (checked: the machine exists, the properties fit its initial state).
+pub(crate) fn create_op(
+    registry: &Registry,
+    machine: &str,
+    key: &str,
+    properties: Properties,
+    request_id: &str,
+    now: Millis,
+) -> Result<NewEntity> {
+    let m = registry.machine(machine)?;
+    let mut new = decide::new_entity(m, EntityKey::new(key), properties, Some(request_id.to_string()), now)?;
+    new.machine_hash = registry.hash(machine);
+    new.operation = Some(OpenOperation {
+        request_id: request_id.to_string(),
+        name: format!("{machine}:new"),
+        dimensions: serde_json::json!({"machine": machine}),
+    });
+    Ok(new)
+}
+
+/// The store operation raising `event` (already checked against `m`) on entity `key` as
+/// the operation `request_id`.
+pub(crate) fn push_op(m: &Machine, key: &str, event: &str, params: serde_json::Value, request_id: &str) -> Push {
+    Push {
+        machine: m.name().clone(),
+        key: EntityKey::new(key),
+        event: EventName::new(event),
+        params,
+        request_id: Some(request_id.to_string()),
+        kind: InboxKind::Raised,
+        join_from: None,
+        operation: Some(OpenOperation {
+            request_id: request_id.to_string(),
+            name: format!("{}.{event}", m.name()),
+            dimensions: serde_json::json!({"machine": m.name().as_str(), "event": event}),
+        }),
+    }
+}
+
+/// The store operation of an operator command on entity `key` of `machine`, as the
+/// operation `request_id`.
+pub(crate) fn command_op(
+    registry: &Registry,
+    machine: &str,
+    key: &str,
+    command: Command,
+    request_id: &str,
+) -> Result<Op> {
+    let m = registry.machine(machine)?;
+    Ok(Op::Command {
+        machine: m.name().clone(),
+        key: EntityKey::new(key),
+        command,
+        operation: Some(OpenOperation {
+            request_id: request_id.to_string(),
+            name: format!("{machine}.{}", command.as_str()),
+            dimensions: serde_json::json!({"machine": machine, "command": command.as_str()}),
+        }),
+    })
 }

@@ -16,7 +16,7 @@
 //! Modules: `engine` (the API), `builder` (starting), `api` (what callers send and get),
 //! `config`, `registry` (machines and handlers), `decide` (the decisions), `scheduler` (the
 //! loop), `msg` (its inbox), `waiters` (callers waiting on it), `opwatch` (callers waiting
-//! for operations to end), `nested` (sync nested events), `handler` (what actions get and return), `watch` (other instances' commits),
+//! for operations to end), `nested` (sync nested events), [`sim`] (the scheduler stepped by a simulation), `handler` (what actions get and return), `watch` (other instances' commits),
 //! [`metrics`], `error`.
 
 mod api;
@@ -34,6 +34,7 @@ mod nested;
 mod opwatch;
 mod registry;
 mod scheduler;
+pub mod sim;
 mod waiters;
 mod watch;
 

@@ -42,7 +42,7 @@ macro_rules! decide_env {
 }
 
 /// What to do with the result of an operation once its batch is written.
-enum Pending {
+pub(crate) enum Pending {
     Create(oneshot::Sender<Result<Option<settle_store::EntityRow>>>),
     Raise { ack: oneshot::Sender<Result<Option<(i64, i64)>>>, wait: Wait, done: Option<DoneTx> },
     Command { reply: oneshot::Sender<Result<Option<settle_store::EntityRow>>>, command: Command },
@@ -95,6 +95,8 @@ pub(crate) struct Scheduler<S> {
     /// Woken when another process may have made work due.
     wakeup: Arc<tokio::sync::Notify>,
     stats: Stats,
+    /// The commits that landed, when a simulation records them.
+    landed: Option<Vec<(i64, i64)>>,
 }
 
 /// Counters of the scheduler's work, logged at shutdown (`SETTLE_LOG=settle_engine=debug`).
@@ -146,6 +148,7 @@ impl<S: Store + Clone> Scheduler<S> {
             claim_now: true,
             wakeup: Arc::new(tokio::sync::Notify::new()),
             stats: Stats::default(),
+            landed: None,
         }
     }
 
@@ -222,7 +225,7 @@ impl<S: Store + Clone> Scheduler<S> {
         self.waiters.answer_quiet(self.next_due.is_none(), caught_up.then_some(self.next_due));
     }
 
-    fn on_msg(&mut self, msg: Msg) {
+    pub(crate) fn on_msg(&mut self, msg: Msg) {
         match msg {
             Msg::Create { new, reply } => {
                 if self.shutdown.is_some() {
@@ -276,7 +279,7 @@ impl<S: Store + Clone> Scheduler<S> {
     }
 
     /// Every `supervise_every`: mark operations without progress for `hung_after` as hung.
-    fn maybe_supervise(&mut self) {
+    pub(crate) fn maybe_supervise(&mut self) {
         let now = self.clock.now_ms();
         if now - self.last_supervise < self.config.supervise_every.as_millis() as i64 {
             return;
@@ -292,7 +295,7 @@ impl<S: Store + Clone> Scheduler<S> {
         self.pending.push(Pending::Supervise);
     }
 
-    fn maybe_renew(&mut self) {
+    pub(crate) fn maybe_renew(&mut self) {
         let now = self.clock.now_ms();
         if self.held.is_empty() || now - self.last_renew < self.lease_ms() / 3 {
             return;
@@ -304,6 +307,17 @@ impl<S: Store + Clone> Scheduler<S> {
     }
 
     async fn write_batch(&mut self) {
+        let Some((batch, pending, offers)) = self.take_batch() else { return };
+        let started = std::time::Instant::now();
+        let written = self.store.write(batch).await;
+        self.stats.write_micros += started.elapsed().as_micros() as u64;
+        self.finish_batch(pending, offers, written);
+    }
+
+    /// The next batch: every queued operation and a claim of due entities (when this
+    /// engine has room and is not stopping), with what to do with each result and whether
+    /// it offers agent tasks; `None` when there is nothing to write.
+    pub(crate) fn take_batch(&mut self) -> Option<(Batch, Vec<Pending>, bool)> {
         let capacity = self.config.max_inflight.saturating_sub(self.held.len()).min(self.config.claim_batch);
         let claim = (self.shutdown.is_none() && capacity > 0).then(|| Claim {
             owner: self.config.owner.clone(),
@@ -311,11 +325,10 @@ impl<S: Store + Clone> Scheduler<S> {
             limit: capacity,
             machines: self.served.clone(),
         });
-        if self.ops.is_empty() && claim.is_none() {
-            self.claim_now = false;
-            return;
-        }
         self.claim_now = false;
+        if self.ops.is_empty() && claim.is_none() {
+            return None;
+        }
         if claim.is_some() {
             // A wake-up already received announced work committed before this claim: the
             // claim sees it. Dropping it spares a claim of nothing after this batch (with
@@ -336,9 +349,17 @@ impl<S: Store + Clone> Scheduler<S> {
         let batch = Batch { now: self.clock.now_ms(), ops, claim };
         self.stats.batches += 1;
         self.stats.ops += batch.ops.len() as u64;
-        let started = std::time::Instant::now();
-        let written = self.store.write(batch).await;
-        self.stats.write_micros += started.elapsed().as_micros() as u64;
+        Some((batch, pending, offers))
+    }
+
+    /// Acts on a written batch ([`take_batch`](Self::take_batch)): answers callers, moves
+    /// the held entities on, takes the claimed ones.
+    pub(crate) fn finish_batch(
+        &mut self,
+        pending: Vec<Pending>,
+        offers: bool,
+        written: settle_store::Result<BatchResult>,
+    ) {
         if let Ok(r) = &written {
             self.stats.claimed += r.claimed.len() as u64;
         }
@@ -351,9 +372,47 @@ impl<S: Store + Clone> Scheduler<S> {
         }
     }
 
+    /// The entities held with a handler, their hooks or an evaluation running, by id and
+    /// version: each answers with one message.
+    pub(crate) fn running(&self) -> Vec<(i64, i64)> {
+        let mut ids: Vec<(i64, i64)> =
+            self.held.iter().filter(|(_, s)| s.running.is_some()).map(|(id, s)| (*id, s.held.entity.version)).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The store this scheduler writes.
+    pub(crate) fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The ids of the entities held, in order.
+    pub(crate) fn held_ids(&self) -> Vec<i64> {
+        let mut ids: Vec<i64> = self.held.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Operations queued for the next batch.
+    pub(crate) fn queued(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Starts recording the commits that land and make a new version of their entity (a
+    /// state entry or an internal transition): a simulation checks that no version of an
+    /// entity is made twice.
+    pub(crate) fn record_landed(&mut self) {
+        self.landed = Some(Vec::new());
+    }
+
+    /// The commits recorded since the last call.
+    pub(crate) fn take_landed(&mut self) -> Vec<(i64, i64)> {
+        self.landed.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     /// The batch as a whole failed: nothing of it is visible. Callers get the error;
     /// entities whose commit was lost are dropped and come back when their lease expires.
-    fn on_store_error(&mut self, pending: Vec<Pending>, e: settle_store::Error) {
+    pub(crate) fn on_store_error(&mut self, pending: Vec<Pending>, e: settle_store::Error) {
         tracing::error!(error = %e, "store write failed");
         let msg = e.to_string();
         let err = || Error::Store(settle_store::Error::Db(msg.clone()));
@@ -471,6 +530,11 @@ impl<S: Store + Clone> Scheduler<S> {
             Ok(Applied::Committed { held: still_held, version, inbox_head, .. }) => {
                 let now = self.clock.now_ms();
                 let Some(slot) = self.held.get_mut(&id) else { return };
+                if let Some(landed) = &mut self.landed
+                    && version != slot.held.entity.version
+                {
+                    landed.push((id, version));
+                }
                 if let Some((state, _, _)) = &expect.entry {
                     let e = &slot.held.entity;
                     crate::metrics::transition(&e.machine, &e.state, state);

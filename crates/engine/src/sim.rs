@@ -1,0 +1,224 @@
+//! A steppable engine for deterministic simulation ([`SimNode`]).
+//!
+//! An [`Engine`](crate::Engine) runs its scheduler as a task: when it writes a batch, in
+//! which order its handlers' results arrive, and when its clock wakes it depend on the
+//! runtime's timing. A [`SimNode`] is the same scheduler — the same decisions, the same
+//! batches, claims, leases, renewals and supervisor — with the loop taken out: the caller
+//! says when it takes requests ([`create`](SimNode::create), [`raise`](SimNode::raise),
+//! [`command`](SimNode::command), [`agent`](SimNode::agent)), when the results of the
+//! handlers and evaluations that ran are delivered ([`settle`](SimNode::settle): all of
+//! them, in entity order), and when a batch is written ([`write`](SimNode::write)), with a
+//! fault injected if it likes ([`WriteFault`]). With a [`ManualClock`](crate::ManualClock)
+//! and handlers that draw from a seed, a run is a function of the seed: a simulation
+//! (`settle simulate`) drives several nodes over one store through random schedules and
+//! faults and checks the store's invariants after every step.
+//!
+//! Crashing a node is dropping it: whatever it held and had not written is lost, as in a
+//! `kill -9`, and its leases expire on the store's clock.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use settle_core::Properties;
+use settle_store::{Applied, BatchResult, Command, EntityRow, Op, Store};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::api::Wait;
+use crate::builder::Prepared;
+use crate::engine::{command_op, create_op, push_op};
+use crate::error::Result;
+use crate::msg::Msg;
+use crate::opwatch::OpWatch;
+use crate::scheduler::Scheduler;
+
+/// A reply to a request, read once the batch that carries the request is written.
+pub type Reply<T> = oneshot::Receiver<Result<T>>;
+
+/// A fault injected into one batch write ([`SimNode::write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteFault {
+    /// Write the batch.
+    None,
+    /// The store fails before the batch reaches it: nothing is written.
+    Before,
+    /// The batch is written, but its result is lost (a connection cut after the commit):
+    /// the node sees a store error.
+    After,
+}
+
+/// What a node's [`settle`](SimNode::settle) could not wait for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hang {
+    /// The entities (id, version) whose handler or evaluation never answered.
+    pub waiting: Vec<(i64, i64)>,
+}
+
+/// One engine, stepped by its caller. Built by
+/// [`EngineBuilder::start_sim`](crate::EngineBuilder::start_sim).
+pub struct SimNode<S: Store + Clone> {
+    scheduler: Scheduler<S>,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    registry: std::sync::Arc<crate::registry::Registry>,
+    clock: settle_store::SharedClock,
+    owner: String,
+}
+
+impl<S: Store + Clone> SimNode<S> {
+    pub(crate) fn new(prepared: crate::builder::Prepared<S>) -> Self {
+        let Prepared { store, registry, config } = prepared;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let offered = std::sync::Arc::new(tokio::sync::Notify::new());
+        let ops = OpWatch::start(store.clone());
+        let (clock, owner) = (config.clock.clone(), config.owner.clone());
+        let mut scheduler = Scheduler::new(store, registry.clone(), config, tx, offered, None, ops);
+        scheduler.record_landed();
+        SimNode { scheduler, rx, registry, clock, owner }
+    }
+
+    /// This node's lease owner name.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Queues the creation of entity `key` of `machine` as the operation `request_id`.
+    /// The reply is `None` when the request id was used before.
+    pub fn create(
+        &mut self,
+        machine: &str,
+        key: &str,
+        properties: Properties,
+        request_id: &str,
+    ) -> Result<Reply<Option<EntityRow>>> {
+        let new = create_op(&self.registry, machine, key, properties, request_id, self.clock.now_ms())?;
+        let (reply, rx) = oneshot::channel();
+        self.scheduler.on_msg(Msg::Create { new, reply });
+        Ok(rx)
+    }
+
+    /// Queues `event` for entity `key` of `machine` as the operation `request_id`. The
+    /// reply is the inbox id and the entity's id, or `None` when the request id was used
+    /// before.
+    pub fn raise(
+        &mut self,
+        machine: &str,
+        key: &str,
+        event: &str,
+        params: Value,
+        request_id: &str,
+    ) -> Result<Reply<Option<(i64, i64)>>> {
+        let m = self.registry.machine(machine)?;
+        settle_core::step::check_raise(m, event, &params)?;
+        let push = push_op(m, key, event, params, request_id);
+        let (ack, rx) = oneshot::channel();
+        self.scheduler.on_msg(Msg::Raise { push, wait: Wait::Queued, ack, done: None });
+        Ok(rx)
+    }
+
+    /// Queues an operator command on entity `key` of `machine` as the operation
+    /// `request_id`.
+    pub fn command(
+        &mut self,
+        machine: &str,
+        key: &str,
+        command: Command,
+        request_id: &str,
+    ) -> Result<Reply<Option<EntityRow>>> {
+        let op = command_op(&self.registry, machine, key, command, request_id)?;
+        let (reply, rx) = oneshot::channel();
+        self.scheduler.on_msg(Msg::Command { op, reply });
+        Ok(rx)
+    }
+
+    /// Queues an agent's operation: [`Op::TaskLease`], [`Op::TaskHeartbeat`] or
+    /// [`Op::TaskReport`].
+    pub fn agent(&mut self, op: Op) -> Reply<Applied> {
+        let (reply, rx) = oneshot::channel();
+        self.scheduler.on_msg(Msg::Agent { op, reply });
+        rx
+    }
+
+    /// Waits (at most `limit`, in real time) until every handler, hook and evaluation that
+    /// runs for an entity this node holds has answered, then delivers all their results in
+    /// the order of entity ids, each deciding the entity's next step. Answers how many
+    /// results it delivered; a [`Hang`] names the entities whose work never answered.
+    pub async fn settle(&mut self, limit: Duration) -> std::result::Result<usize, Hang> {
+        let deadline = std::time::Instant::now() + limit;
+        let mut delivered = 0;
+        loop {
+            let running = self.scheduler.running();
+            if running.is_empty() {
+                return Ok(delivered);
+            }
+            let mut got: Vec<Msg> = Vec::new();
+            let answered =
+                |got: &[Msg]| running.iter().all(|r| got.iter().any(|m| answers(m).is_some_and(|a| a == *r)));
+            while !answered(&got) {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match tokio::time::timeout(left, self.rx.recv()).await {
+                    Ok(Some(msg)) => got.push(msg),
+                    Ok(None) | Err(_) => {
+                        let waiting =
+                            running.iter().filter(|r| !got.iter().any(|m| answers(m) == Some(**r))).copied().collect();
+                        return Err(Hang { waiting });
+                    }
+                }
+            }
+            // Arrival order is the runtime's; delivery order is the entities'.
+            got.sort_by_key(|m| answers(m).unwrap_or((i64::MAX, 0)));
+            for msg in got {
+                delivered += 1;
+                self.scheduler.on_msg(msg);
+            }
+        }
+    }
+
+    /// Renews leases and runs the supervisor when due, then writes one batch — every
+    /// queued operation and a claim of due entities — with `fault` injected, and acts on
+    /// the result as the engine does (answers replies, decides the next step of each held
+    /// entity, takes the claimed ones). Answers whether there was anything to write.
+    pub async fn write(&mut self, fault: WriteFault) -> bool {
+        self.scheduler.maybe_renew();
+        self.scheduler.maybe_supervise();
+        let Some((batch, pending, offers)) = self.scheduler.take_batch() else { return false };
+        let written: settle_store::Result<BatchResult> = match fault {
+            WriteFault::None => self.scheduler.store().write(batch).await,
+            WriteFault::Before => Err(injected("before the write")),
+            WriteFault::After => {
+                let _ = self.scheduler.store().write(batch).await;
+                Err(injected("after the write; its result was lost"))
+            }
+        };
+        self.scheduler.finish_batch(pending, offers, written);
+        true
+    }
+
+    /// The entities this node holds the lease of, by id.
+    pub fn held(&self) -> Vec<i64> {
+        self.scheduler.held_ids()
+    }
+
+    /// Operations queued for the next batch.
+    pub fn queued(&self) -> usize {
+        self.scheduler.queued()
+    }
+
+    /// The commits of this node that landed since the last call and made a new version of
+    /// their entity (a state entry or an internal transition): (entity id, that version).
+    pub fn landed(&mut self) -> Vec<(i64, i64)> {
+        self.scheduler.take_landed()
+    }
+}
+
+/// The entity and version a message of a running handler, hook or evaluation answers.
+fn answers(msg: &Msg) -> Option<(i64, i64)> {
+    match msg {
+        Msg::ActionDone { entity_id, version, .. }
+        | Msg::HooksDone { entity_id, version, .. }
+        | Msg::Evaluated { entity_id, version, .. } => Some((*entity_id, *version)),
+        _ => None,
+    }
+}
+
+fn injected(when: &str) -> settle_store::Error {
+    settle_store::Error::Db(format!("simulated store failure {when}"))
+}
