@@ -15,6 +15,7 @@ mod remote;
 mod report;
 mod serve;
 mod sim;
+mod simulate;
 mod telemetry;
 mod workers;
 mod workload;
@@ -272,6 +273,12 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// Deterministic simulation: random schedules of requests, node crashes and stalls,
+    /// store failures, clock jumps and agent misbehaviour over the real engine and a SQLite
+    /// file, with the invariants checked after every step.
+    #[command(after_help = "Examples:\n  settle simulate --seeds 2000\n  settle simulate --for 1h\n  \
+                            settle simulate --seed 1234")]
+    Simulate(simulate::Args),
     /// Crash-test workload (used by the test suite).
     #[command(hide = true, after_help = "Example:\n  settle --db crash.db workload --jobs 200 --charts 20")]
     Workload(workload::Args),
@@ -447,6 +454,9 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
         Command::Workload(args) => runtime()?.block_on(workload::run(&db_path(&cli.db), args)),
+        Command::Simulate(args) => {
+            tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(simulate::run(args))
+        }
     }
 }
 
@@ -501,6 +511,7 @@ fn local_only(command: &Command) -> Option<String> {
         Command::Serve(_) => ("serve", "is the server: it opens the database directly"),
         Command::Bench(_) => ("bench", "runs its own engines on a database"),
         Command::Workload(_) => ("workload", "runs its own engine on the database"),
+        Command::Simulate(_) => ("simulate", "runs its own engines on temporary databases"),
         Command::Completions { .. } => ("completions", "prints a script"),
         // `settle agent --server URL` is its own option; everything else went to the server.
         _ => return None,
@@ -537,6 +548,7 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         Command::Agent(_) => "agent",
         Command::Bench(_) => "bench",
         Command::Workload(_) => "workload",
+        Command::Simulate(_) => "simulate",
     })
 }
 
