@@ -4,8 +4,8 @@
 
 use serde_json::json;
 
-use super::{OWNER, T0, commit, create_one, get, new_entity, push, write};
-use crate::{AfterCommit, Applied, Batch, Claim, Fence, Op, OpError, Store};
+use super::{OWNER, T0, claim_with_event, command, commit, create_one, get, new_entity, push, write};
+use crate::{AfterCommit, Applied, Batch, Claim, Command, Fence, Op, OpError, Store};
 
 /// Pushing to an unknown entity fails; pushing makes a dormant entity due, and a claim in
 /// the same batch leases it and returns the first inbox event (FIFO).
@@ -102,9 +102,18 @@ pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
     let late = commit(&c.entity, Some("busy"), None, AfterCommit::Release);
     let r = write(&store, T0 + 60_002, vec![Op::Commit(Box::new(late))], false).await;
     assert_eq!(r.results[0], Err(OpError::LeaseLost { entity_id: c.entity.id }));
-    assert_eq!(store.lease_release_all(T0 + 60_003).await.unwrap(), 1);
+    // A leased entity paused meanwhile has no due time (it is in no due index): it is
+    // released too.
+    create_one(&store, "p").await;
+    claim_with_event(&store, T0 + 60_002, "p").await;
+    write(&store, T0 + 60_002, vec![command("p", Command::Pause)], false).await;
+    let p = get(&store, "p").await;
+    assert_eq!((p.lease_owner.is_some(), p.due_at), (true, None));
+    assert_eq!(store.lease_release_all(T0 + 60_003).await.unwrap(), 2);
     let e = get(&store, "a").await;
     assert_eq!((e.lease_owner, e.due_at), (None, Some(T0 + 60_003)));
+    let p = get(&store, "p").await;
+    assert_eq!((p.lease_owner, p.due_at), (None, None), "released, and still paused");
 }
 
 /// An entity waiting for its auto action keeps that due time through a rejection and a

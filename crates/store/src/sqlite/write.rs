@@ -26,7 +26,14 @@ const DUE_EXPR: &str = "CASE
 pub(crate) fn release_all(tx: &Connection, now: Millis) -> rusqlite::Result<u64> {
     let ids: Vec<i64> = tx
         .prepare(
-            "UPDATE entities SET lease_owner = NULL, lease_until = NULL WHERE lease_owner IS NOT NULL RETURNING id",
+            // A leased entity is due (at its lease's end, or its sleep's) unless paused or
+            // parked: the two partial indexes find every one without reading the fleet at
+            // rest (a full scan took ~100 ms at a million entities, at every start).
+            "UPDATE entities SET lease_owner = NULL, lease_until = NULL WHERE id IN (
+                 SELECT id FROM entities WHERE due_at IS NOT NULL AND lease_owner IS NOT NULL
+                 UNION ALL
+                 SELECT id FROM entities WHERE run_status <> 'active' AND lease_owner IS NOT NULL)
+             RETURNING id",
         )
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())?;
     for &id in &ids {
