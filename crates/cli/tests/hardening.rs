@@ -1,6 +1,7 @@
 //! End to end: the listener of `settle serve` — slow clients are cut off by the header
-//! timeout, HTTPS with `--tls-cert`/`--tls-key`, and the refusal to send bearer tokens over
-//! plain HTTP off loopback.
+//! timeout, a request outliving `--request-timeout` gets 503, HTTPS with
+//! `--tls-cert`/`--tls-key`, the refusal to send bearer tokens over plain HTTP off
+//! loopback, and the per-token rate limit (`--rate-limit`: 429 with `Retry-After`).
 
 mod common;
 
@@ -218,4 +219,75 @@ fn bad_tls_files_are_named() {
     let out = cmd.arg("--tls-cert").arg(&cert).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
     assert!(common::stderr(&out).contains("--tls-key"), "{}", common::stderr(&out));
+}
+
+/// Sends one plain HTTP/1.1 request (`Connection: close`) to `url` (`http://HOST:PORT`);
+/// the response's status line with its headers, and its body.
+fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (String, String) {
+    let addr = url.strip_prefix("http://").unwrap_or(url);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (head.to_string(), body.to_string())
+}
+
+#[test]
+fn the_rate_limit_answers_429_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = serve_command(dir.path(), &["--listen", "127.0.0.1:0", "--rate-limit", "3"]);
+    let (_server, url) = start(cmd.env("SETTLE_TOKENS", "admin=limited-secret"));
+    // A burst of 3, refilled at 3 a second: ten requests at once exceed it.
+    let heads: Vec<(String, String)> =
+        (0..10).map(|_| http(&url, "GET", "/v1/machines", Some("limited-secret"), "")).collect();
+    let limited: Vec<&(String, String)> = heads.iter().filter(|(h, _)| h.starts_with("HTTP/1.1 429")).collect();
+    assert!(heads[0].0.starts_with("HTTP/1.1 200"), "{:?}", heads[0]);
+    assert!(!limited.is_empty(), "no 429 in {heads:?}");
+    let (head, body) = limited[0];
+    let retry = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("retry-after: ").map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| panic!("no Retry-After: {head}"));
+    assert!(retry.parse::<u64>().is_ok_and(|s| s >= 1), "Retry-After: {retry}");
+    let problem: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert!(problem["type"].as_str().is_some_and(|t| t.ends_with("rate-limited")), "{problem}");
+    // Health checks are never limited.
+    for _ in 0..10 {
+        let (head, _) = http(&url, "GET", "/healthz", None, "");
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    }
+    // (The bucket's refill is tested on a manual clock in `server/src/ratelimit.rs`.)
+}
+
+#[test]
+fn a_request_longer_than_the_request_timeout_gets_503() {
+    let dir = tempfile::tempdir().unwrap();
+    // The scenario's agent queue `provider`, empty: a lease that waits 10 s for a task
+    // outlives a 1 s request timeout.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_settle"));
+    cmd.arg("--db").arg(dir.path().join("timeout.db")).args([
+        "serve",
+        "--scenario",
+        "--listen",
+        "127.0.0.1:0",
+        "--request-timeout",
+        "1s",
+    ]);
+    cmd.env("SETTLE_LOG", "error").env_remove("SETTLE_TOKENS");
+    let (_server, url) = start(&mut cmd);
+    let (head, body) = http(&url, "POST", "/v1/queues/provider/lease", None, r#"{"agent":"slow","wait_ms":10000}"#);
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}\n{body}");
+    let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(problem["type"].as_str().is_some_and(|t| t.ends_with("request-timeout")), "{problem}");
+    // A quick request on the same server is answered as usual.
+    let (head, _) = http(&url, "GET", "/healthz", None, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }
