@@ -31,12 +31,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use settle_core::Properties;
 use settle_engine::sim::{SimNode, WriteFault};
-use settle_engine::{Command, Config, Engine, ManualClock};
+use settle_engine::{Command, Config, Engine, EngineBuilder, ManualClock, Outcome};
 use settle_store::sqlite::SqliteStore;
 use settle_store::{Applied, Op, TaskResult};
 
 use crate::machines::{self, ProviderSettings};
-use crate::sim::mix;
+use crate::sim::{Draws, mix};
 
 /// Options of `settle simulate`.
 #[derive(clap::Args, Debug)]
@@ -71,6 +71,7 @@ struct Faults {
     write_before: bool,
     write_after: bool,
     mid_batch: bool,
+    commit_fail: bool,
     clock_jump: bool,
     agent_duplicate: bool,
     agent_late: bool,
@@ -83,6 +84,7 @@ impl Faults {
         write_before: true,
         write_after: true,
         mid_batch: true,
+        commit_fail: true,
         clock_jump: true,
         agent_duplicate: true,
         agent_late: true,
@@ -95,6 +97,7 @@ impl Faults {
             (self.write_before, "write-before"),
             (self.write_after, "write-after"),
             (self.mid_batch, "mid-batch"),
+            (self.commit_fail, "commit-fail"),
             (self.clock_jump, "clock-jump"),
             (self.agent_duplicate, "agent-duplicate"),
             (self.agent_late, "agent-late"),
@@ -110,6 +113,7 @@ impl Faults {
             "write-before" => self.write_before = false,
             "write-after" => self.write_after = false,
             "mid-batch" => self.mid_batch = false,
+            "commit-fail" => self.commit_fail = false,
             "clock-jump" => self.clock_jump = false,
             "agent-duplicate" => self.agent_duplicate = false,
             "agent-late" => self.agent_late = false,
@@ -339,9 +343,11 @@ fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
 /// A database with Settle's schema and the simulation's fault switch, made once per
 /// process and copied for each seed: a seed then starts without running the migrations.
 ///
-/// The switch: while `sim_fault.armed` is 1, inserting a history row aborts the batch's
+/// The switches: while `sim_fault.armed` is 1, inserting a history row aborts the batch's
 /// transaction in the middle (a trigger), so the store must roll back what the batch had
-/// already written. Arming it changes no schema (cached statements stay prepared).
+/// already written; while `commit_armed` is 1, a chart's entry or exit action's SQL fails,
+/// which fails that one commit (the entity backs off and tries again). Arming them changes
+/// no schema (cached statements stay prepared). Also `chart_hooks`, the charts' table.
 fn template() -> anyhow::Result<&'static std::path::Path> {
     static TEMPLATE: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> = std::sync::OnceLock::new();
     if let Some((_, path)) = TEMPLATE.get() {
@@ -351,11 +357,16 @@ fn template() -> anyhow::Result<&'static std::path::Path> {
     let built = dir.path().join("built.db");
     drop(SqliteStore::open(&built)?);
     let db = rusqlite::Connection::open(&built)?;
+    db.execute_batch(crate::workload::CHART_HOOKS_TABLE)?;
     db.execute_batch(
-        "CREATE TABLE sim_fault (armed INTEGER NOT NULL);
-         INSERT INTO sim_fault VALUES (0);
+        "CREATE TABLE sim_fault (armed INTEGER NOT NULL, commit_armed INTEGER NOT NULL);
+         INSERT INTO sim_fault VALUES (0, 0);
          CREATE TRIGGER sim_fault BEFORE INSERT ON history WHEN (SELECT armed FROM sim_fault) = 1 BEGIN
              SELECT RAISE(ABORT, 'simulated store failure in the middle of a batch');
+         END;
+         CREATE TRIGGER sim_commit_fault BEFORE INSERT ON chart_hooks
+             WHEN (SELECT commit_armed FROM sim_fault) = 1 BEGIN
+             SELECT RAISE(ABORT, 'simulated failure of a commit''s SQL');
          END;",
     )?;
     let path = dir.path().join("template.db");
@@ -363,6 +374,44 @@ fn template() -> anyhow::Result<&'static std::path::Path> {
     drop(db);
     Ok(&TEMPLATE.get_or_init(|| (dir, path)).1)
 }
+
+/// `chart` (the crash workload's statechart: `working` with three substeps, each with
+/// entry and exit actions) with handlers that answer at once: a step retries a fifth of
+/// the time (drawn from the seed and the attempt), and every entry and exit action inserts
+/// its row into `chart_hooks` in the transition's commit.
+fn bind_chart(mut b: EngineBuilder<SqliteStore>, seed: u64) -> EngineBuilder<SqliteStore> {
+    b = b.machine(crate::workload::chart());
+    for (action, next) in [("work1", "step2"), ("work2", "step3"), ("work3", "done")] {
+        b = b.on("chart", action, move |ctx| async move {
+            if Draws::new(seed, &ctx.idempotency_key()).next_f64() < 0.2 {
+                return Ok(Outcome::retry_after(Duration::from_millis(200)));
+            }
+            Ok(Outcome::to(next))
+        });
+    }
+    for hook in ["enter_working", "leave_working", "enter_step", "leave_step"] {
+        b = b.on("chart", hook, move |ctx| async move {
+            Ok(Outcome::stay().sql(
+                "INSERT INTO chart_hooks (key, hook, state) VALUES ($1, $2, $3)",
+                [json!(ctx.key.to_string()), json!(hook), json!(ctx.state.to_string())],
+            ))
+        });
+    }
+    b
+}
+
+/// The entry and exit actions a chart that went from `idle` to `done` ran, each once:
+/// (hook, state), sorted.
+const CHART_HOOKS: [(&str, &str); 8] = [
+    ("enter_step", "step1"),
+    ("enter_step", "step2"),
+    ("enter_step", "step3"),
+    ("enter_working", "working"),
+    ("leave_step", "step1"),
+    ("leave_step", "step2"),
+    ("leave_step", "step3"),
+    ("leave_working", "working"),
+];
 
 /// Runs one seed with `faults`.
 async fn run_seed(seed: u64, steps: usize, faults: Faults) -> anyhow::Result<Ran> {
@@ -464,7 +513,8 @@ impl World {
         b = if self.agents { machines::bind_server_via_agents(b, TIMEOUT) } else { machines::bind_server(b, provider) };
         b = machines::bind_fanout(b)
             .machine(machines::sleeper(SLEEPER_AFTER))
-            .on("sleeper", "rise", |_| async { Ok(settle_engine::Outcome::to("awake")) });
+            .on("sleeper", "rise", |_| async { Ok(Outcome::to("awake")) });
+        b = bind_chart(b, self.seed);
         Ok(b.start_sim(reclaim).await?)
     }
 
@@ -592,17 +642,24 @@ impl World {
             _ => WriteFault::None,
         };
         let mid_batch = (7..=9).contains(&draw) && self.faults.mid_batch;
+        let commit_fail = (10..=14).contains(&draw) && self.faults.commit_fail;
         let Some(engine) = self.nodes[i].engine.as_mut() else { return Ok(()) };
         engine.settle(Duration::from_secs(10)).await.map_err(|h| anyhow::anyhow!("node{i}: no answer from {h:?}"))?;
         let owner = engine.owner().to_string();
         if mid_batch {
             self.observer.execute_batch("UPDATE sim_fault SET armed = 1")?;
         }
+        if commit_fail {
+            self.observer.execute_batch("UPDATE sim_fault SET commit_armed = 1")?;
+        }
         let engine = self.nodes[i].engine.as_mut().expect("live");
         let wrote = engine.write(fault).await;
         let landed = engine.landed();
         if mid_batch {
             self.observer.execute_batch("UPDATE sim_fault SET armed = 0")?;
+        }
+        if commit_fail {
+            self.observer.execute_batch("UPDATE sim_fault SET commit_armed = 0")?;
         }
         if !wrote {
             return Ok(());
@@ -614,6 +671,10 @@ impl World {
             WriteFault::After => {
                 self.fault("write-after", format!("{owner}: the batch commits but its result is lost"))
             }
+            WriteFault::None if commit_fail => self.fault(
+                "commit-fail",
+                format!("{owner}: the SQL of every chart entry or exit action in the batch fails (that commit alone)"),
+            ),
             WriteFault::None if mid_batch => self.fault(
                 "mid-batch",
                 format!("{owner}: the batch fails in the middle (rolled back if it wrote history)"),
@@ -653,8 +714,8 @@ impl World {
         let owner = engine.owner().to_string();
         let mut line = None;
         if roll < 30 || self.created.is_empty() {
-            // A new server, fan-out parent or sleeper, and the event that starts it.
-            let kind = self.rng.below(3);
+            // A new server, fan-out parent, sleeper or chart, and the event that starts it.
+            let kind = self.rng.below(4);
             let (machine, key, start, properties) = match kind {
                 0 => ("server", self.fresh("s"), Some("create"), Properties::new()),
                 1 => {
@@ -662,7 +723,8 @@ impl World {
                     p.insert("children".into(), json!(1 + self.rng.below(4)));
                     ("fanparent", self.fresh("f"), Some("go"), p)
                 }
-                _ => ("sleeper", self.fresh("z"), None, Properties::new()),
+                2 => ("sleeper", self.fresh("z"), None, Properties::new()),
+                _ => ("chart", self.fresh("c"), Some("start"), Properties::new()),
             };
             let request_id = format!("create-{key}");
             if machine == "sleeper" {
@@ -698,6 +760,7 @@ impl World {
             let events: &[&str] = match machine.as_str() {
                 "server" => &["create"],
                 "fanparent" => &["go"],
+                "chart" => &["start"],
                 _ => &["start", "delete"],
             };
             let event = events[self.rng.below(events.len() as u64) as usize];
@@ -1019,7 +1082,9 @@ struct Acked {
 /// - every acknowledged event was processed (its `events` row exists; killed entities
 ///   excepted), and no inbox holds an event of a live entity;
 /// - every operation ended;
-/// - every sleeper not killed woke.
+/// - every sleeper not killed woke;
+/// - every chart that reached `done` ran each of its entry and exit actions once (its rows
+///   in `chart_hooks`, written in the transitions' commits).
 #[derive(Default)]
 struct Checker {
     last_history: i64,
@@ -1099,9 +1164,10 @@ impl Checker {
             }
         }
         // Each event processed is one `events` row (keyed by its inbox id) and one history
-        // row: more history rows than events means an event was processed twice.
+        // row: more history rows than events means an event was processed twice. (An event
+        // whose action failed is consumed by a `fault` row and marked `failed`.)
         let events: Vec<(i64, i64)> = db
-            .prepare_cached("SELECT entity_id, COUNT(*) FROM events GROUP BY entity_id")
+            .prepare_cached("SELECT entity_id, COUNT(*) FROM events WHERE NOT failed GROUP BY entity_id")
             .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
             .map_err(|e| fail(e.to_string(), vec![]))?;
         let events: HashMap<i64, i64> = events.into_iter().collect();
@@ -1115,8 +1181,34 @@ impl Checker {
                 ));
             }
         }
+        // A chart's entry and exit actions insert their rows in their transition's commit:
+        // one committed twice, or apart from it, shows as a row twice.
+        let twice: Option<(String, String, String)> = db
+            .prepare_cached("SELECT key, hook, state FROM chart_hooks GROUP BY key, hook, state HAVING COUNT(*) > 1")
+            .and_then(|mut s| s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?.next().transpose())
+            .map_err(|e| fail(e.to_string(), vec![]))?;
+        if let Some((key, hook, state)) = twice {
+            let name = format!("chart/{key}");
+            return Err(fail(format!("{name}: `{hook}` of `{state}` ran into the store twice"), vec![name]));
+        }
         if !end {
             return Ok(());
+        }
+        let done: Vec<String> = db
+            .prepare("SELECT key FROM entities WHERE machine = 'chart' AND state = 'done' ORDER BY id")
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .map_err(|e| fail(e.to_string(), vec![]))?;
+        let expected: Vec<(String, String)> =
+            CHART_HOOKS.iter().map(|(h, st)| (h.to_string(), st.to_string())).collect();
+        for key in done {
+            let ran: Vec<(String, String)> = db
+                .prepare_cached("SELECT hook, state FROM chart_hooks WHERE key = ?1 ORDER BY hook, state")
+                .and_then(|mut s| s.query_map([&key], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+                .map_err(|e| fail(e.to_string(), vec![]))?;
+            if ran != expected {
+                let name = format!("chart/{key}");
+                return Err(fail(format!("{name}: done, but its entry and exit actions wrote {ran:?}"), vec![name]));
+            }
         }
         let killed = killed(db).map_err(|e| fail(e.to_string(), vec![]))?;
         for a in &self.acked {
