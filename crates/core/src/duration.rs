@@ -36,7 +36,8 @@ pub fn parse(text: &str) -> Result<Duration, String> {
             "d" => 86_400_000,
             _ => return Err(bad()),
         };
-        total = total.checked_add(n * ms).ok_or_else(bad)?;
+        // Up to 39 digits fit in n: the product, too, may overflow (found by fuzzing).
+        total = n.checked_mul(ms).and_then(|x| total.checked_add(x)).ok_or_else(bad)?;
     }
     u64::try_from(total).map(Duration::from_millis).map_err(|_| bad())
 }
@@ -61,6 +62,15 @@ pub fn format(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_numbers_are_refused_not_wrapped() {
+        let e = parse("7777777777777777777777777777777777777d").unwrap_err();
+        assert!(e.contains("invalid duration"), "{e}");
+        assert!(parse("340282366920938463463374607431768211455ms").is_err(), "u128::MAX ms");
+        assert!(parse("18446744073709551616ms").is_err(), "u64::MAX + 1 ms");
+        assert_eq!(parse("18446744073709551615ms"), Ok(Duration::from_millis(u64::MAX)));
+    }
 
     #[test]
     fn parses_units_and_sums() {

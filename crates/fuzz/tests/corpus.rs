@@ -1,0 +1,53 @@
+//! Replays every file of `fuzz/corpus/<target>/` through its target: the inputs AFL found
+//! (and the crashes fixed since) keep being checked without AFL.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target)
+}
+
+fn replay(target: &str) {
+    let run = settle_fuzz::target(target).expect("a known target");
+    let dir = corpus_dir(target);
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: cannot read the corpus: {e}", dir.display()));
+    let mut files: Vec<PathBuf> =
+        entries.map(|e| e.expect("a directory entry").path()).filter(|p| p.is_file()).collect();
+    files.sort();
+    assert!(!files.is_empty(), "{}: the corpus is empty", dir.display());
+    let mut failed = Vec::new();
+    for file in &files {
+        let data = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        if catch_unwind(AssertUnwindSafe(|| run(&data))).is_err() {
+            failed.push(file.display().to_string());
+        }
+    }
+    assert!(failed.is_empty(), "{target}: {} of {} inputs panic:\n{}", failed.len(), files.len(), failed.join("\n"));
+}
+
+#[test]
+fn machine_toml_corpus() {
+    replay("machine_toml");
+}
+
+#[test]
+fn guard_corpus() {
+    replay("guard");
+}
+
+#[test]
+fn http_request_corpus() {
+    replay("http_request");
+}
+
+#[test]
+fn stored_json_corpus() {
+    replay("stored_json");
+}
+
+#[test]
+fn every_target_is_replayed() {
+    let names: Vec<&str> = settle_fuzz::TARGETS.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["machine_toml", "guard", "http_request", "stored_json"]);
+}
