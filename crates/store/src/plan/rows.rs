@@ -35,8 +35,10 @@ pub(crate) struct ReadSet {
     /// (predecessor, successor) edges of the `successors` entities.
     pub(crate) successor_edges: Vec<(i64, i64)>,
     pub(crate) heads: Vec<InboxItem>,
-    /// The request ids of the inbox items the `heads` deletions remove (distinct): their
-    /// operations may end once those are gone.
+    /// The request ids of the change notices the `heads` deletions remove (distinct): their
+    /// operations may end once those are gone. (A consumed event's request id is the
+    /// commit's own, checked anyway.) PostgreSQL reads them here, in the read round trip;
+    /// SQLite's delete returns them and its write checks them (no read).
     pub(crate) consumed: Vec<String>,
     pub(crate) timers: Vec<TimerRow>,
     /// Per operation of [`Reads::operations`], in order: its id, and whether it existed.

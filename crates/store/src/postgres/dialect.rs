@@ -144,17 +144,13 @@ impl Dialect for Tx<'_> {
                 ],
             ))
         });
-        let consuming: Vec<&InboxDelete> = r.heads.iter().filter(|h| h.consume >= 0 || h.notices_upto >= 0).collect();
+        let consuming: Vec<&InboxDelete> = r.heads.iter().filter(|h| h.notices_upto >= 0).collect();
         let consumed = (!consuming.is_empty()).then(|| {
             p.add(Stmt::new(
-                "SELECT DISTINCT i.request_id FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(entity_id, consume, upto)
-                 JOIN inbox i ON i.entity_id = c.entity_id AND (i.id = c.consume OR (i.kind = 'notice' AND i.id <= c.upto))
+                "SELECT DISTINCT i.request_id FROM unnest($1::bigint[], $2::bigint[]) AS c(entity_id, upto)
+                 JOIN inbox i ON i.entity_id = c.entity_id AND i.kind = 'notice' AND i.id <= c.upto
                  WHERE i.request_id IS NOT NULL",
-                vec![
-                    ints(&consuming, |h| h.entity_id),
-                    ints(&consuming, |h| h.consume),
-                    ints(&consuming, |h| h.notices_upto),
-                ],
+                vec![ints(&consuming, |h| h.entity_id), ints(&consuming, |h| h.notices_upto)],
             ))
         });
         let timers = (!r.timers.is_empty()).then(|| {

@@ -98,24 +98,6 @@ impl Tx<'_> {
         Ok(out)
     }
 
-    /// The distinct request ids of the items these deletions remove.
-    fn consumed_requests(&mut self, rows: &[InboxDelete]) -> rusqlite::Result<Vec<String>> {
-        let mut stmt = self.0.prepare_cached(
-            "SELECT DISTINCT request_id FROM inbox
-             WHERE entity_id = ?1 AND (id = ?2 OR (kind = 'notice' AND id <= ?3)) AND request_id IS NOT NULL",
-        )?;
-        let mut out: Vec<String> = Vec::new();
-        for r in rows.iter().filter(|r| r.consume >= 0 || r.notices_upto >= 0) {
-            for id in stmt.query_map([r.entity_id, r.consume, r.notices_upto], |row| row.get::<_, String>(0))? {
-                let id = id?;
-                if !out.contains(&id) {
-                    out.push(id);
-                }
-            }
-        }
-        Ok(out)
-    }
-
     fn inbox_heads(&mut self, rows: &[InboxDelete]) -> rusqlite::Result<Vec<InboxItem>> {
         let mut stmt = self.0.prepare_cached(&format!(
             "SELECT {INBOX_COLS} FROM inbox
@@ -231,14 +213,25 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn delete_inbox(&mut self, rows: &[InboxDelete]) -> rusqlite::Result<()> {
-        let mut stmt = self
-            .0
-            .prepare_cached("DELETE FROM inbox WHERE entity_id = ?1 AND (id = ?2 OR (kind = 'notice' AND id <= ?3))")?;
+    /// Deletes the consumed items; answers the request ids of the change notices deleted
+    /// (their operations may end now: the plan reads them on PostgreSQL, here the delete
+    /// returns them).
+    fn delete_inbox(&mut self, rows: &[InboxDelete]) -> rusqlite::Result<Vec<String>> {
+        let mut stmt = self.0.prepare_cached(
+            "DELETE FROM inbox WHERE entity_id = ?1 AND (id = ?2 OR (kind = 'notice' AND id <= ?3))
+             RETURNING CASE WHEN kind = 'notice' THEN request_id END",
+        )?;
+        let mut notices: Vec<String> = Vec::new();
         for r in rows {
-            stmt.execute([r.entity_id, r.consume, r.notices_upto])?;
+            for request_id in stmt.query_map([r.entity_id, r.consume, r.notices_upto], |row| row.get(0))? {
+                if let Some(id) = request_id?
+                    && !notices.contains(&id)
+                {
+                    notices.push(id);
+                }
+            }
         }
-        Ok(())
+        Ok(notices)
     }
 
     fn insert_inbox(&mut self, rows: &[InboxInsert]) -> rusqlite::Result<Vec<i64>> {
@@ -450,7 +443,6 @@ impl Dialect for Tx<'_> {
         }
         if !r.heads.is_empty() {
             out.heads = self.inbox_heads(&r.heads)?;
-            out.consumed = self.consumed_requests(&r.heads)?;
         }
         if !r.timers.is_empty() {
             out.timers = self.timers(&r.timers)?;
@@ -480,9 +472,7 @@ impl Dialect for Tx<'_> {
         if !w.updates.is_empty() {
             self.update_entities(&w.updates)?;
         }
-        if !w.deletes.is_empty() {
-            self.delete_inbox(&w.deletes)?;
-        }
+        let notices = if w.deletes.is_empty() { Vec::new() } else { self.delete_inbox(&w.deletes)? };
         let ids = if w.inbox.is_empty() { Vec::new() } else { self.insert_inbox(&w.inbox)? };
         if !w.history.is_empty() {
             self.insert_history(&w.history)?;
@@ -519,6 +509,10 @@ impl Dialect for Tx<'_> {
         }
         if !w.complete.is_empty() {
             self.complete_operations(&w.complete, w.now)?;
+        }
+        let notices: Vec<String> = notices.into_iter().filter(|r| !w.complete.contains(r)).collect();
+        if !notices.is_empty() {
+            self.complete_operations(&notices, w.now)?;
         }
         Ok(ids)
     }

@@ -291,8 +291,8 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
     for item in read.heads {
         w.heads.insert(item.entity_id, item);
     }
-    // An operation waiting only on items these commits consume may end with them (a
-    // change notice to a predecessor at rest carries another entity's request id).
+    // An operation waiting only on change notices these commits consume may end with them
+    // (a notice to a predecessor at rest carries the successor's request id).
     for r in &read.consumed {
         w.plan.complete(Some(r));
     }
