@@ -27,13 +27,21 @@ pub(crate) enum Msg {
     /// An operator command (`Op::Command`); answered like `Create`.
     Command { op: Op, reply: oneshot::Sender<Result<Option<EntityRow>>> },
     /// A handler finished.
-    ActionDone { entity_id: i64, version: i64, result: std::result::Result<Outcome, FaultError> },
+    /// (`task`: the scheduler's number of the task that ran it, in spawn order, for a
+    /// simulation's deterministic delivery; also in `HooksDone` and `Evaluated`.)
+    ActionDone { entity_id: i64, version: i64, task: u64, result: std::result::Result<Outcome, FaultError> },
     /// A transition's entry and exit actions ran: the outcome with their effects, or the
     /// fault of the one that failed.
-    HooksDone { entity_id: i64, version: i64, hooks: Box<Hooks>, result: std::result::Result<Outcome, FaultError> },
+    HooksDone {
+        entity_id: i64,
+        version: i64,
+        task: u64,
+        hooks: Box<Hooks>,
+        result: std::result::Result<Outcome, FaultError>,
+    },
     /// Subscriptions were evaluated over a snapshot of the successors (and its newest
     /// notice id), or the read failed.
-    Evaluated { entity_id: i64, version: i64, result: std::result::Result<(Fire, Option<i64>), String> },
+    Evaluated { entity_id: i64, version: i64, task: u64, result: std::result::Result<(Fire, Option<i64>), String> },
     /// An agent's lease, heartbeat or report (`Op::TaskLease`, `TaskHeartbeat`, `TaskReport`).
     Agent { op: Op, reply: oneshot::Sender<Result<Applied>> },
     /// Tell when nothing is in flight, queued or scheduled at all.

@@ -97,6 +97,8 @@ pub(crate) struct Scheduler<S> {
     stats: Stats,
     /// The commits that landed, when a simulation records them.
     landed: Option<Vec<(i64, i64)>>,
+    /// Tasks started that answer with a message ([`Scheduler::next_task`]).
+    tasks: u64,
 }
 
 /// Counters of the scheduler's work, logged at shutdown (`SETTLE_LOG=settle_engine=debug`).
@@ -149,6 +151,7 @@ impl<S: Store + Clone> Scheduler<S> {
             wakeup: Arc::new(tokio::sync::Notify::new()),
             stats: Stats::default(),
             landed: None,
+            tasks: 0,
         }
     }
 
@@ -254,11 +257,11 @@ impl<S: Store + Clone> Scheduler<S> {
                 self.ops.push(op);
                 self.pending.push(Pending::Agent(reply));
             }
-            Msg::ActionDone { entity_id, version, result } => self.on_action_done(entity_id, version, result),
-            Msg::HooksDone { entity_id, version, hooks, result } => {
+            Msg::ActionDone { entity_id, version, result, .. } => self.on_action_done(entity_id, version, result),
+            Msg::HooksDone { entity_id, version, hooks, result, .. } => {
                 self.on_hooks_done(entity_id, version, *hooks, result)
             }
-            Msg::Evaluated { entity_id, version, result } => self.on_evaluated(entity_id, version, result),
+            Msg::Evaluated { entity_id, version, result, .. } => self.on_evaluated(entity_id, version, result),
             Msg::WhenIdle(tx) => {
                 self.waiters.on_idle(tx);
                 // Recompute the due time: the caller may have written work we have not seen.
@@ -379,6 +382,17 @@ impl<S: Store + Clone> Scheduler<S> {
             self.held.iter().filter(|(_, s)| s.running.is_some()).map(|(id, s)| (*id, s.held.entity.version)).collect();
         ids.sort_unstable();
         ids
+    }
+
+    /// Numbers a task that will answer with one message (handler, hooks, evaluation).
+    fn next_task(&mut self) -> u64 {
+        self.tasks += 1;
+        self.tasks
+    }
+
+    /// How many tasks this scheduler has started that answer with a message.
+    pub(crate) fn tasks(&self) -> u64 {
+        self.tasks
     }
 
     /// The store this scheduler writes.
@@ -635,6 +649,7 @@ impl<S: Store + Clone> Scheduler<S> {
         let (state, fired, version) = (e.state.clone(), e.fired.clone(), e.version);
         slot.running = Some(Running::Evaluating { notice });
         let (store, registry, tx) = (self.store.clone(), self.registry.clone(), self.tx.clone());
+        let task = self.next_task();
         tokio::spawn(async move {
             let result = match store.successor_snapshot(id).await {
                 Ok(snap) => Ok((
@@ -643,7 +658,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 )),
                 Err(e) => Err(e.to_string()),
             };
-            let _ = tx.send(Msg::Evaluated { entity_id: id, version, result });
+            let _ = tx.send(Msg::Evaluated { entity_id: id, version, task, result });
         });
     }
 
@@ -712,9 +727,10 @@ impl<S: Store + Clone> Scheduler<S> {
             return;
         }
         let tx = self.tx.clone();
+        let task = self.next_task();
         tokio::spawn(async move {
             let result = FaultError::of_handler(fut.await);
-            let _ = tx.send(Msg::ActionDone { entity_id: id, version, result });
+            let _ = tx.send(Msg::ActionDone { entity_id: id, version, task, result });
         });
     }
 
@@ -740,9 +756,16 @@ impl<S: Store + Clone> Scheduler<S> {
         slot.running = Some(Running::Hooks);
         let entity = slot.held.entity.clone();
         let (registry, nested, tx) = (self.registry.clone(), self.nested.clone(), self.tx.clone());
+        let task = self.next_task();
         tokio::spawn(async move {
             let result = run_hooks(&registry, nested, &entity, &mut hooks).await;
-            let _ = tx.send(Msg::HooksDone { entity_id: id, version: entity.version, hooks: Box::new(hooks), result });
+            let _ = tx.send(Msg::HooksDone {
+                entity_id: id,
+                version: entity.version,
+                task,
+                hooks: Box::new(hooks),
+                result,
+            });
         });
     }
 

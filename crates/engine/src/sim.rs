@@ -7,7 +7,7 @@
 //! says when it takes requests ([`create`](SimNode::create), [`raise`](SimNode::raise),
 //! [`command`](SimNode::command), [`agent`](SimNode::agent)), when the results of the
 //! handlers and evaluations that ran are delivered ([`settle`](SimNode::settle): all of
-//! them, in entity order), and when a batch is written ([`write`](SimNode::write)), with a
+//! them, in the order they started), and when a batch is written ([`write`](SimNode::write)), with a
 //! fault injected if it likes ([`WriteFault`]). With a [`ManualClock`](crate::ManualClock)
 //! and handlers that draw from a seed, a run is a function of the seed: a simulation
 //! (`settle simulate`) drives several nodes over one store through random schedules and
@@ -61,6 +61,8 @@ pub struct SimNode<S: Store + Clone> {
     registry: std::sync::Arc<crate::registry::Registry>,
     clock: settle_store::SharedClock,
     owner: String,
+    /// Answers received from the scheduler's tasks.
+    answered: u64,
 }
 
 impl<S: Store + Clone> SimNode<S> {
@@ -72,7 +74,7 @@ impl<S: Store + Clone> SimNode<S> {
         let (clock, owner) = (config.clock.clone(), config.owner.clone());
         let mut scheduler = Scheduler::new(store, registry.clone(), config, tx, offered, None, ops);
         scheduler.record_landed();
-        SimNode { scheduler, rx, registry, clock, owner }
+        SimNode { scheduler, rx, registry, clock, owner, answered: 0 }
     }
 
     /// This node's lease owner name.
@@ -137,34 +139,35 @@ impl<S: Store + Clone> SimNode<S> {
         rx
     }
 
-    /// Waits (at most `limit`, in real time) until every handler, hook and evaluation that
-    /// runs for an entity this node holds has answered, then delivers all their results in
-    /// the order of entity ids, each deciding the entity's next step. Answers how many
-    /// results it delivered; a [`Hang`] names the entities whose work never answered.
+    /// Waits (at most `limit`, in real time) until every handler, hook and evaluation this
+    /// node started has answered — those of entities it no longer holds included, whose late
+    /// answers the scheduler ignores — then delivers all their results in the order the
+    /// tasks were started, each deciding its entity's next step (which may start more; they
+    /// are waited for too). Answers how many results it delivered; a [`Hang`] names the
+    /// entities whose work never answered.
     pub async fn settle(&mut self, limit: Duration) -> std::result::Result<usize, Hang> {
         let deadline = std::time::Instant::now() + limit;
         let mut delivered = 0;
         loop {
-            let running = self.scheduler.running();
-            if running.is_empty() {
-                return Ok(delivered);
-            }
             let mut got: Vec<Msg> = Vec::new();
-            let answered =
-                |got: &[Msg]| running.iter().all(|r| got.iter().any(|m| answers(m).is_some_and(|a| a == *r)));
-            while !answered(&got) {
+            while self.answered + (got.iter().filter(|m| answers(m).is_some()).count() as u64) < self.scheduler.tasks()
+            {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 match tokio::time::timeout(left, self.rx.recv()).await {
                     Ok(Some(msg)) => got.push(msg),
-                    Ok(None) | Err(_) => {
-                        let waiting =
-                            running.iter().filter(|r| !got.iter().any(|m| answers(m) == Some(**r))).copied().collect();
-                        return Err(Hang { waiting });
-                    }
+                    Ok(None) | Err(_) => return Err(Hang { waiting: self.scheduler.running() }),
                 }
             }
-            // Arrival order is the runtime's; delivery order is the entities'.
-            got.sort_by_key(|m| answers(m).unwrap_or((i64::MAX, 0)));
+            // Anything else already sent (a nested event), too.
+            while let Ok(msg) = self.rx.try_recv() {
+                got.push(msg);
+            }
+            if got.is_empty() {
+                return Ok(delivered);
+            }
+            self.answered += got.iter().filter(|m| answers(m).is_some()).count() as u64;
+            // Arrival order is the runtime's; delivery order is the tasks' start order.
+            got.sort_by_key(|m| answers(m).unwrap_or(u64::MAX));
             for msg in got {
                 delivered += 1;
                 self.scheduler.on_msg(msg);
@@ -209,12 +212,10 @@ impl<S: Store + Clone> SimNode<S> {
     }
 }
 
-/// The entity and version a message of a running handler, hook or evaluation answers.
-fn answers(msg: &Msg) -> Option<(i64, i64)> {
+/// The task a message of a handler, hooks or an evaluation answers for.
+fn answers(msg: &Msg) -> Option<u64> {
     match msg {
-        Msg::ActionDone { entity_id, version, .. }
-        | Msg::HooksDone { entity_id, version, .. }
-        | Msg::Evaluated { entity_id, version, .. } => Some((*entity_id, *version)),
+        Msg::ActionDone { task, .. } | Msg::HooksDone { task, .. } | Msg::Evaluated { task, .. } => Some(*task),
         _ => None,
     }
 }
