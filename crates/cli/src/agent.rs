@@ -69,7 +69,7 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         client = client.with_token(t.clone());
     }
     let name = args.name.clone().unwrap_or_else(|| format!("settle-agent-{}", std::process::id()));
-    eprintln!("agent {name} serving queue `{}` of {}", args.queue, args.server);
+    crate::print::stderr_line(format_args!("agent {name} serving queue `{}` of {}", args.queue, args.server));
     let work = serve(client, args.clone(), name);
     if args.until_stdin_closes {
         tokio::select! {

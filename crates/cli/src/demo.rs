@@ -270,7 +270,7 @@ async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Resu
     .map(String::from)
     .to_vec();
     let mut agents_running = Workers::start_with("agent", agent_args, agents)?;
-    eprintln!(
+    crate::print::stderr_line(format_args!(
         "demo run {} through {url}: {} servers, {agents} agent processes serving queue `{}`, transient failure \
          rate {}, fatal rate {}, seed {}",
         demo.run,
@@ -279,7 +279,7 @@ async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Resu
         p.fail_rate,
         p.fatal_rate,
         p.seed
-    );
+    ));
     let client = settle_client::Client::new(&url)?;
     // Idempotency keys make every request safe to repeat: a resumed run sends them all again.
     let limit = std::sync::Arc::new(tokio::sync::Semaphore::new(32));

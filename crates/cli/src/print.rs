@@ -31,6 +31,15 @@ impl Detail {
     }
 }
 
+/// Writes one line to standard error in a single write: the lines of processes that share
+/// it (the demo, its server and its agents) never interleave within a line.
+pub fn stderr_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut text = line.to_string();
+    text.push('\n');
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
 /// The entity's JSON line (`list --json`, `get --json`).
 pub fn entity_json(e: &Entity) -> Value {
     json!({

@@ -72,7 +72,7 @@ impl Workers {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start {label} process {index}"))?;
-        eprintln!("{label} {index} started (pid {})", child.id().unwrap_or(0));
+        crate::print::stderr_line(format_args!("{label} {index} started (pid {})", child.id().unwrap_or(0)));
         Ok(child)
     }
 
@@ -147,7 +147,7 @@ impl Server {
         };
         // Keep draining its stdout so it never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        eprintln!("server started (pid {}) at {url}", child.id().unwrap_or(0));
+        crate::print::stderr_line(format_args!("server started (pid {}) at {url}", child.id().unwrap_or(0)));
         Ok(Server { child, url })
     }
 
