@@ -37,12 +37,28 @@ pub struct Args {
     /// is a server without tokens. 0: no limit.
     #[arg(long, default_value_t = 200, value_name = "N")]
     rate_limit: u32,
+    /// Unknown bearer tokens one client address may present per minute (in a burst of as
+    /// many); beyond, its requests with a token are answered 429 `auth-throttled` until
+    /// `Retry-After`. 0: no limit (behind a proxy every client shares its address).
+    #[arg(long, default_value_t = settle_server::ratelimit::AUTH_FAILURES_PER_MINUTE, value_name = "N")]
+    auth_failures: u32,
     /// Serve HTTPS with this certificate chain (PEM, leaf first); needs `--tls-key`.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// The private key of `--tls-cert` (PEM: PKCS#8, RSA or EC).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Also answer requests whose `Host` is this name (beyond `localhost`, loopback
+    /// addresses and the address listened on): the name clients and a proxy in front use.
+    /// Repeatable. `*` answers any host (with tokens only: without them, a web page could
+    /// reach this server by DNS rebinding).
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    allowed_hosts: Vec<String>,
+    /// Also accept requests from web pages of this origin (`https://ops.example.com`),
+    /// beside the server's own: the public URL of a TLS-terminating proxy in front, say.
+    /// Repeatable. `*` accepts any origin (with tokens only).
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
     /// Serve plain HTTP on a non-loopback address although tokens are configured: the
     /// bearer tokens cross the network in clear text (behind a TLS-terminating proxy, say).
     #[arg(long, conflicts_with = "tls_cert")]
@@ -132,8 +148,21 @@ pub fn run(db: &str, machines: Option<&Path>, args: Args) -> anyhow::Result<Exit
         },
         None => None,
     };
-    let config =
-        settle_server::Config { max_body: args.max_body, max_wait, rate_limit: args.rate_limit, ..Default::default() };
+    let browser = match browser_policy(&args, &addrs, tokens.is_open(), listen.tls.is_some()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(REFUSED));
+        }
+    };
+    let config = settle_server::Config {
+        max_body: args.max_body,
+        max_wait,
+        rate_limit: args.rate_limit,
+        auth_failures: args.auth_failures,
+        browser,
+        ..Default::default()
+    };
     let source = match (machines, args.scenario) {
         (Some(m), _) => Source::Toml(m),
         (None, true) => Source::Scenario,
@@ -171,6 +200,37 @@ fn listen_config(args: &Args, max_wait: std::time::Duration) -> anyhow::Result<s
         _ => None,
     };
     Ok(settle_server::Listen { tls, header_timeout, request_timeout })
+}
+
+/// The `Host` and `Origin` values the server answers: its own (loopback names, the
+/// addresses in `addrs`) and those of `--allowed-host`/`--allowed-origin`; `*` only with
+/// tokens.
+fn browser_policy(
+    args: &Args,
+    addrs: &[SocketAddr],
+    open: bool,
+    tls: bool,
+) -> anyhow::Result<settle_server::browser::Policy> {
+    let mut policy = settle_server::browser::Policy::new().listening_on(addrs).tls(tls);
+    for host in &args.allowed_hosts {
+        policy = policy.allow_host(host).map_err(|e| anyhow::anyhow!("--allowed-host: {e}"))?;
+    }
+    for origin in &args.allowed_origins {
+        policy = policy.allow_origin(origin).map_err(|e| anyhow::anyhow!("--allowed-origin: {e}"))?;
+    }
+    if open && policy.any_host() {
+        anyhow::bail!(
+            "--allowed-host '*' needs tokens: without them every caller is an admin, and any web page \
+             could reach this server through a name rebound to its address. Name the hosts, or configure tokens"
+        );
+    }
+    if open && policy.any_origin() {
+        anyhow::bail!(
+            "--allowed-origin '*' needs tokens: without them every caller is an admin, and any web page \
+             could change everything. Name the origins, or configure tokens"
+        );
+    }
+    Ok(policy)
 }
 
 /// Tokens from `--tokens FILE` and `SETTLE_TOKENS`, both if both are given.

@@ -197,18 +197,19 @@ fn create_and_raise_work_on_the_database_too() {
 #[test]
 fn tokens_decide_what_the_cli_may_do_over_http() {
     let (_dir, machines, db) = setup();
-    let s = Served::start(&db, Some(&machines), &[("SETTLE_TOKENS", "reader=r1;admin=a1")]);
-    ok(s.settle(Some("a1"), &["create", "door", "x"]), "create as admin");
-    let denied = s.settle(Some("r1"), &["kill", "door", "x"]);
+    let s =
+        Served::start(&db, Some(&machines), &[("SETTLE_TOKENS", "reader=reader-token-0001;admin=admin-token-00001")]);
+    ok(s.settle(Some("admin-token-00001"), &["create", "door", "x"]), "create as admin");
+    let denied = s.settle(Some("reader-token-0001"), &["kill", "door", "x"]);
     assert_eq!(denied.status.code(), Some(1));
     assert_eq!(stderr(&denied), "error: 403: role reader may not use this route (forbidden)\n");
     assert_eq!(stdout(&denied), "");
     let anonymous = s.settle(None, &["get", "door", "x"]);
     assert_eq!(anonymous.status.code(), Some(1));
     assert!(stderr(&anonymous).starts_with("error: 401: "), "{}", stderr(&anonymous));
-    let read = ok(s.settle(Some("r1"), &["get", "door", "x"]), "get as reader");
+    let read = ok(s.settle(Some("reader-token-0001"), &["get", "door", "x"]), "get as reader");
     assert!(read.contains("run status: active"), "{read}");
-    let out = ok(s.settle(Some("a1"), &["kill", "door", "x"]), "kill as admin");
+    let out = ok(s.settle(Some("admin-token-00001"), &["kill", "door", "x"]), "kill as admin");
     assert!(out.starts_with("door x: kill; state closed, run status killed\n"), "{out}");
 }
 

@@ -3,7 +3,10 @@
 //! tokens: an operator signs in, sees the API's counts, finds the parked entity, opens it
 //! (diagram with the lit state, timeline), resumes it and the API reports it active; a
 //! reader finds no buttons; a bad token gets a clear message. Every page is checked for
-//! console errors, horizontal scrolling at 1280×800 and keyboard reachability.
+//! console errors, horizontal scrolling at 1280×800 and keyboard reachability. And on a
+//! server without tokens, a page of another origin tries every route that changes
+//! something, as simple requests, a preflighted one and a form, and a name rebound to the
+//! server's address: nothing changes, and the dashboard still works from its own origin.
 //!
 //! Screenshots land in `target/screenshots/`; with `SETTLE_UPDATE_SCREENSHOTS=1` also in
 //! `docs/screenshots/` (the README's). Without Chromium the test says it skipped (and fails
@@ -19,7 +22,8 @@ use common::browser::{Browser, skip_reason};
 use common::testkit::{DOOR, VM};
 use serde_json::{Value, json};
 
-const TOKENS: &str = "admin=t-admin;operator=t-op;reader=t-read;agent:cloud=t-agent";
+const TOKENS: &str =
+    "admin=admin-token-00001;operator=operator-token-01;reader=reader-token-0001;agent:cloud=agent-token-00001";
 
 /// `settle serve` with tokens on a free port; killed when dropped.
 struct Server {
@@ -30,6 +34,11 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(Some(TOKENS))
+    }
+
+    /// `settle serve` with `tokens` (`SETTLE_TOKENS`), or none: every caller an admin.
+    fn start_with(tokens: Option<&str>) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let machines = common::write_machines(dir.path(), &[("door.toml", DOOR), ("vm.toml", VM)]);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_settle"));
@@ -38,9 +47,12 @@ impl Server {
             .args(["serve", "--listen", "127.0.0.1:0", "--machines"])
             .arg(&machines)
             .env("SETTLE_LOG", "error")
-            .env("SETTLE_TOKENS", TOKENS)
+            .env_remove("SETTLE_TOKENS")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if let Some(tokens) = tokens {
+            cmd.env("SETTLE_TOKENS", tokens);
+        }
         let (child, addr) = common::spawn_serve_command(&mut cmd);
         Server { addr, child, _dir: dir }
     }
@@ -53,7 +65,7 @@ impl Server {
     }
 
     fn get(&self, path: &str) -> Value {
-        let (status, v) = self.call("GET", path, "t-admin", None);
+        let (status, v) = self.call("GET", path, "admin-token-00001", None);
         assert_eq!(status, 200, "GET {path}: {v}");
         v
     }
@@ -83,13 +95,20 @@ fn eventually(what: &str, mut done: impl FnMut() -> bool) {
 /// come up `ready`, one fails for good and is parked (`failed`).
 fn scenario(s: &Server) {
     for i in 1..=3 {
-        let (st, v) = s.call("POST", "/v1/machines/door/entities", "t-op", Some(json!({"key": format!("door-{i}")})));
+        let (st, v) = s.call(
+            "POST",
+            "/v1/machines/door/entities",
+            "operator-token-01",
+            Some(json!({"key": format!("door-{i}")})),
+        );
         assert_eq!(st, 201, "{v}");
     }
     for i in 1..=4 {
-        let (st, v) = s.call("POST", "/v1/machines/vm/entities", "t-op", Some(json!({"key": format!("vm-{i}")})));
+        let (st, v) =
+            s.call("POST", "/v1/machines/vm/entities", "operator-token-01", Some(json!({"key": format!("vm-{i}")})));
         assert_eq!(st, 201, "{v}");
-        let (st, v) = s.call("POST", &format!("/v1/machines/vm/entities/vm-{i}/events/create"), "t-op", None);
+        let (st, v) =
+            s.call("POST", &format!("/v1/machines/vm/entities/vm-{i}/events/create"), "operator-token-01", None);
         assert_eq!(st, 202, "{v}");
     }
     let mut tasks = Vec::new();
@@ -97,7 +116,7 @@ fn scenario(s: &Server) {
         let (st, v) = s.call(
             "POST",
             "/v1/queues/cloud/lease",
-            "t-agent",
+            "agent-token-00001",
             Some(json!({"agent": "browser-test", "max": 4, "wait_ms": 1000})),
         );
         assert_eq!(st, 200, "{v}");
@@ -114,7 +133,7 @@ fn scenario(s: &Server) {
         } else {
             (format!("/v1/tasks/{id}/complete"), json!({"token": token, "target": "ready"}))
         };
-        let (st, v) = s.call("POST", &path, "t-agent", Some(body));
+        let (st, v) = s.call("POST", &path, "agent-token-00001", Some(body));
         assert_eq!(st, 202, "{v}");
     }
     eventually("vm-4 parked and the others ready", || {
@@ -193,7 +212,7 @@ fn the_dashboard_in_a_browser() {
     let Some(b) = Browser::launch() else { return };
 
     // An operator signs in; the overview shows the API's counts.
-    sign_in(&b, &s, "t-op");
+    sign_in(&b, &s, "operator-token-01");
     b.wait_for("document.querySelectorAll('#counts-table tbody tr[data-machine]').length > 0", WAIT).unwrap();
     let api = s.get("/v1/overview");
     let mut want: Vec<(String, String, String, u64)> = api["counts"]
@@ -296,7 +315,7 @@ fn the_dashboard_in_a_browser() {
 
     // A reader sees everything and no button.
     sign_out(&b);
-    sign_in(&b, &s, "t-read");
+    sign_in(&b, &s, "reader-token-0001");
     b.wait_for("document.querySelector('#role').textContent === 'reader'", WAIT).unwrap();
     b.goto(&s.url("#/entity/vm/vm-1")).unwrap();
     b.wait_for("document.querySelector('#diagram svg .state.lit[data-state=\"ready\"]')", WAIT).unwrap();
@@ -315,4 +334,165 @@ fn the_dashboard_in_a_browser() {
     let message = b.eval("document.querySelector('#signin-error').textContent").unwrap();
     assert!(message.as_str().unwrap().contains("unknown bearer token"), "{message}");
     page_is_clean(&b, "sign-in");
+}
+
+/// A page of another origin (this test's own little HTTP server, on another port) that
+/// sends every request of `targets` in every way a page can without the server's consent.
+fn attack_page(settle: &str, targets: &[String]) -> String {
+    let targets =
+        serde_json::to_string(&targets.iter().map(|t| format!("http://{settle}{t}")).collect::<Vec<_>>()).unwrap();
+    format!(
+        r#"<!doctype html><html><body><iframe name="sink"></iframe><script>
+const targets = {targets};
+const form = () => {{ const f = new FormData(); f.append("a", "b"); return f; }};
+const variants = [
+  {{ mode: "no-cors" }},
+  {{ mode: "no-cors", body: '{{"color": "red"}}', headers: {{ "Content-Type": "text/plain" }} }},
+  {{ mode: "no-cors", body: new URLSearchParams({{ color: "red" }}) }},
+  {{ mode: "no-cors", body: form() }},
+  {{ mode: "no-cors", credentials: "include", body: "{{}}" }},
+  {{ mode: "cors", body: "{{}}", headers: {{ "Content-Type": "application/json" }} }},
+];
+async function attack() {{
+  const sent = [];
+  for (const url of targets) {{
+    for (const v of variants) {{
+      try {{ const r = await fetch(url, {{ method: "POST", ...v }}); sent.push(`${{v.mode}}:${{r.type}}`); }}
+      catch (e) {{ sent.push(`${{v.mode}}:error`); }}
+    }}
+  }}
+  // Reading what the server holds, across origins.
+  let read = "unread";
+  try {{ read = await (await fetch("http://{settle}/v1/entities")).text(); }} catch (e) {{ read = "error"; }}
+  // A form, the oldest cross-site request: posted into the frame.
+  for (const url of targets.slice(0, 3)) {{
+    const f = document.createElement("form");
+    f.method = "POST"; f.action = url; f.enctype = "text/plain"; f.target = "sink";
+    const i = document.createElement("input"); i.name = '{{"color": "'; i.value = 'red"}}'; f.appendChild(i);
+    document.body.appendChild(f);
+    // (A frame that never loads must not stall the page: at most 5 s each.)
+    await new Promise((done) => {{ document.querySelector("iframe").onload = done; setTimeout(done, 5000); f.submit(); }});
+  }}
+  window.__attack = {{ sent, read }};
+}}
+attack();
+</script></body></html>"#
+    )
+}
+
+/// Serves `page` at `/` of a free port of 127.0.0.1 (another origin than any other port)
+/// until the test ends; its address.
+fn serve_page(page: String) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut line = String::new();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            // The rest of the head.
+            let mut header = String::new();
+            while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                header.clear();
+            }
+            let (status, body) =
+                if line.starts_with("GET / ") { ("200 OK", page.as_str()) } else { ("404 Not Found", "") };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+/// What a request could change, read from the API: every entity as it is and every operation.
+fn state_of(s: &Server) -> (Value, Value) {
+    (s.get("/v1/entities?limit=1000"), s.get("/v1/operations?limit=1000"))
+}
+
+/// The server's count of requests refused for `reason` (`settle_http_refused_total`).
+fn refused(s: &Server, reason: &str) -> u64 {
+    let (_, text) = common::http_text(&s.addr, "GET", "/metrics");
+    let line = format!("settle_http_refused_total{{reason=\"{reason}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(line.as_str())).and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn a_page_of_another_origin_cannot_change_a_tokenless_server() {
+    if let Some(reason) = skip_reason() {
+        assert!(std::env::var_os("SETTLE_REQUIRE_CHROMIUM").is_none(), "no Chromium: {reason}");
+        eprintln!("skipped: the cross-site browser test needs Chromium ({reason})");
+        return;
+    }
+    let s = Server::start_with(None);
+    // What there is to attack: doors, a vm waiting for its agent (a task, id 1).
+    for key in ["door-1", "door-2"] {
+        let (st, v) = s.call("POST", "/v1/machines/door/entities", "", Some(json!({"key": key})));
+        assert_eq!(st, 201, "{v}");
+    }
+    let (st, v) = s.call("POST", "/v1/machines/vm/entities", "", Some(json!({"key": "vm-1"})));
+    assert_eq!(st, 201, "{v}");
+    let (st, v) = s.call("POST", "/v1/machines/vm/entities/vm-1/events/create", "", None);
+    assert_eq!(st, 202, "{v}");
+    eventually("vm-1 provisioning", || s.get("/v1/machines/vm/entities/vm-1")["state"] == "provisioning");
+    // Every route that can change something, as the API document lists them.
+    let doc = s.get("/openapi.json");
+    let mut targets = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        if item.get("post").is_none() {
+            continue;
+        }
+        for (machine, key, event) in [("door", "door-1", "open"), ("door", "door-2", "paint"), ("vm", "vm-1", "create")]
+        {
+            let t = path
+                .replace("{machine}", machine)
+                .replace("{key}", key)
+                .replace("{event}", event)
+                .replace("{queue}", "cloud")
+                .replace("{id}", "1");
+            if !targets.contains(&t) {
+                targets.push(t);
+            }
+        }
+    }
+    targets.push("/v1/machines/door/entities/door-1/events/paint".into());
+    assert!(targets.len() > 30, "{targets:?}");
+    let before = state_of(&s);
+    let attacker = serve_page(attack_page(&s.addr, &targets));
+
+    let Some(b) = Browser::launch_with(&["--host-resolver-rules=MAP rebind.settle.test 127.0.0.1"]) else { return };
+    b.goto(&format!("http://{attacker}/")).unwrap();
+    let outcome = b.wait_for("window.__attack", Duration::from_secs(60)).unwrap();
+    let sent = outcome["sent"].as_array().unwrap();
+    assert_eq!(sent.len(), targets.len() * 6, "{outcome}");
+    // The simple requests went out (opaque answers); the preflighted one never did.
+    assert!(sent.iter().filter(|r| *r == "no-cors:opaque").count() == targets.len() * 5, "{outcome}");
+    assert!(sent.iter().filter(|r| *r == "cors:error").count() == targets.len(), "{outcome}");
+    assert_eq!(outcome["read"], "error", "the page read the server: {outcome}");
+    // Nothing changed: every entity as it was, no operation opened; the server says why.
+    assert_eq!(state_of(&s), before, "a page of another origin changed the server");
+    let by_origin = refused(&s, "origin");
+    assert!(by_origin >= (targets.len() * 6 + 3) as u64, "{by_origin} refused by origin");
+
+    // DNS rebinding: the server's address under another name, as the browser sees it.
+    let port = s.addr.rsplit(':').next().unwrap();
+    b.goto(&format!("http://rebind.settle.test:{port}/ui/")).unwrap();
+    b.wait_for("document.body && document.body.innerText.includes('host-not-allowed')", WAIT).unwrap();
+    assert!(refused(&s, "host") >= 1, "the rebound name was answered");
+    assert_eq!(state_of(&s), before);
+
+    // The dashboard, from the server's own origin, still works: pause door-1.
+    b.goto(&s.url("#/entity/door/door-1")).unwrap();
+    b.wait_for("document.querySelector('button[data-cmd=pause]')", WAIT).unwrap();
+    b.click("button[data-cmd=pause]").unwrap();
+    b.wait_for("document.querySelector('#confirm').open", WAIT).unwrap();
+    b.click("#confirm-ok").unwrap();
+    b.wait_for("document.querySelector('#flash').textContent.includes('now paused')", WAIT).unwrap();
+    assert_eq!(s.get("/v1/machines/door/entities/door-1")["run_status"], "paused");
 }

@@ -1,7 +1,9 @@
 //! End to end: the listener of `settle serve` — slow clients are cut off by the header
 //! timeout, a request outliving `--request-timeout` gets 503, HTTPS with
 //! `--tls-cert`/`--tls-key`, the refusal to send bearer tokens over plain HTTP off
-//! loopback, and the per-token rate limit (`--rate-limit`: 429 with `Retry-After`).
+//! loopback, the per-token rate limit (`--rate-limit`: 429 with `Retry-After`), what a web
+//! page can make a browser send (`Host`, `Origin`, simple requests; `--allowed-host`,
+//! `--allowed-origin`) and tokens too short to be secret.
 
 mod common;
 
@@ -244,10 +246,10 @@ fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) ->
 fn the_rate_limit_answers_429_with_retry_after() {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = serve_command(dir.path(), &["--listen", "127.0.0.1:0", "--rate-limit", "3"]);
-    let (_server, url) = start(cmd.env("SETTLE_TOKENS", "admin=limited-secret"));
+    let (_server, url) = start(cmd.env("SETTLE_TOKENS", "admin=limited-secret-token"));
     // A burst of 3, refilled at 3 a second: ten requests at once exceed it.
     let heads: Vec<(String, String)> =
-        (0..10).map(|_| http(&url, "GET", "/v1/machines", Some("limited-secret"), "")).collect();
+        (0..10).map(|_| http(&url, "GET", "/v1/machines", Some("limited-secret-token"), "")).collect();
     let limited: Vec<&(String, String)> = heads.iter().filter(|(h, _)| h.starts_with("HTTP/1.1 429")).collect();
     assert!(heads[0].0.starts_with("HTTP/1.1 200"), "{:?}", heads[0]);
     assert!(!limited.is_empty(), "no 429 in {heads:?}");
@@ -288,6 +290,111 @@ fn a_request_longer_than_the_request_timeout_gets_503() {
     let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(problem["type"].as_str().is_some_and(|t| t.ends_with("request-timeout")), "{problem}");
     // A quick request on the same server is answered as usual.
+    let (head, _) = http(&url, "GET", "/healthz", None, "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
+
+/// Sends `head` (a request head without its final blank line) and an empty body to
+/// `url`; the response's status line with its headers.
+fn raw(url: &str, head: &str) -> String {
+    let addr = url.strip_prefix("http://").unwrap_or(url);
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(format!("{head}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn hosts_origins_and_simple_requests_are_checked_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, url) = start(&mut serve_command(dir.path(), &["--listen", "127.0.0.1:0"]));
+    let addr = url.strip_prefix("http://").unwrap();
+    let (head, _) = http(&url, "POST", "/v1/machines/door/entities", None, r#"{"key":"d"}"#);
+    assert!(head.starts_with("HTTP/1.1 201"), "{head}");
+    // DNS rebinding: a name that is not the server's, whatever it resolved to.
+    let rebound = raw(&url, "GET /v1/entities HTTP/1.1\r\nHost: rebind.evil.example");
+    assert!(rebound.starts_with("HTTP/1.1 403") && rebound.contains("host-not-allowed"), "{rebound}");
+    let own = raw(&url, &format!("GET /v1/entities HTTP/1.1\r\nHost: localhost:{}", addr.split(':').nth(1).unwrap()));
+    assert!(own.starts_with("HTTP/1.1 200"), "{own}");
+    // A simple cross-site request: no JSON, no token; then with a foreign `Origin`.
+    let kill = format!("POST /v1/machines/door/entities/d/kill HTTP/1.1\r\nHost: {addr}");
+    let simple = raw(&url, &format!("{kill}\r\nContent-Type: text/plain"));
+    assert!(simple.starts_with("HTTP/1.1 415") && simple.contains("unsupported-media-type"), "{simple}");
+    let foreign = raw(&url, &format!("{kill}\r\nContent-Type: application/json\r\nOrigin: http://evil.example"));
+    assert!(foreign.starts_with("HTTP/1.1 403") && foreign.contains("origin-not-allowed"), "{foreign}");
+    let (head, body) = http(&url, "GET", "/v1/machines/door/entities/d", None, "");
+    assert!(head.starts_with("HTTP/1.1 200") && body.contains("\"run_status\":\"active\""), "{body}");
+    // Its own page's request goes through.
+    let mine = raw(&url, &format!("{kill}\r\nContent-Type: application/json\r\nOrigin: http://{addr}"));
+    assert!(mine.starts_with("HTTP/1.1 200") && mine.contains("\"killed\""), "{mine}");
+    let (_, metrics) = http(&url, "GET", "/metrics", None, "");
+    for reason in ["host", "simple_request", "origin"] {
+        assert!(metrics.contains(&format!("settle_http_refused_total{{reason=\"{reason}\"}} 1\n")), "{metrics}");
+    }
+
+    // A host and an origin the operator allows.
+    let args = ["--listen", "127.0.0.1:0", "--allowed-host", "settle.test", "--allowed-origin", "https://settle.test"];
+    let (_allowing, url) = start(&mut serve_command(dir.path(), &args));
+    let head = "POST /v1/machines/door/entities HTTP/1.1\r\nHost: settle.test\r\nOrigin: https://settle.test\r\n\
+                Content-Type: application/json";
+    let answer = raw(&url, head);
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("malformed-json"), "the handler answered: {answer}");
+    assert!(raw(&url, "GET /healthz HTTP/1.1\r\nHost: other.test").starts_with("HTTP/1.1 403"));
+
+    // `*` needs tokens; a bad value is named.
+    for (flag, value, message) in [
+        ("--allowed-host", "*", "--allowed-host '*' needs tokens"),
+        ("--allowed-origin", "*", "--allowed-origin '*' needs tokens"),
+        ("--allowed-origin", "settle.test", "--allowed-origin: `settle.test` is not an origin"),
+        ("--allowed-host", "http://settle.test", "--allowed-host: `http://settle.test` is not a host name"),
+    ] {
+        let out = serve_command(dir.path(), &["--listen", "127.0.0.1:0", flag, value]).output().unwrap();
+        let err = common::stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(err.contains(message), "{flag} {value}: {err}");
+    }
+    let mut cmd = serve_command(dir.path(), &["--listen", "127.0.0.1:0", "--allowed-host", "*"]);
+    let (_any, url) = start(cmd.env("SETTLE_TOKENS", "admin=hardening-secret"));
+    let any = raw(&url, "GET /v1/entities HTTP/1.1\r\nHost: any.example\r\nAuthorization: Bearer hardening-secret");
+    assert!(any.starts_with("HTTP/1.1 200"), "{any}");
+}
+
+#[test]
+fn tokens_too_short_to_be_secret_are_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = serve_command(dir.path(), &["--listen", "127.0.0.1:0"])
+        .env("SETTLE_TOKENS", "reader=long-enough-reader;admin=s3cret")
+        .output()
+        .unwrap();
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("SETTLE_TOKENS entry 2: a token must be at least 16 characters, not 6"), "{err}");
+    let file = dir.path().join("tokens.toml");
+    std::fs::write(&file, "[[token]]\ntoken = \"0123456789abcde\"\nrole = \"admin\"\n").unwrap();
+    let out =
+        serve_command(dir.path(), &["--listen", "127.0.0.1:0", "--tokens", file.to_str().unwrap()]).output().unwrap();
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("token #1: a token must be at least 16 characters, not 15"), "{err}");
+    assert!(!err.contains("0123456789abcde"), "the token is not shown: {err}");
+}
+
+#[test]
+fn repeated_unknown_tokens_from_one_address_are_slowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = serve_command(dir.path(), &["--listen", "127.0.0.1:0", "--auth-failures", "2"]);
+    let (_server, url) = start(cmd.env("SETTLE_TOKENS", "admin=hardening-secret"));
+    for guess in ["guess-0000000001", "guess-0000000002"] {
+        let (head, _) = http(&url, "GET", "/v1/machines", Some(guess), "");
+        assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+    }
+    // Out of failures (2 a minute): the right token too is refused, for half a minute.
+    let (head, body) = http(&url, "GET", "/v1/machines", Some("hardening-secret"), "");
+    assert!(head.starts_with("HTTP/1.1 429") && body.contains("auth-throttled"), "{head}\n{body}");
+    assert!(head.to_ascii_lowercase().contains("retry-after: 30"), "{head}");
+    // A request without a token is no guess.
     let (head, _) = http(&url, "GET", "/healthz", None, "");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }

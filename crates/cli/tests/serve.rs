@@ -67,9 +67,9 @@ impl Server {
         let auth = token.map(|t| format!("Bearer {t}"));
         let mut headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
         let body = body.map(|b| b.to_string());
-        if body.is_some() {
-            headers.push(("Content-Type", "application/json"));
-        }
+        // As a well-behaved client does, even without a body (the server refuses a `POST`
+        // that a page of another site could have sent: `server/src/browser.rs`).
+        headers.push(("Content-Type", "application/json"));
         self.call("POST", path, &headers, body.as_deref().map(str::as_bytes))
     }
 
@@ -212,8 +212,8 @@ fn bad_requests_are_problems_and_change_nothing() {
         ("POST", "/v1/machines/door/entities", &json_ct, "{\"key\": ", 400, "malformed-json"),
         ("POST", "/v1/machines/nope/entities", &json_ct, "{\"key\": \"k\"}", 404, "unknown-machine"),
         ("GET", "/v1/machines/door/entities/nope", &[], "", 404, "unknown-entity"),
-        ("POST", "/v1/machines/door/entities/nope/events/open", &[], "", 404, "unknown-entity"),
-        ("POST", &ev_fly, &[], "", 404, "unknown-event"),
+        ("POST", "/v1/machines/door/entities/nope/events/open", &json_ct, "", 404, "unknown-entity"),
+        ("POST", &ev_fly, &json_ct, "", 404, "unknown-event"),
         ("POST", &ev_paint, &json_ct, "{}", 422, "invalid-parameters"),
         ("POST", &ev_paint, &json_ct, "{\"color\": 1, \"size\": 2}", 422, "invalid-parameters"),
         (
@@ -233,9 +233,11 @@ fn bad_requests_are_problems_and_change_nothing() {
             415,
             "unsupported-media-type",
         ),
-        ("POST", &ev_close, &[], "", 409, "event-rejected"),
+        ("POST", &ev_close, &json_ct, "", 409, "event-rejected"),
         ("GET", "/v1/machines/door/entities/gone", &[], "", 410, "entity-deleted"),
-        ("POST", "/v1/machines/door/entities/gone/events/open", &[], "", 410, "entity-deleted"),
+        ("POST", "/v1/machines/door/entities/gone/events/open", &json_ct, "", 410, "entity-deleted"),
+        // A `POST` that does not say JSON (a page of another site could send it unasked).
+        ("POST", "/v1/machines/door/entities/d/kill", &[], "", 415, "unsupported-media-type"),
         ("GET", "/v1/entities?limit=0", &[], "", 400, "bad-request"),
         ("GET", "/nowhere", &[], "", 404, "unknown-route"),
     ];
@@ -260,14 +262,21 @@ fn access_matrix_of_roles_and_route_groups() {
     let tokens = dir.path().join("tokens.toml");
     std::fs::write(
         &tokens,
-        "[[token]]\ntoken = \"t-admin\"\nrole = \"admin\"\n\
-         [[token]]\ntoken = \"t-op\"\nrole = \"operator\"\n\
-         [[token]]\ntoken = \"t-agent\"\nrole = \"agent\"\nqueues = [\"dns\"]\n",
+        "[[token]]\ntoken = \"admin-token-00001\"\nrole = \"admin\"\n\
+         [[token]]\ntoken = \"operator-token-01\"\nrole = \"operator\"\n\
+         [[token]]\ntoken = \"agent-token-00001\"\nrole = \"agent\"\nqueues = [\"dns\"]\n",
     )
     .unwrap();
-    // The reader comes from the environment, beside the file.
-    let server = Server::start(&["--tokens", tokens.to_str().unwrap()], &[("SETTLE_TOKENS", "reader=t-read")]);
-    assert_eq!(server.post("/v1/machines/door/entities", Some("t-admin"), Some(json!({"key": "d"}))).status, 201);
+    // The reader comes from the environment, beside the file. The matrix tries a wrong
+    // token on every route: more than an address may fail a minute (`--auth-failures`).
+    let server = Server::start(
+        &["--tokens", tokens.to_str().unwrap(), "--auth-failures", "0"],
+        &[("SETTLE_TOKENS", "reader=reader-token-0001")],
+    );
+    assert_eq!(
+        server.post("/v1/machines/door/entities", Some("admin-token-00001"), Some(json!({"key": "d"}))).status,
+        201
+    );
     let e = "/v1/machines/door/entities/d";
     let reads = [
         "/v1/machines".to_string(),
@@ -281,10 +290,10 @@ fn access_matrix_of_roles_and_route_groups() {
     let system = ["/metrics", "/openapi.json"];
     // Expected status per group: read, create/raise, lifecycle, metrics/openapi, healthz.
     let matrix: [(Option<&str>, [u16; 5]); 6] = [
-        (Some("t-admin"), [200, 202, 200, 200, 200]),
-        (Some("t-op"), [200, 202, 200, 200, 200]),
-        (Some("t-read"), [200, 403, 403, 200, 200]),
-        (Some("t-agent"), [403, 403, 403, 403, 200]),
+        (Some("admin-token-00001"), [200, 202, 200, 200, 200]),
+        (Some("operator-token-01"), [200, 202, 200, 200, 200]),
+        (Some("reader-token-0001"), [200, 403, 403, 200, 200]),
+        (Some("agent-token-00001"), [403, 403, 403, 403, 200]),
         (None, [401, 401, 401, 401, 200]),
         (Some("t-bogus"), [401, 401, 401, 401, 200]),
     ];

@@ -20,12 +20,19 @@
 //!
 //! The guard also enforces the per-token request rate limit ([`RateLimiter`]) on every
 //! route but the public ones (`/healthz`, `/v1/session`): a token over it is answered
-//! 429 `rate-limited` with `Retry-After`. A request refused 401/403 is not counted, and an
-//! open server is not limited.
+//! 429 `rate-limited` with `Retry-After`; a request refused 401/403 does not count against
+//! it. And it slows token guessing ([`AuthFailures`]): a bearer token that matches none is
+//! a failure of the client's address (logged with the address and route, never the
+//! token); an address with no failure left is answered 429 `auth-throttled` on every
+//! request that presents a token, public routes included, before the token is looked at.
+//! An open server limits nothing.
+//!
+//! A token shorter than [`MIN_TOKEN_LEN`] characters is refused when it is configured.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
 use axum::http::header;
 use axum::http::request::Parts;
 use axum::middleware::Next;
@@ -35,8 +42,13 @@ use subtle::{ConditionallySelectable, ConstantTimeEq};
 use utoipa::openapi::security::SecurityRequirement;
 use utoipa_axum::router::OpenApiRouter;
 
+use crate::metrics::{Refusal, Refusals};
 use crate::problem::{Kind, Problem};
-use crate::ratelimit::RateLimiter;
+use crate::ratelimit::{AuthFailures, RateLimiter};
+
+/// The shortest token accepted, in characters: a token is a secret to be guessed, and
+/// 16 random characters are far beyond any guessing the failure limit lets through.
+pub const MIN_TOKEN_LEN: usize = 16;
 
 /// A token's role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -123,6 +135,13 @@ impl Token {
         let secret = secret.into();
         if secret.is_empty() || secret.chars().any(|c| c.is_whitespace() || c == ';') {
             return Err(TokenError("a token must be non-empty, without whitespace or `;`".into()));
+        }
+        let len = secret.chars().count();
+        if len < MIN_TOKEN_LEN {
+            return Err(TokenError(format!(
+                "a token must be at least {MIN_TOKEN_LEN} characters, not {len}: use a random one \
+                 (`openssl rand -hex 24`, say)"
+            )));
         }
         match (role, queues.is_empty()) {
             (Role::Agent, true) => return Err(TokenError("an agent token needs `queues`".into())),
@@ -213,11 +232,11 @@ impl Tokens {
     ///
     /// ```toml
     /// [[token]]
-    /// token = "s3cret-admin"
+    /// token = "s3cret-admin-token-7f3a9c"
     /// role = "admin"            # admin | operator | reader | agent
     ///
     /// [[token]]
-    /// token = "s3cret-dns-agent"
+    /// token = "s3cret-dns-agent-token-41bd"
     /// role = "agent"
     /// queues = ["dns"]          # agents only: the queues it may serve
     /// name = "dns agent"        # optional, for logs
@@ -238,7 +257,7 @@ impl Tokens {
 
     /// Parses the `SETTLE_TOKENS` form: entries separated by `;`, each `ROLE=TOKEN`, where
     /// an agent's ROLE is `agent:QUEUE,QUEUE`. Example:
-    /// `admin=s3cret;reader=r3ad;agent:dns,app=ag3nt`.
+    /// `admin=s3cret-admin-token-7f3a9c;reader=r3ad-token-0c2e7d51;agent:dns,app=ag3nt-token-9b1e44a0`.
     pub fn from_spec(spec: &str) -> Result<Tokens, TokenError> {
         let mut tokens = Tokens::default();
         for (i, entry) in spec.split(';').map(str::trim).filter(|e| !e.is_empty()).enumerate() {
@@ -265,44 +284,66 @@ impl Tokens {
         usize::try_from(found).ok().filter(|i| *i < self.tokens.len())
     }
 
-    /// Who is calling, from the request's `Authorization` header, for a route of `access`.
-    pub fn authenticate(&self, headers: &axum::http::HeaderMap, access: Access) -> Result<Caller, Problem> {
-        self.identify(headers, access).map(|(caller, _)| caller)
-    }
-
-    /// [`Tokens::authenticate`], with the position of the caller's token (none for an
-    /// anonymous caller).
-    fn identify(&self, headers: &axum::http::HeaderMap, access: Access) -> Result<(Caller, Option<usize>), Problem> {
-        if self.is_open() {
-            return Ok((Caller { role: Role::Admin, queues: Vec::new(), name: None }, None));
-        }
+    /// The token the request's `Authorization` header presents.
+    fn presented(&self, headers: &axum::http::HeaderMap) -> Presented {
         let presented = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim);
+        match presented {
+            None => Presented::None,
+            Some(p) => self.find(&digest(p)).map_or(Presented::Unknown, Presented::Known),
+        }
+    }
+
+    /// Who is calling, from the request's `Authorization` header, for a route of `access`.
+    pub fn authenticate(&self, headers: &axum::http::HeaderMap, access: Access) -> Result<Caller, Problem> {
+        if self.is_open() {
+            return Ok(Caller::open());
+        }
+        self.caller(self.presented(headers), access)
+    }
+
+    /// The caller of a route of `access` presenting `presented` (tokens configured): an
+    /// anonymous reader on a public route without a known token, else 401 or 403.
+    fn caller(&self, presented: Presented, access: Access) -> Result<Caller, Problem> {
         let index = match presented {
-            Some(p) => self.find(&digest(p)),
-            None if access == Access::Public => {
-                return Ok((Caller { role: Role::Reader, queues: Vec::new(), name: None }, None));
+            Presented::Known(i) => i,
+            _ if access == Access::Public => {
+                return Ok(Caller { role: Role::Reader, queues: Vec::new(), name: None, token: None });
             }
-            None => {
+            Presented::None => {
                 return Err(Problem::new(Kind::Unauthorized, "this route needs `Authorization: Bearer <token>`"));
             }
+            Presented::Unknown => return Err(Problem::new(Kind::Unauthorized, "unknown bearer token")),
         };
-        let Some((index, token)) = index.map(|i| (i, &self.tokens[i])) else {
-            if access == Access::Public {
-                return Ok((Caller { role: Role::Reader, queues: Vec::new(), name: None }, None));
-            }
-            return Err(Problem::new(Kind::Unauthorized, "unknown bearer token"));
-        };
-        let caller = Caller { role: token.role, queues: token.queues.clone(), name: token.name.clone() };
+        let token = &self.tokens[index];
         if !token.role.allows(access) {
             return Err(Problem::new(Kind::Forbidden, format!("role {} may not use this route", token.role.as_str()))
                 .with("role", token.role.as_str()));
         }
-        Ok((caller, Some(index)))
+        Ok(Caller { role: token.role, queues: token.queues.clone(), name: token.name.clone(), token: Some(index) })
     }
+
+    /// The positions of the tokens that may serve agent queue `queue`: its agents' and
+    /// every admin's.
+    pub fn servers_of(&self, queue: &str) -> Vec<usize> {
+        let serves =
+            |t: &Token| t.role == Role::Admin || (t.role == Role::Agent && t.queues.iter().any(|q| q == queue));
+        self.tokens.iter().enumerate().filter(|(_, t)| serves(t)).map(|(i, _)| i).collect()
+    }
+}
+
+/// What a request's `Authorization` header presents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presented {
+    /// No bearer token.
+    None,
+    /// A bearer token that matches no configured token.
+    Unknown,
+    /// The configured token at this position.
+    Known(usize),
 }
 
 /// The authenticated caller of a request (an extractor on guarded routes).
@@ -311,9 +352,19 @@ pub struct Caller {
     role: Role,
     queues: Vec<String>,
     name: Option<String>,
+    /// The position of the caller's token; none on an open server or for an anonymous caller.
+    token: Option<usize>,
 }
 
 impl Caller {
+    /// The caller of an open server: an admin without a token.
+    fn open() -> Caller {
+        Caller { role: Role::Admin, queues: Vec::new(), name: None, token: None }
+    }
+    /// The position of the caller's token in [`Tokens`]; none on an open server.
+    pub fn token(&self) -> Option<usize> {
+        self.token
+    }
     /// The caller's role.
     pub fn role(&self) -> Role {
         self.role
@@ -350,18 +401,78 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     }
 }
 
-/// Puts every route of `router` behind the check for `access`: 401/403 before the handler,
-/// then (unless the group is public) the token's rate limit, 429; and the [`Caller`] in
-/// the request extensions for the handler. The routes' OpenAPI operations say so (unless
-/// the group is public): the `bearer` scheme, from which [`crate::contract::document`]
-/// adds the 401, 403 and 429 problems the check answers.
+/// What the guard checks requests with: the tokens, their rate limit, the failed
+/// authentications per address, and the counters of what it refused.
+#[derive(Debug)]
+pub struct Gate {
+    tokens: Arc<Tokens>,
+    limiter: RateLimiter,
+    failures: AuthFailures,
+    refusals: Arc<Refusals>,
+}
+
+impl Gate {
+    /// A gate of `tokens` with their rate limit and the per-address failure limit,
+    /// counting its refusals in `refusals`.
+    pub fn new(tokens: Arc<Tokens>, limiter: RateLimiter, failures: AuthFailures, refusals: Arc<Refusals>) -> Gate {
+        Gate { tokens, limiter, failures, refusals }
+    }
+
+    /// Who calls a route of `access` with `headers` from `peer` (its address, if known):
+    /// the caller, or the problem that refuses the request.
+    pub fn admit(
+        &self,
+        headers: &axum::http::HeaderMap,
+        peer: Option<IpAddr>,
+        access: Access,
+    ) -> Result<Caller, Problem> {
+        let tokens = &self.tokens;
+        if tokens.is_open() {
+            return Ok(Caller::open());
+        }
+        let presented = tokens.presented(headers);
+        if presented != Presented::None
+            && let Err(seconds) = self.failures.check(peer)
+        {
+            self.refusals.count(Refusal::AuthThrottled);
+            return Err(Problem::auth_throttled(self.failures.per_minute(), seconds));
+        }
+        if presented == Presented::Unknown {
+            self.refusals.count(Refusal::UnknownToken);
+            let left = self.failures.failed(peer);
+            let peer = peer.map_or_else(|| "unknown".to_string(), |p| p.to_string());
+            match left {
+                Ok(()) => tracing::warn!(%peer, "authentication failed: unknown bearer token"),
+                Err(seconds) => tracing::warn!(
+                    %peer,
+                    refused_for_s = seconds,
+                    "authentication failed: unknown bearer token; the address is refused for a while"
+                ),
+            }
+        }
+        let caller = tokens.caller(presented, access)?;
+        if access != Access::Public
+            && let Some(token) = caller.token
+            && let Err(seconds) = self.limiter.check(token)
+        {
+            self.refusals.count(Refusal::RateLimited);
+            return Err(Problem::rate_limited(self.limiter.rate(), seconds));
+        }
+        Ok(caller)
+    }
+}
+
+/// Puts every route of `router` behind the check for `access` ([`Gate::admit`]): 401/403
+/// before the handler, then (unless the group is public) the token's rate limit, 429; and
+/// the [`Caller`] in the request extensions for the handler. The routes' OpenAPI
+/// operations say so (unless the group is public): the `bearer` scheme, from which
+/// [`crate::contract::document`] adds the 401, 403 and 429 problems the check answers.
 pub fn guard<S: Clone + Send + Sync + 'static>(
     router: OpenApiRouter<S>,
-    tokens: Arc<Tokens>,
-    limiter: Arc<RateLimiter>,
+    gate: Arc<Gate>,
     access: Access,
 ) -> OpenApiRouter<S> {
-    let mut router = router.route_layer(axum::middleware::from_fn_with_state((tokens, limiter, access), check));
+    let mut router = router.route_layer(axum::middleware::from_fn_with_state((gate, access), check));
     if access != Access::Public {
         document(router.get_openapi_mut());
     }
@@ -387,21 +498,15 @@ fn document(openapi: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-type Check = (Arc<Tokens>, Arc<RateLimiter>, Access);
-
-async fn check(State((tokens, limiter, access)): State<Check>, mut req: Request, next: Next) -> Response {
-    let (caller, index) = match tokens.identify(req.headers(), access) {
-        Ok(found) => found,
-        Err(p) => return p.into_response(),
-    };
-    if access != Access::Public
-        && let Some(token) = index
-        && let Err(seconds) = limiter.check(token)
-    {
-        return Problem::rate_limited(limiter.rate(), seconds).into_response();
+async fn check(State((gate, access)): State<(Arc<Gate>, Access)>, mut req: Request, next: Next) -> Response {
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    match gate.admit(req.headers(), peer, access) {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(p) => p.into_response(),
     }
-    req.extensions_mut().insert(caller);
-    next.run(req).await
 }
 
 #[cfg(test)]
@@ -417,18 +522,21 @@ mod tests {
     #[test]
     fn token_file_and_env_spec_parse_alike() {
         let file = Tokens::from_toml(
-            "[[token]]\ntoken = \"a1\"\nrole = \"admin\"\n[[token]]\ntoken = \"g1\"\nrole = \"agent\"\nqueues = [\"dns\", \"app\"]\n",
+            "[[token]]\ntoken = \"admin-token-0001\"\nrole = \"admin\"\n[[token]]\ntoken = \"agent-token-0001\"\nrole = \"agent\"\nqueues = [\"dns\", \"app\"]\n",
         )
         .unwrap();
-        let env = Tokens::from_spec("admin=a1; agent:dns,app=g1").unwrap();
+        let env = Tokens::from_spec("admin=admin-token-0001; agent:dns,app=agent-token-0001").unwrap();
         for t in [file, env] {
             assert_eq!(t.len(), 2);
-            let agent = t.authenticate(&bearer("g1"), Access::Agent).unwrap();
+            let agent = t.authenticate(&bearer("agent-token-0001"), Access::Agent).unwrap();
             assert!(agent.authorize_queue("dns").is_ok());
             assert_eq!(agent.authorize_queue("db").unwrap_err().kind(), Kind::Forbidden);
-            assert_eq!(t.authenticate(&bearer("g1"), Access::Read).unwrap_err().kind(), Kind::Forbidden);
-            assert_eq!(t.authenticate(&bearer("a1"), Access::Write).unwrap().role(), Role::Admin);
-            assert_eq!(t.authenticate(&bearer("nope"), Access::Read).unwrap_err().kind(), Kind::Unauthorized);
+            assert_eq!(t.authenticate(&bearer("agent-token-0001"), Access::Read).unwrap_err().kind(), Kind::Forbidden);
+            assert_eq!(t.authenticate(&bearer("admin-token-0001"), Access::Write).unwrap().role(), Role::Admin);
+            assert_eq!(
+                t.authenticate(&bearer("nope-token-000001"), Access::Read).unwrap_err().kind(),
+                Kind::Unauthorized
+            );
             assert_eq!(t.authenticate(&Default::default(), Access::Read).unwrap_err().kind(), Kind::Unauthorized);
             assert!(t.authenticate(&Default::default(), Access::Public).is_ok());
         }
@@ -436,31 +544,92 @@ mod tests {
 
     #[test]
     fn bad_token_configurations_are_refused() {
-        assert!(Tokens::from_spec("agent=x").unwrap_err().0.contains("queues"));
-        assert!(Tokens::from_spec("reader:dns=x").unwrap_err().0.contains("only agent"));
-        assert!(Tokens::from_spec("boss=x").unwrap_err().0.contains("unknown role"));
+        assert!(Tokens::from_spec("agent=xxxxxxxxxxxxxxxx").unwrap_err().0.contains("queues"));
+        assert!(Tokens::from_spec("reader:dns=xxxxxxxxxxxxxxxx").unwrap_err().0.contains("only agent"));
+        assert!(Tokens::from_spec("boss=xxxxxxxxxxxxxxxx").unwrap_err().0.contains("unknown role"));
         assert!(Tokens::from_spec("admin").unwrap_err().0.contains("ROLE=TOKEN"));
-        assert!(Tokens::from_spec("admin=x;reader=x").unwrap_err().0.contains("twice"));
+        assert!(Tokens::from_spec("admin=xxxxxxxxxxxxxxxx;reader=xxxxxxxxxxxxxxxx").unwrap_err().0.contains("twice"));
         assert!(Tokens::from_toml("[[token]]\ntoken = \"\"\nrole = \"admin\"\n").is_err());
-        assert!(Tokens::from_toml("[[token]]\ntoken = \"x\"\nrole = \"admin\"\nextra = 1\n").is_err());
+        assert!(Tokens::from_toml("[[token]]\ntoken = \"xxxxxxxxxxxxxxxx\"\nrole = \"admin\"\nextra = 1\n").is_err());
         assert!(Tokens::from_spec("").unwrap().is_open());
+        // Too short to be a secret: 15 characters are refused, 16 accepted.
+        let short = Tokens::from_spec("admin=only-15-charact").unwrap_err().0;
+        assert!(short.contains("at least 16 characters, not 15"), "{short}");
+        assert!(short.starts_with("SETTLE_TOKENS entry 1: "), "{short}");
+        assert!(Tokens::from_spec("admin=exactly-16-chars").is_ok());
+        let short = Tokens::from_toml("[[token]]\ntoken = \"s3cret\"\nrole = \"admin\"\n").unwrap_err().0;
+        assert!(short.contains("token #1: a token must be at least 16 characters, not 6"), "{short}");
+    }
+
+    #[test]
+    fn the_servers_of_a_queue_are_its_agents_and_the_admins() {
+        let t = Tokens::from_spec(
+            "agent:dns=dns-agent-token-1;admin=admin-token-0001;agent:dns,app=both-agent-token;reader=reader-token-0001",
+        )
+        .unwrap();
+        assert_eq!(t.servers_of("dns"), [0, 1, 2]);
+        assert_eq!(t.servers_of("app"), [1, 2]);
+        assert_eq!(t.servers_of("db"), [1]);
+    }
+
+    fn gate_of(spec: &str, per_minute: u32) -> (Gate, Arc<Refusals>, settle_store::ManualClock) {
+        let clock = settle_store::ManualClock::new(1_000_000);
+        let shared: settle_store::SharedClock = Arc::new(clock.clone());
+        let tokens = Arc::new(Tokens::from_spec(spec).unwrap());
+        let refusals = Arc::new(Refusals::default());
+        let limiter = RateLimiter::new(0, tokens.len(), shared.clone());
+        let gate = Gate::new(tokens, limiter, AuthFailures::new(per_minute, shared), refusals.clone());
+        (gate, refusals, clock)
+    }
+
+    #[test]
+    fn an_address_guessing_tokens_is_refused_before_its_token_is_looked_at() {
+        let (gate, refusals, clock) = gate_of("admin=admin-token-0001", 2);
+        let (guesser, other): (IpAddr, IpAddr) = ("10.0.0.9".parse().unwrap(), "10.0.0.10".parse().unwrap());
+        let kind =
+            |h: &axum::http::HeaderMap, peer: IpAddr, access| gate.admit(h, Some(peer), access).map_err(|p| p.kind());
+        let (wrong, right) = (bearer("wrong-token-00001"), bearer("admin-token-0001"));
+        assert_eq!(kind(&wrong, guesser, Access::Read).unwrap_err(), Kind::Unauthorized);
+        // A public route counts a wrong token too (`/v1/session` answers whether it is valid).
+        assert!(kind(&wrong, guesser, Access::Public).is_ok());
+        // Out of failures: even the right token is refused, so a right guess tells nothing.
+        assert_eq!(kind(&right, guesser, Access::Read).unwrap_err(), Kind::AuthThrottled);
+        assert_eq!(kind(&wrong, guesser, Access::Public).unwrap_err(), Kind::AuthThrottled);
+        let p = gate.admit(&right, Some(guesser), Access::Read).unwrap_err();
+        assert_eq!(p.body().context["retry_after"], 30, "{p}");
+        // A request without a token is not a guess; another address is not affected.
+        assert!(kind(&Default::default(), guesser, Access::Public).is_ok());
+        assert!(kind(&right, other, Access::Read).is_ok());
+        assert_eq!(refusals.get(Refusal::UnknownToken), 2);
+        assert_eq!(refusals.get(Refusal::AuthThrottled), 3);
+        // Half a minute later (2 a minute) one failure is back.
+        clock.advance(std::time::Duration::from_secs(30));
+        assert!(kind(&right, guesser, Access::Read).is_ok());
+        // An open server counts nothing.
+        let (open, _, _) = gate_of("", 1);
+        assert!((0..5).all(|_| open.admit(&wrong, Some(guesser), Access::Write).is_ok()));
     }
 
     #[test]
     fn tokens_are_found_by_digest_among_all() {
-        let t = Tokens::from_spec("admin=alpha;operator=beta;reader=gamma;agent:q=delta").unwrap();
-        for (i, secret) in ["alpha", "beta", "gamma", "delta"].into_iter().enumerate() {
+        let t = Tokens::from_spec(
+            "admin=alpha-token-0001;operator=beta-token-00001;reader=gamma-token-0001;agent:q=delta-token-0001",
+        )
+        .unwrap();
+        for (i, secret) in
+            ["alpha-token-0001", "beta-token-00001", "gamma-token-0001", "delta-token-0001"].into_iter().enumerate()
+        {
             assert_eq!(t.find(&digest(secret)), Some(i), "{secret}");
         }
-        for wrong in ["", "alph", "alphaa", "Alpha", "delt\u{0}", "zeta"] {
+        for wrong in ["", "alpha-token-000", "alpha-token-00011", "Alpha-token-0001", "delta-token-000\u{0}", "zeta"] {
             assert_eq!(t.find(&digest(wrong)), None, "{wrong:?}");
         }
-        assert_eq!(Tokens::open().find(&digest("alpha")), None);
+        assert_eq!(Tokens::open().find(&digest("alpha-token-0001")), None);
         assert_eq!(digest("alpha"), digest("alpha"));
         assert_ne!(digest("alpha"), digest("alphb"));
         // The secret itself is not kept, nor shown.
         let shown = format!("{t:?}");
-        assert!(!shown.contains("alpha") && !shown.contains("delta"), "{shown}");
+        assert!(!shown.contains("alpha-token") && !shown.contains("delta-token"), "{shown}");
     }
 
     #[test]

@@ -217,13 +217,19 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
 const LIFECYCLE: &[Kind] =
     &[UnknownMachine, UnknownEntity, EntityKilled, EntityDeleted, KeyReused, Internal, Unavailable];
 
-/// What an operation's shape implies it can answer: 503 `request-timeout` (any request); a
-/// bad path, query or header (400);
+/// What an operation's shape implies it can answer: 503 `request-timeout`, 403
+/// `host-not-allowed` and `origin-not-allowed`, 429 `auth-throttled` (any request); a
+/// bad path, query or header (400); 415 for a request that can change something without
+/// JSON or a token (any `POST`);
 /// a body that is malformed, too large, of another media type or of the wrong shape; a
 /// token refused (401, 403) or over its rate limit (429 `rate-limited`) on a guarded route.
-fn shape_problems(op: &Value) -> Vec<Kind> {
-    // Any request may outlast the server's request timeout.
-    let mut kinds = vec![RequestTimeout];
+fn shape_problems(method: &str, op: &Value) -> Vec<Kind> {
+    // Any request may outlast the server's request timeout, and is checked against what a
+    // web page can make a browser send (`crate::browser`) and against token guessing.
+    let mut kinds = vec![RequestTimeout, HostNotAllowed, OriginNotAllowed, AuthThrottled];
+    if method != "get" && method != "head" {
+        kinds.push(UnsupportedMediaType);
+    }
     if op["parameters"].as_array().is_some_and(|p| !p.is_empty()) {
         kinds.push(BadRequest);
     }
@@ -251,7 +257,7 @@ pub fn document(doc: &mut Value) {
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else { return };
     for item in paths.values_mut() {
         let Some(item) = item.as_object_mut() else { continue };
-        for op in item.values_mut() {
+        for (method, op) in item.iter_mut() {
             let id = op["operationId"].as_str().unwrap_or_default().to_string();
             let declared = PROBLEMS
                 .iter()
@@ -269,8 +275,12 @@ pub fn document(doc: &mut Value) {
                     }
                 }
             }
-            let mut kinds = shape_problems(op);
-            kinds.extend(declared.iter().copied());
+            let mut kinds = shape_problems(method, op);
+            for k in declared {
+                if !kinds.contains(k) {
+                    kinds.push(*k);
+                }
+            }
             let responses = op["responses"].as_object_mut().expect("every operation has responses");
             responses.retain(|status, _| !status.starts_with('4') && !status.starts_with('5'));
             let mut statuses: Vec<u16> = kinds.iter().map(|k| k.status().as_u16()).collect();
@@ -347,7 +357,7 @@ fn problem_response(kinds: &[Kind]) -> Value {
     if kinds.contains(&Unauthorized) {
         headers.insert("WWW-Authenticate".into(), json!({"description": "`Bearer`", "schema": {"type": "string"}}));
     }
-    if kinds.contains(&TooManyPolls) || kinds.contains(&RateLimited) {
+    if status == 429 {
         headers.insert(
             "Retry-After".into(),
             json!({"description": "seconds to wait before retrying", "schema": {"type": "string"}}),
@@ -434,8 +444,16 @@ mod tests {
     #[test]
     fn guarded_operations_document_the_rate_limit_and_public_ones_do_not() {
         let guarded = json!({"security": [{"bearer": []}]});
-        assert!(shape_problems(&guarded).contains(&RateLimited));
-        assert!(!shape_problems(&json!({})).contains(&RateLimited));
+        assert!(shape_problems("get", &guarded).contains(&RateLimited));
+        assert!(!shape_problems("get", &json!({})).contains(&RateLimited));
+        // Every operation: the browser checks and token guessing; a POST: simple requests.
+        for op in [json!({}), guarded] {
+            for k in [HostNotAllowed, OriginNotAllowed, AuthThrottled] {
+                assert!(shape_problems("get", &op).contains(&k), "{k:?}");
+            }
+            assert!(!shape_problems("get", &op).contains(&UnsupportedMediaType));
+            assert!(shape_problems("post", &op).contains(&UnsupportedMediaType));
+        }
         let both = problem_response(&[TooManyPolls, RateLimited]);
         let types = &both["content"][CONTENT_TYPE]["schema"]["properties"]["type"]["enum"];
         assert_eq!(types, &json!([format!("{TYPE_BASE}too-many-polls"), format!("{TYPE_BASE}rate-limited")]));

@@ -63,8 +63,8 @@ fn bytes_rejection(r: BytesRejection) -> Problem {
     }
 }
 
-/// Whether `headers` declare a JSON body.
-fn is_json(headers: &HeaderMap) -> bool {
+/// Whether `headers` declare a JSON body (`application/json` or `application/*+json`).
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     let Some(ct) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };

@@ -5,7 +5,11 @@
 //! - [`routes`]: the handlers — machines, entities, events, lifecycle commands,
 //!   operations, `/healthz`, `/metrics`;
 //! - [`auth`]: bearer tokens with roles (admin, operator, agent scoped to queues, reader);
-//! - [`ratelimit`]: per-token request rate limits (429 `rate-limited`);
+//! - [`browser`]: what a web page can make a browser send: `Host` (DNS rebinding),
+//!   `Origin` and simple requests (cross-site request forgery);
+//! - [`ratelimit`]: per-token request rate limits (429 `rate-limited`) and failed
+//!   authentications per client address (429 `auth-throttled`);
+//! - [`polls`]: agents' long polls, bounded per queue and per token;
 //! - [`problem`]: the one error type, served as `application/problem+json`;
 //! - [`extract`]: extractors whose rejections are problems too;
 //! - [`model`]: the JSON types of requests and responses;
@@ -29,11 +33,13 @@
 //! ```
 
 pub mod auth;
+pub mod browser;
 pub mod contract;
 pub mod extract;
 pub mod listen;
 pub mod metrics;
 pub mod model;
+pub mod polls;
 pub mod problem;
 pub mod ratelimit;
 pub mod router;
@@ -43,6 +49,8 @@ pub mod time;
 pub mod trace;
 pub mod ui;
 
+#[cfg(test)]
+mod security_tests;
 #[cfg(test)]
 mod testkit;
 #[cfg(test)]

@@ -129,7 +129,10 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let service = hyper::service::service_fn({
             let router = router.clone();
-            move |req: hyper::Request<hyper::body::Incoming>| {
+            move |mut req: hyper::Request<hyper::body::Incoming>| {
+                // The client's address, for what is limited per address (failed
+                // authentications: `crate::ratelimit::AuthFailures`).
+                req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
                 let router = router.clone();
                 async move {
                     match tokio::time::timeout(request_timeout, router.oneshot(req)).await {

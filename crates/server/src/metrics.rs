@@ -1,8 +1,10 @@
 //! The Prometheus text exposition of the store-wide figures (`settle_*`), read from the
 //! database in one snapshot: what `GET /metrics` serves beside the engine's live
-//! `settle_engine_*` metrics, and what `settle stats --prometheus` prints.
+//! `settle_engine_*` metrics, and what `settle stats --prometheus` prints; and the
+//! server's own counters of the requests it refused before their handler ([`Refusals`]).
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use settle_core::Machine;
 use settle_store::MetricsSnapshot;
@@ -117,6 +119,85 @@ pub fn store_text(m: &MetricsSnapshot, machines: &[&Machine]) -> String {
     out
 }
 
+/// Why the server refused a request before its handler (`settle_http_refused_total`'s
+/// `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A `Host` that does not name the server (DNS rebinding).
+    Host,
+    /// An `Origin` that is not the server's own nor allowed (a cross-site request).
+    Origin,
+    /// A request that can change something without JSON or a bearer token (a simple
+    /// cross-site request without `Origin`).
+    SimpleRequest,
+    /// A bearer token that matches no configured token.
+    UnknownToken,
+    /// An address that failed authentication too often, refused before its token is looked at.
+    AuthThrottled,
+    /// A token over its request rate limit.
+    RateLimited,
+    /// A long poll beyond its queue's or its token's share.
+    TooManyPolls,
+}
+
+impl Refusal {
+    const ALL: [Refusal; 7] = [
+        Refusal::Host,
+        Refusal::Origin,
+        Refusal::SimpleRequest,
+        Refusal::UnknownToken,
+        Refusal::AuthThrottled,
+        Refusal::RateLimited,
+        Refusal::TooManyPolls,
+    ];
+
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Host => "host",
+            Refusal::Origin => "origin",
+            Refusal::SimpleRequest => "simple_request",
+            Refusal::UnknownToken => "unknown_token",
+            Refusal::AuthThrottled => "auth_throttled",
+            Refusal::RateLimited => "rate_limited",
+            Refusal::TooManyPolls => "too_many_polls",
+        }
+    }
+}
+
+/// Counters of the requests refused, by [`Refusal`], since the server started.
+#[derive(Debug, Default)]
+pub struct Refusals([AtomicU64; 7]);
+
+impl Refusals {
+    /// Counts one refusal.
+    pub fn count(&self, r: Refusal) {
+        self.0[r as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many requests were refused for `r`.
+    pub fn get(&self, r: Refusal) -> u64 {
+        self.0[r as usize].load(Ordering::Relaxed)
+    }
+
+    /// The counters in the Prometheus text format.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        header(
+            &mut out,
+            "settle_http_refused_total",
+            "counter",
+            "Requests refused before their handler, by reason: host (DNS rebinding), origin (cross-site), \
+             simple_request (no JSON nor token), unknown_token, auth_throttled (too many failed authentications \
+             from the address), rate_limited, too_many_polls.",
+        );
+        for r in Refusal::ALL {
+            let _ = writeln!(out, "settle_http_refused_total{{reason=\"{}\"}} {}", r.as_str(), self.get(r));
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use settle_store::{EntityCount, MetricsSnapshot, RunStatus, TransitionCount};
@@ -162,5 +243,18 @@ mod tests {
                 assert!(declared.contains(name), "{name} undeclared: {text}");
             }
         }
+    }
+
+    #[test]
+    fn refusals_are_counted_by_reason() {
+        let r = super::Refusals::default();
+        r.count(super::Refusal::Origin);
+        r.count(super::Refusal::Origin);
+        r.count(super::Refusal::TooManyPolls);
+        let text = r.text();
+        assert!(text.contains("# TYPE settle_http_refused_total counter\n"), "{text}");
+        assert!(text.contains("settle_http_refused_total{reason=\"origin\"} 2\n"), "{text}");
+        assert!(text.contains("settle_http_refused_total{reason=\"too_many_polls\"} 1\n"), "{text}");
+        assert!(text.contains("settle_http_refused_total{reason=\"host\"} 0\n"), "{text}");
     }
 }

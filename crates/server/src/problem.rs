@@ -80,7 +80,8 @@ kinds! {
     EntityDeleted => (GONE, "entity-deleted", "entity deleted"),
     /// The body is larger than the server accepts.
     BodyTooLarge => (PAYLOAD_TOO_LARGE, "body-too-large", "request body too large"),
-    /// The body is not `application/json`.
+    /// The body is not `application/json`, or a request that can change something does not
+    /// say `Content-Type: application/json` (nor carry a bearer token).
     UnsupportedMediaType => (UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "body must be application/json"),
     /// JSON of the wrong shape: a missing or mistyped field.
     InvalidBody => (UNPROCESSABLE_ENTITY, "invalid-body", "invalid request body"),
@@ -115,6 +116,14 @@ kinds! {
     /// The token made more requests per second than `--rate-limit` allows; retry after
     /// `Retry-After` seconds (also the member `retry_after`).
     RateLimited => (TOO_MANY_REQUESTS, "rate-limited", "rate limit exceeded"),
+    /// The client's address presented too many unknown tokens; every request of it that
+    /// presents a token is refused until `Retry-After` seconds (also `retry_after`) pass.
+    AuthThrottled => (TOO_MANY_REQUESTS, "auth-throttled", "too many failed authentications"),
+    /// The `Host` header names neither this server nor a host it was told to answer (DNS
+    /// rebinding); see `--allowed-host`.
+    HostNotAllowed => (FORBIDDEN, "host-not-allowed", "host not allowed"),
+    /// The request comes from a page of another origin (`Origin`); see `--allowed-origin`.
+    OriginNotAllowed => (FORBIDDEN, "origin-not-allowed", "origin not allowed"),
 }
 
 /// A problem document (RFC 9457): status, stable `type`, `title`, `detail`, the offending
@@ -200,6 +209,18 @@ impl Problem {
         )
         .with("retry_after", retry_after)
     }
+    /// The client's address has no failed authentication left (`per_minute` allowed):
+    /// retry in `retry_after` seconds.
+    pub fn auth_throttled(per_minute: u32, retry_after: u64) -> Self {
+        Problem::new(
+            Kind::AuthThrottled,
+            format!(
+                "too many unknown tokens from this address (more than {per_minute} a minute); \
+                 requests with a token are refused for {retry_after}s"
+            ),
+        )
+        .with("retry_after", retry_after)
+    }
     /// No entity `key` of `machine`.
     pub fn unknown_entity(machine: &str, key: &str) -> Self {
         Problem::new(Kind::UnknownEntity, format!("no entity `{key}` of machine `{machine}`"))
@@ -229,10 +250,7 @@ impl IntoResponse for Problem {
         if kind == Kind::Unauthorized {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if kind == Kind::TooManyPolls {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        if kind == Kind::RateLimited {
+        if status == StatusCode::TOO_MANY_REQUESTS {
             let seconds = self.0.context.get("retry_after").and_then(Value::as_u64).unwrap_or(1).max(1);
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }

@@ -57,8 +57,8 @@ pub struct OpenApiJson(pub Arc<String>);
 
 /// Every route with its access group, and the OpenAPI document describing them.
 pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
-    let (tokens, limiter) = (state.tokens(), state.limiter());
-    let guard = |routes, access| auth::guard(routes, tokens.clone(), limiter.clone(), access);
+    let gate = state.gate();
+    let guard = |routes, access| auth::guard(routes, gate.clone(), access);
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(guard(system::public(), Access::Public))
         .merge(guard(system::read(), Access::Read))
@@ -87,16 +87,20 @@ fn finish(doc: utoipa::openapi::OpenApi) -> serde_json::Value {
 
 /// The service: [`api`] with the body limit, `/openapi.json`'s document, the dashboard's
 /// pages ([`crate::ui`], not API routes: outside the document), and problem+json for
-/// unknown routes (404) and methods (405).
+/// unknown routes (404) and methods (405); every request, whatever its route, first
+/// passes the checks against what a web page can make a browser send ([`crate::browser`]).
 pub fn router(state: AppState) -> Router {
     let (router, spec) = api(&state).split_for_parts();
     let spec = OpenApiJson(Arc::new(finish(spec).to_string()));
+    let policy = state.config().browser.clone().with_tokens(!state.tokens().is_open());
+    let browser = (Arc::new(policy), state.refusals());
     router
         .merge(crate::ui::routes())
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(Extension(spec))
         .layer(DefaultBodyLimit::max(state.config().max_body))
+        .layer(axum::middleware::from_fn_with_state(browser, crate::browser::check))
         .layer(axum::middleware::from_fn(crate::trace::request))
         .with_state(state)
 }

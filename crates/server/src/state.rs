@@ -8,9 +8,12 @@ use settle_core::Machine;
 use settle_engine::Engine;
 use settle_store::AnyStore;
 
-use crate::auth::Tokens;
+use crate::auth::{Gate, Tokens};
+use crate::browser::Policy;
+use crate::metrics::Refusals;
+use crate::polls::Polls;
 use crate::problem::Problem;
-use crate::ratelimit::RateLimiter;
+use crate::ratelimit::{AUTH_FAILURES_PER_MINUTE, AuthFailures, RateLimiter};
 
 /// Limits of the HTTP API.
 #[derive(Debug, Clone)]
@@ -25,6 +28,15 @@ pub struct Config {
     /// 429 `rate-limited`. 0 is no limit; an open server (no tokens) is not limited.
     /// Default 200.
     pub rate_limit: u32,
+    /// Unknown bearer tokens a client address may present per minute (in a burst, then as
+    /// many a minute); beyond, its requests with a token are answered 429 `auth-throttled`.
+    /// 0 is no limit. Default [`AUTH_FAILURES_PER_MINUTE`].
+    pub auth_failures: u32,
+    /// Most agents' long polls waiting at once, split among the queues and their tokens
+    /// ([`crate::polls`]). Default [`crate::polls::MAX_POLLS`].
+    pub max_polls: usize,
+    /// The `Host` and `Origin` values answered ([`crate::browser`]). Default: loopback only.
+    pub browser: Policy,
 }
 
 impl Default for Config {
@@ -34,6 +46,9 @@ impl Default for Config {
             max_wait: Duration::from_secs(60),
             default_wait: Duration::from_secs(30),
             rate_limit: 200,
+            auth_failures: AUTH_FAILURES_PER_MINUTE,
+            max_polls: crate::polls::MAX_POLLS,
+            browser: Policy::new(),
         }
     }
 }
@@ -53,7 +68,9 @@ struct Inner {
     engine: Engine<AnyStore>,
     machines: Vec<Arc<Machine>>,
     tokens: Arc<Tokens>,
-    limiter: Arc<RateLimiter>,
+    gate: Arc<Gate>,
+    polls: Arc<Polls>,
+    refusals: Arc<Refusals>,
     config: Config,
     engine_metrics: Option<MetricsRender>,
 }
@@ -73,13 +90,24 @@ impl AppState {
         }
         served.sort_by(|a, b| a.name().cmp(b.name()));
         served.dedup_by(|a, b| a.name() == b.name());
-        let limiter = Arc::new(RateLimiter::new(config.rate_limit, tokens.len(), engine.clock().clone()));
+        let clock = engine.clock().clone();
+        let tokens = Arc::new(tokens);
+        let refusals = Arc::new(Refusals::default());
+        let gate = Gate::new(
+            tokens.clone(),
+            RateLimiter::new(config.rate_limit, tokens.len(), clock.clone()),
+            AuthFailures::new(config.auth_failures, clock),
+            refusals.clone(),
+        );
+        let polls = Polls::new(config.max_polls, &engine.agent_queues(), &tokens);
         Ok(AppState {
             inner: Arc::new(Inner {
                 engine,
                 machines: served,
-                tokens: Arc::new(tokens),
-                limiter,
+                tokens,
+                gate: Arc::new(gate),
+                polls: Arc::new(polls),
+                refusals,
                 config,
                 engine_metrics: None,
             }),
@@ -108,9 +136,18 @@ impl AppState {
     pub fn tokens(&self) -> Arc<Tokens> {
         self.inner.tokens.clone()
     }
-    /// The per-token request rate limits (`Config::rate_limit`, on the engine's clock).
-    pub fn limiter(&self) -> Arc<RateLimiter> {
-        self.inner.limiter.clone()
+    /// The guard of every route: tokens, their rate limit (`Config::rate_limit`) and the
+    /// failed authentications per address (`Config::auth_failures`), on the engine's clock.
+    pub fn gate(&self) -> Arc<Gate> {
+        self.inner.gate.clone()
+    }
+    /// The agents' long-poll permits (`Config::max_polls`).
+    pub fn polls(&self) -> &Polls {
+        &self.inner.polls
+    }
+    /// The counters of requests refused before their handler.
+    pub fn refusals(&self) -> Arc<Refusals> {
+        self.inner.refusals.clone()
     }
     /// The limits.
     pub fn config(&self) -> &Config {

@@ -67,6 +67,10 @@ impl App {
         for (k, v) in req.headers {
             b = b.header(k, v);
         }
+        if let Some(peer) = req.peer {
+            // What `crate::listen` puts in every request.
+            b = b.extension(axum::extract::ConnectInfo(peer));
+        }
         let response = self.router.clone().oneshot(b.body(Body::from(req.body)).unwrap()).await.unwrap();
         let status = response.status();
         let headers = response.headers().clone();
@@ -115,11 +119,23 @@ pub(crate) struct Req {
     content_type: Option<String>,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
+    peer: Option<std::net::SocketAddr>,
 }
 
 impl Req {
+    /// A request as a well-behaved client sends it: anything but a `GET` says JSON, even
+    /// without a body (`raw` sends something else; see `crate::browser`).
     pub fn new(method: &'static str, uri: &str) -> Req {
-        Req { method, uri: uri.to_string(), token: None, content_type: None, headers: Vec::new(), body: Vec::new() }
+        let content_type = (method != "GET").then(|| "application/json".to_string());
+        Req {
+            method,
+            uri: uri.to_string(),
+            token: None,
+            content_type,
+            headers: Vec::new(),
+            body: Vec::new(),
+            peer: None,
+        }
     }
     pub fn json(mut self, v: Value) -> Req {
         self.content_type = Some("application/json".into());
@@ -137,6 +153,11 @@ impl Req {
     }
     pub fn header(mut self, k: &str, v: &str) -> Req {
         self.headers.push((k.to_string(), v.to_string()));
+        self
+    }
+    /// Sent from the client address `peer` (`ip:port`).
+    pub fn peer(mut self, peer: &str) -> Req {
+        self.peer = Some(peer.parse().unwrap());
         self
     }
 }
@@ -341,7 +362,7 @@ async fn the_entity_page_reads_and_an_operation_trace() {
 #[tokio::test]
 async fn the_dashboard_is_served_from_the_binary() {
     // Its pages need no token (they hold no data: the page asks the API with the token).
-    let app = App::new(Tokens::from_spec("reader=t-read").unwrap()).await;
+    let app = App::new(Tokens::from_spec("reader=reader-token-0001").unwrap()).await;
     for from in ["/", "/ui", "/dashboard"] {
         let r = app.get(from).await;
         assert_eq!((r.status, r.header("location")), (StatusCode::PERMANENT_REDIRECT, "/ui/"), "{from}");
@@ -377,17 +398,20 @@ async fn the_session_says_who_signed_in() {
         json!({"signed_in": true, "reason": null, "role": "admin", "name": null, "can_write": true, "open": true})
     );
     app.stop().await;
-    let app = App::new(Tokens::from_spec("reader=t-read;operator=t-op;agent:q=t-agent").unwrap()).await;
+    let app = App::new(
+        Tokens::from_spec("reader=reader-token-0001;operator=operator-token-01;agent:q=agent-token-00001").unwrap(),
+    )
+    .await;
     let who = |token: &str| Req::new("GET", "/v1/session").header("Authorization", &format!("Bearer {token}"));
-    let r = app.call(who("t-read")).await.json();
+    let r = app.call(who("reader-token-0001")).await.json();
     assert_eq!((r["role"].as_str(), r["can_write"].as_bool()), (Some("reader"), Some(false)));
-    let r = app.call(who("t-op")).await.json();
+    let r = app.call(who("operator-token-01")).await.json();
     assert_eq!((r["role"].as_str(), r["can_write"].as_bool()), (Some("operator"), Some(true)));
     // Not accepted: said with 200 and the reason, never a 401.
     for (req, reason) in [
         (who("wrong"), "unknown bearer token"),
         (Req::new("GET", "/v1/session"), "this route needs `Authorization: Bearer <token>`"),
-        (who("t-agent"), "role agent may not use this route"),
+        (who("agent-token-00001"), "role agent may not use this route"),
     ] {
         let r = app.call(req).await;
         assert_eq!(r.status, StatusCode::OK);
@@ -660,21 +684,24 @@ async fn lifecycle_commands() {
 #[tokio::test]
 async fn access_matrix() {
     let tokens =
-        Tokens::from_spec("admin=t-admin;operator=t-op;reader=t-read;agent:cloud=t-agent;agent:dns=t-dns").unwrap();
-    let app = App::with_machines(tokens, Config::default(), &[("door", DOOR), ("vm", VM)]).await;
-    let admin = Some("t-admin");
+        Tokens::from_spec("admin=admin-token-00001;operator=operator-token-01;reader=reader-token-0001;agent:cloud=agent-token-00001;agent:dns=dns-agent-token-1").unwrap();
+    // The matrix tries a wrong token on every route: more than an address may fail (that
+    // limit is `an_address_guessing_tokens_is_slowed`'s).
+    let config = Config { auth_failures: 0, ..Config::default() };
+    let app = App::with_machines(tokens, config, &[("door", DOOR), ("vm", VM)]).await;
+    let admin = Some("admin-token-00001");
     let r = app.call(Req::new("POST", "/v1/machines/door/entities").json(json!({"key": "d"})).token(admin)).await;
     assert_eq!(r.status, StatusCode::CREATED);
     let e = "/v1/machines/door/entities/d";
     let groups = ["read", "write", "system", "health", "agents"];
-    // Expected status class per (token, group): 2 = 2xx. `t-dns` is an agent of another
+    // Expected status class per (token, group): 2 = 2xx. `dns-agent-token-1` is an agent of another
     // queue than the one the agent group uses.
     let matrix: [(Option<&str>, [u16; 5]); 7] = [
-        (Some("t-admin"), [2, 2, 2, 2, 2]),
-        (Some("t-op"), [2, 2, 2, 2, 403]),
-        (Some("t-read"), [2, 403, 2, 2, 403]),
-        (Some("t-agent"), [403, 403, 403, 2, 2]),
-        (Some("t-dns"), [403, 403, 403, 2, 403]),
+        (Some("admin-token-00001"), [2, 2, 2, 2, 2]),
+        (Some("operator-token-01"), [2, 2, 2, 2, 403]),
+        (Some("reader-token-0001"), [2, 403, 2, 2, 403]),
+        (Some("agent-token-00001"), [403, 403, 403, 2, 2]),
+        (Some("dns-agent-token-1"), [403, 403, 403, 2, 403]),
         (None, [401, 401, 401, 2, 401]),
         (Some("t-wrong"), [401, 401, 401, 2, 401]),
     ];
@@ -745,16 +772,17 @@ fn group_requests(group: &str) -> Vec<Req> {
 #[tokio::test]
 async fn agents_are_limited_to_their_queues() {
     // The helper queue routes call: an extractor-level check on the caller's queues.
-    let tokens = Tokens::from_spec("agent:dns=t-agent;operator=t-op;admin=t-admin").unwrap();
+    let tokens =
+        Tokens::from_spec("agent:dns=agent-token-00001;operator=operator-token-01;admin=admin-token-00001").unwrap();
     let caller = |t: &str| {
         let mut h = HeaderMap::new();
         h.insert(header::AUTHORIZATION, format!("Bearer {t}").parse().unwrap());
         tokens.authenticate(&h, crate::auth::Access::Agent)
     };
-    assert!(caller("t-agent").unwrap().authorize_queue("dns").is_ok());
-    assert_eq!(caller("t-agent").unwrap().authorize_queue("app").unwrap_err().kind(), crate::Kind::Forbidden);
-    assert!(caller("t-admin").unwrap().authorize_queue("app").is_ok());
-    assert_eq!(caller("t-op").unwrap_err().kind(), crate::Kind::Forbidden);
+    assert!(caller("agent-token-00001").unwrap().authorize_queue("dns").is_ok());
+    assert_eq!(caller("agent-token-00001").unwrap().authorize_queue("app").unwrap_err().kind(), crate::Kind::Forbidden);
+    assert!(caller("admin-token-00001").unwrap().authorize_queue("app").is_ok());
+    assert_eq!(caller("operator-token-01").unwrap_err().kind(), crate::Kind::Forbidden);
 }
 
 /// `/openapi.json` is a valid OpenAPI 3.1 document, and every operation it lists is served
@@ -861,40 +889,41 @@ async fn a_statechart_through_the_api_and_what_its_events_would_do() {
 async fn a_token_over_its_rate_limit_gets_429_with_retry_after() {
     let clock = settle_engine::ManualClock::new(1_795_000_000_000);
     let engine = settle_engine::Config { clock: std::sync::Arc::new(clock.clone()), ..Default::default() };
-    let tokens = Tokens::from_spec("admin=a1;reader=r1").unwrap();
+    let tokens = Tokens::from_spec("admin=admin-token-00001;reader=reader-token-0001").unwrap();
     let config = Config { rate_limit: 3, ..Config::default() };
     let app = App::with_engine(tokens, config, &[("door", DOOR)], engine).await;
     let get = |t: &str| Req::new("GET", "/v1/machines").token(Some(t));
     for _ in 0..3 {
-        assert_eq!(app.call(get("r1")).await.status, StatusCode::OK);
+        assert_eq!(app.call(get("reader-token-0001")).await.status, StatusCode::OK);
     }
-    let r = app.call(get("r1")).await;
+    let r = app.call(get("reader-token-0001")).await;
     let p = r.problem(429, "rate-limited");
     assert_eq!(r.header("retry-after"), "1");
     assert_eq!(p["retry_after"], 1);
     // Every guarded route draws from the token's bucket; a route its role may not use is
     // refused before it.
-    app.call(Req::new("GET", "/openapi.json").token(Some("r1"))).await.problem(429, "rate-limited");
-    let create = Req::new("POST", "/v1/machines/door/entities").token(Some("r1")).json(json!({"key": "k"}));
+    app.call(Req::new("GET", "/openapi.json").token(Some("reader-token-0001"))).await.problem(429, "rate-limited");
+    let create =
+        Req::new("POST", "/v1/machines/door/entities").token(Some("reader-token-0001")).json(json!({"key": "k"}));
     app.call(create).await.problem(403, "forbidden");
     // A refused token is not counted, and is refused before the limit.
     app.call(Req::new("GET", "/v1/machines").token(Some("nope"))).await.problem(401, "unauthorized");
     // Another token is unaffected; the public routes are not limited.
     for _ in 0..3 {
-        assert_eq!(app.call(get("a1")).await.status, StatusCode::OK);
+        assert_eq!(app.call(get("admin-token-00001")).await.status, StatusCode::OK);
     }
     for _ in 0..10 {
-        assert_eq!(app.call(Req::new("GET", "/healthz").token(Some("r1"))).await.status, StatusCode::OK);
+        assert_eq!(app.call(Req::new("GET", "/healthz").token(Some("reader-token-0001"))).await.status, StatusCode::OK);
     }
     // A third of a second refills one request; a second, the whole burst.
     clock.advance(std::time::Duration::from_millis(334));
-    assert_eq!(app.call(get("r1")).await.status, StatusCode::OK);
-    app.call(get("r1")).await.problem(429, "rate-limited");
+    assert_eq!(app.call(get("reader-token-0001")).await.status, StatusCode::OK);
+    app.call(get("reader-token-0001")).await.problem(429, "rate-limited");
     clock.advance(std::time::Duration::from_secs(1));
     for _ in 0..3 {
-        assert_eq!(app.call(get("r1")).await.status, StatusCode::OK);
+        assert_eq!(app.call(get("reader-token-0001")).await.status, StatusCode::OK);
     }
-    app.call(get("r1")).await.problem(429, "rate-limited");
+    app.call(get("reader-token-0001")).await.problem(429, "rate-limited");
     app.stop().await;
 }
 
@@ -911,9 +940,11 @@ async fn an_open_server_and_a_zero_limit_limit_nothing() {
     }
     app.stop().await;
     let off = Config { rate_limit: 0, ..Config::default() };
-    let app = App::with_engine(Tokens::from_spec("reader=r1").unwrap(), off, &[("door", DOOR)], engine()).await;
+    let app =
+        App::with_engine(Tokens::from_spec("reader=reader-token-0001").unwrap(), off, &[("door", DOOR)], engine())
+            .await;
     for _ in 0..50 {
-        let r = app.call(Req::new("GET", "/v1/machines").token(Some("r1"))).await;
+        let r = app.call(Req::new("GET", "/v1/machines").token(Some("reader-token-0001"))).await;
         assert_eq!(r.status, StatusCode::OK);
     }
     app.stop().await;
@@ -923,14 +954,15 @@ async fn an_open_server_and_a_zero_limit_limit_nothing() {
 /// length is unknown; the same token configured twice is refused.
 #[tokio::test]
 async fn tokens_match_exactly() {
-    let app = App::new(Tokens::from_spec("admin=s3cret-admin;reader=s3cret-reade").unwrap()).await;
+    let app = App::new(Tokens::from_spec("admin=s3cret-admin-00001;reader=s3cret-reader-0001").unwrap()).await;
     let get = |t: &str| Req::new("GET", "/v1/machines").token(Some(t));
-    assert_eq!(app.call(get("s3cret-admin")).await.status, StatusCode::OK);
-    for wrong in ["s3cret-admi", "s3cret-admin2", "s3cret-admiN", "s3cret-adm1n"] {
+    assert_eq!(app.call(get("s3cret-admin-00001")).await.status, StatusCode::OK);
+    for wrong in ["s3cret-admin-0000", "s3cret-admin-000012", "S3cret-admin-00001", "s3cret-admin-00002"] {
         app.call(get(wrong)).await.problem(401, "unauthorized");
     }
-    let p =
-        app.call(Req::new("POST", "/v1/machines/door/entities").token(Some("s3cret-reade")).json(json!({"key": "k"})));
+    let p = app.call(
+        Req::new("POST", "/v1/machines/door/entities").token(Some("s3cret-reader-0001")).json(json!({"key": "k"})),
+    );
     p.await.problem(403, "forbidden");
     app.stop().await;
 }

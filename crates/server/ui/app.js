@@ -51,7 +51,9 @@ async function api(path, { method = "GET", body, headers = {}, text = false } = 
   const h = { Accept: text ? "*/*" : "application/json", ...headers };
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) h.Authorization = `Bearer ${token}`;
-  if (body !== undefined) h["Content-Type"] = "application/json";
+  // Every request that can change something says JSON, even without a body: the server
+  // refuses a POST without it (a request a page of another site could send unasked).
+  if (body !== undefined || method !== "GET") h["Content-Type"] = "application/json";
   const r = await fetch(path, { method, headers: h, body: body === undefined ? undefined : JSON.stringify(body) });
   if (!r.ok) {
     let problem = null;
@@ -104,6 +106,7 @@ async function start() {
 function explain(e) {
   if (e instanceof ApiError) {
     if (e.status === 401) return `The server does not accept this token (401: ${e.message}). Check it and try again.`;
+    if (e.status === 429) return `Not now (429: ${e.message}).`;
     if (e.status === 403) return `This token may not read the API (403: ${e.message}). The dashboard needs a reader, operator or admin token.`;
     return `The server answered ${e.status}: ${e.message}`;
   }

@@ -80,7 +80,8 @@ class Client:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, method=method)
         req.add_header("Accept", "application/json")
-        if data is not None:
+        if data is not None or method != "GET":
+            # Even without a body: the server refuses a POST that does not say JSON.
             req.add_header("Content-Type", "application/json")
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")

@@ -152,8 +152,22 @@ impl Browser {
         }
     }
 
+    /// As [`Browser::launch`], with `args` added to Chromium's command line
+    /// (`--host-resolver-rules=...`, say).
+    pub fn launch_with(args: &[&str]) -> Option<Browser> {
+        match Browser::try_launch_with(args) {
+            Ok(b) => b,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     /// As [`Browser::launch`], with a failure to start as Err rather than a panic.
     pub fn try_launch() -> Result<Option<Browser>, String> {
+        Browser::try_launch_with(&[])
+    }
+
+    /// As [`Browser::try_launch`], with `args` added to Chromium's command line.
+    pub fn try_launch_with(args: &[&str]) -> Result<Option<Browser>, String> {
         let Ok(exe) = find_chromium() else { return Ok(None) };
         let profile = tempfile::Builder::new().prefix("settle-chromium-").tempdir().map_err(|e| e.to_string())?;
         // Commands: parent writes `to_child`, child reads fd 3. Responses: child writes fd 4.
@@ -178,6 +192,7 @@ impl Browser {
             "--mute-audio",
             "--hide-scrollbars=false",
         ])
+        .args(args)
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .arg(format!("--window-size={},{}", VIEWPORT.0, VIEWPORT.1))
         .arg("about:blank")

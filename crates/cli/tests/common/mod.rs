@@ -299,6 +299,20 @@ pub fn http_with(
     (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
 }
 
+/// One HTTP/1.1 request without a body (`Connection: close`): the status and the body as
+/// text (`/metrics`, say).
+pub fn http_text(addr: &str, method: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+}
+
 /// Spawns `cmd` (a `settle serve` on `--listen 127.0.0.1:0`, stdout and stderr piped) and
 /// returns it with the address it printed; a server that did not start fails the test
 /// with its standard error.

@@ -9,10 +9,9 @@
 //!
 //! A heartbeat or report after the lease expired, with a superseded token, or on a task
 //! already reported or canceled is refused with 409 `task-refused` and changes nothing.
-//! An agent token serves only its named queues. Long polls waiting at once are bounded
-//! ([`MAX_POLLS`]); beyond, 429 `too-many-polls` with `Retry-After`.
+//! An agent token serves only its named queues. Long polls waiting at once are bounded per
+//! queue and per token ([`crate::polls`]); beyond, 429 `too-many-polls` with `Retry-After`.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use axum::Json;
@@ -22,7 +21,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 use settle_core::StateName;
 use settle_store::{AgentTask, Store, TaskFilter, TaskResult};
-use tokio::sync::Semaphore;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -32,11 +30,6 @@ use crate::extract::{JsonBody, Path};
 use crate::model::{Accepted, CompleteRequest, Extended, FailRequest, HeartbeatRequest, LeaseRequest, Leased, Task};
 use crate::problem::{Kind, Problem};
 use crate::state::AppState;
-
-/// Most long polls waiting at once (per server process).
-pub const MAX_POLLS: usize = 256;
-
-static POLLS: LazyLock<Semaphore> = LazyLock::new(|| Semaphore::new(MAX_POLLS));
 
 /// Routes of the agent queues.
 pub fn agent() -> OpenApiRouter<AppState> {
@@ -151,9 +144,11 @@ async fn lease(
     let _permit = if wait.is_zero() {
         None
     } else {
-        Some(POLLS.try_acquire().map_err(|_| {
-            Problem::new(Kind::TooManyPolls, format!("{MAX_POLLS} long polls are waiting already; retry in a second"))
-        })?)
+        let permit = s.polls().acquire(&queue, &caller);
+        if permit.is_err() {
+            s.refusals().count(crate::metrics::Refusal::TooManyPolls);
+        }
+        Some(permit?)
     };
     let tasks = s.engine().agent_lease(&queue, &req.agent, max as usize, wait).await?;
     Ok(Json(Leased { tasks: tasks.into_iter().map(|t| task_json(&s, t)).collect() }))

@@ -50,6 +50,7 @@ async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
     }
     let machines: Vec<&settle_core::Machine> = s.machines().iter().map(|m| m.as_ref()).collect();
     text.push_str(&crate::metrics::store_text(&snapshot, &machines));
+    text.push_str(&s.refusals().text());
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
