@@ -17,7 +17,7 @@ use serde_json::json;
 use settle_client::{Client, Task};
 use tokio::sync::Semaphore;
 
-use crate::sim::Draws;
+use settle_builtin::draws::Draws;
 
 /// Options of `settle agent`.
 #[derive(clap::Args, Debug, Clone)]
@@ -29,7 +29,7 @@ pub struct Args {
     #[arg(long, env = "SETTLE_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// The queue to serve.
-    #[arg(long, default_value = crate::machines::PROVIDER_QUEUE)]
+    #[arg(long, default_value = settle_builtin::PROVIDER_QUEUE)]
     queue: String,
     /// This agent's name (recorded with the tasks it leases).
     #[arg(long)]

@@ -16,8 +16,8 @@ use serde_json::json;
 use settle_engine::{Engine, EngineBuilder, EventOutcome, RaiseOptions, Wait};
 use settle_store::{AnyStore, Store};
 
-use crate::machines::MAX_CHAIN_STEPS;
 use crate::workers::Workers;
+use settle_builtin::MAX_CHAIN_STEPS;
 
 /// Benchmarks.
 #[derive(clap::Subcommand, Debug)]
@@ -188,7 +188,7 @@ pub(crate) fn rss_mb() -> f64 {
 async fn timers(db: Option<&str>, args: TimersArgs) -> anyhow::Result<ExitCode> {
     let after = settle_core::duration::parse(&args.after).map_err(|e| anyhow::anyhow!("--after: {e}"))?;
     let (path, _scratch) = bench_db(db);
-    let machine = || crate::machines::sleeper(after);
+    let machine = || settle_builtin::sleeper(after);
     // Phase 1: an engine with no capacity to process writes the entities and timers.
     let writer = Engine::builder(AnyStore::open(&path)?)
         .machine(machine())
@@ -500,7 +500,7 @@ async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> 
         count_hooks: false,
         drive: args.drive,
     };
-    run.run(db, crate::machines::bind_fanout, |setup_s| {
+    run.run(db, settle_builtin::bind_fanout, |setup_s| {
         format!(
             "created {} parents in {setup_s:.2} s; each creates {} children and waits for all; {} in flight",
             args.entities, args.children, concurrency
@@ -530,7 +530,7 @@ async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     };
     run.run(
         db,
-        |b| crate::machines::bind_chain(b, steps),
+        |b| settle_builtin::bind_chain(b, steps),
         |setup_s| {
             format!(
                 "created {} entities in {setup_s:.2} s; running {} workflows, {} in flight",
@@ -595,7 +595,7 @@ impl Workflows {
         extra["concurrency"] = json!(self.drive.concurrency);
         extra["instances"] = json!(self.drive.instances);
         if self.count_hooks {
-            let runs = &crate::machines::NESTED_CHAIN_HOOKS;
+            let runs = &settle_builtin::NESTED_CHAIN_HOOKS;
             extra["entry_runs"] = json!(runs.entered.load(Ordering::Relaxed));
             extra["exit_runs"] = json!(runs.left.load(Ordering::Relaxed));
         }
@@ -617,5 +617,5 @@ pub(crate) fn round3(x: f64) -> f64 {
 
 fn uuid_suffix() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    format!("{:x}", crate::sim::mix(nanos as u64) & 0xffff_ffff)
+    format!("{:x}", settle_builtin::draws::mix(nanos as u64) & 0xffff_ffff)
 }

@@ -166,7 +166,8 @@ async fn claim_once(
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for j in 0..due {
-        let n = (crate::sim::mix(salt.wrapping_mul(1_000_003).wrapping_add(j as u64)) % size as u64) as usize;
+        let n =
+            (settle_builtin::draws::mix(salt.wrapping_mul(1_000_003).wrapping_add(j as u64)) % size as u64) as usize;
         let (engine, key) = (engine.clone(), format!("d{run}-{n}"));
         tasks.spawn(async move {
             let t = Instant::now();
@@ -197,7 +198,7 @@ pub async fn dormant(db: &str, args: DormantArgs) -> anyhow::Result<ExitCode> {
     }
     steps.dedup();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let run = format!("{:x}", crate::sim::mix(nanos as u64) & 0xffff_ffff);
+    let run = format!("{:x}", settle_builtin::draws::mix(nanos as u64) & 0xffff_ffff);
 
     // Phase 1: grow the fleet at rest, timing a batch of due work at each step.
     let engine = Engine::builder(AnyStore::open(db)?).machine(machine()).start().await?;

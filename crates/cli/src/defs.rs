@@ -54,13 +54,13 @@ impl Machines {
     pub fn bind(
         &self,
         mut b: EngineBuilder<AnyStore>,
-        provider: crate::machines::ProviderSettings,
+        provider: settle_builtin::ProviderSettings,
     ) -> EngineBuilder<AnyStore> {
         if !self.serve.is_empty() {
             b = b.serve_only(self.serve.iter().map(String::as_str));
         }
         match &self.source {
-            Source::BuiltIn => crate::machines::bind_built_in(b, provider),
+            Source::BuiltIn => settle_builtin::bind_built_in(b, provider),
             Source::Dir { machines, .. } => {
                 for m in machines {
                     b = b.machine(m.clone());

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use settle_engine::{RaiseOptions, Wait};
 use settle_store::{AnyStore, EntityFilter, EntityRow, HistoryKind, Store};
 
-use crate::machines::ProviderSettings;
+use settle_builtin::ProviderSettings;
 
 const META_KEY: &str = "demo.run";
 
@@ -183,7 +183,7 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
          fatal rate {}, timeout {}, seed {}",
         demo.run,
         demo.servers,
-        crate::machines::RESOURCES.len(),
+        settle_builtin::RESOURCES.len(),
         p.min_latency_ms,
         p.max_latency_ms,
         p.fail_rate,
@@ -275,7 +275,7 @@ async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Resu
          rate {}, fatal rate {}, seed {}",
         demo.run,
         demo.servers,
-        crate::machines::PROVIDER_QUEUE,
+        settle_builtin::PROVIDER_QUEUE,
         p.fail_rate,
         p.fatal_rate,
         p.seed
@@ -330,7 +330,7 @@ async fn run_with_agents(db: &str, demo: DemoRun, agents: usize) -> anyhow::Resu
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         let mut busy = 0;
-        for kind in crate::machines::RESOURCES {
+        for kind in settle_builtin::RESOURCES {
             let filter =
                 settle_client::ListFilter { machine: Some(kind.into()), limit: Some(1000), ..Default::default() };
             busy += client

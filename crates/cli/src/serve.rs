@@ -271,7 +271,7 @@ async fn serve(
     let names: Option<Vec<String>> = match &source {
         Source::Toml(ms) => Some(ms.iter().map(|m| m.name().to_string()).collect()),
         Source::Scenario => {
-            let mut n: Vec<String> = crate::machines::RESOURCES.iter().map(|r| r.to_string()).collect();
+            let mut n: Vec<String> = settle_builtin::RESOURCES.iter().map(|r| r.to_string()).collect();
             n.insert(0, "server".into());
             Some(n)
         }
@@ -283,7 +283,7 @@ async fn serve(
         Source::Scenario => {
             let timeout = crate::demo::stored_settings(&store).await?.unwrap_or_default().timeout_ms;
             let b = Engine::builder(store).config(lease_config());
-            let b = crate::machines::bind_server_via_agents(b, std::time::Duration::from_millis(timeout));
+            let b = settle_builtin::bind_server_via_agents(b, std::time::Duration::from_millis(timeout));
             b.start().await.map_err(anyhow::Error::from)
         }
     };

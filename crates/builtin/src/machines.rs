@@ -1,7 +1,7 @@
-//! The machines this binary knows, with their handlers: the reference scenario's
-//! `server` and its resources (the demo), the benchmarks' `chain` and fan-out machines,
-//! the crash-test `job`, and `relay` (a sync nested event on a `job`). `settle run` can
-//! drive all of them: [`bind_built_in`] binds them all.
+//! The machines `settle` knows, with their handlers: the reference scenario's `server` and
+//! its resources (the demo), the benchmarks' `chain` and fan-out machines, the crash-test
+//! `job`, and `relay` (a sync nested event on a `job`). `settle run` can drive all of
+//! them: [`bind_built_in`] binds them all.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -13,7 +13,7 @@ use settle_core::{Machine, MachineBuilder};
 use settle_engine::{ActionContext, EngineBuilder, Outcome};
 use settle_store::Store;
 
-use crate::sim::Draws;
+use crate::draws::Draws;
 
 /// Settings of the simulated provider behind the demo's machines, and of the scenario.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]

@@ -1,5 +1,6 @@
 //! Deterministic pseudo-randomness for simulated providers: every draw is a pure function
 //! of the run's seed and the action attempt, so a resumed run behaves like the original.
+//! The simulation draws its schedules from it too.
 
 /// splitmix64: a tiny, well-mixed hash of one 64-bit value.
 pub fn mix(mut x: u64) -> u64 {
