@@ -493,6 +493,10 @@ pub struct FailRequest {
 pub struct Accepted {
     /// Always true.
     pub accepted: bool,
+    /// The same lease token reported before: this report is a replay and changed nothing
+    /// (the first report stands).
+    #[serde(default)]
+    pub replayed: bool,
 }
 
 /// `GET /v1/session`: whether the presented token is accepted and who it is, so a client

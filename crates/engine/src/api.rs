@@ -150,3 +150,13 @@ pub struct Commanded {
     /// The request id had been used before: nothing was done again.
     pub replayed: bool,
 }
+
+/// How an agent's report was taken ([`Engine::agent_report`](crate::Engine::agent_report)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// Applied: queued durably for the entity, as the action's outcome.
+    Applied,
+    /// The report of this lease was applied before: this one is a replay and changed
+    /// nothing (the first report stands).
+    Replayed,
+}

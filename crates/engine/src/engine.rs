@@ -463,10 +463,11 @@ impl<S: Store> Engine<S> {
 
     /// Reports the result of `task`. Refused ([`Error::TaskRefused`]), changing nothing,
     /// when `token` no longer holds the lease (it expired or the task was leased again) or
-    /// the task was already reported or canceled; [`Error::BadReport`] when the target is
-    /// not one the action declares. Accepted, the report is queued durably to the entity,
-    /// whose engine commits it as the action's outcome.
-    pub async fn agent_report(&self, task: i64, token: &str, result: TaskResult) -> Result<()> {
+    /// the task was canceled or reported by another lease; [`Error::BadReport`] when the
+    /// target is not one the action declares. Applied, the report is queued durably to the
+    /// entity, whose engine commits it as the action's outcome; the same token reporting
+    /// again is answered [`Report::Replayed`](crate::Report::Replayed) and changes nothing.
+    pub async fn agent_report(&self, task: i64, token: &str, result: TaskResult) -> Result<crate::Report> {
         if let TaskResult::Complete { target, .. } = &result {
             let filter = TaskFilter { id: Some(task), ..TaskFilter::default() };
             let Some(t) = self.inner.store.task_list(filter).await?.pop() else {
@@ -489,7 +490,8 @@ impl<S: Store> Engine<S> {
             }
         }
         match self.agent_op(Op::TaskReport { task, token: token.to_string(), result }).await? {
-            Applied::Pushed { .. } => Ok(()),
+            Applied::Pushed { .. } => Ok(crate::Report::Applied),
+            Applied::ReportReplayed { .. } => Ok(crate::Report::Replayed),
             other => unreachable!("report answered with {other:?}"),
         }
     }

@@ -38,7 +38,7 @@ pub mod sim;
 mod waiters;
 mod watch;
 
-pub use api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Wait};
+pub use api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Report, Wait};
 pub use builder::EngineBuilder;
 pub use config::Config;
 pub use decide::subscription_progress_with;

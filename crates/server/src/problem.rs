@@ -107,7 +107,7 @@ kinds! {
     /// No agent task with that id.
     UnknownTask => (NOT_FOUND, "unknown-task", "unknown task"),
     /// An agent's heartbeat or report without the live lease (expired or superseded), or on
-    /// a task already reported or canceled; nothing changed.
+    /// a task canceled or reported by another lease; nothing changed.
     TaskRefused => (CONFLICT, "task-refused", "task lease not held"),
     /// An agent's report that does not fit the task's action (an undeclared target).
     InvalidReport => (UNPROCESSABLE_ENTITY, "invalid-report", "invalid agent report"),

@@ -286,6 +286,12 @@ pub enum Applied {
     Renewed(u64),
     /// Tasks leased (possibly none).
     Leased(Vec<AgentTask>),
+    /// An agent's report again with the lease token whose report was applied already: a
+    /// replay; nothing changed (the first report stands).
+    ReportReplayed {
+        /// The task.
+        task: i64,
+    },
     /// The task's lease now ends at `locked_until`.
     Extended {
         /// The new lease end.

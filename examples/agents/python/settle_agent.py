@@ -14,7 +14,8 @@ It serves one agent queue of a `settle serve` with a simulated provider, as `set
    entity moves to `target`, one of the task's `targets`, with `properties` set), or
    `POST /v1/tasks/{id}/fail {token, error, retryable}` (a fault: retried by the machine's
    fault policy when retryable, parked for an operator otherwise). A report after the lock
-   ran out, or on a task already reported, is refused (409) and changes nothing.
+   ran out, or on a task another lease reported, is refused (409) and changes nothing;
+   the same report again with its token is a replay (202, "replayed": true).
 
 What it reports: success with the task's first target and the properties that target
 state `requires` (read from `GET /v1/machines/{machine}` when the token may read it, else

@@ -4,11 +4,13 @@
 //! - `POST /v1/queues/{queue}/lease` `{agent, max?, wait_ms?}` → `{tasks: [...]}` (empty
 //!   when nothing came within the wait, capped by the server's `max_wait`).
 //! - `POST /v1/tasks/{id}/heartbeat` `{token}` → `{locked_until}`.
-//! - `POST /v1/tasks/{id}/complete` `{token, target, properties?}` → 202 `{accepted}`.
-//! - `POST /v1/tasks/{id}/fail` `{token, error, retryable?}` → 202 `{accepted}`.
+//! - `POST /v1/tasks/{id}/complete` `{token, target, properties?}` → 202 `{accepted, replayed}`.
+//! - `POST /v1/tasks/{id}/fail` `{token, error, retryable?}` → 202 `{accepted, replayed}`.
 //!
 //! A heartbeat or report after the lease expired, with a superseded token, or on a task
-//! already reported or canceled is refused with 409 `task-refused` and changes nothing.
+//! canceled or reported by another lease is refused with 409 `task-refused` and changes
+//! nothing. A report again with the token whose report was applied is a replay: 202 with
+//! `replayed: true`, nothing changes.
 //! An agent token serves only its named queues. Long polls waiting at once are bounded per
 //! queue and per token ([`crate::polls`]); beyond, 429 `too-many-polls` with `Retry-After`.
 
@@ -177,8 +179,9 @@ async fn heartbeat(
     Ok(Json(Extended { locked_until }))
 }
 
-fn accepted() -> Response {
-    (StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], Json(Accepted { accepted: true }))
+fn accepted(report: settle_engine::Report) -> Response {
+    let replayed = report == settle_engine::Report::Replayed;
+    (StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], Json(Accepted { accepted: true, replayed }))
         .into_response()
 }
 
@@ -211,8 +214,8 @@ async fn complete(
     };
     let result =
         TaskResult::Complete { target: StateName::new(&req.target), properties: properties.into_iter().collect() };
-    s.engine().agent_report(id, &req.token, result).await.map_err(refused)?;
-    Ok(accepted())
+    let report = s.engine().agent_report(id, &req.token, result).await.map_err(refused)?;
+    Ok(accepted(report))
 }
 
 /// Reports a task failed: a fault of the entity, decided by its fault policy.
@@ -235,6 +238,6 @@ async fn fail(
 ) -> Result<Response, Problem> {
     task_for(&s, &caller, id).await?;
     let result = TaskResult::Fail { error: req.error, retryable: req.retryable.unwrap_or(true) };
-    s.engine().agent_report(id, &req.token, result).await.map_err(refused)?;
-    Ok(accepted())
+    let report = s.engine().agent_report(id, &req.token, result).await.map_err(refused)?;
+    Ok(accepted(report))
 }

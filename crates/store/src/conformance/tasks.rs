@@ -75,7 +75,15 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
         panic!("the report with the live token is accepted")
     };
     assert_eq!(entity_id, e.id);
-    refused(task_op(&store, T0 + 1_900, report(&token2)).await, t.id, "already reported");
+    // The same token again: a replay, answered as such; another token: refused. Neither
+    // changes anything (one report in the inbox).
+    assert_eq!(
+        task_op(&store, T0 + 1_900, report(&token2)).await,
+        Ok(Applied::ReportReplayed { task: t.id }),
+        "a report again with its token is a replay"
+    );
+    refused(task_op(&store, T0 + 1_900, report(&token)).await, t.id, "already reported");
+    refused(task_op(&store, T0 + 1_900, hb(&token2)).await, t.id, "already reported");
     let inbox = store.inbox_list(e.id).await.unwrap();
     assert_eq!(inbox.len(), 1);
     assert_eq!((inbox[0].kind, inbox[0].event.as_str()), (InboxKind::Agent, InboxKind::AGENT_EVENT));

@@ -228,13 +228,15 @@ pub(crate) fn apply_other(c: &mut Conn, now: Millis, op: &Op) -> Result<Other, F
             Applied::Leased(lease_tasks(c, now, queue, agent, *limit, token_prefix)?)
         }
         Op::TaskHeartbeat { task, token } => {
-            let lock_ms = check_task(c, now, *task, token)?;
+            let lock_ms = check_task(c, now, *task, token, false)?.expect("a heartbeat is never a replay");
             let until = now + lock_ms;
             c.exec("UPDATE agent_tasks SET locked_until = $2, available_at = $2 WHERE id = $1", &[task, &until])?;
             Applied::Extended { locked_until: until }
         }
         Op::TaskReport { task, token, result } => {
-            check_task(c, now, *task, token)?;
+            if check_task(c, now, *task, token, true)?.is_none() {
+                return Ok(Other::Applied(Applied::ReportReplayed { task: *task }));
+            }
             let (outcome, error) = result.outcome();
             let row = c.one(
                 "UPDATE agent_tasks t SET status = 'done', finished_at = $2, outcome = $3, error = $4
@@ -322,8 +324,10 @@ fn lease_tasks(
     Ok(tasks)
 }
 
-/// Checks that `token` holds task `task` now (locking the task row); answers its lock time.
-fn check_task(c: &mut Conn, now: Millis, task: i64, token: &str) -> Result<i64, Fail> {
+/// Checks that `token` holds task `task` now (locking the task row;
+/// [`crate::task::lease`]; `report`: for a report): its lock time, `None` for a replayed
+/// report, or why not.
+fn check_task(c: &mut Conn, now: Millis, task: i64, token: &str, report: bool) -> Result<Option<i64>, Fail> {
     let row = c.opt(
         "SELECT status, token, locked_until, lock_ms, attempt FROM agent_tasks WHERE id = $1 FOR UPDATE",
         &[&task],
@@ -337,9 +341,10 @@ fn check_task(c: &mut Conn, now: Millis, task: i64, token: &str) -> Result<i64, 
     let locked_until: Option<i64> = row.try_get(2).map_err(get)?;
     let lock_ms: i64 = row.try_get(3).map_err(get)?;
     let attempt: i64 = row.try_get(4).map_err(get)?;
-    match crate::task::refusal(&status, held.as_deref(), locked_until, attempt as u32, token, now) {
-        Some(reason) => Err(Fail::Op(OpError::TaskRefused { task, reason })),
-        None => Ok(lock_ms),
+    match crate::task::lease(&status, held.as_deref(), locked_until, attempt as u32, token, now, report) {
+        crate::task::Lease::Held => Ok(Some(lock_ms)),
+        crate::task::Lease::Replay => Ok(None),
+        crate::task::Lease::Refused(reason) => Err(Fail::Op(OpError::TaskRefused { task, reason })),
     }
 }
 

@@ -294,8 +294,9 @@ fn lease_tasks(
     Ok(tasks)
 }
 
-/// Checks that `token` holds task `task` now; answers its lock time, or why not.
-fn check_task(tx: &Connection, now: Millis, task: i64, token: &str) -> Result<(i64,), Fail> {
+/// Checks that `token` holds task `task` now ([`crate::task::lease`]; `report`: for a
+/// report): its lock time, `None` for a replayed report, or why not.
+fn check_task(tx: &Connection, now: Millis, task: i64, token: &str, report: bool) -> Result<Option<i64>, Fail> {
     type Lease = (String, Option<String>, Option<i64>, i64, u32);
     let row: Option<Lease> = tx
         .prepare_cached("SELECT status, token, locked_until, lock_ms, attempt FROM agent_tasks WHERE id = ?1")?
@@ -304,9 +305,11 @@ fn check_task(tx: &Connection, now: Millis, task: i64, token: &str) -> Result<(i
     let Some((status, held, locked_until, lock_ms, attempt)) = row else {
         return Err(Fail::Op(OpError::TaskRefused { task, reason: "no such task".into() }));
     };
-    crate::task::refusal(&status, held.as_deref(), locked_until, attempt, token, now)
-        .map(|reason| Err(Fail::Op(OpError::TaskRefused { task, reason })))
-        .unwrap_or(Ok((lock_ms,)))
+    match crate::task::lease(&status, held.as_deref(), locked_until, attempt, token, now, report) {
+        crate::task::Lease::Held => Ok(Some(lock_ms)),
+        crate::task::Lease::Replay => Ok(None),
+        crate::task::Lease::Refused(reason) => Err(Fail::Op(OpError::TaskRefused { task, reason })),
+    }
 }
 
 /// An operation applied alone (see [`Dialect::other`](crate::plan::Dialect::other)).
@@ -334,14 +337,16 @@ pub(super) fn apply_other(tx: &Connection, now: Millis, op: &Op) -> Result<Other
             Applied::Leased(lease_tasks(tx, now, queue, agent, *limit, token_prefix)?)
         }
         Op::TaskHeartbeat { task, token } => {
-            let (lock_ms,) = check_task(tx, now, *task, token)?;
+            let lock_ms = check_task(tx, now, *task, token, false)?.expect("a heartbeat is never a replay");
             let until = now + lock_ms;
             tx.prepare_cached("UPDATE agent_tasks SET locked_until = ?2, available_at = ?2 WHERE id = ?1")?
                 .execute(params![task, until])?;
             Applied::Extended { locked_until: until }
         }
         Op::TaskReport { task, token, result } => {
-            check_task(tx, now, *task, token)?;
+            if check_task(tx, now, *task, token, true)?.is_none() {
+                return Ok(Other::Applied(Applied::ReportReplayed { task: *task }));
+            }
             let (outcome, error) = result.outcome();
             tx.prepare_cached(
                 "UPDATE agent_tasks SET status = 'done', finished_at = ?2, outcome = ?3, error = ?4 WHERE id = ?1",
