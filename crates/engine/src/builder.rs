@@ -163,6 +163,9 @@ impl<S: Store + Clone> EngineBuilder<S> {
             missing.sort();
             return Err(Error::MissingHandlers(missing));
         }
+        // A batch the store re-runs later (after a lost connection) takes its time from
+        // this engine's clock.
+        self.store.use_clock(self.config.clock.clone());
         let now = self.config.clock.now_ms();
         let stored = self.store.machine_list().await?;
         let mut names: Vec<MachineName> = self.registry.machines.keys().cloned().collect();

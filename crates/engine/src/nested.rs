@@ -26,6 +26,25 @@ pub(crate) struct NestedHandle<S> {
     pub(crate) lease: Duration,
     /// Answers the wait when another instance processes the event (shared stores).
     pub(crate) hub: Option<Hub>,
+    /// How many actions wait for a sync nested event's outcome now: a simulation's node
+    /// does not wait for their answers before it writes the batches that let them go on.
+    pub(crate) waiting: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Counts a wait in [`NestedHandle::waiting`] while it lives.
+struct Waiting(Arc<std::sync::atomic::AtomicU64>);
+
+impl Waiting {
+    fn new(n: &Arc<std::sync::atomic::AtomicU64>) -> Waiting {
+        n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Waiting(n.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl<S: Store + Clone> Nested for NestedHandle<S> {
@@ -38,6 +57,7 @@ impl<S: Store + Clone> Nested for NestedHandle<S> {
         let tx = self.tx.clone();
         let lease = self.lease;
         let hub = self.hub.clone();
+        let waiting = self.waiting.clone();
         Box::pin(async move {
             let m = checked?;
             let push = Push {
@@ -53,6 +73,8 @@ impl<S: Store + Clone> Nested for NestedHandle<S> {
             let (ack, ack_rx) = oneshot::channel();
             let (done, done_rx) = oneshot::channel();
             let mark = hub.as_ref().map(Hub::mark);
+            // Counted before the message goes: whoever reads the message sees the wait.
+            let _waiting = Waiting::new(&waiting);
             tx.send(Msg::Raise { push, wait: Wait::Stable, ack, done: Some(done) }).map_err(|_| Error::Stopped)?;
             let pushed = ack_rx.await.map_err(|_| Error::Stopped)??;
             let remote = match (&hub, pushed, mark) {
@@ -64,10 +86,14 @@ impl<S: Store + Clone> Nested for NestedHandle<S> {
                 }
                 _ => None,
             };
+            // The scheduler lets the wait go at the action's lease on the engine's clock
+            // (its answer channel closes while the scheduler runs); real time bounds it too.
+            let timeout = || Error::Timeout { request_id: "nested event".into(), waited: lease };
             match tokio::time::timeout(lease, first_of(done_rx, remote)).await {
                 Ok(Some(answer)) => Ok(answer),
-                Ok(None) => Err(Error::Stopped),
-                Err(_) => Err(Error::Timeout { request_id: "nested event".into(), waited: lease }),
+                Ok(None) if tx.is_closed() => Err(Error::Stopped),
+                Ok(None) => Err(timeout()),
+                Err(_) => Err(timeout()),
             }
         })
     }

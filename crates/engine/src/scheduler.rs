@@ -44,8 +44,17 @@ macro_rules! decide_env {
 /// What to do with the result of an operation once its batch is written.
 pub(crate) enum Pending {
     Create(oneshot::Sender<Result<Option<settle_store::EntityRow>>>),
-    Raise { ack: oneshot::Sender<Result<Option<(i64, i64)>>>, wait: Wait, done: Option<DoneTx> },
-    Command { reply: oneshot::Sender<Result<Option<settle_store::EntityRow>>>, command: Command },
+    Raise {
+        ack: oneshot::Sender<Result<Option<(i64, i64)>>>,
+        wait: Wait,
+        done: Option<DoneTx>,
+        /// A sync nested event's wait ends then (its action's lease, on the engine's clock).
+        deadline: Option<Millis>,
+    },
+    Command {
+        reply: oneshot::Sender<Result<Option<settle_store::EntityRow>>>,
+        command: Command,
+    },
     Commit(Box<Expect>),
     Agent(oneshot::Sender<Result<Applied>>),
     Release,
@@ -99,6 +108,8 @@ pub(crate) struct Scheduler<S> {
     landed: Option<Vec<(i64, i64)>>,
     /// Tasks started that answer with a message ([`Scheduler::next_task`]).
     tasks: u64,
+    /// Actions waiting for a sync nested event's outcome ([`NestedHandle`]).
+    nested_waiting: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Counters of the scheduler's work, logged at shutdown (`SETTLE_LOG=settle_engine=debug`).
@@ -120,12 +131,14 @@ impl<S: Store + Clone> Scheduler<S> {
         hub: Option<Hub>,
         ops_watch: OpWatch,
     ) -> Self {
+        let nested_waiting = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let nested = Arc::new(NestedHandle {
             tx: tx.clone(),
             store: store.clone(),
             registry: registry.clone(),
             lease: config.lease,
             hub,
+            waiting: nested_waiting.clone(),
         });
         let clock = config.clock.clone();
         let now = clock.now_ms();
@@ -152,6 +165,7 @@ impl<S: Store + Clone> Scheduler<S> {
             stats: Stats::default(),
             landed: None,
             tasks: 0,
+            nested_waiting,
         }
     }
 
@@ -244,8 +258,10 @@ impl<S: Store + Clone> Scheduler<S> {
                     return;
                 }
                 self.waiters.prune();
+                let nested = push.kind == settle_store::InboxKind::Nested && done.is_some();
+                let deadline = nested.then(|| self.clock.now_ms() + self.lease_ms());
                 self.ops.push(Op::Push(push));
-                self.pending.push(Pending::Raise { ack, wait, done });
+                self.pending.push(Pending::Raise { ack, wait, done, deadline });
             }
             Msg::Command { op, reply } => {
                 let Op::Command { command, .. } = &op else { unreachable!("Msg::Command carries Op::Command") };
@@ -288,6 +304,8 @@ impl<S: Store + Clone> Scheduler<S> {
             return;
         }
         self.last_supervise = now;
+        // Sync nested events waited on past their action's lease: the action times out.
+        self.waiters.expire(now);
         let store = self.store.clone();
         tokio::spawn(async move {
             if let Ok(n) = store.entity_count_pending().await {
@@ -395,6 +413,11 @@ impl<S: Store + Clone> Scheduler<S> {
         self.tasks
     }
 
+    /// How many of its actions wait for a sync nested event's outcome now.
+    pub(crate) fn nested_waiting(&self) -> u64 {
+        self.nested_waiting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The store this scheduler writes.
     pub(crate) fn store(&self) -> &S {
         &self.store
@@ -488,10 +511,10 @@ impl<S: Store + Clone> Scheduler<S> {
                     }
                     let _ = reply.send(answer);
                 }
-                Pending::Raise { ack, wait, done } => match r {
+                Pending::Raise { ack, wait, done, deadline } => match r {
                     Ok(Applied::Pushed { inbox_id, entity_id }) => {
                         if let Some(done) = done {
-                            self.waiters.on_outcome(inbox_id, wait, done);
+                            self.waiters.on_outcome(inbox_id, wait, done, deadline);
                         }
                         let _ = ack.send(Ok(Some((inbox_id, entity_id))));
                     }

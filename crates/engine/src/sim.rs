@@ -141,16 +141,22 @@ impl<S: Store + Clone> SimNode<S> {
 
     /// Waits (at most `limit`, in real time) until every handler, hook and evaluation this
     /// node started has answered — those of entities it no longer holds included, whose late
-    /// answers the scheduler ignores — then delivers all their results in the order the
-    /// tasks were started, each deciding its entity's next step (which may start more; they
-    /// are waited for too). Answers how many results it delivered; a [`Hang`] names the
-    /// entities whose work never answered.
+    /// answers the scheduler ignores — or waits for a sync nested event's outcome, then
+    /// delivers all their results (and the nested events raised) in the order the tasks were
+    /// started, each deciding its entity's next step (which may start more; they are waited
+    /// for too). Answers how many results it delivered; a [`Hang`] names the entities whose
+    /// work never answered.
     pub async fn settle(&mut self, limit: Duration) -> std::result::Result<usize, Hang> {
         let deadline = std::time::Instant::now() + limit;
         let mut delivered = 0;
         loop {
             let mut got: Vec<Msg> = Vec::new();
-            while self.answered + (got.iter().filter(|m| answers(m).is_some()).count() as u64) < self.scheduler.tasks()
+            // An action waiting for a sync nested event answers once this node (or another)
+            // has written the batches that bring the nested event's entity to rest.
+            while self.answered
+                + (got.iter().filter(|m| answers(m).is_some()).count() as u64)
+                + self.scheduler.nested_waiting()
+                < self.scheduler.tasks()
             {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 match tokio::time::timeout(left, self.rx.recv()).await {
@@ -209,6 +215,13 @@ impl<S: Store + Clone> SimNode<S> {
     /// their entity (a state entry or an internal transition): (entity id, that version).
     pub fn landed(&mut self) -> Vec<(i64, i64)> {
         self.scheduler.take_landed()
+    }
+
+    /// The machines this node runs.
+    pub fn machines(&self) -> Vec<std::sync::Arc<settle_core::Machine>> {
+        let mut all: Vec<_> = self.registry.machines.values().cloned().collect();
+        all.sort_by(|a, b| a.name().cmp(b.name()));
+        all
     }
 }
 

@@ -18,10 +18,11 @@ type Watchers = Vec<(Vec<StateName>, oneshot::Sender<EntityRow>)>;
 
 #[derive(Default)]
 pub(crate) struct Waiters {
-    /// Callers waiting for the outcome of an inbox event, by inbox id.
-    outcome: HashMap<i64, (Wait, DoneTx)>,
+    /// Callers waiting for the outcome of an inbox event, by inbox id, each until its
+    /// deadline if it has one.
+    outcome: HashMap<i64, (Wait, DoneTx, Option<Millis>)>,
     /// Callers waiting for an entity to come to rest, by entity id.
-    rest: HashMap<i64, Vec<(EventOutcome, DoneTx)>>,
+    rest: HashMap<i64, Vec<(EventOutcome, DoneTx, Option<Millis>)>>,
     /// Callers waiting for an entity to enter one of some states, by entity id.
     states: HashMap<i64, Watchers>,
     idle: Vec<oneshot::Sender<()>>,
@@ -31,9 +32,21 @@ pub(crate) struct Waiters {
 }
 
 impl Waiters {
-    /// A caller waits on the outcome of the event queued as `inbox_id`.
-    pub(crate) fn on_outcome(&mut self, inbox_id: i64, wait: Wait, done: DoneTx) {
-        self.outcome.insert(inbox_id, (wait, done));
+    /// A caller waits on the outcome of the event queued as `inbox_id`, until `deadline`
+    /// (on the engine's clock) if given: then [`Waiters::expire`] lets it go.
+    pub(crate) fn on_outcome(&mut self, inbox_id: i64, wait: Wait, done: DoneTx, deadline: Option<Millis>) {
+        self.outcome.insert(inbox_id, (wait, done, deadline));
+    }
+
+    /// Lets go of the callers whose deadline is `now` or earlier (their answer channel
+    /// closes: a sync nested event's action sees its wait time out).
+    pub(crate) fn expire(&mut self, now: Millis) {
+        let live = |deadline: &Option<Millis>| deadline.is_none_or(|d| d > now);
+        self.outcome.retain(|_, (_, _, deadline)| live(deadline));
+        self.rest.retain(|_, w| {
+            w.retain(|(_, _, deadline)| live(deadline));
+            !w.is_empty()
+        });
     }
 
     /// A caller waits for the entity to enter one of `states`.
@@ -82,9 +95,9 @@ impl Waiters {
         if !self.raised.is_multiple_of(256) {
             return;
         }
-        self.outcome.retain(|_, (_, tx)| !tx.is_closed());
+        self.outcome.retain(|_, (_, tx, _)| !tx.is_closed());
         self.rest.retain(|_, w| {
-            w.retain(|(_, tx)| !tx.is_closed());
+            w.retain(|(_, tx, _)| !tx.is_closed());
             !w.is_empty()
         });
     }
@@ -95,11 +108,11 @@ impl Waiters {
     /// waiting for rest.
     pub(crate) fn committed(&mut self, id: i64, expect: &Expect, entity: &EntityRow, at_rest: bool) {
         if let (Some(item), Some(outcome)) = (&expect.item, &expect.outcome)
-            && let Some((wait, done)) = self.outcome.remove(&item.id)
+            && let Some((wait, done, deadline)) = self.outcome.remove(&item.id)
         {
             let accepted = matches!(outcome, EventOutcome::Accepted { .. });
             if wait == Wait::Stable && accepted && !at_rest {
-                self.rest.entry(id).or_default().push((outcome.clone(), done));
+                self.rest.entry(id).or_default().push((outcome.clone(), done, deadline));
             } else {
                 let _ = done.send((outcome.clone(), entity.clone()));
             }
@@ -115,7 +128,7 @@ impl Waiters {
             }
         }
         if at_rest && let Some(waiters) = self.rest.remove(&id) {
-            for (outcome, done) in waiters {
+            for (outcome, done, _) in waiters {
                 let _ = done.send((outcome, entity.clone()));
             }
         }

@@ -85,3 +85,98 @@ async fn an_injected_store_failure_answers_with_an_error_and_loses_nothing_ackno
     assert!(a.write(WriteFault::None).await);
     assert!(again.try_recv().unwrap().unwrap().is_none(), "a retry with its request id replays");
 }
+
+/// A node running `job` (one step) and `relay`, whose action raises a sync nested event on
+/// the job of its key and waits for it.
+async fn relay_node(store: &SqliteStore, clock: &settle_store::ManualClock) -> SimNode<SqliteStore> {
+    let config = Config {
+        owner: "n".into(),
+        lease: Duration::from_secs(5),
+        supervise_every: Duration::from_secs(1),
+        clock: std::sync::Arc::new(clock.clone()),
+        ..Config::default()
+    };
+    let job = settle_core::MachineBuilder::new("job")
+        .state("idle")
+        .initial()
+        .state("working")
+        .auto("work")
+        .state("done")
+        .event("start", ["idle"], "begin")
+        .action("begin", ["working"])
+        .action("work", ["done"])
+        .build()
+        .unwrap();
+    let relay = settle_core::MachineBuilder::new("relay")
+        .state("idle")
+        .initial()
+        .state("relaying")
+        .auto("relay")
+        .state("relayed")
+        .state("broken")
+        .event("go", ["idle"], "begin")
+        .action("begin", ["relaying"])
+        .action("relay", ["relayed"])
+        .build()
+        .unwrap();
+    Engine::builder(store.clone())
+        .config(config)
+        .machine(job)
+        .machine(relay)
+        .on("job", "work", |_| async { Ok(Outcome::to("done")) })
+        .on("relay", "relay", |ctx| async move {
+            let (_, job) = ctx.raise_and_wait("job", ctx.key.as_str(), "start", json!(null)).await?;
+            Ok(Outcome::to("relayed").set("job_state", json!(job.state.as_str())))
+        })
+        .start_sim(false)
+        .await
+        .unwrap()
+}
+
+/// Steps `n` `rounds` times: settle, write.
+async fn step(n: &mut SimNode<SqliteStore>, rounds: usize) {
+    for _ in 0..rounds {
+        n.settle(Duration::from_secs(5)).await.unwrap();
+        n.write(WriteFault::None).await;
+    }
+}
+
+#[tokio::test]
+async fn an_action_waiting_for_a_sync_nested_event_lets_the_node_write_until_it_is_answered() {
+    let (_dir, store) = sqlite();
+    let clock = clock();
+    let mut n = relay_node(&store, &clock).await;
+    for (machine, key) in [("job", "r1"), ("relay", "r1")] {
+        drop(n.create(machine, key, Default::default(), &format!("create-{machine}")).unwrap());
+    }
+    drop(n.raise("relay", "r1", "go", json!(null), "go-r1").unwrap());
+    // `settle` does not wait for the relay's action while it waits for the job: the node
+    // writes the batches that take the job to rest, then the action answers.
+    step(&mut n, 12).await;
+    let relay = store.entity_get("relay", "r1").await.unwrap().unwrap();
+    assert_eq!((relay.state.as_str(), &relay.properties["job_state"]), ("relayed", &json!("done")));
+}
+
+#[tokio::test]
+async fn a_sync_nested_wait_times_out_at_its_lease_on_the_engines_clock() {
+    let (_dir, store) = sqlite();
+    let clock = clock();
+    let mut n = relay_node(&store, &clock).await;
+    for (machine, key) in [("job", "r1"), ("relay", "r1")] {
+        drop(n.create(machine, key, Default::default(), &format!("create-{machine}")).unwrap());
+    }
+    step(&mut n, 1).await;
+    // The job is paused: the nested event queues there and the job never comes to rest.
+    drop(n.command("job", "r1", settle_store::Command::Pause, "pause-r1").unwrap());
+    drop(n.raise("relay", "r1", "go", json!(null), "go-r1").unwrap());
+    step(&mut n, 6).await;
+    let relay = store.entity_get("relay", "r1").await.unwrap().unwrap();
+    assert_eq!(relay.state.as_str(), "relaying", "the action waits");
+    // Past the lease, on the engine's clock (no real time passes): the wait times out, a
+    // fault of the relay's action.
+    clock.advance(Duration::from_secs(7));
+    step(&mut n, 4).await;
+    let h = store.history_list(relay.id).await.unwrap();
+    let fault = h.iter().find(|r| r.kind == settle_store::HistoryKind::Fault).unwrap_or_else(|| panic!("{h:?}"));
+    assert!(fault.detail.as_deref().unwrap_or("").contains("nested event"), "{fault:?}");
+}

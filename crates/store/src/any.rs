@@ -105,6 +105,13 @@ impl Store for AnyStore {
             AnyStore::Postgres(s) => s.exclusive(),
         }
     }
+
+    fn use_clock(&self, clock: crate::SharedClock) {
+        match self {
+            AnyStore::Sqlite(s) => s.use_clock(clock),
+            AnyStore::Postgres(s) => s.use_clock(clock),
+        }
+    }
     fn wakeup(&self) -> Option<Arc<tokio::sync::Notify>> {
         match self {
             AnyStore::Sqlite(s) => s.wakeup(),

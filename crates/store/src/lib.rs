@@ -205,6 +205,12 @@ pub trait Store: Send + Sync + 'static {
     /// lock). An exclusive engine may reclaim every lease at start.
     fn exclusive(&self) -> bool;
 
+    /// The clock of the engine that writes through this handle. A batch carries the time
+    /// it was decided at (`Batch::now`); a store that re-runs a batch later (PostgreSQL,
+    /// after a lost connection) moves that time on by this clock, never by the system's.
+    /// Default: the system clock; the engine's builder hands its own.
+    fn use_clock(&self, _clock: SharedClock) {}
+
     /// Drops every lease held by anyone; those entities become due now. Only for a caller
     /// that knows no other engine uses the store (SQLite's exclusive engine lock).
     fn lease_release_all(&self, now: Millis) -> impl Future<Output = Result<u64>> + Send;

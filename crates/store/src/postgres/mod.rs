@@ -69,6 +69,9 @@ struct Inner {
     batch_round_trips: Arc<std::sync::atomic::AtomicU64>,
     /// When the earliest timer is due, as the latest batch read it (see `dialect::Tx`).
     next_timer: Arc<std::sync::atomic::AtomicI64>,
+    /// The writing engine's clock ([`Store::use_clock`]): a batch re-run after a lost
+    /// connection takes its time from it.
+    clock: Arc<std::sync::RwLock<crate::SharedClock>>,
     /// Where batches that leave work due for others say so (every handle listens).
     channel: String,
     /// Where batches tell which entities they moved (handles with waiters listen).
@@ -155,6 +158,7 @@ impl PgStore {
                 me: format!("{}-{}", std::process::id(), uuid_like()),
                 batch_round_trips: Arc::new(std::sync::atomic::AtomicU64::new(0)),
                 next_timer: Arc::new(std::sync::atomic::AtomicI64::new(Millis::MIN)),
+                clock: Arc::new(std::sync::RwLock::new(Arc::new(crate::SystemClock))),
                 channel,
                 changes_channel,
                 want_changes: Arc::new(AtomicBool::new(false)),
@@ -257,14 +261,16 @@ impl Store for PgStore {
         let changes_channel = self.inner.changes_channel.clone();
         let counter = self.inner.batch_round_trips.clone();
         let next_timer = self.inner.next_timer.clone();
+        let clock = self.inner.clock.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         self.on_writer(move |w| {
             let mut batch = batch;
             let span = crate::trace::commit_span("postgres", &batch);
             let _entered = span.enter();
             let before = w.conn.as_ref().map_or(0, |c| c.round_trips);
             let written = transact(w, "store write", |c, reconnected| {
+                // Time went on while the connection came back: on the engine's clock.
                 if reconnected {
-                    batch.now = batch.now.max(crate::clock::now_ms());
+                    batch.now = batch.now.max(clock.now_ms());
                 }
                 let mut tx = dialect::Tx {
                     c,
@@ -438,6 +444,10 @@ impl Store for PgStore {
 
     fn exclusive(&self) -> bool {
         false
+    }
+
+    fn use_clock(&self, clock: crate::SharedClock) {
+        *self.inner.clock.write().unwrap_or_else(std::sync::PoisonError::into_inner) = clock;
     }
 
     async fn lease_release_all(&self, now: Millis) -> Result<u64> {
