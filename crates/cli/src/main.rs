@@ -287,14 +287,16 @@ fn db_path(db: &Option<String>) -> String {
 }
 
 fn main() -> ExitCode {
-    // Flushes the OpenTelemetry export (feature `otlp`) when `main` returns.
-    let _telemetry = telemetry::init();
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Flushes the OpenTelemetry export (feature `otlp`) when `main` returns. The faults a
+    // simulation injects would log warnings by the thousand: it logs only if asked to.
+    let quiet = matches!(cli.command, Command::Simulate(_));
+    let _telemetry = telemetry::init(if quiet { "off" } else { "warn" });
     // A `--server` flag on a local-only command is refused; `SETTLE_SERVER` is ignored there.
     // The same for `--machines` on a command that starts no engine (or talks to a server).
     let given = |id: &str| matches!(matches.value_source(id), Some(clap::parser::ValueSource::CommandLine));
-    let flags = Flags { server: given("server"), machines: given("machines") };
+    let flags = Flags { server: given("server"), machines: given("machines"), db: given("db") };
     if exits_after_printing(&cli.command) {
         die_quietly_on_closed_pipe();
     }
@@ -346,6 +348,8 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 struct Flags {
     server: bool,
     machines: bool,
+    /// `--db` on the command line (not from `SETTLE_DB`).
+    db: bool,
 }
 
 fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
@@ -453,7 +457,10 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
         Command::Workload(args) => runtime()?.block_on(workload::run(&db_path(&cli.db), args)),
         Command::Simulate(args) => {
-            tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(simulate::run(args))
+            // `--db` on the command line chooses; `SETTLE_DB` (a deployment's own
+            // database) is not where a simulation goes unless it is named.
+            let db = if flags.db { cli.db.as_deref() } else { None };
+            tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(simulate::run(db, args))
         }
     }
 }

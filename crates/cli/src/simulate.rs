@@ -29,12 +29,13 @@ pub struct Args {
     steps: usize,
 }
 
-/// Runs `settle simulate`.
-pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    // The injected faults would log errors by the thousand: quiet unless SETTLE_LOG asks.
-    let _quiet = std::env::var_os("SETTLE_LOG")
-        .is_none()
-        .then(|| tracing_subscriber::util::SubscriberInitExt::set_default(tracing_subscriber::registry()));
+/// Runs `settle simulate` on `db` (the global `--db`): none or `sqlite`, a SQLite file per
+/// seed; a `postgres://` URL, a schema per seed in that database, dropped when the seed
+/// ends, with several engine instances each on its own connections.
+pub async fn run(db: Option<&str>, args: Args) -> anyhow::Result<ExitCode> {
+    let db = settle_sim::Db::parse(db.unwrap_or("sqlite")).map_err(|e| {
+        anyhow::anyhow!("{e}; `settle simulate` makes a database for each seed (on SQLite, in a temporary directory)")
+    })?;
     let options = settle_sim::Options {
         seeds: args.seeds,
         from: args.from,
@@ -42,6 +43,16 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
         run_for: args.for_,
         keep: args.keep,
         steps: args.steps,
+        db,
+        stop: Default::default(),
     };
-    Ok(if settle_sim::run(options).await? { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    // Ctrl-C or SIGTERM ends the seed running at its next step, with its database.
+    let stop = options.stop.clone();
+    let signal = tokio::spawn(async move {
+        crate::shutdown_signal().await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let held = settle_sim::run(options).await;
+    signal.abort();
+    Ok(if held? { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -35,12 +35,13 @@ impl Drop for Guard {
     }
 }
 
-/// Installs the global subscriber: logs on stderr and, when configured, OTLP export.
-pub fn init() -> Guard {
+/// Installs the global subscriber: logs on stderr (as `SETTLE_LOG` says, else at
+/// `default`) and, when configured, OTLP export.
+pub fn init(default: &str) -> Guard {
     let config = Config::from_env(|name: &str| std::env::var(name).ok());
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_filter(EnvFilter::try_from_env("SETTLE_LOG").unwrap_or_else(|_| EnvFilter::new("warn")));
+        .with_filter(EnvFilter::try_from_env("SETTLE_LOG").unwrap_or_else(|_| EnvFilter::new(default)));
     let registry = tracing_subscriber::registry().with(logs);
     #[cfg(feature = "otlp")]
     {

@@ -90,6 +90,15 @@ struct Server {
 /// The process's server (a static: never dropped, so no runtime is torn down at exit).
 static SERVER: Mutex<Option<Server>> = Mutex::new(None);
 
+/// Stops and drops the process's server, and its directory with it (the next input builds
+/// another).
+pub(crate) fn release() {
+    let old = SERVER.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    if let Some(old) = old {
+        old.runtime.block_on(old.engine.shutdown());
+    }
+}
+
 /// Runs `f` with the process's server, building one first when there is none or the
 /// current one has answered [`REQUESTS_PER_SERVER`] requests.
 fn with_server<T>(f: impl FnOnce(&Server) -> T) -> T {

@@ -30,6 +30,17 @@ pub type Target = (&'static str, fn(&[u8]));
 pub const TARGETS: &[Target] =
     &[("machine_toml", machine_toml), ("guard", guard), ("http_request", http_request), ("stored_json", stored_json)];
 
+/// Drops what the target named `name` keeps between inputs (a server, a store) and the
+/// temporary files under it: a replay of a corpus leaves nothing behind. The next input
+/// builds them again.
+pub fn release(name: &str) {
+    match name {
+        "http_request" => http_target::release(),
+        "stored_json" => stored_target::release(),
+        _ => {}
+    }
+}
+
 /// The target named `name`.
 pub fn target(name: &str) -> Option<fn(&[u8])> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)

@@ -1,7 +1,7 @@
 //! The `stored_json` target: values written into a real SQLite store's columns, read back
 //! through the store's API.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{Map, json};
 use settle_core::Machine;
@@ -59,9 +59,21 @@ struct Stored {
     _dir: tempfile::TempDir,
 }
 
-fn stored() -> &'static Stored {
-    static STORED: OnceLock<Stored> = OnceLock::new();
-    STORED.get_or_init(|| {
+/// The process's store, built by the first input ([`release`] drops it).
+static STORED: Mutex<Option<Arc<Stored>>> = Mutex::new(None);
+
+/// Drops the process's store, and its directory with it (the next input builds another).
+pub(crate) fn release() {
+    STORED.lock().unwrap_or_else(PoisonError::into_inner).take();
+}
+
+fn stored() -> Arc<Stored> {
+    let mut slot = STORED.lock().unwrap_or_else(PoisonError::into_inner);
+    slot.get_or_insert_with(|| Arc::new(build())).clone()
+}
+
+fn build() -> Stored {
+    {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         let dir = crate::http_target::temp_dir();
         let (store, entity_ids, request_id) = runtime.block_on(async {
@@ -104,7 +116,7 @@ fn stored() -> &'static Stored {
             (store, vec![d, v], raised.request_id)
         });
         Stored { runtime, store, entity_ids, request_id, _dir: dir }
-    })
+    }
 }
 
 /// The SQL value `payload` is written as: its bytes as text (mode 0 and 3; possibly not
@@ -137,7 +149,7 @@ pub fn stored_json(data: &[u8]) {
         let store = &s.store;
         // A value the column's constraints refuse changes nothing: there is nothing to read.
         if store.sql_execute(&format!("UPDATE {table} SET {column} = {value}")).await.is_ok() {
-            read_everything(s).await;
+            read_everything(&s).await;
         }
         // `entity_counts` has no rowid (and no trigger of its own): it is copied back whole.
         let restore = if table == "entity_counts" {

@@ -23,6 +23,7 @@ fn replay(target: &str) {
             failed.push(file.display().to_string());
         }
     }
+    settle_fuzz::release(target);
     assert!(failed.is_empty(), "{target}: {} of {} inputs panic:\n{}", failed.len(), files.len(), failed.join("\n"));
 }
 

@@ -12,6 +12,8 @@ pub(crate) struct Faults {
     pub(crate) clock_jump: bool,
     pub(crate) agent_duplicate: bool,
     pub(crate) agent_late: bool,
+    /// PostgreSQL only: a node's database connections are cut.
+    pub(crate) connection_cut: bool,
 }
 
 impl Faults {
@@ -25,6 +27,7 @@ impl Faults {
         clock_jump: true,
         agent_duplicate: true,
         agent_late: true,
+        connection_cut: true,
     };
 
     pub(crate) fn names(&self) -> Vec<&'static str> {
@@ -38,6 +41,7 @@ impl Faults {
             (self.clock_jump, "clock-jump"),
             (self.agent_duplicate, "agent-duplicate"),
             (self.agent_late, "agent-late"),
+            (self.connection_cut, "connection-cut"),
         ];
         all.into_iter().filter(|(on, _)| *on).map(|(_, n)| n).collect()
     }
@@ -54,6 +58,7 @@ impl Faults {
             "clock-jump" => self.clock_jump = false,
             "agent-duplicate" => self.agent_duplicate = false,
             "agent-late" => self.agent_late = false,
+            "connection-cut" => self.connection_cut = false,
             _ => {}
         }
         self

@@ -24,14 +24,18 @@
 //! that touched the entities involved, the faults it still fails without, and the command
 //! that replays it.
 
-mod chart;
+mod backend;
 mod checker;
 mod faults;
+mod machines;
+mod observe;
 mod requests;
 mod world;
 
 use std::time::{Duration, Instant};
 
+use backend::Backend;
+pub use backend::Db;
 pub use checker::Violation;
 use faults::Faults;
 use settle_builtin::draws::mix;
@@ -48,15 +52,29 @@ pub struct Options {
     pub seed: Option<u64>,
     /// Keep running seeds from a random start for this long instead of `seeds`.
     pub run_for: Option<Duration>,
-    /// With `seed`: keep the seed's database at this path.
+    /// With `seed`: keep the seed's database at this path (SQLite).
     pub keep: Option<std::path::PathBuf>,
     /// Steps of each seed's random schedule (before the healing run).
     pub steps: usize,
+    /// The database the worlds run on.
+    pub db: Db,
+    /// Set to stop: the seed running ends at its next step, and its database with it
+    /// (nothing is left behind); the run answers that not every seed ran.
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { seeds: 200, from: 0, seed: None, run_for: None, keep: None, steps: 150 }
+        Options {
+            seeds: 200,
+            from: 0,
+            seed: None,
+            run_for: None,
+            keep: None,
+            steps: 150,
+            db: Db::Sqlite,
+            stop: Default::default(),
+        }
     }
 }
 
@@ -72,28 +90,48 @@ struct Ran {
 struct Summary {
     steps: usize,
     entities: u64,
+    batches: u64,
     commits: u64,
+    reports: u64,
     faults: u64,
+}
+
+impl Summary {
+    fn add(&mut self, s: &Summary) {
+        self.steps += s.steps;
+        self.entities += s.entities;
+        self.batches += s.batches;
+        self.commits += s.commits;
+        self.reports += s.reports;
+        self.faults += s.faults;
+    }
 }
 
 /// Runs the simulation `args` describes, printing to stdout (the result, a failing seed's
 /// report) and stderr (progress every 5 s); answers whether every invariant held.
 pub async fn run(args: Options) -> anyhow::Result<bool> {
+    let backend = Backend::new(&args.db)?;
+    let on = args.db.name();
     if let Some(seed) = args.seed {
-        let ran = run_seed_keeping(seed, args.steps, Faults::ALL, args.keep.as_deref()).await?;
+        let ran = run_seed_keeping(&backend, seed, args.steps, Faults::ALL, args.keep.as_deref(), &args.stop).await?;
         for (_, line) in &ran.trace {
             println!("{line}");
+        }
+        if stopped(&args.stop) {
+            eprintln!("simulate: seed {seed} interrupted");
+            return Ok(false);
         }
         return Ok(match ran.result {
             Ok(s) => {
                 println!(
-                    "seed {seed}: every invariant held ({} steps, {} entities, {} commits, {} faults)",
-                    s.steps, s.entities, s.commits, s.faults
+                    "seed {seed}: every invariant held on {on} ({} steps, {} entities, {} batches, {} commits, {} agent \
+                     reports, {} faults)",
+                    s.steps, s.entities, s.batches, s.commits, s.reports, s.faults
                 );
                 true
             }
             Err(v) => {
-                report_failure(seed, args.steps, &v, &ran.trace).await?;
+                report_failure(&backend, seed, args.steps, &v, &ran.trace, &args.stop).await?;
                 false
             }
         });
@@ -113,17 +151,16 @@ pub async fn run(args: Options) -> anyhow::Result<bool> {
             None if done >= args.seeds => break,
             _ => {}
         }
-        let ran = run_seed(seed, args.steps, Faults::ALL).await?;
+        let ran = run_seed(&backend, seed, args.steps, Faults::ALL, &args.stop).await?;
+        if stopped(&args.stop) {
+            eprintln!("simulate: interrupted in seed {seed}, after {done} seeds that held");
+            return Ok(false);
+        }
         match ran.result {
-            Ok(s) => {
-                total.steps += s.steps;
-                total.entities += s.entities;
-                total.commits += s.commits;
-                total.faults += s.faults;
-            }
+            Ok(s) => total.add(&s),
             Err(v) => {
                 eprintln!("seed {seed}: invariant violated after {done} seeds that held");
-                report_failure(seed, args.steps, &v, &ran.trace).await?;
+                report_failure(&backend, seed, args.steps, &v, &ran.trace, &args.stop).await?;
                 return Ok(false);
             }
         }
@@ -131,7 +168,7 @@ pub async fn run(args: Options) -> anyhow::Result<bool> {
         if last_progress.elapsed() >= Duration::from_secs(5) {
             last_progress = Instant::now();
             eprintln!(
-                "simulate: {} seeds held ({first}..{seed}), {:.0}s, {} commits, {} faults injected",
+                "simulate: {} seeds held ({first}..{seed}) on {on}, {:.0}s, {} commits, {} faults injected",
                 seed - first,
                 started.elapsed().as_secs_f64(),
                 total.commits,
@@ -140,11 +177,14 @@ pub async fn run(args: Options) -> anyhow::Result<bool> {
         }
     }
     println!(
-        "simulate: seeds {first}..{seed}: every invariant held ({} seeds, {} steps, {} entities, {} commits, {} faults injected, {:.1}s)",
+        "simulate: seeds {first}..{seed}: every invariant held on {on} ({} seeds, {} steps, {} entities, {} batches, \
+         {} commits, {} agent reports, {} faults injected, {:.1}s)",
         seed - first,
         total.steps,
         total.entities,
+        total.batches,
         total.commits,
+        total.reports,
         total.faults,
         started.elapsed().as_secs_f64()
     );
@@ -153,13 +193,20 @@ pub async fn run(args: Options) -> anyhow::Result<bool> {
 
 /// Prints a failing seed: the violation, the trace of the steps touching its entities, the
 /// faults it still fails without, and the command that replays it.
-async fn report_failure(seed: u64, steps: usize, v: &Violation, trace: &[(usize, String)]) -> anyhow::Result<()> {
+async fn report_failure(
+    backend: &Backend,
+    seed: u64,
+    steps: usize,
+    v: &Violation,
+    trace: &[(usize, String)],
+    stop: &Stop,
+) -> anyhow::Result<()> {
     println!("seed {seed}: INVARIANT VIOLATED at step {}: {}", v.step, v.what);
     // Shrink: drop each fault kind in turn while the seed still fails.
     let mut faults = Faults::ALL;
     for name in Faults::ALL.names() {
         let fewer = faults.without(name);
-        if run_seed(seed, steps, fewer).await?.result.is_err() {
+        if run_seed(backend, seed, steps, fewer, stop).await?.result.is_err() && !stopped(stop) {
             faults = fewer;
         }
     }
@@ -176,39 +223,53 @@ async fn report_failure(seed: u64, steps: usize, v: &Violation, trace: &[(usize,
             println!("  {step:>4} {line}");
         }
     }
-    println!("replay: settle simulate --seed {seed} --steps {steps}");
+    let db = match backend.db() {
+        Db::Sqlite => String::new(),
+        Db::Postgres(url) => format!(" --db {url}"),
+    };
+    println!("replay: settle simulate --seed {seed} --steps {steps}{db}");
     Ok(())
 }
 
+/// The flag that stops a run.
+type Stop = std::sync::Arc<std::sync::atomic::AtomicBool>;
+
+fn stopped(stop: &Stop) -> bool {
+    stop.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Runs one seed with `faults`.
-async fn run_seed(seed: u64, steps: usize, faults: Faults) -> anyhow::Result<Ran> {
-    run_seed_keeping(seed, steps, faults, None).await
+async fn run_seed(backend: &Backend, seed: u64, steps: usize, faults: Faults, stop: &Stop) -> anyhow::Result<Ran> {
+    run_seed_keeping(backend, seed, steps, faults, None, stop).await
 }
 
 /// Runs one seed with `faults`, copying its database to `keep` at the end.
 async fn run_seed_keeping(
+    backend: &Backend,
     seed: u64,
     steps: usize,
     faults: Faults,
     keep: Option<&std::path::Path>,
+    stop: &Stop,
 ) -> anyhow::Result<Ran> {
-    let mut w = World::new(seed, faults).await?;
-    let result = w.run(steps).await;
+    let mut w = World::new(seed, faults, backend.seed(seed).await?).await?;
+    let result = w.run(steps, stop).await;
     if let Some(path) = keep {
-        let _ = std::fs::remove_file(path);
-        w.observer.execute("VACUUM INTO ?1", [path.display().to_string()])?;
+        w.db.keep(path).await?;
     }
     let trace = std::mem::take(&mut w.trace);
     let result = match result {
         Ok(Ok(())) => Ok(Summary {
             steps: w.step,
             entities: w.checker.entities.len() as u64,
+            batches: w.batches,
             commits: w.checker.landed.len() as u64,
+            reports: w.checker.agents.reports,
             faults: w.injected,
         }),
         Ok(Err(v)) => Err(v),
         Err(e) => Err(Violation { step: w.step, what: format!("the simulation failed: {e:#}"), entities: vec![] }),
     };
-    w.shutdown().await;
+    w.shutdown().await?;
     Ok(Ran { trace, result })
 }

@@ -1,18 +1,32 @@
-//! The simulation's `chart` handlers: answers at once, retries drawn from the seed, and
-//! entry and exit actions that insert their row in their transition's commit.
+//! The machines a world runs beside the built-in ones (`settle-builtin`), with handlers
+//! that answer at once and draw from the seed:
+//!
+//! - `chart` (the crash workload's statechart: `working` with three substeps, each with
+//!   entry and exit actions): a step retries a fifth of the time, and every entry and exit
+//!   action inserts its row into `chart_hooks` in the transition's commit;
+//! - `crowd` and its successors `worker` (in process) and `aworker` (executed by the
+//!   world's agent, queue `crowd`): each worker retries a drawn number of times with
+//!   drawn delays, or breaks for good, so the crowd's subscriptions (`all(*) in [done]`,
+//!   with a timeout, and `any(*) in [broken]`) are evaluated with some successors done and
+//!   some not;
+//! - `relay` and `job` (built-in): a sync nested event, in worlds of one node.
 
 use std::time::Duration;
 
 use serde_json::json;
 use settle_builtin::draws::Draws;
+use settle_core::{Machine, MachineBuilder, Properties};
 use settle_engine::{EngineBuilder, Outcome};
-use settle_store::sqlite::SqliteStore;
+use settle_store::AnyStore;
 
-/// `chart` (the crash workload's statechart: `working` with three substeps, each with
-/// entry and exit actions) with handlers that answer at once: a step retries a fifth of
-/// the time (drawn from the seed and the attempt), and every entry and exit action inserts
-/// its row into `chart_hooks` in the transition's commit.
-pub(crate) fn bind_chart(mut b: EngineBuilder<SqliteStore>, seed: u64) -> EngineBuilder<SqliteStore> {
+/// The agent queue of `aworker`.
+pub(crate) const CROWD_QUEUE: &str = "crowd";
+
+/// How long a crowd waits for all its workers before it gives up.
+pub(crate) const CROWD_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Binds `chart` (see the [module](self)).
+pub(crate) fn bind_chart(mut b: EngineBuilder<AnyStore>, seed: u64) -> EngineBuilder<AnyStore> {
     b = b.machine(settle_builtin::chart::chart());
     for (action, next) in [("work1", "step2"), ("work2", "step3"), ("work3", "done")] {
         b = b.on("chart", action, move |ctx| async move {
@@ -33,15 +47,95 @@ pub(crate) fn bind_chart(mut b: EngineBuilder<SqliteStore>, seed: u64) -> Engine
     b
 }
 
-/// The entry and exit actions a chart that went from `idle` to `done` ran, each once:
-/// (hook, state), sorted.
-pub(crate) const CHART_HOOKS: [(&str, &str); 8] = [
-    ("enter_step", "step1"),
-    ("enter_step", "step2"),
-    ("enter_step", "step3"),
-    ("enter_working", "working"),
-    ("leave_step", "step1"),
-    ("leave_step", "step2"),
-    ("leave_step", "step3"),
-    ("leave_working", "working"),
-];
+/// `crowd`: idle -go→ spawning (creates its workers) → waiting; `all_done` (all its
+/// successors `done`, or `gave_up` after [`CROWD_TIMEOUT`]) → finished; `one_broken` (any
+/// `broken`) → troubled.
+pub(crate) fn crowd() -> Machine {
+    MachineBuilder::new("crowd")
+        .state("idle")
+        .initial()
+        .state("spawning")
+        .auto("spawn")
+        .state("waiting")
+        .state("finished")
+        .state("troubled")
+        .error_health()
+        .state("timed_out")
+        .error_health()
+        .event("go", ["idle"], "start")
+        .reject("waiting", "already going")
+        .event("all_done", ["waiting"], "finish")
+        .subscribe("all(*) in [done]")
+        .timeout(CROWD_TIMEOUT, "gave_up")
+        .event("one_broken", ["waiting"], "trouble")
+        .subscribe("any(*) in [broken]")
+        .event("gave_up", ["waiting"], "time_out")
+        .action("start", ["spawning"])
+        .action("spawn", ["waiting"])
+        .action("finish", ["finished"])
+        .action("trouble", ["troubled"])
+        .action("time_out", ["timed_out"])
+        .build()
+        .expect("the crowd machine is valid")
+}
+
+/// A worker of a crowd: `working` → `done` | `broken` | `working` again; `agent`: its
+/// action executed by an agent of [`CROWD_QUEUE`].
+fn worker(name: &str, agent: bool) -> Machine {
+    let b = MachineBuilder::new(name)
+        .state("working")
+        .initial()
+        .auto("work")
+        .state("done")
+        .state("broken")
+        .error_health()
+        .action("work", ["done", "broken", "working"]);
+    let b = if agent { b.agent(CROWD_QUEUE, Duration::from_secs(10)) } else { b };
+    b.build().expect("the worker machine is valid")
+}
+
+/// Binds `crowd`, `worker` and `aworker`. A crowd creates its `workers` property's number
+/// of workers (1 to 5), every other one an `aworker`. A worker's attempt breaks a tenth of
+/// the time, retries after 100 ms to 20 s a third of the time, and is done otherwise.
+pub(crate) fn bind_crowd(b: EngineBuilder<AnyStore>, seed: u64) -> EngineBuilder<AnyStore> {
+    b.machine(crowd())
+        .machine(worker("worker", false))
+        .machine(worker("aworker", true))
+        .on("crowd", "spawn", |ctx| async move {
+            let n = ctx.properties.get("workers").and_then(|v| v.as_u64()).unwrap_or(3);
+            let mut out = Outcome::to("waiting");
+            for i in 0..n {
+                let machine = if i % 2 == 1 { "aworker" } else { "worker" };
+                out = out.create(machine, format!("{}-{i}", ctx.key), Properties::new());
+            }
+            Ok(out)
+        })
+        .on("worker", "work", move |ctx| async move {
+            let mut d = Draws::new(seed, &ctx.idempotency_key());
+            let roll = d.next_f64();
+            Ok(if roll < 0.1 {
+                Outcome::to("broken")
+            } else if roll < 0.43 {
+                Outcome::retry_after(Duration::from_millis(d.range(100, 20_000)))
+            } else {
+                Outcome::to("done")
+            })
+        })
+}
+
+/// Binds `job`, with handlers that answer at once (a step retries a third of the time),
+/// and `relay` (a sync nested event on the job of the same key).
+pub(crate) fn bind_relay(mut b: EngineBuilder<AnyStore>, seed: u64) -> EngineBuilder<AnyStore> {
+    b = b.machine(settle_builtin::job());
+    for (action, next) in [("work1", "step2"), ("work2", "step3"), ("work3", "done")] {
+        b = b.on("job", action, move |ctx| async move {
+            let mut d = Draws::new(seed, &ctx.idempotency_key());
+            if d.next_f64() < 0.33 {
+                return Ok(Outcome::retry_after(Duration::from_millis(d.range(1, 3_000))));
+            }
+            let out = Outcome::to(next);
+            Ok(if next == "done" { out.set("result", json!(ctx.retry)) } else { out })
+        });
+    }
+    settle_builtin::bind_relay(b)
+}

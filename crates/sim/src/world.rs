@@ -1,5 +1,6 @@
-//! One seed's world: the store, the clock, the nodes, the schedule's steps and faults, and
-//! the healing run that brings everything to rest.
+//! One seed's world: its database, the clock, the nodes, the schedule's steps and faults,
+//! every batch write checked as it lands, and the healing run that brings everything to
+//! rest.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -7,14 +8,14 @@ use std::time::Duration;
 use settle_builtin::draws::mix;
 use settle_builtin::{self as machines, ProviderSettings};
 use settle_core::Properties;
-use settle_engine::sim::{SimNode, WriteFault};
+use settle_engine::sim::{Reply, SimNode, WriteFault};
 use settle_engine::{Command, Config, Engine, ManualClock, Outcome};
-use settle_store::sqlite::SqliteStore;
-use settle_store::{Applied, TaskResult};
+use settle_store::{AgentTask, AnyStore, Applied, EntityRow};
 
-use crate::chart::bind_chart;
-use crate::checker::{Acked, Checker, Violation};
+use crate::backend::SeedDb;
+use crate::checker::{Acked, Answer, Checker, Violation};
 use crate::faults::Faults;
+use crate::observe;
 
 /// A small, fast generator of the seed's random schedule.
 pub(crate) struct Rng(u64);
@@ -39,21 +40,23 @@ pub(crate) enum Request {
     Raise { machine: String, key: String, event: String, request_id: String },
 }
 
-/// A request waiting for its batch.
+/// A request waiting for its batch, on the node it was sent to.
 pub(crate) enum Waiting {
-    Create(settle_engine::sim::Reply<Option<settle_store::EntityRow>>),
-    Raise(Request, settle_engine::sim::Reply<Option<(i64, i64)>>),
-    Command(settle_engine::sim::Reply<Option<settle_store::EntityRow>>),
-    Lease(settle_engine::sim::Reply<Applied>),
-    Report(settle_engine::sim::Reply<Applied>),
+    Create(Reply<Option<EntityRow>>),
+    Raise(Request, Reply<Option<(i64, i64)>>),
+    Command(Reply<Option<EntityRow>>),
+    Lease(Reply<Applied>),
+    Report { task: i64, token: String, reply: Reply<Applied> },
 }
 
-/// One engine node of the world, or the gap a crash left.
+/// One engine node of the world, or the gap a crash left, with its requests waiting for
+/// their batch in the order they were sent.
 pub(crate) struct Node {
-    pub(crate) engine: Option<SimNode<SqliteStore>>,
+    pub(crate) engine: Option<SimNode<AnyStore>>,
     /// Not stepped before this step (a stall).
     pub(crate) stalled_until: usize,
     pub(crate) generation: u32,
+    pub(crate) waiting: Vec<Waiting>,
 }
 
 /// A task an agent of the world holds.
@@ -70,82 +73,46 @@ pub(crate) const START_MS: i64 = 1_750_000_000_000;
 pub(crate) const LEASE: Duration = Duration::from_secs(5);
 pub(crate) const SLEEPER_AFTER: Duration = Duration::from_secs(30);
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(120);
+/// How long an agent's lease on a task lasts, at most (the longest `lock`).
+pub(crate) const AGENT_LOCK_MS: i64 = 10_000;
+
+/// What an agent operation of a batch was answered, in the order the batch applied it.
+enum AgentAnswer {
+    Leased(Vec<AgentTask>),
+    LeaseLost,
+    Report { task: i64, token: String, answer: Answer },
+    ReportLost { task: i64 },
+}
 
 pub(crate) struct World {
     pub(crate) seed: u64,
     pub(crate) faults: Faults,
     pub(crate) rng: Rng,
-    pub(crate) dir: tempfile::TempDir,
-    pub(crate) store: SqliteStore,
-    pub(crate) observer: rusqlite::Connection,
+    pub(crate) db: SeedDb,
     pub(crate) clock: ManualClock,
+    /// The scenario's resources are provisioned through agents (queue `provider`).
     pub(crate) agents: bool,
     pub(crate) nodes: Vec<Node>,
-    pub(crate) waiting: Vec<Waiting>,
     pub(crate) requests: Vec<Request>,
     /// Entities the world created (machine, key).
     pub(crate) created: Vec<(String, String)>,
     pub(crate) agent_tasks: Vec<Held>,
     /// Reports already sent once (to send again).
-    pub(crate) reported: Vec<(i64, String, TaskResult)>,
+    pub(crate) reported: Vec<(i64, String, settle_store::TaskResult)>,
     pub(crate) checker: Checker,
     pub(crate) trace: Vec<(usize, String)>,
     pub(crate) step: usize,
     pub(crate) injected: u64,
     pub(crate) next_id: u64,
-}
-
-/// A directory for one seed's database: memory-backed where the system has it (the
-/// simulation checks what commits do, not how long fsync takes).
-pub(crate) fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }
-}
-
-/// A database with Settle's schema and the simulation's fault switch, made once per
-/// process and copied for each seed: a seed then starts without running the migrations.
-///
-/// The switches: while `sim_fault.armed` is 1, inserting a history row aborts the batch's
-/// transaction in the middle (a trigger), so the store must roll back what the batch had
-/// already written; while `commit_armed` is 1, a chart's entry or exit action's SQL fails,
-/// which fails that one commit (the entity backs off and tries again). Arming them changes
-/// no schema (cached statements stay prepared). Also `chart_hooks`, the charts' table.
-pub(crate) fn template() -> anyhow::Result<&'static std::path::Path> {
-    static TEMPLATE: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> = std::sync::OnceLock::new();
-    if let Some((_, path)) = TEMPLATE.get() {
-        return Ok(path);
-    }
-    let dir = scratch_dir()?;
-    let built = dir.path().join("built.db");
-    drop(SqliteStore::open(&built)?);
-    let db = rusqlite::Connection::open(&built)?;
-    db.execute_batch(settle_builtin::chart::CHART_HOOKS_TABLE)?;
-    db.execute_batch(
-        "CREATE TABLE sim_fault (armed INTEGER NOT NULL, commit_armed INTEGER NOT NULL);
-         INSERT INTO sim_fault VALUES (0, 0);
-         CREATE TRIGGER sim_fault BEFORE INSERT ON history WHEN (SELECT armed FROM sim_fault) = 1 BEGIN
-             SELECT RAISE(ABORT, 'simulated store failure in the middle of a batch');
-         END;
-         CREATE TRIGGER sim_commit_fault BEFORE INSERT ON chart_hooks
-             WHEN (SELECT commit_armed FROM sim_fault) = 1 BEGIN
-             SELECT RAISE(ABORT, 'simulated failure of a commit''s SQL');
-         END;",
-    )?;
-    let path = dir.path().join("template.db");
-    db.execute("VACUUM INTO ?1", [path.display().to_string()])?;
-    drop(db);
-    Ok(&TEMPLATE.get_or_init(|| (dir, path)).1)
+    /// The last history row the checker read.
+    last_history: i64,
+    /// Batches written (and checked).
+    pub(crate) batches: u64,
 }
 
 impl World {
-    pub(crate) async fn new(seed: u64, faults: Faults) -> anyhow::Result<World> {
+    pub(crate) async fn new(seed: u64, faults: Faults, db: SeedDb) -> anyhow::Result<World> {
         let mut rng = Rng(mix(seed ^ 0x5e77_1e00));
-        let dir = scratch_dir()?;
-        let path = dir.path().join("sim.db");
-        std::fs::copy(template()?, &path)?;
-        let store = SqliteStore::open(&path)?;
-        let observer = rusqlite::Connection::open(&path)?;
-        observer.busy_timeout(Duration::from_secs(5))?;
         let clock = ManualClock::new(START_MS);
         let agents = rng.chance(30);
         let nodes = 1 + rng.below(3) as usize;
@@ -153,27 +120,28 @@ impl World {
             seed,
             faults,
             rng,
-            dir,
-            store,
-            observer,
+            db,
             clock,
             agents,
             nodes: Vec::new(),
-            waiting: Vec::new(),
             requests: Vec::new(),
             created: Vec::new(),
             agent_tasks: Vec::new(),
             reported: Vec::new(),
-            checker: Checker::default(),
+            checker: Checker::new(&[]),
             trace: Vec::new(),
             step: 0,
             injected: 0,
             next_id: 0,
+            last_history: 0,
+            batches: 0,
         };
         for i in 0..nodes {
             let engine = w.start_node(i, 0, true).await?;
-            w.nodes.push(Node { engine: Some(engine), stalled_until: 0, generation: 0 });
+            w.nodes.push(Node { engine: Some(engine), stalled_until: 0, generation: 0, waiting: Vec::new() });
         }
+        let machines = w.nodes[0].engine.as_ref().expect("started").machines();
+        w.checker = Checker::new(&machines);
         w.note(format!(
             "seed {seed}: {nodes} node(s), resources {}",
             if agents { "through agents" } else { "in process" }
@@ -181,14 +149,21 @@ impl World {
         Ok(w)
     }
 
+    /// Whether the world runs `relay` and `job`: a sync nested event is answered by the
+    /// node that processes its entity, so only worlds of one node run them.
+    pub(crate) fn relays(&self) -> bool {
+        self.nodes.len() == 1
+    }
+
     pub(crate) async fn start_node(
         &self,
         index: usize,
         generation: u32,
         reclaim: bool,
-    ) -> anyhow::Result<SimNode<SqliteStore>> {
+    ) -> anyhow::Result<SimNode<AnyStore>> {
+        let owner = format!("node{index}.{generation}");
         let config = Config {
-            owner: format!("node{index}.{generation}"),
+            owner: owner.clone(),
             lease: LEASE,
             max_inflight: 64,
             claim_batch: 16,
@@ -205,12 +180,14 @@ impl World {
             max_latency_ms: 0,
             timeout_ms: TIMEOUT.as_millis() as u64,
         };
-        let mut b = Engine::builder(self.store.clone()).config(config);
+        let mut b = Engine::builder(self.db.node_store(&owner)?).config(config);
         b = if self.agents { machines::bind_server_via_agents(b, TIMEOUT) } else { machines::bind_server(b, provider) };
         b = machines::bind_fanout(b)
             .machine(machines::sleeper(SLEEPER_AFTER))
             .on("sleeper", "rise", |_| async { Ok(Outcome::to("awake")) });
-        b = bind_chart(b, self.seed);
+        b = crate::machines::bind_chart(b, self.seed);
+        b = crate::machines::bind_crowd(b, self.seed);
+        b = crate::machines::bind_relay(b, self.seed);
         Ok(b.start_sim(reclaim).await?)
     }
 
@@ -224,27 +201,49 @@ impl World {
         self.trace.push((self.step, format!("FAULT {kind}: {line}")));
     }
 
+    /// Keeps the first violation found.
+    fn violated(&mut self, v: Violation) {
+        if self.checker.fatal.is_none() {
+            self.checker.fatal = Some(v);
+        }
+    }
+
     pub(crate) fn fresh(&mut self, what: &str) -> String {
         self.next_id += 1;
         format!("{what}{}", self.next_id)
     }
 
+    pub(crate) fn clock_now(&self) -> i64 {
+        settle_store::Clock::now_ms(&self.clock)
+    }
+
     /// The random schedule, then the healing run; `Err` is the simulation's own failure.
-    pub(crate) async fn run(&mut self, steps: usize) -> anyhow::Result<Result<(), Violation>> {
+    pub(crate) async fn run(
+        &mut self,
+        steps: usize,
+        stop: &std::sync::atomic::AtomicBool,
+    ) -> anyhow::Result<Result<(), Violation>> {
+        let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
         for step in 1..=steps {
+            if stopped() {
+                return Ok(Ok(()));
+            }
             self.step = step;
             self.one_step().await?;
-            self.collect();
-            if let Err(v) = self.checker.check(&self.observer, self.step, false) {
+            if let Some(v) = self.checker.fatal.take() {
                 return Ok(Err(v));
             }
         }
         self.step = steps + 1;
-        self.heal().await?;
-        if let Err(v) = self.checker.check(&self.observer, self.step, true) {
+        self.heal(stop).await?;
+        if stopped() {
+            return Ok(Ok(()));
+        }
+        if let Some(v) = self.checker.fatal.take() {
             return Ok(Err(v));
         }
-        Ok(Ok(()))
+        let end = observe::end(&self.db.observer, self.clock_now()).await?;
+        Ok(self.checker.end(self.step, &end))
     }
 
     pub(crate) fn live(&self) -> Vec<usize> {
@@ -260,7 +259,7 @@ impl World {
         Some(live[self.rng.below(live.len() as u64) as usize])
     }
 
-    pub(crate) async fn one_step(&mut self) -> anyhow::Result<()> {
+    async fn one_step(&mut self) -> anyhow::Result<()> {
         let roll = self.rng.below(100);
         match roll {
             0..=24 => self.request(),
@@ -279,11 +278,7 @@ impl World {
                     self.advance(jump);
                 }
             }
-            85..=92 => {
-                if self.agents {
-                    self.agent_step();
-                }
-            }
+            85..=92 => self.agent_step(),
             93..=96 => {
                 let i = self.rng.below(self.nodes.len() as u64) as usize;
                 let span = 5 + self.rng.below(30) as usize;
@@ -309,26 +304,27 @@ impl World {
 
     /// Crashes node `i` after it ran its handlers, before it writes their commits; a new
     /// node takes its place.
-    pub(crate) async fn crash(&mut self, i: usize) -> anyhow::Result<()> {
+    async fn crash(&mut self, i: usize) -> anyhow::Result<()> {
         let Some(mut engine) = self.nodes[i].engine.take() else { return Ok(()) };
         let _ = engine.settle(Duration::from_secs(10)).await;
         let held = engine.held();
         let queued = engine.queued();
         drop(engine);
+        self.nodes[i].waiting.clear();
         self.fault("crash", format!("node{i} crashes (kill -9) holding {held:?}, {queued} operations unwritten"));
         let generation = self.nodes[i].generation + 1;
         // The only node restarting reclaims every lease at once, as an engine on its own
-        // SQLite file does; beside live nodes, leases expire instead.
-        let alone = self.live().is_empty();
+        // SQLite file does; beside live nodes (or on PostgreSQL), leases expire instead.
+        let alone = self.live().is_empty() && self.db.exclusive();
         let engine = self.start_node(i, generation, alone).await?;
-        self.nodes[i] = Node { engine: Some(engine), stalled_until: 0, generation };
+        self.nodes[i] = Node { engine: Some(engine), stalled_until: 0, generation, waiting: Vec::new() };
         self.note(format!("node{i} restarts as node{i}.{generation}"));
         Ok(())
     }
 
     /// Delivers node `i`'s finished work and writes one batch, with the fault drawn.
-    pub(crate) async fn step_node(&mut self, i: usize) -> anyhow::Result<()> {
-        if self.nodes[i].stalled_until > self.step {
+    async fn step_node(&mut self, i: usize) -> anyhow::Result<()> {
+        if self.nodes[i].stalled_until > self.step || self.nodes[i].engine.is_none() {
             return Ok(());
         }
         let draw = self.rng.below(100);
@@ -339,27 +335,40 @@ impl World {
         };
         let mid_batch = (7..=9).contains(&draw) && self.faults.mid_batch;
         let commit_fail = (10..=14).contains(&draw) && self.faults.commit_fail;
-        let Some(engine) = self.nodes[i].engine.as_mut() else { return Ok(()) };
+        if (15..=17).contains(&draw) && self.faults.connection_cut {
+            let owner = self.nodes[i].engine.as_ref().expect("live").owner().to_string();
+            let cut = self.db.cut_connections(&owner).await?;
+            if cut > 0 {
+                self.fault("connection-cut", format!("{owner}: its {cut} database connections are cut"));
+            }
+        }
+        self.write(i, fault, mid_batch, commit_fail).await
+    }
+
+    /// Settles node `i` and writes one batch of it, with `fault` and the armed store
+    /// faults; then checks what it did: the commits it landed, the answers its requests
+    /// got, what the store holds.
+    async fn write(&mut self, i: usize, fault: WriteFault, mid_batch: bool, commit_fail: bool) -> anyhow::Result<()> {
+        let engine = self.nodes[i].engine.as_mut().expect("live");
         engine.settle(Duration::from_secs(10)).await.map_err(|h| anyhow::anyhow!("node{i}: no answer from {h:?}"))?;
         let owner = engine.owner().to_string();
-        if mid_batch {
-            self.observer.execute_batch("UPDATE sim_fault SET armed = 1")?;
+        let leases = observe::leases(&self.db.observer).await?;
+        self.checker.before_write(leases);
+        if mid_batch || commit_fail {
+            let (a, c) = (i32::from(mid_batch), i32::from(commit_fail));
+            self.db.observer.exec(&format!("UPDATE sim_fault SET armed = {a}, commit_armed = {c}")).await?;
         }
-        if commit_fail {
-            self.observer.execute_batch("UPDATE sim_fault SET commit_armed = 1")?;
-        }
+        let now = self.clock_now();
         let engine = self.nodes[i].engine.as_mut().expect("live");
         let wrote = engine.write(fault).await;
         let landed = engine.landed();
-        if mid_batch {
-            self.observer.execute_batch("UPDATE sim_fault SET armed = 0")?;
-        }
-        if commit_fail {
-            self.observer.execute_batch("UPDATE sim_fault SET commit_armed = 0")?;
+        if mid_batch || commit_fail {
+            self.db.observer.exec("UPDATE sim_fault SET armed = 0, commit_armed = 0").await?;
         }
         if !wrote {
             return Ok(());
         }
+        self.batches += 1;
         match fault {
             WriteFault::Before => {
                 self.fault("write-before", format!("{owner}: the batch write fails before the store"))
@@ -381,44 +390,40 @@ impl World {
             let names: Vec<String> = landed.iter().map(|(id, v)| format!("{}@v{v}", self.checker.name(*id))).collect();
             self.note(format!("{owner} committed {}", names.join(" ")));
         }
-        self.record_landed(&owner, landed);
+        if let Err(v) = self.checker.landed(self.step, &owner, &landed) {
+            self.violated(v);
+        }
+        self.collect(i, now).await?;
+        let seen = observe::seen(&self.db.observer, self.last_history).await?;
+        if let Some(last) = seen.history.last() {
+            self.last_history = last.id;
+        }
+        if let Err(v) = self.checker.seen(self.step, &seen) {
+            self.violated(v);
+        }
         Ok(())
     }
 
-    /// Records the commits `owner` landed; a version committed twice breaks the single
-    /// writer (reported at the next check).
-    pub(crate) fn record_landed(&mut self, owner: &str, landed: Vec<(i64, i64)>) {
-        for (id, version) in landed {
-            if let Some(other) = self.checker.landed.insert((id, version), owner.to_string())
-                && self.checker.fatal.is_none()
-            {
-                let name = self.checker.name(id);
-                self.checker.fatal = Some(Violation {
-                    step: self.step,
-                    what: format!("two writers: {name}: version {version} committed by {other} and by {owner}"),
-                    entities: vec![name],
-                });
-            }
-        }
-    }
-
-    /// A client request to a random node.
-    pub(crate) fn clock_now(&self) -> i64 {
-        settle_store::Clock::now_ms(&self.clock)
-    }
-
-    pub(crate) fn collect(&mut self) {
-        let now = self.clock_now();
+    /// Reads the answers node `i`'s batch (written at `now`) gave, in the order it applied
+    /// the requests, and checks the agents' against the protocol.
+    async fn collect(&mut self, i: usize, now: i64) -> anyhow::Result<()> {
+        use tokio::sync::oneshot::error::TryRecvError;
         let mut still = Vec::new();
-        for w in std::mem::take(&mut self.waiting) {
+        let mut answers = Vec::new();
+        for w in std::mem::take(&mut self.nodes[i].waiting) {
             match w {
-                Waiting::Create(mut rx) | Waiting::Command(mut rx) => {
-                    if let Err(tokio::sync::oneshot::error::TryRecvError::Empty) = rx.try_recv() {
+                Waiting::Create(mut rx) => {
+                    if let Err(TryRecvError::Empty) = rx.try_recv() {
                         still.push(Waiting::Create(rx));
                     }
                 }
+                Waiting::Command(mut rx) => {
+                    if let Err(TryRecvError::Empty) = rx.try_recv() {
+                        still.push(Waiting::Command(rx));
+                    }
+                }
                 Waiting::Raise(r, mut rx) => match rx.try_recv() {
-                    Err(tokio::sync::oneshot::error::TryRecvError::Empty) => still.push(Waiting::Raise(r, rx)),
+                    Err(TryRecvError::Empty) => still.push(Waiting::Raise(r, rx)),
                     Ok(Ok(Some((inbox_id, _)))) => {
                         if let Request::Raise { machine, key, event, request_id } = r {
                             self.checker.acked.push(Acked { machine, key, event, request_id, inbox_id });
@@ -427,81 +432,110 @@ impl World {
                     _ => {}
                 },
                 Waiting::Lease(mut rx) => match rx.try_recv() {
-                    Err(tokio::sync::oneshot::error::TryRecvError::Empty) => still.push(Waiting::Lease(rx)),
-                    Ok(Ok(Applied::Leased(tasks))) => {
-                        for t in tasks {
-                            if let Some(token) = t.token {
-                                self.agent_tasks.push(Held {
-                                    task: t.id,
-                                    token,
-                                    key: t.key.to_string(),
-                                    action: t.action.to_string(),
-                                    leased_at: now,
-                                });
-                            }
-                        }
-                    }
-                    _ => {}
+                    Err(TryRecvError::Empty) => still.push(Waiting::Lease(rx)),
+                    Ok(Ok(Applied::Leased(tasks))) => answers.push(AgentAnswer::Leased(tasks)),
+                    Ok(_) => answers.push(AgentAnswer::LeaseLost),
+                    Err(TryRecvError::Closed) => {}
                 },
-                Waiting::Report(mut rx) => {
-                    if let Err(tokio::sync::oneshot::error::TryRecvError::Empty) = rx.try_recv() {
-                        still.push(Waiting::Report(rx));
+                Waiting::Report { task, token, mut reply } => match reply.try_recv() {
+                    Err(TryRecvError::Empty) => still.push(Waiting::Report { task, token, reply }),
+                    Ok(Ok(Applied::Pushed { .. })) => {
+                        answers.push(AgentAnswer::Report { task, token, answer: Answer::Applied })
                     }
-                }
+                    Ok(Ok(Applied::ReportReplayed { .. })) => {
+                        answers.push(AgentAnswer::Report { task, token, answer: Answer::Replayed })
+                    }
+                    Ok(Err(settle_engine::Error::TaskRefused { reason, .. })) => {
+                        answers.push(AgentAnswer::Report { task, token, answer: Answer::Refused(reason) })
+                    }
+                    Ok(_) => answers.push(AgentAnswer::ReportLost { task }),
+                    Err(TryRecvError::Closed) => {}
+                },
             }
         }
-        self.waiting = still;
+        self.nodes[i].waiting = still;
+        if answers.is_empty() {
+            return Ok(());
+        }
+        // The tasks as stored after the batch: for refusals as canceled and lost answers
+        // (every leased task, when a lease's answer was lost: its tokens are unknown).
+        let mut ids: Vec<i64> = answers
+            .iter()
+            .filter_map(|a| match a {
+                AgentAnswer::Report { task, .. } | AgentAnswer::ReportLost { task } => Some(*task),
+                _ => None,
+            })
+            .collect();
+        if answers.iter().any(|a| matches!(a, AgentAnswer::LeaseLost)) {
+            let leased = self.db.observer.rows("SELECT id FROM agent_tasks WHERE status = 'leased'", &[]).await?;
+            ids.extend(leased.iter().map(|r| r[0].int()));
+        }
+        let stored = observe::tasks(&self.db.observer, &ids).await?;
+        for a in answers {
+            match a {
+                AgentAnswer::Leased(tasks) => {
+                    self.checker.agents.leased(&tasks);
+                    for t in tasks {
+                        if let Some(token) = t.token {
+                            let held = Held {
+                                task: t.id,
+                                token,
+                                key: t.key.to_string(),
+                                action: t.action.to_string(),
+                                leased_at: now,
+                            };
+                            self.agent_tasks.push(held);
+                        }
+                    }
+                }
+                AgentAnswer::LeaseLost => {
+                    for (id, s) in &stored {
+                        self.checker.agents.lost(*id, Some(s));
+                    }
+                }
+                AgentAnswer::Report { task, token, answer } => {
+                    let after = stored.get(&task);
+                    if let Err(what) = self.checker.agents.reported(task, &token, now, &answer, after) {
+                        let mut entities = vec![format!("task {task}")];
+                        entities.extend(self.checker.agents.entity(task));
+                        self.violated(Violation { step: self.step, what, entities });
+                    }
+                }
+                AgentAnswer::ReportLost { task } => self.checker.agents.lost(task, stored.get(&task)),
+            }
+        }
+        Ok(())
     }
 
     /// Stops the faults and runs the world until nothing is due: every stalled node steps
     /// again, crashed ones are back, paused, sleeping and parked entities are resumed, the
     /// agent completes every task.
-    pub(crate) async fn heal(&mut self) -> anyhow::Result<()> {
+    async fn heal(&mut self, stop: &std::sync::atomic::AtomicBool) -> anyhow::Result<()> {
         self.note("heal: faults stop; resume every paused, sleeping or parked entity".into());
         for node in &mut self.nodes {
             node.stalled_until = 0;
         }
         let mut resumed = HashMap::new();
         for round in 0..4_000 {
-            if self.agents {
-                self.agent_heal();
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(());
             }
+            self.agent_heal();
             for i in 0..self.nodes.len() {
-                let Some(engine) = self.nodes[i].engine.as_mut() else { continue };
-                engine
-                    .settle(Duration::from_secs(10))
-                    .await
-                    .map_err(|h| anyhow::anyhow!("node{i}: no answer from {h:?}"))?;
-                engine.write(WriteFault::None).await;
-                let owner = engine.owner().to_string();
-                let landed = engine.landed();
-                if !landed.is_empty() {
-                    let names: Vec<String> =
-                        landed.iter().map(|(id, v)| format!("{}@v{v}", self.checker.name(*id))).collect();
-                    self.note(format!("{owner} committed {}", names.join(" ")));
+                if self.nodes[i].engine.is_some() {
+                    self.write(i, WriteFault::None, false, false).await?;
                 }
-                self.record_landed(&owner, landed);
             }
-            self.collect();
-            if let Err(v) = self.checker.check(&self.observer, self.step, false) {
-                self.checker.fatal = Some(v);
+            if self.checker.fatal.is_some() {
                 return Ok(());
             }
             // After the nodes wrote what they queued (a stalled node's pause, say).
-            let resuming = self.resume_stopped(&mut resumed)?;
+            let resuming = self.resume_stopped(&mut resumed).await?;
             let busy =
                 self.nodes.iter().filter_map(|n| n.engine.as_ref()).any(|e| !e.held().is_empty() || e.queued() > 0);
-            let next_due: Option<i64> = self.observer.query_row(
-                "SELECT MIN(due_at) FROM entities WHERE due_at IS NOT NULL AND run_status NOT IN ('killed')",
-                [],
-                |r| r.get(0),
-            )?;
-            let tasks_open: i64 = self.observer.query_row(
-                "SELECT COUNT(*) FROM agent_tasks WHERE status IN ('ready', 'leased')",
-                [],
-                |r| r.get(0),
-            )?;
-            if !busy && !resuming && next_due.is_none() && tasks_open == 0 && self.waiting.is_empty() {
+            let waiting = self.nodes.iter().any(|n| !n.waiting.is_empty());
+            let (next_due, tasks_open) = observe::pending(&self.db.observer).await?;
+            if !busy && !resuming && next_due.is_none() && tasks_open == 0 && !waiting {
                 self.note(format!("heal: at rest after {round} rounds"));
                 return Ok(());
             }
@@ -512,7 +546,7 @@ impl World {
             };
             self.clock.advance(Duration::from_millis(step as u64));
         }
-        self.checker.fatal = Some(Violation {
+        self.violated(Violation {
             step: self.step,
             what: "the world did not come to rest within 4000 rounds of healing".into(),
             entities: vec![],
@@ -523,15 +557,9 @@ impl World {
     /// Resumes entities an operator command or the fault policy stopped (each at most 5
     /// times: one the fault policy parks again and again stays parked); answers whether it
     /// resumed any.
-    pub(crate) fn resume_stopped(&mut self, resumed: &mut HashMap<(String, String), u32>) -> anyhow::Result<bool> {
-        let mut stmt = self.observer.prepare_cached(
-            "SELECT machine, key FROM entities WHERE run_status IN ('paused', 'sleeping', 'fault', 'failed') ORDER BY id",
-        )?;
-        let rows: Vec<(String, String)> =
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?;
-        drop(stmt);
+    async fn resume_stopped(&mut self, resumed: &mut HashMap<(String, String), u32>) -> anyhow::Result<bool> {
         let mut any = false;
-        for (machine, key) in rows {
+        for (machine, key) in observe::stopped(&self.db.observer).await? {
             let n = resumed.entry((machine.clone(), key.clone())).or_default();
             if *n >= 5 {
                 continue;
@@ -542,21 +570,18 @@ impl World {
             let request_id = self.fresh("heal");
             let engine = self.nodes[n].engine.as_mut().expect("live");
             if let Ok(reply) = engine.command(&machine, &key, Command::Resume, &request_id) {
-                self.waiting.push(Waiting::Command(reply));
+                self.nodes[n].waiting.push(Waiting::Command(reply));
             }
             self.note(format!("heal: resume {machine}/{key}"));
         }
         Ok(any)
     }
 
-    /// The healing agent: leases every task and completes it.
-    pub(crate) async fn shutdown(mut self) {
+    /// Ends the world: the nodes go, then the database (its directory or schema).
+    pub(crate) async fn shutdown(mut self) -> anyhow::Result<()> {
         self.nodes.clear();
-        self.waiting.clear();
-        drop(self.observer);
-        drop(self.store);
-        // Let the nodes' tasks see their channels close and let go of the file.
+        // Let the nodes' tasks see their channels close and let go of their connections.
         tokio::task::yield_now().await;
-        drop(self.dir);
+        self.db.close().await
     }
 }

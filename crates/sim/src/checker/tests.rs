@@ -1,0 +1,300 @@
+//! Each invariant sees the bug it exists for: the observations a broken engine or store
+//! would produce, planted in a small sequence, and the invariant fails on them (and holds
+//! on the observations of a correct run).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use settle_core::Machine;
+use settle_store::AgentTask;
+
+use super::*;
+
+fn machines() -> Vec<Arc<Machine>> {
+    vec![
+        Arc::new(settle_builtin::sleeper(Duration::from_secs(30))),
+        Arc::new(settle_builtin::fan_parent()),
+        Arc::new(settle_builtin::fan_child()),
+    ]
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row(
+    id: i64,
+    entity: i64,
+    name: &str,
+    from: Option<&str>,
+    to: Option<&str>,
+    kind: &str,
+    event: Option<&str>,
+    at: i64,
+) -> HistoryRow {
+    let (machine, key) = name.split_once('/').unwrap();
+    HistoryRow {
+        id,
+        entity_id: entity,
+        machine: machine.into(),
+        key: key.into(),
+        from: from.map(Into::into),
+        to: to.map(Into::into),
+        kind: kind.into(),
+        event: event.map(Into::into),
+        at,
+    }
+}
+
+fn seen(history: Vec<HistoryRow>, fired: Vec<Fired>, events: &[(i64, i64)], edges: &[(i64, i64)]) -> Seen {
+    Seen { history, fired, events: events.iter().copied().collect(), edges: edges.to_vec(), hook_twice: None }
+}
+
+fn timer(id: i64, entity: i64, event: &str, raised_at: i64, rejected: bool) -> Fired {
+    Fired { id, entity_id: entity, event: event.into(), kind: "timer".into(), raised_at, rejected }
+}
+
+#[track_caller]
+fn fails(r: Result<(), Violation>, needle: &str) {
+    match r {
+        Err(v) => assert!(v.what.contains(needle), "expected `{needle}` in: {}", v.what),
+        Ok(()) => panic!("the invariant held; expected it to fail with `{needle}`"),
+    }
+}
+
+#[test]
+fn a_commit_by_a_node_that_does_not_hold_the_lease_is_caught() {
+    let mut c = Checker::new(&machines());
+    c.before_write(HashMap::from([(1, Some("node0.0".to_string())), (2, None)]));
+    assert!(c.landed(1, "node0.0", &[(1, 3)]).is_ok(), "the holder commits");
+    // Created by the batch: not in the store when it began.
+    assert!(c.landed(1, "node0.0", &[(5, 1)]).is_ok());
+    // The lease-owner half of the fence gone: node0.0 commits while node1.0 holds it (a
+    // takeover that did not move the version), or after it was released.
+    c.before_write(HashMap::from([(1, Some("node1.0".to_string())), (2, None)]));
+    fails(
+        c.landed(2, "node0.0", &[(1, 4)]),
+        "whose lease it was not: when the batch began the entity was held by node1.0",
+    );
+    fails(c.landed(2, "node0.0", &[(2, 2)]), "held by nobody");
+    // The version half gone too: a version made twice.
+    c.before_write(HashMap::from([(1, Some("node1.0".to_string()))]));
+    fails(c.landed(3, "node1.0", &[(1, 3)]), "two writers: entity#1: version 3 committed by node0.0 and by node1.0");
+}
+
+#[test]
+fn a_broken_history_chain_or_an_event_processed_twice_is_caught() {
+    let mut c = Checker::new(&machines());
+    let z = "sleeper/z1";
+    let ok = seen(
+        vec![
+            row(1, 1, z, None, Some("asleep"), "create", None, 0),
+            row(2, 1, z, Some("asleep"), Some("awake"), "event", Some("wake"), 5),
+        ],
+        vec![],
+        &[(1, 1)],
+        &[],
+    );
+    assert!(c.seen(1, &ok).is_ok());
+    // A commit applied with a stale snapshot: it starts from a state the entity left.
+    fails(
+        c.seen(
+            2,
+            &seen(vec![row(3, 1, z, Some("asleep"), Some("awake"), "event", Some("wake"), 6)], vec![], &[(1, 2)], &[]),
+        ),
+        "history chain broken at row 3",
+    );
+    let mut c = Checker::new(&machines());
+    assert!(c.seen(1, &ok).is_ok());
+    // An event processed again: one more history row than processed events.
+    fails(
+        c.seen(2, &seen(vec![row(3, 1, z, Some("awake"), None, "rejected", Some("wake"), 6)], vec![], &[(1, 1)], &[])),
+        "2 history rows processed an event, but 1 events",
+    );
+    fails(
+        Checker::new(&machines())
+            .seen(1, &seen(vec![row(9, 1, z, Some("asleep"), None, "rejected", Some("x"), 1)], vec![], &[], &[])),
+        "before its creation",
+    );
+}
+
+#[test]
+fn a_timer_firing_again_early_or_after_its_state_was_left_is_caught() {
+    let z = "sleeper/z1";
+    let created = || {
+        let mut c = Checker::new(&machines());
+        c.requested(z.into(), 1_000);
+        assert!(
+            c.seen(1, &seen(vec![row(1, 1, z, None, Some("asleep"), "create", None, 1_200)], vec![], &[], &[])).is_ok()
+        );
+        c
+    };
+    // Due 30 s after the request: fired then, accepted.
+    let mut c = created();
+    let woke = row(2, 1, z, Some("asleep"), Some("awake"), "event", Some("wake"), 31_000);
+    assert!(c.seen(2, &seen(vec![woke.clone()], vec![timer(10, 1, "wake", 31_000, false)], &[(1, 1)], &[])).is_ok());
+    // The same timer fires again before its first firing left the state: rejected, but a
+    // firing all the same.
+    let again = row(3, 1, z, Some("awake"), None, "rejected", Some("wake"), 31_000);
+    fails(
+        c.seen(
+            3,
+            &seen(
+                vec![again],
+                vec![timer(10, 1, "wake", 31_000, false), timer(11, 1, "wake", 31_000, true)],
+                &[(1, 2)],
+                &[],
+            ),
+        ),
+        "fired 2 times in one stay",
+    );
+    // Early: 20 s after the request.
+    let mut c = created();
+    let early = row(2, 1, z, Some("asleep"), Some("awake"), "event", Some("wake"), 20_000);
+    fails(
+        c.seen(2, &seen(vec![early], vec![timer(10, 1, "wake", 20_000, false)], &[(1, 1)], &[])),
+        "before it was due",
+    );
+    // After the state was left (its timer should have been canceled).
+    let mut c = created();
+    assert!(c.seen(2, &seen(vec![woke], vec![timer(10, 1, "wake", 31_000, false)], &[(1, 1)], &[])).is_ok());
+    let late = row(3, 1, z, Some("awake"), None, "rejected", Some("wake"), 50_000);
+    fails(
+        c.seen(
+            3,
+            &seen(
+                vec![late],
+                vec![timer(10, 1, "wake", 31_000, false), timer(12, 1, "wake", 50_000, true)],
+                &[(1, 2)],
+                &[],
+            ),
+        ),
+        "while the entity was in none of its states",
+    );
+}
+
+fn task(id: i64, token: &str, locked_until: i64) -> AgentTask {
+    AgentTask {
+        id,
+        queue: "q".into(),
+        machine: "vm".into(),
+        key: format!("v{id}").into(),
+        entity_id: id,
+        state: "provisioning".into(),
+        action: "provision".into(),
+        entity_version: 1,
+        retry: 0,
+        properties: Default::default(),
+        errors: 0,
+        request_id: None,
+        status: "leased".into(),
+        attempt: 1,
+        token: Some(token.into()),
+        agent: Some("a".into()),
+        locked_until: Some(locked_until),
+        lock_ms: 100,
+        available_at: 0,
+        created_at: 0,
+        outcome: None,
+        error: None,
+    }
+}
+
+fn stored(status: &str) -> Stored {
+    Stored { status: status.into(), token: None, locked_until: None }
+}
+
+#[test]
+fn agent_reports_answered_against_the_protocol_are_caught() {
+    let refused = |r: &str| Answer::Refused(r.into());
+    let mut a = Agents::default();
+    a.leased(&[task(1, "a", 100), task(2, "b", 100), task(3, "c", 100), task(4, "e", 100), task(5, "f", 100)]);
+    // Applied once, then replays.
+    assert!(a.reported(1, "a", 50, &Answer::Applied, Some(&stored("done"))).is_ok());
+    assert!(a.reported(1, "a", 60, &Answer::Replayed, Some(&stored("done"))).is_ok());
+    // Applied twice (a replay not recognised): caught; refused instead of replayed too.
+    assert!(
+        a.reported(1, "a", 70, &Answer::Applied, Some(&stored("done")))
+            .unwrap_err()
+            .contains("protocol answers Replayed")
+    );
+    assert!(a.reported(1, "a", 70, &refused("already reported"), None).is_err());
+    // Applied after the lease expired (the expiry rule broken).
+    let e = a.reported(2, "b", 150, &Answer::Applied, Some(&stored("done"))).unwrap_err();
+    assert!(e.contains("Refused(\"lease expired\") or Refused(\"not leased\")"), "{e}");
+    assert!(a.reported(2, "b", 150, &refused("lease expired 50 ms ago"), None).is_ok());
+    // Applied with a superseded token.
+    a.leased(&[task(3, "d", 300)]);
+    assert!(a.reported(3, "c", 120, &Answer::Applied, Some(&stored("done"))).is_err());
+    assert!(
+        a.reported(3, "c", 120, &refused("lease token superseded: the task was leased again (attempt 2)"), None)
+            .is_ok()
+    );
+    // Refused while the token holds the live lease.
+    assert!(a.reported(4, "e", 50, &refused("lease expired 0 ms ago"), None).is_err());
+    // Canceled: only if the task is canceled after the batch.
+    let canceled = refused("canceled: the entity left the task's state, or was killed");
+    assert!(a.reported(5, "f", 50, &canceled, Some(&stored("leased"))).is_err());
+    assert!(a.reported(5, "f", 50, &canceled, Some(&stored("canceled"))).is_ok());
+    assert_eq!(a.entity(5).as_deref(), Some("vm/v5"));
+}
+
+#[test]
+fn a_subscription_firing_without_its_pattern_or_never_firing_is_caught() {
+    let (f, c1, c2) = ("fanparent/f1", "fanchild/f1-0", "fanchild/f1-1");
+    let edges = [(1, 2), (1, 3)];
+    let start = seen(
+        vec![
+            row(1, 1, f, None, Some("idle"), "create", None, 0),
+            row(2, 1, f, Some("idle"), Some("spawning"), "event", Some("go"), 10),
+            row(3, 1, f, Some("spawning"), Some("waiting"), "auto", None, 20),
+            row(4, 2, c1, None, Some("working"), "create", None, 20),
+            row(5, 3, c2, None, Some("working"), "create", None, 20),
+        ],
+        vec![],
+        &[(1, 1)],
+        &edges,
+    );
+    let one_done =
+        seen(vec![row(6, 2, c1, Some("working"), Some("done"), "auto", None, 30)], vec![], &[(1, 1)], &edges);
+    let both_done =
+        seen(vec![row(7, 3, c2, Some("working"), Some("done"), "auto", None, 35)], vec![], &[(1, 1)], &edges);
+    let fires = |id| {
+        seen(
+            vec![row(id, 1, f, Some("waiting"), Some("done"), "event", Some("children_done"), 40)],
+            vec![],
+            &[(1, 2)],
+            &edges,
+        )
+    };
+    // Fired with one child done of two: the pattern never held.
+    let mut c = Checker::new(&machines());
+    assert!(c.seen(1, &start).is_ok() && c.seen(2, &one_done).is_ok());
+    fails(c.seen(3, &fires(7)), "subscription `children_done` fired in `waiting` (history row 7), but its pattern");
+    // Fired once both are done: holds.
+    let mut c = Checker::new(&machines());
+    assert!(c.seen(1, &start).is_ok() && c.seen(2, &one_done).is_ok() && c.seen(3, &both_done).is_ok());
+    assert!(c.seen(4, &fires(8)).is_ok());
+    // At rest with both done and the parent still waiting: it never fired.
+    let mut c = Checker::new(&machines());
+    assert!(c.seen(1, &start).is_ok() && c.seen(2, &one_done).is_ok() && c.seen(3, &both_done).is_ok());
+    fails(c.end(9, &End::default()), "its subscription `children_done` never fired though its pattern");
+    // Killed, it need not.
+    let killed = End { killed: [f.to_string()].into_iter().collect(), ..End::default() };
+    assert!(c.end(9, &killed).is_ok());
+}
+
+#[test]
+fn the_checkers_own_pattern_reading() {
+    use subscriptions::Mini;
+    let p = Mini::parse("all(*) in [ready]").unwrap();
+    assert!(!p.holds(&[]), "all needs at least one");
+    assert!(p.holds(&[("app", "ready"), ("db", "ready")]));
+    assert!(!p.holds(&[("app", "ready"), ("db", "creating")]));
+    let p = Mini::parse("all(db) in [ready, gone]").unwrap();
+    assert!(p.holds(&[("app", "creating"), ("db", "gone")]));
+    let p = Mini::parse("any(type=db) in [failed]").unwrap();
+    assert!(p.holds(&[("db", "failed")]) && !p.holds(&[("app", "failed")]));
+    let p = Mini::parse("none(*) in [failed]").unwrap();
+    assert!(p.holds(&[]) && !p.holds(&[("x", "failed")]));
+    assert_eq!(Mini::parse("count(type=db in [ready]) >= 2"), None);
+    assert_eq!(Mini::parse("any(*) health error"), None);
+}
