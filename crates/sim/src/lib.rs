@@ -273,3 +273,21 @@ async fn run_seed_keeping(
     w.shutdown().await?;
     Ok(Ran { trace, result })
 }
+
+/// The simulation as a unit test of this crate, in process: seeds `SETTLE_SIM_FROM` ..
+/// `+SETTLE_SIM_SEEDS` (default 0..60) hold every invariant. The mutation harness
+/// (`scripts/mutants.sh`) runs it against every mutant of the decision and plan modules:
+/// without the `settle` binary, a mutant rebuilds only the crates below this one.
+#[cfg(test)]
+mod seeds {
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_seeds_hold_every_invariant() {
+        let var = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        let options = super::Options {
+            seeds: var("SETTLE_SIM_SEEDS", 60),
+            from: var("SETTLE_SIM_FROM", 0),
+            ..Default::default()
+        };
+        assert!(super::run(options).await.expect("the simulation runs"), "a seed broke an invariant (see above)");
+    }
+}
