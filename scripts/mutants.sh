@@ -49,6 +49,7 @@ for group in "${groups[@]}"; do
     args=()
     for f in "${files[@]}"; do args+=(-f "$f"); done
     echo "== mutants of $group (${files[*]})"
+    mkdir -p "$out/$group"
     status=0
     (cd "$tree" && cargo mutants --in-place --no-shuffle --timeout 300 "${args[@]}" --output "$out/$group" "${tests[@]}") || status=$?
     dir="$out/$group/mutants.out"
