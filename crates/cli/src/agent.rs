@@ -74,12 +74,12 @@ pub async fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.until_stdin_closes {
         tokio::select! {
             r = work => r?,
-            _ = crate::stdin_closed() => {}
+            _ = crate::engines::stdin_closed() => {}
         }
     } else {
         tokio::select! {
             r = work => r?,
-            _ = crate::shutdown_signal() => {}
+            _ = crate::engines::shutdown_signal() => {}
         }
     }
     Ok(ExitCode::SUCCESS)

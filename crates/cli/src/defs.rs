@@ -110,7 +110,7 @@ pub fn load_dir(dir: &Path) -> Result<Vec<Machine>, String> {
     let mut report = String::new();
     let mut machines = Vec::new();
     for path in &files {
-        match crate::load_machine(path) {
+        match crate::validate::load_machine(path) {
             Ok((m, _warnings)) => machines.push(m),
             Err(r) => report.push_str(&r),
         }

@@ -6,19 +6,17 @@
 //! a summary read back from the database. A demo interrupted by a crash resumes where it
 //! stopped when `settle demo` runs again on the same file.
 
+use crate::demo_run::{DemoRun, META_KEY, stored_run};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use crate::workers::Workers;
 use anyhow::{Context, bail};
-use serde::{Deserialize, Serialize};
 use settle_engine::{RaiseOptions, Wait};
 use settle_store::{AnyStore, EntityFilter, EntityRow, HistoryKind, Store};
 
 use settle_builtin::ProviderSettings;
-
-const META_KEY: &str = "demo.run";
 
 /// Options of `settle demo`.
 #[derive(clap::Args, Debug)]
@@ -52,31 +50,6 @@ pub struct Args {
     agents: usize,
 }
 
-/// One demo run, stored in the database so an interrupted run can be resumed.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct DemoRun {
-    run: u32,
-    servers: u32,
-    provider: ProviderSettings,
-    done: bool,
-}
-
-impl DemoRun {
-    fn key(&self, i: u32) -> String {
-        format!("r{}-srv-{i:05}", self.run)
-    }
-    fn prefix(&self) -> String {
-        format!("r{}-srv-", self.run)
-    }
-}
-
-async fn stored_run(store: &AnyStore) -> anyhow::Result<Option<DemoRun>> {
-    match store.meta_get(META_KEY).await? {
-        Some(text) => Ok(Some(serde_json::from_str(&text).context("stored demo settings are unreadable")?)),
-        None => Ok(None),
-    }
-}
-
 /// The request id of the `create` of the demo's server `key` (keys hold the run number).
 fn create_request(key: &str) -> String {
     format!("demo-create-{key}")
@@ -85,11 +58,6 @@ fn create_request(key: &str) -> String {
 /// The request id of the `create` event raised on the demo's server `key`.
 fn raise_request(key: &str) -> String {
     format!("demo-raise-{key}")
-}
-
-/// The simulated provider settings of the latest demo run, if any (for `settle run`).
-pub async fn stored_settings(store: &AnyStore) -> anyhow::Result<Option<ProviderSettings>> {
-    Ok(stored_run(store).await?.map(|r| r.provider))
 }
 
 async fn servers_of(store: &AnyStore, run: &DemoRun) -> anyhow::Result<Vec<EntityRow>> {
@@ -165,11 +133,11 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
     let (engine, mut workers) = if args.instances > 0 {
         // Workers read the provider settings stored above when they start.
         (
-            crate::start_driver_engine(store.clone(), &crate::defs::Machines::BUILT_IN).await?,
+            crate::engines::start_driver_engine(store.clone(), &crate::defs::Machines::BUILT_IN).await?,
             Some(Workers::start(db, args.instances)?),
         )
     } else {
-        (crate::start_engine_on(store.clone(), &crate::defs::Machines::BUILT_IN).await?, None)
+        (crate::engines::start_engine_on(store.clone(), &crate::defs::Machines::BUILT_IN).await?, None)
     };
 
     // Create the servers that do not exist yet, then raise `create` on each, every request

@@ -3,10 +3,10 @@
 
 mod agent;
 mod bench;
-mod bench_dormant;
-mod bench_fleet;
 mod defs;
 mod demo;
+mod demo_run;
+mod engines;
 mod inspect;
 mod operate;
 mod print;
@@ -15,16 +15,17 @@ mod report;
 mod serve;
 mod simulate;
 mod telemetry;
+mod validate;
 mod workers;
 mod workload;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use engines::{Stop, run_engine, runtime};
 use settle_core::graph::Format;
-use settle_engine::{Config, Engine};
-use settle_store::AnyStore;
+use validate::{load_machine, validate};
 
 /// Settle: durable workflows on persistent state machines.
 #[derive(Parser, Debug)]
@@ -340,10 +341,6 @@ fn die_quietly_on_closed_pipe() {
 #[cfg(not(unix))]
 fn die_quietly_on_closed_pipe() {}
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
-}
-
 /// Global options given on the command line (not through the environment).
 struct Flags {
     server: bool,
@@ -555,255 +552,4 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         Command::Workload(_) => "workload",
         Command::Simulate(_) => "simulate",
     })
-}
-
-/// Why a definition file did not load.
-enum LoadError {
-    /// It could not be read.
-    Unreadable(std::io::Error),
-    /// It has errors (and perhaps warnings).
-    Invalid(settle_core::Report),
-}
-
-/// Loads and validates one TOML definition.
-fn load_definition(path: &Path) -> Result<(settle_core::Machine, settle_core::Report), LoadError> {
-    let text = std::fs::read_to_string(path).map_err(LoadError::Unreadable)?;
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("machine");
-    settle_core::toml::load(&path.display().to_string(), stem, &text).map_err(LoadError::Invalid)
-}
-
-/// Loads and validates one TOML definition; `Err` holds the printed report.
-fn load_machine(path: &Path) -> Result<(settle_core::Machine, settle_core::Report), String> {
-    load_definition(path).map_err(|e| match e {
-        LoadError::Unreadable(e) => format!("{}: cannot read: {e}", path.display()),
-        LoadError::Invalid(report) => report.to_string(),
-    })
-}
-
-fn validate(files: &[PathBuf], as_json: bool) -> anyhow::Result<ExitCode> {
-    let mut ok = true;
-    let mut loaded = Vec::new();
-    let mut results = Vec::new();
-    for path in files {
-        match load_definition(path) {
-            Ok((m, report)) if as_json => {
-                results.push(serde_json::json!({
-                    "file": path.display().to_string(),
-                    "ok": true,
-                    "machine": m.name().as_str(),
-                    "states": m.states().len(),
-                    "events": m.events().len(),
-                    "actions": m.actions().len(),
-                    "diagnostics": diagnostics_json(&report),
-                }));
-                loaded.push(m);
-            }
-            Ok((m, report)) => {
-                print!("{report}");
-                println!(
-                    "{}: ok: machine `{}` ({} states, {} events, {} actions, {} warnings)",
-                    path.display(),
-                    m.name(),
-                    m.states().len(),
-                    m.events().len(),
-                    m.actions().len(),
-                    report.warnings().count()
-                );
-                loaded.push(m);
-            }
-            Err(e) => {
-                ok = false;
-                let report = match e {
-                    LoadError::Invalid(report) => report,
-                    LoadError::Unreadable(e) if !as_json => {
-                        println!("{}: cannot read: {e}", path.display());
-                        continue;
-                    }
-                    // The file itself as the item of an error diagnostic, as a reader of the
-                    // JSON expects every problem to be.
-                    LoadError::Unreadable(e) => settle_core::Report {
-                        diagnostics: vec![settle_core::Diagnostic {
-                            severity: settle_core::Severity::Error,
-                            file: Some(path.display().to_string()),
-                            line: None,
-                            machine: String::new(),
-                            item: "file".to_string(),
-                            message: format!("cannot read: {e}"),
-                        }],
-                    },
-                };
-                if as_json {
-                    let machine = report.diagnostics.first().map(|d| d.machine.clone()).filter(|m| !m.is_empty());
-                    results.push(serde_json::json!({
-                        "file": path.display().to_string(),
-                        "ok": false,
-                        "machine": machine,
-                        "states": null,
-                        "events": null,
-                        "actions": null,
-                        "diagnostics": diagnostics_json(&report),
-                    }));
-                } else {
-                    print!("{report}");
-                }
-            }
-        }
-    }
-    // Subscriptions name other machines: check them against every machine given.
-    let mut across = settle_core::Report::default();
-    if loaded.len() > 1 {
-        let set: Vec<&settle_core::Machine> = loaded.iter().collect();
-        across = settle_core::validate::check_set(&set);
-        if !as_json {
-            print!("{across}");
-        }
-        ok &= !across.has_errors();
-    }
-    if as_json {
-        let v = serde_json::json!({"ok": ok, "files": results, "across_machines": diagnostics_json(&across)});
-        println!("{v}");
-    }
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
-}
-
-/// `settle validate --json`'s diagnostics: `severity` (`error` or `warning`), `file`,
-/// `line` (null when unknown), `machine`, `item`, `message`.
-fn diagnostics_json(report: &settle_core::Report) -> serde_json::Value {
-    let severity = |s: settle_core::Severity| match s {
-        settle_core::Severity::Error => "error",
-        settle_core::Severity::Warning => "warning",
-    };
-    report
-        .diagnostics
-        .iter()
-        .map(|d| {
-            serde_json::json!({
-                "severity": severity(d.severity),
-                "file": d.file,
-                "line": d.line,
-                "machine": d.machine,
-                "item": d.item,
-                "message": d.message,
-            })
-        })
-        .collect()
-}
-
-/// Starts an engine on `db` running `machines`.
-pub(crate) async fn start_engine(db: &str, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
-    start_engine_on(AnyStore::open(db)?, machines).await
-}
-
-/// Starts an engine on an open store running `machines`.
-pub(crate) async fn start_engine_on(store: AnyStore, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
-    start_engine_with(store, machines, Config::default()).await
-}
-
-/// Starts an engine on an existing database that processes nothing (it claims no due
-/// work): for operator commands, which are written through the engine and return.
-pub(crate) async fn start_command_engine(db: &str, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
-    // Refuse a missing or foreign database before opening it for writing (which would
-    // create it).
-    drop(AnyStore::open_read_only(db)?);
-    start_driver_engine(AnyStore::open(db)?, machines).await
-}
-
-/// An engine that writes (creates, raises, commands) but claims no due work: the driver of
-/// `--instances` runs, whose workers do the processing.
-pub(crate) async fn start_driver_engine(
-    store: AnyStore,
-    machines: &defs::Machines,
-) -> anyhow::Result<Engine<AnyStore>> {
-    start_engine_with(store, machines, Config { max_inflight: 0, ..Config::default() }).await
-}
-
-/// Starts an engine on an open store running `machines` with `config`.
-async fn start_engine_with(
-    store: AnyStore,
-    machines: &defs::Machines,
-    config: Config,
-) -> anyhow::Result<Engine<AnyStore>> {
-    start_built(engine_builder(store, machines, config).await?).await
-}
-
-/// An engine builder on an open store with `machines` bound, and `config` (its lease from
-/// `SETTLE_LEASE` if set).
-pub(crate) async fn engine_builder(
-    store: AnyStore,
-    machines: &defs::Machines,
-    mut config: Config,
-) -> anyhow::Result<settle_engine::EngineBuilder<AnyStore>> {
-    if let Ok(lease) = std::env::var("SETTLE_LEASE") {
-        config.lease = settle_core::duration::parse(&lease).map_err(|e| anyhow::anyhow!("SETTLE_LEASE: {e}"))?;
-    }
-    let provider = demo::stored_settings(&store).await?.unwrap_or_default();
-    Ok(machines.bind(Engine::builder(store).config(config), provider))
-}
-
-/// Starts a built engine; missing handlers are explained.
-pub(crate) async fn start_built(b: settle_engine::EngineBuilder<AnyStore>) -> anyhow::Result<Engine<AnyStore>> {
-    match b.start().await {
-        Ok(engine) => Ok(engine),
-        Err(settle_engine::Error::MissingHandlers(actions)) => anyhow::bail!("{}", defs::missing_handlers(&actions)),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// When `settle run` stops.
-enum Stop {
-    Signal,
-    Idle,
-    StdinClosed,
-}
-
-async fn run_engine(db: &str, machines: &defs::Machines, stop: Stop) -> anyhow::Result<ExitCode> {
-    let engine = start_engine(db, machines).await?;
-    if let Some(what) = machines.describe() {
-        eprintln!("settle: running {what}");
-    }
-    eprintln!("settle: processing due work in {}", engine.store().location());
-    match stop {
-        Stop::Idle => engine.wait_idle().await?,
-        Stop::Signal => {
-            shutdown_signal().await;
-            eprintln!("settle: stopping (finishing running actions)");
-        }
-        Stop::StdinClosed => {
-            tokio::select! {
-                _ = stdin_closed() => {}
-                _ = shutdown_signal() => {}
-            }
-        }
-    }
-    engine.shutdown().await;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Resolves when stdin reaches its end (the parent closed the pipe, or died).
-async fn stdin_closed() {
-    use tokio::io::AsyncReadExt;
-    let mut stdin = tokio::io::stdin();
-    let mut buf = [0u8; 256];
-    while let Ok(n) = stdin.read(&mut buf).await {
-        if n == 0 {
-            return;
-        }
-    }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }

@@ -216,11 +216,11 @@ pub fn run(db: &str, machines: &Machines, target: Target, kind: Kind) -> anyhow:
         Kind::Release => Command::Release,
         Kind::Retry => Command::Retry,
     };
-    crate::runtime()?.block_on(apply(db, machines, target, command))
+    crate::engines::runtime()?.block_on(apply(db, machines, target, command))
 }
 
 async fn apply(db: &str, machines: &Machines, t: Target, command: Command) -> anyhow::Result<ExitCode> {
-    let engine = crate::start_command_engine(db, machines).await?;
+    let engine = crate::engines::start_command_engine(db, machines).await?;
     let result = engine.command(&t.machine, &t.key, command, t.request_id.clone()).await;
     engine.shutdown().await;
     let done = result?;
@@ -239,7 +239,7 @@ async fn apply(db: &str, machines: &Machines, t: Target, command: Command) -> an
 /// initial state has any, is left to `settle run`.
 pub async fn create(db: &str, machines: &Machines, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let properties = a.properties()?;
-    let engine = crate::start_driver_engine(AnyStore::open(db)?, machines).await?;
+    let engine = crate::engines::start_driver_engine(AnyStore::open(db)?, machines).await?;
     let result = engine.create_with(&a.machine, &a.key, properties, a.idempotency_key.clone()).await;
     engine.shutdown().await;
     let created = result?;
@@ -285,9 +285,9 @@ pub async fn raise(db: &str, machines: &Machines, a: RaiseArgs) -> anyhow::Resul
     let engine = if a.wait.is_some() {
         // Refuse a missing database rather than create it.
         drop(AnyStore::open_read_only(db)?);
-        crate::start_engine(db, machines).await?
+        crate::engines::start_engine(db, machines).await?
     } else {
-        crate::start_command_engine(db, machines).await?
+        crate::engines::start_command_engine(db, machines).await?
     };
     let result = raise_on(&engine, &a, params, timeout).await;
     engine.shutdown().await;

@@ -168,7 +168,7 @@ pub fn run(db: &str, machines: Option<&Path>, args: Args) -> anyhow::Result<Exit
         (None, true) => Source::Scenario,
         (None, false) => Source::BuiltIn,
     };
-    crate::runtime()?.block_on(serve(db, source, tokens, config, addrs, listen, args.until_stdin_closes))
+    crate::engines::runtime()?.block_on(serve(db, source, tokens, config, addrs, listen, args.until_stdin_closes))
 }
 
 /// The listener's TLS and timeouts from the flags; errors name the flag or file.
@@ -279,9 +279,9 @@ async fn serve(
     };
     let started = match source {
         Source::Toml(machines) => start_toml_engine(store, machines).await.map_err(anyhow::Error::from),
-        Source::BuiltIn => crate::start_engine_on(store, &crate::defs::Machines::BUILT_IN).await,
+        Source::BuiltIn => crate::engines::start_engine_on(store, &crate::defs::Machines::BUILT_IN).await,
         Source::Scenario => {
-            let timeout = crate::demo::stored_settings(&store).await?.unwrap_or_default().timeout_ms;
+            let timeout = crate::demo_run::stored_settings(&store).await?.unwrap_or_default().timeout_ms;
             let b = Engine::builder(store).config(lease_config());
             let b = settle_builtin::bind_server_via_agents(b, std::time::Duration::from_millis(timeout));
             b.start().await.map_err(anyhow::Error::from)
@@ -334,11 +334,11 @@ async fn serve(
     let stop = async move {
         if until_stdin_closes {
             tokio::select! {
-                _ = crate::stdin_closed() => {}
-                _ = crate::shutdown_signal() => {}
+                _ = crate::engines::stdin_closed() => {}
+                _ = crate::engines::shutdown_signal() => {}
             }
         } else {
-            crate::shutdown_signal().await
+            crate::engines::shutdown_signal().await
         }
         // Agents' long polls would hold the graceful shutdown for up to their wait.
         polls.close_long_polls();

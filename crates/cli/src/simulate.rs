@@ -49,7 +49,7 @@ pub async fn run(db: Option<&str>, args: Args) -> anyhow::Result<ExitCode> {
     // Ctrl-C or SIGTERM ends the seed running at its next step, with its database.
     let stop = options.stop.clone();
     let signal = tokio::spawn(async move {
-        crate::shutdown_signal().await;
+        crate::engines::shutdown_signal().await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let held = settle_sim::run(options).await;

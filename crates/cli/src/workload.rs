@@ -69,8 +69,8 @@ fn bind_chart(b: EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore> {
 pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
     let store = AnyStore::open(db)?;
     store.sql_execute(CHART_HOOKS_TABLE).await?;
-    let b = crate::engine_builder(store, &crate::defs::Machines::BUILT_IN, Config::default()).await?;
-    let engine = crate::start_built(bind_chart(b)).await?;
+    let b = crate::engines::engine_builder(store, &crate::defs::Machines::BUILT_IN, Config::default()).await?;
+    let engine = crate::engines::start_built(bind_chart(b)).await?;
     let (ack_tx, mut ack_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let printer = tokio::spawn(async move {
         while let Some(key) = ack_rx.recv().await {

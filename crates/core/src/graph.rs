@@ -9,7 +9,8 @@
 //! `timeout after 10m` for the timeout of a subscription valid there); an arrow to the end from terminal and deleted states (Mermaid) or
 //! a double circle (DOT). Unstable states are dashed and error-health states red.
 //!
-//! [`Format::Svg`] draws the same edges as an SVG image laid out by [`crate::svg`].
+//! All three draw the edges of [`crate::edges`]; [`Format::Svg`] as an SVG image laid out
+//! by [`crate::svg`].
 //!
 //! ```
 //! use settle_core::graph::{self, Format};
@@ -31,8 +32,8 @@ use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 use std::str::FromStr;
 
-use crate::duration;
-use crate::machine::{Event, Health, Machine, State, StateKind};
+use crate::edges::{edges, notes};
+use crate::machine::{Health, Machine, State, StateKind};
 
 /// A diagram format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,73 +87,6 @@ pub fn render(machine: &Machine, format: Format) -> String {
         Format::Dot => dot(machine),
         Format::Svg => crate::svg::render(machine),
     }
-}
-
-/// An edge of the diagram: `from -> to`, from an auto action or an event.
-pub(crate) struct Edge<'m> {
-    pub(crate) from: &'m str,
-    pub(crate) to: &'m str,
-    pub(crate) label: Label<'m>,
-}
-
-/// What an [`Edge`] is labelled with.
-pub(crate) enum Label<'m> {
-    /// The auto action.
-    Auto(&'m str),
-    /// The event, and what raises it on its own in the source state.
-    Event(&'m str, Vec<String>),
-}
-
-impl Label<'_> {
-    /// The label text; `sep` follows `auto` (Mermaid labels cannot hold a colon).
-    pub(crate) fn text(&self, sep: &str) -> String {
-        match self {
-            Label::Auto(a) => format!("auto{sep} {a}"),
-            Label::Event(e, notes) if notes.is_empty() => e.to_string(),
-            Label::Event(e, notes) => format!("{e} ({})", notes.join(", ")),
-        }
-    }
-}
-
-/// What raises `event` on its own while the entity is in `state`: its subscription, the
-/// timers running there, the timeouts of subscriptions valid there.
-fn raised_by(machine: &Machine, state: &str, event: &Event) -> Vec<String> {
-    let mut notes = Vec::new();
-    if event.subscribe.is_some() {
-        notes.push("subscription".to_string());
-    }
-    for t in machine.timers_in(state).filter(|t| t.event == event.name) {
-        notes.push(format!("timer {}", t.schedule));
-    }
-    for sub in machine.subscriptions_in(state).filter_map(|e| e.subscribe.as_ref()) {
-        if let Some(t) = sub.timeout.as_ref().filter(|t| t.event == event.name) {
-            notes.push(format!("timeout after {}", duration::format(t.after)));
-        }
-    }
-    notes
-}
-
-/// Every edge, grouped by source state in declaration order: the auto action's targets
-/// first, then those of each event valid in the state.
-pub(crate) fn edges(machine: &Machine) -> Vec<Edge<'_>> {
-    let mut out = Vec::new();
-    for s in machine.states() {
-        if let Some(action) = s.auto.as_ref().and_then(|a| machine.action(a)) {
-            for t in &action.targets {
-                out.push(Edge { from: &s.name, to: &t.state, label: Label::Auto(&action.name) });
-            }
-        }
-        for e in machine.events().iter().filter(|e| e.valid_in(&s.name)) {
-            let notes = raised_by(machine, &s.name, e);
-            let actions = e.alternatives.iter().filter(|a| a.applies_at(&s.name)).filter_map(|a| a.action());
-            for action in actions.filter_map(|a| machine.action(a)) {
-                for t in &action.targets {
-                    out.push(Edge { from: &s.name, to: &t.state, label: Label::Event(&e.name, notes.clone()) });
-                }
-            }
-        }
-    }
-    out
 }
 
 fn is_final(s: &State) -> bool {
@@ -370,30 +304,6 @@ fn dot_states(machine: &Machine, parent: Option<&str>, depth: usize, out: &mut S
             let _ = writeln!(out, "{indent}{} [{}];", dot_string(&s.name), attrs.join(", "));
         }
     }
-}
-
-/// A state's entry and exit actions, and the internal transitions declared for it, as
-/// diagram notes (`entry / announce`, `touch / record_touch (internal)`; `sep` follows the
-/// keyword).
-pub(crate) fn notes(machine: &Machine, s: &State, sep: &str) -> Vec<String> {
-    let mut notes = Vec::new();
-    for a in &s.on_entry {
-        notes.push(format!("entry{sep} {a}"));
-    }
-    for (event, actions) in &s.on_entry_from {
-        for a in actions {
-            notes.push(format!("entry from {event}{sep} {a}"));
-        }
-    }
-    for a in &s.on_exit {
-        notes.push(format!("exit{sep} {a}"));
-    }
-    for e in machine.events().iter().filter(|e| e.internal && e.valid_in(&s.name)) {
-        for a in e.actions() {
-            notes.push(format!("{}{sep} {a} (internal)", e.name));
-        }
-    }
-    notes
 }
 
 /// A DOT quoted string: `"` and `\` escaped, line breaks as `\n`.

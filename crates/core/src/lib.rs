@@ -23,6 +23,7 @@
 //! [`upgrade`], [`graph`] (and [`svg`], which draws [`graph`]'s edges) and [`toml::load`].
 
 pub mod duration;
+mod edges;
 pub mod fault;
 pub mod graph;
 pub mod guard;

@@ -16,7 +16,6 @@ use crate::handler::{ActionContext, Handler, HandlerError, Outcome, handler};
 use crate::opwatch::OpWatch;
 use crate::registry::Registry;
 use crate::scheduler::Scheduler;
-use crate::sim::SimNode;
 use crate::watch::Hub;
 
 /// Binds machines and handlers to a store, then [`start`](EngineBuilder::start)s.
@@ -112,21 +111,11 @@ impl<S: Store + Clone> EngineBuilder<S> {
         })
     }
 
-    /// Starts a steppable engine for a deterministic simulation ([`SimNode`]): the same
-    /// checks and definition storage as [`start`](Self::start), no task of its own.
-    /// `reclaim` releases every lease in the store first, as an engine starting on an
-    /// exclusive store does (a simulation sharing one store between several nodes says
-    /// when that happens).
-    pub async fn start_sim(self, reclaim: bool) -> Result<SimNode<S>> {
-        let prepared = self.prepare(reclaim).await?;
-        Ok(SimNode::new(prepared))
-    }
-
     /// Everything [`start`](Self::start) does before the scheduler runs: checks the
     /// bindings and definitions, stores new definition versions (moving entities of
     /// renamed states), and, if `reclaim` and the store is exclusive, releases the leases
     /// a previous engine left.
-    async fn prepare(mut self, reclaim: bool) -> Result<Prepared<S>> {
+    pub(crate) async fn prepare(mut self, reclaim: bool) -> Result<Prepared<S>> {
         if let Some(e) = self.errors.pop() {
             return Err(e);
         }

@@ -24,7 +24,7 @@ use settle_store::{Applied, BatchResult, Command, EntityRow, Op, Store};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::Wait;
-use crate::builder::Prepared;
+use crate::builder::{EngineBuilder, Prepared};
 use crate::engine::{command_op, create_op, push_op};
 use crate::error::Result;
 use crate::msg::Msg;
@@ -65,8 +65,20 @@ pub struct SimNode<S: Store + Clone> {
     answered: u64,
 }
 
+impl<S: Store + Clone> EngineBuilder<S> {
+    /// Starts a steppable engine for a deterministic simulation ([`SimNode`]): the same
+    /// checks and definition storage as [`start`](Self::start), no task of its own.
+    /// `reclaim` releases every lease in the store first, as an engine starting on an
+    /// exclusive store does (a simulation sharing one store between several nodes says
+    /// when that happens).
+    pub async fn start_sim(self, reclaim: bool) -> Result<SimNode<S>> {
+        let prepared = self.prepare(reclaim).await?;
+        Ok(SimNode::new(prepared))
+    }
+}
+
 impl<S: Store + Clone> SimNode<S> {
-    pub(crate) fn new(prepared: crate::builder::Prepared<S>) -> Self {
+    fn new(prepared: Prepared<S>) -> Self {
         let Prepared { store, registry, config } = prepared;
         let (tx, rx) = mpsc::unbounded_channel();
         let offered = std::sync::Arc::new(tokio::sync::Notify::new());

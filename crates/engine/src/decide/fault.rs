@@ -5,7 +5,7 @@
 use settle_core::fault::FaultDecision;
 use settle_store::{AfterCommit, Commit, ErrorRecord, HistoryKind, InboxItem, RunStatus, Telemetry, TransitionRecord};
 
-use super::transition::{event_record, ms, task_offer};
+use super::parts::{event_record, ms, task_offer};
 use super::{Decided, Env, Held, Note};
 use crate::api::EventOutcome;
 use crate::handler::{HandlerError, Outcome};

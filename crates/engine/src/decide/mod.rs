@@ -19,6 +19,7 @@
 //! them into the store's [`Commit`]s.
 
 mod fault;
+mod parts;
 #[cfg(test)]
 mod tests;
 mod transition;
@@ -35,8 +36,8 @@ use settle_store::{
 };
 
 pub(crate) use fault::{FaultError, fault};
+use parts::{event_record, task_offer};
 pub(crate) use transition::{Hooks, Ran, declare, hooks_done, new_entity, transition};
-use transition::{event_record, task_offer};
 
 use crate::api::EventOutcome;
 use crate::handler::Outcome;

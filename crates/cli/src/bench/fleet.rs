@@ -12,7 +12,7 @@ use serde_json::json;
 use settle_core::{EntityKey, MachineName, StateName};
 use settle_store::{AnyStore, Applied, Batch, Command, EntityFilter, NewEntity, Op, Store, TimerPlan};
 
-use crate::bench::round3;
+use super::measure::round3;
 
 /// Options of `settle bench fleet`.
 #[derive(clap::Args, Debug)]

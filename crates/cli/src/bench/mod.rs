@@ -5,6 +5,11 @@
 //! the raise to the entity's next stable state, as a caller of `raise` sees it. `--nested`:
 //! the same steps as substates of one parent with an entry and an exit action.
 
+mod dormant;
+mod fleet;
+mod measure;
+
+pub(crate) use measure::{peak_rss_mb, proc_mb, round3, rss_mb};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -41,12 +46,12 @@ pub enum Bench {
     /// What an operator's reads cost on a large fleet: the overview and a filtered page of
     /// entities, on N entities (1,000,000 by default) spread over a nested machine's states.
     #[command(after_help = "Example:\n  settle --db fleet.db bench fleet --entities 100000 --repeat 11 --json")]
-    Fleet(crate::bench_fleet::FleetArgs),
+    Fleet(fleet::FleetArgs),
     /// A large fleet at rest with pending timers (1,000,000 entities and 100,000 timers by
     /// default): idle RSS after an engine restart, the time to claim due work as the fleet
     /// grows, and how late the timers fire.
     #[command(after_help = "Example:\n  settle bench dormant --entities 200000 --timers 20000 --json")]
-    Dormant(crate::bench_dormant::DormantArgs),
+    Dormant(dormant::DormantArgs),
 }
 
 /// Options of `settle bench agents`.
@@ -180,11 +185,6 @@ pub struct TimersArgs {
     json: bool,
 }
 
-/// Resident set size of this process now, in MiB (Linux; 0 elsewhere).
-pub(crate) fn rss_mb() -> f64 {
-    proc_status_mb("VmRSS:")
-}
-
 async fn timers(db: Option<&str>, args: TimersArgs) -> anyhow::Result<ExitCode> {
     let after = settle_core::duration::parse(&args.after).map_err(|e| anyhow::anyhow!("--after: {e}"))?;
     let (path, _scratch) = bench_db(db);
@@ -294,34 +294,6 @@ impl Drop for Scratch {
     }
 }
 
-/// Peak resident set size of this process in MiB (Linux; 0 elsewhere).
-pub(crate) fn peak_rss_mb() -> f64 {
-    proc_status_mb("VmHWM:")
-}
-
-/// A memory figure of `/proc/self/status` (given in kB there), in MiB; 0 if unavailable.
-fn proc_status_mb(field: &str) -> f64 {
-    proc_file_mb("/proc/self/status", field)
-}
-
-/// `field` of process `pid`'s status, in MiB (Linux; 0 elsewhere).
-fn proc_mb(pid: u32, field: &str) -> f64 {
-    proc_file_mb(&format!("/proc/{pid}/status"), field)
-}
-
-fn proc_file_mb(path: &str, field: &str) -> f64 {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
-}
-
 pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
     match bench {
         Bench::Chain(args) => chain(db, args).await,
@@ -330,11 +302,11 @@ pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Agents(args) => agents(db, args).await,
         Bench::Fleet(args) => {
             let (path, _scratch) = bench_db(db);
-            crate::bench_fleet::fleet(&path, args).await
+            fleet::fleet(&path, args).await
         }
         Bench::Dormant(args) => {
             let (path, _scratch) = bench_db(db);
-            crate::bench_dormant::dormant(&path, args).await
+            dormant::dormant(&path, args).await
         }
     }
 }
@@ -362,7 +334,7 @@ async fn bench_engine(
     if instances == 0 {
         return Ok((local(store).start().await?, None));
     }
-    let engine = crate::start_driver_engine(store, &crate::defs::Machines::BUILT_IN).await?;
+    let engine = crate::engines::start_driver_engine(store, &crate::defs::Machines::BUILT_IN).await?;
     let workers = Workers::start(db, instances)?;
     Ok((engine, Some(workers)))
 }
@@ -609,10 +581,6 @@ async fn stop(engine: Engine<AnyStore>, workers: Option<Workers>) {
         w.stop(Duration::from_secs(30)).await;
     }
     engine.shutdown().await;
-}
-
-pub(crate) fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 fn uuid_suffix() -> String {

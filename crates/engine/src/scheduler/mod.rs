@@ -41,6 +41,10 @@ macro_rules! decide_env {
     };
 }
 
+// After the macro: they use it.
+mod tasks;
+mod upkeep;
+
 /// What to do with the result of an operation once its batch is written.
 pub(crate) enum Pending {
     Create(oneshot::Sender<Result<Option<settle_store::EntityRow>>>),
@@ -226,10 +230,6 @@ impl<S: Store + Clone> Scheduler<S> {
         at
     }
 
-    fn next_supervise(&self) -> Millis {
-        self.last_supervise + self.config.supervise_every.as_millis() as Millis
-    }
-
     /// Answers callers waiting for the engine to go idle (nothing held, queued or
     /// scheduled) or to catch up with its clock (nothing held or queued, nothing due yet,
     /// the supervisor's round done).
@@ -295,36 +295,6 @@ impl<S: Store + Clone> Scheduler<S> {
             }
             Msg::Shutdown(tx) => self.shutdown = Some(tx),
         }
-    }
-
-    /// Every `supervise_every`: mark operations without progress for `hung_after` as hung.
-    pub(crate) fn maybe_supervise(&mut self) {
-        let now = self.clock.now_ms();
-        if now - self.last_supervise < self.config.supervise_every.as_millis() as i64 {
-            return;
-        }
-        self.last_supervise = now;
-        // Sync nested events waited on past their action's lease: the action times out.
-        self.waiters.expire(now);
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            if let Ok(n) = store.entity_count_pending().await {
-                crate::metrics::due_backlog(n);
-            }
-        });
-        self.ops.push(Op::MarkHung { before: now - self.config.hung_after.as_millis() as i64 });
-        self.pending.push(Pending::Supervise);
-    }
-
-    pub(crate) fn maybe_renew(&mut self) {
-        let now = self.clock.now_ms();
-        if self.held.is_empty() || now - self.last_renew < self.lease_ms() / 3 {
-            return;
-        }
-        self.last_renew = now;
-        let ids: Vec<i64> = self.held.keys().copied().collect();
-        self.ops.push(Op::Renew { ids, owner: self.config.owner.clone(), until: now + self.lease_ms() });
-        self.pending.push(Pending::Renew);
     }
 
     async fn write_batch(&mut self) {
@@ -662,151 +632,6 @@ impl<S: Store + Clone> Scheduler<S> {
         let expect = d.expect();
         self.ops.push(Op::Commit(Box::new(d.commit)));
         self.pending.push(Pending::Commit(Box::new(expect)));
-    }
-
-    /// Starts evaluating the entity's subscriptions for a change notice. The successors
-    /// are read outside the scheduler; every notice up to the read is covered by it.
-    fn evaluate(&mut self, id: i64, notice: InboxItem) {
-        let slot = self.held.get_mut(&id).expect("held entity");
-        let (machine, e) = (slot.held.machine.clone(), &slot.held.entity);
-        let (state, fired, version) = (e.state.clone(), e.fired.clone(), e.version);
-        slot.running = Some(Running::Evaluating { notice });
-        let (store, registry, tx) = (self.store.clone(), self.registry.clone(), self.tx.clone());
-        let task = self.next_task();
-        tokio::spawn(async move {
-            let result = match store.successor_snapshot(id).await {
-                Ok(snap) => Ok((
-                    decide::subscription_fires(&machine, &registry, &state, &fired, &snap.successors),
-                    snap.newest_notice,
-                )),
-                Err(e) => Err(e.to_string()),
-            };
-            let _ = tx.send(Msg::Evaluated { entity_id: id, version, task, result });
-        });
-    }
-
-    fn on_evaluated(&mut self, id: i64, version: i64, result: std::result::Result<(Fire, Option<i64>), String>) {
-        let env = decide_env!(self);
-        let Some(slot) = self.held.get_mut(&id) else { return };
-        if slot.held.entity.version != version {
-            return;
-        }
-        let Some(Running::Evaluating { notice }) = slot.running.take() else { return };
-        match result {
-            Ok((fire, newest)) => {
-                let next = decide::evaluated(&mut slot.held, notice, fire, newest, &env);
-                self.carry_out(id, next);
-            }
-            Err(e) => {
-                // The read failed; the notice stays queued and is evaluated again.
-                tracing::warn!(entity = id, error = %e, "cannot read successors");
-                self.release(id);
-            }
-        }
-    }
-
-    fn spawn_action(&mut self, id: i64, action: Arc<Action>, item: Option<InboxItem>) {
-        let now = self.clock.now_ms();
-        let slot = self.held.get_mut(&id).expect("held entity");
-        let machine = slot.held.machine.name().clone();
-        let handler = self.registry.handler(&machine, &action.name).expect("run step has a handler").clone();
-        let e = &slot.held.entity;
-        let locks = Arc::new(Mutex::new(Vec::new()));
-        let ctx = ActionContext {
-            machine: e.machine.clone(),
-            key: e.key.clone(),
-            entity_id: e.id,
-            state: e.state.clone(),
-            action: action.name.clone(),
-            properties: e.properties.clone(),
-            version: e.version,
-            retry: e.retry,
-            event: item.as_ref().map(|i| i.event.clone()),
-            params: item.as_ref().map(|i| i.params.clone()).unwrap_or(Value::Null),
-            request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
-            nested: self.nested.clone(),
-            locks: locks.clone(),
-        };
-        let version = e.version;
-        // operation → event → action: the request id ties the spans together.
-        let span = tracing::info_span!(
-            "action",
-            request_id = ctx.request_id.as_deref().unwrap_or(""),
-            machine = %ctx.machine,
-            key = %ctx.key,
-            state = %ctx.state,
-            action = %ctx.action,
-            event = ctx.event.as_deref().unwrap_or(""),
-        );
-        slot.running = Some(Running::Action { action, item, locks, started: now });
-        // Poll once in place: an action that completes at once (a no-op, a cache hit)
-        // commits in this round instead of a task and a message later.
-        let mut fut = CatchUnwind(tracing::Instrument::instrument(handler(ctx), span));
-        let waker = std::task::Waker::noop();
-        if let std::task::Poll::Ready(result) =
-            std::pin::Pin::new(&mut fut).poll(&mut std::task::Context::from_waker(waker))
-        {
-            self.on_action_done(id, version, FaultError::of_handler(result));
-            return;
-        }
-        let tx = self.tx.clone();
-        let task = self.next_task();
-        tokio::spawn(async move {
-            let result = FaultError::of_handler(fut.await);
-            let _ = tx.send(Msg::ActionDone { entity_id: id, version, task, result });
-        });
-    }
-
-    fn on_action_done(&mut self, id: i64, version: i64, result: std::result::Result<crate::Outcome, FaultError>) {
-        let env = decide_env!(self);
-        let Some(slot) = self.held.get_mut(&id) else { return };
-        if slot.held.entity.version != version {
-            return;
-        }
-        let Some(Running::Action { action, item, locks, started }) = slot.running.take() else { return };
-        let seconds = (env.now - started) as f64 / 1000.0;
-        crate::metrics::action_seconds(&slot.held.entity.machine, &action.name, seconds);
-        let locks = std::mem::take(&mut *locks.lock().expect("locks"));
-        let next = decide::action_done(&mut slot.held, &action, item, result, locks, started, &env);
-        self.carry_out(id, next);
-    }
-
-    /// Runs a transition's entry and exit actions in order on a task: declarative ones are
-    /// applied there, handlers are awaited one after another, each seeing the properties
-    /// as the ones before left them. Their effects join the transition's outcome.
-    fn spawn_hooks(&mut self, id: i64, mut hooks: Hooks) {
-        let slot = self.held.get_mut(&id).expect("held entity");
-        slot.running = Some(Running::Hooks);
-        let entity = slot.held.entity.clone();
-        let (registry, nested, tx) = (self.registry.clone(), self.nested.clone(), self.tx.clone());
-        let task = self.next_task();
-        tokio::spawn(async move {
-            let result = run_hooks(&registry, nested, &entity, &mut hooks).await;
-            let _ = tx.send(Msg::HooksDone {
-                entity_id: id,
-                version: entity.version,
-                task,
-                hooks: Box::new(hooks),
-                result,
-            });
-        });
-    }
-
-    fn on_hooks_done(
-        &mut self,
-        id: i64,
-        version: i64,
-        hooks: Hooks,
-        result: std::result::Result<crate::Outcome, FaultError>,
-    ) {
-        let env = decide_env!(self);
-        let Some(slot) = self.held.get_mut(&id) else { return };
-        if slot.held.entity.version != version || !matches!(slot.running, Some(Running::Hooks)) {
-            return;
-        }
-        slot.running = None;
-        let d = decide::hooks_done(&mut slot.held, hooks, result, &env);
-        self.push(d);
     }
 }
 

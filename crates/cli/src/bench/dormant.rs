@@ -25,8 +25,8 @@ use settle_core::machine::{Machine, MachineBuilder, Schedule};
 use settle_engine::{Engine, EventOutcome, RaiseOptions, Wait};
 use settle_store::{AnyStore, Store, TimerPlan};
 
-use crate::bench::round3;
-use crate::bench_fleet::{SEED_BATCH, at_rest, write_creates};
+use super::fleet::{SEED_BATCH, at_rest, write_creates};
+use super::measure::round3;
 
 /// Options of `settle bench dormant`.
 #[derive(clap::Args, Debug)]
@@ -243,7 +243,7 @@ pub async fn dormant(db: &str, args: DormantArgs) -> anyhow::Result<ExitCode> {
     let start_ms = restarted.elapsed().as_secs_f64() * 1000.0;
     let until_first = (first_due - settle_store::clock::now_ms() - 1_000).max(0) as u64;
     tokio::time::sleep(Duration::from_millis(until_first.min(3_000))).await;
-    let rss_idle = crate::bench::rss_mb();
+    let rss_idle = super::measure::rss_mb();
     let idle_sampled_s = restarted.elapsed().as_secs_f64();
     if until_first == 0 {
         eprintln!("warning: the first timer was due before the idle sample; raise --lead");
@@ -276,7 +276,7 @@ pub async fn dormant(db: &str, args: DormantArgs) -> anyhow::Result<ExitCode> {
         (Some(a), Some(b)) if a > 0.0 => round3(b / a),
         _ => 0.0,
     };
-    let peak_rss = crate::bench::peak_rss_mb();
+    let peak_rss = super::measure::peak_rss_mb();
     let v = json!({
         "entities": args.entities,
         "timers": args.timers,

@@ -1,0 +1,134 @@
+//! Starting engines for the commands (on a database, with the built-in machines or
+//! `--machines`), running one until it is stopped, and the signals that stop it.
+
+use std::process::ExitCode;
+
+use settle_engine::{Config, Engine};
+use settle_store::AnyStore;
+
+use crate::{defs, demo_run};
+
+/// A multi-threaded runtime for a command.
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
+/// Starts an engine on `db` running `machines`.
+pub(crate) async fn start_engine(db: &str, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
+    start_engine_on(AnyStore::open(db)?, machines).await
+}
+
+/// Starts an engine on an open store running `machines`.
+pub(crate) async fn start_engine_on(store: AnyStore, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
+    start_engine_with(store, machines, Config::default()).await
+}
+
+/// Starts an engine on an existing database that processes nothing (it claims no due
+/// work): for operator commands, which are written through the engine and return.
+pub(crate) async fn start_command_engine(db: &str, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
+    // Refuse a missing or foreign database before opening it for writing (which would
+    // create it).
+    drop(AnyStore::open_read_only(db)?);
+    start_driver_engine(AnyStore::open(db)?, machines).await
+}
+
+/// An engine that writes (creates, raises, commands) but claims no due work: the driver of
+/// `--instances` runs, whose workers do the processing.
+pub(crate) async fn start_driver_engine(
+    store: AnyStore,
+    machines: &defs::Machines,
+) -> anyhow::Result<Engine<AnyStore>> {
+    start_engine_with(store, machines, Config { max_inflight: 0, ..Config::default() }).await
+}
+
+/// Starts an engine on an open store running `machines` with `config`.
+async fn start_engine_with(
+    store: AnyStore,
+    machines: &defs::Machines,
+    config: Config,
+) -> anyhow::Result<Engine<AnyStore>> {
+    start_built(engine_builder(store, machines, config).await?).await
+}
+
+/// An engine builder on an open store with `machines` bound, and `config` (its lease from
+/// `SETTLE_LEASE` if set).
+pub(crate) async fn engine_builder(
+    store: AnyStore,
+    machines: &defs::Machines,
+    mut config: Config,
+) -> anyhow::Result<settle_engine::EngineBuilder<AnyStore>> {
+    if let Ok(lease) = std::env::var("SETTLE_LEASE") {
+        config.lease = settle_core::duration::parse(&lease).map_err(|e| anyhow::anyhow!("SETTLE_LEASE: {e}"))?;
+    }
+    let provider = demo_run::stored_settings(&store).await?.unwrap_or_default();
+    Ok(machines.bind(Engine::builder(store).config(config), provider))
+}
+
+/// Starts a built engine; missing handlers are explained.
+pub(crate) async fn start_built(b: settle_engine::EngineBuilder<AnyStore>) -> anyhow::Result<Engine<AnyStore>> {
+    match b.start().await {
+        Ok(engine) => Ok(engine),
+        Err(settle_engine::Error::MissingHandlers(actions)) => anyhow::bail!("{}", defs::missing_handlers(&actions)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// When `settle run` stops.
+pub(crate) enum Stop {
+    Signal,
+    Idle,
+    StdinClosed,
+}
+
+pub(crate) async fn run_engine(db: &str, machines: &defs::Machines, stop: Stop) -> anyhow::Result<ExitCode> {
+    let engine = start_engine(db, machines).await?;
+    if let Some(what) = machines.describe() {
+        eprintln!("settle: running {what}");
+    }
+    eprintln!("settle: processing due work in {}", engine.store().location());
+    match stop {
+        Stop::Idle => engine.wait_idle().await?,
+        Stop::Signal => {
+            shutdown_signal().await;
+            eprintln!("settle: stopping (finishing running actions)");
+        }
+        Stop::StdinClosed => {
+            tokio::select! {
+                _ = stdin_closed() => {}
+                _ = shutdown_signal() => {}
+            }
+        }
+    }
+    engine.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves when stdin reaches its end (the parent closed the pipe, or died).
+pub(crate) async fn stdin_closed() {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = stdin.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
