@@ -60,7 +60,12 @@ pub(crate) async fn engine_builder(
     if let Ok(lease) = std::env::var("SETTLE_LEASE") {
         config.lease = settle_core::duration::parse(&lease).map_err(|e| anyhow::anyhow!("SETTLE_LEASE: {e}"))?;
     }
-    let provider = demo_run::stored_settings(&store).await?.unwrap_or_default();
+    // Only the built-in machines run against the simulated provider, whose settings the
+    // latest demo run on this database chose; machines of a directory have none.
+    let provider = match machines.source {
+        defs::Source::BuiltIn => demo_run::stored_settings(&store).await?.unwrap_or_default(),
+        defs::Source::Dir { .. } => settle_builtin::ProviderSettings::default(),
+    };
     Ok(machines.bind(Engine::builder(store).config(config), provider))
 }
 

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+use settle_core::time::parse_time;
 use settle_engine::{Command, Engine, EventOutcome, RaiseOptions, Wait};
-use settle_server::time::parse_time;
 use settle_store::{AnyStore, Store};
 
 use crate::defs::Machines;

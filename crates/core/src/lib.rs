@@ -32,6 +32,7 @@ pub mod names;
 pub mod pattern;
 pub mod step;
 pub mod svg;
+pub mod time;
 pub mod toml;
 pub mod upgrade;
 pub mod validate;

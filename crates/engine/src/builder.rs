@@ -96,9 +96,11 @@ impl<S: Store + Clone> EngineBuilder<S> {
             ops.clone(),
         );
         let task = tokio::spawn(scheduler.run(rx));
+        let agent_targets = Arc::new(registry.agent_targets());
         Ok(Engine {
             inner: Arc::new(Inner {
                 store,
+                agent_targets,
                 registry,
                 clock,
                 tx,

@@ -10,7 +10,7 @@ use settle_core::step::{self, Properties};
 use settle_core::{EntityKey, EventName, Machine, StateKind, StateName};
 use settle_store::{
     AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, ManualClock, Millis, NewEntity, Op, OpenOperation,
-    OperationRow, Push, RunStatus, SharedClock, Store, TaskFilter, TaskResult,
+    OperationRow, Push, RunStatus, SharedClock, Store, TaskCheck, TaskFilter, TaskResult,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -26,6 +26,8 @@ use crate::watch::{Hub, Want, first_of};
 pub(crate) struct Inner<S> {
     pub(crate) store: S,
     pub(crate) registry: Arc<Registry>,
+    /// The targets of the agent-run actions, which a report is checked against.
+    pub(crate) agent_targets: Arc<std::collections::BTreeMap<(String, String), Vec<String>>>,
     pub(crate) clock: SharedClock,
     pub(crate) tx: mpsc::UnboundedSender<Msg>,
     /// Notified when this engine offered agent tasks.
@@ -455,41 +457,41 @@ impl<S: Store> Engine<S> {
     /// Extends the lease on `task` by its lock time, if `token` still holds it; answers the
     /// new end of the lease (ms since the epoch).
     pub async fn agent_heartbeat(&self, task: i64, token: &str) -> Result<i64> {
-        match self.agent_op(Op::TaskHeartbeat { task, token: token.to_string() }).await? {
+        self.agent_heartbeat_as(task, token, None).await
+    }
+
+    /// [`agent_heartbeat`](Self::agent_heartbeat) for a caller that serves only `queues`
+    /// (`None`: any): a task of another queue is refused ([`TaskRefusal::QueueForbidden`](settle_store::TaskRefusal)).
+    pub async fn agent_heartbeat_as(&self, task: i64, token: &str, queues: Option<Vec<String>>) -> Result<i64> {
+        let check = TaskCheck { queues, targets: Default::default() };
+        match self.agent_op(Op::TaskHeartbeat { task, token: token.to_string(), check }).await? {
             Applied::Extended { locked_until } => Ok(locked_until),
             other => unreachable!("heartbeat answered with {other:?}"),
         }
     }
 
-    /// Reports the result of `task`. Refused ([`Error::TaskRefused`]), changing nothing,
-    /// when `token` no longer holds the lease (it expired or the task was leased again) or
-    /// the task was canceled or reported by another lease; [`Error::BadReport`] when the
-    /// target is not one the action declares. Applied, the report is queued durably to the
-    /// entity, whose engine commits it as the action's outcome; the same token reporting
-    /// again is answered [`Report::Replayed`](crate::Report::Replayed) and changes nothing.
+    /// Reports the result of `task`. Refused ([`Error::Task`]), changing nothing, when
+    /// `token` no longer holds the lease (it expired or the task was leased again) or the
+    /// task was canceled or reported by another lease, when the target is not one the
+    /// action declares, or when there is no such task. Applied, the report is queued durably to the entity in the same transaction,
+    /// and its engine commits it as the action's outcome; the same token reporting again is
+    /// answered [`Report::Replayed`](crate::Report::Replayed) and changes nothing. The task
+    /// is read once, by the store, under lock.
     pub async fn agent_report(&self, task: i64, token: &str, result: TaskResult) -> Result<crate::Report> {
-        if let TaskResult::Complete { target, .. } = &result {
-            let filter = TaskFilter { id: Some(task), ..TaskFilter::default() };
-            let Some(t) = self.inner.store.task_list(filter).await?.pop() else {
-                return Err(Error::TaskRefused { task, reason: "no such task".into() });
-            };
-            let machine = self.inner.registry.machine(&t.machine)?;
-            if let Some(action) = machine.action(&t.action)
-                && action.target(target).is_none()
-            {
-                let declared: Vec<&str> = action.targets.iter().map(|t| t.state.as_str()).collect();
-                return Err(Error::BadReport {
-                    task,
-                    reason: format!(
-                        "action `{}` of machine `{}` may not move to `{target}` (declared: {})",
-                        action.name,
-                        machine.name(),
-                        declared.join(", ")
-                    ),
-                });
-            }
-        }
-        match self.agent_op(Op::TaskReport { task, token: token.to_string(), result }).await? {
+        self.agent_report_as(task, token, result, None).await
+    }
+
+    /// [`agent_report`](Self::agent_report) for a caller that serves only `queues` (`None`:
+    /// any): a task of another queue is refused ([`TaskRefusal::QueueForbidden`](settle_store::TaskRefusal)).
+    pub async fn agent_report_as(
+        &self,
+        task: i64,
+        token: &str,
+        result: TaskResult,
+        queues: Option<Vec<String>>,
+    ) -> Result<crate::Report> {
+        let check = TaskCheck { queues, targets: self.inner.agent_targets.clone() };
+        match self.agent_op(Op::TaskReport { task, token: token.to_string(), result, check }).await? {
             Applied::Pushed { .. } => Ok(crate::Report::Applied),
             Applied::ReportReplayed { .. } => Ok(crate::Report::Replayed),
             other => unreachable!("report answered with {other:?}"),

@@ -84,23 +84,11 @@ pub enum Error {
         /// Key.
         key: String,
     },
-    /// An agent's heartbeat or report was refused (lease expired or superseded, task already
-    /// reported or canceled, unknown task); nothing changed.
-    #[error("task {task}: {reason}")]
-    TaskRefused {
-        /// The task.
-        task: i64,
-        /// Why.
-        reason: String,
-    },
-    /// The agent's report does not fit the task's action (e.g. a target it does not declare).
-    #[error("task {task}: {reason}")]
-    BadReport {
-        /// The task.
-        task: i64,
-        /// Why.
-        reason: String,
-    },
+    /// An agent's heartbeat or report was refused: its lease is not held, the task is
+    /// unknown or of a queue the caller does not serve, or the report does not fit the
+    /// action; nothing changed.
+    #[error(transparent)]
+    Task(#[from] settle_store::TaskRefusal),
     /// The engine is shutting down.
     #[error("engine stopped")]
     Stopped,

@@ -34,6 +34,18 @@ impl Registry {
         served.sort();
         served
     }
+    /// The targets each agent-run action declares, by (machine, action): what an agent's
+    /// completion is checked against when it is applied.
+    pub(crate) fn agent_targets(&self) -> std::collections::BTreeMap<(String, String), Vec<String>> {
+        let mut out = std::collections::BTreeMap::new();
+        for m in self.machines.values() {
+            for a in m.actions().iter().filter(|a| a.agent.is_some()) {
+                let targets = a.targets.iter().map(|t| t.state.to_string()).collect();
+                out.insert((m.name().to_string(), a.name.to_string()), targets);
+            }
+        }
+        out
+    }
     pub(crate) fn machine(&self, name: &str) -> Result<&Arc<Machine>> {
         self.machines.get(name).ok_or_else(|| Error::UnknownMachine(name.to_string()))
     }

@@ -144,11 +144,19 @@ impl<S: Store + Clone> SimNode<S> {
     }
 
     /// Queues an agent's operation: [`Op::TaskLease`], [`Op::TaskHeartbeat`] or
-    /// [`Op::TaskReport`].
+    /// [`Op::TaskReport`] (see [`report`](Self::report)).
     pub fn agent(&mut self, op: Op) -> Reply<Applied> {
         let (reply, rx) = oneshot::channel();
         self.scheduler.on_msg(Msg::Agent { op, reply });
         rx
+    }
+
+    /// Queues an agent's report on `task`, checked against the targets its action declares
+    /// as [`Engine::agent_report`](crate::Engine::agent_report) checks it.
+    pub fn report(&mut self, task: i64, token: &str, result: settle_store::TaskResult) -> Reply<Applied> {
+        let check =
+            settle_store::TaskCheck { queues: None, targets: std::sync::Arc::new(self.registry.agent_targets()) };
+        self.agent(Op::TaskReport { task, token: token.to_string(), result, check })
     }
 
     /// Waits (at most `limit`, in real time) until every handler, hook and evaluation this

@@ -11,7 +11,7 @@ use serde_json::json;
 use settle_core::fault::FaultPolicy;
 use settle_core::{Machine, MachineBuilder, Properties, StateName};
 use settle_engine::{Command, Engine, Error, ManualClock, RaiseOptions, RunStatus, Wait};
-use settle_store::{AgentTask, HistoryKind, SqliteStore, Store, TaskFilter, TaskResult};
+use settle_store::{AgentTask, HistoryKind, SqliteStore, Store, TaskFilter, TaskRefusal, TaskResult};
 
 const LOCK: Duration = Duration::from_millis(300);
 
@@ -122,7 +122,7 @@ async fn a_late_report_is_refused_and_the_task_is_offered_again() {
     let late =
         engine.agent_report(first.id, first.token.as_deref().unwrap(), complete("ready", json!({"ip": "x"}))).await;
     assert!(
-        matches!(late, Err(Error::TaskRefused { ref reason, .. }) if reason.starts_with("lease expired")),
+        matches!(late, Err(Error::Task(TaskRefusal::Refused { ref reason, .. })) if reason.starts_with("lease expired")),
         "{late:?}"
     );
     let e = engine.get("vm", "late").await.unwrap().unwrap();
@@ -132,7 +132,7 @@ async fn a_late_report_is_refused_and_the_task_is_offered_again() {
     assert_eq!((second.id, second.attempt), (first.id, 2), "the same task, offered again");
     let superseded = engine.agent_heartbeat(first.id, first.token.as_deref().unwrap()).await;
     assert!(
-        matches!(superseded, Err(Error::TaskRefused { ref reason, .. }) if reason.starts_with("lease token superseded"))
+        matches!(superseded, Err(Error::Task(TaskRefusal::Refused { ref reason, .. })) if reason.starts_with("lease token superseded"))
     );
     engine
         .agent_report(second.id, second.token.as_deref().unwrap(), complete("ready", json!({"ip": "10.0.0.8"})))
@@ -191,15 +191,22 @@ async fn bad_reports_and_killed_entities_change_nothing() {
     let token = t.token.clone().unwrap();
     let undeclared = engine.agent_report(t.id, &token, complete("new", json!({}))).await;
     assert!(
-        matches!(undeclared, Err(Error::BadReport { ref reason, .. }) if reason.contains("may not move to `new`")),
+        matches!(undeclared, Err(Error::Task(TaskRefusal::BadReport { ref reason, .. })) if reason.contains("may not move to `new`")),
         "{undeclared:?}"
     );
     let unknown = engine.agent_report(9_999, "nope", complete("ready", json!({}))).await;
-    assert!(matches!(unknown, Err(Error::TaskRefused { task: 9_999, .. })), "{unknown:?}");
+    assert!(matches!(unknown, Err(Error::Task(TaskRefusal::Unknown { task: 9_999 }))), "{unknown:?}");
+    let other_queue = engine.agent_report_as(t.id, &token, complete("ready", json!({})), Some(vec!["db".into()])).await;
+    assert!(
+        matches!(other_queue, Err(Error::Task(TaskRefusal::QueueForbidden { ref queue, .. })) if queue == "cloud"),
+        "{other_queue:?}"
+    );
+    let beat = engine.agent_heartbeat_as(t.id, &token, Some(vec!["db".into()])).await;
+    assert!(matches!(beat, Err(Error::Task(TaskRefusal::QueueForbidden { .. }))), "{beat:?}");
     engine.command("vm", "k", Command::Kill, None).await.unwrap();
     let after_kill = engine.agent_report(t.id, &token, complete("ready", json!({"ip": "1"}))).await;
     assert!(
-        matches!(after_kill, Err(Error::TaskRefused { ref reason, .. }) if reason.starts_with("canceled")),
+        matches!(after_kill, Err(Error::Task(TaskRefusal::Refused { ref reason, .. })) if reason.starts_with("canceled")),
         "{after_kill:?}"
     );
     let e = engine.get("vm", "k").await.unwrap().unwrap();

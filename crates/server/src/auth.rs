@@ -369,6 +369,15 @@ impl Caller {
     pub fn role(&self) -> Role {
         self.role
     }
+    /// The agent queues the caller may serve: `None` for any (an admin); none for a role
+    /// that serves no queue.
+    pub fn queues(&self) -> Option<Vec<String>> {
+        match self.role {
+            Role::Admin => None,
+            Role::Agent => Some(self.queues.clone()),
+            _ => Some(Vec::new()),
+        }
+    }
     /// The token's name, if configured.
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()

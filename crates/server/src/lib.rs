@@ -39,13 +39,13 @@ pub mod extract;
 pub mod listen;
 pub mod metrics;
 pub mod model;
+pub mod paths;
 pub mod polls;
 pub mod problem;
 pub mod ratelimit;
 pub mod router;
 pub mod routes;
 pub mod state;
-pub mod time;
 pub mod trace;
 pub mod ui;
 

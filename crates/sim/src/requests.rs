@@ -223,7 +223,7 @@ impl World {
     /// Queues a report on `task` with `token` on node `n`.
     fn report(&mut self, n: usize, task: i64, token: &str, result: TaskResult) {
         let engine = self.nodes[n].engine.as_mut().expect("live");
-        let reply = engine.agent(Op::TaskReport { task, token: token.to_string(), result });
+        let reply = engine.report(task, token, result);
         self.nodes[n].waiting.push(Waiting::Report { task, token: token.to_string(), reply });
     }
 

@@ -10,7 +10,7 @@ use settle_builtin::{self as machines, ProviderSettings};
 use settle_core::Properties;
 use settle_engine::sim::{Reply, SimNode, WriteFault};
 use settle_engine::{Command, Config, Engine, ManualClock, Outcome};
-use settle_store::{AgentTask, AnyStore, Applied, EntityRow};
+use settle_store::{AgentTask, AnyStore, Applied, EntityRow, TaskRefusal};
 
 use crate::backend::SeedDb;
 use crate::checker::{Acked, Answer, Checker, Violation};
@@ -445,7 +445,7 @@ impl World {
                     Ok(Ok(Applied::ReportReplayed { .. })) => {
                         answers.push(AgentAnswer::Report { task, token, answer: Answer::Replayed })
                     }
-                    Ok(Err(settle_engine::Error::TaskRefused { reason, .. })) => {
+                    Ok(Err(settle_engine::Error::Task(TaskRefusal::Refused { reason, .. }))) => {
                         answers.push(AgentAnswer::Report { task, token, answer: Answer::Refused(reason) })
                     }
                     Ok(_) => answers.push(AgentAnswer::ReportLost { task }),

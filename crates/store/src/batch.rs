@@ -8,7 +8,7 @@ use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, Sta
 
 use crate::{
     AgentTask, Command, EntityRow, HistoryKind, InboxItem, Millis, NewEntity, OpenOperation, Push, PushRelated,
-    RunStatus, TaskOffer, TaskResult, Telemetry, TimerPlan,
+    RunStatus, TaskCheck, TaskOffer, TaskRefusal, TaskResult, Telemetry, TimerPlan,
 };
 
 /// A raw SQL statement run inside a commit. Parameters are bound, never interpolated.
@@ -202,9 +202,12 @@ pub enum Op {
         task: i64,
         /// The lease token.
         token: String,
+        /// What the caller may do besides holding the lease.
+        check: TaskCheck,
     },
     /// An agent's report on task `task`: if `token` still holds it, the task is done and the
-    /// report is queued in the entity's inbox (as [`InboxKind::Agent`](crate::InboxKind::Agent)).
+    /// report is queued in the entity's inbox (as [`InboxKind::Agent`](crate::InboxKind::Agent)),
+    /// in the same transaction.
     TaskReport {
         /// The task.
         task: i64,
@@ -212,6 +215,9 @@ pub enum Op {
         token: String,
         /// The result.
         result: TaskResult,
+        /// What the caller may do besides holding the lease, and the targets its action
+        /// declares.
+        check: TaskCheck,
     },
     /// Extend leases held by `owner` on `ids` until `until` (due at that time too).
     Renew {
@@ -342,15 +348,9 @@ pub enum OpError {
         /// Key.
         key: String,
     },
-    /// An agent's heartbeat or report was refused: the lease expired or was superseded,
-    /// the task was already reported or canceled, or it does not exist. Nothing changed.
-    #[error("task {task}: {reason}")]
-    TaskRefused {
-        /// The task.
-        task: i64,
-        /// Why.
-        reason: String,
-    },
+    /// An agent's heartbeat or report was refused; nothing changed.
+    #[error(transparent)]
+    Task(#[from] TaskRefusal),
     /// A raw SQL statement of the commit failed (constraint, syntax, ...).
     #[error("sql statement {index} failed: {message}")]
     Sql {

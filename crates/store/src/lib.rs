@@ -16,6 +16,7 @@ pub mod clock;
 #[cfg(feature = "testing")]
 pub mod conformance;
 mod connections;
+mod decode;
 mod detail;
 mod entity;
 mod history;
@@ -52,7 +53,7 @@ pub use report::{
     TransitionStats, percentile,
 };
 pub use sqlite::SqliteStore;
-pub use task::{AgentReport, AgentTask, TaskFilter, TaskOffer, TaskResult};
+pub use task::{AgentReport, AgentTask, TaskCheck, TaskFilter, TaskOffer, TaskRefusal, TaskResult};
 pub use telemetry::{ErrorRecord, EventRecord, EventRow, Telemetry, TransitionRecord};
 pub use timer::{TimerPlan, TimerRow};
 

@@ -100,6 +100,19 @@ pub struct Overview {
     pub minutes: Vec<MinuteCount>,
 }
 
+impl Overview {
+    /// The overview of these counts and minutes (each store reads them its own way).
+    pub(crate) fn new(
+        entities: Vec<EntityCount>,
+        due_backlog: u64,
+        operations: Vec<(String, u64)>,
+        tasks: Vec<(String, String, u64)>,
+        minutes: Vec<MinuteCount>,
+    ) -> Overview {
+        Overview { entities, due_backlog, operations, tasks, minutes }
+    }
+}
+
 /// Transitions and errors in one minute.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MinuteCount {

@@ -1,7 +1,10 @@
 //! Agent tasks (DESIGN §5): the task a commit offers ([`TaskOffer`]), the task as stored and
 //! leased ([`AgentTask`]), what an agent reports ([`TaskResult`]) and how that report reaches
-//! the entity's inbox ([`AgentReport`]), which tasks to list ([`TaskFilter`]), and when a
-//! heartbeat or report holds, replays or is refused ([`lease`], the rule both stores apply).
+//! the entity's inbox ([`AgentReport`]), which tasks to list ([`TaskFilter`]), and what a
+//! heartbeat or report must satisfy besides its lease ([`TaskCheck`]). The rules of leases,
+//! heartbeats and reports are the plan's (`plan/ops/task.rs`).
+
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
@@ -191,70 +194,56 @@ pub struct TaskFilter {
     pub limit: Option<u64>,
 }
 
-/// What an agent's heartbeat or report with `token` meets on a task in `status`, last
-/// leased with `held` until `locked_until`, at `now` (the rule both stores apply).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Lease {
-    /// The token holds the live lease: the heartbeat or report applies.
-    Held,
-    /// A report with the token whose report was applied already: a replay, which changes
-    /// nothing and is answered as such (the first report stands).
-    Replay,
-    /// Refused, with the reason; nothing changes.
-    Refused(String),
+/// What a heartbeat or report must satisfy besides its lease, checked against the task row
+/// it reads (so that the row is read once, under lock).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskCheck {
+    /// The queues the caller serves; `None`: any.
+    pub queues: Option<Vec<String>>,
+    /// The targets each agent-run action declares, by (machine, action); a completion to
+    /// another target is refused. An action not listed is not checked.
+    pub targets: std::sync::Arc<BTreeMap<(String, String), Vec<String>>>,
 }
 
-/// The rule of [`Lease`]: `report` says whether it is a report (a heartbeat is never a
-/// replay).
-pub(crate) fn lease(
-    status: &str,
-    held: Option<&str>,
-    locked_until: Option<i64>,
-    attempt: u32,
-    token: &str,
-    now: i64,
-    report: bool,
-) -> Lease {
-    let refused = |reason: String| Lease::Refused(reason);
-    match status {
-        "done" if report && held == Some(token) => Lease::Replay,
-        "done" => refused("already reported".into()),
-        "canceled" => refused("canceled: the entity left the task's state, or was killed".into()),
-        "leased" if held != Some(token) => {
-            refused(format!("lease token superseded: the task was leased again (attempt {attempt})"))
-        }
-        "leased" if locked_until.is_none_or(|until| until <= now) => refused(format!(
-            "lease expired {} ms ago (locked_until passed); the task is offered again",
-            now - locked_until.unwrap_or(now)
-        )),
-        "leased" => Lease::Held,
-        _ => refused("not leased: lease the task first".into()),
+impl TaskCheck {
+    /// Whether the caller serves `queue`.
+    pub(crate) fn serves(&self, queue: &str) -> bool {
+        self.queues.as_ref().is_none_or(|q| q.iter().any(|q| q == queue))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_lease_rule() {
-        let t = |status, held: Option<&str>, until: Option<i64>, token, now, report| {
-            lease(status, held, until, 3, token, now, report)
-        };
-        assert_eq!(t("leased", Some("a"), Some(100), "a", 99, true), Lease::Held);
-        assert_eq!(t("leased", Some("a"), Some(100), "a", 99, false), Lease::Held);
-        let expired = t("leased", Some("a"), Some(100), "a", 100, true);
-        assert!(matches!(&expired, Lease::Refused(r) if r.starts_with("lease expired 0 ms ago")), "{expired:?}");
-        let superseded = t("leased", Some("b"), Some(100), "a", 50, true);
-        assert!(matches!(&superseded, Lease::Refused(r) if r.contains("superseded") && r.contains("attempt 3")));
-        // A report again with the token whose report was applied: a replay; not a heartbeat,
-        // not another token's.
-        assert_eq!(t("done", Some("a"), Some(100), "a", 500, true), Lease::Replay);
-        assert_eq!(t("done", Some("a"), Some(100), "a", 50, false), Lease::Refused("already reported".into()));
-        assert_eq!(t("done", Some("b"), Some(100), "a", 50, true), Lease::Refused("already reported".into()));
-        assert!(
-            matches!(t("canceled", Some("a"), Some(100), "a", 50, true), Lease::Refused(r) if r.starts_with("canceled"))
-        );
-        assert!(matches!(t("ready", None, None, "a", 50, true), Lease::Refused(r) if r.starts_with("not leased")));
-    }
+/// Why an agent's heartbeat or report was refused; nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskRefusal {
+    /// The token does not hold the task's lease: it expired or was superseded, or the task
+    /// was reported already or canceled.
+    #[error("task {task}: {reason}")]
+    Refused {
+        /// The task.
+        task: i64,
+        /// Why.
+        reason: String,
+    },
+    /// No agent task has this id.
+    #[error("no task {task}")]
+    Unknown {
+        /// The task.
+        task: i64,
+    },
+    /// The caller does not serve the task's queue ([`TaskCheck::queues`]).
+    #[error("task {task} is of queue `{queue}`, which the caller does not serve")]
+    QueueForbidden {
+        /// The task.
+        task: i64,
+        /// Its queue.
+        queue: String,
+    },
+    /// The report does not fit the task's action (a target it does not declare).
+    #[error("task {task}: {reason}")]
+    BadReport {
+        /// The task.
+        task: i64,
+        /// Why.
+        reason: String,
+    },
 }

@@ -664,7 +664,7 @@ fn op_error(e: OpError) -> Error {
         OpError::NotFound { machine, key } => Error::NotFound { machine, key },
         OpError::AlreadyExists { machine, key } => Error::AlreadyExists { machine, key },
         OpError::Killed { machine, key } => Error::Killed { machine, key },
-        OpError::TaskRefused { task, reason } => Error::TaskRefused { task, reason },
+        OpError::Task(refusal) => Error::Task(refusal),
         other => Error::Store(settle_store::Error::Db(other.to_string())),
     }
 }

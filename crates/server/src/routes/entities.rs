@@ -15,6 +15,7 @@ use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{
     CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related, Timer,
 };
+use crate::paths::{EntityPath, MachinePath};
 use crate::problem::{Kind, Problem};
 use crate::routes::{check_key, entity_location, find_entity, live_entity, parse_limit, unknown_word};
 use crate::state::AppState;
@@ -42,10 +43,7 @@ pub fn write() -> OpenApiRouter<AppState> {
     operation_id = "createEntity",
     path = "/v1/machines/{machine}/entities",
     tag = "entities",
-    params(
-        ("machine" = String, Path, description = "machine name"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id"),
-    ),
+    params(MachinePath, ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id")),
     request_body = CreateEntity,
     responses(
         (status = 201, description = "created; Location is the entity's URL", body = Entity),
@@ -54,7 +52,7 @@ pub fn write() -> OpenApiRouter<AppState> {
 )]
 async fn create(
     State(s): State<AppState>,
-    Path(machine): Path<String>,
+    Path(MachinePath { machine }): Path<MachinePath>,
     IdempotencyKey(request_id): IdempotencyKey,
     JsonBody(body): JsonBody<CreateEntity>,
 ) -> Result<Response, Problem> {
@@ -160,12 +158,15 @@ async fn cursor(s: &AppState, a: &str, by_key: bool) -> Result<(Option<i64>, Opt
     operation_id = "getEntity",
     path = "/v1/machines/{machine}/entities/{key}",
     tag = "entities",
-    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    params(EntityPath),
     responses(
         (status = 200, description = "the entity", body = Entity),
     )
 )]
-async fn get(State(s): State<AppState>, Path((machine, key)): Path<(String, String)>) -> Result<Json<Entity>, Problem> {
+async fn get(
+    State(s): State<AppState>,
+    Path(EntityPath { machine, key }): Path<EntityPath>,
+) -> Result<Json<Entity>, Problem> {
     let e = live_entity(&s, &machine, &key).await?;
     let m = s.machine(&machine)?;
     let mut entity = Entity::from(&e);
@@ -186,14 +187,14 @@ async fn get(State(s): State<AppState>, Path((machine, key)): Path<(String, Stri
     operation_id = "getEntityHistory",
     path = "/v1/machines/{machine}/entities/{key}/history",
     tag = "entities",
-    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    params(EntityPath),
     responses(
         (status = 200, description = "history rows, oldest first", body = Vec<HistoryEntry>),
     )
 )]
 async fn history(
     State(s): State<AppState>,
-    Path((machine, key)): Path<(String, String)>,
+    Path(EntityPath { machine, key }): Path<EntityPath>,
 ) -> Result<Json<Vec<HistoryEntry>>, Problem> {
     let e = find_entity(&s, &machine, &key).await?;
     let rows = s.engine().store().history_list(e.id).await?;
@@ -207,14 +208,14 @@ async fn history(
     operation_id = "getEntityRelated",
     path = "/v1/machines/{machine}/entities/{key}/related",
     tag = "entities",
-    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    params(EntityPath),
     responses(
         (status = 200, description = "predecessors, successors and subscription progress", body = Related),
     )
 )]
 async fn related(
     State(s): State<AppState>,
-    Path((machine, key)): Path<(String, String)>,
+    Path(EntityPath { machine, key }): Path<EntityPath>,
 ) -> Result<Json<Related>, Problem> {
     let e = find_entity(&s, &machine, &key).await?;
     let store = s.engine().store();
@@ -239,14 +240,14 @@ async fn related(
     operation_id = "listEntityTimers",
     path = "/v1/machines/{machine}/entities/{key}/timers",
     tag = "entities",
-    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    params(EntityPath),
     responses(
         (status = 200, description = "pending timers, by name", body = Vec<Timer>),
     )
 )]
 async fn timers(
     State(s): State<AppState>,
-    Path((machine, key)): Path<(String, String)>,
+    Path(EntityPath { machine, key }): Path<EntityPath>,
 ) -> Result<Json<Vec<Timer>>, Problem> {
     let e = find_entity(&s, &machine, &key).await?;
     let rows = s.engine().store().timer_list(e.id).await?;
@@ -259,14 +260,14 @@ async fn timers(
     operation_id = "listEntityErrors",
     path = "/v1/machines/{machine}/entities/{key}/errors",
     tag = "entities",
-    params(("machine" = String, Path, description = "machine name"), ("key" = String, Path, description = "entity key")),
+    params(EntityPath),
     responses(
         (status = 200, description = "errors, newest first", body = Vec<ErrorEntry>),
     )
 )]
 async fn errors(
     State(s): State<AppState>,
-    Path((machine, key)): Path<(String, String)>,
+    Path(EntityPath { machine, key }): Path<EntityPath>,
 ) -> Result<Json<Vec<ErrorEntry>>, Problem> {
     let e = find_entity(&s, &machine, &key).await?;
     let rows = s.engine().store().error_list(e.id, 100).await?;

@@ -22,6 +22,7 @@ use crate::contract::WAIT;
 use crate::extract::{IdempotencyKey, OptionalJsonBody, Path, Query};
 use crate::model::{Entity, EventCheck, RaiseAccepted, RaiseDone, RaiseQuery};
 use crate::operation_location;
+use crate::paths::EventPath;
 use crate::problem::{Kind, Problem};
 use crate::routes::{live_entity, parse_duration, unknown_word};
 use crate::state::AppState;
@@ -44,11 +45,7 @@ pub fn read() -> OpenApiRouter<AppState> {
     operation_id = "checkEvent",
     path = "/v1/machines/{machine}/entities/{key}/events/{event}/check",
     tag = "events",
-    params(
-        ("machine" = String, Path, description = "machine name"),
-        ("key" = String, Path, description = "entity key"),
-        ("event" = String, Path, description = "event name"),
-    ),
+    params(EventPath),
     request_body(content = Option<Object>, description = "the event's parameters", content_type = "application/json"),
     responses(
         (status = 200, description = "the verdict", body = EventCheck),
@@ -56,7 +53,7 @@ pub fn read() -> OpenApiRouter<AppState> {
 )]
 async fn check(
     State(s): State<AppState>,
-    Path((machine, key, event)): Path<(String, String, String)>,
+    Path(EventPath { machine, key, event }): Path<EventPath>,
     OptionalJsonBody(params): OptionalJsonBody<Value>,
 ) -> Result<Json<EventCheck>, Problem> {
     let m = s.machine(&machine)?.clone();
@@ -80,13 +77,7 @@ async fn check(
     operation_id = "raiseEvent",
     path = "/v1/machines/{machine}/entities/{key}/events/{event}",
     tag = "events",
-    params(
-        ("machine" = String, Path, description = "machine name"),
-        ("key" = String, Path, description = "entity key"),
-        ("event" = String, Path, description = "event name"),
-        ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id"),
-        RaiseQuery,
-    ),
+    params(EventPath, ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id"), RaiseQuery),
     request_body(content = Option<Object>, description = "the event's parameters", content_type = "application/json"),
     responses(
         (status = 202, description = "queued; Location is the operation", body = RaiseAccepted),
@@ -95,7 +86,7 @@ async fn check(
 )]
 async fn raise(
     State(s): State<AppState>,
-    Path((machine, key, event)): Path<(String, String, String)>,
+    Path(EventPath { machine, key, event }): Path<EventPath>,
     Query(q): Query<RaiseQuery>,
     IdempotencyKey(request_id): IdempotencyKey,
     OptionalJsonBody(params): OptionalJsonBody<Value>,

@@ -8,6 +8,7 @@ use utoipa_axum::routes;
 
 use crate::extract::{IdempotencyKey, JsonBody, Path};
 use crate::model::{Entity, SleepRequest};
+use crate::paths::EntityPath;
 use crate::problem::{Kind, Problem};
 use crate::routes::live_entity;
 use crate::state::AppState;
@@ -47,11 +48,7 @@ macro_rules! lifecycle {
             operation_id = $id,
             path = $path,
             tag = "lifecycle",
-            params(
-                ("machine" = String, Path, description = "machine name"),
-                ("key" = String, Path, description = "entity key"),
-                ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id"),
-            ),
+            params(EntityPath, ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id")),
             $($body)*
             responses(
                 (status = 200, description = "the entity afterwards", body = Entity),
@@ -71,7 +68,7 @@ macro_rules! command {
             [],
             async fn $name(
                 State(s): State<AppState>,
-                Path((machine, key)): Path<(String, String)>,
+                Path(EntityPath { machine, key }): Path<EntityPath>,
                 IdempotencyKey(request_id): IdempotencyKey,
             ) -> Result<Json<Entity>, Problem> {
                 apply(&s, &machine, &key, $command, request_id).await
@@ -123,11 +120,11 @@ lifecycle!(
     [request_body = SleepRequest,],
     async fn sleep(
         State(s): State<AppState>,
-        Path((machine, key)): Path<(String, String)>,
+        Path(EntityPath { machine, key }): Path<EntityPath>,
         IdempotencyKey(request_id): IdempotencyKey,
         JsonBody(body): JsonBody<SleepRequest>,
     ) -> Result<Json<Entity>, Problem> {
-        let until = crate::time::parse_time(&body.until, s.engine().clock().now_ms())
+        let until = settle_core::time::parse_time(&body.until, s.engine().clock().now_ms())
             .map_err(|e| Problem::new(Kind::InvalidBody, e).field("until"))?;
         apply(&s, &machine, &key, Command::Sleep { until }, request_id).await
     }

@@ -10,6 +10,7 @@ use utoipa_axum::routes;
 
 use crate::extract::{Path, Query};
 use crate::model::{GraphQuery, MachineList, MachineSummary, MachineVersion};
+use crate::paths::MachinePath;
 use crate::problem::{Kind, Problem};
 use crate::state::AppState;
 
@@ -53,12 +54,15 @@ async fn list(State(s): State<AppState>) -> Json<MachineList> {
     operation_id = "getMachine",
     path = "/v1/machines/{machine}",
     tag = "machines",
-    params(("machine" = String, Path, description = "machine name")),
+    params(MachinePath),
     responses(
         (status = 200, description = "the canonical definition", body = Object),
     )
 )]
-async fn definition(State(s): State<AppState>, Path(machine): Path<String>) -> Result<Response, Problem> {
+async fn definition(
+    State(s): State<AppState>,
+    Path(MachinePath { machine }): Path<MachinePath>,
+) -> Result<Response, Problem> {
     let m = s.machine(&machine)?;
     let etag = format!("\"{}\"", m.content_hash());
     Ok(([(header::CONTENT_TYPE, "application/json".to_string()), (header::ETAG, etag)], m.canonical_json())
@@ -73,7 +77,7 @@ async fn definition(State(s): State<AppState>, Path(machine): Path<String>) -> R
     operation_id = "getMachineGraph",
     path = "/v1/machines/{machine}/graph",
     tag = "machines",
-    params(("machine" = String, Path, description = "machine name"), GraphQuery),
+    params(MachinePath, GraphQuery),
     responses(
         (status = 200, description = "the diagram: Mermaid or DOT as text, SVG as an image", content(
             (String = "text/plain"),
@@ -83,7 +87,7 @@ async fn definition(State(s): State<AppState>, Path(machine): Path<String>) -> R
 )]
 async fn diagram(
     State(s): State<AppState>,
-    Path(machine): Path<String>,
+    Path(MachinePath { machine }): Path<MachinePath>,
     Query(q): Query<GraphQuery>,
 ) -> Result<Response, Problem> {
     let m = s.machine(&machine)?;
@@ -106,14 +110,14 @@ async fn diagram(
     operation_id = "listMachineVersions",
     path = "/v1/machines/{machine}/versions",
     tag = "machines",
-    params(("machine" = String, Path, description = "machine name")),
+    params(MachinePath),
     responses(
         (status = 200, description = "stored versions, oldest first", body = Vec<MachineVersion>),
     )
 )]
 async fn versions(
     State(s): State<AppState>,
-    Path(machine): Path<String>,
+    Path(MachinePath { machine }): Path<MachinePath>,
 ) -> Result<Json<Vec<MachineVersion>>, Problem> {
     let m = s.machine(&machine)?;
     let current = m.content_hash();
@@ -138,12 +142,15 @@ async fn versions(
     operation_id = "getMachineToml",
     path = "/v1/machines/{machine}/toml",
     tag = "machines",
-    params(("machine" = String, Path, description = "machine name")),
+    params(MachinePath),
     responses(
         (status = 200, description = "the definition as TOML", body = String, content_type = "application/toml"),
     )
 )]
-async fn toml(State(s): State<AppState>, Path(machine): Path<String>) -> Result<Response, Problem> {
+async fn toml(
+    State(s): State<AppState>,
+    Path(MachinePath { machine }): Path<MachinePath>,
+) -> Result<Response, Problem> {
     let m = s.machine(&machine)?;
     Ok(([(header::CONTENT_TYPE, "application/toml; charset=utf-8")], m.to_toml()).into_response())
 }

@@ -8,6 +8,7 @@ use utoipa_axum::routes;
 use crate::contract::OUTCOME;
 use crate::extract::{Path, Query};
 use crate::model::{Entity, HistoryEntry, Operation, OperationList, OperationQuery, OperationTrace, TraceEntry};
+use crate::paths::OperationPath;
 use crate::problem::{Kind, Problem};
 use crate::routes::{parse_limit, unknown_word};
 use crate::state::AppState;
@@ -45,12 +46,15 @@ async fn list(State(s): State<AppState>, Query(q): Query<OperationQuery>) -> Res
     operation_id = "getOperation",
     path = "/v1/operations/{id}",
     tag = "operations",
-    params(("id" = String, Path, description = "the operation's request id")),
+    params(OperationPath),
     responses(
         (status = 200, description = "the operation", body = Operation),
     )
 )]
-async fn get(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<Operation>, Problem> {
+async fn get(
+    State(s): State<AppState>,
+    Path(OperationPath { id }): Path<OperationPath>,
+) -> Result<Json<Operation>, Problem> {
     Ok(Json(Operation::from(&find_operation(&s, &id).await?)))
 }
 
@@ -71,12 +75,15 @@ const TRACE_ENTITIES: u64 = 1000;
     operation_id = "getOperationTrace",
     path = "/v1/operations/{id}/trace",
     tag = "operations",
-    params(("id" = String, Path, description = "the operation's request id")),
+    params(OperationPath),
     responses(
         (status = 200, description = "the operation with the entities and transitions it touched", body = OperationTrace),
     )
 )]
-async fn trace(State(s): State<AppState>, Path(id): Path<String>) -> Result<Json<OperationTrace>, Problem> {
+async fn trace(
+    State(s): State<AppState>,
+    Path(OperationPath { id }): Path<OperationPath>,
+) -> Result<Json<OperationTrace>, Problem> {
     let row = find_operation(&s, &id).await?;
     let t = settle_store::Store::operation_trace(s.engine().store(), &id, TRACE_ENTITIES).await?;
     let transitions = t

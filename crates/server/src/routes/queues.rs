@@ -22,7 +22,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 use settle_core::StateName;
-use settle_store::{AgentTask, Store, TaskFilter, TaskResult};
+use settle_store::{AgentTask, TaskRefusal, TaskResult};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -30,6 +30,7 @@ use crate::auth::Caller;
 use crate::contract::{AGENT, TASKS, WAIT_MS};
 use crate::extract::{JsonBody, Path};
 use crate::model::{Accepted, CompleteRequest, Extended, FailRequest, HeartbeatRequest, LeaseRequest, Leased, Task};
+use crate::paths::{QueuePath, TaskPath};
 use crate::problem::{Kind, Problem};
 use crate::state::AppState;
 
@@ -53,18 +54,6 @@ fn check_queue(s: &AppState, caller: &Caller, queue: &str) -> Result<(), Problem
         .with("queue", queue));
     }
     Ok(())
-}
-
-/// The task `id`, if the caller may serve its queue.
-async fn task_for(s: &AppState, caller: &Caller, id: i64) -> Result<AgentTask, Problem> {
-    let filter = TaskFilter { id: Some(id), ..TaskFilter::default() };
-    let task =
-        s.engine().store().task_list(filter).await.map_err(|e| Problem::new(Kind::Internal, e.to_string()))?.pop();
-    let Some(task) = task else {
-        return Err(Problem::new(Kind::UnknownTask, format!("no task {id}")).with("task", id));
-    };
-    caller.authorize_queue(&task.queue)?;
-    Ok(task)
 }
 
 fn task_json(s: &AppState, t: AgentTask) -> Task {
@@ -92,12 +81,21 @@ fn task_json(s: &AppState, t: AgentTask) -> Task {
     }
 }
 
-fn refused(e: settle_engine::Error) -> Problem {
+/// A heartbeat's or report's refusal, as the caller is told it (the task is read once, by
+/// the store, which checks its queue, lease and target).
+fn refused(caller: &Caller, e: settle_engine::Error) -> Problem {
     match e {
-        settle_engine::Error::TaskRefused { task, reason } => {
+        settle_engine::Error::Task(TaskRefusal::Unknown { task }) => {
+            Problem::new(Kind::UnknownTask, format!("no task {task}")).with("task", task)
+        }
+        settle_engine::Error::Task(TaskRefusal::QueueForbidden { queue, .. }) => match caller.authorize_queue(&queue) {
+            Err(p) => p,
+            Ok(()) => Problem::new(Kind::Forbidden, format!("this caller may not serve queue `{queue}`")),
+        },
+        settle_engine::Error::Task(TaskRefusal::Refused { task, reason }) => {
             Problem::new(Kind::TaskRefused, format!("task {task}: {reason}")).with("task", task).with("reason", reason)
         }
-        settle_engine::Error::BadReport { task, reason } => {
+        settle_engine::Error::Task(TaskRefusal::BadReport { task, reason }) => {
             Problem::new(Kind::InvalidReport, format!("task {task}: {reason}")).field("target").with("task", task)
         }
         other => other.into(),
@@ -111,7 +109,7 @@ fn refused(e: settle_engine::Error) -> Problem {
     operation_id = "leaseTasks",
     path = "/v1/queues/{queue}/lease",
     tag = "agents",
-    params(("queue" = String, Path, description = "agent queue")),
+    params(QueuePath),
     request_body(content = LeaseRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "the tasks leased (possibly none)", body = Leased),
@@ -120,7 +118,7 @@ fn refused(e: settle_engine::Error) -> Problem {
 async fn lease(
     State(s): State<AppState>,
     caller: Caller,
-    Path(queue): Path<String>,
+    Path(QueuePath { queue }): Path<QueuePath>,
     JsonBody(req): JsonBody<LeaseRequest>,
 ) -> Result<Json<Leased>, Problem> {
     check_queue(&s, &caller, &queue)?;
@@ -162,7 +160,7 @@ async fn lease(
     operation_id = "heartbeatTask",
     path = "/v1/tasks/{id}/heartbeat",
     tag = "agents",
-    params(("id" = i64, Path, description = "task id")),
+    params(TaskPath),
     request_body(content = HeartbeatRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "the lease's new end", body = Extended),
@@ -171,11 +169,11 @@ async fn lease(
 async fn heartbeat(
     State(s): State<AppState>,
     caller: Caller,
-    Path(id): Path<i64>,
+    Path(TaskPath { id }): Path<TaskPath>,
     JsonBody(req): JsonBody<HeartbeatRequest>,
 ) -> Result<Json<Extended>, Problem> {
-    task_for(&s, &caller, id).await?;
-    let locked_until = s.engine().agent_heartbeat(id, &req.token).await.map_err(refused)?;
+    let locked_until =
+        s.engine().agent_heartbeat_as(id, &req.token, caller.queues()).await.map_err(|e| refused(&caller, e))?;
     Ok(Json(Extended { locked_until }))
 }
 
@@ -192,7 +190,7 @@ fn accepted(report: settle_engine::Report) -> Response {
     operation_id = "completeTask",
     path = "/v1/tasks/{id}/complete",
     tag = "agents",
-    params(("id" = i64, Path, description = "task id")),
+    params(TaskPath),
     request_body(content = CompleteRequest, content_type = "application/json"),
     responses(
         (status = 202, description = "accepted: queued durably for the entity", body = Accepted),
@@ -201,10 +199,9 @@ fn accepted(report: settle_engine::Report) -> Response {
 async fn complete(
     State(s): State<AppState>,
     caller: Caller,
-    Path(id): Path<i64>,
+    Path(TaskPath { id }): Path<TaskPath>,
     JsonBody(req): JsonBody<CompleteRequest>,
 ) -> Result<Response, Problem> {
-    task_for(&s, &caller, id).await?;
     let properties = match req.properties {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m,
@@ -214,7 +211,8 @@ async fn complete(
     };
     let result =
         TaskResult::Complete { target: StateName::new(&req.target), properties: properties.into_iter().collect() };
-    let report = s.engine().agent_report(id, &req.token, result).await.map_err(refused)?;
+    let report =
+        s.engine().agent_report_as(id, &req.token, result, caller.queues()).await.map_err(|e| refused(&caller, e))?;
     Ok(accepted(report))
 }
 
@@ -224,7 +222,7 @@ async fn complete(
     operation_id = "failTask",
     path = "/v1/tasks/{id}/fail",
     tag = "agents",
-    params(("id" = i64, Path, description = "task id")),
+    params(TaskPath),
     request_body(content = FailRequest, content_type = "application/json"),
     responses(
         (status = 202, description = "accepted: queued durably for the entity", body = Accepted),
@@ -233,11 +231,11 @@ async fn complete(
 async fn fail(
     State(s): State<AppState>,
     caller: Caller,
-    Path(id): Path<i64>,
+    Path(TaskPath { id }): Path<TaskPath>,
     JsonBody(req): JsonBody<FailRequest>,
 ) -> Result<Response, Problem> {
-    task_for(&s, &caller, id).await?;
     let result = TaskResult::Fail { error: req.error, retryable: req.retryable.unwrap_or(true) };
-    let report = s.engine().agent_report(id, &req.token, result).await.map_err(refused)?;
+    let report =
+        s.engine().agent_report_as(id, &req.token, result, caller.queues()).await.map_err(|e| refused(&caller, e))?;
     Ok(accepted(report))
 }

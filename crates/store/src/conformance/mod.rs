@@ -7,6 +7,7 @@
 //! assertions. The checks are grouped by concept, one file each; this module holds what
 //! they share: the backend's [`Dialect`], the fixtures, and the macro.
 
+mod commands;
 mod commits;
 mod entities;
 mod fleet;
@@ -17,6 +18,9 @@ mod tasks;
 mod telemetry;
 mod timers;
 
+pub use commands::{
+    commands_set_run_status_and_end_their_operation, kill_drops_queued_work_and_cancels_its_operations,
+};
 pub use commits::{
     commit_applies_and_reports_head, commit_is_fenced, effects_are_atomic, preconditions_and_fired,
     rejection_keeps_version,
@@ -27,9 +31,9 @@ pub use leases::{
     auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
     release_never_strands_events,
 };
-pub use operations::operations_end_when_nothing_waits_on_them;
+pub use operations::{hung_operations_are_marked, operations_end_when_nothing_waits_on_them};
 pub use successors::{events_reach_related_entities, successors_and_change_notices};
-pub use tasks::agent_tasks_lease_and_report;
+pub use tasks::{agent_reports_join_the_batch_around_them, agent_tasks_lease_and_report};
 pub use telemetry::{
     entity_errors_and_operation_traces, events_are_listed_per_entity, metrics_snapshot_and_run_status_filter,
     stats_summarise_telemetry,
@@ -156,7 +160,9 @@ macro_rules! store_conformance_suite {
                 entity_errors_and_operation_traces,
                 stats_summarise_telemetry, agent_tasks_lease_and_report, metrics_snapshot_and_run_status_filter,
                 overview_counts_follow_every_write, filtered_pages_match_a_scan,
-                operations_end_when_nothing_waits_on_them;
+                operations_end_when_nothing_waits_on_them, commands_set_run_status_and_end_their_operation,
+                kill_drops_queued_work_and_cancels_its_operations, agent_reports_join_the_batch_around_them,
+                hung_operations_are_marked;
             store_and_dialect: effects_are_atomic
         );
     };

@@ -97,3 +97,55 @@ pub async fn operations_end_when_nothing_waits_on_them<S: Store>(store: S) {
     assert!(store.inbox_list(k.id).await.unwrap().is_empty(), "a killed entity's inbox stays empty");
     assert_eq!(k.due_at, None);
 }
+
+/// An operation open since before a deadline with no progress since is marked hung; one
+/// whose entity entered a state since, or whose event was queued since, is not; an ended
+/// one never is.
+pub async fn hung_operations_are_marked<S: Store>(store: S) {
+    let create = |key: &str, request_id: &str| {
+        Op::Create(crate::NewEntity {
+            request_id: Some(request_id.into()),
+            operation: open(request_id),
+            ..new_entity(key, "working", Some(T0 + 60_000))
+        })
+    };
+    write(
+        &store,
+        T0,
+        vec![create("stuck", "r-stuck"), create("moving", "r-moving"), create("queued", "r-queued")],
+        false,
+    )
+    .await;
+    write(
+        &store,
+        T0,
+        vec![Op::Create(crate::NewEntity {
+            request_id: Some("r-done".into()),
+            operation: open("r-done"),
+            ..new_entity("done", "idle", None)
+        })],
+        false,
+    )
+    .await;
+    // Progress after the deadline: `moving` enters a state under its operation, `queued`
+    // gets an event of its operation.
+    let (m, ev) = claim_with_event(&store, T0 + 100, "moving").await;
+    let mut c = commit(&m, Some("working"), Some(ev.id), AfterCommit::Release);
+    c.request_id = Some("r-moving".into());
+    c.auto_at = Some(T0 + 60_000);
+    assert!(write(&store, T0 + 101, vec![Op::Commit(Box::new(c))], false).await.results[0].is_ok());
+    let nudge = Push { request_id: Some("r-queued".into()), ..push("queued", "nudge") };
+    write(&store, T0 + 102, vec![Op::Push(nudge)], false).await;
+    let r = write(&store, T0 + 200, vec![Op::MarkHung { before: T0 + 50 }], false).await;
+    assert_eq!(r.results[0], Ok(crate::Applied::MarkedHung(1)));
+    let outcome = |r: &'static str| {
+        let store = &store;
+        async move { store.operation_get(r).await.unwrap().unwrap().outcome }
+    };
+    assert_eq!(outcome("r-stuck").await.as_deref(), Some("hung"));
+    assert_eq!(outcome("r-moving").await, None);
+    assert_eq!(outcome("r-queued").await, None);
+    assert_eq!(outcome("r-done").await.as_deref(), Some("success"));
+    let r = write(&store, T0 + 300, vec![Op::MarkHung { before: T0 + 50 }], false).await;
+    assert_eq!(r.results[0], Ok(crate::Applied::MarkedHung(0)), "marked once");
+}

@@ -5,8 +5,8 @@ use settle_core::{ActionName, Properties, StateName};
 
 use super::{T0, command, commit, get, new_entity, push, write};
 use crate::{
-    AfterCommit, AgentReport, AgentTask, Applied, Command, InboxKind, Millis, Op, OpError, RunStatus, Store,
-    TaskFilter, TaskOffer, TaskResult,
+    AfterCommit, AgentReport, AgentTask, Applied, Command, InboxKind, Millis, Op, OpError, RunStatus, Store, TaskCheck,
+    TaskFilter, TaskOffer, TaskRefusal, TaskResult,
 };
 
 fn offer(available_at: Millis) -> TaskOffer {
@@ -27,7 +27,7 @@ async fn task_op<S: Store>(store: &S, now: Millis, op: Op) -> Result<Applied, Op
 
 fn refused(r: Result<Applied, OpError>, task: i64, starts: &str) {
     match r {
-        Err(OpError::TaskRefused { task: t, reason }) if t == task && reason.starts_with(starts) => {}
+        Err(OpError::Task(TaskRefusal::Refused { task: t, reason })) if t == task && reason.starts_with(starts) => {}
         other => panic!("expected task {task} refused with `{starts}…`, got {other:?}"),
     }
 }
@@ -58,13 +58,18 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     assert!(lease(&store, T0 + 200, "y").await.is_empty(), "a leased task is not leased twice");
     let token = t.token.clone().unwrap();
 
-    let hb = |token: &str| Op::TaskHeartbeat { task: t.id, token: token.into() };
+    let hb = |token: &str| Op::TaskHeartbeat { task: t.id, token: token.into(), check: TaskCheck::default() };
     refused(task_op(&store, T0 + 300, hb("forged")).await, t.id, "lease token superseded");
     assert_eq!(task_op(&store, T0 + 500, hb(&token)).await, Ok(Applied::Extended { locked_until: T0 + 1_500 }));
 
     // The lease runs out: the report is refused, the task is offered again.
     let done = TaskResult::Complete { target: StateName::new("done"), properties: Properties::new() };
-    let report = |token: &str| Op::TaskReport { task: t.id, token: token.into(), result: done.clone() };
+    let report = |token: &str| Op::TaskReport {
+        task: t.id,
+        token: token.into(),
+        result: done.clone(),
+        check: TaskCheck::default(),
+    };
     refused(task_op(&store, T0 + 1_500, report(&token)).await, t.id, "lease expired");
     assert!(store.inbox_list(e.id).await.unwrap().is_empty(), "a refused report changes nothing");
     let again = lease(&store, T0 + 1_600, "second-").await;
@@ -109,7 +114,7 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     let cm = commit(&c.entity, Some("idle"), Some(c.inbox_head.unwrap().id), AfterCommit::Release);
     assert!(task_op(&store, T0 + 2_003, Op::Commit(Box::new(cm))).await.is_ok());
     let (task3, token3) = (next[0].id, next[0].token.clone().unwrap());
-    let report3 = Op::TaskReport { task: task3, token: token3, result: done.clone() };
+    let report3 = Op::TaskReport { task: task3, token: token3, result: done.clone(), check: TaskCheck::default() };
     refused(task_op(&store, T0 + 2_004, report3).await, task3, "canceled");
     assert!(store.task_list(TaskFilter { open_only: true, ..TaskFilter::default() }).await.unwrap().is_empty());
 
@@ -123,7 +128,12 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     );
     let moved = lease(&store, T0 + 2_006, "mig-").await;
     assert_eq!((moved.len(), moved[0].state.as_str(), moved[0].entity_version), (1, "toiling", 2));
-    let report = Op::TaskReport { task: moved[0].id, token: moved[0].token.clone().unwrap(), result: done.clone() };
+    let report = Op::TaskReport {
+        task: moved[0].id,
+        token: moved[0].token.clone().unwrap(),
+        result: done.clone(),
+        check: TaskCheck::default(),
+    };
     assert!(task_op(&store, T0 + 2_007, report).await.is_ok());
 
     // Paused entities' tasks wait; kill cancels them.
@@ -142,4 +152,130 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     let all = store.task_list(TaskFilter { queue: Some("q".into()), ..TaskFilter::default() }).await.unwrap();
     assert_eq!(all.len(), 4);
     assert!(all.iter().all(|t| t.status != "ready" && t.status != "leased"), "{all:?}");
+}
+
+/// A report is applied with the operations around it, in batch order, in one transaction:
+/// the task row records the outcome and the agent's error; the report lands in the
+/// entity's inbox beside an event pushed in the same batch; a second report with the same
+/// token in that batch is a replay; a commit before it in the batch that leaves the state
+/// cancels the task (the report is refused), one after it does not undo it. A report on a
+/// task of a queue the caller does not serve, to a target its action does not declare, or
+/// on no task at all, is refused and changes nothing.
+pub async fn agent_reports_join_the_batch_around_them<S: Store>(store: S) {
+    for key in ["x", "y", "z"] {
+        let mut n = new_entity(key, "working", None);
+        n.offer = Some(offer(T0));
+        write(&store, T0, vec![Op::Create(n)], false).await;
+    }
+    let tasks = lease(&store, T0 + 1, "t-").await;
+    assert_eq!(tasks.len(), 3);
+    let task = |key: &str| tasks.iter().find(|t| t.key.as_str() == key).expect("leased").clone();
+    let (x, y, z) = (task("x"), task("y"), task("z"));
+    let fail = TaskResult::Fail { error: "quota".into(), retryable: false };
+    let report = |t: &AgentTask, result: &TaskResult, check: TaskCheck| Op::TaskReport {
+        task: t.id,
+        token: t.token.clone().unwrap(),
+        result: result.clone(),
+        check,
+    };
+    let any = TaskCheck::default;
+
+    // Refusals first: nothing changes.
+    let mut targets = std::collections::BTreeMap::new();
+    targets.insert(("m".to_string(), "work".to_string()), vec!["done".to_string()]);
+    let declared = TaskCheck { queues: None, targets: std::sync::Arc::new(targets) };
+    let wrong = TaskResult::Complete { target: StateName::new("elsewhere"), properties: Properties::new() };
+    let r = write(
+        &store,
+        T0 + 2,
+        vec![
+            report(&x, &wrong, declared.clone()),
+            report(&x, &fail, TaskCheck { queues: Some(vec!["other".into()]), ..any() }),
+            Op::TaskReport { task: 999_999, token: "t".into(), result: fail.clone(), check: any() },
+            Op::TaskHeartbeat {
+                task: x.id,
+                token: x.token.clone().unwrap(),
+                check: TaskCheck { queues: Some(vec![]), ..any() },
+            },
+        ],
+        false,
+    )
+    .await;
+    assert!(
+        matches!(&r.results[0], Err(OpError::Task(TaskRefusal::BadReport { reason, .. })) if reason.contains("may not move to `elsewhere`")),
+        "{:?}",
+        r.results[0]
+    );
+    assert_eq!(r.results[1], Err(OpError::Task(TaskRefusal::QueueForbidden { task: x.id, queue: "q".into() })));
+    assert_eq!(r.results[2], Err(OpError::Task(TaskRefusal::Unknown { task: 999_999 })));
+    assert_eq!(r.results[3], Err(OpError::Task(TaskRefusal::QueueForbidden { task: x.id, queue: "q".into() })));
+    let open = store.task_list(TaskFilter { open_only: true, ..TaskFilter::default() }).await.unwrap();
+    assert_eq!(open.len(), 3, "refusals change nothing");
+
+    // One batch: a push and a report to x, the same report again, a heartbeat on y.
+    let done = TaskResult::Complete { target: StateName::new("done"), properties: Properties::new() };
+    let r = write(
+        &store,
+        T0 + 3,
+        vec![
+            Op::Push(push("x", "poke")),
+            report(&x, &fail, declared.clone()),
+            report(&x, &fail, declared.clone()),
+            Op::TaskHeartbeat { task: y.id, token: y.token.clone().unwrap(), check: any() },
+            report(&z, &done, declared.clone()),
+        ],
+        false,
+    )
+    .await;
+    assert!(matches!(r.results[1], Ok(Applied::Pushed { .. })), "{:?}", r.results[1]);
+    assert_eq!(r.results[2], Ok(Applied::ReportReplayed { task: x.id }));
+    assert_eq!(r.results[3], Ok(Applied::Extended { locked_until: T0 + 3 + 1_000 }));
+    assert!(matches!(r.results[4], Ok(Applied::Pushed { .. })), "{:?}", r.results[4]);
+    let xe = get(&store, "x").await;
+    let inbox = store.inbox_list(xe.id).await.unwrap();
+    let kinds: Vec<InboxKind> = inbox.iter().map(|i| i.kind).collect();
+    assert_eq!(kinds, [InboxKind::Raised, InboxKind::Agent], "the push, then the report, in batch order");
+    assert_eq!(xe.due_at, Some(T0 + 3));
+    let row = |id: i64| {
+        let store = &store;
+        async move { store.task_list(TaskFilter { id: Some(id), ..TaskFilter::default() }).await.unwrap().remove(0) }
+    };
+    let xt = row(x.id).await;
+    assert_eq!(
+        (xt.status.as_str(), xt.outcome.as_deref(), xt.error.as_deref()),
+        ("done", Some("fail"), Some("quota")),
+        "the task records the agent's error"
+    );
+    let zt = row(z.id).await;
+    assert_eq!((zt.status.as_str(), zt.outcome.as_deref(), zt.error.as_deref()), ("done", Some("complete"), None));
+    let yt = row(y.id).await;
+    assert_eq!((yt.status.as_str(), yt.locked_until, yt.available_at), ("leased", Some(T0 + 1_003), T0 + 1_003));
+
+    // y: a commit leaving its state, then its report, in one batch: the task was canceled.
+    let r = write(&store, T0 + 4, vec![Op::Push(push("y", "go"))], true).await;
+    let yc = r.claimed.into_iter().find(|c| c.entity.key == "y").expect("y claimed");
+    let leave = commit(&yc.entity, Some("idle"), yc.inbox_head.map(|i| i.id), AfterCommit::Release);
+    let r = write(&store, T0 + 5, vec![Op::Commit(Box::new(leave)), report(&y, &done, any())], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    refused(r.results[1].clone(), y.id, "canceled");
+    assert_eq!(row(y.id).await.status, "canceled");
+    assert!(store.inbox_list(yc.entity.id).await.unwrap().is_empty());
+
+    // A report, then a commit re-entering the state with a new offer, in one batch: the
+    // report stands and the new entry gets a task of its own.
+    let again = {
+        let mut n = new_entity("v", "working", None);
+        n.offer = Some(offer(T0));
+        write(&store, T0 + 6, vec![Op::Create(n)], false).await;
+        lease(&store, T0 + 7, "v-").await.remove(0)
+    };
+    let r = write(&store, T0 + 8, vec![Op::Push(push("v", "go"))], true).await;
+    let vc = r.claimed.into_iter().find(|c| c.entity.key == "v").expect("v claimed");
+    let mut reenter = commit(&vc.entity, Some("working"), vc.inbox_head.map(|i| i.id), AfterCommit::Release);
+    reenter.offer = Some(offer(T0 + 9));
+    let r = write(&store, T0 + 9, vec![report(&again, &done, any()), Op::Commit(Box::new(reenter))], false).await;
+    assert!(r.results.iter().all(|r| r.is_ok()), "{:?}", r.results);
+    assert_eq!(row(again.id).await.status, "done", "the report stands");
+    let open = store.task_list(TaskFilter { open_only: true, entity_id: Some(vc.entity.id), ..TaskFilter::default() });
+    assert_eq!(open.await.unwrap().len(), 1, "the new entry's task");
 }

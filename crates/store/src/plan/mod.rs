@@ -1,35 +1,41 @@
 //! The batch plan: what a [`Batch`] writes, decided once for both SQL stores.
 //!
-//! A batch is cut into runs of operations. Creates, pushes, commits and releases form
-//! *segments* (a segment never fences the same entity twice); every other operation
-//! (operator commands, agent task operations, lease renewals, hung-operation marking) and
-//! every commit that carries application SQL runs alone, in batch order, under a savepoint
-//! when it can fail after writing.
+//! A batch is cut into *segments* of operations planned together. Creates, pushes, commits,
+//! releases and agent heartbeats and reports join a segment (which never fences the same
+//! entity twice); an operator command, a lease of agent tasks, a renewal of leases and the
+//! marking of hung operations each make a segment of their own, and so does a commit that
+//! carries application SQL (under a savepoint: its SQL may fail after its rows are written).
 //!
 //! A segment is planned in four steps ([`segment`]):
 //! 1. **read**, in a few set-based reads: the entities it touches (locked until the batch
 //!    commits, on PostgreSQL), the predecessors of those whose state may change, the
 //!    predecessors or successors a commit pushes an event to, the first inbox item each
-//!    fenced entity keeps, the timers that change;
-//! 2. **open operations** of external creates and raises, which tells replayed request
-//!    ids;
+//!    fenced entity keeps, the timers that change, the agent tasks heartbeaten or reported
+//!    (locked, with their entities), what a commanded entity holds;
+//! 2. **open operations** of external creates, raises and commands, which tells replayed
+//!    request ids;
 //! 3. **decide** every operation in batch order against an in-memory copy of those rows —
-//!    fences, preconditions, existence, the new columns and due times, history, telemetry,
-//!    inbox items — exactly as if they applied one after another. Every check comes before
-//!    any write, so a failing operation leaves nothing to undo;
+//!    fences, preconditions, existence, leases of tasks, the new columns and due times,
+//!    history, telemetry, inbox items — exactly as if they applied one after another. Every
+//!    check comes before any write, so a failing operation leaves nothing to undo. The
+//!    rules of commands, agent tasks, renewals and hung operations are pure functions of
+//!    their own ([`ops`]);
 //! 4. **write** one set of rows per table.
 //!
 //! A [`Dialect`] carries out each read and each set of rows: SQLite row by row with cached
 //! statements (in-process, no round trips), PostgreSQL as one statement over arrays, so the
 //! round trips of a batch do not grow with its size. Only the dialects know SQL; only the
-//! plan decides.
+//! plan decides. What differs between the databases beyond SQL — claiming due entities and
+//! firing timers, where PostgreSQL skips rows other instances hold — is the dialect's
+//! [`finish`](Dialect::finish).
 
+pub(crate) mod ops;
 pub(crate) mod rows;
 mod segment;
 
 pub(crate) use self::rows::{Finish, ReadSet, Reads, Writes};
 
-use crate::{Applied, Batch, BatchResult, Claimed, Millis, Op, OpError, Push, SqlStatement};
+use crate::{Batch, BatchResult, Claimed, Fence, Millis, Op, OpError, SqlStatement};
 
 /// What a plan needs from a SQL backend, in three phases per segment or batch: one read,
 /// one write, and the batch's finish. Each phase is a whole set of statements, so a
@@ -49,10 +55,6 @@ pub(crate) trait Dialect {
 
     /// Runs a commit's application SQL (after the rest of the commit is written).
     fn user_sql(&mut self, statements: &[SqlStatement]) -> Result<Result<(), OpError>, Self::Error>;
-    /// Applies an operation that is not planned in segments: commands, agent task
-    /// operations, renewals, hung-operation marking. A task report answers the push that
-    /// carries it to its entity, which the plan then applies.
-    fn other(&mut self, now: Millis, op: &Op) -> Result<Result<Other, OpError>, Self::Error>;
 
     /// Starts a savepoint around one operation.
     fn savepoint(&mut self) -> Result<(), Self::Error>;
@@ -67,28 +69,27 @@ pub(crate) trait Dialect {
     fn finish(&mut self, f: &Finish<'_>) -> Result<(Vec<Claimed>, Option<Millis>), Self::Error>;
 }
 
-/// What [`Dialect::other`] did.
-pub(crate) enum Other {
-    /// The operation is applied.
-    Applied(Applied),
-    /// The operation is a push still to apply (an agent's report).
-    Push(Push),
-}
-
 /// How an operation is applied.
 #[derive(PartialEq, Eq)]
 enum Kind {
+    /// With the operations around it.
     Segment,
+    /// A segment of its own.
+    Own,
     /// A commit with application SQL: a segment of its own, under a savepoint.
-    Alone,
-    Other,
+    Sql,
 }
 
 fn kind(op: &Op) -> Kind {
     match op {
-        Op::Commit(c) if !c.sql.is_empty() => Kind::Alone,
-        Op::Create(_) | Op::Push(_) | Op::Commit(_) | Op::Release(_) => Kind::Segment,
-        _ => Kind::Other,
+        Op::Commit(c) if !c.sql.is_empty() => Kind::Sql,
+        Op::Create(_)
+        | Op::Push(_)
+        | Op::Commit(_)
+        | Op::Release(_)
+        | Op::TaskHeartbeat { .. }
+        | Op::TaskReport { .. } => Kind::Segment,
+        Op::Command { .. } | Op::TaskLease { .. } | Op::Renew { .. } | Op::MarkHung { .. } => Kind::Own,
     }
 }
 
@@ -99,11 +100,6 @@ fn fenced(op: &Op) -> Option<i64> {
         Op::Release(f) => Some(f.entity_id),
         _ => None,
     }
-}
-
-/// Whether an operation applied alone can fail after writing, so it needs a savepoint.
-fn needs_savepoint(op: &Op) -> bool {
-    matches!(op, Op::Command { .. } | Op::TaskReport { .. })
 }
 
 /// Applies a batch inside the caller's transaction, claims due work, and ends the
@@ -131,8 +127,14 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                 results.extend(done.results);
                 i = end;
             }
-            Kind::Alone => {
-                let Op::Commit(c) = &ops[i] else { unreachable!("alone means a commit") };
+            Kind::Own => {
+                let done = segment::apply(d, now, &[&ops[i]])?;
+                others_due |= done.due_now;
+                results.extend(done.results);
+                i += 1;
+            }
+            Kind::Sql => {
+                let Op::Commit(c) = &ops[i] else { unreachable!("application SQL is a commit's") };
                 d.savepoint()?;
                 let done = segment::apply(d, now, &[&ops[i]])?;
                 let mut r = done.results.into_iter().next().expect("one result per operation");
@@ -150,40 +152,31 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                 results.push(r);
                 i += 1;
             }
-            Kind::Other => {
-                let op = &ops[i];
-                let savepoint = needs_savepoint(op);
-                if savepoint {
-                    d.savepoint()?;
-                }
-                let r = match d.other(now, op)? {
-                    // A command may make its entity due (resume, retry, release).
-                    Ok(Other::Applied(applied)) => {
-                        others_due |= matches!(applied, Applied::Commanded(_));
-                        Ok(applied)
-                    }
-                    Ok(Other::Push(push)) => {
-                        let push = Op::Push(push);
-                        let done = segment::apply(d, now, &[&push])?;
-                        others_due |= done.due_now;
-                        done.results.into_iter().next().expect("one result per operation")
-                    }
-                    Err(e) => Err(e),
-                };
-                if savepoint {
-                    if r.is_ok() {
-                        d.release_savepoint()?;
-                    } else {
-                        d.rollback_savepoint()?;
-                    }
-                }
-                results.push(r);
-                i += 1;
-            }
         }
     }
     let changed = crate::changes::changed(batch, &results);
     let finish = Finish { now, claim: batch.claim.as_ref(), changed, others_due };
     let (claimed, next_due) = d.finish(&finish)?;
     Ok(BatchResult { results, claimed, next_due })
+}
+
+/// Drops every lease (an exclusive engine starting: whoever held them is gone), in the
+/// caller's transaction, and ends it: each leased entity is released as by
+/// [`Op::Release`] (due at its auto action, or now if its inbox holds events), and the open
+/// operations count a restart. Answers how many leases were dropped.
+pub(crate) fn release_all<D: Dialect>(d: &mut D, now: Millis) -> Result<u64, D::Error> {
+    let leased = d.read(&Reads { leased: true, ..Reads::default() })?.leased;
+    let ops: Vec<Op> = leased
+        .into_iter()
+        .map(|(entity_id, version, owner)| Op::Release(Fence { entity_id, version, owner }))
+        .collect();
+    let ops: Vec<&Op> = ops.iter().collect();
+    let done = segment::apply(d, now, &ops)?;
+    let released = done.results.iter().filter(|r| r.is_ok()).count() as u64;
+    if released > 0 {
+        // A previous engine died with work in flight: the open operations live on.
+        d.write(&Writes { now, restarted: true, ..Writes::default() })?;
+    }
+    d.finish(&Finish { now, claim: None, changed: Vec::new(), others_due: done.due_now })?;
+    Ok(released)
 }

@@ -2,7 +2,8 @@
 //! [`Dialect`](super::Dialect) a whole set at a time.
 
 use crate::changes::Changed;
-use crate::{Claim, InboxItem, Millis, RunStatus, TimerRow};
+pub(crate) use crate::decode::Columns;
+use crate::{AgentTask, Claim, EntityRow, InboxItem, Millis, RunStatus, TimerRow};
 
 /// What a segment reads (see [`Dialect::read`](super::Dialect::read)).
 #[derive(Debug, Default)]
@@ -24,6 +25,24 @@ pub(crate) struct Reads {
     /// Ids to reserve for new entities and for errors.
     pub(crate) new_entities: usize,
     pub(crate) new_errors: usize,
+    /// Entities commanded, by (machine, key) (also in `keys`): their whole row and what
+    /// they hold ([`Facts`]).
+    pub(crate) commanded: Vec<(String, String)>,
+    /// Agent tasks to lock and read, by id.
+    pub(crate) tasks: Vec<i64>,
+    /// Agent tasks (also in `tasks`) whose entities are locked and read with them (a report
+    /// queues an event there).
+    pub(crate) reported: Vec<i64>,
+    /// Tasks of a queue an agent may lease at a time, at most so many (PostgreSQL skips
+    /// those another instance is leasing).
+    pub(crate) leasable: Option<(String, usize, Millis)>,
+    /// Entities whose lease `.1` asks to renew (PostgreSQL skips those another instance has
+    /// locked this moment).
+    pub(crate) renew: Option<(Vec<i64>, String)>,
+    /// Open operations started before this time, with their latest progress.
+    pub(crate) open_before: Option<Millis>,
+    /// Every leased entity (id, version, holder).
+    pub(crate) leased: bool,
 }
 
 /// What [`Reads`] found.
@@ -46,6 +65,18 @@ pub(crate) struct ReadSet {
     /// Reserved ids, as many as asked.
     pub(crate) entity_ids: Vec<i64>,
     pub(crate) error_ids: Vec<i64>,
+    /// Per commanded entity found: its row and what it holds.
+    pub(crate) commanded: Vec<(EntityRow, Facts)>,
+    /// The tasks asked for that exist.
+    pub(crate) tasks: Vec<TaskRow>,
+    /// Tasks an agent may lease now, oldest available first.
+    pub(crate) leasable: Vec<AgentTask>,
+    /// Of the entities asked to renew, those read (not locked by another instance): id and
+    /// holder.
+    pub(crate) renewable: Vec<(i64, Option<String>)>,
+    pub(crate) open_operations: Vec<OpenOperation>,
+    /// Every leased entity: (id, version, holder).
+    pub(crate) leased: Vec<(i64, i64, String)>,
 }
 
 /// What a segment writes (see [`Dialect::write`](super::Dialect::write)), in this order.
@@ -56,6 +87,8 @@ pub(crate) struct Writes {
     pub(crate) updates: Vec<EntityUpdate>,
     pub(crate) deletes: Vec<InboxDelete>,
     pub(crate) inbox: Vec<InboxInsert>,
+    /// Entities whose whole inbox is dropped (after the new items are written: a kill).
+    pub(crate) inbox_clear: Vec<i64>,
     pub(crate) history: Vec<HistoryInsert>,
     pub(crate) successors: Vec<SuccessorInsert>,
     /// Entities whose timers become `timers`' rows for them.
@@ -63,6 +96,11 @@ pub(crate) struct Writes {
     pub(crate) timers: Vec<TimerRow>,
     /// Entities whose open agent tasks are canceled.
     pub(crate) cancel: Vec<i64>,
+    /// Task rows rewritten (leased, heartbeat, reported), each once, after the
+    /// cancellations and before the offers (which see them).
+    pub(crate) task_updates: Vec<TaskRow>,
+    /// Entities whose ready task is offered now, not after its delay (a retry).
+    pub(crate) offer_now: Vec<i64>,
     pub(crate) offers: Vec<TaskInsert>,
     pub(crate) errors: Vec<ErrorInsert>,
     pub(crate) exceptions: Vec<ExceptionInsert>,
@@ -71,8 +109,18 @@ pub(crate) struct Writes {
     /// Operations opened for operations that then failed: removed again.
     pub(crate) unopen: Vec<String>,
     pub(crate) op_updates: Vec<OperationUpdate>,
+    /// Operations whose work was dropped (by a kill): they end as canceled.
+    pub(crate) op_cancel: Vec<String>,
+    /// Operations done when applied (commands): they end now, successful.
+    pub(crate) op_done: Vec<String>,
     /// Request ids whose operations end if nothing of them is busy or queued any more.
     pub(crate) complete: Vec<String>,
+    /// Open operations marked hung.
+    pub(crate) hung: Vec<String>,
+    /// Leases renewed.
+    pub(crate) renewals: Vec<Renewal>,
+    /// The open operations live on through a restart (their count of restarts goes up).
+    pub(crate) restarted: bool,
 }
 
 /// How a batch ends (see [`Dialect::finish`](super::Dialect::finish)).
@@ -116,27 +164,6 @@ pub(crate) struct Current {
 pub(crate) const CURRENT_COLS: &str = "id, machine, key, state, version, retry, entered_at, auto_at, due_at, \
      lease_owner, lease_until, request_id, timer_at, run_status, sleep_until, busy, event_id, ordinal, \
      has_predecessors, machine_hash";
-
-/// A row of a backend's driver, read by column index: what decoding a [`Current`] needs,
-/// so that its columns ([`CURRENT_COLS`]) are read in one place for both backends.
-pub(crate) trait Columns {
-    /// The driver's failure to read a column.
-    type Error;
-    /// An integer column.
-    fn int(&self, col: usize) -> Result<i64, Self::Error>;
-    /// An integer column that may be null.
-    fn opt_int(&self, col: usize) -> Result<Option<i64>, Self::Error>;
-    /// A text column.
-    fn text(&self, col: usize) -> Result<String, Self::Error>;
-    /// A text column that may be null.
-    fn opt_text(&self, col: usize) -> Result<Option<String>, Self::Error>;
-    /// A boolean column.
-    fn flag(&self, col: usize) -> Result<bool, Self::Error>;
-    /// `f` of a text column, borrowed.
-    fn with_text<T>(&self, col: usize, f: impl FnOnce(&str) -> T) -> Result<T, Self::Error>;
-    /// A column that holds what no row may hold.
-    fn corrupt(col: usize, message: String) -> Self::Error;
-}
 
 impl Current {
     /// Decodes the columns of `SELECT {CURRENT_COLS}`.
@@ -195,6 +222,92 @@ pub(crate) fn min_opt(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, None) => a,
         (None, b) => b,
+    }
+}
+
+/// What a commanded entity holds besides its row, read with it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Facts {
+    /// Its inbox holds an item.
+    pub(crate) inbox: bool,
+    /// The distinct request ids of its inbox items.
+    pub(crate) inbox_requests: Vec<String>,
+    /// It has an open (ready or leased) agent task.
+    pub(crate) open_task: bool,
+}
+
+/// A lease extended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Renewal {
+    /// The entity.
+    pub(crate) id: i64,
+    /// Its lease's new end, and its due time.
+    pub(crate) until: Millis,
+}
+
+/// An open operation, with its latest progress as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OpenOperation {
+    /// Its request id.
+    pub(crate) request_id: String,
+    /// When it started.
+    pub(crate) started_at: Millis,
+    /// When an entity still busy for it last entered a state.
+    pub(crate) last_entered: Option<Millis>,
+    /// When one of its events was last queued.
+    pub(crate) last_queued: Option<Millis>,
+}
+
+/// An agent task's row as the plan reads and rewrites it: what a lease, a heartbeat or a
+/// report checks and changes. Locked until the batch commits.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TaskRow {
+    pub(crate) id: i64,
+    pub(crate) entity_id: i64,
+    pub(crate) queue: String,
+    pub(crate) action: String,
+    pub(crate) entity_version: i64,
+    pub(crate) request_id: Option<String>,
+    pub(crate) status: String,
+    pub(crate) attempt: u32,
+    pub(crate) token: Option<String>,
+    pub(crate) agent: Option<String>,
+    pub(crate) leased_at: Option<Millis>,
+    pub(crate) locked_until: Option<Millis>,
+    pub(crate) lock_ms: i64,
+    pub(crate) available_at: Millis,
+    pub(crate) finished_at: Option<Millis>,
+    pub(crate) outcome: Option<String>,
+    pub(crate) error: Option<String>,
+}
+
+/// The columns of [`TaskRow`], in its field order (`SELECT {TASK_ROW_COLS} FROM agent_tasks`).
+pub(crate) const TASK_ROW_COLS: &str = "id, entity_id, queue, action, entity_version, request_id, status, attempt, \
+     token, agent, leased_at, locked_until, lock_ms, available_at, finished_at, outcome, error";
+
+impl TaskRow {
+    /// Decodes the columns of `SELECT {TASK_ROW_COLS}`.
+    pub(crate) fn from_columns<C: Columns>(r: &C) -> Result<TaskRow, C::Error> {
+        let attempt = r.int(7)?;
+        Ok(TaskRow {
+            id: r.int(0)?,
+            entity_id: r.int(1)?,
+            queue: r.text(2)?,
+            action: r.text(3)?,
+            entity_version: r.int(4)?,
+            request_id: r.opt_text(5)?,
+            status: r.text(6)?,
+            attempt: u32::try_from(attempt).map_err(|_| C::corrupt(7, format!("attempt {attempt} out of range")))?,
+            token: r.opt_text(8)?,
+            agent: r.opt_text(9)?,
+            leased_at: r.opt_int(10)?,
+            locked_until: r.opt_int(11)?,
+            lock_ms: r.int(12)?,
+            available_at: r.int(13)?,
+            finished_at: r.opt_int(14)?,
+            outcome: r.opt_text(15)?,
+            error: r.opt_text(16)?,
+        })
     }
 }
 

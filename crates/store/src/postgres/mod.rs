@@ -23,13 +23,14 @@
 //! `schema=NAME`: Settle's tables then live in that schema (created if missing), so several
 //! deployments, or tests, can share one database.
 
+mod claim;
 mod conn;
 mod dialect;
 mod listen;
 mod read;
 mod schema;
+mod sets;
 mod stmt;
-mod write;
 mod writer;
 
 use std::sync::Arc;
@@ -408,7 +409,7 @@ impl Store for PgStore {
     ) -> Result<u64> {
         let (machine, hash) = (machine.to_string(), hash.to_string());
         self.on_writer(move |w| {
-            transact(w, "machine_migrate", |c, _| write::migrate_states(c, &machine, &moves, &hash, now))
+            transact(w, "machine_migrate", |c, _| schema::migrate_states(c, &machine, &moves, &hash, now))
         })
         .await
     }
@@ -451,7 +452,22 @@ impl Store for PgStore {
     }
 
     async fn lease_release_all(&self, now: Millis) -> Result<u64> {
-        self.on_writer(move |w| transact(w, "lease_release_all", |c, _| write::release_all(c, now))).await
+        let (channel, me) = (self.inner.channel.clone(), self.inner.me.clone());
+        let changes_channel = self.inner.changes_channel.clone();
+        let next_timer = self.inner.next_timer.clone();
+        self.on_writer(move |w| {
+            transact(w, "lease_release_all", |c, _| {
+                let mut tx = dialect::Tx {
+                    c,
+                    channel: &channel,
+                    changes_channel: &changes_channel,
+                    me: &me,
+                    next_timer: &next_timer,
+                };
+                crate::plan::release_all(&mut tx, now)
+            })
+        })
+        .await
     }
 
     fn wakeup(&self) -> Option<Arc<Notify>> {

@@ -1,22 +1,17 @@
-//! Row decoding and the read side (reports, listings) of the PostgreSQL store.
+//! The read side (reports, listings) of the PostgreSQL store; rows are decoded by `crate::decode`.
 
 use postgres::Row;
-use settle_core::{ActionName, EntityKey, EventName, MachineName, StateName};
+use settle_core::{ActionName, EventName, MachineName, StateName};
 
 use super::conn::{Conn, Failure};
 use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS};
 use crate::{
     AgentTask, EntityCount, EntityFilter, EntityRow, ErrorStats, EventRow, HistoryKind, HistoryRow, InboxItem,
-    InboxKind, MachineRecord, MetricsSnapshot, Millis, MinuteCount, OperationRow, OperationStats, Overview, RunStatus,
-    Stats, SuccessorSnapshot, TaskFilter, TimerRow, TransitionCount, TransitionStats, percentile,
+    MachineRecord, MetricsSnapshot, Millis, MinuteCount, OperationRow, OperationStats, Overview, RunStatus, Stats,
+    SuccessorSnapshot, TaskFilter, TimerRow, TransitionCount, TransitionStats, percentile,
 };
 
 type R<T> = std::result::Result<T, Failure>;
-
-fn json<T: serde::de::DeserializeOwned>(r: &Row, col: usize) -> R<T> {
-    let text: &str = r.try_get(col)?;
-    serde_json::from_str(text).map_err(|e| Failure::Corrupt(format!("column {col}: {e}")))
-}
 
 fn count(r: &Row, col: usize) -> R<u64> {
     Ok(r.try_get::<_, i64>(col)?.max(0) as u64)
@@ -32,31 +27,7 @@ pub(crate) fn entity_from_row(r: &Row) -> R<EntityRow> {
 
 /// An entity whose columns ([`ENTITY_COLS`]) start at column `at` of the row.
 pub(crate) fn entity_from_row_at(r: &Row, at: usize) -> R<EntityRow> {
-    let status: &str = r.try_get(at + 16)?;
-    Ok(EntityRow {
-        id: r.try_get(at)?,
-        machine: MachineName::new(r.try_get::<_, &str>(at + 1)?),
-        key: EntityKey::new(r.try_get::<_, &str>(at + 2)?),
-        state: StateName::new(r.try_get::<_, &str>(at + 3)?),
-        properties: json(r, at + 4)?,
-        version: r.try_get(at + 5)?,
-        retry: small(r, at + 6)?,
-        created_at: r.try_get(at + 7)?,
-        entered_at: r.try_get(at + 8)?,
-        auto_at: r.try_get(at + 9)?,
-        due_at: r.try_get(at + 10)?,
-        lease_owner: r.try_get(at + 11)?,
-        lease_until: r.try_get(at + 12)?,
-        request_id: r.try_get(at + 13)?,
-        fired: json::<Vec<String>>(r, at + 14)?.into_iter().map(EventName::from).collect(),
-        timer_at: r.try_get(at + 15)?,
-        run_status: RunStatus::parse(status)
-            .ok_or_else(|| Failure::Corrupt(format!("unknown run status `{status}`")))?,
-        sleep_until: r.try_get(at + 17)?,
-        recent_errors: json(r, at + 18)?,
-        event_id: r.try_get(at + 19)?,
-        machine_hash: r.try_get(at + 20)?,
-    })
+    crate::decode::entity(&crate::decode::At(r, at))
 }
 
 pub(crate) fn inbox_from_row(r: &Row) -> R<InboxItem> {
@@ -65,44 +36,11 @@ pub(crate) fn inbox_from_row(r: &Row) -> R<InboxItem> {
 
 /// An inbox item whose columns start at column `at` of the row.
 pub(crate) fn inbox_from_row_at(r: &Row, at: usize) -> R<InboxItem> {
-    let kind: &str = r.try_get(at + 6)?;
-    Ok(InboxItem {
-        id: r.try_get(at)?,
-        entity_id: r.try_get(at + 1)?,
-        event: EventName::new(r.try_get::<_, &str>(at + 2)?),
-        params: json(r, at + 3)?,
-        request_id: r.try_get(at + 4)?,
-        created_at: r.try_get(at + 5)?,
-        kind: InboxKind::parse(kind).ok_or_else(|| Failure::Corrupt(format!("unknown inbox kind `{kind}`")))?,
-    })
+    crate::decode::inbox(&crate::decode::At(r, at))
 }
 
 pub(crate) fn task_from_row(r: &Row) -> R<AgentTask> {
-    let errors: Vec<serde_json::Value> = json(r, 10)?;
-    Ok(AgentTask {
-        id: r.try_get(0)?,
-        queue: r.try_get(1)?,
-        machine: MachineName::new(r.try_get::<_, &str>(2)?),
-        key: EntityKey::new(r.try_get::<_, &str>(3)?),
-        entity_id: r.try_get(4)?,
-        state: StateName::new(r.try_get::<_, &str>(5)?),
-        action: ActionName::new(r.try_get::<_, &str>(6)?),
-        entity_version: r.try_get(7)?,
-        retry: small(r, 8)?,
-        properties: json(r, 9)?,
-        errors: errors.len() as u32,
-        request_id: r.try_get(11)?,
-        status: r.try_get(12)?,
-        attempt: small(r, 13)?,
-        token: r.try_get(14)?,
-        agent: r.try_get(15)?,
-        locked_until: r.try_get(16)?,
-        lock_ms: r.try_get(17)?,
-        available_at: r.try_get(18)?,
-        created_at: r.try_get(19)?,
-        outcome: r.try_get(20)?,
-        error: r.try_get(21)?,
-    })
+    crate::decode::task(r)
 }
 
 pub(crate) fn task_list(c: &mut Conn, f: &TaskFilter) -> R<Vec<AgentTask>> {
@@ -150,30 +88,11 @@ fn history_from_row(r: &Row) -> R<HistoryRow> {
 }
 
 pub(crate) fn operation_from_row(r: &Row) -> R<OperationRow> {
-    Ok(OperationRow {
-        id: r.try_get(0)?,
-        request_id: r.try_get(1)?,
-        name: r.try_get(2)?,
-        machine: r.try_get(3)?,
-        entity_key: r.try_get(4)?,
-        started_at: r.try_get(5)?,
-        ended_at: r.try_get(6)?,
-        first_response_at: r.try_get(7)?,
-        outcome: r.try_get(8)?,
-        error: r.try_get(9)?,
-        restart_count: small(r, 10)?,
-        dimensions: json(r, 11)?,
-    })
+    crate::decode::operation(r)
 }
 
 pub(crate) fn timer_from_row(r: &Row) -> R<TimerRow> {
-    Ok(TimerRow {
-        entity_id: r.try_get(0)?,
-        name: r.try_get(1)?,
-        event: EventName::new(r.try_get::<_, &str>(2)?),
-        due_at: r.try_get(3)?,
-        every_ms: r.try_get(4)?,
-    })
+    crate::decode::timer(r)
 }
 
 fn machine_from_row(r: &Row) -> R<MachineRecord> {
@@ -247,15 +166,7 @@ pub(crate) fn successor_snapshot(c: &mut Conn, entity_id: i64) -> R<SuccessorSna
     c.query("SELECT 1 FROM entities WHERE id = $1 FOR UPDATE", &[&entity_id])?;
     let newest_notice: Option<i64> =
         c.one("SELECT MAX(id) FROM inbox WHERE entity_id = $1 AND kind = 'notice'", &[&entity_id])?.try_get(0)?;
-    let cols = ENTITY_COLS.split(", ").map(|col| format!("e.{col}")).collect::<Vec<_>>().join(", ");
-    let rows = c.query(
-        &format!(
-            "SELECT {cols} FROM entities e JOIN successors s ON s.successor_id = e.id
-             WHERE s.predecessor_id = $1 ORDER BY e.id"
-        ),
-        &[&entity_id],
-    )?;
-    let successors = all(rows, entity_from_row)?;
+    let successors = related(c, "successor_id", "predecessor_id", entity_id)?;
     c.batch("COMMIT")?;
     Ok(SuccessorSnapshot { successors, newest_notice })
 }
@@ -526,26 +437,21 @@ fn read_overview(c: &mut Conn, now: Millis, since: Millis) -> R<Overview> {
     let minutes = all(rows, |r| {
         Ok(MinuteCount { minute: r.try_get::<_, i64>(0)? * 60_000, transitions: count(r, 1)?, errors: count(r, 2)? })
     })?;
-    Ok(Overview {
-        entities: entity_counts(c)?,
-        due_backlog: due_backlog(c, now)?,
-        operations: operation_counts(c)?,
-        tasks: task_counts(c)?,
-        minutes,
-    })
+    Ok(Overview::new(entity_counts(c)?, due_backlog(c, now)?, operation_counts(c)?, task_counts(c)?, minutes))
 }
 
 /// The entities having `entity_id` as a successor, by id.
 pub(crate) fn predecessor_list(c: &mut Conn, entity_id: i64) -> R<Vec<EntityRow>> {
+    related(c, "predecessor_id", "successor_id", entity_id)
+}
+
+/// The entities at the `end` side of the successor edges whose `from` side is `entity_id`
+/// (`successor_id`, `predecessor_id`: its successors), by id.
+fn related(c: &mut Conn, end: &str, from: &str, entity_id: i64) -> R<Vec<EntityRow>> {
     let cols = ENTITY_COLS.split(", ").map(|col| format!("e.{col}")).collect::<Vec<_>>().join(", ");
-    let rows = c.query(
-        &format!(
-            "SELECT {cols} FROM entities e JOIN successors s ON s.predecessor_id = e.id
-             WHERE s.successor_id = $1 ORDER BY e.id"
-        ),
-        &[&entity_id],
-    )?;
-    all(rows, entity_from_row)
+    let sql =
+        format!("SELECT {cols} FROM entities e JOIN successors s ON s.{end} = e.id WHERE s.{from} = $1 ORDER BY e.id");
+    all(c.query(&sql, &[&entity_id])?, entity_from_row)
 }
 
 /// The entity's newest `limit` errors, newest first (index `errors_entity`).

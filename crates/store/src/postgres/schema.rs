@@ -1,9 +1,11 @@
 //! The PostgreSQL schema: the schema a URL names (created if missing) and the migrations
 //! (`migrations/postgres`), applied in one transaction, serialised between instances that
-//! start together by an advisory lock; the version kept in `settle_schema`.
+//! start together by an advisory lock; the version kept in `settle_schema`. And the renaming
+//! of states a definition upgrade asks of the stored entities.
 
-use super::conn::{Conn, Target, pg_message};
-use crate::{Error, Result};
+use super::conn::{Conn, Failure, Target, pg_message};
+use super::writer::WriterConn;
+use crate::{Error, Millis, Result};
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/postgres/0001_core.sql")),
@@ -73,4 +75,35 @@ pub(super) fn migrate(c: &mut Conn) -> Result<()> {
         Ok(Some(e)) => Err(e),
         Err(e) => Err(Error::Db(format!("migration failed: {}", pg_message(&e)))),
     }
+}
+
+/// Moves entities of `machine` from old to new state names (see `Store::machine_migrate`).
+pub(super) fn migrate_states(
+    c: &mut WriterConn,
+    machine: &str,
+    moves: &[(String, String)],
+    hash: &str,
+    now: Millis,
+) -> std::result::Result<u64, Failure> {
+    let mut moved = 0;
+    for (old, new) in moves {
+        c.exec(
+            "INSERT INTO history (entity_id, from_state, to_state, kind, retry, at, detail, machine_hash)
+             SELECT id, state, $3, 'command', 0, $4, 'upgrade: state renamed', $5
+             FROM entities WHERE machine = $1 AND state = $2",
+            &[&machine, old, new, &now, &hash],
+        )?;
+        // A renamed state keeps its open agent task, fenced by the entity's new version.
+        c.exec(
+            "UPDATE agent_tasks SET state = $3, entity_version = entity_version + 1
+             WHERE status IN ('ready', 'leased')
+               AND entity_id IN (SELECT id FROM entities WHERE machine = $1 AND state = $2)",
+            &[&machine, old, new],
+        )?;
+        moved += c.exec(
+            "UPDATE entities SET state = $3, version = version + 1, machine_hash = $4 WHERE machine = $1 AND state = $2",
+            &[&machine, old, new, &hash],
+        )?;
+    }
+    Ok(moved)
 }

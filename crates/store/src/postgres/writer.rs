@@ -131,11 +131,6 @@ impl WriterConn {
         })
     }
 
-    /// Runs `items` in one round trip; the rows of each, in order.
-    pub(crate) fn pipeline(&mut self, items: &[Item<'_>]) -> Result<Vec<Vec<Row>>, postgres::Error> {
-        self.run(items, false)
-    }
-
     /// Runs `stmts` in one round trip; the rows of each, in order.
     pub(crate) fn send(&mut self, stmts: &[Stmt]) -> Result<Vec<Vec<Row>>, postgres::Error> {
         with_items(stmts, |items| self.run(items, false))
@@ -164,22 +159,6 @@ impl WriterConn {
                 client.execute(&statement, params).await
             }
         })
-    }
-
-    /// Runs a query; its rows.
-    pub(crate) fn query(&mut self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, postgres::Error> {
-        Ok(self.pipeline(&[(sql, params)])?.pop().unwrap_or_default())
-    }
-
-    /// Runs a query that returns at most one row.
-    pub(crate) fn opt(&mut self, sql: &str, params: Params<'_>) -> Result<Option<Row>, postgres::Error> {
-        Ok(self.query(sql, params)?.into_iter().next())
-    }
-
-    /// Runs a query that returns exactly one row.
-    pub(crate) fn one(&mut self, sql: &str, params: Params<'_>) -> Result<Row, super::Failure> {
-        let rows = self.query(sql, params)?;
-        rows.into_iter().next().ok_or_else(|| super::Failure::Corrupt(format!("no row from `{sql}`")))
     }
 
     /// Runs unparameterised SQL (transaction control, DDL), after a pending `BEGIN`.

@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+mod claim;
 mod dialect;
 mod read;
 mod schema;
-mod write;
+mod sets;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use settle_core::MachineName;
@@ -426,7 +427,7 @@ impl Store for SqliteStore {
         let (machine, hash) = (machine.to_string(), hash.to_string());
         self.on_writer(move |c| {
             let tx = c.transaction().map_err(db_err)?;
-            let moved = write::migrate_states(&tx, &machine, &moves, &hash, now).map_err(db_err)?;
+            let moved = schema::migrate_states(&tx, &machine, &moves, &hash, now).map_err(db_err)?;
             tx.commit().map_err(db_err)?;
             Ok(moved)
         })
@@ -553,11 +554,14 @@ impl Store for SqliteStore {
     }
 
     async fn lease_release_all(&self, now: Millis) -> Result<u64> {
-        self.on_writer(move |c| {
-            let tx = c.transaction().map_err(db_err)?;
-            let n = write::release_all(&tx, now).map_err(db_err)?;
-            tx.commit().map_err(db_err)?;
-            Ok(n)
+        let tasks_open = self.inner.tasks_open.clone();
+        self.on_writer(move |conn| {
+            // One transaction, committed by the plan.
+            conn.execute_batch("BEGIN IMMEDIATE").map_err(db_err)?;
+            crate::plan::release_all(&mut dialect::Tx(conn, &tasks_open), now).map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                db_err(e)
+            })
         })
         .await
     }

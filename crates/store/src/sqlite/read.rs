@@ -1,99 +1,32 @@
-//! Row decoding and the read side (reports, listings) of the SQLite store.
+//! The read side (reports, listings) of the SQLite store; rows are decoded by `crate::decode`.
 
 use rusqlite::{Connection, Row};
-use serde_json::Value;
-use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
+use settle_core::{ActionName, EventName, StateName};
 
 use super::db_err;
 use crate::{
-    AgentTask, EntityCount, EntityRow, ErrorStats, EventRow, HistoryKind, HistoryRow, InboxItem, InboxKind,
-    MetricsSnapshot, Millis, MinuteCount, OperationRow, OperationStats, Overview, Result, RunStatus, Stats, TimerRow,
-    TransitionCount, TransitionStats, percentile,
+    AgentTask, EntityCount, EntityRow, ErrorStats, EventRow, HistoryKind, HistoryRow, InboxItem, MetricsSnapshot,
+    Millis, MinuteCount, OperationRow, OperationStats, Overview, Result, RunStatus, Stats, TimerRow, TransitionCount,
+    TransitionStats, percentile,
 };
 
 pub(crate) fn conversion(col: usize, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, e.into())
 }
 
-pub(crate) fn parse_json_obj(text: &str) -> rusqlite::Result<Properties> {
-    serde_json::from_str(text).map_err(|e| conversion(0, e))
-}
-
 pub(crate) fn entity_from_row(r: &Row<'_>) -> rusqlite::Result<EntityRow> {
-    let status = r.get_ref(16)?.as_str()?;
-    Ok(EntityRow {
-        id: r.get(0)?,
-        machine: MachineName::new(r.get_ref(1)?.as_str()?),
-        key: EntityKey::new(r.get_ref(2)?.as_str()?),
-        state: StateName::new(r.get_ref(3)?.as_str()?),
-        properties: parse_json_obj(r.get_ref(4)?.as_str()?)?,
-        version: r.get(5)?,
-        retry: r.get(6)?,
-        created_at: r.get(7)?,
-        entered_at: r.get(8)?,
-        auto_at: r.get(9)?,
-        due_at: r.get(10)?,
-        lease_owner: r.get(11)?,
-        lease_until: r.get(12)?,
-        request_id: r.get(13)?,
-        fired: serde_json::from_str::<Vec<String>>(r.get_ref(14)?.as_str()?)
-            .map_err(|e| conversion(14, e))?
-            .into_iter()
-            .map(EventName::from)
-            .collect(),
-        timer_at: r.get(15)?,
-        run_status: RunStatus::parse(status).ok_or_else(|| conversion(16, format!("unknown run status `{status}`")))?,
-        sleep_until: r.get(17)?,
-        recent_errors: serde_json::from_str(r.get_ref(18)?.as_str()?).map_err(|e| conversion(18, e))?,
-        event_id: r.get(19)?,
-        machine_hash: r.get(20)?,
-    })
+    crate::decode::entity(r)
 }
 
 /// The columns an `InboxItem` is decoded from ([`inbox_from_row`]), in order.
 pub(crate) const INBOX_COLS: &str = "id, entity_id, event, params, request_id, created_at, kind";
 
 pub(crate) fn inbox_from_row(r: &Row<'_>) -> rusqlite::Result<InboxItem> {
-    let params: String = r.get(3)?;
-    let kind = r.get_ref(6)?.as_str()?;
-    Ok(InboxItem {
-        id: r.get(0)?,
-        entity_id: r.get(1)?,
-        event: EventName::new(r.get_ref(2)?.as_str()?),
-        params: serde_json::from_str(&params).map_err(|e| conversion(3, e))?,
-        request_id: r.get(4)?,
-        created_at: r.get(5)?,
-        kind: InboxKind::parse(kind).ok_or_else(|| conversion(6, format!("unknown inbox kind `{kind}`")))?,
-    })
+    crate::decode::inbox(r)
 }
 
 pub(crate) fn task_from_row(r: &Row<'_>) -> rusqlite::Result<AgentTask> {
-    let errors: String = r.get(10)?;
-    let errors: Vec<Value> = serde_json::from_str(&errors).map_err(|e| conversion(10, e))?;
-    Ok(AgentTask {
-        id: r.get(0)?,
-        queue: r.get(1)?,
-        machine: MachineName::new(r.get::<_, String>(2)?),
-        key: EntityKey::new(r.get::<_, String>(3)?),
-        entity_id: r.get(4)?,
-        state: StateName::new(r.get::<_, String>(5)?),
-        action: ActionName::new(r.get::<_, String>(6)?),
-        entity_version: r.get(7)?,
-        retry: r.get(8)?,
-        properties: parse_json_obj(&r.get::<_, String>(9)?)?,
-        errors: errors.len() as u32,
-        request_id: r.get(11)?,
-        status: r.get(12)?,
-        attempt: r.get(13)?,
-        token: r.get(14)?,
-        agent: r.get(15)?,
-        locked_until: r.get(16)?,
-        lock_ms: r.get(17)?,
-        available_at: r.get(18)?,
-        created_at: r.get(19)?,
-        outcome: r.get(20)?,
-        error: r.get(21)?,
-    })
+    crate::decode::task(r)
 }
 
 pub(crate) fn history_from_row(r: &Row<'_>) -> rusqlite::Result<HistoryRow> {
@@ -114,20 +47,7 @@ pub(crate) fn history_from_row(r: &Row<'_>) -> rusqlite::Result<HistoryRow> {
 }
 
 pub(crate) fn operation_from_row(r: &Row<'_>) -> rusqlite::Result<OperationRow> {
-    Ok(OperationRow {
-        id: r.get(0)?,
-        request_id: r.get(1)?,
-        name: r.get(2)?,
-        machine: r.get(3)?,
-        entity_key: r.get(4)?,
-        started_at: r.get(5)?,
-        ended_at: r.get(6)?,
-        first_response_at: r.get(7)?,
-        outcome: r.get(8)?,
-        error: r.get(9)?,
-        restart_count: r.get(10)?,
-        dimensions: serde_json::from_str(r.get_ref(11)?.as_str()?).map_err(|e| conversion(11, e))?,
-    })
+    crate::decode::operation(r)
 }
 
 pub(crate) fn event_from_row(r: &Row<'_>) -> rusqlite::Result<EventRow> {
@@ -150,13 +70,7 @@ pub(crate) fn event_from_row(r: &Row<'_>) -> rusqlite::Result<EventRow> {
 }
 
 pub(crate) fn timer_from_row(r: &Row<'_>) -> rusqlite::Result<TimerRow> {
-    Ok(TimerRow {
-        entity_id: r.get(0)?,
-        name: r.get(1)?,
-        event: EventName::new(r.get_ref(2)?.as_str()?),
-        due_at: r.get(3)?,
-        every_ms: r.get(4)?,
-    })
+    crate::decode::timer(r)
 }
 
 /// Runs `read` in one read transaction: WAL gives it a consistent snapshot.
@@ -319,13 +233,7 @@ pub(crate) fn read_overview(c: &Connection, now: Millis, since: Millis) -> rusql
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
-    Ok(Overview {
-        entities: entity_counts(c)?,
-        due_backlog: due_backlog(c, now)?,
-        operations: operation_counts(c)?,
-        tasks: task_counts(c)?,
-        minutes,
-    })
+    Ok(Overview::new(entity_counts(c)?, due_backlog(c, now)?, operation_counts(c)?, task_counts(c)?, minutes))
 }
 
 /// A page of entities ([`Store::entity_list`](crate::Store::entity_list)), read through the

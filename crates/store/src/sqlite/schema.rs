@@ -1,10 +1,11 @@
 //! The SQLite schema: its migrations (`migrations/sqlite`), applied in order at open, the
-//! version kept in `PRAGMA user_version`.
+//! version kept in `PRAGMA user_version`; and the renaming of states a definition upgrade
+//! asks of the stored entities.
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::{Connection, TransactionBehavior, params};
 
 use super::db_err;
-use crate::{Error, Result};
+use crate::{Error, Millis, Result};
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/sqlite/0001_core.sql")),
@@ -30,4 +31,36 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
         tx.commit().map_err(db_err)?;
     }
     Ok(())
+}
+
+/// Moves entities of `machine` from old to new state names (see `Store::machine_migrate`).
+pub(super) fn migrate_states(
+    tx: &Connection,
+    machine: &str,
+    moves: &[(String, String)],
+    hash: &str,
+    now: Millis,
+) -> rusqlite::Result<u64> {
+    let mut moved = 0;
+    for (old, new) in moves {
+        tx.execute(
+            "INSERT INTO history (entity_id, from_state, to_state, kind, retry, at, detail, machine_hash)
+             SELECT id, state, ?3, 'command', 0, ?4, 'upgrade: state renamed', ?5
+             FROM entities WHERE machine = ?1 AND state = ?2",
+            params![machine, old, new, now, hash],
+        )?;
+        // A renamed state keeps its open agent task, fenced by the entity's new version.
+        tx.execute(
+            "UPDATE agent_tasks SET state = ?3, entity_version = entity_version + 1
+             WHERE status IN ('ready', 'leased')
+               AND entity_id IN (SELECT id FROM entities WHERE machine = ?1 AND state = ?2)",
+            params![machine, old, new],
+        )?;
+        moved += tx.execute(
+            "UPDATE entities SET state = ?3, version = version + 1, machine_hash = ?4
+             WHERE machine = ?1 AND state = ?2",
+            params![machine, old, new, hash],
+        )? as u64;
+    }
+    Ok(moved)
 }

@@ -18,14 +18,14 @@ use crate::{
 
 impl Work {
     /// Whether op `i`'s request id was used before (answered with its operation's id).
-    fn replayed(&self, i: usize, o: Option<&OpenOperation>) -> Option<i64> {
+    pub(super) fn replayed(&self, i: usize, o: Option<&OpenOperation>) -> Option<i64> {
         let o = o?;
         let opened = self.opened.get(&o.request_id)?;
         (opened.replay || self.opened_by.get(&o.request_id) != Some(&i)).then_some(opened.id)
     }
 
     /// Op `i` failed after this segment opened its operation: the operation goes again.
-    fn unopen(&mut self, i: usize, o: Option<&OpenOperation>) {
+    pub(super) fn unopen(&mut self, i: usize, o: Option<&OpenOperation>) {
         if let Some(o) = o
             && self.opened_by.get(&o.request_id) == Some(&i)
             && self.opened.get(&o.request_id).is_some_and(|op| !op.replay)
@@ -143,7 +143,7 @@ impl Work {
     }
 
     /// Appends `p` to the inbox of `target` (known to exist).
-    fn push(&mut self, target: usize, p: &Push) -> usize {
+    pub(super) fn push(&mut self, target: usize, p: &Push) -> usize {
         let item = self.add_item(target, p.event.as_str(), json_text(&p.params), p.request_id.clone(), p.kind.as_str());
         if let Some(pred) = p.join_from {
             match self.by_id.get(&pred) {
@@ -240,7 +240,7 @@ impl Work {
     }
 
     /// Whether the entity's inbox holds anything after what its commit consumes.
-    fn inbox_nonempty(&self, slot: usize) -> bool {
+    pub(super) fn inbox_nonempty(&self, slot: usize) -> bool {
         let s = &self.slots[slot];
         !s.pending.is_empty() || s.orig.as_ref().is_some_and(|o| self.heads.contains_key(&o.id))
     }

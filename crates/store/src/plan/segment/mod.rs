@@ -9,6 +9,7 @@
 //! slots, then each operation decided ([`decide`]) and everything written ([`write`](mod@write)).
 
 mod decide;
+mod ops;
 mod write;
 
 use std::collections::{BTreeSet, HashMap};
@@ -17,9 +18,11 @@ use settle_core::Properties;
 use settle_core::machine::Related;
 
 use super::Dialect;
+
+use super::rows::OpenOperation as OpenOp;
 use super::rows::*;
 use crate::sql::json_text;
-use crate::{Applied, InboxItem, Millis, Op, OpError, OpenOperation, TimerRow};
+use crate::{AgentTask, Applied, EntityRow, InboxItem, Millis, Op, OpError, OpenOperation, TimerRow};
 
 /// An entity the segment reads or creates: its columns as they become.
 struct Slot {
@@ -87,6 +90,14 @@ struct Plan {
     complete: Vec<String>,
     /// Operations opened for operations that then failed: removed again.
     unopen: Vec<String>,
+    inbox_clear: Vec<i64>,
+    /// Task rows rewritten, each once (its latest row).
+    task_updates: Vec<TaskRow>,
+    offer_now: Vec<i64>,
+    op_cancel: Vec<String>,
+    op_done: Vec<String>,
+    hung: Vec<String>,
+    renewals: Vec<Renewal>,
 }
 
 impl Plan {
@@ -143,6 +154,13 @@ struct Work {
     /// Ids reserved for the entities and errors this segment creates.
     entity_ids: std::vec::IntoIter<i64>,
     error_ids: std::vec::IntoIter<i64>,
+    /// Commanded entities, by id: their row and what they hold.
+    commanded: HashMap<i64, (EntityRow, Facts)>,
+    /// Agent tasks read, by id, as this segment leaves them so far.
+    tasks: HashMap<i64, TaskRow>,
+    leasable: Vec<AgentTask>,
+    renewable: Vec<(i64, Option<String>)>,
+    open_operations: Vec<OpenOp>,
     plan: Plan,
 }
 
@@ -157,8 +175,8 @@ pub(crate) struct Done {
     pub(crate) due_now: bool,
 }
 
-/// Plans and writes `ops` (creates, pushes, commits and releases, each entity fenced at
-/// most once).
+/// Plans and writes `ops` (each entity fenced at most once; a command, a task lease, a
+/// renewal or a hung-marking alone).
 pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<Done, D::Error> {
     // 1. Read: the entities the segment touches (locked), predecessors of those that may
     // change state, the related entities of those that push to them, the inbox each fenced entity keeps, the timers that change.
@@ -168,6 +186,10 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
     let mut successors = Vec::new();
     let mut heads = Vec::new();
     let mut timer_ids = Vec::new();
+    let mut commanded = Vec::new();
+    let mut tasks = Vec::new();
+    let mut reported = Vec::new();
+    let (mut leasable, mut renew, mut open_before) = (None, None, None);
     for op in ops {
         match op {
             Op::Create(e) => {
@@ -203,7 +225,18 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
                     timer_ids.push(id);
                 }
             }
-            other => unreachable!("not a segment operation: {other:?}"),
+            Op::Command { machine, key, .. } => {
+                keys.insert(key_of(machine, key));
+                commanded.push(key_of(machine, key));
+            }
+            Op::TaskHeartbeat { task, .. } => tasks.push(*task),
+            Op::TaskReport { task, .. } => {
+                tasks.push(*task);
+                reported.push(*task);
+            }
+            Op::TaskLease { queue, limit, .. } => leasable = Some((queue.clone(), *limit, now)),
+            Op::Renew { ids, owner, .. } => renew = Some((ids.clone(), owner.clone())),
+            Op::MarkHung { before } => open_before = Some(*before),
         }
     }
     // Operations of external creates and raises are opened with the reads; a request id
@@ -220,6 +253,9 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
                 e.operation.as_ref().map(|o| operation_row(o, &e.machine, &e.key, now, Some(now)))
             }
             Op::Push(p) => p.operation.as_ref().map(|o| operation_row(o, &p.machine, &p.key, now, None)),
+            Op::Command { machine, key, operation, .. } => {
+                operation.as_ref().map(|o| operation_row(o, machine, key, now, None))
+            }
             Op::Commit(c) => {
                 new_entities += c.creates.len();
                 new_errors += usize::from(c.telemetry.error.is_some());
@@ -244,6 +280,13 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
         operations,
         new_entities,
         new_errors,
+        commanded,
+        tasks,
+        reported,
+        leasable,
+        renew,
+        open_before,
+        leased: false,
     };
     let read = d.read(&reads)?;
     let mut w = Work {
@@ -259,6 +302,11 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
         opened_by,
         entity_ids: read.entity_ids.into_iter(),
         error_ids: read.error_ids.into_iter(),
+        commanded: read.commanded.into_iter().map(|(e, f)| (e.id, (e, f))).collect(),
+        tasks: read.tasks.into_iter().map(|t| (t.id, t)).collect(),
+        leasable: read.leasable,
+        renewable: read.renewable,
+        open_operations: read.open_operations,
         plan: Plan::default(),
     };
     for row in read.rows {
@@ -311,7 +359,14 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
             Op::Push(p) => w.push_op(i, p),
             Op::Commit(c) => w.commit(c),
             Op::Release(f) => w.release(f),
-            _ => unreachable!("checked above"),
+            Op::Command { machine, key, command, operation } => {
+                w.command(i, machine.as_str(), key.as_str(), *command, operation.as_ref())
+            }
+            Op::TaskHeartbeat { task, token, check } => w.heartbeat(*task, token, check),
+            Op::TaskReport { task, token, result, check } => w.report(*task, token, result, check),
+            Op::TaskLease { agent, token_prefix, .. } => Ok(w.lease_tasks(agent, token_prefix)),
+            Op::Renew { ids, owner, until } => Ok(w.renew(ids, owner, *until)),
+            Op::MarkHung { before } => Ok(w.mark_hung(*before)),
         };
         answers.push(answer);
     }

@@ -100,6 +100,13 @@ impl Work {
         w.unopen = plan.unopen;
         w.op_updates = plan.op_updates;
         w.complete = plan.complete;
+        w.inbox_clear = plan.inbox_clear;
+        w.task_updates = plan.task_updates;
+        w.offer_now = plan.offer_now;
+        w.op_cancel = plan.op_cancel;
+        w.op_done = plan.op_done;
+        w.hung = plan.hung;
+        w.renewals = plan.renewals;
         let inbox_ids = d.write(&w)?;
 
         let item = |i: usize| -> InboxItem {

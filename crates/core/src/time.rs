@@ -1,5 +1,6 @@
 //! Times in requests: RFC 3339 instants or durations from now, as epoch milliseconds.
-//! Shared by the HTTP API (`sleep`'s `until`) and the CLI (`settle sleep --until`).
+//! Shared by the HTTP API (`sleep`'s `until`) and the CLI (`settle sleep --until`), which
+//! both sit above this crate.
 
 /// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
@@ -27,7 +28,7 @@ fn days_in_month(y: i64, m: i64) -> i64 {
 pub fn parse_time(text: &str, now: i64) -> Result<i64, String> {
     let s = text.trim();
     if let Some(rel) = s.strip_prefix('+') {
-        let d = settle_core::duration::parse(rel)?;
+        let d = crate::duration::parse(rel)?;
         return Ok(now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)));
     }
     let bad = || format!("invalid time `{text}` (expected RFC 3339 like `2026-11-22T10:00:00Z`, or `+10m`)");

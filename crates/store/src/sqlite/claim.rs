@@ -1,0 +1,104 @@
+//! The SQLite dialect's end of a batch, where the databases really differ: firing due
+//! timers, claiming due entities (the single writer needs no `SKIP LOCKED`) and reading the
+//! next due time.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::read::{INBOX_COLS, entity_from_row, inbox_from_row, timer_from_row};
+use crate::sql::{ENTITY_COLS, json_text};
+use crate::{Claim, Claimed, Millis, TimerRow};
+
+/// Turns due timers of active entities into inbox events (one-shot timers are deleted,
+/// periodic ones rescheduled) in the claiming transaction; the params name the timer. A
+/// paused or sleeping entity's timers wait.
+pub(super) fn fire_timers(tx: &Connection, now: Millis, limit: usize) -> rusqlite::Result<()> {
+    let due: Vec<TimerRow> = tx
+        .prepare_cached(
+            "SELECT t.entity_id, t.name, t.event, t.due_at, t.every_ms FROM timers t JOIN entities e ON e.id = t.entity_id
+             WHERE t.due_at <= ?1 AND e.run_status = 'active' ORDER BY t.due_at LIMIT ?2",
+        )?
+        .query_map(params![now, limit as i64], timer_from_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    for t in &due {
+        tx.prepare_cached(
+            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
+             VALUES (?1, ?2, ?3, NULL, 'timer', ?4)",
+        )?
+        .execute(params![
+            t.entity_id,
+            t.event.as_str(),
+            json_text(&serde_json::json!({ "timer": t.name })),
+            now
+        ])?;
+        match t.every_ms {
+            Some(every) if every > 0 => {
+                let next = (t.due_at + every).max(now + 1);
+                tx.prepare_cached("UPDATE timers SET due_at = ?3 WHERE entity_id = ?1 AND name = ?2")?
+                    .execute(params![t.entity_id, t.name, next])?;
+            }
+            _ => {
+                tx.prepare_cached("DELETE FROM timers WHERE entity_id = ?1 AND name = ?2")?
+                    .execute(params![t.entity_id, t.name])?;
+            }
+        }
+        // Active, with an event queued now: due now, or when its lease ends.
+        tx.prepare_cached(
+            "UPDATE entities SET timer_at = (SELECT MIN(due_at) FROM timers WHERE entity_id = ?1),
+                due_at = CASE WHEN lease_owner IS NOT NULL THEN lease_until ELSE ?2 END
+             WHERE id = ?1",
+        )?
+        .execute(params![t.entity_id, now])?;
+    }
+    Ok(())
+}
+
+/// Leases up to `claim.limit` due entities (oldest due first) to the claiming engine, with
+/// the first event of each one's inbox.
+pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite::Result<Vec<Claimed>> {
+    let until = now + claim.lease_ms;
+    let ids: Vec<i64> = if claim.machines.is_empty() {
+        tx.prepare_cached("SELECT id FROM entities WHERE due_at <= ?1 ORDER BY due_at LIMIT ?2")?
+            .query_map(params![now, claim.limit as i64], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?
+    } else {
+        tx.prepare_cached(
+            // Walk the due index, not the (machine, key) one, which would visit every
+            // entity of the machines.
+            "SELECT id FROM entities INDEXED BY entities_due
+             WHERE due_at <= ?1 AND machine IN (SELECT value FROM json_each(?3))
+             ORDER BY due_at LIMIT ?2",
+        )?
+        .query_map(params![now, claim.limit as i64, json_text(&claim.machines)], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?
+    };
+    let mut claimed = Vec::with_capacity(ids.len());
+    let mut update = tx.prepare_cached(
+        // A sleeping or backing-off entity that comes due wakes up: it is active again.
+        "UPDATE entities SET lease_owner = ?2, lease_until = ?3, due_at = ?3, sleep_until = NULL,
+            run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
+         WHERE id = ?1",
+    )?;
+    let mut select = tx.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?;
+    let mut head =
+        tx.prepare_cached(&format!("SELECT {INBOX_COLS} FROM inbox WHERE entity_id = ?1 ORDER BY id LIMIT 1"))?;
+    for id in ids {
+        update.execute(params![id, claim.owner, until])?;
+        let entity = select.query_row([id], entity_from_row)?;
+        let inbox_head = head.query_row([id], inbox_from_row).optional()?;
+        claimed.push(Claimed { entity, inbox_head });
+    }
+    Ok(claimed)
+}
+
+/// The earliest due time left, among the entities of `machines` (empty: all).
+pub(super) fn next_due_of(tx: &Connection, machines: &[String]) -> rusqlite::Result<Option<Millis>> {
+    if machines.is_empty() {
+        tx.prepare_cached("SELECT MIN(due_at) FROM entities WHERE due_at IS NOT NULL")?.query_row([], |r| r.get(0))
+    } else {
+        tx.prepare_cached(
+            "SELECT MIN(due_at) FROM entities INDEXED BY entities_due WHERE due_at IS NOT NULL
+                   AND machine IN (SELECT value FROM json_each(?1))",
+        )?
+        .query_row([json_text(&machines)], |r| r.get(0))
+    }
+}

@@ -1,0 +1,461 @@
+//! The SQLite dialect's writes: each set of rows a segment decided ([`Writes`]), row by row
+//! with cached statements, in the order of its fields.
+
+use std::sync::atomic::Ordering;
+
+use rusqlite::params;
+
+use super::dialect::Tx;
+use crate::plan::Writes;
+use crate::plan::rows::*;
+use crate::{Millis, TimerRow};
+
+impl Tx<'_> {
+    /// Writes the sets of `w`; answers the ids of the new inbox items, in order.
+    pub(super) fn write_sets(&mut self, w: &Writes) -> rusqlite::Result<Vec<i64>> {
+        if !w.entities.is_empty() {
+            self.insert_entities(&w.entities)?;
+        }
+        if !w.updates.is_empty() {
+            self.update_entities(&w.updates)?;
+        }
+        let notices = if w.deletes.is_empty() { Vec::new() } else { self.delete_inbox(&w.deletes)? };
+        let ids = if w.inbox.is_empty() { Vec::new() } else { self.insert_inbox(&w.inbox)? };
+        if !w.inbox_clear.is_empty() {
+            self.clear_inbox(&w.inbox_clear)?;
+        }
+        if !w.history.is_empty() {
+            self.insert_history(&w.history)?;
+        }
+        if !w.successors.is_empty() {
+            self.insert_successors(&w.successors)?;
+        }
+        if !w.timer_entities.is_empty() {
+            self.replace_timers(&w.timer_entities, &w.timers)?;
+        }
+        if !w.cancel.is_empty() {
+            self.cancel_tasks(&w.cancel, w.now)?;
+        }
+        if !w.task_updates.is_empty() {
+            self.update_tasks(&w.task_updates)?;
+        }
+        if !w.offer_now.is_empty() {
+            self.offer_now(&w.offer_now, w.now)?;
+        }
+        if !w.offers.is_empty() {
+            self.offer_tasks(&w.offers)?;
+        }
+        if !w.errors.is_empty() {
+            self.insert_errors(&w.errors)?;
+        }
+        if !w.exceptions.is_empty() {
+            self.insert_exceptions(&w.exceptions)?;
+        }
+        if !w.events.is_empty() {
+            self.insert_events(&w.events)?;
+        }
+        if !w.ends.is_empty() {
+            self.end_events(&w.ends)?;
+        }
+        if !w.unopen.is_empty() {
+            self.delete_operations(&w.unopen)?;
+        }
+        if !w.op_updates.is_empty() {
+            self.update_operations(&w.op_updates)?;
+        }
+        if !w.op_cancel.is_empty() {
+            self.cancel_operations(&w.op_cancel)?;
+        }
+        if !w.op_done.is_empty() {
+            self.end_operations(&w.op_done, w.now)?;
+        }
+        if !w.complete.is_empty() {
+            self.complete_operations(&w.complete, w.now)?;
+        }
+        let notices: Vec<String> = notices.into_iter().filter(|r| !w.complete.contains(r)).collect();
+        if !notices.is_empty() {
+            self.complete_operations(&notices, w.now)?;
+        }
+        if !w.hung.is_empty() {
+            self.mark_hung(&w.hung)?;
+        }
+        if !w.renewals.is_empty() {
+            self.renew(&w.renewals)?;
+        }
+        if w.restarted {
+            self.0.execute("UPDATE operations SET restart_count = restart_count + 1 WHERE ended_at IS NULL", [])?;
+        }
+        Ok(ids)
+    }
+
+    fn insert_entities(&mut self, rows: &[EntityInsert]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, auto_at,
+                due_at, request_id, busy, machine_hash, timer_at, has_predecessors, id)
+             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+        )?;
+        for e in rows {
+            stmt.execute(params![
+                e.machine,
+                e.key,
+                e.state,
+                e.properties,
+                e.created_at,
+                e.auto_at,
+                e.due_at,
+                e.request_id,
+                e.busy,
+                e.machine_hash,
+                e.timer_at,
+                e.has_predecessors,
+                e.id
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn update_entities(&mut self, rows: &[EntityUpdate]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "UPDATE entities SET state = ?2, version = ?3, retry = ?4, entered_at = ?5, auto_at = ?6, due_at = ?7,
+                lease_owner = ?8, lease_until = ?9, request_id = ?10, timer_at = ?11, run_status = ?12,
+                sleep_until = ?13, busy = ?14, event_id = ?15, ordinal = ?16, has_predecessors = ?17,
+                machine_hash = ?18, properties = COALESCE(?19, properties), fired = COALESCE(?20, fired),
+                recent_errors = COALESCE(?21, recent_errors)
+             WHERE id = ?1",
+        )?;
+        for u in rows {
+            let r = &u.row;
+            stmt.execute(params![
+                r.id,
+                r.state,
+                r.version,
+                r.retry,
+                r.entered_at,
+                r.auto_at,
+                r.due_at,
+                r.lease_owner,
+                r.lease_until,
+                r.request_id,
+                r.timer_at,
+                r.run_status.as_str(),
+                r.sleep_until,
+                r.busy,
+                r.event_id,
+                r.ordinal,
+                r.has_predecessors,
+                r.machine_hash,
+                u.properties,
+                u.fired,
+                u.recent_errors
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the consumed items; answers the request ids of the change notices deleted
+    /// (their operations may end now: the plan reads them on PostgreSQL, here the delete
+    /// returns them).
+    fn delete_inbox(&mut self, rows: &[InboxDelete]) -> rusqlite::Result<Vec<String>> {
+        let mut stmt = self.0.prepare_cached(
+            "DELETE FROM inbox WHERE entity_id = ?1 AND (id = ?2 OR (kind = 'notice' AND id <= ?3))
+             RETURNING CASE WHEN kind = 'notice' THEN request_id END",
+        )?;
+        let mut notices: Vec<String> = Vec::new();
+        for r in rows {
+            for request_id in stmt.query_map([r.entity_id, r.consume, r.notices_upto], |row| row.get(0))? {
+                if let Some(id) = request_id?
+                    && !notices.contains(&id)
+                {
+                    notices.push(id);
+                }
+            }
+        }
+        Ok(notices)
+    }
+
+    fn insert_inbox(&mut self, rows: &[InboxInsert]) -> rusqlite::Result<Vec<i64>> {
+        let mut stmt = self.0.prepare_cached(
+            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for i in rows {
+            stmt.execute(params![i.entity_id, i.event, i.params, i.request_id, i.kind, i.created_at])?;
+            ids.push(self.0.last_insert_rowid());
+        }
+        Ok(ids)
+    }
+
+    fn insert_history(&mut self, rows: &[HistoryInsert]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail,
+                machine_hash, event_id, ordinal, transition_kind, start_health, end_health, entry_time, start_time,
+                action_start_time, outcome)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+        )?;
+        for h in rows {
+            stmt.execute(params![
+                h.entity_id,
+                h.from_state,
+                h.to_state,
+                h.kind,
+                h.action,
+                h.event,
+                h.retry,
+                h.request_id,
+                h.at,
+                h.detail,
+                h.machine_hash,
+                h.event_id,
+                h.ordinal,
+                h.transition_kind,
+                h.start_health,
+                h.end_health,
+                h.entry_time,
+                h.start_time,
+                h.action_start_time,
+                h.outcome
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn insert_successors(&mut self, rows: &[SuccessorInsert]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "INSERT INTO successors (predecessor_id, successor_id, request_id, created_at) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (predecessor_id, successor_id) DO NOTHING",
+        )?;
+        for s in rows {
+            stmt.execute(params![s.predecessor_id, s.successor_id, s.request_id, s.created_at])?;
+        }
+        Ok(())
+    }
+
+    fn replace_timers(&mut self, entities: &[i64], rows: &[TimerRow]) -> rusqlite::Result<()> {
+        let mut delete = self.0.prepare_cached("DELETE FROM timers WHERE entity_id = ?1")?;
+        for id in entities {
+            delete.execute([id])?;
+        }
+        let mut insert = self.0.prepare_cached(
+            "INSERT INTO timers (entity_id, name, event, due_at, every_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        for t in rows {
+            insert.execute(params![t.entity_id, t.name, t.event.as_str(), t.due_at, t.every_ms])?;
+        }
+        Ok(())
+    }
+
+    fn cancel_tasks(&mut self, entities: &[i64], now: Millis) -> rusqlite::Result<()> {
+        // Without agents, nothing to cancel: spare a statement per state entered.
+        if !self.1.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut stmt = self.0.prepare_cached(
+            "UPDATE agent_tasks SET status = 'canceled', outcome = 'canceled', finished_at = ?2
+             WHERE entity_id = ?1 AND status IN ('ready', 'leased')",
+        )?;
+        for &id in entities {
+            stmt.execute(params![id, now])?;
+        }
+        Ok(())
+    }
+
+    fn offer_tasks(&mut self, rows: &[TaskInsert]) -> rusqlite::Result<()> {
+        self.1.store(true, Ordering::Relaxed);
+        // One open task per entity: a repeated offer (e.g. after a resume) keeps the open one.
+        let mut stmt = self.0.prepare_cached(
+            "INSERT INTO agent_tasks (entity_id, queue, action, state, entity_version, retry, lock_ms, request_id,
+                status, available_at, created_at)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'ready', ?9, ?10
+             WHERE NOT EXISTS (SELECT 1 FROM agent_tasks WHERE entity_id = ?1 AND status IN ('ready', 'leased'))",
+        )?;
+        for t in rows {
+            stmt.execute(params![
+                t.entity_id,
+                t.queue,
+                t.action,
+                t.state,
+                t.entity_version,
+                t.retry,
+                t.lock_ms,
+                t.request_id,
+                t.available_at,
+                t.created_at
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn insert_errors(&mut self, rows: &[ErrorInsert]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "INSERT INTO errors (id, entity_id, operation_id, request_id, at, kind, details)
+             VALUES (?6, ?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?3, ?4, ?5)",
+        )?;
+        for e in rows {
+            stmt.execute(params![e.entity_id, e.request_id, e.at, e.kind, e.details, e.id])?;
+        }
+        Ok(())
+    }
+
+    fn insert_exceptions(&mut self, rows: &[ExceptionInsert]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached("INSERT INTO exceptions (error_id, at, details) VALUES (?1, ?2, ?3)")?;
+        for e in rows {
+            stmt.execute(params![e.error_id, e.at, e.details])?;
+        }
+        Ok(())
+    }
+
+    fn insert_events(&mut self, rows: &[EventInsert]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
+                start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered)
+             VALUES (?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
+                ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+        )?;
+        for e in rows {
+            stmt.execute(params![
+                e.id,
+                e.request_id,
+                e.entity_id,
+                e.machine,
+                e.entity_key,
+                e.event,
+                e.kind,
+                e.start_state,
+                e.start_time,
+                e.rejected,
+                e.failed,
+                e.error_id,
+                e.exception,
+                e.end_state,
+                e.end_time,
+                e.reason,
+                e.entered
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn end_events(&mut self, rows: &[EventEnd]) -> rusqlite::Result<()> {
+        let mut stmt = self
+            .0
+            .prepare_cached("UPDATE events SET end_state = ?2, end_time = ?3 WHERE id = ?1 AND end_time IS NULL")?;
+        for e in rows {
+            stmt.execute(params![e.id, e.end_state, e.end_time])?;
+        }
+        Ok(())
+    }
+
+    fn delete_operations(&mut self, request_ids: &[String]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached("DELETE FROM operations WHERE request_id = ?1")?;
+        for r in request_ids {
+            stmt.execute([r])?;
+        }
+        Ok(())
+    }
+
+    fn update_operations(&mut self, rows: &[OperationUpdate]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "UPDATE operations SET first_response_at = COALESCE(first_response_at, ?2),
+                error_seen = (error_seen OR ?3), error = COALESCE(error, ?4)
+             WHERE request_id = ?1",
+        )?;
+        for u in rows {
+            stmt.execute(params![u.request_id, u.first_response_at, u.error_seen, u.error])?;
+        }
+        Ok(())
+    }
+
+    fn complete_operations(&mut self, request_ids: &[String], now: Millis) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "UPDATE operations SET ended_at = ?2,
+                outcome = CASE WHEN canceled = 1 THEN 'canceled' WHEN error_seen = 1 THEN 'failed' ELSE 'success' END
+             WHERE request_id = ?1 AND ended_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM entities WHERE request_id = ?1 AND busy = 1)
+               AND NOT EXISTS (SELECT 1 FROM inbox WHERE request_id = ?1)",
+        )?;
+        for r in request_ids {
+            stmt.execute(params![r, now])?;
+        }
+        Ok(())
+    }
+
+    fn clear_inbox(&mut self, entities: &[i64]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached("DELETE FROM inbox WHERE entity_id = ?1")?;
+        for id in entities {
+            stmt.execute([id])?;
+        }
+        Ok(())
+    }
+
+    fn update_tasks(&mut self, rows: &[TaskRow]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "UPDATE agent_tasks SET status = ?2, attempt = ?3, token = ?4, agent = ?5, leased_at = ?6,
+                locked_until = ?7, available_at = ?8, finished_at = ?9, outcome = ?10, error = ?11
+             WHERE id = ?1",
+        )?;
+        for t in rows {
+            stmt.execute(params![
+                t.id,
+                t.status,
+                t.attempt,
+                t.token,
+                t.agent,
+                t.leased_at,
+                t.locked_until,
+                t.available_at,
+                t.finished_at,
+                t.outcome,
+                t.error
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn offer_now(&mut self, entities: &[i64], now: Millis) -> rusqlite::Result<()> {
+        let mut stmt = self
+            .0
+            .prepare_cached("UPDATE agent_tasks SET available_at = ?2 WHERE entity_id = ?1 AND status = 'ready'")?;
+        for id in entities {
+            stmt.execute(params![id, now])?;
+        }
+        Ok(())
+    }
+
+    fn cancel_operations(&mut self, request_ids: &[String]) -> rusqlite::Result<()> {
+        let mut stmt =
+            self.0.prepare_cached("UPDATE operations SET canceled = 1 WHERE request_id = ?1 AND ended_at IS NULL")?;
+        for r in request_ids {
+            stmt.execute([r])?;
+        }
+        Ok(())
+    }
+
+    fn end_operations(&mut self, request_ids: &[String], now: Millis) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "UPDATE operations SET first_response_at = ?2, ended_at = ?2, outcome = 'success'
+             WHERE request_id = ?1 AND ended_at IS NULL",
+        )?;
+        for r in request_ids {
+            stmt.execute(params![r, now])?;
+        }
+        Ok(())
+    }
+
+    fn mark_hung(&mut self, request_ids: &[String]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached(
+            "UPDATE operations SET outcome = 'hung' WHERE request_id = ?1 AND ended_at IS NULL AND outcome IS NULL",
+        )?;
+        for r in request_ids {
+            stmt.execute([r])?;
+        }
+        Ok(())
+    }
+
+    fn renew(&mut self, rows: &[Renewal]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached("UPDATE entities SET lease_until = ?2, due_at = ?2 WHERE id = ?1")?;
+        for r in rows {
+            stmt.execute(params![r.id, r.until])?;
+        }
+        Ok(())
+    }
+}
