@@ -192,3 +192,103 @@ pub fn apply_changes(props: &mut Properties, changes: &[PropChange]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::MachineBuilder;
+
+    /// `a` (initial) --go--> `working` (unstable, auto `work` to `working`, `next` or
+    /// `done`) --> `next` (unstable, auto `more`) and `done`, which requires `result`.
+    fn machine() -> Machine {
+        MachineBuilder::new("m")
+            .state("a")
+            .initial()
+            .state("working")
+            .auto("work")
+            .state("next")
+            .auto("more")
+            .state("done")
+            .requires(["result"])
+            .event("go", ["a"], "start")
+            .action("start", ["working"])
+            .action("work", ["working", "next", "done"])
+            .action("more", ["done"])
+            .build()
+            .unwrap()
+    }
+
+    fn props(v: serde_json::Value) -> Properties {
+        v.as_object().unwrap().clone().into_iter().collect()
+    }
+
+    fn entry(auto_delay: Option<Duration>, left: &[&str], entered: &[&str]) -> Entry {
+        Entry {
+            state: StateName::new("x"),
+            retry: 0,
+            auto_delay,
+            left: left.iter().map(|s| StateName::new(*s)).collect(),
+            entered: entered.iter().map(|s| StateName::new(*s)).collect(),
+        }
+    }
+
+    #[test]
+    fn an_entry_is_at_rest_without_an_auto_action_and_moves_when_it_leaves_or_enters() {
+        assert!(entry(None, &[], &[]).at_rest());
+        assert!(!entry(Some(Duration::ZERO), &[], &[]).at_rest());
+        let cases = [
+            (&[][..], &[][..], false),
+            (&["a"][..], &[][..], true),
+            (&[][..], &["b"][..], true),
+            (&["a"][..], &["b"][..], true),
+        ];
+        for (left, entered, moves) in cases {
+            assert_eq!(entry(None, left, entered).moves(), moves, "left {left:?}, entered {entered:?}");
+        }
+    }
+
+    #[test]
+    fn only_an_unstable_state_re_entered_by_its_own_auto_action_counts_a_retry() {
+        let m = machine();
+        let working = m.state("working").unwrap();
+        let work = m.action("work").unwrap();
+        let again = enter(&m, working, work, None, None, 2, &Properties::new()).unwrap();
+        assert_eq!((again.state.as_str(), again.retry, again.moves()), ("working", 3, false));
+        let on = enter(&m, working, work, Some("next"), None, 2, &Properties::new()).unwrap();
+        assert_eq!((on.state.as_str(), on.retry), ("next", 0), "another unstable state starts at 0");
+        // The same leaf re-entered by an action that is not its auto action: not a retry.
+        let start = m.action("start").unwrap();
+        let by_other = enter(&m, working, start, Some("working"), None, 2, &Properties::new()).unwrap();
+        assert_eq!(by_other.retry, 0);
+    }
+
+    #[test]
+    fn staying_keeps_the_states_invariants() {
+        let m = machine();
+        let done = m.state("done").unwrap();
+        let err = stay(&m, done, &Properties::new()).unwrap_err();
+        assert!(matches!(err, Refusal::InvariantViolated { ref missing, .. } if missing == &["result".to_string()]));
+        assert!(stay(&m, done, &props(json!({"result": 1}))).is_ok());
+        assert!(stay(&m, done, &props(json!({"result": null}))).is_err(), "null is missing");
+    }
+
+    #[test]
+    fn changes_apply_in_order() {
+        let mut p = props(json!({"a": 1, "b": 2}));
+        apply_changes(
+            &mut p,
+            &[
+                PropChange::Set("c".into(), json!(3)),
+                PropChange::Remove("a".into()),
+                PropChange::Set("b".into(), json!("x")),
+                PropChange::Remove("c".into()),
+                PropChange::Set("c".into(), json!(4)),
+            ],
+        );
+        assert_eq!(p, props(json!({"b": "x", "c": 4})));
+    }
+}
