@@ -475,6 +475,32 @@ mod tests {
     }
 
     #[test]
+    fn a_one_shot_timer_restarts_when_a_state_it_runs_in_is_entered_anew() {
+        use crate::machine::Schedule;
+        let m = MachineBuilder::new("m")
+            .state("a")
+            .initial()
+            .state("b")
+            .state("c")
+            .event("next", ["a", "b"], "step")
+            .event("expire", ["a", "b"], "step")
+            .action("step", ["b", "c"])
+            .timer("deadline", "expire", Schedule::After(Duration::from_secs(600)), ["a", "b"])
+            .build()
+            .unwrap();
+        let restart = |from: Option<&str>, to: &str, entered: &[&str]| {
+            let entered: Vec<StateName> = entered.iter().map(|s| StateName::new(*s)).collect();
+            let t = timers_on_entry(&m, from, to, &entered);
+            assert_eq!(t.len(), 1, "{from:?} -> {to}");
+            t[0].restart
+        };
+        assert!(restart(None, "a", &["a"]), "a new entity starts it");
+        assert!(restart(Some("c"), "a", &["a"]), "entering one of its states from outside starts it");
+        assert!(restart(Some("a"), "b", &["b"]), "entering another of its states starts it afresh");
+        assert!(!restart(Some("a"), "a", &[]), "staying keeps its schedule");
+    }
+
+    #[test]
     fn a_fired_timer_applies_only_where_it_runs() {
         let m = crate::fixtures::subscriber().build().unwrap();
         let cases = [
