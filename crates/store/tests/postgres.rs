@@ -259,6 +259,49 @@ async fn round_trips_per_batch_do_not_grow_with_the_batch() {
     }
 }
 
+/// An agent's report reads its task once, with the other operations of its batch: a batch
+/// of reports (and heartbeats) is one read, one write and the finish, whatever its size —
+/// the task row is read and locked in the segment's read, with its entity, and the report
+/// reaches the entity's inbox in the same write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_read_their_task_once_in_the_batchs_read() {
+    use settle_store::{AgentTask, Applied, TaskCheck, TaskOffer, TaskResult};
+    let mut trips = Vec::new();
+    for n in [1usize, 16] {
+        let Some(url) = settle_store::postgres::test_url("reports") else { return };
+        let store = open(&url).await;
+        let offer = TaskOffer { queue: "q".into(), action: "work".into(), lock_ms: 60_000, available_at: 0 };
+        // Twice as many tasks: the first batch of reports prepares the statements (a round
+        // trip of its own on a new connection), the second is measured.
+        let creates =
+            (0..2 * n).map(|i| Op::Create(NewEntity { offer: Some(offer.clone()), ..entity(&format!("e{i}"), None) }));
+        store.write(Batch { now: 10, ops: creates.collect(), claim: None }).await.unwrap();
+        let lease = Op::TaskLease { queue: "q".into(), agent: "a".into(), limit: 2 * n, token_prefix: "t-".into() };
+        let r = store.write(Batch { now: 20, ops: vec![lease], claim: None }).await.unwrap();
+        let Ok(Applied::Leased(tasks)) = &r.results[0] else { panic!("{:?}", r.results[0]) };
+        assert_eq!(tasks.len(), 2 * n);
+        let op = |t: &AgentTask, i: usize| match i % 2 {
+            0 => Op::TaskReport {
+                task: t.id,
+                token: t.token.clone().unwrap(),
+                result: TaskResult::Fail { error: "no".into(), retryable: true },
+                check: TaskCheck::default(),
+            },
+            _ => Op::TaskHeartbeat { task: t.id, token: t.token.clone().unwrap(), check: TaskCheck::default() },
+        };
+        for half in tasks.chunks(n) {
+            let ops = half.iter().enumerate().map(|(i, t)| op(t, i)).collect();
+            let r = store.write(Batch { now: 30, ops, claim: None }).await.unwrap();
+            assert!(r.results.iter().all(|r| r.is_ok()), "{:?}", r.results);
+        }
+        trips.push((n, store.last_batch_round_trips()));
+    }
+    eprintln!("round trips of a batch of reports and heartbeats by size: {trips:?}");
+    for (n, t) in &trips {
+        assert_eq!(*t, 3, "a batch of {n} reports and heartbeats took {t} round trips (read, write, finish expected)");
+    }
+}
+
 /// A commit through one handle tells the other handles which entity changed, and that it
 /// is at rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
