@@ -498,6 +498,7 @@ mod tests {
         assert!(restart(Some("c"), "a", &["a"]), "entering one of its states from outside starts it");
         assert!(restart(Some("a"), "b", &["b"]), "entering another of its states starts it afresh");
         assert!(!restart(Some("a"), "a", &[]), "staying keeps its schedule");
+        assert!(has_timers(&m), "declared timers alone (no subscription timeout) are timers");
     }
 
     #[test]
