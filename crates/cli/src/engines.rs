@@ -121,19 +121,26 @@ pub(crate) async fn stdin_closed() {
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    // The handlers are installed here, before the future is first polled: a signal sent
+    // from now on ends it, even while the runtime is busy elsewhere (a spawned listener
+    // installs nothing until it runs, and the signal's default action kills the process).
     #[cfg(unix)]
     {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt()).expect("signal handler");
+        let mut term = signal(SignalKind::terminate()).expect("signal handler");
+        async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = term.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

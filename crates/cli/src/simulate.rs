@@ -48,8 +48,9 @@ pub async fn run(db: Option<&str>, args: Args) -> anyhow::Result<ExitCode> {
     };
     // Ctrl-C or SIGTERM ends the seed running at its next step, with its database.
     let stop = options.stop.clone();
+    let signalled = crate::engines::shutdown_signal();
     let signal = tokio::spawn(async move {
-        crate::engines::shutdown_signal().await;
+        signalled.await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let held = settle_sim::run(options).await;
