@@ -29,8 +29,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 pub use settle_api::{
-    Entity, EntityPage, EventCheck, HistoryEntry, Operation, OperationTrace, Outcome, QueuedEvent, Related, Task,
-    Verdict,
+    CompleteRequest, Entity, EntityPage, EventCheck, HistoryEntry, Operation, OperationTrace, Outcome, QueuedEvent,
+    Related, ReportCreate, ReportRaise, Task, Verdict,
 };
 use settle_api::{Leased, OperationList};
 
@@ -442,6 +442,36 @@ impl Client {
     /// one). Refused (409 `task-refused`) after the lease expired or was superseded.
     pub async fn complete(&self, task: &Task, target: &str, properties: Value) -> Result<(), Error> {
         let body = json!({"token": task.token, "target": target, "properties": properties});
+        self.post::<Value>(&format!("/v1/tasks/{}/complete", task.id), &body).await.map(|_| ())
+    }
+
+    /// Reports success with the action's whole outcome (the request's `token` is set from
+    /// `task`): a target or a retry with `delay_ms`, property changes, entities to create
+    /// and events to raise, all committed with the transition. Refused 422
+    /// (`invalid-report`, naming the field) when it does not fit the action or the
+    /// machines, and 409 `task-refused` after the lease expired or was superseded.
+    ///
+    /// ```no_run
+    /// # async fn f(client: settle_client::Client, task: settle_client::Task) -> Result<(), settle_client::Error> {
+    /// use settle_client::{CompleteRequest, ReportCreate};
+    /// let outcome = CompleteRequest {
+    ///     target: Some("awaiting_resources".into()),
+    ///     create: vec![ReportCreate {
+    ///         machine: "app".into(),
+    ///         key: format!("{}-app", task.key),
+    ///         properties: None,
+    ///         event: None,
+    ///         params: None,
+    ///     }],
+    ///     ..CompleteRequest::default()
+    /// };
+    /// client.report(&task, outcome).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn report(&self, task: &Task, outcome: CompleteRequest) -> Result<(), Error> {
+        let body = CompleteRequest { token: task.token.clone(), ..outcome };
+        let body = serde_json::to_value(&body)
+            .map_err(|e| Error::Unexpected { url: "complete".into(), message: e.to_string() })?;
         self.post::<Value>(&format!("/v1/tasks/{}/complete", task.id), &body).await.map(|_| ())
     }
 

@@ -47,6 +47,6 @@ pub use machine::{
 };
 pub use names::{ActionName, EntityKey, EventName, MachineName, StateName};
 pub use pattern::{Pattern, SuccessorView};
-pub use step::{EventStep, Permission, Properties, RaiseError, Refusal, Rejection};
+pub use step::{ActionOutcome, EventStep, Permission, Properties, RaiseError, Refusal, Rejection};
 pub use upgrade::UpgradeRefused;
 pub use validate::{Diagnostic, Report, Severity};

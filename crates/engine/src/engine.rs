@@ -490,6 +490,13 @@ impl<S: Store> Engine<S> {
         result: TaskResult,
         queues: Option<Vec<String>>,
     ) -> Result<crate::Report> {
+        if let TaskResult::Complete(outcome) = &result
+            && let Err(why) = crate::decide::check_effects(outcome, &self.inner.registry)
+        {
+            let (field, reason) = why.split_once(": ").unwrap_or(("outcome", why.as_str()));
+            let (field, reason) = (field.to_string(), reason.to_string());
+            return Err(Error::Task(settle_store::TaskRefusal::BadReport { task, field, reason }));
+        }
         let check = TaskCheck { queues, targets: self.inner.agent_targets.clone() };
         match self.agent_op(Op::TaskReport { task, token: token.to_string(), result, check }).await? {
             Applied::Pushed { .. } => Ok(crate::Report::Applied),

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde_json::Value;
-use settle_core::step::PropChange;
+use settle_core::step::{ActionOutcome, PropChange};
 use settle_core::{ActionName, Broadcast, EntityKey, EventName, MachineName, Properties, Related, StateName};
 use settle_store::{EntityRow, SqlStatement};
 
@@ -147,30 +147,10 @@ impl ActionContext {
 }
 
 /// An entity an action creates (committed with the action).
-#[derive(Debug, Clone, PartialEq)]
-pub struct CreateEffect {
-    /// Its machine (must be registered with the engine).
-    pub machine: MachineName,
-    /// Its key.
-    pub key: EntityKey,
-    /// Constructor properties.
-    pub properties: Properties,
-}
+pub type CreateEffect = settle_core::step::Create;
 
 /// An event an action raises on another entity (through its durable inbox).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RaiseEffect {
-    /// The entity's machine.
-    pub machine: MachineName,
-    /// The entity's key.
-    pub key: EntityKey,
-    /// The event.
-    pub event: EventName,
-    /// Its parameters.
-    pub params: Value,
-    /// Whether the target joins this entity's workflow (becomes its successor).
-    pub join: bool,
-}
+pub type RaiseEffect = settle_core::step::Raise;
 
 /// What an action decided: the state to enter and the effects to commit with it.
 ///
@@ -184,23 +164,21 @@ pub struct RaiseEffect {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Outcome {
-    pub(crate) target: Option<StateName>,
-    pub(crate) delay: Option<Duration>,
-    pub(crate) changes: Vec<PropChange>,
+    /// What the action decided, as every author decides it (a declarative action and an
+    /// agent's report give the same value).
+    pub(crate) decided: ActionOutcome,
+    /// Raw SQL run in the commit (Rust handlers only).
     pub(crate) sql: Vec<SqlStatement>,
-    pub(crate) creates: Vec<CreateEffect>,
-    pub(crate) raises: Vec<RaiseEffect>,
-    pub(crate) related: Vec<Broadcast>,
 }
 
 impl Outcome {
     /// Move to `state` (one of the action's declared targets).
     pub fn to(state: impl AsRef<str>) -> Self {
-        Outcome { target: Some(StateName::new(state)), ..Outcome::default() }
+        Outcome::from(ActionOutcome { target: Some(StateName::new(state)), ..ActionOutcome::default() })
     }
     /// Re-enter the current state; its auto action runs again after `delay`.
     pub fn retry_after(delay: Duration) -> Self {
-        Outcome { delay: Some(delay), ..Outcome::default() }
+        Outcome::from(ActionOutcome { delay: Some(delay), ..ActionOutcome::default() })
     }
     /// Re-enter the current state with its declared wait.
     pub fn stay() -> Self {
@@ -208,21 +186,21 @@ impl Outcome {
     }
     /// The state asked for (`None`: re-enter the current state).
     pub fn target(&self) -> Option<&str> {
-        self.target.as_deref()
+        self.decided.target.as_deref()
     }
     /// Sets the delay before the entered state's auto action (overrides declared waits).
     pub fn delay(mut self, delay: Duration) -> Self {
-        self.delay = Some(delay);
+        self.decided.delay = Some(delay);
         self
     }
     /// Sets a property.
     pub fn set(mut self, key: impl Into<String>, value: Value) -> Self {
-        self.changes.push(PropChange::Set(key.into(), value));
+        self.decided.changes.push(PropChange::Set(key.into(), value));
         self
     }
     /// Removes a property.
     pub fn remove(mut self, key: impl Into<String>) -> Self {
-        self.changes.push(PropChange::Remove(key.into()));
+        self.decided.changes.push(PropChange::Remove(key.into()));
         self
     }
     /// Runs a parameterised SQL statement in the commit (placeholders in the store's
@@ -233,7 +211,11 @@ impl Outcome {
     }
     /// Creates an entity in the commit.
     pub fn create(mut self, machine: impl AsRef<str>, key: impl AsRef<str>, properties: Properties) -> Self {
-        self.creates.push(CreateEffect { machine: MachineName::new(machine), key: EntityKey::new(key), properties });
+        self.decided.creates.push(CreateEffect {
+            machine: MachineName::new(machine),
+            key: EntityKey::new(key),
+            properties,
+        });
         self
     }
     /// Raises an event on another entity, written to its inbox in the commit.
@@ -258,24 +240,25 @@ impl Outcome {
     /// assert_eq!(done.target(), Some("ready"));
     /// ```
     pub fn raise_on(mut self, on: Related, event: impl AsRef<str>, params: Value) -> Self {
-        self.related.push(Broadcast { event: EventName::new(event), on, params });
+        self.decided.related.push(Broadcast { event: EventName::new(event), on, params });
         self
     }
     /// Adds the effects of an entry or exit action's outcome to this one (after its own):
     /// property changes, SQL, created entities, raised events. Such an action never
     /// chooses a state: an outcome with a target or a delay is refused (the error says so).
     pub(crate) fn absorb(&mut self, hook: Outcome) -> Result<(), String> {
+        let (hook, sql) = (hook.decided, hook.sql);
         if let Some(target) = &hook.target {
             return Err(format!("asked to move to `{target}`, but entry and exit actions never choose a state"));
         }
         if hook.delay.is_some() {
             return Err("asked for a delay, but entry and exit actions never choose one".into());
         }
-        self.changes.extend(hook.changes);
-        self.sql.extend(hook.sql);
-        self.creates.extend(hook.creates);
-        self.raises.extend(hook.raises);
-        self.related.extend(hook.related);
+        self.decided.changes.extend(hook.changes);
+        self.sql.extend(sql);
+        self.decided.creates.extend(hook.creates);
+        self.decided.raises.extend(hook.raises);
+        self.decided.related.extend(hook.related);
         Ok(())
     }
     fn nested(
@@ -286,7 +269,7 @@ impl Outcome {
         params: Value,
         join: bool,
     ) -> Self {
-        self.raises.push(RaiseEffect {
+        self.decided.raises.push(RaiseEffect {
             machine: MachineName::new(machine),
             key: EntityKey::new(key),
             event: EventName::new(event),
@@ -294,6 +277,13 @@ impl Outcome {
             join,
         });
         self
+    }
+}
+
+impl From<ActionOutcome> for Outcome {
+    /// The outcome a declarative action or an agent's report decided, as a handler's.
+    fn from(decided: ActionOutcome) -> Self {
+        Outcome { decided, sql: Vec::new() }
     }
 }
 

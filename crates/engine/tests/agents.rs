@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use settle_core::fault::FaultPolicy;
-use settle_core::{Machine, MachineBuilder, Properties, StateName};
+use settle_core::{Machine, MachineBuilder, Properties};
 use settle_engine::{Command, Engine, Error, ManualClock, RaiseOptions, RunStatus, Wait};
 use settle_store::{AgentTask, HistoryKind, SqliteStore, Store, TaskFilter, TaskRefusal, TaskResult};
 
@@ -51,7 +51,7 @@ async fn lease_one(engine: &Engine<SqliteStore>) -> AgentTask {
 
 fn complete(target: &str, properties: serde_json::Value) -> TaskResult {
     let properties: Properties = properties.as_object().unwrap().clone().into_iter().collect();
-    TaskResult::Complete { target: StateName::new(target), properties }
+    TaskResult::complete(target, properties)
 }
 
 async fn create_and_start(engine: &Engine<SqliteStore>, key: &str) {

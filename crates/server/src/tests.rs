@@ -643,11 +643,92 @@ async fn agent_bad_requests_are_problems_and_change_nothing() {
         ),
         (Req::new("POST", &t("fail")).json(json!({"token": token})), 422, "invalid-body", None),
         (Req::new("POST", &t("complete")).raw(Some("text/plain"), "{}"), 415, "unsupported-media-type", None),
+        (
+            Req::new("POST", &t("complete"))
+                .json(json!({"token": token, "target": "ready", "create": [{"machine": "disk", "key": "d"}]})),
+            422,
+            "invalid-report",
+            Some("create[0]"),
+        ),
+        (
+            Req::new("POST", &t("complete"))
+                .json(json!({"token": token, "target": "ready", "create": [{"machine": "vm", "key": ""}]})),
+            422,
+            "invalid-key",
+            Some("create[0].key"),
+        ),
+        (
+            Req::new("POST", &t("complete"))
+                .json(json!({"token": token, "target": "ready", "raise": [{"machine": "vm", "event": "create"}]})),
+            422,
+            "invalid-body",
+            Some("raise[0]"),
+        ),
+        (
+            Req::new("POST", &t("complete")).json(
+                json!({"token": token, "target": "ready", "raise": [{"machine": "vm", "key": "v", "event": "boom"}]}),
+            ),
+            422,
+            "invalid-report",
+            Some("raise[0]"),
+        ),
+        (
+            Req::new("POST", &t("complete"))
+                .json(json!({"token": token, "target": "ready", "raise": [{"on": "successors", "event": "boom"}]})),
+            422,
+            "invalid-report",
+            Some("raise_on[0]"),
+        ),
     ];
     app.assert_problems(table).await;
     // The live token still holds the task: it reports.
     let done = app.post(&t("complete"), json!({"token": token, "target": "ready"})).await;
     assert_eq!(done.status, StatusCode::ACCEPTED, "{}", done.text);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_agents_report_creates_successors_and_raises_over_http() {
+    let app = App::with_machines(Tokens::open(), Config::default(), &[("vm", VM)]).await;
+    app.post("/v1/machines/vm/entities", json!({"key": "v"})).await;
+    app.post("/v1/machines/vm/entities/v/events/create", json!({})).await;
+    let leased = app.post("/v1/queues/cloud/lease", json!({"agent": "a", "wait_ms": 5000})).await;
+    let task = &leased.json()["tasks"][0];
+    let (id, token) = (task["id"].as_i64().unwrap(), task["token"].as_str().unwrap().to_string());
+    let report = json!({
+        "token": token, "target": "ready", "properties": {"ip": "10.0.0.7"},
+        "create": [{"machine": "vm", "key": "v-disk", "properties": {"size": 10}, "event": "create"},
+                   {"machine": "vm", "key": "v-net"}],
+    });
+    let done = app.post(&format!("/v1/tasks/{id}/complete"), report).await;
+    assert_eq!(done.status, StatusCode::ACCEPTED, "{}", done.text);
+    app.state.engine().wait_caught_up().await.unwrap();
+    let v = app.get("/v1/machines/vm/entities/v").await.json();
+    assert_eq!((v["state"].as_str(), &v["properties"]["ip"]), (Some("ready"), &json!("10.0.0.7")), "{v}");
+    // The created entities are its successors; the first event moved one of them on.
+    let related = app.get("/v1/machines/vm/entities/v/related").await.json();
+    let mut succ: Vec<_> = related["successors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["key"].as_str().unwrap().to_string(), e["state"].as_str().unwrap().to_string()))
+        .collect();
+    succ.sort();
+    assert_eq!(succ, [("v-disk".into(), "provisioning".into()), ("v-net".into(), "new".into())], "{related}");
+    // An event raised by key joins the reporter's workflow when asked.
+    let leased = app.post("/v1/queues/cloud/lease", json!({"agent": "a", "wait_ms": 5000})).await;
+    let task = &leased.json()["tasks"][0];
+    assert_eq!(task["key"], "v-disk", "{task}");
+    let (id, token) = (task["id"].as_i64().unwrap(), task["token"].as_str().unwrap().to_string());
+    app.post("/v1/machines/vm/entities", json!({"key": "w"})).await;
+    let report = json!({"token": token, "target": "ready",
+                        "raise": [{"machine": "vm", "key": "w", "event": "create", "join": true}]});
+    let done = app.post(&format!("/v1/tasks/{id}/complete"), report).await;
+    assert_eq!(done.status, StatusCode::ACCEPTED, "{}", done.text);
+    app.state.engine().wait_caught_up().await.unwrap();
+    assert_eq!(app.get("/v1/machines/vm/entities/w").await.json()["state"], "provisioning");
+    let related = app.get("/v1/machines/vm/entities/v-disk/related").await.json();
+    assert_eq!(related["successors"][0]["key"], "w", "{related}");
     app.stop().await;
 }
 

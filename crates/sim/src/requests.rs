@@ -259,5 +259,5 @@ impl World {
 }
 
 fn complete(target: &str) -> TaskResult {
-    TaskResult::Complete { target: target.into(), properties: Properties::new() }
+    TaskResult::complete(target, Properties::new())
 }

@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
+use settle_core::step::PropChange;
+use settle_core::{ActionName, ActionOutcome, EntityKey, EventName, MachineName, Properties, StateName};
 
 use crate::{InboxKind, Millis, Push};
 
@@ -77,14 +78,10 @@ pub struct AgentTask {
 /// What an agent reports on a task it leased.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskResult {
-    /// The action is done: move to `target` (one of the action's declared targets) with
-    /// these property changes (`null` removes a property).
-    Complete {
-        /// The state to enter.
-        target: StateName,
-        /// Properties to set.
-        properties: Properties,
-    },
+    /// The action is done, with its whole outcome (DESIGN §5): a declared target (or the
+    /// same state again, after a delay), property changes, entities to create and events
+    /// to raise — the value a Rust handler returns.
+    Complete(ActionOutcome),
     /// The action failed: a fault of the entity, decided by its fault policy; a
     /// non-retryable failure parks the entity for an operator at once.
     Fail {
@@ -96,10 +93,24 @@ pub enum TaskResult {
 }
 
 impl TaskResult {
+    /// A completion that moves to `target` with these properties set (a `null` removes
+    /// one), and nothing else: what most reports are.
+    pub fn complete(target: impl AsRef<str>, properties: Properties) -> Self {
+        let changes = properties
+            .into_iter()
+            .map(|(k, v)| if v.is_null() { PropChange::Remove(k) } else { PropChange::Set(k, v) })
+            .collect();
+        TaskResult::Complete(ActionOutcome {
+            target: Some(StateName::new(target)),
+            changes,
+            ..ActionOutcome::default()
+        })
+    }
+
     /// The task's outcome as stored (`complete` or `fail`), and the error the agent reported.
     pub(crate) fn outcome(&self) -> (&'static str, Option<&str>) {
         match self {
-            TaskResult::Complete { .. } => ("complete", None),
+            TaskResult::Complete(_) => ("complete", None),
             TaskResult::Fail { error, .. } => ("fail", Some(error.as_str())),
         }
     }
@@ -140,9 +151,7 @@ impl AgentReport {
     /// The inbox params encoding.
     pub fn to_json(&self) -> Value {
         let result = match &self.result {
-            TaskResult::Complete { target, properties } => {
-                serde_json::json!({"complete": {"target": target.as_str(), "properties": properties}})
-            }
+            TaskResult::Complete(outcome) => serde_json::json!({"complete": outcome.to_json()}),
             TaskResult::Fail { error, retryable } => {
                 serde_json::json!({"fail": {"error": error, "retryable": retryable}})
             }
@@ -160,9 +169,10 @@ impl AgentReport {
     pub fn from_json(v: &Value) -> Option<Self> {
         let result = v.get("result")?;
         let result = if let Some(c) = result.get("complete") {
-            TaskResult::Complete {
-                target: StateName::new(c.get("target")?.as_str()?),
-                properties: c.get("properties")?.as_object()?.clone().into_iter().collect(),
+            match c.get("properties") {
+                // As reports were queued before they carried a whole outcome.
+                Some(props) => TaskResult::complete(c.get("target")?.as_str()?, props.as_object()?.clone()),
+                None => TaskResult::Complete(ActionOutcome::from_json(c).ok()?),
             }
         } else {
             let f = result.get("fail")?;
@@ -238,11 +248,14 @@ pub enum TaskRefusal {
         /// Its queue.
         queue: String,
     },
-    /// The report does not fit the task's action (a target it does not declare).
-    #[error("task {task}: {reason}")]
+    /// The report does not fit the task's action: a target it does not declare, an entity
+    /// it may not create, an event it may not raise.
+    #[error("task {task}: {field}: {reason}")]
     BadReport {
         /// The task.
         task: i64,
+        /// The report's field at fault (`target`, `create[0]`, `raise[1]`, …).
+        field: String,
         /// Why.
         reason: String,
     },

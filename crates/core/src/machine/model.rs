@@ -270,6 +270,10 @@ impl Related {
             Related::Successors => "successors",
         }
     }
+    /// The relation [`Related::as_str`] names.
+    pub fn parse(s: &str) -> Option<Related> {
+        [Related::Predecessors, Related::Successors].into_iter().find(|r| r.as_str() == s)
+    }
 }
 
 /// An action executed by external agents (DESIGN §5): entering its state offers a task on

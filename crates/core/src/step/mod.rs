@@ -14,10 +14,14 @@
 //!   `timers`)
 //! - which subscription fires over a snapshot of the successors ([`fire`])?
 //!
+//! What an action decided, whoever wrote it, is one value: [`ActionOutcome`] (in
+//! `outcome`, with the durable encoding an agent's report travels in).
+//!
 //! No IO, no clock: time arrives as arguments or as durations relative to "now", chosen
 //! by the caller.
 
 mod entry;
+mod outcome;
 #[cfg(test)]
 mod statecharts;
 mod timers;
@@ -27,6 +31,7 @@ use serde_json::{Map, Value};
 pub use entry::{
     Entry, PropChange, Refusal, apply_changes, enter, initial_entry, missing_required, stay, transition_of,
 };
+pub use outcome::{ActionOutcome, Create, Raise};
 pub use timers::{TimerStart, agent_action, fire, has_timers, timer_applies, timers_on_entry};
 
 use crate::machine::{Action, Event, Level, Machine, StateKind, Then};

@@ -37,7 +37,7 @@ use settle_store::{
 
 pub(crate) use fault::{FaultError, fault};
 use parts::{event_record, task_offer};
-pub(crate) use transition::{Hooks, Ran, declare, hooks_done, new_entity, transition};
+pub(crate) use transition::{Hooks, Ran, check_effects, declare, hooks_done, new_entity, transition};
 
 use crate::api::EventOutcome;
 use crate::handler::Outcome;
@@ -413,11 +413,9 @@ fn agent_reported(held: &mut Held, item: InboxItem, env: &Env<'_>) -> Next {
     }
     held.agent_report = Some(item.id);
     match report.result {
-        TaskResult::Complete { target, properties } => {
-            let mut outcome = Outcome::to(target);
-            for (k, v) in properties {
-                outcome = if v.is_null() { outcome.remove(k) } else { outcome.set(k, v) };
-            }
+        TaskResult::Complete(decided) => {
+            // The agent's outcome is the action's, as a handler's would be.
+            let outcome = Outcome::from(decided);
             transition(
                 held,
                 Ran { action: &action, item: None, outcome, locks: Vec::new(), started: Some(report.leased_at) },

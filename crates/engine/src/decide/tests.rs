@@ -243,7 +243,7 @@ fn outcomes_become_transitions_retries_or_faults() {
         (
             Outcome::to("broken").create("nope", "n1", Properties::new()),
             0,
-            "fault: unknown machine `nope`",
+            "fault: create[0]: unknown machine `nope`",
             1,
             Some(NOW + 2_000),
             false,
@@ -251,7 +251,7 @@ fn outcomes_become_transitions_retries_or_faults() {
         (
             Outcome::to("broken").raise("job", "j2", "go", json!({"x": 1})),
             0,
-            "fault: event `go` on machine `job` has no parameter `x` (declared: none)",
+            "fault: raise[0]: event `go` on machine `job` has no parameter `x` (declared: none)",
             1,
             Some(NOW + 2_000),
             false,
@@ -259,7 +259,7 @@ fn outcomes_become_transitions_retries_or_faults() {
         (
             Outcome::to("broken").raise_on(Related::Successors, "shout", Value::Null),
             0,
-            "fault: raises `shout` on its successors, but no machine declares that event",
+            "fault: raise_on[0]: raises `shout` on its successors, but no machine declares that event",
             1,
             Some(NOW + 2_000),
             false,
@@ -267,7 +267,7 @@ fn outcomes_become_transitions_retries_or_faults() {
         (
             Outcome::to("broken").raise_on(Related::Predecessors, "go", json!([1])),
             0,
-            "fault: raises `go` on its predecessors: parameters of event `go` on machine `job` must be a JSON object",
+            "fault: raise_on[0]: raises `go` on its predecessors: parameters of event `go` on machine `job` must be a JSON object",
             1,
             Some(NOW + 2_000),
             false,
@@ -382,7 +382,7 @@ fn agent_reports_conclude_the_current_entry_only() {
         item(InboxKind::Agent, "fetch", r.to_json())
     };
     let properties: Properties = [("result".to_string(), json!(1))].into_iter().collect();
-    let complete = TaskResult::Complete { target: "done".into(), properties };
+    let complete = TaskResult::complete("done", properties);
     let failed = TaskResult::Fail { error: "quota".into(), retryable: false };
     // (entity version, report) → what is committed
     let cases = [

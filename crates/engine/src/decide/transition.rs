@@ -6,7 +6,7 @@
 //! transition commits its effects without leaving or entering anything.
 
 use settle_core::step;
-use settle_core::{Action, EntityKey, EventName, Machine, Properties, StateName};
+use settle_core::{Action, ActionOutcome, EntityKey, EventName, Machine, Properties, StateName};
 use settle_store::{
     AfterCommit, Commit, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, PushRelated, Telemetry,
     TransitionRecord,
@@ -117,9 +117,9 @@ pub(crate) fn declare(action: &Action, outcome: &mut Outcome) {
         } else {
             step::PropChange::Set(key.clone(), value.clone())
         };
-        outcome.changes.push(change);
+        outcome.decided.changes.push(change);
     }
-    outcome.related.extend(action.raise.iter().cloned());
+    outcome.decided.related.extend(action.raise.iter().cloned());
 }
 
 /// An internal transition: the action's effects commit; the entity stays in its state
@@ -191,7 +191,7 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
     let machine = held.machine.clone();
     let e = &held.entity;
     let from = machine.state(&e.state).expect("entity state exists in its machine");
-    let (target, delay, retry) = (ran.outcome.target(), ran.outcome.delay, e.retry);
+    let (target, delay, retry) = (ran.outcome.target(), ran.outcome.decided.delay, e.retry);
     let enter = |props: &Properties| step::enter(&machine, from, ran.action, target, delay, retry, props);
     let Checked { props, verdict: entry, request_id, effects } = match checked(held, &ran, enter, env) {
         Ok(checked) => checked,
@@ -291,10 +291,10 @@ fn checked<T>(
 ) -> std::result::Result<Checked<T>, String> {
     let e = &held.entity;
     let mut props = e.properties.clone();
-    step::apply_changes(&mut props, &ran.outcome.changes);
+    step::apply_changes(&mut props, &ran.outcome.decided.changes);
     let verdict = decide(&props).map_err(|r| r.to_string())?;
     let request_id = ran.item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
-    let effects = effects(&ran.outcome, e.id, request_id.as_ref(), env)?;
+    let effects = effects(&ran.outcome.decided, e.id, request_id.as_ref(), env)?;
     Ok(Checked { props, verdict, request_id, effects })
 }
 
@@ -328,25 +328,26 @@ fn fired_after(
 
 /// The entities an outcome creates and the events it raises, checked against their
 /// machines (an event raised on related entities against every machine that declares
-/// it); the error says which one is refused and why.
+/// it); the error names the effect refused (`create[0]`, `raise[1]`, `raise_on[0]`) and why.
 fn effects(
-    outcome: &Outcome,
+    outcome: &ActionOutcome,
     entity_id: i64,
     request_id: Option<&String>,
     env: &Env<'_>,
 ) -> std::result::Result<Effects, String> {
+    let refused = |field: String, why: String| format!("{field}: {why}");
     let mut creates = Vec::with_capacity(outcome.creates.len());
-    for c in &outcome.creates {
-        let m = env.registry.machine(&c.machine).map_err(|e| e.to_string())?;
+    for (i, c) in outcome.creates.iter().enumerate() {
+        let m = env.registry.machine(&c.machine).map_err(|e| refused(format!("create[{i}]"), e.to_string()))?;
         let mut new = new_entity(m, c.key.clone(), c.properties.clone(), request_id.cloned(), env.now)
-            .map_err(|r| r.to_string())?;
+            .map_err(|r| refused(format!("create[{i}]"), r.to_string()))?;
         new.machine_hash = env.registry.hash(&c.machine);
         creates.push(new);
     }
     let mut pushes = Vec::with_capacity(outcome.raises.len());
-    for r in &outcome.raises {
-        let m = env.registry.machine(&r.machine).map_err(|e| e.to_string())?;
-        step::check_raise(m, &r.event, &r.params).map_err(|e| e.to_string())?;
+    for (i, r) in outcome.raises.iter().enumerate() {
+        let m = env.registry.machine(&r.machine).map_err(|e| refused(format!("raise[{i}]"), e.to_string()))?;
+        step::check_raise(m, &r.event, &r.params).map_err(|e| refused(format!("raise[{i}]"), e.to_string()))?;
         pushes.push(Push {
             machine: r.machine.clone(),
             key: r.key.clone(),
@@ -359,20 +360,30 @@ fn effects(
         });
     }
     let mut related = Vec::with_capacity(outcome.related.len());
-    for b in &outcome.related {
+    for (i, b) in outcome.related.iter().enumerate() {
+        let field = || format!("raise_on[{i}]");
         let mut machines = Vec::new();
         for m in env.registry.machines.values().filter(|m| m.event(&b.event).is_some()) {
             step::check_raise(m, &b.event, &b.params)
-                .map_err(|e| format!("raises `{}` on its {}: {e}", b.event, b.on.as_str()))?;
+                .map_err(|e| refused(field(), format!("raises `{}` on its {}: {e}", b.event, b.on.as_str())))?;
             machines.push(m.name().clone());
         }
         if machines.is_empty() {
-            return Err(format!("raises `{}` on its {}, but no machine declares that event", b.event, b.on.as_str()));
+            let why = format!("raises `{}` on its {}, but no machine declares that event", b.event, b.on.as_str());
+            return Err(refused(field(), why));
         }
         machines.sort();
         related.push(PushRelated { on: b.on, machines, event: b.event.clone(), params: b.params.clone() });
     }
     Ok(Effects { creates, pushes, related })
+}
+
+/// Whether an outcome's creates and raises would pass [`effects`] with the machines of
+/// `registry`: the check an agent's report meets when it arrives, so that a report that
+/// names an unknown machine or event, or leaves out a required parameter or property, is
+/// refused then (and changes nothing) instead of failing its commit later.
+pub(crate) fn check_effects(outcome: &ActionOutcome, registry: &crate::registry::Registry) -> Result<(), String> {
+    effects(outcome, 0, None, &Env { registry, owner: "", now: 0 }).map(|_| ())
 }
 
 /// A new entity in its machine's initial state, with that state's timers and, when an

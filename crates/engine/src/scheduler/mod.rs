@@ -691,7 +691,7 @@ async fn run_hooks(
             return Err(FaultError::new("refused", format!("{name}: no handler bound")));
         };
         let mut properties = entity.properties.clone();
-        settle_core::step::apply_changes(&mut properties, &outcome.changes);
+        settle_core::step::apply_changes(&mut properties, &outcome.decided.changes);
         let locks = Arc::new(Mutex::new(Vec::new()));
         let ctx = ActionContext {
             machine: entity.machine.clone(),

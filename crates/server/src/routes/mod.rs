@@ -9,6 +9,7 @@ pub mod machines;
 pub mod operations;
 pub mod overview;
 pub mod queues;
+mod report;
 pub mod system;
 
 use settle_core::StateKind;

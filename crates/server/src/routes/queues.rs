@@ -20,8 +20,6 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value};
-use settle_core::StateName;
 use settle_store::{AgentTask, TaskRefusal, TaskResult};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -95,8 +93,10 @@ fn refused(caller: &Caller, e: settle_engine::Error) -> Problem {
         settle_engine::Error::Task(TaskRefusal::Refused { task, reason }) => {
             Problem::new(Kind::TaskRefused, format!("task {task}: {reason}")).with("task", task).with("reason", reason)
         }
-        settle_engine::Error::Task(TaskRefusal::BadReport { task, reason }) => {
-            Problem::new(Kind::InvalidReport, format!("task {task}: {reason}")).field("target").with("task", task)
+        settle_engine::Error::Task(TaskRefusal::BadReport { task, field, reason }) => {
+            Problem::new(Kind::InvalidReport, format!("task {task}: {field}: {reason}"))
+                .field(&field)
+                .with("task", task)
         }
         other => other.into(),
     }
@@ -183,8 +183,11 @@ fn accepted(report: settle_engine::Report) -> Response {
         .into_response()
 }
 
-/// Reports a task done: the entity moves to `target` with `properties` set, committed as
-/// the action's outcome.
+/// Reports a task done with the action's whole outcome: the entity moves to `target` (or
+/// stays, to run the action again after `delay_ms`) with `properties` set, creating the
+/// entities of `create` and raising the events of `raise`, all in one commit. A report
+/// whose target, machines, events or parameters do not fit is refused 422 and changes
+/// nothing.
 #[utoipa::path(
     post,
     operation_id = "completeTask",
@@ -202,17 +205,10 @@ async fn complete(
     Path(TaskPath { id }): Path<TaskPath>,
     JsonBody(req): JsonBody<CompleteRequest>,
 ) -> Result<Response, Problem> {
-    let properties = match req.properties {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m,
-        Some(_) => {
-            return Err(Problem::new(Kind::InvalidBody, "properties must be a JSON object").field("properties"));
-        }
-    };
-    let result =
-        TaskResult::Complete { target: StateName::new(&req.target), properties: properties.into_iter().collect() };
+    let token = req.token.clone();
+    let result = TaskResult::Complete(super::report::outcome(req)?);
     let report =
-        s.engine().agent_report_as(id, &req.token, result, caller.queues()).await.map_err(|e| refused(&caller, e))?;
+        s.engine().agent_report_as(id, &token, result, caller.queues()).await.map_err(|e| refused(&caller, e))?;
     Ok(accepted(report))
 }
 

@@ -1,13 +1,45 @@
 //! Agent tasks (DESIGN §5): offers, leases, heartbeats, reports and their refusals,
 //! cancellation on state entry and kill, and renamed states.
 
-use settle_core::{ActionName, Properties, StateName};
+use settle_core::{ActionName, ActionOutcome, Properties};
 
 use super::{T0, command, commit, get, new_entity, push, write};
 use crate::{
     AfterCommit, AgentReport, AgentTask, Applied, Command, InboxKind, Millis, Op, OpError, RunStatus, Store, TaskCheck,
     TaskFilter, TaskOffer, TaskRefusal, TaskResult,
 };
+
+/// An outcome with every part an agent may report.
+fn whole_outcome() -> ActionOutcome {
+    use settle_core::step::{Create, PropChange, Raise};
+    use settle_core::{Broadcast, Related, StateName};
+    ActionOutcome {
+        target: Some(StateName::new("done")),
+        delay: Some(std::time::Duration::from_millis(1_234)),
+        changes: vec![
+            PropChange::Set("ip".into(), serde_json::json!("10.0.0.7")),
+            PropChange::Remove("old".into()),
+            PropChange::Set("cleared".into(), serde_json::Value::Null),
+        ],
+        creates: vec![Create {
+            machine: "app".into(),
+            key: "a-app".into(),
+            properties: serde_json::json!({"size": 2, "tags": ["x"]}).as_object().cloned().unwrap(),
+        }],
+        raises: vec![Raise {
+            machine: "app".into(),
+            key: "a-app".into(),
+            event: "start".into(),
+            params: serde_json::json!({"n": 1.5, "s": "é"}),
+            join: true,
+        }],
+        related: vec![Broadcast {
+            event: "child_ready".into(),
+            on: Related::Predecessors,
+            params: serde_json::Value::Null,
+        }],
+    }
+}
 
 fn offer(available_at: Millis) -> TaskOffer {
     TaskOffer { queue: "q".into(), action: ActionName::new("work"), lock_ms: 1_000, available_at }
@@ -62,8 +94,9 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     refused(task_op(&store, T0 + 300, hb("forged")).await, t.id, "lease token superseded");
     assert_eq!(task_op(&store, T0 + 500, hb(&token)).await, Ok(Applied::Extended { locked_until: T0 + 1_500 }));
 
-    // The lease runs out: the report is refused, the task is offered again.
-    let done = TaskResult::Complete { target: StateName::new("done"), properties: Properties::new() };
+    // The lease runs out: the report is refused, the task is offered again. (The report is
+    // a whole outcome: it reaches the inbox exactly as sent, every part in order.)
+    let done = TaskResult::Complete(whole_outcome());
     let report = |token: &str| Op::TaskReport {
         task: t.id,
         token: token.into(),
@@ -184,7 +217,7 @@ pub async fn agent_reports_join_the_batch_around_them<S: Store>(store: S) {
     let mut targets = std::collections::BTreeMap::new();
     targets.insert(("m".to_string(), "work".to_string()), vec!["done".to_string()]);
     let declared = TaskCheck { queues: None, targets: std::sync::Arc::new(targets) };
-    let wrong = TaskResult::Complete { target: StateName::new("elsewhere"), properties: Properties::new() };
+    let wrong = TaskResult::complete("elsewhere", Properties::new());
     let r = write(
         &store,
         T0 + 2,
@@ -213,7 +246,7 @@ pub async fn agent_reports_join_the_batch_around_them<S: Store>(store: S) {
     assert_eq!(open.len(), 3, "refusals change nothing");
 
     // One batch: a push and a report to x, the same report again, a heartbeat on y.
-    let done = TaskResult::Complete { target: StateName::new("done"), properties: Properties::new() };
+    let done = TaskResult::complete("done", Properties::new());
     let r = write(
         &store,
         T0 + 3,

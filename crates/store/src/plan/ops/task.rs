@@ -89,12 +89,14 @@ pub(crate) fn report(
     now: Millis,
 ) -> Result<Reported, OpError> {
     check_queue(row, check)?;
-    if let TaskResult::Complete { target, .. } = result
+    if let TaskResult::Complete(outcome) = result
+        && let Some(target) = &outcome.target
         && let Some(declared) = check.targets.get(&(machine.to_string(), row.action.clone()))
         && !declared.iter().any(|t| t == target.as_str())
     {
         return Err(OpError::Task(TaskRefusal::BadReport {
             task: row.id,
+            field: "target".into(),
             reason: format!(
                 "action `{}` of machine `{machine}` may not move to `{target}` (declared: {})",
                 row.action,
@@ -164,8 +166,6 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
-    use settle_core::StateName;
-
     use super::*;
 
     #[test]
@@ -219,7 +219,7 @@ mod tests {
     }
 
     fn complete(target: &str) -> TaskResult {
-        TaskResult::Complete { target: StateName::new(target), properties: Default::default() }
+        TaskResult::complete(target, Default::default())
     }
 
     #[test]
@@ -278,7 +278,7 @@ mod tests {
         let mut check = targets();
         let err = super::report(&leased(), "server", "tok", &complete("gone"), &check, 500).unwrap_err();
         assert!(
-            matches!(&err, OpError::Task(TaskRefusal::BadReport { task: 9, reason }) if reason.contains("may not move to `gone`") && reason.contains("ready, broken")),
+            matches!(&err, OpError::Task(TaskRefusal::BadReport { task: 9, field, reason }) if field == "target" && reason.contains("may not move to `gone`") && reason.contains("ready, broken")),
             "{err:?}"
         );
         // Another machine's action of the same name is not this one's.

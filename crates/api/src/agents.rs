@@ -1,0 +1,208 @@
+//! Agent queues (DESIGN §5): leasing tasks, heartbeats, and reports — `complete` with the
+//! action's whole outcome, or `fail`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// A lease request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Who leases (recorded with the task; e.g. `dns-agent-3`).
+    pub agent: String,
+    /// At most this many tasks (1 to 100, default 1).
+    #[serde(default, deserialize_with = "json_integer")]
+    pub max: Option<u64>,
+    /// How long to wait for a task, in ms (default 20000, capped by the server).
+    #[serde(default, deserialize_with = "json_integer")]
+    pub wait_ms: Option<u64>,
+}
+
+/// An optional non-negative integer as JSON numbers carry it: `5` or `5.0` (JSON does not
+/// tell the two apart, and neither does the schema's `integer`), not `5.5` or `-1`.
+pub(crate) fn json_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else { return Ok(None) };
+    if let Some(u) = n.as_u64() {
+        return Ok(Some(u));
+    }
+    match n.as_f64() {
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => Ok(Some(f as u64)),
+        _ => Err(D::Error::custom(format!("expected a non-negative integer, not {n}"))),
+    }
+}
+
+/// A leased task: what to do, for which entity, and the lease token.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Task {
+    /// The task id.
+    pub id: i64,
+    /// The queue.
+    pub queue: String,
+    /// The entity's machine.
+    pub machine: String,
+    /// The entity's key.
+    pub key: String,
+    /// The state whose auto action this is.
+    pub state: String,
+    /// The action to carry out.
+    pub action: String,
+    /// The action's declared targets (what `complete` may name).
+    pub targets: Vec<String>,
+    /// How many times the task was leased (1 on the first lease).
+    pub attempt: u32,
+    /// How many times the entity re-entered the state for a retry.
+    pub retry: u32,
+    /// Errors the entity's fault policy counts now.
+    pub errors: u32,
+    /// The entity's properties.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub properties: Map<String, Value>,
+    /// The request the work belongs to.
+    pub request_id: Option<String>,
+    /// The lease token: send it with heartbeats and reports.
+    pub token: String,
+    /// The lease ends then (ms since the epoch) unless a heartbeat extends it.
+    pub locked_until: i64,
+    /// How long a lease or heartbeat holds the task (ms).
+    pub lock_ms: i64,
+}
+
+/// Tasks leased.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Leased {
+    /// The tasks (empty: none came within the wait).
+    pub tasks: Vec<Task>,
+}
+
+/// A heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The lease token.
+    pub token: String,
+}
+
+/// The lease after a heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Extended {
+    /// The lease now ends then (ms since the epoch).
+    pub locked_until: i64,
+}
+
+/// A successful result: the action's whole outcome (DESIGN §5), as a Rust handler returns
+/// it, committed in one transaction with the entity's transition.
+///
+/// `{"token": "…", "target": "ready", "properties": {"ip": "10.0.0.7"}}` moves to `ready`;
+/// `{"token": "…", "delay_ms": 5000}` runs the action again in 5 s; `create` and `raise`
+/// reach other entities (a created entity becomes a successor; `join` makes the raised-on
+/// entity one). Everything is checked before anything is queued: a report that names an
+/// undeclared target, an unknown machine or event, or leaves out a required parameter or
+/// property is refused 422 with the field at fault (`target`, `create[0]`, `raise[1]`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    /// The lease token.
+    pub token: String,
+    /// The state to move to: one of the action's declared targets. Absent: the same state
+    /// again (a retry: its auto action runs again, after `delay_ms` or the state's wait).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// How long (ms) before the entered state's auto action runs; overrides its declared
+    /// wait.
+    #[serde(default, deserialize_with = "json_integer", skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// Properties to set on the entity (`null` removes one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub properties: Option<Value>,
+    /// Entities to create, in order; each becomes this entity's successor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub create: Vec<ReportCreate>,
+    /// Events to raise, in order, on entities named by machine and key or by relation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub raise: Vec<ReportRaise>,
+}
+
+/// An entity a report creates: it becomes the reporting entity's successor, so the
+/// reporter's subscriptions see its states.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReportCreate {
+    /// Its machine.
+    pub machine: String,
+    /// Its key, unique within the machine.
+    pub key: String,
+    /// Constructor properties.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub properties: Option<Value>,
+    /// A first event raised on it in the same commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// That event's parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub params: Option<Value>,
+}
+
+/// An event a report raises: on one entity named by `machine` and `key`, or on every
+/// entity related to the reporter `on` that way (`predecessors` or `successors`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReportRaise {
+    /// The event.
+    pub event: String,
+    /// Its parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub params: Option<Value>,
+    /// The entity's machine (with `key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    /// The entity's key (with `machine`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `predecessors` or `successors` (instead of `machine` and `key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<String>,
+    /// The entity joins the reporter's workflow: it becomes a successor (with `machine`
+    /// and `key`; default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<bool>,
+}
+
+/// A failed result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    /// The lease token.
+    pub token: String,
+    /// What went wrong (recorded in the entity's history and the errors table).
+    pub error: String,
+    /// Whether trying again may help (default true): retried by the fault policy, or
+    /// parked for an operator at once.
+    #[serde(default)]
+    pub retryable: Option<bool>,
+}
+
+/// A report was accepted: it is queued durably for the entity.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Accepted {
+    /// Always true.
+    pub accepted: bool,
+    /// The same lease token reported before: this report is a replay and changed nothing
+    /// (the first report stands).
+    #[serde(default)]
+    pub replayed: bool,
+}

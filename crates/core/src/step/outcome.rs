@@ -1,0 +1,272 @@
+//! The outcome of an action, whoever wrote it (DESIGN §1, §5): a Rust handler, a
+//! declarative action or an agent's report all decide the same value, and the runtime
+//! commits it through the same decide → plan → commit.
+//!
+//! [`ActionOutcome::to_json`] is the durable encoding an agent's report travels in (the
+//! entity's inbox): exact, ordered, and read back by [`ActionOutcome::from_json`], whose
+//! errors name the field at fault.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use super::{PropChange, Properties};
+use crate::machine::{Broadcast, Related};
+use crate::names::{EntityKey, EventName, MachineName, StateName};
+
+/// What an action decided: the state to enter (none: the same state again, a retry) and
+/// the effects committed with it, in the order they were asked for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ActionOutcome {
+    /// The state to enter: one of the action's declared targets. `None` re-enters the
+    /// current state (its auto action runs again).
+    pub target: Option<StateName>,
+    /// The delay before the entered state's auto action (overrides its declared wait).
+    pub delay: Option<Duration>,
+    /// Property changes, applied in order.
+    pub changes: Vec<PropChange>,
+    /// Entities created in the commit, recorded as this entity's successors.
+    pub creates: Vec<Create>,
+    /// Events raised on entities named by machine and key, through their inboxes.
+    pub raises: Vec<Raise>,
+    /// Events raised on every entity related to this one a given way.
+    pub related: Vec<Broadcast>,
+}
+
+/// An entity an action creates (committed with the action; it becomes a successor).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Create {
+    /// Its machine.
+    pub machine: MachineName,
+    /// Its key.
+    pub key: EntityKey,
+    /// Constructor properties.
+    pub properties: Properties,
+}
+
+/// An event an action raises on another entity, named by machine and key (through its
+/// durable inbox, in the action's commit).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Raise {
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The entity's key.
+    pub key: EntityKey,
+    /// The event.
+    pub event: EventName,
+    /// Its parameters (a JSON object, or null).
+    pub params: Value,
+    /// Whether the entity joins the raiser's workflow (becomes its successor).
+    pub join: bool,
+}
+
+impl ActionOutcome {
+    /// Whether the outcome touches no other entity (no create, no raise).
+    pub fn is_local(&self) -> bool {
+        self.creates.is_empty() && self.raises.is_empty() && self.related.is_empty()
+    }
+
+    /// The durable encoding: `target` (absent: the same state), `delay_ms`, `changes` as
+    /// `{"set": k, "value": v}` / `{"unset": k}` in order, `create`, `raise`, `raise_on`.
+    /// Empty parts are left out.
+    pub fn to_json(&self) -> Value {
+        let mut o = Map::new();
+        if let Some(t) = &self.target {
+            o.insert("target".into(), json!(t.as_str()));
+        }
+        if let Some(d) = self.delay {
+            o.insert("delay_ms".into(), json!(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+        }
+        if !self.changes.is_empty() {
+            let changes = self.changes.iter().map(|c| match c {
+                PropChange::Set(k, v) => json!({"set": k, "value": v}),
+                PropChange::Remove(k) => json!({"unset": k}),
+            });
+            o.insert("changes".into(), Value::Array(changes.collect()));
+        }
+        if !self.creates.is_empty() {
+            let creates = self
+                .creates
+                .iter()
+                .map(|c| json!({"machine": c.machine.as_str(), "key": c.key.as_str(), "properties": c.properties}));
+            o.insert("create".into(), Value::Array(creates.collect()));
+        }
+        if !self.raises.is_empty() {
+            let raises = self.raises.iter().map(|r| {
+                json!({"machine": r.machine.as_str(), "key": r.key.as_str(), "event": r.event.as_str(),
+                       "params": r.params, "join": r.join})
+            });
+            o.insert("raise".into(), Value::Array(raises.collect()));
+        }
+        if !self.related.is_empty() {
+            let related = self
+                .related
+                .iter()
+                .map(|b| json!({"on": b.on.as_str(), "event": b.event.as_str(), "params": b.params}));
+            o.insert("raise_on".into(), Value::Array(related.collect()));
+        }
+        Value::Object(o)
+    }
+
+    /// Reads [`ActionOutcome::to_json`] back; the error names the field at fault.
+    pub fn from_json(v: &Value) -> Result<Self, String> {
+        let o = v.as_object().ok_or("an outcome must be a JSON object")?;
+        let mut out = ActionOutcome {
+            target: opt_str(o, "target", "target")?.map(StateName::new),
+            delay: match o.get("delay_ms") {
+                None | Some(Value::Null) => None,
+                Some(d) => Some(Duration::from_millis(d.as_u64().ok_or("delay_ms: must be a non-negative integer")?)),
+            },
+            ..ActionOutcome::default()
+        };
+        for (i, c) in array(o, "changes")?.iter().enumerate() {
+            let at = format!("changes[{i}]");
+            let c = c.as_object().ok_or_else(|| format!("{at}: must be an object"))?;
+            out.changes.push(match (opt_str(c, "set", &at)?, opt_str(c, "unset", &at)?) {
+                (Some(k), None) => PropChange::Set(k.to_string(), c.get("value").cloned().unwrap_or(Value::Null)),
+                (None, Some(k)) => PropChange::Remove(k.to_string()),
+                _ => return Err(format!("{at}: must name exactly one of `set` and `unset`")),
+            });
+        }
+        for (i, c) in array(o, "create")?.iter().enumerate() {
+            let at = format!("create[{i}]");
+            let c = c.as_object().ok_or_else(|| format!("{at}: must be an object"))?;
+            out.creates.push(Create {
+                machine: MachineName::new(str_of(c, "machine", &at)?),
+                key: EntityKey::new(str_of(c, "key", &at)?),
+                properties: object_of(c, "properties", &at)?,
+            });
+        }
+        for (i, r) in array(o, "raise")?.iter().enumerate() {
+            let at = format!("raise[{i}]");
+            let r = r.as_object().ok_or_else(|| format!("{at}: must be an object"))?;
+            out.raises.push(Raise {
+                machine: MachineName::new(str_of(r, "machine", &at)?),
+                key: EntityKey::new(str_of(r, "key", &at)?),
+                event: EventName::new(str_of(r, "event", &at)?),
+                params: r.get("params").cloned().unwrap_or(Value::Null),
+                join: r.get("join").and_then(Value::as_bool).unwrap_or(false),
+            });
+        }
+        for (i, b) in array(o, "raise_on")?.iter().enumerate() {
+            let at = format!("raise_on[{i}]");
+            let b = b.as_object().ok_or_else(|| format!("{at}: must be an object"))?;
+            out.related.push(Broadcast {
+                event: EventName::new(str_of(b, "event", &at)?),
+                on: Related::parse(str_of(b, "on", &at)?)
+                    .ok_or_else(|| format!("{at}.on: `predecessors` or `successors`"))?,
+                params: b.get("params").cloned().unwrap_or(Value::Null),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn array<'a>(o: &'a Map<String, Value>, field: &str) -> Result<&'a [Value], String> {
+    match o.get(field) {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Array(a)) => Ok(a),
+        Some(_) => Err(format!("{field}: must be an array")),
+    }
+}
+
+fn opt_str<'a>(o: &'a Map<String, Value>, field: &str, at: &str) -> Result<Option<&'a str>, String> {
+    match o.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(if at == field {
+            format!("{field}: must be a string")
+        } else {
+            format!("{at}.{field}: must be a string")
+        }),
+    }
+}
+
+fn str_of<'a>(o: &'a Map<String, Value>, field: &str, at: &str) -> Result<&'a str, String> {
+    opt_str(o, field, at)?.ok_or_else(|| format!("{at}.{field}: missing"))
+}
+
+fn object_of(o: &Map<String, Value>, field: &str, at: &str) -> Result<Properties, String> {
+    match o.get(field) {
+        None | Some(Value::Null) => Ok(Properties::new()),
+        Some(Value::Object(m)) => Ok(m.clone()),
+        Some(_) => Err(format!("{at}.{field}: must be a JSON object")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full() -> ActionOutcome {
+        ActionOutcome {
+            target: Some(StateName::new("ready")),
+            delay: Some(Duration::from_millis(1500)),
+            changes: vec![
+                PropChange::Set("a".into(), json!(1)),
+                PropChange::Remove("b".into()),
+                PropChange::Set("c".into(), Value::Null),
+            ],
+            creates: vec![Create {
+                machine: MachineName::new("app"),
+                key: EntityKey::new("web-app"),
+                properties: json!({"size": 2}).as_object().cloned().unwrap(),
+            }],
+            raises: vec![Raise {
+                machine: MachineName::new("app"),
+                key: EntityKey::new("web-app"),
+                event: EventName::new("start"),
+                params: json!({"n": 1}),
+                join: true,
+            }],
+            related: vec![Broadcast {
+                event: EventName::new("child_ready"),
+                on: Related::Predecessors,
+                params: Value::Null,
+            }],
+        }
+    }
+
+    #[test]
+    fn every_part_survives_its_encoding_in_order() {
+        let o = full();
+        assert_eq!(ActionOutcome::from_json(&o.to_json()), Ok(o));
+        // A set to null stays a set; an unset stays an unset.
+        let v = full().to_json();
+        assert_eq!(v["changes"][2], json!({"set": "c", "value": null}));
+        assert_eq!(v["changes"][1], json!({"unset": "b"}));
+    }
+
+    #[test]
+    fn an_empty_outcome_is_an_empty_object_and_stays_in_its_state() {
+        let o = ActionOutcome::default();
+        assert_eq!(o.to_json(), json!({}));
+        assert_eq!(ActionOutcome::from_json(&json!({})), Ok(o.clone()));
+        assert!(o.is_local());
+        assert!(!full().is_local());
+    }
+
+    #[test]
+    fn a_bad_field_is_named() {
+        let cases = [
+            (json!([]), "an outcome must be a JSON object"),
+            (json!({"target": 3}), "target: must be a string"),
+            (json!({"delay_ms": -1}), "delay_ms: must be a non-negative integer"),
+            (json!({"changes": {}}), "changes: must be an array"),
+            (
+                json!({"changes": [{"set": "a", "unset": "b"}]}),
+                "changes[0]: must name exactly one of `set` and `unset`",
+            ),
+            (json!({"create": [{"machine": "app"}]}), "create[0].key: missing"),
+            (
+                json!({"create": [{"machine": "app", "key": "k", "properties": 1}]}),
+                "create[0].properties: must be a JSON object",
+            ),
+            (json!({"raise": [{"machine": "app", "key": "k"}]}), "raise[0].event: missing"),
+            (json!({"raise_on": [{"event": "e", "on": "cousins"}]}), "raise_on[0].on: `predecessors` or `successors`"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(ActionOutcome::from_json(&v), Err(want.to_string()), "{v}");
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! An agent's `complete` report as the action's outcome ([`ActionOutcome`]), the value a
+//! Rust handler returns: its shape is checked here (which field, why); whether its
+//! machines, events and targets exist and fit is the engine's check when it arrives.
+
+use serde_json::Value;
+use settle_core::step::{Create, PropChange, Raise};
+use settle_core::{ActionOutcome, Broadcast, EntityKey, EventName, MachineName, Properties, Related, StateName};
+
+use super::check_key;
+use crate::model::{CompleteRequest, ReportCreate, ReportRaise};
+use crate::problem::{Kind, Problem};
+
+/// The outcome a `complete` report asks for, or the field whose shape is wrong.
+pub(crate) fn outcome(req: CompleteRequest) -> Result<ActionOutcome, Problem> {
+    let mut out = ActionOutcome {
+        target: req.target.map(StateName::new),
+        delay: req.delay_ms.map(std::time::Duration::from_millis),
+        ..ActionOutcome::default()
+    };
+    for (k, v) in object("properties", req.properties)? {
+        out.changes.push(if v.is_null() { PropChange::Remove(k) } else { PropChange::Set(k, v) });
+    }
+    for (i, c) in req.create.into_iter().enumerate() {
+        let ReportCreate { machine, key, properties, event, params } = c;
+        let at = format!("create[{i}]");
+        check_key(&key).map_err(|p| p.field(format!("{at}.key")))?;
+        let properties = object(&format!("{at}.properties"), properties)?;
+        let (machine, key) = (MachineName::new(machine), EntityKey::new(key));
+        if let Some(event) = event {
+            let params = params_of(&format!("{at}.params"), params)?;
+            let first =
+                Raise { machine: machine.clone(), key: key.clone(), event: EventName::new(event), params, join: false };
+            out.raises.push(first);
+        } else if params.is_some() {
+            return Err(bad(&format!("{at}.params"), "parameters without an `event` to carry them"));
+        }
+        out.creates.push(Create { machine, key, properties });
+    }
+    for (i, r) in req.raise.into_iter().enumerate() {
+        let ReportRaise { event, params, machine, key, on, join } = r;
+        let at = format!("raise[{i}]");
+        let params = params_of(&format!("{at}.params"), params)?;
+        let event = EventName::new(event);
+        match (machine, key, on) {
+            (Some(machine), Some(key), None) => {
+                let join = join.unwrap_or(false);
+                out.raises.push(Raise {
+                    machine: MachineName::new(machine),
+                    key: EntityKey::new(key),
+                    event,
+                    params,
+                    join,
+                });
+            }
+            (None, None, Some(on)) => {
+                let on = Related::parse(&on)
+                    .ok_or_else(|| bad(&format!("{at}.on"), &format!("`predecessors` or `successors`, not `{on}`")))?;
+                if join.is_some() {
+                    return Err(bad(&format!("{at}.join"), "only an entity named by `machine` and `key` can join"));
+                }
+                out.related.push(Broadcast { event, on, params });
+            }
+            _ => return Err(bad(&at, "name the entity by `machine` and `key`, or the related ones by `on`")),
+        }
+    }
+    Ok(out)
+}
+
+fn bad(field: &str, why: &str) -> Problem {
+    Problem::new(Kind::InvalidBody, format!("{field}: {why}")).field(field)
+}
+
+fn object(field: &str, v: Option<Value>) -> Result<Properties, Problem> {
+    match v {
+        None | Some(Value::Null) => Ok(Properties::new()),
+        Some(Value::Object(m)) => Ok(m),
+        Some(_) => Err(bad(field, "must be a JSON object")),
+    }
+}
+
+fn params_of(field: &str, v: Option<Value>) -> Result<Value, Problem> {
+    match v {
+        None | Some(Value::Null) => Ok(Value::Null),
+        Some(v @ Value::Object(_)) => Ok(v),
+        Some(_) => Err(bad(field, "must be a JSON object")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn req(v: Value) -> CompleteRequest {
+        serde_json::from_value(v).expect("a request")
+    }
+
+    #[test]
+    fn a_whole_report_becomes_the_outcome_in_order() {
+        let o = outcome(req(json!({
+            "token": "t", "target": "waiting", "delay_ms": 250,
+            "properties": {"ip": "10.0.0.7", "old": null},
+            "create": [{"machine": "app", "key": "s1-app", "properties": {"n": 1}, "event": "go", "params": {"x": 2}},
+                       {"machine": "dns", "key": "s1-dns"}],
+            "raise": [{"machine": "db", "key": "s1-db", "event": "start", "join": true},
+                      {"on": "predecessors", "event": "child_ready", "params": {"k": "v"}}]
+        })))
+        .expect("valid");
+        assert_eq!(o.target.as_deref(), Some("waiting"));
+        assert_eq!(o.delay, Some(std::time::Duration::from_millis(250)));
+        assert_eq!(o.changes, vec![PropChange::Set("ip".into(), json!("10.0.0.7")), PropChange::Remove("old".into())]);
+        assert_eq!(o.creates.iter().map(|c| c.key.as_str()).collect::<Vec<_>>(), ["s1-app", "s1-dns"]);
+        assert_eq!(o.creates[0].properties, json!({"n": 1}).as_object().cloned().unwrap());
+        // The first event of a created entity, then the raises asked for.
+        let raised: Vec<_> = o.raises.iter().map(|r| (r.key.as_str(), r.event.as_str(), r.join)).collect();
+        assert_eq!(raised, [("s1-app", "go", false), ("s1-db", "start", true)]);
+        assert_eq!(o.raises[0].params, json!({"x": 2}));
+        assert_eq!(
+            o.related,
+            vec![Broadcast { event: "child_ready".into(), on: Related::Predecessors, params: json!({"k": "v"}) }]
+        );
+    }
+
+    #[test]
+    fn a_retry_names_no_target() {
+        let o = outcome(req(json!({"token": "t", "delay_ms": 5000}))).expect("valid");
+        assert_eq!((o.target, o.delay), (None, Some(std::time::Duration::from_secs(5))));
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_shape_is_named() {
+        let cases = [
+            (json!({"token": "t", "properties": [1]}), "properties"),
+            (json!({"token": "t", "create": [{"machine": "app", "key": ""}]}), "create[0].key"),
+            (
+                json!({"token": "t", "create": [{"machine": "app", "key": "k", "properties": 3}]}),
+                "create[0].properties",
+            ),
+            (json!({"token": "t", "create": [{"machine": "app", "key": "k", "params": {}}]}), "create[0].params"),
+            (json!({"token": "t", "raise": [{"event": "e"}]}), "raise[0]"),
+            (json!({"token": "t", "raise": [{"event": "e", "machine": "m"}]}), "raise[0]"),
+            (
+                json!({"token": "t", "raise": [{"event": "e", "machine": "m", "key": "k", "on": "successors"}]}),
+                "raise[0]",
+            ),
+            (json!({"token": "t", "raise": [{"event": "e", "on": "cousins"}]}), "raise[0].on"),
+            (json!({"token": "t", "raise": [{"event": "e", "on": "successors", "join": true}]}), "raise[0].join"),
+            (
+                json!({"token": "t", "raise": [{"event": "e", "machine": "m", "key": "k", "params": "x"}]}),
+                "raise[0].params",
+            ),
+        ];
+        for (v, field) in cases {
+            let p = outcome(req(v.clone())).expect_err("refused");
+            assert_eq!(p.body().field.as_deref(), Some(field), "{v}");
+        }
+    }
+}
