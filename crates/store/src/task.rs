@@ -260,3 +260,50 @@ pub enum TaskRefusal {
         reason: String,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn report(result: TaskResult) -> AgentReport {
+        AgentReport { task: 7, entity_version: 3, attempt: 2, leased_at: 1_000, agent: Some("a-1".into()), result }
+    }
+
+    #[test]
+    fn a_report_survives_its_encoding() {
+        let complete = TaskResult::Complete(ActionOutcome {
+            target: None,
+            delay: Some(std::time::Duration::from_millis(5)),
+            changes: vec![PropChange::Set("k".into(), Value::Null)],
+            ..ActionOutcome::default()
+        });
+        for result in [complete, TaskResult::Fail { error: "quota".into(), retryable: false }] {
+            let r = report(result);
+            assert_eq!(AgentReport::from_json(&r.to_json()), Some(r.clone()));
+        }
+        assert_eq!(AgentReport::from_json(&json!({"task": 1})), None, "not a report");
+    }
+
+    #[test]
+    fn a_report_queued_before_reports_carried_a_whole_outcome_still_reads() {
+        let old = json!({
+            "task": 7, "entity_version": 3, "attempt": 2, "leased_at": 1_000, "agent": "a-1",
+            "result": {"complete": {"target": "ready", "properties": {"ip": "10.0.0.7", "gone": null}}},
+        });
+        let want = TaskResult::Complete(ActionOutcome {
+            target: Some(StateName::new("ready")),
+            changes: vec![PropChange::Remove("gone".into()), PropChange::Set("ip".into(), json!("10.0.0.7"))],
+            ..ActionOutcome::default()
+        });
+        assert_eq!(AgentReport::from_json(&old), Some(report(want)));
+    }
+
+    #[test]
+    fn the_stored_outcome_names_the_kind_and_the_error() {
+        assert_eq!(TaskResult::complete("ready", Properties::new()).outcome(), ("complete", None));
+        let fail = TaskResult::Fail { error: "quota".into(), retryable: true };
+        assert_eq!(fail.outcome(), ("fail", Some("quota")));
+    }
+}
