@@ -51,6 +51,11 @@ pub struct Task {
     pub action: String,
     /// The action's declared targets (what `complete` may name).
     pub targets: Vec<String>,
+    /// The properties the entity must have to enter each target (its own and its
+    /// ancestors' `requires`): a completion without them is a fault of the action.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub requires: Map<String, Value>,
     /// How many times the task was leased (1 on the first lease).
     pub attempt: u32,
     /// How many times the entity re-entered the state for a retry.

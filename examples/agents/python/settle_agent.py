@@ -18,8 +18,7 @@ It serves one agent queue of a `settle serve` with a simulated provider, as `set
    the same report again with its token is a replay (202, "replayed": true).
 
 What it reports: success with the task's first target and the properties that target
-state `requires` (read from `GET /v1/machines/{machine}` when the token may read it, else
-provider-like guesses); at `--fail-rate`, a retryable `fail`; at `--fatal-rate`, the
+`requires` (the task lists them for each target); at `--fail-rate`, a retryable `fail`; at `--fatal-rate`, the
 target `failed` when the action declares it, else a non-retryable `fail`.
 
 Usage: python3 settle_agent.py --server http://127.0.0.1:7400 --queue provider
@@ -121,61 +120,10 @@ class Client:
         body = {"token": task["token"], "error": error, "retryable": retryable}
         self.call("POST", f"/v1/tasks/{task['id']}/fail", body)
 
-    def machine(self, name):
-        return self.call("GET", f"/v1/machines/{seg(name)}")
-
 
 def seg(s):
     """Percent-encodes a path segment (queue and machine names are user data)."""
     return urllib.parse.quote(s, safe="")
-
-
-class Definitions:
-    """What each target state requires, from the machines' definitions (cached). An agent
-    token may not read definitions; then `requires` answers None and the agent guesses."""
-
-    def __init__(self, client):
-        self.client = client
-        self.lock = threading.Lock()
-        self.machines = {}
-
-    def _states(self, machine):
-        with self.lock:
-            if machine in self.machines:
-                return self.machines[machine]
-        try:
-            states = {s["name"]: s for s in self.client.machine(machine).get("states", [])}
-        except Problem as e:
-            if e.status in (401, 403):
-                log(f"cannot read machine `{machine}` ({e}): guessing the properties of reports")
-            else:
-                log(f"cannot read machine `{machine}` ({e})")
-            states = None
-        except Unreachable:
-            return None  # try again with the next task
-        with self.lock:
-            self.machines[machine] = states
-        return states
-
-    def requires(self, machine, target):
-        """Properties `target` needs: its own `requires`, its ancestors' (a substate is in
-        its parents), and those of the initial children entering a parent ends in."""
-        states = self._states(machine)
-        if states is None or target not in states:
-            return None
-        needed = []
-        seen = set()
-        name = target
-        while name in states and name not in seen:  # up through the parents
-            seen.add(name)
-            needed += states[name].get("requires") or []
-            name = states[name].get("parent")
-        name = states[target].get("initial")
-        while name in states and name not in seen:  # down through initial children
-            seen.add(name)
-            needed += states[name].get("requires") or []
-            name = states[name].get("initial")
-        return list(dict.fromkeys(needed))
 
 
 def provider_value(name, task, rng):
@@ -198,15 +146,11 @@ def provider_value(name, task, rng):
     return f"{n}-of-{key}"
 
 
-def outputs(task, target, definitions, rng, latency_ms):
-    """The properties to report with `target`: those its state requires and the entity
-    lacks; without the definition, provider-like ones for a state that is not an end."""
+def outputs(task, target, rng, latency_ms):
+    """The properties to report with `target`: those it requires (the task says, for each
+    target) and the entity lacks."""
     props = {"provider_call_ms": latency_ms}
-    needed = definitions.requires(task["machine"], target)
-    if needed is None:
-        ending = target in ("gone", "deleted", "failed", "broken", "error")
-        needed = [] if ending else ["endpoint", "ip", "provider_id"]
-    for name in needed:
+    for name in task.get("requires", {}).get(target, []):
         if task["properties"].get(name) is None:
             props[name] = provider_value(name, task, rng)
     return props
@@ -216,7 +160,6 @@ class Agent:
     def __init__(self, args, client):
         self.args = args
         self.client = client
-        self.definitions = Definitions(client)
         self.stop = threading.Event()
         self.slots = threading.BoundedSemaphore(args.concurrency)
         self.busy_lock = threading.Lock()
@@ -371,7 +314,7 @@ class Agent:
             outcome = "fail, retryable (simulated transient failure)"
             report = lambda: self.client.fail(task, "provider unavailable (simulated transient failure)", True)
         else:
-            props = outputs(task, first, self.definitions, rng, latency_ms)
+            props = outputs(task, first, rng, latency_ms)
             outcome = f"complete -> {first} {json.dumps(props, sort_keys=True)}"
             report = lambda: self.client.complete(task, first, props)
         took = f"{(time.monotonic() - started) * 1000:.0f}ms"

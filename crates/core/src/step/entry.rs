@@ -71,6 +71,24 @@ pub fn missing_required(state: &State, props: &Properties) -> Vec<String> {
     state.requires.iter().filter(|p| props.get(*p).is_none_or(Value::is_null)).cloned().collect()
 }
 
+/// The properties an entity must have to enter `state`: what every state on the path of
+/// the leaf it leads to requires (a parent enters its initial child), outermost first, each
+/// once. An agent's task shows it for each target (DESIGN §5).
+pub fn required_to_enter(machine: &Machine, state: &str) -> Vec<String> {
+    let leaf = machine.descend(state);
+    let mut path: Vec<&State> = machine.path(&leaf.name).collect();
+    path.reverse();
+    let mut required: Vec<String> = Vec::new();
+    for s in path {
+        for p in &s.requires {
+            if !required.contains(p) {
+                required.push(p.clone());
+            }
+        }
+    }
+    required
+}
+
 /// The entry into the initial state of a new entity with `props`: the declared initial
 /// state, or the leaf its initial children lead to, with every state of its path entered.
 pub fn initial_entry(machine: &Machine, props: &Properties) -> Result<Entry, Refusal> {
@@ -274,6 +292,27 @@ mod tests {
         assert!(matches!(err, Refusal::InvariantViolated { ref missing, .. } if missing == &["result".to_string()]));
         assert!(stay(&m, done, &props(json!({"result": 1}))).is_ok());
         assert!(stay(&m, done, &props(json!({"result": null}))).is_err(), "null is missing");
+    }
+
+    #[test]
+    fn entering_a_state_requires_what_its_leaf_and_every_ancestor_require() {
+        let m = MachineBuilder::new("nest")
+            .state("idle")
+            .initial()
+            .state("up")
+            .requires(["a", "b"])
+            .initial_child("running")
+            .state("running")
+            .parent("up")
+            .requires(["b", "c"])
+            .event("go", ["idle"], "start")
+            .action("start", ["up"])
+            .build()
+            .unwrap();
+        assert_eq!(required_to_enter(&m, "up"), ["a", "b", "c"], "the parent enters its initial child");
+        assert_eq!(required_to_enter(&m, "running"), ["a", "b", "c"]);
+        assert!(required_to_enter(&m, "idle").is_empty());
+        assert_eq!(required_to_enter(&machine(), "done"), ["result"]);
     }
 
     #[test]

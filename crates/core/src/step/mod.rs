@@ -29,7 +29,8 @@ mod timers;
 use serde_json::{Map, Value};
 
 pub use entry::{
-    Entry, PropChange, Refusal, apply_changes, enter, initial_entry, missing_required, stay, transition_of,
+    Entry, PropChange, Refusal, apply_changes, enter, initial_entry, missing_required, required_to_enter, stay,
+    transition_of,
 };
 pub use outcome::{ActionOutcome, Create, Raise};
 pub use timers::{TimerStart, agent_action, fire, has_timers, timer_applies, timers_on_entry};

@@ -463,3 +463,33 @@ fn entering_a_state_writes_its_timers_and_its_agent_task() {
     let offer = new.offer.unwrap();
     assert_eq!((offer.queue.as_str(), offer.lock_ms, offer.available_at, new.auto_at), ("q", 30_000, NOW, None));
 }
+
+#[test]
+fn the_current_event_is_the_one_that_moved_the_entity_on_or_stays() {
+    use settle_store::{Commit, Fence};
+    // (moves on, processes an event, at rest) → the entity's current event afterwards.
+    let cases = [
+        (true, true, false, Some(42)),  // an event moved it into a working state: that event
+        (true, false, false, Some(5)),  // an auto action moved it on: the event it works for
+        (false, true, false, Some(5)),  // an event that did not move it: unchanged
+        (false, false, false, Some(5)), // nothing processed: unchanged
+        (true, true, true, None),       // at rest: none
+    ];
+    for (moves, event, at_rest, want) in cases {
+        let fence = Fence { entity_id: 7, version: 3, owner: OWNER.into() };
+        let mut c = Commit::new(fence, "idle".into(), HistoryKind::Event, AfterCommit::Release);
+        c.to = moves.then(|| "working".into());
+        c.consume = Some(42);
+        c.telemetry.current_event = Some(5);
+        c.telemetry.at_rest = at_rest;
+        c.telemetry.event = event.then(|| settle_store::EventRecord {
+            kind: "raised",
+            seq: 42,
+            raised_at: NOW,
+            rejected: false,
+            failed: false,
+        });
+        let d = Decided::new(c);
+        assert_eq!(d.expect().event_id, want, "moves {moves}, event {event}, at rest {at_rest}");
+    }
+}

@@ -55,11 +55,16 @@ fn check_queue(s: &AppState, caller: &Caller, queue: &str) -> Result<(), Problem
 }
 
 fn task_json(s: &AppState, t: AgentTask) -> Task {
-    let targets = s
-        .machine(&t.machine)
-        .ok()
-        .and_then(|m| m.action(&t.action).map(|a| a.targets.iter().map(|t| t.state.to_string()).collect()))
-        .unwrap_or_default();
+    let (mut targets, mut requires) = (Vec::new(), serde_json::Map::new());
+    if let Ok(m) = s.machine(&t.machine)
+        && let Some(a) = m.action(&t.action)
+    {
+        for target in &a.targets {
+            let required = settle_core::step::required_to_enter(m, &target.state);
+            requires.insert(target.state.to_string(), serde_json::json!(required));
+            targets.push(target.state.to_string());
+        }
+    }
     Task {
         id: t.id,
         queue: t.queue,
@@ -68,6 +73,7 @@ fn task_json(s: &AppState, t: AgentTask) -> Task {
         state: t.state.to_string(),
         action: t.action.to_string(),
         targets,
+        requires,
         attempt: t.attempt,
         retry: t.retry,
         errors: t.errors,
