@@ -56,6 +56,14 @@ pub struct Task {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub requires: Map<String, Value>,
+    /// The machines whose entities the action may create (`may_create`): a report that
+    /// creates another is refused.
+    #[serde(default)]
+    pub may_create: Vec<String>,
+    /// The events the action may raise on other entities (`may_raise`): a report that
+    /// raises another is refused.
+    #[serde(default)]
+    pub may_raise: Vec<String>,
     /// How many times the task was leased (1 on the first lease).
     pub attempt: u32,
     /// How many times the entity re-entered the state for a retry.

@@ -344,6 +344,8 @@ impl Parser<'_> {
                 .chain(action.unset.into_iter().map(|k| (k, serde_json::Value::Null)))
                 .collect(),
             raise,
+            may_create: action.may_create,
+            may_raise: action.may_raise,
             origin: Origin { line: self.line(&key) },
             name: key.into_inner(),
         }
@@ -508,6 +510,8 @@ struct ActionToml {
     unset: Vec<String>,
     #[serde(default)]
     raise: Vec<RaiseToml>,
+    may_create: Option<Vec<String>>,
+    may_raise: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -650,6 +654,61 @@ mod tests {
                 "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `fault`, `migrate`, `properties`"
             ]
         );
+    }
+
+    #[test]
+    fn what_an_action_may_create_and_raise_loads_is_stored_and_is_checked() {
+        let text = r#"name = "server"
+initial = "creating"
+[states.creating]
+auto = "create"
+[states.ready]
+kind = "terminal"
+[actions.create]
+to = ["ready", "creating"]
+agent = "provisioner"
+may_create = ["app", "dns"]
+may_raise = ["start"]
+[actions.tell]
+to = ["ready"]
+raise = [{ event = "start", on = "successors" }]
+may_raise = ["start"]
+"#;
+        let (m, report) = load("server.toml", "server", text).expect("loads");
+        assert!(!report.has_errors(), "{report}");
+        let create = m.action("create").unwrap();
+        assert_eq!(create.may_create.as_deref(), Some(&["app".into(), "dns".into()][..]));
+        assert_eq!(create.may_raise.as_deref(), Some(&["start".into()][..]));
+        assert_eq!(m.action("tell").unwrap().may_create, None, "not declared");
+        let stored = Machine::from_canonical_json(&m.canonical_json()).expect("reads back");
+        assert_eq!(stored, m);
+        let (written, _) = load("w.toml", "server", &m.to_toml()).expect("its rendering loads");
+        assert_eq!(written, m);
+        // A declarative `raise` beyond its own `may_raise`, and a name listed twice.
+        let beyond = text.replace("may_raise = [\"start\"]\n\"#", "").replace(
+            "raise = [{ event = \"start\", on = \"successors\" }]\nmay_raise = [\"start\"]",
+            "raise = [{ event = \"start\", on = \"successors\" }]\nmay_raise = []",
+        );
+        let refused = |text: &str| -> Vec<String> {
+            let report = load("x.toml", "server", text).expect_err("refused");
+            report
+                .diagnostics
+                .iter()
+                .filter(|d| d.severity == crate::Severity::Error)
+                .map(ToString::to_string)
+                .collect()
+        };
+        let errs = refused(&beyond);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].contains("12")
+                && errs[0].ends_with("action `tell`: `raise` of `start`: not among the events it `may_raise` (none)"),
+            "{errs:?}"
+        );
+        let twice = text.replace(r#"may_create = ["app", "dns"]"#, r#"may_create = ["app", "app"]"#);
+        let errs = refused(&twice);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("`may_create`") && errs[0].contains("`app`"), "{errs:?}");
     }
 
     #[test]

@@ -96,11 +96,11 @@ impl<S: Store + Clone> EngineBuilder<S> {
             ops.clone(),
         );
         let task = tokio::spawn(scheduler.run(rx));
-        let agent_targets = Arc::new(registry.agent_targets());
+        let agent_actions = Arc::new(registry.agent_actions());
         Ok(Engine {
             inner: Arc::new(Inner {
                 store,
-                agent_targets,
+                agent_actions,
                 registry,
                 clock,
                 tx,

@@ -27,7 +27,7 @@ pub(crate) struct Inner<S> {
     pub(crate) store: S,
     pub(crate) registry: Arc<Registry>,
     /// The targets of the agent-run actions, which a report is checked against.
-    pub(crate) agent_targets: Arc<std::collections::BTreeMap<(String, String), Vec<String>>>,
+    pub(crate) agent_actions: Arc<std::collections::BTreeMap<(String, String), settle_core::Action>>,
     pub(crate) clock: SharedClock,
     pub(crate) tx: mpsc::UnboundedSender<Msg>,
     /// Notified when this engine offered agent tasks.
@@ -463,7 +463,7 @@ impl<S: Store> Engine<S> {
     /// [`agent_heartbeat`](Self::agent_heartbeat) for a caller that serves only `queues`
     /// (`None`: any): a task of another queue is refused ([`TaskRefusal::QueueForbidden`](settle_store::TaskRefusal)).
     pub async fn agent_heartbeat_as(&self, task: i64, token: &str, queues: Option<Vec<String>>) -> Result<i64> {
-        let check = TaskCheck { queues, targets: Default::default() };
+        let check = TaskCheck { queues, actions: Default::default() };
         match self.agent_op(Op::TaskHeartbeat { task, token: token.to_string(), check }).await? {
             Applied::Extended { locked_until } => Ok(locked_until),
             other => unreachable!("heartbeat answered with {other:?}"),
@@ -497,7 +497,7 @@ impl<S: Store> Engine<S> {
             let (field, reason) = (field.to_string(), reason.to_string());
             return Err(Error::Task(settle_store::TaskRefusal::BadReport { task, field, reason }));
         }
-        let check = TaskCheck { queues, targets: self.inner.agent_targets.clone() };
+        let check = TaskCheck { queues, actions: self.inner.agent_actions.clone() };
         match self.agent_op(Op::TaskReport { task, token: token.to_string(), result, check }).await? {
             Applied::Pushed { .. } => Ok(crate::Report::Applied),
             Applied::ReportReplayed { .. } => Ok(crate::Report::Replayed),

@@ -34,14 +34,13 @@ impl Registry {
         served.sort();
         served
     }
-    /// The targets each agent-run action declares, by (machine, action): what an agent's
-    /// completion is checked against when it is applied.
-    pub(crate) fn agent_targets(&self) -> std::collections::BTreeMap<(String, String), Vec<String>> {
+    /// The agent-run actions, by (machine, action): what an agent's completion is checked
+    /// against when it is applied (targets, `may_create`, `may_raise`).
+    pub(crate) fn agent_actions(&self) -> std::collections::BTreeMap<(String, String), settle_core::Action> {
         let mut out = std::collections::BTreeMap::new();
         for m in self.machines.values() {
             for a in m.actions().iter().filter(|a| a.agent.is_some()) {
-                let targets = a.targets.iter().map(|t| t.state.to_string()).collect();
-                out.insert((m.name().to_string(), a.name.to_string()), targets);
+                out.insert((m.name().to_string(), a.name.to_string()), a.clone());
             }
         }
         out

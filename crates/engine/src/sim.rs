@@ -155,7 +155,7 @@ impl<S: Store + Clone> SimNode<S> {
     /// as [`Engine::agent_report`](crate::Engine::agent_report) checks it.
     pub fn report(&mut self, task: i64, token: &str, result: settle_store::TaskResult) -> Reply<Applied> {
         let check =
-            settle_store::TaskCheck { queues: None, targets: std::sync::Arc::new(self.registry.agent_targets()) };
+            settle_store::TaskCheck { queues: None, actions: std::sync::Arc::new(self.registry.agent_actions()) };
         self.agent(Op::TaskReport { task, token: token.to_string(), result, check })
     }
 

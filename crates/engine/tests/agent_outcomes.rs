@@ -34,6 +34,8 @@ fn server() -> Machine {
         .action("begin", ["provisioning"])
         .action("provision", ["awaiting", "provisioning"])
         .agent("cloud", LOCK)
+        .may_create(["child"])
+        .may_raise(["finish"])
         .action("finish", ["ready"])
         .build()
         .unwrap()
@@ -208,6 +210,23 @@ async fn a_report_that_does_not_fit_is_refused_naming_the_field_and_changes_noth
             "raise_on[0]",
             "no machine declares that event",
         ),
+        // Machines and events that exist, but beyond what the action declares.
+        (
+            to_awaiting(ActionOutcome {
+                creates: vec![Create { machine: "server".into(), key: "s9".into(), properties: Properties::new() }],
+                ..ActionOutcome::default()
+            }),
+            "create[0]",
+            "may not create a `server` entity (`may_create`: child)",
+        ),
+        (
+            to_awaiting(ActionOutcome {
+                related: vec![Broadcast { event: "all_ready".into(), on: Related::Predecessors, params: json!(null) }],
+                ..ActionOutcome::default()
+            }),
+            "raise_on[0]",
+            "may not raise `all_ready` (`may_raise`: finish)",
+        ),
     ];
     for (outcome, want_field, want_reason) in cases {
         let r = engine.agent_report(task.id, &token, TaskResult::Complete(outcome)).await;
@@ -231,5 +250,50 @@ async fn a_report_that_does_not_fit_is_refused_naming_the_field_and_changes_noth
     engine.agent_report(task.id, &token, TaskResult::Complete(fits)).await.unwrap();
     engine.wait_idle().await.unwrap();
     assert_eq!(engine.get("child", "s3-x").await.unwrap().unwrap().state, "waiting");
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_handlers_outcome_is_held_to_its_actions_declaration_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = common::clock();
+    let builder = MachineBuilder::new("builder")
+        .state("building")
+        .initial()
+        .auto("build")
+        .state("built")
+        .action("build", ["built"])
+        .may_create(["child"])
+        .build()
+        .unwrap();
+    let store = SqliteStore::open(dir.path().join("declared.db")).unwrap();
+    let engine = Engine::builder(store)
+        .machine(builder)
+        .machine(child())
+        .machine(server())
+        .clock(clock.clone())
+        .on("builder", "build", |ctx| async move {
+            // A `child` it may create; a `server` it may not.
+            let kind = if ctx.key.as_str() == "ok" { "child" } else { "server" };
+            Ok(settle_engine::Outcome::to("built").create(kind, format!("{}-made", ctx.key), Properties::new()))
+        })
+        .start()
+        .await
+        .unwrap();
+    engine.create("builder", "ok", Properties::new()).await.unwrap();
+    engine.create("builder", "bad", Properties::new()).await.unwrap();
+    engine.wait_caught_up().await.unwrap();
+    assert_eq!(engine.get("builder", "ok").await.unwrap().unwrap().state, "built");
+    assert!(engine.get("child", "ok-made").await.unwrap().is_some());
+    // Beyond the declaration: a fault of the action, nothing of its outcome committed.
+    let bad = engine.get("builder", "bad").await.unwrap().unwrap();
+    assert_eq!(bad.state, "building");
+    assert!(engine.get("server", "bad-made").await.unwrap().is_none());
+    let history = engine.history("builder", "bad").await.unwrap();
+    let detail = history.iter().filter_map(|h| h.detail.as_deref()).collect::<Vec<_>>().join("\n");
+    assert!(
+        detail.contains("create[0]: action `build` may not create a `server` entity (`may_create`: child)"),
+        "{detail}"
+    );
     engine.shutdown().await;
 }

@@ -604,6 +604,7 @@ async fn agent_bad_requests_are_problems_and_change_nothing() {
     let (id, token) = (task["id"].as_i64().unwrap(), task["token"].as_str().unwrap().to_string());
     assert_eq!(task["targets"], json!(["ready", "provisioning"]), "{task}");
     assert_eq!(task["requires"], json!({"ready": [], "provisioning": []}), "{task}");
+    assert_eq!((&task["may_create"], &task["may_raise"]), (&json!(["vm"]), &json!(["create"])), "{task}");
     let t = |what: &str| format!("/v1/tasks/{id}/{what}");
     let table: Vec<(Req, u16, &str, Option<&str>)> = vec![
         (Req::new("POST", "/v1/queues/dns/lease").json(json!({"agent": "a"})), 404, "unknown-queue", None),

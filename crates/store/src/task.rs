@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 use settle_core::step::PropChange;
-use settle_core::{ActionName, ActionOutcome, EntityKey, EventName, MachineName, Properties, StateName};
+use settle_core::{Action, ActionName, ActionOutcome, EntityKey, EventName, MachineName, Properties, StateName};
 
 use crate::{InboxKind, Millis, Push};
 
@@ -210,9 +210,10 @@ pub struct TaskFilter {
 pub struct TaskCheck {
     /// The queues the caller serves; `None`: any.
     pub queues: Option<Vec<String>>,
-    /// The targets each agent-run action declares, by (machine, action); a completion to
-    /// another target is refused. An action not listed is not checked.
-    pub targets: std::sync::Arc<BTreeMap<(String, String), Vec<String>>>,
+    /// The agent-run actions, by (machine, action): a completion to a target the action
+    /// does not declare, or creating or raising beyond its `may_create` / `may_raise`, is
+    /// refused. An action not listed is not checked.
+    pub actions: std::sync::Arc<BTreeMap<(String, String), Action>>,
 }
 
 impl TaskCheck {

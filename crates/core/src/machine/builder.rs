@@ -267,6 +267,31 @@ impl MachineBuilder {
         a.lock = Some(lock);
         self
     }
+    /// Declares the machines whose entities the last action may create (its outcome, whoever
+    /// writes it, is refused beyond them; an agent's action declares none by default).
+    pub fn may_create<I, S>(mut self, machines: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        assert!(matches!(self.last, Last::Action), "call .action(...) first");
+        let a = self.def.actions.last_mut().expect("an action was added");
+        a.may_create = Some(machines.into_iter().map(Into::into).collect());
+        self
+    }
+    /// Declares the events the last action may raise on other entities, by key or by
+    /// relation (beyond them its outcome is refused; an agent's action declares none by
+    /// default).
+    pub fn may_raise<I, S>(mut self, events: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        assert!(matches!(self.last, Last::Action), "call .action(...) first");
+        let a = self.def.actions.last_mut().expect("an action was added");
+        a.may_raise = Some(events.into_iter().map(Into::into).collect());
+        self
+    }
     /// Declares a wait on the last action's transition to `target`.
     pub fn target_wait(mut self, target: impl Into<String>, wait: Duration) -> Self {
         assert!(matches!(self.last, Last::Action), "call .action(...) first");

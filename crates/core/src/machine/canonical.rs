@@ -101,6 +101,12 @@ impl Machine {
                     let set: Map<String, Value> = a.set.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
                     action["set"] = Value::from(set);
                 }
+                if let Some(m) = &a.may_create {
+                    action["may_create"] = m.iter().map(|m| m.as_str()).collect();
+                }
+                if let Some(e) = &a.may_raise {
+                    action["may_raise"] = e.iter().map(|e| e.as_str()).collect();
+                }
                 if !a.raise.is_empty() {
                     action["raise"] = a
                         .raise
@@ -291,6 +297,8 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
             lock: agent.and_then(|b| ms(b, "lock_ms")),
             set: table(a, "set"),
             raise,
+            may_create: if a.get("may_create").is_some() { Some(texts(a, "may_create")?) } else { None },
+            may_raise: if a.get("may_raise").is_some() { Some(texts(a, "may_raise")?) } else { None },
             ..ActionDef::default()
         });
     }

@@ -179,6 +179,12 @@ pub struct ActionDef {
     /// `raise`: events a declarative action raises on the entity's predecessors or
     /// successors.
     pub raise: Vec<RaiseDef>,
+    /// `may_create`: the machines whose entities the action may create (`None`: not
+    /// declared).
+    pub may_create: Option<Vec<String>>,
+    /// `may_raise`: the events the action may raise on other entities, by key or by
+    /// relation (`None`: not declared).
+    pub may_raise: Option<Vec<String>>,
     /// Where it was declared.
     pub origin: Origin,
 }

@@ -240,6 +240,10 @@ pub struct Action {
     pub set: Vec<(String, serde_json::Value)>,
     /// A declarative action's events raised on related entities.
     pub raise: Vec<Broadcast>,
+    /// The machines whose entities it may create (`None`: not declared).
+    pub may_create: Option<Vec<MachineName>>,
+    /// The events it may raise on other entities (`None`: not declared).
+    pub may_raise: Option<Vec<EventName>>,
 }
 
 /// An event a declarative action raises on every entity related one way.
@@ -445,6 +449,8 @@ impl Machine {
                         params: r.params.clone(),
                     })
                     .collect(),
+                may_create: a.may_create.as_ref().map(|m| m.iter().map(MachineName::new).collect()),
+                may_raise: a.may_raise.as_ref().map(|e| e.iter().map(EventName::new).collect()),
             })
             .collect();
         let parents: Vec<Option<usize>> =

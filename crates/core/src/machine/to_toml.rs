@@ -142,6 +142,12 @@ impl Machine {
                     w.entry("lock", duration_text(*lock));
                 }
             }
+            if let Some(m) = &a.may_create {
+                w.entry("may_create", strings(m.iter()));
+            }
+            if let Some(e) = &a.may_raise {
+                w.entry("may_raise", strings(e.iter()));
+            }
             let mut waits: Vec<(&str, String)> = Vec::new();
             for t in a.targets.iter().filter(|t| t.wait.as_millis() > 0) {
                 if !waits.iter().any(|(s, _)| *s == t.state.as_str()) {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 
 use super::{PropChange, Properties};
-use crate::machine::{Broadcast, Related};
+use crate::machine::{Action, Broadcast, Related};
 use crate::names::{EntityKey, EventName, MachineName, StateName};
 
 /// What an action decided: the state to enter (none: the same state again, a retry) and
@@ -162,6 +162,46 @@ impl ActionOutcome {
     }
 }
 
+/// What of `outcome` goes beyond what `action` declares it may create and raise
+/// (`may_create`, `may_raise`): the field at fault (`create[0]`, `raise[1]`, `raise_on[0]`)
+/// and why. An action that declares neither is held to nothing, unless an agent executes
+/// it: an agent's action creates and raises only what it declares.
+pub fn beyond_declaration(action: &Action, outcome: &ActionOutcome) -> Option<(String, String)> {
+    let agent = action.agent.is_some();
+    let listed = |list: &[String]| if list.is_empty() { "none".to_string() } else { list.join(", ") };
+    if action.may_create.is_some() || agent {
+        let may: Vec<String> = action.may_create.iter().flatten().map(|m| m.to_string()).collect();
+        if let Some((i, c)) =
+            outcome.creates.iter().enumerate().find(|(_, c)| !may.iter().any(|m| m == c.machine.as_str()))
+        {
+            let why = format!(
+                "action `{}` may not create a `{}` entity (`may_create`: {})",
+                action.name,
+                c.machine,
+                listed(&may)
+            );
+            return Some((format!("create[{i}]"), why));
+        }
+    }
+    if action.may_raise.is_some() || agent {
+        let may: Vec<String> = action.may_raise.iter().flatten().map(|e| e.to_string()).collect();
+        let allowed = |e: &EventName| may.iter().any(|m| m == e.as_str());
+        let raised = outcome.raises.iter().map(|r| ("raise", &r.event));
+        let related = outcome.related.iter().map(|b| ("raise_on", &b.event));
+        let mut counts = (0, 0);
+        for (field, event) in raised.chain(related) {
+            let i = if field == "raise" { &mut counts.0 } else { &mut counts.1 };
+            let at = format!("{field}[{i}]");
+            *i += 1;
+            if !allowed(event) {
+                let why = format!("action `{}` may not raise `{event}` (`may_raise`: {})", action.name, listed(&may));
+                return Some((at, why));
+            }
+        }
+    }
+    None
+}
+
 fn array<'a>(o: &'a Map<String, Value>, field: &str) -> Result<&'a [Value], String> {
     match o.get(field) {
         None | Some(Value::Null) => Ok(&[]),
@@ -244,6 +284,62 @@ mod tests {
         assert_eq!(ActionOutcome::from_json(&json!({})), Ok(o.clone()));
         assert!(o.is_local());
         assert!(!full().is_local());
+    }
+
+    #[test]
+    fn an_outcome_is_held_to_what_its_action_declares() {
+        let m = crate::MachineBuilder::new("server")
+            .state("provisioning")
+            .initial()
+            .auto("provision")
+            .state("ready")
+            .event("check", ["ready"], "inspect")
+            .action("provision", ["ready"])
+            .agent("cloud", Duration::from_secs(60))
+            .may_create(["app"])
+            .may_raise(["start", "child_ready"])
+            .action("inspect", ["ready", "provisioning"])
+            .action("undeclared_agent", ["ready"])
+            .agent("cloud", Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let (declared, handler, agent) =
+            (m.action("provision").unwrap(), m.action("inspect").unwrap(), m.action("undeclared_agent").unwrap());
+        // Within the declaration; a handler's action that declares nothing is held to nothing.
+        assert_eq!(beyond_declaration(declared, &full()), None);
+        assert_eq!(beyond_declaration(handler, &full()), None);
+        assert_eq!(beyond_declaration(declared, &ActionOutcome::default()), None);
+        assert_eq!(beyond_declaration(agent, &ActionOutcome::default()), None);
+        // An agent's action that declares nothing may create and raise nothing.
+        let why = |f: &str, w: &str| Some((f.to_string(), w.to_string()));
+        assert_eq!(
+            beyond_declaration(agent, &full()),
+            why("create[0]", "action `undeclared_agent` may not create a `app` entity (`may_create`: none)")
+        );
+        let raises_only = ActionOutcome { creates: Vec::new(), ..full() };
+        assert_eq!(
+            beyond_declaration(agent, &raises_only),
+            why("raise[0]", "action `undeclared_agent` may not raise `start` (`may_raise`: none)")
+        );
+        // The field counts raises by key and by relation apart.
+        let mut two = full();
+        two.raises.push(Raise { event: "stop".into(), ..two.raises[0].clone() });
+        assert_eq!(
+            beyond_declaration(declared, &two),
+            why("raise[1]", "action `provision` may not raise `stop` (`may_raise`: start, child_ready)")
+        );
+        let mut related = full();
+        related.related.push(Broadcast { event: "boom".into(), on: Related::Successors, params: Value::Null });
+        assert_eq!(
+            beyond_declaration(declared, &related),
+            why("raise_on[1]", "action `provision` may not raise `boom` (`may_raise`: start, child_ready)")
+        );
+        let mut db = full();
+        db.creates.push(Create { machine: "db".into(), ..db.creates[0].clone() });
+        assert_eq!(
+            beyond_declaration(declared, &db),
+            why("create[1]", "action `provision` may not create a `db` entity (`may_create`: app)")
+        );
     }
 
     #[test]

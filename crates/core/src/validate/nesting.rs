@@ -283,8 +283,21 @@ impl<'a> Checker<'a> {
             if !(r.params.is_null() || r.params.is_object()) {
                 self.error(item, line, format!("`raise` of `{}`: `params` must be a table", r.event));
             }
+            if let Some(may) = &a.may_raise
+                && !may.contains(&r.event)
+            {
+                let declared = if may.is_empty() { "none".to_string() } else { may.join(", ") };
+                let why = format!("`raise` of `{}`: not among the events it `may_raise` ({declared})", r.event);
+                self.error(item, line, why);
+            }
         }
         self.duplicate_entries(item, line, "set", a.set.iter().map(|(k, _)| k.as_str()));
+        if let Some(m) = &a.may_create {
+            self.duplicate_entries(item, line, "may_create", m.iter().map(String::as_str));
+        }
+        if let Some(e) = &a.may_raise {
+            self.duplicate_entries(item, line, "may_raise", e.iter().map(String::as_str));
+        }
     }
 
     /// Every property name the machine mentions: declared `properties`, states' `requires`

@@ -61,6 +61,18 @@ pub fn check_set(machines: &[&Machine]) -> Report {
                     diagnostics.push(error(m.name(), format!("action `{}`", a.name), message));
                 }
             }
+            for created in a.may_create.iter().flatten() {
+                if !machines.iter().any(|m| m.name() == created) {
+                    let message = format!("`may_create`: no machine `{created}` in the set");
+                    diagnostics.push(error(m.name(), format!("action `{}`", a.name), message));
+                }
+            }
+            for event in a.may_raise.iter().flatten() {
+                if !machines.iter().any(|m| m.event(event).is_some()) {
+                    let message = format!("`may_raise`: no machine in the set declares event `{event}`");
+                    diagnostics.push(error(m.name(), format!("action `{}`", a.name), message));
+                }
+            }
         }
         for e in m.events() {
             let Some(sub) = &e.subscribe else { continue };
@@ -303,5 +315,31 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(messages(&[&child, &takes_size, &app]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn what_an_action_may_create_and_raise_is_checked_against_the_set() {
+        let server = MachineBuilder::new("server")
+            .state("creating")
+            .initial()
+            .auto("create")
+            .state("ready")
+            .action("create", ["ready"])
+            .agent("cloud", std::time::Duration::from_secs(60))
+            .may_create(["app", "dns"])
+            .may_raise(["stop", "renew"])
+            .build()
+            .unwrap();
+        let (app, _) = machines();
+        let messages =
+            |set: &[&Machine]| -> Vec<String> { check_set(set).diagnostics.iter().map(ToString::to_string).collect() };
+        assert_eq!(
+            messages(&[&server, &app]),
+            [
+                "error: machine `server`, action `create`: `may_create`: no machine `dns` in the set",
+                "error: machine `server`, action `create`: `may_raise`: no machine in the set declares event `stop`",
+                "error: machine `server`, action `create`: `may_raise`: no machine in the set declares event `renew`",
+            ]
+        );
     }
 }

@@ -482,7 +482,7 @@ fn the_current_event_is_the_one_that_moved_the_entity_on_or_stays() {
         c.consume = Some(42);
         c.telemetry.current_event = Some(5);
         c.telemetry.at_rest = at_rest;
-        c.telemetry.event = event.then(|| settle_store::EventRecord {
+        c.telemetry.event = event.then_some(settle_store::EventRecord {
             kind: "raised",
             seq: 42,
             raised_at: NOW,

@@ -62,6 +62,10 @@ pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Ne
     if ran.started.is_none() {
         declare(ran.action, &mut ran.outcome);
     }
+    // What the action creates and raises is held to its declaration, whoever wrote it.
+    if let Some((field, why)) = step::beyond_declaration(ran.action, &ran.outcome.decided) {
+        return commit(refused(held, ran, format!("{field}: {why}"), env));
+    }
     let machine = held.machine.clone();
     if ran.item.as_ref().and_then(|i| machine.event(&i.event)).is_some_and(|e| e.internal) {
         return commit(internal(held, ran, env));

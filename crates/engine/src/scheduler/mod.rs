@@ -711,7 +711,12 @@ async fn run_hooks(
         let result = FaultError::of_handler(CatchUnwind(handler(ctx)).await);
         hooks.locks.extend(std::mem::take(&mut *locks.lock().expect("locks")));
         match result {
-            Ok(effects) => outcome.absorb(effects).map_err(|e| FaultError::new("refused", format!("{name} {e}")))?,
+            Ok(effects) => {
+                if let Some((field, why)) = settle_core::step::beyond_declaration(&hook.action, &effects.decided) {
+                    return Err(FaultError::new("refused", format!("{name}: {field}: {why}")));
+                }
+                outcome.absorb(effects).map_err(|e| FaultError::new("refused", format!("{name} {e}")))?
+            }
             Err(mut fault) => {
                 fault.details = format!("{name}: {}", fault.details);
                 return Err(fault);

@@ -56,9 +56,12 @@ fn check_queue(s: &AppState, caller: &Caller, queue: &str) -> Result<(), Problem
 
 fn task_json(s: &AppState, t: AgentTask) -> Task {
     let (mut targets, mut requires) = (Vec::new(), serde_json::Map::new());
+    let (mut may_create, mut may_raise) = (Vec::new(), Vec::new());
     if let Ok(m) = s.machine(&t.machine)
         && let Some(a) = m.action(&t.action)
     {
+        may_create = a.may_create.iter().flatten().map(|m| m.to_string()).collect();
+        may_raise = a.may_raise.iter().flatten().map(|e| e.to_string()).collect();
         for target in &a.targets {
             let required = settle_core::step::required_to_enter(m, &target.state);
             requires.insert(target.state.to_string(), serde_json::json!(required));
@@ -74,6 +77,8 @@ fn task_json(s: &AppState, t: AgentTask) -> Task {
         action: t.action.to_string(),
         targets,
         requires,
+        may_create,
+        may_raise,
         attempt: t.attempt,
         retry: t.retry,
         errors: t.errors,

@@ -214,9 +214,18 @@ pub async fn agent_reports_join_the_batch_around_them<S: Store>(store: S) {
     let any = TaskCheck::default;
 
     // Refusals first: nothing changes.
-    let mut targets = std::collections::BTreeMap::new();
-    targets.insert(("m".to_string(), "work".to_string()), vec!["done".to_string()]);
-    let declared = TaskCheck { queues: None, targets: std::sync::Arc::new(targets) };
+    let work = settle_core::MachineBuilder::new("m")
+        .state("working")
+        .initial()
+        .auto("work")
+        .state("done")
+        .action("work", ["done"])
+        .agent("q", std::time::Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut actions = std::collections::BTreeMap::new();
+    actions.insert(("m".to_string(), "work".to_string()), work.action("work").unwrap().clone());
+    let declared = TaskCheck { queues: None, actions: std::sync::Arc::new(actions) };
     let wrong = TaskResult::complete("elsewhere", Properties::new());
     let r = write(
         &store,

@@ -90,19 +90,23 @@ pub(crate) fn report(
 ) -> Result<Reported, OpError> {
     check_queue(row, check)?;
     if let TaskResult::Complete(outcome) = result
-        && let Some(target) = &outcome.target
-        && let Some(declared) = check.targets.get(&(machine.to_string(), row.action.clone()))
-        && !declared.iter().any(|t| t == target.as_str())
+        && let Some(action) = check.actions.get(&(machine.to_string(), row.action.clone()))
     {
-        return Err(OpError::Task(TaskRefusal::BadReport {
-            task: row.id,
-            field: "target".into(),
-            reason: format!(
+        let bad = |field: String, reason: String| OpError::Task(TaskRefusal::BadReport { task: row.id, field, reason });
+        if let Some(target) = &outcome.target
+            && action.target(target).is_none()
+        {
+            let declared: Vec<&str> = action.targets.iter().map(|t| t.state.as_str()).collect();
+            let why = format!(
                 "action `{}` of machine `{machine}` may not move to `{target}` (declared: {})",
                 row.action,
                 declared.join(", ")
-            ),
-        }));
+            );
+            return Err(bad("target".into(), why));
+        }
+        if let Some((field, why)) = settle_core::step::beyond_declaration(action, outcome) {
+            return Err(bad(field, why));
+        }
     }
     if held(row, token, now, true)? == Lease::Replay {
         return Ok(Reported::Replayed);
@@ -212,10 +216,24 @@ mod tests {
         }
     }
 
+    /// `server`'s `provision`, run by agents: to `ready` or `broken`; may create an `app`
+    /// and raise `start`.
     fn targets() -> TaskCheck {
+        let m = settle_core::MachineBuilder::new("server")
+            .state("provisioning")
+            .initial()
+            .auto("provision")
+            .state("ready")
+            .state("broken")
+            .action("provision", ["ready", "broken"])
+            .agent("cloud", std::time::Duration::from_secs(60))
+            .may_create(["app"])
+            .may_raise(["start"])
+            .build()
+            .unwrap();
         let mut t = BTreeMap::new();
-        t.insert(("server".to_string(), "provision".to_string()), vec!["ready".to_string(), "broken".to_string()]);
-        TaskCheck { queues: None, targets: Arc::new(t) }
+        t.insert(("server".to_string(), "provision".to_string()), m.action("provision").unwrap().clone());
+        TaskCheck { queues: None, actions: Arc::new(t) }
     }
 
     fn complete(target: &str) -> TaskResult {
@@ -283,6 +301,39 @@ mod tests {
         );
         // Another machine's action of the same name is not this one's.
         assert!(super::report(&leased(), "database", "tok", &complete("gone"), &check, 500).is_ok());
+        // What it creates and raises is held to its declaration.
+        let with = |creates: &[&str], raises: &[&str]| {
+            let mut o = settle_core::ActionOutcome { target: Some("ready".into()), ..Default::default() };
+            for m in creates {
+                o.creates.push(settle_core::step::Create {
+                    machine: (*m).into(),
+                    key: "k".into(),
+                    properties: Default::default(),
+                });
+            }
+            for e in raises {
+                let (machine, key, event) = ("app".into(), "k".into(), (*e).into());
+                o.raises.push(settle_core::step::Raise {
+                    machine,
+                    key,
+                    event,
+                    params: serde_json::Value::Null,
+                    join: false,
+                });
+            }
+            TaskResult::Complete(o)
+        };
+        assert!(super::report(&leased(), "server", "tok", &with(&["app", "app"], &["start"]), &check, 500).is_ok());
+        for (result, at, why) in [
+            (with(&["app", "db"], &[]), "create[1]", "may not create a `db` entity (`may_create`: app)"),
+            (with(&["app"], &["start", "stop"]), "raise[1]", "may not raise `stop` (`may_raise`: start)"),
+        ] {
+            let err = super::report(&leased(), "server", "tok", &result, &check, 500).unwrap_err();
+            assert!(
+                matches!(&err, OpError::Task(TaskRefusal::BadReport { field, reason, .. }) if field == at && reason.contains(why)),
+                "{err:?}"
+            );
+        }
         check.queues = Some(vec!["other".into()]);
         let err = super::report(&leased(), "server", "tok", &complete("ready"), &check, 500).unwrap_err();
         assert_eq!(err, OpError::Task(TaskRefusal::QueueForbidden { task: 9, queue: "cloud".into() }));
