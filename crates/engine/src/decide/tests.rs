@@ -493,3 +493,123 @@ fn the_current_event_is_the_one_that_moved_the_entity_on_or_stays() {
         assert_eq!(d.expect().event_id, want, "moves {moves}, event {event}, at rest {at_rest}");
     }
 }
+
+/// `tree`: `up` (a parent: `a` initial, then `b`, unstable, whose handler-less auto action
+/// moves to `down`), `down` and `side`; `noise` is valid in `down` and ignored in `up` and
+/// `side`.
+fn tree() -> Machine {
+    MachineBuilder::new("tree")
+        .state("up")
+        .initial()
+        .initial_child("a")
+        .state("a")
+        .parent("up")
+        .state("b")
+        .parent("up")
+        .auto("next")
+        .state("down")
+        .state("side")
+        .event("step", ["a"], "to_b")
+        .event("noise", ["down"], "stay")
+        .ignore(["up", "side"])
+        .event("leave", ["down"], "to_side")
+        .action("to_b", ["b"])
+        .action("next", ["down"])
+        .action("stay", ["down"])
+        .action("to_side", ["side"])
+        .build()
+        .unwrap()
+}
+
+/// `registry()` with `tree` too, and handlers bound to `job`'s `recheck` and `finish`.
+fn registry_with_tree() -> Registry {
+    let mut r = registry();
+    let t = tree();
+    r.hashes.insert(t.name().clone(), t.content_hash());
+    r.machines.insert(t.name().clone(), Arc::new(t));
+    for action in ["recheck", "finish"] {
+        r.handlers.insert(("job".into(), action.into()), handler(|_| async { Ok(Outcome::stay()) }));
+    }
+    r
+}
+
+fn held_tree(state: &str) -> Held {
+    let e =
+        EntityRow { id: 8, version: 2, retry: 1, event_id: Some(41), ..crate::fixtures::entity("tree", "t1", state) };
+    Held::new(Arc::new(tree()), e, None)
+}
+
+#[test]
+fn a_rejected_or_ignored_event_is_recorded_and_changes_nothing_else() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    // (entity, event) → kind, detail, at rest afterwards
+    let cases: Vec<(Held, &str, HistoryKind, &str, bool)> = vec![
+        (held("working"), "go", HistoryKind::Rejected, "already working", false),
+        (held("done"), "go", HistoryKind::Rejected, "event `go` is not valid in state `done`", true),
+        (held_tree("side"), "noise", HistoryKind::Ignored, "ignored in `side`", true),
+        (held_tree("a"), "noise", HistoryKind::Ignored, "ignored in `up`, which contains `a`", true),
+    ];
+    for (mut h, event, kind, detail, at_rest) in cases {
+        h.entity.retry = 2;
+        let (state, hash) = (h.entity.state.clone(), registry.hash(h.machine.name()));
+        let raised = raised(event);
+        h.inbox_head = Some(raised.clone());
+        let d = committed(next(&mut h, &env));
+        let c = &d.commit;
+        assert_eq!((c.kind, c.detail.as_deref(), c.to.as_ref()), (kind, Some(detail), None), "{state} {event}");
+        assert_eq!((c.retry, c.event.as_deref(), c.consume), (2, Some(event), Some(50)), "{state} {event}");
+        assert_eq!((c.request_id.as_deref(), &c.machine_hash), (Some("r-item"), &hash), "{state} {event}");
+        let t = &c.telemetry;
+        assert_eq!((t.at_rest, t.complete, t.current_event), (at_rest, true, h.entity.event_id), "{state} {event}");
+        assert_eq!(d.item, Some(raised), "whoever waits on the event hears of it");
+    }
+}
+
+#[test]
+fn an_event_reaches_its_action_with_its_own_parameters() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let run_item = |next: Next| match next {
+        Next::Run { item: Some(item), .. } => item,
+        other => panic!("expected an action to run, got {other:?}"),
+    };
+    // A timer's event: the timer's name is the inbox's business, not the action's.
+    let mut h = held("done");
+    h.entity.properties.insert("result".into(), json!(1));
+    h.inbox_head = Some(item(InboxKind::Timer, "check", json!({"timer": "tick"})));
+    let i = run_item(next(&mut h, &env));
+    assert_eq!((i.event.as_str(), &i.params), ("check", &Value::Null));
+    // A subscription that fired: what matched reaches the action.
+    let mut h = held("waiting");
+    let notice = item(InboxKind::Notice, "", Value::Null);
+    let fired = json!({"matched": [{"machine": "job", "key": "j2"}]});
+    let i = run_item(evaluated(&mut h, notice, Some(("report".into(), fired.clone())), Some(60), &env));
+    assert_eq!((i.event.as_str(), &i.params), ("report", &fired));
+    assert_eq!(h.firing.as_ref().map(|f| f.notices_upto), Some(60));
+}
+
+#[test]
+fn a_due_auto_action_without_a_handler_moves_on_by_itself() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let mut h = held_tree("b");
+    h.entity.auto_at = Some(NOW - 1);
+    let d = committed(next(&mut h, &env));
+    assert_eq!((d.commit.kind, d.commit.to.as_deref()), (HistoryKind::Auto, Some("down")));
+}
+
+#[test]
+fn successors_are_seen_in_their_states_ancestors_too() {
+    let (t, j) = (tree(), job());
+    let rows = [crate::fixtures::entity("tree", "t1", "b"), crate::fixtures::entity("job", "j1", "done")];
+    let machine_of = |name: &str| match name {
+        "tree" => Some(&t),
+        "job" => Some(&j),
+        _ => None,
+    };
+    let ancestors = with_views(machine_of, &rows, |views| {
+        views.iter().map(|v| (v.state.to_string(), v.ancestors.join(","))).collect::<Vec<_>>()
+    });
+    assert_eq!(ancestors, [("b".to_string(), "up".to_string()), ("done".to_string(), String::new())]);
+}
