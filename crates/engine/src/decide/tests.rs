@@ -562,6 +562,8 @@ fn a_rejected_or_ignored_event_is_recorded_and_changes_nothing_else() {
         assert_eq!((c.request_id.as_deref(), &c.machine_hash), (Some("r-item"), &hash), "{state} {event}");
         let t = &c.telemetry;
         assert_eq!((t.at_rest, t.complete, t.current_event), (at_rest, true, h.entity.event_id), "{state} {event}");
+        let record = t.event.as_ref().map(|r| (r.kind, r.seq, r.rejected, r.failed));
+        assert_eq!(record, Some(("raised", 50, kind == HistoryKind::Rejected, false)), "{state} {event}");
         assert_eq!(d.item, Some(raised), "whoever waits on the event hears of it");
     }
 }
