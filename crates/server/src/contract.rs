@@ -242,6 +242,35 @@ fn shape_problems(method: &str, op: &Value) -> Vec<Kind> {
     kinds
 }
 
+/// An optional request body (an event's parameters) is typed as the object it is, not as
+/// `object | null`: a body is sent or it is not, and a client generated from the document
+/// (openapi-python-client) cannot serialise its "unset" default into a nullable body.
+fn optional_body_is_not_null(op: &mut Value) {
+    let Some(body) = op.get_mut("requestBody") else { return };
+    if body.get("required").and_then(Value::as_bool) == Some(true) {
+        return;
+    }
+    let Some(schema) = body.pointer_mut("/content/application~1json/schema") else { return };
+    if let Some(Value::Array(types)) = schema.get_mut("type") {
+        types.retain(|t| t != "null");
+        if let [only] = types.as_slice() {
+            schema["type"] = only.clone();
+        }
+    }
+    for key in ["oneOf", "anyOf"] {
+        if let Some(Value::Array(alternatives)) = schema.get_mut(key) {
+            alternatives.retain(|a| a.get("type").and_then(Value::as_str) != Some("null"));
+            if let [only] = alternatives.as_slice() {
+                let only = only.clone();
+                schema.as_object_mut().expect("a schema object").remove(key);
+                if let (Some(target), Some(source)) = (schema.as_object_mut(), only.as_object()) {
+                    target.extend(source.clone());
+                }
+            }
+        }
+    }
+}
+
 /// Rewrites `doc` (the document as the routes' annotations build it) into the contract:
 /// constraints and examples on every parameter and body field listed here, and for each
 /// operation one response per error status whose schema names exactly the problem types
@@ -275,6 +304,7 @@ pub fn document(doc: &mut Value) {
                     }
                 }
             }
+            optional_body_is_not_null(op);
             let mut kinds = shape_problems(method, op);
             for k in declared {
                 if !kinds.contains(k) {
@@ -391,6 +421,25 @@ fn problem_schema(types: &[String], status: u16) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_optional_body_is_typed_without_null() {
+        let body = |schema: Value, required: Option<bool>| {
+            let mut op = json!({"requestBody": {"content": {"application/json": {"schema": schema}}}});
+            if let Some(r) = required {
+                op["requestBody"]["required"] = json!(r);
+            }
+            optional_body_is_not_null(&mut op);
+            op["requestBody"]["content"]["application/json"]["schema"].clone()
+        };
+        assert_eq!(body(json!({"type": ["object", "null"]}), None), json!({"type": "object"}));
+        assert_eq!(
+            body(json!({"oneOf": [{"type": "null"}, {"type": "object", "description": "d"}]}), Some(false)),
+            json!({"type": "object", "description": "d"})
+        );
+        // A required body is left as declared.
+        assert_eq!(body(json!({"type": ["object", "null"]}), Some(true)), json!({"type": ["object", "null"]}));
+    }
 
     #[test]
     fn patterns_say_what_the_server_accepts() {

@@ -379,6 +379,10 @@ async fn the_dashboard_is_served_from_the_binary() {
     }
     // Not API routes: the document does not list them.
     let doc = crate::openapi(&app.state);
+    // An event's parameters are an optional body typed as an object, never null.
+    let body = &doc["paths"]["/v1/machines/{machine}/entities/{key}/events/{event}"]["post"]["requestBody"];
+    assert_ne!(body["required"], json!(true), "{body}");
+    assert_eq!(body["content"]["application/json"]["schema"]["type"], json!("object"), "{body}");
     assert!(
         doc["paths"]
             .as_object()

@@ -12,7 +12,7 @@ from settle_client.api.events import raise_event
 from settle_client.api.machines import list_machines
 from settle_client.api.operations import get_operation
 from settle_client.api.system import healthz
-from settle_client.models import CreateEntity, Entity, EntityPage, MachineList, RaiseAccepted, RaiseEventBodyType0
+from settle_client.models import CreateEntity, Entity, EntityPage, MachineList, RaiseAccepted, RaiseEventBody
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     assert missing.status_code == 404, missing
     assert missing.parsed.type_ == "https://settle.dev/problems/unknown-entity", missing.parsed
 
-    params = RaiseEventBodyType0.from_dict({"region": "eu-west", "size": "small"})
+    params = RaiseEventBody.from_dict({"region": "eu-west", "size": "small"})
     raised = raise_event.sync_detailed(
         machine="server", key="smoke-1", event="create", client=client, body=params, idempotency_key="smoke-raise-1"
     )
@@ -50,6 +50,11 @@ def main() -> None:
     assert isinstance(raised.parsed, RaiseAccepted) and raised.parsed.request_id == "smoke-raise-1", raised.parsed
     op = get_operation.sync(id="smoke-raise-1", client=client)
     assert op.name == "server.create" and op.key == "smoke-1", op
+
+    # An event without parameters, with the default call: no body at all.
+    create_entity.sync_detailed(machine="server", client=client, body=CreateEntity(key="smoke-2"))
+    deleted = raise_event.sync_detailed(machine="server", key="smoke-2", event="delete", client=client)
+    assert deleted.status_code == 202, deleted
 
     page = list_entities.sync(client=client, machine="server", prefix="smoke-", limit=10)
     assert isinstance(page, EntityPage) and any(e.key == "smoke-1" for e in page.items), page
