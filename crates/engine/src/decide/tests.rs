@@ -565,6 +565,11 @@ fn a_rejected_or_ignored_event_is_recorded_and_changes_nothing_else() {
         let record = t.event.as_ref().map(|r| (r.kind, r.seq, r.rejected, r.failed));
         assert_eq!(record, Some(("raised", 50, kind == HistoryKind::Rejected, false)), "{state} {event}");
         assert_eq!(d.item, Some(raised), "whoever waits on the event hears of it");
+        let answer = match kind {
+            HistoryKind::Rejected => EventOutcome::Rejected { state: state.clone(), reason: detail.into() },
+            _ => EventOutcome::Ignored { state: state.clone() },
+        };
+        assert_eq!(d.outcome, Some(answer), "{state} {event}");
     }
 }
 
@@ -614,4 +619,43 @@ fn successors_are_seen_in_their_states_ancestors_too() {
         views.iter().map(|v| (v.state.to_string(), v.ancestors.join(","))).collect::<Vec<_>>()
     });
     assert_eq!(ancestors, [("b".to_string(), "up".to_string()), ("done".to_string(), String::new())]);
+}
+
+#[test]
+fn notices_nothing_listens_to_are_consumed_quietly_and_a_due_agent_action_is_offered() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    // (state, how the notice is handled, newest notice of the snapshot) → notices consumed up to
+    for (state, evaluate, newest, upto) in
+        [("idle", false, None, i64::MAX), ("waiting", true, Some(70), 70), ("waiting", true, None, 50)]
+    {
+        let mut h = held(state);
+        h.entity.retry = 2;
+        let notice = InboxItem { request_id: Some("r-notice".into()), ..item(InboxKind::Notice, "", Value::Null) };
+        let d = if evaluate {
+            committed(evaluated(&mut h, notice, None, newest, &env))
+        } else {
+            h.inbox_head = Some(notice);
+            committed(next(&mut h, &env))
+        };
+        let c = &d.commit;
+        assert!(c.quiet, "{state}: no history row");
+        assert_eq!((c.consume, c.consume_notices_upto), (Some(50), Some(upto)), "{state}");
+        assert_eq!((c.retry, c.request_id.as_deref(), c.to.as_ref()), (2, Some("r-notice"), None), "{state}");
+        let t = &c.telemetry;
+        assert_eq!((t.at_rest, t.complete, t.current_event), (true, true, Some(40)), "{state}");
+    }
+    // An agent's auto action due without its task (a resume, a retry-now): offered now.
+    let mut h = held("fetching");
+    h.entity.retry = 3;
+    h.entity.auto_at = Some(NOW);
+    let d = committed(next(&mut h, &env));
+    let c = &d.commit;
+    assert!(c.quiet, "no history row");
+    assert_eq!((c.retry, c.request_id.as_deref(), c.to.as_ref()), (3, Some("r-entry"), None));
+    assert_eq!(
+        c.offer.as_ref().map(|o| (o.queue.as_str(), o.action.as_str(), o.available_at)),
+        Some(("q", "fetch", NOW))
+    );
+    assert_eq!((&c.machine_hash, c.telemetry.current_event), (&registry.hash("job"), Some(40)));
 }
