@@ -659,3 +659,30 @@ fn notices_nothing_listens_to_are_consumed_quietly_and_a_due_agent_action_is_off
     );
     assert_eq!((&c.machine_hash, c.telemetry.current_event), (&registry.hash("job"), Some(40)));
 }
+
+#[test]
+fn a_failed_action_is_a_fault_recorded_with_its_cause() {
+    let registry = registry();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let poke = job().action("poke_it").unwrap().clone();
+    let work = job().action("work").unwrap().clone();
+    // An event's action and an auto action, each failing once after an earlier error.
+    for (state, action, item) in [("idle", &poke, Some(raised("poke"))), ("working", &work, None)] {
+        let mut h = held(state);
+        h.entity.retry = 2;
+        h.entity.recent_errors = vec![NOW - 5_000];
+        let failed = Err(FaultError::new("action_error", "action error: quota exceeded"));
+        let d = committed(action_done(&mut h, action, item.clone(), failed, Vec::new(), NOW - 20, &env));
+        let c = &d.commit;
+        assert_eq!((c.kind, c.action.as_deref()), (HistoryKind::Fault, Some(action.name.as_str())), "{state}");
+        assert_eq!(c.detail.as_deref(), Some("action error: quota exceeded"), "{state}");
+        assert_eq!(c.recent_errors, Some(vec![NOW - 5_000, NOW]), "{state}: the errors the policy counts");
+        assert_eq!(c.machine_hash, registry.hash("job"), "{state}");
+        let error = c.telemetry.error.as_ref().map(|e| (e.kind, e.details.as_str()));
+        assert_eq!(error, Some(("action_error", "action error: quota exceeded")), "{state}");
+        // An event's action changes no state and keeps the retry count; an auto action
+        // re-enters its state after the backoff, counting a retry.
+        let (retry, to) = if item.is_some() { (2, None) } else { (3, Some("working")) };
+        assert_eq!((c.retry, c.to.as_deref()), (retry, to), "{state}");
+    }
+}
