@@ -150,6 +150,7 @@ const PARAMS: &[(&str, &str, Rule)] = &[
 /// Request body fields by schema and field name (fields not listed are typed only).
 const FIELDS: &[(&str, &str, Rule)] = &[
     ("CreateEntity", "key", Rule::Text(&KEY)),
+    ("ReportCreate", "key", Rule::Text(&KEY)),
     ("LeaseRequest", "agent", Rule::Text(&AGENT)),
     ("LeaseRequest", "max", Rule::Range(TASKS)),
     ("LeaseRequest", "wait_ms", Rule::Range(WAIT_MS)),
@@ -209,7 +210,7 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
     ("getOverview", &[Internal, Unavailable]),
     ("leaseTasks", &[UnknownQueue, TooManyPolls, Internal, Unavailable]),
     ("heartbeatTask", &[UnknownTask, TaskRefused, Internal, Unavailable]),
-    ("completeTask", &[UnknownTask, TaskRefused, InvalidReport, Internal, Unavailable]),
+    ("completeTask", &[UnknownTask, TaskRefused, InvalidReport, InvalidKey, Internal, Unavailable]),
     ("failTask", &[UnknownTask, TaskRefused, Internal, Unavailable]),
 ];
 
