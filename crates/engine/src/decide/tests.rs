@@ -686,3 +686,33 @@ fn a_failed_action_is_a_fault_recorded_with_its_cause() {
         assert_eq!((c.retry, c.to.as_deref()), (retry, to), "{state}");
     }
 }
+
+#[test]
+fn a_faults_record_says_whether_it_is_retried_and_what_comes_next() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let work = job().action("work").unwrap().clone();
+    let to_b = tree().action("to_b").unwrap().clone();
+    let error = |fatal: bool| FaultError { fatal, ..FaultError::new("action_error", "boom") };
+    // An event's action failing while the state's own auto action is due: the entity
+    // keeps its lease to run it; the event is answered.
+    let mut h = held_tree("b");
+    h.entity.auto_at = Some(NOW - 1);
+    let step = raised("step");
+    let d = committed(action_done(&mut h, &to_b, Some(step.clone()), Err(error(false)), Vec::new(), NOW, &env));
+    let c = &d.commit;
+    assert_eq!((c.after, c.to.as_ref(), d.item.as_ref()), (AfterCommit::Hold, None, Some(&step)));
+    assert_eq!(c.telemetry.error.as_ref().map(|e| e.retried), Some(false), "an event's action is not retried");
+    assert_eq!((c.telemetry.current_event, c.telemetry.complete), (Some(41), true));
+    assert_eq!(d.outcome, Some(EventOutcome::Failed { error: "boom".into() }));
+    // An auto action backing off runs again; parked, it waits for an operator.
+    for (fatal, retried, at_rest) in [(false, true, false), (true, false, true)] {
+        let mut h = held("working");
+        let d = committed(action_done(&mut h, &work, None, Err(error(fatal)), Vec::new(), NOW, &env));
+        let t = &d.commit.telemetry;
+        assert_eq!(t.error.as_ref().map(|e| e.retried), Some(retried), "fatal {fatal}");
+        assert_eq!((t.at_rest, t.complete, t.current_event), (at_rest, at_rest, Some(40)), "fatal {fatal}");
+        let tr = t.transition.as_ref().map(|tr| (tr.kind, tr.outcome, tr.entry_time));
+        assert_eq!(tr, Some(("auto_action", "error", NOW - 5_000)), "fatal {fatal}");
+    }
+}
