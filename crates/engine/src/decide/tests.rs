@@ -496,7 +496,7 @@ fn the_current_event_is_the_one_that_moved_the_entity_on_or_stays() {
 
 /// `tree`: `up` (a parent: `a` initial, then `b`, unstable, whose handler-less auto action
 /// moves to `down`), `down` and `side`; `noise` is valid in `down` and ignored in `up` and
-/// `side`.
+/// `side`; in `down`, `mark` runs a declarative action and `tweak` is internal.
 fn tree() -> Machine {
     MachineBuilder::new("tree")
         .state("up")
@@ -513,6 +513,12 @@ fn tree() -> Machine {
         .event("noise", ["down"], "stay")
         .ignore(["up", "side"])
         .event("leave", ["down"], "to_side")
+        .event("mark", ["down"], "marking")
+        .event("tweak", ["down"], "tweaking")
+        .internal()
+        .action("marking", ["down"])
+        .sets("flag", json!(true))
+        .action("tweaking", Vec::<&str>::new())
         .action("to_b", ["b"])
         .action("next", ["down"])
         .action("stay", ["down"])
@@ -715,4 +721,52 @@ fn a_faults_record_says_whether_it_is_retried_and_what_comes_next() {
         let tr = t.transition.as_ref().map(|tr| (tr.kind, tr.outcome, tr.entry_time));
         assert_eq!(tr, Some(("auto_action", "error", NOW - 5_000)), "fatal {fatal}");
     }
+}
+
+#[test]
+fn an_internal_transition_commits_its_effects_and_stays() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let tweaking = tree().action("tweaking").unwrap().clone();
+    let outcome = Outcome::stay()
+        .set("tweaked", json!(1))
+        .sql("UPDATE audit SET n = n + 1", [])
+        .create("tree", "t2", Properties::new())
+        .raise("tree", "t3", "leave", Value::Null)
+        .raise_on(Related::Successors, "noise", Value::Null);
+    let mut h = held_tree("down");
+    let tweak = item(InboxKind::Raised, "tweak", Value::Null);
+    let d = committed(action_done(&mut h, &tweaking, Some(tweak), Ok(outcome), vec![(9, 4)], NOW - 20, &env));
+    let c = &d.commit;
+    assert_eq!((c.kind, c.internal, c.to.as_ref(), c.retry), (HistoryKind::Internal, true, None, 1));
+    assert_eq!((c.consume, c.action.as_deref(), c.event.as_deref()), (Some(50), Some("tweaking"), Some("tweak")));
+    assert_eq!(c.properties, Some(json!({"tweaked": 1}).as_object().cloned().unwrap()));
+    assert_eq!((c.request_id.as_deref(), &c.machine_hash), (Some("r-item"), &registry.hash("tree")));
+    assert_eq!((c.sql.len(), c.creates.len(), c.pushes.len(), c.push_related.len()), (1, 1, 1, 1));
+    assert_eq!(c.preconditions, [(9, 4)]);
+    let t = &c.telemetry;
+    assert_eq!((t.at_rest, t.complete, t.current_event), (true, true, Some(41)));
+    assert_eq!(t.transition.as_ref().map(|tr| (tr.kind, tr.outcome)), Some(("internal", "ok")));
+    // Naming its own state is staying; naming another is refused.
+    let stays = Outcome::to("down");
+    let d =
+        committed(action_done(&mut held_tree("down"), &tweaking, Some(raised("tweak")), Ok(stays), vec![], NOW, &env));
+    assert_eq!(d.commit.kind, HistoryKind::Internal);
+    let moves = Outcome::to("side");
+    let d =
+        committed(action_done(&mut held_tree("down"), &tweaking, Some(raised("tweak")), Ok(moves), vec![], NOW, &env));
+    assert!(
+        matches!(&d.note, Some(Note::Fault { details, .. }) if details.contains("an internal transition stays in its state"))
+    );
+}
+
+#[test]
+fn a_declarative_action_commits_what_it_declares() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let mut h = held_tree("down");
+    h.inbox_head = Some(raised("mark"));
+    let d = committed(next(&mut h, &env));
+    assert_eq!(d.commit.to.as_deref(), Some("down"));
+    assert_eq!(d.commit.properties, Some(json!({"flag": true}).as_object().cloned().unwrap()));
 }
