@@ -747,6 +747,9 @@ fn an_internal_transition_commits_its_effects_and_stays() {
     let t = &c.telemetry;
     assert_eq!((t.at_rest, t.complete, t.current_event), (true, true, Some(41)));
     assert_eq!(t.transition.as_ref().map(|tr| (tr.kind, tr.outcome)), Some(("internal", "ok")));
+    assert_eq!(t.event.as_ref().map(|r| r.seq), Some(50));
+    assert_eq!((d.item.as_ref().map(|i| i.id), d.action.as_deref()), (Some(50), Some("tweaking")));
+    assert_eq!(d.outcome, Some(EventOutcome::Accepted { state: "down".into() }));
     // Naming its own state is staying; naming another is refused.
     let stays = Outcome::to("down");
     let d =
@@ -769,4 +772,47 @@ fn a_declarative_action_commits_what_it_declares() {
     let d = committed(next(&mut h, &env));
     assert_eq!(d.commit.to.as_deref(), Some("down"));
     assert_eq!(d.commit.properties, Some(json!({"flag": true}).as_object().cloned().unwrap()));
+}
+
+#[test]
+fn a_transition_commits_the_actions_whole_outcome() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let work = job().action("work").unwrap().clone();
+    let outcome = Outcome::to("done")
+        .set("result", json!(1))
+        .sql("UPDATE audit SET n = n + 1", [])
+        .create("tree", "t9", Properties::new())
+        .raise("tree", "t3", "leave", Value::Null)
+        .raise_on(Related::Successors, "noise", Value::Null);
+    let mut h = held("working");
+    let d = committed(action_done(&mut h, &work, None, Ok(outcome), vec![(9, 4)], NOW - 20, &env));
+    let c = &d.commit;
+    assert_eq!(
+        (c.kind, c.to.as_deref(), c.retry, c.action.as_deref()),
+        (HistoryKind::Auto, Some("done"), 0, Some("work"))
+    );
+    assert_eq!(c.properties, Some(json!({"result": 1}).as_object().cloned().unwrap()));
+    assert_eq!((c.sql.len(), c.creates.len(), c.pushes.len(), c.push_related.len()), (1, 1, 1, 1));
+    assert_eq!((c.preconditions.as_slice(), c.notify_predecessors), (&[(9, 4)][..], true));
+    assert!(c.timers.is_some(), "entering `done` plans its periodic timer");
+    assert_eq!(&c.machine_hash, &registry.hash("job"));
+    let t = &c.telemetry;
+    assert_eq!(t.transition.as_ref().map(|tr| (tr.kind, tr.outcome)), Some(("auto_action", "ok")));
+    assert_eq!((t.at_rest, t.complete), (true, true));
+    // A retry at once keeps the lease to run again; an agent's action offers its task
+    // instead, and lets the lease go.
+    let fetch = job().action("fetch").unwrap().clone();
+    for (state, action, after, auto_at, offered) in [
+        ("working", &work, AfterCommit::Hold, Some(NOW), false),
+        ("fetching", &fetch, AfterCommit::Release, None, true),
+    ] {
+        let again = Outcome::retry_after(Duration::ZERO);
+        let d = committed(action_done(&mut held(state), action, None, Ok(again), vec![], NOW - 20, &env));
+        let c = &d.commit;
+        assert_eq!((c.to.as_deref(), c.retry, c.after, c.auto_at), (Some(state), 1, after, auto_at), "{state}");
+        assert_eq!(c.offer.is_some(), offered, "{state}");
+        let outcome = c.telemetry.transition.as_ref().map(|tr| tr.outcome);
+        assert_eq!(outcome, Some("retry"), "{state}");
+    }
 }
