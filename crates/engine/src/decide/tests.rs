@@ -812,7 +812,22 @@ fn a_transition_commits_the_actions_whole_outcome() {
         let c = &d.commit;
         assert_eq!((c.to.as_deref(), c.retry, c.after, c.auto_at), (Some(state), 1, after, auto_at), "{state}");
         assert_eq!(c.offer.is_some(), offered, "{state}");
+        assert!(c.timers.is_none(), "{state}: staying in the state plans no timers");
         let outcome = c.telemetry.transition.as_ref().map(|tr| tr.outcome);
         assert_eq!(outcome, Some("retry"), "{state}");
     }
+}
+
+#[test]
+fn an_events_action_answers_whoever_raised_it() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let poke = job().action("poke_it").unwrap().clone();
+    let mut h = held("idle");
+    let d = committed(action_done(&mut h, &poke, Some(raised("poke")), Ok(Outcome::to("waiting")), vec![], NOW, &env));
+    assert_eq!((d.item.as_ref().map(|i| i.id), d.action.as_deref()), (Some(50), Some("poke_it")));
+    assert_eq!(d.outcome, Some(EventOutcome::Accepted { state: "waiting".into() }));
+    let c = &d.commit;
+    assert_eq!((c.kind, c.consume, c.event.as_deref()), (HistoryKind::Event, Some(50), Some("poke")));
+    assert_eq!(c.telemetry.transition.as_ref().map(|t| t.kind), Some("event_action"));
 }
