@@ -831,3 +831,65 @@ fn an_events_action_answers_whoever_raised_it() {
     assert_eq!((c.kind, c.consume, c.event.as_deref()), (HistoryKind::Event, Some(50), Some("poke")));
     assert_eq!(c.telemetry.transition.as_ref().map(|t| t.kind), Some("event_action"));
 }
+
+#[test]
+fn a_subscription_fired_stays_fired_while_its_level_is_not_entered_anew() {
+    use super::transition::fired_after;
+    let m = MachineBuilder::new("sub")
+        .state("p")
+        .initial()
+        .initial_child("x")
+        .state("x")
+        .parent("p")
+        .state("y")
+        .parent("p")
+        .state("q")
+        .event("all_done", ["p"], "ack")
+        .subscribe("all(*) in [done]")
+        .event("hop", ["x"], "to_y")
+        .action("ack", ["q"])
+        .action("to_y", ["y"])
+        .build()
+        .unwrap();
+    let entry = |state: &str, entered: &[&str]| settle_core::step::Entry {
+        state: state.into(),
+        retry: 0,
+        auto_delay: None,
+        left: Vec::new(),
+        entered: entered.iter().map(|s| (*s).into()).collect(),
+    };
+    let fired: Vec<EventName> = vec!["all_done".into()];
+    let names = |v: Option<Vec<EventName>>| v.map(|v| v.iter().map(|e| e.to_string()).collect::<Vec<_>>());
+    // Moving between the parent's children keeps it; leaving the parent or entering it
+    // anew drops it; staying adds the one firing.
+    assert_eq!(names(fired_after(&m, &fired, None, &entry("y", &["y"]), true)), Some(vec!["all_done".into()]));
+    assert_eq!(names(fired_after(&m, &fired, None, &entry("q", &["q"]), true)), Some(vec![]));
+    assert_eq!(names(fired_after(&m, &fired, None, &entry("x", &["p", "x"]), true)), Some(vec![]));
+    let hop: EventName = "hop".into();
+    assert_eq!(
+        names(fired_after(&m, &fired, Some(&hop), &entry("x", &[]), false)),
+        Some(vec!["all_done".into(), "hop".into()])
+    );
+    assert_eq!(fired_after(&m, &fired, None, &entry("x", &[]), false), None, "unchanged");
+}
+
+#[test]
+fn a_new_entity_and_a_reports_effects_are_checked_against_the_machines() {
+    let registry = registry_with_tree();
+    let outcome = Outcome::stay().create("nope", "n1", Properties::new());
+    assert_eq!(check_effects(&outcome.decided, &registry), Err("create[0]: unknown machine `nope`".into()));
+    let fine = Outcome::stay().create("tree", "t1", Properties::new()).raise("tree", "t1", "leave", Value::Null);
+    assert_eq!(check_effects(&fine.decided, &registry), Ok(()));
+    // A new entity whose initial state waits before its auto action.
+    let m = MachineBuilder::new("w")
+        .state("s")
+        .initial()
+        .auto("go")
+        .wait(Duration::from_secs(1))
+        .state("t")
+        .action("go", ["t"])
+        .build()
+        .unwrap();
+    let new = new_entity(&m, "k".into(), Properties::new(), None, NOW).unwrap();
+    assert_eq!(new.auto_at, Some(NOW + 1_000));
+}

@@ -306,7 +306,7 @@ fn checked<T>(
 /// unchanged). Staying in the same leaf keeps them (plus the one `firing`, if any); moving
 /// keeps only those still valid at a level the transition did not enter anew (a
 /// subscription on a parent fires once per entry into the parent).
-fn fired_after(
+pub(super) fn fired_after(
     machine: &Machine,
     fired: &[EventName],
     firing: Option<&EventName>,
