@@ -61,11 +61,6 @@ pub struct Raise {
 }
 
 impl ActionOutcome {
-    /// Whether the outcome touches no other entity (no create, no raise).
-    pub fn is_local(&self) -> bool {
-        self.creates.is_empty() && self.raises.is_empty() && self.related.is_empty()
-    }
-
     /// The durable encoding: `target` (absent: the same state), `delay_ms`, `changes` as
     /// `{"set": k, "value": v}` / `{"unset": k}` in order, `create`, `raise`, `raise_on`.
     /// Empty parts are left out.
@@ -186,13 +181,9 @@ pub fn beyond_declaration(action: &Action, outcome: &ActionOutcome) -> Option<(S
     if action.may_raise.is_some() || agent {
         let may: Vec<String> = action.may_raise.iter().flatten().map(|e| e.to_string()).collect();
         let allowed = |e: &EventName| may.iter().any(|m| m == e.as_str());
-        let raised = outcome.raises.iter().map(|r| ("raise", &r.event));
-        let related = outcome.related.iter().map(|b| ("raise_on", &b.event));
-        let mut counts = (0, 0);
-        for (field, event) in raised.chain(related) {
-            let i = if field == "raise" { &mut counts.0 } else { &mut counts.1 };
-            let at = format!("{field}[{i}]");
-            *i += 1;
+        let raised = outcome.raises.iter().enumerate().map(|(i, r)| (format!("raise[{i}]"), &r.event));
+        let related = outcome.related.iter().enumerate().map(|(i, b)| (format!("raise_on[{i}]"), &b.event));
+        for (at, event) in raised.chain(related) {
             if !allowed(event) {
                 let why = format!("action `{}` may not raise `{event}` (`may_raise`: {})", action.name, listed(&may));
                 return Some((at, why));
@@ -282,8 +273,6 @@ mod tests {
         let o = ActionOutcome::default();
         assert_eq!(o.to_json(), json!({}));
         assert_eq!(ActionOutcome::from_json(&json!({})), Ok(o.clone()));
-        assert!(o.is_local());
-        assert!(!full().is_local());
     }
 
     #[test]
