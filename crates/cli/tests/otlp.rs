@@ -167,7 +167,9 @@ fn call(addr: &str, method: &str, path: &str, idempotency_key: Option<&str>, bod
     if let Some(key) = idempotency_key {
         req.push_str(&format!("Idempotency-Key: {key}\r\n"));
     }
-    if !body.is_empty() {
+    // Every state-changing request says it is JSON, even without a body: a server without
+    // tokens refuses the requests a web page could send unasked (README, "Security").
+    if method != "GET" {
         req.push_str("Content-Type: application/json\r\n");
     }
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
