@@ -491,10 +491,8 @@ impl<S: Store> Engine<S> {
         queues: Option<Vec<String>>,
     ) -> Result<crate::Report> {
         if let TaskResult::Complete(outcome) = &result
-            && let Err(why) = crate::decide::check_effects(outcome, &self.inner.registry)
+            && let Err((field, reason)) = crate::decide::check_effects(outcome, &self.inner.registry)
         {
-            let (field, reason) = why.split_once(": ").unwrap_or(("outcome", why.as_str()));
-            let (field, reason) = (field.to_string(), reason.to_string());
             return Err(Error::Task(settle_store::TaskRefusal::BadReport { task, field, reason }));
         }
         let check = TaskCheck { queues, actions: self.inner.agent_actions.clone() };

@@ -96,10 +96,7 @@ impl TaskResult {
     /// A completion that moves to `target` with these properties set (a `null` removes
     /// one), and nothing else: what most reports are.
     pub fn complete(target: impl AsRef<str>, properties: Properties) -> Self {
-        let changes = properties
-            .into_iter()
-            .map(|(k, v)| if v.is_null() { PropChange::Remove(k) } else { PropChange::Set(k, v) })
-            .collect();
+        let changes = properties.into_iter().map(|(k, v)| PropChange::from_json(k, v)).collect();
         TaskResult::Complete(ActionOutcome {
             target: Some(StateName::new(target)),
             changes,

@@ -445,7 +445,8 @@ impl Machine {
                     .iter()
                     .map(|r| Broadcast {
                         event: EventName::new(&r.event),
-                        on: if r.on == "successors" { Related::Successors } else { Related::Predecessors },
+                        // Validated: `on` names one of the two.
+                        on: Related::parse(&r.on).unwrap_or(Related::Predecessors),
                         params: r.params.clone(),
                     })
                     .collect(),

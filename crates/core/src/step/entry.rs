@@ -197,6 +197,14 @@ pub enum PropChange {
     Remove(String),
 }
 
+impl PropChange {
+    /// The change a JSON property map asks for (an agent's report, a declarative `set`):
+    /// `null` removes the property, any other value sets it.
+    pub fn from_json(key: String, value: Value) -> Self {
+        if value.is_null() { PropChange::Remove(key) } else { PropChange::Set(key, value) }
+    }
+}
+
 /// Applies buffered property changes in order.
 pub fn apply_changes(props: &mut Properties, changes: &[PropChange]) {
     for c in changes {

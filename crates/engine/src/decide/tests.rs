@@ -877,7 +877,8 @@ fn a_subscription_fired_stays_fired_while_its_level_is_not_entered_anew() {
 fn a_new_entity_and_a_reports_effects_are_checked_against_the_machines() {
     let registry = registry_with_tree();
     let outcome = Outcome::stay().create("nope", "n1", Properties::new());
-    assert_eq!(check_effects(&outcome.decided, &registry), Err("create[0]: unknown machine `nope`".into()));
+    let refused = ("create[0]".to_string(), "unknown machine `nope`".to_string());
+    assert_eq!(check_effects(&outcome.decided, &registry), Err(refused));
     let fine = Outcome::stay().create("tree", "t1", Properties::new()).raise("tree", "t1", "leave", Value::Null);
     assert_eq!(check_effects(&fine.decided, &registry), Ok(()));
     // A new entity whose initial state waits before its auto action.

@@ -116,12 +116,7 @@ pub(crate) fn hooks_done(
 /// property) and its `raise` on related entities.
 pub(crate) fn declare(action: &Action, outcome: &mut Outcome) {
     for (key, value) in &action.set {
-        let change = if value.is_null() {
-            step::PropChange::Remove(key.clone())
-        } else {
-            step::PropChange::Set(key.clone(), value.clone())
-        };
-        outcome.decided.changes.push(change);
+        outcome.decided.changes.push(step::PropChange::from_json(key.clone(), value.clone()));
     }
     outcome.decided.related.extend(action.raise.iter().cloned());
 }
@@ -298,7 +293,8 @@ fn checked<T>(
     step::apply_changes(&mut props, &ran.outcome.decided.changes);
     let verdict = decide(&props).map_err(|r| r.to_string())?;
     let request_id = ran.item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
-    let effects = effects(&ran.outcome.decided, e.id, request_id.as_ref(), env)?;
+    let effects = effects(&ran.outcome.decided, e.id, request_id.as_ref(), env)
+        .map_err(|(field, why)| format!("{field}: {why}"))?;
     Ok(Checked { props, verdict, request_id, effects })
 }
 
@@ -338,8 +334,8 @@ fn effects(
     entity_id: i64,
     request_id: Option<&String>,
     env: &Env<'_>,
-) -> std::result::Result<Effects, String> {
-    let refused = |field: String, why: String| format!("{field}: {why}");
+) -> std::result::Result<Effects, (String, String)> {
+    let refused = |field: String, why: String| (field, why);
     let mut creates = Vec::with_capacity(outcome.creates.len());
     for (i, c) in outcome.creates.iter().enumerate() {
         let m = env.registry.machine(&c.machine).map_err(|e| refused(format!("create[{i}]"), e.to_string()))?;
@@ -386,7 +382,10 @@ fn effects(
 /// `registry`: the check an agent's report meets when it arrives, so that a report that
 /// names an unknown machine or event, or leaves out a required parameter or property, is
 /// refused then (and changes nothing) instead of failing its commit later.
-pub(crate) fn check_effects(outcome: &ActionOutcome, registry: &crate::registry::Registry) -> Result<(), String> {
+pub(crate) fn check_effects(
+    outcome: &ActionOutcome,
+    registry: &crate::registry::Registry,
+) -> Result<(), (String, String)> {
     effects(outcome, 0, None, &Env { registry, owner: "", now: 0 }).map(|_| ())
 }
 

@@ -18,7 +18,7 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<ActionOutcome, Problem> {
         ..ActionOutcome::default()
     };
     for (k, v) in object("properties", req.properties)? {
-        out.changes.push(if v.is_null() { PropChange::Remove(k) } else { PropChange::Set(k, v) });
+        out.changes.push(PropChange::from_json(k, v));
     }
     for (i, c) in req.create.into_iter().enumerate() {
         let ReportCreate { machine, key, properties, event, params } = c;
