@@ -217,10 +217,17 @@ async fn complete(
     JsonBody(req): JsonBody<CompleteRequest>,
 ) -> Result<Response, Problem> {
     let token = req.token.clone();
-    let result = TaskResult::Complete(super::report::outcome(req)?);
-    let report =
-        s.engine().agent_report_as(id, &token, result, caller.queues()).await.map_err(|e| refused(&caller, e))?;
-    Ok(accepted(report))
+    let report = super::report::outcome(req)?;
+    let result = TaskResult::Complete(report.outcome.clone());
+    let answer = s.engine().agent_report_as(id, &token, result, caller.queues()).await.map_err(|e| match e {
+        // The engine names the outcome's part at fault; the agent needs the request's.
+        settle_engine::Error::Task(TaskRefusal::BadReport { task, field, reason }) => refused(
+            &caller,
+            settle_engine::Error::Task(TaskRefusal::BadReport { task, field: report.field(&field), reason }),
+        ),
+        other => refused(&caller, other),
+    })?;
+    Ok(accepted(answer))
 }
 
 /// Reports a task failed: a fault of the entity, decided by its fault policy.

@@ -11,7 +11,11 @@ use crate::model::{CompleteRequest, ReportCreate, ReportRaise};
 use crate::problem::{Kind, Problem};
 
 /// The outcome a `complete` report asks for, or the field whose shape is wrong.
-pub(crate) fn outcome(req: CompleteRequest) -> Result<ActionOutcome, Problem> {
+///
+/// A created entity's first event is one of the outcome's raises, before those of `raise`:
+/// [`Report::field`] names the part of the request a raise came from.
+pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
+    let (mut origins, mut related) = (Vec::new(), Vec::new());
     let mut out = ActionOutcome {
         target: req.target.map(StateName::new),
         delay: req.delay_ms.map(std::time::Duration::from_millis),
@@ -31,6 +35,7 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<ActionOutcome, Problem> {
             let first =
                 Raise { machine: machine.clone(), key: key.clone(), event: EventName::new(event), params, join: false };
             out.raises.push(first);
+            origins.push(format!("{at}.event"));
         } else if params.is_some() {
             return Err(bad(&format!("{at}.params"), "parameters without an `event` to carry them"));
         }
@@ -51,6 +56,7 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<ActionOutcome, Problem> {
                     params,
                     join,
                 });
+                origins.push(at);
             }
             (None, None, Some(on)) => {
                 let on = Related::parse(&on)
@@ -59,11 +65,45 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<ActionOutcome, Problem> {
                     return Err(bad(&format!("{at}.join"), "only an entity named by `machine` and `key` can join"));
                 }
                 out.related.push(Broadcast { event, on, params });
+                related.push(i);
             }
             _ => return Err(bad(&at, "name the entity by `machine` and `key`, or the related ones by `on`")),
         }
     }
-    Ok(out)
+    Ok(Report { outcome: out, origins, related })
+}
+
+/// A report's outcome, and where in the request each of its raises came from.
+pub(crate) struct Report {
+    pub(crate) outcome: ActionOutcome,
+    /// For each of the outcome's raises, the request's field: `create[j].event` or `raise[k]`.
+    origins: Vec<String>,
+    /// For each of the outcome's raises by relation, its index in the request's `raise`.
+    related: Vec<usize>,
+}
+
+/// `3].params` as `(3, ".params")`.
+fn index_and_tail(rest: &str) -> Option<(usize, &str)> {
+    let (i, tail) = rest.split_once(']')?;
+    Some((i.parse().ok()?, tail))
+}
+
+impl Report {
+    /// The request's field for a field of the outcome (`raise[i]`, `raise_on[i]`, with
+    /// what follows them): a created entity's first event is one of the outcome's raises.
+    pub(crate) fn field(&self, outcome_field: &str) -> String {
+        if let Some((i, tail)) = outcome_field.strip_prefix("raise[").and_then(index_and_tail)
+            && let Some(origin) = self.origins.get(i)
+        {
+            return format!("{origin}{tail}");
+        }
+        if let Some((i, tail)) = outcome_field.strip_prefix("raise_on[").and_then(index_and_tail)
+            && let Some(k) = self.related.get(i)
+        {
+            return format!("raise[{k}]{tail}");
+        }
+        outcome_field.to_string()
+    }
 }
 
 fn bad(field: &str, why: &str) -> Problem {
@@ -107,6 +147,11 @@ mod tests {
                       {"on": "predecessors", "event": "child_ready", "params": {"k": "v"}}]
         })))
         .expect("valid");
+        // The engine's refusals name the outcome's parts; the agent reads the request's.
+        let fields =
+            ["raise[0]", "raise[1].params", "raise_on[0]", "create[1]", "raise[9]", "target"].map(|f| o.field(f));
+        assert_eq!(fields, ["create[0].event", "raise[0].params", "raise[1]", "create[1]", "raise[9]", "target"]);
+        let o = o.outcome;
         assert_eq!(o.target.as_deref(), Some("waiting"));
         assert_eq!(o.delay, Some(std::time::Duration::from_millis(250)));
         assert_eq!(o.changes, vec![PropChange::Set("ip".into(), json!("10.0.0.7")), PropChange::Remove("old".into())]);
@@ -124,7 +169,7 @@ mod tests {
 
     #[test]
     fn a_retry_names_no_target() {
-        let o = outcome(req(json!({"token": "t", "delay_ms": 5000}))).expect("valid");
+        let o = outcome(req(json!({"token": "t", "delay_ms": 5000}))).expect("valid").outcome;
         assert_eq!((o.target, o.delay), (None, Some(std::time::Duration::from_secs(5))));
     }
 
@@ -152,7 +197,7 @@ mod tests {
             ),
         ];
         for (v, field) in cases {
-            let p = outcome(req(v.clone())).expect_err("refused");
+            let Err(p) = outcome(req(v.clone())) else { panic!("accepted: {v}") };
             assert_eq!(p.body().field.as_deref(), Some(field), "{v}");
         }
     }

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use settle_core::{EventName, Properties};
 
 use super::{Dialect, T0, claim_with_event, commit, create_one, get, new_entity, push, write};
-use crate::{AfterCommit, Applied, HistoryKind, Op, OpError, SqlStatement, Store};
+use crate::{AfterCommit, Applied, Commit, Fence, HistoryKind, Op, OpError, SqlStatement, Store, TimerPlan};
 
 /// A commit moves state, bumps the version, consumes the inbox item, appends history, and
 /// (when holding the lease) reports the next inbox event.
@@ -55,6 +55,42 @@ pub async fn commit_is_fenced<S: Store>(store: S) {
     let e = get(&store, "a").await;
     assert_eq!((e.state.as_str(), e.version), ("idle", 1));
     assert_eq!(store.history_list(e.id).await.unwrap().len(), 1);
+
+    // In one batch, each operation sees what those before it did to the entity: a second
+    // commit with the first one's fence is stale, a release with the new version holds.
+    create_one(&store, "b").await;
+    let r = write(&store, T0 + 2, vec![Op::Push(push("b", "two"))], true).await;
+    let c = r.claimed[0].clone();
+    let mut first = commit(&c.entity, Some("busy"), None, AfterCommit::Hold);
+    // Entering `busy` starts a timer, which the next commit of the batch drops.
+    let timer = TimerPlan {
+        name: "t".into(),
+        event: EventName::new("tick"),
+        due_at: T0 + 60_000,
+        every_ms: None,
+        restart: true,
+    };
+    first.timers = Some(vec![timer]);
+    let again = commit(&c.entity, Some("done"), None, AfterCommit::Hold);
+    let mut then = Commit { timers: Some(Vec::new()), ..commit(&c.entity, Some("idle"), None, AfterCommit::Hold) };
+    then.fence.version += 1;
+    then.from = "busy".into();
+    let release = Fence { version: c.entity.version + 2, ..first.fence.clone() };
+    let ops = vec![
+        Op::Commit(Box::new(first)),
+        Op::Commit(Box::new(again)),
+        Op::Commit(Box::new(then)),
+        Op::Release(release),
+    ];
+    let r = write(&store, T0 + 3, ops, false).await;
+    assert!(matches!(r.results[0], Ok(Applied::Committed { version: 2, .. })), "{:?}", r.results[0]);
+    assert_eq!(r.results[1], Err(OpError::LeaseLost { entity_id: c.entity.id }));
+    assert!(matches!(r.results[2], Ok(Applied::Committed { version: 3, .. })), "{:?}", r.results[2]);
+    assert!(r.results[3].is_ok(), "{:?}", r.results[3]);
+    let e = get(&store, "b").await;
+    assert_eq!((e.state.as_str(), e.version, e.lease_owner.as_deref()), ("idle", 3, None));
+    assert_eq!(store.history_list(e.id).await.unwrap().len(), 3);
+    assert_eq!(store.timer_list(e.id).await.unwrap(), Vec::new(), "the timer the batch started and dropped");
 }
 
 /// A commit with no state change (a rejection) consumes the event, records it, and keeps

@@ -1,0 +1,135 @@
+"""The package against a real `settle serve` (the binary in `$SETTLE`): a report with the
+action's whole outcome, heartbeats that keep a slow task's lease, `Fail`, a report beyond
+the action's declaration refused, and a graceful stop. Skipped, saying so, without `$SETTLE`,
+unless `SETTLE_REQUIRE_SDK` is set (as `.ci/run` does)."""
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+from pathlib import Path
+
+from settle import Agent, Client, Fail, Outcome, Problem, Task, Unreachable
+
+HERE = Path(__file__).resolve().parent
+SETTLE = os.environ.get("SETTLE")
+if not SETTLE and os.environ.get("SETTLE_REQUIRE_SDK"):
+    raise RuntimeError("SETTLE_REQUIRE_SDK is set but SETTLE names no settle binary")
+
+
+@unittest.skipUnless(SETTLE, "skipped: set SETTLE to a settle binary to test against a real server")
+class LiveTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory(prefix="settle-sdk-")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cls.log = open(Path(cls.dir.name) / "serve.log", "w")
+        cls.serve = subprocess.Popen(
+            [SETTLE, "serve", "--machines", str(HERE / "machines"), "--db", str(Path(cls.dir.name) / "t.db"),
+             "--listen", f"127.0.0.1:{port}"],
+            stdout=cls.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        cls.client = Client(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                cls.client.call("GET", "/healthz", timeout=2)
+                break
+            except (Unreachable, Problem):
+                if cls.serve.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((Path(cls.dir.name) / "serve.log").read_text())
+                time.sleep(0.1)
+        cls.agent = Agent(cls.client, queue="sdk", name="sdk-test", concurrency=4, poll_wait_s=1.0)
+        cls.seen = []
+
+        @cls.agent.action("job", "work")
+        def work(task: Task) -> Outcome:
+            cls.seen.append(task)
+            mode = task.properties.get("mode")
+            if mode == "create":
+                child = f"{task.key}-child"
+                return Outcome.to("done").set(result=1).create("job", child).raise_("poke", machine="job", key=child)
+            if mode == "slow":
+                time.sleep(2.5)  # longer than the 1s lock: only heartbeats keep the lease
+                return Outcome.to("done").set(slept=True)
+            if mode == "fail":
+                raise Fail("the provider said no", retryable=False)
+            if mode == "beyond" and task.attempt == 1:
+                return Outcome.to("done").raise_("run", machine="job", key="elsewhere")
+            return Outcome.to("broken")
+
+        cls.runner = threading.Thread(target=cls.agent.run, kwargs={"handle_signals": False}, daemon=True)
+        cls.runner.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.agent.stop()
+        cls.runner.join(30)
+        cls.client.close()
+        cls.serve.send_signal(signal.SIGTERM)
+        cls.serve.wait(30)
+        cls.log.close()
+        cls.dir.cleanup()
+
+    def start(self, key, mode):
+        self.client.create("job", key, {"mode": mode})
+        self.client.raise_event("job", key, "run")
+
+    def wait_for(self, key, check, limit=30.0):
+        deadline = time.monotonic() + limit
+        while True:
+            e = self.client.get("job", key)
+            if e is not None and check(e):
+                return e
+            self.assertLess(time.monotonic(), deadline, f"job {key}: {e}")
+            time.sleep(0.05)
+
+    def test_one_report_moves_creates_a_successor_and_raises_on_it(self):
+        self.start("c-1", "create")
+        e = self.wait_for("c-1", lambda e: e["state"] == "done")
+        self.assertEqual(e["properties"]["result"], 1)
+        child = self.wait_for("c-1-child", lambda e: e["properties"].get("poked") is True)
+        self.assertEqual(child["state"], "idle")
+        related = self.client.related("job", "c-1")
+        self.assertEqual([(s["machine"], s["key"]) for s in related["successors"]], [("job", "c-1-child")])
+
+    def test_heartbeats_keep_the_lease_of_a_task_longer_than_its_lock(self):
+        self.start("s-1", "slow")
+        e = self.wait_for("s-1", lambda e: e["state"] == "done")
+        self.assertTrue(e["properties"]["slept"])
+        tasks = [t for t in self.seen if t.key == "s-1"]
+        self.assertEqual(len(tasks), 1, "the task was never offered again: its lease held")
+
+    def test_fail_not_retryable_parks_the_entity(self):
+        self.start("f-1", "fail")
+        e = self.wait_for("f-1", lambda e: e["run_status"] == "failed")
+        self.assertEqual(e["state"], "working")
+
+    def test_a_report_beyond_the_declaration_is_refused_and_changes_nothing(self):
+        refused = self.agent.counts["refused"]
+        self.start("b-1", "beyond")
+        # Refused (raise[0]: `run` is not in may_raise); the lease runs out and the task
+        # comes again (attempt 2), whose report is taken.
+        e = self.wait_for("b-1", lambda e: e["state"] == "broken")
+        self.assertGreater(self.agent.counts["refused"], refused)
+        self.assertEqual([t.attempt for t in self.seen if t.key == "b-1"], [1, 2])
+        self.assertIsNone(self.client.get("job", "elsewhere"))
+
+
+class StopTest(unittest.TestCase):
+    def test_a_stopped_agent_with_nothing_to_do_returns(self):
+        agent = Agent(Client("http://127.0.0.1:9"), queue="q", poll_wait_s=0.2)
+        agent.stop()
+        t = threading.Thread(target=agent.run, kwargs={"handle_signals": False})
+        t.start()
+        t.join(5)
+        self.assertFalse(t.is_alive())
+
+
+if __name__ == "__main__":
+    unittest.main()
