@@ -75,6 +75,15 @@ pub struct Task {
     pub properties: Map<String, Value>,
     /// The request the work belongs to.
     pub request_id: Option<String>,
+    /// The event whose workflow the task's state entry belongs to: the one whose action
+    /// entered the state, or began the chain of auto actions that did (absent: none, e.g.
+    /// the state the entity was created in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// That event's parameters (null: none).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub params: Value,
     /// The lease token: send it with heartbeats and reports.
     pub token: String,
     /// The lease ends then (ms since the epoch) unless a heartbeat extends it.

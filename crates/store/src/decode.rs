@@ -150,6 +150,11 @@ pub(crate) fn task<C: Columns>(r: &C) -> Result<AgentTask, C::Error> {
         created_at: r.int(19)?,
         outcome: r.opt_text(20)?,
         error: r.opt_text(21)?,
+        event: r.opt_text(22)?.map(EventName::new),
+        params: match r.opt_text(23)? {
+            Some(_) => r.json(23)?,
+            None => serde_json::Value::Null,
+        },
     })
 }
 

@@ -19,7 +19,8 @@ pub(crate) const EVENT_COLS: &str = "ev.id, ev.request_id, ev.event, ev.kind, ev
 /// The columns an `AgentTask` is decoded from, in order (`t`: agent_tasks, `e`: entities).
 pub(crate) const TASK_COLS: &str = "t.id, t.queue, e.machine, e.key, t.entity_id, t.state, t.action, \
      t.entity_version, t.retry, e.properties, e.recent_errors, t.request_id, t.status, t.attempt, t.token, t.agent, \
-     t.locked_until, t.lock_ms, t.available_at, t.created_at, t.outcome, t.error";
+     t.locked_until, t.lock_ms, t.available_at, t.created_at, t.outcome, t.error, \
+     (SELECT v.event FROM events v WHERE v.id = t.event_id), (SELECT v.params FROM events v WHERE v.id = t.event_id)";
 
 /// JSON stored as text (properties, params, fired events, recent errors, dimensions).
 pub(crate) fn json_text(v: &impl serde::Serialize) -> String {

@@ -73,6 +73,12 @@ pub struct AgentTask {
     pub outcome: Option<String>,
     /// The error an agent reported.
     pub error: Option<String>,
+    /// The event whose workflow the task's state entry belongs to: the one whose action
+    /// entered the state, or began the chain of auto actions that did (`None`: none, e.g.
+    /// the state the entity was created in).
+    pub event: Option<EventName>,
+    /// That event's parameters (null: none).
+    pub params: Value,
 }
 
 /// What an agent reports on a task it leased.

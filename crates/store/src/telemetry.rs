@@ -35,6 +35,9 @@ pub struct EventRecord {
     pub rejected: bool,
     /// Its action failed.
     pub failed: bool,
+    /// Its parameters (null: none), stored with it: the task of a state its workflow
+    /// enters carries them.
+    pub params: serde_json::Value,
 }
 
 /// A state entry, for the `transitions` table.

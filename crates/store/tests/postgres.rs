@@ -203,6 +203,7 @@ fn step(c: &settle_store::Claimed, to: &str, at_rest: bool) -> Op {
                 raised_at: i.created_at,
                 rejected: false,
                 failed: false,
+                params: i.params.clone(),
             }),
             transition: Some(TransitionRecord {
                 kind: "event",

@@ -76,9 +76,9 @@ class LiveTest(unittest.TestCase):
         cls.log.close()
         cls.dir.cleanup()
 
-    def start(self, key, mode):
+    def start(self, key, mode, params=None):
         self.client.create("job", key, {"mode": mode})
-        self.client.raise_event("job", key, "run")
+        self.client.raise_event("job", key, "run_sized" if params else "run", params)
 
     def wait_for(self, key, check, limit=30.0):
         deadline = time.monotonic() + limit
@@ -90,8 +90,11 @@ class LiveTest(unittest.TestCase):
             time.sleep(0.05)
 
     def test_one_report_moves_creates_a_successor_and_raises_on_it(self):
-        self.start("c-1", "create")
+        self.start("c-1", "create", {"size": 3})
         e = self.wait_for("c-1", lambda e: e["state"] == "done")
+        # The task names the event whose workflow entered its state, with its parameters.
+        [task] = [t for t in self.seen if t.key == "c-1"]
+        self.assertEqual((task.event, task.params, task.targets), ("run_sized", {"size": 3}, ["done", "broken", "working"]))
         self.assertEqual(e["properties"]["result"], 1)
         child = self.wait_for("c-1-child", lambda e: e["properties"].get("poked") is True)
         self.assertEqual(child["state"], "idle")
@@ -104,6 +107,7 @@ class LiveTest(unittest.TestCase):
         self.assertTrue(e["properties"]["slept"])
         tasks = [t for t in self.seen if t.key == "s-1"]
         self.assertEqual(len(tasks), 1, "the task was never offered again: its lease held")
+        self.assertEqual((tasks[0].event, tasks[0].params), ("run", None), "an event raised without parameters")
 
     def test_fail_not_retryable_parks_the_entity(self):
         self.start("f-1", "fail")

@@ -58,5 +58,7 @@ pub(super) fn event_record(item: &InboxItem, rejected: bool, failed: bool) -> Ev
         raised_at: item.created_at,
         rejected,
         failed,
+        // An agent report's encoding is not an event's parameters.
+        params: if item.kind == InboxKind::Agent { serde_json::Value::Null } else { item.params.clone() },
     }
 }

@@ -488,6 +488,7 @@ fn the_current_event_is_the_one_that_moved_the_entity_on_or_stays() {
             raised_at: NOW,
             rejected: false,
             failed: false,
+            params: serde_json::Value::Null,
         });
         let d = Decided::new(c);
         assert_eq!(d.expect().event_id, want, "moves {moves}, event {event}, at rest {at_rest}");

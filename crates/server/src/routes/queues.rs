@@ -84,6 +84,8 @@ fn task_json(s: &AppState, t: AgentTask) -> Task {
         errors: t.errors,
         properties: t.properties,
         request_id: t.request_id,
+        event: t.event.map(|e| e.to_string()),
+        params: t.params,
         token: t.token.unwrap_or_default(),
         locked_until: t.locked_until.unwrap_or_default(),
         lock_ms: t.lock_ms,

@@ -195,6 +195,8 @@ fn task(id: i64, token: &str, locked_until: i64) -> AgentTask {
         created_at: 0,
         outcome: None,
         error: None,
+        event: None,
+        params: serde_json::Value::Null,
     }
 }
 

@@ -5,8 +5,8 @@ use settle_core::{ActionName, ActionOutcome, Properties};
 
 use super::{T0, command, commit, get, new_entity, push, write};
 use crate::{
-    AfterCommit, AgentReport, AgentTask, Applied, Command, InboxKind, Millis, Op, OpError, RunStatus, Store, TaskCheck,
-    TaskFilter, TaskOffer, TaskRefusal, TaskResult,
+    AfterCommit, AgentReport, AgentTask, Applied, Command, EventRecord, InboxKind, Millis, Op, OpError, RunStatus,
+    Store, TaskCheck, TaskFilter, TaskOffer, TaskRefusal, TaskResult,
 };
 
 /// An outcome with every part an agent may report.
@@ -185,6 +185,30 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     let all = store.task_list(TaskFilter { queue: Some("q".into()), ..TaskFilter::default() }).await.unwrap();
     assert_eq!(all.len(), 4);
     assert!(all.iter().all(|t| t.status != "ready" && t.status != "leased"), "{all:?}");
+    assert_eq!((&all[0].event, &all[0].params), (&None, &serde_json::Value::Null), "created waiting: no event");
+
+    // A task names the event whose workflow entered its state, with its parameters (stored
+    // with the event): the event processed by the commit that offers it.
+    write(&store, T0, vec![Op::Create(new_entity("d", "idle", None))], false).await;
+    let mut go = push("d", "go");
+    go.params = serde_json::json!({"size": 3});
+    let claimed = write(&store, T0 + 4_000, vec![Op::Push(go)], true).await.claimed;
+    let claimed = claimed.into_iter().find(|c| c.entity.key == "d").expect("claimed");
+    let item = claimed.inbox_head.expect("the event");
+    let mut cm = commit(&claimed.entity, Some("working"), Some(item.id), AfterCommit::Release);
+    cm.offer = Some(offer(T0 + 4_000));
+    cm.telemetry.event = Some(EventRecord {
+        kind: "raised",
+        seq: item.id,
+        raised_at: item.created_at,
+        rejected: false,
+        failed: false,
+        params: item.params.clone(),
+    });
+    assert!(task_op(&store, T0 + 4_000, Op::Commit(Box::new(cm))).await.is_ok());
+    let t = lease(&store, T0 + 4_001, "d-").await;
+    assert_eq!((t.len(), t[0].key.as_str()), (1, "d"));
+    assert_eq!((t[0].event.as_deref(), &t[0].params), (Some("go"), &serde_json::json!({"size": 3})));
 }
 
 /// A report is applied with the operations around it, in batch order, in one transaction:

@@ -114,6 +114,7 @@ impl<'a> Step<'a> {
             raised_at: item.created_at,
             rejected: self.kind == HistoryKind::Rejected,
             failed: self.kind == HistoryKind::Fault,
+            params: item.params.clone(),
         });
         Commit {
             to: self.to.map(StateName::new),

@@ -406,6 +406,8 @@ pub(crate) struct TaskInsert {
     pub(crate) request_id: Option<String>,
     pub(crate) available_at: Millis,
     pub(crate) created_at: Millis,
+    /// The event whose workflow the state entry belongs to (its `events` row).
+    pub(crate) event_id: Option<i64>,
 }
 
 /// An error, with its reserved id (its operation is found by request id).
@@ -449,6 +451,8 @@ pub(crate) struct EventInsert {
     pub(crate) reason: Option<String>,
     /// The state its action entered.
     pub(crate) entered: Option<String>,
+    /// Its parameters (JSON), when it has any.
+    pub(crate) params: Option<String>,
 }
 
 /// An event's workflow ends (only if it has not ended yet).

@@ -255,13 +255,13 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
         // One open task per entity (the entity rows are locked): a repeated offer keeps it.
         p.add(Stmt::new(
             "INSERT INTO agent_tasks (entity_id, queue, action, state, entity_version, retry, lock_ms, request_id,
-                status, available_at, created_at)
+                status, available_at, created_at, event_id)
              SELECT v.entity_id, v.queue, v.action, v.state, v.entity_version, v.retry, v.lock_ms, v.request_id,
-                'ready', v.available_at, v.created_at
+                'ready', v.available_at, v.created_at, v.event_id
              FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
-                $7::bigint[], $8::text[], $9::bigint[], $10::bigint[])
+                $7::bigint[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[])
                 AS v(entity_id, queue, action, state, entity_version, retry, lock_ms, request_id, available_at,
-                     created_at)
+                     created_at, event_id)
              WHERE NOT EXISTS (SELECT 1 FROM agent_tasks t
                                WHERE t.entity_id = v.entity_id AND t.status IN ('ready', 'leased'))",
             vec![
@@ -275,6 +275,7 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
                 opt_strings(t, |t| t.request_id.as_deref()),
                 ints(t, |t| t.available_at),
                 ints(t, |t| t.created_at),
+                opt_ints(t, |t| t.event_id),
             ],
         ));
     }
@@ -308,15 +309,16 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
         let e = &w.events;
         merged.push(Stmt::new(
             "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
-                start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered)
+                start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered,
+                params)
              SELECT v.id, (SELECT o.id FROM operations o WHERE o.request_id = v.request_id), v.request_id, v.id,
                 v.entity_id, v.machine, v.entity_key, v.event, v.kind, v.start_state, v.start_time, v.rejected,
-                v.failed, v.error_id, v.exception, v.end_state, v.end_time, v.reason, v.entered
+                v.failed, v.error_id, v.exception, v.end_state, v.end_time, v.reason, v.entered, v.params
              FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[],
                 $8::text[], $9::bigint[], $10::boolean[], $11::boolean[], $12::bigint[], $13::text[], $14::text[],
-                $15::bigint[], $16::text[], $17::text[])
+                $15::bigint[], $16::text[], $17::text[], $18::text[])
                 AS v(id, request_id, entity_id, machine, entity_key, event, kind, start_state, start_time,
-                     rejected, failed, error_id, exception, end_state, end_time, reason, entered)",
+                     rejected, failed, error_id, exception, end_state, end_time, reason, entered, params)",
             vec![
                 ints(e, |e| e.id),
                 opt_strings(e, |e| e.request_id.as_deref()),
@@ -335,6 +337,7 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
                 opt_ints(e, |e| e.end_time),
                 opt_strings(e, |e| e.reason.as_deref()),
                 opt_strings(e, |e| e.entered.as_deref()),
+                opt_strings(e, |e| e.params.as_deref()),
             ],
         ));
     }

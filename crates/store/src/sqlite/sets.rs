@@ -264,8 +264,8 @@ impl Tx<'_> {
         // One open task per entity: a repeated offer (e.g. after a resume) keeps the open one.
         let mut stmt = self.0.prepare_cached(
             "INSERT INTO agent_tasks (entity_id, queue, action, state, entity_version, retry, lock_ms, request_id,
-                status, available_at, created_at)
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'ready', ?9, ?10
+                status, available_at, created_at, event_id)
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'ready', ?9, ?10, ?11
              WHERE NOT EXISTS (SELECT 1 FROM agent_tasks WHERE entity_id = ?1 AND status IN ('ready', 'leased'))",
         )?;
         for t in rows {
@@ -279,7 +279,8 @@ impl Tx<'_> {
                 t.lock_ms,
                 t.request_id,
                 t.available_at,
-                t.created_at
+                t.created_at,
+                t.event_id
             ])?;
         }
         Ok(())
@@ -307,9 +308,10 @@ impl Tx<'_> {
     fn insert_events(&mut self, rows: &[EventInsert]) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
             "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
-                start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered)
+                start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered,
+                params)
              VALUES (?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
-                ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+                ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
         )?;
         for e in rows {
             stmt.execute(params![
@@ -329,7 +331,8 @@ impl Tx<'_> {
                 e.end_state,
                 e.end_time,
                 e.reason,
-                e.entered
+                e.entered,
+                e.params
             ])?;
         }
         Ok(())

@@ -368,6 +368,8 @@ mod tests {
             created_at: 10,
             outcome: None,
             error: None,
+            event: None,
+            params: serde_json::Value::Null,
         };
         let (row, told) = lease_to(&task, "agent-b", "p.", 100);
         assert_eq!(

@@ -498,6 +498,9 @@ impl Work {
                     end_time: ended.then_some(now),
                     reason: if ended { c.detail.clone() } else { None },
                     entered: c.to.as_ref().map(|s| s.to_string()),
+                    // No parameters (null, or `{}`) are stored as none.
+                    params: (!ev.params.is_null() && ev.params.as_object().is_none_or(|o| !o.is_empty()))
+                        .then(|| crate::sql::json_text(&ev.params)),
                 },
                 error,
             ));
@@ -565,6 +568,7 @@ impl Work {
                 request_id,
                 available_at: o.available_at,
                 created_at: self.now,
+                event_id: self.slots[slot].cur.event_id,
             },
         ));
     }
