@@ -1,5 +1,6 @@
 //! Every example machine loads: all of `examples/machines/*.toml` without errors or
-//! warnings, and together as a set; `examples/invalid/broken.toml` shows every kind of
+//! warnings, and together as a set (with the one warning the set deserves); those of
+//! `examples/control-plane-python` too; `examples/invalid/broken.toml` shows every kind of
 //! report at once.
 
 use std::path::{Path, PathBuf};
@@ -44,7 +45,44 @@ fn every_example_machine_loads_cleanly_and_the_set_checks() {
         }
     }
     let set: Vec<&Machine> = set.iter().collect();
-    assert_eq!(settle_core::validate::check_set(&set), Report::default(), "served together");
+    // Served together, the logical server's subscriptions have nothing to select: no
+    // action of these machines may create its resources (they are not among them).
+    assert_eq!(warnings_of(&set), no_successors("logical_server"), "served together");
+}
+
+/// The warnings of a set, as lines; anything else in its report fails the test.
+fn warnings_of(set: &[&Machine]) -> Vec<String> {
+    let report = settle_core::validate::check_set(set);
+    assert!(report.diagnostics.iter().all(|d| d.severity == settle_core::validate::Severity::Warning), "{report}");
+    report.diagnostics.iter().map(ToString::to_string).collect()
+}
+
+/// The warnings of the logical server's two subscriptions over any successor.
+fn no_successors(machine: &str) -> Vec<String> {
+    ["resources_ready", "resources_failed"]
+        .map(|e| {
+            format!(
+                "warning: machine `{machine}`, event `{e}`: `subscribe`: no action in the set may create or join any \
+                 entity, so the pattern has no successors to select (declare `may_create` on the action that creates them)"
+            )
+        })
+        .to_vec()
+}
+
+/// The reference control plane without Rust (`examples/control-plane-python/machines`):
+/// every machine loads without a warning, and the set checks clean, the subscriptions
+/// included (the server's agent action declares what it creates).
+#[test]
+fn the_control_plane_without_rust_loads_and_checks_clean() {
+    let mut set = Vec::new();
+    for name in ["server", "app", "database", "alias", "dns"] {
+        let (m, warnings) =
+            load_example(&format!("control-plane-python/machines/{name}.toml")).unwrap_or_else(|r| panic!("{r}"));
+        assert!(warnings.diagnostics.is_empty(), "{name}: {warnings}");
+        set.push(m);
+    }
+    let set: Vec<&Machine> = set.iter().collect();
+    assert_eq!(settle_core::validate::check_set(&set), Report::default());
 }
 
 #[test]
@@ -71,9 +109,9 @@ fn logical_server_example_subscribes_and_runs_a_timer() {
     assert_eq!(subs, ["resources_ready: all(*) in [ready]", "resources_failed: any(*) health error"]);
     let timers: Vec<String> = m.timers_in("degraded").map(|t| format!("{} {}", t.name, t.schedule)).collect();
     assert_eq!(timers, ["health every 5m"]);
-    // Checked against itself only, `ready` exists (in the subscriber); the real set adds
-    // the successors' machines.
-    assert_eq!(settle_core::validate::check_set(&[&m]), Report::default());
+    // Checked against itself only, `ready` exists (in the subscriber), and no action may
+    // create successors; the real set adds the successors' machines.
+    assert_eq!(warnings_of(&[&m]), no_successors("logical_server"));
 }
 
 #[test]

@@ -683,7 +683,15 @@ async fn agent_bad_requests_are_problems_and_change_nothing() {
                 .json(json!({"token": token, "target": "ready", "raise": [{"on": "successors", "event": "boom"}]})),
             422,
             "invalid-report",
-            Some("raise_on[0]"),
+            Some("raise[0]"),
+        ),
+        (
+            // A created entity's first event is named as the request has it.
+            Req::new("POST", &t("complete")).json(json!({"token": token, "target": "ready",
+                "create": [{"machine": "vm", "key": "v9", "event": "boom"}]})),
+            422,
+            "invalid-report",
+            Some("create[0].event"),
         ),
     ];
     app.assert_problems(table).await;

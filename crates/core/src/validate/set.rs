@@ -76,12 +76,49 @@ pub fn check_set(machines: &[&Machine]) -> Report {
         }
         for e in m.events() {
             let Some(sub) = &e.subscribe else { continue };
-            for message in sub.pattern.check_against(machines) {
+            let problems = sub.pattern.check_against(machines);
+            for message in &problems {
                 diagnostics.push(error(m.name(), format!("event `{}`", e.name), format!("`subscribe`: {message}")));
+            }
+            if problems.is_empty()
+                && let Some(message) = no_successor_source(machines, sub.pattern.filter())
+            {
+                diagnostics.push(Diagnostic {
+                    severity: Severity::Warning,
+                    message: format!("`subscribe`: {message}"),
+                    ..error(m.name(), format!("event `{}`", e.name), String::new())
+                });
             }
         }
     }
     Report { diagnostics }
+}
+
+/// Why no entity passing `filter` can ever be a successor in this set, if none can: no
+/// action declares it may create one (`may_create`) or raise an event it declares (which
+/// may join it), and no action needs a Rust handler, which may do either undeclared.
+fn no_successor_source(machines: &[&Machine], filter: &Filter) -> Option<String> {
+    let matching: Vec<&&Machine> = machines.iter().filter(|m| filter.matches(m.name())).collect();
+    let declares = |event: &str| matching.iter().any(|m| m.event(event).is_some());
+    let mut actions = machines.iter().flat_map(|m| m.actions());
+    let possible = actions.any(|a| {
+        let undeclared = a.may_create.is_none() && a.may_raise.is_none();
+        let handler = a.targets.len() != 1 && a.agent.is_none() && !a.is_declarative();
+        (undeclared && handler)
+            || a.may_create.iter().flatten().any(|c| filter.matches(c))
+            || a.may_raise.iter().flatten().any(|e| declares(e))
+    });
+    if possible {
+        return None;
+    }
+    let what = match filter {
+        Filter::AnyMachine => "any entity".to_string(),
+        Filter::Machine(name) => format!("a `{name}` entity"),
+    };
+    Some(format!(
+        "no action in the set may create or join {what}, so the pattern has no successors to select \
+         (declare `may_create` on the action that creates them)"
+    ))
 }
 
 /// What is wrong with a declarative `raise` in this set: no machine declares its event, or
@@ -315,6 +352,77 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(messages(&[&child, &takes_size, &app]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_subscription_no_action_can_give_successors_is_a_warning() {
+        use std::time::Duration;
+        // TOML and agents only: a subscriber whose successors nothing may create.
+        let subscriber = |create: Option<&[&str]>, raise: Option<&[&str]>| {
+            let mut b = MachineBuilder::new("server")
+                .state("new")
+                .initial()
+                .state("creating")
+                .auto("create_resources")
+                .state("waiting")
+                .state("ready")
+                .event("create", ["new"], "begin")
+                .event("apps_ready", ["waiting"], "finish")
+                .subscribe("all(app) in [ready]")
+                .event("all_ready", ["waiting"], "finish")
+                .subscribe("all(*) in [ready]")
+                .action("begin", ["creating"])
+                .action("finish", ["ready"])
+                .action("create_resources", ["waiting"])
+                .agent("control", Duration::from_secs(60));
+            if let Some(c) = create {
+                b = b.may_create(c.iter().copied());
+            }
+            if let Some(r) = raise {
+                b = b.may_raise(r.iter().copied());
+            }
+            b.build().unwrap()
+        };
+        let (app, db) = machines();
+        let warnings = |set: &[&Machine]| -> Vec<String> {
+            check_set(set)
+                .diagnostics
+                .iter()
+                .filter(|d| d.severity == Severity::Warning)
+                .map(ToString::to_string)
+                .collect()
+        };
+        let none = subscriber(None, None);
+        let why = "no action in the set may create or join";
+        assert_eq!(
+            warnings(&[&none, &app, &db]),
+            [
+                format!(
+                    "warning: machine `server`, event `apps_ready`: `subscribe`: {why} a `app` entity, so the pattern has no successors to select (declare `may_create` on the action that creates them)"
+                ),
+                format!(
+                    "warning: machine `server`, event `all_ready`: `subscribe`: {why} any entity, so the pattern has no successors to select (declare `may_create` on the action that creates them)"
+                ),
+            ]
+        );
+        // An action that may create a `db` gives `*` successors, not `app` ones.
+        let dbs = subscriber(Some(&["db"]), None);
+        assert_eq!(warnings(&[&dbs, &app, &db]).len(), 1);
+        assert!(warnings(&[&dbs, &app, &db])[0].contains("event `apps_ready`"));
+        // Creating an `app`, or raising an event an `app` declares (it may join), or an
+        // action only a Rust handler can run (undeclared): no warning.
+        assert_eq!(warnings(&[&subscriber(Some(&["app"]), None), &app, &db]), Vec::<String>::new());
+        assert_eq!(warnings(&[&subscriber(None, Some(&["finish"])), &app, &db]), Vec::<String>::new());
+        let handler = MachineBuilder::new("maker")
+            .state("a")
+            .initial()
+            .state("b")
+            .state("c")
+            .event("go", ["a"], "make")
+            .action("make", ["b", "c"])
+            .build()
+            .unwrap();
+        assert_eq!(warnings(&[&none, &app, &db, &handler]), Vec::<String>::new());
     }
 
     #[test]
