@@ -24,6 +24,7 @@
 
 pub mod duration;
 mod edges;
+pub mod expr;
 pub mod fault;
 pub mod graph;
 pub mod guard;

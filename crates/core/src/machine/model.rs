@@ -236,8 +236,12 @@ pub struct Action {
     pub targets: Vec<Target>,
     /// The agent queue that executes it (`None`: a Rust handler, or a plain transition).
     pub agent: Option<AgentBinding>,
-    /// A declarative action's property changes (a JSON `null` removes the property).
+    /// A declarative action's property changes as declared: a string is an expression
+    /// ([`Expression`](crate::expr::Expression), over `props`, `params` and `key`), any
+    /// other value is set as written (a JSON `null` removes the property).
     pub set: Vec<(String, serde_json::Value)>,
+    /// The expressions of `set`, entry for entry (`None` for a value set as written).
+    pub set_exprs: Vec<Option<crate::expr::Expression>>,
     /// A declarative action's events raised on related entities.
     pub raise: Vec<Broadcast>,
     /// The machines whose entities it may create (`None`: not declared).
@@ -440,6 +444,13 @@ impl Machine {
                     lock: a.lock.unwrap_or(AgentBinding::DEFAULT_LOCK),
                 }),
                 set: a.set.clone(),
+                set_exprs: a
+                    .set
+                    .iter()
+                    .map(|(_, v)| {
+                        v.as_str().map(|src| crate::expr::Expression::parse(src).expect("validated expression parses"))
+                    })
+                    .collect(),
                 raise: a
                     .raise
                     .iter()

@@ -516,7 +516,7 @@ mod tests {
             .action("undo", ["gone", "failed"])
             .agent("provider", AgentBinding::DEFAULT_LOCK)
             .effect("open_endpoint")
-            .sets("endpoint", json!("db.internal:5432"))
+            .sets("endpoint", json!("'db.internal:5432'"))
             .sets("weird key", json!({"a b": [1, 2.5, true, "x\"y"], "": {}, "n": -7, "big": 1e300}))
             .effect("close_endpoint")
             .sets("endpoint", Value::Null)
@@ -526,7 +526,7 @@ mod tests {
             .effect("log_exit")
             .effect("note_resize")
             .sets("resized", json!(true))
-            .sets("dotted.name", json!("x"))
+            .sets("dotted.name", json!("key + '-x'"))
             .effect("record")
             .sets("last_seen", json!([]))
             .effect("probe")
@@ -555,11 +555,11 @@ mod tests {
             "internal = true\nignore = [\"new\", \"archived\"]\n",
             "agent = \"provider\"\nlock = \"1m30s\"\nwait = { creating = \"5s\", failed = \"1d1ms\" }\n",
             "[actions.undo]\nto = [\"gone\", \"failed\"]\nagent = \"provider\"\n\n",
-            "set = { endpoint = \"db.internal:5432\", \"weird key\" = { \"\" = {}, \"a b\" = [1, 2.5, true, \"x\\\"y\"], big = 1e300, n = -7 } }\n",
+            "set = { endpoint = \"'db.internal:5432'\", \"weird key\" = { \"\" = {}, \"a b\" = [1, 2.5, true, \"x\\\"y\"], big = 1e300, n = -7 } }\n",
             "unset = [\"endpoint\"]\nraise = [{ event = \"pause\", on = \"successors\", params = { n = 3, reason = \"closing\" } }, \
              { event = \"closed\", on = \"predecessors\" }, { event = \"noted\", on = \"predecessors\", params = {} }]\n",
             "[actions.log_exit]\n\n",
-            "[actions.note_resize]\nset = { \"dotted.name\" = \"x\", resized = true }\n",
+            "[actions.note_resize]\nset = { \"dotted.name\" = \"key + '-x'\", resized = true }\n",
             "[timers.give_up]\nevent = \"resources_timeout\"\nafter = \"1h30m\"\nin = [\"waiting\"]\n",
             "[fault]\nmax_errors = 5\nbackoff = { max = \"5m\" }\n\n[migrate]\njammed = \"failed\"\n\"older state\" = \"new\"\n",
         ] {
@@ -678,7 +678,12 @@ to = ["closed"]
                 .action("work", ["idle", "busy"]).agent("q", lock).target_wait("busy", wait)
                 .effect("touch")
                 .raises("e", Related::Successors, Value::Object(params.into_iter().collect()));
-            let m = set.into_iter().fold(m, |m, (k, v)| m.sets(k, v))
+            // A string in `set` is an expression: an arbitrary one becomes a string literal.
+            let literal = |v: Value| match v {
+                Value::String(s) => Value::String(Value::from(s).to_string()),
+                other => other,
+            };
+            let m = set.into_iter().fold(m, |m, (k, v)| m.sets(k, literal(v)))
                 .timer("t", "tick", Schedule::Every(every), ["idle"])
                 .fault_policy(FaultPolicy { max_errors, window, backoff_min: backoff, backoff_max: backoff });
             let m = old.iter().skip(1).fold(m, |m, o| m.migrate(o, "idle"));

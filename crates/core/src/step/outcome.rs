@@ -193,6 +193,29 @@ pub fn beyond_declaration(action: &Action, outcome: &ActionOutcome) -> Option<(S
     None
 }
 
+/// The property changes a declarative action's `set` makes for an entity with `props` and
+/// `key`, running for an event with `params` (null: an auto action): each expression
+/// evaluated, each other value as written (`null` removes the property). `Err` names the
+/// entry at fault (`set.NAME`) and why it could not be evaluated.
+pub fn declared_changes(
+    action: &Action,
+    props: &Properties,
+    params: &Value,
+    key: &str,
+) -> Result<Vec<PropChange>, (String, String)> {
+    let mut out = Vec::with_capacity(action.set.len());
+    for (i, (name, value)) in action.set.iter().enumerate() {
+        let value = match action.set_exprs.get(i).and_then(Option::as_ref) {
+            Some(expr) => expr
+                .eval(props, params, key)
+                .map_err(|why| (format!("set.{name}"), format!("`{}`: {why}", expr.source())))?,
+            None => value.clone(),
+        };
+        out.push(PropChange::from_json(name.clone(), value));
+    }
+    Ok(out)
+}
+
 fn array<'a>(o: &'a Map<String, Value>, field: &str) -> Result<&'a [Value], String> {
     match o.get(field) {
         None | Some(Value::Null) => Ok(&[]),

@@ -292,6 +292,35 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(item, line, "set", a.set.iter().map(|(k, _)| k.as_str()));
+        // A string in `set` is an expression over `props`, `params` (of any event the
+        // machine declares: which one runs the action is known only when it runs) and `key`.
+        if a.set.iter().any(|(_, v)| v.is_string()) {
+            let properties = self.mentioned_properties();
+            let mut params: Vec<String> = self.def.events.iter().flat_map(|e| e.params.iter().cloned()).collect();
+            params.sort();
+            params.dedup();
+            for (name, value) in &a.set {
+                let Some(src) = value.as_str() else { continue };
+                let at = format!("`set.{name}` = `{src}`");
+                match crate::expr::Expression::parse(src) {
+                    Ok(expr) => {
+                        for problem in expr.check(Names { params: &params, properties: &properties }) {
+                            let hint = if problem.starts_with("unknown name") {
+                                format!(" (a literal string is quoted, `'{src}'`)")
+                            } else {
+                                String::new()
+                            };
+                            self.error(item, line, format!("{at}: {problem}{hint}"));
+                        }
+                    }
+                    Err(message) => self.error(
+                        item,
+                        line,
+                        format!("{at}: {message} (a string is an expression: a literal string is quoted, `'{src}'`)"),
+                    ),
+                }
+            }
+        }
         if let Some(m) = &a.may_create {
             self.duplicate_entries(item, line, "may_create", m.iter().map(String::as_str));
         }

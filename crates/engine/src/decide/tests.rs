@@ -517,8 +517,13 @@ fn tree() -> Machine {
         .event("mark", ["down"], "marking")
         .event("tweak", ["down"], "tweaking")
         .internal()
+        .event("label", ["down"], "labeling")
+        .params(["n"])
         .action("marking", ["down"])
         .sets("flag", json!(true))
+        .action("labeling", ["down"])
+        .sets("label", json!("key + '-' + string(params.n)"))
+        .sets("twice", json!("params.n * 2"))
         .action("tweaking", Vec::<&str>::new())
         .action("to_b", ["b"])
         .action("next", ["down"])
@@ -773,6 +778,27 @@ fn a_declarative_action_commits_what_it_declares() {
     let d = committed(next(&mut h, &env));
     assert_eq!(d.commit.to.as_deref(), Some("down"));
     assert_eq!(d.commit.properties, Some(json!({"flag": true}).as_object().cloned().unwrap()));
+}
+
+#[test]
+fn a_declarative_action_computes_its_values_from_the_event_and_the_entity() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let mut h = held_tree("down");
+    h.inbox_head = Some(item(InboxKind::Raised, "label", json!({"n": 3})));
+    let d = committed(next(&mut h, &env));
+    assert_eq!(d.commit.to.as_deref(), Some("down"));
+    assert_eq!(d.commit.properties, Some(json!({"label": "t1-3", "twice": 6}).as_object().cloned().unwrap()));
+    // A value that cannot be computed is a fault of the transition: nothing of it commits.
+    let mut h = held_tree("down");
+    h.inbox_head = Some(item(InboxKind::Raised, "label", json!({"n": "three"})));
+    let d = committed(next(&mut h, &env));
+    assert_eq!((d.commit.to.as_deref(), &d.commit.properties), (None, &None));
+    assert!(
+        matches!(&d.note, Some(Note::Fault { details, .. }) if details.contains("set.twice: `params.n * 2`")),
+        "{:?}",
+        d.note
+    );
 }
 
 #[test]

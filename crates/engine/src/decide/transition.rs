@@ -59,8 +59,10 @@ pub(crate) struct Hooks {
 /// of declarative entry and exit actions. `started` is when the action's handler started
 /// (`None`: the engine performed it).
 pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Next {
-    if ran.started.is_none() {
-        declare(ran.action, &mut ran.outcome);
+    if ran.started.is_none()
+        && let Err((field, why)) = declare(ran.action, &mut ran.outcome, &held.entity, ran.item.as_ref())
+    {
+        return commit(refused(held, ran, format!("{field}: {why}"), env));
     }
     // What the action creates and raises is held to its declaration, whoever wrote it.
     if let Some((field, why)) = step::beyond_declaration(ran.action, &ran.outcome.decided) {
@@ -87,7 +89,11 @@ pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Ne
         return Next::Hooks(Box::new(Hooks { run, outcome, action: action.clone(), item, locks, started }));
     }
     for hook in &run {
-        declare(&hook.action, &mut ran.outcome);
+        if let Err((field, why)) = declare(&hook.action, &mut ran.outcome, &held.entity, ran.item.as_ref()) {
+            let what = if hook.exit { "exit" } else { "entry" };
+            let why = format!("{what} action `{}` of state `{}`: {field}: {why}", hook.action.name, hook.state);
+            return commit(refused(held, ran, why, env));
+        }
     }
     commit(finish(held, ran, env))
 }
@@ -112,13 +118,27 @@ pub(crate) fn hooks_done(
     }
 }
 
-/// Adds a declarative action's effects to `outcome`: its `set` (a `null` removes the
-/// property) and its `raise` on related entities.
-pub(crate) fn declare(action: &Action, outcome: &mut Outcome) {
-    for (key, value) in &action.set {
-        outcome.decided.changes.push(step::PropChange::from_json(key.clone(), value.clone()));
-    }
+/// Adds a declarative action's effects to `outcome`: its `set` (expressions evaluated over
+/// the entity's properties with the outcome's changes so far, the parameters of the event
+/// it runs for, `item`, and its key; a `null` removes the property) and its `raise` on
+/// related entities. `Err`: the `set` entry that could not be evaluated, and why.
+pub(crate) fn declare(
+    action: &Action,
+    outcome: &mut Outcome,
+    entity: &settle_store::EntityRow,
+    item: Option<&InboxItem>,
+) -> Result<(), (String, String)> {
+    let changes = if action.set_exprs.iter().any(Option::is_some) {
+        let mut props = entity.properties.clone();
+        step::apply_changes(&mut props, &outcome.decided.changes);
+        let params = item.map_or(&serde_json::Value::Null, |i| &i.params);
+        step::declared_changes(action, &props, params, &entity.key)?
+    } else {
+        step::declared_changes(action, &Properties::new(), &serde_json::Value::Null, &entity.key)?
+    };
+    outcome.decided.changes.extend(changes);
     outcome.decided.related.extend(action.raise.iter().cloned());
+    Ok(())
 }
 
 /// An internal transition: the action's effects commit; the entity stays in its state

@@ -684,7 +684,8 @@ async fn run_hooks(
         let what = if hook.exit { "exit" } else { "entry" };
         let name = format!("{what} action `{}` of state `{}`", hook.action.name, hook.state);
         if hook.action.is_declarative() {
-            decide::declare(&hook.action, &mut outcome);
+            decide::declare(&hook.action, &mut outcome, entity, item.as_ref())
+                .map_err(|(field, why)| FaultError::new("refused", format!("{name}: {field}: {why}")))?;
             continue;
         }
         let Some(handler) = registry.handler(&entity.machine, &hook.action.name) else {
