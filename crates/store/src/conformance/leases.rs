@@ -70,7 +70,11 @@ pub async fn release_never_strands_events<S: Store>(store: S) {
 /// is refused; renewal extends a lease and its due time.
 pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
     create_one(&store, "a").await;
-    let r = write(&store, T0, vec![Op::Push(push("a", "go"))], true).await;
+    // The event's operation stays open while the entity works on it.
+    let mut go = push("a", "go");
+    go.operation =
+        Some(crate::OpenOperation { request_id: "req-go".into(), name: "m.go".into(), dimensions: json!({}) });
+    let r = write(&store, T0, vec![Op::Push(go)], true).await;
     let c = r.claimed[0].clone();
     let r = write(
         &store,
@@ -109,11 +113,18 @@ pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
     write(&store, T0 + 60_002, vec![command("p", Command::Pause)], false).await;
     let p = get(&store, "p").await;
     assert_eq!((p.lease_owner.is_some(), p.due_at), (true, None));
+    let restarts = || async { store.operation_get("req-go").await.unwrap().expect("opened").restart_count };
+    assert_eq!(restarts().await, 0);
     assert_eq!(store.lease_release_all(T0 + 60_003).await.unwrap(), 2);
     let e = get(&store, "a").await;
     assert_eq!((e.lease_owner, e.due_at), (None, Some(T0 + 60_003)));
     let p = get(&store, "p").await;
     assert_eq!((p.lease_owner, p.due_at), (None, None), "released, and still paused");
+    // Leases dropped at a start: the engine that held them died with work in flight, and
+    // the open operations count a restart; with none held, nothing restarted.
+    assert_eq!(restarts().await, 1);
+    assert_eq!(store.lease_release_all(T0 + 60_004).await.unwrap(), 0);
+    assert_eq!(restarts().await, 1);
 }
 
 /// An entity waiting for its auto action keeps that due time through a rejection and a
