@@ -8,7 +8,9 @@
 //!   world's agent, queue `crowd`): each worker retries a drawn number of times with
 //!   drawn delays, or breaks for good, so the crowd's subscriptions (`all(*) in [done]`,
 //!   with a timeout, and `any(*) in [broken]`) are evaluated with some successors done and
-//!   some not;
+//!   some not; an `aworker`'s agent reports its whole outcome when done: it creates a
+//!   `receipt` (its successor) and raises `heard` on its crowd, whose declarative internal
+//!   action counts them with an expression;
 //! - `relay` and `job` (built-in): a sync nested event, in worlds of one node.
 
 use std::time::Duration;
@@ -70,13 +72,30 @@ pub(crate) fn crowd() -> Machine {
         .event("one_broken", ["waiting"], "trouble")
         .subscribe("any(*) in [broken]")
         .event("gave_up", ["waiting"], "time_out")
+        .event("heard", ["waiting", "finished", "troubled", "timed_out"], "note_heard")
+        .internal()
         .action("start", ["spawning"])
         .action("spawn", ["waiting"])
         .action("finish", ["finished"])
         .action("trouble", ["troubled"])
         .action("time_out", ["timed_out"])
+        .action("note_heard", Vec::<&str>::new())
+        .sets("heard", json!("has(props.heard) ? props.heard + 1 : 1"))
         .build()
         .expect("the crowd machine is valid")
+}
+
+/// What an `aworker`'s agent files when it is done, created by its report.
+fn receipt() -> Machine {
+    MachineBuilder::new("receipt")
+        .state("filed")
+        .initial()
+        .state("void")
+        .kind(settle_core::StateKind::Terminal)
+        .event("discard", ["filed"], "drop")
+        .action("drop", ["void"])
+        .build()
+        .expect("the receipt machine is valid")
 }
 
 /// A worker of a crowd: `working` → `done` | `broken` | `working` again; `agent`: its
@@ -90,7 +109,11 @@ fn worker(name: &str, agent: bool) -> Machine {
         .state("broken")
         .error_health()
         .action("work", ["done", "broken", "working"]);
-    let b = if agent { b.agent(CROWD_QUEUE, Duration::from_secs(10)) } else { b };
+    let b = if agent {
+        b.agent(CROWD_QUEUE, Duration::from_secs(10)).may_create(["receipt"]).may_raise(["heard"])
+    } else {
+        b
+    };
     b.build().expect("the worker machine is valid")
 }
 
@@ -101,6 +124,7 @@ pub(crate) fn bind_crowd(b: EngineBuilder<AnyStore>, seed: u64) -> EngineBuilder
     b.machine(crowd())
         .machine(worker("worker", false))
         .machine(worker("aworker", true))
+        .machine(receipt())
         .on("crowd", "spawn", |ctx| async move {
             let n = ctx.properties.get("workers").and_then(|v| v.as_u64()).unwrap_or(3);
             let mut out = Outcome::to("waiting");

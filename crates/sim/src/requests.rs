@@ -206,7 +206,7 @@ impl World {
             "work" => match roll {
                 0 => complete("broken"),
                 1..=3 => TaskResult::Fail { error: "worker busy".into(), retryable: true },
-                _ => complete("done"),
+                _ => worked(&held.key),
             },
             _ => complete("gone"),
         };
@@ -236,12 +236,12 @@ impl World {
             if now - held.leased_at >= AGENT_LOCK_MS {
                 continue;
             }
-            let target = match held.action.as_str() {
-                "provision" => "provisioned",
-                "work" => "done",
-                _ => "gone",
+            let result = match held.action.as_str() {
+                "provision" => complete("provisioned"),
+                "work" => worked(&held.key),
+                _ => complete("gone"),
             };
-            self.report(n, held.task, &held.token, complete(target));
+            self.report(n, held.task, &held.token, result);
         }
         for queue in self.queues() {
             self.lease_tasks(n, "heal-agent", queue, 16);
@@ -260,4 +260,23 @@ impl World {
 
 fn complete(target: &str) -> TaskResult {
     TaskResult::complete(target, Properties::new())
+}
+
+/// An `aworker` done: its agent's report creates its receipt (a successor) and raises
+/// `heard` on its crowd, in the commit of its move.
+fn worked(key: &str) -> TaskResult {
+    TaskResult::Complete(settle_core::ActionOutcome {
+        target: Some("done".into()),
+        creates: vec![settle_core::step::Create {
+            machine: "receipt".into(),
+            key: format!("{key}-receipt").into(),
+            properties: Properties::new(),
+        }],
+        related: vec![settle_core::Broadcast {
+            event: "heard".into(),
+            on: settle_core::Related::Predecessors,
+            params: serde_json::Value::Null,
+        }],
+        ..settle_core::ActionOutcome::default()
+    })
 }
