@@ -76,8 +76,8 @@ use serde::de::{self, SeqAccess, Visitor};
 
 use crate::duration;
 use crate::machine::{
-    ActionDef, EventDef, FaultDef, Health, Machine, MachineDef, MigrateDef, Origin, RaiseDef, StateDef, StateKind,
-    TimerDef, WhenDef,
+    ActionDef, CreateDef, EventDef, FaultDef, Health, Machine, MachineDef, MigrateDef, Origin, RaiseDef, StateDef,
+    StateKind, TimerDef, WhenDef,
 };
 use crate::validate::{Diagnostic, Report, Severity};
 
@@ -333,6 +333,20 @@ impl Parser<'_> {
                 params: r.params.map_or(serde_json::Value::Null, toml_to_json),
             })
             .collect();
+        let create = action
+            .create
+            .into_iter()
+            .map(|c| CreateDef {
+                machine: c.machine,
+                key: c.key,
+                properties: in_order(c.properties)
+                    .into_iter()
+                    .map(|(k, v)| (k.into_inner(), toml_to_json(v)))
+                    .collect(),
+                event: c.event,
+                params: c.params.map_or(serde_json::Value::Null, toml_to_json),
+            })
+            .collect();
         ActionDef {
             targets: action.to,
             target_waits,
@@ -344,6 +358,7 @@ impl Parser<'_> {
                 .chain(action.unset.into_iter().map(|k| (k, serde_json::Value::Null)))
                 .collect(),
             raise,
+            create,
             may_create: action.may_create,
             may_raise: action.may_raise,
             origin: Origin { line: self.line(&key) },
@@ -510,8 +525,21 @@ struct ActionToml {
     unset: Vec<String>,
     #[serde(default)]
     raise: Vec<RaiseToml>,
+    #[serde(default)]
+    create: Vec<CreateToml>,
     may_create: Option<Vec<String>>,
     may_raise: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateToml {
+    machine: String,
+    key: String,
+    #[serde(default)]
+    properties: BTreeMap<Spanned<String>, ::toml::Value>,
+    event: Option<String>,
+    params: Option<::toml::Value>,
 }
 
 #[derive(Deserialize)]

@@ -72,3 +72,109 @@ fn a_bad_expression_is_a_load_error_with_file_and_line() {
     }
     assert!(text.contains("a literal string is quoted, `'as written'`"), "{text}");
 }
+
+const PARENT: &str = r#"
+initial = "idle"
+
+[states.idle]
+[states.busy]
+kind = "terminal"
+
+[events.grow]
+in = ["idle"]
+action = "grow"
+params = ["size"]
+
+[actions.grow]
+to = ["busy"]
+create = [
+  { machine = "db", key = "key + '-db'", properties = { size = "params.size", owner = "key", tier = 2 }, event = "start", params = { fast = true } },
+  { machine = "db", key = "key + '-replica'" },
+]
+may_create = ["db"]
+may_raise = ["start"]
+"#;
+
+const DB: &str = r#"
+initial = "waiting"
+
+[states.waiting]
+[states.running]
+kind = "terminal"
+
+[events.start]
+in = ["waiting"]
+action = "run"
+params = ["fast"]
+
+[actions.run]
+to = ["running"]
+"#;
+
+#[test]
+fn a_declarative_action_creates_entities_with_computed_keys_and_properties() {
+    let (parent, warnings) = settle_core::toml::load("parent.toml", "parent", PARENT).unwrap_or_else(|r| panic!("{r}"));
+    assert!(warnings.diagnostics.is_empty(), "{warnings}");
+    let (db, _) = settle_core::toml::load("db.toml", "db", DB).unwrap_or_else(|r| panic!("{r}"));
+    assert_eq!(settle_core::validate::check_set(&[&parent, &db]), settle_core::Report::default());
+    let grow = parent.action("grow").expect("declared");
+    let (creates, raises) =
+        settle_core::step::declared_creates(grow, &Default::default(), &json!({"size": 3}), "p1").expect("evaluates");
+    let made: Vec<(String, String, serde_json::Value)> = creates
+        .iter()
+        .map(|c| (c.machine.to_string(), c.key.to_string(), serde_json::Value::Object(c.properties.clone())))
+        .collect();
+    assert_eq!(
+        made,
+        [
+            ("db".into(), "p1-db".into(), json!({"size": 3, "owner": "p1", "tier": 2})),
+            ("db".into(), "p1-replica".into(), json!({})),
+        ]
+    );
+    let raised: Vec<(&str, &str, &serde_json::Value)> =
+        raises.iter().map(|r| (r.key.as_str(), r.event.as_str(), &r.params)).collect();
+    assert_eq!(raised, [("p1-db", "start", &json!({"fast": true}))]);
+    // What it creates is a subscription's successors: no warning for a pattern over them.
+    // The definition round-trips through TOML and the stored (canonical) form.
+    let (again, _) =
+        settle_core::toml::load("again.toml", "parent", &parent.to_toml()).unwrap_or_else(|r| panic!("{r}"));
+    assert_eq!(again.content_hash(), parent.content_hash());
+    let stored = settle_core::Machine::from_canonical_json(&parent.canonical_json()).expect("reads back");
+    assert_eq!(stored.content_hash(), parent.content_hash());
+    assert_eq!(stored.action("grow").map(|a| a.create.len()), Some(2));
+    // A key that cannot be computed names the entry.
+    let (field, why) = settle_core::step::declared_creates(grow, &Default::default(), &json!(null), "p1")
+        .expect_err("params.size is missing");
+    assert_eq!(field, "create[0].properties.size");
+    assert!(why.contains("size"), "{why}");
+}
+
+#[test]
+fn a_declarative_create_beyond_what_is_declared_is_refused_with_its_line() {
+    let bad = PARENT
+        .replace("key = \"key + '-replica'\"", "key = \"key + 1\"")
+        .replace("may_create = [\"db\"]", "may_create = []")
+        .replace("may_raise = [\"start\"]", "may_raise = []");
+    let report = settle_core::toml::load("parent.toml", "parent", &bad).expect_err("refused");
+    let text = report.to_string();
+    for expected in [
+        "parent.toml:13: error: machine `parent`, action `grow`: `create[1].key` = `key + 1`: `+` cannot add a string and a number",
+        "`create[0]` of a `db`: not among the machines it `may_create` (none)",
+        "`create[0]`: its first event `start` is not among the events it `may_raise` (none)",
+    ] {
+        assert!(text.contains(expected), "no `{expected}` in:\n{text}");
+    }
+    // Across machines: the created machine must be in the set, and take the first event.
+    let (parent, _) = settle_core::toml::load("parent.toml", "parent", PARENT).unwrap_or_else(|r| panic!("{r}"));
+    let lines = |set: &[&settle_core::Machine]| settle_core::validate::check_set(set).to_string();
+    assert!(
+        lines(&[&parent]).contains("action `grow`: `create[0]`: no machine `db` in the set"),
+        "{}",
+        lines(&[&parent])
+    );
+    let (strict, _) =
+        settle_core::toml::load("db.toml", "db", &DB.replace("params = [\"fast\"]", "params = [\"slow\"]"))
+            .unwrap_or_else(|r| panic!("{r}"));
+    let text = lines(&[&parent, &strict]);
+    assert!(text.contains("`create[0]`: its first event: "), "{text}");
+}

@@ -243,6 +243,30 @@ impl MachineBuilder {
         self.last_action().set.push((property.into(), value));
         self
     }
+    /// Makes the last action declarative: it creates an entity of `machine` whose key is the
+    /// expression `key` (e.g. `"key + '-db'"`), with `properties` (a string is an
+    /// expression) and a first `event` (with `params`), recorded as a successor.
+    pub fn creates(
+        mut self,
+        machine: impl Into<String>,
+        key: impl Into<String>,
+        properties: serde_json::Value,
+        event: Option<(&str, serde_json::Value)>,
+    ) -> Self {
+        let properties = properties.as_object().map(|o| o.clone().into_iter().collect()).unwrap_or_default();
+        let (event, params) = match event {
+            Some((e, p)) => (Some(e.to_string()), p),
+            None => (None, serde_json::Value::Null),
+        };
+        self.last_action().create.push(super::CreateDef {
+            machine: machine.into(),
+            key: key.into(),
+            properties,
+            event,
+            params,
+        });
+        self
+    }
     /// Makes the last action declarative: it raises `event` with `params` on every
     /// entity related to the entity as `on` says.
     pub fn raises(mut self, event: impl Into<String>, on: Related, params: serde_json::Value) -> Self {

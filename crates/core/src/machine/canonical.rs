@@ -114,6 +114,21 @@ impl Machine {
                         .map(|r| json!({"event": r.event.as_str(), "on": r.on.as_str(), "params": r.params}))
                         .collect();
                 }
+                if !a.create.is_empty() {
+                    action["create"] = a
+                        .create
+                        .iter()
+                        .map(|c| {
+                            let properties: Map<String, Value> = c.properties.iter().cloned().collect();
+                            let (event, params) = match &c.event {
+                                Some((e, p)) => (Value::from(e.as_str()), p.clone()),
+                                None => (Value::Null, Value::Null),
+                            };
+                            json!({"machine": c.machine.as_str(), "key": c.key.source(), "properties": properties,
+                                   "event": event, "params": params})
+                        })
+                        .collect();
+                }
                 action
             })
             .collect();
@@ -188,7 +203,8 @@ impl Machine {
 /// The definition a canonical rendering describes (`None`: it is not one).
 fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
     use super::def::{
-        ActionDef, EventDef, FaultDef, MachineDef, MigrateDef, RaiseDef, StateDef, StateKind, TimerDef, WhenDef,
+        ActionDef, CreateDef, EventDef, FaultDef, MachineDef, MigrateDef, RaiseDef, StateDef, StateKind, TimerDef,
+        WhenDef,
     };
     use serde_json::Value;
     let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
@@ -289,6 +305,21 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
                 })
                 .collect::<Option<_>>()?,
         };
+        let create = match a.get("create").and_then(Value::as_array) {
+            None => Vec::new(),
+            Some(list) => list
+                .iter()
+                .map(|c| {
+                    Some(CreateDef {
+                        machine: text(c, "machine")?,
+                        key: text(c, "key")?,
+                        properties: table(c, "properties"),
+                        event: text(c, "event"),
+                        params: c.get("params").cloned().unwrap_or(Value::Null),
+                    })
+                })
+                .collect::<Option<_>>()?,
+        };
         def.actions.push(ActionDef {
             name: text(a, "name")?,
             targets,
@@ -297,6 +328,7 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
             lock: agent.and_then(|b| ms(b, "lock_ms")),
             set: table(a, "set"),
             raise,
+            create,
             may_create: if a.get("may_create").is_some() { Some(texts(a, "may_create")?) } else { None },
             may_raise: if a.get("may_raise").is_some() { Some(texts(a, "may_raise")?) } else { None },
             ..ActionDef::default()

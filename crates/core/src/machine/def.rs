@@ -179,6 +179,8 @@ pub struct ActionDef {
     /// `raise`: events a declarative action raises on the entity's predecessors or
     /// successors.
     pub raise: Vec<RaiseDef>,
+    /// `create`: entities a declarative action creates, recorded as its successors.
+    pub create: Vec<CreateDef>,
     /// `may_create`: the machines whose entities the action may create (`None`: not
     /// declared).
     pub may_create: Option<Vec<String>>,
@@ -198,6 +200,23 @@ pub struct RaiseDef {
     /// `predecessors` or `successors`.
     pub on: String,
     /// Its parameters (a JSON object, or null).
+    pub params: serde_json::Value,
+}
+
+/// An entity a declarative action creates (`create = [{ machine = "db", key = "key + '-db'",
+/// properties = { size = "params.size" }, event = "start" }]`): its key and the string
+/// values of its properties are expressions, like `set`'s values.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CreateDef {
+    /// Its machine.
+    pub machine: String,
+    /// Its key: an expression over `props`, `params` and `key`.
+    pub key: String,
+    /// Its constructor properties (a string is an expression).
+    pub properties: Vec<(String, serde_json::Value)>,
+    /// A first event raised on it in the same commit.
+    pub event: Option<String>,
+    /// That event's parameters (a JSON object, or null).
     pub params: serde_json::Value,
 }
 

@@ -26,11 +26,11 @@ mod tree;
 
 pub use builder::MachineBuilder;
 pub use def::{
-    ActionDef, EventDef, FaultDef, Health, MachineDef, MigrateDef, Origin, RaiseDef, StateDef, StateKind, TimerDef,
-    WhenDef, effective_kind,
+    ActionDef, CreateDef, EventDef, FaultDef, Health, MachineDef, MigrateDef, Origin, RaiseDef, StateDef, StateKind,
+    TimerDef, WhenDef, effective_kind,
 };
 pub use model::{
-    Action, AgentBinding, Alternative, Broadcast, Event, Machine, Related, Schedule, State, Subscription,
+    Action, AgentBinding, Alternative, Broadcast, Creation, Event, Machine, Related, Schedule, State, Subscription,
     SubscriptionTimeout, Target, Then, Timer,
 };
 pub use tree::{Level, Path, Transition};

@@ -244,10 +244,28 @@ pub struct Action {
     pub set_exprs: Vec<Option<crate::expr::Expression>>,
     /// A declarative action's events raised on related entities.
     pub raise: Vec<Broadcast>,
+    /// A declarative action's entities to create, recorded as successors.
+    pub create: Vec<Creation>,
     /// The machines whose entities it may create (`None`: not declared).
     pub may_create: Option<Vec<MachineName>>,
     /// The events it may raise on other entities (`None`: not declared).
     pub may_raise: Option<Vec<EventName>>,
+}
+
+/// An entity a declarative action creates: its key and the string values of its
+/// properties are expressions (over `props`, `params` and `key`), like `set`'s.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Creation {
+    /// Its machine.
+    pub machine: MachineName,
+    /// Its key.
+    pub key: crate::expr::Expression,
+    /// Its constructor properties as declared (a string is an expression).
+    pub properties: Vec<(String, serde_json::Value)>,
+    /// The expressions of `properties`, entry for entry (`None`: set as written).
+    pub property_exprs: Vec<Option<crate::expr::Expression>>,
+    /// A first event raised on it in the same commit, with its parameters.
+    pub event: Option<(EventName, serde_json::Value)>,
 }
 
 /// An event a declarative action raises on every entity related one way.
@@ -307,7 +325,7 @@ impl Action {
     /// Whether the engine performs it from its declaration alone (`set`, `raise`), with no
     /// handler and no agent.
     pub fn is_declarative(&self) -> bool {
-        !self.set.is_empty() || !self.raise.is_empty()
+        !self.set.is_empty() || !self.raise.is_empty() || !self.create.is_empty()
     }
 }
 
@@ -444,11 +462,16 @@ impl Machine {
                     lock: a.lock.unwrap_or(AgentBinding::DEFAULT_LOCK),
                 }),
                 set: a.set.clone(),
-                set_exprs: a
-                    .set
+                set_exprs: expressions(&a.set),
+                create: a
+                    .create
                     .iter()
-                    .map(|(_, v)| {
-                        v.as_str().map(|src| crate::expr::Expression::parse(src).expect("validated expression parses"))
+                    .map(|c| Creation {
+                        machine: MachineName::new(&c.machine),
+                        key: crate::expr::Expression::parse(&c.key).expect("validated key expression parses"),
+                        properties: c.properties.clone(),
+                        property_exprs: expressions(&c.properties),
+                        event: c.event.as_ref().map(|e| (EventName::new(e), c.params.clone())),
                     })
                     .collect(),
                 raise: a
@@ -575,5 +598,13 @@ fn alternatives(e: &super::def::EventDef) -> Vec<Alternative> {
                 (None, None) => unreachable!("validated alternative has an action or a reason"),
             },
         })
+        .collect()
+}
+
+/// The expressions among declared values: a string is one (validated: it parses).
+fn expressions(values: &[(String, serde_json::Value)]) -> Vec<Option<crate::expr::Expression>> {
+    values
+        .iter()
+        .map(|(_, v)| v.as_str().map(|src| crate::expr::Expression::parse(src).expect("validated expression parses")))
         .collect()
 }

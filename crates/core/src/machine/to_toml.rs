@@ -177,6 +177,25 @@ impl Machine {
                 });
                 w.entry("raise", format!("[{}]", raises.collect::<Vec<_>>().join(", ")));
             }
+            if !a.create.is_empty() {
+                let creates = a.create.iter().map(|c| {
+                    let mut fields = vec![("machine", string(c.machine.as_str())), ("key", string(c.key.source()))];
+                    // Sorted by property, as the canonical JSON keeps them.
+                    let mut props: Vec<&(String, serde_json::Value)> = c.properties.iter().collect();
+                    props.sort_by(|(a, _), (b, _)| a.cmp(b));
+                    let props: Vec<(&str, String)> =
+                        props.iter().filter_map(|(k, v)| Some((k.as_str(), json_value(v)?))).collect();
+                    if !props.is_empty() {
+                        fields.push(("properties", inline_table(props)));
+                    }
+                    if let Some((event, params)) = &c.event {
+                        fields.push(("event", string(event.as_str())));
+                        fields.extend(json_value(params).map(|p| ("params", p)));
+                    }
+                    inline_table(fields)
+                });
+                w.entry("create", format!("[{}]", creates.collect::<Vec<_>>().join(", ")));
+            }
         }
     }
 }

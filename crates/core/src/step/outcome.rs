@@ -203,17 +203,65 @@ pub fn declared_changes(
     params: &Value,
     key: &str,
 ) -> Result<Vec<PropChange>, (String, String)> {
-    let mut out = Vec::with_capacity(action.set.len());
-    for (i, (name, value)) in action.set.iter().enumerate() {
-        let value = match action.set_exprs.get(i).and_then(Option::as_ref) {
+    let values = evaluated(&action.set, &action.set_exprs, "set", (props, params, key))?;
+    Ok(values.into_iter().map(|(name, value)| PropChange::from_json(name, value)).collect())
+}
+
+/// Declared values with their expressions evaluated over `(props, params, key)`: a value
+/// without an expression as written. `Err` names the entry (`{at}.NAME`) and why.
+fn evaluated(
+    values: &[(String, Value)],
+    exprs: &[Option<crate::expr::Expression>],
+    at: &str,
+    (props, params, key): (&Properties, &Value, &str),
+) -> Result<Vec<(String, Value)>, (String, String)> {
+    let mut out = Vec::with_capacity(values.len());
+    for (i, (name, value)) in values.iter().enumerate() {
+        let value = match exprs.get(i).and_then(Option::as_ref) {
             Some(expr) => expr
                 .eval(props, params, key)
-                .map_err(|why| (format!("set.{name}"), format!("`{}`: {why}", expr.source())))?,
+                .map_err(|why| (format!("{at}.{name}"), format!("`{}`: {why}", expr.source())))?,
             None => value.clone(),
         };
-        out.push(PropChange::from_json(name.clone(), value));
+        out.push((name.clone(), value));
     }
     Ok(out)
+}
+
+/// The entities a declarative action's `create` makes for an entity with `props` and `key`,
+/// running for an event with `params`: each key and property expression evaluated, and
+/// each first event as a raise on the created entity. `Err` names the entry at fault
+/// (`create[i].key`, `create[i].properties.NAME`) and why.
+pub fn declared_creates(
+    action: &Action,
+    props: &Properties,
+    params: &Value,
+    key: &str,
+) -> Result<(Vec<Create>, Vec<Raise>), (String, String)> {
+    let (mut creates, mut raises) = (Vec::new(), Vec::new());
+    for (i, c) in action.create.iter().enumerate() {
+        let at = format!("create[{i}]");
+        let new_key = match c.key.eval(props, params, key) {
+            Ok(Value::String(k)) if !k.is_empty() => k,
+            Ok(other) => return Err((format!("{at}.key"), format!("`{}` gave {other}, not a key", c.key.source()))),
+            Err(why) => return Err((format!("{at}.key"), format!("`{}`: {why}", c.key.source()))),
+        };
+        let scope = (props, params, key);
+        let properties: Properties =
+            evaluated(&c.properties, &c.property_exprs, &format!("{at}.properties"), scope)?.into_iter().collect();
+        let new_key = EntityKey::new(new_key);
+        if let Some((event, event_params)) = &c.event {
+            raises.push(Raise {
+                machine: c.machine.clone(),
+                key: new_key.clone(),
+                event: event.clone(),
+                params: event_params.clone(),
+                join: false,
+            });
+        }
+        creates.push(Create { machine: c.machine.clone(), key: new_key, properties });
+    }
+    Ok((creates, raises))
 }
 
 fn array<'a>(o: &'a Map<String, Value>, field: &str) -> Result<&'a [Value], String> {

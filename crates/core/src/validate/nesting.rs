@@ -269,11 +269,11 @@ impl<'a> Checker<'a> {
     /// A declarative action's `set` and `raise`; no agent beside them.
     pub(super) fn declarative(&mut self, a: &'a ActionDef, item: &str) {
         let line = a.origin.line;
-        if (!a.set.is_empty() || !a.raise.is_empty()) && a.agent.is_some() {
+        if (!a.set.is_empty() || !a.raise.is_empty() || !a.create.is_empty()) && a.agent.is_some() {
             self.error(
                 item,
                 line,
-                "an action is declarative (`set`, `raise`) or executed by an agent, not both".into(),
+                "an action is declarative (`set`, `raise`, `create`) or executed by an agent, not both".into(),
             );
         }
         for r in &a.raise {
@@ -292,33 +292,37 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(item, line, "set", a.set.iter().map(|(k, _)| k.as_str()));
-        // A string in `set` is an expression over `props`, `params` (of any event the
-        // machine declares: which one runs the action is known only when it runs) and `key`.
-        if a.set.iter().any(|(_, v)| v.is_string()) {
-            let properties = self.mentioned_properties();
-            let mut params: Vec<String> = self.def.events.iter().flat_map(|e| e.params.iter().cloned()).collect();
-            params.sort();
-            params.dedup();
-            for (name, value) in &a.set {
-                let Some(src) = value.as_str() else { continue };
-                let at = format!("`set.{name}` = `{src}`");
-                match crate::expr::Expression::parse(src) {
-                    Ok(expr) => {
-                        for problem in expr.check(Names { params: &params, properties: &properties }) {
-                            let hint = if problem.starts_with("unknown name") {
-                                format!(" (a literal string is quoted, `'{src}'`)")
-                            } else {
-                                String::new()
-                            };
-                            self.error(item, line, format!("{at}: {problem}{hint}"));
-                        }
-                    }
-                    Err(message) => self.error(
-                        item,
-                        line,
-                        format!("{at}: {message} (a string is an expression: a literal string is quoted, `'{src}'`)"),
-                    ),
-                }
+        // A string in `set`, a created entity's key and the strings of its properties are
+        // expressions over `props`, `params` (of any event the machine declares: which one
+        // runs the action is known only when it runs) and `key`.
+        let values = a.set.iter().map(|(name, v)| (format!("set.{name}"), v));
+        self.expressions(item, line, values.collect());
+        for (i, c) in a.create.iter().enumerate() {
+            let at = format!("create[{i}]");
+            let key = serde_json::Value::from(c.key.as_str());
+            let mut values = vec![(format!("{at}.key"), &key)];
+            values.extend(c.properties.iter().map(|(name, v)| (format!("{at}.properties.{name}"), v)));
+            self.expressions(item, line, values);
+            if c.event.is_none() && !c.params.is_null() {
+                self.error(item, line, format!("`{at}`: `params` without an `event` to carry them"));
+            }
+            if !(c.params.is_null() || c.params.is_object()) {
+                self.error(item, line, format!("`{at}`: `params` must be a table"));
+            }
+            if let Some(may) = &a.may_create
+                && !may.contains(&c.machine)
+            {
+                let declared = if may.is_empty() { "none".to_string() } else { may.join(", ") };
+                let why = format!("`{at}` of a `{}`: not among the machines it `may_create` ({declared})", c.machine);
+                self.error(item, line, why);
+            }
+            if let (Some(event), Some(may)) = (&c.event, &a.may_raise)
+                && !may.contains(event)
+            {
+                let declared = if may.is_empty() { "none".to_string() } else { may.join(", ") };
+                let why =
+                    format!("`{at}`: its first event `{event}` is not among the events it `may_raise` ({declared})");
+                self.error(item, line, why);
             }
         }
         if let Some(m) = &a.may_create {
@@ -326,6 +330,31 @@ impl<'a> Checker<'a> {
         }
         if let Some(e) = &a.may_raise {
             self.duplicate_entries(item, line, "may_raise", e.iter().map(String::as_str));
+        }
+    }
+
+    /// Checks declared values: a string is an expression (`field` names where it is).
+    fn expressions(&mut self, item: &str, line: Option<u32>, values: Vec<(String, &serde_json::Value)>) {
+        if !values.iter().any(|(_, v)| v.is_string()) {
+            return;
+        }
+        let properties = self.mentioned_properties();
+        let mut params: Vec<String> = self.def.events.iter().flat_map(|e| e.params.iter().cloned()).collect();
+        params.sort();
+        params.dedup();
+        for (field, value) in values {
+            let Some(src) = value.as_str() else { continue };
+            let at = format!("`{field}` = `{src}`");
+            let hint = format!(" (a literal string is quoted, `'{src}'`)");
+            match crate::expr::Expression::parse(src) {
+                Ok(expr) => {
+                    for problem in expr.check(Names { params: &params, properties: &properties }) {
+                        let hint = if problem.starts_with("unknown name") { hint.as_str() } else { "" };
+                        self.error(item, line, format!("{at}: {problem}{hint}"));
+                    }
+                }
+                Err(message) => self.error(item, line, format!("{at}: {message}{hint}")),
+            }
         }
     }
 

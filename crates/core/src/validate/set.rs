@@ -61,6 +61,19 @@ pub fn check_set(machines: &[&Machine]) -> Report {
                     diagnostics.push(error(m.name(), format!("action `{}`", a.name), message));
                 }
             }
+            for (i, c) in a.create.iter().enumerate() {
+                let problem = match machines.iter().find(|m| m.name() == &c.machine) {
+                    None => Some(format!("`create[{i}]`: no machine `{}` in the set", c.machine)),
+                    Some(target) => c.event.as_ref().and_then(|(event, params)| {
+                        crate::step::check_raise(target, event, params)
+                            .err()
+                            .map(|e| format!("`create[{i}]`: its first event: {e}"))
+                    }),
+                };
+                if let Some(message) = problem {
+                    diagnostics.push(error(m.name(), format!("action `{}`", a.name), message));
+                }
+            }
             for created in a.may_create.iter().flatten() {
                 if !machines.iter().any(|m| m.name() == created) {
                     let message = format!("`may_create`: no machine `{created}` in the set");
@@ -105,6 +118,7 @@ fn no_successor_source(machines: &[&Machine], filter: &Filter) -> Option<String>
         let undeclared = a.may_create.is_none() && a.may_raise.is_none();
         let handler = a.targets.len() != 1 && a.agent.is_none() && !a.is_declarative();
         (undeclared && handler)
+            || a.create.iter().any(|c| filter.matches(&c.machine))
             || a.may_create.iter().flatten().any(|c| filter.matches(c))
             || a.may_raise.iter().flatten().any(|e| declares(e))
     });

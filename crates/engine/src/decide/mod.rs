@@ -101,7 +101,7 @@ pub(crate) enum Next {
     /// Write this commit.
     Commit(Box<Decided>),
     /// Run the action's handler, for the event that triggered it (`None`: the auto action).
-    Run { action: Action, item: Option<InboxItem> },
+    Run { action: Box<Action>, item: Option<InboxItem> },
     /// Run the entry and exit actions of a transition (some have handlers), then decide
     /// its commit with their effects ([`hooks_done`]).
     Hooks(Box<Hooks>),
@@ -245,7 +245,7 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
             let outcome = target.map_or_else(Outcome::stay, Outcome::to);
             transition(held, Ran { action, item: None, outcome, locks: Vec::new(), started: None }, env)
         }
-        Some(EventStep::Run { action }) => Next::Run { action: action.clone(), item: None },
+        Some(EventStep::Run { action }) => Next::Run { action: Box::new(action.clone()), item: None },
         // Due without a task (first entry after a resume, or a retry-now): offer it.
         Some(EventStep::Agent { .. }) if held.entity.auto_at.is_some() => commit(offer_now(held, env)),
         // The task is offered; the agent's report will make the entity due.
@@ -272,7 +272,7 @@ fn event(held: &mut Held, item: InboxItem, env: &Env<'_>) -> Next {
             let outcome = target.map_or_else(Outcome::stay, Outcome::to);
             transition(held, Ran { action, item: Some(item), outcome, locks: Vec::new(), started: None }, env)
         }
-        EventStep::Run { action } => Next::Run { action: action.clone(), item: Some(item) },
+        EventStep::Run { action } => Next::Run { action: Box::new(action.clone()), item: Some(item) },
         EventStep::Agent { .. } => unreachable!("validation keeps agent actions off events"),
     }
 }

@@ -521,6 +521,9 @@ fn tree() -> Machine {
         .params(["n"])
         .action("marking", ["down"])
         .sets("flag", json!(true))
+        .event("sprout", ["down"], "sprouting")
+        .action("sprouting", ["down"])
+        .creates("tree", "key + '-kid'", json!({"from": "key", "depth": 1}), Some(("step", Value::Null)))
         .action("labeling", ["down"])
         .sets("label", json!("key + '-' + string(params.n)"))
         .sets("twice", json!("params.n * 2"))
@@ -799,6 +802,21 @@ fn a_declarative_action_computes_its_values_from_the_event_and_the_entity() {
         "{:?}",
         d.note
     );
+}
+
+#[test]
+fn a_declarative_action_creates_entities_and_raises_their_first_event() {
+    let registry = registry_with_tree();
+    let env = Env { registry: &registry, owner: OWNER, now: NOW };
+    let mut h = held_tree("down");
+    h.inbox_head = Some(raised("sprout"));
+    let d = committed(next(&mut h, &env));
+    let c = &d.commit;
+    let created: Vec<(&str, &str, Value)> =
+        c.creates.iter().map(|n| (n.machine.as_str(), n.key.as_str(), Value::Object(n.properties.clone()))).collect();
+    assert_eq!(created, [("tree", "t1-kid", json!({"from": "t1", "depth": 1}))]);
+    let pushed: Vec<(&str, &str)> = c.pushes.iter().map(|p| (p.key.as_str(), p.event.as_str())).collect();
+    assert_eq!(pushed, [("t1-kid", "step")]);
 }
 
 #[test]

@@ -120,23 +120,31 @@ pub(crate) fn hooks_done(
 
 /// Adds a declarative action's effects to `outcome`: its `set` (expressions evaluated over
 /// the entity's properties with the outcome's changes so far, the parameters of the event
-/// it runs for, `item`, and its key; a `null` removes the property) and its `raise` on
-/// related entities. `Err`: the `set` entry that could not be evaluated, and why.
+/// it runs for, `item`, and its key; a `null` removes the property), its `create` (keys
+/// and properties evaluated alike, first events raised on them) and its `raise` on related
+/// entities. `Err`: the entry that could not be evaluated, and why.
 pub(crate) fn declare(
     action: &Action,
     outcome: &mut Outcome,
     entity: &settle_store::EntityRow,
     item: Option<&InboxItem>,
 ) -> Result<(), (String, String)> {
-    let changes = if action.set_exprs.iter().any(Option::is_some) {
+    let computed = !action.create.is_empty() || action.set_exprs.iter().any(Option::is_some);
+    let (changes, (creates, raises)) = if computed {
         let mut props = entity.properties.clone();
         step::apply_changes(&mut props, &outcome.decided.changes);
         let params = item.map_or(&serde_json::Value::Null, |i| &i.params);
-        step::declared_changes(action, &props, params, &entity.key)?
+        (
+            step::declared_changes(action, &props, params, &entity.key)?,
+            step::declared_creates(action, &props, params, &entity.key)?,
+        )
     } else {
-        step::declared_changes(action, &Properties::new(), &serde_json::Value::Null, &entity.key)?
+        let none = serde_json::Value::Null;
+        (step::declared_changes(action, &Properties::new(), &none, &entity.key)?, (Vec::new(), Vec::new()))
     };
     outcome.decided.changes.extend(changes);
+    outcome.decided.creates.extend(creates);
+    outcome.decided.raises.extend(raises);
     outcome.decided.related.extend(action.raise.iter().cloned());
     Ok(())
 }

@@ -607,7 +607,7 @@ impl<S: Store + Clone> Scheduler<S> {
     fn carry_out(&mut self, id: i64, next: Next) {
         match next {
             Next::Commit(d) => self.push(*d),
-            Next::Run { action, item } => self.spawn_action(id, Arc::new(action), item),
+            Next::Run { action, item } => self.spawn_action(id, Arc::from(action), item),
             Next::Hooks(hooks) => self.spawn_hooks(id, *hooks),
             Next::Evaluate { notice } => self.evaluate(id, notice),
             Next::Release => self.release(id),
