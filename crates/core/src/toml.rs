@@ -330,6 +330,8 @@ impl Parser<'_> {
             .map(|r| RaiseDef {
                 event: r.event,
                 on: r.on,
+                machine: r.machine,
+                key: r.key,
                 params: r.params.map_or(serde_json::Value::Null, toml_to_json),
             })
             .collect();
@@ -546,7 +548,10 @@ struct CreateToml {
 #[serde(deny_unknown_fields)]
 struct RaiseToml {
     event: String,
+    #[serde(default)]
     on: String,
+    machine: Option<String>,
+    key: Option<String>,
     params: Option<::toml::Value>,
 }
 

@@ -75,6 +75,7 @@ fn a_bad_expression_is_a_load_error_with_file_and_line() {
 
 const PARENT: &str = r#"
 initial = "idle"
+properties = ["peer"]
 
 [states.idle]
 [states.busy]
@@ -91,6 +92,7 @@ create = [
   { machine = "db", key = "key + '-db'", properties = { size = "params.size", owner = "key", tier = 2 }, event = "start", params = { fast = true } },
   { machine = "db", key = "key + '-replica'" },
 ]
+raise = [{ event = "start", machine = "db", key = "props.peer", params = { fast = false } }]
 may_create = ["db"]
 may_raise = ["start"]
 "#;
@@ -118,8 +120,9 @@ fn a_declarative_action_creates_entities_with_computed_keys_and_properties() {
     let (db, _) = settle_core::toml::load("db.toml", "db", DB).unwrap_or_else(|r| panic!("{r}"));
     assert_eq!(settle_core::validate::check_set(&[&parent, &db]), settle_core::Report::default());
     let grow = parent.action("grow").expect("declared");
+    let props = json!({"peer": "p0-db"}).as_object().cloned().unwrap();
     let (creates, raises) =
-        settle_core::step::declared_creates(grow, &Default::default(), &json!({"size": 3}), "p1").expect("evaluates");
+        settle_core::step::declared_creates(grow, &props, &json!({"size": 3}), "p1").expect("evaluates");
     let made: Vec<(String, String, serde_json::Value)> = creates
         .iter()
         .map(|c| (c.machine.to_string(), c.key.to_string(), serde_json::Value::Object(c.properties.clone())))
@@ -133,7 +136,8 @@ fn a_declarative_action_creates_entities_with_computed_keys_and_properties() {
     );
     let raised: Vec<(&str, &str, &serde_json::Value)> =
         raises.iter().map(|r| (r.key.as_str(), r.event.as_str(), &r.params)).collect();
-    assert_eq!(raised, [("p1-db", "start", &json!({"fast": true}))]);
+    // The first event of what it creates, then its raise on an entity named by key.
+    assert_eq!(raised, [("p1-db", "start", &json!({"fast": true})), ("p0-db", "start", &json!({"fast": false}))]);
     // What it creates is a subscription's successors: no warning for a pattern over them.
     // The definition round-trips through TOML and the stored (canonical) form.
     let (again, _) =
@@ -143,8 +147,8 @@ fn a_declarative_action_creates_entities_with_computed_keys_and_properties() {
     assert_eq!(stored.content_hash(), parent.content_hash());
     assert_eq!(stored.action("grow").map(|a| a.create.len()), Some(2));
     // A key that cannot be computed names the entry.
-    let (field, why) = settle_core::step::declared_creates(grow, &Default::default(), &json!(null), "p1")
-        .expect_err("params.size is missing");
+    let (field, why) =
+        settle_core::step::declared_creates(grow, &props, &json!(null), "p1").expect_err("params.size is missing");
     assert_eq!(field, "create[0].properties.size");
     assert!(why.contains("size"), "{why}");
 }
@@ -153,14 +157,16 @@ fn a_declarative_action_creates_entities_with_computed_keys_and_properties() {
 fn a_declarative_create_beyond_what_is_declared_is_refused_with_its_line() {
     let bad = PARENT
         .replace("key = \"key + '-replica'\"", "key = \"key + 1\"")
+        .replace("machine = \"db\", key = \"props.peer\"", "machine = \"db\"")
         .replace("may_create = [\"db\"]", "may_create = []")
         .replace("may_raise = [\"start\"]", "may_raise = []");
     let report = settle_core::toml::load("parent.toml", "parent", &bad).expect_err("refused");
     let text = report.to_string();
     for expected in [
-        "parent.toml:13: error: machine `parent`, action `grow`: `create[1].key` = `key + 1`: `+` cannot add a string and a number",
+        "parent.toml:14: error: machine `parent`, action `grow`: `create[1].key` = `key + 1`: `+` cannot add a string and a number",
         "`create[0]` of a `db`: not among the machines it `may_create` (none)",
         "`create[0]`: its first event `start` is not among the events it `may_raise` (none)",
+        "`raise` of `start`: `machine` and `key` go together, and without `on`",
     ] {
         assert!(text.contains(expected), "no `{expected}` in:\n{text}");
     }

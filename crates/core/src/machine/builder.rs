@@ -270,7 +270,7 @@ impl MachineBuilder {
     /// Makes the last action declarative: it raises `event` with `params` on every
     /// entity related to the entity as `on` says.
     pub fn raises(mut self, event: impl Into<String>, on: Related, params: serde_json::Value) -> Self {
-        let raise = RaiseDef { event: event.into(), on: on.as_str().to_string(), params };
+        let raise = RaiseDef { event: event.into(), on: on.as_str().to_string(), params, ..RaiseDef::default() };
         self.last_action().raise.push(raise);
         self
     }

@@ -107,11 +107,15 @@ impl Machine {
                 if let Some(e) = &a.may_raise {
                     action["may_raise"] = e.iter().map(|e| e.as_str()).collect();
                 }
-                if !a.raise.is_empty() {
+                if !a.raise.is_empty() || !a.raise_keyed.is_empty() {
                     action["raise"] = a
                         .raise
                         .iter()
                         .map(|r| json!({"event": r.event.as_str(), "on": r.on.as_str(), "params": r.params}))
+                        .chain(a.raise_keyed.iter().map(|r| {
+                            json!({"event": r.event.as_str(), "machine": r.machine.as_str(), "key": r.key.source(),
+                                   "params": r.params})
+                        }))
                         .collect();
                 }
                 if !a.create.is_empty() {
@@ -299,7 +303,9 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
                 .map(|r| {
                     Some(RaiseDef {
                         event: text(r, "event")?,
-                        on: text(r, "on")?,
+                        on: text(r, "on").unwrap_or_default(),
+                        machine: text(r, "machine"),
+                        key: text(r, "key"),
                         params: r.get("params").cloned().unwrap_or(Value::Null),
                     })
                 })

@@ -192,13 +192,18 @@ pub struct ActionDef {
 }
 
 /// An event a declarative action raises on related entities (`raise = [{ event = "...",
-/// on = "predecessors" }]`).
+/// on = "predecessors" }]`) or on one entity named by machine and key (`raise = [{ event =
+/// "start", machine = "db", key = "key + '-db'" }]`, the key an expression).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RaiseDef {
     /// The event raised on each of them.
     pub event: String,
-    /// `predecessors` or `successors`.
+    /// `predecessors` or `successors` (empty: the entity named by `machine` and `key`).
     pub on: String,
+    /// The machine of the entity raised on (with `key`).
+    pub machine: Option<String>,
+    /// Its key: an expression over `props`, `params` and `key` (with `machine`).
+    pub key: Option<String>,
     /// Its parameters (a JSON object, or null).
     pub params: serde_json::Value,
 }

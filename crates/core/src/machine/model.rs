@@ -244,6 +244,8 @@ pub struct Action {
     pub set_exprs: Vec<Option<crate::expr::Expression>>,
     /// A declarative action's events raised on related entities.
     pub raise: Vec<Broadcast>,
+    /// A declarative action's events raised on entities named by machine and key.
+    pub raise_keyed: Vec<KeyedRaise>,
     /// A declarative action's entities to create, recorded as successors.
     pub create: Vec<Creation>,
     /// The machines whose entities it may create (`None`: not declared).
@@ -266,6 +268,20 @@ pub struct Creation {
     pub property_exprs: Vec<Option<crate::expr::Expression>>,
     /// A first event raised on it in the same commit, with its parameters.
     pub event: Option<(EventName, serde_json::Value)>,
+}
+
+/// An event a declarative action raises on one entity named by machine and key (the key an
+/// expression over `props`, `params` and `key`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyedRaise {
+    /// The event.
+    pub event: EventName,
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The entity's key.
+    pub key: crate::expr::Expression,
+    /// Its parameters (a JSON object, or null).
+    pub params: serde_json::Value,
 }
 
 /// An event a declarative action raises on every entity related one way.
@@ -325,7 +341,7 @@ impl Action {
     /// Whether the engine performs it from its declaration alone (`set`, `raise`), with no
     /// handler and no agent.
     pub fn is_declarative(&self) -> bool {
-        !self.set.is_empty() || !self.raise.is_empty() || !self.create.is_empty()
+        !self.set.is_empty() || !self.raise.is_empty() || !self.raise_keyed.is_empty() || !self.create.is_empty()
     }
 }
 
@@ -477,11 +493,25 @@ impl Machine {
                 raise: a
                     .raise
                     .iter()
+                    .filter(|r| r.machine.is_none())
                     .map(|r| Broadcast {
                         event: EventName::new(&r.event),
                         // Validated: `on` names one of the two.
                         on: Related::parse(&r.on).unwrap_or(Related::Predecessors),
                         params: r.params.clone(),
+                    })
+                    .collect(),
+                raise_keyed: a
+                    .raise
+                    .iter()
+                    .filter_map(|r| {
+                        Some(KeyedRaise {
+                            event: EventName::new(&r.event),
+                            machine: MachineName::new(r.machine.as_deref()?),
+                            key: crate::expr::Expression::parse(r.key.as_deref()?)
+                                .expect("validated key expression parses"),
+                            params: r.params.clone(),
+                        })
                     })
                     .collect(),
                 may_create: a.may_create.as_ref().map(|m| m.iter().map(MachineName::new).collect()),

@@ -169,12 +169,22 @@ impl Machine {
             if !unset.is_empty() {
                 w.entry("unset", strings(unset));
             }
-            if !a.raise.is_empty() {
-                let raises = a.raise.iter().map(|r| {
+            if !a.raise.is_empty() || !a.raise_keyed.is_empty() {
+                let related = a.raise.iter().map(|r| {
                     let mut fields = vec![("event", string(&r.event)), ("on", string(r.on.as_str()))];
                     fields.extend(json_value(&r.params).map(|p| ("params", p)));
                     inline_table(fields)
                 });
+                let keyed = a.raise_keyed.iter().map(|r| {
+                    let mut fields = vec![
+                        ("event", string(&r.event)),
+                        ("machine", string(r.machine.as_str())),
+                        ("key", string(r.key.source())),
+                    ];
+                    fields.extend(json_value(&r.params).map(|p| ("params", p)));
+                    inline_table(fields)
+                });
+                let raises = related.chain(keyed);
                 w.entry("raise", format!("[{}]", raises.collect::<Vec<_>>().join(", ")));
             }
             if !a.create.is_empty() {

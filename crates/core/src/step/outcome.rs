@@ -229,9 +229,10 @@ fn evaluated(
 }
 
 /// The entities a declarative action's `create` makes for an entity with `props` and `key`,
-/// running for an event with `params`: each key and property expression evaluated, and
-/// each first event as a raise on the created entity. `Err` names the entry at fault
-/// (`create[i].key`, `create[i].properties.NAME`) and why.
+/// running for an event with `params` (each key and property expression evaluated), and
+/// the events it raises on entities named by key: each created entity's first event, then
+/// its `raise` by machine and key. `Err` names the entry at fault (`create[i].key`,
+/// `create[i].properties.NAME`, `raise[i].key`) and why.
 pub fn declared_creates(
     action: &Action,
     props: &Properties,
@@ -241,15 +242,10 @@ pub fn declared_creates(
     let (mut creates, mut raises) = (Vec::new(), Vec::new());
     for (i, c) in action.create.iter().enumerate() {
         let at = format!("create[{i}]");
-        let new_key = match c.key.eval(props, params, key) {
-            Ok(Value::String(k)) if !k.is_empty() => k,
-            Ok(other) => return Err((format!("{at}.key"), format!("`{}` gave {other}, not a key", c.key.source()))),
-            Err(why) => return Err((format!("{at}.key"), format!("`{}`: {why}", c.key.source()))),
-        };
+        let new_key = computed_key(&c.key, (props, params, key), &format!("{at}.key"))?;
         let scope = (props, params, key);
         let properties: Properties =
             evaluated(&c.properties, &c.property_exprs, &format!("{at}.properties"), scope)?.into_iter().collect();
-        let new_key = EntityKey::new(new_key);
         if let Some((event, event_params)) = &c.event {
             raises.push(Raise {
                 machine: c.machine.clone(),
@@ -261,7 +257,31 @@ pub fn declared_creates(
         }
         creates.push(Create { machine: c.machine.clone(), key: new_key, properties });
     }
+    for (i, r) in action.raise_keyed.iter().enumerate() {
+        let target = computed_key(&r.key, (props, params, key), &format!("raise[{i}].key"))?;
+        let raise = Raise {
+            machine: r.machine.clone(),
+            key: target,
+            event: r.event.clone(),
+            params: r.params.clone(),
+            join: false,
+        };
+        raises.push(raise);
+    }
     Ok((creates, raises))
+}
+
+/// A key computed by its expression: a non-empty string, or why not (naming `field`).
+fn computed_key(
+    expr: &crate::expr::Expression,
+    (props, params, key): (&Properties, &Value, &str),
+    field: &str,
+) -> Result<EntityKey, (String, String)> {
+    match expr.eval(props, params, key) {
+        Ok(Value::String(k)) if !k.is_empty() => Ok(EntityKey::new(k)),
+        Ok(other) => Err((field.to_string(), format!("`{}` gave {other}, not a key", expr.source()))),
+        Err(why) => Err((field.to_string(), format!("`{}`: {why}", expr.source()))),
+    }
 }
 
 fn array<'a>(o: &'a Map<String, Value>, field: &str) -> Result<&'a [Value], String> {

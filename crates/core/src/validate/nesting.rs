@@ -276,9 +276,29 @@ impl<'a> Checker<'a> {
                 "an action is declarative (`set`, `raise`, `create`) or executed by an agent, not both".into(),
             );
         }
-        for r in &a.raise {
-            if r.on != "predecessors" && r.on != "successors" {
-                self.error(item, line, format!("`raise` `on` must be `predecessors` or `successors`, not `{}`", r.on));
+        for (i, r) in a.raise.iter().enumerate() {
+            match (&r.machine, &r.key, r.on.as_str()) {
+                (Some(_), Some(key), "") => {
+                    let key = serde_json::Value::from(key.as_str());
+                    self.expressions(item, line, vec![(format!("raise[{i}].key"), &key)]);
+                }
+                (None, None, "predecessors" | "successors") => {}
+                (None, None, "") => self.error(
+                    item,
+                    line,
+                    format!(
+                        "`raise` of `{}`: name the entity by `machine` and `key`, or the related ones by `on`",
+                        r.event
+                    ),
+                ),
+                (None, None, on) => {
+                    self.error(item, line, format!("`raise` `on` must be `predecessors` or `successors`, not `{on}`"))
+                }
+                _ => self.error(
+                    item,
+                    line,
+                    format!("`raise` of `{}`: `machine` and `key` go together, and without `on`", r.event),
+                ),
             }
             if !(r.params.is_null() || r.params.is_object()) {
                 self.error(item, line, format!("`raise` of `{}`: `params` must be a table", r.event));

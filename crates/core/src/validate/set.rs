@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 
 use super::report::{Diagnostic, Report, Severity};
-use crate::machine::{Broadcast, Machine};
+use crate::machine::{Broadcast, KeyedRaise, Machine};
 use crate::names::StateName;
 use crate::pattern::{Condition, Filter, Pattern};
 
@@ -60,6 +60,9 @@ pub fn check_set(machines: &[&Machine]) -> Report {
                 for message in raise_problems(machines, r) {
                     diagnostics.push(error(m.name(), format!("action `{}`", a.name), message));
                 }
+            }
+            for message in a.raise_keyed.iter().filter_map(|r| keyed_raise_problem(machines, r)) {
+                diagnostics.push(error(m.name(), format!("action `{}`", a.name), message));
             }
             for (i, c) in a.create.iter().enumerate() {
                 let problem = match machines.iter().find(|m| m.name() == &c.machine) {
@@ -151,6 +154,16 @@ fn raise_problems(machines: &[&Machine], r: &Broadcast) -> Vec<String> {
         .filter_map(|m| crate::step::check_raise(m, &r.event, &r.params).err())
         .map(|e| format!("`raise` of `{}` on {}: {e}", r.event, r.on.as_str()))
         .collect()
+}
+
+/// What is wrong with a declarative `raise` on an entity named by key: its machine is not
+/// in the set, or does not take the event with its parameters.
+fn keyed_raise_problem(machines: &[&Machine], r: &KeyedRaise) -> Option<String> {
+    let Some(target) = machines.iter().find(|m| m.name() == &r.machine) else {
+        return Some(format!("`raise` of `{}` on a `{}`: no machine `{}` in the set", r.event, r.machine, r.machine));
+    };
+    let e = crate::step::check_raise(target, &r.event, &r.params).err()?;
+    Some(format!("`raise` of `{}` on a `{}`: {e}", r.event, r.machine))
 }
 
 /// Checking a pattern against machines lives here, where machines are known; the rest of

@@ -129,7 +129,8 @@ pub(crate) fn declare(
     entity: &settle_store::EntityRow,
     item: Option<&InboxItem>,
 ) -> Result<(), (String, String)> {
-    let computed = !action.create.is_empty() || action.set_exprs.iter().any(Option::is_some);
+    let computed =
+        !action.create.is_empty() || !action.raise_keyed.is_empty() || action.set_exprs.iter().any(Option::is_some);
     let (changes, (creates, raises)) = if computed {
         let mut props = entity.properties.clone();
         step::apply_changes(&mut props, &outcome.decided.changes);
