@@ -4,7 +4,7 @@
 use settle_core::MachineName;
 
 use super::{T0, create_one, get, new_entity, write};
-use crate::{EntityFilter, HistoryKind, Op, OpError, Store};
+use crate::{EntityFilter, HistoryKind, NewEntity, Op, OpError, Store, TaskOffer, TimerPlan};
 
 /// Creating an entity stores it at version 1 with a `create` history row; a duplicate
 /// key fails alone without disturbing the other operations of its batch.
@@ -27,6 +27,39 @@ pub async fn create_get_and_duplicate<S: Store>(store: S) {
     assert_eq!((h[0].kind, h[0].from.clone(), h[0].to.as_deref()), (HistoryKind::Create, None, Some("idle")));
     assert_eq!(h[0].request_id.as_deref(), Some("req-1"));
     assert!(store.entity_get("m", "zzz").await.unwrap().is_none());
+
+    // A create's operation ends at once when the entity is created at rest, and stays open
+    // while it has work: an auto action, an agent task, its own subscriptions to evaluate.
+    let opened = |key: &str| crate::OpenOperation {
+        request_id: format!("op-{key}"),
+        name: "m.create".into(),
+        dimensions: serde_json::json!({}),
+    };
+    let with_op = |key: &str| NewEntity {
+        request_id: Some(format!("op-{key}")),
+        operation: Some(opened(key)),
+        ..new_entity(key, "idle", None)
+    };
+    let timer = TimerPlan { name: "t".into(), event: "tick".into(), due_at: T0 + 9_000, every_ms: None, restart: true };
+    let offer = TaskOffer { queue: "q".into(), action: "work".into(), lock_ms: 1_000, available_at: T0 };
+    let ops = vec![
+        Op::Create(with_op("rest")),
+        Op::Create(NewEntity { auto_at: Some(T0 + 5), ..with_op("auto") }),
+        Op::Create(NewEntity { offer: Some(offer), ..with_op("task") }),
+        Op::Create(NewEntity { notify_self: true, ..with_op("notice") }),
+        Op::Create(NewEntity { timers: vec![timer.clone()], ..with_op("timed") }),
+    ];
+    let r = write(&store, T0, ops, false).await;
+    assert!(r.results.iter().all(Result::is_ok), "{:?}", r.results);
+    for (key, open) in [("rest", false), ("auto", true), ("task", true), ("notice", true), ("timed", false)] {
+        let op = store.operation_get(&format!("op-{key}")).await.unwrap().expect("opened");
+        assert_eq!(op.ended_at.is_none(), open, "operation of `{key}`: {op:?}");
+    }
+    // A timer planned at creation is stored with the entity, and makes it due then.
+    let timed = get(&store, "timed").await;
+    let timers = store.timer_list(timed.id).await.unwrap();
+    assert_eq!(timers.iter().map(|t| (t.name.as_str(), t.due_at)).collect::<Vec<_>>(), [("t", T0 + 9_000)]);
+    assert_eq!(timed.due_at, Some(T0 + 9_000));
 }
 
 /// Listing filters by machine and state with a cursor; counts group by state; machine
