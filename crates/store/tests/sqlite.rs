@@ -90,3 +90,111 @@ async fn a_task_open_at_reopen_is_canceled_on_state_entry() {
     assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
     assert!(open().await.unwrap().is_empty(), "entering `done` canceled the task");
 }
+
+/// The telemetry a plan writes with each state entry, read back from the file (the
+/// `transitions` view reads these columns): a created entity's row, then an event's
+/// transition and the auto action after it, numbered in the event's workflow.
+#[tokio::test]
+async fn state_entries_carry_their_transition_telemetry() {
+    use settle_store::{
+        AfterCommit, Claim, Commit, EventRecord, Fence, HistoryKind, InboxKind, OpenOperation, Push, Telemetry,
+        TransitionRecord,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("telemetry.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let new = settle_store::NewEntity { machine_hash: Some("h1".into()), ..entity("a") };
+    store.write(Batch { now: 10, ops: vec![Op::Create(new)], claim: None }).await.unwrap();
+    let push = Push {
+        machine: "m".into(),
+        key: "a".into(),
+        event: "go".into(),
+        params: serde_json::json!({"n": 2}),
+        request_id: Some("r1".into()),
+        kind: InboxKind::Raised,
+        join_from: None,
+        operation: Some(OpenOperation {
+            request_id: "r1".into(),
+            name: "m.go".into(),
+            dimensions: serde_json::json!({}),
+        }),
+    };
+    let claim = || Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() });
+    let r = store.write(Batch { now: 20, ops: vec![Op::Push(push)], claim: claim() }).await.unwrap();
+    let c = r.claimed[0].clone();
+    let item = c.inbox_head.clone().expect("the event");
+    // Each step as the engine commits it: the event's action, then the auto action.
+    let step = |version: i64, from: &str, to: &str, kind: &'static str, event: bool, entered: i64, at_rest: bool| {
+        let fence = Fence { entity_id: c.entity.id, version, owner: "engine-a".into() };
+        let after = if at_rest { AfterCommit::Release } else { AfterCommit::Hold };
+        let history = if event { HistoryKind::Event } else { HistoryKind::Auto };
+        Op::Commit(Box::new(Commit {
+            to: Some(to.into()),
+            consume: event.then_some(item.id),
+            event: event.then(|| item.event.clone()),
+            action: Some("go".into()),
+            request_id: Some("r1".into()),
+            machine_hash: Some("h2".into()),
+            telemetry: Telemetry {
+                event: event.then(|| EventRecord {
+                    kind: "raised",
+                    seq: item.id,
+                    raised_at: item.created_at,
+                    rejected: false,
+                    failed: false,
+                    params: item.params.clone(),
+                }),
+                transition: Some(TransitionRecord {
+                    kind,
+                    start_health: Some("ok"),
+                    end_health: if at_rest { "error" } else { "ok" },
+                    entry_time: entered,
+                    start_time: entered + 1,
+                    action_start_time: None,
+                    outcome: "ok",
+                }),
+                error: None,
+                at_rest,
+                complete: at_rest,
+                current_event: if event { None } else { Some(item.id) },
+            },
+            ..Commit::new(fence, from.into(), history, after)
+        }))
+    };
+    let first = step(1, "idle", "busy", "event", true, 10, false);
+    store.write(Batch { now: 30, ops: vec![first], claim: None }).await.unwrap();
+    let second = step(2, "busy", "done", "auto_action", false, 30, true);
+    store.write(Batch { now: 40, ops: vec![second], claim: None }).await.unwrap();
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mut stmt = conn
+        .prepare(
+            "SELECT to_state, transition_kind, ordinal, event_id, end_health, entry_time, start_time, outcome, machine_hash
+             FROM history WHERE to_state IS NOT NULL ORDER BY id",
+        )
+        .unwrap();
+    type Row = (String, String, i64, Option<i64>, String, i64, i64, String, String);
+    let rows: Vec<Row> = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let s = |v: &str| v.to_string();
+    assert_eq!(
+        rows,
+        [
+            (s("idle"), s("create"), 1, None, s("ok"), 10, 10, s("ok"), s("h1")),
+            (s("busy"), s("event"), 1, Some(item.id), s("ok"), 10, 11, s("ok"), s("h2")),
+            (s("done"), s("auto_action"), 2, Some(item.id), s("error"), 30, 31, s("ok"), s("h2")),
+        ]
+    );
+    // The event's row: its parameters, and its end where the workflow came to rest.
+    let (params, end_state, end_time): (Option<String>, Option<String>, Option<i64>) = conn
+        .query_row("SELECT params, end_state, end_time FROM events WHERE id = ?1", [item.id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap();
+    assert_eq!((params.as_deref(), end_state.as_deref(), end_time), (Some(r#"{"n":2}"#), Some("done"), Some(40)));
+}
