@@ -10,6 +10,8 @@
 #   SETTLE_SIM_SEEDS=200 scripts/mutants.sh decide   # more seeds a mutant
 #   SETTLE_MUTANTS_ITERATE=1 scripts/mutants.sh decide   # only what the last run of the group
 #                                    # did not catch (cargo-mutants --iterate), after adding tests
+#   SETTLE_MUTANTS_TIMEOUT=30 scripts/mutants.sh plan    # seconds a mutant's tests may take
+#                                    # (default 300; a mutant that loops costs all of it)
 #
 # Time budget, on 2 cores: about 30 s a mutant (a rebuild of 5 to 25 s and the tests);
 # pattern ~105 mutants (~50 min), step ~77 (~40 min), task (the agent task rules) ~60
@@ -56,7 +58,7 @@ for group in "${groups[@]}"; do
     mkdir -p "$out/$group"
     status=0
     [ -z "${SETTLE_MUTANTS_ITERATE:-}" ] || args+=(--iterate)
-    (cd "$tree" && cargo mutants --in-place --no-shuffle --timeout 300 "${args[@]}" --output "$out/$group" "${tests[@]}") || status=$?
+    (cd "$tree" && cargo mutants --in-place --no-shuffle --timeout "${SETTLE_MUTANTS_TIMEOUT:-300}" "${args[@]}" --output "$out/$group" "${tests[@]}") || status=$?
     dir="$out/$group/mutants.out"
     count() { if [ -s "$dir/$1.txt" ]; then grep -c . "$dir/$1.txt"; else echo 0; fi; }
     summary+=("$group: $(count caught) caught, $(count missed) missed, $(count timeout) timed out, $(count unviable) unviable (exit $status)")
