@@ -8,30 +8,16 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{python3, repo};
 use serde_json::{Value, json};
 use settle_store::{SqliteStore, Store, TaskFilter};
 
 /// The name the agent leases under (recorded with every task it leases).
 const AGENT: &str = "python-test-agent";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Whether `python3` runs; without it the test is skipped, except on CI.
-fn python3() -> bool {
-    let found = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(std::env::var_os("CI").is_none(), "python3 not found, and CI is set");
-        println!("skipped: python3 not found");
-    }
-    found
-}
 
 /// The Python agent as a child process; its standard error is collected on a thread.
 /// Killed (and reaped) when dropped, so a failing test leaves no process behind.

@@ -6,24 +6,12 @@
 //!
 //! Skipped (with a note) when `python3` is not on PATH, unless `CI` is set.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Command;
 
+use common::{python3, repo};
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Whether `python3` runs; without it the test is skipped, except on CI.
-fn python3() -> bool {
-    let found = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(std::env::var_os("CI").is_none(), "python3 not found, and CI is set");
-        println!("skipped: python3 not found");
-    }
-    found
-}
 
 #[test]
 fn the_python_package_passes_its_tests_against_a_real_server() {

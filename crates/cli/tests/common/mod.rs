@@ -11,6 +11,22 @@ pub mod testkit;
 
 pub mod browser;
 
+/// The repository's root (examples, scripts, the Python package).
+pub fn repo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Whether `python3` runs; without it a test that needs it is skipped (saying so), except
+/// on CI, where it fails.
+pub fn python3() -> bool {
+    let found = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(std::env::var_os("CI").is_none(), "python3 not found, and CI is set");
+        println!("skipped: python3 not found");
+    }
+    found
+}
+
 /// Runs `settle --db DB ARGS...` to completion, with logging quiet.
 pub fn settle(db: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_settle"))

@@ -306,7 +306,7 @@ impl<'a> Checker<'a> {
             if let Some(may) = &a.may_raise
                 && !may.contains(&r.event)
             {
-                let declared = if may.is_empty() { "none".to_string() } else { may.join(", ") };
+                let declared = listed(may);
                 let why = format!("`raise` of `{}`: not among the events it `may_raise` ({declared})", r.event);
                 self.error(item, line, why);
             }
@@ -332,14 +332,14 @@ impl<'a> Checker<'a> {
             if let Some(may) = &a.may_create
                 && !may.contains(&c.machine)
             {
-                let declared = if may.is_empty() { "none".to_string() } else { may.join(", ") };
+                let declared = listed(may);
                 let why = format!("`{at}` of a `{}`: not among the machines it `may_create` ({declared})", c.machine);
                 self.error(item, line, why);
             }
             if let (Some(event), Some(may)) = (&c.event, &a.may_raise)
                 && !may.contains(event)
             {
-                let declared = if may.is_empty() { "none".to_string() } else { may.join(", ") };
+                let declared = listed(may);
                 let why =
                     format!("`{at}`: its first event `{event}` is not among the events it `may_raise` ({declared})");
                 self.error(item, line, why);
@@ -388,6 +388,11 @@ impl<'a> Checker<'a> {
         names.dedup();
         names
     }
+}
+
+/// Names a declaration lists, for a message: `a, b`, or `none`.
+fn listed(names: &[String]) -> String {
+    if names.is_empty() { "none".to_string() } else { names.join(", ") }
 }
 
 #[cfg(test)]
