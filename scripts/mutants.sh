@@ -12,6 +12,9 @@
 #                                    # did not catch (cargo-mutants --iterate), after adding tests
 #   SETTLE_MUTANTS_TIMEOUT=30 scripts/mutants.sh plan    # seconds a mutant's tests may take
 #                                    # (default 300; a mutant that loops costs all of it)
+#   SETTLE_MUTANTS_RE='decide.rs:(261|296):' scripts/mutants.sh plan   # only the mutants whose
+#                                    # name (file:line:col: change) matches (cargo-mutants --re),
+#                                    # e.g. the survivors of a run, after the checks for them
 #
 # Time budget, on 2 cores: about 30 s a mutant (a rebuild of 5 to 25 s and the tests);
 # pattern ~105 mutants (~50 min), step ~77 (~40 min), task (the agent task rules) ~60
@@ -58,6 +61,7 @@ for group in "${groups[@]}"; do
     mkdir -p "$out/$group"
     status=0
     [ -z "${SETTLE_MUTANTS_ITERATE:-}" ] || args+=(--iterate)
+    [ -z "${SETTLE_MUTANTS_RE:-}" ] || args+=(--re "$SETTLE_MUTANTS_RE")
     (cd "$tree" && cargo mutants --in-place --no-shuffle --timeout "${SETTLE_MUTANTS_TIMEOUT:-300}" "${args[@]}" --output "$out/$group" "${tests[@]}") || status=$?
     dir="$out/$group/mutants.out"
     count() { if [ -s "$dir/$1.txt" ]; then grep -c . "$dir/$1.txt"; else echo 0; fi; }

@@ -198,3 +198,95 @@ async fn state_entries_carry_their_transition_telemetry() {
         .unwrap();
     assert_eq!((params.as_deref(), end_state.as_deref(), end_time), (Some(r#"{"n":2}"#), Some("done"), Some(40)));
 }
+
+/// The `busy` column (an operation ends only when no entity of its request is busy) is set
+/// by what keeps an entity working: an auto action or an agent task at creation, an agent
+/// task offered by a commit; a commit that moves nowhere keeps it as it was. And an event
+/// raised with no parameters (`{}` or null) stores none.
+#[tokio::test]
+async fn busy_follows_what_keeps_an_entity_working() {
+    use settle_core::{ActionName, StateName};
+    use settle_store::{AfterCommit, Claim, Commit, EventRecord, Fence, HistoryKind, Push, TaskOffer, Telemetry};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("busy.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let offer = || TaskOffer { queue: "q".into(), action: ActionName::new("work"), lock_ms: 1_000, available_at: 0 };
+    let created = vec![
+        Op::Create(settle_store::NewEntity { auto_at: Some(5), ..entity("auto") }),
+        Op::Create(settle_store::NewEntity { offer: Some(offer()), ..entity("offered") }),
+        Op::Create(entity("idle")),
+        Op::Create(entity("parent")),
+    ];
+    store.write(Batch { now: 1, ops: created, claim: None }).await.unwrap();
+    let push = |key: &str, params: serde_json::Value| {
+        Op::Push(Push {
+            machine: "m".into(),
+            key: key.into(),
+            event: "go".into(),
+            params,
+            request_id: None,
+            kind: settle_store::InboxKind::Raised,
+            join_from: None,
+            operation: None,
+        })
+    };
+    let pushes = vec![
+        push("auto", serde_json::json!({})),
+        push("idle", serde_json::Value::Null),
+        push("parent", serde_json::json!({"n": 1})),
+    ];
+    let claim = Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() });
+    let r = store.write(Batch { now: 10, ops: pushes, claim }).await.unwrap();
+    let mut ops = Vec::new();
+    for c in &r.claimed {
+        let item = c.inbox_head.clone().expect("its event");
+        let fence = Fence { entity_id: c.entity.id, version: c.entity.version, owner: "engine-a".into() };
+        let mut commit = Commit::new(fence, c.entity.state.clone(), HistoryKind::Rejected, AfterCommit::Release);
+        commit.consume = Some(item.id);
+        commit.event = Some(item.event.clone());
+        commit.telemetry = Telemetry {
+            event: Some(EventRecord {
+                kind: "raised",
+                seq: item.id,
+                raised_at: item.created_at,
+                rejected: c.entity.key.as_str() != "parent",
+                failed: false,
+                params: item.params.clone(),
+            }),
+            ..Telemetry::default()
+        };
+        if c.entity.key.as_str() == "parent" {
+            // It moves on and offers its action to an agent, and creates two children.
+            (commit.to, commit.kind, commit.offer) =
+                (Some(StateName::new("working")), HistoryKind::Event, Some(offer()));
+            commit.creates =
+                vec![entity("child"), settle_store::NewEntity { offer: Some(offer()), ..entity("agent_child") }];
+        }
+        ops.push(Op::Commit(Box::new(commit)));
+    }
+    assert_eq!(ops.len(), 3, "auto, idle and parent were claimed");
+    let r = store.write(Batch { now: 20, ops, claim: None }).await.unwrap();
+    assert!(r.results.iter().all(Result::is_ok), "{:?}", r.results);
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mut stmt = conn.prepare("SELECT key, busy FROM entities ORDER BY key").unwrap();
+    let busy: Vec<(String, bool)> =
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
+    let s = |k: &str, b| (k.to_string(), b);
+    assert_eq!(
+        busy,
+        [
+            s("agent_child", true),
+            s("auto", true),
+            s("child", false),
+            s("idle", false),
+            s("offered", true),
+            s("parent", true)
+        ]
+    );
+    let mut stmt = conn.prepare("SELECT entity_key, params FROM events ORDER BY entity_key").unwrap();
+    let params: Vec<(String, Option<String>)> =
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
+    let p = |k: &str, p: Option<&str>| (k.to_string(), p.map(str::to_string));
+    assert_eq!(params, [p("auto", None), p("idle", None), p("parent", Some(r#"{"n":1}"#))]);
+}

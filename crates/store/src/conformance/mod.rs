@@ -7,6 +7,7 @@
 //! assertions. The checks are grouped by concept, one file each; this module holds what
 //! they share: the backend's [`Dialect`], the fixtures, and the macro.
 
+mod columns;
 mod commands;
 mod commits;
 mod entities;
@@ -18,6 +19,11 @@ mod tasks;
 mod telemetry;
 mod timers;
 
+pub use columns::{
+    a_command_is_recorded_when_it_applies, a_commit_creates_only_free_keys, a_commit_may_change_one_column_alone,
+    a_successor_joined_in_a_batch_notifies_its_predecessor, commits_follow_the_workflow_of_their_event,
+    consuming_an_event_keeps_the_notices, consuming_notices_keeps_the_events,
+};
 pub use commands::{
     commands_set_run_status_and_end_their_operation, kill_drops_queued_work_and_cancels_its_operations,
 };
@@ -162,7 +168,10 @@ macro_rules! store_conformance_suite {
                 overview_counts_follow_every_write, filtered_pages_match_a_scan,
                 operations_end_when_nothing_waits_on_them, commands_set_run_status_and_end_their_operation,
                 kill_drops_queued_work_and_cancels_its_operations, agent_reports_join_the_batch_around_them,
-                hung_operations_are_marked;
+                hung_operations_are_marked, commits_follow_the_workflow_of_their_event,
+                consuming_notices_keeps_the_events, consuming_an_event_keeps_the_notices,
+                a_commit_may_change_one_column_alone, a_commit_creates_only_free_keys,
+                a_successor_joined_in_a_batch_notifies_its_predecessor, a_command_is_recorded_when_it_applies;
             store_and_dialect: effects_are_atomic
         );
     };

@@ -323,8 +323,9 @@ impl Work {
         }
         if t.at_rest {
             cur.event_id = None;
-        } else if moved && t.event.is_some() {
-            cur.event_id = Some(c.consume.unwrap_or(-1));
+        } else if moved && let Some(ev) = &t.event {
+            // The event it processes begins a workflow (an event's id is its inbox id).
+            cur.event_id = Some(ev.seq);
         }
         if !(hold && status == RunStatus::Active) {
             cur.lease_owner = None;
@@ -342,7 +343,10 @@ impl Work {
         }
         // The event this commit belongs to: the one it processes (its id is its inbox id),
         // else the one whose workflow the entity is in.
-        let event_id = if t.event.is_some() && moved { c.consume } else { t.current_event };
+        let event_id = match &t.event {
+            Some(ev) if moved => Some(ev.seq),
+            _ => t.current_event,
+        };
         if !c.quiet {
             // A state entry's history row is also its `transitions` row.
             let tr = if moved { t.transition.as_ref() } else { None };
