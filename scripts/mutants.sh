@@ -15,6 +15,11 @@
 #   SETTLE_MUTANTS_RE='decide.rs:(261|296):' scripts/mutants.sh plan   # only the mutants whose
 #                                    # name (file:line:col: change) matches (cargo-mutants --re),
 #                                    # e.g. the survivors of a run, after the checks for them
+#                                    # (cargo-mutants 27 keeps every "delete field" mutant of the
+#                                    # group's files whatever the pattern: about 50 more for plan)
+#
+# Each package whose tests run is its own `--test-package` (cargo-mutants 27 reads
+# `--test-package a,b` as one name and then tests only the mutated package).
 #
 # Time budget, on 2 cores: about 30 s a mutant (a rebuild of 5 to 25 s and the tests);
 # pattern ~105 mutants (~50 min), step ~77 (~40 min), task (the agent task rules) ~60
@@ -47,11 +52,11 @@ summary=()
 for group in "${groups[@]}"; do
     skip=()
     case "$group" in
-        pattern) files=(crates/core/src/pattern.rs); tests=(--test-package settle-core,settle-sim -- --lib) ;;
-        step) files=('crates/core/src/step/*.rs'); tests=(--test-package settle-core,settle-sim -- --lib) ;;
-        task) files=(crates/store/src/task.rs crates/store/src/plan/ops/task.rs); tests=(--test-package settle-store,settle-sim -- --lib --test sqlite) ;;
-        decide) files=('crates/engine/src/decide/*.rs'); tests=(--test-package settle-engine,settle-sim -- --lib) ;;
-        plan) files=('crates/store/src/plan/**/*.rs'); skip=(crates/store/src/plan/ops/task.rs); tests=(--test-package settle-store,settle-sim -- --lib --test sqlite) ;;
+        pattern) files=(crates/core/src/pattern.rs); tests=(--test-package settle-core --test-package settle-sim -- --lib) ;;
+        step) files=('crates/core/src/step/*.rs'); tests=(--test-package settle-core --test-package settle-sim -- --lib) ;;
+        task) files=(crates/store/src/task.rs crates/store/src/plan/ops/task.rs); tests=(--test-package settle-store --test-package settle-sim -- --lib --test sqlite) ;;
+        decide) files=('crates/engine/src/decide/*.rs'); tests=(--test-package settle-engine --test-package settle-sim -- --lib) ;;
+        plan) files=('crates/store/src/plan/**/*.rs'); skip=(crates/store/src/plan/ops/task.rs); tests=(--test-package settle-store --test-package settle-sim -- --lib --test sqlite) ;;
         *) echo "unknown group \`$group\` (pattern, step, task, decide, plan)" >&2; exit 2 ;;
     esac
     args=()

@@ -74,7 +74,7 @@ impl Work {
         self.plan.history.push((
             slot,
             HistoryInsert {
-                entity_id: id,
+                // Its entity id is the slot's, filled in when the plan is written.
                 from_state: Some(from),
                 kind: HistoryKind::Command.as_str(),
                 request_id: request_id.clone(),
