@@ -131,7 +131,7 @@ pub async fn consuming_notices_keeps_the_events<S: Store>(store: S) {
 }
 
 /// Consuming an event keeps the notices queued before it (the first inbox item of the
-/// store among them), and reports the oldest as the head.
+/// store among them), reports the oldest as the head, and a release counts it.
 pub async fn consuming_an_event_keeps_the_notices<S: Store>(store: S) {
     create_one(&store, "a").await;
     let r = write(&store, T0, vec![Op::Push(notice("a")), Op::Push(push("a", "go"))], true).await;
@@ -146,6 +146,12 @@ pub async fn consuming_an_event_keeps_the_notices<S: Store>(store: S) {
     assert_eq!(inbox_head.as_ref().map(|i| i.id), Some(first.id), "the notice is the head");
     let left: Vec<i64> = store.inbox_list(c.entity.id).await.unwrap().iter().map(|i| i.id).collect();
     assert_eq!(left, [first.id], "the event went, the notice stays");
+
+    // Released with the notice queued, the entity is due at once.
+    let e = get(&store, "a").await;
+    let fence = Fence { entity_id: e.id, version: e.version, owner: super::OWNER.into() };
+    write(&store, T0 + 2, vec![Op::Release(fence)], false).await;
+    assert_eq!(get(&store, "a").await.due_at, Some(T0 + 2), "its notice keeps it due");
 }
 
 /// A commit that changes nothing but one JSON column (fired subscriptions, recent errors,

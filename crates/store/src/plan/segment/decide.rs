@@ -341,12 +341,9 @@ impl Work {
                 notices_upto: c.consume_notices_upto.unwrap_or(-1),
             });
         }
-        // The event this commit belongs to: the one it processes (its id is its inbox id),
-        // else the one whose workflow the entity is in.
-        let event_id = match &t.event {
-            Some(ev) if moved => Some(ev.seq),
-            _ => t.current_event,
-        };
+        // The event a state entry belongs to: the one it processes (its id is its inbox
+        // id), else the one whose workflow the entity is in. Only a state entry records it.
+        let event_id = if moved { t.event.as_ref().map(|ev| ev.seq).or(t.current_event) } else { None };
         if !c.quiet {
             // A state entry's history row is also its `transitions` row.
             let tr = if moved { t.transition.as_ref() } else { None };
