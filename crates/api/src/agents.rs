@@ -150,6 +150,25 @@ pub struct CompleteRequest {
     /// Events to raise, in order, on entities named by machine and key or by relation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub raise: Vec<ReportRaise>,
+    /// Lease the next tasks in the same request, once the report is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<NextTasks>,
+}
+
+/// The next tasks a report asks for: leased from `queue` as `agent` once the report is
+/// accepted, without waiting (answered in [`Accepted::tasks`], possibly none). One round
+/// trip per task while a queue has work: report one, get the next.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NextTasks {
+    /// The queue to lease from.
+    pub queue: String,
+    /// Who leases (as in a lease request).
+    pub agent: String,
+    /// At most this many tasks (1 to 100, default 1).
+    #[serde(default, deserialize_with = "json_integer")]
+    pub max: Option<u64>,
 }
 
 /// An entity a report creates: it becomes the reporting entity's successor, so the
@@ -215,6 +234,9 @@ pub struct FailRequest {
     /// parked for an operator at once.
     #[serde(default)]
     pub retryable: Option<bool>,
+    /// Lease the next tasks in the same request, once the report is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<NextTasks>,
 }
 
 /// A report was accepted: it is queued durably for the entity.
@@ -227,4 +249,7 @@ pub struct Accepted {
     /// (the first report stands).
     #[serde(default)]
     pub replayed: bool,
+    /// The tasks leased for the report's `next` (present only when it asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Vec<Task>>,
 }

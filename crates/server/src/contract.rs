@@ -210,8 +210,8 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
     ("getOverview", &[Internal, Unavailable]),
     ("leaseTasks", &[UnknownQueue, TooManyPolls, Internal, Unavailable]),
     ("heartbeatTask", &[UnknownTask, TaskRefused, Internal, Unavailable]),
-    ("completeTask", &[UnknownTask, TaskRefused, InvalidReport, InvalidKey, Internal, Unavailable]),
-    ("failTask", &[UnknownTask, TaskRefused, Internal, Unavailable]),
+    ("completeTask", &[UnknownTask, TaskRefused, InvalidReport, InvalidKey, UnknownQueue, Internal, Unavailable]),
+    ("failTask", &[UnknownTask, TaskRefused, UnknownQueue, Internal, Unavailable]),
 ];
 
 /// The problems of every lifecycle command.

@@ -747,6 +747,67 @@ async fn an_agents_report_creates_successors_and_raises_over_http() {
 }
 
 #[tokio::test]
+async fn a_report_leases_the_next_tasks_in_the_same_request() {
+    let app = App::with_machines(Tokens::open(), Config::default(), &[("vm", VM)]).await;
+    for key in ["v1", "v2"] {
+        app.post("/v1/machines/vm/entities", json!({"key": key})).await;
+        app.post(&format!("/v1/machines/vm/entities/{key}/events/create"), json!({})).await;
+    }
+    app.state.engine().wait_caught_up().await.unwrap();
+    let leased = app.post("/v1/queues/cloud/lease", json!({"agent": "a", "max": 1, "wait_ms": 5000})).await;
+    let task = leased.json()["tasks"][0].clone();
+    let (id, token) = (task["id"].as_i64().unwrap(), task["token"].as_str().unwrap().to_string());
+    let complete = format!("/v1/tasks/{id}/complete");
+    // A bad `next` is refused before the report is applied: nothing changes.
+    let before = app.dump().await;
+    let report =
+        |next: Value| json!({"token": token, "target": "ready", "properties": {"ip": "10.0.0.1"}, "next": next});
+    app.call(Req::new("POST", &complete).json(report(json!({"queue": "nope", "agent": "a"}))))
+        .await
+        .problem(404, "unknown-queue");
+    let table = vec![
+        (
+            Req::new("POST", &complete).json(report(json!({"queue": "cloud", "agent": ""}))),
+            422,
+            "invalid-body",
+            Some("next.agent"),
+        ),
+        (
+            Req::new("POST", &complete).json(report(json!({"queue": "cloud", "agent": "a", "max": 0}))),
+            422,
+            "invalid-body",
+            Some("next.max"),
+        ),
+    ];
+    app.assert_problems(table).await;
+    assert_eq!(app.dump().await, before, "a refused report changed something");
+    // Accepted: the answer carries the next task, leased to the same agent.
+    let done = app.post(&complete, report(json!({"queue": "cloud", "agent": "a", "max": 5}))).await;
+    assert_eq!(done.status, StatusCode::ACCEPTED, "{}", done.text);
+    let next = done.json()["tasks"].as_array().cloned().unwrap_or_default();
+    assert_eq!(next.len(), 1, "{}", done.text);
+    assert_ne!(next[0]["key"], task["key"], "{}", done.text);
+    let (id2, token2) = (next[0]["id"].as_i64().unwrap(), next[0]["token"].as_str().unwrap().to_string());
+    // The last one: nothing more is ready, and a report without `next` answers no tasks.
+    let body = json!({"token": token2, "target": "ready", "properties": {"ip": "10.0.0.2"},
+                      "next": {"queue": "cloud", "agent": "a"}});
+    let done = app.post(&format!("/v1/tasks/{id2}/complete"), body).await;
+    assert_eq!(done.json()["tasks"], json!([]), "{}", done.text);
+    let again = app
+        .post(
+            &format!("/v1/tasks/{id2}/complete"),
+            json!({"token": token2, "target": "ready", "properties": {"ip": "10.0.0.2"}}),
+        )
+        .await;
+    assert_eq!((again.json()["replayed"].as_bool(), again.json().get("tasks")), (Some(true), None), "{}", again.text);
+    app.state.engine().wait_caught_up().await.unwrap();
+    for key in ["v1", "v2"] {
+        assert_eq!(app.get(&format!("/v1/machines/vm/entities/{key}")).await.json()["state"], "ready");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn lifecycle_commands() {
     let app = App::new(Tokens::open()).await;
     app.post("/v1/machines/door/entities", json!({"key": "d"})).await;

@@ -81,13 +81,7 @@ class LiveTest(unittest.TestCase):
         self.client.raise_event("job", key, "run_sized" if params else "run", params)
 
     def wait_for(self, key, check, limit=30.0):
-        deadline = time.monotonic() + limit
-        while True:
-            e = self.client.get("job", key)
-            if e is not None and check(e):
-                return e
-            self.assertLess(time.monotonic(), deadline, f"job {key}: {e}")
-            time.sleep(0.05)
+        return self.wait_for_in("job", key, check, limit)
 
     def test_one_report_moves_creates_a_successor_and_raises_on_it(self):
         self.start("c-1", "create", {"size": 3})
@@ -100,6 +94,37 @@ class LiveTest(unittest.TestCase):
         self.assertEqual(child["state"], "idle")
         related = self.client.related("job", "c-1")
         self.assertEqual([(s["machine"], s["key"]) for s in related["successors"]], [("job", "c-1-child")])
+
+    def test_a_report_leases_the_next_task_in_the_same_request(self):
+        for key in ("n-1", "n-2"):
+            self.client.create("batch", key)
+            self.client.raise_event("batch", key, "run")
+        deadline = time.monotonic() + 30
+        first = []
+        while not first:
+            self.assertLess(time.monotonic(), deadline, "no task of `sdk-next` was offered")
+            first = self.client.lease("sdk-next", "by-hand", 1, wait_s=1.0)
+        # A bad `next` is refused before the report is applied: nothing changed.
+        with self.assertRaises(Problem) as refused:
+            self.client.complete(first[0], Outcome.to("done"), next={"queue": "nowhere", "agent": "by-hand"})
+        self.assertEqual(refused.exception.field, "next.queue")
+        self.assertEqual(self.client.get("batch", first[0].key)["state"], "working")
+        nxt = {"queue": "sdk-next", "agent": "by-hand", "max": 1}
+        answer = self.client.complete(first[0], Outcome.to("done"), next=nxt)
+        [second] = answer["tasks"]
+        self.assertEqual({first[0].key, second.key}, {"n-1", "n-2"})
+        self.assertEqual(self.client.complete(second, Outcome.to("done"), next=nxt)["tasks"], [])
+        for key in ("n-1", "n-2"):
+            self.wait_for_in("batch", key, lambda e: e["state"] == "done")
+
+    def wait_for_in(self, machine, key, check, limit=30.0):
+        deadline = time.monotonic() + limit
+        while True:
+            e = self.client.get(machine, key)
+            if e is not None and check(e):
+                return e
+            self.assertLess(time.monotonic(), deadline, f"{machine} {key}: {e}")
+            time.sleep(0.05)
 
     def test_heartbeats_keep_the_lease_of_a_task_longer_than_its_lock(self):
         self.start("s-1", "slow")

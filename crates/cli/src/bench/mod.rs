@@ -117,21 +117,34 @@ async fn agents(db: Option<&str>, args: AgentsArgs) -> anyhow::Result<ExitCode> 
         }
     })
     .await?;
-    // Agents: lease a batch, complete each at once (a provider that answers instantly).
-    let stop = Arc::new(tokio::sync::Notify::new());
+    // Agents: lease a batch, complete each at once (a provider that answers instantly);
+    // the last report of a batch leases the next batch in the same request, so while the
+    // queue has work an agent makes one round trip per task.
+    // A stop seen by every agent, wherever it is in its loop.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut agent_tasks = tokio::task::JoinSet::new();
     for i in 0..args.agents {
-        let (c, stop, batch) = (client.clone(), stop.clone(), args.batch);
+        let (c, mut stopped, batch) = (client.clone(), stopped.clone(), args.batch);
         agent_tasks.spawn(async move {
             let name = format!("bench-agent-{i}");
+            let mut leased = Vec::new();
             loop {
-                let leased = tokio::select! {
-                    _ = stop.notified() => return anyhow::Ok(()),
-                    r = c.lease("bench", &name, batch, Duration::from_secs(1)) => r?,
-                };
-                for task in leased {
+                if leased.is_empty() {
+                    if *stopped.borrow() {
+                        return anyhow::Ok(());
+                    }
+                    leased = tokio::select! {
+                        _ = stopped.changed() => return anyhow::Ok(()),
+                        r = c.lease("bench", &name, batch, Duration::from_secs(1)) => r?,
+                    };
+                    continue;
+                }
+                let last = leased.pop().expect("not empty");
+                for task in leased.drain(..) {
                     c.complete(&task, "done", json!({})).await?;
                 }
+                let done = settle_client::CompleteRequest { target: Some("done".into()), ..Default::default() };
+                leased = c.report_and_lease(&last, done, "bench", &name, batch).await?;
             }
         });
     }
@@ -156,7 +169,8 @@ async fn agents(db: Option<&str>, args: AgentsArgs) -> anyhow::Result<ExitCode> 
         }
     })
     .await;
-    stop.notify_waiters();
+    let _ = stop.send(true);
+    drop(stopped);
     let server_rss = proc_mb(server.pid(), "VmHWM:");
     while let Some(r) = agent_tasks.join_next().await {
         r??;

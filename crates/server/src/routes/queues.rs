@@ -4,9 +4,14 @@
 //! - `POST /v1/queues/{queue}/lease` `{agent, max?, wait_ms?}` → `{tasks: [...]}` (empty
 //!   when nothing came within the wait, capped by the server's `max_wait`).
 //! - `POST /v1/tasks/{id}/heartbeat` `{token}` → `{locked_until}`.
-//! - `POST /v1/tasks/{id}/complete` `{token, target, properties?}` → 202 `{accepted, replayed}`.
-//! - `POST /v1/tasks/{id}/fail` `{token, error, retryable?}` → 202 `{accepted, replayed}`.
+//! - `POST /v1/tasks/{id}/complete` `{token, target, properties?, …, next?}` → 202
+//!   `{accepted, replayed, tasks?}`.
+//! - `POST /v1/tasks/{id}/fail` `{token, error, retryable?, next?}` → 202 `{accepted,
+//!   replayed, tasks?}`.
 //!
+//! A report's `next` `{queue, agent, max?}` leases the next tasks in the same request once
+//! the report is accepted (without waiting): an agent with work queued makes one round trip
+//! per task. It is checked before the report is, so a bad `next` changes nothing.
 //! A heartbeat or report after the lease expired, with a superseded token, or on a task
 //! canceled or reported by another lease is refused with 409 `task-refused` and changes
 //! nothing. A report again with the token whose report was applied is a replay: 202 with
@@ -27,7 +32,9 @@ use utoipa_axum::routes;
 use crate::auth::Caller;
 use crate::contract::{AGENT, TASKS, WAIT_MS};
 use crate::extract::{JsonBody, Path};
-use crate::model::{Accepted, CompleteRequest, Extended, FailRequest, HeartbeatRequest, LeaseRequest, Leased, Task};
+use crate::model::{
+    Accepted, CompleteRequest, Extended, FailRequest, HeartbeatRequest, LeaseRequest, Leased, NextTasks, Task,
+};
 use crate::paths::{QueuePath, TaskPath};
 use crate::problem::{Kind, Problem};
 use crate::state::AppState;
@@ -134,17 +141,7 @@ async fn lease(
     Path(QueuePath { queue }): Path<QueuePath>,
     JsonBody(req): JsonBody<LeaseRequest>,
 ) -> Result<Json<Leased>, Problem> {
-    check_queue(&s, &caller, &queue)?;
-    if !AGENT.matches(&req.agent) {
-        return Err(Problem::new(Kind::InvalidBody, "agent must be 1 to 200 characters, without control characters")
-            .field("agent"));
-    }
-    let max = req.max.unwrap_or(TASKS.default);
-    if !TASKS.contains(max) {
-        return Err(
-            Problem::new(Kind::InvalidBody, format!("max must be from 1 to {}, not {max}", TASKS.max)).field("max")
-        );
-    }
+    let max = lease_args(&s, &caller, &queue, &req.agent, req.max, "")?;
     let wait_ms = req.wait_ms.unwrap_or(WAIT_MS.default);
     if !WAIT_MS.contains(wait_ms) {
         return Err(Problem::new(
@@ -163,8 +160,43 @@ async fn lease(
         }
         Some(permit?)
     };
-    let tasks = s.engine().agent_lease(&queue, &req.agent, max as usize, wait).await?;
+    let tasks = s.engine().agent_lease(&queue, &req.agent, max, wait).await?;
     Ok(Json(Leased { tasks: tasks.into_iter().map(|t| task_json(&s, t)).collect() }))
+}
+
+/// Checks a lease's queue (known, and the caller's), agent name and count (`field`: where
+/// they are in the request body, `""` or `"next."`); answers the count.
+fn lease_args(
+    s: &AppState,
+    caller: &Caller,
+    queue: &str,
+    agent: &str,
+    max: Option<u64>,
+    field: &str,
+) -> Result<usize, Problem> {
+    check_queue(s, caller, queue).map_err(|p| if field.is_empty() { p } else { p.field(format!("{field}queue")) })?;
+    if !AGENT.matches(agent) {
+        return Err(Problem::new(Kind::InvalidBody, "agent must be 1 to 200 characters, without control characters")
+            .field(format!("{field}agent")));
+    }
+    let max = max.unwrap_or(TASKS.default);
+    if !TASKS.contains(max) {
+        return Err(Problem::new(Kind::InvalidBody, format!("max must be from 1 to {}, not {max}", TASKS.max))
+            .field(format!("{field}max")));
+    }
+    Ok(max as usize)
+}
+
+/// A report's `next`, checked before the report is applied.
+fn checked_next(s: &AppState, caller: &Caller, next: Option<NextTasks>) -> Result<Option<(NextTasks, usize)>, Problem> {
+    next.map(|n| lease_args(s, caller, &n.queue, &n.agent, n.max, "next.").map(|max| (n, max))).transpose()
+}
+
+/// The tasks a report's `next` asked for, leased now that the report is accepted.
+async fn lease_next(s: &AppState, next: Option<(NextTasks, usize)>) -> Result<Option<Vec<Task>>, Problem> {
+    let Some((n, max)) = next else { return Ok(None) };
+    let tasks = s.engine().agent_lease(&n.queue, &n.agent, max, Duration::ZERO).await?;
+    Ok(Some(tasks.into_iter().map(|t| task_json(s, t)).collect()))
 }
 
 /// Extends a task's lease by its lock time.
@@ -190,17 +222,17 @@ async fn heartbeat(
     Ok(Json(Extended { locked_until }))
 }
 
-fn accepted(report: settle_engine::Report) -> Response {
+fn accepted(report: settle_engine::Report, tasks: Option<Vec<Task>>) -> Response {
     let replayed = report == settle_engine::Report::Replayed;
-    (StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], Json(Accepted { accepted: true, replayed }))
-        .into_response()
+    let body = Accepted { accepted: true, replayed, tasks };
+    (StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], Json(body)).into_response()
 }
 
 /// Reports a task done with the action's whole outcome: the entity moves to `target` (or
 /// stays, to run the action again after `delay_ms`) with `properties` set, creating the
 /// entities of `create` and raising the events of `raise`, all in one commit. A report
 /// whose target, machines, events or parameters do not fit is refused 422 and changes
-/// nothing.
+/// nothing. With `next`, the answer carries the next tasks leased.
 #[utoipa::path(
     post,
     operation_id = "completeTask",
@@ -219,6 +251,7 @@ async fn complete(
     JsonBody(req): JsonBody<CompleteRequest>,
 ) -> Result<Response, Problem> {
     let token = req.token.clone();
+    let next = checked_next(&s, &caller, req.next.clone())?;
     let report = super::report::outcome(req)?;
     let result = TaskResult::Complete(report.outcome.clone());
     let answer = s.engine().agent_report_as(id, &token, result, caller.queues()).await.map_err(|e| match e {
@@ -229,10 +262,11 @@ async fn complete(
         ),
         other => refused(&caller, other),
     })?;
-    Ok(accepted(answer))
+    Ok(accepted(answer, lease_next(&s, next).await?))
 }
 
-/// Reports a task failed: a fault of the entity, decided by its fault policy.
+/// Reports a task failed: a fault of the entity, decided by its fault policy. With `next`,
+/// the answer carries the next tasks leased.
 #[utoipa::path(
     post,
     operation_id = "failTask",
@@ -250,8 +284,9 @@ async fn fail(
     Path(TaskPath { id }): Path<TaskPath>,
     JsonBody(req): JsonBody<FailRequest>,
 ) -> Result<Response, Problem> {
+    let next = checked_next(&s, &caller, req.next)?;
     let result = TaskResult::Fail { error: req.error, retryable: req.retryable.unwrap_or(true) };
     let report =
         s.engine().agent_report_as(id, &req.token, result, caller.queues()).await.map_err(|e| refused(&caller, e))?;
-    Ok(accepted(report))
+    Ok(accepted(report, lease_next(&s, next).await?))
 }

@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .client import MAX_LEASE, Client, Problem, Unreachable
 from .outcome import Fail, Outcome, OutcomeError
@@ -38,8 +38,15 @@ class Agent:
 
     A function returns an [`Outcome`] (reported with `complete`), or raises [`Fail`]
     (reported with `fail`); any other exception is reported as a retryable `fail` with its
-    message, and logged. A task whose machine and action have no function is failed,
-    retryable, naming what is missing.
+    message, and logged. `"*"` as the machine or the action registers a function for any:
+    a task runs the function of its machine and action, else of its machine and `"*"`, else
+    of `"*"` and its action, else of `"*"` and `"*"`. A task with none is failed, retryable,
+    naming what is missing.
+
+    Each task is logged (logger `settle.agent`, INFO) as one line naming it and what was
+    reported: `task 7 server/web-1 provision (attempt 1): complete -> ready {"endpoint": …}
+    in 412ms`, `…: fail, retryable: provider unavailable in 95ms`. A lease the server
+    refuses for good (401, 403, an unknown queue) stops the agent; `refusal` then holds it.
     """
 
     def __init__(self, client: Client, queue: str, name: Optional[str] = None, concurrency: int = 8,
@@ -61,6 +68,7 @@ class Agent:
         self._running: Dict[int, Task] = {}
         self._idle = threading.Condition(self._lock)
         self._last_work = time.monotonic()
+        self.refusal: Optional[Problem] = None
 
     def action(self, machine: str, action: str) -> Callable[[Action], Action]:
         """Registers the decorated function for `machine`'s `action`."""
@@ -115,9 +123,20 @@ class Agent:
             self._pool.shutdown(wait=False)
         log.info("agent %s stopped: %s", self.name, self.counts)
 
+    def _function(self, task: Task) -> Optional[Action]:
+        for key in ((task.machine, task.action), (task.machine, "*"), ("*", task.action), ("*", "*")):
+            if key in self.actions:
+                return self.actions[key]
+        return None
+
     def _serve(self, once_idle_for: Optional[float]) -> None:
         backoff = 0.5
+        unreachable_since: Optional[float] = None
         while not self.stopping.is_set():
+            if once_idle_for is not None and self._idle_for() >= once_idle_for:
+                log.info("no task for %gs: stopping", once_idle_for)
+                self.stop()
+                break
             # Lease only what there is room for: a leased task nobody works on would only
             # wait for its lock to run out.
             if not self._slots.acquire(timeout=0.2):
@@ -134,13 +153,26 @@ class Agent:
                 self._release(free)
                 if isinstance(e, Problem) and e.status < 500 and e.status != 429:
                     log.error("lease refused, stopping: %s", e)
+                    self.refusal = e
                     self.stop()
                     break
-                log.warning("lease failed (%s), retrying in %.1fs", e, backoff)
-                self.stopping.wait(backoff)
+                delay = backoff
+                if isinstance(e, Problem):
+                    delay = _retry_after(e, backoff)
+                    log.warning("lease refused (%s), retrying in %.1fs", e, delay)
+                else:
+                    unreachable_since = unreachable_since or time.monotonic()
+                    down = time.monotonic() - unreachable_since
+                    since = f", for {down:.0f}s" if down >= 1 else ""
+                    log.warning("server unreachable (%s%s), retrying in %.1fs", e, since, delay)
+                if once_idle_for is not None:
+                    delay = min(delay, max(once_idle_for - self._idle_for(), 0.0))
+                self.stopping.wait(delay)
                 backoff = min(backoff * 2, 10.0)
                 continue
-            backoff = 0.5
+            if unreachable_since is not None:
+                log.info("server reachable again after %.0fs", time.monotonic() - unreachable_since)
+            unreachable_since, backoff = None, 0.5
             self._release(free - len(tasks))
             with self._lock:
                 self.counts["leased"] += len(tasks)
@@ -150,9 +182,6 @@ class Agent:
                     self._running[task.id] = task
             for task in tasks:
                 self._pool.submit(self._run_task, task)
-            if once_idle_for is not None and self._idle_for() >= once_idle_for:
-                log.info("no task for %gs: stopping", once_idle_for)
-                self.stop()
 
     def _idle_for(self) -> float:
         with self._lock:
@@ -183,8 +212,20 @@ class Agent:
     # -- one task -----------------------------------------------------------------------
 
     def _run_task(self, task: Task) -> None:
+        # A report leases the next task in the same request: this worker goes on with it
+        # (one round trip per task while the queue has work).
+        current: Optional[Task] = task
         try:
-            self._work_on(task)
+            while current is not None:
+                done, current = current, None
+                try:
+                    current = self._work_on(done)
+                finally:
+                    with self._lock:
+                        self._running.pop(done.id, None)
+                        if current is not None:
+                            self.counts["leased"] += 1
+                            self._running[current.id] = current
         except Exception:  # a bug must not kill the agent or leak its slot
             log.exception("task %s: the agent failed", task.id)
         finally:
@@ -194,10 +235,11 @@ class Agent:
                 self._last_work = time.monotonic()
                 self._idle.notify_all()
 
-    def _work_on(self, task: Task) -> None:
+    def _work_on(self, task: Task) -> Optional[Task]:
+        """Runs and reports `task`; answers the next task the report leased, if any."""
         what = f"task {task.id} {task.machine}/{task.key} {task.action} (attempt {task.attempt})"
         started = time.monotonic()
-        f = self.actions.get((task.machine, task.action))
+        f = self._function(task)
         outcome: Optional[Outcome] = None
         if f is None:
             known = ", ".join(sorted(f"{m}.{a}" for m, a in self.actions)) or "none"
@@ -219,15 +261,17 @@ class Agent:
             with self._lock:
                 self.counts["lost"] += 1
             log.info("%s: lease lost while it ran (%s), not reported", what, took)
-            return
+            return None
+        # Ask for the next task with the report, unless stopping.
+        nxt = None if self.stopping.is_set() else {"queue": self.queue, "agent": self.name, "max": 1}
         try:
             if outcome is not None:
-                self._send(task, lambda: self.client.complete(task, outcome))
-                kind, said = "completed", repr(outcome)
+                answer = self._send(task, lambda: self.client.complete(task, outcome, next=nxt))
+                kind, said = "completed", f"complete -> {outcome.describe()}"
             else:
-                self._send(task, lambda: self.client.fail(task, failure.error, failure.retryable))
+                answer = self._send(task, lambda: self.client.fail(task, failure.error, failure.retryable, next=nxt))
                 kind = "failed"
-                said = f"fail{'' if failure.retryable else ', not retryable'}: {failure.error}"
+                said = f"fail, {'retryable' if failure.retryable else 'not retryable'}: {failure.error}"
         except Problem as e:
             # Refused (the lease expired, the entity moved on, or the report is beyond the
             # action's declaration): nothing changed.
@@ -237,26 +281,35 @@ class Agent:
             # deleted meanwhile); anything else is a report this agent got wrong.
             level = logging.INFO if e.status == 409 else logging.WARNING
             log.log(level, "%s: report refused after %s: %s", what, took, e)
-            return
+            return None
         except Unreachable as e:
             with self._lock:
                 self.counts["lost"] += 1
             log.warning("%s: report lost, server unreachable: %s", what, e)
-            return
+            return None
         with self._lock:
             self.counts[kind] += 1
         log.info("%s: %s in %s", what, said, took)
+        leased = answer.get("tasks") or []
+        return leased[0] if leased else None
 
-    def _send(self, task: Task, send: Callable[[], object]) -> None:
+    def _send(self, task: Task, send: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
         """Sends a report, again while the server is unreachable and the lease lasts (a
         repeat of a report that landed is a replay and changes nothing)."""
         delay = 0.2
         while True:
             try:
-                send()
-                return
+                return send()
             except Unreachable:
                 if task.lease_left_ms() <= delay * 1000:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def _retry_after(problem: Problem, default: float) -> float:
+    """The delay a 429 or 503 asks for (`Retry-After`, in seconds), else `default`."""
+    try:
+        return max(float(problem.retry_after or ""), 0.1)
+    except ValueError:
+        return default

@@ -152,15 +152,30 @@ class Client:
         task.locked_until = int(answer["locked_until"])
         return task.locked_until
 
-    def complete(self, task: Task, outcome: Outcome) -> Dict[str, Any]:
+    def complete(self, task: Task, outcome: Outcome, next: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Reports the action's outcome: `{accepted, replayed}` (`replayed`: this very report
-        landed before and changed nothing now)."""
-        return self.call("POST", f"/v1/tasks/{task.id}/complete", outcome.body(task.token))
+        landed before and changed nothing now). With `next` (`{"queue", "agent", "max"}`)
+        the same request leases the next tasks once the report is accepted, without
+        waiting: the answer's `tasks` holds them as [`Task`]s (possibly none)."""
+        body = outcome.body(task.token)
+        if next is not None:
+            body["next"] = next
+        return self._leased(self.call("POST", f"/v1/tasks/{task.id}/complete", body))
 
-    def fail(self, task: Task, error: str, retryable: bool = True) -> Dict[str, Any]:
-        """Reports a failure: a fault of the entity, decided by its fault policy."""
-        body = {"token": task.token, "error": error, "retryable": retryable}
-        return self.call("POST", f"/v1/tasks/{task.id}/fail", body)
+    def fail(self, task: Task, error: str, retryable: bool = True,
+             next: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Reports a failure: a fault of the entity, decided by its fault policy. `next` as
+        for [`complete`]."""
+        body: Dict[str, Any] = {"token": task.token, "error": error, "retryable": retryable}
+        if next is not None:
+            body["next"] = next
+        return self._leased(self.call("POST", f"/v1/tasks/{task.id}/fail", body))
+
+    @staticmethod
+    def _leased(answer: Dict[str, Any]) -> Dict[str, Any]:
+        if answer.get("tasks") is not None:
+            answer["tasks"] = [Task.from_json(t) for t in answer["tasks"]]
+        return answer
 
     # -- entities -----------------------------------------------------------------------
 

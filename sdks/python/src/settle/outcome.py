@@ -3,6 +3,7 @@ a Rust handler's `Outcome` (`to`, `set`, `create`, `raise_`, `retry`)."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Dict, List, Optional
 
@@ -151,6 +152,21 @@ class Outcome:
         if self.raises:
             body["raise"] = [dict(r) for r in self.raises]
         return body
+
+    def describe(self) -> str:
+        """One line for a log: the target (or `retry`), the properties set as JSON, what is
+        unset, created and raised: `ready {"endpoint": "…"} create app/web-1-app`."""
+        parts = [self.target or "retry"]
+        if self.delay_ms is not None:
+            parts.append(f"after {self.delay_ms}ms")
+        if self.properties:
+            parts.append(json.dumps(self.properties, sort_keys=True, default=str))
+        for c in self.creates:
+            parts.append(f"create {c['machine']}/{c['key']}")
+        for r in self.raises:
+            where = r.get("on") or f"{r['machine']}/{r['key']}"
+            parts.append(f"raise {r['event']} on {where}")
+        return " ".join(parts)
 
     def __repr__(self) -> str:
         parts = [f"to {self.target}" if self.target else "retry"]
