@@ -63,7 +63,7 @@ pub struct AgentsArgs {
     /// Callers in flight at once (each raises and waits for the entity to be at rest).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
-    /// Agent loops (each leases up to `--batch` tasks per long poll and completes them).
+    /// Agent loops (each leases up to `--batch` tasks per long poll, reports them in parallel, and leases the next batch with the last report).
     #[arg(long, default_value_t = 4)]
     agents: usize,
     /// Most tasks per lease.
@@ -117,9 +117,10 @@ async fn agents(db: Option<&str>, args: AgentsArgs) -> anyhow::Result<ExitCode> 
         }
     })
     .await?;
-    // Agents: lease a batch, complete each at once (a provider that answers instantly);
-    // the last report of a batch leases the next batch in the same request, so while the
-    // queue has work an agent makes one round trip per task.
+    // Agents: lease a batch, complete each at once (a provider that answers instantly),
+    // the reports of a batch in parallel; the last report of a batch leases the next batch
+    // in the same request, so while the queue has work an agent makes one round trip per
+    // task.
     // A stop seen by every agent, wherever it is in its loop.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut agent_tasks = tokio::task::JoinSet::new();
@@ -139,12 +140,20 @@ async fn agents(db: Option<&str>, args: AgentsArgs) -> anyhow::Result<ExitCode> 
                     };
                     continue;
                 }
+                // The batch's reports go at once, as an agent working on its tasks in
+                // parallel sends them; the last one leases the next batch.
                 let last = leased.pop().expect("not empty");
+                let mut reports = tokio::task::JoinSet::new();
                 for task in leased.drain(..) {
-                    c.complete(&task, "done", json!({})).await?;
+                    let c = c.clone();
+                    reports.spawn(async move { c.complete(&task, "done", json!({})).await });
                 }
                 let done = settle_client::CompleteRequest { target: Some("done".into()), ..Default::default() };
-                leased = c.report_and_lease(&last, done, "bench", &name, batch).await?;
+                let next = c.report_and_lease(&last, done, "bench", &name, batch).await?;
+                while let Some(r) = reports.join_next().await {
+                    r??;
+                }
+                leased = next;
             }
         });
     }
