@@ -28,8 +28,21 @@ pub(crate) fn json_integer<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Opt
         return Ok(Some(u));
     }
     match n.as_f64() {
-        Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => Ok(Some(f as u64)),
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f < u64::MAX as f64 => Ok(Some(f as u64)),
         _ => Err(D::Error::custom(format!("expected a non-negative integer, not {n}"))),
+    }
+}
+
+/// An integer as JSON numbers carry it: `5`, `-5` or `5.0`, not `5.5`.
+fn json_i64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    use serde::de::Error;
+    let n = serde_json::Number::deserialize(d)?;
+    if let Some(i) = n.as_i64() {
+        return Ok(i);
+    }
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && f > i64::MIN as f64 && f < i64::MAX as f64 => Ok(f as i64),
+        _ => Err(D::Error::custom(format!("expected an integer, not {n}"))),
     }
 }
 
@@ -237,6 +250,66 @@ pub struct FailRequest {
     /// Lease the next tasks in the same request, once the report is accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<NextTasks>,
+}
+
+/// Many reports in one request (`POST /v1/tasks/reports`): each on its own task, each
+/// applied or refused on its own (one refused leaves the others), all queued in the same
+/// batch of the engine's writer; `next` leases the next tasks once they are handled.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReportMany {
+    /// The reports (1 to 100).
+    pub reports: Vec<TaskReport>,
+    /// Lease the next tasks in the same request, once the reports are handled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<NextTasks>,
+}
+
+/// One report of [`ReportMany`]: a task and either `complete` or `fail`, as their own
+/// requests' bodies (without `next`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TaskReport {
+    /// The task.
+    #[serde(deserialize_with = "json_i64")]
+    pub task: i64,
+    /// A successful result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete: Option<CompleteRequest>,
+    /// A failed result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail: Option<FailRequest>,
+}
+
+/// What became of each report of [`ReportMany`], in order, and the next tasks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReportsHandled {
+    /// One per report, in the request's order.
+    pub results: Vec<ReportResult>,
+    /// The tasks leased for `next` (present only when it asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Vec<Task>>,
+}
+
+/// One report's fate: accepted (possibly a replay), or refused with the problem its own
+/// request would have answered (its `field` prefixed with `reports[i].`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReportResult {
+    /// The task.
+    pub task: i64,
+    /// Accepted: queued durably for the entity.
+    pub accepted: bool,
+    /// The same report was applied before; this one changed nothing.
+    #[serde(default)]
+    pub replayed: bool,
+    /// Why it was refused (a problem document), when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub problem: Option<Value>,
 }
 
 /// A report was accepted: it is queued durably for the entity.

@@ -29,8 +29,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 pub use settle_api::{
-    Accepted, CompleteRequest, Entity, EntityPage, EventCheck, HistoryEntry, NextTasks, Operation, OperationTrace,
-    Outcome, QueuedEvent, Related, ReportCreate, ReportRaise, Task, Verdict,
+    Accepted, CompleteRequest, Entity, EntityPage, EventCheck, FailRequest, HistoryEntry, NextTasks, Operation,
+    OperationTrace, Outcome, QueuedEvent, Related, ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled,
+    Task, TaskReport, Verdict,
 };
 use settle_api::{Leased, OperationList};
 
@@ -493,6 +494,19 @@ impl Client {
             .map_err(|e| Error::Unexpected { url: "complete".into(), message: e.to_string() })?;
         let answer: Accepted = self.post(&format!("/v1/tasks/{}/complete", task.id), &body).await?;
         Ok(answer.tasks.unwrap_or_default())
+    }
+
+    /// Sends many reports in one request (`POST /v1/tasks/reports`), each applied or refused
+    /// on its own, and with `next`, leases the next tasks once they are handled: what became
+    /// of each report, in order, and the tasks leased.
+    pub async fn report_many(
+        &self,
+        reports: Vec<TaskReport>,
+        next: Option<NextTasks>,
+    ) -> Result<ReportsHandled, Error> {
+        let body = serde_json::to_value(ReportMany { reports, next })
+            .map_err(|e| Error::Unexpected { url: "reports".into(), message: e.to_string() })?;
+        self.post("/v1/tasks/reports", &body).await
     }
 
     /// Reports failure: a fault of the entity, retried by its fault policy when

@@ -101,6 +101,8 @@ pub const LIMIT: Range = Range { min: 1, max: 1000, default: 100 };
 pub const TASKS: Range = Range { min: 1, max: 100, default: 1 };
 /// An agent's long poll, in ms: `wait_ms` (the server caps it at `--max-wait`).
 pub const WAIT_MS: Range = Range { min: 0, max: 86_400_000, default: 20_000 };
+/// How long a report may put off the entered state's auto action, in ms (a year at most).
+pub const DELAY_MS: Range = Range { min: 0, max: 31_536_000_000, default: 0 };
 
 /// A word from a fixed set.
 pub type Words = &'static [&'static str];
@@ -124,6 +126,8 @@ enum Rule {
     Time,
     /// Any string; the example is shown.
     Free(&'static str),
+    /// An array of this many items (its items' schema kept).
+    Count(Range),
 }
 
 /// Parameters by where they are (`path`, `query`, `header`) and name.
@@ -154,6 +158,10 @@ const FIELDS: &[(&str, &str, Rule)] = &[
     ("LeaseRequest", "agent", Rule::Text(&AGENT)),
     ("LeaseRequest", "max", Rule::Range(TASKS)),
     ("LeaseRequest", "wait_ms", Rule::Range(WAIT_MS)),
+    ("CompleteRequest", "delay_ms", Rule::Range(DELAY_MS)),
+    ("NextTasks", "agent", Rule::Text(&AGENT)),
+    ("NextTasks", "max", Rule::Range(TASKS)),
+    ("ReportMany", "reports", Rule::Count(TASKS)),
     ("SleepRequest", "until", Rule::Time),
 ];
 
@@ -212,6 +220,7 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
     ("heartbeatTask", &[UnknownTask, TaskRefused, Internal, Unavailable]),
     ("completeTask", &[UnknownTask, TaskRefused, InvalidReport, InvalidKey, UnknownQueue, Internal, Unavailable]),
     ("failTask", &[UnknownTask, TaskRefused, UnknownQueue, Internal, Unavailable]),
+    ("reportTasks", &[UnknownQueue, InvalidKey, Internal, Unavailable]),
 ];
 
 /// The problems of every lifecycle command.
@@ -327,6 +336,11 @@ pub fn document(doc: &mut Value) {
 
 /// A constraint as a JSON schema, replacing `schema` (nullable stays nullable).
 fn constrain(schema: &mut Value, rule: Rule) {
+    if let Rule::Count(r) = rule {
+        schema["minItems"] = json!(r.min);
+        schema["maxItems"] = json!(r.max);
+        return;
+    }
     let nullable = schema["type"].as_array().is_some_and(|t| t.iter().any(|t| t == "null"));
     let description = schema.get("description").cloned();
     let mut s = match rule {
@@ -343,6 +357,7 @@ fn constrain(schema: &mut Value, rule: Rule) {
             }
             json!({"type": "string"})
         }
+        Rule::Count(_) => unreachable!("handled above"),
     };
     if nullable && let Some(t) = s.get_mut("type") {
         *t = json!([t.clone(), "null"]);
@@ -359,7 +374,7 @@ fn example_of(rule: Rule) -> Option<Value> {
         Rule::Range(r) => Some(json!(r.default)),
         Rule::Words(w) => Some(json!(w[0])),
         Rule::Time => Some(json!(RELATIVE_TIME.example)),
-        Rule::Free("") => None,
+        Rule::Free("") | Rule::Count(_) => None,
         Rule::Free(e) => Some(json!(e)),
     }
 }

@@ -172,6 +172,15 @@ impl Problem {
         self.0.field = Some(field.into());
         self
     }
+    /// The problem of a part of a larger request at `at` (`reports[2]`): its field, if any,
+    /// becomes `at.field`, else `at`.
+    pub fn within(mut self, at: &str) -> Self {
+        self.0.field = Some(match self.0.field.take() {
+            Some(f) => format!("{at}.{f}"),
+            None => at.to_string(),
+        });
+        self
+    }
     /// Adds a context member.
     pub fn with(mut self, name: &str, value: impl Into<Value>) -> Self {
         self.0.context.insert(name.to_string(), value.into());

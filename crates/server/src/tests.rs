@@ -808,6 +808,88 @@ async fn a_report_leases_the_next_tasks_in_the_same_request() {
 }
 
 #[tokio::test]
+async fn many_reports_in_one_request_are_each_applied_or_refused_on_their_own() {
+    let app = App::with_machines(Tokens::open(), Config::default(), &[("vm", VM)]).await;
+    let keys = ["m1", "m2", "m3", "m4", "m5"];
+    for key in keys {
+        app.post("/v1/machines/vm/entities", json!({"key": key})).await;
+        app.post(&format!("/v1/machines/vm/entities/{key}/events/create"), json!({})).await;
+    }
+    app.state.engine().wait_caught_up().await.unwrap();
+    let leased = app.post("/v1/queues/cloud/lease", json!({"agent": "a", "max": 4, "wait_ms": 5000})).await;
+    let tasks = leased.json()["tasks"].as_array().cloned().unwrap();
+    assert_eq!(tasks.len(), 4, "{}", leased.text);
+    let id = |t: &Value| (t["id"].as_i64().unwrap(), t["token"].as_str().unwrap().to_string());
+    let ((a, ta), (b, tb), (c, _), (d, td)) = (id(&tasks[0]), id(&tasks[1]), id(&tasks[2]), id(&tasks[3]));
+    let body = json!({
+        "reports": [
+            {"task": a, "complete": {"token": ta, "target": "ready"}},
+            {"task": b, "fail": {"token": tb, "error": "quota", "retryable": false}},
+            {"task": c, "complete": {"token": "not-its-token", "target": "ready"}},
+            {"task": d, "complete": {"token": td, "target": "nowhere"}},
+        ],
+        "next": {"queue": "cloud", "agent": "a", "max": 5},
+    });
+    let r = app.post("/v1/tasks/reports", body).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let v = r.json();
+    let fate: Vec<_> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["task"].as_i64().unwrap(),
+                r["accepted"].as_bool().unwrap(),
+                r["problem"]["field"].as_str().map(str::to_string),
+            )
+        })
+        .collect();
+    assert_eq!(
+        fate,
+        [
+            (a, true, None),
+            (b, true, None),
+            (c, false, Some("reports[2].complete".into())),
+            (d, false, Some("reports[3].complete.target".into()))
+        ],
+        "{v}"
+    );
+    assert_eq!(v["results"][2]["problem"]["status"], 409, "{v}");
+    // The fifth entity's task was not leased before: `next` brings it.
+    let next: Vec<_> = v["tasks"].as_array().unwrap().iter().map(|t| t["key"].as_str().unwrap().to_string()).collect();
+    assert_eq!(next, ["m5"], "{v}");
+    app.state.engine().wait_caught_up().await.unwrap();
+    let state = |key: String| {
+        let app = &app;
+        async move {
+            let e = app.get(&format!("/v1/machines/vm/entities/{key}")).await.json();
+            (e["state"].as_str().unwrap().to_string(), e["run_status"].as_str().unwrap().to_string())
+        }
+    };
+    let key = |t: &Value| t["key"].as_str().unwrap().to_string();
+    assert_eq!(state(key(&tasks[0])).await, ("ready".into(), "active".into()));
+    assert_eq!(state(key(&tasks[1])).await, ("provisioning".into(), "failed".into()), "a non-retryable fail parks it");
+    assert_eq!(state(key(&tasks[2])).await, ("provisioning".into(), "active".into()), "refused: nothing changed");
+    assert_eq!(state(key(&tasks[3])).await, ("provisioning".into(), "active".into()), "refused: nothing changed");
+    // The request as a whole: at least one report, at most 100; exactly one of complete and fail.
+    let table = vec![
+        (Req::new("POST", "/v1/tasks/reports").json(json!({"reports": []})), 422, "invalid-body", Some("reports")),
+        (
+            Req::new("POST", "/v1/tasks/reports")
+                .json(json!({"reports": [{"task": a}], "next": {"queue": "nope", "agent": "a"}})),
+            404,
+            "unknown-queue",
+            Some("next.queue"),
+        ),
+    ];
+    app.assert_problems(table).await;
+    let r = app.post("/v1/tasks/reports", json!({"reports": [{"task": a}]})).await;
+    assert_eq!(r.json()["results"][0]["problem"]["field"], "reports[0]", "{}", r.text);
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn lifecycle_commands() {
     let app = App::new(Tokens::open()).await;
     app.post("/v1/machines/door/entities", json!({"key": "d"})).await;

@@ -117,6 +117,29 @@ class LiveTest(unittest.TestCase):
         for key in ("n-1", "n-2"):
             self.wait_for_in("batch", key, lambda e: e["state"] == "done")
 
+    def test_many_reports_in_one_request_each_applied_or_refused(self):
+        for key in ("m-1", "m-2", "m-3"):
+            self.client.create("batch", key)
+            self.client.raise_event("batch", key, "run")
+        deadline = time.monotonic() + 30
+        leased = []
+        while len(leased) < 2:
+            self.assertLess(time.monotonic(), deadline, f"only {leased} of `sdk-next` were offered")
+            leased += self.client.lease("sdk-next", "by-hand", 2 - len(leased), wait_s=1.0)
+        done, parked = leased
+        stale = Task.from_json({**done.raw, "token": "not-its-token"})
+        nxt = {"queue": "sdk-next", "agent": "by-hand", "max": 5}
+        answer = self.client.report_many(
+            [(done, Outcome.to("done")), (parked, Fail("quota", retryable=False)), (stale, Outcome.to("done"))], next=nxt)
+        fate = [(r["task"], r["accepted"], (r.get("problem") or {}).get("field")) for r in answer["results"]]
+        self.assertEqual(fate, [(done.id, True, None), (parked.id, True, None), (done.id, False, "reports[2].complete")])
+        [third] = answer["tasks"]
+        self.assertNotIn(third.key, (done.key, parked.key))
+        self.client.complete(third, Outcome.to("done"))
+        self.wait_for_in("batch", done.key, lambda e: e["state"] == "done")
+        self.wait_for_in("batch", third.key, lambda e: e["state"] == "done")
+        self.wait_for_in("batch", parked.key, lambda e: e["run_status"] == "failed")
+
     def wait_for_in(self, machine, key, check, limit=30.0):
         deadline = time.monotonic() + limit
         while True:

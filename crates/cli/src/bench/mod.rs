@@ -63,7 +63,7 @@ pub struct AgentsArgs {
     /// Callers in flight at once (each raises and waits for the entity to be at rest).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
-    /// Agent loops (each leases up to `--batch` tasks per long poll, reports them in parallel, and leases the next batch with the last report).
+    /// Agent loops (each leases up to `--batch` tasks per long poll, and reports them in one request that leases the next batch).
     #[arg(long, default_value_t = 4)]
     agents: usize,
     /// Most tasks per lease.
@@ -118,9 +118,7 @@ async fn agents(db: Option<&str>, args: AgentsArgs) -> anyhow::Result<ExitCode> 
     })
     .await?;
     // Agents: lease a batch, complete each at once (a provider that answers instantly),
-    // the reports of a batch in parallel; the last report of a batch leases the next batch
-    // in the same request, so while the queue has work an agent makes one round trip per
-    // task.
+    // all of a batch's reports in one request that also leases the next batch.
     // A stop seen by every agent, wherever it is in its loop.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut agent_tasks = tokio::task::JoinSet::new();
@@ -140,20 +138,30 @@ async fn agents(db: Option<&str>, args: AgentsArgs) -> anyhow::Result<ExitCode> 
                     };
                     continue;
                 }
-                // The batch's reports go at once, as an agent working on its tasks in
-                // parallel sends them; the last one leases the next batch.
-                let last = leased.pop().expect("not empty");
-                let mut reports = tokio::task::JoinSet::new();
-                for task in leased.drain(..) {
-                    let c = c.clone();
-                    reports.spawn(async move { c.complete(&task, "done", json!({})).await });
+                // The batch's reports go in one request, which also leases the next batch:
+                // while the queue has work, one round trip per batch.
+                let reports = leased
+                    .drain(..)
+                    .map(|task| settle_client::TaskReport {
+                        task: task.id,
+                        complete: Some(settle_client::CompleteRequest {
+                            token: task.token,
+                            target: Some("done".into()),
+                            ..Default::default()
+                        }),
+                        fail: None,
+                    })
+                    .collect();
+                let next = settle_client::NextTasks {
+                    queue: "bench".into(),
+                    agent: name.clone(),
+                    max: Some(u64::from(batch)),
+                };
+                let handled = c.report_many(reports, Some(next)).await?;
+                if let Some(refused) = handled.results.iter().find(|r| !r.accepted) {
+                    bail!("a report was refused: {refused:?}");
                 }
-                let done = settle_client::CompleteRequest { target: Some("done".into()), ..Default::default() };
-                let next = c.report_and_lease(&last, done, "bench", &name, batch).await?;
-                while let Some(r) = reports.join_next().await {
-                    r??;
-                }
-                leased = next;
+                leased = handled.tasks.unwrap_or_default();
             }
         });
     }

@@ -9,6 +9,10 @@
 //! - `POST /v1/tasks/{id}/fail` `{token, error, retryable?, next?}` → 202 `{accepted,
 //!   replayed, tasks?}`.
 //!
+//! - `POST /v1/tasks/reports` `{reports: [{task, complete | fail}], next?}` → 200
+//!   `{results: [{task, accepted, replayed, problem?}], tasks?}`: many reports in one request,
+//!   each applied or refused on its own.
+//!
 //! A report's `next` `{queue, agent, max?}` leases the next tasks in the same request once
 //! the report is accepted (without waiting): an agent with work queued makes one round trip
 //! per task. It is checked before the report is, so a bad `next` changes nothing.
@@ -33,7 +37,8 @@ use crate::auth::Caller;
 use crate::contract::{AGENT, TASKS, WAIT_MS};
 use crate::extract::{JsonBody, Path};
 use crate::model::{
-    Accepted, CompleteRequest, Extended, FailRequest, HeartbeatRequest, LeaseRequest, Leased, NextTasks, Task,
+    Accepted, CompleteRequest, Extended, FailRequest, HeartbeatRequest, LeaseRequest, Leased, NextTasks, ReportMany,
+    ReportResult, ReportsHandled, Task, TaskReport,
 };
 use crate::paths::{QueuePath, TaskPath};
 use crate::problem::{Kind, Problem};
@@ -46,6 +51,7 @@ pub fn agent() -> OpenApiRouter<AppState> {
         .routes(routes!(heartbeat))
         .routes(routes!(complete))
         .routes(routes!(fail))
+        .routes(routes!(report_many))
 }
 
 fn check_queue(s: &AppState, caller: &Caller, queue: &str) -> Result<(), Problem> {
@@ -175,6 +181,11 @@ fn lease_args(
     field: &str,
 ) -> Result<usize, Problem> {
     check_queue(s, caller, queue).map_err(|p| if field.is_empty() { p } else { p.field(format!("{field}queue")) })?;
+    lease_shape(agent, max, field)
+}
+
+/// Checks a lease's agent name and count (`field` as for [`lease_args`]); answers the count.
+fn lease_shape(agent: &str, max: Option<u64>, field: &str) -> Result<usize, Problem> {
     if !AGENT.matches(agent) {
         return Err(Problem::new(Kind::InvalidBody, "agent must be 1 to 200 characters, without control characters")
             .field(format!("{field}agent")));
@@ -250,19 +261,42 @@ async fn complete(
     Path(TaskPath { id }): Path<TaskPath>,
     JsonBody(req): JsonBody<CompleteRequest>,
 ) -> Result<Response, Problem> {
-    let token = req.token.clone();
     let next = checked_next(&s, &caller, req.next.clone())?;
+    let token = req.token.clone();
     let report = super::report::outcome(req)?;
-    let result = TaskResult::Complete(report.outcome.clone());
-    let answer = s.engine().agent_report_as(id, &token, result, caller.queues()).await.map_err(|e| match e {
+    let answer = report_complete(&s, &caller, id, &token, report).await?;
+    Ok(accepted(answer, lease_next(&s, next).await?))
+}
+
+/// Applies a `complete` report of task `id` (its `next` aside), its body read into `report`.
+async fn report_complete(
+    s: &AppState,
+    caller: &Caller,
+    id: i64,
+    token: &str,
+    mut report: super::report::Report,
+) -> Result<settle_engine::Report, Problem> {
+    // The outcome goes to the engine; the report keeps what maps its fields back.
+    let result = TaskResult::Complete(std::mem::take(&mut report.outcome));
+    s.engine().agent_report_as(id, token, result, caller.queues()).await.map_err(|e| match e {
         // The engine names the outcome's part at fault; the agent needs the request's.
         settle_engine::Error::Task(TaskRefusal::BadReport { task, field, reason }) => refused(
-            &caller,
+            caller,
             settle_engine::Error::Task(TaskRefusal::BadReport { task, field: report.field(&field), reason }),
         ),
-        other => refused(&caller, other),
-    })?;
-    Ok(accepted(answer, lease_next(&s, next).await?))
+        other => refused(caller, other),
+    })
+}
+
+/// Applies a `fail` report of task `id` (its `next` aside).
+async fn report_fail(
+    s: &AppState,
+    caller: &Caller,
+    id: i64,
+    req: FailRequest,
+) -> Result<settle_engine::Report, Problem> {
+    let result = TaskResult::Fail { error: req.error, retryable: req.retryable.unwrap_or(true) };
+    s.engine().agent_report_as(id, &req.token, result, caller.queues()).await.map_err(|e| refused(caller, e))
 }
 
 /// Reports a task failed: a fault of the entity, decided by its fault policy. With `next`,
@@ -284,9 +318,135 @@ async fn fail(
     Path(TaskPath { id }): Path<TaskPath>,
     JsonBody(req): JsonBody<FailRequest>,
 ) -> Result<Response, Problem> {
-    let next = checked_next(&s, &caller, req.next)?;
-    let result = TaskResult::Fail { error: req.error, retryable: req.retryable.unwrap_or(true) };
-    let report =
-        s.engine().agent_report_as(id, &req.token, result, caller.queues()).await.map_err(|e| refused(&caller, e))?;
+    let next = checked_next(&s, &caller, req.next.clone())?;
+    let report = report_fail(&s, &caller, id, req).await?;
     Ok(accepted(report, lease_next(&s, next).await?))
+}
+
+/// What the document constrains in report `i` of many, checked for the whole request
+/// before any report is applied (what it cannot say is refused for that report alone): a
+/// `next` of its own (refused later) must still have the shape of one; object members
+/// must be objects, created keys fit the key pattern.
+fn shape_fits(i: usize, r: &TaskReport) -> Result<(), Problem> {
+    let nested = [
+        ("complete", r.complete.as_ref().and_then(|c| c.next.as_ref())),
+        ("fail", r.fail.as_ref().and_then(|f| f.next.as_ref())),
+    ];
+    for (part, next) in nested {
+        if let Some(n) = next {
+            lease_shape(&n.agent, n.max, &format!("reports[{i}].{part}.next."))?;
+        }
+    }
+    let Some(c) = &r.complete else { return Ok(()) };
+    let at = format!("reports[{i}].complete");
+    if let Some(ms) = c.delay_ms.filter(|ms| !crate::contract::DELAY_MS.contains(*ms)) {
+        let max = crate::contract::DELAY_MS.max;
+        return Err(Problem::new(Kind::InvalidBody, format!("delay_ms must be from 0 to {max} (a year), not {ms}"))
+            .field(format!("{at}.delay_ms")));
+    }
+    let object = |field: String, v: &Option<serde_json::Value>| match v {
+        None | Some(serde_json::Value::Null | serde_json::Value::Object(_)) => Ok(()),
+        Some(_) => Err(Problem::new(Kind::InvalidBody, format!("{field}: must be a JSON object")).field(field)),
+    };
+    object(format!("{at}.properties"), &c.properties)?;
+    for (j, e) in c.create.iter().enumerate() {
+        super::check_key(&e.key).map_err(|p| p.field(format!("{at}.create[{j}].key")))?;
+        object(format!("{at}.create[{j}].properties"), &e.properties)?;
+        object(format!("{at}.create[{j}].params"), &e.params)?;
+    }
+    for (j, e) in c.raise.iter().enumerate() {
+        object(format!("{at}.raise[{j}].params"), &e.params)?;
+    }
+    Ok(())
+}
+
+/// Reports many tasks in one request: each report is applied or refused on its own, as its
+/// own `complete` or `fail` request would be (a refusal's `field` prefixed with
+/// `reports[i].`), all queued together; `next` leases the next tasks once they are handled.
+#[utoipa::path(
+    post,
+    operation_id = "reportTasks",
+    path = "/v1/tasks/reports",
+    tag = "agents",
+    request_body(content = ReportMany, content_type = "application/json"),
+    responses(
+        (status = 200, description = "what became of each report, in order", body = ReportsHandled),
+    )
+)]
+async fn report_many(
+    State(s): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<ReportMany>,
+) -> Result<Json<ReportsHandled>, Problem> {
+    let n = req.reports.len() as u64;
+    if !TASKS.contains(n) {
+        return Err(Problem::new(Kind::InvalidBody, format!("reports must hold 1 to {} reports, not {n}", TASKS.max))
+            .field("reports"));
+    }
+    let next = checked_next(&s, &caller, req.next)?;
+    // What the document constrains is checked for the whole request first (a report that
+    // breaks it refuses the request, nothing applied); the rest for each report.
+    for (i, r) in req.reports.iter().enumerate() {
+        shape_fits(i, r)?;
+    }
+    // All at once: the engine's writer queues them in one batch.
+    let mut running = tokio::task::JoinSet::new();
+    for (i, r) in req.reports.into_iter().enumerate() {
+        let (s, caller) = (s.clone(), caller.clone());
+        running.spawn(async move {
+            let task = r.task;
+            let no_next = |at: &str| {
+                Problem::new(Kind::InvalidBody, "a report of many takes no `next` of its own: give it beside `reports`")
+                    .field(format!("{at}.next"))
+            };
+            let answer = match (r.complete, r.fail) {
+                (Some(c), None) => {
+                    let at = format!("reports[{i}].complete");
+                    match c.next {
+                        Some(_) => Err(no_next(&at)),
+                        None => {
+                            let token = c.token.clone();
+                            match super::report::outcome(c) {
+                                Ok(outcome) => report_complete(&s, &caller, task, &token, outcome).await,
+                                Err(p) => Err(p),
+                            }
+                            .map_err(|p| p.within(&at))
+                        }
+                    }
+                }
+                (None, Some(f)) => {
+                    let at = format!("reports[{i}].fail");
+                    match f.next {
+                        Some(_) => Err(no_next(&at)),
+                        None => report_fail(&s, &caller, task, f).await.map_err(|p| p.within(&at)),
+                    }
+                }
+                _ => Err(Problem::new(Kind::InvalidBody, "give exactly one of `complete` and `fail`")
+                    .field(format!("reports[{i}]"))),
+            };
+            (i, task, answer)
+        });
+    }
+    let mut results = Vec::with_capacity(n as usize);
+    while let Some(done) = running.join_next().await {
+        let (i, task, answer) = done.map_err(|e| Problem::new(Kind::Internal, format!("a report failed: {e}")))?;
+        let result = match answer {
+            Ok(report) => ReportResult {
+                task,
+                accepted: true,
+                replayed: report == settle_engine::Report::Replayed,
+                problem: None,
+            },
+            Err(p) => ReportResult {
+                task,
+                accepted: false,
+                replayed: false,
+                problem: Some(serde_json::to_value(p.body()).unwrap_or_default()),
+            },
+        };
+        results.push((i, result));
+    }
+    results.sort_by_key(|(i, _)| *i);
+    let results = results.into_iter().map(|(_, r)| r).collect();
+    Ok(Json(ReportsHandled { results, tasks: lease_next(&s, next).await? }))
 }

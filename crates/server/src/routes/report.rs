@@ -15,6 +15,11 @@ use crate::problem::{Kind, Problem};
 /// A created entity's first event is one of the outcome's raises, before those of `raise`:
 /// [`Report::field`] names the part of the request a raise came from.
 pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
+    if let Some(ms) = req.delay_ms.filter(|ms| !crate::contract::DELAY_MS.contains(*ms)) {
+        let max = crate::contract::DELAY_MS.max;
+        return Err(Problem::new(Kind::InvalidBody, format!("delay_ms must be from 0 to {max} (a year), not {ms}"))
+            .field("delay_ms"));
+    }
     let (mut origins, mut related) = (Vec::new(), Vec::new());
     let mut out = ActionOutcome {
         target: req.target.map(StateName::new),
@@ -171,6 +176,9 @@ mod tests {
     fn a_retry_names_no_target() {
         let o = outcome(req(json!({"token": "t", "delay_ms": 5000}))).expect("valid").outcome;
         assert_eq!((o.target, o.delay), (None, Some(std::time::Duration::from_secs(5))));
+        // At most a year: a delay beyond would overflow the clock, not wait.
+        let Err(p) = outcome(req(json!({"token": "t", "delay_ms": 31_536_000_001u64}))) else { panic!("accepted") };
+        assert_eq!((p.kind(), p.body().field.as_deref()), (Kind::InvalidBody, Some("delay_ms")));
     }
 
     #[test]

@@ -7,9 +7,9 @@ import http.client
 import json
 import threading
 import urllib.parse
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .outcome import Outcome
+from .outcome import Fail, Outcome
 from .task import Task
 
 # The server leases at most this many tasks per request.
@@ -170,6 +170,24 @@ class Client:
         if next is not None:
             body["next"] = next
         return self._leased(self.call("POST", f"/v1/tasks/{task.id}/fail", body))
+
+    def report_many(self, reports: "List[Tuple[Task, Union[Outcome, Fail]]]",
+                    next: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Sends many reports in one request: each `(task, Outcome)` a `complete`, each
+        `(task, Fail)` a `fail`. Each is applied or refused on its own: the answer's
+        `results` say, in order, `{task, accepted, replayed, problem?}` (a refusal's
+        `problem` as its own request would have answered, its `field` prefixed with
+        `reports[i].`); with `next`, `tasks` holds the next tasks leased."""
+        body: Dict[str, Any] = {"reports": []}
+        for task, result in reports:
+            if isinstance(result, Fail):
+                one = {"token": task.token, "error": result.error, "retryable": result.retryable}
+                body["reports"].append({"task": task.id, "fail": one})
+            else:
+                body["reports"].append({"task": task.id, "complete": result.body(task.token)})
+        if next is not None:
+            body["next"] = next
+        return self._leased(self.call("POST", "/v1/tasks/reports", body))
 
     @staticmethod
     def _leased(answer: Dict[str, Any]) -> Dict[str, Any]:
