@@ -1,0 +1,138 @@
+//! One outcome, three authors (DESIGN §1): a Rust handler, a declarative TOML action and an
+//! agent's report give the same whole outcome — a target, a property computed from the
+//! entity, a successor created with a first event, an event raised on an entity named by
+//! key — and the engine commits it alike, on SQLite and on PostgreSQL (`SETTLE_TEST_PG`).
+
+mod common;
+
+use std::time::Duration;
+
+use serde_json::json;
+use settle_core::step::{Create, PropChange, Raise};
+use settle_core::{ActionOutcome, Machine, Properties, StateName};
+use settle_engine::{Engine, RaiseOptions, Wait};
+use settle_store::{PgStore, Store, TaskResult};
+
+#[derive(Clone, Copy, Debug)]
+enum Author {
+    Rust,
+    Toml,
+    Agent,
+}
+
+/// `parent`: idle -go→ working, whose auto action `work` (each author's) moves to `waiting`
+/// with `size` twice `base`, creates `<key>-c` and starts it, and pokes `peer` `p1`.
+fn parent(author: Author) -> Machine {
+    let work = match author {
+        Author::Rust => "",
+        Author::Toml => {
+            "set = { size = \"props.base * 2\" }\n\
+             create = [{ machine = \"child\", key = \"key + '-c'\", event = \"start\" }]\n\
+             raise = [{ event = \"poke\", machine = \"peer\", key = \"'p1'\" }]\n"
+        }
+        Author::Agent => "agent = \"q\"\nlock = \"30s\"\n",
+    };
+    let text = format!(
+        "name = \"parent\"\ninitial = \"idle\"\nproperties = [\"base\"]\n\
+         [states.idle]\n[states.working]\nauto = \"work\"\n[states.waiting]\n\
+         [events.go]\nin = [\"idle\"]\naction = \"begin\"\n\
+         [actions.begin]\nto = [\"working\"]\n\
+         [actions.work]\nto = [\"waiting\"]\nmay_create = [\"child\"]\nmay_raise = [\"start\", \"poke\"]\n{work}"
+    );
+    settle_core::toml::load("parent.toml", "parent", &text).expect("parent loads").0
+}
+
+fn small(name: &str, from: &str, event: &str, to: &str) -> Machine {
+    let text = format!(
+        "name = \"{name}\"\ninitial = \"{from}\"\n[states.{from}]\n[states.{to}]\n\
+         [events.{event}]\nin = [\"{from}\"]\naction = \"do_{event}\"\n[actions.do_{event}]\nto = [\"{to}\"]\n"
+    );
+    settle_core::toml::load(&format!("{name}.toml"), name, &text).expect("loads").0
+}
+
+/// The whole outcome, as each author states it.
+fn outcome(key: &str, base: i64) -> ActionOutcome {
+    ActionOutcome {
+        target: Some(StateName::new("waiting")),
+        changes: vec![PropChange::Set("size".into(), json!(base * 2))],
+        creates: vec![Create {
+            machine: "child".into(),
+            key: format!("{key}-c").into(),
+            properties: Properties::new(),
+        }],
+        raises: vec![
+            Raise {
+                machine: "child".into(),
+                key: format!("{key}-c").into(),
+                event: "start".into(),
+                params: json!({}),
+                join: false,
+            },
+            Raise { machine: "peer".into(), key: "p1".into(), event: "poke".into(), params: json!({}), join: false },
+        ],
+        ..ActionOutcome::default()
+    }
+}
+
+/// What the outcome left: the parent's state and size, its successors and their states,
+/// the peer's state.
+async fn run<S: Store + Clone>(store: S, author: Author) -> (String, serde_json::Value, Vec<(String, String)>, String) {
+    let mut builder = Engine::builder(store)
+        .machine(parent(author))
+        .machine(small("child", "new", "start", "started"))
+        .machine(small("peer", "idle", "poke", "poked"))
+        .clock(common::clock());
+    if let Author::Rust = author {
+        builder = builder.on("parent", "work", |ctx| async move {
+            let base = ctx.properties["base"].as_i64().unwrap_or_default();
+            let child = format!("{}-c", ctx.key);
+            Ok(settle_engine::Outcome::to("waiting")
+                .set("size", json!(base * 2))
+                .create("child", &child, Properties::new())
+                .raise("child", &child, "start", json!({}))
+                .raise("peer", "p1", "poke", json!({})))
+        });
+    }
+    let engine = builder.start().await.unwrap();
+    engine.create("peer", "p1", Properties::new()).await.unwrap();
+    let mut props = Properties::new();
+    props.insert("base".into(), json!(21));
+    engine.create("parent", "a", props).await.unwrap();
+    engine.raise("parent", "a", "go", RaiseOptions::wait(Wait::Outcome)).await.unwrap();
+    if let Author::Agent = author {
+        let tasks = engine.agent_lease("q", "agent-1", 1, Duration::from_secs(10)).await.unwrap();
+        let task = &tasks[0];
+        engine
+            .agent_report(task.id, task.token.as_deref().unwrap(), TaskResult::Complete(outcome("a", 21)))
+            .await
+            .unwrap();
+    }
+    engine.wait_idle().await.unwrap();
+    let p = engine.get("parent", "a").await.unwrap().unwrap();
+    let succ = engine.store().successor_snapshot(p.id).await.unwrap().successors;
+    let succ = succ.iter().map(|e| (e.key.to_string(), e.state.to_string())).collect();
+    let peer = engine.get("peer", "p1").await.unwrap().unwrap().state.to_string();
+    engine.shutdown().await;
+    (p.state.to_string(), p.properties.get("size").cloned().unwrap_or_default(), succ, peer)
+}
+
+fn expected() -> (String, serde_json::Value, Vec<(String, String)>, String) {
+    ("waiting".into(), json!(42), vec![("a-c".into(), "started".into())], "poked".into())
+}
+
+#[tokio::test]
+async fn every_author_commits_the_same_outcome_on_sqlite() {
+    for author in [Author::Rust, Author::Toml, Author::Agent] {
+        let (_dir, store) = common::sqlite();
+        assert_eq!(run(store, author).await, expected(), "{author:?}");
+    }
+}
+
+#[tokio::test]
+async fn every_author_commits_the_same_outcome_on_postgres() {
+    for author in [Author::Rust, Author::Toml, Author::Agent] {
+        let Some(url) = settle_store::postgres::test_url("authors") else { return };
+        let store = tokio::task::spawn_blocking(move || PgStore::open(&url)).await.unwrap().expect("open PostgreSQL");
+        assert_eq!(run(store, author).await, expected(), "{author:?}");
+    }
+}
