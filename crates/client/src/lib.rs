@@ -29,9 +29,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 pub use settle_api::{
-    Accepted, CompleteRequest, Entity, EntityPage, EventCheck, FailRequest, HistoryEntry, NextTasks, Operation,
-    OperationTrace, Outcome, QueuedEvent, Related, ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled,
-    Task, TaskReport, Verdict,
+    CompleteRequest, Entity, EntityPage, EventCheck, FailRequest, HistoryEntry, NextTasks, Operation, OperationTrace,
+    Outcome, QueuedEvent, Related, ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled, Task,
+    TaskReport, Verdict,
 };
 use settle_api::{Leased, OperationList};
 
@@ -474,26 +474,6 @@ impl Client {
         let body = serde_json::to_value(&body)
             .map_err(|e| Error::Unexpected { url: "complete".into(), message: e.to_string() })?;
         self.post::<Value>(&format!("/v1/tasks/{}/complete", task.id), &body).await.map(|_| ())
-    }
-
-    /// Reports success as [`report`](Self::report) does, and leases up to `max` next tasks
-    /// of `queue` as `agent` in the same request once the report is accepted, without
-    /// waiting: an agent with work queued makes one round trip per task. Answers the tasks
-    /// leased (none when the queue had none ready: lease with a wait then).
-    pub async fn report_and_lease(
-        &self,
-        task: &Task,
-        outcome: CompleteRequest,
-        queue: &str,
-        agent: &str,
-        max: u32,
-    ) -> Result<Vec<Task>, Error> {
-        let next = NextTasks { queue: queue.to_string(), agent: agent.to_string(), max: Some(u64::from(max)) };
-        let body = CompleteRequest { token: task.token.clone(), next: Some(next), ..outcome };
-        let body = serde_json::to_value(&body)
-            .map_err(|e| Error::Unexpected { url: "complete".into(), message: e.to_string() })?;
-        let answer: Accepted = self.post(&format!("/v1/tasks/{}/complete", task.id), &body).await?;
-        Ok(answer.tasks.unwrap_or_default())
     }
 
     /// Sends many reports in one request (`POST /v1/tasks/reports`), each applied or refused

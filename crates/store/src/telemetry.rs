@@ -40,6 +40,29 @@ pub struct EventRecord {
     pub params: serde_json::Value,
 }
 
+impl EventRecord {
+    /// The record of processing inbox item `item` (rejected in the entity's state, or its
+    /// action failed): its kind named for the `events` table, its id, raise time and
+    /// parameters (none for an agent's report, whose params encode the report).
+    pub fn of(item: &crate::InboxItem, rejected: bool, failed: bool) -> EventRecord {
+        use crate::InboxKind;
+        EventRecord {
+            kind: match item.kind {
+                InboxKind::Raised => "raised",
+                InboxKind::Nested => "nested",
+                InboxKind::Timer => "timer",
+                InboxKind::Notice => "subscription",
+                InboxKind::Agent => "agent",
+            },
+            seq: item.id,
+            raised_at: item.created_at,
+            rejected,
+            failed,
+            params: if item.kind == InboxKind::Agent { serde_json::Value::Null } else { item.params.clone() },
+        }
+    }
+}
+
 /// A state entry, for the `transitions` table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransitionRecord {

@@ -197,14 +197,7 @@ fn step(c: &settle_store::Claimed, to: &str, at_rest: bool) -> Op {
         request_id: item.and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
         notify_predecessors: true,
         telemetry: Telemetry {
-            event: item.map(|i| EventRecord {
-                kind: "raised",
-                seq: i.id,
-                raised_at: i.created_at,
-                rejected: false,
-                failed: false,
-                params: i.params.clone(),
-            }),
+            event: item.map(|i| EventRecord::of(i, false, false)),
             transition: Some(TransitionRecord {
                 kind: "event",
                 start_health: Some("ok"),

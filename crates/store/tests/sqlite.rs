@@ -136,14 +136,7 @@ async fn state_entries_carry_their_transition_telemetry() {
             request_id: Some("r1".into()),
             machine_hash: Some("h2".into()),
             telemetry: Telemetry {
-                event: event.then(|| EventRecord {
-                    kind: "raised",
-                    seq: item.id,
-                    raised_at: item.created_at,
-                    rejected: false,
-                    failed: false,
-                    params: item.params.clone(),
-                }),
+                event: event.then(|| EventRecord::of(&item, false, false)),
                 transition: Some(TransitionRecord {
                     kind,
                     start_health: Some("ok"),
@@ -245,14 +238,7 @@ async fn busy_follows_what_keeps_an_entity_working() {
         commit.consume = Some(item.id);
         commit.event = Some(item.event.clone());
         commit.telemetry = Telemetry {
-            event: Some(EventRecord {
-                kind: "raised",
-                seq: item.id,
-                raised_at: item.created_at,
-                rejected: c.entity.key.as_str() != "parent",
-                failed: false,
-                params: item.params.clone(),
-            }),
+            event: Some(EventRecord::of(&item, c.entity.key.as_str() != "parent", false)),
             ..Telemetry::default()
         };
         if c.entity.key.as_str() == "parent" {

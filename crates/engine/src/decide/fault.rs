@@ -3,9 +3,11 @@
 //! auto action re-enters its state after the backoff.
 
 use settle_core::fault::FaultDecision;
-use settle_store::{AfterCommit, Commit, ErrorRecord, HistoryKind, InboxItem, RunStatus, Telemetry, TransitionRecord};
+use settle_store::{
+    AfterCommit, Commit, ErrorRecord, EventRecord, HistoryKind, InboxItem, RunStatus, Telemetry, TransitionRecord,
+};
 
-use super::parts::{event_record, ms, task_offer};
+use super::parts::{ms, task_offer};
 use super::{Decided, Env, Held, Note};
 use crate::api::EventOutcome;
 use crate::handler::{HandlerError, Outcome};
@@ -75,7 +77,7 @@ pub(crate) fn fault(
         recent_errors: Some(recent),
         machine_hash: env.registry.hash(held.machine.name()),
         telemetry: Telemetry {
-            event: item.as_ref().map(|i| event_record(i, false, true)),
+            event: item.as_ref().map(|i| EventRecord::of(i, false, true)),
             error: Some(ErrorRecord {
                 kind: error.kind,
                 details: error.details.clone(),

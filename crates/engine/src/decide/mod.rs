@@ -31,12 +31,12 @@ use settle_core::pattern::SuccessorView;
 use settle_core::step::{self, EventStep};
 use settle_core::{Action, ActionName, EventName, Machine, Properties, StateKind, StateName};
 use settle_store::{
-    AfterCommit, AgentReport, Commit, EntityRow, Fence, HistoryKind, InboxItem, InboxKind, Millis, TaskResult,
-    Telemetry,
+    AfterCommit, AgentReport, Commit, EntityRow, EventRecord, Fence, HistoryKind, InboxItem, InboxKind, Millis,
+    TaskResult, Telemetry,
 };
 
 pub(crate) use fault::{FaultError, fault};
-use parts::{event_record, task_offer};
+use parts::task_offer;
 pub(crate) use transition::{Hooks, Ran, check_effects, declare, hooks_done, new_entity, transition};
 
 use crate::api::EventOutcome;
@@ -466,7 +466,7 @@ pub(crate) fn reject(held: &mut Held, item: InboxItem, reason: String, env: &Env
         detail: Some(reason.clone()),
         machine_hash: env.registry.hash(held.machine.name()),
         telemetry: Telemetry {
-            event: Some(event_record(&item, true, false)),
+            event: Some(EventRecord::of(&item, true, false)),
             at_rest: !held.unstable(),
             // The rejected event's operation may have nothing left to wait for.
             complete: true,
@@ -500,7 +500,7 @@ fn ignored(held: &mut Held, item: InboxItem, level: &str, env: &Env<'_>) -> Deci
         detail: Some(detail),
         machine_hash: env.registry.hash(held.machine.name()),
         telemetry: Telemetry {
-            event: Some(event_record(&item, false, false)),
+            event: Some(EventRecord::of(&item, false, false)),
             at_rest: !held.unstable(),
             complete: true,
             current_event: held.entity.event_id,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use settle_core::step;
 use settle_core::{Machine, StateName};
-use settle_store::{EventRecord, InboxItem, InboxKind, Millis, TaskOffer, TimerPlan};
+use settle_store::{Millis, TaskOffer, TimerPlan};
 
 /// The agent task entering `state` offers, available at `at`: when its auto action is
 /// bound to an agent queue.
@@ -42,23 +42,4 @@ pub(super) fn timer_plan(
 
 pub(super) fn ms(d: Duration) -> Millis {
     d.as_millis() as Millis
-}
-
-/// The `events` row of a processed inbox item.
-pub(super) fn event_record(item: &InboxItem, rejected: bool, failed: bool) -> EventRecord {
-    EventRecord {
-        kind: match item.kind {
-            InboxKind::Raised => "raised",
-            InboxKind::Nested => "nested",
-            InboxKind::Timer => "timer",
-            InboxKind::Notice => "subscription",
-            InboxKind::Agent => "agent",
-        },
-        seq: item.id,
-        raised_at: item.created_at,
-        rejected,
-        failed,
-        // An agent report's encoding is not an event's parameters.
-        params: if item.kind == InboxKind::Agent { serde_json::Value::Null } else { item.params.clone() },
-    }
 }

@@ -8,11 +8,11 @@
 use settle_core::step;
 use settle_core::{Action, ActionOutcome, EntityKey, EventName, Machine, Properties, StateName};
 use settle_store::{
-    AfterCommit, Commit, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, PushRelated, Telemetry,
-    TransitionRecord,
+    AfterCommit, Commit, EventRecord, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, PushRelated,
+    Telemetry, TransitionRecord,
 };
 
-use super::parts::{event_record, ms, task_offer, timer_plan};
+use super::parts::{ms, task_offer, timer_plan};
 use super::{Decided, Env, FaultError, Held, Next, commit, fault};
 use crate::api::EventOutcome;
 use crate::handler::Outcome;
@@ -198,7 +198,7 @@ fn internal(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         preconditions,
         machine_hash: env.registry.hash(machine.name()),
         telemetry: Telemetry {
-            event: item.as_ref().map(|i| event_record(i, false, false)),
+            event: item.as_ref().map(|i| EventRecord::of(i, false, false)),
             transition: Some(transition),
             error: None,
             at_rest,
@@ -276,7 +276,7 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         notify_self: changed_state && machine.subscriptions_in(&entry.state).next().is_some(),
         machine_hash: env.registry.hash(machine.name()),
         telemetry: Telemetry {
-            event: item.as_ref().map(|i| event_record(i, false, false)),
+            event: item.as_ref().map(|i| EventRecord::of(i, false, false)),
             transition: Some(transition),
             error: None,
             at_rest: entry.at_rest(),

@@ -259,9 +259,9 @@ async fn complete(
     State(s): State<AppState>,
     caller: Caller,
     Path(TaskPath { id }): Path<TaskPath>,
-    JsonBody(req): JsonBody<CompleteRequest>,
+    JsonBody(mut req): JsonBody<CompleteRequest>,
 ) -> Result<Response, Problem> {
-    let next = checked_next(&s, &caller, req.next.clone())?;
+    let next = checked_next(&s, &caller, req.next.take())?;
     let token = req.token.clone();
     let report = super::report::outcome(req)?;
     let answer = report_complete(&s, &caller, id, &token, report).await?;
@@ -316,17 +316,17 @@ async fn fail(
     State(s): State<AppState>,
     caller: Caller,
     Path(TaskPath { id }): Path<TaskPath>,
-    JsonBody(req): JsonBody<FailRequest>,
+    JsonBody(mut req): JsonBody<FailRequest>,
 ) -> Result<Response, Problem> {
-    let next = checked_next(&s, &caller, req.next.clone())?;
+    let next = checked_next(&s, &caller, req.next.take())?;
     let report = report_fail(&s, &caller, id, req).await?;
     Ok(accepted(report, lease_next(&s, next).await?))
 }
 
 /// What the document constrains in report `i` of many, checked for the whole request
 /// before any report is applied (what it cannot say is refused for that report alone): a
-/// `next` of its own (refused later) must still have the shape of one; object members
-/// must be objects, created keys fit the key pattern.
+/// `next` of its own (refused later) must still have the shape of one, and a `complete`
+/// body its [`shape`](super::report::shape).
 fn shape_fits(i: usize, r: &TaskReport) -> Result<(), Problem> {
     let nested = [
         ("complete", r.complete.as_ref().and_then(|c| c.next.as_ref())),
@@ -337,27 +337,10 @@ fn shape_fits(i: usize, r: &TaskReport) -> Result<(), Problem> {
             lease_shape(&n.agent, n.max, &format!("reports[{i}].{part}.next."))?;
         }
     }
-    let Some(c) = &r.complete else { return Ok(()) };
-    let at = format!("reports[{i}].complete");
-    if let Some(ms) = c.delay_ms.filter(|ms| !crate::contract::DELAY_MS.contains(*ms)) {
-        let max = crate::contract::DELAY_MS.max;
-        return Err(Problem::new(Kind::InvalidBody, format!("delay_ms must be from 0 to {max} (a year), not {ms}"))
-            .field(format!("{at}.delay_ms")));
+    match &r.complete {
+        Some(c) => super::report::shape(c).map_err(|p| p.within(&format!("reports[{i}].complete"))),
+        None => Ok(()),
     }
-    let object = |field: String, v: &Option<serde_json::Value>| match v {
-        None | Some(serde_json::Value::Null | serde_json::Value::Object(_)) => Ok(()),
-        Some(_) => Err(Problem::new(Kind::InvalidBody, format!("{field}: must be a JSON object")).field(field)),
-    };
-    object(format!("{at}.properties"), &c.properties)?;
-    for (j, e) in c.create.iter().enumerate() {
-        super::check_key(&e.key).map_err(|p| p.field(format!("{at}.create[{j}].key")))?;
-        object(format!("{at}.create[{j}].properties"), &e.properties)?;
-        object(format!("{at}.create[{j}].params"), &e.params)?;
-    }
-    for (j, e) in c.raise.iter().enumerate() {
-        object(format!("{at}.raise[{j}].params"), &e.params)?;
-    }
-    Ok(())
 }
 
 /// Reports many tasks in one request: each report is applied or refused on its own, as its

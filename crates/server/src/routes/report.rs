@@ -15,28 +15,23 @@ use crate::problem::{Kind, Problem};
 /// A created entity's first event is one of the outcome's raises, before those of `raise`:
 /// [`Report::field`] names the part of the request a raise came from.
 pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
-    if let Some(ms) = req.delay_ms.filter(|ms| !crate::contract::DELAY_MS.contains(*ms)) {
-        let max = crate::contract::DELAY_MS.max;
-        return Err(Problem::new(Kind::InvalidBody, format!("delay_ms must be from 0 to {max} (a year), not {ms}"))
-            .field("delay_ms"));
-    }
+    shape(&req)?;
     let (mut origins, mut related) = (Vec::new(), Vec::new());
     let mut out = ActionOutcome {
         target: req.target.map(StateName::new),
         delay: req.delay_ms.map(std::time::Duration::from_millis),
         ..ActionOutcome::default()
     };
-    for (k, v) in object("properties", req.properties)? {
+    for (k, v) in members(req.properties) {
         out.changes.push(PropChange::from_json(k, v));
     }
     for (i, c) in req.create.into_iter().enumerate() {
         let ReportCreate { machine, key, properties, event, params } = c;
         let at = format!("create[{i}]");
-        check_key(&key).map_err(|p| p.field(format!("{at}.key")))?;
-        let properties = object(&format!("{at}.properties"), properties)?;
+        let properties = members(properties);
         let (machine, key) = (MachineName::new(machine), EntityKey::new(key));
         if let Some(event) = event {
-            let params = params_of(&format!("{at}.params"), params)?;
+            let params = params_of(params);
             let first =
                 Raise { machine: machine.clone(), key: key.clone(), event: EventName::new(event), params, join: false };
             out.raises.push(first);
@@ -49,7 +44,7 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
     for (i, r) in req.raise.into_iter().enumerate() {
         let ReportRaise { event, params, machine, key, on, join } = r;
         let at = format!("raise[{i}]");
-        let params = params_of(&format!("{at}.params"), params)?;
+        let params = params_of(params);
         let event = EventName::new(event);
         match (machine, key, on) {
             (Some(machine), Some(key), None) => {
@@ -115,19 +110,46 @@ fn bad(field: &str, why: &str) -> Problem {
     Problem::new(Kind::InvalidBody, format!("{field}: {why}")).field(field)
 }
 
-fn object(field: &str, v: Option<Value>) -> Result<Properties, Problem> {
-    match v {
-        None | Some(Value::Null) => Ok(Properties::new()),
-        Some(Value::Object(m)) => Ok(m),
+/// What the API document constrains in a `complete` body, beyond its types: `delay_ms` at
+/// most a year, object members objects (or null), created keys fitting the key pattern.
+/// [`outcome`] checks it first; a report of many checks it for the whole request before
+/// any of its reports is applied.
+pub(crate) fn shape(req: &CompleteRequest) -> Result<(), Problem> {
+    if let Some(ms) = req.delay_ms.filter(|ms| !crate::contract::DELAY_MS.contains(*ms)) {
+        let max = crate::contract::DELAY_MS.max;
+        return Err(Problem::new(Kind::InvalidBody, format!("delay_ms must be from 0 to {max} (a year), not {ms}"))
+            .field("delay_ms"));
+    }
+    let object = |field: &str, v: &Option<Value>| match v {
+        None | Some(Value::Null | Value::Object(_)) => Ok(()),
         Some(_) => Err(bad(field, "must be a JSON object")),
+    };
+    object("properties", &req.properties)?;
+    for (i, c) in req.create.iter().enumerate() {
+        let at = format!("create[{i}]");
+        check_key(&c.key).map_err(|p| p.field(format!("{at}.key")))?;
+        object(&format!("{at}.properties"), &c.properties)?;
+        object(&format!("{at}.params"), &c.params)?;
+    }
+    for (i, r) in req.raise.iter().enumerate() {
+        object(&format!("raise[{i}].params"), &r.params)?;
+    }
+    Ok(())
+}
+
+/// An object member checked by [`shape`]: its members (none for null or absent).
+fn members(v: Option<Value>) -> Properties {
+    match v {
+        Some(Value::Object(m)) => m,
+        _ => Properties::new(),
     }
 }
 
-fn params_of(field: &str, v: Option<Value>) -> Result<Value, Problem> {
+/// Event parameters checked by [`shape`]: the object, or null.
+fn params_of(v: Option<Value>) -> Value {
     match v {
-        None | Some(Value::Null) => Ok(Value::Null),
-        Some(v @ Value::Object(_)) => Ok(v),
-        Some(_) => Err(bad(field, "must be a JSON object")),
+        Some(v @ Value::Object(_)) => v,
+        _ => Value::Null,
     }
 }
 

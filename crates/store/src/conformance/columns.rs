@@ -27,14 +27,7 @@ fn notice(key: &str) -> Push {
 /// The telemetry of a commit that processes `item`.
 fn processing(item: &InboxItem, rejected: bool, current_event: Option<i64>, at_rest: bool) -> Telemetry {
     Telemetry {
-        event: Some(EventRecord {
-            kind: "raised",
-            seq: item.id,
-            raised_at: item.created_at,
-            rejected,
-            failed: false,
-            params: item.params.clone(),
-        }),
+        event: Some(EventRecord::of(item, rejected, false)),
         at_rest,
         complete: at_rest,
         current_event,

@@ -197,14 +197,7 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     let item = claimed.inbox_head.expect("the event");
     let mut cm = commit(&claimed.entity, Some("working"), Some(item.id), AfterCommit::Release);
     cm.offer = Some(offer(T0 + 4_000));
-    cm.telemetry.event = Some(EventRecord {
-        kind: "raised",
-        seq: item.id,
-        raised_at: item.created_at,
-        rejected: false,
-        failed: false,
-        params: item.params.clone(),
-    });
+    cm.telemetry.event = Some(EventRecord::of(&item, false, false));
     assert!(task_op(&store, T0 + 4_000, Op::Commit(Box::new(cm))).await.is_ok());
     let t = lease(&store, T0 + 4_001, "d-").await;
     assert_eq!((t.len(), t[0].key.as_str()), (1, "d"));
