@@ -69,7 +69,12 @@ pub struct ActionContext {
     pub retry: u32,
     /// The event that triggered the action (`None` for an auto action).
     pub event: Option<EventName>,
-    /// The event's parameters (`Null` for an auto action).
+    /// The event whose workflow the action runs in: `event` for an event's action; for an
+    /// auto action (or an entry or exit action of its transition), the event whose action
+    /// entered the state or began the chain of auto actions that did (`None` when no event
+    /// did: an entity created with no first event). An agent's task names the same event.
+    pub trigger: Option<EventName>,
+    /// The parameters of `trigger` (`Null` when none), as stored with the event.
     pub params: Value,
     /// The request the work belongs to.
     pub request_id: Option<String>,

@@ -1,7 +1,9 @@
 //! One outcome, three authors (DESIGN §1): a Rust handler, a declarative TOML action and an
 //! agent's report give the same whole outcome — a target, a property computed from the
-//! entity, a successor created with a first event, an event raised on an entity named by
-//! key — and the engine commits it alike, on SQLite and on PostgreSQL (`SETTLE_TEST_PG`).
+//! entity and from the parameters of the event whose workflow the auto action runs in, a
+//! property removed, a successor created with a first event, an event raised on an entity
+//! named by key — and the engine commits it alike, on SQLite and on PostgreSQL
+//! (`SETTLE_TEST_PG`).
 
 mod common;
 
@@ -20,13 +22,14 @@ enum Author {
     Agent,
 }
 
-/// `parent`: idle -go→ working, whose auto action `work` (each author's) moves to `waiting`
-/// with `size` twice `base`, creates `<key>-c` and starts it, and pokes `peer` `p1`.
+/// `parent`: idle -go {n}→ working, whose auto action `work` (each author's) moves to
+/// `waiting` with `size` twice `base` plus go's `n`, `base` removed, creates `<key>-c` and
+/// starts it, and pokes `peer` `p1`.
 fn parent(author: Author) -> Machine {
     let work = match author {
         Author::Rust => "",
         Author::Toml => {
-            "set = { size = \"props.base * 2\" }\n\
+            "set = { size = \"props.base * 2 + params.n\" }\nunset = [\"base\"]\n\
              create = [{ machine = \"child\", key = \"key + '-c'\", event = \"start\" }]\n\
              raise = [{ event = \"poke\", machine = \"peer\", key = \"'p1'\" }]\n"
         }
@@ -35,7 +38,7 @@ fn parent(author: Author) -> Machine {
     let text = format!(
         "name = \"parent\"\ninitial = \"idle\"\nproperties = [\"base\"]\n\
          [states.idle]\n[states.working]\nauto = \"work\"\n[states.waiting]\n\
-         [events.go]\nin = [\"idle\"]\naction = \"begin\"\n\
+         [events.go]\nin = [\"idle\"]\naction = \"begin\"\nparams = [\"n\"]\n\
          [actions.begin]\nto = [\"working\"]\n\
          [actions.work]\nto = [\"waiting\"]\nmay_create = [\"child\"]\nmay_raise = [\"start\", \"poke\"]\n{work}"
     );
@@ -51,10 +54,10 @@ fn small(name: &str, from: &str, event: &str, to: &str) -> Machine {
 }
 
 /// The whole outcome, as each author states it.
-fn outcome(key: &str, base: i64) -> ActionOutcome {
+fn outcome(key: &str, base: i64, n: i64) -> ActionOutcome {
     ActionOutcome {
         target: Some(StateName::new("waiting")),
-        changes: vec![PropChange::Set("size".into(), json!(base * 2))],
+        changes: vec![PropChange::Set("size".into(), json!(base * 2 + n)), PropChange::Remove("base".into())],
         creates: vec![Create {
             machine: "child".into(),
             key: format!("{key}-c").into(),
@@ -76,7 +79,7 @@ fn outcome(key: &str, base: i64) -> ActionOutcome {
 
 /// What the outcome left: the parent's state and size, its successors and their states,
 /// the peer's state.
-async fn run<S: Store + Clone>(store: S, author: Author) -> (String, serde_json::Value, Vec<(String, String)>, String) {
+async fn run<S: Store + Clone>(store: S, author: Author) -> (String, Properties, Vec<(String, String)>, String) {
     let mut builder = Engine::builder(store)
         .machine(parent(author))
         .machine(small("child", "new", "start", "started"))
@@ -84,10 +87,13 @@ async fn run<S: Store + Clone>(store: S, author: Author) -> (String, serde_json:
         .clock(common::clock());
     if let Author::Rust = author {
         builder = builder.on("parent", "work", |ctx| async move {
+            assert_eq!((ctx.event.as_deref(), ctx.trigger.as_deref()), (None, Some("go")), "an auto action");
             let base = ctx.properties["base"].as_i64().unwrap_or_default();
+            let n = ctx.params["n"].as_i64().unwrap_or_default();
             let child = format!("{}-c", ctx.key);
             Ok(settle_engine::Outcome::to("waiting")
-                .set("size", json!(base * 2))
+                .set("size", json!(base * 2 + n))
+                .remove("base")
                 .create("child", &child, Properties::new())
                 .raise("child", &child, "start", json!({}))
                 .raise("peer", "p1", "poke", json!({})))
@@ -98,14 +104,14 @@ async fn run<S: Store + Clone>(store: S, author: Author) -> (String, serde_json:
     let mut props = Properties::new();
     props.insert("base".into(), json!(21));
     engine.create("parent", "a", props).await.unwrap();
-    engine.raise("parent", "a", "go", RaiseOptions::wait(Wait::Outcome)).await.unwrap();
+    engine.raise("parent", "a", "go", RaiseOptions::wait(Wait::Outcome).params(json!({"n": 5}))).await.unwrap();
     if let Author::Agent = author {
         let tasks = engine.agent_lease("q", "agent-1", 1, Duration::from_secs(10)).await.unwrap();
         let task = &tasks[0];
-        engine
-            .agent_report(task.id, task.token.as_deref().unwrap(), TaskResult::Complete(outcome("a", 21)))
-            .await
-            .unwrap();
+        assert_eq!(task.event.as_deref(), Some("go"));
+        let (base, n) = (task.properties["base"].as_i64().unwrap(), task.params["n"].as_i64().unwrap());
+        let report = TaskResult::Complete(outcome("a", base, n));
+        engine.agent_report(task.id, task.token.as_deref().unwrap(), report).await.unwrap();
     }
     engine.wait_idle().await.unwrap();
     let p = engine.get("parent", "a").await.unwrap().unwrap();
@@ -113,11 +119,12 @@ async fn run<S: Store + Clone>(store: S, author: Author) -> (String, serde_json:
     let succ = succ.iter().map(|e| (e.key.to_string(), e.state.to_string())).collect();
     let peer = engine.get("peer", "p1").await.unwrap().unwrap().state.to_string();
     engine.shutdown().await;
-    (p.state.to_string(), p.properties.get("size").cloned().unwrap_or_default(), succ, peer)
+    (p.state.to_string(), p.properties, succ, peer)
 }
 
-fn expected() -> (String, serde_json::Value, Vec<(String, String)>, String) {
-    ("waiting".into(), json!(42), vec![("a-c".into(), "started".into())], "poked".into())
+fn expected() -> (String, Properties, Vec<(String, String)>, String) {
+    let props = json!({"size": 47}).as_object().unwrap().clone();
+    ("waiting".into(), props, vec![("a-c".into(), "started".into())], "poked".into())
 }
 
 #[tokio::test]

@@ -82,7 +82,10 @@ fn faults(h: &[HistoryRow]) -> Vec<String> {
 async fn event_runs_workflow_to_stable_state_with_retries() {
     let (_dir, store) = common::sqlite();
     let (engine, clock) = server_engine(store, Vec::new(), |n, ctx| {
-        assert_eq!(ctx.params, serde_json::Value::Null, "auto actions get no params");
+        // An auto action runs in the workflow of the event that entered its state, with its
+        // parameters, on every retry.
+        assert_eq!((ctx.event.as_deref(), ctx.trigger.as_deref()), (None, Some("create")));
+        assert_eq!(ctx.params, json!({"region": "eu"}), "the create event's parameters");
         if n < 2 {
             return Ok(Outcome::retry_after(Duration::from_millis(20)));
         }

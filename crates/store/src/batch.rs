@@ -368,6 +368,19 @@ pub struct Claimed {
     pub entity: EntityRow,
     /// The first inbox event, if any.
     pub inbox_head: Option<InboxItem>,
+    /// The event whose workflow the entity is in (its `event_id`), with its parameters:
+    /// what its auto actions run for.
+    pub trigger: Option<Trigger>,
+}
+
+/// The event whose workflow an entity is in: the one whose action entered its state, or
+/// began the chain of auto actions that did, as stored in the `events` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trigger {
+    /// The event's name.
+    pub event: EventName,
+    /// Its parameters (null: none).
+    pub params: Value,
 }
 
 /// Results of a [`Batch`], in operation order.

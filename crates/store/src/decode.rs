@@ -5,7 +5,7 @@
 use serde::de::DeserializeOwned;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, StateName};
 
-use crate::{AgentTask, EntityRow, InboxItem, InboxKind, OperationRow, RunStatus, TimerRow};
+use crate::{AgentTask, EntityRow, InboxItem, InboxKind, OperationRow, RunStatus, TimerRow, Trigger};
 
 /// A row of a backend's driver, read by column index.
 pub(crate) trait Columns {
@@ -156,6 +156,17 @@ pub(crate) fn task<C: Columns>(r: &C) -> Result<AgentTask, C::Error> {
             None => serde_json::Value::Null,
         },
     })
+}
+
+/// The event an entity's workflow runs for, from `SELECT event, params FROM events`
+/// (`None`: no such row).
+pub(crate) fn trigger<C: Columns>(r: &C) -> Result<Option<Trigger>, C::Error> {
+    let Some(event) = r.opt_text(0)? else { return Ok(None) };
+    let params = match r.opt_text(1)? {
+        Some(_) => r.json(1)?,
+        None => serde_json::Value::Null,
+    };
+    Ok(Some(Trigger { event: EventName::new(event), params }))
 }
 
 /// A timer, from `SELECT entity_id, name, event, due_at, every_ms`.

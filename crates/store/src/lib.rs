@@ -38,7 +38,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use any::{AnyStore, is_postgres_url};
-pub use batch::{AfterCommit, Applied, Batch, BatchResult, Claim, Claimed, Commit, Fence, Op, OpError, SqlStatement};
+pub use batch::{
+    AfterCommit, Applied, Batch, BatchResult, Claim, Claimed, Commit, Fence, Op, OpError, SqlStatement, Trigger,
+};
 pub use changes::{Changed, Changes};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use detail::{ErrorRow, OperationTrace};

@@ -238,7 +238,7 @@ async fn round_trips_per_batch_do_not_grow_with_the_batch() {
         assert!(r.results.iter().all(|r| r.is_ok()), "{:?}", r.results);
         let mut finish = Vec::new();
         for e in store.entity_list(Default::default()).await.unwrap() {
-            finish.push(step(&settle_store::Claimed { entity: e, inbox_head: None }, "done", true));
+            finish.push(step(&settle_store::Claimed { entity: e, inbox_head: None, trigger: None }, "done", true));
         }
         let r = store.write(Batch { now: 40, ops: finish, claim: claim() }).await.unwrap();
         let finished = store.last_batch_round_trips();

@@ -194,7 +194,7 @@ pub fn beyond_declaration(action: &Action, outcome: &ActionOutcome) -> Option<(S
 }
 
 /// The property changes a declarative action's `set` makes for an entity with `props` and
-/// `key`, running for an event with `params` (null: an auto action): each expression
+/// `key`, running for an event with `params` (null: none; an auto action: the workflow's event's): each expression
 /// evaluated, each other value as written (`null` removes the property). `Err` names the
 /// entry at fault (`set.NAME`) and why it could not be evaluated.
 pub fn declared_changes(

@@ -32,7 +32,7 @@ use settle_core::step::{self, EventStep};
 use settle_core::{Action, ActionName, EventName, Machine, Properties, StateKind, StateName};
 use settle_store::{
     AfterCommit, AgentReport, Commit, EntityRow, EventRecord, Fence, HistoryKind, InboxItem, InboxKind, Millis,
-    TaskResult, Telemetry,
+    TaskResult, Telemetry, Trigger,
 };
 
 pub(crate) use fault::{FaultError, fault};
@@ -62,12 +62,30 @@ pub(crate) struct Held {
     pub(crate) firing: Option<Firing>,
     /// The agent report (inbox id) the current step concludes: consumed by its commit.
     pub(crate) agent_report: Option<i64>,
+    /// The event whose workflow the entity is in (`entity.event_id`), with its parameters:
+    /// what an auto action runs for.
+    pub(crate) trigger: Option<Trigger>,
 }
 
 impl Held {
-    /// A freshly claimed entity, with the first item of its inbox.
-    pub(crate) fn new(machine: Arc<Machine>, entity: EntityRow, inbox_head: Option<InboxItem>) -> Self {
-        Held { machine, entity, inbox_head, firing: None, agent_report: None }
+    /// A freshly claimed entity, with the first item of its inbox and the event its
+    /// workflow runs for.
+    pub(crate) fn new(
+        machine: Arc<Machine>,
+        entity: EntityRow,
+        inbox_head: Option<InboxItem>,
+        trigger: Option<Trigger>,
+    ) -> Self {
+        Held { machine, entity, inbox_head, firing: None, agent_report: None, trigger }
+    }
+
+    /// The parameters of the event an action runs for: `item`'s when it runs for an
+    /// event, else (an auto action) those of the event whose workflow the entity is in.
+    pub(crate) fn params_for<'a>(&'a self, item: Option<&'a InboxItem>) -> &'a Value {
+        match item {
+            Some(i) => &i.params,
+            None => self.trigger.as_ref().map_or(&Value::Null, |t| &t.params),
+        }
     }
 
     fn unstable(&self) -> bool {
@@ -144,13 +162,17 @@ impl Decided {
         let c = &self.commit;
         let t = &c.telemetry;
         // The entity's current event: none at rest; the one just processed when it moved
-        // the entity on; otherwise unchanged.
-        let event_id = if t.at_rest {
-            None
-        } else if c.to.is_some() && t.event.is_some() {
-            c.consume
+        // the entity on (into a state, or internally), as the store records it; otherwise
+        // unchanged.
+        let began = (c.to.is_some() || c.internal).then_some(()).and(t.event.as_ref());
+        let (event_id, trigger) = if t.at_rest {
+            (None, Some(None))
+        } else if let Some(ev) = began {
+            // Its `events` row (only a named event has one) is what a claim reads back.
+            let trigger = c.event.as_ref().map(|name| Trigger { event: name.clone(), params: ev.params.clone() });
+            (Some(ev.seq), Some(trigger))
         } else {
-            t.current_event
+            (t.current_event, None)
         };
         Expect {
             entity_id: c.fence.entity_id,
@@ -158,6 +180,7 @@ impl Decided {
             properties: c.properties.clone(),
             fired: c.fired.clone(),
             event_id,
+            trigger,
             request_id: c.request_id.clone(),
             after: c.after,
             item: self.item.clone(),
@@ -178,6 +201,8 @@ pub(crate) struct Expect {
     pub(crate) fired: Option<Vec<EventName>>,
     /// The entity's current event after the commit.
     pub(crate) event_id: Option<i64>,
+    /// The event its workflow runs for after the commit (`None`: unchanged).
+    pub(crate) trigger: Option<Option<Trigger>>,
     pub(crate) request_id: Option<String>,
     pub(crate) after: AfterCommit,
     /// The event processed, if any.
@@ -209,6 +234,9 @@ impl Expect {
             e.fired = f;
         }
         e.event_id = self.event_id;
+        if let Some(trigger) = self.trigger.take() {
+            held.trigger = trigger;
+        }
         !held.unstable()
     }
 }

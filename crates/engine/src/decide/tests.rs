@@ -88,7 +88,7 @@ fn held(state: &str) -> Held {
         event_id: Some(40),
         ..crate::fixtures::entity("job", "j1", state)
     };
-    Held::new(Arc::new(job()), e, None)
+    Held::new(Arc::new(job()), e, None, None)
 }
 
 fn item(kind: InboxKind, event: &str, params: Value) -> InboxItem {
@@ -467,18 +467,22 @@ fn entering_a_state_writes_its_timers_and_its_agent_task() {
 #[test]
 fn the_current_event_is_the_one_that_moved_the_entity_on_or_stays() {
     use settle_store::{Commit, Fence};
-    // (moves on, processes an event, at rest) → the entity's current event afterwards.
+    // (moves on, processes an event, at rest) → the entity's current event afterwards, and
+    // the event its auto actions run for (`None`: unchanged; `Some(None)`: none).
+    let go = || Some(Some(settle_store::Trigger { event: "go".into(), params: json!({"n": 1}) }));
     let cases = [
-        (true, true, false, Some(42)),  // an event moved it into a working state: that event
-        (true, false, false, Some(5)),  // an auto action moved it on: the event it works for
-        (false, true, false, Some(5)),  // an event that did not move it: unchanged
-        (false, false, false, Some(5)), // nothing processed: unchanged
-        (true, true, true, None),       // at rest: none
+        (true, true, false, Some(42), go()), // an event moved it into a working state: that event
+        (true, false, false, Some(5), None), // an auto action moved it on: the event it works for
+        (false, true, false, Some(5), None), // an event that did not move it: unchanged
+        (false, false, false, Some(5), None), // nothing processed: unchanged
+        (true, true, true, None, Some(None)), // at rest: none
+        (false, false, true, None, Some(None)), // at rest: none
     ];
-    for (moves, event, at_rest, want) in cases {
+    for (moves, event, at_rest, want, trigger) in cases {
         let fence = Fence { entity_id: 7, version: 3, owner: OWNER.into() };
         let mut c = Commit::new(fence, "idle".into(), HistoryKind::Event, AfterCommit::Release);
         c.to = moves.then(|| "working".into());
+        c.event = event.then(|| "go".into());
         c.consume = Some(42);
         c.telemetry.current_event = Some(5);
         c.telemetry.at_rest = at_rest;
@@ -488,10 +492,15 @@ fn the_current_event_is_the_one_that_moved_the_entity_on_or_stays() {
             raised_at: NOW,
             rejected: false,
             failed: false,
-            params: serde_json::Value::Null,
+            params: json!({"n": 1}),
         });
         let d = Decided::new(c);
-        assert_eq!(d.expect().event_id, want, "moves {moves}, event {event}, at rest {at_rest}");
+        let expect = d.expect();
+        assert_eq!(
+            (expect.event_id, expect.trigger),
+            (want, trigger),
+            "moves {moves}, event {event}, at rest {at_rest}"
+        );
     }
 }
 
@@ -551,7 +560,7 @@ fn registry_with_tree() -> Registry {
 fn held_tree(state: &str) -> Held {
     let e =
         EntityRow { id: 8, version: 2, retry: 1, event_id: Some(41), ..crate::fixtures::entity("tree", "t1", state) };
-    Held::new(Arc::new(tree()), e, None)
+    Held::new(Arc::new(tree()), e, None, None)
 }
 
 #[test]

@@ -60,7 +60,8 @@ pub(crate) struct Hooks {
 /// (`None`: the engine performed it).
 pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Next {
     if ran.started.is_none()
-        && let Err((field, why)) = declare(ran.action, &mut ran.outcome, &held.entity, ran.item.as_ref())
+        && let Err((field, why)) =
+            declare(ran.action, &mut ran.outcome, &held.entity, held.params_for(ran.item.as_ref()))
     {
         return commit(refused(held, ran, format!("{field}: {why}"), env));
     }
@@ -89,7 +90,9 @@ pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Ne
         return Next::Hooks(Box::new(Hooks { run, outcome, action: action.clone(), item, locks, started }));
     }
     for hook in &run {
-        if let Err((field, why)) = declare(&hook.action, &mut ran.outcome, &held.entity, ran.item.as_ref()) {
+        if let Err((field, why)) =
+            declare(&hook.action, &mut ran.outcome, &held.entity, held.params_for(ran.item.as_ref()))
+        {
             let what = if hook.exit { "exit" } else { "entry" };
             let why = format!("{what} action `{}` of state `{}`: {field}: {why}", hook.action.name, hook.state);
             return commit(refused(held, ran, why, env));
@@ -119,22 +122,21 @@ pub(crate) fn hooks_done(
 }
 
 /// Adds a declarative action's effects to `outcome`: its `set` (expressions evaluated over
-/// the entity's properties with the outcome's changes so far, the parameters of the event
-/// it runs for, `item`, and its key; a `null` removes the property), its `create` (keys
-/// and properties evaluated alike, first events raised on them) and its `raise` on related
-/// entities. `Err`: the entry that could not be evaluated, and why.
+/// the entity's properties with the outcome's changes so far, `params`, those of the event
+/// it runs for ([`Held::params_for`]), and its key; a `null` removes the property), its
+/// `create` (keys and properties evaluated alike, first events raised on them) and its
+/// `raise` on related entities. `Err`: the entry that could not be evaluated, and why.
 pub(crate) fn declare(
     action: &Action,
     outcome: &mut Outcome,
     entity: &settle_store::EntityRow,
-    item: Option<&InboxItem>,
+    params: &serde_json::Value,
 ) -> Result<(), (String, String)> {
     let computed =
         !action.create.is_empty() || !action.raise_keyed.is_empty() || action.set_exprs.iter().any(Option::is_some);
     let (changes, (creates, raises)) = if computed {
         let mut props = entity.properties.clone();
         step::apply_changes(&mut props, &outcome.decided.changes);
-        let params = item.map_or(&serde_json::Value::Null, |i| &i.params);
         (
             step::declared_changes(action, &props, params, &entity.key)?,
             step::declared_creates(action, &props, params, &entity.key)?,

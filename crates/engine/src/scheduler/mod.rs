@@ -526,7 +526,7 @@ impl<S: Store + Clone> Scheduler<S> {
                     continue;
                 }
             };
-            self.held.insert(id, Slot { held: Held::new(machine, c.entity, c.inbox_head), running: None });
+            self.held.insert(id, Slot { held: Held::new(machine, c.entity, c.inbox_head, c.trigger), running: None });
             self.advance(id);
         }
     }
@@ -671,20 +671,27 @@ fn op_error(e: OpError) -> Error {
 
 /// Runs the hooks of `hooks` (see [`Scheduler::spawn_hooks`]) for `entity`; answers the
 /// main outcome with their effects added, or the fault of the first that failed (naming
-/// it). What they read with lock joins the transition's preconditions.
+/// it). What they read with lock joins the transition's preconditions. They run for the
+/// transition's event, else (an auto action's transition) for `trigger`, the event whose
+/// workflow the entity is in.
 async fn run_hooks(
     registry: &Registry,
     nested: Arc<dyn Nested>,
-    entity: &settle_store::EntityRow,
+    (entity, trigger): (&settle_store::EntityRow, Option<&settle_store::Trigger>),
     hooks: &mut Hooks,
 ) -> std::result::Result<crate::Outcome, FaultError> {
     let mut outcome = std::mem::take(&mut hooks.outcome);
     let item = hooks.item.clone();
+    let (trigger, params) = match (&item, trigger) {
+        (Some(i), _) => (Some(i.event.clone()), i.params.clone()),
+        (None, Some(t)) => (Some(t.event.clone()), t.params.clone()),
+        (None, None) => (None, Value::Null),
+    };
     for hook in &hooks.run {
         let what = if hook.exit { "exit" } else { "entry" };
         let name = format!("{what} action `{}` of state `{}`", hook.action.name, hook.state);
         if hook.action.is_declarative() {
-            decide::declare(&hook.action, &mut outcome, entity, item.as_ref())
+            decide::declare(&hook.action, &mut outcome, entity, &params)
                 .map_err(|(field, why)| FaultError::new("refused", format!("{name}: {field}: {why}")))?;
             continue;
         }
@@ -704,7 +711,8 @@ async fn run_hooks(
             version: entity.version,
             retry: entity.retry,
             event: item.as_ref().map(|i| i.event.clone()),
-            params: item.as_ref().map(|i| i.params.clone()).unwrap_or(Value::Null),
+            trigger: trigger.clone(),
+            params: params.clone(),
             request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| entity.request_id.clone()),
             nested: nested.clone(),
             locks: locks.clone(),

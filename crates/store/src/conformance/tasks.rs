@@ -69,7 +69,8 @@ fn refused(r: Result<Applied, OpError>, task: i64, starts: &str) {
 /// report with an expired or superseded token, or a second report, is refused and changes
 /// nothing; an expired lease is offered again (attempt + 1); an accepted report lands in
 /// the entity's inbox; entering a state cancels open tasks; paused entities' tasks are not
-/// leased; kill cancels them.
+/// leased; kill cancels them. A task, and a claim of its entity mid-workflow, name the
+/// event whose workflow entered the state, with its parameters.
 pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     let mut new = new_entity("a", "working", None);
     new.offer = Some(offer(T0 + 100));
@@ -202,6 +203,18 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     let t = lease(&store, T0 + 4_001, "d-").await;
     assert_eq!((t.len(), t[0].key.as_str()), (1, "d"));
     assert_eq!((t[0].event.as_deref(), &t[0].params), (Some("go"), &serde_json::json!({"size": 3})));
+    // A claim of the entity mid-workflow names the same event, for its auto actions; at
+    // rest, none.
+    let claimed = write(&store, T0 + 4_002, vec![Op::Push(push("d", "poke"))], true).await.claimed;
+    let claimed = claimed.into_iter().find(|c| c.entity.key == "d").expect("claimed");
+    let trigger = claimed.trigger.expect("the workflow's event");
+    assert_eq!((trigger.event.as_str(), &trigger.params), ("go", &serde_json::json!({"size": 3})));
+    let mut rest = commit(&claimed.entity, Some("idle"), claimed.inbox_head.map(|i| i.id), AfterCommit::Release);
+    rest.telemetry.at_rest = true;
+    assert!(task_op(&store, T0 + 4_003, Op::Commit(Box::new(rest))).await.is_ok());
+    let claimed = write(&store, T0 + 4_004, vec![Op::Push(push("d", "poke"))], true).await.claimed;
+    let claimed = claimed.into_iter().find(|c| c.entity.key == "d").expect("claimed");
+    assert_eq!(claimed.trigger, None, "at rest, no workflow");
 }
 
 /// A report is applied with the operations around it, in batch order, in one transaction:

@@ -84,9 +84,10 @@ impl Tx<'_> {
         if claiming {
             sql.push_str(&format!(
                 ")
-             SELECT t.*, c.*, {INBOX_COLS} FROM tail t
+             SELECT t.*, c.*, {INBOX_COLS}, v.event, v.params FROM tail t
              LEFT JOIN claimed c ON TRUE
-             LEFT JOIN LATERAL (SELECT * FROM inbox WHERE entity_id = c.id ORDER BY id LIMIT 1) i ON TRUE"
+             LEFT JOIN LATERAL (SELECT * FROM inbox WHERE entity_id = c.id ORDER BY id LIMIT 1) i ON TRUE
+             LEFT JOIN events v ON v.id = c.event_id"
             ));
         }
         let at = p.add(Stmt::new(sql, params));
@@ -113,7 +114,9 @@ impl Tx<'_> {
                     Some(_) => Some(super::read::inbox_from_row_at(r, head_at)?),
                     None => None,
                 };
-                picked.push((was, Claimed { entity, inbox_head }));
+                let trigger_at = head_at + INBOX_COLS.split(", ").count();
+                let trigger = crate::decode::trigger(&crate::decode::At(r, trigger_at))?;
+                picked.push((was, Claimed { entity, inbox_head, trigger }));
             }
             // Oldest due first, as claimed.
             picked.sort_by_key(|(was, c)| (*was, c.entity.id));

@@ -85,7 +85,16 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
         update.execute(params![id, claim.owner, until])?;
         let entity = select.query_row([id], entity_from_row)?;
         let inbox_head = head.query_row([id], inbox_from_row).optional()?;
-        claimed.push(Claimed { entity, inbox_head });
+        // Only an entity mid-workflow has one (read by primary key).
+        let trigger = match entity.event_id {
+            Some(event_id) => tx
+                .prepare_cached("SELECT event, params FROM events WHERE id = ?1")?
+                .query_row([event_id], |r| crate::decode::trigger(r))
+                .optional()?
+                .flatten(),
+            None => None,
+        };
+        claimed.push(Claimed { entity, inbox_head, trigger });
     }
     Ok(claimed)
 }
