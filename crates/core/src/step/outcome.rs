@@ -196,8 +196,8 @@ pub fn beyond_declaration(action: &Action, outcome: &ActionOutcome) -> Option<(S
 /// The property changes a declarative action's `set` makes for an entity with `props` and
 /// `key`, running for an event with `params` (null: none; for an auto action, those of the
 /// workflow's event): each expression evaluated, each other value as written (`null`
-/// removes the property). `Err` names the
-/// entry at fault (`set.NAME`) and why it could not be evaluated.
+/// removes the property). `Err` names the entry at fault (`set.NAME`) and why it could not
+/// be evaluated.
 pub fn declared_changes(
     action: &Action,
     props: &Properties,
