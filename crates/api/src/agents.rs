@@ -205,6 +205,11 @@ pub struct ReportCreate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub params: Option<Value>,
+    /// A sync nested event (with `event`): an event of the reporter's machine raised on
+    /// the reporter when the first event's workflow ends on the created entity, with what
+    /// came of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
 }
 
 /// An event a report raises: on one entity named by `machine` and `key`, or on every
@@ -232,6 +237,13 @@ pub struct ReportRaise {
     /// and `key`; default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub join: Option<bool>,
+    /// A sync nested event (with `machine` and `key`): an event of the reporter's machine
+    /// raised on the reporter when this event's workflow ends on that entity (rejected,
+    /// ignored or failed, or the entity at rest again), with what came of it: `machine`,
+    /// `key`, `event`, `outcome` (`accepted`, `rejected`, `ignored`, `failed`,
+    /// `interrupted`), `state`, `reason`, those the reply event declares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
 }
 
 /// A failed result.

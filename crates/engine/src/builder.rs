@@ -96,11 +96,11 @@ impl<S: Store + Clone> EngineBuilder<S> {
             ops.clone(),
         );
         let task = tokio::spawn(scheduler.run(rx));
-        let agent_actions = Arc::new(registry.agent_actions());
+        let agent_check = registry.agent_check();
         Ok(Engine {
             inner: Arc::new(Inner {
                 store,
-                agent_actions,
+                agent_check,
                 registry,
                 clock,
                 tx,

@@ -26,8 +26,8 @@ use crate::watch::{Hub, Want, first_of};
 pub(crate) struct Inner<S> {
     pub(crate) store: S,
     pub(crate) registry: Arc<Registry>,
-    /// The targets of the agent-run actions, which a report is checked against.
-    pub(crate) agent_actions: Arc<std::collections::BTreeMap<(String, String), settle_core::Action>>,
+    /// What a report is checked against: the agent-run actions and their machines' events.
+    pub(crate) agent_check: TaskCheck,
     pub(crate) clock: SharedClock,
     pub(crate) tx: mpsc::UnboundedSender<Msg>,
     /// Notified when this engine offered agent tasks.
@@ -463,7 +463,7 @@ impl<S: Store> Engine<S> {
     /// [`agent_heartbeat`](Self::agent_heartbeat) for a caller that serves only `queues`
     /// (`None`: any): a task of another queue is refused ([`TaskRefusal::QueueForbidden`](settle_store::TaskRefusal)).
     pub async fn agent_heartbeat_as(&self, task: i64, token: &str, queues: Option<Vec<String>>) -> Result<i64> {
-        let check = TaskCheck { queues, actions: Default::default() };
+        let check = TaskCheck { queues, ..TaskCheck::default() };
         match self.agent_op(Op::TaskHeartbeat { task, token: token.to_string(), check }).await? {
             Applied::Extended { locked_until } => Ok(locked_until),
             other => unreachable!("heartbeat answered with {other:?}"),
@@ -495,7 +495,7 @@ impl<S: Store> Engine<S> {
         {
             return Err(Error::Task(settle_store::TaskRefusal::BadReport { task, field, reason }));
         }
-        let check = TaskCheck { queues, actions: self.inner.agent_actions.clone() };
+        let check = TaskCheck { queues, ..self.inner.agent_check.clone() };
         match self.agent_op(Op::TaskReport { task, token: token.to_string(), result, check }).await? {
             Applied::Pushed { .. } => Ok(crate::Report::Applied),
             Applied::ReportReplayed { .. } => Ok(crate::Report::Replayed),
@@ -694,6 +694,7 @@ pub(crate) fn push_op(m: &Machine, key: &str, event: &str, params: serde_json::V
             name: format!("{}.{event}", m.name()),
             dimensions: serde_json::json!({"machine": m.name().as_str(), "event": event}),
         }),
+        reply: None,
     }
 }
 

@@ -233,6 +233,36 @@ impl Outcome {
     pub fn join(self, machine: impl AsRef<str>, key: impl AsRef<str>, event: impl AsRef<str>, params: Value) -> Self {
         self.nested(machine, key, event, params, true)
     }
+    /// Raises an event on another entity, written to its inbox in the commit, as a sync
+    /// nested event that does not hold the action open: when the event's workflow ends
+    /// there (rejected, ignored or failed, or that entity at rest again), the engine raises
+    /// `reply`, an event of this entity's machine, on this entity, with what came of it
+    /// (`machine`, `key`, `event`, `outcome` — `accepted`, `rejected`, `ignored`, `failed`
+    /// or `interrupted` — `state` and `reason`, those the reply event declares). Meanwhile
+    /// this entity waits in the state the outcome enters, which takes `reply` (a stable
+    /// state, with a timeout of its own if the wait must be bounded: a killed entity never
+    /// replies).
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use settle_engine::Outcome;
+    /// let ask = Outcome::to("awaiting_db").raise_with_reply("db", "web-1-db", "provision", json!(null), "db_done");
+    /// assert_eq!(ask.target(), Some("awaiting_db"));
+    /// ```
+    pub fn raise_with_reply(
+        mut self,
+        machine: impl AsRef<str>,
+        key: impl AsRef<str>,
+        event: impl AsRef<str>,
+        params: Value,
+        reply: impl AsRef<str>,
+    ) -> Self {
+        self = self.nested(machine, key, event, params, false);
+        if let Some(r) = self.decided.raises.last_mut() {
+            r.reply = Some(EventName::new(reply));
+        }
+        self
+    }
     /// Raises an event on every entity related to this one `on` that way (its
     /// predecessors, or its successors, including those this commit creates), written to
     /// their inboxes in the commit: on those of the machines that declare the event.
@@ -280,6 +310,7 @@ impl Outcome {
             event: EventName::new(event),
             params,
             join,
+            reply: None,
         });
         self
     }

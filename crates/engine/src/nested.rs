@@ -69,6 +69,7 @@ impl<S: Store + Clone> Nested for NestedHandle<S> {
                 kind: InboxKind::Nested,
                 join_from: Some(from),
                 operation: None,
+                reply: None,
             };
             let (ack, ack_rx) = oneshot::channel();
             let (done, done_rx) = oneshot::channel();

@@ -34,16 +34,19 @@ impl Registry {
         served.sort();
         served
     }
-    /// The agent-run actions, by (machine, action): what an agent's completion is checked
-    /// against when it is applied (targets, `may_create`, `may_raise`).
-    pub(crate) fn agent_actions(&self) -> std::collections::BTreeMap<(String, String), settle_core::Action> {
-        let mut out = std::collections::BTreeMap::new();
+    /// What an agent's completion is checked against when it is applied: the agent-run
+    /// actions, by (machine, action) (targets, `may_create`, `may_raise`), and the events of
+    /// their machines (a reply asked for); any queue.
+    pub(crate) fn agent_check(&self) -> settle_store::TaskCheck {
+        let (mut actions, mut events) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
         for m in self.machines.values() {
             for a in m.actions().iter().filter(|a| a.agent.is_some()) {
-                out.insert((m.name().to_string(), a.name.to_string()), a.clone());
+                actions.insert((m.name().to_string(), a.name.to_string()), a.clone());
+                let names = m.events().iter().map(|e| e.name.to_string()).collect();
+                events.insert(m.name().to_string(), names);
             }
         }
-        out
+        settle_store::TaskCheck { queues: None, actions: Arc::new(actions), events: Arc::new(events) }
     }
     pub(crate) fn machine(&self, name: &str) -> Result<&Arc<Machine>> {
         self.machines.get(name).ok_or_else(|| Error::UnknownMachine(name.to_string()))

@@ -154,8 +154,7 @@ impl<S: Store + Clone> SimNode<S> {
     /// Queues an agent's report on `task`, checked against the targets its action declares
     /// as [`Engine::agent_report`](crate::Engine::agent_report) checks it.
     pub fn report(&mut self, task: i64, token: &str, result: settle_store::TaskResult) -> Reply<Applied> {
-        let check =
-            settle_store::TaskCheck { queues: None, actions: std::sync::Arc::new(self.registry.agent_actions()) };
+        let check = self.registry.agent_check();
         self.agent(Op::TaskReport { task, token: token.to_string(), result, check })
     }
 

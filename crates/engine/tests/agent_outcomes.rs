@@ -90,6 +90,7 @@ async fn a_report_creates_successors_and_raises_events_in_its_commit() {
             event: "finish".into(),
             params: json!({"by": "agent"}),
             join: false,
+            reply: None,
         }],
         ..ActionOutcome::default()
     };
@@ -167,6 +168,7 @@ async fn a_report_that_does_not_fit_is_refused_naming_the_field_and_changes_noth
         event: event.into(),
         params,
         join: false,
+        reply: None,
     };
     let cases = [
         (

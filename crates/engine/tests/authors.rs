@@ -70,8 +70,16 @@ fn outcome(key: &str, base: i64, n: i64) -> ActionOutcome {
                 event: "start".into(),
                 params: json!({}),
                 join: false,
+                reply: None,
             },
-            Raise { machine: "peer".into(), key: "p1".into(), event: "poke".into(), params: json!({}), join: false },
+            Raise {
+                machine: "peer".into(),
+                key: "p1".into(),
+                event: "poke".into(),
+                params: json!({}),
+                join: false,
+                reply: None,
+            },
         ],
         ..ActionOutcome::default()
     }

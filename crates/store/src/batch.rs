@@ -381,6 +381,8 @@ pub struct Trigger {
     pub event: EventName,
     /// Its parameters (null: none).
     pub params: Value,
+    /// The reply its workflow's end owes (a sync nested event), if it asked for one.
+    pub reply: Option<crate::Reply>,
 }
 
 /// Results of a [`Batch`], in operation order.

@@ -93,7 +93,8 @@ pub(crate) fn entity<C: Columns>(r: &C) -> Result<EntityRow, C::Error> {
     })
 }
 
-/// An inbox item, from `SELECT id, entity_id, event, params, request_id, created_at, kind`.
+/// An inbox item, from `SELECT id, entity_id, event, params, request_id, created_at, kind,
+/// reply`.
 pub(crate) fn inbox<C: Columns>(r: &C) -> Result<InboxItem, C::Error> {
     let kind = r.with_text(6, |k| InboxKind::parse(k).ok_or_else(|| format!("unknown inbox kind `{k}`")))?;
     Ok(InboxItem {
@@ -104,6 +105,10 @@ pub(crate) fn inbox<C: Columns>(r: &C) -> Result<InboxItem, C::Error> {
         request_id: r.opt_text(4)?,
         created_at: r.int(5)?,
         kind: kind.map_err(|m| C::corrupt(6, m))?,
+        reply: match r.opt_text(7)? {
+            Some(_) => crate::Reply::from_json(&r.json::<serde_json::Value>(7)?),
+            None => None,
+        },
     })
 }
 
@@ -158,7 +163,7 @@ pub(crate) fn task<C: Columns>(r: &C) -> Result<AgentTask, C::Error> {
     })
 }
 
-/// The event an entity's workflow runs for, from `SELECT event, params FROM events`
+/// The event an entity's workflow runs for, from `SELECT event, params, reply FROM events`
 /// (`None`: no such row).
 pub(crate) fn trigger<C: Columns>(r: &C) -> Result<Option<Trigger>, C::Error> {
     let Some(event) = r.opt_text(0)? else { return Ok(None) };
@@ -166,7 +171,11 @@ pub(crate) fn trigger<C: Columns>(r: &C) -> Result<Option<Trigger>, C::Error> {
         Some(_) => r.json(1)?,
         None => serde_json::Value::Null,
     };
-    Ok(Some(Trigger { event: EventName::new(event), params }))
+    let reply = match r.opt_text(2)? {
+        Some(_) => crate::Reply::from_json(&r.json::<serde_json::Value>(2)?),
+        None => None,
+    };
+    Ok(Some(Trigger { event: EventName::new(event), params, reply }))
 }
 
 /// A timer, from `SELECT entity_id, name, event, due_at, every_ms`.

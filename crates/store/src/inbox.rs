@@ -25,6 +25,38 @@ pub struct InboxItem {
     pub kind: InboxKind,
     /// When it was raised.
     pub created_at: Millis,
+    /// Whom to tell when the event's workflow ends: a sync nested event's reply.
+    pub reply: Option<Reply>,
+}
+
+/// A sync nested event's reply (DESIGN §1): when the workflow of the event that asks for it
+/// ends on the entity it was raised on (the event rejected, ignored or failed; or the
+/// entity at rest, or another event accepted before it was), the engine raises `event` on
+/// the entity that raised it, in the same commit, with what came of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The raising entity's machine.
+    pub machine: MachineName,
+    /// Its key.
+    pub key: EntityKey,
+    /// The event to raise on it.
+    pub event: EventName,
+}
+
+impl Reply {
+    /// As stored: `{"machine", "key", "event"}`.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({"machine": self.machine.as_str(), "key": self.key.as_str(), "event": self.event.as_str()})
+    }
+    /// Reads what [`Reply::to_json`] stored.
+    pub fn from_json(v: &Value) -> Option<Reply> {
+        let field = |name: &str| v.get(name).and_then(Value::as_str);
+        Some(Reply {
+            machine: MachineName::new(field("machine")?),
+            key: EntityKey::new(field("key")?),
+            event: EventName::new(field("event")?),
+        })
+    }
 }
 
 /// Where an inbox item came from.
@@ -44,6 +76,9 @@ pub enum InboxKind {
     /// auto action. Its `event` is [`InboxKind::AGENT_EVENT`]; its params are an
     /// [`AgentReport`](crate::AgentReport) with the task's id, attempt and state entry.
     Agent,
+    /// The reply to a sync nested event this entity raised ([`Reply`]): what came of it.
+    /// Dropped, not an error, when the entity is no longer there to take it.
+    Reply,
 }
 
 impl InboxKind {
@@ -60,6 +95,7 @@ impl InboxKind {
             InboxKind::Timer => "timer",
             InboxKind::Notice => "notice",
             InboxKind::Agent => "agent",
+            InboxKind::Reply => "reply",
         }
     }
     /// Parses the stored name.
@@ -70,6 +106,7 @@ impl InboxKind {
             "timer" => InboxKind::Timer,
             "notice" => InboxKind::Notice,
             "agent" => InboxKind::Agent,
+            "reply" => InboxKind::Reply,
             _ => return None,
         })
     }
@@ -95,6 +132,8 @@ pub struct Push {
     pub join_from: Option<i64>,
     /// Opens this operation (an external raise); replays of its request id push nothing.
     pub operation: Option<OpenOperation>,
+    /// Asks for a reply when the event's workflow ends (a sync nested event).
+    pub reply: Option<Reply>,
 }
 
 /// An event appended, with a commit, to the inbox of every entity related one way to the

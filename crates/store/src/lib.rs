@@ -46,7 +46,7 @@ pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use detail::{ErrorRow, OperationTrace};
 pub use entity::{Command, EntityFilter, EntityRow, NewEntity, RunStatus, SuccessorSnapshot};
 pub use history::{HistoryKind, HistoryRow};
-pub use inbox::{InboxItem, InboxKind, Push, PushRelated};
+pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
 pub use machine::MachineRecord;
 pub use operation::{OpenOperation, OperationRow};
 pub use postgres::PgStore;

@@ -148,6 +148,7 @@ impl AgentReport {
             kind: InboxKind::Agent,
             join_from: None,
             operation: None,
+            reply: None,
         }
     }
 
@@ -217,6 +218,9 @@ pub struct TaskCheck {
     /// does not declare, or creating or raising beyond its `may_create` / `may_raise`, is
     /// refused. An action not listed is not checked.
     pub actions: std::sync::Arc<BTreeMap<(String, String), Action>>,
+    /// The events of the machines of those actions, by machine: the reply a completion asks
+    /// for must be one of its own machine's events. A machine not listed is not checked.
+    pub events: std::sync::Arc<BTreeMap<String, Vec<String>>>,
 }
 
 impl TaskCheck {

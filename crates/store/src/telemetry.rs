@@ -38,6 +38,8 @@ pub struct EventRecord {
     /// Its parameters (null: none), stored with it: the task of a state its workflow
     /// enters carries them.
     pub params: serde_json::Value,
+    /// The reply owed when its workflow ends (a sync nested event).
+    pub reply: Option<crate::Reply>,
 }
 
 impl EventRecord {
@@ -53,12 +55,14 @@ impl EventRecord {
                 InboxKind::Timer => "timer",
                 InboxKind::Notice => "subscription",
                 InboxKind::Agent => "agent",
+                InboxKind::Reply => "reply",
             },
             seq: item.id,
             raised_at: item.created_at,
             rejected,
             failed,
             params: if item.kind == InboxKind::Agent { serde_json::Value::Null } else { item.params.clone() },
+            reply: item.reply.clone(),
         }
     }
 }

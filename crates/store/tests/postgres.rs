@@ -114,6 +114,7 @@ async fn unconvertible_sql_parameter_fails_the_commit_alone() {
         kind: InboxKind::Raised,
         join_from: None,
         operation: None,
+        reply: None,
     };
     let r = store
         .write(Batch {
@@ -178,6 +179,7 @@ fn push_op(key: &str, request_id: &str) -> Op {
             name: "m.go".into(),
             dimensions: serde_json::json!({}),
         }),
+        reply: None,
     })
 }
 

@@ -73,6 +73,7 @@ async fn a_task_open_at_reopen_is_canceled_on_state_entry() {
         kind: settle_store::InboxKind::Raised,
         join_from: None,
         operation: None,
+        reply: None,
     };
     let claim = Claim { owner: "w".into(), lease_ms: 30_000, limit: 10, machines: Vec::new() };
     let mut r = store.write(Batch { now: 20, ops: vec![Op::Push(push)], claim: Some(claim) }).await.unwrap();
@@ -118,6 +119,7 @@ async fn state_entries_carry_their_transition_telemetry() {
             name: "m.go".into(),
             dimensions: serde_json::json!({}),
         }),
+        reply: None,
     };
     let claim = || Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() });
     let r = store.write(Batch { now: 20, ops: vec![Op::Push(push)], claim: claim() }).await.unwrap();
@@ -221,6 +223,7 @@ async fn busy_follows_what_keeps_an_entity_working() {
             kind: settle_store::InboxKind::Raised,
             join_from: None,
             operation: None,
+            reply: None,
         })
     };
     let pushes = vec![

@@ -58,6 +58,12 @@ pub struct Raise {
     pub params: Value,
     /// Whether the entity joins the raiser's workflow (becomes its successor).
     pub join: bool,
+    /// A sync nested event: the event of the raiser's own machine to raise on it when this
+    /// event's workflow ends on the entity (rejected, ignored or failed, or the entity at
+    /// rest again), with what came of it (`machine`, `key`, `event`, `outcome`, `state`,
+    /// `reason`, as the reply event declares them). The raiser goes on meanwhile: it waits
+    /// in the state its outcome entered, as long as that state says.
+    pub reply: Option<EventName>,
 }
 
 impl ActionOutcome {
@@ -88,8 +94,12 @@ impl ActionOutcome {
         }
         if !self.raises.is_empty() {
             let raises = self.raises.iter().map(|r| {
-                json!({"machine": r.machine.as_str(), "key": r.key.as_str(), "event": r.event.as_str(),
-                       "params": r.params, "join": r.join})
+                let mut raise = json!({"machine": r.machine.as_str(), "key": r.key.as_str(),
+                                       "event": r.event.as_str(), "params": r.params, "join": r.join});
+                if let Some(reply) = &r.reply {
+                    raise["reply"] = json!(reply.as_str());
+                }
+                raise
             });
             o.insert("raise".into(), Value::Array(raises.collect()));
         }
@@ -141,6 +151,7 @@ impl ActionOutcome {
                 event: EventName::new(str_of(r, "event", &at)?),
                 params: r.get("params").cloned().unwrap_or(Value::Null),
                 join: r.get("join").and_then(Value::as_bool).unwrap_or(false),
+                reply: opt_str(r, "reply", &at)?.map(EventName::new),
             });
         }
         for (i, b) in array(o, "raise_on")?.iter().enumerate() {
@@ -254,6 +265,7 @@ pub fn declared_creates(
                 event: event.clone(),
                 params: event_params.clone(),
                 join: false,
+                reply: None,
             });
         }
         creates.push(Create { machine: c.machine.clone(), key: new_key, properties });
@@ -266,6 +278,7 @@ pub fn declared_creates(
             event: r.event.clone(),
             params: r.params.clone(),
             join: false,
+            reply: None,
         };
         raises.push(raise);
     }
@@ -341,6 +354,7 @@ mod tests {
                 event: EventName::new("start"),
                 params: json!({"n": 1}),
                 join: true,
+                reply: None,
             }],
             related: vec![Broadcast {
                 event: EventName::new("child_ready"),

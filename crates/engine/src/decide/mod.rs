@@ -20,6 +20,7 @@
 
 mod fault;
 mod parts;
+mod reply;
 #[cfg(test)]
 mod tests;
 mod transition;
@@ -37,6 +38,7 @@ use settle_store::{
 
 pub(crate) use fault::{FaultError, fault};
 use parts::task_offer;
+pub(crate) use reply::replies;
 pub(crate) use transition::{Hooks, Ran, check_effects, declare, hooks_done, new_entity, transition};
 
 use crate::api::EventOutcome;
@@ -168,8 +170,14 @@ impl Decided {
         let (event_id, trigger) = if t.at_rest {
             (None, Some(None))
         } else if let Some(ev) = began {
-            // Its `events` row (only a named event has one) is what a claim reads back.
-            let trigger = c.event.as_ref().map(|name| Trigger { event: name.clone(), params: ev.params.clone() });
+            // Its `events` row (only a named event has one) is what a claim reads back; the
+            // reply an event that moved it on owes goes when its workflow ends (an internal
+            // one's, at once).
+            let trigger = c.event.as_ref().map(|name| Trigger {
+                event: name.clone(),
+                params: ev.params.clone(),
+                reply: c.to.as_ref().and(ev.reply.clone()),
+            });
             (Some(ev.seq), Some(trigger))
         } else {
             (t.current_event, None)
@@ -256,7 +264,7 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
                     commit(reject(held, item, reason, env))
                 }
             }
-            InboxKind::Raised | InboxKind::Nested => event(held, item, env),
+            InboxKind::Raised | InboxKind::Nested | InboxKind::Reply => event(held, item, env),
             InboxKind::Agent => agent_reported(held, item, env),
         };
     }

@@ -100,6 +100,7 @@ fn item(kind: InboxKind, event: &str, params: Value) -> InboxItem {
         request_id: Some("r-item".into()),
         kind,
         created_at: NOW - 100,
+        reply: None,
     }
 }
 
@@ -469,7 +470,7 @@ fn the_current_event_is_the_one_that_moved_the_entity_on_or_stays() {
     use settle_store::{Commit, Fence};
     // (moves on, processes an event, at rest) → the entity's current event afterwards, and
     // the event its auto actions run for (`None`: unchanged; `Some(None)`: none).
-    let go = || Some(Some(settle_store::Trigger { event: "go".into(), params: json!({"n": 1}) }));
+    let go = || Some(Some(settle_store::Trigger { event: "go".into(), params: json!({"n": 1}), reply: None }));
     let cases = [
         (true, true, false, Some(42), go()), // an event moved it into a working state: that event
         (true, false, false, Some(5), None), // an auto action moved it on: the event it works for
@@ -493,6 +494,7 @@ fn the_current_event_is_the_one_that_moved_the_entity_on_or_stays() {
             rejected: false,
             failed: false,
             params: json!({"n": 1}),
+            reply: None,
         });
         let d = Decided::new(c);
         let expect = d.expect();

@@ -8,7 +8,7 @@
 use settle_core::step;
 use settle_core::{Action, ActionOutcome, EntityKey, EventName, Machine, Properties, StateName};
 use settle_store::{
-    AfterCommit, Commit, EventRecord, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, PushRelated,
+    AfterCommit, Commit, EventRecord, HistoryKind, InboxItem, InboxKind, Millis, NewEntity, Push, PushRelated, Reply,
     Telemetry, TransitionRecord,
 };
 
@@ -324,7 +324,7 @@ fn checked<T>(
     step::apply_changes(&mut props, &ran.outcome.decided.changes);
     let verdict = decide(&props).map_err(|r| r.to_string())?;
     let request_id = ran.item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone());
-    let effects = effects(&ran.outcome.decided, e.id, request_id.as_ref(), env)
+    let effects = effects(&ran.outcome.decided, Some(e), request_id.as_ref(), env)
         .map_err(|(field, why)| format!("{field}: {why}"))?;
     Ok(Checked { props, verdict, request_id, effects })
 }
@@ -360,13 +360,15 @@ pub(super) fn fired_after(
 /// The entities an outcome creates and the events it raises, checked against their
 /// machines (an event raised on related entities against every machine that declares
 /// it); the error names the effect refused (`create[0]`, `raise[1]`, `raise_on[0]`) and why.
+/// `raiser` is the entity whose outcome it is (`None`: only checking, before it is known).
 fn effects(
     outcome: &ActionOutcome,
-    entity_id: i64,
+    raiser: Option<&settle_store::EntityRow>,
     request_id: Option<&String>,
     env: &Env<'_>,
 ) -> std::result::Result<Effects, (String, String)> {
     let refused = |field: String, why: String| (field, why);
+    let entity_id = raiser.map_or(0, |e| e.id);
     let mut creates = Vec::with_capacity(outcome.creates.len());
     for (i, c) in outcome.creates.iter().enumerate() {
         let m = env.registry.machine(&c.machine).map_err(|e| refused(format!("create[{i}]"), e.to_string()))?;
@@ -388,6 +390,17 @@ fn effects(
             kind: InboxKind::Nested,
             join_from: r.join.then_some(entity_id),
             operation: None,
+            reply: match (&r.reply, raiser) {
+                (Some(event), Some(e)) => {
+                    let own = env.registry.machine(&e.machine).ok().and_then(|m| m.event(event));
+                    if own.is_none() {
+                        let why = format!("the reply `{event}` is not an event of machine `{}`", e.machine);
+                        return Err(refused(format!("raise[{i}].reply"), why));
+                    }
+                    Some(Reply { machine: e.machine.clone(), key: e.key.clone(), event: event.clone() })
+                }
+                _ => None,
+            },
         });
     }
     let mut related = Vec::with_capacity(outcome.related.len());
@@ -417,7 +430,7 @@ pub(crate) fn check_effects(
     outcome: &ActionOutcome,
     registry: &crate::registry::Registry,
 ) -> Result<(), (String, String)> {
-    effects(outcome, 0, None, &Env { registry, owner: "", now: 0 }).map(|_| ())
+    effects(outcome, None, None, &Env { registry, owner: "", now: 0 }).map(|_| ())
 }
 
 /// A new entity in its machine's initial state, with that state's timers and, when an

@@ -623,11 +623,16 @@ impl<S: Store + Clone> Scheduler<S> {
         self.pending.push(Pending::Release);
     }
 
-    /// Queues a decided commit for the next batch, and logs and counts what it notes.
-    fn push(&mut self, d: Decided) {
+    /// Queues a decided commit for the next batch, with the replies it owes to sync nested
+    /// events whose workflows it ends, and logs and counts what it notes.
+    fn push(&mut self, mut d: Decided) {
+        let held = self.held.get(&d.commit.fence.entity_id).map(|s| &s.held);
+        if let Some(held) = held {
+            let replies = decide::replies(held, &d.commit, &self.registry);
+            d.commit.pushes.extend(replies);
+        }
         if let Some(note) = &d.note {
-            let held = self.held.get(&d.commit.fence.entity_id).map(|s| &s.held.entity);
-            record(note, held);
+            record(note, held.map(|h| &h.entity));
         }
         let expect = d.expect();
         self.ops.push(Op::Commit(Box::new(d.commit)));

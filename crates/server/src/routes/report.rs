@@ -26,23 +26,31 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
         out.changes.push(PropChange::from_json(k, v));
     }
     for (i, c) in req.create.into_iter().enumerate() {
-        let ReportCreate { machine, key, properties, event, params } = c;
+        let ReportCreate { machine, key, properties, event, params, reply } = c;
         let at = format!("create[{i}]");
         let properties = members(properties);
         let (machine, key) = (MachineName::new(machine), EntityKey::new(key));
         if let Some(event) = event {
             let params = params_of(params);
-            let first =
-                Raise { machine: machine.clone(), key: key.clone(), event: EventName::new(event), params, join: false };
+            let first = Raise {
+                machine: machine.clone(),
+                key: key.clone(),
+                event: EventName::new(event),
+                params,
+                join: false,
+                reply: reply.map(EventName::new),
+            };
             out.raises.push(first);
             origins.push(format!("{at}.event"));
         } else if params.is_some() {
             return Err(bad(&format!("{at}.params"), "parameters without an `event` to carry them"));
+        } else if reply.is_some() {
+            return Err(bad(&format!("{at}.reply"), "a reply without an `event` to answer"));
         }
         out.creates.push(Create { machine, key, properties });
     }
     for (i, r) in req.raise.into_iter().enumerate() {
-        let ReportRaise { event, params, machine, key, on, join } = r;
+        let ReportRaise { event, params, machine, key, on, join, reply } = r;
         let at = format!("raise[{i}]");
         let params = params_of(params);
         let event = EventName::new(event);
@@ -55,6 +63,7 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
                     event,
                     params,
                     join,
+                    reply: reply.map(EventName::new),
                 });
                 origins.push(at);
             }
@@ -63,6 +72,9 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
                     .ok_or_else(|| bad(&format!("{at}.on"), &format!("`predecessors` or `successors`, not `{on}`")))?;
                 if join.is_some() {
                     return Err(bad(&format!("{at}.join"), "only an entity named by `machine` and `key` can join"));
+                }
+                if reply.is_some() {
+                    return Err(bad(&format!("{at}.reply"), "only an entity named by `machine` and `key` replies"));
                 }
                 out.related.push(Broadcast { event, on, params });
                 related.push(i);

@@ -101,6 +101,7 @@ fn push(key: &str, event: &str) -> Push {
         kind: InboxKind::Raised,
         join_from: None,
         operation: None,
+        reply: None,
     }
 }
 

@@ -5,8 +5,8 @@ use settle_core::{ActionName, ActionOutcome, Properties};
 
 use super::{T0, command, commit, get, new_entity, push, write};
 use crate::{
-    AfterCommit, AgentReport, AgentTask, Applied, Command, EventRecord, InboxKind, Millis, Op, OpError, RunStatus,
-    Store, TaskCheck, TaskFilter, TaskOffer, TaskRefusal, TaskResult,
+    AfterCommit, AgentReport, AgentTask, Applied, Command, EventRecord, InboxKind, Millis, Op, OpError, Push,
+    RunStatus, Store, TaskCheck, TaskFilter, TaskOffer, TaskRefusal, TaskResult,
 };
 
 /// An outcome with every part an agent may report.
@@ -32,6 +32,7 @@ fn whole_outcome() -> ActionOutcome {
             event: "start".into(),
             params: serde_json::json!({"n": 1.5, "s": "é"}),
             join: true,
+            reply: None,
         }],
         related: vec![Broadcast {
             event: "child_ready".into(),
@@ -70,7 +71,8 @@ fn refused(r: Result<Applied, OpError>, task: i64, starts: &str) {
 /// nothing; an expired lease is offered again (attempt + 1); an accepted report lands in
 /// the entity's inbox; entering a state cancels open tasks; paused entities' tasks are not
 /// leased; kill cancels them. A task, and a claim of its entity mid-workflow, name the
-/// event whose workflow entered the state, with its parameters.
+/// event whose workflow entered the state, with its parameters and the reply it owes; a
+/// reply to an entity that is not there is dropped.
 pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     let mut new = new_entity("a", "working", None);
     new.offer = Some(offer(T0 + 100));
@@ -193,9 +195,12 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     write(&store, T0, vec![Op::Create(new_entity("d", "idle", None))], false).await;
     let mut go = push("d", "go");
     go.params = serde_json::json!({"size": 3});
+    let reply = crate::Reply { machine: "m".into(), key: "asker".into(), event: "answer".into() };
+    go.reply = Some(reply.clone());
     let claimed = write(&store, T0 + 4_000, vec![Op::Push(go)], true).await.claimed;
     let claimed = claimed.into_iter().find(|c| c.entity.key == "d").expect("claimed");
     let item = claimed.inbox_head.expect("the event");
+    assert_eq!(item.reply.as_ref(), Some(&reply), "the inbox keeps the reply asked for");
     let mut cm = commit(&claimed.entity, Some("working"), Some(item.id), AfterCommit::Release);
     cm.offer = Some(offer(T0 + 4_000));
     cm.telemetry.event = Some(EventRecord::of(&item, false, false));
@@ -209,8 +214,11 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     let claimed = claimed.into_iter().find(|c| c.entity.key == "d").expect("claimed");
     let trigger = claimed.trigger.expect("the workflow's event");
     assert_eq!((trigger.event.as_str(), &trigger.params), ("go", &serde_json::json!({"size": 3})));
+    assert_eq!(trigger.reply.as_ref(), Some(&reply), "the reply its workflow's end owes");
     let mut rest = commit(&claimed.entity, Some("idle"), claimed.inbox_head.map(|i| i.id), AfterCommit::Release);
     rest.telemetry.at_rest = true;
+    // The reply to an entity that is not there is dropped; the commit lands.
+    rest.pushes.push(Push { kind: InboxKind::Reply, ..push("asker", "answer") });
     assert!(task_op(&store, T0 + 4_003, Op::Commit(Box::new(rest))).await.is_ok());
     let claimed = write(&store, T0 + 4_004, vec![Op::Push(push("d", "poke"))], true).await.claimed;
     let claimed = claimed.into_iter().find(|c| c.entity.key == "d").expect("claimed");
@@ -255,7 +263,7 @@ pub async fn agent_reports_join_the_batch_around_them<S: Store>(store: S) {
         .unwrap();
     let mut actions = std::collections::BTreeMap::new();
     actions.insert(("m".to_string(), "work".to_string()), work.action("work").unwrap().clone());
-    let declared = TaskCheck { queues: None, actions: std::sync::Arc::new(actions) };
+    let declared = TaskCheck { queues: None, actions: std::sync::Arc::new(actions), ..TaskCheck::default() };
     let wrong = TaskResult::complete("elsewhere", Properties::new());
     let r = write(
         &store,

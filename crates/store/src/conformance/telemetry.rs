@@ -115,6 +115,7 @@ impl<'a> Step<'a> {
             rejected: self.kind == HistoryKind::Rejected,
             failed: self.kind == HistoryKind::Fault,
             params: item.params.clone(),
+            reply: None,
         });
         Commit {
             to: self.to.map(StateName::new),

@@ -357,6 +357,8 @@ pub(crate) struct InboxInsert {
     pub(crate) request_id: Option<String>,
     pub(crate) kind: &'static str,
     pub(crate) created_at: Millis,
+    /// A sync nested event's [`Reply`](crate::Reply), as JSON text.
+    pub(crate) reply: Option<String>,
 }
 
 /// A history row (also the `transitions` row of a state entry).
@@ -453,6 +455,8 @@ pub(crate) struct EventInsert {
     pub(crate) entered: Option<String>,
     /// Its parameters (JSON), when it has any.
     pub(crate) params: Option<String>,
+    /// The reply its workflow's end owes (JSON text); none once it ended.
+    pub(crate) reply: Option<String>,
 }
 
 /// An event's workflow ends (only if it has not ended yet).

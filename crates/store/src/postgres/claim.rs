@@ -84,7 +84,7 @@ impl Tx<'_> {
         if claiming {
             sql.push_str(&format!(
                 ")
-             SELECT t.*, c.*, {INBOX_COLS}, v.event, v.params FROM tail t
+             SELECT t.*, c.*, {INBOX_COLS}, v.event, v.params, v.reply FROM tail t
              LEFT JOIN claimed c ON TRUE
              LEFT JOIN LATERAL (SELECT * FROM inbox WHERE entity_id = c.id ORDER BY id LIMIT 1) i ON TRUE
              LEFT JOIN events v ON v.id = c.event_id"

@@ -37,7 +37,7 @@ pub(crate) struct Tx<'a> {
     pub(crate) next_timer: &'a std::sync::atomic::AtomicI64,
 }
 
-pub(super) const INBOX_COLS: &str = "i.id, i.entity_id, i.event, i.params, i.request_id, i.created_at, i.kind";
+pub(super) const INBOX_COLS: &str = "i.id, i.entity_id, i.event, i.params, i.request_id, i.created_at, i.kind, i.reply";
 
 impl Columns for Row {
     type Error = Failure;

@@ -181,7 +181,7 @@ pub(crate) fn timer_list(c: &mut Conn, entity_id: i64) -> R<Vec<TimerRow>> {
 
 pub(crate) fn inbox_list(c: &mut Conn, entity_id: i64) -> R<Vec<InboxItem>> {
     let rows = c.query(
-        "SELECT id, entity_id, event, params, request_id, created_at, kind FROM inbox WHERE entity_id = $1 ORDER BY id",
+        "SELECT id, entity_id, event, params, request_id, created_at, kind, reply FROM inbox WHERE entity_id = $1 ORDER BY id",
         &[&entity_id],
     )?;
     all(rows, inbox_from_row)

@@ -127,8 +127,9 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
     let inbox = (!w.inbox.is_empty()).then(|| {
         let i = &w.inbox;
         Stmt::new(
-            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at)
-             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[])
+            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at, reply)
+             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[],
+                $7::text[])
              RETURNING id, entity_id",
             vec![
                 ints(i, |i| i.entity_id),
@@ -137,6 +138,7 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
                 opt_strings(i, |i| i.request_id.as_deref()),
                 strings(i, |i| i.kind),
                 ints(i, |i| i.created_at),
+                opt_strings(i, |i| i.reply.as_deref()),
             ],
         )
     });
@@ -310,15 +312,15 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
         merged.push(Stmt::new(
             "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
                 start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered,
-                params)
+                params, reply)
              SELECT v.id, (SELECT o.id FROM operations o WHERE o.request_id = v.request_id), v.request_id, v.id,
                 v.entity_id, v.machine, v.entity_key, v.event, v.kind, v.start_state, v.start_time, v.rejected,
-                v.failed, v.error_id, v.exception, v.end_state, v.end_time, v.reason, v.entered, v.params
+                v.failed, v.error_id, v.exception, v.end_state, v.end_time, v.reason, v.entered, v.params, v.reply
              FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[],
                 $8::text[], $9::bigint[], $10::boolean[], $11::boolean[], $12::bigint[], $13::text[], $14::text[],
-                $15::bigint[], $16::text[], $17::text[], $18::text[])
+                $15::bigint[], $16::text[], $17::text[], $18::text[], $19::text[])
                 AS v(id, request_id, entity_id, machine, entity_key, event, kind, start_state, start_time,
-                     rejected, failed, error_id, exception, end_state, end_time, reason, entered, params)",
+                     rejected, failed, error_id, exception, end_state, end_time, reason, entered, params, reply)",
             vec![
                 ints(e, |e| e.id),
                 opt_strings(e, |e| e.request_id.as_deref()),
@@ -338,6 +340,7 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
                 opt_strings(e, |e| e.reason.as_deref()),
                 opt_strings(e, |e| e.entered.as_deref()),
                 opt_strings(e, |e| e.params.as_deref()),
+                opt_strings(e, |e| e.reply.as_deref()),
             ],
         ));
     }

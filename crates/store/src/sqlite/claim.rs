@@ -88,7 +88,7 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
         // Only an entity mid-workflow has one (read by primary key).
         let trigger = match entity.event_id {
             Some(event_id) => tx
-                .prepare_cached("SELECT event, params FROM events WHERE id = ?1")?
+                .prepare_cached("SELECT event, params, reply FROM events WHERE id = ?1")?
                 .query_row([event_id], |r| crate::decode::trigger(r))
                 .optional()?
                 .flatten(),

@@ -307,9 +307,7 @@ impl Store for SqliteStore {
     async fn inbox_list(&self, entity_id: i64) -> Result<Vec<InboxItem>> {
         self.on_reader(move |c| {
             let mut stmt = c
-                .prepare_cached(
-                    "SELECT id, entity_id, event, params, request_id, created_at, kind FROM inbox WHERE entity_id = ?1 ORDER BY id",
-                )
+                .prepare_cached(&format!("SELECT {INBOX_COLS} FROM inbox WHERE entity_id = ?1 ORDER BY id"))
                 .map_err(db_err)?;
             stmt.query_map([entity_id], inbox_from_row).and_then(|rows| rows.collect()).map_err(db_err)
         })

@@ -19,7 +19,7 @@ pub(crate) fn entity_from_row(r: &Row<'_>) -> rusqlite::Result<EntityRow> {
 }
 
 /// The columns an `InboxItem` is decoded from ([`inbox_from_row`]), in order.
-pub(crate) const INBOX_COLS: &str = "id, entity_id, event, params, request_id, created_at, kind";
+pub(crate) const INBOX_COLS: &str = "id, entity_id, event, params, request_id, created_at, kind, reply";
 
 pub(crate) fn inbox_from_row(r: &Row<'_>) -> rusqlite::Result<InboxItem> {
     crate::decode::inbox(r)

@@ -16,6 +16,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../../migrations/sqlite/0006_fleet.sql")),
     (7, include_str!("../../migrations/sqlite/0007_detail.sql")),
     (8, include_str!("../../migrations/sqlite/0008_trigger.sql")),
+    (9, include_str!("../../migrations/sqlite/0009_reply.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.

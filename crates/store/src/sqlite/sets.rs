@@ -175,11 +175,12 @@ impl Tx<'_> {
 
     fn insert_inbox(&mut self, rows: &[InboxInsert]) -> rusqlite::Result<Vec<i64>> {
         let mut stmt = self.0.prepare_cached(
-            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO inbox (entity_id, event, params, request_id, kind, created_at, reply)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )?;
         let mut ids = Vec::with_capacity(rows.len());
         for i in rows {
-            stmt.execute(params![i.entity_id, i.event, i.params, i.request_id, i.kind, i.created_at])?;
+            stmt.execute(params![i.entity_id, i.event, i.params, i.request_id, i.kind, i.created_at, i.reply])?;
             ids.push(self.0.last_insert_rowid());
         }
         Ok(ids)
@@ -309,9 +310,9 @@ impl Tx<'_> {
         let mut stmt = self.0.prepare_cached(
             "INSERT INTO events (id, operation_id, request_id, seq, entity_id, machine, entity_key, event, kind,
                 start_state, start_time, rejected, failed, error_id, exception, end_state, end_time, reason, entered,
-                params)
+                params, reply)
              VALUES (?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?1, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
-                ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+                ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
         )?;
         for e in rows {
             stmt.execute(params![
@@ -332,7 +333,8 @@ impl Tx<'_> {
                 e.end_time,
                 e.reason,
                 e.entered,
-                e.params
+                e.params,
+                e.reply
             ])?;
         }
         Ok(())

@@ -107,6 +107,14 @@ pub(crate) fn report(
         if let Some((field, why)) = settle_core::step::beyond_declaration(action, outcome) {
             return Err(bad(field, why));
         }
+        if let Some(events) = check.events.get(machine) {
+            for (i, r) in outcome.raises.iter().enumerate() {
+                if let Some(reply) = r.reply.as_ref().filter(|e| !events.iter().any(|n| n == e.as_str())) {
+                    let why = format!("the reply `{reply}` is not an event of machine `{machine}`");
+                    return Err(bad(format!("raise[{i}].reply"), why));
+                }
+            }
+        }
     }
     if held(row, token, now, true)? == Lease::Replay {
         return Ok(Reported::Replayed);
@@ -233,7 +241,7 @@ mod tests {
             .unwrap();
         let mut t = BTreeMap::new();
         t.insert(("server".to_string(), "provision".to_string()), m.action("provision").unwrap().clone());
-        TaskCheck { queues: None, actions: Arc::new(t) }
+        TaskCheck { queues: None, actions: Arc::new(t), ..TaskCheck::default() }
     }
 
     fn complete(target: &str) -> TaskResult {
@@ -319,6 +327,7 @@ mod tests {
                     event,
                     params: serde_json::Value::Null,
                     join: false,
+                    reply: None,
                 });
             }
             TaskResult::Complete(o)

@@ -144,7 +144,9 @@ impl Work {
 
     /// Appends `p` to the inbox of `target` (known to exist).
     pub(super) fn push(&mut self, target: usize, p: &Push) -> usize {
+        let reply = p.reply.as_ref().map(|r| r.to_json().to_string());
         let item = self.add_item(target, p.event.as_str(), json_text(&p.params), p.request_id.clone(), p.kind.as_str());
+        self.plan.inbox[item].row.reply = reply;
         if let Some(pred) = p.join_from {
             match self.by_id.get(&pred) {
                 Some(&s) => self.join(s, target, p.request_id.clone()),
@@ -166,7 +168,15 @@ impl Work {
         let i = self.plan.inbox.len();
         self.plan.inbox.push(Item {
             slot,
-            row: InboxInsert { entity_id: 0, event: event.to_string(), params, request_id, kind, created_at: self.now },
+            row: InboxInsert {
+                entity_id: 0,
+                event: event.to_string(),
+                params,
+                request_id,
+                kind,
+                created_at: self.now,
+                reply: None,
+            },
         });
         self.slots[slot].pending.push(i);
         i
@@ -263,7 +273,7 @@ impl Work {
             }
             creating.push(k);
         }
-        for p in &c.pushes {
+        for p in c.pushes.iter().filter(|p| p.kind != InboxKind::Reply) {
             let k = key_of(&p.machine, &p.key);
             if !self.by_key.contains_key(&k) && !creating.contains(&k) {
                 return Err(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() });
@@ -382,7 +392,8 @@ impl Work {
             created.push(new);
         }
         for p in &c.pushes {
-            let target = self.by_key[&key_of(&p.machine, &p.key)];
+            // A reply whose entity is gone is dropped (it only tells what came of an event).
+            let Some(&target) = self.by_key.get(&key_of(&p.machine, &p.key)) else { continue };
             // An event for a killed entity is dropped: queued, it would never be taken and
             // its operation would never end.
             if !self.killed(target) {
@@ -437,7 +448,7 @@ impl Work {
         let head = if !held {
             Head::None
         } else if let Some(item) = self.heads.get(&entity_id) {
-            Head::Stored(item.clone())
+            Head::Stored(Box::new(item.clone()))
         } else {
             match self.slots[s].pending.first() {
                 Some(&i) => Head::New(i),
@@ -502,6 +513,8 @@ impl Work {
                     // No parameters (null, or `{}`) are stored as none.
                     params: (!ev.params.is_null() && ev.params.as_object().is_none_or(|o| !o.is_empty()))
                         .then(|| crate::sql::json_text(&ev.params)),
+                    // Owed when its workflow ends later; one that ends here is answered now.
+                    reply: if ended { None } else { ev.reply.as_ref().map(|r| r.to_json().to_string()) },
                 },
                 error,
             ));

@@ -50,7 +50,7 @@ enum Answer {
 /// The inbox head a held entity is told about.
 enum Head {
     None,
-    Stored(InboxItem),
+    Stored(Box<InboxItem>),
     New(usize),
 }
 

@@ -119,6 +119,11 @@ impl Work {
                 request_id: row.request_id.clone(),
                 kind: InboxKind::parse(row.kind).unwrap_or_default(),
                 created_at: row.created_at,
+                reply: row
+                    .reply
+                    .as_deref()
+                    .and_then(|r| serde_json::from_str(r).ok())
+                    .and_then(|v| crate::Reply::from_json(&v)),
             }
         };
         let results = answers
@@ -135,7 +140,7 @@ impl Work {
                         version,
                         inbox_head: match head {
                             Head::None => None,
-                            Head::Stored(i) => Some(i),
+                            Head::Stored(i) => Some(*i),
                             Head::New(i) => Some(item(i)),
                         },
                         created: created.iter().map(|&s| slots[s].cur.id).collect(),
