@@ -333,6 +333,7 @@ impl Parser<'_> {
                 machine: r.machine,
                 key: r.key,
                 params: r.params.map_or(serde_json::Value::Null, toml_to_json),
+                reply: r.reply,
             })
             .collect();
         let create = action
@@ -347,6 +348,7 @@ impl Parser<'_> {
                     .collect(),
                 event: c.event,
                 params: c.params.map_or(serde_json::Value::Null, toml_to_json),
+                reply: c.reply,
             })
             .collect();
         ActionDef {
@@ -542,6 +544,7 @@ struct CreateToml {
     properties: BTreeMap<Spanned<String>, ::toml::Value>,
     event: Option<String>,
     params: Option<::toml::Value>,
+    reply: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -553,6 +556,7 @@ struct RaiseToml {
     machine: Option<String>,
     key: Option<String>,
     params: Option<::toml::Value>,
+    reply: Option<String>,
 }
 
 /// One name or an array of names (`auto = "x"` or `auto = ["x", "y"]`).

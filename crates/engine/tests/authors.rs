@@ -2,8 +2,8 @@
 //! agent's report give the same whole outcome — a target, a property computed from the
 //! entity and from the parameters of the event whose workflow the auto action runs in, a
 //! property removed, a successor created with a first event, an event raised on an entity
-//! named by key — and the engine commits it alike, on SQLite and on PostgreSQL
-//! (`SETTLE_TEST_PG`).
+//! named by key with a reply (a sync nested event) — and the engine commits it alike, on
+//! SQLite and on PostgreSQL (`SETTLE_TEST_PG`).
 
 mod common;
 
@@ -24,21 +24,24 @@ enum Author {
 
 /// `parent`: idle -go {n}→ working, whose auto action `work` (each author's) moves to
 /// `waiting` with `size` twice `base` plus go's `n`, `base` removed, creates `<key>-c` and
-/// starts it, and pokes `peer` `p1`.
+/// starts it, and pokes `peer` `p1` asking for the reply `peer_done`, which records what
+/// came of the poke and moves on to `done`.
 fn parent(author: Author) -> Machine {
     let work = match author {
         Author::Rust => "",
         Author::Toml => {
             "set = { size = \"props.base * 2 + params.n\" }\nunset = [\"base\"]\n\
              create = [{ machine = \"child\", key = \"key + '-c'\", event = \"start\" }]\n\
-             raise = [{ event = \"poke\", machine = \"peer\", key = \"'p1'\" }]\n"
+             raise = [{ event = \"poke\", machine = \"peer\", key = \"'p1'\", reply = \"peer_done\" }]\n"
         }
         Author::Agent => "agent = \"q\"\nlock = \"30s\"\n",
     };
     let text = format!(
         "name = \"parent\"\ninitial = \"idle\"\nproperties = [\"base\"]\n\
-         [states.idle]\n[states.working]\nauto = \"work\"\n[states.waiting]\n\
+         [states.idle]\n[states.working]\nauto = \"work\"\n[states.waiting]\n[states.done]\n\
          [events.go]\nin = [\"idle\"]\naction = \"begin\"\nparams = [\"n\"]\n\
+         [events.peer_done]\nin = [\"waiting\"]\naction = \"finish\"\nparams = [\"outcome\", \"state\"]\n\
+         [actions.finish]\nto = [\"done\"]\nset = {{ peer = \"params.outcome + ' ' + params.state\" }}\n\
          [actions.begin]\nto = [\"working\"]\n\
          [actions.work]\nto = [\"waiting\"]\nmay_create = [\"child\"]\nmay_raise = [\"start\", \"poke\"]\n{work}"
     );
@@ -78,7 +81,7 @@ fn outcome(key: &str, base: i64, n: i64) -> ActionOutcome {
                 event: "poke".into(),
                 params: json!({}),
                 join: false,
-                reply: None,
+                reply: Some("peer_done".into()),
             },
         ],
         ..ActionOutcome::default()
@@ -104,7 +107,7 @@ async fn run<S: Store + Clone>(store: S, author: Author) -> (String, Properties,
                 .remove("base")
                 .create("child", &child, Properties::new())
                 .raise("child", &child, "start", json!({}))
-                .raise("peer", "p1", "poke", json!({})))
+                .raise_with_reply("peer", "p1", "poke", json!({}), "peer_done"))
         });
     }
     let engine = builder.start().await.unwrap();
@@ -131,8 +134,8 @@ async fn run<S: Store + Clone>(store: S, author: Author) -> (String, Properties,
 }
 
 fn expected() -> (String, Properties, Vec<(String, String)>, String) {
-    let props = json!({"size": 47}).as_object().unwrap().clone();
-    ("waiting".into(), props, vec![("a-c".into(), "started".into())], "poked".into())
+    let props = json!({"size": 47, "peer": "accepted poked"}).as_object().unwrap().clone();
+    ("done".into(), props, vec![("a-c".into(), "started".into())], "poked".into())
 }
 
 #[tokio::test]

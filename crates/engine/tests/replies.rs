@@ -204,3 +204,69 @@ async fn a_reply_the_raisers_machine_does_not_declare_is_refused() {
     assert_eq!(engine.get("child", "c9").await.unwrap().unwrap().state, "new", "nothing raised");
     engine.shutdown().await;
 }
+
+/// An agent's report asks for a reply as a handler does; one that names no event of the
+/// reporter's machine is refused, naming the field, and changes nothing.
+#[tokio::test]
+async fn an_agents_report_asks_for_a_reply_and_a_bad_one_is_refused() {
+    let (_dir, store) = common::sqlite();
+    let caller = load(
+        "caller",
+        r#"
+name = "caller"
+initial = "asking"
+[states.asking]
+auto = "ask"
+[states.waiting]
+[states.told]
+[events.child_done]
+in = ["waiting"]
+action = "record"
+params = ["outcome"]
+[actions.ask]
+to = ["waiting"]
+agent = "callers"
+may_raise = ["start"]
+[actions.record]
+to = ["told"]
+set = { outcome = "params.outcome" }
+"#,
+    );
+    let engine = Engine::builder(store).machine(caller).machine(child()).clock(common::clock()).start().await.unwrap();
+    engine.create("child", "c", Properties::new()).await.unwrap();
+    engine.create("caller", "k", Properties::new()).await.unwrap();
+    let tasks = engine.agent_lease("callers", "agent", 1, Duration::from_secs(10)).await.unwrap();
+    let task = &tasks[0];
+    let ask = |reply: &str| {
+        TaskResult::Complete(ActionOutcome {
+            target: Some(StateName::new("waiting")),
+            raises: vec![settle_core::step::Raise {
+                machine: "child".into(),
+                key: "c".into(),
+                event: "start".into(),
+                params: json!({"size": 2}),
+                join: false,
+                reply: Some(reply.into()),
+            }],
+            ..ActionOutcome::default()
+        })
+    };
+    let token = task.token.as_deref().unwrap();
+    match engine.agent_report(task.id, token, ask("nonsense")).await {
+        Err(settle_engine::Error::Task(settle_store::TaskRefusal::BadReport { field, reason, .. })) => {
+            assert_eq!(field, "raise[0].reply");
+            assert!(reason.contains("nonsense") && reason.contains("caller"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(engine.get("child", "c").await.unwrap().unwrap().state, "new", "nothing raised");
+    engine.agent_report(task.id, token, ask("child_done")).await.unwrap();
+    let child_task = engine.agent_lease("q", "agent", 1, Duration::from_secs(10)).await.unwrap();
+    let done = ActionOutcome { target: Some(StateName::new("done")), ..ActionOutcome::default() };
+    let t = &child_task[0];
+    engine.agent_report(t.id, t.token.as_deref().unwrap(), TaskResult::Complete(done)).await.unwrap();
+    engine.wait_idle().await.unwrap();
+    let k = engine.get("caller", "k").await.unwrap().unwrap();
+    assert_eq!((k.state.as_str(), &k.properties["outcome"]), ("told", &json!("accepted")));
+    engine.shutdown().await;
+}

@@ -57,6 +57,11 @@ class LiveTest(unittest.TestCase):
             if mode == "slow":
                 time.sleep(2.5)  # longer than the 1s lock: only heartbeats keep the lease
                 return Outcome.to("done").set(slept=True)
+            if mode == "ask":
+                # A sync nested event: the child's `run_sized` workflow answers `child_done`.
+                child = f"{task.key}-child"
+                return Outcome.to("waiting").create("job", child, event="run_sized", params={"size": 1},
+                                                    reply="child_done")
             if mode == "fail":
                 raise Fail("the provider said no", retryable=False)
             if mode == "beyond" and task.attempt == 1:
@@ -88,12 +93,19 @@ class LiveTest(unittest.TestCase):
         e = self.wait_for("c-1", lambda e: e["state"] == "done")
         # The task names the event whose workflow entered its state, with its parameters.
         [task] = [t for t in self.seen if t.key == "c-1"]
-        self.assertEqual((task.event, task.params, task.targets), ("run_sized", {"size": 3}, ["done", "broken", "working"]))
+        targets = ["done", "broken", "working", "waiting"]
+        self.assertEqual((task.event, task.params, task.targets), ("run_sized", {"size": 3}, targets))
         self.assertEqual(e["properties"]["result"], 1)
         child = self.wait_for("c-1-child", lambda e: e["properties"].get("poked") is True)
         self.assertEqual(child["state"], "idle")
         related = self.client.related("job", "c-1")
         self.assertEqual([(s["machine"], s["key"]) for s in related["successors"]], [("job", "c-1-child")])
+
+    def test_a_reply_comes_back_when_the_created_entitys_workflow_ends(self):
+        self.start("r-1", "ask")
+        e = self.wait_for("r-1", lambda e: e["state"] == "done")
+        # The child (no mode) ended its `run_sized` workflow in `broken`: the reply says so.
+        self.assertEqual((e["properties"]["child_outcome"], e["properties"]["child_state"]), ("accepted", "broken"))
 
     def test_a_report_leases_the_next_task_in_the_same_request(self):
         for key in ("n-1", "n-2"):

@@ -33,6 +33,13 @@ class OutcomeTest(unittest.TestCase):
         self.assertEqual(repr(out), "Outcome(to busy, create app/s-app, create dns/s-dns, "
                                     "raise start on db/s-db, raise delete on successors)")
 
+    def test_a_raise_or_a_created_entitys_first_event_may_ask_for_a_reply(self):
+        body = (Outcome.to("waiting")
+                .create("app", "s-app", event="start", reply="app_done")
+                .raise_("provision", machine="db", key="s-db", reply="db_done")).body("t")
+        self.assertEqual(body["create"], [{"machine": "app", "key": "s-app", "event": "start", "reply": "app_done"}])
+        self.assertEqual(body["raise"], [{"event": "provision", "machine": "db", "key": "s-db", "reply": "db_done"}])
+
     def test_mistakes_are_refused_where_they_are_made_naming_the_part(self):
         cases = [
             (lambda: Outcome.to(""), "target"),
@@ -46,6 +53,8 @@ class OutcomeTest(unittest.TestCase):
             (lambda: Outcome.to("x").raise_("e", machine="m", key="k", on="successors"), "not both"),
             (lambda: Outcome.to("x").raise_("e", on="children"), "raise[0]: on: expected one of"),
             (lambda: Outcome.to("x").raise_("e", on="successors", join=True), "join needs"),
+            (lambda: Outcome.to("x").raise_("e", on="successors", reply="r"), "a reply comes from"),
+            (lambda: Outcome.to("x").create("app", "k", reply="r"), "create[0]: a reply without an event"),
             (lambda: Outcome.to("x").set({"": 1}), "property name"),
         ]
         for make, message in cases:

@@ -264,6 +264,7 @@ impl MachineBuilder {
             properties,
             event,
             params,
+            reply: None,
         });
         self
     }

@@ -113,8 +113,13 @@ impl Machine {
                         .iter()
                         .map(|r| json!({"event": r.event.as_str(), "on": r.on.as_str(), "params": r.params}))
                         .chain(a.raise_keyed.iter().map(|r| {
-                            json!({"event": r.event.as_str(), "machine": r.machine.as_str(), "key": r.key.source(),
-                                   "params": r.params})
+                            let mut raise = json!({"event": r.event.as_str(), "machine": r.machine.as_str(),
+                                                   "key": r.key.source(), "params": r.params});
+                            // Only when asked: the hash of a definition without it stays.
+                            if let Some(reply) = &r.reply {
+                                raise["reply"] = json!(reply.as_str());
+                            }
+                            raise
                         }))
                         .collect();
                 }
@@ -128,8 +133,12 @@ impl Machine {
                                 Some((e, p)) => (Value::from(e.as_str()), p.clone()),
                                 None => (Value::Null, Value::Null),
                             };
-                            json!({"machine": c.machine.as_str(), "key": c.key.source(), "properties": properties,
-                                   "event": event, "params": params})
+                            let mut create = json!({"machine": c.machine.as_str(), "key": c.key.source(),
+                                                    "properties": properties, "event": event, "params": params});
+                            if let Some(reply) = &c.reply {
+                                create["reply"] = json!(reply.as_str());
+                            }
+                            create
                         })
                         .collect();
                 }
@@ -307,6 +316,7 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
                         machine: text(r, "machine"),
                         key: text(r, "key"),
                         params: r.get("params").cloned().unwrap_or(Value::Null),
+                        reply: text(r, "reply"),
                     })
                 })
                 .collect::<Option<_>>()?,
@@ -322,6 +332,7 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
                         properties: table(c, "properties"),
                         event: text(c, "event"),
                         params: c.get("params").cloned().unwrap_or(Value::Null),
+                        reply: text(c, "reply"),
                     })
                 })
                 .collect::<Option<_>>()?,
@@ -442,6 +453,7 @@ mod tests {
         let machines = [
             load("server.toml", "server", SERVER).unwrap().0,
             load("s.toml", "server", SUBSCRIBER).unwrap().0,
+            load("asker.toml", "asker", include_str!("../testdata/asker.toml")).unwrap().0,
             crate::fixtures::instance(),
             crate::fixtures::server()
                 .fault_policy(FaultPolicy::DEFAULT)

@@ -206,6 +206,9 @@ pub struct RaiseDef {
     pub key: Option<String>,
     /// Its parameters (a JSON object, or null).
     pub params: serde_json::Value,
+    /// A sync nested event (with `machine` and `key`): the event of this machine raised on
+    /// the entity when the raised event's workflow ends there.
+    pub reply: Option<String>,
 }
 
 /// An entity a declarative action creates (`create = [{ machine = "db", key = "key + '-db'",
@@ -223,6 +226,9 @@ pub struct CreateDef {
     pub event: Option<String>,
     /// That event's parameters (a JSON object, or null).
     pub params: serde_json::Value,
+    /// A sync nested event (with `event`): the event of this machine raised on the entity
+    /// when the first event's workflow ends on the created one.
+    pub reply: Option<String>,
 }
 
 /// A fault policy as declared (`[fault]`), before validation: keys not declared take the

@@ -268,6 +268,8 @@ pub struct Creation {
     pub property_exprs: Vec<Option<crate::expr::Expression>>,
     /// A first event raised on it in the same commit, with its parameters.
     pub event: Option<(EventName, serde_json::Value)>,
+    /// The reply that event asks for (a sync nested event): an event of this machine.
+    pub reply: Option<EventName>,
 }
 
 /// An event a declarative action raises on one entity named by machine and key (the key an
@@ -282,6 +284,8 @@ pub struct KeyedRaise {
     pub key: crate::expr::Expression,
     /// Its parameters (a JSON object, or null).
     pub params: serde_json::Value,
+    /// The reply it asks for (a sync nested event): an event of this machine.
+    pub reply: Option<EventName>,
 }
 
 /// An event a declarative action raises on every entity related one way.
@@ -488,6 +492,7 @@ impl Machine {
                         properties: c.properties.clone(),
                         property_exprs: expressions(&c.properties),
                         event: c.event.as_ref().map(|e| (EventName::new(e), c.params.clone())),
+                        reply: c.reply.as_ref().map(EventName::new),
                     })
                     .collect(),
                 raise: a
@@ -511,6 +516,7 @@ impl Machine {
                             key: crate::expr::Expression::parse(r.key.as_deref()?)
                                 .expect("validated key expression parses"),
                             params: r.params.clone(),
+                            reply: r.reply.as_ref().map(EventName::new),
                         })
                     })
                     .collect(),

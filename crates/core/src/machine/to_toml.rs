@@ -182,6 +182,7 @@ impl Machine {
                         ("key", string(r.key.source())),
                     ];
                     fields.extend(json_value(&r.params).map(|p| ("params", p)));
+                    fields.extend(r.reply.as_ref().map(|e| ("reply", string(e))));
                     inline_table(fields)
                 });
                 let raises = related.chain(keyed);
@@ -202,6 +203,7 @@ impl Machine {
                         fields.push(("event", string(event.as_str())));
                         fields.extend(json_value(params).map(|p| ("params", p)));
                     }
+                    fields.extend(c.reply.as_ref().map(|e| ("reply", string(e))));
                     inline_table(fields)
                 });
                 w.entry("create", format!("[{}]", creates.collect::<Vec<_>>().join(", ")));

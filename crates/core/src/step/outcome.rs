@@ -265,7 +265,7 @@ pub fn declared_creates(
                 event: event.clone(),
                 params: event_params.clone(),
                 join: false,
-                reply: None,
+                reply: c.reply.clone(),
             });
         }
         creates.push(Create { machine: c.machine.clone(), key: new_key, properties });
@@ -278,7 +278,7 @@ pub fn declared_creates(
             event: r.event.clone(),
             params: r.params.clone(),
             join: false,
-            reply: None,
+            reply: r.reply.clone(),
         };
         raises.push(raise);
     }

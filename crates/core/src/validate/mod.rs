@@ -14,6 +14,7 @@ mod warnings;
 
 use std::collections::{HashMap, HashSet};
 
+pub use nesting::REPLY_PARAMS;
 pub use report::{Diagnostic, Report, Severity};
 pub use set::check_set;
 

@@ -277,6 +277,13 @@ impl<'a> Checker<'a> {
             );
         }
         for (i, r) in a.raise.iter().enumerate() {
+            if let Some(reply) = &r.reply {
+                if r.machine.is_none() {
+                    let why = format!("`raise[{i}]`: a `reply` comes from one entity, named by `machine` and `key`");
+                    self.error(item, line, why);
+                }
+                self.reply(item, line, &format!("raise[{i}].reply"), reply);
+            }
             match (&r.machine, &r.key, r.on.as_str()) {
                 (Some(_), Some(key), "") => {
                     let key = serde_json::Value::from(key.as_str());
@@ -326,6 +333,12 @@ impl<'a> Checker<'a> {
             if c.event.is_none() && !c.params.is_null() {
                 self.error(item, line, format!("`{at}`: `params` without an `event` to carry them"));
             }
+            if let Some(reply) = &c.reply {
+                if c.event.is_none() {
+                    self.error(item, line, format!("`{at}`: a `reply` without an `event` to answer"));
+                }
+                self.reply(item, line, &format!("{at}.reply"), reply);
+            }
             if !(c.params.is_null() || c.params.is_object()) {
                 self.error(item, line, format!("`{at}`: `params` must be a table"));
             }
@@ -350,6 +363,20 @@ impl<'a> Checker<'a> {
         }
         if let Some(e) = &a.may_raise {
             self.duplicate_entries(item, line, "may_raise", e.iter().map(String::as_str));
+        }
+    }
+
+    /// A sync nested event's reply (`at`): an event of this machine, whose parameters are
+    /// among those a reply carries.
+    fn reply(&mut self, item: &str, line: Option<u32>, at: &str, reply: &str) {
+        let Some(event) = self.def.events.iter().find(|e| e.name == reply) else {
+            self.error(item, line, format!("`{at}`: `{reply}` is not an event of this machine"));
+            return;
+        };
+        for p in event.params.iter().filter(|p| !REPLY_PARAMS.contains(&p.as_str())) {
+            let carried = REPLY_PARAMS.join(", ");
+            let why = format!("`{at}`: event `{reply}` declares parameter `{p}`, which no reply carries ({carried})");
+            self.error(item, line, why);
         }
     }
 
@@ -389,6 +416,10 @@ impl<'a> Checker<'a> {
         names
     }
 }
+
+/// The parameters a sync nested event's reply carries (`reason` null unless it was
+/// rejected, ignored or failed).
+pub const REPLY_PARAMS: [&str; 6] = ["machine", "key", "event", "outcome", "state", "reason"];
 
 /// Names a declaration lists, for a message: `a, b`, or `none`.
 fn listed(names: &[String]) -> String {

@@ -65,14 +65,15 @@ fn answer(
     c: &Commit,
     registry: &Registry,
 ) -> Push {
-    let all = [
-        ("machine", json!(held.entity.machine.as_str())),
-        ("key", json!(held.entity.key.as_str())),
-        ("event", json!(event.as_str())),
-        ("outcome", json!(outcome)),
-        ("state", json!(state)),
-        ("reason", reason.map_or(Value::Null, |r| json!(r))),
+    let values = [
+        json!(held.entity.machine.as_str()),
+        json!(held.entity.key.as_str()),
+        json!(event.as_str()),
+        json!(outcome),
+        json!(state),
+        reason.map_or(Value::Null, |r| json!(r)),
     ];
+    let all = settle_core::validate::REPLY_PARAMS.into_iter().zip(values);
     let declared = registry.machine(&reply.machine).ok().and_then(|m| m.event(&reply.event)).map(|e| e.params.clone());
     let params: Map<String, Value> = all
         .into_iter()

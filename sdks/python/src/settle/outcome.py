@@ -81,15 +81,20 @@ class Outcome:
         properties: Optional[Dict[str, Any]] = None,
         event: Optional[str] = None,
         params: Optional[Dict[str, Any]] = None,
+        reply: Optional[str] = None,
     ) -> "Outcome":
         """Create an entity of `machine` named `key`, with constructor `properties`, and
         raise `event` (with `params`) on it in the same commit. It becomes this entity's
-        successor: this entity's subscriptions see its states."""
+        successor: this entity's subscriptions see its states. With `reply` (an event of
+        this entity's machine), `event` is a sync nested event: when its workflow ends on
+        the new entity, the engine raises `reply` on this one with what came of it."""
         field = f"create[{len(self.creates)}]"
         _check_name(field, "machine", machine)
         _check_key(field, key)
         if params is not None and event is None:
             raise OutcomeError(f"{field}: params without an event")
+        if reply is not None and event is None:
+            raise OutcomeError(f"{field}: a reply without an event to answer")
         item: Dict[str, Any] = {"machine": machine, "key": key}
         if properties:
             item["properties"] = dict(properties)
@@ -98,6 +103,9 @@ class Outcome:
             item["event"] = event
         if params is not None:
             item["params"] = params
+        if reply is not None:
+            _check_name(field, "reply", reply)
+            item["reply"] = reply
         self.creates.append(item)
         return self
 
@@ -109,10 +117,16 @@ class Outcome:
         on: Optional[str] = None,
         params: Optional[Dict[str, Any]] = None,
         join: bool = False,
+        reply: Optional[str] = None,
     ) -> "Outcome":
         """Raise `event` on the entity named by `machine` and `key`, or on every entity
         related to this one `on` that way (`"predecessors"` or `"successors"`). With
-        `join=True` the named entity joins this entity's workflow (becomes a successor)."""
+        `join=True` the named entity joins this entity's workflow (becomes a successor).
+        With `reply` (an event of this entity's machine) it is a sync nested event that
+        holds nothing open: when the event's workflow ends on that entity (rejected,
+        ignored, failed, or the entity at rest again) the engine raises `reply` on this
+        entity with `machine`, `key`, `event`, `outcome`, `state` and `reason` (those the
+        reply event declares); meanwhile this entity waits in the state it moved to."""
         field = f"raise[{len(self.raises)}]"
         _check_name(field, "event", event)
         item: Dict[str, Any] = {"event": event}
@@ -123,6 +137,8 @@ class Outcome:
                 raise OutcomeError(f"{field}: on: expected one of {', '.join(_RELATIONS)}, not {on!r}")
             if join:
                 raise OutcomeError(f"{field}: join needs an entity named by `machine` and `key`")
+            if reply is not None:
+                raise OutcomeError(f"{field}: a reply comes from an entity named by `machine` and `key`")
             item["on"] = on
         else:
             if machine is None or key is None:
@@ -133,6 +149,9 @@ class Outcome:
             item["key"] = key
             if join:
                 item["join"] = True
+            if reply is not None:
+                _check_name(field, "reply", reply)
+                item["reply"] = reply
         if params is not None:
             item["params"] = params
         self.raises.append(item)
