@@ -950,3 +950,53 @@ fn a_new_entity_and_a_reports_effects_are_checked_against_the_machines() {
     let new = new_entity(&m, "k".into(), Properties::new(), None, NOW).unwrap();
     assert_eq!(new.auto_at, Some(NOW + 1_000));
 }
+
+#[test]
+fn a_reply_goes_with_the_commit_that_ends_its_events_workflow() {
+    use settle_store::{Commit, Fence, Reply, RunStatus, Trigger};
+    let asker = Reply { machine: "job".into(), key: "asker".into(), event: "answer".into() };
+    let record = |rejected: bool, failed: bool| settle_store::EventRecord {
+        kind: "nested",
+        seq: 42,
+        raised_at: NOW,
+        rejected,
+        failed,
+        params: Value::Null,
+        reply: Some(asker.clone()),
+    };
+    // (the commit processes the asking event: None, or (rejected, failed); it moves the
+    // entity; it leaves it at rest; it parks it; the held entity's workflow asked for a
+    // reply) → the replies it carries: (outcome, state).
+    type Case = (Option<(bool, bool)>, bool, bool, bool, bool, Vec<(&'static str, &'static str)>);
+    let cases: [Case; 8] = [
+        (Some((true, false)), false, true, false, false, vec![("rejected", "idle")]),
+        (Some((false, true)), false, true, false, false, vec![("failed", "idle")]),
+        (Some((false, false)), true, true, false, false, vec![("accepted", "working")]),
+        (Some((false, false)), true, false, false, false, vec![]), // its workflow goes on
+        (None, true, false, false, true, vec![]),                  // an auto action: still working
+        (None, true, true, false, true, vec![("accepted", "working")]), // at rest: the workflow ends
+        (None, false, true, true, true, vec![("failed", "idle")]), // parked
+        (Some((false, false)), true, false, false, true, vec![("interrupted", "idle")]), // taken over
+    ];
+    let registry = registry();
+    for (event, moves, at_rest, parked, asked, want) in cases {
+        let mut h = held("idle");
+        h.trigger = asked.then(|| Trigger { event: "go".into(), params: Value::Null, reply: Some(asker.clone()) });
+        let fence = Fence { entity_id: 7, version: 3, owner: OWNER.into() };
+        let mut c = Commit::new(fence, "idle".into(), HistoryKind::Event, AfterCommit::Release);
+        c.to = moves.then(|| "working".into());
+        c.event = event.map(|_| "poke".into());
+        c.telemetry.event = event.map(|(rejected, failed)| record(rejected, failed));
+        c.telemetry.at_rest = at_rest;
+        c.run_status = parked.then_some((RunStatus::Failed, None));
+        let got: Vec<(String, String)> = replies(&h, &c, &registry)
+            .iter()
+            .map(|p| {
+                assert_eq!((p.machine.as_str(), p.key.as_str(), p.kind), ("job", "asker", InboxKind::Reply));
+                (p.params["outcome"].as_str().unwrap().into(), p.params["state"].as_str().unwrap().into())
+            })
+            .collect();
+        let want: Vec<(String, String)> = want.iter().map(|(o, s)| (o.to_string(), s.to_string())).collect();
+        assert_eq!(got, want, "event {event:?}, moves {moves}, at rest {at_rest}, parked {parked}, asked {asked}");
+    }
+}
