@@ -3,7 +3,9 @@
 //! entity and from the parameters of the event whose workflow the auto action runs in, a
 //! property removed, a successor created with a first event, an event raised on an entity
 //! named by key with a reply (a sync nested event) — and the engine commits it alike, on
-//! SQLite and on PostgreSQL (`SETTLE_TEST_PG`).
+//! SQLite and on PostgreSQL (`SETTLE_TEST_PG`). A handler and an agent (a declarative action
+//! has a fixed outcome: it can neither retry nor join) also retry with a delay, join an
+//! entity into the workflow and raise on every successor alike.
 
 mod common;
 
@@ -152,5 +154,115 @@ async fn every_author_commits_the_same_outcome_on_postgres() {
         let Some(url) = settle_store::postgres::test_url("authors") else { return };
         let store = tokio::task::spawn_blocking(move || PgStore::open(&url)).await.unwrap().expect("open PostgreSQL");
         assert_eq!(run(store, author).await, expected(), "{author:?}");
+    }
+}
+
+/// `hub`: idle -go→ working, whose auto action `work` (a Rust handler's or an agent's; a
+/// declarative action can neither retry nor join) first asks to run again in 5 s, then
+/// moves to `waiting`, joins `peer2` `p2` with `poke` (it becomes a successor) and raises
+/// `note` on every successor — `p2` among them, joined in the same commit.
+fn hub(author: Author) -> Machine {
+    let work = if let Author::Agent = author { "agent = \"q\"\nlock = \"30s\"\n" } else { "" };
+    let text = format!(
+        "name = \"hub\"\ninitial = \"idle\"\n[states.idle]\n[states.working]\nauto = \"work\"\n[states.waiting]\n\
+         [events.go]\nin = [\"idle\"]\naction = \"begin\"\n[actions.begin]\nto = [\"working\"]\n\
+         [actions.work]\nto = [\"waiting\", \"working\"]\nmay_raise = [\"poke\", \"note\"]\n{work}"
+    );
+    settle_core::toml::load("hub.toml", "hub", &text).expect("hub loads").0
+}
+
+fn peer2() -> Machine {
+    let text = "name = \"peer2\"\ninitial = \"idle\"\n[states.idle]\n[states.poked]\n\
+                [events.poke]\nin = [\"idle\"]\naction = \"do_poke\"\n\
+                [events.note]\nin = [\"poked\"]\naction = \"do_note\"\ninternal = true\nparams = [\"by\"]\n\
+                [actions.do_poke]\nto = [\"poked\"]\n[actions.do_note]\nset = { noted = \"params.by\" }\n";
+    settle_core::toml::load("peer2.toml", "peer2", text).expect("peer2 loads").0
+}
+
+/// The second step's outcome, as an agent states it.
+fn joined() -> ActionOutcome {
+    ActionOutcome {
+        target: Some(StateName::new("waiting")),
+        raises: vec![Raise {
+            machine: "peer2".into(),
+            key: "p2".into(),
+            event: "poke".into(),
+            params: json!({}),
+            join: true,
+            reply: None,
+        }],
+        related: vec![settle_core::Broadcast {
+            event: "note".into(),
+            on: settle_core::Related::Successors,
+            params: json!({"by": "hub"}),
+        }],
+        ..ActionOutcome::default()
+    }
+}
+
+/// What it left: the hub's state and how many times its state was entered for a retry,
+/// its successors, the peer's state and `noted`.
+async fn run_joined<S: Store + Clone>(
+    store: S,
+    author: Author,
+) -> (String, u32, Vec<String>, String, serde_json::Value) {
+    let clock = common::clock();
+    let mut builder = Engine::builder(store).machine(hub(author)).machine(peer2()).clock(clock.clone());
+    if let Author::Rust = author {
+        builder = builder.on("hub", "work", |ctx| async move {
+            if ctx.retry == 0 {
+                return Ok(settle_engine::Outcome::retry_after(Duration::from_secs(5)));
+            }
+            Ok(settle_engine::Outcome::to("waiting").join("peer2", "p2", "poke", json!({})).raise_on(
+                settle_core::Related::Successors,
+                "note",
+                json!({"by": "hub"}),
+            ))
+        });
+    }
+    let engine = builder.start().await.unwrap();
+    engine.create("peer2", "p2", Properties::new()).await.unwrap();
+    engine.create("hub", "h", Properties::new()).await.unwrap();
+    engine.raise("hub", "h", "go", RaiseOptions::wait(Wait::Outcome)).await.unwrap();
+    if let Author::Agent = author {
+        let task = engine.agent_lease("q", "agent-1", 1, Duration::from_secs(10)).await.unwrap().remove(0);
+        let retry = ActionOutcome { delay: Some(Duration::from_secs(5)), ..ActionOutcome::default() };
+        engine.agent_report(task.id, task.token.as_deref().unwrap(), TaskResult::Complete(retry)).await.unwrap();
+    }
+    engine.wait_caught_up().await.unwrap();
+    let h = engine.get("hub", "h").await.unwrap().unwrap();
+    assert_eq!((h.state.as_str(), h.retry), ("working", 1), "{author:?}: waiting out the delay");
+    clock.advance(Duration::from_secs(5));
+    if let Author::Agent = author {
+        let task = engine.agent_lease("q", "agent-1", 1, Duration::from_secs(10)).await.unwrap().remove(0);
+        engine.agent_report(task.id, task.token.as_deref().unwrap(), TaskResult::Complete(joined())).await.unwrap();
+    }
+    engine.drive(&clock, engine.wait_idle()).await.unwrap();
+    let h = engine.get("hub", "h").await.unwrap().unwrap();
+    let succ = engine.store().successor_snapshot(h.id).await.unwrap().successors;
+    let succ = succ.iter().map(|e| e.key.to_string()).collect();
+    let p2 = engine.get("peer2", "p2").await.unwrap().unwrap();
+    engine.shutdown().await;
+    (h.state.to_string(), h.retry, succ, p2.state.to_string(), p2.properties.get("noted").cloned().unwrap_or_default())
+}
+
+fn expected_joined() -> (String, u32, Vec<String>, String, serde_json::Value) {
+    ("waiting".into(), 0, vec!["p2".into()], "poked".into(), json!("hub"))
+}
+
+#[tokio::test]
+async fn a_retry_with_a_delay_a_join_and_a_raise_on_successors_commit_alike_on_sqlite() {
+    for author in [Author::Rust, Author::Agent] {
+        let (_dir, store) = common::sqlite();
+        assert_eq!(run_joined(store, author).await, expected_joined(), "{author:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_retry_with_a_delay_a_join_and_a_raise_on_successors_commit_alike_on_postgres() {
+    for author in [Author::Rust, Author::Agent] {
+        let Some(url) = settle_store::postgres::test_url("authors_joined") else { return };
+        let store = tokio::task::spawn_blocking(move || PgStore::open(&url)).await.unwrap().expect("open PostgreSQL");
+        assert_eq!(run_joined(store, author).await, expected_joined(), "{author:?}");
     }
 }
