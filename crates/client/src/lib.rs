@@ -463,6 +463,7 @@ impl Client {
     ///         properties: None,
     ///         event: None,
     ///         params: None,
+    ///         reply: None,
     ///     }],
     ///     ..CompleteRequest::default()
     /// };

@@ -693,6 +693,21 @@ async fn agent_bad_requests_are_problems_and_change_nothing() {
             "invalid-report",
             Some("create[0].event"),
         ),
+        (
+            // A reply must be an event of the reporter's own machine.
+            Req::new("POST", &t("complete")).json(json!({"token": token, "target": "ready",
+                "create": [{"machine": "vm", "key": "v9", "event": "create", "reply": "nonsense"}]})),
+            422,
+            "invalid-report",
+            Some("create[0].reply"),
+        ),
+        (
+            Req::new("POST", &t("complete")).json(json!({"token": token, "target": "ready",
+                "raise": [{"on": "successors", "event": "create", "reply": "create"}]})),
+            422,
+            "invalid-body",
+            Some("raise[0].reply"),
+        ),
     ];
     app.assert_problems(table).await;
     // The live token still holds the task: it reports.

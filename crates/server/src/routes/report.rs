@@ -107,6 +107,10 @@ impl Report {
         if let Some((i, tail)) = outcome_field.strip_prefix("raise[").and_then(index_and_tail)
             && let Some(origin) = self.origins.get(i)
         {
+            // A created entity's reply is its own field, beside its first event.
+            if let (".reply", Some(create)) = (tail, origin.strip_suffix(".event")) {
+                return format!("{create}.reply");
+            }
             return format!("{origin}{tail}");
         }
         if let Some((i, tail)) = outcome_field.strip_prefix("raise_on[").and_then(index_and_tail)
@@ -188,8 +192,11 @@ mod tests {
         .expect("valid");
         // The engine's refusals name the outcome's parts; the agent reads the request's.
         let fields =
-            ["raise[0]", "raise[1].params", "raise_on[0]", "create[1]", "raise[9]", "target"].map(|f| o.field(f));
-        assert_eq!(fields, ["create[0].event", "raise[0].params", "raise[1]", "create[1]", "raise[9]", "target"]);
+            ["raise[0]", "raise[1].params", "raise_on[0]", "create[1]", "raise[9]", "target", "raise[0].reply"]
+                .map(|f| o.field(f));
+        let want =
+            ["create[0].event", "raise[0].params", "raise[1]", "create[1]", "raise[9]", "target", "create[0].reply"];
+        assert_eq!(fields, want);
         let o = o.outcome;
         assert_eq!(o.target.as_deref(), Some("waiting"));
         assert_eq!(o.delay, Some(std::time::Duration::from_millis(250)));
