@@ -267,7 +267,14 @@ impl Parser<'_> {
             .map(|w| {
                 let origin = Origin { line: self.line(&w) };
                 let w = w.into_inner();
-                WhenDef { valid_in: w.valid_in, guard: w.guard, action: w.action, reject: w.reject, origin }
+                WhenDef {
+                    valid_in: w.valid_in,
+                    guard: w.guard,
+                    action: w.action,
+                    reject: w.reject,
+                    ignore: w.ignore,
+                    origin,
+                }
             })
             .collect();
         EventDef {
@@ -493,6 +500,8 @@ struct WhenToml {
     guard: Option<String>,
     action: Option<String>,
     reject: Option<String>,
+    #[serde(default)]
+    ignore: bool,
 }
 
 #[derive(Deserialize)]

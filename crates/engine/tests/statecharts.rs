@@ -367,3 +367,80 @@ async fn a_declarative_raise_of_an_event_no_machine_declares_is_refused_at_start
          predecessors: no machine in the set declares that event\n"
     );
 }
+
+/// A guarded ignore (Stateless's `IgnoreIf`): `ping` is accepted and dropped while its
+/// guard holds (history kind `ignored`, nothing else changes), and runs its action when it
+/// does not; on both stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_ignore_drops_the_event_only_while_its_guard_holds() {
+    let text = r#"
+name = "pinger"
+initial = "idle"
+[states.idle]
+[states.pinged]
+[events.ping]
+in = ["idle"]
+params = ["quiet"]
+[[events.ping.when]]
+guard = "params.quiet == true"
+ignore = true
+[[events.ping.when]]
+action = "answer"
+[actions.answer]
+to = ["pinged"]
+"#;
+    let pinger = settle_core::toml::load("pinger.toml", "pinger", text).expect("loads").0;
+    for (_dir, store) in stores("statechart_guarded_ignore").await {
+        let (engine, _clock) = start(Engine::builder(store).machine(pinger.clone())).await;
+        engine.create("pinger", "p", Default::default()).await.unwrap();
+        let quiet = engine.raise("pinger", "p", "ping", stable(json!({"quiet": true}))).await.unwrap();
+        assert_eq!(quiet.outcome, Some(EventOutcome::Ignored { state: "idle".into() }));
+        let loud = engine.raise("pinger", "p", "ping", stable(json!({"quiet": false}))).await.unwrap();
+        assert_eq!(loud.outcome, Some(EventOutcome::Accepted { state: "pinged".into() }));
+        let kinds: Vec<_> = engine.history("pinger", "p").await.unwrap().iter().map(|h| h.kind).collect();
+        assert_eq!(kinds, [HistoryKind::Create, HistoryKind::Ignored, HistoryKind::Event], "{kinds:?}");
+        engine.shutdown().await;
+    }
+}
+
+/// Stateless's fallback: when no guard of the substate's handler holds, the superstate's
+/// handler decides; on both stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_no_guard_of_a_substate_holds_its_superstates_handler_decides() {
+    let text = r#"
+name = "nest"
+initial = "up"
+[states.up]
+initial = "child"
+[states.child]
+parent = "up"
+[states.done]
+kind = "terminal"
+[states.other]
+kind = "terminal"
+[events.go]
+in = ["up", "child"]
+params = ["n"]
+[[events.go.when]]
+in = ["child"]
+guard = "params.n > 1"
+action = "inner"
+[[events.go.when]]
+in = ["up"]
+action = "outer"
+[actions.inner]
+to = ["done"]
+[actions.outer]
+to = ["other"]
+"#;
+    let nest = settle_core::toml::load("nest.toml", "nest", text).expect("loads").0;
+    for (_dir, store) in stores("statechart_fallback").await {
+        let (engine, _clock) = start(Engine::builder(store).machine(nest.clone())).await;
+        for (key, n, want) in [("a", 2, "done"), ("b", 0, "other")] {
+            engine.create("nest", key, Default::default()).await.unwrap();
+            let r = engine.raise("nest", key, "go", stable(json!({"n": n}))).await.unwrap();
+            assert_eq!(r.outcome, Some(EventOutcome::Accepted { state: want.into() }), "n = {n}");
+        }
+        engine.shutdown().await;
+    }
+}

@@ -163,6 +163,13 @@ impl MachineBuilder {
         self.last_event().when.push(when);
         self
     }
+    /// Adds an alternative to the last event: when `guard` holds, accept it and drop it
+    /// (recorded as ignored; Stateless's `IgnoreIf`).
+    pub fn when_ignoring(mut self, guard: Option<&str>) -> Self {
+        let when = WhenDef { guard: guard.map(str::to_string), ignore: true, ..WhenDef::default() };
+        self.last_event().when.push(when);
+        self
+    }
     /// Restricts the last event's last alternative to these of its states.
     pub fn when_in<I, S>(mut self, states: I) -> Self
     where

@@ -273,6 +273,7 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
                         guard: text(w, "guard"),
                         action: text(w, "action"),
                         reject: text(w, "reject"),
+                        ignore: w.get("ignore").and_then(Value::as_bool).unwrap_or(false),
                         ..WhenDef::default()
                     })
                 })
@@ -388,6 +389,7 @@ fn alternative_json(a: &Alternative) -> serde_json::Value {
     match &a.then {
         Then::Action(action) => alt["action"] = serde_json::Value::from(action.as_str()),
         Then::Reject(reason) => alt["reject"] = serde_json::Value::from(reason.as_str()),
+        Then::Ignore => alt["ignore"] = serde_json::Value::from(true),
     }
     alt
 }

@@ -110,6 +110,8 @@ pub struct WhenDef {
     pub action: Option<String>,
     /// Or the reason the event is rejected when the guard holds.
     pub reject: Option<String>,
+    /// Or the event is ignored when the guard holds (`ignore = true`).
+    pub ignore: bool,
     /// Where it was declared.
     pub origin: Origin,
 }

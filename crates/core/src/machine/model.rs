@@ -105,6 +105,9 @@ pub enum Then {
     Action(ActionName),
     /// Reject the event with this reason.
     Reject(String),
+    /// Accept the event and drop it (recorded as ignored): a guarded `ignore`, Stateless's
+    /// `IgnoreIf`.
+    Ignore,
 }
 
 impl Alternative {
@@ -116,7 +119,7 @@ impl Alternative {
     pub fn action(&self) -> Option<&ActionName> {
         match &self.then {
             Then::Action(a) => Some(a),
-            Then::Reject(_) => None,
+            Then::Reject(_) | Then::Ignore => None,
         }
     }
 }
@@ -631,7 +634,8 @@ fn alternatives(e: &super::def::EventDef) -> Vec<Alternative> {
             then: match (&w.action, &w.reject) {
                 (Some(a), _) => Then::Action(ActionName::new(a)),
                 (None, Some(r)) => Then::Reject(r.clone()),
-                (None, None) => unreachable!("validated alternative has an action or a reason"),
+                (None, None) if w.ignore => Then::Ignore,
+                (None, None) => unreachable!("validated alternative has an action, a reason or ignore"),
             },
         })
         .collect()

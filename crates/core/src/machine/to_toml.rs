@@ -252,6 +252,7 @@ fn write_event(w: &mut Writer, e: &Event) {
             match &alt.then {
                 Then::Action(a) => w.entry("action", string(a)),
                 Then::Reject(reason) => w.entry("reject", string(reason)),
+                Then::Ignore => w.entry("ignore", "true".to_string()),
             }
         }
     }
@@ -525,6 +526,8 @@ mod tests {
             .when_rejecting(None, "no")
             .event("restart", ["up"], "reboot")
             .guarded_event("only", ["up"])
+            .params(["quiet"])
+            .when_ignoring(Some("params.quiet == true"))
             .when(None, "reboot")
             .when_in(["up"])
             .event("heartbeat", ["up"], "record")
@@ -582,6 +585,7 @@ mod tests {
             "subscribe = \"all(*) in [ready]\"\ntimeout = { after = \"10m\", event = \"resources_timeout\" }\n",
             "[[events.resize.when]]\nin = [\"serving\"]\nguard = \"params.size <= props.max_size && params.mode != \\\"fast\\\\\\\"er\\\"\"\naction = \"begin_scale\"\n",
             "[[events.resize.when]]\nreject = \"no\"\n",
+            "[[events.only.when]]\nguard = \"params.quiet == true\"\nignore = true\n",
             "[[events.only.when]]\nin = [\"up\"]\naction = \"reboot\"\n",
             "internal = true\nignore = [\"new\", \"archived\"]\n",
             "agent = \"provider\"\nlock = \"1m30s\"\nwait = { creating = \"5s\", failed = \"1d1ms\" }\n",

@@ -35,7 +35,7 @@ pub use entry::{
 pub use outcome::{ActionOutcome, Create, Raise, beyond_declaration, declared_changes, declared_creates};
 pub use timers::{TimerStart, agent_action, fire, has_timers, timer_applies, timers_on_entry};
 
-use crate::machine::{Action, Event, Level, Machine, StateKind, Then};
+use crate::machine::{Action, Event, Machine, StateKind, Then};
 use crate::names::{EventName, MachineName, StateName};
 
 /// Entity properties: a JSON object.
@@ -169,10 +169,12 @@ pub enum EventStep<'m> {
 /// Decides what `event` does for an entity in `state` with properties `props`, raised
 /// with `params`: the innermost state of its path that lists or ignores the event decides
 /// (an `ignore` there drops it); among the alternatives that apply at that level, the
-/// first whose guard holds is chosen (it runs its action or rejects with its reason). No
-/// level: rejected with the reason declared for the state (or its nearest ancestor), or
-/// the default one. No guard holding: rejected, naming the guards; a guard that cannot be
-/// evaluated rejects with the reason.
+/// first whose guard holds is chosen (it runs its action, rejects with its reason, or
+/// ignores the event). When none holds there, the next state outward that lists or
+/// ignores the event decides in turn (Stateless's fallback to the superstate's handler).
+/// No level: rejected with the reason declared for the state (or its nearest ancestor), or
+/// the default one. No guard holding at any level: rejected, naming the guards; a guard
+/// that cannot be evaluated rejects with the reason.
 ///
 /// `has_handler` tells whether an action has an implementation bound (otherwise a
 /// one-target action is a plain transition).
@@ -191,32 +193,44 @@ pub fn on_event<'m>(
             reason: format!("machine `{}` has no event `{event}`", machine.name()),
         });
     };
-    let level = match machine.event_level(ev, state) {
-        None => return EventStep::Reject(rejection(machine, ev, state)),
-        Some(Level::Ignored(level)) => return EventStep::Ignore { level: level.name.clone() },
-        Some(Level::Valid(level)) => level,
-    };
     let reject =
         |reason: String| EventStep::Reject(Rejection { state: StateName::new(state), event: ev.name.clone(), reason });
-    let mut not_holding = Vec::new();
-    for alt in ev.alternatives.iter().filter(|a| a.applies_at(&level.name)) {
-        if let Some(guard) = &alt.guard {
-            match guard.eval(props, params) {
-                Ok(true) => {}
-                Ok(false) => {
-                    not_holding.push(format!("`{guard}`"));
-                    continue;
-                }
-                Err(e) => return reject(format!("guard `{guard}` of event `{}` cannot be evaluated: {e}", ev.name)),
+    if machine.event_level(ev, state).is_none() {
+        return EventStep::Reject(rejection(machine, ev, state));
+    }
+    let mut not_holding: Vec<String> = Vec::new();
+    for level in machine.path(state) {
+        if !ev.valid_in(&level.name) {
+            if ev.ignored_in(&level.name) {
+                return EventStep::Ignore { level: level.name.clone() };
             }
+            continue;
         }
-        return match &alt.then {
-            Then::Reject(reason) => reject(reason.clone()),
-            Then::Action(a) => {
-                let action = machine.action(a).expect("validated machine: alternative action exists");
-                plain_or_run(action, has_handler(action))
+        for alt in ev.alternatives.iter().filter(|a| a.applies_at(&level.name)) {
+            if let Some(guard) = &alt.guard {
+                match guard.eval(props, params) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        let named = format!("`{guard}`");
+                        if !not_holding.contains(&named) {
+                            not_holding.push(named);
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        return reject(format!("guard `{guard}` of event `{}` cannot be evaluated: {e}", ev.name));
+                    }
+                }
             }
-        };
+            return match &alt.then {
+                Then::Reject(reason) => reject(reason.clone()),
+                Then::Ignore => EventStep::Ignore { level: level.name.clone() },
+                Then::Action(a) => {
+                    let action = machine.action(a).expect("validated machine: alternative action exists");
+                    plain_or_run(action, has_handler(action))
+                }
+            };
+        }
     }
     reject(format!("no guard of event `{}` holds in state `{state}` ({} false)", ev.name, not_holding.join(", ")))
 }
@@ -406,6 +420,83 @@ mod tests {
             err.to_string(),
             "action `provision` of machine `server` may not move to `new` (declared: ready, failed)"
         );
+    }
+
+    #[test]
+    fn when_no_guard_of_a_substate_holds_its_superstates_handler_decides() {
+        let text = r#"
+initial = "up"
+[states.up]
+initial = "child"
+[states.child]
+parent = "up"
+[states.done]
+[states.other]
+[states.quiet]
+initial = "low"
+[states.low]
+parent = "quiet"
+[events.go]
+in = ["up", "child", "low"]
+ignore = ["quiet"]
+params = ["n"]
+[[events.go.when]]
+in = ["child", "low"]
+guard = "params.n > 1"
+action = "inner"
+[[events.go.when]]
+in = ["up"]
+guard = "params.n > 0"
+action = "outer"
+[actions.inner]
+to = ["done"]
+[actions.outer]
+to = ["other"]
+"#;
+        let m = crate::toml::load("fallback.toml", "fallback", text).unwrap_or_else(|e| panic!("{e:?}")).0;
+        let props = Properties::new();
+        let chosen = |state: &str, n: i64| match on_event(&m, state, "go", &|_| false, &props, &json!({"n": n})) {
+            EventStep::Plain { action, .. } => format!("runs {}", action.name),
+            EventStep::Ignore { level } => format!("ignored in {level}"),
+            EventStep::Reject(r) => format!("rejected: {}", r.reason),
+            other => format!("{other:?}"),
+        };
+        // (state, n) → what the event does: the substate's handler first, then its parent's.
+        let cases = [
+            ("child", 2, "runs inner"),
+            ("child", 1, "runs outer"),
+            (
+                "child",
+                0,
+                "rejected: no guard of event `go` holds in state `child` (`params.n > 1`, `params.n > 0` false)",
+            ),
+            ("low", 2, "runs inner"),
+            ("low", 0, "ignored in quiet"),
+        ];
+        for (state, n, want) in cases {
+            assert_eq!(chosen(state, n), want, "{state}, n = {n}");
+        }
+    }
+
+    #[test]
+    fn a_guarded_ignore_drops_the_event_only_while_its_guard_holds() {
+        let m = MachineBuilder::new("m")
+            .state("a")
+            .initial()
+            .state("b")
+            .guarded_event("go", ["a"])
+            .params(["quiet"])
+            .when_ignoring(Some("params.quiet == true"))
+            .when(None, "move")
+            .action("move", ["b"])
+            .build()
+            .unwrap();
+        let props = Properties::new();
+        let step = |params: Value| on_event(&m, "a", "go", &|_| false, &props, &params);
+        assert!(matches!(step(json!({"quiet": true})), EventStep::Ignore { level } if level == "a"));
+        assert!(matches!(step(json!({"quiet": false})), EventStep::Plain { action, .. } if action.name == "move"));
+        let fires = can_fire(&m, "a", "go", &props, &json!({"quiet": true}));
+        assert_eq!(fires, Permission::Ignored { level: "a".into() });
     }
 
     #[test]

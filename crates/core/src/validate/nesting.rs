@@ -185,13 +185,17 @@ impl<'a> Checker<'a> {
         let properties = self.mentioned_properties();
         for w in &e.when {
             let wline = w.origin.line.or(line);
-            match (&w.action, &w.reject) {
-                (Some(a), None) => self.event_action(e, a, item, wline),
-                (None, Some(_)) => {}
-                (None, None) => self.error(item, wline, "a `when` alternative needs `action` or `reject`".into()),
-                (Some(_), Some(_)) => {
-                    self.error(item, wline, "a `when` alternative has `action` or `reject`, not both".into())
+            match (&w.action, &w.reject, w.ignore) {
+                (Some(a), None, false) => self.event_action(e, a, item, wline),
+                (None, Some(_), false) | (None, None, true) => {}
+                (None, None, false) => {
+                    self.error(item, wline, "a `when` alternative needs `action`, `reject` or `ignore = true`".into())
                 }
+                _ => self.error(
+                    item,
+                    wline,
+                    "a `when` alternative has one of `action`, `reject` and `ignore = true`".into(),
+                ),
             }
             for st in &w.valid_in {
                 if !e.valid_in.contains(st) {
