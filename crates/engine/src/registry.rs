@@ -42,8 +42,9 @@ impl Registry {
         for m in self.machines.values() {
             for a in m.actions().iter().filter(|a| a.agent.is_some()) {
                 actions.insert((m.name().to_string(), a.name.to_string()), a.clone());
-                let names = m.events().iter().map(|e| e.name.to_string()).collect();
-                events.insert(m.name().to_string(), names);
+            }
+            if m.actions().iter().any(|a| a.agent.is_some()) {
+                events.insert(m.name().to_string(), m.events().iter().map(|e| e.name.to_string()).collect());
             }
         }
         settle_store::TaskCheck { queues: None, actions: Arc::new(actions), events: Arc::new(events) }

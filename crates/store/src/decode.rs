@@ -105,10 +105,7 @@ pub(crate) fn inbox<C: Columns>(r: &C) -> Result<InboxItem, C::Error> {
         request_id: r.opt_text(4)?,
         created_at: r.int(5)?,
         kind: kind.map_err(|m| C::corrupt(6, m))?,
-        reply: match r.opt_text(7)? {
-            Some(_) => crate::Reply::from_json(&r.json::<serde_json::Value>(7)?),
-            None => None,
-        },
+        reply: reply(r, 7)?,
     })
 }
 
@@ -171,11 +168,15 @@ pub(crate) fn trigger<C: Columns>(r: &C) -> Result<Option<Trigger>, C::Error> {
         Some(_) => r.json(1)?,
         None => serde_json::Value::Null,
     };
-    let reply = match r.opt_text(2)? {
-        Some(_) => crate::Reply::from_json(&r.json::<serde_json::Value>(2)?),
+    Ok(Some(Trigger { event: EventName::new(event), params, reply: reply(r, 2)? }))
+}
+
+/// A sync nested event's reply, from a nullable JSON text column.
+fn reply<C: Columns>(r: &C, col: usize) -> Result<Option<crate::Reply>, C::Error> {
+    Ok(match r.opt_text(col)? {
+        Some(_) => crate::Reply::from_json(&r.json::<serde_json::Value>(col)?),
         None => None,
-    };
-    Ok(Some(Trigger { event: EventName::new(event), params, reply }))
+    })
 }
 
 /// A timer, from `SELECT entity_id, name, event, due_at, every_ms`.

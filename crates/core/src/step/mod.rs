@@ -32,7 +32,9 @@ pub use entry::{
     Entry, PropChange, Refusal, apply_changes, enter, initial_entry, missing_required, required_to_enter, stay,
     transition_of,
 };
-pub use outcome::{ActionOutcome, Create, Raise, beyond_declaration, declared_changes, declared_creates};
+pub use outcome::{
+    ActionOutcome, Create, Raise, beyond_declaration, declared_changes, declared_creates, foreign_reply,
+};
 pub use timers::{TimerStart, agent_action, fire, has_timers, timer_applies, timers_on_entry};
 
 use crate::machine::{Action, Event, Machine, StateKind, Then};

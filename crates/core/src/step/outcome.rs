@@ -168,6 +168,19 @@ impl ActionOutcome {
     }
 }
 
+/// The first raise of `outcome` whose reply is not an event of `machine` (`is_event` says
+/// which names are): the field at fault (`raise[i].reply`) and why.
+pub fn foreign_reply(
+    outcome: &ActionOutcome,
+    machine: &str,
+    is_event: impl Fn(&str) -> bool,
+) -> Option<(String, String)> {
+    outcome.raises.iter().enumerate().find_map(|(i, r)| {
+        let reply = r.reply.as_ref().filter(|e| !is_event(e.as_str()))?;
+        Some((format!("raise[{i}].reply"), format!("the reply `{reply}` is not an event of machine `{machine}`")))
+    })
+}
+
 /// What of `outcome` goes beyond what `action` declares it may create and raise
 /// (`may_create`, `may_raise`): the field at fault (`create[0]`, `raise[1]`, `raise_on[0]`)
 /// and why. An action that declares neither is held to nothing, unless an agent executes

@@ -81,12 +81,14 @@ impl Held {
         Held { machine, entity, inbox_head, firing: None, agent_report: None, trigger }
     }
 
-    /// The parameters of the event an action runs for: `item`'s when it runs for an
-    /// event, else (an auto action) those of the event whose workflow the entity is in.
-    pub(crate) fn params_for<'a>(&'a self, item: Option<&'a InboxItem>) -> &'a Value {
-        match item {
-            Some(i) => &i.params,
-            None => self.trigger.as_ref().map_or(&Value::Null, |t| &t.params),
+    /// The event an action runs for, and its parameters: `item` when it runs for an
+    /// event, else (an auto action, or the entry and exit actions of its transition) the
+    /// event whose workflow the entity is in; no event: `None` and `Null`.
+    pub(crate) fn runs_for<'a>(&'a self, item: Option<&'a InboxItem>) -> (Option<&'a EventName>, &'a Value) {
+        match (item, &self.trigger) {
+            (Some(i), _) => (Some(&i.event), &i.params),
+            (None, Some(t)) => (Some(&t.event), &t.params),
+            (None, None) => (None, &Value::Null),
         }
     }
 
@@ -166,7 +168,7 @@ impl Decided {
         // The entity's current event: none at rest; the one just processed when it moved
         // the entity on (into a state, or internally), as the store records it; otherwise
         // unchanged.
-        let began = (c.to.is_some() || c.internal).then_some(()).and(t.event.as_ref());
+        let began = t.event.as_ref().filter(|_| c.to.is_some() || c.internal);
         let (event_id, trigger) = if t.at_rest {
             (None, Some(None))
         } else if let Some(ev) = began {

@@ -73,11 +73,11 @@ fn answer(
         json!(state),
         reason.map_or(Value::Null, |r| json!(r)),
     ];
-    let all = settle_core::validate::REPLY_PARAMS.into_iter().zip(values);
-    let declared = registry.machine(&reply.machine).ok().and_then(|m| m.event(&reply.event)).map(|e| e.params.clone());
-    let params: Map<String, Value> = all
+    let declared = registry.machine(&reply.machine).ok().and_then(|m| m.event(&reply.event)).map(|e| &e.params);
+    let params: Map<String, Value> = settle_core::validate::REPLY_PARAMS
         .into_iter()
-        .filter(|(name, _)| declared.as_ref().is_none_or(|d| d.iter().any(|p| p == name)))
+        .zip(values)
+        .filter(|(name, _)| declared.is_none_or(|d| d.iter().any(|p| p == name)))
         .map(|(name, v)| (name.to_string(), v))
         .collect();
     Push {

@@ -61,7 +61,7 @@ pub(crate) struct Hooks {
 pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Next {
     if ran.started.is_none()
         && let Err((field, why)) =
-            declare(ran.action, &mut ran.outcome, &held.entity, held.params_for(ran.item.as_ref()))
+            declare(ran.action, &mut ran.outcome, &held.entity, held.runs_for(ran.item.as_ref()).1)
     {
         return commit(refused(held, ran, format!("{field}: {why}"), env));
     }
@@ -91,7 +91,7 @@ pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Ne
     }
     for hook in &run {
         if let Err((field, why)) =
-            declare(&hook.action, &mut ran.outcome, &held.entity, held.params_for(ran.item.as_ref()))
+            declare(&hook.action, &mut ran.outcome, &held.entity, held.runs_for(ran.item.as_ref()).1)
         {
             let what = if hook.exit { "exit" } else { "entry" };
             let why = format!("{what} action `{}` of state `{}`: {field}: {why}", hook.action.name, hook.state);
@@ -123,7 +123,7 @@ pub(crate) fn hooks_done(
 
 /// Adds a declarative action's effects to `outcome`: its `set` (expressions evaluated over
 /// the entity's properties with the outcome's changes so far, `params`, those of the event
-/// it runs for ([`Held::params_for`]), and its key; a `null` removes the property), its
+/// it runs for ([`Held::runs_for`]), and its key; a `null` removes the property), its
 /// `create` (keys and properties evaluated alike, first events raised on them) and its
 /// `raise` on related entities. `Err`: the entry that could not be evaluated, and why.
 pub(crate) fn declare(
@@ -369,6 +369,13 @@ fn effects(
 ) -> std::result::Result<Effects, (String, String)> {
     let refused = |field: String, why: String| (field, why);
     let entity_id = raiser.map_or(0, |e| e.id);
+    if let Some(e) = raiser {
+        let own = env.registry.machine(&e.machine).ok();
+        if let Some(refusal) = step::foreign_reply(outcome, &e.machine, |ev| own.is_some_and(|m| m.event(ev).is_some()))
+        {
+            return Err(refusal);
+        }
+    }
     let mut creates = Vec::with_capacity(outcome.creates.len());
     for (i, c) in outcome.creates.iter().enumerate() {
         let m = env.registry.machine(&c.machine).map_err(|e| refused(format!("create[{i}]"), e.to_string()))?;
@@ -390,17 +397,11 @@ fn effects(
             kind: InboxKind::Nested,
             join_from: r.join.then_some(entity_id),
             operation: None,
-            reply: match (&r.reply, raiser) {
-                (Some(event), Some(e)) => {
-                    let own = env.registry.machine(&e.machine).ok().and_then(|m| m.event(event));
-                    if own.is_none() {
-                        let why = format!("the reply `{event}` is not an event of machine `{}`", e.machine);
-                        return Err(refused(format!("raise[{i}].reply"), why));
-                    }
-                    Some(Reply { machine: e.machine.clone(), key: e.key.clone(), event: event.clone() })
-                }
-                _ => None,
-            },
+            reply: r.reply.as_ref().zip(raiser).map(|(event, e)| Reply {
+                machine: e.machine.clone(),
+                key: e.key.clone(),
+                event: event.clone(),
+            }),
         });
     }
     let mut related = Vec::with_capacity(outcome.related.len());

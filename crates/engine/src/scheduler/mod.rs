@@ -677,21 +677,15 @@ fn op_error(e: OpError) -> Error {
 /// Runs the hooks of `hooks` (see [`Scheduler::spawn_hooks`]) for `entity`; answers the
 /// main outcome with their effects added, or the fault of the first that failed (naming
 /// it). What they read with lock joins the transition's preconditions. They run for the
-/// transition's event, else (an auto action's transition) for `trigger`, the event whose
-/// workflow the entity is in.
+/// event `trigger` with `params` ([`decide::Held::runs_for`]).
 async fn run_hooks(
     registry: &Registry,
     nested: Arc<dyn Nested>,
-    (entity, trigger): (&settle_store::EntityRow, Option<&settle_store::Trigger>),
+    (entity, (trigger, params)): (&settle_store::EntityRow, (Option<settle_core::EventName>, Value)),
     hooks: &mut Hooks,
 ) -> std::result::Result<crate::Outcome, FaultError> {
     let mut outcome = std::mem::take(&mut hooks.outcome);
     let item = hooks.item.clone();
-    let (trigger, params) = match (&item, trigger) {
-        (Some(i), _) => (Some(i.event.clone()), i.params.clone()),
-        (None, Some(t)) => (Some(t.event.clone()), t.params.clone()),
-        (None, None) => (None, Value::Null),
-    };
     for hook in &hooks.run {
         let what = if hook.exit { "exit" } else { "entry" };
         let name = format!("{what} action `{}` of state `{}`", hook.action.name, hook.state);

@@ -68,8 +68,8 @@ impl<S: Store + Clone> Scheduler<S> {
             version: e.version,
             retry: e.retry,
             event: item.as_ref().map(|i| i.event.clone()),
-            trigger: item.as_ref().map(|i| &i.event).or(slot.held.trigger.as_ref().map(|t| &t.event)).cloned(),
-            params: slot.held.params_for(item.as_ref()).clone(),
+            trigger: slot.held.runs_for(item.as_ref()).0.cloned(),
+            params: slot.held.runs_for(item.as_ref()).1.clone(),
             request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
             nested: self.nested.clone(),
             locks: locks.clone(),
@@ -130,11 +130,12 @@ impl<S: Store + Clone> Scheduler<S> {
         let slot = self.held.get_mut(&id).expect("held entity");
         slot.running = Some(Running::Hooks);
         let entity = slot.held.entity.clone();
-        let trigger = slot.held.trigger.clone();
+        let (trigger, params) = slot.held.runs_for(hooks.item.as_ref());
+        let runs_for = (trigger.cloned(), params.clone());
         let (registry, nested, tx) = (self.registry.clone(), self.nested.clone(), self.tx.clone());
         let task = self.next_task();
         tokio::spawn(async move {
-            let result = run_hooks(&registry, nested, (&entity, trigger.as_ref()), &mut hooks).await;
+            let result = run_hooks(&registry, nested, (&entity, runs_for), &mut hooks).await;
             let _ = tx.send(Msg::HooksDone {
                 entity_id: id,
                 version: entity.version,

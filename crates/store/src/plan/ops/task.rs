@@ -107,13 +107,11 @@ pub(crate) fn report(
         if let Some((field, why)) = settle_core::step::beyond_declaration(action, outcome) {
             return Err(bad(field, why));
         }
-        if let Some(events) = check.events.get(machine) {
-            for (i, r) in outcome.raises.iter().enumerate() {
-                if let Some(reply) = r.reply.as_ref().filter(|e| !events.iter().any(|n| n == e.as_str())) {
-                    let why = format!("the reply `{reply}` is not an event of machine `{machine}`");
-                    return Err(bad(format!("raise[{i}].reply"), why));
-                }
-            }
+        if let Some(events) = check.events.get(machine)
+            && let Some((field, why)) =
+                settle_core::step::foreign_reply(outcome, machine, |e| events.iter().any(|n| n == e))
+        {
+            return Err(bad(field, why));
         }
     }
     if held(row, token, now, true)? == Lease::Replay {
