@@ -281,6 +281,24 @@ impl Outcome {
     /// Adds the effects of an entry or exit action's outcome to this one (after its own):
     /// property changes, SQL, created entities, raised events. Such an action never
     /// chooses a state: an outcome with a target or a delay is refused (the error says so).
+    /// Takes out its effects (property changes, SQL, entities created, events raised),
+    /// leaving what it decided about the state (target, delay): a transition applies its
+    /// exit actions' effects, then these, then its entry actions' (SCXML's order), so
+    /// they are put back with [`Outcome::add_effects`] once the exit actions' are in.
+    pub(crate) fn take_effects(&mut self) -> Outcome {
+        let d = &mut self.decided;
+        Outcome {
+            decided: ActionOutcome {
+                target: None,
+                delay: None,
+                changes: std::mem::take(&mut d.changes),
+                creates: std::mem::take(&mut d.creates),
+                raises: std::mem::take(&mut d.raises),
+                related: std::mem::take(&mut d.related),
+            },
+            sql: std::mem::take(&mut self.sql),
+        }
+    }
     pub(crate) fn absorb(&mut self, hook: Outcome) -> Result<(), String> {
         let (hook, sql) = (hook.decided, hook.sql);
         if let Some(target) = &hook.target {
@@ -289,12 +307,16 @@ impl Outcome {
         if hook.delay.is_some() {
             return Err("asked for a delay, but entry and exit actions never choose one".into());
         }
-        self.decided.changes.extend(hook.changes);
-        self.sql.extend(sql);
-        self.decided.creates.extend(hook.creates);
-        self.decided.raises.extend(hook.raises);
-        self.decided.related.extend(hook.related);
+        self.add_effects(Outcome { decided: hook, sql });
         Ok(())
+    }
+    /// Adds `other`'s effects after its own (its target and delay are not looked at).
+    pub(crate) fn add_effects(&mut self, other: Outcome) {
+        self.decided.changes.extend(other.decided.changes);
+        self.sql.extend(other.sql);
+        self.decided.creates.extend(other.decided.creates);
+        self.decided.raises.extend(other.decided.raises);
+        self.decided.related.extend(other.decided.related);
     }
     fn nested(
         mut self,

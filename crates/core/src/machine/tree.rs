@@ -178,4 +178,30 @@ impl Machine {
         entered.reverse();
         Transition { left, entered, leaf }
     }
+
+    /// A re-entry of `target`, a state the leaf `from` is in (the leaf itself or one of
+    /// its ancestors): the states from the leaf up to `target` are left, innermost first,
+    /// `target` included, then `target` and the states down to the leaf it leads to
+    /// ([`descend`](Machine::descend)) are entered, outermost first. Stateless's
+    /// `PermitReentry`, and SCXML's external transition to a state the entity is in.
+    ///
+    /// # Panics
+    /// On a state the machine does not declare.
+    pub fn reentry_path(&self, from: &str, target: &str) -> Transition<'_> {
+        let leaf = self.descend(target);
+        let up_to = |start: &str| -> Vec<&State> {
+            let mut states = Vec::new();
+            for s in self.path(start) {
+                states.push(s);
+                if s.name == target {
+                    break;
+                }
+            }
+            states
+        };
+        let left = up_to(from);
+        let mut entered = up_to(&leaf.name);
+        entered.reverse();
+        Transition { left, entered, leaf }
+    }
 }

@@ -59,8 +59,8 @@ impl Entry {
     pub fn at_rest(&self) -> bool {
         self.auto_delay.is_none()
     }
-    /// Whether the transition leaves or enters any state (a retry, or a transition back to
-    /// the same leaf, does not).
+    /// Whether the transition leaves or enters any state (a retry, or an outcome that names
+    /// no target, does not; a declared re-entry does).
     pub fn moves(&self) -> bool {
         !self.left.is_empty() || !self.entered.is_empty()
     }
@@ -109,9 +109,10 @@ pub fn initial_entry(machine: &Machine, props: &Properties) -> Result<Entry, Ref
 /// makes when it asks for `target` (`None`: re-enter `from`) after `delay`, given the
 /// properties the entity would have after the commit.
 ///
-/// Re-entering the current state is always allowed (it is how actions retry, and a retry
-/// leaves and enters nothing); any other target must be declared. A target that is a
-/// parent enters its initial leaf. The invariants of the leaf entered and of each of its
+/// Staying in the current state (no target) is always allowed (it is how actions retry,
+/// and a retry leaves and enters nothing); any target must be declared. A declared target
+/// that is the current state or one of its ancestors is a re-entry ([`transition_of`]).
+/// A target that is a parent enters its initial leaf. The invariants of the leaf entered and of each of its
 /// ancestors must hold. The delay before an unstable leaf's auto action is the delay the
 /// action asked for, if any; otherwise the leaf's `wait` plus the wait declared on this
 /// transition.
@@ -129,8 +130,7 @@ pub fn enter(
     let declared = action.target(target_name);
     let leaf = path.leaf;
     check_invariants(machine, leaf, props_after)?;
-    let is_retry =
-        leaf.name == from.name && leaf.kind == StateKind::Unstable && from.auto.as_ref() == Some(&action.name);
+    let is_retry = leaf.name == from.name && retries(from, action);
     let transition_wait = declared.map(|t| t.wait).unwrap_or_default();
     Ok(Entry {
         state: leaf.name.clone(),
@@ -142,9 +142,15 @@ pub fn enter(
 }
 
 /// The states `action`, run in the leaf `from`, leaves and enters when it asks for
-/// `target` (`None`: re-enter `from`): only the target is checked (declared, or the current
+/// `target` (`None`: stay in `from`): only the target is checked (declared, or the current
 /// state), not the invariants. For a runtime that runs entry and exit actions, whose
 /// property changes count, before [`enter`] decides the entry.
+///
+/// Staying leaves and enters nothing: no target, or the unstable `from`'s own auto action
+/// asking for `from` (a retry). A declared target that `from` is in — `from` itself or an
+/// ancestor — is a **re-entry**: that state is left and entered again, with its exit and
+/// entry actions ([`Machine::reentry_path`], Stateless's `PermitReentry`). Any other target
+/// leaves and enters the states below the common ancestor ([`Machine::transition_path`]).
 pub fn transition_of<'m>(
     machine: &'m Machine,
     from: &State,
@@ -160,7 +166,18 @@ pub fn transition_of<'m>(
             declared: action.targets.iter().map(|t| t.state.as_str()).collect::<Vec<_>>().join(", "),
         });
     }
+    let declared_here = target.is_some_and(|t| action.target(t).is_some() && machine.is_in(&from.name, t));
+    let reentry = declared_here && !(target_name == from.name.as_str() && retries(from, action));
+    if reentry {
+        return Ok(machine.reentry_path(&from.name, target_name));
+    }
     Ok(machine.transition_path(&from.name, target_name))
+}
+
+/// Whether `action` is the auto action of the unstable state `from`: its asking for `from`
+/// again is a retry.
+fn retries(from: &State, action: &Action) -> bool {
+    from.kind == StateKind::Unstable && from.auto.as_ref() == Some(&action.name)
 }
 
 /// Whether an entity may stay in the leaf `state` with `props` (an internal transition's
@@ -290,6 +307,62 @@ mod tests {
         let start = m.action("start").unwrap();
         let by_other = enter(&m, working, start, Some("working"), None, 2, &Properties::new()).unwrap();
         assert_eq!(by_other.retry, 0);
+    }
+
+    #[test]
+    fn a_declared_re_entry_leaves_and_enters_again_and_a_retry_does_not() {
+        // open > {unassigned, assigned}; `assign` (declared to `assigned`) from
+        // `assigned` re-enters it; `reopen` (declared to `open`) re-enters the parent too.
+        let m = MachineBuilder::new("bug")
+            .state("open")
+            .initial()
+            .initial_child("unassigned")
+            .state("unassigned")
+            .parent("open")
+            .state("assigned")
+            .parent("open")
+            .state("working")
+            .auto("work")
+            .event("assign", ["open"], "do_assign")
+            .event("reopen", ["open"], "do_reopen")
+            .event("start", ["assigned"], "do_start")
+            .action("do_assign", ["assigned"])
+            .action("do_reopen", ["open"])
+            .action("do_start", ["working"])
+            .action("work", ["working", "assigned"])
+            .build()
+            .unwrap();
+        let names = |states: &[StateName]| states.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let assigned = m.state("assigned").unwrap();
+        let none = Properties::new();
+        // (from, action, target) → (leaf, left, entered, retry)
+        type Expected<'a> = (&'a str, &'a [&'a str], &'a [&'a str], u32);
+        let cases: [(&State, &str, Option<&str>, Expected<'_>); 6] = [
+            (assigned, "do_assign", Some("assigned"), ("assigned", &["assigned"], &["assigned"], 0)),
+            (assigned, "do_reopen", Some("open"), ("unassigned", &["assigned", "open"], &["open", "unassigned"], 0)),
+            (
+                m.state("unassigned").unwrap(),
+                "do_assign",
+                Some("assigned"),
+                ("assigned", &["unassigned"], &["assigned"], 0),
+            ),
+            // No target: stays, leaving and entering nothing.
+            (assigned, "do_assign", None, ("assigned", &[], &[], 0)),
+            // The unstable state's own auto action asking for it again: a retry.
+            (m.state("working").unwrap(), "work", Some("working"), ("working", &[], &[], 3)),
+            (m.state("working").unwrap(), "work", None, ("working", &[], &[], 3)),
+        ];
+        for (from, action, target, (leaf, left, entered, retry)) in cases {
+            let e = enter(&m, from, m.action(action).unwrap(), target, None, 2, &none).unwrap();
+            let what = format!("{action} from {} to {target:?}", from.name);
+            assert_eq!(e.state.as_str(), leaf, "{what}");
+            assert_eq!((names(&e.left), names(&e.entered), e.retry), (to_vec(left), to_vec(entered), retry), "{what}");
+            assert_eq!(e.moves(), !left.is_empty(), "{what}");
+        }
+    }
+
+    fn to_vec(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
     }
 
     #[test]

@@ -569,6 +569,12 @@ to = ["other"]
             let expected: Vec<_> = expected.into_iter().map(|(n, a, e, r)| (n.to_string(), a, e, r)).collect();
             assert_eq!(got, expected, "{from:?} -> {to}");
         }
+        // A re-entry (the state left and entered again) restarts the periodic timer and the
+        // subscription's timeout that staying keeps.
+        for (state, timer) in [("ready", "health"), ("waiting", "timeout:resources_ready")] {
+            let t = timers_on_entry(&m, Some(state), state, &[StateName::new(state)]);
+            assert!(t.iter().find(|t| t.name == timer).unwrap().restart, "{state} re-entered");
+        }
         assert!(has_timers(&m));
         assert!(!has_timers(&server()));
     }
@@ -597,6 +603,7 @@ to = ["other"]
         assert!(restart(Some("c"), "a", &["a"]), "entering one of its states from outside starts it");
         assert!(restart(Some("a"), "b", &["b"]), "entering another of its states starts it afresh");
         assert!(!restart(Some("a"), "a", &[]), "staying keeps its schedule");
+        assert!(restart(Some("a"), "a", &["a"]), "a re-entry starts it afresh");
         assert!(has_timers(&m), "declared timers alone (no subscription timeout) are timers");
     }
 

@@ -64,12 +64,12 @@ impl<'m> Sim<'m> {
         self.run_auto();
     }
 
-    /// `action` moves the entity to `target`: exits, entries, their declarative effects,
-    /// then the entry itself (invariants checked with every effect applied).
+    /// `action` moves the entity to `target`: the exit actions' declarative effects, the
+    /// action's own, the entry actions' (SCXML's order), then the entry itself
+    /// (invariants checked with every effect applied).
     fn transition(&mut self, trigger: &str, action: &Action, target: Option<&str>) {
         let from = self.machine.state(&self.state).unwrap();
         let mut props = self.props.clone();
-        declare(action, &mut props);
         let path = transition_of(self.machine, from, action, target).expect("a declared target");
         let mut hooks = Vec::new();
         for s in &path.left {
@@ -79,10 +79,12 @@ impl<'m> Sim<'m> {
         for s in &path.entered {
             hooks.extend(s.entry_actions(event).map(|a| format!("entry {a}")));
         }
-        for s in
-            path.left.iter().flat_map(|s| &s.on_exit).chain(path.entered.iter().flat_map(|s| s.entry_actions(event)))
-        {
-            declare(self.machine.action(s).unwrap(), &mut props);
+        for a in path.left.iter().flat_map(|s| &s.on_exit) {
+            declare(self.machine.action(a).unwrap(), &mut props);
+        }
+        declare(action, &mut props);
+        for a in path.entered.iter().flat_map(|s| s.entry_actions(event)) {
+            declare(self.machine.action(a).unwrap(), &mut props);
         }
         let entry = enter(self.machine, from, action, target, None, 0, &props).expect("the transition is allowed");
         let hooks = if hooks.is_empty() { String::new() } else { format!("; {}", hooks.join(", ")) };

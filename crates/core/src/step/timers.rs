@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::machine::{Action, Event, Machine, Schedule};
+use crate::machine::{Action, Event, Level, Machine, Schedule};
 use crate::names::{EventName, StateName};
 use crate::pattern::SuccessorView;
 
@@ -26,7 +26,8 @@ pub struct TimerStart {
     /// Whether its schedule starts afresh at this entry; `false` for a timer or timeout
     /// that was already running before and whose state was not entered anew (it keeps its
     /// schedule): a periodic timer or a timeout that ran in the state left, a one-shot
-    /// timer declared on a parent the entity stayed in.
+    /// timer declared on a parent the entity stayed in. A re-entry of the state it runs in
+    /// restarts it.
     pub restart: bool,
 }
 
@@ -35,6 +36,8 @@ pub struct TimerStart {
 /// own or an ancestor's), and the timeouts of the subscriptions valid there.
 pub fn timers_on_entry(machine: &Machine, from: Option<&str>, to: &str, entered: &[StateName]) -> Vec<TimerStart> {
     let ran_before = |levels: &[StateName]| from.is_some_and(|f| machine.path(f).any(|s| levels.contains(&s.name)));
+    // A state the entity was in and enters again: a re-entry restarts what runs there.
+    let reentered = |state: &str| entered.iter().any(|s| s == state) && from.is_some_and(|f| machine.is_in(f, state));
     let mut starts: Vec<TimerStart> = machine
         .timers_in(to)
         .map(|t| {
@@ -52,7 +55,7 @@ pub fn timers_on_entry(machine: &Machine, from: Option<&str>, to: &str, entered:
                     event: t.event.clone(),
                     after: d,
                     every: Some(d),
-                    restart: !before,
+                    restart: !before || t.valid_in.iter().any(|s| reentered(s)),
                 },
             }
         })
@@ -64,7 +67,8 @@ pub fn timers_on_entry(machine: &Machine, from: Option<&str>, to: &str, entered:
                 event: timeout.event.clone(),
                 after: timeout.after,
                 every: None,
-                restart: !from.is_some_and(|f| machine.event_applies(ev, f)),
+                restart: !from.is_some_and(|f| machine.event_applies(ev, f))
+                    || matches!(machine.event_level(ev, to), Some(Level::Valid(level)) if reentered(&level.name)),
             });
         }
     }

@@ -41,7 +41,8 @@ pub(crate) struct Ran<'a> {
 }
 
 /// A transition waiting for its entry and exit actions: what they run in (exits innermost
-/// first, then entries outermost first), and the main action's result they add to.
+/// first, then entries outermost first), and the main action's result: its effects go
+/// between the exits' and the entries' (SCXML's order).
 #[derive(Debug)]
 pub(crate) struct Hooks {
     pub(crate) run: Vec<Hook>,
@@ -59,18 +60,23 @@ pub(crate) struct Hooks {
 /// of declarative entry and exit actions. `started` is when the action's handler started
 /// (`None`: the engine performed it).
 pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Next {
-    if ran.started.is_none()
-        && let Err((field, why)) =
-            declare(ran.action, &mut ran.outcome, &held.entity, held.runs_for(ran.item.as_ref()).1)
-    {
-        return commit(refused(held, ran, format!("{field}: {why}"), env));
-    }
-    // What the action creates and raises is held to its declaration, whoever wrote it.
+    // What a handler or an agent creates and raises is held to its declaration.
     if let Some((field, why)) = step::beyond_declaration(ran.action, &ran.outcome.decided) {
         return commit(refused(held, ran, format!("{field}: {why}"), env));
     }
     let machine = held.machine.clone();
     if ran.item.as_ref().and_then(|i| machine.event(&i.event)).is_some_and(|e| e.internal) {
+        let own = ran.outcome.take_effects();
+        if let Err((field, why)) = own_effects(
+            &mut ran.outcome,
+            own,
+            ran.action,
+            ran.started,
+            &held.entity,
+            held.runs_for(ran.item.as_ref()).1,
+        ) {
+            return commit(refused(held, ran, format!("{field}: {why}"), env));
+        }
         return commit(internal(held, ran, env));
     }
     let from = machine.state(&held.entity.state).expect("entity state exists in its machine");
@@ -89,7 +95,23 @@ pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Ne
         let Ran { action, item, outcome, locks, started } = ran;
         return Next::Hooks(Box::new(Hooks { run, outcome, action: action.clone(), item, locks, started }));
     }
-    for hook in &run {
+    // Exits' effects, then the action's own, then entries' (SCXML's order).
+    let mut own = Some(ran.outcome.take_effects());
+    for hook in run.iter().map(Some).chain([None]) {
+        if !hook.is_some_and(|h| h.exit)
+            && let Some(own) = own.take()
+            && let Err((field, why)) = own_effects(
+                &mut ran.outcome,
+                own,
+                ran.action,
+                ran.started,
+                &held.entity,
+                held.runs_for(ran.item.as_ref()).1,
+            )
+        {
+            return commit(refused(held, ran, format!("{field}: {why}"), env));
+        }
+        let Some(hook) = hook else { break };
         if let Err((field, why)) =
             declare(&hook.action, &mut ran.outcome, &held.entity, held.runs_for(ran.item.as_ref()).1)
         {
@@ -99,6 +121,26 @@ pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Ne
         }
     }
     commit(finish(held, ran, env))
+}
+
+/// Adds an action's own effects to `outcome` at their place in its transition: after the
+/// exit actions' effects, before the entry actions' (SCXML's order). A handler's or an
+/// agent's (`started`: it ran, before the exit actions, as it chose the target) are `own`;
+/// a declarative action's (the engine performs it, `started` is `None`) are evaluated
+/// here, over the properties the exit actions left, for the event it runs for.
+pub(crate) fn own_effects(
+    outcome: &mut Outcome,
+    own: Outcome,
+    action: &Action,
+    started: Option<Millis>,
+    entity: &settle_store::EntityRow,
+    params: &serde_json::Value,
+) -> Result<(), (String, String)> {
+    outcome.add_effects(own);
+    if started.is_some() {
+        return Ok(());
+    }
+    declare(action, outcome, entity, params)
 }
 
 /// The fault of an action whose outcome the core refuses (`why`).
@@ -238,8 +280,11 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
     };
     let outcome_for_caller = item.as_ref().map(|_| EventOutcome::Accepted { state: entry.state.clone() });
     let changed_state = entry.state != held.entity.state;
+    // A re-entry enters its states anew (timers restart, subscriptions may fire again)
+    // though the leaf is the same.
+    let entered_anew = entry.moves();
     let firing = held.firing.take();
-    let fired = fired_after(&machine, &held.entity.fired, firing.as_ref().map(|f| &f.event), &entry, changed_state);
+    let fired = fired_after(&machine, &held.entity.fired, firing.as_ref().map(|f| &f.event), &entry, entered_anew);
     let kind = match (&item, started) {
         (Some(_), None) => "event",
         (Some(_), Some(_)) => "event_action",
@@ -271,11 +316,11 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         pushes: effects.pushes,
         push_related: effects.related,
         preconditions,
-        timers: (changed_state && step::has_timers(&machine))
+        timers: (entered_anew && step::has_timers(&machine))
             .then(|| timer_plan(&machine, Some(&e.state), &entry.state, &entry.entered, now)),
         fired,
         notify_predecessors: changed_state,
-        notify_self: changed_state && machine.subscriptions_in(&entry.state).next().is_some(),
+        notify_self: entered_anew && machine.subscriptions_in(&entry.state).next().is_some(),
         machine_hash: env.registry.hash(machine.name()),
         telemetry: Telemetry {
             event: item.as_ref().map(|i| EventRecord::of(i, false, false)),
@@ -331,16 +376,17 @@ fn checked<T>(
 
 /// The subscription events fired in the current state entry after a transition (`None`:
 /// unchanged). Staying in the same leaf keeps them (plus the one `firing`, if any); moving
-/// keeps only those still valid at a level the transition did not enter anew (a
-/// subscription on a parent fires once per entry into the parent).
+/// (`entered_anew`: leaving or entering any state, a re-entry too) keeps only those still
+/// valid at a level the transition did not enter anew (a subscription on a parent fires
+/// once per entry into the parent).
 pub(super) fn fired_after(
     machine: &Machine,
     fired: &[EventName],
     firing: Option<&EventName>,
     entry: &step::Entry,
-    changed_state: bool,
+    entered_anew: bool,
 ) -> Option<Vec<EventName>> {
-    if !changed_state {
+    if !entered_anew {
         return firing.map(|f| fired.iter().cloned().chain(std::iter::once(f.clone())).collect());
     }
     let kept: Vec<EventName> = fired

@@ -685,8 +685,20 @@ async fn run_hooks(
     hooks: &mut Hooks,
 ) -> std::result::Result<crate::Outcome, FaultError> {
     let mut outcome = std::mem::take(&mut hooks.outcome);
+    // Exits' effects, then the action's own, then entries' (SCXML's order): exit actions
+    // see the properties before the action's changes, entry actions after them.
+    let mut own = Some(outcome.take_effects());
     let item = hooks.item.clone();
+    let performed = |outcome: &mut crate::Outcome, own| {
+        decide::own_effects(outcome, own, &hooks.action, hooks.started, entity, &params)
+            .map_err(|(field, why)| FaultError::new("refused", format!("{field}: {why}")))
+    };
     for hook in &hooks.run {
+        if !hook.exit
+            && let Some(own) = own.take()
+        {
+            performed(&mut outcome, own)?;
+        }
         let what = if hook.exit { "exit" } else { "entry" };
         let name = format!("{what} action `{}` of state `{}`", hook.action.name, hook.state);
         if hook.action.is_declarative() {
@@ -730,6 +742,9 @@ async fn run_hooks(
                 return Err(fault);
             }
         }
+    }
+    if let Some(own) = own {
+        performed(&mut outcome, own)?;
     }
     Ok(outcome)
 }

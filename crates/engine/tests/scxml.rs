@@ -1,0 +1,197 @@
+//! Statecharts to the letter (Stateless and SCXML semantics), on SQLite and, when
+//! `SETTLE_TEST_PG` is set, on PostgreSQL (a schema per test): a declared re-entry runs
+//! exit then entry actions while an unstable state's retry runs neither; a transition's
+//! effects apply in SCXML's order — exit actions, the transition's own, entry actions.
+
+mod common;
+
+use serde_json::{Value, json};
+use settle_core::Machine;
+use settle_engine::{Engine, EngineBuilder, EventOutcome, ManualClock, Outcome, RaiseOptions, Wait};
+use settle_store::{AnyStore, EntityRow, HistoryKind, PgStore};
+
+/// The stores to run on: SQLite, and PostgreSQL (a schema of its own) when available.
+async fn stores(name: &str) -> Vec<(tempfile::TempDir, AnyStore)> {
+    let (dir, sqlite) = common::sqlite();
+    let mut out = vec![(dir, AnyStore::Sqlite(sqlite))];
+    if let Some(url) = settle_store::postgres::test_url(name) {
+        let pg = tokio::task::spawn_blocking(move || PgStore::open(&url)).await.unwrap().expect("PostgreSQL store");
+        out.push((tempfile::tempdir().unwrap(), AnyStore::Postgres(pg)));
+    }
+    out
+}
+
+fn load(name: &str, text: &str) -> Machine {
+    settle_core::toml::load(&format!("{name}.toml"), name, text).expect("loads").0
+}
+
+fn stable(params: Value) -> RaiseOptions {
+    RaiseOptions::wait(Wait::Stable).params(params)
+}
+
+async fn start(builder: EngineBuilder<AnyStore>) -> (Engine<AnyStore>, ManualClock) {
+    let clock = common::clock();
+    (builder.clock(clock.clone()).start().await.unwrap(), clock)
+}
+
+fn props(v: Value) -> settle_core::Properties {
+    v.as_object().cloned().unwrap()
+}
+
+fn strings(e: &EntityRow, key: &str) -> Vec<String> {
+    e.properties[key].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+}
+
+/// `desk`: `take` (declared to `busy`) from `busy` is a re-entry; `trying` retries its
+/// auto action twice (the handler asks for `trying` again) before `done`. Entry and exit
+/// actions log who holds the desk.
+const DESK: &str = r#"
+initial = "idle"
+properties = ["log", "who", "tries"]
+[states.idle]
+[states.busy]
+on_entry = "arrive"
+on_exit = "leave"
+[states.trying]
+auto = "attempt"
+on_entry = "arrive"
+on_exit = "leave"
+[states.done]
+[events.take]
+in = ["idle", "busy"]
+params = ["who"]
+action = "take_it"
+[events.try]
+in = ["busy"]
+action = "go_try"
+[actions.take_it]
+to = ["busy"]
+set = { who = "params.who", log = "props.log + ['action ' + params.who]" }
+[actions.go_try]
+to = ["trying"]
+[actions.attempt]
+to = ["trying", "done"]
+[actions.arrive]
+set = { log = "props.log + ['entry ' + props.who]" }
+[actions.leave]
+set = { log = "props.log + ['exit ' + props.who]" }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_re_entry_runs_exit_then_entry_and_a_retry_runs_neither() {
+    for (_dir, store) in stores("scxml_reentry").await {
+        let builder = Engine::builder(store).machine(load("desk", DESK)).on("desk", "attempt", |ctx| async move {
+            let tries = ctx.properties.get("tries").and_then(Value::as_i64).unwrap_or(0);
+            let next = if tries < 2 { "trying" } else { "done" };
+            Ok(Outcome::to(next).set("tries", json!(tries + 1)))
+        });
+        let (engine, _clock) = start(builder).await;
+        engine.create("desk", "d", props(json!({"log": [], "who": "nobody"}))).await.unwrap();
+        let e = engine.raise("desk", "d", "take", stable(json!({"who": "ann"}))).await.unwrap().entity.unwrap();
+        assert_eq!(strings(&e, "log"), ["action ann", "entry ann"]);
+        let before = e.entered_at;
+        let r = engine.raise("desk", "d", "take", stable(json!({"who": "bob"}))).await.unwrap();
+        assert_eq!(r.outcome, Some(EventOutcome::Accepted { state: "busy".into() }));
+        let e = r.entity.unwrap();
+        // The exit action sees the old holder; the action's expressions see what the exit
+        // left; the entry action sees the action's.
+        assert_eq!(strings(&e, "log")[2..], ["exit ann", "action bob", "entry bob"], "exit, action, entry");
+        assert!(e.entered_at >= before && e.version == 3, "a re-entry is a new entry: {e:?}");
+
+        let e = engine.raise("desk", "d", "try", stable(Value::Null)).await.unwrap().entity.unwrap();
+        assert_eq!(e.state, "done");
+        assert_eq!(e.properties["tries"], json!(3));
+        // Into `trying` and out of it once: its two retries ran no exit and no entry action.
+        assert_eq!(strings(&e, "log")[5..], ["exit bob", "entry bob", "exit bob"]);
+        let retries: Vec<(HistoryKind, u32)> = engine
+            .history("desk", "d")
+            .await
+            .unwrap()
+            .iter()
+            .filter(|h| h.kind == HistoryKind::Auto)
+            .map(|h| (h.kind, h.retry))
+            .collect();
+        assert_eq!(retries, [(HistoryKind::Auto, 1), (HistoryKind::Auto, 2), (HistoryKind::Auto, 0)]);
+        engine.shutdown().await;
+    }
+}
+
+/// `a` -go→ `b`: the exit action of `a` and the transition's action both write `mark`; the
+/// entry action of `b` reads it. `ORDER` is the machine with every action declarative;
+/// `ORDER_CODE` binds `move` and `enter_b` to handlers (the runtime runs the hooks as
+/// tasks then).
+const ORDER: &str = r#"
+initial = "a"
+properties = ["mark", "order", "seen", "action_saw"]
+[states.a]
+on_exit = "exit_a"
+[states.b]
+on_entry = "enter_b"
+[events.go]
+in = ["a"]
+action = "move"
+[actions.move]
+to = ["b"]
+set = { mark = "'action'", order = "props.order + ['action saw ' + props.mark]" }
+[actions.exit_a]
+set = { mark = "'exit'", order = "props.order + ['exit']" }
+[actions.enter_b]
+set = { seen = "props.mark", order = "props.order + ['entry saw ' + props.mark]" }
+"#;
+
+const ORDER_CODE: &str = r#"
+initial = "a"
+properties = ["mark", "order", "seen", "action_saw"]
+[states.a]
+on_exit = "exit_a"
+[states.b]
+on_entry = "enter_b"
+[states.c]
+[events.go]
+in = ["a"]
+action = "move"
+[actions.move]
+to = ["b", "c"]
+[actions.exit_a]
+set = { mark = "'exit'", order = "props.order + ['exit']" }
+[actions.enter_b]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transitions_effects_apply_exits_then_its_own_then_entries() {
+    for (_dir, store) in stores("scxml_order").await {
+        let builder = Engine::builder(store)
+            .machine(load("order", ORDER))
+            .machine(load("order_code", ORDER_CODE))
+            // A handler chooses the target, so it runs before the exit actions: it sees the
+            // properties before them, and its changes are applied after theirs.
+            .on("order_code", "move", |ctx| async move {
+                let saw = ctx.properties["mark"].clone();
+                Ok(Outcome::to("b").set("mark", json!("action")).set("action_saw", saw))
+            })
+            .on("order_code", "enter_b", |ctx| async move {
+                let mut order = ctx.properties["order"].as_array().cloned().unwrap_or_default();
+                let mark = ctx.properties["mark"].as_str().unwrap_or("?").to_string();
+                order.push(json!(format!("entry saw {mark}")));
+                Ok(Outcome::stay().set("seen", json!(mark)).set("order", json!(order)))
+            });
+        let (engine, _clock) = start(builder).await;
+        for machine in ["order", "order_code"] {
+            engine.create(machine, "o", props(json!({"order": [], "mark": "none"}))).await.unwrap();
+            let e = engine.raise(machine, "o", "go", stable(Value::Null)).await.unwrap().entity.unwrap();
+            assert_eq!(e.state, "b", "{machine}");
+            assert_eq!(
+                (&e.properties["mark"], &e.properties["seen"]),
+                (&json!("action"), &json!("action")),
+                "{machine}"
+            );
+            if machine == "order" {
+                assert_eq!(strings(&e, "order"), ["exit", "action saw exit", "entry saw action"]);
+            } else {
+                assert_eq!(strings(&e, "order"), ["exit", "entry saw action"]);
+                assert_eq!(e.properties["action_saw"], json!("none"), "the handler ran before the exit action");
+            }
+        }
+        engine.shutdown().await;
+    }
+}
