@@ -77,21 +77,27 @@ impl Expression {
     /// Evaluates it against an entity's properties, an event's parameters (an object or
     /// null) and the entity's key. `Err` says why it could not be evaluated.
     pub fn eval(&self, props: &Properties, params: &serde_json::Value, key: &str) -> Result<serde_json::Value, String> {
-        to_json(&self.execute(props, params, Some(key))?)
+        to_json(&self.execute(props, params, Some(key), None)?)
     }
 
     pub(crate) fn program(&self) -> &Program {
         &self.program
     }
 
-    /// Runs it with `props`, `params` and (when given) `key` bound.
+    /// Runs it with `props`, `params` and (when given) `key` bound; `in_state` (a guard's)
+    /// answers from `states`, the entity's state and its ancestors.
     pub(crate) fn execute(
         &self,
         props: &Properties,
         params: &serde_json::Value,
         key: Option<&str>,
+        states: Option<Vec<String>>,
     ) -> Result<Value, String> {
         let mut ctx = Context::default();
+        if let Some(states) = states {
+            ctx.add_function("in_state", move |name: Arc<String>| states.contains(&*name))
+                .map_err(|e| e.to_string())?;
+        }
         ctx.add_variable_from_value("props", object(props.iter()));
         let empty = serde_json::Map::new();
         ctx.add_variable_from_value("params", object(params.as_object().unwrap_or(&empty).iter()));
@@ -136,6 +142,8 @@ pub struct Names<'a> {
     /// The properties the machine mentions (declared `properties`, states' `requires`,
     /// declarative actions' `set`).
     pub properties: &'a [String],
+    /// The machine's states, which a guard's `in_state('S')` may name.
+    pub states: &'a [String],
 }
 
 /// A JSON object as a CEL map: integers become `int` (`uint` only beyond `i64`), so that
@@ -430,6 +438,22 @@ impl<'a> Checker<'a> {
                 need(self, arg(0), Ty::Str, &format!("the argument of `{name}`"));
                 Ty::Bool
             }
+            "in_state" if !self.key => {
+                match args {
+                    [IdedExpr { expr: Expr::Literal(LiteralValue::String(state)), .. }] if target.is_none() => {
+                        let state = state.to_string();
+                        if !self.names.states.contains(&state) {
+                            self.problem(format!("`in_state('{state}')`: the machine has no state `{state}`"));
+                        }
+                    }
+                    _ => self.problem("`in_state` takes one state name, a quoted string: `in_state('S')`".into()),
+                }
+                Ty::Bool
+            }
+            "in_state" => {
+                self.problem("`in_state` is for guards (an expression reads `props`, `params` and `key`)".into());
+                Ty::Bool
+            }
             "int" | "uint" | "double" => Ty::Num,
             "string" => Ty::Str,
             "bool" => Ty::Bool,
@@ -486,7 +510,7 @@ mod tests {
     fn load_time_checks_know_the_key() {
         let params = ["replicas".to_string()];
         let properties = ["n".to_string()];
-        let names = Names { params: &params, properties: &properties };
+        let names = Names { params: &params, properties: &properties, states: &[] };
         let check = |src: &str| Expression::parse(src).unwrap().check(names);
         assert_eq!(check("key + '-' + string(params.replicas)"), Vec::<String>::new());
         assert_eq!(check("keys"), ["unknown name `keys` (an expression reads `props`, `params` and `key`)"]);

@@ -3,13 +3,15 @@
 //! crate.
 //!
 //! A guard reads two variables: `props`, the entity's properties, and `params`, the
-//! event's parameters (both JSON objects; integers arrive as CEL `int`). It must give a
-//! boolean:
+//! event's parameters (both JSON objects; integers arrive as CEL `int`), and may ask
+//! `in_state('S')`: whether the entity is in state `S` (its state or an ancestor of it,
+//! SCXML's `In()`). It must give a boolean:
 //!
 //! ```text
 //! params.size <= props.max_size
 //! has(props.region) && props.region in ["eu", "us"]
 //! size(params.name) > 0 && !params.name.startsWith("tmp-")
+//! !in_state('maintenance') || params.force
 //! ```
 //!
 //! [`Guard::check`] finds at load time what a guard would get wrong at run time: a name
@@ -34,7 +36,11 @@ use crate::step::Properties;
 /// A parsed guard: an [`Expression`] that must give a boolean, reading no `key`. Compares
 /// equal by its source text.
 #[derive(Clone, PartialEq)]
-pub struct Guard(Expression);
+pub struct Guard(Expression, ReadsState);
+
+/// Whether a guard calls `in_state` (then its evaluation is given the entity's states).
+#[derive(Clone, Copy, PartialEq)]
+struct ReadsState(bool);
 
 impl fmt::Debug for Guard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -51,7 +57,7 @@ impl fmt::Display for Guard {
 impl Guard {
     /// Parses a guard. The error says where: "syntax error at column 16: …".
     pub fn parse(source: &str) -> Result<Guard, String> {
-        Expression::parse(source).map(Guard)
+        Expression::parse(source).map(|e| Guard(e, ReadsState(source.contains("in_state"))))
     }
 
     /// The guard as written.
@@ -69,10 +75,18 @@ impl Guard {
         c.problems
     }
 
-    /// Evaluates the guard against an entity's properties and an event's parameters (an
-    /// object or null). `Err` says why it could not be evaluated.
-    pub fn eval(&self, props: &Properties, params: &serde_json::Value) -> Result<bool, String> {
-        match self.0.execute(props, params, None)? {
+    /// Evaluates the guard against an entity's properties, an event's parameters (an
+    /// object or null) and the states the entity is in (its state and each ancestor, for
+    /// `in_state`; read only when the guard calls it). `Err` says why it could not be
+    /// evaluated.
+    pub fn eval<'s>(
+        &self,
+        props: &Properties,
+        params: &serde_json::Value,
+        states: impl IntoIterator<Item = &'s str>,
+    ) -> Result<bool, String> {
+        let states = self.1.0.then(|| states.into_iter().map(str::to_string).collect());
+        match self.0.execute(props, params, None, states)? {
             Value::Bool(b) => Ok(b),
             other => Err(format!("gave {}, not a boolean", value_kind(&other))),
         }
@@ -86,29 +100,58 @@ mod tests {
     use super::*;
 
     fn names<'a>(params: &'a [String], properties: &'a [String]) -> Names<'a> {
-        Names { params, properties }
+        Names { params, properties, states: &[] }
     }
 
     #[test]
     fn guards_choose_by_properties_and_parameters() {
         let g = Guard::parse("params.size <= props.max_size && params.size + 1 > 1").unwrap();
         let props: Properties = [("max_size".to_string(), json!(8))].into_iter().collect();
-        assert_eq!(g.eval(&props, &json!({"size": 4})), Ok(true));
-        assert_eq!(g.eval(&props, &json!({"size": 9})), Ok(false));
-        assert_eq!(g.eval(&props, &json!({"size": -3})), Ok(false), "-3 + 1 > 1 is false");
+        assert_eq!(g.eval(&props, &json!({"size": 4}), []), Ok(true));
+        assert_eq!(g.eval(&props, &json!({"size": 9}), []), Ok(false));
+        assert_eq!(g.eval(&props, &json!({"size": -3}), []), Ok(false), "-3 + 1 > 1 is false");
         let region = Guard::parse(r#"has(props.region) && props.region in ["eu", "us"]"#).unwrap();
-        assert_eq!(region.eval(&props, &json!(null)), Ok(false));
+        assert_eq!(region.eval(&props, &json!(null), []), Ok(false));
         let props: Properties = [("region".to_string(), json!("eu"))].into_iter().collect();
-        assert_eq!(region.eval(&props, &json!(null)), Ok(true));
+        assert_eq!(region.eval(&props, &json!(null), []), Ok(true));
     }
 
     #[test]
     fn evaluation_errors_say_why() {
         let g = Guard::parse("params.size <= props.max_size").unwrap();
-        let err = g.eval(&Properties::new(), &json!({"size": 1})).unwrap_err();
+        let err = g.eval(&Properties::new(), &json!({"size": 1}), []).unwrap_err();
         assert_eq!(err, "no such key: max_size");
         let g = Guard::parse("params.name").unwrap();
-        assert_eq!(g.eval(&Properties::new(), &json!({"name": "x"})), Err("gave a string, not a boolean".into()));
+        assert_eq!(g.eval(&Properties::new(), &json!({"name": "x"}), []), Err("gave a string, not a boolean".into()));
+    }
+
+    #[test]
+    fn in_state_asks_whether_the_entity_is_in_a_state_or_one_of_its_substates() {
+        let g = Guard::parse("in_state('maintenance') && !in_state('patching')").unwrap();
+        let none = Properties::new();
+        // (the entity's state and its ancestors) → the guard
+        let cases: [(&[&str], bool); 4] = [
+            (&["draining", "maintenance", "online"], true),
+            (&["patching", "maintenance", "online"], false),
+            (&["serving", "online"], false),
+            (&[], false),
+        ];
+        for (path, holds) in cases {
+            assert_eq!(g.eval(&none, &json!(null), path.iter().copied()), Ok(holds), "{path:?}");
+        }
+        let states = ["online".to_string(), "maintenance".to_string()];
+        let names = Names { params: &[], properties: &[], states: &states };
+        let cases: [(&str, &[&str]); 4] = [
+            ("in_state('online')", &[]),
+            ("in_state('offline')", &["`in_state('offline')`: the machine has no state `offline`"]),
+            ("in_state(props.s)", &["`in_state` takes one state name, a quoted string: `in_state('S')`"]),
+            ("in_state('online', 'x')", &["`in_state` takes one state name, a quoted string: `in_state('S')`"]),
+        ];
+        for (source, expected) in cases {
+            let mut got = Guard::parse(source).unwrap().check(names);
+            got.retain(|p| !p.contains("props."));
+            assert_eq!(got, expected, "{source}");
+        }
     }
 
     #[test]

@@ -195,3 +195,59 @@ async fn a_transitions_effects_apply_exits_then_its_own_then_entries() {
         engine.shutdown().await;
     }
 }
+
+/// `in_state('S')` in a guard (SCXML's `In()`): `stop`, valid in all of `online`, is refused
+/// while the entity is anywhere inside `maintenance` unless forced.
+const SITE: &str = r#"
+initial = "online"
+[states.online]
+initial = "serving"
+[states.serving]
+parent = "online"
+[states.maintenance]
+parent = "online"
+initial = "draining"
+[states.draining]
+parent = "maintenance"
+[states.stopped]
+[events.maintain]
+in = ["serving"]
+action = "to_maintenance"
+[events.stop]
+in = ["online"]
+params = ["force"]
+[[events.stop.when]]
+guard = "in_state('maintenance') && !params.force"
+reject = "finish maintenance first"
+[[events.stop.when]]
+action = "halt"
+[events.start]
+in = ["stopped"]
+action = "restart"
+[actions.to_maintenance]
+to = ["maintenance"]
+[actions.halt]
+to = ["stopped"]
+[actions.restart]
+to = ["online"]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_asks_in_state_whether_the_entity_is_inside_a_state() {
+    for (_dir, store) in stores("scxml_in_state").await {
+        let (engine, _clock) = start(Engine::builder(store).machine(load("site", SITE))).await;
+        engine.create("site", "s", Default::default()).await.unwrap();
+        let free = json!({"force": false});
+        let r = engine.raise("site", "s", "stop", stable(free.clone())).await.unwrap();
+        assert_eq!(r.outcome, Some(EventOutcome::Accepted { state: "stopped".into() }), "serving: not in maintenance");
+        engine.raise("site", "s", "start", stable(Value::Null)).await.unwrap();
+        let e = engine.raise("site", "s", "maintain", stable(Value::Null)).await.unwrap().entity.unwrap();
+        assert_eq!(e.state, "draining");
+        let r = engine.raise("site", "s", "stop", stable(free)).await.unwrap();
+        let reason = "finish maintenance first".to_string();
+        assert_eq!(r.outcome, Some(EventOutcome::Rejected { state: "draining".into(), reason }), "draining is in it");
+        let r = engine.raise("site", "s", "stop", stable(json!({"force": true}))).await.unwrap();
+        assert_eq!(r.outcome, Some(EventOutcome::Accepted { state: "stopped".into() }));
+        engine.shutdown().await;
+    }
+}

@@ -44,8 +44,8 @@ pub fn guard(data: &[u8]) {
     let property_names: Vec<String> = props.keys().cloned().collect();
     let param_names: Vec<String> =
         params.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_else(|| vec!["size".into()]);
-    drop(guard.check(Names { params: &param_names, properties: &property_names }));
-    drop(guard.check(Names { params: &[], properties: &[] }));
-    drop(guard.eval(&props, &params));
-    drop(guard.eval(&Map::new(), &Value::Null));
+    drop(guard.check(Names { params: &param_names, properties: &property_names, states: &[] }));
+    drop(guard.check(Names { params: &[], properties: &[], states: &[] }));
+    drop(guard.eval(&props, &params, ["a", "b"]));
+    drop(guard.eval(&Map::new(), &Value::Null, []));
 }

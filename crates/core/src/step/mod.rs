@@ -210,7 +210,7 @@ pub fn on_event<'m>(
         }
         for alt in ev.alternatives.iter().filter(|a| a.applies_at(&level.name)) {
             if let Some(guard) = &alt.guard {
-                match guard.eval(props, params) {
+                match guard.eval(props, params, machine.path(state).map(|s| s.name.as_str())) {
                     Ok(true) => {}
                     Ok(false) => {
                         let named = format!("`{guard}`");

@@ -183,6 +183,7 @@ impl<'a> Checker<'a> {
             (true, false) => {}
         }
         let properties = self.mentioned_properties();
+        let states: Vec<String> = self.def.states.iter().map(|s| s.name.clone()).collect();
         for w in &e.when {
             let wline = w.origin.line.or(line);
             match (&w.action, &w.reject, w.ignore) {
@@ -209,7 +210,8 @@ impl<'a> Checker<'a> {
             if let Some(text) = &w.guard {
                 match Guard::parse(text) {
                     Ok(guard) => {
-                        for problem in guard.check(Names { params: &e.params, properties: &properties }) {
+                        let names = Names { params: &e.params, properties: &properties, states: &states };
+                        for problem in guard.check(names) {
                             self.error(item, wline, format!("guard `{text}`: {problem}"));
                         }
                     }
@@ -399,7 +401,7 @@ impl<'a> Checker<'a> {
             let hint = format!(" (a literal string is quoted, `'{src}'`)");
             match crate::expr::Expression::parse(src) {
                 Ok(expr) => {
-                    for problem in expr.check(Names { params: &params, properties: &properties }) {
+                    for problem in expr.check(Names { params: &params, properties: &properties, states: &[] }) {
                         let hint = if problem.starts_with("unknown name") { hint.as_str() } else { "" };
                         self.error(item, line, format!("{at}: {problem}{hint}"));
                     }
