@@ -212,8 +212,10 @@ pub struct ReportCreate {
     pub reply: Option<String>,
 }
 
-/// An event a report raises: on one entity named by `machine` and `key`, or on every
-/// entity related to the reporter `on` that way (`predecessors` or `successors`).
+/// An event a report raises: on one entity named by `machine` and `key`, on every entity
+/// related to the reporter `on` that way (`predecessors` or `successors`), or on the
+/// reporter itself (`on: "self"`: an internal event, processed right after the report's
+/// commit, before anything else queued).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -230,7 +232,7 @@ pub struct ReportRaise {
     /// The entity's key (with `machine`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// `predecessors` or `successors` (instead of `machine` and `key`).
+    /// `predecessors`, `successors` or `self` (instead of `machine` and `key`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on: Option<String>,
     /// The entity joins the reporter's workflow: it becomes a successor (with `machine`

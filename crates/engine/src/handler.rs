@@ -278,9 +278,20 @@ impl Outcome {
         self.decided.related.push(Broadcast { event: EventName::new(event), on, params });
         self
     }
-    /// Adds the effects of an entry or exit action's outcome to this one (after its own):
-    /// property changes, SQL, created entities, raised events. Such an action never
-    /// chooses a state: an outcome with a target or a delay is refused (the error says so).
+    /// Raises `event` on the entity itself, an internal event (SCXML's `<raise>`): queued in
+    /// this commit and processed right after it, before any event queued from outside (a
+    /// retry or an auto action of the state entered waits for it).
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use settle_engine::Outcome;
+    /// let done = Outcome::to("checked").raise_self("verify", json!({"depth": 2}));
+    /// assert_eq!(done.target(), Some("checked"));
+    /// ```
+    pub fn raise_self(mut self, event: impl AsRef<str>, params: Value) -> Self {
+        self.decided.internal.push(settle_core::step::InternalEvent { event: EventName::new(event), params });
+        self
+    }
     /// Takes out its effects (property changes, SQL, entities created, events raised),
     /// leaving what it decided about the state (target, delay): a transition applies its
     /// exit actions' effects, then these, then its entry actions' (SCXML's order), so
@@ -295,10 +306,14 @@ impl Outcome {
                 creates: std::mem::take(&mut d.creates),
                 raises: std::mem::take(&mut d.raises),
                 related: std::mem::take(&mut d.related),
+                internal: std::mem::take(&mut d.internal),
             },
             sql: std::mem::take(&mut self.sql),
         }
     }
+    /// Adds the effects of an entry or exit action's outcome to this one (after its own):
+    /// property changes, SQL, created entities, raised events. Such an action never
+    /// chooses a state: an outcome with a target or a delay is refused (the error says so).
     pub(crate) fn absorb(&mut self, hook: Outcome) -> Result<(), String> {
         let (hook, sql) = (hook.decided, hook.sql);
         if let Some(target) = &hook.target {
@@ -317,6 +332,7 @@ impl Outcome {
         self.decided.creates.extend(other.decided.creates);
         self.decided.raises.extend(other.decided.raises);
         self.decided.related.extend(other.decided.related);
+        self.decided.internal.extend(other.decided.internal);
     }
     fn nested(
         mut self,

@@ -35,19 +35,19 @@ impl Registry {
         served
     }
     /// What an agent's completion is checked against when it is applied: the agent-run
-    /// actions, by (machine, action) (targets, `may_create`, `may_raise`), and the events of
-    /// their machines (a reply asked for); any queue.
+    /// actions, by (machine, action) (targets, `may_create`, `may_raise`), and their
+    /// machines (a reply asked for, events raised on the entity itself); any queue.
     pub(crate) fn agent_check(&self) -> settle_store::TaskCheck {
-        let (mut actions, mut events) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+        let (mut actions, mut machines) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
         for m in self.machines.values() {
             for a in m.actions().iter().filter(|a| a.agent.is_some()) {
                 actions.insert((m.name().to_string(), a.name.to_string()), a.clone());
             }
             if m.actions().iter().any(|a| a.agent.is_some()) {
-                events.insert(m.name().to_string(), m.events().iter().map(|e| e.name.to_string()).collect());
+                machines.insert(m.name().to_string(), m.clone());
             }
         }
-        settle_store::TaskCheck { queues: None, actions: Arc::new(actions), events: Arc::new(events) }
+        settle_store::TaskCheck { queues: None, actions: Arc::new(actions), machines: Arc::new(machines) }
     }
     pub(crate) fn machine(&self, name: &str) -> Result<&Arc<Machine>> {
         self.machines.get(name).ok_or_else(|| Error::UnknownMachine(name.to_string()))

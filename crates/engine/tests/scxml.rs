@@ -251,3 +251,65 @@ async fn a_guard_asks_in_state_whether_the_entity_is_inside_a_state() {
         engine.shutdown().await;
     }
 }
+
+/// `accept` raises `check` on the order itself (`on = "self"`): an internal event, processed
+/// right after `place` commits, before `cancel`, which was queued earlier from outside.
+const ORDER_SELF: &str = r#"
+initial = "new"
+properties = ["trail"]
+[states.new]
+[states.placed]
+[states.checked]
+[states.cancelled]
+kind = "terminal"
+[events.place]
+in = ["new"]
+action = "accept"
+[events.check]
+in = ["placed"]
+params = ["depth"]
+action = "do_check"
+[events.cancel]
+in = ["placed", "checked"]
+action = "do_cancel"
+[actions.accept]
+to = ["placed"]
+set = { trail = "props.trail + ['place']" }
+raise = [{ event = "check", on = "self", params = { depth = 2 } }]
+[actions.do_check]
+to = ["checked"]
+set = { trail = "props.trail + ['check ' + string(params.depth)]" }
+[actions.do_cancel]
+to = ["cancelled"]
+set = { trail = "props.trail + ['cancel']" }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_raised_on_itself_is_processed_before_any_queued_from_outside() {
+    use settle_store::Command;
+    for (_dir, store) in stores("scxml_internal").await {
+        let (engine, _clock) = start(Engine::builder(store).machine(load("order", ORDER_SELF))).await;
+        engine.create("order", "o", props(json!({"trail": []}))).await.unwrap();
+        // Both queued while the order is paused: `place`, then `cancel`.
+        engine.command("order", "o", Command::Pause, None).await.unwrap();
+        let queued = RaiseOptions::default();
+        engine.raise("order", "o", "place", queued.clone()).await.unwrap();
+        engine.raise("order", "o", "cancel", queued).await.unwrap();
+        engine.command("order", "o", Command::Resume, None).await.unwrap();
+        engine.wait_idle().await.unwrap();
+        let e = engine.get("order", "o").await.unwrap().unwrap();
+        assert_eq!(e.state, "cancelled");
+        assert_eq!(strings(&e, "trail"), ["place", "check 2", "cancel"], "the internal event went first");
+        let rows: Vec<(HistoryKind, Option<String>, Option<String>)> = engine
+            .history("order", "o")
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|h| h.event.is_some())
+            .map(|h| (h.kind, h.event.map(|e| e.to_string()), h.to.map(|s| s.to_string())))
+            .collect();
+        let row = |event: &str, to: &str| (HistoryKind::Event, Some(event.to_string()), Some(to.to_string()));
+        assert_eq!(rows, [row("place", "placed"), row("check", "checked"), row("cancel", "cancelled")]);
+        engine.shutdown().await;
+    }
+}

@@ -708,6 +708,14 @@ async fn agent_bad_requests_are_problems_and_change_nothing() {
             "invalid-body",
             Some("raise[0].reply"),
         ),
+        (
+            // An event raised on the reporter itself must be one of its machine's.
+            Req::new("POST", &t("complete")).json(json!({"token": token, "target": "ready",
+                "raise": [{"machine": "vm", "key": "v", "event": "create"}, {"on": "self", "event": "nonsense"}]})),
+            422,
+            "invalid-report",
+            Some("raise[1]"),
+        ),
     ];
     app.assert_problems(table).await;
     // The live token still holds the task: it reports.

@@ -79,6 +79,10 @@ pub enum InboxKind {
     /// The reply to a sync nested event this entity raised ([`Reply`]): what came of it.
     /// Dropped, not an error, when the entity is no longer there to take it.
     Reply,
+    /// Raised by the entity's own action on itself (SCXML's internal event): processed
+    /// after the transition that raised it commits, before any other queued item — the
+    /// entity's inbox head is its oldest internal event, if it has one.
+    Internal,
 }
 
 impl InboxKind {
@@ -96,6 +100,7 @@ impl InboxKind {
             InboxKind::Notice => "notice",
             InboxKind::Agent => "agent",
             InboxKind::Reply => "reply",
+            InboxKind::Internal => "internal",
         }
     }
     /// Parses the stored name.
@@ -107,6 +112,7 @@ impl InboxKind {
             "notice" => InboxKind::Notice,
             "agent" => InboxKind::Agent,
             "reply" => InboxKind::Reply,
+            "internal" => InboxKind::Internal,
             _ => return None,
         })
     }

@@ -26,3 +26,14 @@ pub(crate) const TASK_COLS: &str = "t.id, t.queue, e.machine, e.key, t.entity_id
 pub(crate) fn json_text(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v).expect("JSON values serialize")
 }
+
+/// The id of an entity's inbox head among the rows `filter` admits (a condition over
+/// `inbox`'s columns): its oldest internal event, else its oldest item — an internal event
+/// goes before anything queued (DESIGN §1, statecharts). Each subquery reads an index
+/// (`inbox_internal`, `inbox_entity`), however long the queue.
+pub(crate) fn inbox_head_id(filter: &str) -> String {
+    format!(
+        "COALESCE((SELECT id FROM inbox WHERE {filter} AND kind = 'internal' ORDER BY id LIMIT 1),
+                  (SELECT id FROM inbox WHERE {filter} ORDER BY id LIMIT 1))"
+    )
+}

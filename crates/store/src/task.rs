@@ -218,9 +218,10 @@ pub struct TaskCheck {
     /// does not declare, or creating or raising beyond its `may_create` / `may_raise`, is
     /// refused. An action not listed is not checked.
     pub actions: std::sync::Arc<BTreeMap<(String, String), Action>>,
-    /// The events of the machines of those actions, by machine: the reply a completion asks
-    /// for must be one of its own machine's events. A machine not listed is not checked.
-    pub events: std::sync::Arc<BTreeMap<String, Vec<String>>>,
+    /// The machines of those actions, by name: the reply a completion asks for and the
+    /// events it raises on its own entity must be its own machine's events (these with the
+    /// parameters they require). A machine not listed is not checked.
+    pub machines: std::sync::Arc<BTreeMap<String, std::sync::Arc<settle_core::Machine>>>,
 }
 
 impl TaskCheck {

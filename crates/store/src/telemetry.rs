@@ -56,6 +56,7 @@ impl EventRecord {
                 InboxKind::Notice => "subscription",
                 InboxKind::Agent => "agent",
                 InboxKind::Reply => "reply",
+                InboxKind::Internal => "internal",
             },
             seq: item.id,
             raised_at: item.created_at,

@@ -20,7 +20,8 @@ class OutcomeTest(unittest.TestCase):
                .create("app", "s-app", {"next": "db"}, event="start", params={"n": 1})
                .create("dns", "s-dns")
                .raise_("start", machine="db", key="s-db", params={"x": True}, join=True)
-               .raise_("delete", on="successors"))
+               .raise_("delete", on="successors")
+               .raise_("recheck", on="self", params={"depth": 2}))
         body = out.body("t")
         self.assertEqual(body["create"], [
             {"machine": "app", "key": "s-app", "properties": {"next": "db"}, "event": "start", "params": {"n": 1}},
@@ -29,9 +30,10 @@ class OutcomeTest(unittest.TestCase):
         self.assertEqual(body["raise"], [
             {"event": "start", "machine": "db", "key": "s-db", "join": True, "params": {"x": True}},
             {"event": "delete", "on": "successors"},
+            {"event": "recheck", "on": "self", "params": {"depth": 2}},
         ])
         self.assertEqual(repr(out), "Outcome(to busy, create app/s-app, create dns/s-dns, "
-                                    "raise start on db/s-db, raise delete on successors)")
+                                    "raise start on db/s-db, raise delete on successors, raise recheck on self)")
 
     def test_a_raise_or_a_created_entitys_first_event_may_ask_for_a_reply(self):
         body = (Outcome.to("waiting")

@@ -107,7 +107,7 @@ impl Machine {
                 if let Some(e) = &a.may_raise {
                     action["may_raise"] = e.iter().map(|e| e.as_str()).collect();
                 }
-                if !a.raise.is_empty() || !a.raise_keyed.is_empty() {
+                if !a.raise.is_empty() || !a.raise_keyed.is_empty() || !a.raise_self.is_empty() {
                     action["raise"] = a
                         .raise
                         .iter()
@@ -120,6 +120,9 @@ impl Machine {
                                 raise["reply"] = json!(reply.as_str());
                             }
                             raise
+                        }))
+                        .chain(a.raise_self.iter().map(|(event, params)| {
+                            json!({"event": event.as_str(), "on": super::model::SELF, "params": params})
                         }))
                         .collect();
                 }

@@ -200,7 +200,8 @@ pub struct ActionDef {
 pub struct RaiseDef {
     /// The event raised on each of them.
     pub event: String,
-    /// `predecessors` or `successors` (empty: the entity named by `machine` and `key`).
+    /// `predecessors` or `successors`, or `self` (an internal event on the entity itself);
+    /// empty: the entity named by `machine` and `key`.
     pub on: String,
     /// The machine of the entity raised on (with `key`).
     pub machine: Option<String>,

@@ -30,7 +30,7 @@ pub use def::{
     TimerDef, WhenDef, effective_kind,
 };
 pub use model::{
-    Action, AgentBinding, Alternative, Broadcast, Creation, Event, KeyedRaise, Machine, Related, Schedule, State,
+    Action, AgentBinding, Alternative, Broadcast, Creation, Event, KeyedRaise, Machine, Related, SELF, Schedule, State,
     Subscription, SubscriptionTimeout, Target, Then, Timer,
 };
 pub use tree::{Level, Path, Transition};

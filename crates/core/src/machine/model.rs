@@ -249,6 +249,10 @@ pub struct Action {
     pub raise: Vec<Broadcast>,
     /// A declarative action's events raised on entities named by machine and key.
     pub raise_keyed: Vec<KeyedRaise>,
+    /// A declarative action's events raised on its own entity (`on = "self"`), with their
+    /// parameters: internal events, processed after the transition commits, before
+    /// anything else queued.
+    pub raise_self: Vec<(EventName, serde_json::Value)>,
     /// A declarative action's entities to create, recorded as successors.
     pub create: Vec<Creation>,
     /// The machines whose entities it may create (`None`: not declared).
@@ -348,7 +352,11 @@ impl Action {
     /// Whether the engine performs it from its declaration alone (`set`, `raise`), with no
     /// handler and no agent.
     pub fn is_declarative(&self) -> bool {
-        !self.set.is_empty() || !self.raise.is_empty() || !self.raise_keyed.is_empty() || !self.create.is_empty()
+        !self.set.is_empty()
+            || !self.raise.is_empty()
+            || !self.raise_keyed.is_empty()
+            || !self.raise_self.is_empty()
+            || !self.create.is_empty()
     }
 }
 
@@ -501,7 +509,7 @@ impl Machine {
                 raise: a
                     .raise
                     .iter()
-                    .filter(|r| r.machine.is_none())
+                    .filter(|r| r.machine.is_none() && r.on != SELF)
                     .map(|r| Broadcast {
                         event: EventName::new(&r.event),
                         // Validated: `on` names one of the two.
@@ -522,6 +530,12 @@ impl Machine {
                             reply: r.reply.as_ref().map(EventName::new),
                         })
                     })
+                    .collect(),
+                raise_self: a
+                    .raise
+                    .iter()
+                    .filter(|r| r.on == SELF)
+                    .map(|r| (EventName::new(&r.event), r.params.clone()))
                     .collect(),
                 may_create: a.may_create.as_ref().map(|m| m.iter().map(MachineName::new).collect()),
                 may_raise: a.may_raise.as_ref().map(|e| e.iter().map(EventName::new).collect()),
@@ -620,6 +634,9 @@ impl Machine {
         queues
     }
 }
+
+/// A declarative `raise`'s `on` that raises on the entity itself.
+pub const SELF: &str = "self";
 
 /// An event's alternatives: its `when` entries, or the one its `action` makes.
 fn alternatives(e: &super::def::EventDef) -> Vec<Alternative> {

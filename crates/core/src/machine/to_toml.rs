@@ -169,7 +169,7 @@ impl Machine {
             if !unset.is_empty() {
                 w.entry("unset", strings(unset));
             }
-            if !a.raise.is_empty() || !a.raise_keyed.is_empty() {
+            if !a.raise.is_empty() || !a.raise_keyed.is_empty() || !a.raise_self.is_empty() {
                 let related = a.raise.iter().map(|r| {
                     let mut fields = vec![("event", string(&r.event)), ("on", string(r.on.as_str()))];
                     fields.extend(json_value(&r.params).map(|p| ("params", p)));
@@ -185,7 +185,12 @@ impl Machine {
                     fields.extend(r.reply.as_ref().map(|e| ("reply", string(e))));
                     inline_table(fields)
                 });
-                let raises = related.chain(keyed);
+                let own = a.raise_self.iter().map(|(event, params)| {
+                    let mut fields = vec![("event", string(event)), ("on", string(super::model::SELF))];
+                    fields.extend(json_value(params).map(|p| ("params", p)));
+                    inline_table(fields)
+                });
+                let raises = related.chain(keyed).chain(own);
                 w.entry("raise", format!("[{}]", raises.collect::<Vec<_>>().join(", ")));
             }
             if !a.create.is_empty() {

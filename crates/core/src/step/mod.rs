@@ -33,7 +33,8 @@ pub use entry::{
     transition_of,
 };
 pub use outcome::{
-    ActionOutcome, Create, Raise, beyond_declaration, declared_changes, declared_creates, foreign_reply,
+    ActionOutcome, Create, InternalEvent, Raise, beyond_declaration, declared_changes, declared_creates,
+    foreign_own_event,
 };
 pub use timers::{TimerStart, agent_action, fire, has_timers, timer_applies, timers_on_entry};
 

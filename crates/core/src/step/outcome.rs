@@ -31,6 +31,18 @@ pub struct ActionOutcome {
     pub raises: Vec<Raise>,
     /// Events raised on every entity related to this one a given way.
     pub related: Vec<Broadcast>,
+    /// Events raised on the entity itself (SCXML's internal events): processed after this
+    /// transition commits, before anything else in its inbox, in the order raised.
+    pub internal: Vec<InternalEvent>,
+}
+
+/// An event an action raises on its own entity ([`ActionOutcome::internal`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InternalEvent {
+    /// The event, one of the entity's machine.
+    pub event: EventName,
+    /// Its parameters (a JSON object, or null).
+    pub params: Value,
 }
 
 /// An entity an action creates (committed with the action; it becomes a successor).
@@ -68,7 +80,8 @@ pub struct Raise {
 
 impl ActionOutcome {
     /// The durable encoding: `target` (absent: the same state), `delay_ms`, `changes` as
-    /// `{"set": k, "value": v}` / `{"unset": k}` in order, `create`, `raise`, `raise_on`.
+    /// `{"set": k, "value": v}` / `{"unset": k}` in order, `create`, `raise`, `raise_on`,
+    /// `raise_self`.
     /// Empty parts are left out.
     pub fn to_json(&self) -> Value {
         let mut o = Map::new();
@@ -109,6 +122,10 @@ impl ActionOutcome {
                 .iter()
                 .map(|b| json!({"on": b.on.as_str(), "event": b.event.as_str(), "params": b.params}));
             o.insert("raise_on".into(), Value::Array(related.collect()));
+        }
+        if !self.internal.is_empty() {
+            let internal = self.internal.iter().map(|i| json!({"event": i.event.as_str(), "params": i.params}));
+            o.insert("raise_self".into(), Value::Array(internal.collect()));
         }
         Value::Object(o)
     }
@@ -164,20 +181,35 @@ impl ActionOutcome {
                 params: b.get("params").cloned().unwrap_or(Value::Null),
             });
         }
+        for (i, r) in array(o, "raise_self")?.iter().enumerate() {
+            let at = format!("raise_self[{i}]");
+            let r = r.as_object().ok_or_else(|| format!("{at}: must be an object"))?;
+            out.internal.push(InternalEvent {
+                event: EventName::new(str_of(r, "event", &at)?),
+                params: r.get("params").cloned().unwrap_or(Value::Null),
+            });
+        }
         Ok(out)
     }
 }
 
-/// The first raise of `outcome` whose reply is not an event of `machine` (`is_event` says
-/// which names are): the field at fault (`raise[i].reply`) and why.
-pub fn foreign_reply(
+/// The first event of `outcome` meant for the raiser's own machine that is not one of
+/// `machine`'s (`is_event` says which names are): a raise's reply, or an internal event.
+/// The field at fault (`raise[i].reply`, `raise_self[i]`) and why.
+pub fn foreign_own_event(
     outcome: &ActionOutcome,
     machine: &str,
     is_event: impl Fn(&str) -> bool,
 ) -> Option<(String, String)> {
-    outcome.raises.iter().enumerate().find_map(|(i, r)| {
+    let replies = outcome.raises.iter().enumerate().find_map(|(i, r)| {
         let reply = r.reply.as_ref().filter(|e| !is_event(e.as_str()))?;
         Some((format!("raise[{i}].reply"), format!("the reply `{reply}` is not an event of machine `{machine}`")))
+    });
+    replies.or_else(|| {
+        outcome.internal.iter().enumerate().find_map(|(i, r)| {
+            let why = format!("`{}`, raised on the entity itself, is not an event of machine `{machine}`", r.event);
+            (!is_event(r.event.as_str())).then(|| (format!("raise_self[{i}]"), why))
+        })
     })
 }
 
@@ -207,7 +239,8 @@ pub fn beyond_declaration(action: &Action, outcome: &ActionOutcome) -> Option<(S
         let allowed = |e: &EventName| may.iter().any(|m| m == e.as_str());
         let raised = outcome.raises.iter().enumerate().map(|(i, r)| (format!("raise[{i}]"), &r.event));
         let related = outcome.related.iter().enumerate().map(|(i, b)| (format!("raise_on[{i}]"), &b.event));
-        for (at, event) in raised.chain(related) {
+        let internal = outcome.internal.iter().enumerate().map(|(i, r)| (format!("raise_self[{i}]"), &r.event));
+        for (at, event) in raised.chain(related).chain(internal) {
             if !allowed(event) {
                 let why = format!("action `{}` may not raise `{event}` (`may_raise`: {})", action.name, listed(&may));
                 return Some((at, why));
@@ -374,6 +407,7 @@ mod tests {
                 on: Related::Predecessors,
                 params: Value::Null,
             }],
+            internal: vec![InternalEvent { event: EventName::new("recheck"), params: json!({"depth": 2}) }],
         }
     }
 
@@ -405,7 +439,7 @@ mod tests {
             .action("provision", ["ready"])
             .agent("cloud", Duration::from_secs(60))
             .may_create(["app"])
-            .may_raise(["start", "child_ready"])
+            .may_raise(["start", "child_ready", "recheck"])
             .action("inspect", ["ready", "provisioning"])
             .action("undeclared_agent", ["ready"])
             .agent("cloud", Duration::from_secs(60))
@@ -434,13 +468,19 @@ mod tests {
         two.raises.push(Raise { event: "stop".into(), ..two.raises[0].clone() });
         assert_eq!(
             beyond_declaration(declared, &two),
-            why("raise[1]", "action `provision` may not raise `stop` (`may_raise`: start, child_ready)")
+            why("raise[1]", "action `provision` may not raise `stop` (`may_raise`: start, child_ready, recheck)")
         );
         let mut related = full();
         related.related.push(Broadcast { event: "boom".into(), on: Related::Successors, params: Value::Null });
         assert_eq!(
             beyond_declaration(declared, &related),
-            why("raise_on[1]", "action `provision` may not raise `boom` (`may_raise`: start, child_ready)")
+            why("raise_on[1]", "action `provision` may not raise `boom` (`may_raise`: start, child_ready, recheck)")
+        );
+        let mut own = full();
+        own.internal.push(InternalEvent { event: "sneak".into(), params: Value::Null });
+        assert_eq!(
+            beyond_declaration(declared, &own),
+            why("raise_self[1]", "action `provision` may not raise `sneak` (`may_raise`: start, child_ready, recheck)")
         );
         let mut db = full();
         db.creates.push(Create { machine: "db".into(), ..db.creates[0].clone() });

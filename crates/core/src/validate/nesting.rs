@@ -296,6 +296,7 @@ impl<'a> Checker<'a> {
                     self.expressions(item, line, vec![(format!("raise[{i}].key"), &key)]);
                 }
                 (None, None, "predecessors" | "successors") => {}
+                (None, None, "self") => self.raise_self(item, line, i, r),
                 (None, None, "") => self.error(
                     item,
                     line,
@@ -304,9 +305,11 @@ impl<'a> Checker<'a> {
                         r.event
                     ),
                 ),
-                (None, None, on) => {
-                    self.error(item, line, format!("`raise` `on` must be `predecessors` or `successors`, not `{on}`"))
-                }
+                (None, None, on) => self.error(
+                    item,
+                    line,
+                    format!("`raise` `on` must be `predecessors`, `successors` or `self`, not `{on}`"),
+                ),
                 _ => self.error(
                     item,
                     line,
@@ -369,6 +372,24 @@ impl<'a> Checker<'a> {
         }
         if let Some(e) = &a.may_raise {
             self.duplicate_entries(item, line, "may_raise", e.iter().map(String::as_str));
+        }
+    }
+
+    /// A raise on the entity itself (`on = "self"`, `raise[i]`): an event of this machine,
+    /// given the parameters it requires, asking no reply.
+    fn raise_self(&mut self, item: &str, line: Option<u32>, i: usize, r: &crate::machine::RaiseDef) {
+        let Some(event) = self.def.events.iter().find(|e| e.name == r.event) else {
+            let why = format!("`raise[{i}]` on `self`: `{}` is not an event of this machine", r.event);
+            return self.error(item, line, why);
+        };
+        let given = r.params.as_object();
+        for p in event.params.iter().filter(|p| !given.is_some_and(|g| g.contains_key(*p))) {
+            let why = format!("`raise[{i}]` on `self`: event `{}` requires parameter `{p}`", r.event);
+            self.error(item, line, why);
+        }
+        if r.reply.is_some() {
+            let why = format!("`raise[{i}]` on `self`: an internal event asks no reply");
+            self.error(item, line, why);
         }
     }
 

@@ -266,7 +266,7 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
                     commit(reject(held, item, reason, env))
                 }
             }
-            InboxKind::Raised | InboxKind::Nested | InboxKind::Reply => event(held, item, env),
+            InboxKind::Raised | InboxKind::Nested | InboxKind::Reply | InboxKind::Internal => event(held, item, env),
             InboxKind::Agent => agent_reported(held, item, env),
         };
     }

@@ -191,6 +191,11 @@ pub(crate) fn declare(
     outcome.decided.creates.extend(creates);
     outcome.decided.raises.extend(raises);
     outcome.decided.related.extend(action.raise.iter().cloned());
+    let own = action
+        .raise_self
+        .iter()
+        .map(|(event, params)| step::InternalEvent { event: event.clone(), params: params.clone() });
+    outcome.decided.internal.extend(own);
     Ok(())
 }
 
@@ -417,7 +422,8 @@ fn effects(
     let entity_id = raiser.map_or(0, |e| e.id);
     if let Some(e) = raiser {
         let own = env.registry.machine(&e.machine).ok();
-        if let Some(refusal) = step::foreign_reply(outcome, &e.machine, |ev| own.is_some_and(|m| m.event(ev).is_some()))
+        if let Some(refusal) =
+            step::foreign_own_event(outcome, &e.machine, |ev| own.is_some_and(|m| m.event(ev).is_some()))
         {
             return Err(refusal);
         }
@@ -449,6 +455,25 @@ fn effects(
                 event: event.clone(),
             }),
         });
+    }
+    if let Some(e) = raiser {
+        // Internal events: to the raiser's own inbox, where they go first.
+        let own = env.registry.machine(&e.machine).map_err(|err| refused("raise_self".into(), err.to_string()))?;
+        for (i, r) in outcome.internal.iter().enumerate() {
+            step::check_raise(own, &r.event, &r.params)
+                .map_err(|err| refused(format!("raise_self[{i}]"), err.to_string()))?;
+            pushes.push(Push {
+                machine: e.machine.clone(),
+                key: e.key.clone(),
+                event: r.event.clone(),
+                params: r.params.clone(),
+                request_id: request_id.cloned(),
+                kind: InboxKind::Internal,
+                join_from: None,
+                operation: None,
+                reply: None,
+            });
+        }
     }
     let mut related = Vec::with_capacity(outcome.related.len());
     for (i, b) in outcome.related.iter().enumerate() {

@@ -3,7 +3,7 @@
 //! machines, events and targets exist and fit is the engine's check when it arrives.
 
 use serde_json::Value;
-use settle_core::step::{Create, PropChange, Raise};
+use settle_core::step::{Create, InternalEvent, PropChange, Raise};
 use settle_core::{ActionOutcome, Broadcast, EntityKey, EventName, MachineName, Properties, Related, StateName};
 
 use super::check_key;
@@ -16,7 +16,7 @@ use crate::problem::{Kind, Problem};
 /// [`Report::field`] names the part of the request a raise came from.
 pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
     shape(&req)?;
-    let (mut origins, mut related) = (Vec::new(), Vec::new());
+    let (mut origins, mut related, mut internal) = (Vec::new(), Vec::new(), Vec::new());
     let mut out = ActionOutcome {
         target: req.target.map(StateName::new),
         delay: req.delay_ms.map(std::time::Duration::from_millis),
@@ -67,9 +67,20 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
                 });
                 origins.push(at);
             }
+            (None, None, Some(on)) if on == settle_core::machine::SELF => {
+                if join.is_some() {
+                    return Err(bad(&format!("{at}.join"), "only an entity named by `machine` and `key` can join"));
+                }
+                if reply.is_some() {
+                    return Err(bad(&format!("{at}.reply"), "only an entity named by `machine` and `key` replies"));
+                }
+                out.internal.push(InternalEvent { event, params });
+                internal.push(i);
+            }
             (None, None, Some(on)) => {
-                let on = Related::parse(&on)
-                    .ok_or_else(|| bad(&format!("{at}.on"), &format!("`predecessors` or `successors`, not `{on}`")))?;
+                let on = Related::parse(&on).ok_or_else(|| {
+                    bad(&format!("{at}.on"), &format!("`predecessors`, `successors` or `self`, not `{on}`"))
+                })?;
                 if join.is_some() {
                     return Err(bad(&format!("{at}.join"), "only an entity named by `machine` and `key` can join"));
                 }
@@ -82,7 +93,7 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
             _ => return Err(bad(&at, "name the entity by `machine` and `key`, or the related ones by `on`")),
         }
     }
-    Ok(Report { outcome: out, origins, related })
+    Ok(Report { outcome: out, origins, related, internal })
 }
 
 /// A report's outcome, and where in the request each of its raises came from.
@@ -92,6 +103,9 @@ pub(crate) struct Report {
     origins: Vec<String>,
     /// For each of the outcome's raises by relation, its index in the request's `raise`.
     related: Vec<usize>,
+    /// For each of the outcome's events raised on the reporter itself, its index in the
+    /// request's `raise`.
+    internal: Vec<usize>,
 }
 
 /// `3].params` as `(3, ".params")`.
@@ -115,6 +129,11 @@ impl Report {
         }
         if let Some((i, tail)) = outcome_field.strip_prefix("raise_on[").and_then(index_and_tail)
             && let Some(k) = self.related.get(i)
+        {
+            return format!("raise[{k}]{tail}");
+        }
+        if let Some((i, tail)) = outcome_field.strip_prefix("raise_self[").and_then(index_and_tail)
+            && let Some(k) = self.internal.get(i)
         {
             return format!("raise[{k}]{tail}");
         }
@@ -187,15 +206,32 @@ mod tests {
             "create": [{"machine": "app", "key": "s1-app", "properties": {"n": 1}, "event": "go", "params": {"x": 2}},
                        {"machine": "dns", "key": "s1-dns"}],
             "raise": [{"machine": "db", "key": "s1-db", "event": "start", "join": true},
-                      {"on": "predecessors", "event": "child_ready", "params": {"k": "v"}}]
+                      {"on": "predecessors", "event": "child_ready", "params": {"k": "v"}},
+                      {"on": "self", "event": "recheck", "params": {"depth": 2}}]
         })))
         .expect("valid");
         // The engine's refusals name the outcome's parts; the agent reads the request's.
-        let fields =
-            ["raise[0]", "raise[1].params", "raise_on[0]", "create[1]", "raise[9]", "target", "raise[0].reply"]
-                .map(|f| o.field(f));
-        let want =
-            ["create[0].event", "raise[0].params", "raise[1]", "create[1]", "raise[9]", "target", "create[0].reply"];
+        let fields = [
+            "raise[0]",
+            "raise[1].params",
+            "raise_on[0]",
+            "create[1]",
+            "raise[9]",
+            "target",
+            "raise[0].reply",
+            "raise_self[0]",
+        ]
+        .map(|f| o.field(f));
+        let want = [
+            "create[0].event",
+            "raise[0].params",
+            "raise[1]",
+            "create[1]",
+            "raise[9]",
+            "target",
+            "create[0].reply",
+            "raise[2]",
+        ];
         assert_eq!(fields, want);
         let o = o.outcome;
         assert_eq!(o.target.as_deref(), Some("waiting"));
@@ -211,6 +247,7 @@ mod tests {
             o.related,
             vec![Broadcast { event: "child_ready".into(), on: Related::Predecessors, params: json!({"k": "v"}) }]
         );
+        assert_eq!(o.internal, vec![InternalEvent { event: "recheck".into(), params: json!({"depth": 2}) }]);
     }
 
     #[test]
@@ -240,6 +277,8 @@ mod tests {
             ),
             (json!({"token": "t", "raise": [{"event": "e", "on": "cousins"}]}), "raise[0].on"),
             (json!({"token": "t", "raise": [{"event": "e", "on": "successors", "join": true}]}), "raise[0].join"),
+            (json!({"token": "t", "raise": [{"event": "e", "on": "self", "join": true}]}), "raise[0].join"),
+            (json!({"token": "t", "raise": [{"event": "e", "on": "self", "reply": "e"}]}), "raise[0].reply"),
             (
                 json!({"token": "t", "raise": [{"event": "e", "machine": "m", "key": "k", "params": "x"}]}),
                 "raise[0].params",

@@ -235,3 +235,42 @@ pub async fn a_command_is_recorded_when_it_applies<S: Store>(store: S) {
         (a.id, HistoryKind::Command, Some("pause"), T0 + 7, Some("idle"))
     );
 }
+
+/// An internal event (one the entity raised on itself) heads its inbox before everything
+/// queued earlier: reported as the head by the commit that queued it while the entity is
+/// held, claimed first after a release, and a newer one queued by a batch still goes
+/// before older external events.
+pub async fn an_internal_event_heads_the_inbox<S: Store>(store: S) {
+    create_one(&store, "a").await;
+    let r = write(&store, T0, vec![Op::Push(push("a", "one")), Op::Push(push("a", "two"))], true).await;
+    let c = r.claimed[0].clone();
+    let one = c.inbox_head.clone().expect("the first event");
+    let internal = |event: &str| Push { kind: InboxKind::Internal, ..push("a", event) };
+    let head = |r: &crate::BatchResult| match &r.results[0] {
+        Ok(Applied::Committed { inbox_head, .. }) => inbox_head.clone().expect("a head"),
+        other => panic!("{other:?}"),
+    };
+
+    // `one` raises `inner` on the entity: it goes before `two`, queued earlier.
+    let mut cm = commit(&c.entity, Some("busy"), Some(one.id), AfterCommit::Hold);
+    cm.pushes.push(internal("inner"));
+    let inner = head(&write(&store, T0 + 1, vec![Op::Commit(Box::new(cm))], false).await);
+    assert_eq!((inner.event.as_str(), inner.kind), ("inner", InboxKind::Internal));
+
+    // Released before it ran, the entity is claimed with it at the head again.
+    let e = get(&store, "a").await;
+    let fence = Fence { entity_id: e.id, version: e.version, owner: super::OWNER.into() };
+    write(&store, T0 + 2, vec![Op::Release(fence)], false).await;
+    let r = write(&store, T0 + 3, Vec::new(), true).await;
+    assert_eq!(r.claimed[0].inbox_head.as_ref().map(|i| i.id), Some(inner.id), "claimed first");
+
+    // Processing it raises another: that one, then `two`.
+    let mut cm = commit(&r.claimed[0].entity, Some("busier"), Some(inner.id), AfterCommit::Hold);
+    cm.pushes.push(internal("again"));
+    let again = head(&write(&store, T0 + 4, vec![Op::Commit(Box::new(cm))], false).await);
+    assert_eq!(again.event.as_str(), "again");
+    let e = get(&store, "a").await;
+    let cm = commit(&e, Some("done"), Some(again.id), AfterCommit::Hold);
+    let next = head(&write(&store, T0 + 5, vec![Op::Commit(Box::new(cm))], false).await);
+    assert_eq!((next.event.as_str(), next.kind), ("two", InboxKind::Raised), "then the queue in order");
+}

@@ -21,8 +21,9 @@ mod timers;
 
 pub use columns::{
     a_command_is_recorded_when_it_applies, a_commit_creates_only_free_keys, a_commit_may_change_one_column_alone,
-    a_successor_joined_in_a_batch_notifies_its_predecessor, commits_follow_the_workflow_of_their_event,
-    consuming_an_event_keeps_the_notices, consuming_notices_keeps_the_events,
+    a_successor_joined_in_a_batch_notifies_its_predecessor, an_internal_event_heads_the_inbox,
+    commits_follow_the_workflow_of_their_event, consuming_an_event_keeps_the_notices,
+    consuming_notices_keeps_the_events,
 };
 pub use commands::{
     commands_set_run_status_and_end_their_operation, kill_drops_queued_work_and_cancels_its_operations,
@@ -172,7 +173,8 @@ macro_rules! store_conformance_suite {
                 hung_operations_are_marked, commits_follow_the_workflow_of_their_event,
                 consuming_notices_keeps_the_events, consuming_an_event_keeps_the_notices,
                 a_commit_may_change_one_column_alone, a_commit_creates_only_free_keys,
-                a_successor_joined_in_a_batch_notifies_its_predecessor, a_command_is_recorded_when_it_applies;
+                a_successor_joined_in_a_batch_notifies_its_predecessor, a_command_is_recorded_when_it_applies,
+                an_internal_event_heads_the_inbox;
             store_and_dialect: effects_are_atomic
         );
     };

@@ -11,7 +11,7 @@ use crate::{
 
 /// An outcome with every part an agent may report.
 fn whole_outcome() -> ActionOutcome {
-    use settle_core::step::{Create, PropChange, Raise};
+    use settle_core::step::{Create, InternalEvent, PropChange, Raise};
     use settle_core::{Broadcast, Related, StateName};
     ActionOutcome {
         target: Some(StateName::new("done")),
@@ -39,6 +39,7 @@ fn whole_outcome() -> ActionOutcome {
             on: Related::Predecessors,
             params: serde_json::Value::Null,
         }],
+        internal: vec![InternalEvent { event: "recheck".into(), params: serde_json::json!({"depth": 2}) }],
     }
 }
 

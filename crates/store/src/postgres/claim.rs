@@ -86,8 +86,9 @@ impl Tx<'_> {
                 ")
              SELECT t.*, c.*, {INBOX_COLS}, v.event, v.params, v.reply FROM tail t
              LEFT JOIN claimed c ON TRUE
-             LEFT JOIN LATERAL (SELECT * FROM inbox WHERE entity_id = c.id ORDER BY id LIMIT 1) i ON TRUE
-             LEFT JOIN events v ON v.id = c.event_id"
+             LEFT JOIN LATERAL (SELECT * FROM inbox WHERE id = {}) i ON TRUE
+             LEFT JOIN events v ON v.id = c.event_id",
+                crate::sql::inbox_head_id("entity_id = c.id")
             ));
         }
         let at = p.add(Stmt::new(sql, params));

@@ -165,9 +165,10 @@ impl Dialect for Tx<'_> {
             p.add(Stmt::new(
                 format!(
                     "SELECT {INBOX_COLS} FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(entity_id, consume, upto)
-                     CROSS JOIN LATERAL (SELECT * FROM inbox
-                         WHERE entity_id = c.entity_id AND id <> c.consume AND NOT (kind = 'notice' AND id <= c.upto)
-                         ORDER BY id LIMIT 1) i"
+                     CROSS JOIN LATERAL (SELECT * FROM inbox WHERE id = {}) i",
+                    crate::sql::inbox_head_id(
+                        "entity_id = c.entity_id AND id <> c.consume AND NOT (kind = 'notice' AND id <= c.upto)"
+                    )
                 ),
                 vec![
                     ints(&r.heads, |h| h.entity_id),

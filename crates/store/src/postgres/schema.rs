@@ -17,6 +17,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../../migrations/postgres/0007_detail.sql")),
     (8, include_str!("../../migrations/postgres/0008_trigger.sql")),
     (9, include_str!("../../migrations/postgres/0009_reply.sql")),
+    (10, include_str!("../../migrations/postgres/0010_internal.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if

@@ -79,8 +79,10 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
          WHERE id = ?1",
     )?;
     let mut select = tx.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?;
-    let mut head =
-        tx.prepare_cached(&format!("SELECT {INBOX_COLS} FROM inbox WHERE entity_id = ?1 ORDER BY id LIMIT 1"))?;
+    let mut head = tx.prepare_cached(&format!(
+        "SELECT {INBOX_COLS} FROM inbox WHERE id = {}",
+        crate::sql::inbox_head_id("entity_id = ?1")
+    ))?;
     for id in ids {
         update.execute(params![id, claim.owner, until])?;
         let entity = select.query_row([id], entity_from_row)?;

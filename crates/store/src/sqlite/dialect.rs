@@ -103,8 +103,8 @@ impl Tx<'_> {
 
     fn inbox_heads(&mut self, rows: &[InboxDelete]) -> rusqlite::Result<Vec<InboxItem>> {
         let mut stmt = self.0.prepare_cached(&format!(
-            "SELECT {INBOX_COLS} FROM inbox
-             WHERE entity_id = ?1 AND id <> ?2 AND NOT (kind = 'notice' AND id <= ?3) ORDER BY id LIMIT 1"
+            "SELECT {INBOX_COLS} FROM inbox WHERE id = {}",
+            crate::sql::inbox_head_id("entity_id = ?1 AND id <> ?2 AND NOT (kind = 'notice' AND id <= ?3)")
         ))?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {

@@ -17,6 +17,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../../migrations/sqlite/0007_detail.sql")),
     (8, include_str!("../../migrations/sqlite/0008_trigger.sql")),
     (9, include_str!("../../migrations/sqlite/0009_reply.sql")),
+    (10, include_str!("../../migrations/sqlite/0010_internal.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.

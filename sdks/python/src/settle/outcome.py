@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 # again by the server; caught here so that the mistake points at the line that made it).
 MAX_KEY = 256
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_RELATIONS = ("predecessors", "successors")
+_RELATIONS = ("predecessors", "successors", "self")
 
 
 class OutcomeError(ValueError):
@@ -120,7 +120,9 @@ class Outcome:
         reply: Optional[str] = None,
     ) -> "Outcome":
         """Raise `event` on the entity named by `machine` and `key`, or on every entity
-        related to this one `on` that way (`"predecessors"` or `"successors"`). With
+        related to this one `on` that way (`"predecessors"` or `"successors"`), or with
+        `on="self"` on this entity itself: an internal event, processed right after this
+        report commits, before anything else queued for it. With
         `join=True` the named entity joins this entity's workflow (becomes a successor).
         With `reply` (an event of this entity's machine) it is a sync nested event that
         holds nothing open: when the event's workflow ends on that entity (rejected,

@@ -107,11 +107,16 @@ pub(crate) fn report(
         if let Some((field, why)) = settle_core::step::beyond_declaration(action, outcome) {
             return Err(bad(field, why));
         }
-        if let Some(events) = check.events.get(machine)
-            && let Some((field, why)) =
-                settle_core::step::foreign_reply(outcome, machine, |e| events.iter().any(|n| n == e))
-        {
-            return Err(bad(field, why));
+        if let Some(m) = check.machines.get(machine) {
+            if let Some((field, why)) = settle_core::step::foreign_own_event(outcome, machine, |e| m.event(e).is_some())
+            {
+                return Err(bad(field, why));
+            }
+            for (i, r) in outcome.internal.iter().enumerate() {
+                if let Err(why) = settle_core::step::check_raise(m, &r.event, &r.params) {
+                    return Err(bad(format!("raise_self[{i}]"), why.to_string()));
+                }
+            }
         }
     }
     if held(row, token, now, true)? == Lease::Replay {

@@ -445,9 +445,17 @@ impl Work {
             let working_for = self.slots[s].cur.request_id.clone();
             self.plan.complete(working_for.as_ref());
         }
+        // An internal event goes first (the oldest: a stored one before one of this batch),
+        // then the oldest item.
+        let stored = self.heads.get(&entity_id);
+        let internal = |i: &&usize| self.plan.inbox[**i].row.kind == InboxKind::Internal.as_str();
         let head = if !held {
             Head::None
-        } else if let Some(item) = self.heads.get(&entity_id) {
+        } else if let Some(item) = stored.filter(|i| i.kind == InboxKind::Internal) {
+            Head::Stored(Box::new(item.clone()))
+        } else if let Some(&i) = self.slots[s].pending.iter().find(internal) {
+            Head::New(i)
+        } else if let Some(item) = stored {
             Head::Stored(Box::new(item.clone()))
         } else {
             match self.slots[s].pending.first() {
