@@ -51,7 +51,10 @@ fn raised_by(machine: &Machine, state: &str, event: &Event) -> Vec<String> {
 }
 
 /// Every edge, grouped by source state in declaration order: the auto action's targets
-/// first, then those of each event valid in the state.
+/// first, then those of each event valid in the state. An event's target that an entity
+/// receiving it is in (the state it is declared for, or a substate of it) is also a
+/// re-entry: drawn as a loop on the target, noted `re-entry`. An action that raises events
+/// on the entity itself notes them (`then E`).
 pub(crate) fn edges(machine: &Machine) -> Vec<Edge<'_>> {
     let mut out = Vec::new();
     for s in machine.states() {
@@ -64,8 +67,22 @@ pub(crate) fn edges(machine: &Machine) -> Vec<Edge<'_>> {
             let notes = raised_by(machine, &s.name, e);
             let actions = e.alternatives.iter().filter(|a| a.applies_at(&s.name)).filter_map(|a| a.action());
             for action in actions.filter_map(|a| machine.action(a)) {
+                let mut notes = notes.clone();
+                notes.extend(action.raise_self.iter().map(|(event, _)| format!("then {event}")));
                 for t in &action.targets {
+                    let reentry = |notes: &Vec<String>| {
+                        let mut notes = notes.clone();
+                        notes.push("re-entry".to_string());
+                        Label::Event(&e.name, notes)
+                    };
+                    if t.state == s.name {
+                        out.push(Edge { from: &s.name, to: &t.state, label: reentry(&notes) });
+                        continue;
+                    }
                     out.push(Edge { from: &s.name, to: &t.state, label: Label::Event(&e.name, notes.clone()) });
+                    if machine.is_in(&t.state, &s.name) {
+                        out.push(Edge { from: &t.state, to: &t.state, label: reentry(&notes) });
+                    }
                 }
             }
         }
@@ -73,11 +90,14 @@ pub(crate) fn edges(machine: &Machine) -> Vec<Edge<'_>> {
     out
 }
 
-/// A state's entry and exit actions, and the internal transitions declared for it, as
-/// diagram notes (`entry / announce`, `touch / record_touch (internal)`; `sep` follows the
-/// keyword).
+/// A parent's history, a state's entry and exit actions, and the internal transitions
+/// declared for it, as diagram notes (`history / deep`, `entry / announce`,
+/// `touch / record_touch (internal)`; `sep` follows the keyword).
 pub(crate) fn notes(machine: &Machine, s: &State, sep: &str) -> Vec<String> {
     let mut notes = Vec::new();
+    if let Some(h) = s.history {
+        notes.push(format!("history{sep} {}", h.as_str()));
+    }
     for a in &s.on_entry {
         notes.push(format!("entry{sep} {a}"));
     }

@@ -368,6 +368,63 @@ mod tests {
         assert_eq!(render(&subscriber(), Format::Dot), include_str!("testdata/diagrams/subscriber.dot"));
     }
 
+    /// Statecharts to the letter: a parent's history as a note, a re-entry as a loop on the
+    /// state re-entered, an event raised on the entity itself on the edge that raises it.
+    #[test]
+    fn history_re_entry_and_internal_events_are_drawn() {
+        let text = r#"
+initial = "off"
+[states.off]
+[states.on]
+initial = "radio"
+history = "deep"
+[states.radio]
+parent = "on"
+[states.cd]
+parent = "on"
+[events.power]
+in = ["off"]
+action = "switch_on"
+[events.tune]
+in = ["on"]
+action = "to_radio"
+[events.check]
+in = ["radio"]
+action = "probe"
+[events.stop]
+in = ["on"]
+action = "switch_off"
+[events.eject]
+in = ["radio"]
+action = "to_cd"
+[actions.switch_on]
+to = ["on"]
+raise = [{ event = "check", on = "self" }]
+[actions.to_radio]
+to = ["radio"]
+[actions.probe]
+to = ["radio"]
+[actions.switch_off]
+to = ["off"]
+[actions.to_cd]
+to = ["cd"]
+"#;
+        let m = crate::toml::load("player.toml", "player", text).unwrap().0;
+        let mermaid = render(&m, Format::Mermaid);
+        for line in [
+            "off --> on : power (then check)",
+            "on --> radio : tune",
+            "radio --> radio : tune (re-entry)",
+            "radio --> radio : check (re-entry)",
+            "note right of on : history / deep",
+        ] {
+            assert!(mermaid.contains(line), "{line}\n{mermaid}");
+        }
+        let dot = render(&m, Format::Dot);
+        assert!(dot.contains("history: deep"), "{dot}");
+        assert!(dot.contains("power (then check)"), "{dot}");
+    }
+
     #[test]
     fn formats_parse_and_display() {
         assert_eq!("mermaid".parse::<Format>(), Ok(Format::Mermaid));

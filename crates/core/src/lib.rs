@@ -43,8 +43,8 @@ mod fixtures;
 
 pub use fault::{FaultDecision, FaultPolicy};
 pub use machine::{
-    Action, AgentBinding, Broadcast, Event, Health, Machine, MachineBuilder, MachineDef, Related, Schedule, State,
-    StateKind, Subscription, SubscriptionTimeout, Target, Timer,
+    Action, AgentBinding, Broadcast, Event, Health, History, Machine, MachineBuilder, MachineDef, Related, Schedule,
+    State, StateKind, Subscription, SubscriptionTimeout, Target, Timer,
 };
 pub use names::{ActionName, EntityKey, EventName, MachineName, StateName};
 pub use pattern::{Pattern, SuccessorView};

@@ -76,8 +76,8 @@ use serde::de::{self, SeqAccess, Visitor};
 
 use crate::duration;
 use crate::machine::{
-    ActionDef, CreateDef, EventDef, FaultDef, Health, Machine, MachineDef, MigrateDef, Origin, RaiseDef, StateDef,
-    StateKind, TimerDef, WhenDef,
+    ActionDef, CreateDef, EventDef, FaultDef, Health, History, Machine, MachineDef, MigrateDef, Origin, RaiseDef,
+    StateDef, StateKind, TimerDef, WhenDef,
 };
 use crate::validate::{Diagnostic, Report, Severity};
 
@@ -246,6 +246,10 @@ impl Parser<'_> {
                 _ => None,
             },
             parent: state.parent,
+            history: state.history.map(|h| match h {
+                HistoryToml::Shallow => History::Shallow,
+                HistoryToml::Deep => History::Deep,
+            }),
             on_entry: state.on_entry.map(|a| a.0).unwrap_or_default(),
             on_exit: state.on_exit.map(|a| a.0).unwrap_or_default(),
             on_entry_from: in_order(state.on_entry_from).into_iter().map(|(e, a)| (e.into_inner(), a.0)).collect(),
@@ -439,6 +443,7 @@ struct StateToml {
     requires: Vec<String>,
     initial: Option<InitialToml>,
     parent: Option<String>,
+    history: Option<HistoryToml>,
     on_entry: Option<Names>,
     on_exit: Option<Names>,
     #[serde(default)]
@@ -463,6 +468,13 @@ enum KindToml {
     Unstable,
     Terminal,
     Deleted,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum HistoryToml {
+    Shallow,
+    Deep,
 }
 
 #[derive(Deserialize)]
@@ -673,7 +685,7 @@ mod tests {
         assert_eq!(
             errors("door", "[states.closed]\nkind = \"stable\"\ncolour = \"red\"\n"),
             [
-                "line 3: error: machine `door`, file: unknown field `colour`, expected one of `kind`, `auto`, `wait`, `health`, `requires`, `initial`, `parent`, `on_entry`, `on_exit`, `on_entry_from`, `renamed_from`"
+                "line 3: error: machine `door`, file: unknown field `colour`, expected one of `kind`, `auto`, `wait`, `health`, `requires`, `initial`, `parent`, `history`, `on_entry`, `on_exit`, `on_entry_from`, `renamed_from`"
             ]
         );
         assert_eq!(

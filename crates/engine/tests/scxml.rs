@@ -313,3 +313,67 @@ async fn an_event_raised_on_itself_is_processed_before_any_queued_from_outside()
         engine.shutdown().await;
     }
 }
+
+/// A parent with deep history (`on`) resumes the leaf the player was last in there; one
+/// with shallow history (`cd`) resumes its child. The memory is the property `$history`,
+/// stored with the transition that leaves the parent.
+const PLAYER: &str = r#"
+initial = "off"
+[states.off]
+[states.on]
+initial = "radio"
+history = "deep"
+[states.radio]
+parent = "on"
+[states.cd]
+parent = "on"
+initial = "stopped"
+[states.stopped]
+parent = "cd"
+[states.playing]
+parent = "cd"
+[events.power_on]
+in = ["off"]
+action = "switch_on"
+[events.power_off]
+in = ["on"]
+action = "switch_off"
+[events.pick_cd]
+in = ["radio"]
+action = "to_cd"
+[events.play]
+in = ["stopped"]
+action = "start_playing"
+[actions.switch_on]
+to = ["on"]
+[actions.switch_off]
+to = ["off"]
+[actions.to_cd]
+to = ["cd"]
+[actions.start_playing]
+to = ["playing"]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_with_history_resumes_where_the_entity_last_was() {
+    for (_dir, store) in stores("scxml_history").await {
+        let (engine, _clock) = start(Engine::builder(store).machine(load("player", PLAYER))).await;
+        engine.create("player", "p", Default::default()).await.unwrap();
+        let state = |event: &'static str| {
+            let engine = engine.clone();
+            async move { engine.raise("player", "p", event, stable(Value::Null)).await.unwrap().entity.unwrap() }
+        };
+        assert_eq!(state("power_on").await.state, "radio", "the first time: the initial children");
+        assert_eq!(state("pick_cd").await.state, "stopped");
+        assert_eq!(state("play").await.state, "playing");
+        let off = state("power_off").await;
+        assert_eq!(off.state, "off");
+        assert_eq!(off.properties["$history"], json!({"on": "playing"}), "stored with the transition that left `on`");
+        let on = state("power_on").await;
+        assert_eq!(on.state, "playing", "deep history: the leaf itself");
+        let history = engine.history("player", "p").await.unwrap();
+        let last = history.last().unwrap();
+        assert_eq!((last.from.as_deref(), last.to.as_deref()), (Some("off"), Some("playing")));
+        engine.shutdown().await;
+    }
+}

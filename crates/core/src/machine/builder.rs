@@ -100,6 +100,12 @@ impl MachineBuilder {
         self.last_state().initial_child = Some(child.into());
         self
     }
+    /// Gives the last state (a parent) a history: entering it resumes where the entity last
+    /// was in it.
+    pub fn history(mut self, history: super::def::History) -> Self {
+        self.last_state().history = Some(history);
+        self
+    }
     /// Adds an action the last state runs whenever a transition enters it.
     pub fn on_entry(mut self, action: impl Into<String>) -> Self {
         self.last_state().on_entry.push(action.into());

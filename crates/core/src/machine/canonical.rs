@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::def::Health;
+use super::def::{Health, History};
 use super::model::{Alternative, Machine, Schedule, Then};
 
 impl Machine {
@@ -36,6 +36,9 @@ impl Machine {
                 }
                 if let Some(c) = &s.initial_child {
                     state["initial"] = Value::from(c.as_str());
+                }
+                if let Some(h) = s.history {
+                    state["history"] = Value::from(h.as_str());
                 }
                 if !s.on_entry.is_empty() {
                     state["on_entry"] = s.on_entry.iter().map(|a| a.as_str()).collect();
@@ -254,6 +257,10 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
             renamed_from: texts(s, "renamed_from")?,
             parent: text(s, "parent"),
             initial_child: text(s, "initial"),
+            history: match text(s, "history") {
+                Some(h) => Some(History::parse(&h)?),
+                None => None,
+            },
             on_entry: texts(s, "on_entry")?,
             on_exit: texts(s, "on_exit")?,
             on_entry_from: table(s, "on_entry_from")

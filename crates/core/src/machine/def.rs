@@ -55,6 +55,32 @@ impl Health {
     }
 }
 
+/// A parent's history (`history = "shallow"` or `"deep"`): entering the parent resumes
+/// the substate the entity was last in there instead of its initial child (UML and SCXML
+/// history, kept as a property of the parent rather than a pseudo-state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum History {
+    /// Resume the direct child last active (which then enters its own initial child, or
+    /// resumes by its own history).
+    Shallow,
+    /// Resume the leaf last active anywhere below the parent.
+    Deep,
+}
+
+impl History {
+    /// `shallow` or `deep`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            History::Shallow => "shallow",
+            History::Deep => "deep",
+        }
+    }
+    /// The history [`History::as_str`] names.
+    pub fn parse(s: &str) -> Option<History> {
+        [History::Shallow, History::Deep].into_iter().find(|h| h.as_str() == s)
+    }
+}
+
 /// Where a definition item was declared, for diagnostics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Origin {
@@ -86,6 +112,8 @@ pub struct StateDef {
     pub parent: Option<String>,
     /// For a parent: the child entered when the parent is (`initial = "child"`).
     pub initial_child: Option<String>,
+    /// For a parent: whether entering it resumes where the entity last was in it.
+    pub history: Option<History>,
     /// Actions run whenever a transition enters this state (`on_entry`).
     pub on_entry: Vec<String>,
     /// Actions run whenever a transition leaves this state (`on_exit`).

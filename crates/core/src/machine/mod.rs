@@ -26,11 +26,11 @@ mod tree;
 
 pub use builder::MachineBuilder;
 pub use def::{
-    ActionDef, CreateDef, EventDef, FaultDef, Health, MachineDef, MigrateDef, Origin, RaiseDef, StateDef, StateKind,
-    TimerDef, WhenDef, effective_kind,
+    ActionDef, CreateDef, EventDef, FaultDef, Health, History, MachineDef, MigrateDef, Origin, RaiseDef, StateDef,
+    StateKind, TimerDef, WhenDef, effective_kind,
 };
 pub use model::{
     Action, AgentBinding, Alternative, Broadcast, Creation, Event, KeyedRaise, Machine, Related, SELF, Schedule, State,
     Subscription, SubscriptionTimeout, Target, Then, Timer,
 };
-pub use tree::{Level, Path, Transition};
+pub use tree::{HISTORY_PROPERTY, Level, Memory, Path, Transition};

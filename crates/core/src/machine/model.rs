@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Duration;
 
-use super::def::{FaultDef, Health, MachineDef, StateKind, effective_kind};
+use super::def::{FaultDef, Health, History, MachineDef, StateKind, effective_kind};
 use crate::duration;
 use crate::fault::FaultPolicy;
 use crate::guard::Guard;
@@ -38,6 +38,9 @@ pub struct State {
     /// For a parent: the child entered when the parent is (a parent is never occupied by
     /// itself).
     pub initial_child: Option<StateName>,
+    /// For a parent: entering it resumes where the entity last was in it (see
+    /// [`Machine::descend_resuming`]).
+    pub history: Option<History>,
     /// Actions run by every transition that enters this state.
     pub on_entry: Vec<ActionName>,
     /// Actions run by every transition that leaves this state.
@@ -425,6 +428,7 @@ impl Machine {
                 renamed_from: s.renamed_from.iter().map(StateName::new).collect(),
                 parent: s.parent.as_ref().map(StateName::new),
                 initial_child: s.initial_child.as_ref().map(StateName::new),
+                history: s.history,
                 on_entry: s.on_entry.iter().map(ActionName::new).collect(),
                 on_exit: s.on_exit.iter().map(ActionName::new).collect(),
                 on_entry_from: s

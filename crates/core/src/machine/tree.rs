@@ -51,7 +51,19 @@ pub struct Transition<'m> {
     pub entered: Vec<&'m State>,
     /// The leaf the entity is in afterwards.
     pub leaf: &'m State,
+    /// The entity's [`HISTORY_PROPERTY`] afterwards, when the transition changes it (it
+    /// leaves a parent with `history`).
+    pub history: Option<Memory>,
 }
+
+/// The property that keeps where an entity last was in each parent with `history`: an
+/// object, parent name → the substate to resume (its child for shallow history, the leaf
+/// for deep). Written by the engine with the transition that leaves the parent; a
+/// property name starting with `$` is the engine's, never an action's.
+pub const HISTORY_PROPERTY: &str = "$history";
+
+/// A [`HISTORY_PROPERTY`] value.
+pub type Memory = serde_json::Map<String, serde_json::Value>;
 
 impl Machine {
     /// The state named `state` and its ancestors, innermost first (empty for a state the
@@ -103,11 +115,31 @@ impl Machine {
     /// # Panics
     /// On a state the machine does not declare.
     pub fn descend(&self, state: &str) -> &State {
+        self.descend_resuming(state, None)
+    }
+
+    /// The leaf entered when `state` is, resuming by history: a parent with `history` whose
+    /// remembered substate (in `memory`, the entity's [`HISTORY_PROPERTY`]: parent name →
+    /// substate) is still one of its substates resumes there; any other parent enters its
+    /// initial child. Recursively, so a resumed child with history of its own resumes too.
+    ///
+    /// # Panics
+    /// On a state the machine does not declare.
+    pub fn descend_resuming(&self, state: &str, memory: Option<&Memory>) -> &State {
         let mut s = self.state(state).expect("a declared state");
-        while let Some(child) = &s.initial_child {
-            s = self.state(child).expect("validated initial child exists");
+        loop {
+            let resumed = s
+                .history
+                .and(memory)
+                .and_then(|m| m.get(s.name.as_str()))
+                .and_then(serde_json::Value::as_str)
+                .filter(|r| *r != s.name.as_str() && self.is_in(r, &s.name))
+                .and_then(|r| self.state(r));
+            match resumed.or_else(|| s.initial_child.as_ref().and_then(|c| self.state(c))) {
+                Some(next) => s = next,
+                None => return s,
+            }
         }
-        s
     }
 
     /// The innermost state of `state`'s path where `event` is listed or ignored, if any.
@@ -167,16 +199,7 @@ impl Machine {
     /// # Panics
     /// On a state the machine does not declare.
     pub fn transition_path(&self, from: &str, to: &str) -> Transition<'_> {
-        let leaf = self.descend(to);
-        let from_path: Vec<&State> = self.path(from).collect();
-        let to_path: Vec<&State> = self.path(&leaf.name).collect();
-        // The lowest common ancestor: the first state of `from`'s path also on `to`'s.
-        let common = from_path.iter().position(|s| to_path.iter().any(|t| t.name == s.name));
-        let left: Vec<&State> = from_path[..common.unwrap_or(from_path.len())].to_vec();
-        let lca = common.map(|i| &from_path[i].name);
-        let mut entered: Vec<&State> = to_path.iter().take_while(|s| Some(&s.name) != lca).copied().collect();
-        entered.reverse();
-        Transition { left, entered, leaf }
+        self.transition_resuming(from, to, false, None)
     }
 
     /// A re-entry of `target`, a state the leaf `from` is in (the leaf itself or one of
@@ -188,20 +211,60 @@ impl Machine {
     /// # Panics
     /// On a state the machine does not declare.
     pub fn reentry_path(&self, from: &str, target: &str) -> Transition<'_> {
-        let leaf = self.descend(target);
-        let up_to = |start: &str| -> Vec<&State> {
-            let mut states = Vec::new();
-            for s in self.path(start) {
-                states.push(s);
-                if s.name == target {
+        self.transition_resuming(from, target, true, None)
+    }
+
+    /// [`transition_path`](Machine::transition_path), or [`reentry_path`](Machine::reentry_path)
+    /// when `reentry`, with the parents' history: each parent with `history` the transition
+    /// leaves remembers where the entity was in it (its child on the way for shallow
+    /// history, the leaf for deep), and the leaf entered is resumed by the memory so updated
+    /// ([`descend_resuming`](Machine::descend_resuming)). `memory` is the entity's
+    /// [`HISTORY_PROPERTY`]; the transition's [`Transition::history`] is its new value when
+    /// the transition changes it.
+    ///
+    /// # Panics
+    /// On a state the machine does not declare.
+    pub fn transition_resuming(&self, from: &str, to: &str, reentry: bool, memory: Option<&Memory>) -> Transition<'_> {
+        let from_path: Vec<&State> = self.path(from).collect();
+        let to_path: Vec<&State> = self.path(to).collect();
+        let at = |name: &str| from_path.iter().position(|s| s.name == name);
+        // The states left: up to and including `to` on a re-entry; none when staying in the
+        // same leaf; else those below the lowest common ancestor.
+        let left_count = match (reentry, from == to) {
+            (true, _) => at(to).map_or(0, |i| i + 1),
+            (false, true) => 0,
+            (false, false) => {
+                from_path.iter().position(|s| to_path.iter().any(|t| t.name == s.name)).unwrap_or(from_path.len())
+            }
+        };
+        let left = from_path[..left_count].to_vec();
+        let mut history = None;
+        for (i, p) in left.iter().enumerate().filter(|(_, p)| p.history.is_some()) {
+            let was = match p.history {
+                Some(super::def::History::Shallow) if i > 0 => &from_path[i - 1].name,
+                _ => &from_path[0].name,
+            };
+            let m: &mut Memory = history.get_or_insert_with(|| memory.cloned().unwrap_or_default());
+            m.insert(p.name.to_string(), serde_json::Value::from(was.as_str()));
+        }
+        let leaf = if left.is_empty() && !reentry && from == to {
+            from_path[0]
+        } else {
+            self.descend_resuming(to, history.as_ref().or(memory))
+        };
+        // Entered: from the leaf up to the common ancestor (exclusive), or up to `to`
+        // (inclusive) on a re-entry; outermost first.
+        let stop = from_path.get(left_count).map(|s| &s.name);
+        let mut entered: Vec<&State> = Vec::new();
+        if !(left.is_empty() && leaf.name == from_path[0].name) {
+            for s in self.path(&leaf.name) {
+                if Some(&s.name) == stop {
                     break;
                 }
+                entered.push(s);
             }
-            states
-        };
-        let left = up_to(from);
-        let mut entered = up_to(&leaf.name);
+        }
         entered.reverse();
-        Transition { left, entered, leaf }
+        Transition { left, entered, leaf, history }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::Properties;
-use crate::machine::{Action, Machine, State, StateKind};
+use crate::machine::{Action, HISTORY_PROPERTY, Machine, Memory, State, StateKind};
 use crate::names::{ActionName, MachineName, StateName};
 
 /// Why an action's outcome cannot be committed. The entity stays where it is.
@@ -52,6 +52,9 @@ pub struct Entry {
     /// The states it enters, outermost first, ending with the leaf (their entry actions
     /// run in this order).
     pub entered: Vec<StateName>,
+    /// The entity's [`HISTORY_PROPERTY`] afterwards, when the transition changes it (it
+    /// leaves a parent with `history`): the runtime stores it with the properties.
+    pub history: Option<Memory>,
 }
 
 impl Entry {
@@ -102,6 +105,7 @@ pub fn initial_entry(machine: &Machine, props: &Properties) -> Result<Entry, Ref
         auto_delay: auto_delay(leaf, Duration::ZERO, None),
         left: Vec::new(),
         entered,
+        history: None,
     })
 }
 
@@ -126,7 +130,7 @@ pub fn enter(
     props_after: &Properties,
 ) -> Result<Entry, Refusal> {
     let target_name = target.unwrap_or(&from.name);
-    let path = transition_of(machine, from, action, target)?;
+    let path = transition_of(machine, from, action, target, props_after)?;
     let declared = action.target(target_name);
     let leaf = path.leaf;
     check_invariants(machine, leaf, props_after)?;
@@ -138,6 +142,7 @@ pub fn enter(
         auto_delay: auto_delay(leaf, transition_wait, delay),
         left: path.left.iter().map(|s| s.name.clone()).collect(),
         entered: path.entered.iter().map(|s| s.name.clone()).collect(),
+        history: path.history,
     })
 }
 
@@ -151,11 +156,15 @@ pub fn enter(
 /// ancestor — is a **re-entry**: that state is left and entered again, with its exit and
 /// entry actions ([`Machine::reentry_path`], Stateless's `PermitReentry`). Any other target
 /// leaves and enters the states below the common ancestor ([`Machine::transition_path`]).
+/// A parent with `history` that is entered resumes where the entity last was in it, as
+/// `props`' [`HISTORY_PROPERTY`] (updated by what the transition leaves) says
+/// ([`Machine::transition_resuming`]).
 pub fn transition_of<'m>(
     machine: &'m Machine,
     from: &State,
     action: &Action,
     target: Option<&str>,
+    props: &Properties,
 ) -> Result<crate::machine::Transition<'m>, Refusal> {
     let target_name = target.unwrap_or(&from.name);
     if action.target(target_name).is_none() && target_name != from.name.as_str() {
@@ -168,10 +177,8 @@ pub fn transition_of<'m>(
     }
     let declared_here = target.is_some_and(|t| action.target(t).is_some() && machine.is_in(&from.name, t));
     let reentry = declared_here && !(target_name == from.name.as_str() && retries(from, action));
-    if reentry {
-        return Ok(machine.reentry_path(&from.name, target_name));
-    }
-    Ok(machine.transition_path(&from.name, target_name))
+    let memory = props.get(HISTORY_PROPERTY).and_then(Value::as_object);
+    Ok(machine.transition_resuming(&from.name, target_name, reentry, memory))
 }
 
 /// Whether `action` is the auto action of the unstable state `from`: its asking for `from`
@@ -276,6 +283,7 @@ mod tests {
             auto_delay,
             left: left.iter().map(|s| StateName::new(*s)).collect(),
             entered: entered.iter().map(|s| StateName::new(*s)).collect(),
+            history: None,
         }
     }
 
@@ -359,6 +367,91 @@ mod tests {
             assert_eq!((names(&e.left), names(&e.entered), e.retry), (to_vec(left), to_vec(entered), retry), "{what}");
             assert_eq!(e.moves(), !left.is_empty(), "{what}");
         }
+    }
+
+    #[test]
+    fn a_parent_with_history_resumes_where_the_entity_last_was_in_it() {
+        use crate::machine::{HISTORY_PROPERTY, History};
+        // work (shallow): prep, run > {a, b}; deep_work (deep): x, y > {y1, y2}.
+        let m = MachineBuilder::new("h")
+            .state("idle")
+            .initial()
+            .state("work")
+            .initial_child("prep")
+            .history(History::Shallow)
+            .state("prep")
+            .parent("work")
+            .state("run")
+            .parent("work")
+            .initial_child("a")
+            .state("a")
+            .parent("run")
+            .state("b")
+            .parent("run")
+            .state("deep_work")
+            .initial_child("x")
+            .history(History::Deep)
+            .state("x")
+            .parent("deep_work")
+            .state("y")
+            .parent("deep_work")
+            .initial_child("y1")
+            .state("y1")
+            .parent("y")
+            .state("y2")
+            .parent("y")
+            .event("go", ["idle"], "to_work")
+            .event("pause", ["work", "deep_work"], "to_idle")
+            .event("next", ["prep"], "to_run")
+            .event("step", ["a"], "to_b")
+            .event("dgo", ["idle"], "to_deep")
+            .event("dnext", ["x"], "to_y")
+            .event("dstep", ["y1"], "to_y2")
+            .action("to_work", ["work"])
+            .action("to_idle", ["idle"])
+            .action("to_run", ["run"])
+            .action("to_b", ["b"])
+            .action("to_deep", ["deep_work"])
+            .action("to_y", ["y"])
+            .action("to_y2", ["y2"])
+            .build()
+            .unwrap();
+        let mut state = "idle".to_string();
+        let mut props = Properties::new();
+        let mut fire = |action: &str, target: &str| -> Vec<String> {
+            let from = m.state(&state).unwrap();
+            let e = enter(&m, from, m.action(action).unwrap(), Some(target), None, 0, &props).unwrap();
+            if let Some(h) = e.history.clone() {
+                props.insert(HISTORY_PROPERTY.into(), h.into());
+            }
+            state = e.state.to_string();
+            e.entered.iter().map(|s| s.to_string()).collect()
+        };
+        // (action, target) → the states entered, the leaf last
+        let script: [(&str, &str, &[&str]); 10] = [
+            ("to_work", "work", &["work", "prep"]),
+            ("to_run", "run", &["run", "a"]),
+            ("to_b", "b", &["b"]),
+            ("to_idle", "idle", &["idle"]),
+            // Shallow: `run` again, which enters its own initial child.
+            ("to_work", "work", &["work", "run", "a"]),
+            ("to_idle", "idle", &["idle"]),
+            ("to_deep", "deep_work", &["deep_work", "x"]),
+            ("to_y", "y", &["y", "y1"]),
+            ("to_y2", "y2", &["y2"]),
+            ("to_idle", "idle", &["idle"]),
+        ];
+        for (action, target, entered) in script {
+            assert_eq!(fire(action, target), to_vec(entered), "{action} to {target}");
+        }
+        // Deep: the leaf itself.
+        assert_eq!(fire("to_deep", "deep_work"), to_vec(&["deep_work", "y", "y2"]));
+        assert_eq!(props[HISTORY_PROPERTY], serde_json::json!({"work": "run", "deep_work": "y2"}));
+        // A remembered state that is no longer below the parent: its initial child.
+        let stale: Properties =
+            [(HISTORY_PROPERTY.to_string(), serde_json::json!({"work": "x"}))].into_iter().collect();
+        let e = enter(&m, m.state("idle").unwrap(), m.action("to_work").unwrap(), Some("work"), None, 0, &stale);
+        assert_eq!(e.unwrap().state.as_str(), "prep");
     }
 
     fn to_vec(names: &[&str]) -> Vec<String> {

@@ -213,6 +213,23 @@ pub fn foreign_own_event(
     })
 }
 
+/// The first property of `outcome` that is the engine's (its name starts with `$`, as
+/// `$history`): the field at fault (`properties`, `create[i].properties`) and why. Only the
+/// engine writes those.
+pub fn engine_property(outcome: &ActionOutcome) -> Option<(String, String)> {
+    let why = |p: &str| format!("`{p}`: a property starting with `$` is the engine's");
+    let changed = outcome.changes.iter().map(|c| match c {
+        PropChange::Set(k, _) | PropChange::Remove(k) => k,
+    });
+    if let Some(k) = changed.into_iter().find(|k| k.starts_with('$')) {
+        return Some(("properties".into(), why(k)));
+    }
+    outcome.creates.iter().enumerate().find_map(|(i, c)| {
+        let k = c.properties.keys().find(|k| k.starts_with('$'))?;
+        Some((format!("create[{i}].properties"), why(k)))
+    })
+}
+
 /// What of `outcome` goes beyond what `action` declares it may create and raise
 /// (`may_create`, `may_raise`): the field at fault (`create[0]`, `raise[1]`, `raise_on[0]`)
 /// and why. An action that declares neither is held to nothing, unless an agent executes
@@ -488,6 +505,18 @@ mod tests {
             beyond_declaration(declared, &db),
             why("create[1]", "action `provision` may not create a `db` entity (`may_create`: app)")
         );
+    }
+
+    #[test]
+    fn the_engines_properties_are_no_outcomes_to_write() {
+        assert_eq!(engine_property(&full()), None);
+        let why = "`$history`: a property starting with `$` is the engine's".to_string();
+        let mut set = full();
+        set.changes.push(PropChange::Remove("$history".into()));
+        assert_eq!(engine_property(&set), Some(("properties".into(), why.clone())));
+        let mut created = full();
+        created.creates[0].properties.insert("$history".into(), json!({}));
+        assert_eq!(engine_property(&created), Some(("create[0].properties".into(), why)));
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl<'m> Sim<'m> {
     fn transition(&mut self, trigger: &str, action: &Action, target: Option<&str>) {
         let from = self.machine.state(&self.state).unwrap();
         let mut props = self.props.clone();
-        let path = transition_of(self.machine, from, action, target).expect("a declared target");
+        let path = transition_of(self.machine, from, action, target, &self.props).expect("a declared target");
         let mut hooks = Vec::new();
         for s in &path.left {
             hooks.extend(s.on_exit.iter().map(|a| format!("exit {a}")));
@@ -96,6 +96,9 @@ impl<'m> Sim<'m> {
         ));
         self.history.push((self.state.clone(), Some(entry.state.to_string()), "moved"));
         self.state = entry.state.to_string();
+        if let Some(history) = entry.history {
+            props.insert(crate::machine::HISTORY_PROPERTY.to_string(), history.into());
+        }
         self.props = props;
     }
 

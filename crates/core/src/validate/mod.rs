@@ -208,6 +208,7 @@ impl<'a> Checker<'a> {
         self.duplicate_items("action", def.actions.iter().map(|a| (a.name.as_str(), a.origin)));
         self.duplicate_items("timer", def.timers.iter().map(|t| (t.name.as_str(), t.origin)));
         self.duplicate_entries("machine", def.origin.line, "properties", def.properties.iter().map(String::as_str));
+        self.engine_properties("machine", def.origin.line, "properties", def.properties.iter().map(String::as_str));
         let deleted: Vec<&StateDef> = def.states.iter().filter(|s| s.kind == Some(StateKind::Deleted)).collect();
         if deleted.len() > 1 {
             let list = quoted(deleted.iter().map(|s| s.name.as_str()));
@@ -233,6 +234,20 @@ impl<'a> Checker<'a> {
     ) {
         for d in duplicates(list) {
             self.error(item, line, format!("duplicate `{d}` in `{key}`"));
+        }
+    }
+
+    /// Property names starting with `$` are the engine's (`$history`): no definition names
+    /// one.
+    fn engine_properties<'b>(
+        &mut self,
+        item: &str,
+        line: Option<u32>,
+        key: &str,
+        list: impl IntoIterator<Item = &'b str>,
+    ) {
+        for p in list.into_iter().filter(|p| p.starts_with('$')) {
+            self.error(item, line, format!("`{key}` names `{p}`: a property starting with `$` is the engine's"));
         }
     }
 
@@ -264,6 +279,7 @@ impl<'a> Checker<'a> {
         }
         self.nesting(s, &item);
         self.duplicate_entries(&item, line, "requires", s.requires.iter().map(String::as_str));
+        self.engine_properties(&item, line, "requires", s.requires.iter().map(String::as_str));
         self.duplicate_entries(&item, line, "renamed_from", s.renamed_from.iter().map(String::as_str));
         let mut seen = HashSet::new();
         for old in &s.renamed_from {

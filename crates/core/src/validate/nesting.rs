@@ -102,6 +102,10 @@ impl<'a> Checker<'a> {
             ),
             _ => {}
         }
+        if let Some(h) = s.history.filter(|_| children.is_empty()) {
+            let why = format!("`history = \"{}\"` on a state without substates: it has nothing to resume", h.as_str());
+            self.error(item, line, why);
+        }
         if !children.is_empty() {
             let what = if !s.auto.is_empty() {
                 Some("an auto action")
@@ -328,6 +332,11 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(item, line, "set", a.set.iter().map(|(k, _)| k.as_str()));
+        self.engine_properties(item, line, "set", a.set.iter().map(|(k, _)| k.as_str()));
+        for (i, c) in a.create.iter().enumerate() {
+            let field = format!("create[{i}].properties");
+            self.engine_properties(item, line, &field, c.properties.iter().map(|(k, _)| k.as_str()));
+        }
         // A string in `set`, a created entity's key and the strings of its properties are
         // expressions over `props`, `params` (of any event the machine declares: which one
         // runs the action is known only when it runs) and `key`.

@@ -913,6 +913,7 @@ fn a_subscription_fired_stays_fired_while_its_level_is_not_entered_anew() {
         auto_delay: None,
         left: Vec::new(),
         entered: entered.iter().map(|s| (*s).into()).collect(),
+        history: None,
     };
     let fired: Vec<EventName> = vec!["all_done".into()];
     let names = |v: Option<Vec<EventName>>| v.map(|v| v.iter().map(|e| e.to_string()).collect::<Vec<_>>());

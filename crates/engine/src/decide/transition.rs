@@ -60,8 +60,10 @@ pub(crate) struct Hooks {
 /// of declarative entry and exit actions. `started` is when the action's handler started
 /// (`None`: the engine performed it).
 pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Next {
-    // What a handler or an agent creates and raises is held to its declaration.
-    if let Some((field, why)) = step::beyond_declaration(ran.action, &ran.outcome.decided) {
+    // What a handler or an agent creates and raises is held to its declaration; the
+    // engine's properties are its own.
+    let beyond = step::beyond_declaration(ran.action, &ran.outcome.decided);
+    if let Some((field, why)) = beyond.or_else(|| step::engine_property(&ran.outcome.decided)) {
         return commit(refused(held, ran, format!("{field}: {why}"), env));
     }
     let machine = held.machine.clone();
@@ -80,7 +82,7 @@ pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Ne
         return commit(internal(held, ran, env));
     }
     let from = machine.state(&held.entity.state).expect("entity state exists in its machine");
-    let path = match step::transition_of(&machine, from, ran.action, ran.outcome.target()) {
+    let path = match step::transition_of(&machine, from, ran.action, ran.outcome.target(), &held.entity.properties) {
         Ok(path) => path,
         Err(refusal) => return commit(refused(held, ran, refusal.to_string(), env)),
     };
@@ -270,10 +272,14 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
     let from = machine.state(&e.state).expect("entity state exists in its machine");
     let (target, delay, retry) = (ran.outcome.target(), ran.outcome.decided.delay, e.retry);
     let enter = |props: &Properties| step::enter(&machine, from, ran.action, target, delay, retry, props);
-    let Checked { props, verdict: entry, request_id, effects } = match checked(held, &ran, enter, env) {
+    let Checked { mut props, verdict: entry, request_id, effects } = match checked(held, &ran, enter, env) {
         Ok(checked) => checked,
         Err(why) => return refused(held, ran, why, env),
     };
+    // Where the entity was in the parents with history it leaves, kept with its properties.
+    if let Some(history) = entry.history.clone() {
+        props.insert(settle_core::machine::HISTORY_PROPERTY.to_string(), history.into());
+    }
     let Ran { action, item, outcome, locks: preconditions, started } = ran;
     let now = env.now;
     let auto_at = entry.auto_delay.map(|d| now + ms(d));

@@ -159,11 +159,19 @@ pub(crate) fn shape(req: &CompleteRequest) -> Result<(), Problem> {
         None | Some(Value::Null | Value::Object(_)) => Ok(()),
         Some(_) => Err(bad(field, "must be a JSON object")),
     };
-    object("properties", &req.properties)?;
+    // Property names starting with `$` (`$history`) are the engine's.
+    let properties = |field: &str, v: &Option<Value>| {
+        object(field, v)?;
+        match v.as_ref().and_then(Value::as_object).and_then(|m| m.keys().find(|k| k.starts_with('$'))) {
+            Some(k) => Err(bad(field, &format!("`{k}`: a property starting with `$` is the engine's"))),
+            None => Ok(()),
+        }
+    };
+    properties("properties", &req.properties)?;
     for (i, c) in req.create.iter().enumerate() {
         let at = format!("create[{i}]");
         check_key(&c.key).map_err(|p| p.field(format!("{at}.key")))?;
-        object(&format!("{at}.properties"), &c.properties)?;
+        properties(&format!("{at}.properties"), &c.properties)?;
         object(&format!("{at}.params"), &c.params)?;
     }
     for (i, r) in req.raise.iter().enumerate() {
@@ -278,6 +286,11 @@ mod tests {
             (json!({"token": "t", "raise": [{"event": "e", "on": "cousins"}]}), "raise[0].on"),
             (json!({"token": "t", "raise": [{"event": "e", "on": "successors", "join": true}]}), "raise[0].join"),
             (json!({"token": "t", "raise": [{"event": "e", "on": "self", "join": true}]}), "raise[0].join"),
+            (json!({"token": "t", "properties": {"$history": {}}}), "properties"),
+            (
+                json!({"token": "t", "create": [{"machine": "m", "key": "k", "properties": {"$x": 1}}]}),
+                "create[0].properties",
+            ),
             (json!({"token": "t", "raise": [{"event": "e", "on": "self", "reply": "e"}]}), "raise[0].reply"),
             (
                 json!({"token": "t", "raise": [{"event": "e", "machine": "m", "key": "k", "params": "x"}]}),

@@ -104,7 +104,8 @@ pub(crate) fn report(
             );
             return Err(bad("target".into(), why));
         }
-        if let Some((field, why)) = settle_core::step::beyond_declaration(action, outcome) {
+        let beyond = settle_core::step::beyond_declaration(action, outcome);
+        if let Some((field, why)) = beyond.or_else(|| settle_core::step::engine_property(outcome)) {
             return Err(bad(field, why));
         }
         if let Some(m) = check.machines.get(machine) {
