@@ -314,9 +314,8 @@ async fn an_event_raised_on_itself_is_processed_before_any_queued_from_outside()
     }
 }
 
-/// A parent with deep history (`on`) resumes the leaf the player was last in there; one
-/// with shallow history (`cd`) resumes its child. The memory is the property `$history`,
-/// stored with the transition that leaves the parent.
+/// A player whose `on` has deep history: it resumes the leaf the player was last in there.
+/// The memory is the property `$history`, stored with the transition that leaves `on`.
 const PLAYER: &str = r#"
 initial = "off"
 [states.off]
@@ -356,24 +355,29 @@ to = ["playing"]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_with_history_resumes_where_the_entity_last_was() {
+    // `on` with deep history resumes `playing`; with shallow history it resumes `cd`, which
+    // has none and enters its initial child.
+    let shallow = PLAYER.replace(r#"history = "deep""#, r#"history = "shallow""#);
     for (_dir, store) in stores("scxml_history").await {
-        let (engine, _clock) = start(Engine::builder(store).machine(load("player", PLAYER))).await;
-        engine.create("player", "p", Default::default()).await.unwrap();
-        let state = |event: &'static str| {
-            let engine = engine.clone();
-            async move { engine.raise("player", "p", event, stable(Value::Null)).await.unwrap().entity.unwrap() }
-        };
-        assert_eq!(state("power_on").await.state, "radio", "the first time: the initial children");
-        assert_eq!(state("pick_cd").await.state, "stopped");
-        assert_eq!(state("play").await.state, "playing");
-        let off = state("power_off").await;
-        assert_eq!(off.state, "off");
-        assert_eq!(off.properties["$history"], json!({"on": "playing"}), "stored with the transition that left `on`");
-        let on = state("power_on").await;
-        assert_eq!(on.state, "playing", "deep history: the leaf itself");
-        let history = engine.history("player", "p").await.unwrap();
-        let last = history.last().unwrap();
-        assert_eq!((last.from.as_deref(), last.to.as_deref()), (Some("off"), Some("playing")));
+        let machines = [load("player", PLAYER), load("shallow_player", &shallow)];
+        let (engine, _clock) = start(machines.into_iter().fold(Engine::builder(store), |b, m| b.machine(m))).await;
+        for (machine, resumed, remembered) in [("player", "playing", "playing"), ("shallow_player", "stopped", "cd")] {
+            engine.create(machine, "p", Default::default()).await.unwrap();
+            let state = |event: &'static str| {
+                let engine = engine.clone();
+                async move { engine.raise(machine, "p", event, stable(Value::Null)).await.unwrap().entity.unwrap() }
+            };
+            assert_eq!(state("power_on").await.state, "radio", "{machine}: the first time, the initial children");
+            assert_eq!(state("pick_cd").await.state, "stopped");
+            assert_eq!(state("play").await.state, "playing");
+            let off = state("power_off").await;
+            assert_eq!(off.state, "off");
+            assert_eq!(off.properties["$history"], json!({"on": remembered}), "{machine}: stored as `on` was left");
+            assert_eq!(state("power_on").await.state, resumed, "{machine}");
+            let history = engine.history(machine, "p").await.unwrap();
+            let last = history.last().unwrap();
+            assert_eq!((last.from.as_deref(), last.to.as_deref()), (Some("off"), Some(resumed)), "{machine}");
+        }
         engine.shutdown().await;
     }
 }
