@@ -67,6 +67,11 @@ pub struct Commit {
     pub event: Option<EventName>,
     /// The inbox item consumed by this commit.
     pub consume: Option<i64>,
+    /// Whether that item is an internal event (one the entity raised on itself): only then
+    /// may others be queued behind it, and the next head is looked for among them first.
+    /// An item of any other kind is consumed only when no internal event is queued, as
+    /// internal events head the inbox.
+    pub consumes_internal: bool,
     /// The request id recorded in history.
     pub request_id: Option<String>,
     /// Rejection reason or error text recorded in history.
@@ -131,6 +136,7 @@ impl Commit {
             action: None,
             event: None,
             consume: None,
+            consumes_internal: false,
             request_id: None,
             detail: None,
             after,

@@ -634,6 +634,10 @@ impl<S: Store + Clone> Scheduler<S> {
         if let Some(note) = &d.note {
             record(note, held.map(|h| &h.entity));
         }
+        d.commit.consumes_internal = d
+            .item
+            .as_ref()
+            .is_some_and(|i| i.kind == settle_store::InboxKind::Internal && d.commit.consume == Some(i.id));
         let expect = d.expect();
         self.ops.push(Op::Commit(Box::new(d.commit)));
         self.pending.push(Pending::Commit(Box::new(expect)));

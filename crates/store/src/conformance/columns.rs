@@ -264,13 +264,21 @@ pub async fn an_internal_event_heads_the_inbox<S: Store>(store: S) {
     let r = write(&store, T0 + 3, Vec::new(), true).await;
     assert_eq!(r.claimed[0].inbox_head.as_ref().map(|i| i.id), Some(inner.id), "claimed first");
 
-    // Processing it raises another: that one, then `two`.
+    // Processing it raises two more: they go in order, then `two`. A commit that consumes
+    // an internal event says so (`consumes_internal`): the next head may be another.
     let mut cm = commit(&r.claimed[0].entity, Some("busier"), Some(inner.id), AfterCommit::Hold);
-    cm.pushes.push(internal("again"));
+    cm.consumes_internal = true;
+    cm.pushes.extend([internal("again"), internal("more")]);
     let again = head(&write(&store, T0 + 4, vec![Op::Commit(Box::new(cm))], false).await);
     assert_eq!(again.event.as_str(), "again");
     let e = get(&store, "a").await;
-    let cm = commit(&e, Some("done"), Some(again.id), AfterCommit::Hold);
-    let next = head(&write(&store, T0 + 5, vec![Op::Commit(Box::new(cm))], false).await);
+    let mut cm = commit(&e, Some("done"), Some(again.id), AfterCommit::Hold);
+    cm.consumes_internal = true;
+    let more = head(&write(&store, T0 + 5, vec![Op::Commit(Box::new(cm))], false).await);
+    assert_eq!((more.event.as_str(), more.kind), ("more", InboxKind::Internal), "a stored one before `two`");
+    let e = get(&store, "a").await;
+    let mut cm = commit(&e, Some("done"), Some(more.id), AfterCommit::Hold);
+    cm.consumes_internal = true;
+    let next = head(&write(&store, T0 + 6, vec![Op::Commit(Box::new(cm))], false).await);
     assert_eq!((next.event.as_str(), next.kind), ("two", InboxKind::Raised), "then the queue in order");
 }

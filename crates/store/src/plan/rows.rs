@@ -346,6 +346,8 @@ pub(crate) struct InboxDelete {
     pub(crate) entity_id: i64,
     pub(crate) consume: i64,
     pub(crate) notices_upto: i64,
+    /// The item consumed is an internal event: the next head may be another one.
+    pub(crate) internal: bool,
 }
 
 /// A new inbox item.

@@ -86,9 +86,9 @@ impl Tx<'_> {
                 ")
              SELECT t.*, c.*, {INBOX_COLS}, v.event, v.params, v.reply FROM tail t
              LEFT JOIN claimed c ON TRUE
-             LEFT JOIN LATERAL (SELECT * FROM inbox WHERE id = {}) i ON TRUE
+             LEFT JOIN LATERAL ({}) i ON TRUE
              LEFT JOIN events v ON v.id = c.event_id",
-                crate::sql::inbox_head_id("entity_id = c.id")
+                crate::sql::inbox_head("entity_id = c.id", "TRUE")
             ));
         }
         let at = p.add(Stmt::new(sql, params));

@@ -164,16 +164,19 @@ impl Dialect for Tx<'_> {
         let heads = (!r.heads.is_empty()).then(|| {
             p.add(Stmt::new(
                 format!(
-                    "SELECT {INBOX_COLS} FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS c(entity_id, consume, upto)
-                     CROSS JOIN LATERAL (SELECT * FROM inbox WHERE id = {}) i",
-                    crate::sql::inbox_head_id(
-                        "entity_id = c.entity_id AND id <> c.consume AND NOT (kind = 'notice' AND id <= c.upto)"
+                    "SELECT {INBOX_COLS}
+                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::boolean[]) AS c(entity_id, consume, upto, internal)
+                     CROSS JOIN LATERAL ({}) i",
+                    crate::sql::inbox_head(
+                        "entity_id = c.entity_id AND id <> c.consume AND NOT (kind = 'notice' AND id <= c.upto)",
+                        "c.internal"
                     )
                 ),
                 vec![
                     ints(&r.heads, |h| h.entity_id),
                     ints(&r.heads, |h| h.consume),
                     ints(&r.heads, |h| h.notices_upto),
+                    col(r.heads.iter().map(|h| h.internal).collect::<Vec<bool>>()),
                 ],
             ))
         });

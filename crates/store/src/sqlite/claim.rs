@@ -79,14 +79,20 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
          WHERE id = ?1",
     )?;
     let mut select = tx.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?;
-    let mut head = tx.prepare_cached(&format!(
-        "SELECT {INBOX_COLS} FROM inbox WHERE id = {}",
-        crate::sql::inbox_head_id("entity_id = ?1")
+    // The oldest internal event goes first (a probe of the small partial index), else the
+    // oldest item.
+    let mut internal = tx.prepare_cached(&format!(
+        "SELECT {INBOX_COLS} FROM inbox WHERE entity_id = ?1 AND kind = 'internal' ORDER BY id LIMIT 1"
     ))?;
+    let mut head =
+        tx.prepare_cached(&format!("SELECT {INBOX_COLS} FROM inbox WHERE entity_id = ?1 ORDER BY id LIMIT 1"))?;
     for id in ids {
         update.execute(params![id, claim.owner, until])?;
         let entity = select.query_row([id], entity_from_row)?;
-        let inbox_head = head.query_row([id], inbox_from_row).optional()?;
+        let inbox_head = match internal.query_row([id], inbox_from_row).optional()? {
+            Some(item) => Some(item),
+            None => head.query_row([id], inbox_from_row).optional()?,
+        };
         // Only an entity mid-workflow has one (read by primary key).
         let trigger = match entity.event_id {
             Some(event_id) => tx

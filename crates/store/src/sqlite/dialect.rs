@@ -102,13 +102,28 @@ impl Tx<'_> {
     }
 
     fn inbox_heads(&mut self, rows: &[InboxDelete]) -> rusqlite::Result<Vec<InboxItem>> {
+        // The oldest internal event goes first (a probe of the small partial index, only after
+        // consuming one: they head the inbox, so nothing else is consumed while one waits),
+        // else the oldest item.
+        let mut internal = self.0.prepare_cached(&format!(
+            "SELECT {INBOX_COLS} FROM inbox
+             WHERE entity_id = ?1 AND id <> ?2 AND kind = 'internal' ORDER BY id LIMIT 1"
+        ))?;
         let mut stmt = self.0.prepare_cached(&format!(
-            "SELECT {INBOX_COLS} FROM inbox WHERE id = {}",
-            crate::sql::inbox_head_id("entity_id = ?1 AND id <> ?2 AND NOT (kind = 'notice' AND id <= ?3)")
+            "SELECT {INBOX_COLS} FROM inbox
+             WHERE entity_id = ?1 AND id <> ?2 AND NOT (kind = 'notice' AND id <= ?3) ORDER BY id LIMIT 1"
         ))?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
-            out.extend(stmt.query_row([r.entity_id, r.consume, r.notices_upto], inbox_from_row).optional()?);
+            let first = match r.internal {
+                true => internal.query_row([r.entity_id, r.consume], inbox_from_row).optional()?,
+                false => None,
+            };
+            let first = match first {
+                Some(item) => Some(item),
+                None => stmt.query_row([r.entity_id, r.consume, r.notices_upto], inbox_from_row).optional()?,
+            };
+            out.extend(first);
         }
         Ok(out)
     }

@@ -349,6 +349,7 @@ impl Work {
                 entity_id,
                 consume: c.consume.unwrap_or(-1),
                 notices_upto: c.consume_notices_upto.unwrap_or(-1),
+                internal: c.consumes_internal,
             });
         }
         // The event a state entry belongs to: the one it processes (its id is its inbox

@@ -201,7 +201,7 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
             }
             Op::Release(f) => {
                 ids.insert(f.entity_id);
-                heads.push(InboxDelete { entity_id: f.entity_id, consume: -1, notices_upto: -1 });
+                heads.push(InboxDelete { entity_id: f.entity_id, consume: -1, notices_upto: -1, internal: false });
             }
             Op::Commit(c) => {
                 let id = c.fence.entity_id;
@@ -220,6 +220,7 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
                     entity_id: id,
                     consume: c.consume.unwrap_or(-1),
                     notices_upto: c.consume_notices_upto.unwrap_or(-1),
+                    internal: c.consumes_internal,
                 });
                 if c.timers.is_some() {
                     timer_ids.push(id);
