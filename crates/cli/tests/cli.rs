@@ -296,3 +296,44 @@ fn raise_waits_for_the_operation_or_for_the_entity_at_rest() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(stderr(&bad).contains("possible values: operation, stable"), "{}", stderr(&bad));
 }
+
+/// Stateless's fallback and SCXML's `In()` as `settle check` shows them: when no guard of
+/// the substate's handler holds, its parent's handler decides; a guard may ask `in_state`.
+#[test]
+fn check_shows_the_superstates_handler_deciding_and_in_state() {
+    let text = r#"
+initial = "up"
+[states.up]
+initial = "child"
+[states.child]
+parent = "up"
+[states.done]
+kind = "terminal"
+[states.other]
+kind = "terminal"
+[events.go]
+in = ["up", "child"]
+params = ["n"]
+[[events.go.when]]
+in = ["child"]
+guard = "params.n > 1 && in_state('up')"
+action = "inner"
+[[events.go.when]]
+in = ["up"]
+action = "outer"
+[actions.inner]
+to = ["done"]
+[actions.outer]
+to = ["other"]
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("nest.db");
+    let m = write_machines(dir.path(), &[("nest.toml", text)]).display().to_string();
+    let created = settle(&db, &["--machines", &m, "create", "nest", "a"]);
+    assert!(created.status.success(), "{}", stderr(&created));
+    for (n, action) in [("2", "inner"), ("1", "outer")] {
+        let params = format!(r#"{{"n": {n}}}"#);
+        let out = settle(&db, &["--machines", &m, "check", "nest", "a", "go", "--params", &params]);
+        assert_eq!(stdout(&out), format!("nest a: event go would run {action} (in state child)\n"), "n = {n}");
+    }
+}

@@ -381,3 +381,47 @@ async fn a_parent_with_history_resumes_where_the_entity_last_was() {
         engine.shutdown().await;
     }
 }
+
+/// Property names starting with `$` are the engine's: a handler that writes `$history`, as
+/// the main action or as an entry action, is a fault of the transition and nothing of it
+/// commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_may_not_write_the_engines_properties() {
+    let text = r#"
+initial = "a"
+[states.a]
+[states.b]
+on_entry = "arrive"
+[states.c]
+[events.go]
+in = ["a"]
+action = "move"
+[events.sneak]
+in = ["a"]
+action = "slip"
+[actions.move]
+to = ["b", "c"]
+[actions.slip]
+to = ["c", "b"]
+[actions.arrive]
+"#;
+    for (_dir, store) in stores("scxml_engine_property").await {
+        let builder = Engine::builder(store)
+            .machine(load("guarded", text))
+            .on("guarded", "move", |_| async { Ok(Outcome::to("c").set("$history", json!({"x": "y"}))) })
+            .on("guarded", "slip", |_| async { Ok(Outcome::to("b")) })
+            .on("guarded", "arrive", |_| async { Ok(Outcome::stay().set("$history", json!({}))) });
+        let (engine, _clock) = start(builder).await;
+        engine.create("guarded", "g", Default::default()).await.unwrap();
+        for event in ["go", "sneak"] {
+            let r = engine.raise("guarded", "g", event, stable(Value::Null)).await.unwrap();
+            let Some(EventOutcome::Failed { error }) = r.outcome else { panic!("{event}: {:?}", r.outcome) };
+            assert!(error.contains("`$history`: a property starting with `$` is the engine's"), "{event}: {error}");
+            let e = engine.get("guarded", "g").await.unwrap().unwrap();
+            assert_eq!(e.state, "a", "{event}: nothing committed");
+            assert!(e.properties.get("$history").is_none(), "{event}");
+            engine.command("guarded", "g", settle_store::Command::Resume, None).await.ok();
+        }
+        engine.shutdown().await;
+    }
+}

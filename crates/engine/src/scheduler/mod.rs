@@ -736,7 +736,8 @@ async fn run_hooks(
         hooks.locks.extend(std::mem::take(&mut *locks.lock().expect("locks")));
         match result {
             Ok(effects) => {
-                if let Some((field, why)) = settle_core::step::beyond_declaration(&hook.action, &effects.decided) {
+                let beyond = settle_core::step::beyond_declaration(&hook.action, &effects.decided);
+                if let Some((field, why)) = beyond.or_else(|| settle_core::step::engine_property(&effects.decided)) {
                     return Err(FaultError::new("refused", format!("{name}: {field}: {why}")));
                 }
                 outcome.absorb(effects).map_err(|e| FaultError::new("refused", format!("{name} {e}")))?
