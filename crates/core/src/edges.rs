@@ -4,7 +4,7 @@
 //! state's notes (entry and exit actions, internal transitions).
 
 use crate::duration;
-use crate::machine::{Event, Machine, State};
+use crate::machine::{Event, Machine, State, Then};
 
 /// An edge of the diagram: `from -> to`, from an auto action or an event.
 pub(crate) struct Edge<'m> {
@@ -90,9 +90,10 @@ pub(crate) fn edges(machine: &Machine) -> Vec<Edge<'_>> {
     out
 }
 
-/// A parent's history, a state's entry and exit actions, and the internal transitions
-/// declared for it, as diagram notes (`history / deep`, `entry / announce`,
-/// `touch / record_touch (internal)`; `sep` follows the keyword).
+/// A parent's history, a state's entry and exit actions, the internal transitions declared
+/// for it and the events it ignores (always, or while a guard holds), as diagram notes
+/// (`history / deep`, `entry / announce`, `touch / record_touch (internal)`, `start
+/// ignored`, `ping ignored if params.quiet`; `sep` follows the keyword).
 pub(crate) fn notes(machine: &Machine, s: &State, sep: &str) -> Vec<String> {
     let mut notes = Vec::new();
     if let Some(h) = s.history {
@@ -112,6 +113,17 @@ pub(crate) fn notes(machine: &Machine, s: &State, sep: &str) -> Vec<String> {
     for e in machine.events().iter().filter(|e| e.internal && e.valid_in(&s.name)) {
         for a in e.actions() {
             notes.push(format!("{}{sep} {a} (internal)", e.name));
+        }
+    }
+    // Events accepted and dropped here: always (`ignore`), or while a guard holds.
+    for e in machine.events() {
+        if e.ignored_in(&s.name) {
+            notes.push(format!("{} ignored", e.name));
+        } else if e.valid_in(&s.name) {
+            let guarded = e.alternatives.iter().filter(|a| a.applies_at(&s.name) && a.then == Then::Ignore);
+            for g in guarded.filter_map(|a| a.guard.as_ref()) {
+                notes.push(format!("{} ignored if {g}", e.name));
+            }
         }
     }
     notes

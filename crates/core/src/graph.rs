@@ -390,6 +390,7 @@ in = ["on"]
 action = "to_radio"
 [events.check]
 in = ["radio"]
+ignore = ["off"]
 action = "probe"
 [events.stop]
 in = ["on"]
@@ -413,6 +414,7 @@ to = ["cd"]
         let mermaid = render(&m, Format::Mermaid);
         for line in [
             "off --> on : power (then check)",
+            "note right of off : check ignored",
             "on --> radio : tune",
             "radio --> radio : tune (re-entry)",
             "radio --> radio : check (re-entry)",

@@ -134,3 +134,17 @@ examples/invalid/broken.toml:17: warning: machine `broken`, state `gone`: unreac
 ";
     assert_eq!(report.to_string(), expected);
 }
+
+/// The seed's bug tracker (`examples/bugtracker/bug.toml`) loads without a warning, reads
+/// back from its TOML rendering as the same definition, and its diagram shows the re-assign as
+/// a re-entry of `assigned`.
+#[test]
+fn the_bug_tracker_loads_cleanly_and_draws_its_re_entry() {
+    let (m, warnings) = load_example("bugtracker/bug.toml").unwrap_or_else(|r| panic!("{r}"));
+    assert!(warnings.diagnostics.is_empty(), "unexpected warnings:\n{warnings}");
+    let again = settle_core::toml::load("bug.toml", "bug", &m.to_toml()).unwrap_or_else(|r| panic!("{r}")).0;
+    assert_eq!(again.content_hash(), m.content_hash(), "the TOML rendering reads back as the same definition");
+    let diagram = settle_core::graph::render(&m, settle_core::graph::Format::Mermaid);
+    assert!(diagram.contains("assigned --> assigned : assign (re-entry)"), "{diagram}");
+    assert!(diagram.contains("entry from assign / store_assignee, exit / deassign"), "{diagram}");
+}
