@@ -53,6 +53,10 @@ pub(crate) fn due_backlog(n: u64) {
     metrics::gauge!("settle_engine_pending_entities").set(n as f64);
 }
 
+pub(crate) fn pages_reclaimed(pages: u64) {
+    metrics::counter!("settle_store_pages_reclaimed_total").increment(pages);
+}
+
 /// Installs a Prometheus recorder as the global metrics recorder and returns its handle;
 /// `handle.render()` gives the text exposition format.
 #[cfg(feature = "prometheus")]

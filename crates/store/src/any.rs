@@ -85,6 +85,7 @@ impl Store for AnyStore {
         fn meta_get(&self, key: &str) -> Option<String>;
         fn meta_put(&self, key: &str, value: &str) -> ();
         fn sql_execute(&self, sql: &str) -> ();
+        fn reclaim_space(&self, max_pages: u64) -> u64;
         fn operation_get(&self, request_id: &str) -> Option<OperationRow>;
         fn operations_ended(&self, request_ids: Vec<String>) -> Vec<OperationRow>;
         fn operation_list(&self, outcome: Option<String>, limit: u64) -> Vec<OperationRow>;

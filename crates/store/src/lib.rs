@@ -158,6 +158,13 @@ pub trait Store: Send + Sync + 'static {
     /// any batch. Not for entity data, which only changes through [`Store::write`].
     fn sql_execute(&self, sql: &str) -> impl Future<Output = Result<()>> + Send;
 
+    /// Gives space that deletes freed back to the file system, at most `max_pages` pages at
+    /// a time, and says how many pages went back: SQLite's incremental vacuum (a database
+    /// Settle creates has `auto_vacuum = INCREMENTAL`; one an earlier version created keeps
+    /// its free pages for reuse until it is converted, see the README). PostgreSQL reuses
+    /// the space its autovacuum frees, and answers 0.
+    fn reclaim_space(&self, max_pages: u64) -> impl Future<Output = Result<u64>> + Send;
+
     /// The operation opened with `request_id`.
     fn operation_get(&self, request_id: &str) -> impl Future<Output = Result<Option<OperationRow>>> + Send;
     /// Those of the operations of `request_ids` that have ended (in no particular order):

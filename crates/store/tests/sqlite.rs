@@ -279,3 +279,40 @@ async fn busy_follows_what_keeps_an_entity_working() {
     let p = |k: &str, p: Option<&str>| (k.to_string(), p.map(str::to_string));
     assert_eq!(params, [p("auto", None), p("idle", None), p("parent", Some(r#"{"n":1}"#))]);
 }
+
+/// Space that deletes free goes back to the file system: a database Settle creates is in
+/// incremental auto-vacuum mode, and `reclaim_space` returns at most the pages asked for,
+/// then the rest, then nothing; the file shrinks.
+#[tokio::test]
+async fn freed_pages_go_back_to_the_file_system() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("space.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let probe = rusqlite::Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let pragma = |name: &str| probe.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0)).unwrap();
+    assert_eq!(pragma("auto_vacuum"), 2, "incremental");
+    // About 4 MiB of rows in an application table, then dropped: their pages are free.
+    store
+        .sql_execute(
+            "CREATE TABLE scratch (v TEXT);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 4000)
+             INSERT INTO scratch SELECT printf('%01000d', i) FROM n;
+             DROP TABLE scratch;",
+        )
+        .await
+        .unwrap();
+    let free = pragma("freelist_count");
+    assert!(free > 900, "pages freed: {free}");
+    assert_eq!(store.reclaim_space(100).await.unwrap(), 100, "at most what was asked");
+    assert_eq!(pragma("freelist_count"), free - 100);
+    assert_eq!(store.reclaim_space(u64::MAX).await.unwrap(), (free - 100) as u64);
+    assert_eq!((pragma("freelist_count"), store.reclaim_space(u64::MAX).await.unwrap()), (0, 0));
+    drop(probe);
+    drop(store);
+    // Once checkpointed, the file holds only the pages in use.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).unwrap();
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(size < 1024 * 1024, "the file shrank to {size} bytes");
+}

@@ -384,6 +384,11 @@ impl Store for PgStore {
         self.on_writer(move |w| transact(w, "sql_execute", |c, _| Ok(c.batch(&sql)?))).await
     }
 
+    async fn reclaim_space(&self, _max_pages: u64) -> Result<u64> {
+        // Autovacuum marks dead rows' space free for reuse; nothing to give back here.
+        Ok(0)
+    }
+
     async fn operation_get(&self, request_id: &str) -> Result<Option<OperationRow>> {
         let request_id = request_id.to_string();
         self.on_reader(move |c| read::operation_get(c, &request_id)).await

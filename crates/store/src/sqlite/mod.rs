@@ -87,7 +87,10 @@ impl SqliteStore {
         }
         let mut conn = Connection::open(&path).map_err(|e| open_err(e.to_string()))?;
         conn.execute_batch(
-            "PRAGMA journal_mode = WAL;
+            // Freed pages go back to the file system (`Store::reclaim_space`): set before the
+            // first table exists, so it holds for databases created from now on.
+            "PRAGMA auto_vacuum = INCREMENTAL;
+             PRAGMA journal_mode = WAL;
              PRAGMA synchronous = FULL;
              PRAGMA foreign_keys = ON;
              PRAGMA busy_timeout = 5000;",
@@ -549,6 +552,25 @@ impl Store for SqliteStore {
     async fn sql_execute(&self, sql: &str) -> Result<()> {
         let sql = sql.to_string();
         self.on_writer(move |conn| conn.execute_batch(&sql).map_err(db_err)).await
+    }
+
+    async fn reclaim_space(&self, max_pages: u64) -> Result<u64> {
+        self.on_writer(move |conn| {
+            let free = |conn: &Connection| conn.query_row("PRAGMA freelist_count", [], |r| r.get::<_, i64>(0));
+            let before = free(conn).map_err(db_err)?;
+            let pages = before.min(i64::try_from(max_pages).unwrap_or(i64::MAX));
+            if pages <= 0 {
+                return Ok(0);
+            }
+            // A pragma takes no bound parameter; `pages` is a number computed here. It frees
+            // a page per step: step it to the end.
+            let mut vacuum = conn.prepare(&format!("PRAGMA incremental_vacuum({pages})")).map_err(db_err)?;
+            let mut rows = vacuum.query([]).map_err(db_err)?;
+            while rows.next().map_err(db_err)?.is_some() {}
+            let after = free(conn).map_err(db_err)?;
+            Ok(u64::try_from(before - after).unwrap_or(0))
+        })
+        .await
     }
 
     async fn lease_release_all(&self, now: Millis) -> Result<u64> {
