@@ -33,4 +33,4 @@ pub use model::{
     Action, AgentBinding, Alternative, Broadcast, Creation, Event, KeyedRaise, Machine, Related, SELF, Schedule, State,
     Subscription, SubscriptionTimeout, Target, Then, Timer,
 };
-pub use tree::{HISTORY_PROPERTY, Level, Memory, Path, Transition};
+pub use tree::{HISTORY_PROPERTY, Level, Memory, Path, Transition, is_engine_property};

@@ -65,6 +65,12 @@ pub const HISTORY_PROPERTY: &str = "$history";
 /// A [`HISTORY_PROPERTY`] value.
 pub type Memory = serde_json::Map<String, serde_json::Value>;
 
+/// Whether a property is the engine's (its name starts with `$`, as [`HISTORY_PROPERTY`]):
+/// no definition, report or handler writes one.
+pub fn is_engine_property(name: &str) -> bool {
+    name.starts_with('$')
+}
+
 impl Machine {
     /// The state named `state` and its ancestors, innermost first (empty for a state the
     /// machine does not declare).
@@ -226,16 +232,13 @@ impl Machine {
     /// On a state the machine does not declare.
     pub fn transition_resuming(&self, from: &str, to: &str, reentry: bool, memory: Option<&Memory>) -> Transition<'_> {
         let from_path: Vec<&State> = self.path(from).collect();
-        let to_path: Vec<&State> = self.path(to).collect();
-        let at = |name: &str| from_path.iter().position(|s| s.name == name);
-        // The states left: up to and including `to` on a re-entry; none when staying in the
-        // same leaf; else those below the lowest common ancestor.
-        let left_count = match (reentry, from == to) {
-            (true, _) => at(to).map_or(0, |i| i + 1),
-            (false, true) => 0,
-            (false, false) => {
-                from_path.iter().position(|s| to_path.iter().any(|t| t.name == s.name)).unwrap_or(from_path.len())
-            }
+        // The states left: up to and including `to` on a re-entry, else those below the
+        // lowest common ancestor (none when `to` is the leaf itself: staying).
+        let left_count = if reentry {
+            from_path.iter().position(|s| s.name == to).map_or(0, |i| i + 1)
+        } else {
+            let to_path: Vec<&State> = self.path(to).collect();
+            from_path.iter().position(|s| to_path.iter().any(|t| t.name == s.name)).unwrap_or(from_path.len())
         };
         let left = from_path[..left_count].to_vec();
         let mut history = None;
@@ -247,23 +250,12 @@ impl Machine {
             let m: &mut Memory = history.get_or_insert_with(|| memory.cloned().unwrap_or_default());
             m.insert(p.name.to_string(), serde_json::Value::from(was.as_str()));
         }
-        let leaf = if left.is_empty() && !reentry && from == to {
-            from_path[0]
-        } else {
-            self.descend_resuming(to, history.as_ref().or(memory))
-        };
-        // Entered: from the leaf up to the common ancestor (exclusive), or up to `to`
-        // (inclusive) on a re-entry; outermost first.
+        let leaf = self.descend_resuming(to, history.as_ref().or(memory));
+        // Entered: from the leaf up to the first state not left (exclusive: the common
+        // ancestor, or `to`'s parent on a re-entry; the leaf itself when staying), outermost
+        // first.
         let stop = from_path.get(left_count).map(|s| &s.name);
-        let mut entered: Vec<&State> = Vec::new();
-        if !(left.is_empty() && leaf.name == from_path[0].name) {
-            for s in self.path(&leaf.name) {
-                if Some(&s.name) == stop {
-                    break;
-                }
-                entered.push(s);
-            }
-        }
+        let mut entered: Vec<&State> = self.path(&leaf.name).take_while(|s| Some(&s.name) != stop).collect();
         entered.reverse();
         Transition { left, entered, leaf, history }
     }

@@ -34,7 +34,7 @@ pub use entry::{
 };
 pub use outcome::{
     ActionOutcome, Create, InternalEvent, Raise, beyond_declaration, declared_changes, declared_creates,
-    engine_property, foreign_own_event,
+    engine_property, foreign_reply,
 };
 pub use timers::{TimerStart, agent_action, fire, has_timers, timer_applies, timers_on_entry};
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 
 use super::{PropChange, Properties};
-use crate::machine::{Action, Broadcast, Related};
+use crate::machine::{Action, Broadcast, Related, is_engine_property};
 use crate::names::{EntityKey, EventName, MachineName, StateName};
 
 /// What an action decided: the state to enter (none: the same state again, a retry) and
@@ -193,23 +193,17 @@ impl ActionOutcome {
     }
 }
 
-/// The first event of `outcome` meant for the raiser's own machine that is not one of
-/// `machine`'s (`is_event` says which names are): a raise's reply, or an internal event.
-/// The field at fault (`raise[i].reply`, `raise_self[i]`) and why.
-pub fn foreign_own_event(
+/// The first raise of `outcome` whose reply is not an event of `machine` (`is_event` says
+/// which names are): the field at fault (`raise[i].reply`) and why. (An internal event is
+/// checked against the machine like any raise, by [`check_raise`](super::check_raise).)
+pub fn foreign_reply(
     outcome: &ActionOutcome,
     machine: &str,
     is_event: impl Fn(&str) -> bool,
 ) -> Option<(String, String)> {
-    let replies = outcome.raises.iter().enumerate().find_map(|(i, r)| {
+    outcome.raises.iter().enumerate().find_map(|(i, r)| {
         let reply = r.reply.as_ref().filter(|e| !is_event(e.as_str()))?;
         Some((format!("raise[{i}].reply"), format!("the reply `{reply}` is not an event of machine `{machine}`")))
-    });
-    replies.or_else(|| {
-        outcome.internal.iter().enumerate().find_map(|(i, r)| {
-            let why = format!("`{}`, raised on the entity itself, is not an event of machine `{machine}`", r.event);
-            (!is_event(r.event.as_str())).then(|| (format!("raise_self[{i}]"), why))
-        })
     })
 }
 
@@ -221,11 +215,11 @@ pub fn engine_property(outcome: &ActionOutcome) -> Option<(String, String)> {
     let changed = outcome.changes.iter().map(|c| match c {
         PropChange::Set(k, _) | PropChange::Remove(k) => k,
     });
-    if let Some(k) = changed.into_iter().find(|k| k.starts_with('$')) {
+    if let Some(k) = changed.into_iter().find(|k| is_engine_property(k)) {
         return Some(("properties".into(), why(k)));
     }
     outcome.creates.iter().enumerate().find_map(|(i, c)| {
-        let k = c.properties.keys().find(|k| k.starts_with('$'))?;
+        let k = c.properties.keys().find(|k| is_engine_property(k))?;
         Some((format!("create[{i}].properties"), why(k)))
     })
 }

@@ -246,7 +246,7 @@ impl<'a> Checker<'a> {
         key: &str,
         list: impl IntoIterator<Item = &'b str>,
     ) {
-        for p in list.into_iter().filter(|p| p.starts_with('$')) {
+        for p in list.into_iter().filter(|p| crate::machine::is_engine_property(p)) {
             self.error(item, line, format!("`{key}` names `{p}`: a property starting with `$` is the engine's"));
         }
     }

@@ -39,7 +39,9 @@ use settle_store::{
 pub(crate) use fault::{FaultError, fault};
 use parts::task_offer;
 pub(crate) use reply::replies;
-pub(crate) use transition::{Hooks, Ran, check_effects, declare, hooks_done, new_entity, own_effects, transition};
+pub(crate) use transition::{
+    Hooks, Ran, check_effects, declare, hooks_done, in_order, new_entity, own_effects, transition,
+};
 
 use crate::api::EventOutcome;
 use crate::handler::Outcome;

@@ -97,23 +97,17 @@ pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Ne
         let Ran { action, item, outcome, locks, started } = ran;
         return Next::Hooks(Box::new(Hooks { run, outcome, action: action.clone(), item, locks, started }));
     }
-    // Exits' effects, then the action's own, then entries' (SCXML's order).
-    let mut own = Some(ran.outcome.take_effects());
-    for hook in run.iter().map(Some).chain([None]) {
-        if !hook.is_some_and(|h| h.exit)
-            && let Some(own) = own.take()
-            && let Err((field, why)) = own_effects(
-                &mut ran.outcome,
-                own,
-                ran.action,
-                ran.started,
-                &held.entity,
-                held.runs_for(ran.item.as_ref()).1,
-            )
-        {
-            return commit(refused(held, ran, format!("{field}: {why}"), env));
-        }
-        let Some(hook) = hook else { break };
+    let mut own = ran.outcome.take_effects();
+    for step in in_order(&run) {
+        let Some(hook) = step else {
+            let own = std::mem::take(&mut own);
+            let params = held.runs_for(ran.item.as_ref()).1;
+            if let Err((field, why)) = own_effects(&mut ran.outcome, own, ran.action, ran.started, &held.entity, params)
+            {
+                return commit(refused(held, ran, format!("{field}: {why}"), env));
+            }
+            continue;
+        };
         if let Err((field, why)) =
             declare(&hook.action, &mut ran.outcome, &held.entity, held.runs_for(ran.item.as_ref()).1)
         {
@@ -123,6 +117,13 @@ pub(crate) fn transition(held: &mut Held, mut ran: Ran<'_>, env: &Env<'_>) -> Ne
         }
     }
     commit(finish(held, ran, env))
+}
+
+/// A transition's effects in SCXML's order: its exit actions', then its action's own
+/// (`None`: [`own_effects`]), then its entry actions'. `run` lists exits before entries.
+pub(crate) fn in_order(run: &[Hook]) -> impl Iterator<Item = Option<&Hook>> {
+    let exits = run.iter().take_while(|h| h.exit).count();
+    run[..exits].iter().map(Some).chain([None]).chain(run[exits..].iter().map(Some))
 }
 
 /// Adds an action's own effects to `outcome` at their place in its transition: after the
@@ -428,8 +429,7 @@ fn effects(
     let entity_id = raiser.map_or(0, |e| e.id);
     if let Some(e) = raiser {
         let own = env.registry.machine(&e.machine).ok();
-        if let Some(refusal) =
-            step::foreign_own_event(outcome, &e.machine, |ev| own.is_some_and(|m| m.event(ev).is_some()))
+        if let Some(refusal) = step::foreign_reply(outcome, &e.machine, |ev| own.is_some_and(|m| m.event(ev).is_some()))
         {
             return Err(refusal);
         }

@@ -691,18 +691,15 @@ async fn run_hooks(
     let mut outcome = std::mem::take(&mut hooks.outcome);
     // Exits' effects, then the action's own, then entries' (SCXML's order): exit actions
     // see the properties before the action's changes, entry actions after them.
-    let mut own = Some(outcome.take_effects());
+    let mut own = outcome.take_effects();
     let item = hooks.item.clone();
-    let performed = |outcome: &mut crate::Outcome, own| {
-        decide::own_effects(outcome, own, &hooks.action, hooks.started, entity, &params)
-            .map_err(|(field, why)| FaultError::new("refused", format!("{field}: {why}")))
-    };
-    for hook in &hooks.run {
-        if !hook.exit
-            && let Some(own) = own.take()
-        {
-            performed(&mut outcome, own)?;
-        }
+    for step in decide::in_order(&hooks.run) {
+        let Some(hook) = step else {
+            let own = std::mem::take(&mut own);
+            decide::own_effects(&mut outcome, own, &hooks.action, hooks.started, entity, &params)
+                .map_err(|(field, why)| FaultError::new("refused", format!("{field}: {why}")))?;
+            continue;
+        };
         let what = if hook.exit { "exit" } else { "entry" };
         let name = format!("{what} action `{}` of state `{}`", hook.action.name, hook.state);
         if hook.action.is_declarative() {
@@ -747,9 +744,6 @@ async fn run_hooks(
                 return Err(fault);
             }
         }
-    }
-    if let Some(own) = own {
-        performed(&mut outcome, own)?;
     }
     Ok(outcome)
 }

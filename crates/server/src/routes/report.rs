@@ -162,7 +162,11 @@ pub(crate) fn shape(req: &CompleteRequest) -> Result<(), Problem> {
     // Property names starting with `$` (`$history`) are the engine's.
     let properties = |field: &str, v: &Option<Value>| {
         object(field, v)?;
-        match v.as_ref().and_then(Value::as_object).and_then(|m| m.keys().find(|k| k.starts_with('$'))) {
+        match v
+            .as_ref()
+            .and_then(Value::as_object)
+            .and_then(|m| m.keys().find(|k| settle_core::machine::is_engine_property(k)))
+        {
             Some(k) => Err(bad(field, &format!("`{k}`: a property starting with `$` is the engine's"))),
             None => Ok(()),
         }

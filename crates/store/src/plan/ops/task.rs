@@ -109,8 +109,7 @@ pub(crate) fn report(
             return Err(bad(field, why));
         }
         if let Some(m) = check.machines.get(machine) {
-            if let Some((field, why)) = settle_core::step::foreign_own_event(outcome, machine, |e| m.event(e).is_some())
-            {
+            if let Some((field, why)) = settle_core::step::foreign_reply(outcome, machine, |e| m.event(e).is_some()) {
                 return Err(bad(field, why));
             }
             for (i, r) in outcome.internal.iter().enumerate() {
