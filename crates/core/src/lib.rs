@@ -8,6 +8,7 @@
 //!   set of machines ([`validate::check_set`]);
 //! - [`step`]: the step function the runtime consults for each event and action outcome;
 //! - [`fault`]: fault policies, turning an entity's errors into backoff or parking;
+//! - [`retention`]: how long ended entities, operations, tasks and counts are kept;
 //! - [`upgrade`]: whether stored entities fit a new definition, and where they move;
 //! - [`graph`]: Mermaid and DOT diagrams;
 //! - [`svg`]: SVG diagrams, with a layered layout of their own (for the dashboard).
@@ -15,7 +16,7 @@
 //! This crate does no IO, reads no clock and spawns nothing: time and randomness come in
 //! as arguments, decisions come out as data. See `examples/machines/` for definitions.
 //!
-//! Imports go one way. At the bottom are [`names`], [`duration`], [`fault`] and the raw
+//! Imports go one way. At the bottom are [`names`], [`duration`], [`fault`], [`retention`] and the raw
 //! definition (`machine::def`, with [`StateKind`] and [`Health`]); [`pattern`] and the
 //! single-definition checks of [`validate`] build on the definition only; the validated
 //! [`Machine`] builds on them (a definition becomes a machine once validated); everything
@@ -31,6 +32,7 @@ pub mod guard;
 pub mod machine;
 pub mod names;
 pub mod pattern;
+pub mod retention;
 pub mod step;
 pub mod svg;
 pub mod time;

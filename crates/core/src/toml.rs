@@ -8,13 +8,15 @@
 //! Keys supported so far:
 //! - top level: `name` (defaults to the file stem), `initial`, `properties` (the property
 //!   names guards may read), `[states.*]`, `[events.*]`, `[actions.*]`, `[timers.*]`,
-//!   `[fault]`, `[migrate]`;
+//!   `[fault]`, `[retention]`, `[migrate]`;
 //! - a state: `kind` (`stable`, `unstable`, `terminal`, `deleted`), `auto` (an action or
 //!   an array of actions), `wait` (a duration), `health` (`ok`, `error`), `requires`,
 //!   `initial` (`true` on the machine's initial state; on a parent, the name of the child
 //!   entered with it), `parent` (the state this one is a substate of), `on_entry` and
 //!   `on_exit` (an action or an array), `on_entry_from` (a table event → action(s)),
-//!   `renamed_from` (former names of the state, see [`crate::upgrade`]);
+//!   `renamed_from` (former names of the state, see [`crate::upgrade`]), `retain` (on a
+//!   terminal or deleted state: how long an entity stays after entering it, a duration or
+//!   `forever`);
 //! - an event: `in`, `action`, `params`, `reject` (a table state → reason), `ignore`
 //!   (states where it is accepted and dropped), `internal` (a boolean), `when` (an array
 //!   of tables `{ in, guard, action | reject }`: guarded alternatives, see
@@ -28,6 +30,8 @@
 //! - `[fault]`, the fault policy (see [`crate::fault`]), every key optional:
 //!   `max_errors` (an integer), `window` (a duration), `backoff = { min = duration,
 //!   max = duration }`;
+//! - `[retention]`: `ended` (a duration or `forever`: how long an entity stays after
+//!   entering an end state that declares no `retain`; see [`crate::retention`]);
 //! - `[migrate]`: a table old state name → declared state, where stored entities in a
 //!   state the definition no longer declares move on upgrade (see [`crate::upgrade`]).
 //!
@@ -77,8 +81,9 @@ use serde::de::{self, SeqAccess, Visitor};
 use crate::duration;
 use crate::machine::{
     ActionDef, CreateDef, EventDef, FaultDef, Health, History, Machine, MachineDef, MigrateDef, Origin, RaiseDef,
-    StateDef, StateKind, TimerDef, WhenDef,
+    RetentionDef, StateDef, StateKind, TimerDef, WhenDef,
 };
+use crate::retention::Keep;
 use crate::validate::{Diagnostic, Report, Severity};
 
 /// Parses one machine definition. `file_stem` is the machine's name unless the file sets
@@ -154,6 +159,7 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
         def.timers.extend(p.timer(key, timer));
     }
     def.fault = file.fault.map(|f| p.fault(f));
+    def.retention = file.retention.map(|r| p.retention(r));
     def.migrate = in_order(file.migrate)
         .into_iter()
         .map(|(from, to)| MigrateDef { origin: Origin { line: p.line(&from) }, from: from.into_inner(), to })
@@ -224,9 +230,27 @@ impl Parser<'_> {
         }
     }
 
+    fn keep(&mut self, item: &str, value: &Spanned<String>) -> Option<Keep> {
+        match Keep::parse(value.get_ref()) {
+            Ok(k) => Some(k),
+            Err(message) => {
+                let line = self.line(value);
+                self.error(item, line, message);
+                None
+            }
+        }
+    }
+
+    fn retention(&mut self, retention: Spanned<RetentionToml>) -> RetentionDef {
+        let origin = Origin { line: self.line(&retention) };
+        let retention = retention.into_inner();
+        RetentionDef { ended: retention.ended.as_ref().and_then(|k| self.keep("retention", k)), origin }
+    }
+
     fn state(&mut self, key: Spanned<String>, state: StateToml) -> StateDef {
         let item = format!("state `{}`", key.get_ref());
         StateDef {
+            retain: state.retain.as_ref().and_then(|k| self.keep(&item, k)),
             kind: state.kind.map(|k| match k {
                 KindToml::Stable => StateKind::Stable,
                 KindToml::Unstable => StateKind::Unstable,
@@ -397,6 +421,7 @@ struct FileToml {
     #[serde(default)]
     timers: BTreeMap<Spanned<String>, TimerToml>,
     fault: Option<Spanned<FaultToml>>,
+    retention: Option<Spanned<RetentionToml>>,
     #[serde(default)]
     migrate: BTreeMap<Spanned<String>, String>,
     #[serde(default)]
@@ -425,6 +450,12 @@ struct FaultToml {
     backoff: Option<BackoffToml>,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetentionToml {
+    ended: Option<Spanned<String>>,
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct BackoffToml {
@@ -450,6 +481,7 @@ struct StateToml {
     on_entry_from: BTreeMap<Spanned<String>, Names>,
     #[serde(default)]
     renamed_from: Vec<String>,
+    retain: Option<Spanned<String>>,
 }
 
 /// A state's `initial`: `true` on the machine's initial state, or on a parent the name of
@@ -685,7 +717,7 @@ mod tests {
         assert_eq!(
             errors("door", "[states.closed]\nkind = \"stable\"\ncolour = \"red\"\n"),
             [
-                "line 3: error: machine `door`, file: unknown field `colour`, expected one of `kind`, `auto`, `wait`, `health`, `requires`, `initial`, `parent`, `history`, `on_entry`, `on_exit`, `on_entry_from`, `renamed_from`"
+                "line 3: error: machine `door`, file: unknown field `colour`, expected one of `kind`, `auto`, `wait`, `health`, `requires`, `initial`, `parent`, `history`, `on_entry`, `on_exit`, `on_entry_from`, `renamed_from`, `retain`"
             ]
         );
         assert_eq!(
@@ -709,7 +741,7 @@ mod tests {
         assert_eq!(
             errors("door", "naem = \"door\"\n"),
             [
-                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `fault`, `migrate`, `properties`"
+                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `fault`, `retention`, `migrate`, `properties`"
             ]
         );
     }
@@ -1049,6 +1081,98 @@ swinging = "open"
         assert_eq!(
             mapping,
             [("ajar", "open"), ("jammed", "closed"), ("locked", "closed"), ("shut", "closed"), ("swinging", "open")]
+        );
+    }
+
+    /// A bug whose end states are kept for different times.
+    const RETAINED: &str = r#"initial = "open"
+[states.open]
+[states.fixed]
+kind = "terminal"
+[states.wontfix]
+kind = "terminal"
+retain = "90d"
+[states.deleted]
+kind = "deleted"
+retain = "forever"
+[events.fix]
+in = ["open"]
+action = "to_fixed"
+[events.drop]
+in = ["open"]
+action = "to_wontfix"
+[events.delete]
+in = ["open"]
+action = "to_deleted"
+[actions.to_fixed]
+to = ["fixed"]
+[actions.to_wontfix]
+to = ["wontfix"]
+[actions.to_deleted]
+to = ["deleted"]
+
+[retention]
+ended = "7d"
+"#;
+
+    #[test]
+    fn end_states_are_kept_by_their_own_retain_the_machines_then_the_deployments() {
+        use crate::retention::{Defaults, Keep};
+        let day = |n: u64| Keep::For(Duration::from_secs(n * 86_400));
+        let def = parse("bug", RETAINED).unwrap();
+        assert_eq!(def.retention, Some(RetentionDef { ended: Some(day(7)), origin: Origin { line: Some(27) } }));
+        assert_eq!(def.states[2].retain, Some(day(90)));
+        let (m, warnings) = load("bug.toml", "bug", RETAINED).unwrap();
+        assert_eq!(warnings, Report::default());
+        let kept = |m: &Machine, d: &Defaults| -> Vec<(String, Keep)> {
+            m.end_states_kept(d).into_iter().map(|(s, k)| (s.to_string(), k)).collect()
+        };
+        let expect = vec![("fixed".into(), day(7)), ("wontfix".into(), day(90)), ("deleted".into(), Keep::Forever)];
+        assert_eq!(kept(&m, &Defaults::BUILT_IN), expect);
+        // Without `[retention]`, the deployment's default fills in.
+        let plain = load("bug.toml", "bug", RETAINED.split("\n[retention]").next().unwrap()).unwrap().0;
+        assert_eq!(kept(&plain, &Defaults::BUILT_IN.with("ended=1d").unwrap())[0], ("fixed".into(), day(1)));
+        // Part of the definition: its hash, the stored JSON and the TOML written back.
+        assert_ne!(m.content_hash(), plain.content_hash());
+        let json = m.canonical_json();
+        assert!(json.contains(r#""retention":{"ended":604800000}"#), "{json}");
+        assert!(json.contains(r#""retain":"forever""#), "{json}");
+        assert_eq!(Machine::from_canonical_json(&json).unwrap(), m);
+        assert_eq!(load("bug.toml", "bug", &m.to_toml()).unwrap().0, m);
+        let built = MachineBuilder::new("bug")
+            .state("open")
+            .initial()
+            .state("fixed")
+            .kind(StateKind::Terminal)
+            .state("wontfix")
+            .kind(StateKind::Terminal)
+            .retain(day(90))
+            .state("deleted")
+            .kind(StateKind::Deleted)
+            .retain(Keep::Forever)
+            .event("fix", ["open"], "to_fixed")
+            .event("drop", ["open"], "to_wontfix")
+            .event("delete", ["open"], "to_deleted")
+            .action("to_fixed", ["fixed"])
+            .action("to_wontfix", ["wontfix"])
+            .action("to_deleted", ["deleted"])
+            .retention_ended(day(7))
+            .build()
+            .unwrap();
+        assert_eq!(built.content_hash(), m.content_hash());
+    }
+
+    #[test]
+    fn retention_mistakes_are_reported_with_their_lines() {
+        let text =
+            RETAINED.replace("[states.open]\n", "[states.open]\nretain = \"1d\"\n").replace("\"7d\"", "\"a week\"");
+        let report = load("bug.toml", "bug", &text).unwrap_err();
+        assert_eq!(
+            report.to_string(),
+            "bug.toml:2: error: machine `bug`, state `open`: `retain` applies to terminal and deleted states only (this one is \
+             stable: its entities are live)\n\
+             bug.toml:29: error: machine `bug`, retention: invalid duration `a week` (expected e.g. `500ms`, `5s`, `10m`, \
+             `1h30m`), or `forever`\n"
         );
     }
 

@@ -86,6 +86,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let hub = (!store.exclusive()).then(|| Hub::start(store.clone()));
         let ops = OpWatch::start(store.clone());
         let clock = config.clock.clone();
+        let (retention, prune_limit) = (config.retention, config.prune_limit);
         let scheduler = Scheduler::new(
             store.clone(),
             registry.clone(),
@@ -103,6 +104,8 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 agent_check,
                 registry,
                 clock,
+                retention,
+                prune_limit,
                 tx,
                 offered,
                 hub,

@@ -1,9 +1,11 @@
 //! How an engine is tuned ([`Config`]): its lease owner name and lease length, how much it
-//! holds and claims at once, its fallback poll, the supervisor's pace, and its clock.
+//! holds and claims at once, its fallback poll, the supervisor's pace, retention and the
+//! pace of pruning, and its clock.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use settle_core::retention::Defaults;
 use settle_store::{SharedClock, SystemClock};
 
 /// Engine tuning. The defaults suit one process on SQLite.
@@ -23,6 +25,19 @@ pub struct Config {
     pub hung_after: Duration,
     /// How often the supervisor looks for hung operations.
     pub supervise_every: Duration,
+    /// What the deployment keeps, where a machine's definition does not say
+    /// (`settle_core::retention`).
+    pub retention: Defaults,
+    /// How often the engine looks for what retention lets go (while a round finds more, the
+    /// next follows after [`Config::prune_pause`]). Zero: never on its own (`settle prune`
+    /// still runs rounds). An engine that processes nothing (`max_inflight` 0) never does.
+    pub prune_every: Duration,
+    /// The pause between rounds of pruning while more is past its retention: the writer
+    /// serves live work in between.
+    pub prune_pause: Duration,
+    /// Most entities one round of pruning removes (of the other kinds, ten times as many
+    /// rows): small enough that a round never holds the writer long.
+    pub prune_limit: usize,
     /// Where time comes from: the system clock, or a [`ManualClock`](settle_store::ManualClock)
     /// that tests advance. Every due time, lease, backoff, timer and sleep the engine
     /// decides is counted on it.
@@ -39,6 +54,10 @@ impl Default for Config {
             poll: Duration::from_secs(1),
             hung_after: Duration::from_secs(600),
             supervise_every: Duration::from_secs(10),
+            retention: Defaults::BUILT_IN,
+            prune_every: Duration::from_secs(60),
+            prune_pause: Duration::from_millis(20),
+            prune_limit: 200,
             clock: Arc::new(SystemClock),
         }
     }

@@ -29,6 +29,10 @@ pub(crate) struct Inner<S> {
     /// What a report is checked against: the agent-run actions and their machines' events.
     pub(crate) agent_check: TaskCheck,
     pub(crate) clock: SharedClock,
+    /// The deployment's retention ([`crate::Config::retention`]).
+    pub(crate) retention: settle_core::retention::Defaults,
+    /// Most entities a round of pruning removes ([`crate::Config::prune_limit`]).
+    pub(crate) prune_limit: usize,
     pub(crate) tx: mpsc::UnboundedSender<Msg>,
     /// Notified when this engine offered agent tasks.
     pub(crate) offered: Arc<tokio::sync::Notify>,
@@ -102,7 +106,7 @@ impl<S: Store> Engine<S> {
         &self.inner.clock
     }
 
-    fn send(&self, msg: Msg) -> Result<()> {
+    pub(crate) fn send(&self, msg: Msg) -> Result<()> {
         self.inner.tx.send(msg).map_err(|_| Error::Stopped)
     }
 

@@ -89,6 +89,9 @@ pub enum Error {
     /// action; nothing changed.
     #[error(transparent)]
     Task(#[from] settle_store::TaskRefusal),
+    /// Another instance is pruning the database (PostgreSQL: one at a time).
+    #[error("another instance is pruning this database now; try again when it is done")]
+    PruneBusy,
     /// The engine is shutting down.
     #[error("engine stopped")]
     Stopped,

@@ -16,7 +16,7 @@
 //! Modules: `engine` (the API), `builder` (starting), `api` (what callers send and get),
 //! `config`, `registry` (machines and handlers), `decide` (the decisions), `scheduler` (the
 //! loop), `msg` (its inbox), `waiters` (callers waiting on it), `opwatch` (callers waiting
-//! for operations to end), `nested` (sync nested events), [`sim`] (the scheduler stepped by a simulation), `handler` (what actions get and return), `watch` (other instances' commits),
+//! for operations to end), `nested` (sync nested events), `prune` (retention carried out), [`sim`] (the scheduler stepped by a simulation), `handler` (what actions get and return), `watch` (other instances' commits),
 //! [`metrics`], `error`.
 
 mod api;
@@ -32,6 +32,7 @@ pub mod metrics;
 mod msg;
 mod nested;
 mod opwatch;
+mod prune;
 mod registry;
 mod scheduler;
 pub mod sim;
@@ -45,4 +46,5 @@ pub use decide::subscription_progress_with;
 pub use engine::{Engine, SubscriptionProgress, can_fire};
 pub use error::{Error, Result};
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
+pub use prune::PruneReport;
 pub use settle_store::{Clock, Command, ManualClock, RunStatus, SharedClock, SystemClock};

@@ -57,6 +57,15 @@ pub(crate) fn pages_reclaimed(pages: u64) {
     metrics::counter!("settle_store_pages_reclaimed_total").increment(pages);
 }
 
+/// Rows a round of pruning removed, per table (`settle_pruned_rows_total{table}`).
+pub(crate) fn pruned(rows: &settle_store::PrunedRows) {
+    for (table, n) in rows.tables() {
+        if n > 0 {
+            metrics::counter!("settle_pruned_rows_total", "table" => table).increment(n);
+        }
+    }
+}
+
 /// Installs a Prometheus recorder as the global metrics recorder and returns its handle;
 /// `handle.render()` gives the text exposition format.
 #[cfg(feature = "prometheus")]

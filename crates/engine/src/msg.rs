@@ -26,6 +26,8 @@ pub(crate) enum Msg {
     Raise { push: Push, wait: Wait, ack: oneshot::Sender<Result<Option<(i64, i64)>>>, done: Option<DoneTx> },
     /// An operator command (`Op::Command`); answered like `Create`.
     Command { op: Op, reply: oneshot::Sender<Result<Option<EntityRow>>> },
+    /// A round of pruning asked for by the API (`Op::Prune`).
+    Prune { op: Op, reply: oneshot::Sender<Result<settle_store::Pruned>> },
     /// A handler finished.
     /// (`task`: the scheduler's number of the task that ran it, in spawn order, for a
     /// simulation's deterministic delivery; also in `HooksDone` and `Evaluated`.)

@@ -170,7 +170,10 @@ impl World {
             poll: Duration::from_secs(1),
             hung_after: Duration::from_secs(24 * 3600),
             supervise_every: Duration::from_secs(10),
+            // Pruning is not part of the simulated worlds yet.
+            prune_every: Duration::ZERO,
             clock: std::sync::Arc::new(self.clock.clone()),
+            ..Config::default()
         };
         let provider = ProviderSettings {
             fail_rate: 0.2,

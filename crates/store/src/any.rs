@@ -86,6 +86,7 @@ impl Store for AnyStore {
         fn meta_put(&self, key: &str, value: &str) -> ();
         fn sql_execute(&self, sql: &str) -> ();
         fn reclaim_space(&self, max_pages: u64) -> u64;
+        fn storage(&self) -> crate::Storage;
         fn operation_get(&self, request_id: &str) -> Option<OperationRow>;
         fn operations_ended(&self, request_ids: Vec<String>) -> Vec<OperationRow>;
         fn operation_list(&self, outcome: Option<String>, limit: u64) -> Vec<OperationRow>;

@@ -7,8 +7,8 @@ use serde_json::Value;
 use settle_core::{ActionName, EntityKey, EventName, MachineName, Properties, StateName};
 
 use crate::{
-    AgentTask, Command, EntityRow, HistoryKind, InboxItem, Millis, NewEntity, OpenOperation, Push, PushRelated,
-    RunStatus, TaskCheck, TaskOffer, TaskRefusal, TaskResult, Telemetry, TimerPlan,
+    AgentTask, Command, EntityRow, HistoryKind, InboxItem, Millis, NewEntity, OpenOperation, Prune, Pruned, Push,
+    PushRelated, RunStatus, TaskCheck, TaskOffer, TaskRefusal, TaskResult, Telemetry, TimerPlan,
 };
 
 /// A raw SQL statement run inside a commit. Parameters are bound, never interpolated.
@@ -101,6 +101,9 @@ pub struct Commit {
     pub notify_self: bool,
     /// Write no history row (a notice that fired nothing).
     pub quiet: bool,
+    /// The state entered (`to`) is an end state (terminal or deleted): the entity's
+    /// `ended_at` is set, from which its retention counts.
+    pub ended: bool,
     /// Also consume every change notice up to this inbox id (they were all covered by the
     /// subscription evaluation this commit concludes).
     pub consume_notices_upto: Option<i64>,
@@ -150,6 +153,7 @@ impl Commit {
             notify_predecessors: false,
             notify_self: false,
             quiet: false,
+            ended: false,
             consume_notices_upto: None,
             run_status: None,
             recent_errors: None,
@@ -184,6 +188,9 @@ pub enum Op {
         /// Opens this operation; replays of its request id do nothing.
         operation: Option<OpenOperation>,
     },
+    /// A round of pruning: removes what retention lets go (see [`Prune`]). Answers
+    /// [`Applied::Pruned`].
+    Prune(Box<Prune>),
     /// Marks operations with no progress since `before` as hung.
     MarkHung {
         /// The progress deadline.
@@ -309,6 +316,8 @@ pub enum Applied {
         /// The new lease end.
         locked_until: Millis,
     },
+    /// A round of pruning: what it removed (or, dry, would remove).
+    Pruned(Box<Pruned>),
 }
 
 /// Why one [`Op`] failed; nothing of it is visible.

@@ -26,6 +26,7 @@ mod operation;
 mod page;
 mod plan;
 pub mod postgres;
+mod prune;
 mod report;
 mod sql;
 pub mod sqlite;
@@ -50,6 +51,7 @@ pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
 pub use machine::MachineRecord;
 pub use operation::{OpenOperation, OperationRow};
 pub use postgres::PgStore;
+pub use prune::{Prune, PruneRule, Pruned, PrunedEntity, PrunedRows, Storage};
 pub use report::{
     EntityCount, ErrorStats, MetricsSnapshot, MinuteCount, OperationStats, Overview, Stats, TransitionCount,
     TransitionStats, percentile,
@@ -164,6 +166,10 @@ pub trait Store: Send + Sync + 'static {
     /// its free pages for reuse until it is converted, see the README). PostgreSQL reuses
     /// the space its autovacuum frees, and answers 0.
     fn reclaim_space(&self, max_pages: u64) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Rows per table and the database's size in bytes (counted: for benchmarks, checks
+    /// and operators, not for a hot path).
+    fn storage(&self) -> impl Future<Output = Result<Storage>> + Send;
 
     /// The operation opened with `request_id`.
     fn operation_get(&self, request_id: &str) -> impl Future<Output = Result<Option<OperationRow>>> + Send;

@@ -64,6 +64,11 @@ impl MachineBuilder {
         self.last_state().kind = Some(kind);
         self
     }
+    /// How long an entity stays after entering the last state, an end state (`retain`).
+    pub fn retain(mut self, keep: crate::retention::Keep) -> Self {
+        self.last_state().retain = Some(keep);
+        self
+    }
     /// Marks the last state `health = "error"`.
     pub fn error_health(mut self) -> Self {
         self.last_state().health = Health::Error;
@@ -362,6 +367,13 @@ impl MachineBuilder {
             ..TimerDef::default()
         });
         self.last = Last::Timer;
+        self
+    }
+
+    /// How long an entity stays after entering an end state without a `retain` of its own
+    /// (`[retention] ended`). A machine-wide setting, like the fault policy.
+    pub fn retention_ended(mut self, keep: crate::retention::Keep) -> Self {
+        self.def.retention.get_or_insert_with(Default::default).ended = Some(keep);
         self
     }
 

@@ -40,6 +40,9 @@ impl Machine {
                 if let Some(h) = s.history {
                     state["history"] = Value::from(h.as_str());
                 }
+                if let Some(k) = s.retain {
+                    state["retain"] = k.to_json();
+                }
                 if !s.on_entry.is_empty() {
                     state["on_entry"] = s.on_entry.iter().map(|a| a.as_str()).collect();
                 }
@@ -184,6 +187,13 @@ impl Machine {
                 "backoff": {"min_ms": ms(f.backoff_min), "max_ms": ms(f.backoff_max)},
             });
         }
+        if let Some(r) = &self.retention {
+            let mut retention = Map::new();
+            if let Some(k) = r.ended {
+                retention.insert("ended".into(), k.to_json());
+            }
+            machine["retention"] = Value::from(retention);
+        }
         if !self.properties.is_empty() {
             machine["properties"] = self.properties.iter().map(String::as_str).collect();
         }
@@ -222,9 +232,10 @@ impl Machine {
 /// The definition a canonical rendering describes (`None`: it is not one).
 fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
     use super::def::{
-        ActionDef, CreateDef, EventDef, FaultDef, MachineDef, MigrateDef, RaiseDef, StateDef, StateKind, TimerDef,
-        WhenDef,
+        ActionDef, CreateDef, EventDef, FaultDef, MachineDef, MigrateDef, RaiseDef, RetentionDef, StateDef, StateKind,
+        TimerDef, WhenDef,
     };
+    use crate::retention::Keep;
     use serde_json::Value;
     let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
     let texts = |v: &Value, k: &str| -> Option<Vec<String>> {
@@ -259,6 +270,10 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
             initial_child: text(s, "initial"),
             history: match text(s, "history") {
                 Some(h) => Some(History::parse(&h)?),
+                None => None,
+            },
+            retain: match s.get("retain") {
+                Some(k) => Some(Keep::from_json(k)?),
                 None => None,
             },
             on_entry: texts(s, "on_entry")?,
@@ -381,6 +396,13 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
             backoff_max: ms(backoff, "max_ms"),
             ..FaultDef::default()
         });
+    }
+    if let Some(r) = v.get("retention") {
+        let ended = match r.get("ended") {
+            Some(k) => Some(Keep::from_json(k)?),
+            None => None,
+        };
+        def.retention = Some(RetentionDef { ended, ..RetentionDef::default() });
     }
     def.migrate = table(v, "migrate")
         .into_iter()

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use crate::fault::FaultPolicy;
+use crate::retention::Keep;
 
 /// How a state behaves. See the README glossary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,6 +122,9 @@ pub struct StateDef {
     /// Actions run when this state is entered by a given event (`[states.X.on_entry_from]
     /// EVENT = action`), after its `on_entry` actions.
     pub on_entry_from: Vec<(String, Vec<String>)>,
+    /// For an end state (terminal or deleted): how long an entity stays after entering it
+    /// (`retain = "90d"`), before the machine's `[retention]` and the deployment's default.
+    pub retain: Option<Keep>,
     /// Where it was declared.
     pub origin: Origin,
 }
@@ -304,6 +308,16 @@ impl From<FaultPolicy> for FaultDef {
     }
 }
 
+/// A machine's retention as declared (`[retention]`): see [`crate::retention`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RetentionDef {
+    /// `ended`: how long an entity stays after entering an end state without a `retain`
+    /// of its own.
+    pub ended: Option<Keep>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
 /// One entry of the migration table (`[migrate] old = "new"`), before validation: stored
 /// entities in state `from`, which the definition no longer declares, move to `to` when
 /// the definition is upgraded (see [`crate::upgrade`]).
@@ -340,6 +354,8 @@ pub struct MachineDef {
     pub fault: Option<FaultDef>,
     /// The migration table (`[migrate]`), in declaration order.
     pub migrate: Vec<MigrateDef>,
+    /// The declared retention (`[retention]`), if any.
+    pub retention: Option<RetentionDef>,
     /// Properties the machine's entities carry (`properties = [...]`): the names guards
     /// may read besides those of `requires` and declarative `set`.
     pub properties: Vec<String>,

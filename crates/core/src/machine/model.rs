@@ -14,6 +14,7 @@ use crate::fault::FaultPolicy;
 use crate::guard::Guard;
 use crate::names::{ActionName, EventName, MachineName, StateName};
 use crate::pattern::Pattern;
+use crate::retention::{Defaults, Keep, Retention};
 use crate::validate::{self, Report};
 
 /// A validated state.
@@ -47,12 +48,20 @@ pub struct State {
     pub on_exit: Vec<ActionName>,
     /// Actions run when a given event's transition enters this state (after `on_entry`).
     pub on_entry_from: BTreeMap<EventName, Vec<ActionName>>,
+    /// For an end state: how long an entity stays after entering it, as the state
+    /// declares (`retain`); see [`Machine::end_states_kept`].
+    pub retain: Option<Keep>,
 }
 
 impl State {
     /// Stable, terminal and deleted states are "at rest": nothing runs on its own.
     pub fn at_rest(&self) -> bool {
         self.kind != StateKind::Unstable
+    }
+    /// Terminal and deleted states: an entity there is done, and may be removed once its
+    /// retention passes.
+    pub fn is_end(&self) -> bool {
+        matches!(self.kind, StateKind::Terminal | StateKind::Deleted)
     }
     /// Whether this state has substates (then an entity is never in it alone).
     pub fn is_parent(&self) -> bool {
@@ -391,6 +400,8 @@ pub struct Machine {
     pub(super) fault: Option<FaultPolicy>,
     /// The migration table: old state name to declared state.
     pub(super) migrate: BTreeMap<StateName, StateName>,
+    /// `None` when not declared (`[retention]`).
+    pub(super) retention: Option<Retention>,
     /// Declared property names (`properties`).
     pub(super) properties: Vec<String>,
     /// Each state's parent, by index (the tree `tree.rs` walks).
@@ -436,6 +447,7 @@ impl Machine {
                     .iter()
                     .map(|(e, a)| (EventName::new(e), a.iter().map(ActionName::new).collect()))
                     .collect(),
+                retain: s.retain,
             })
             .collect();
         let initial_name = def
@@ -558,6 +570,7 @@ impl Machine {
             actions,
             timers,
             fault: def.fault.as_ref().map(FaultDef::policy),
+            retention: def.retention.as_ref().map(|r| Retention { ended: r.ended }),
             migrate: def.migrate.iter().map(|m| (StateName::new(&m.from), StateName::new(&m.to))).collect(),
             properties: def.properties.clone(),
             nested: parents.iter().any(Option::is_some),
@@ -601,6 +614,17 @@ impl Machine {
     /// The fault policy: the declared one, or [`FaultPolicy::DEFAULT`].
     pub fn fault_policy(&self) -> &FaultPolicy {
         self.fault.as_ref().unwrap_or(&FaultPolicy::DEFAULT)
+    }
+    /// The retention the machine declares (`[retention]`), if any.
+    pub fn retention(&self) -> Option<&Retention> {
+        self.retention.as_ref()
+    }
+    /// Each end state (terminal or deleted) with how long an entity stays after entering
+    /// it: the state's `retain`, else the machine's `[retention] ended`, else the
+    /// deployment's default.
+    pub fn end_states_kept(&self, defaults: &Defaults) -> Vec<(&StateName, Keep)> {
+        let ended = self.retention.and_then(|r| r.ended).unwrap_or(defaults.ended);
+        self.states.iter().filter(|s| s.is_end()).map(|s| (&s.name, s.retain.unwrap_or(ended))).collect()
     }
     /// Where stored entities in a state this definition no longer declares go on upgrade:
     /// each old name (from a state's `renamed_from` or the `[migrate]` table) mapped to the

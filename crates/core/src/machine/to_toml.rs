@@ -78,6 +78,12 @@ impl Machine {
         if let Some(policy) = &self.fault {
             write_fault(&mut w, policy);
         }
+        if let Some(r) = &self.retention {
+            w.table(&["retention"]);
+            if let Some(k) = r.ended {
+                w.entry("ended", string(&k.as_text()));
+            }
+        }
         if !self.migrate.is_empty() {
             w.table(&["migrate"]);
             for (old, new) in &self.migrate {
@@ -123,6 +129,9 @@ impl Machine {
             }
             if !s.renamed_from.is_empty() {
                 w.entry("renamed_from", strings(&s.renamed_from));
+            }
+            if let Some(k) = s.retain {
+                w.entry("retain", string(&k.as_text()));
             }
             if !s.on_entry_from.is_empty() {
                 w.table(&["states", &s.name, "on_entry_from"]);

@@ -272,6 +272,16 @@ impl<'a> Checker<'a> {
         if s.wait.is_some() && s.auto.is_empty() {
             self.error(&item, line, "`wait` declared without an auto action".into());
         }
+        if s.retain.is_some() && !matches!(kind, StateKind::Terminal | StateKind::Deleted) {
+            self.error(
+                &item,
+                line,
+                format!(
+                    "`retain` applies to terminal and deleted states only (this one is {}: its entities are live)",
+                    kind.as_str()
+                ),
+            );
+        }
         for a in &s.auto {
             if self.actions.get(a.as_str()).is_some_and(|action| action.targets.is_empty()) {
                 self.error(&item, line, format!("auto action `{a}` has no target (`to`)"));

@@ -333,6 +333,7 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         fired,
         notify_predecessors: changed_state,
         notify_self: entered_anew && machine.subscriptions_in(&entry.state).next().is_some(),
+        ended: machine.state(&entry.state).is_some_and(|s| s.is_end()),
         machine_hash: env.registry.hash(machine.name()),
         telemetry: Telemetry {
             event: item.as_ref().map(|i| EventRecord::of(i, false, false)),

@@ -42,6 +42,7 @@ macro_rules! decide_env {
 }
 
 // After the macro: they use it.
+mod prune;
 mod tasks;
 mod upkeep;
 
@@ -64,6 +65,10 @@ pub(crate) enum Pending {
     Release,
     Renew,
     Supervise,
+    /// A round of pruning asked for by the API.
+    Prune(oneshot::Sender<Result<settle_store::Pruned>>),
+    /// A round of the periodic pruning job.
+    PruneJob(Box<settle_store::Prune>),
 }
 
 /// What a held entity is busy with.
@@ -102,6 +107,8 @@ pub(crate) struct Scheduler<S> {
     next_due: Option<Millis>,
     last_renew: Millis,
     last_supervise: Millis,
+    /// The periodic pruning job.
+    prune: prune::PruneJob,
     claim_now: bool,
     /// The machines this engine serves: it claims only their entities.
     served: Vec<String>,
@@ -164,6 +171,7 @@ impl<S: Store + Clone> Scheduler<S> {
             next_due: None,
             last_renew: now,
             last_supervise: now,
+            prune: prune::PruneJob::new(now),
             claim_now: true,
             wakeup: Arc::new(tokio::sync::Notify::new()),
             stats: Stats::default(),
@@ -202,6 +210,7 @@ impl<S: Store + Clone> Scheduler<S> {
             }
             self.maybe_renew();
             self.maybe_supervise();
+            self.maybe_prune();
             self.write_batch().await;
         }
         let st = &self.stats;
@@ -223,7 +232,7 @@ impl<S: Store + Clone> Scheduler<S> {
     /// whichever comes first.
     fn wake_at(&self) -> Millis {
         let poll = self.clock.now_ms() + self.config.poll.as_millis() as Millis;
-        let mut at = self.next_due.map_or(poll, |due| due.min(poll)).min(self.next_supervise());
+        let mut at = self.next_due.map_or(poll, |due| due.min(poll)).min(self.next_supervise()).min(self.next_prune());
         if !self.held.is_empty() {
             at = at.min(self.last_renew + self.lease_ms() / 3);
         }
@@ -238,7 +247,8 @@ impl<S: Store + Clone> Scheduler<S> {
             return;
         }
         let now = self.clock.now_ms();
-        let caught_up = self.next_due.is_none_or(|due| due > now) && self.next_supervise() > now;
+        let caught_up =
+            self.next_due.is_none_or(|due| due > now) && self.next_supervise() > now && self.next_prune() > now;
         self.waiters.answer_quiet(self.next_due.is_none(), caught_up.then_some(self.next_due));
     }
 
@@ -272,6 +282,10 @@ impl<S: Store + Clone> Scheduler<S> {
             Msg::Agent { op, reply } => {
                 self.ops.push(op);
                 self.pending.push(Pending::Agent(reply));
+            }
+            Msg::Prune { op, reply } => {
+                self.ops.push(op);
+                self.pending.push(Pending::Prune(reply));
             }
             Msg::ActionDone { entity_id, version, result, .. } => self.on_action_done(entity_id, version, result),
             Msg::HooksDone { entity_id, version, hooks, result, .. } => {
@@ -441,6 +455,10 @@ impl<S: Store + Clone> Scheduler<S> {
                     self.held.remove(&expect.entity_id);
                 }
                 Pending::Release | Pending::Renew | Pending::Supervise => {}
+                Pending::Prune(reply) => {
+                    let _ = reply.send(Err(err()));
+                }
+                Pending::PruneJob(_) => self.prune.running = false,
             }
         }
         self.claim_now = false;
@@ -505,6 +523,13 @@ impl<S: Store + Clone> Scheduler<S> {
                         tracing::warn!(error = %e, "lease operation failed");
                     }
                 }
+                Pending::Prune(reply) => {
+                    let _ = reply.send(r.map_err(op_error).map(|a| match a {
+                        Applied::Pruned(p) => *p,
+                        other => unreachable!("a round of pruning answers Pruned, not {other:?}"),
+                    }));
+                }
+                Pending::PruneJob(p) => self.pruned(&p, r),
                 Pending::Supervise => {
                     if let Ok(Applied::MarkedHung(n)) = r
                         && n > 0

@@ -17,7 +17,7 @@ async fn everything<S: Store>(store: &S) -> Vec<EntityRow> {
 }
 
 /// Asserts that the overview's entity and operation counts equal those of the rows.
-async fn counts_agree<S: Store>(store: &S, now: i64) {
+pub(super) async fn counts_agree<S: Store>(store: &S, now: i64) {
     let o = store.overview(now, 0).await.unwrap();
     let mut want: BTreeMap<(String, String, &str), u64> = BTreeMap::new();
     for e in everything(store).await {

@@ -3,7 +3,8 @@
 //! A batch is cut into *segments* of operations planned together. Creates, pushes, commits,
 //! releases and agent heartbeats and reports join a segment (which never fences the same
 //! entity twice); an operator command, a lease of agent tasks, a renewal of leases and the
-//! marking of hung operations each make a segment of their own, and so does a commit that
+//! marking of hung operations each make a segment of their own (so does a round of pruning,
+//! [`prune`], with a read and a write of its own), and so does a commit that
 //! carries application SQL (under a savepoint: its SQL may fail after its rows are written).
 //!
 //! A segment is planned in four steps ([`segment`]):
@@ -30,6 +31,7 @@
 //! [`finish`](Dialect::finish).
 
 pub(crate) mod ops;
+pub(crate) mod prune;
 pub(crate) mod rows;
 mod segment;
 
@@ -63,6 +65,15 @@ pub(crate) trait Dialect {
     /// Undoes what the operation since the savepoint wrote.
     fn rollback_savepoint(&mut self) -> Result<(), Self::Error>;
 
+    /// Reads a round of pruning: per rule, up to `page` entities of its machine and state
+    /// that ended before its time, after its cursor, in `(ended_at, id)` order, locked,
+    /// with what could keep them; on PostgreSQL first takes the database's pruning lock
+    /// for the transaction (held by another instance: `busy`, nothing read).
+    fn prune_read(&mut self, p: &crate::Prune, page: usize) -> Result<prune::PruneRead, Self::Error>;
+    /// Removes the chosen entities' rows from every table, then up to `rows` each of the
+    /// ended operations, finished tasks and minute counts past their time; counts the rows.
+    fn prune_write(&mut self, w: &prune::PruneWrite<'_>) -> Result<prune::PruneWritten, Self::Error>;
+
     /// Ends the batch: turns due timers of active entities into inbox events, claims due
     /// entities (if asked), reads the earliest due time left, tells other processes what
     /// the batch changed (PostgreSQL) and commits.
@@ -78,6 +89,8 @@ enum Kind {
     Own,
     /// A commit with application SQL: a segment of its own, under a savepoint.
     Sql,
+    /// A round of pruning ([`prune`]).
+    Prune,
 }
 
 fn kind(op: &Op) -> Kind {
@@ -90,6 +103,7 @@ fn kind(op: &Op) -> Kind {
         | Op::TaskHeartbeat { .. }
         | Op::TaskReport { .. } => Kind::Segment,
         Op::Command { .. } | Op::TaskLease { .. } | Op::Renew { .. } | Op::MarkHung { .. } => Kind::Own,
+        Op::Prune(_) => Kind::Prune,
     }
 }
 
@@ -131,6 +145,11 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                 let done = segment::apply(d, now, &[&ops[i]])?;
                 others_due |= done.due_now;
                 results.extend(done.results);
+                i += 1;
+            }
+            Kind::Prune => {
+                let Op::Prune(p) = &ops[i] else { unreachable!("a round of pruning") };
+                results.push(prune::apply(d, p)?);
                 i += 1;
             }
             Kind::Sql => {

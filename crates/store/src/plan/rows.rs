@@ -158,12 +158,14 @@ pub(crate) struct Current {
     pub(crate) ordinal: i64,
     pub(crate) has_predecessors: bool,
     pub(crate) machine_hash: Option<String>,
+    /// When it entered the end state it is in (`None`: it has not ended).
+    pub(crate) ended_at: Option<Millis>,
 }
 
 /// The columns of [`Current`], in its field order (`SELECT {CURRENT_COLS} FROM entities`).
 pub(crate) const CURRENT_COLS: &str = "id, machine, key, state, version, retry, entered_at, auto_at, due_at, \
      lease_owner, lease_until, request_id, timer_at, run_status, sleep_until, busy, event_id, ordinal, \
-     has_predecessors, machine_hash";
+     has_predecessors, machine_hash, ended_at";
 
 impl Current {
     /// Decodes the columns of `SELECT {CURRENT_COLS}`.
@@ -190,6 +192,7 @@ impl Current {
             ordinal: r.int(17)?,
             has_predecessors: r.flag(18)?,
             machine_hash: r.opt_text(19)?,
+            ended_at: r.opt_int(20)?,
         })
     }
 
@@ -516,6 +519,7 @@ mod tests {
             ordinal: 0,
             has_predecessors: false,
             machine_hash: None,
+            ended_at: None,
         }
     }
 

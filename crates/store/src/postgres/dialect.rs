@@ -332,6 +332,14 @@ impl Dialect for Tx<'_> {
         Ok(Ok(()))
     }
 
+    fn prune_read(&mut self, p: &crate::Prune, page: usize) -> R<crate::plan::prune::PruneRead> {
+        self.prune_candidates(p, page)
+    }
+
+    fn prune_write(&mut self, w: &crate::plan::prune::PruneWrite<'_>) -> R<crate::plan::prune::PruneWritten> {
+        self.prune_rows(w)
+    }
+
     fn savepoint(&mut self) -> R<()> {
         Ok(self.c.batch("SAVEPOINT op")?)
     }

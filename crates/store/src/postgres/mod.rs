@@ -27,6 +27,7 @@ mod claim;
 mod conn;
 mod dialect;
 mod listen;
+mod prune;
 mod read;
 mod schema;
 mod sets;
@@ -382,6 +383,27 @@ impl Store for PgStore {
     async fn sql_execute(&self, sql: &str) -> Result<()> {
         let sql = sql.to_string();
         self.on_writer(move |w| transact(w, "sql_execute", |c, _| Ok(c.batch(&sql)?))).await
+    }
+
+    async fn storage(&self) -> Result<crate::Storage> {
+        self.on_reader(|c| {
+            let mut tables = Vec::with_capacity(crate::prune::TABLES.len());
+            for table in crate::prune::TABLES {
+                // A table name is an identifier, not a parameter: each is a constant here.
+                let n: i64 = c.one(&format!("SELECT count(*) FROM {table}"), &[])?.try_get(0)?;
+                tables.push((table.to_string(), n as u64));
+            }
+            let bytes: i64 = c
+                .one(
+                    "SELECT COALESCE(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+                     JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = current_schema() AND c.relkind = 'r'",
+                    &[],
+                )?
+                .try_get(0)?;
+            Ok(crate::Storage { tables, bytes: bytes as u64 })
+        })
+        .await
     }
 
     async fn reclaim_space(&self, _max_pages: u64) -> Result<u64> {

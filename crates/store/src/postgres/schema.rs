@@ -18,6 +18,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("../../migrations/postgres/0008_trigger.sql")),
     (9, include_str!("../../migrations/postgres/0009_reply.sql")),
     (10, include_str!("../../migrations/postgres/0010_internal.sql")),
+    (11, include_str!("../../migrations/postgres/0011_retention.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if

@@ -82,14 +82,14 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
                 run_status = v.run_status, sleep_until = v.sleep_until, busy = v.busy, event_id = v.event_id,
                 ordinal = v.ordinal, has_predecessors = v.has_predecessors, machine_hash = v.machine_hash,
                 properties = COALESCE(v.properties, e.properties), fired = COALESCE(v.fired, e.fired),
-                recent_errors = COALESCE(v.recent_errors, e.recent_errors)
+                recent_errors = COALESCE(v.recent_errors, e.recent_errors), ended_at = v.ended_at
              FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[],
                 $7::bigint[], $8::text[], $9::bigint[], $10::text[], $11::bigint[], $12::text[], $13::bigint[],
                 $14::boolean[], $15::bigint[], $16::bigint[], $17::boolean[], $18::text[], $19::text[],
-                $20::text[], $21::text[])
+                $20::text[], $21::text[], $22::bigint[])
                 AS v(id, state, version, retry, entered_at, auto_at, due_at, lease_owner, lease_until,
                      request_id, timer_at, run_status, sleep_until, busy, event_id, ordinal, has_predecessors,
-                     machine_hash, properties, fired, recent_errors)
+                     machine_hash, properties, fired, recent_errors, ended_at)
              WHERE e.id = v.id",
             vec![
                 ints(u, |u| u.row.id),
@@ -113,6 +113,7 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
                 opt_strings(u, |u| u.properties.as_deref()),
                 opt_strings(u, |u| u.fired.as_deref()),
                 opt_strings(u, |u| u.recent_errors.as_deref()),
+                opt_ints(u, |u| u.row.ended_at),
             ],
         ));
     }

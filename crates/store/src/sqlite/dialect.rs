@@ -324,6 +324,17 @@ impl Dialect for Tx<'_> {
         Ok(Ok(()))
     }
 
+    fn prune_read(&mut self, p: &crate::Prune, page: usize) -> rusqlite::Result<crate::plan::prune::PruneRead> {
+        self.prune_candidates(p, page)
+    }
+
+    fn prune_write(
+        &mut self,
+        w: &crate::plan::prune::PruneWrite<'_>,
+    ) -> rusqlite::Result<crate::plan::prune::PruneWritten> {
+        self.prune_rows(w)
+    }
+
     fn savepoint(&mut self) -> rusqlite::Result<()> {
         self.0.execute_batch("SAVEPOINT op")
     }

@@ -16,6 +16,7 @@ use std::sync::atomic::AtomicBool;
 
 mod claim;
 mod dialect;
+mod prune;
 mod read;
 mod schema;
 mod sets;
@@ -552,6 +553,22 @@ impl Store for SqliteStore {
     async fn sql_execute(&self, sql: &str) -> Result<()> {
         let sql = sql.to_string();
         self.on_writer(move |conn| conn.execute_batch(&sql).map_err(db_err)).await
+    }
+
+    async fn storage(&self) -> Result<crate::Storage> {
+        self.on_reader(|conn| {
+            let mut tables = Vec::with_capacity(crate::prune::TABLES.len());
+            for table in crate::prune::TABLES {
+                // A table name is an identifier, not a parameter: each is a constant here.
+                let n: i64 =
+                    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0)).map_err(db_err)?;
+                tables.push((table.to_string(), n as u64));
+            }
+            let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).map_err(db_err)?;
+            let size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).map_err(db_err)?;
+            Ok(crate::Storage { tables, bytes: (pages * size) as u64 })
+        })
+        .await
     }
 
     async fn reclaim_space(&self, max_pages: u64) -> Result<u64> {

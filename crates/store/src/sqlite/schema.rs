@@ -18,6 +18,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("../../migrations/sqlite/0008_trigger.sql")),
     (9, include_str!("../../migrations/sqlite/0009_reply.sql")),
     (10, include_str!("../../migrations/sqlite/0010_internal.sql")),
+    (11, include_str!("../../migrations/sqlite/0011_retention.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.

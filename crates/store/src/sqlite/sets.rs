@@ -120,7 +120,7 @@ impl Tx<'_> {
                 lease_owner = ?8, lease_until = ?9, request_id = ?10, timer_at = ?11, run_status = ?12,
                 sleep_until = ?13, busy = ?14, event_id = ?15, ordinal = ?16, has_predecessors = ?17,
                 machine_hash = ?18, properties = COALESCE(?19, properties), fired = COALESCE(?20, fired),
-                recent_errors = COALESCE(?21, recent_errors)
+                recent_errors = COALESCE(?21, recent_errors), ended_at = ?22
              WHERE id = ?1",
         )?;
         for u in rows {
@@ -146,7 +146,8 @@ impl Tx<'_> {
                 r.machine_hash,
                 u.properties,
                 u.fired,
-                u.recent_errors
+                u.recent_errors,
+                r.ended_at
             ])?;
         }
         Ok(())

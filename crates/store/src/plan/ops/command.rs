@@ -133,6 +133,7 @@ mod tests {
             ordinal: 2,
             has_predecessors: false,
             machine_hash: None,
+            ended_at: None,
         }
     }
 

@@ -76,6 +76,7 @@ impl Work {
             ordinal: 0,
             has_predecessors: false,
             machine_hash: e.machine_hash.clone(),
+            ended_at: None,
         };
         self.by_id.insert(cur.id, slot);
         self.slots.push(Slot {
@@ -292,6 +293,7 @@ impl Work {
                 cur.version += 1;
                 cur.retry = i64::from(c.retry);
                 cur.entered_at = now;
+                cur.ended_at = c.ended.then_some(now);
                 cur.auto_at = c.auto_at;
                 cur.busy = c.auto_at.is_some() && status != RunStatus::Failed;
                 if let Some(r) = &c.request_id

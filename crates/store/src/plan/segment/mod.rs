@@ -238,6 +238,7 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
             Op::TaskLease { queue, limit, .. } => leasable = Some((queue.clone(), *limit, now)),
             Op::Renew { ids, owner, .. } => renew = Some((ids.clone(), owner.clone())),
             Op::MarkHung { before } => open_before = Some(*before),
+            Op::Prune(_) => unreachable!("a round of pruning is planned on its own (plan/prune.rs)"),
         }
     }
     // Operations of external creates and raises are opened with the reads; a request id
@@ -368,6 +369,7 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
             Op::TaskLease { agent, token_prefix, .. } => Ok(w.lease_tasks(agent, token_prefix)),
             Op::Renew { ids, owner, until } => Ok(w.renew(ids, owner, *until)),
             Op::MarkHung { before } => Ok(w.mark_hung(*before)),
+            Op::Prune(_) => unreachable!("a round of pruning is planned on its own (plan/prune.rs)"),
         };
         answers.push(answer);
     }

@@ -1,0 +1,215 @@
+//! Retention carried out by the engine, on SQLite and, when `SETTLE_TEST_PG` is set, on
+//! PostgreSQL (a schema per test): the periodic job removes entities whose end state's
+//! retention passed — `done` after an hour, `failed` after a day — with every row they
+//! left, and never a live entity or its latest history; a child that ended stays while its
+//! parent lives; `Engine::prune` dry-runs and runs on demand; a pruned key can be created
+//! again.
+
+mod common;
+
+use std::time::Duration;
+
+use settle_core::Machine;
+use settle_core::retention::Defaults;
+use settle_engine::{Config, Engine, ManualClock, RaiseOptions, Wait};
+use settle_store::{AnyStore, PgStore, Store};
+
+async fn stores(name: &str) -> Vec<(tempfile::TempDir, AnyStore)> {
+    let (dir, sqlite) = common::sqlite();
+    let mut out = vec![(dir, AnyStore::Sqlite(sqlite))];
+    if let Some(url) = settle_store::postgres::test_url(name) {
+        let pg = tokio::task::spawn_blocking(move || PgStore::open(&url)).await.unwrap().expect("PostgreSQL store");
+        out.push((tempfile::tempdir().unwrap(), AnyStore::Postgres(pg)));
+    }
+    out
+}
+
+fn load(name: &str, text: &str) -> Machine {
+    settle_core::toml::load(&format!("{name}.toml"), name, text).expect("loads").0
+}
+
+/// A job runs, then is `done` (kept an hour) or `failed` (kept a day); `spawn` creates a
+/// `step` child, which ends in `gone` (the deployment's default: two hours here).
+const JOB: &str = r#"
+initial = "queued"
+[states.queued]
+[states.running]
+[states.done]
+kind = "terminal"
+[states.failed]
+kind = "terminal"
+health = "error"
+retain = "1d"
+[events.start]
+in = ["queued"]
+action = "to_running"
+[events.spawn]
+in = ["running"]
+action = "spawn_step"
+[events.finish]
+in = ["running"]
+action = "to_done"
+[events.fail]
+in = ["running"]
+action = "to_failed"
+[actions.to_running]
+to = ["running"]
+[actions.spawn_step]
+to = ["running"]
+create = [{ machine = "step", key = "key + '-step'" }]
+may_create = ["step"]
+[actions.to_done]
+to = ["done"]
+[actions.to_failed]
+to = ["failed"]
+
+[retention]
+ended = "1h"
+"#;
+
+const STEP: &str = r#"
+initial = "live"
+[states.live]
+[states.gone]
+kind = "deleted"
+[events.remove]
+in = ["live"]
+action = "to_gone"
+[actions.to_gone]
+to = ["gone"]
+"#;
+
+const HOUR: u64 = 3_600_000;
+
+async fn start(store: AnyStore) -> (Engine<AnyStore>, ManualClock) {
+    let clock = common::clock();
+    let config = Config {
+        retention: Defaults::BUILT_IN.with("ended=2h,operations=30m,tasks=1h,minutes=1d").unwrap(),
+        prune_every: Duration::from_secs(600),
+        prune_limit: 3,
+        ..Config::default()
+    };
+    let engine = Engine::builder(store)
+        .config(config)
+        .clock(clock.clone())
+        .machine(load("job", JOB))
+        .machine(load("step", STEP))
+        .start()
+        .await
+        .unwrap();
+    (engine, clock)
+}
+
+async fn raise(engine: &Engine<AnyStore>, machine: &str, key: &str, event: &str) {
+    let r = engine.raise(machine, key, event, RaiseOptions::wait(Wait::Stable)).await.unwrap();
+    assert!(matches!(r.outcome, Some(settle_engine::EventOutcome::Accepted { .. })), "{key} {event}: {:?}", r.outcome);
+}
+
+async fn exists(engine: &Engine<AnyStore>, machine: &str, key: &str) -> bool {
+    engine.store().entity_get(machine, key).await.unwrap().is_some()
+}
+
+/// Advances the clock by `ms` and lets the engine run every round that comes due.
+async fn pass(engine: &Engine<AnyStore>, clock: &ManualClock, ms: u64) {
+    let end = settle_store::Clock::now_ms(clock) + ms as i64;
+    loop {
+        clock.advance(Duration::from_secs(600));
+        engine.wait_caught_up().await.unwrap();
+        if settle_store::Clock::now_ms(clock) >= end {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_entities_go_when_their_states_retention_passes_and_live_ones_never() {
+    for (_dir, store) in stores("retention_periodic").await {
+        let (engine, clock) = start(store).await;
+        // Four done jobs (more than one round's limit of 3), one failed, one live with a
+        // child that ended, one whose child lives.
+        for i in 0..4 {
+            let key = format!("ok-{i}");
+            engine.create("job", &key, Default::default()).await.unwrap();
+            raise(&engine, "job", &key, "start").await;
+            raise(&engine, "job", &key, "finish").await;
+        }
+        for key in ["bad", "live", "parent"] {
+            engine.create("job", key, Default::default()).await.unwrap();
+            raise(&engine, "job", key, "start").await;
+        }
+        raise(&engine, "job", "bad", "fail").await;
+        raise(&engine, "job", "live", "spawn").await;
+        raise(&engine, "step", "live-step", "remove").await;
+        raise(&engine, "job", "parent", "spawn").await;
+        let live_history = engine.history("job", "live").await.unwrap();
+
+        // Within the hour nothing goes.
+        pass(&engine, &clock, HOUR / 2).await;
+        assert!(exists(&engine, "job", "ok-0").await);
+        // After it, the done jobs go (in two rounds of at most 3); the failed one stays a day.
+        pass(&engine, &clock, HOUR).await;
+        for i in 0..4 {
+            assert!(!exists(&engine, "job", &format!("ok-{i}")).await, "ok-{i} is pruned");
+        }
+        assert!(
+            engine.history("job", "ok-0").await.is_err() || engine.history("job", "ok-0").await.unwrap().is_empty()
+        );
+        assert!(exists(&engine, "job", "bad").await, "failed is kept a day");
+        // A day later: the failed job goes; the ended child of a live job stays, and so
+        // does every live entity with its history.
+        pass(&engine, &clock, 25 * HOUR).await;
+        assert!(!exists(&engine, "job", "bad").await);
+        assert!(exists(&engine, "step", "live-step").await, "its parent lives");
+        assert!(exists(&engine, "step", "parent-step").await);
+        assert_eq!(engine.history("job", "live").await.unwrap(), live_history);
+        // Old operations are gone too (kept 30 minutes).
+        let ops = engine.store().operation_list(None, 1_000).await.unwrap();
+        assert!(ops.is_empty(), "{ops:?}");
+        // The pruned keys can be used again.
+        engine.create("job", "ok-0", Default::default()).await.unwrap();
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_on_demand_dry_runs_then_removes_exactly_that() {
+    for (_dir, store) in stores("retention_on_demand").await {
+        let clock = common::clock();
+        // No periodic job: only what is asked for.
+        let config = Config { prune_every: Duration::ZERO, prune_limit: 2, ..Config::default() };
+        let engine = Engine::builder(store)
+            .config(config)
+            .clock(clock.clone())
+            .machine(load("job", JOB))
+            .machine(load("step", STEP))
+            .start()
+            .await
+            .unwrap();
+        for i in 0..5 {
+            let key = format!("j{i}");
+            engine.create("job", &key, Default::default()).await.unwrap();
+            raise(&engine, "job", &key, "start").await;
+            raise(&engine, "job", &key, if i < 4 { "finish" } else { "fail" }).await;
+        }
+        clock.advance(Duration::from_millis(2 * HOUR));
+        let before = engine.store().storage().await.unwrap();
+        let mut rounds = 0;
+        let dry = engine.prune(Some("job"), true, |_| rounds += 1).await.unwrap();
+        assert_eq!(engine.store().storage().await.unwrap(), before, "a dry run changes nothing");
+        let keys: Vec<&str> = dry.entities.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["j0", "j1", "j2", "j3"], "done after an hour; failed stays a day");
+        assert!(rounds >= 2, "rounds of at most 2: {rounds}");
+        let done = engine.prune(Some("job"), false, |_| ()).await.unwrap();
+        assert_eq!((done.entities, done.rows.history), (dry.entities, dry.rows.history));
+        // Every table lost what the rounds counted (the counts tables aside: PostgreSQL
+        // keeps its fleet counts in shards, where a delete may add a row).
+        let after = engine.store().storage().await.unwrap();
+        let table = |s: &settle_store::Storage, t: &str| s.tables.iter().find(|(n, _)| n == t).unwrap().1;
+        for (t, n) in done.rows.tables() {
+            assert_eq!(table(&before, t) - table(&after, t), n, "{t}");
+        }
+        assert!(exists(&engine, "job", "j4").await);
+        assert!(engine.prune(Some("nope"), true, |_| ()).await.is_err(), "an unknown machine is refused");
+        engine.shutdown().await;
+    }
+}

@@ -1,0 +1,165 @@
+//! Pruning ([`Op::Prune`]): a round removes every row an ended entity left, in every table,
+//! and nothing of any other entity; an entity linked to a live one, or with work queued,
+//! stays; a dry run reports exactly what a round removes and changes nothing; a removed
+//! key can be created again; an operation past its time is gone, and its request id starts
+//! a new operation; the fleet counts still equal their rows.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+use settle_core::{EntityKey, MachineName};
+
+use super::fleet::counts_agree;
+use super::{T0, claim_with_event, commit, create_one, get, new_entity, push, write};
+use crate::{
+    AfterCommit, Applied, Command, ErrorRecord, EventRecord, Millis, Op, OpenOperation, Prune, PruneRule, Pruned,
+    Store, Telemetry,
+};
+
+/// Rows per table.
+async fn rows<S: Store>(store: &S) -> BTreeMap<String, u64> {
+    store.storage().await.expect("storage").tables.into_iter().collect()
+}
+
+/// One round at `now`, with rules for the end states of machine `m` ended before `before`.
+async fn round<S: Store>(store: &S, now: Millis, before: Millis, dry_run: bool) -> Pruned {
+    let rule = |state: &str| PruneRule { machine: "m".into(), state: state.into(), before, after: None };
+    let p = Prune {
+        ended: vec![rule("deleted"), rule("done")],
+        operations_before: Some(before),
+        tasks_before: Some(before),
+        minutes_before: Some(before),
+        limit: 100,
+        rows: 1_000,
+        dry_run,
+    };
+    let r = write(store, now, vec![Op::Prune(Box::new(p))], false).await;
+    match r.results.into_iter().next().expect("one result") {
+        Ok(Applied::Pruned(p)) => *p,
+        other => panic!("prune failed: {other:?}"),
+    }
+}
+
+/// Moves `key` to `to` (an end state unless `idle`) by an event, creating `creates`, with
+/// an error recorded on the way.
+async fn end<S: Store>(store: &S, now: Millis, key: &str, to: &str, creates: &[&str]) {
+    let (e, ev) = claim_with_event(store, now, key).await;
+    let mut c = commit(&e, Some(to), Some(ev.id), AfterCommit::Release);
+    c.ended = to != "idle";
+    c.creates = creates.iter().map(|k| new_entity(k, "idle", None)).collect();
+    c.telemetry = Telemetry {
+        event: Some(EventRecord::of(&ev, false, false)),
+        error: Some(ErrorRecord {
+            kind: "action_error",
+            details: format!("{key} failed once"),
+            exception: Some("trace".into()),
+            retried: true,
+        }),
+        ..Telemetry::default()
+    };
+    let r = write(store, now + 1, vec![Op::Commit(Box::new(c))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+}
+
+/// A round removes an ended entity's every row and nothing else; what keeps an entity
+/// keeps it; a dry run changes nothing; keys and request ids are free again.
+pub async fn pruning_removes_every_row_an_ended_entity_left<S: Store>(store: S) {
+    // `p` ends in `deleted` after creating `c1`, which ends in `done`: both may go.
+    create_one(&store, "p").await;
+    let (p, ev) = claim_with_event(&store, T0, "p").await;
+    let mut c = commit(&p, Some("working"), Some(ev.id), AfterCommit::Release);
+    c.creates = vec![new_entity("c1", "idle", None)];
+    assert!(write(&store, T0 + 1, vec![Op::Commit(Box::new(c))], false).await.results[0].is_ok());
+    end(&store, T0 + 10, "c1", "done", &[]).await;
+    end(&store, T0 + 20, "p", "deleted", &[]).await;
+    // `live` stays in `idle`; its successor `c2` ended, but a live predecessor keeps it.
+    create_one(&store, "live").await;
+    end(&store, T0 + 30, "live", "idle", &["c2"]).await;
+    end(&store, T0 + 40, "c2", "done", &[]).await;
+    // `queued` ended, but an event waits in its inbox.
+    create_one(&store, "queued").await;
+    end(&store, T0 + 50, "queued", "deleted", &[]).await;
+    write(&store, T0 + 60, vec![Op::Push(push("queued", "late"))], false).await;
+    // An operation, ended at once (an operator command is done when applied).
+    create_one(&store, "o1").await;
+    let op = OpenOperation { request_id: "op-old".into(), name: "m.pause".into(), dimensions: json!({}) };
+    let pause = |command| Op::Command {
+        machine: MachineName::new("m"),
+        key: EntityKey::new("o1"),
+        command,
+        operation: Some(op.clone()),
+    };
+    let old = write(&store, T0 + 70, vec![pause(Command::Pause)], false).await;
+    assert!(old.results[0].is_ok(), "{:?}", old.results[0]);
+    assert!(store.operation_get("op-old").await.unwrap().unwrap().ended_at.is_some());
+    let live_before = (
+        store.history_list(get(&store, "live").await.id).await.unwrap(),
+        store.events_list(get(&store, "live").await.id).await.unwrap(),
+        store.error_list(get(&store, "live").await.id, 100).await.unwrap(),
+    );
+    let (p, c1) = (get(&store, "p").await, get(&store, "c1").await);
+    let expected_history =
+        (store.history_list(p.id).await.unwrap().len() + store.history_list(c1.id).await.unwrap().len()) as u64;
+    let expected_events =
+        (store.events_list(p.id).await.unwrap().len() + store.events_list(c1.id).await.unwrap().len()) as u64;
+    assert!(expected_history >= 4 && expected_events >= 2, "{expected_history} {expected_events}");
+
+    // Nothing has ended before T0: nothing goes.
+    let none = round(&store, T0 + 100, T0, false).await;
+    assert_eq!((none.entities.len(), none.rows.total(), none.kept), (0, 0, 0), "{none:?}");
+
+    // A dry run says what goes and changes nothing.
+    let before = rows(&store).await;
+    let now = T0 + 10 * 60_000;
+    let dry = round(&store, now, now, true).await;
+    assert_eq!(rows(&store).await, before, "a dry run changes nothing");
+    let keys: Vec<&str> = dry.entities.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(keys, ["p", "c1"], "by rule, then by end time");
+    assert_eq!(dry.kept, 2, "c2 (a live predecessor) and queued (an event waits)");
+    assert!(!dry.more, "{dry:?}");
+
+    // The round removes exactly what the dry run said.
+    let done = round(&store, now, now, false).await;
+    assert_eq!((done.entities.clone(), done.rows, done.kept), (dry.entities.clone(), dry.rows, dry.kept));
+    let r = done.rows;
+    assert_eq!((r.entities, r.history, r.events, r.errors), (2, expected_history, expected_events, 2), "{r:?}");
+    assert_eq!((r.exceptions, r.successors, r.operations), (2, 1, 1), "{r:?}");
+    assert!(r.minute_counts >= 1, "{r:?}");
+    let after = rows(&store).await;
+    for (table, n) in r.tables() {
+        assert_eq!(before[table] - after[table], n, "{table}: the round's count is what the table lost");
+    }
+    assert_eq!(before["entities"] - after["entities"], 2);
+    for gone in [&p, &c1] {
+        assert!(store.entity_get("m", &gone.key).await.unwrap().is_none());
+        assert!(store.history_list(gone.id).await.unwrap().is_empty());
+        assert!(store.events_list(gone.id).await.unwrap().is_empty());
+        assert!(store.error_list(gone.id, 100).await.unwrap().is_empty());
+    }
+    // Everything of every other entity is still there.
+    let live = get(&store, "live").await;
+    assert_eq!(
+        (
+            store.history_list(live.id).await.unwrap(),
+            store.events_list(live.id).await.unwrap(),
+            store.error_list(live.id, 100).await.unwrap()
+        ),
+        live_before
+    );
+    for kept in ["c2", "queued", "o1"] {
+        get(&store, kept).await;
+    }
+    assert_eq!(store.successor_snapshot(live.id).await.unwrap().successors.len(), 1);
+    counts_agree(&store, now).await;
+
+    // The keys are free again; the pruned operation's request id opens a new operation.
+    let again =
+        write(&store, now + 1, vec![Op::Create(new_entity("p", "idle", None)), pause(Command::Resume)], false).await;
+    assert!(matches!(again.results[0], Ok(Applied::Created(_))), "{:?}", again.results[0]);
+    assert!(
+        matches!(again.results[1], Ok(Applied::Commanded(_))),
+        "a new operation, not a replay: {:?}",
+        again.results[1]
+    );
+    counts_agree(&store, now + 1).await;
+}

@@ -1,0 +1,114 @@
+//! The SQLite dialect's round of pruning: candidates read per end state through the partial
+//! index `entities_ended`, then each chosen entity's rows deleted table by table with
+//! cached statements, and the other kinds' rows past their time (see `plan/prune.rs`).
+
+use rusqlite::params;
+
+use super::dialect::Tx;
+use crate::Prune;
+use crate::plan::ops::prune::Candidate;
+use crate::plan::prune::{Counter, PruneRead, PruneWrite, PruneWritten};
+
+/// An entity's rows in each table it touches, deleted in an order the foreign keys allow
+/// (each statement takes the entity's id); the counters they add to.
+const ENTITY_DELETES: &[(&str, Counter)] = &[
+    ("DELETE FROM exceptions WHERE error_id IN (SELECT id FROM errors WHERE entity_id = ?1)", |r| &mut r.exceptions),
+    ("DELETE FROM errors WHERE entity_id = ?1", |r| &mut r.errors),
+    ("DELETE FROM events WHERE entity_id = ?1", |r| &mut r.events),
+    ("DELETE FROM history WHERE entity_id = ?1", |r| &mut r.history),
+    ("DELETE FROM inbox WHERE entity_id = ?1", |r| &mut r.inbox),
+    ("DELETE FROM timers WHERE entity_id = ?1", |r| &mut r.timers),
+    ("DELETE FROM agent_tasks WHERE entity_id = ?1", |r| &mut r.agent_tasks),
+    ("DELETE FROM successors WHERE predecessor_id = ?1 OR successor_id = ?1", |r| &mut r.successors),
+    ("DELETE FROM entities WHERE id = ?1", |r| &mut r.entities),
+];
+
+impl Tx<'_> {
+    pub(super) fn prune_candidates(&mut self, p: &Prune, page: usize) -> rusqlite::Result<PruneRead> {
+        let mut stmt = self.0.prepare_cached(
+            "SELECT e.id, e.key, e.ended_at, e.lease_owner IS NOT NULL, e.busy,
+                    EXISTS (SELECT 1 FROM inbox i WHERE i.entity_id = e.id),
+                    EXISTS (SELECT 1 FROM successors s JOIN entities o ON o.id = s.successor_id
+                             WHERE s.predecessor_id = e.id AND o.ended_at IS NULL)
+                    OR EXISTS (SELECT 1 FROM successors s JOIN entities o ON o.id = s.predecessor_id
+                             WHERE s.successor_id = e.id AND o.ended_at IS NULL)
+             FROM entities e
+             WHERE e.machine = ?1 AND e.state = ?2 AND e.ended_at IS NOT NULL AND e.ended_at < ?3
+               AND (e.ended_at, e.id) > (?4, ?5)
+             ORDER BY e.ended_at, e.id LIMIT ?6",
+        )?;
+        let mut pages = Vec::with_capacity(p.ended.len());
+        for rule in &p.ended {
+            let (after_at, after_id) = rule.after.unwrap_or((i64::MIN, i64::MIN));
+            let rows =
+                stmt.query_map(params![rule.machine, rule.state, rule.before, after_at, after_id, page as i64], |r| {
+                    Ok(Candidate {
+                        id: r.get(0)?,
+                        machine: rule.machine.clone(),
+                        key: r.get(1)?,
+                        state: rule.state.clone(),
+                        ended_at: r.get(2)?,
+                        leased: r.get(3)?,
+                        busy: r.get(4)?,
+                        queued: r.get(5)?,
+                        live_link: r.get(6)?,
+                    })
+                })?;
+            pages.push(rows.collect::<rusqlite::Result<Vec<_>>>()?);
+        }
+        Ok(PruneRead { busy: false, pages })
+    }
+
+    pub(super) fn prune_rows(&mut self, w: &PruneWrite<'_>) -> rusqlite::Result<PruneWritten> {
+        let mut out = PruneWritten::default();
+        for (sql, counter) in ENTITY_DELETES {
+            let mut stmt = self.0.prepare_cached(sql)?;
+            for id in w.entities {
+                *counter(&mut out.rows) += stmt.execute(params![id])? as u64;
+            }
+        }
+        let limit = w.rows as i64;
+        let p = w.prune;
+        if let Some(before) = p.operations_before {
+            let ids: Vec<i64> = self
+                .0
+                .prepare_cached(
+                    "SELECT id FROM operations WHERE ended_at IS NOT NULL AND ended_at < ?1
+                     ORDER BY ended_at, id LIMIT ?2",
+                )?
+                .query_map(params![before, limit], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            // Events of live entities keep their rows; the operation they were part of goes.
+            let mut unlink = self.0.prepare_cached("UPDATE events SET operation_id = NULL WHERE operation_id = ?1")?;
+            let mut delete = self.0.prepare_cached("DELETE FROM operations WHERE id = ?1")?;
+            for id in &ids {
+                unlink.execute(params![id])?;
+                out.rows.operations += delete.execute(params![id])? as u64;
+            }
+            out.full |= ids.len() >= w.rows;
+        }
+        if let Some(before) = p.tasks_before {
+            let n = self
+                .0
+                .prepare_cached(
+                    "DELETE FROM agent_tasks WHERE id IN (SELECT id FROM agent_tasks
+                  WHERE finished_at IS NOT NULL AND finished_at < ?1 ORDER BY finished_at, id LIMIT ?2)",
+                )?
+                .execute(params![before, limit])?;
+            out.rows.agent_tasks += n as u64;
+            out.full |= n >= w.rows;
+        }
+        if let Some(before) = p.minutes_before {
+            let n = self
+                .0
+                .prepare_cached(
+                    "DELETE FROM minute_counts WHERE minute IN (SELECT minute FROM minute_counts
+                  WHERE minute < ?1 ORDER BY minute LIMIT ?2)",
+                )?
+                .execute(params![before.div_euclid(60_000), limit])?;
+            out.rows.minute_counts += n as u64;
+            out.full |= n >= w.rows;
+        }
+        Ok(out)
+    }
+}
