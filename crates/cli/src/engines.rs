@@ -8,6 +8,14 @@ use settle_store::AnyStore;
 
 use crate::{defs, demo_run};
 
+/// The deployment's retention (`--retention`, `SETTLE_RETENTION`), when given.
+static RETENTION: std::sync::OnceLock<settle_core::retention::Defaults> = std::sync::OnceLock::new();
+
+/// Sets the retention every engine this process starts uses (once, from the command line).
+pub(crate) fn set_retention(d: settle_core::retention::Defaults) {
+    let _ = RETENTION.set(d);
+}
+
 /// A multi-threaded runtime for a command.
 pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
@@ -51,12 +59,15 @@ async fn start_engine_with(
 }
 
 /// An engine builder on an open store with `machines` bound, and `config` (its lease from
-/// `SETTLE_LEASE` if set).
+/// `SETTLE_LEASE` if set, its retention from `--retention` if given).
 pub(crate) async fn engine_builder(
     store: AnyStore,
     machines: &defs::Machines,
     mut config: Config,
 ) -> anyhow::Result<settle_engine::EngineBuilder<AnyStore>> {
+    if let Some(retention) = RETENTION.get() {
+        config.retention = *retention;
+    }
     if let Ok(lease) = std::env::var("SETTLE_LEASE") {
         config.lease = settle_core::duration::parse(&lease).map_err(|e| anyhow::anyhow!("SETTLE_LEASE: {e}"))?;
     }

@@ -10,6 +10,7 @@ mod engines;
 mod inspect;
 mod operate;
 mod print;
+mod prune;
 mod remote;
 mod report;
 mod serve;
@@ -56,6 +57,11 @@ struct Cli {
     /// operator commands. An instance claims only entities of the machines it runs.
     #[arg(long, global = true, env = "SETTLE_MACHINES", value_name = "DIR")]
     machines: Option<PathBuf>,
+    /// What the deployment keeps where a machine's definition does not say, for the
+    /// engines this command starts: `ended=30d,operations=7d,tasks=7d,minutes=30d` are the
+    /// defaults; each a duration or `forever` (see README "Retention")
+    #[arg(long, global = true, env = "SETTLE_RETENTION", value_name = "SPEC")]
+    retention: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -192,6 +198,12 @@ enum Command {
     /// Run an entity's pending auto action now (after a backoff, retry delay or parking).
     #[command(after_help = "Example:\n  settle retry server web-1")]
     Retry(operate::Target),
+    /// Remove now what retention lets go: entities ended longer ago than their end state
+    /// keeps them, with every row they left; ended operations, finished agent tasks and
+    /// per-minute counts past their time. `run` and `serve` do it on their own.
+    #[command(after_help = "Examples:\n  settle prune --dry-run\n  settle prune --machine server --json\n  \
+                            SETTLE_RETENTION=ended=7d,operations=1d settle prune")]
+    Prune(prune::Args),
     /// List operations, newest first.
     #[command(after_help = "Examples:\n  settle ops --outcome failed --limit 10\n  \
                             settle ops --limit 1 --json | jq -r .request_id | xargs settle op")]
@@ -300,6 +312,15 @@ fn main() -> ExitCode {
     let flags = Flags { server: given("server"), machines: given("machines"), db: given("db") };
     if exits_after_printing(&cli.command) {
         die_quietly_on_closed_pipe();
+    }
+    if let Some(spec) = &cli.retention {
+        match settle_core::retention::Defaults::BUILT_IN.with(spec) {
+            Ok(d) => engines::set_retention(d),
+            Err(e) => {
+                eprintln!("error: --retention: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
     }
     match run(cli, flags) {
         Ok(code) => code,
@@ -422,6 +443,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         Command::Create(args) => runtime()?.block_on(operate::create(&db_path(&cli.db), &machines()?, args)),
         Command::Raise(args) => runtime()?.block_on(operate::raise(&db_path(&cli.db), &machines()?, args)),
         Command::Check(args) => runtime()?.block_on(operate::check(&db_path(&cli.db), &machines()?, args)),
+        Command::Prune(args) => runtime()?.block_on(prune::run(&db_path(&cli.db), &machines()?, args)),
         Command::Ops { outcome, limit, json } => {
             runtime()?.block_on(inspect::operations(&db_path(&cli.db), outcome, limit, json))
         }
@@ -510,6 +532,7 @@ fn local_only(command: &Command) -> Option<String> {
         Command::Run { .. } => ("run", "processes the database directly"),
         Command::Stats { .. } => ("stats", "reads the database directly"),
         Command::Machines { .. } => ("machines", "reads the database directly"),
+        Command::Prune(_) => ("prune", "writes the database directly"),
         Command::Serve(_) => ("serve", "is the server: it opens the database directly"),
         Command::Bench(_) => ("bench", "runs its own engines on a database"),
         Command::Workload(_) => ("workload", "runs its own engine on the database"),
@@ -534,7 +557,8 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         | Command::Sleep { .. }
         | Command::Kill(_)
         | Command::Release(_)
-        | Command::Retry(_) => return None,
+        | Command::Retry(_)
+        | Command::Prune(_) => return None,
         Command::Validate { .. } => "validate",
         Command::Graph { .. } => "graph",
         Command::Demo(_) => "demo",
