@@ -8,7 +8,7 @@ use settle_store::AnyStore;
 
 use crate::{defs, demo_run};
 
-/// The deployment's retention (`--retention`, `SETTLE_RETENTION`), when given.
+/// The deployment's retention (`--retention-defaults`, `SETTLE_RETENTION`), when given.
 static RETENTION: std::sync::OnceLock<settle_core::retention::Defaults> = std::sync::OnceLock::new();
 
 /// Sets the retention every engine this process starts uses (once, from the command line).
@@ -59,7 +59,7 @@ async fn start_engine_with(
 }
 
 /// An engine builder on an open store with `machines` bound, and `config` (its lease from
-/// `SETTLE_LEASE` if set, its retention from `--retention` if given).
+/// `SETTLE_LEASE` if set, its retention from `--retention-defaults` if given).
 pub(crate) async fn engine_builder(
     store: AnyStore,
     machines: &defs::Machines,

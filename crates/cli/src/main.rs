@@ -61,7 +61,7 @@ struct Cli {
     /// engines this command starts: `ended=30d,operations=7d,tasks=7d,minutes=30d` are the
     /// defaults; each a duration or `forever` (see README "Retention")
     #[arg(long, global = true, env = "SETTLE_RETENTION", value_name = "SPEC")]
-    retention: Option<String>,
+    retention_defaults: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -313,11 +313,11 @@ fn main() -> ExitCode {
     if exits_after_printing(&cli.command) {
         die_quietly_on_closed_pipe();
     }
-    if let Some(spec) = &cli.retention {
+    if let Some(spec) = &cli.retention_defaults {
         match settle_core::retention::Defaults::BUILT_IN.with(spec) {
             Ok(d) => engines::set_retention(d),
             Err(e) => {
-                eprintln!("error: --retention: {e}");
+                eprintln!("error: --retention-defaults: {e}");
                 return ExitCode::FAILURE;
             }
         }

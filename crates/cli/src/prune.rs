@@ -94,8 +94,7 @@ fn print(r: &PruneReport, dry_run: bool, seconds: f64, as_json: bool) {
     if r.kept > 0 {
         println!("kept {} past their retention: linked to a live entity, or holding work", r.kept);
     }
-    let tables: Vec<String> =
-        r.rows.tables().iter().filter(|(_, n)| *n > 0).map(|(t, n)| format!("{t} {n}")).collect();
+    let tables: Vec<String> = r.rows.tables().iter().filter(|(_, n)| *n > 0).map(|(t, n)| format!("{t} {n}")).collect();
     if !tables.is_empty() {
         println!("rows: {}", tables.join(", "));
     }

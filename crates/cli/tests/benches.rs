@@ -1,5 +1,5 @@
 //! Every `settle bench` workload, run small as a correctness check (a benchmark nobody runs
-//! breaks silently): fan-out and timers on SQLite, chain and fan-out on PostgreSQL in this
+//! breaks silently): fan-out, timers and the soak (with pruning) on SQLite, chain and fan-out on PostgreSQL in this
 //! process and with worker processes (`--instances`); `bench fleet` on both. `bench chain` and `bench agents` on
 //! SQLite are in `cli.rs`; `bench dormant` on both. The PostgreSQL runs need `SETTLE_TEST_PG`; without it they say
 //! they skipped.
@@ -153,4 +153,35 @@ fn dormant_on_sqlite() {
 fn dormant_on_postgres() {
     let Some(url) = settle_store::postgres::test_url("bench_dormant") else { return };
     check_dormant(&url);
+}
+
+/// `bench soak`, small: every workflow runs (a server with four resources, created then
+/// deleted), the checkpoints say what the issue asks of them, and once the last retention
+/// passes a round of pruning leaves no entity behind.
+fn check_soak(db: &str) {
+    let v =
+        bench(db, &["soak", "--workflows", "120", "--retention", "1s", "--checkpoints", "3", "--concurrency", "16"]);
+    assert_eq!((v["workflows"].as_u64(), v["transitions"].as_u64()), (Some(120), Some(120 * 17)), "{v}");
+    let checkpoints = v["checkpoints"].as_array().unwrap();
+    assert_eq!(checkpoints.len(), 3, "{v}");
+    for c in checkpoints {
+        for key in ["workflows", "rows", "db_bytes", "wf_per_s"] {
+            assert!(c[key].as_f64().is_some_and(|x| x > 0.0), "{key}: {c}");
+        }
+    }
+    assert_eq!(checkpoints[2]["workflows"], 120, "{v}");
+    assert_eq!(v["after_prune"]["entities"], 0, "every server and resource ended and went: {v}");
+    assert!(v["last_over_second"]["rows"].as_f64().is_some(), "{v}");
+}
+
+#[test]
+fn soak_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    check_soak(dir.path().join("soak.db").to_str().unwrap());
+}
+
+#[test]
+fn soak_on_postgres() {
+    let Some(url) = settle_store::postgres::test_url("benchsoak") else { return };
+    check_soak(&url);
 }

@@ -55,7 +55,7 @@ fn prune_dry_runs_then_removes_what_retention_lets_go() {
     let none = ok(&["--machines", m, "prune", "--dry-run"]);
     assert!(none.starts_with("would remove 0 entities"), "{none}");
 
-    let keep0 = ["--machines", m, "--retention", "ended=0s"];
+    let keep0 = ["--machines", m, "--retention-defaults", "ended=0s"];
     let dry = ok(&[&keep0[..], &["prune", "--dry-run"]].concat());
     assert!(dry.starts_with("would remove 2 entities"), "{dry}");
     assert!(dry.contains("  job/done: 2 (j1, j2)"), "{dry}");
@@ -77,9 +77,13 @@ fn prune_dry_runs_then_removes_what_retention_lets_go() {
     let unknown = settle(&db, &["--machines", m, "prune", "--machine", "nope"]);
     assert!(!unknown.status.success());
     assert!(stderr(&unknown).contains("unknown machine `nope`"), "{}", stderr(&unknown));
-    let bad = settle(&db, &["--machines", m, "--retention", "ended=soon", "prune"]);
+    let bad = settle(&db, &["--machines", m, "--retention-defaults", "ended=soon", "prune"]);
     assert!(!bad.status.success());
-    assert!(stderr(&bad).contains("--retention: retention `ended`: invalid duration `soon`"), "{}", stderr(&bad));
-    let unknown_kind = settle(&db, &["--retention", "history=1d", "prune", "--dry-run"]);
+    assert!(
+        stderr(&bad).contains("--retention-defaults: retention `ended`: invalid duration `soon`"),
+        "{}",
+        stderr(&bad)
+    );
+    let unknown_kind = settle(&db, &["--retention-defaults", "history=1d", "prune", "--dry-run"]);
     assert!(stderr(&unknown_kind).contains("unknown retention `history`"), "{}", stderr(&unknown_kind));
 }

@@ -8,6 +8,7 @@
 mod dormant;
 mod fleet;
 mod measure;
+mod soak;
 
 pub(crate) use measure::{peak_rss_mb, proc_mb, round3, rss_mb};
 use std::path::PathBuf;
@@ -52,6 +53,11 @@ pub enum Bench {
     /// grows, and how late the timers fire.
     #[command(after_help = "Example:\n  settle bench dormant --entities 200000 --timers 20000 --json")]
     Dormant(dormant::DormantArgs),
+    /// A long run with short retentions: servers created with four resources, then deleted
+    /// with them, while the engine prunes what ended; checkpoints of rows, bytes and
+    /// throughput show whether the database stays flat.
+    #[command(after_help = "Example:\n  settle bench soak --workflows 100000 --retention 30s --json")]
+    Soak(soak::SoakArgs),
 }
 
 /// Options of `settle bench agents`.
@@ -338,6 +344,10 @@ pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Dormant(args) => {
             let (path, _scratch) = bench_db(db);
             dormant::dormant(&path, args).await
+        }
+        Bench::Soak(args) => {
+            let (path, _scratch) = bench_db(db);
+            soak::soak(&path, args).await
         }
     }
 }
