@@ -222,6 +222,20 @@ pub struct MachineSummary {
     pub states: Vec<String>,
     /// Its events.
     pub events: Vec<String>,
+    /// How long an entity is kept after entering each end state (terminal or deleted),
+    /// from the definition and the deployment's defaults (README "Retention").
+    #[serde(default)]
+    pub retention: Vec<StateRetention>,
+}
+
+/// How long an entity is kept after entering an end state.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StateRetention {
+    /// The end state.
+    pub state: String,
+    /// A duration (`30d`, `1h30m`) or `forever`.
+    pub keep: String,
 }
 
 /// The served machines, by name.

@@ -123,6 +123,12 @@ impl<S: Store + Clone> Engine<S> {
         }
     }
 
+    /// The deployment's retention this engine applies where a definition does not say
+    /// ([`crate::Config::retention`]).
+    pub fn retention(&self) -> Defaults {
+        self.inner.retention
+    }
+
     /// Writes one round of pruning through the engine's writer.
     pub async fn prune_round(&self, p: Prune) -> Result<Pruned> {
         let (reply, rx) = oneshot::channel();

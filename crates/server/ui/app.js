@@ -598,21 +598,28 @@ function operation(main, r) {
 // ---- machines ------------------------------------------------------------------------------
 
 function machines(main) {
-  main.innerHTML = `<h1>Machines</h1><div class="scroll"><table id="machines-table"><thead><tr><th>Machine</th><th>Version</th><th class="num">States</th><th class="num">Events</th><th class="num">Entities</th></tr></thead><tbody id="rows"></tbody></table></div>`;
+  main.innerHTML = `<h1>Machines</h1><div class="scroll"><table id="machines-table"><thead><tr><th>Machine</th><th>Version</th><th class="num">States</th><th class="num">Events</th><th class="num">Entities</th><th>Kept after it ends</th></tr></thead><tbody id="rows"></tbody></table></div>`;
   return {
     title: "Machines",
     async refresh() {
       const [ms, o] = await Promise.all([servedMachines(), api("/v1/overview?window=1m")]);
       const count = (name) => o.counts.filter((c) => c.machine === name).reduce((a, c) => a + c.count, 0);
       $("#rows").innerHTML = ms.map((m) => `<tr><td><a href="#/machine/${enc(m.name)}">${esc(m.name)}</a></td><td class="mono">${esc(m.hash.slice(0, 12))}</td>
-        <td class="num">${m.states.length}</td><td class="num">${m.events.length}</td><td class="num">${count(m.name)}</td></tr>`).join("");
+        <td class="num">${m.states.length}</td><td class="num">${m.events.length}</td><td class="num">${count(m.name)}</td><td>${retentionText(m)}</td></tr>`).join("");
     },
   };
+}
+
+/** How long a machine keeps its entities after each end state ("failed 90d, gone 30d"). */
+function retentionText(m) {
+  const r = m.retention || [];
+  return r.length ? r.map((x) => `${esc(x.state)} ${esc(x.keep)}`).join(", ") : `<span class="sub">no end state: kept while live</span>`;
 }
 
 function machine(main, r) {
   const name = r.args[0];
   main.innerHTML = `<h1>Machine ${esc(name)}</h1>
+    <p id="retention" class="sub"></p>
     <h2>Entities by state</h2><div class="scroll" id="states"></div>
     <h2>Diagram</h2><div class="diagram" id="diagram"></div>
     <h2>Stored versions</h2><div class="scroll" id="versions"></div>
@@ -627,6 +634,8 @@ function machine(main, r) {
         $("#toml").textContent = toml;
         $("#versions").innerHTML = simpleTable(["Version", "Stored", "Entities", "Current"], versions.map((v) => [`<span class="mono">${esc(v.hash.slice(0, 12))}</span>`, esc(fmtTime(v.stored_at)), String(v.entities), v.current ? "current" : ""]), "none stored");
         await drawDiagram($("#diagram"), name, null, []);
+        const m = (await servedMachines()).find((x) => x.name === name);
+        if (m) $("#retention").innerHTML = `Kept after it ends: ${retentionText(m)} (then removed with all its rows; README "Retention")`;
         loaded = true;
       }
       const o = await api("/v1/overview?window=1m");

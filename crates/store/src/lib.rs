@@ -164,7 +164,8 @@ pub trait Store: Send + Sync + 'static {
     /// a time, and says how many pages went back: SQLite's incremental vacuum (a database
     /// Settle creates has `auto_vacuum = INCREMENTAL`; one an earlier version created keeps
     /// its free pages for reuse until it is converted, see the README). PostgreSQL reuses
-    /// the space its autovacuum frees, and answers 0.
+    /// the space a vacuum frees and answers 0; where autovacuum is off or behind, each
+    /// call vacuums the table of Settle's with the most dead rows (README "Retention").
     fn reclaim_space(&self, max_pages: u64) -> impl Future<Output = Result<u64>> + Send;
 
     /// Rows per table and the database's size in bytes (counted: for benchmarks, checks

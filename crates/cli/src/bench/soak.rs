@@ -26,7 +26,8 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 100_000)]
     workflows: usize,
     /// How long ended entities, ended operations, finished tasks and minute counts are
-    /// kept (minute counts at least a minute).
+    /// kept (minute counts at least a minute); `forever`: no pruning, the baseline to
+    /// compare a run's latency and throughput with.
     #[arg(long, default_value = "30s")]
     retention: String,
     /// Workflows in flight at once.
@@ -40,74 +41,12 @@ pub struct SoakArgs {
     json: bool,
 }
 
-/// The server: `go` creates its resources, a subscription waits for all of them ready;
-/// `delete` raises `delete` on them and waits until all are gone.
-const SERVER: &str = r#"
-initial = "new"
-[states.new]
-[states.creating]
-auto = "create_resources"
-[states.provisioning]
-[states.ready]
-[states.deleting]
-[states.gone]
-kind = "deleted"
-[events.go]
-in = ["new"]
-action = "start"
-[events.resources_ready]
-in = ["provisioning"]
-action = "to_ready"
-subscribe = "all(*) in [ready]"
-[events.delete]
-in = ["ready"]
-action = "delete_resources"
-[events.resources_gone]
-in = ["deleting"]
-action = "to_gone"
-subscribe = "all(*) in [gone]"
-[actions.start]
-to = ["creating"]
-[actions.create_resources]
-to = ["provisioning"]
-may_create = ["soak_resource"]
-create = [
-  { machine = "soak_resource", key = "key + '-app'", event = "provision" },
-  { machine = "soak_resource", key = "key + '-db'", event = "provision" },
-  { machine = "soak_resource", key = "key + '-alias'", event = "provision" },
-  { machine = "soak_resource", key = "key + '-dns'", event = "provision" },
-]
-[actions.to_ready]
-to = ["ready"]
-[actions.delete_resources]
-to = ["deleting"]
-raise = [{ event = "delete", on = "successors" }]
-[actions.to_gone]
-to = ["gone"]
-"#;
-
-/// A resource: provisioned by one step, deleted by an event.
-const RESOURCE: &str = r#"
-initial = "new"
-[states.new]
-[states.provisioning]
-auto = "provision"
-[states.ready]
-[states.gone]
-kind = "deleted"
-[events.provision]
-in = ["new"]
-action = "begin"
-[events.delete]
-in = ["ready"]
-action = "remove"
-[actions.begin]
-to = ["provisioning"]
-[actions.provision]
-to = ["ready"]
-[actions.remove]
-to = ["gone"]
-"#;
+/// The machines of the workload (also read by the crash test of pruning, with
+/// `--machines`): a server whose `go` creates four resources and a subscription waits for
+/// all of them ready; `delete` raises `delete` on them and waits until all are gone. A
+/// resource is provisioned by one step and deleted by an event.
+const SERVER: &str = include_str!("soak_server.toml");
+const RESOURCE: &str = include_str!("soak_resource.toml");
 
 /// Transitions per workflow: the server's five, each resource's three.
 const TRANSITIONS: usize = 5 + 4 * 3;
@@ -156,15 +95,16 @@ pub(crate) async fn soak(db: &str, args: SoakArgs) -> anyhow::Result<ExitCode> {
         bail!("--workflows, --concurrency and --checkpoints must be at least 1");
     }
     let keep = Keep::parse(&args.retention).map_err(|e| anyhow::anyhow!("--retention: {e}"))?;
-    let Keep::For(period) = keep else { bail!("--retention: a soak needs a retention that ends, not `forever`") };
-    let retention = Defaults {
-        ended: keep,
-        operations: keep,
-        tasks: keep,
-        minutes: Keep::For(period.max(Duration::from_secs(60))),
+    let (retention, prune_every, period) = match keep {
+        // Rounds of pruning ten times per retention period (so what waits past its time
+        // stays a tenth of what is kept), and at least once a minute.
+        Keep::For(period) => {
+            let minutes = Keep::For(period.max(Duration::from_secs(60)));
+            let every = (period / 10).clamp(Duration::from_millis(100), Duration::from_secs(60));
+            (Defaults { ended: keep, operations: keep, tasks: keep, minutes }, every, Some(period))
+        }
+        Keep::Forever => (Defaults::FOREVER, Duration::ZERO, None),
     };
-    // Rounds of pruning at least twice per retention period, and at least once a minute.
-    let prune_every = (period / 2).clamp(Duration::from_millis(200), Duration::from_secs(60));
     let config = Config { retention, prune_every, ..Config::default() };
     let store = AnyStore::open(db).with_context(|| format!("opening {db}"))?;
     let engine = Engine::builder(store.clone())
@@ -232,8 +172,10 @@ pub(crate) async fn soak(db: &str, args: SoakArgs) -> anyhow::Result<ExitCode> {
     let seconds = started.elapsed().as_secs_f64();
     latencies.sort_unstable();
     // What is left once everything past its retention is gone.
-    tokio::time::sleep(period).await;
-    engine.prune(None, false, |_| ()).await?;
+    if let Some(period) = period {
+        tokio::time::sleep(period).await;
+        engine.prune(None, false, |_| ()).await?;
+    }
     let after = store.storage().await?;
     engine.shutdown().await;
     let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0;

@@ -9,7 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::extract::{Path, Query};
-use crate::model::{GraphQuery, MachineList, MachineSummary, MachineVersion};
+use crate::model::{GraphQuery, MachineList, MachineSummary, MachineVersion, StateRetention};
 use crate::paths::MachinePath;
 use crate::problem::{Kind, Problem};
 use crate::state::AppState;
@@ -35,6 +35,7 @@ pub fn read() -> OpenApiRouter<AppState> {
     )
 )]
 async fn list(State(s): State<AppState>) -> Json<MachineList> {
+    let defaults = s.engine().retention();
     let items = s
         .machines()
         .iter()
@@ -43,6 +44,11 @@ async fn list(State(s): State<AppState>) -> Json<MachineList> {
             hash: m.content_hash(),
             states: m.states().iter().map(|st| st.name.to_string()).collect(),
             events: m.events().iter().map(|e| e.name.to_string()).collect(),
+            retention: m
+                .end_states_kept(&defaults)
+                .into_iter()
+                .map(|(state, keep)| StateRetention { state: state.to_string(), keep: keep.as_text() })
+                .collect(),
         })
         .collect();
     Json(MachineList { items })

@@ -407,8 +407,36 @@ impl Store for PgStore {
     }
 
     async fn reclaim_space(&self, _max_pages: u64) -> Result<u64> {
-        // Autovacuum marks dead rows' space free for reuse; nothing to give back here.
-        Ok(0)
+        // Dead rows' space is reused once a vacuum has passed; autovacuum does it when it
+        // runs and keeps up. Where it does not (switched off, or behind on a busy table),
+        // each call vacuums Settle's tables with many dead rows: plain VACUUM, which blocks
+        // no reader or writer; another instance's vacuum of the same table makes this one
+        // give up at once (lock_timeout).
+        self.on_reader(|c| {
+            let dead = c.query(
+                "SELECT relname::text FROM pg_stat_user_tables
+                  WHERE schemaname = current_schema() AND relname = ANY($1::text[])
+                    AND n_dead_tup > 1000 AND n_dead_tup > n_live_tup / 5
+                  ORDER BY n_dead_tup DESC",
+                &[&crate::prune::TABLES],
+            )?;
+            if dead.is_empty() {
+                return Ok(0);
+            }
+            c.batch("SET lock_timeout = '200ms'")?;
+            for row in dead {
+                let table: String = row.try_get(0)?;
+                // Only a name of TABLES (the query's filter) reaches the statement.
+                if let Some(table) = crate::prune::TABLES.iter().find(|t| **t == table)
+                    && let Err(e) = c.batch(&format!("VACUUM {table}"))
+                {
+                    tracing::debug!(table, error = %e, "vacuum skipped");
+                }
+            }
+            c.batch("RESET lock_timeout")?;
+            Ok(0)
+        })
+        .await
     }
 
     async fn operation_get(&self, request_id: &str) -> Result<Option<OperationRow>> {
