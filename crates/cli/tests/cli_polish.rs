@@ -159,7 +159,7 @@ fn every_command_s_help_ends_with_an_example() {
         assert!(listed.iter().any(|c| c == expected), "`{expected}` in {listed:?}");
     }
     let bench = commands(&local(&db, &["bench", "--help"]));
-    assert_eq!(bench, ["chain", "fanout", "timers", "agents", "fleet", "dormant"]);
+    assert_eq!(bench, ["chain", "fanout", "timers", "agents", "fleet", "dormant", "soak"]);
     let mut all: Vec<Vec<String>> = listed.iter().map(|c| vec![c.clone()]).collect();
     all.extend(bench.iter().map(|b| vec!["bench".to_string(), b.clone()]));
     all.push(vec!["workload".into()]); // hidden, but it has one too

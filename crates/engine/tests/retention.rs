@@ -3,7 +3,8 @@
 //! retention passed — `done` after an hour, `failed` after a day — with every row they
 //! left, and never a live entity or its latest history; a child that ended stays while its
 //! parent lives; `Engine::prune` dry-runs and runs on demand; a pruned key can be created
-//! again.
+//! again; a request id is a replay inside the operations' retention and a new request
+//! after it.
 
 mod common;
 
@@ -210,6 +211,30 @@ async fn prune_on_demand_dry_runs_then_removes_exactly_that() {
         }
         assert!(exists(&engine, "job", "j4").await);
         assert!(engine.prune(Some("nope"), true, |_| ()).await.is_err(), "an unknown machine is refused");
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_replays_inside_the_operations_retention_and_is_new_after_it() {
+    for (_dir, store) in stores("retention_replay").await {
+        let (engine, clock) = start(store).await;
+        let req = || Some("req-1".to_string());
+        let first = engine.create_with("job", "a", Default::default(), req()).await.unwrap();
+        assert!(!first.replayed);
+        // Inside the window (operations are kept 30 minutes after they end): a replay,
+        // and the id stays bound to what it first asked.
+        pass(&engine, &clock, HOUR / 6).await;
+        let again = engine.create_with("job", "a", Default::default(), req()).await.unwrap();
+        assert!(again.replayed, "a replay inside the window");
+        let reused = engine.create_with("job", "b", Default::default(), req()).await;
+        assert!(matches!(reused, Err(settle_engine::Error::KeyReused { .. })), "{reused:?}");
+        // After it the operation is gone: the same id is a new request.
+        pass(&engine, &clock, HOUR).await;
+        assert!(engine.operation("req-1").await.unwrap().is_none(), "the operation was pruned");
+        let later = engine.create_with("job", "b", Default::default(), req()).await.unwrap();
+        assert!(!later.replayed, "a new request after the window");
+        assert!(exists(&engine, "job", "a").await && exists(&engine, "job", "b").await);
         engine.shutdown().await;
     }
 }
