@@ -279,12 +279,14 @@ pub fn bind_server_via_agents<S: Store + Clone>(mut b: EngineBuilder<S>, timeout
     b
 }
 
-/// `sleeper`: created `asleep`, with a one-shot timer that raises `wake` after `after`.
+/// `sleeper`: created `asleep`, with a one-shot timer that raises `wake` after `after`;
+/// `awake` is terminal.
 pub fn sleeper(after: Duration) -> Machine {
     MachineBuilder::new("sleeper")
         .state("asleep")
         .initial()
         .state("awake")
+        .kind(settle_core::StateKind::Terminal)
         .event("wake", ["asleep"], "rise")
         .action("rise", ["awake"])
         .timer("alarm", "wake", settle_core::machine::Schedule::After(after), ["asleep"])
@@ -302,6 +304,7 @@ pub fn fan_parent() -> Machine {
         .auto("spawn")
         .state("waiting")
         .state("done")
+        .kind(settle_core::StateKind::Terminal)
         .event("go", ["idle"], "start")
         .event("children_done", ["waiting"], "finish")
         .subscribe("all(fanchild) in [done]")
@@ -319,6 +322,7 @@ pub fn fan_child() -> Machine {
         .initial()
         .auto("work")
         .state("done")
+        .kind(settle_core::StateKind::Terminal)
         .action("work", ["done"])
         .build()
         .expect("the fan-out child machine is valid")

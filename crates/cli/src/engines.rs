@@ -16,6 +16,35 @@ pub(crate) fn set_retention(d: settle_core::retention::Defaults) {
     let _ = RETENTION.set(d);
 }
 
+/// The deployment's archive (`--archive`, `SETTLE_ARCHIVE`), when given.
+static ARCHIVE: std::sync::OnceLock<settle_engine::ArchiveConfig> = std::sync::OnceLock::new();
+
+/// Sets the archive every engine this process starts writes to (once, from the command line).
+pub(crate) fn set_archive(a: settle_engine::ArchiveConfig) {
+    let _ = ARCHIVE.set(a);
+}
+
+/// Reads a size: bytes, or a number with `KiB`, `MiB`, `GiB` (or `K`, `M`, `G`, `KB`, `MB`,
+/// `GB`, all powers of 1024).
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(format!("invalid size `{text}` (expected e.g. `64MiB`, `1GiB` or a number of bytes)")),
+    };
+    let n: u64 =
+        n.parse().map_err(|_| format!("invalid size `{text}` (expected e.g. `64MiB`, `1GiB` or a number of bytes)"))?;
+    match n.checked_mul(1 << shift) {
+        Some(b) if b > 0 => Ok(b),
+        _ => Err(format!("invalid size `{text}`: it must be more than 0 and less than 16 EiB")),
+    }
+}
+
 /// A multi-threaded runtime for a command.
 pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
@@ -59,7 +88,8 @@ async fn start_engine_with(
 }
 
 /// An engine builder on an open store with `machines` bound, and `config` (its lease from
-/// `SETTLE_LEASE` if set, its retention from `--retention-defaults` if given).
+/// `SETTLE_LEASE` if set, its retention from `--retention-defaults` and its archive from
+/// `--archive` if given).
 pub(crate) async fn engine_builder(
     store: AnyStore,
     machines: &defs::Machines,
@@ -67,6 +97,9 @@ pub(crate) async fn engine_builder(
 ) -> anyhow::Result<settle_engine::EngineBuilder<AnyStore>> {
     if let Some(retention) = RETENTION.get() {
         config.retention = *retention;
+    }
+    if let Some(archive) = ARCHIVE.get() {
+        config.archive = Some(archive.clone());
     }
     if let Ok(lease) = std::env::var("SETTLE_LEASE") {
         config.lease = settle_core::duration::parse(&lease).map_err(|e| anyhow::anyhow!("SETTLE_LEASE: {e}"))?;
@@ -152,6 +185,22 @@ pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send 
     {
         async {
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_read_bytes_and_binary_units() {
+        assert_eq!(parse_size("500000"), Ok(500_000));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("256 KiB"), Ok(256 << 10));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        for bad in ["", "0", "MiB", "12 parsecs", "-1", "99999999999999GiB"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
         }
     }
 }

@@ -62,6 +62,15 @@ struct Cli {
     /// defaults; each a duration or `forever` (see README "Retention")
     #[arg(long, global = true, env = "SETTLE_RETENTION", value_name = "SPEC")]
     retention_defaults: Option<String>,
+    /// Archive entities before retention removes them: one JSON object per entity with its
+    /// history, events and errors, per line, in files of this directory (synced before the
+    /// entities go). Every machine's, unless it says `[retention] archive = false`
+    #[arg(long, global = true, env = "SETTLE_ARCHIVE", value_name = "DIR")]
+    archive: Option<PathBuf>,
+    /// Start a new archive file when the current one reaches this size (`64MiB`, `1GiB`,
+    /// `500000` bytes)
+    #[arg(long, global = true, env = "SETTLE_ARCHIVE_ROTATE", value_name = "SIZE", default_value = "64MiB")]
+    archive_rotate: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -318,6 +327,15 @@ fn main() -> ExitCode {
             Ok(d) => engines::set_retention(d),
             Err(e) => {
                 eprintln!("error: --retention-defaults: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Some(dir) = &cli.archive {
+        match engines::parse_size(&cli.archive_rotate) {
+            Ok(rotate_bytes) => engines::set_archive(settle_engine::ArchiveConfig { dir: dir.clone(), rotate_bytes }),
+            Err(e) => {
+                eprintln!("error: --archive-rotate: {e}");
                 return ExitCode::FAILURE;
             }
         }

@@ -76,6 +76,7 @@ fn print(r: &PruneReport, dry_run: bool, seconds: f64, as_json: bool) {
             "dry_run": dry_run,
             "entities": r.entities.len(),
             "kept": r.kept,
+            "archived": r.archived,
             "states": states,
             "rows": rows,
             "rows_total": r.rows.total(),
@@ -90,6 +91,9 @@ fn print(r: &PruneReport, dry_run: bool, seconds: f64, as_json: bool) {
     for ((machine, state), (n, keys)) in &states {
         let more = if *n as usize > keys.len() { ", …" } else { "" };
         println!("  {machine}/{state}: {n} ({}{more})", keys.join(", "));
+    }
+    if r.archived > 0 {
+        println!("archived {} of them first (--archive)", r.archived);
     }
     if r.kept > 0 {
         println!("kept {} past their retention: linked to a live entity, or holding work", r.kept);

@@ -4,10 +4,13 @@
 //! moments, again and again, then run to its end. After every kill: no row of any table
 //! belongs to an entity that is gone (no orphans), no entity is left without its history
 //! (nothing half-removed), the fleet counts equal their rows, and every live entity is
-//! there with all its history. At the end every ended entity is gone.
+//! there with all its history. At the end every ended entity is gone. The same with an
+//! archive: after every kill each entity gone is in the archive, whole (written twice at
+//! most where a kill fell between the archive and the delete).
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -70,18 +73,23 @@ fn check(db: &Path, live: &[(String, i64)]) {
     }
 }
 
-#[test]
-fn kill_9_during_pruning_leaves_no_orphan_and_loses_nothing_live() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("prune.db");
-    let m = machines(dir.path());
-    let m = m.to_str().unwrap();
-    // Thousands of ended entities, kept (retention forever while they are written).
+/// A database of thousands of ended entities (`settle bench soak`, kept while written) and
+/// a live server with its four live resources: the live ones' keys with their history
+/// counts, and every ended entity's id with its key and history count.
+struct Soaked {
+    db: std::path::PathBuf,
+    machines: String,
+    live: Vec<(String, i64)>,
+    ended: BTreeMap<i64, (String, i64)>,
+}
+
+fn soaked(dir: &Path) -> Soaked {
+    let db = dir.join("prune.db");
+    let m = machines(dir).to_str().unwrap().to_string();
     let soak = settle(&db, &["bench", "soak", "--workflows", WORKFLOWS, "--retention", "forever", "--json"]);
     assert!(soak.status.success(), "{}", stderr(&soak));
-    // A live server with its four live resources.
     for args in [&["create", "soak_server", "live-1"][..], &["raise", "soak_server", "live-1", "go", "--wait"][..]] {
-        let out = settle(&db, &[&["--machines", m][..], args].concat());
+        let out = settle(&db, &[&["--machines", m.as_str()][..], args].concat());
         assert!(out.status.success(), "{args:?}: {}", stderr(&out));
     }
     let c = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
@@ -96,14 +104,29 @@ fn kill_9_during_pruning_leaves_no_orphan_and_loses_nothing_live() {
         .map(Result::unwrap)
         .collect();
     assert_eq!(live.len(), 5, "{live:?}");
-    let ended = count(&c, "SELECT count(*) FROM entities WHERE ended_at IS NOT NULL");
-    assert!(ended >= 5 * 1500, "{ended}");
+    let ended: BTreeMap<i64, (String, i64)> = c
+        .prepare(
+            "SELECT e.id, e.key, count(h.id) FROM entities e JOIN history h ON h.entity_id = e.id
+             WHERE e.ended_at IS NOT NULL GROUP BY e.id",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(ended.len() >= 5 * 1500, "{}", ended.len());
     drop(c);
     check(&db, &live);
+    Soaked { db, machines: m, live, ended }
+}
 
+/// Runs `settle prune` (with `extra` options) and kills it with SIGKILL at pseudo-random
+/// moments, up to [`KILLS`] times, calling `after` after each; then runs it to its end.
+fn kill_again_and_again(s: &Soaked, extra: &[&str], mut after: impl FnMut()) {
     let prune = || {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_settle"));
-        cmd.arg("--db").arg(&db).args(["--machines", m, "--retention-defaults", "ended=0s,operations=0s", "prune"]);
+        cmd.arg("--db").arg(&s.db).args(["--machines", &s.machines, "--retention-defaults", "ended=0s,operations=0s"]);
+        cmd.args(extra).arg("prune");
         cmd.env("SETTLE_LOG", "error").stdout(Stdio::null()).stderr(Stdio::null());
         cmd
     };
@@ -119,7 +142,7 @@ fn kill_9_during_pruning_leaves_no_orphan_and_loses_nothing_live() {
         let finished = child.try_wait().unwrap().is_some();
         child.kill().ok(); // SIGKILL
         child.wait().unwrap();
-        check(&db, &live);
+        after();
         if finished {
             break;
         }
@@ -129,8 +152,76 @@ fn kill_9_during_pruning_leaves_no_orphan_and_loses_nothing_live() {
     assert!(kills >= 1, "no kill landed while pruning: the test tested nothing");
     let last = prune().status().unwrap();
     assert!(last.success());
-    check(&db, &live);
-    let c = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    after();
+}
+
+#[test]
+fn kill_9_during_pruning_leaves_no_orphan_and_loses_nothing_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = soaked(dir.path());
+    kill_again_and_again(&s, &[], || check(&s.db, &s.live));
+    let c = Connection::open_with_flags(&s.db, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
     assert_eq!(count(&c, "SELECT count(*) FROM entities WHERE ended_at IS NOT NULL"), 0, "every ended entity went");
     assert_eq!(count(&c, "SELECT count(*) FROM entities"), 5, "the live server and its resources");
+}
+
+/// Every whole line of the archive files in `dir`, as (id, key, history rows); a line cut
+/// short may only be the last of its file (the crash that cut it started no more there).
+fn archived(dir: &Path) -> Vec<(i64, String, i64)> {
+    let Ok(files) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut out = Vec::new();
+    for f in files {
+        let f = f.unwrap().path();
+        let text = std::fs::read_to_string(&f).unwrap();
+        let lines: Vec<&str> = text.split_inclusive('\n').collect();
+        for (i, line) in lines.iter().enumerate() {
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(v) if line.ends_with('\n') => out.push((
+                    v["id"].as_i64().unwrap(),
+                    v["key"].as_str().unwrap().to_string(),
+                    v["history"].as_array().unwrap().len() as i64,
+                )),
+                _ => assert_eq!(i + 1, lines.len(), "{}: a broken line before the last: {line}", f.display()),
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn kill_9_between_archiving_and_deleting_duplicates_at_most_never_loses() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = soaked(dir.path());
+    let archive = dir.path().join("archive");
+    let ended = &s.ended;
+    let lossless = || {
+        check(&s.db, &s.live);
+        let c = Connection::open_with_flags(&s.db, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+        let left: std::collections::HashSet<i64> = c
+            .prepare("SELECT id FROM entities")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let lines = archived(&archive);
+        let mut seen = BTreeMap::new();
+        for (id, key, history) in &lines {
+            let (k, h) = ended.get(id).unwrap_or_else(|| panic!("archived {id} ({key}), which had not ended"));
+            assert_eq!((k, h), (key, history), "archived {id} whole");
+            *seen.entry(*id).or_insert(0) += 1;
+        }
+        for (id, (key, _)) in ended {
+            assert!(left.contains(id) || seen.contains_key(id), "{key} ({id}) removed without being archived");
+        }
+        (seen.len(), lines.len())
+    };
+    kill_again_and_again(&s, &["--archive", archive.to_str().unwrap(), "--archive-rotate", "256KiB"], || {
+        lossless();
+    });
+    let (entities, lines) = lossless();
+    assert_eq!(entities, ended.len(), "every ended entity archived");
+    eprintln!("{entities} entities in {lines} lines: {} written twice", lines - entities);
+    let files = std::fs::read_dir(&archive).unwrap().count();
+    assert!(files > 1, "rotated by size: {files} file(s)");
 }

@@ -86,4 +86,15 @@ fn prune_dry_runs_then_removes_what_retention_lets_go() {
     );
     let unknown_kind = settle(&db, &["--retention-defaults", "history=1d", "prune", "--dry-run"]);
     assert!(stderr(&unknown_kind).contains("unknown retention `history`"), "{}", stderr(&unknown_kind));
+    let dir = db.parent().unwrap().join("archive");
+    let bad_size = settle(&db, &["--archive", dir.to_str().unwrap(), "--archive-rotate", "12 parsecs", "prune"]);
+    assert!(!bad_size.status.success());
+    assert!(stderr(&bad_size).contains("--archive-rotate: invalid size `12 parsecs`"), "{}", stderr(&bad_size));
+    // A machine that insists on an archive is refused without one, naming it.
+    let insists = dir.parent().unwrap().join("insists");
+    std::fs::create_dir_all(&insists).unwrap();
+    std::fs::write(insists.join("job.toml"), format!("{JOB}\n[retention]\narchive = true\n")).unwrap();
+    let refused = settle(&db, &["--machines", insists.to_str().unwrap(), "prune", "--dry-run"]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("machine `job` archives"), "{}", stderr(&refused));
 }

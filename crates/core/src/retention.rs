@@ -82,6 +82,10 @@ pub struct Retention {
     /// `ended`: how long an entity stays after entering any end state of the machine
     /// that declares no `retain` of its own.
     pub ended: Option<Keep>,
+    /// `archive`: whether an entity removed by retention is first written to the
+    /// deployment's archive (JSON Lines, one object per entity with its history, events
+    /// and errors). `None`: as the deployment says (archived when it has an archive).
+    pub archive: Option<bool>,
 }
 
 /// The deployment's retention: what a machine does not declare, and what belongs to no

@@ -244,7 +244,8 @@ impl Parser<'_> {
     fn retention(&mut self, retention: Spanned<RetentionToml>) -> RetentionDef {
         let origin = Origin { line: self.line(&retention) };
         let retention = retention.into_inner();
-        RetentionDef { ended: retention.ended.as_ref().and_then(|k| self.keep("retention", k)), origin }
+        let ended = retention.ended.as_ref().and_then(|k| self.keep("retention", k));
+        RetentionDef { ended, archive: retention.archive, origin }
     }
 
     fn state(&mut self, key: Spanned<String>, state: StateToml) -> StateDef {
@@ -454,6 +455,7 @@ struct FaultToml {
 #[serde(deny_unknown_fields)]
 struct RetentionToml {
     ended: Option<Spanned<String>>,
+    archive: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1113,6 +1115,7 @@ to = ["deleted"]
 
 [retention]
 ended = "7d"
+archive = true
 "#;
 
     #[test]
@@ -1120,7 +1123,10 @@ ended = "7d"
         use crate::retention::{Defaults, Keep};
         let day = |n: u64| Keep::For(Duration::from_secs(n * 86_400));
         let def = parse("bug", RETAINED).unwrap();
-        assert_eq!(def.retention, Some(RetentionDef { ended: Some(day(7)), origin: Origin { line: Some(27) } }));
+        assert_eq!(
+            def.retention,
+            Some(RetentionDef { ended: Some(day(7)), archive: Some(true), origin: Origin { line: Some(27) } })
+        );
         assert_eq!(def.states[2].retain, Some(day(90)));
         let (m, warnings) = load("bug.toml", "bug", RETAINED).unwrap();
         assert_eq!(warnings, Report::default());
@@ -1135,7 +1141,8 @@ ended = "7d"
         // Part of the definition: its hash, the stored JSON and the TOML written back.
         assert_ne!(m.content_hash(), plain.content_hash());
         let json = m.canonical_json();
-        assert!(json.contains(r#""retention":{"ended":604800000}"#), "{json}");
+        assert!(json.contains(r#""retention":{"archive":true,"ended":604800000}"#), "{json}");
+        assert!(m.archives(false) && plain.archives(true) && !plain.archives(false));
         assert!(json.contains(r#""retain":"forever""#), "{json}");
         assert_eq!(Machine::from_canonical_json(&json).unwrap(), m);
         assert_eq!(load("bug.toml", "bug", &m.to_toml()).unwrap().0, m);
@@ -1157,6 +1164,7 @@ ended = "7d"
             .action("to_wontfix", ["wontfix"])
             .action("to_deleted", ["deleted"])
             .retention_ended(day(7))
+            .retention_archive(true)
             .build()
             .unwrap();
         assert_eq!(built.content_hash(), m.content_hash());

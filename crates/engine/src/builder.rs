@@ -87,7 +87,8 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let ops = OpWatch::start(store.clone());
         let clock = config.clock.clone();
         let (retention, prune_limit) = (config.retention, config.prune_limit);
-        let scheduler = Scheduler::new(
+        let archive = config.archive.clone().map(crate::archive::Archive::new);
+        let mut scheduler = Scheduler::new(
             store.clone(),
             registry.clone(),
             config,
@@ -96,6 +97,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
             hub.clone(),
             ops.clone(),
         );
+        scheduler.archive = archive.clone();
         let task = tokio::spawn(scheduler.run(rx));
         let agent_check = registry.agent_check();
         Ok(Engine {
@@ -106,6 +108,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 clock,
                 retention,
                 prune_limit,
+                archive,
                 tx,
                 offered,
                 hub,
@@ -141,6 +144,11 @@ impl<S: Store + Clone> EngineBuilder<S> {
             return Err(Error::UnknownMachine(unknown.to_string()));
         }
         let machines: Vec<&Machine> = self.registry.machines.values().map(|m| m.as_ref()).collect();
+        if self.config.archive.is_none()
+            && let Some(m) = machines.iter().find(|m| m.retention().and_then(|r| r.archive) == Some(true))
+        {
+            return Err(Error::NoArchive(m.name().to_string()));
+        }
         let report = settle_core::validate::check_set(&machines);
         if report.has_errors() {
             return Err(Error::Invalid(report));

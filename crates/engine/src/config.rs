@@ -38,6 +38,11 @@ pub struct Config {
     /// Most entities one round of pruning removes (of the other kinds, ten times as many
     /// rows): small enough that a round never holds the writer long.
     pub prune_limit: usize,
+    /// Where entities removed by retention are archived first (JSON Lines, rotated by
+    /// size), if anywhere: every machine's, unless its definition says `[retention]
+    /// archive = false`. `None`: only a machine that says `archive = true` needs one (and
+    /// the engine refuses to start without it).
+    pub archive: Option<crate::ArchiveConfig>,
     /// Where time comes from: the system clock, or a [`ManualClock`](settle_store::ManualClock)
     /// that tests advance. Every due time, lease, backoff, timer and sleep the engine
     /// decides is counted on it.
@@ -58,6 +63,7 @@ impl Default for Config {
             prune_every: Duration::from_secs(60),
             prune_pause: Duration::from_millis(20),
             prune_limit: 200,
+            archive: None,
             clock: Arc::new(SystemClock),
         }
     }

@@ -33,6 +33,8 @@ pub(crate) struct Inner<S> {
     pub(crate) retention: settle_core::retention::Defaults,
     /// Most entities a round of pruning removes ([`crate::Config::prune_limit`]).
     pub(crate) prune_limit: usize,
+    /// Where entities removed by retention are archived first ([`crate::Config::archive`]).
+    pub(crate) archive: crate::archive::Shared,
     pub(crate) tx: mpsc::UnboundedSender<Msg>,
     /// Notified when this engine offered agent tasks.
     pub(crate) offered: Arc<tokio::sync::Notify>,

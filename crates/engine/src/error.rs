@@ -92,6 +92,20 @@ pub enum Error {
     /// Another instance is pruning the database (PostgreSQL: one at a time).
     #[error("another instance is pruning this database now; try again when it is done")]
     PruneBusy,
+    /// Writing the archive failed: the entities it was for were not removed.
+    #[error("archiving to {}: {message}; nothing was removed", dir.display())]
+    Archive {
+        /// The archive directory.
+        dir: std::path::PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// A machine archives what retention removes, and the deployment has no archive.
+    #[error(
+        "machine `{0}` archives the entities retention removes ([retention] archive = true), but no archive \
+         directory is set (--archive DIR, SETTLE_ARCHIVE, Config::archive)"
+    )]
+    NoArchive(String),
     /// The engine is shutting down.
     #[error("engine stopped")]
     Stopped,

@@ -20,6 +20,7 @@
 //! [`metrics`], `error`.
 
 mod api;
+mod archive;
 mod builder;
 mod config;
 mod decide;
@@ -40,6 +41,7 @@ mod waiters;
 mod watch;
 
 pub use api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Report, Wait};
+pub use archive::ArchiveConfig;
 pub use builder::EngineBuilder;
 pub use config::Config;
 pub use decide::subscription_progress_with;

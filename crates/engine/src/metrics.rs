@@ -58,6 +58,11 @@ pub(crate) fn pages_reclaimed(pages: u64) {
 }
 
 /// Rows a round of pruning removed, per table (`settle_pruned_rows_total{table}`).
+/// Entities written to the archive before pruning removed them.
+pub(crate) fn archived(n: usize) {
+    metrics::counter!("settle_archived_entities_total").increment(n as u64);
+}
+
 pub(crate) fn pruned(rows: &settle_store::PrunedRows) {
     for (table, n) in rows.tables() {
         if n > 0 {

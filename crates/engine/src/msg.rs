@@ -28,6 +28,9 @@ pub(crate) enum Msg {
     Command { op: Op, reply: oneshot::Sender<Result<Option<EntityRow>>> },
     /// A round of pruning asked for by the API (`Op::Prune`).
     Prune { op: Op, reply: oneshot::Sender<Result<settle_store::Pruned>> },
+    /// The periodic job archived what its round chose: the round that removes them
+    /// (`None`: archiving failed, nothing is removed until the next period).
+    PruneArchived(Option<Box<settle_store::Prune>>),
     /// A handler finished.
     /// (`task`: the scheduler's number of the task that ran it, in spawn order, for a
     /// simulation's deterministic delivery; also in `HooksDone` and `Evaluated`.)

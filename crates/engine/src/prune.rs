@@ -51,8 +51,22 @@ pub(crate) fn round(
         minutes_before: fleet.then(|| defaults.minutes.cutoff(now)).flatten(),
         limit,
         rows: limit.max(1) * ROWS_PER_ENTITY,
-        dry_run: false,
+        ..Prune::default()
     }
+}
+
+/// The machines of `p`'s rules whose entities are archived before they go (none when the
+/// engine has no archive: [`crate::builder`] refuses a machine that asks for one then).
+pub(crate) fn archived_by<'a>(
+    registry: &'a Registry,
+    archive: &'a crate::archive::Shared,
+    p: &'a Prune,
+) -> impl Iterator<Item = &'a str> + 'a {
+    let mut machines: Vec<&str> = p.ended.iter().map(|r| r.machine.as_str()).collect();
+    machines.dedup();
+    machines
+        .into_iter()
+        .filter(move |m| archive.is_some() && registry.machines.get(*m).is_some_and(|d| d.archives(archive.is_some())))
 }
 
 /// Records where each rule of `p` goes on after a round that answered `next`.
@@ -77,6 +91,8 @@ pub struct PruneReport {
     pub rows: PrunedRows,
     /// Rounds written.
     pub rounds: u64,
+    /// Entities written to the archive before they went (`Config::archive`).
+    pub archived: u64,
 }
 
 impl<S: Store + Clone> Engine<S> {
@@ -106,7 +122,12 @@ impl<S: Store + Clone> Engine<S> {
             } else if dry_run {
                 p.rows = usize::MAX / 2;
             }
-            let pruned = self.prune_round(p.clone()).await?;
+            let (pruned, archived) = if dry_run {
+                (self.prune_round(p.clone()).await?, 0)
+            } else {
+                self.archive_then_remove(&p, now).await?
+            };
+            report.archived += archived as u64;
             if pruned.busy {
                 return Err(Error::PruneBusy);
             }
@@ -114,13 +135,35 @@ impl<S: Store + Clone> Engine<S> {
             report.rounds += 1;
             report.kept += pruned.kept;
             report.rows.add(&pruned.rows);
-            report.entities.extend(pruned.entities.iter().cloned());
             advance(&mut cursors, &p, &pruned.next);
             let entities_left = pruned.next.iter().any(Option::is_some);
-            if !(pruned.more && (entities_left || !dry_run)) {
+            let more = pruned.more;
+            report.entities.extend(pruned.entities);
+            if !(more && (entities_left || !dry_run)) {
                 return Ok(report);
             }
         }
+    }
+
+    /// A round that archives first where `p`'s machines ask for it: one that only chooses,
+    /// the chosen of machines that archive written to the archive and synced, then the
+    /// round that removes the chosen. A round without such machines is written at once.
+    async fn archive_then_remove(&self, p: &Prune, now: Millis) -> Result<(Pruned, usize)> {
+        let inner = &self.inner;
+        let machines: Vec<String> = archived_by(&inner.registry, &inner.archive, p).map(str::to_string).collect();
+        let Some(archive) = inner.archive.as_ref().filter(|_| !machines.is_empty()) else {
+            return Ok((self.prune_round(p.clone()).await?, 0));
+        };
+        let chosen = self.prune_round(Prune { choose_only: true, ..p.clone() }).await?;
+        if chosen.busy {
+            return Ok((chosen, 0));
+        }
+        let ids = chosen.entities.iter().map(|e| e.id).collect();
+        let archived: Vec<PrunedEntity> =
+            chosen.entities.into_iter().filter(|e| machines.contains(&e.machine)).collect();
+        let n = crate::archive::write(&inner.store, archive, &archived, now).await?;
+        crate::metrics::archived(n);
+        Ok((self.prune_round(Prune { only: Some(ids), ..p.clone() }).await?, n))
     }
 
     /// The deployment's retention this engine applies where a definition does not say

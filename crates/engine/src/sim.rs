@@ -207,6 +207,7 @@ impl<S: Store + Clone> SimNode<S> {
     pub async fn write(&mut self, fault: WriteFault) -> bool {
         self.scheduler.maybe_renew();
         self.scheduler.maybe_supervise();
+        self.scheduler.maybe_prune();
         let Some((batch, pending, offers)) = self.scheduler.take_batch() else { return false };
         let written: settle_store::Result<BatchResult> = match fault {
             WriteFault::None => self.scheduler.store().write(batch).await,

@@ -4,7 +4,8 @@
 //! left, and never a live entity or its latest history; a child that ended stays while its
 //! parent lives; `Engine::prune` dry-runs and runs on demand; a pruned key can be created
 //! again; a request id is a replay inside the operations' retention and a new request
-//! after it.
+//! after it; with an archive, each entity is written there whole before it goes, and
+//! kept while the archive cannot be written.
 
 mod common;
 
@@ -13,17 +14,9 @@ use std::time::Duration;
 use settle_core::Machine;
 use settle_core::retention::Defaults;
 use settle_engine::{Config, Engine, ManualClock, RaiseOptions, Wait};
-use settle_store::{AnyStore, PgStore, Store};
+use settle_store::{AnyStore, Store};
 
-async fn stores(name: &str) -> Vec<(tempfile::TempDir, AnyStore)> {
-    let (dir, sqlite) = common::sqlite();
-    let mut out = vec![(dir, AnyStore::Sqlite(sqlite))];
-    if let Some(url) = settle_store::postgres::test_url(name) {
-        let pg = tokio::task::spawn_blocking(move || PgStore::open(&url)).await.unwrap().expect("PostgreSQL store");
-        out.push((tempfile::tempdir().unwrap(), AnyStore::Postgres(pg)));
-    }
-    out
-}
+use common::stores;
 
 fn load(name: &str, text: &str) -> Machine {
     settle_core::toml::load(&format!("{name}.toml"), name, text).expect("loads").0
@@ -143,6 +136,7 @@ async fn ended_entities_go_when_their_states_retention_passes_and_live_ones_neve
         raise(&engine, "step", "live-step", "remove").await;
         raise(&engine, "job", "parent", "spawn").await;
         let live_history = engine.history("job", "live").await.unwrap();
+        let newest_op = engine.store().operation_list(None, 1).await.unwrap()[0].request_id.clone();
 
         // Within the hour nothing goes.
         pass(&engine, &clock, HOUR / 2).await;
@@ -164,8 +158,10 @@ async fn ended_entities_go_when_their_states_retention_passes_and_live_ones_neve
         assert!(exists(&engine, "step", "parent-step").await);
         assert_eq!(engine.history("job", "live").await.unwrap(), live_history);
         // Old operations are gone too (kept 30 minutes).
+        // (SQLite keeps the newest operation until a newer one exists: its id would be
+        // handed out again.)
         let ops = engine.store().operation_list(None, 1_000).await.unwrap();
-        assert!(ops.is_empty(), "{ops:?}");
+        assert!(ops.iter().all(|o| o.request_id == newest_op), "{ops:?}");
         // The pruned keys can be used again.
         engine.create("job", "ok-0", Default::default()).await.unwrap();
         engine.shutdown().await;
@@ -229,6 +225,9 @@ async fn a_request_id_replays_inside_the_operations_retention_and_is_new_after_i
         assert!(again.replayed, "a replay inside the window");
         let reused = engine.create_with("job", "b", Default::default(), req()).await;
         assert!(matches!(reused, Err(settle_engine::Error::KeyReused { .. })), "{reused:?}");
+        // Newer work (on SQLite the newest operation stays until a newer one exists: its
+        // id would be handed out again).
+        engine.create("job", "other", Default::default()).await.unwrap();
         // After it the operation is gone: the same id is a new request.
         pass(&engine, &clock, HOUR).await;
         assert!(engine.operation("req-1").await.unwrap().is_none(), "the operation was pruned");
@@ -236,5 +235,107 @@ async fn a_request_id_replays_inside_the_operations_retention_and_is_new_after_i
         assert!(!later.replayed, "a new request after the window");
         assert!(exists(&engine, "job", "a").await && exists(&engine, "job", "b").await);
         engine.shutdown().await;
+    }
+}
+
+/// The states a history entered, row by row (`None`: a row that entered none).
+fn states(history: &[settle_store::HistoryRow]) -> Vec<Option<String>> {
+    history.iter().map(|h| h.to.as_deref().map(str::to_string)).collect()
+}
+
+/// The archive's whole lines in `dir`, in file order: (key, machine, history `to` states).
+fn archived(dir: &std::path::Path) -> Vec<(String, String, Vec<Option<String>>)> {
+    let Ok(files) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<_> = files.map(|f| f.unwrap().path()).collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        for line in std::fs::read_to_string(&f).unwrap().lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let to = v["history"].as_array().unwrap().iter().map(|h| h["to"].as_str().map(str::to_string)).collect();
+            out.push((v["key"].as_str().unwrap().into(), v["machine"].as_str().unwrap().into(), to));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_then_delete_writes_each_entity_whole_before_it_goes() {
+    for (dir, store) in stores("retention_archive").await {
+        let clock = common::clock();
+        let archive = dir.path().join("archive");
+        // Every write starts a new file (rotated at one byte).
+        let config = Config {
+            retention: Defaults::BUILT_IN.with("ended=2h").unwrap(),
+            prune_every: Duration::from_secs(600),
+            prune_limit: 3,
+            archive: Some(settle_engine::ArchiveConfig { dir: archive.clone(), rotate_bytes: 1 }),
+            ..Config::default()
+        };
+        // `step` says it is not archived; `job` is, as the deployment has an archive.
+        let step = format!("{STEP}\n[retention]\narchive = false\n");
+        let engine = Engine::builder(store)
+            .config(config)
+            .clock(clock.clone())
+            .machine(load("job", JOB))
+            .machine(load("step", &step))
+            .start()
+            .await
+            .unwrap();
+        let mut expect = Vec::new();
+        for i in 0..5 {
+            let key = format!("ok-{i}");
+            engine.create("job", &key, Default::default()).await.unwrap();
+            raise(&engine, "job", &key, "start").await;
+            raise(&engine, "job", &key, "finish").await;
+            let to = states(&engine.history("job", &key).await.unwrap());
+            expect.push((key, "job".to_string(), to));
+        }
+        engine.create("job", "p", Default::default()).await.unwrap();
+        for event in ["start", "spawn", "finish"] {
+            raise(&engine, "job", "p", event).await;
+        }
+        raise(&engine, "step", "p-step", "remove").await;
+        // A live job, newer than all of them (SQLite keeps the newest entity and history row
+        // until a newer one exists).
+        engine.create("job", "fresh", Default::default()).await.unwrap();
+        expect.push(("p".into(), "job".into(), states(&engine.history("job", "p").await.unwrap())));
+        expect.sort();
+
+        // The periodic job (rounds of 3): the jobs archived then removed, the step removed
+        // without being archived.
+        pass(&engine, &clock, 3 * HOUR).await;
+        assert!(!exists(&engine, "job", "ok-0").await && !exists(&engine, "step", "p-step").await);
+        assert_eq!(archived(&archive), expect);
+        let files = std::fs::read_dir(&archive).unwrap().count();
+        assert!(files >= 2, "rotated: {files} file(s)");
+
+        // An archive that cannot be written: nothing is removed, the error says where.
+        // (The periodic job fails on it too, and waits for its next period.)
+        let moved = dir.path().join("moved");
+        std::fs::rename(&archive, &moved).unwrap();
+        std::fs::write(&archive, "not a directory").unwrap();
+        engine.create("job", "late", Default::default()).await.unwrap();
+        raise(&engine, "job", "late", "start").await;
+        raise(&engine, "job", "late", "finish").await;
+        engine.create("job", "fresh-2", Default::default()).await.unwrap();
+        clock.advance(Duration::from_millis(3 * HOUR));
+        let e = engine.prune(None, false, |_| ()).await.unwrap_err();
+        assert!(e.to_string().contains("archiving to") && e.to_string().contains("nothing was removed"), "{e}");
+        assert!(exists(&engine, "job", "late").await, "kept while its archive failed");
+        // Once it can, the same entity is archived, then removed.
+        std::fs::remove_file(&archive).unwrap();
+        let report = engine.prune(None, false, |_| ()).await.unwrap();
+        assert_eq!(report.entities.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["late"]);
+        assert!(!exists(&engine, "job", "late").await);
+        assert_eq!(archived(&archive).iter().map(|l| l.0.as_str()).collect::<Vec<_>>(), ["late"]);
+        engine.shutdown().await;
+
+        // A machine that asks for an archive where there is none is refused at start.
+        let (_d, sqlite) = common::sqlite();
+        let wants = format!("{JOB}archive = true\n");
+        let e = Engine::builder(AnyStore::Sqlite(sqlite)).machine(load("job", &wants)).start().await.err().unwrap();
+        assert!(e.to_string().contains("machine `job` archives"), "{e}");
     }
 }

@@ -8,18 +8,10 @@ mod common;
 use serde_json::{Value, json};
 use settle_core::Machine;
 use settle_engine::{Engine, EngineBuilder, EventOutcome, ManualClock, Outcome, RaiseOptions, Wait};
-use settle_store::{AnyStore, EntityRow, HistoryKind, PgStore};
+use settle_store::{AnyStore, EntityRow, HistoryKind};
 
 /// The stores to run on: SQLite, and PostgreSQL (a schema of its own) when available.
-async fn stores(name: &str) -> Vec<(tempfile::TempDir, AnyStore)> {
-    let (dir, sqlite) = common::sqlite();
-    let mut out = vec![(dir, AnyStore::Sqlite(sqlite))];
-    if let Some(url) = settle_store::postgres::test_url(name) {
-        let pg = tokio::task::spawn_blocking(move || PgStore::open(&url)).await.unwrap().expect("PostgreSQL store");
-        out.push((tempfile::tempdir().unwrap(), AnyStore::Postgres(pg)));
-    }
-    out
-}
+use common::stores;
 
 fn load(name: &str, text: &str) -> Machine {
     settle_core::toml::load(&format!("{name}.toml"), name, text).expect("loads").0

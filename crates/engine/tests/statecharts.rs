@@ -7,7 +7,7 @@ mod common;
 use serde_json::{Value, json};
 use settle_core::Machine;
 use settle_engine::{Engine, EngineBuilder, EventOutcome, ManualClock, Outcome, RaiseOptions, Wait};
-use settle_store::{AnyStore, HistoryKind, PgStore, Store};
+use settle_store::{AnyStore, HistoryKind, Store};
 
 /// The cloud instance of settle-core's fixtures: substates of `active`, declarative entry
 /// and exit actions, a guarded `resize`, an internal `touch`, ignored `start` and `stop`.
@@ -17,15 +17,7 @@ fn instance() -> Machine {
 }
 
 /// The stores to run on: SQLite, and PostgreSQL (a schema of its own) when available.
-async fn stores(name: &str) -> Vec<(tempfile::TempDir, AnyStore)> {
-    let (dir, sqlite) = common::sqlite();
-    let mut out = vec![(dir, AnyStore::Sqlite(sqlite))];
-    if let Some(url) = settle_store::postgres::test_url(name) {
-        let pg = tokio::task::spawn_blocking(move || PgStore::open(&url)).await.unwrap().expect("PostgreSQL store");
-        out.push((tempfile::tempdir().unwrap(), AnyStore::Postgres(pg)));
-    }
-    out
-}
+use common::stores;
 
 fn stable(params: Value) -> RaiseOptions {
     RaiseOptions::wait(Wait::Stable).params(params)

@@ -94,6 +94,8 @@ struct Summary {
     commits: u64,
     reports: u64,
     faults: u64,
+    /// Entities pruning removed.
+    pruned: u64,
 }
 
 impl Summary {
@@ -104,6 +106,7 @@ impl Summary {
         self.commits += s.commits;
         self.reports += s.reports;
         self.faults += s.faults;
+        self.pruned += s.pruned;
     }
 }
 
@@ -125,8 +128,8 @@ pub async fn run(args: Options) -> anyhow::Result<bool> {
             Ok(s) => {
                 println!(
                     "seed {seed}: every invariant held on {on} ({} steps, {} entities, {} batches, {} commits, {} agent \
-                     reports, {} faults)",
-                    s.steps, s.entities, s.batches, s.commits, s.reports, s.faults
+                     reports, {} faults, {} pruned)",
+                    s.steps, s.entities, s.batches, s.commits, s.reports, s.faults, s.pruned
                 );
                 true
             }
@@ -178,7 +181,7 @@ pub async fn run(args: Options) -> anyhow::Result<bool> {
     }
     println!(
         "simulate: seeds {first}..{seed}: every invariant held on {on} ({} seeds, {} steps, {} entities, {} batches, \
-         {} commits, {} agent reports, {} faults injected, {:.1}s)",
+         {} commits, {} agent reports, {} faults injected, {} entities pruned, {:.1}s)",
         seed - first,
         total.steps,
         total.entities,
@@ -186,6 +189,7 @@ pub async fn run(args: Options) -> anyhow::Result<bool> {
         total.commits,
         total.reports,
         total.faults,
+        total.pruned,
         started.elapsed().as_secs_f64()
     );
     Ok(true)
@@ -261,11 +265,12 @@ async fn run_seed_keeping(
     let result = match result {
         Ok(Ok(())) => Ok(Summary {
             steps: w.step,
-            entities: w.checker.entities.len() as u64,
+            entities: (w.checker.entities.len() + w.checker.entities.pruned_total()) as u64,
             batches: w.batches,
             commits: w.checker.landed.len() as u64,
             reports: w.checker.agents.reports,
             faults: w.injected,
+            pruned: w.checker.entities.pruned_total() as u64,
         }),
         Ok(Err(v)) => Err(v),
         Err(e) => Err(Violation { step: w.step, what: format!("the simulation failed: {e:#}"), entities: vec![] }),

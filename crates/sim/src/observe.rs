@@ -7,8 +7,9 @@ use std::collections::{HashMap, HashSet};
 use crate::backend::{Observer, Param, Val};
 use crate::checker::{End, Fired, HistoryRow, Seen, Stored};
 
-/// What the store holds after a batch write: history rows after `after`, and the rest whole.
-pub(crate) async fn seen(o: &Observer, after: i64) -> anyhow::Result<Seen> {
+/// What the store holds after a batch write at `now`: history rows after `after`, and the
+/// rest whole.
+pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<Seen> {
     let history = o
         .rows(
             "SELECT h.id, h.entity_id, e.machine, e.key, h.from_state, h.to_state, h.kind, h.event, h.at \
@@ -68,7 +69,28 @@ pub(crate) async fn seen(o: &Observer, after: i64) -> anyhow::Result<Seen> {
         .into_iter()
         .next()
         .map(|r| (r[0].text(), r[1].text(), r[2].text()));
-    Ok(Seen { history, fired, events, edges, hook_twice })
+    let present = Some(o.rows("SELECT id FROM entities", &[]).await?.iter().map(|r| r[0].int()).collect());
+    Ok(Seen { history, fired, events, edges, hook_twice, present, now })
+}
+
+/// A row of some table that belongs to an entity no longer in the store: (table, entity id).
+pub(crate) async fn orphan(o: &Observer) -> anyhow::Result<Option<(String, i64)>> {
+    for (table, column) in [
+        ("history", "entity_id"),
+        ("events", "entity_id"),
+        ("errors", "entity_id"),
+        ("inbox", "entity_id"),
+        ("timers", "entity_id"),
+        ("agent_tasks", "entity_id"),
+        ("successors", "predecessor_id"),
+        ("successors", "successor_id"),
+    ] {
+        let sql = format!("SELECT {column} FROM {table} WHERE {column} NOT IN (SELECT id FROM entities) LIMIT 1");
+        if let Some(r) = o.rows(&sql, &[]).await?.first() {
+            return Ok(Some((table.to_string(), r[0].int())));
+        }
+    }
+    Ok(None)
 }
 
 /// Every entity's lease owner (`None`: not leased).

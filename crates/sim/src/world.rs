@@ -75,6 +75,18 @@ pub(crate) const SLEEPER_AFTER: Duration = Duration::from_secs(30);
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(120);
 /// How long an agent's lease on a task lasts, at most (the longest `lock`).
 pub(crate) const AGENT_LOCK_MS: i64 = 10_000;
+/// What the simulated deployment keeps: ended entities a minute (then the periodic job
+/// removes them, in rounds of a few), everything else forever (the checker replays
+/// request ids and reads agent tasks to the end).
+pub(crate) const RETENTION: &str = "ended=1m,operations=forever,tasks=forever,minutes=forever";
+/// How often the simulated engines prune, and how many entities a round removes at most.
+pub(crate) const PRUNE_EVERY: Duration = Duration::from_secs(20);
+pub(crate) const PRUNE_LIMIT: usize = 3;
+
+/// [`RETENTION`] as the engines and the checker read it.
+pub(crate) fn retention() -> settle_core::retention::Defaults {
+    settle_core::retention::Defaults::BUILT_IN.with(RETENTION).expect("the simulation's retention reads")
+}
 
 /// What an agent operation of a batch was answered, in the order the batch applied it.
 enum AgentAnswer {
@@ -170,8 +182,9 @@ impl World {
             poll: Duration::from_secs(1),
             hung_after: Duration::from_secs(24 * 3600),
             supervise_every: Duration::from_secs(10),
-            // Pruning is not part of the simulated worlds yet.
-            prune_every: Duration::ZERO,
+            retention: retention(),
+            prune_every: PRUNE_EVERY,
+            prune_limit: PRUNE_LIMIT,
             clock: std::sync::Arc::new(self.clock.clone()),
             ..Config::default()
         };
@@ -397,12 +410,23 @@ impl World {
             self.violated(v);
         }
         self.collect(i, now).await?;
-        let seen = observe::seen(&self.db.observer, self.last_history).await?;
+        let seen = observe::seen(&self.db.observer, self.last_history, now).await?;
         if let Some(last) = seen.history.last() {
             self.last_history = last.id;
         }
         if let Err(v) = self.checker.seen(self.step, &seen) {
             self.violated(v);
+        }
+        if self.checker.entities.pruned_now > 0 {
+            let names: Vec<&str> = self.checker.entities.pruned_names().collect();
+            self.note(format!("pruned {}", names.join(" ")));
+            if let Some((table, id)) = observe::orphan(&self.db.observer).await? {
+                self.violated(Violation {
+                    step: self.step,
+                    what: format!("{table} holds a row of entity #{id}, which pruning removed: half removed"),
+                    entities: vec![format!("entity#{id}")],
+                });
+            }
         }
         Ok(())
     }

@@ -25,6 +25,12 @@ pub struct Prune {
     pub rows: usize,
     /// Count what would go, change nothing.
     pub dry_run: bool,
+    /// Only choose the entities that would go, remove nothing of any kind: the first step
+    /// of a round that archives them before they go ([`Pruned::rows`] is empty).
+    pub choose_only: bool,
+    /// Remove only these of the entities the round chooses (the second step: those
+    /// archived). The other kinds go as usual.
+    pub only: Option<Vec<i64>>,
 }
 
 /// The entities of one end state past their retention.

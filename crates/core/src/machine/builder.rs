@@ -377,6 +377,13 @@ impl MachineBuilder {
         self
     }
 
+    /// Whether entities removed by retention are archived first (`[retention] archive`),
+    /// whatever the deployment says.
+    pub fn retention_archive(mut self, archive: bool) -> Self {
+        self.def.retention.get_or_insert_with(Default::default).archive = Some(archive);
+        self
+    }
+
     /// Declares the machine's fault policy (replacing any declared before). A machine-wide
     /// setting: it may come anywhere and does not end the item being built.
     pub fn fault_policy(mut self, policy: FaultPolicy) -> Self {

@@ -192,6 +192,9 @@ impl Machine {
             if let Some(k) = r.ended {
                 retention.insert("ended".into(), k.to_json());
             }
+            if let Some(a) = r.archive {
+                retention.insert("archive".into(), Value::from(a));
+            }
             machine["retention"] = Value::from(retention);
         }
         if !self.properties.is_empty() {
@@ -402,7 +405,11 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
             Some(k) => Some(Keep::from_json(k)?),
             None => None,
         };
-        def.retention = Some(RetentionDef { ended, ..RetentionDef::default() });
+        let archive = match r.get("archive") {
+            Some(a) => Some(a.as_bool()?),
+            None => None,
+        };
+        def.retention = Some(RetentionDef { ended, archive, ..RetentionDef::default() });
     }
     def.migrate = table(v, "migrate")
         .into_iter()

@@ -314,6 +314,9 @@ pub struct RetentionDef {
     /// `ended`: how long an entity stays after entering an end state without a `retain`
     /// of its own.
     pub ended: Option<Keep>,
+    /// `archive`: whether entities removed by retention are archived first (`None`: as the
+    /// deployment says).
+    pub archive: Option<bool>,
     /// Where it was declared.
     pub origin: Origin,
 }

@@ -570,7 +570,7 @@ impl Machine {
             actions,
             timers,
             fault: def.fault.as_ref().map(FaultDef::policy),
-            retention: def.retention.as_ref().map(|r| Retention { ended: r.ended }),
+            retention: def.retention.as_ref().map(|r| Retention { ended: r.ended, archive: r.archive }),
             migrate: def.migrate.iter().map(|m| (StateName::new(&m.from), StateName::new(&m.to))).collect(),
             properties: def.properties.clone(),
             nested: parents.iter().any(Option::is_some),
@@ -625,6 +625,11 @@ impl Machine {
     pub fn end_states_kept(&self, defaults: &Defaults) -> Vec<(&StateName, Keep)> {
         let ended = self.retention.and_then(|r| r.ended).unwrap_or(defaults.ended);
         self.states.iter().filter(|s| s.is_end()).map(|s| (&s.name, s.retain.unwrap_or(ended))).collect()
+    }
+    /// Whether an entity removed by retention is archived first: the machine's
+    /// `[retention] archive`, else `deployment` (whether the deployment has an archive).
+    pub fn archives(&self, deployment: bool) -> bool {
+        self.retention.and_then(|r| r.archive).unwrap_or(deployment)
     }
     /// Where stored entities in a state this definition no longer declares go on upgrade:
     /// each old name (from a state's `renamed_from` or the `[migrate]` table) mapped to the

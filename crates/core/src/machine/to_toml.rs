@@ -83,6 +83,9 @@ impl Machine {
             if let Some(k) = r.ended {
                 w.entry("ended", string(&k.as_text()));
             }
+            if let Some(a) = r.archive {
+                w.entry("archive", a.to_string());
+            }
         }
         if !self.migrate.is_empty() {
             w.table(&["migrate"]);

@@ -109,6 +109,8 @@ pub(crate) struct Scheduler<S> {
     last_supervise: Millis,
     /// The periodic pruning job.
     prune: prune::PruneJob,
+    /// Where it archives entities before removing them, if anywhere.
+    pub(crate) archive: crate::archive::Shared,
     claim_now: bool,
     /// The machines this engine serves: it claims only their entities.
     served: Vec<String>,
@@ -172,6 +174,7 @@ impl<S: Store + Clone> Scheduler<S> {
             last_renew: now,
             last_supervise: now,
             prune: prune::PruneJob::new(now),
+            archive: None,
             claim_now: true,
             wakeup: Arc::new(tokio::sync::Notify::new()),
             stats: Stats::default(),
@@ -247,8 +250,10 @@ impl<S: Store + Clone> Scheduler<S> {
             return;
         }
         let now = self.clock.now_ms();
-        let caught_up =
-            self.next_due.is_none_or(|due| due > now) && self.next_supervise() > now && self.next_prune() > now;
+        let caught_up = self.next_due.is_none_or(|due| due > now)
+            && self.next_supervise() > now
+            && self.next_prune() > now
+            && !self.prune.archiving;
         self.waiters.answer_quiet(self.next_due.is_none(), caught_up.then_some(self.next_due));
     }
 
@@ -287,6 +292,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 self.ops.push(op);
                 self.pending.push(Pending::Prune(reply));
             }
+            Msg::PruneArchived(next) => self.archived(next),
             Msg::ActionDone { entity_id, version, result, .. } => self.on_action_done(entity_id, version, result),
             Msg::HooksDone { entity_id, version, hooks, result, .. } => {
                 self.on_hooks_done(entity_id, version, *hooks, result)

@@ -2,12 +2,15 @@
 //! next batch; while a round finds more past its retention, the next follows after
 //! `prune_pause`, so live work shares the writer with it. Each rule goes on where the last
 //! round stopped (past the entities it had to keep). On PostgreSQL a round another
-//! instance is running makes this one wait for the next period.
+//! instance is running makes this one wait for the next period. Where entities of a machine
+//! that archives would go, the round is two: one that chooses, then (once a task has
+//! written them to the archive and synced it) one that removes those chosen.
 
-use settle_store::{Applied, Millis, Op, OpError, Prune, Store};
+use settle_store::{Applied, Millis, Op, OpError, Prune, Pruned, Store};
 
 use super::{Pending, Scheduler};
-use crate::prune::{Cursors, advance, round};
+use crate::msg::Msg;
+use crate::prune::{Cursors, advance, archived_by, round};
 
 /// The state of the periodic job.
 #[derive(Default)]
@@ -16,6 +19,8 @@ pub(crate) struct PruneJob {
     next_at: Millis,
     /// A round is in a batch being written.
     pub(super) running: bool,
+    /// A task is writing the chosen entities to the archive: not caught up.
+    pub(super) archiving: bool,
     cursors: Cursors,
 }
 
@@ -41,7 +46,10 @@ impl<S: Store + Clone> Scheduler<S> {
         if self.next_prune() > now {
             return;
         }
-        let p = round(&self.registry, &self.config.retention, now, None, &self.prune.cursors, self.config.prune_limit);
+        let mut p =
+            round(&self.registry, &self.config.retention, now, None, &self.prune.cursors, self.config.prune_limit);
+        let archives = archived_by(&self.registry, &self.archive, &p).next().is_some();
+        p.choose_only = archives;
         self.prune.running = true;
         self.ops.push(Op::Prune(Box::new(p.clone())));
         self.pending.push(Pending::PruneJob(Box::new(p)));
@@ -54,6 +62,9 @@ impl<S: Store + Clone> Scheduler<S> {
         let every = self.config.prune_every.as_millis() as Millis;
         self.prune.next_at = now + every;
         match r {
+            Ok(Applied::Pruned(pruned)) if !pruned.busy && p.choose_only => {
+                self.archive_then_remove(p, *pruned);
+            }
             Ok(Applied::Pruned(pruned)) if !pruned.busy => {
                 crate::metrics::pruned(&pruned.rows);
                 advance(&mut self.prune.cursors, p, &pruned.next);
@@ -66,6 +77,52 @@ impl<S: Store + Clone> Scheduler<S> {
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "pruning failed"),
+        }
+    }
+
+    /// The first step of a round that archives chose `pruned`: a task writes those of
+    /// machines that archive to the archive, then the round that removes them follows
+    /// ([`Msg::PruneArchived`]); with none to archive, it follows at once.
+    fn archive_then_remove(&mut self, p: &Prune, pruned: Pruned) {
+        self.prune.running = true;
+        let mut next = p.clone();
+        next.choose_only = false;
+        next.only = Some(pruned.entities.iter().map(|e| e.id).collect());
+        let machines: Vec<String> = archived_by(&self.registry, &self.archive, p).map(str::to_string).collect();
+        let chosen: Vec<_> = pruned.entities.into_iter().filter(|e| machines.contains(&e.machine)).collect();
+        let (Some(archive), false) = (self.archive.clone(), chosen.is_empty()) else {
+            return self.archived(Some(Box::new(next)));
+        };
+        let (store, tx, now) = (self.store.clone(), self.tx.clone(), self.clock.now_ms());
+        self.prune.archiving = true;
+        tokio::spawn(async move {
+            let next = match crate::archive::write(&store, &archive, &chosen, now).await {
+                Ok(n) => {
+                    crate::metrics::archived(n);
+                    Some(Box::new(next))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "archiving before pruning failed");
+                    None
+                }
+            };
+            let _ = tx.send(Msg::PruneArchived(next));
+        });
+    }
+
+    /// The round after archiving: the one that removes what was archived, or (archiving
+    /// failed) none until the next period.
+    pub(super) fn archived(&mut self, next: Option<Box<Prune>>) {
+        self.prune.archiving = false;
+        match next {
+            Some(p) => {
+                self.ops.push(Op::Prune(p.clone()));
+                self.pending.push(Pending::PruneJob(p));
+            }
+            None => {
+                self.prune.running = false;
+                self.prune.next_at = self.clock.now_ms() + self.config.prune_every.as_millis() as Millis;
+            }
         }
     }
 }

@@ -16,6 +16,21 @@ pub fn sqlite() -> (tempfile::TempDir, SqliteStore) {
     (dir, store)
 }
 
+/// The stores a test runs on: SQLite, and PostgreSQL (a schema of its own, `name`) when
+/// `SETTLE_TEST_PG` is set. Each with the temporary directory it may use.
+pub async fn stores(name: &str) -> Vec<(tempfile::TempDir, settle_store::AnyStore)> {
+    let (dir, sqlite) = sqlite();
+    let mut out = vec![(dir, settle_store::AnyStore::Sqlite(sqlite))];
+    if let Some(url) = settle_store::postgres::test_url(name) {
+        let pg = tokio::task::spawn_blocking(move || settle_store::PgStore::open(&url))
+            .await
+            .unwrap()
+            .expect("PostgreSQL store");
+        out.push((tempfile::tempdir().unwrap(), settle_store::AnyStore::Postgres(pg)));
+    }
+    out
+}
+
 /// A clock standing at [`T0`].
 pub fn clock() -> ManualClock {
     ManualClock::new(T0)

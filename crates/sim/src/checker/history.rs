@@ -5,7 +5,9 @@
 //! history rows that processed an event as processed events (an event processed twice shows
 //! as one more row).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+
+use settle_core::retention::Keep;
 
 use super::HistoryRow;
 
@@ -49,6 +51,12 @@ pub(crate) struct Entities {
     requested: HashMap<String, i64>,
     /// History rows that processed an event, by entity.
     processed: HashMap<i64, i64>,
+    /// Entities pruning removed (`machine/key`).
+    pruned: HashSet<String>,
+    /// How many the last observation found removed.
+    pub(crate) pruned_now: usize,
+    /// Their names.
+    last_pruned: Vec<String>,
 }
 
 impl Entities {
@@ -109,6 +117,86 @@ impl Entities {
             e.entries.push(Entry { row: h.id, state: to.clone(), at: h.at, decided_after });
         }
         Ok(())
+    }
+
+    /// Entities the checker knows that are no longer in the store (`present`) were pruned:
+    /// each must have been in an end state of its machine for at least that state's
+    /// retention (`kept`) at `now`, and no entity linked to it (`edges`, as last seen:
+    /// predecessor, successor) may be live. Pruned, an entity leaves the checks (its events
+    /// went with it); a history row of it after that is one before its creation.
+    pub(crate) fn pruned(
+        &mut self,
+        present: &HashSet<i64>,
+        now: i64,
+        kept: &HashMap<(String, String), Keep>,
+        edges: &[(i64, i64)],
+    ) -> Result<(), Failure> {
+        let mut gone: Vec<i64> = self.by_id.keys().filter(|id| !present.contains(id)).copied().collect();
+        gone.sort_unstable();
+        self.last_pruned.clear();
+        let live = |e: &Entity| !kept.contains_key(&(e.machine.clone(), e.state().to_string()));
+        for id in &gone {
+            let linked = edges.iter().filter_map(|&(p, s)| (p == *id).then_some(s).or((s == *id).then_some(p)));
+            if let Some(other) = linked.filter_map(|o| self.by_id.get(&o)).find(|o| live(o)) {
+                let name = self.by_id[id].name.clone();
+                return Err((
+                    format!(
+                        "{name}: gone from the store while {} (linked to it) is live in `{}`",
+                        other.name,
+                        other.state()
+                    ),
+                    vec![name, other.name.clone()],
+                ));
+            }
+        }
+        for id in &gone {
+            let e = &self.by_id[id];
+            let (state, at) = e.entries.last().map_or(("", 0), |x| (x.state.as_str(), x.at));
+            let name = e.name.clone();
+            let since = now - at;
+            match kept.get(&(e.machine.clone(), state.to_string())) {
+                None => {
+                    return Err((
+                        format!("{name}: gone from the store while in `{state}`, not an end state"),
+                        vec![name],
+                    ));
+                }
+                Some(Keep::Forever) => {
+                    return Err((
+                        format!("{name}: gone from the store, though `{state}` keeps it forever"),
+                        vec![name],
+                    ));
+                }
+                Some(Keep::For(d)) if (since as u128) < d.as_millis() => {
+                    return Err((
+                        format!("{name}: gone {since} ms after it entered `{state}`, which keeps it {d:?}"),
+                        vec![name],
+                    ));
+                }
+                Some(Keep::For(_)) => {}
+            }
+            self.by_id.remove(id);
+            self.processed.remove(id);
+            self.pruned.insert(name.clone());
+            self.last_pruned.push(name);
+        }
+        self.pruned_now = gone.len();
+        Ok(())
+    }
+
+    /// Whether pruning removed `name` (`machine/key`).
+    pub(crate) fn was_pruned(&self, name: &str) -> bool {
+        self.pruned.contains(name)
+    }
+
+    /// The entities the last observation found pruned.
+    pub(crate) fn pruned_names(&self) -> impl Iterator<Item = &str> {
+        self.last_pruned.iter().map(String::as_str)
+    }
+
+    /// How many entities pruning removed.
+    pub(crate) fn pruned_total(&self) -> usize {
+        self.pruned.len()
     }
 
     /// Each entity has as many history rows that processed an event as `events` rows not

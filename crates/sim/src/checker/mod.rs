@@ -18,7 +18,12 @@
 //!   ([`subscriptions`]);
 //! - **every agent report answered as the protocol says**: applied once, replayed, or
 //!   refused for the right reason ([`agents`]);
-//! - **effects land once, with their transition** (a chart's entry and exit rows).
+//! - **effects land once, with their transition** (a chart's entry and exit rows);
+//! - **pruning removes only what retention lets go, whole**: an entity gone from the store
+//!   had been in an end state of its machine for at least that state's retention, and no
+//!   table keeps a row of it ([`history::Entities::pruned`]; the world reads the orphans).
+//!   Its events go with it, by design: the invariants over events and subscriptions leave
+//!   it out from then on.
 //!
 //! At rest ([`Checker::end`]): every acknowledged event processed, every operation ended,
 //! no event queued, no timer past due, every chart that reached `done` ran each entry and
@@ -36,6 +41,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use settle_core::Machine;
+use settle_core::retention::Keep;
 
 pub(crate) use agents::{Agents, Answer, Stored};
 use history::Entities;
@@ -92,6 +98,11 @@ pub(crate) struct Seen {
     pub(crate) edges: Vec<(i64, i64)>,
     /// A chart's entry or exit action whose row is in `chart_hooks` twice (key, hook, state).
     pub(crate) hook_twice: Option<(String, String, String)>,
+    /// The ids of every entity in the store: one the checker knows that is missing was
+    /// pruned (`None`: not read).
+    pub(crate) present: Option<HashSet<i64>>,
+    /// When the batch was written.
+    pub(crate) now: i64,
 }
 
 /// What the store holds at rest, as the checker reads it.
@@ -147,12 +158,22 @@ pub(crate) struct Checker {
     pub(crate) acked: Vec<Acked>,
     /// A violation found outside a check (reported at the next one).
     pub(crate) fatal: Option<Violation>,
+    /// How long each end state (machine, state) keeps its entities.
+    kept: HashMap<(String, String), Keep>,
 }
 
 impl Checker {
     /// A checker for worlds running `machines`.
     pub(crate) fn new(machines: &[Arc<Machine>]) -> Checker {
+        let defaults = crate::world::retention();
+        let kept = machines
+            .iter()
+            .flat_map(|m| {
+                m.end_states_kept(&defaults).into_iter().map(|(s, k)| ((m.name().to_string(), s.to_string()), k))
+            })
+            .collect();
         Checker {
+            kept,
             entities: Entities::default(),
             timers: Timers::new(machines),
             subscriptions: Subscriptions::new(machines),
@@ -226,6 +247,10 @@ impl Checker {
             self.entities.apply(row).map_err(fail)?;
             self.subscriptions.apply(row, &self.entities).map_err(fail)?;
         }
+        if let Some(present) = &seen.present {
+            let edges = self.subscriptions.edges();
+            self.entities.pruned(present, seen.now, &self.kept, &edges).map_err(fail)?;
+        }
         self.entities.processed_once(&seen.events).map_err(fail)?;
         self.timers.check(&seen.fired, &self.entities).map_err(fail)?;
         self.subscriptions.settle(&seen.edges, &seen.fired, &self.entities).map_err(fail)?;
@@ -249,7 +274,8 @@ impl Checker {
         }
         for a in &self.acked {
             let name = format!("{}/{}", a.machine, a.key);
-            if !end.processed.contains(&a.inbox_id) && !end.killed.contains(&name) {
+            let gone = self.entities.was_pruned(&name);
+            if !end.processed.contains(&a.inbox_id) && !end.killed.contains(&name) && !gone {
                 return Err(fail(
                     format!(
                         "{name}: acknowledged event `{}` (request {}, inbox {}) was never processed",

@@ -177,6 +177,11 @@ impl Subscriptions {
 
     /// The end of a batch: the successor edges as they are, the firings processed (unused:
     /// their history rows carry them); remembers, for each subscriber, which patterns hold.
+    /// The successor edges (predecessor, successor) as last seen.
+    pub(crate) fn edges(&self) -> Vec<(i64, i64)> {
+        self.successors.iter().flat_map(|(p, ss)| ss.iter().map(move |s| (*p, *s))).collect()
+    }
+
     pub(crate) fn settle(
         &mut self,
         edges: &[(i64, i64)],

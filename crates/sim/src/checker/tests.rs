@@ -45,7 +45,15 @@ fn row(
 }
 
 fn seen(history: Vec<HistoryRow>, fired: Vec<Fired>, events: &[(i64, i64)], edges: &[(i64, i64)]) -> Seen {
-    Seen { history, fired, events: events.iter().copied().collect(), edges: edges.to_vec(), hook_twice: None }
+    Seen {
+        history,
+        fired,
+        events: events.iter().copied().collect(),
+        edges: edges.to_vec(),
+        hook_twice: None,
+        present: None,
+        now: 0,
+    }
 }
 
 fn timer(id: i64, entity: i64, event: &str, raised_at: i64, rejected: bool) -> Fired {
@@ -299,4 +307,53 @@ fn the_checkers_own_pattern_reading() {
     assert!(p.holds(&[]) && !p.holds(&[("x", "failed")]));
     assert_eq!(Mini::parse("count(type=db in [ready]) >= 2"), None);
     assert_eq!(Mini::parse("any(*) health error"), None);
+}
+
+#[test]
+fn an_entity_pruned_while_live_or_before_its_retention_is_caught() {
+    let z = "sleeper/z1";
+    let history = vec![
+        row(1, 1, z, None, Some("asleep"), "create", None, 0),
+        row(2, 1, z, Some("asleep"), Some("awake"), "event", Some("wake"), 1_000),
+        row(3, 2, "sleeper/z2", None, Some("asleep"), "create", None, 0),
+    ];
+    let observed = |present: &[i64], now: i64| Seen {
+        present: Some(present.iter().copied().collect()),
+        now,
+        ..seen(vec![], vec![], &[(1, 1)], &[])
+    };
+    let start = |c: &mut Checker| c.seen(1, &Seen { present: None, ..seen(history.clone(), vec![], &[(1, 1)], &[]) });
+    let keep = crate::world::retention().ended.cutoff(0).unwrap().abs();
+    // Gone a minute after it woke (its retention): it leaves the checks, its events too.
+    let mut c = Checker::new(&machines());
+    start(&mut c).unwrap();
+    c.seen(2, &Seen { events: HashMap::new(), ..observed(&[2], 1_000 + keep) }).unwrap();
+    assert!(c.entities.was_pruned(z) && c.entities.pruned_now == 1);
+    // Gone before its retention passed.
+    let mut c = Checker::new(&machines());
+    start(&mut c).unwrap();
+    fails(c.seen(2, &observed(&[2], 1_000 + keep - 1)), "sleeper/z1: gone");
+    // A live entity gone.
+    let mut c = Checker::new(&machines());
+    start(&mut c).unwrap();
+    fails(
+        c.seen(2, &observed(&[1], 1_000 + keep)),
+        "sleeper/z2: gone from the store while in `asleep`, not an end state",
+    );
+    // A child that ended, gone while its parent still waits on it.
+    let (f, k) = ("fanparent/f", "fanchild/f-0");
+    let family = vec![
+        row(1, 1, f, None, Some("idle"), "create", None, 0),
+        row(2, 1, f, Some("idle"), Some("waiting"), "event", Some("go"), 10),
+        row(3, 2, k, None, Some("working"), "create", None, 10),
+        row(4, 2, k, Some("working"), Some("done"), "auto", None, 20),
+    ];
+    let mut c = Checker::new(&machines());
+    c.seen(1, &seen(family, vec![], &[(1, 1)], &[(1, 2)])).unwrap();
+    let gone_child =
+        Seen { present: Some([1].into_iter().collect()), now: 20 + keep, ..seen(vec![], vec![], &[(1, 1)], &[]) };
+    fails(
+        c.seen(2, &gone_child),
+        "fanchild/f-0: gone from the store while fanparent/f (linked to it) is live in `waiting`",
+    );
 }

@@ -32,6 +32,7 @@ async fn round<S: Store>(store: &S, now: Millis, before: Millis, dry_run: bool) 
         limit: 100,
         rows: 1_000,
         dry_run,
+        ..Prune::default()
     };
     let r = write(store, now, vec![Op::Prune(Box::new(p))], false).await;
     match r.results.into_iter().next().expect("one result") {
@@ -108,9 +109,20 @@ pub async fn pruning_removes_every_row_an_ended_entity_left<S: Store>(store: S) 
     let none = round(&store, T0 + 100, T0, false).await;
     assert_eq!((none.entities.len(), none.rows.total(), none.kept), (0, 0, 0), "{none:?}");
 
+    // A newer operation, ended at the cut-off (not past it): on SQLite `op-old` is then not
+    // the newest operation, whose id would be handed out again.
+    let now = T0 + 10 * 60_000;
+    let newer = OpenOperation { request_id: "op-newer".into(), name: "m.resume".into(), dimensions: json!({}) };
+    let resume = Op::Command {
+        machine: MachineName::new("m"),
+        key: EntityKey::new("o1"),
+        command: Command::Resume,
+        operation: Some(newer),
+    };
+    assert!(write(&store, now, vec![resume], false).await.results[0].is_ok());
+
     // A dry run says what goes and changes nothing.
     let before = rows(&store).await;
-    let now = T0 + 10 * 60_000;
     let dry = round(&store, now, now, true).await;
     assert_eq!(rows(&store).await, before, "a dry run changes nothing");
     let keys: Vec<&str> = dry.entities.iter().map(|e| e.key.as_str()).collect();
@@ -162,4 +174,35 @@ pub async fn pruning_removes_every_row_an_ended_entity_left<S: Store>(store: S) 
         again.results[1]
     );
     counts_agree(&store, now + 1).await;
+}
+
+/// No id is handed out twice: whatever a round removes, the entities and history rows
+/// written after it have larger ids than every one before it (SQLite keeps the newest row
+/// of a table until a newer one exists, as it would give its id to the next).
+pub async fn pruning_never_hands_an_id_out_again<S: Store>(store: S) {
+    let mut last = (0, 0);
+    for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+        let now = T0 + i as Millis * 60_000;
+        create_one(&store, key).await;
+        let e = get(&store, key).await;
+        let history = store.history_list(e.id).await.unwrap();
+        let first = history.first().expect("its creation").id;
+        assert!(
+            e.id > last.0 && first > last.1,
+            "{key}: entity {} after {}, history {first} after {}",
+            e.id,
+            last.0,
+            last.1
+        );
+        end(&store, now + 10, key, "deleted", &[]).await;
+        let newest = store.history_list(e.id).await.unwrap().last().expect("history").id;
+        last = (e.id, newest);
+        round(&store, now + 20, now + 20, false).await;
+        counts_agree(&store, now + 20).await;
+    }
+    // Once newer rows exist, the older ended entities go.
+    let done = round(&store, T0 + 600_000, T0 + 600_000, false).await;
+    for gone in ["a", "b"] {
+        assert!(store.entity_get("m", gone).await.unwrap().is_none(), "{gone}: {done:?}");
+    }
 }

@@ -2,11 +2,32 @@
 //! candidates per end state (locked, with what could keep them), choose by the pure rule
 //! ([`super::ops::prune`]), then remove each chosen entity's rows from every table and the
 //! other kinds' rows past their time — in a dry run under a savepoint rolled back, so what
-//! it reports is exactly what a real round would remove.
+//! it reports is exactly what a real round would remove. A round that archives is two:
+//! one that only chooses ([`Prune::choose_only`]), then, once the archive is on disk, one
+//! that removes those chosen ([`Prune::only`]) that nothing keeps by then.
 
 use super::Dialect;
 use super::ops::prune::{Candidate, choose};
 use crate::{Applied, OpError, Prune, Pruned, PrunedEntity};
+
+impl Candidate {
+    /// A candidate of `rule` as both dialects read it: id, key, ended_at, leased, busy,
+    /// queued, live_link, newest.
+    pub(crate) fn from_columns<C: crate::decode::Columns>(r: &C, rule: &crate::PruneRule) -> Result<Self, C::Error> {
+        Ok(Candidate {
+            id: r.int(0)?,
+            machine: rule.machine.clone(),
+            key: r.text(1)?,
+            state: rule.state.clone(),
+            ended_at: r.int(2)?,
+            leased: r.flag(3)?,
+            busy: r.flag(4)?,
+            queued: r.flag(5)?,
+            live_link: r.flag(6)?,
+            newest: r.flag(7)?,
+        })
+    }
+}
 
 /// The count of [`crate::PrunedRows`] a dialect's delete statement adds to.
 pub(crate) type Counter = fn(&mut crate::PrunedRows) -> &mut u64;
@@ -44,7 +65,11 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, p: &Prune) -> Result<Result<Applied, 
         return Ok(Ok(Applied::Pruned(Box::new(Pruned { busy: true, ..Pruned::default() }))));
     }
     let after: Vec<_> = p.ended.iter().map(|r| r.after).collect();
-    let choice = choose(&read.pages, &after, page, p.limit);
+    let mut choice = choose(&read.pages, &after, page, p.limit);
+    if let Some(only) = &p.only {
+        let only: std::collections::HashSet<i64> = only.iter().copied().collect();
+        choice.remove.retain(|id| only.contains(id));
+    }
     let by_id: std::collections::HashMap<i64, &Candidate> = read.pages.iter().flatten().map(|c| (c.id, c)).collect();
     let entities: Vec<PrunedEntity> = choice
         .remove
@@ -60,6 +85,10 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, p: &Prune) -> Result<Result<Applied, 
             }
         })
         .collect();
+    if p.choose_only {
+        let (kept, next, more) = (choice.kept, choice.next, choice.more);
+        return Ok(Ok(Applied::Pruned(Box::new(Pruned { entities, kept, next, more, ..Pruned::default() }))));
+    }
     let rows = p.rows.max(1);
     if p.dry_run {
         d.savepoint()?;

@@ -62,7 +62,8 @@ const CANDIDATES: &str = "SELECT e.id, e.key, e.ended_at, e.lease_owner IS NOT N
         EXISTS (SELECT 1 FROM successors s JOIN entities o ON o.id = s.successor_id
                  WHERE s.predecessor_id = e.id AND o.ended_at IS NULL)
         OR EXISTS (SELECT 1 FROM successors s JOIN entities o ON o.id = s.predecessor_id
-                 WHERE s.successor_id = e.id AND o.ended_at IS NULL)
+                 WHERE s.successor_id = e.id AND o.ended_at IS NULL),
+        false -- ids come from sequences: never handed out again
      FROM entities e
      WHERE e.machine = $1 AND e.state = $2 AND e.ended_at IS NOT NULL AND e.ended_at < $3
        AND (e.ended_at, e.id) > ($4, $5)
@@ -104,22 +105,7 @@ impl Tx<'_> {
         let results = if stmts.is_empty() { Vec::new() } else { self.c.send(&stmts)? };
         let mut pages = Vec::with_capacity(results.len());
         for (rule, rows) in p.ended.iter().zip(results) {
-            let page = rows
-                .iter()
-                .map(|r| {
-                    Ok(Candidate {
-                        id: r.try_get(0)?,
-                        machine: rule.machine.clone(),
-                        key: r.try_get(1)?,
-                        state: rule.state.clone(),
-                        ended_at: r.try_get(2)?,
-                        leased: r.try_get(3)?,
-                        busy: r.try_get(4)?,
-                        queued: r.try_get(5)?,
-                        live_link: r.try_get(6)?,
-                    })
-                })
-                .collect::<R<Vec<_>>>()?;
+            let page = rows.iter().map(|r| Candidate::from_columns(r, rule)).collect::<R<Vec<_>>>()?;
             pages.push(page);
         }
         Ok(PruneRead { busy: false, pages })

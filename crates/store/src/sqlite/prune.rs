@@ -1,6 +1,8 @@
 //! The SQLite dialect's round of pruning: candidates read per end state through the partial
 //! index `entities_ended`, then each chosen entity's rows deleted table by table with
-//! cached statements, and the other kinds' rows past their time (see `plan/prune.rs`).
+//! cached statements, and the other kinds' rows past their time (see `plan/prune.rs`). The
+//! newest row of a table stays (see `plan/ops/prune.rs`): SQLite hands a new row the
+//! largest id plus one, so removing it would give its id to the next.
 
 use rusqlite::params;
 
@@ -31,7 +33,13 @@ impl Tx<'_> {
                     EXISTS (SELECT 1 FROM successors s JOIN entities o ON o.id = s.successor_id
                              WHERE s.predecessor_id = e.id AND o.ended_at IS NULL)
                     OR EXISTS (SELECT 1 FROM successors s JOIN entities o ON o.id = s.predecessor_id
-                             WHERE s.successor_id = e.id AND o.ended_at IS NULL)
+                             WHERE s.successor_id = e.id AND o.ended_at IS NULL),
+                    e.id IN (SELECT max(id) FROM entities
+                             UNION ALL SELECT entity_id FROM history WHERE id = (SELECT max(id) FROM history)
+                             UNION ALL SELECT entity_id FROM errors WHERE id = (SELECT max(id) FROM errors)
+                             UNION ALL SELECT r.entity_id FROM exceptions x JOIN errors r ON r.id = x.error_id
+                                        WHERE x.id = (SELECT max(id) FROM exceptions)
+                             UNION ALL SELECT entity_id FROM agent_tasks WHERE id = (SELECT max(id) FROM agent_tasks))
              FROM entities e
              WHERE e.machine = ?1 AND e.state = ?2 AND e.ended_at IS NOT NULL AND e.ended_at < ?3
                AND (e.ended_at, e.id) > (?4, ?5)
@@ -40,19 +48,9 @@ impl Tx<'_> {
         let mut pages = Vec::with_capacity(p.ended.len());
         for rule in &p.ended {
             let (after_at, after_id) = rule.after.unwrap_or((i64::MIN, i64::MIN));
-            let rows =
-                stmt.query_map(params![rule.machine, rule.state, rule.before, after_at, after_id, page as i64], |r| {
-                    Ok(Candidate {
-                        id: r.get(0)?,
-                        machine: rule.machine.clone(),
-                        key: r.get(1)?,
-                        state: rule.state.clone(),
-                        ended_at: r.get(2)?,
-                        leased: r.get(3)?,
-                        busy: r.get(4)?,
-                        queued: r.get(5)?,
-                        live_link: r.get(6)?,
-                    })
+            let rows = stmt
+                .query_map(params![rule.machine, rule.state, rule.before, after_at, after_id, page as i64], |r| {
+                    Candidate::from_columns(r, rule)
                 })?;
             pages.push(rows.collect::<rusqlite::Result<Vec<_>>>()?);
         }
@@ -74,6 +72,7 @@ impl Tx<'_> {
                 .0
                 .prepare_cached(
                     "SELECT id FROM operations WHERE ended_at IS NOT NULL AND ended_at < ?1
+                       AND id < (SELECT max(id) FROM operations)
                      ORDER BY ended_at, id LIMIT ?2",
                 )?
                 .query_map(params![before, limit], |r| r.get(0))?
@@ -92,7 +91,8 @@ impl Tx<'_> {
                 .0
                 .prepare_cached(
                     "DELETE FROM agent_tasks WHERE id IN (SELECT id FROM agent_tasks
-                  WHERE finished_at IS NOT NULL AND finished_at < ?1 ORDER BY finished_at, id LIMIT ?2)",
+                  WHERE finished_at IS NOT NULL AND finished_at < ?1 AND id < (SELECT max(id) FROM agent_tasks)
+                  ORDER BY finished_at, id LIMIT ?2)",
                 )?
                 .execute(params![before, limit])?;
             out.rows.agent_tasks += n as u64;

@@ -2,7 +2,10 @@
 //! nothing can still need it: it holds no lease, no work and no queued event, and every
 //! entity linked to it (its predecessors and successors) has ended too — a live parent's
 //! subscriptions count its successors, and a live child reports to its predecessors, so a
-//! link to a live entity keeps both ends.
+//! link to a live entity keeps both ends. Nor does an entity go while it holds the newest
+//! row of a table whose ids the store would hand out again (SQLite gives a new row the
+//! largest id plus one: removing the newest would let a later row take its id, and a
+//! reader going on from the last id it saw miss it); it goes once something newer exists.
 
 use crate::Millis;
 
@@ -22,12 +25,14 @@ pub(crate) struct Candidate {
     pub(crate) queued: bool,
     /// A predecessor or successor has not ended.
     pub(crate) live_link: bool,
+    /// It holds the newest row of a table whose ids would be handed out again (SQLite).
+    pub(crate) newest: bool,
 }
 
 impl Candidate {
     /// Whether nothing keeps the entity any more.
     pub(crate) fn removable(&self) -> bool {
-        !(self.leased || self.busy || self.queued || self.live_link)
+        !(self.leased || self.busy || self.queued || self.live_link || self.newest)
     }
 }
 
@@ -88,6 +93,7 @@ mod tests {
             busy: false,
             queued: false,
             live_link: false,
+            newest: false,
         }
     }
 
@@ -99,6 +105,7 @@ mod tests {
             Candidate { busy: true, ..cand(1, 0) },
             Candidate { queued: true, ..cand(1, 0) },
             Candidate { live_link: true, ..cand(1, 0) },
+            Candidate { newest: true, ..cand(1, 0) },
         ] {
             assert!(!keep.removable(), "{keep:?}");
         }
