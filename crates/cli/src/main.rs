@@ -58,7 +58,7 @@ struct Cli {
     #[arg(long, global = true, env = "SETTLE_MACHINES", value_name = "DIR")]
     machines: Option<PathBuf>,
     /// What the deployment keeps where a machine's definition does not say, for the
-    /// engines this command starts: `ended=30d,operations=7d,tasks=7d,minutes=30d` are the
+    /// engines this command starts: `ended=30d,operations=7d,tasks=7d,minutes=30d,history=forever` are the
     /// defaults; each a duration or `forever` (see README "Retention")
     #[arg(long, global = true, env = "SETTLE_RETENTION", value_name = "SPEC")]
     retention_defaults: Option<String>,

@@ -157,7 +157,7 @@ fn dormant_on_postgres() {
 
 /// `bench soak`, small: every workflow runs (a server with four resources, created then
 /// deleted), the checkpoints say what the issue asks of them, and once the last retention
-/// passes a round of pruning leaves no entity behind.
+/// passes a round of pruning leaves no entity behind (on SQLite, at most the newest).
 fn check_soak(db: &str) {
     let v =
         bench(db, &["soak", "--workflows", "120", "--retention", "1s", "--checkpoints", "3", "--concurrency", "16"]);
@@ -170,7 +170,10 @@ fn check_soak(db: &str) {
         }
     }
     assert_eq!(checkpoints[2]["workflows"], 120, "{v}");
-    assert_eq!(v["after_prune"]["entities"], 0, "every server and resource ended and went: {v}");
+    // Every server and resource ended and went, but (SQLite) the newest entity and the one
+    // with the newest history row, which stay until something newer exists.
+    let left = v["after_prune"]["entities"].as_u64().unwrap();
+    assert!(if db.ends_with(".db") { left <= 2 } else { left == 0 }, "every server and resource ended and went: {v}");
     assert!(v["last_over_second"]["rows"].as_f64().is_some(), "{v}");
 }
 

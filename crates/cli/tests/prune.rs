@@ -84,8 +84,8 @@ fn prune_dry_runs_then_removes_what_retention_lets_go() {
         "{}",
         stderr(&bad)
     );
-    let unknown_kind = settle(&db, &["--retention-defaults", "history=1d", "prune", "--dry-run"]);
-    assert!(stderr(&unknown_kind).contains("unknown retention `history`"), "{}", stderr(&unknown_kind));
+    let unknown_kind = settle(&db, &["--retention-defaults", "logs=1d", "prune", "--dry-run"]);
+    assert!(stderr(&unknown_kind).contains("unknown retention `logs`"), "{}", stderr(&unknown_kind));
     let dir = db.parent().unwrap().join("archive");
     let bad_size = settle(&db, &["--archive", dir.to_str().unwrap(), "--archive-rotate", "12 parsecs", "prune"]);
     assert!(!bad_size.status.success());

@@ -8,7 +8,10 @@
 //! deployment says the rest (`--retention ended=30d,operations=7d,…`): the default for
 //! end states, how long ended operations (and with them the replay window of a request
 //! id), finished agent tasks and per-minute counts are kept. Live entities are never
-//! removed. Pure: the engine turns a policy into cut-off times on its clock.
+//! removed; what they keep of their past is [`History`]: their history rows, processed
+//! events and errors, by age and/or count (`[retention] history = "90d"`,
+//! `history_rows = 1000`; the deployment's `history`), the latest always kept. Pure: the
+//! engine turns a policy into cut-off times on its clock.
 
 use std::time::Duration;
 
@@ -86,6 +89,29 @@ pub struct Retention {
     /// deployment's archive (JSON Lines, one object per entity with its history, events
     /// and errors). `None`: as the deployment says (archived when it has an archive).
     pub archive: Option<bool>,
+    /// `history`: how long a live entity keeps a row of its history, processed events and
+    /// errors (`None`: as the deployment says).
+    pub history: Option<Keep>,
+    /// `history_rows`: at most this many of each (the latest); `None`: no count.
+    pub history_rows: Option<u32>,
+}
+
+/// What a live entity keeps of its past: its history rows, processed events and errors
+/// younger than `age` and among its latest `rows` of each; its latest row of each, and the
+/// event of the workflow it is in, whatever their age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct History {
+    /// Rows older than this go.
+    pub age: Keep,
+    /// Rows beyond the latest this many go.
+    pub rows: Option<u32>,
+}
+
+impl History {
+    /// Whether everything is kept (nothing to trim).
+    pub fn keeps_all(&self) -> bool {
+        self.age == Keep::Forever && self.rows.is_none()
+    }
 }
 
 /// The deployment's retention: what a machine does not declare, and what belongs to no
@@ -101,6 +127,9 @@ pub struct Defaults {
     pub tasks: Keep,
     /// How long a minute's counts of transitions and errors are kept (`minutes`).
     pub minutes: Keep,
+    /// How long a live entity keeps a row of its history, events and errors (`history`),
+    /// where its machine does not say.
+    pub history: Keep,
 }
 
 const DAY: u64 = 86_400;
@@ -113,14 +142,20 @@ impl Defaults {
         operations: Keep::For(Duration::from_secs(7 * DAY)),
         tasks: Keep::For(Duration::from_secs(7 * DAY)),
         minutes: Keep::For(Duration::from_secs(30 * DAY)),
+        history: Keep::Forever,
     };
 
     /// Everything kept forever: the behaviour before retention existed.
-    pub const FOREVER: Defaults =
-        Defaults { ended: Keep::Forever, operations: Keep::Forever, tasks: Keep::Forever, minutes: Keep::Forever };
+    pub const FOREVER: Defaults = Defaults {
+        ended: Keep::Forever,
+        operations: Keep::Forever,
+        tasks: Keep::Forever,
+        minutes: Keep::Forever,
+        history: Keep::Forever,
+    };
 
     /// These defaults with the entries of `spec` applied: comma-separated `name=keep`
-    /// (`ended=7d,operations=1d,tasks=forever,minutes=30d`); names not given keep their
+    /// (`ended=7d,operations=1d,tasks=forever,minutes=30d,history=90d`); names not given keep their
     /// value. An unknown name, a missing `=` or a bad duration is an error naming it.
     ///
     /// ```
@@ -130,7 +165,7 @@ impl Defaults {
     /// assert_eq!(d.ended, Keep::For(Duration::from_secs(3600)));
     /// assert_eq!(d.operations, Keep::Forever);
     /// assert_eq!(d.tasks, Defaults::BUILT_IN.tasks);
-    /// assert!(Defaults::BUILT_IN.with("history=1d").unwrap_err().contains("unknown retention `history`"));
+    /// assert!(Defaults::BUILT_IN.with("logs=1d").unwrap_err().contains("unknown retention `logs`"));
     /// ```
     pub fn with(mut self, spec: &str) -> Result<Defaults, String> {
         for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
@@ -144,9 +179,10 @@ impl Defaults {
                 "operations" => self.operations = keep,
                 "tasks" => self.tasks = keep,
                 "minutes" => self.minutes = keep,
+                "history" => self.history = keep,
                 _ => {
                     return Err(format!(
-                        "unknown retention `{name}` (expected `ended`, `operations`, `tasks` or `minutes`)"
+                        "unknown retention `{name}` (expected `ended`, `operations`, `tasks`, `minutes` or `history`)"
                     ));
                 }
             }
@@ -157,11 +193,12 @@ impl Defaults {
     /// The spec [`Defaults::with`] reads back, every entry written.
     pub fn as_text(&self) -> String {
         format!(
-            "ended={},operations={},tasks={},minutes={}",
+            "ended={},operations={},tasks={},minutes={},history={}",
             self.ended.as_text(),
             self.operations.as_text(),
             self.tasks.as_text(),
-            self.minutes.as_text()
+            self.minutes.as_text(),
+            self.history.as_text()
         )
     }
 }

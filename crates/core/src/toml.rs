@@ -245,7 +245,21 @@ impl Parser<'_> {
         let origin = Origin { line: self.line(&retention) };
         let retention = retention.into_inner();
         let ended = retention.ended.as_ref().and_then(|k| self.keep("retention", k));
-        RetentionDef { ended, archive: retention.archive, origin }
+        let history = retention.history.as_ref().and_then(|k| self.keep("retention", k));
+        let history_rows = match retention.history_rows {
+            Some(n) if *n.get_ref() >= 1 && *n.get_ref() <= i64::from(u32::MAX) => Some(*n.get_ref() as u32),
+            Some(n) => {
+                let line = self.line(&n);
+                self.error(
+                    "retention",
+                    line,
+                    format!("`history_rows` must be at least 1 (the latest row is always kept), not {}", n.get_ref()),
+                );
+                None
+            }
+            None => None,
+        };
+        RetentionDef { ended, archive: retention.archive, history, history_rows, origin }
     }
 
     fn state(&mut self, key: Spanned<String>, state: StateToml) -> StateDef {
@@ -456,6 +470,8 @@ struct FaultToml {
 struct RetentionToml {
     ended: Option<Spanned<String>>,
     archive: Option<bool>,
+    history: Option<Spanned<String>>,
+    history_rows: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1116,6 +1132,8 @@ to = ["deleted"]
 [retention]
 ended = "7d"
 archive = true
+history = "90d"
+history_rows = 500
 "#;
 
     #[test]
@@ -1125,7 +1143,13 @@ archive = true
         let def = parse("bug", RETAINED).unwrap();
         assert_eq!(
             def.retention,
-            Some(RetentionDef { ended: Some(day(7)), archive: Some(true), origin: Origin { line: Some(27) } })
+            Some(RetentionDef {
+                ended: Some(day(7)),
+                archive: Some(true),
+                history: Some(day(90)),
+                history_rows: Some(500),
+                origin: Origin { line: Some(27) }
+            })
         );
         assert_eq!(def.states[2].retain, Some(day(90)));
         let (m, warnings) = load("bug.toml", "bug", RETAINED).unwrap();
@@ -1141,8 +1165,16 @@ archive = true
         // Part of the definition: its hash, the stored JSON and the TOML written back.
         assert_ne!(m.content_hash(), plain.content_hash());
         let json = m.canonical_json();
-        assert!(json.contains(r#""retention":{"archive":true,"ended":604800000}"#), "{json}");
+        assert!(
+            json.contains(r#""retention":{"archive":true,"ended":604800000,"history":7776000000,"history_rows":500}"#),
+            "{json}"
+        );
         assert!(m.archives(false) && plain.archives(true) && !plain.archives(false));
+        use crate::retention::History;
+        assert_eq!(m.history_kept(&Defaults::BUILT_IN), History { age: day(90), rows: Some(500) });
+        let plain_kept = plain.history_kept(&Defaults::BUILT_IN.with("history=30d").unwrap());
+        assert_eq!(plain_kept, History { age: day(30), rows: None });
+        assert!(plain.history_kept(&Defaults::BUILT_IN).keeps_all());
         assert!(json.contains(r#""retain":"forever""#), "{json}");
         assert_eq!(Machine::from_canonical_json(&json).unwrap(), m);
         assert_eq!(load("bug.toml", "bug", &m.to_toml()).unwrap().0, m);
@@ -1165,6 +1197,7 @@ archive = true
             .action("to_deleted", ["deleted"])
             .retention_ended(day(7))
             .retention_archive(true)
+            .retention_history(day(90), Some(500))
             .build()
             .unwrap();
         assert_eq!(built.content_hash(), m.content_hash());
@@ -1174,13 +1207,16 @@ archive = true
     fn retention_mistakes_are_reported_with_their_lines() {
         let text =
             RETAINED.replace("[states.open]\n", "[states.open]\nretain = \"1d\"\n").replace("\"7d\"", "\"a week\"");
+        let text = text.replace("history_rows = 500", "history_rows = 0");
         let report = load("bug.toml", "bug", &text).unwrap_err();
         assert_eq!(
             report.to_string(),
             "bug.toml:2: error: machine `bug`, state `open`: `retain` applies to terminal and deleted states only (this one is \
              stable: its entities are live)\n\
              bug.toml:29: error: machine `bug`, retention: invalid duration `a week` (expected e.g. `500ms`, `5s`, `10m`, \
-             `1h30m`), or `forever`\n"
+             `1h30m`), or `forever`\n\
+             bug.toml:32: error: machine `bug`, retention: `history_rows` must be at least 1 (the latest row is always \
+             kept), not 0\n"
         );
     }
 

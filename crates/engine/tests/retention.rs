@@ -339,3 +339,69 @@ async fn archive_then_delete_writes_each_entity_whole_before_it_goes() {
         assert!(e.to_string().contains("machine `job` archives"), "{e}");
     }
 }
+
+/// A live entity that goes back and forth between `a` and `b`.
+const PINGER: &str = r#"
+initial = "a"
+[states.a]
+[states.b]
+[events.to_b]
+in = ["a"]
+action = "go_b"
+[events.to_a]
+in = ["b"]
+action = "go_a"
+[actions.go_b]
+to = ["b"]
+[actions.go_a]
+to = ["a"]
+"#;
+
+/// Flips `key` of `machine` `n` times.
+async fn flip(engine: &Engine<AnyStore>, machine: &str, key: &str, n: usize) {
+    for _ in 0..n {
+        let state = engine.store().entity_get(machine, key).await.unwrap().unwrap().state;
+        raise(engine, machine, key, if state.as_str() == "a" { "to_b" } else { "to_a" }).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_entity_keeps_its_latest_past_by_count_and_by_age() {
+    for (_dir, store) in stores("retention_live").await {
+        let clock = common::clock();
+        let config = Config {
+            retention: Defaults::BUILT_IN.with("history=1h").unwrap(),
+            prune_every: Duration::ZERO,
+            ..Config::default()
+        };
+        let counted = format!("{PINGER}\n[retention]\nhistory = \"forever\"\nhistory_rows = 4\n");
+        let engine = Engine::builder(store)
+            .config(config)
+            .clock(clock.clone())
+            .machine(load("counted", &counted))
+            .machine(load("aged", PINGER))
+            .start()
+            .await
+            .unwrap();
+        // By count: at most the latest 4, plus what came since the last trim (one in 16
+        // state entries trims).
+        engine.create("counted", "c", Default::default()).await.unwrap();
+        flip(&engine, "counted", "c", 40).await;
+        let h = engine.history("counted", "c").await.unwrap();
+        assert!(h.len() >= 4 && h.len() <= 4 + 16, "{} rows", h.len());
+        assert_eq!(h.last().unwrap().to.as_deref(), Some("a"), "the latest (40 flips from `a`) stays");
+        let events = engine.store().events_list(engine.store().entity_get("counted", "c").await.unwrap().unwrap().id);
+        assert!(events.await.unwrap().len() <= 4 + 16);
+        // By age (the deployment's `history`): rows older than an hour go, the latest stays.
+        engine.create("aged", "g", Default::default()).await.unwrap();
+        flip(&engine, "aged", "g", 20).await;
+        assert_eq!(engine.history("aged", "g").await.unwrap().len(), 21, "nothing is an hour old yet");
+        clock.advance(Duration::from_millis(2 * HOUR));
+        flip(&engine, "aged", "g", 16).await;
+        let h = engine.history("aged", "g").await.unwrap();
+        let now = settle_store::Clock::now_ms(&clock);
+        assert!(!h.is_empty() && h.len() <= 16, "{} rows", h.len());
+        assert!(h.iter().all(|r| r.at >= now - HOUR as i64), "{h:?}");
+        engine.shutdown().await;
+    }
+}

@@ -104,6 +104,9 @@ pub struct Commit {
     /// The state entered (`to`) is an end state (terminal or deleted): the entity's
     /// `ended_at` is set, from which its retention counts.
     pub ended: bool,
+    /// Trim the entity's past to its retention in the same transaction (the engine asks
+    /// now and then, not with every commit).
+    pub trim: Option<crate::Trim>,
     /// Also consume every change notice up to this inbox id (they were all covered by the
     /// subscription evaluation this commit concludes).
     pub consume_notices_upto: Option<i64>,
@@ -154,6 +157,7 @@ impl Commit {
             notify_self: false,
             quiet: false,
             ended: false,
+            trim: None,
             consume_notices_upto: None,
             run_status: None,
             recent_errors: None,

@@ -51,7 +51,7 @@ pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
 pub use machine::MachineRecord;
 pub use operation::{OpenOperation, OperationRow};
 pub use postgres::PgStore;
-pub use prune::{Prune, PruneRule, Pruned, PrunedEntity, PrunedRows, Storage};
+pub use prune::{Prune, PruneRule, Pruned, PrunedEntity, PrunedRows, Storage, Trim};
 pub use report::{
     EntityCount, ErrorStats, MetricsSnapshot, MinuteCount, OperationStats, Overview, Stats, TransitionCount,
     TransitionStats, percentile,

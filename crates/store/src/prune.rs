@@ -7,6 +7,18 @@
 
 use crate::Millis;
 
+/// A live entity's past trimmed with a commit ([`crate::Commit::trim`]): its history rows,
+/// processed events and errors (with their exceptions) older than `before` or beyond its
+/// latest `rows` of each go; its latest of each, and the event of the workflow it is in
+/// (and any still running), stay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Trim {
+    /// Rows written before this time go (`None`: none by age).
+    pub before: Option<Millis>,
+    /// Rows beyond the latest this many go (`None`: none by count; at least 1).
+    pub rows: Option<u32>,
+}
+
 /// One round of pruning: at most [`Prune::limit`] entities and, of each other kind, at most
 /// [`Prune::rows`] rows.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -44,3 +44,35 @@ pub(crate) fn inbox_head(filter: &str, internal: &str) -> String {
          ) h ORDER BY h.kind = 'internal' DESC, h.id LIMIT 1"
     )
 }
+
+/// A live entity's past trimmed ([`crate::Trim`]), in an order the foreign keys allow: each
+/// statement takes the entity's id (`$1`), the cut-off time (`$2`, null: none by age) and how
+/// many of the latest rows stay (`$3`, a huge number: none by count); the latest row of each
+/// table always stays, and so do the event of the workflow the entity is in, events still
+/// running and the errors those events name. `$N` reads alike on both backends (SQLite
+/// numbers named parameters in the order they first appear).
+pub(crate) const TRIM: [&str; 4] = [
+    "DELETE FROM events WHERE entity_id = $1
+       AND end_time IS NOT NULL
+       AND id < (SELECT max(id) FROM events WHERE entity_id = $1)
+       AND id <> COALESCE((SELECT event_id FROM entities WHERE id = $1), 0)
+       AND (start_time < $2 OR id <= (SELECT id FROM events WHERE entity_id = $1 ORDER BY id DESC LIMIT 1 OFFSET $3))",
+    "DELETE FROM exceptions WHERE error_id IN (SELECT id FROM errors WHERE entity_id = $1
+       AND id < (SELECT max(id) FROM errors WHERE entity_id = $1)
+       AND id NOT IN (SELECT error_id FROM events WHERE entity_id = $1 AND error_id IS NOT NULL)
+       AND (at < $2 OR id <= (SELECT id FROM errors WHERE entity_id = $1 ORDER BY id DESC LIMIT 1 OFFSET $3)))
+       AND id < (SELECT max(id) FROM exceptions)",
+    "DELETE FROM errors WHERE entity_id = $1
+       AND id < (SELECT max(id) FROM errors WHERE entity_id = $1)
+       AND id NOT IN (SELECT error_id FROM events WHERE entity_id = $1 AND error_id IS NOT NULL)
+       AND id NOT IN (SELECT error_id FROM exceptions WHERE error_id IS NOT NULL AND id = (SELECT max(id) FROM exceptions))
+       AND (at < $2 OR id <= (SELECT id FROM errors WHERE entity_id = $1 ORDER BY id DESC LIMIT 1 OFFSET $3))",
+    "DELETE FROM history WHERE entity_id = $1
+       AND id < (SELECT max(id) FROM history WHERE entity_id = $1)
+       AND (at < $2 OR id <= (SELECT id FROM history WHERE entity_id = $1 ORDER BY id DESC LIMIT 1 OFFSET $3))",
+];
+
+/// The parameters of [`TRIM`] for `t`: the cut-off, and how many stay (`i64::MAX`: all).
+pub(crate) fn trim_params(t: &crate::Trim) -> (Option<i64>, i64) {
+    (t.before, t.rows.map_or(i64::MAX, |n| i64::from(n.max(1))))
+}

@@ -101,7 +101,7 @@ pub(crate) async fn soak(db: &str, args: SoakArgs) -> anyhow::Result<ExitCode> {
         Keep::For(period) => {
             let minutes = Keep::For(period.max(Duration::from_secs(60)));
             let every = (period / 10).clamp(Duration::from_millis(100), Duration::from_secs(60));
-            (Defaults { ended: keep, operations: keep, tasks: keep, minutes }, every, Some(period))
+            (Defaults { ended: keep, operations: keep, tasks: keep, minutes, ..Defaults::FOREVER }, every, Some(period))
         }
         Keep::Forever => (Defaults::FOREVER, Duration::ZERO, None),
     };

@@ -384,6 +384,15 @@ impl MachineBuilder {
         self
     }
 
+    /// What a live entity keeps of its history, events and errors: rows younger than
+    /// `age` (`[retention] history`) and, with `rows`, only its latest `rows` of each
+    /// (`history_rows`). The latest is always kept.
+    pub fn retention_history(mut self, age: crate::retention::Keep, rows: Option<u32>) -> Self {
+        let r = self.def.retention.get_or_insert_with(Default::default);
+        (r.history, r.history_rows) = (Some(age), rows);
+        self
+    }
+
     /// Declares the machine's fault policy (replacing any declared before). A machine-wide
     /// setting: it may come anywhere and does not end the item being built.
     pub fn fault_policy(mut self, policy: FaultPolicy) -> Self {

@@ -195,6 +195,12 @@ impl Machine {
             if let Some(a) = r.archive {
                 retention.insert("archive".into(), Value::from(a));
             }
+            if let Some(k) = r.history {
+                retention.insert("history".into(), k.to_json());
+            }
+            if let Some(n) = r.history_rows {
+                retention.insert("history_rows".into(), Value::from(n));
+            }
             machine["retention"] = Value::from(retention);
         }
         if !self.properties.is_empty() {
@@ -409,7 +415,15 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
             Some(a) => Some(a.as_bool()?),
             None => None,
         };
-        def.retention = Some(RetentionDef { ended, archive, ..RetentionDef::default() });
+        let history = match r.get("history") {
+            Some(k) => Some(Keep::from_json(k)?),
+            None => None,
+        };
+        let history_rows = match r.get("history_rows") {
+            Some(n) => Some(u32::try_from(n.as_u64()?).ok()?),
+            None => None,
+        };
+        def.retention = Some(RetentionDef { ended, archive, history, history_rows, ..RetentionDef::default() });
     }
     def.migrate = table(v, "migrate")
         .into_iter()

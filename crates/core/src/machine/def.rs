@@ -317,6 +317,10 @@ pub struct RetentionDef {
     /// `archive`: whether entities removed by retention are archived first (`None`: as the
     /// deployment says).
     pub archive: Option<bool>,
+    /// `history`: how long a live entity keeps a row of its history, events and errors.
+    pub history: Option<Keep>,
+    /// `history_rows`: at most this many of each, the latest (at least 1).
+    pub history_rows: Option<u32>,
     /// Where it was declared.
     pub origin: Origin,
 }

@@ -570,7 +570,12 @@ impl Machine {
             actions,
             timers,
             fault: def.fault.as_ref().map(FaultDef::policy),
-            retention: def.retention.as_ref().map(|r| Retention { ended: r.ended, archive: r.archive }),
+            retention: def.retention.as_ref().map(|r| Retention {
+                ended: r.ended,
+                archive: r.archive,
+                history: r.history,
+                history_rows: r.history_rows,
+            }),
             migrate: def.migrate.iter().map(|m| (StateName::new(&m.from), StateName::new(&m.to))).collect(),
             properties: def.properties.clone(),
             nested: parents.iter().any(Option::is_some),
@@ -625,6 +630,12 @@ impl Machine {
     pub fn end_states_kept(&self, defaults: &Defaults) -> Vec<(&StateName, Keep)> {
         let ended = self.retention.and_then(|r| r.ended).unwrap_or(defaults.ended);
         self.states.iter().filter(|s| s.is_end()).map(|s| (&s.name, s.retain.unwrap_or(ended))).collect()
+    }
+    /// What a live entity keeps of its history, events and errors: the machine's
+    /// `[retention] history` (else the deployment's) and `history_rows`.
+    pub fn history_kept(&self, defaults: &Defaults) -> crate::retention::History {
+        let r = self.retention.unwrap_or_default();
+        crate::retention::History { age: r.history.unwrap_or(defaults.history), rows: r.history_rows }
     }
     /// Whether an entity removed by retention is archived first: the machine's
     /// `[retention] archive`, else `deployment` (whether the deployment has an archive).

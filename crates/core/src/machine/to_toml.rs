@@ -86,6 +86,12 @@ impl Machine {
             if let Some(a) = r.archive {
                 w.entry("archive", a.to_string());
             }
+            if let Some(k) = r.history {
+                w.entry("history", string(&k.as_text()));
+            }
+            if let Some(n) = r.history_rows {
+                w.entry("history_rows", n.to_string());
+            }
         }
         if !self.migrate.is_empty() {
             w.table(&["migrate"]);

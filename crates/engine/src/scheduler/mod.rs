@@ -661,6 +661,7 @@ impl<S: Store + Clone> Scheduler<S> {
         if let Some(held) = held {
             let replies = decide::replies(held, &d.commit, &self.registry);
             d.commit.pushes.extend(replies);
+            d.commit.trim = self.trim_for(&held.entity, &d.commit);
         }
         if let Some(note) = &d.note {
             record(note, held.map(|h| &h.entity));

@@ -6,11 +6,15 @@
 //! that archives would go, the round is two: one that chooses, then (once a task has
 //! written them to the archive and synced it) one that removes those chosen.
 
-use settle_store::{Applied, Millis, Op, OpError, Prune, Pruned, Store};
+use settle_store::{Applied, Commit, EntityRow, Millis, Op, OpError, Prune, Pruned, Store, Trim};
 
 use super::{Pending, Scheduler};
 use crate::msg::Msg;
 use crate::prune::{Cursors, advance, archived_by, round};
+
+/// Every this many state entries, a commit trims its entity's past (history, events,
+/// errors) to its machine's retention: the rows beyond it are at most this many.
+pub(crate) const TRIM_EVERY: i64 = 16;
 
 /// The state of the periodic job.
 #[derive(Default)]
@@ -33,6 +37,17 @@ impl PruneJob {
 impl<S: Store + Clone> Scheduler<S> {
     fn prunes(&self) -> bool {
         !self.config.prune_every.is_zero() && self.config.max_inflight > 0
+    }
+
+    /// The trim a commit of `e` carries: on every [`TRIM_EVERY`]th state entry, when its
+    /// machine keeps less than all of its past.
+    pub(super) fn trim_for(&self, e: &EntityRow, c: &Commit) -> Option<Trim> {
+        let entering = c.to.is_some() || c.internal;
+        if !entering || (e.version + 1) % TRIM_EVERY != 0 {
+            return None;
+        }
+        let kept = self.registry.machine(&e.machine).ok()?.history_kept(&self.config.retention);
+        (!kept.keeps_all()).then(|| Trim { before: kept.age.cutoff(self.clock.now_ms()), rows: kept.rows })
     }
 
     /// When the next round of pruning goes (never, if this engine does not prune).

@@ -40,7 +40,10 @@ pub use leases::{
     release_never_strands_events,
 };
 pub use operations::{hung_operations_are_marked, operations_end_when_nothing_waits_on_them};
-pub use prune::{pruning_never_hands_an_id_out_again, pruning_removes_every_row_an_ended_entity_left};
+pub use prune::{
+    pruning_never_hands_an_id_out_again, pruning_removes_every_row_an_ended_entity_left,
+    trimming_keeps_a_live_entitys_latest_past,
+};
 pub use successors::{events_reach_related_entities, successors_and_change_notices};
 pub use tasks::{agent_reports_join_the_batch_around_them, agent_tasks_lease_and_report};
 pub use telemetry::{
@@ -177,7 +180,7 @@ macro_rules! store_conformance_suite {
                 a_commit_may_change_one_column_alone, a_commit_creates_only_free_keys,
                 a_successor_joined_in_a_batch_notifies_its_predecessor, a_command_is_recorded_when_it_applies,
                 an_internal_event_heads_the_inbox, pruning_removes_every_row_an_ended_entity_left,
-                pruning_never_hands_an_id_out_again;
+                pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past;
             store_and_dialect: effects_are_atomic
         );
     };

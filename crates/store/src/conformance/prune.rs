@@ -13,7 +13,7 @@ use super::fleet::counts_agree;
 use super::{T0, claim_with_event, commit, create_one, get, new_entity, push, write};
 use crate::{
     AfterCommit, Applied, Command, ErrorRecord, EventRecord, Millis, Op, OpenOperation, Prune, PruneRule, Pruned,
-    Store, Telemetry,
+    Store, Telemetry, Trim,
 };
 
 /// Rows per table.
@@ -44,9 +44,15 @@ async fn round<S: Store>(store: &S, now: Millis, before: Millis, dry_run: bool) 
 /// Moves `key` to `to` (an end state unless `idle`) by an event, creating `creates`, with
 /// an error recorded on the way.
 async fn end<S: Store>(store: &S, now: Millis, key: &str, to: &str, creates: &[&str]) {
+    end_trimming(store, now, key, to, creates, None).await;
+}
+
+/// [`end`], the commit carrying `trim`.
+async fn end_trimming<S: Store>(store: &S, now: Millis, key: &str, to: &str, creates: &[&str], trim: Option<Trim>) {
     let (e, ev) = claim_with_event(store, now, key).await;
     let mut c = commit(&e, Some(to), Some(ev.id), AfterCommit::Release);
     c.ended = to != "idle";
+    c.trim = trim;
     c.creates = creates.iter().map(|k| new_entity(k, "idle", None)).collect();
     c.telemetry = Telemetry {
         event: Some(EventRecord::of(&ev, false, false)),
@@ -56,6 +62,9 @@ async fn end<S: Store>(store: &S, now: Millis, key: &str, to: &str, creates: &[&
             exception: Some("trace".into()),
             retried: true,
         }),
+        // A trimming commit rests: its event ends, and so may the ones trimmed.
+        at_rest: trim.is_some(),
+        complete: trim.is_some(),
         ..Telemetry::default()
     };
     let r = write(store, now + 1, vec![Op::Commit(Box::new(c))], false).await;
@@ -205,4 +214,46 @@ pub async fn pruning_never_hands_an_id_out_again<S: Store>(store: S) {
     for gone in ["a", "b"] {
         assert!(store.entity_get("m", gone).await.unwrap().is_none(), "{gone}: {done:?}");
     }
+}
+
+/// A commit that trims its entity's past ([`Trim`]) leaves its latest rows of history,
+/// events and errors (by count and by age), never an exception without its error, and
+/// nothing of any other entity changed.
+pub async fn trimming_keeps_a_live_entitys_latest_past<S: Store>(store: S) {
+    create_one(&store, "t").await;
+    create_one(&store, "other").await;
+    // (A trim that keeps all: each commit rests, its event ends.)
+    let all = Some(Trim::default());
+    for i in 0..5 {
+        end_trimming(&store, T0 + 100 * i, "t", "idle", &[], all).await;
+        end_trimming(&store, T0 + 100 * i + 50, "other", "idle", &[], all).await;
+    }
+    let t = get(&store, "t").await;
+    let other = get(&store, "other").await;
+    let other_before = past(&store, other.id).await;
+    let (history, events, errors) = past(&store, t.id).await;
+    assert_eq!((history.len(), events, errors), (6, 5, 5), "created, five events, five errors");
+    // By count: the latest 3 of each stay (the trimming commit's own among them).
+    end_trimming(&store, T0 + 600, "t", "idle", &[], Some(Trim { before: None, rows: Some(3) })).await;
+    let (history, events, errors) = past(&store, t.id).await;
+    assert_eq!((history.len(), events, errors), (3, 3, 3));
+    assert_eq!(history.last().map(|h| h.at), Some(T0 + 601), "the latest stays");
+    // By age: everything before the cut-off goes but the latest of each.
+    end_trimming(&store, T0 + 700, "t", "idle", &[], Some(Trim { before: Some(T0 + 650), rows: None })).await;
+    let (history, events, errors) = past(&store, t.id).await;
+    assert_eq!((history.len(), events, errors), (1, 1, 1), "{history:?}");
+    assert_eq!(past(&store, other.id).await, other_before, "another entity keeps all of its past");
+    // Every error here was recorded with an exception: they went together.
+    let tables = rows(&store).await;
+    assert_eq!(tables["exceptions"], tables["errors"], "no exception without its error, nor an error without it");
+    counts_agree(&store, T0 + 800).await;
+}
+
+/// An entity's history rows, and how many processed events and errors it has.
+async fn past<S: Store>(store: &S, id: i64) -> (Vec<crate::HistoryRow>, usize, usize) {
+    (
+        store.history_list(id).await.unwrap(),
+        store.events_list(id).await.unwrap().len(),
+        store.error_list(id, 100).await.unwrap().len(),
+    )
 }

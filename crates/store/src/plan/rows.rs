@@ -121,6 +121,8 @@ pub(crate) struct Writes {
     pub(crate) renewals: Vec<Renewal>,
     /// The open operations live on through a restart (their count of restarts goes up).
     pub(crate) restarted: bool,
+    /// Live entities whose past is trimmed to their retention, after the rows above.
+    pub(crate) trims: Vec<(i64, crate::Trim)>,
 }
 
 /// How a batch ends (see [`Dialect::finish`](super::Dialect::finish)).

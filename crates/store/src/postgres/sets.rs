@@ -418,6 +418,12 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
     if w.restarted {
         p.add(Stmt::new("UPDATE operations SET restart_count = restart_count + 1 WHERE ended_at IS NULL", vec![]));
     }
+    for (entity_id, t) in &w.trims {
+        let (before, rows) = crate::sql::trim_params(t);
+        for sql in crate::sql::TRIM {
+            p.add(Stmt::new(sql, vec![one(*entity_id), one(before), one(rows)]));
+        }
+    }
     let has_inbox = inbox.is_some();
     let mut stmts = Vec::with_capacity(1 + p.0.len());
     stmts.extend(merge(merged, inbox));

@@ -85,6 +85,12 @@ impl Tx<'_> {
         if w.restarted {
             self.0.execute("UPDATE operations SET restart_count = restart_count + 1 WHERE ended_at IS NULL", [])?;
         }
+        for (entity_id, t) in &w.trims {
+            let (before, rows) = crate::sql::trim_params(t);
+            for sql in crate::sql::TRIM {
+                self.0.prepare_cached(sql)?.execute(params![entity_id, before, rows])?;
+            }
+        }
         Ok(ids)
     }
 

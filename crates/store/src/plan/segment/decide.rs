@@ -357,6 +357,9 @@ impl Work {
         // The event a state entry belongs to: the one it processes (its id is its inbox
         // id), else the one whose workflow the entity is in. Only a state entry records it.
         let event_id = if moved { t.event.as_ref().map(|ev| ev.seq).or(t.current_event) } else { None };
+        if let Some(t) = c.trim {
+            self.plan.trims.push((entity_id, t));
+        }
         if !c.quiet {
             // A state entry's history row is also its `transitions` row.
             let tr = if moved { t.transition.as_ref() } else { None };

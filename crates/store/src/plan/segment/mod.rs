@@ -98,6 +98,7 @@ struct Plan {
     op_done: Vec<String>,
     hung: Vec<String>,
     renewals: Vec<Renewal>,
+    trims: Vec<(i64, crate::Trim)>,
 }
 
 impl Plan {

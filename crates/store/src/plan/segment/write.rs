@@ -57,6 +57,7 @@ impl Work {
             }
         }
         w.deletes = plan.deletes;
+        w.trims = plan.trims;
         w.inbox = plan.inbox.iter().map(|item| InboxInsert { entity_id: id(item.slot), ..item.row.clone() }).collect();
         w.history = plan.history.into_iter().map(|(slot, h)| HistoryInsert { entity_id: id(slot), ..h }).collect();
         w.successors = plan
