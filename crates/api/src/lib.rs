@@ -226,6 +226,13 @@ pub struct MachineSummary {
     /// from the definition and the deployment's defaults (README "Retention").
     #[serde(default)]
     pub retention: Vec<StateRetention>,
+    /// What a live entity keeps of its history, events and errors: `forever`, a duration,
+    /// `latest N`, or both (`90d, latest 1000`); the latest row is always kept.
+    #[serde(default)]
+    pub history: String,
+    /// Whether an entity retention removes is archived first.
+    #[serde(default)]
+    pub archived: bool,
 }
 
 /// How long an entity is kept after entering an end state.

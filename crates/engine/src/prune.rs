@@ -172,6 +172,11 @@ impl<S: Store + Clone> Engine<S> {
         self.inner.retention
     }
 
+    /// Whether this engine archives what retention removes ([`crate::Config::archive`]).
+    pub fn archives(&self) -> bool {
+        self.inner.archive.is_some()
+    }
+
     /// Writes one round of pruning through the engine's writer.
     pub async fn prune_round(&self, p: Prune) -> Result<Pruned> {
         let (reply, rx) = oneshot::channel();

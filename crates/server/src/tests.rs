@@ -195,6 +195,12 @@ async fn health_machines_definition_and_graph() {
     assert_eq!(v["items"][0]["name"], "door");
     assert_eq!(v["items"][0]["states"], json!(["closed", "open", "gone"]));
     assert_eq!(v["items"][0]["events"], json!(["open", "close", "paint", "remove"]));
+    // Its retention: the deployment's defaults, as no definition says otherwise.
+    assert_eq!(v["items"][0]["retention"], json!([{"state": "gone", "keep": "30d"}]));
+    assert_eq!(
+        (v["items"][0]["history"].as_str(), v["items"][0]["archived"].as_bool()),
+        (Some("forever"), Some(false))
+    );
     let hash = v["items"][0]["hash"].as_str().unwrap().to_string();
     let r = app.get("/v1/machines/door").await;
     assert_eq!(r.status, StatusCode::OK);

@@ -635,7 +635,7 @@ function machine(main, r) {
         $("#versions").innerHTML = simpleTable(["Version", "Stored", "Entities", "Current"], versions.map((v) => [`<span class="mono">${esc(v.hash.slice(0, 12))}</span>`, esc(fmtTime(v.stored_at)), String(v.entities), v.current ? "current" : ""]), "none stored");
         await drawDiagram($("#diagram"), name, null, []);
         const m = (await servedMachines()).find((x) => x.name === name);
-        if (m) $("#retention").innerHTML = `Kept after it ends: ${retentionText(m)} (then removed with all its rows; README "Retention")`;
+        if (m) $("#retention").innerHTML = `Kept after it ends: ${retentionText(m)} (then removed with all its rows${m.archived ? ", archived first" : ""}; README "Retention"). A live entity keeps of its history: ${esc(m.history || "forever")}.`;
         loaded = true;
       }
       const o = await api("/v1/overview?window=1m");

@@ -49,9 +49,20 @@ async fn list(State(s): State<AppState>) -> Json<MachineList> {
                 .into_iter()
                 .map(|(state, keep)| StateRetention { state: state.to_string(), keep: keep.as_text() })
                 .collect(),
+            history: history_text(m.history_kept(&defaults)),
+            archived: m.archives(s.engine().archives()),
         })
         .collect();
     Json(MachineList { items })
+}
+
+/// What a live entity keeps of its past, as the dashboard shows it.
+fn history_text(h: settle_core::retention::History) -> String {
+    match (h.age, h.rows) {
+        (age, None) => age.as_text(),
+        (settle_core::retention::Keep::Forever, Some(n)) => format!("latest {n}"),
+        (age, Some(n)) => format!("{}, latest {n}", age.as_text()),
+    }
 }
 
 /// A machine's definition, as canonical JSON; its `ETag` is the definition's hash.
