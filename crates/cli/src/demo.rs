@@ -412,24 +412,35 @@ async fn summary(store: &AnyStore, demo: &DemoRun, wall: Duration, db: &str) -> 
         Some(*n)
     });
     let peak = peak.max().unwrap_or(0);
-    println!("demo run {} finished in {:.1} s", demo.run, wall.as_secs_f64());
-    println!("servers by state: {}", by_state.iter().map(|(s, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", "));
-    println!(
-        "resources by state: {}",
-        resources.iter().map(|(s, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", ")
-    );
-    println!("provider retries: {retries}");
-    println!("peak concurrent workflows: {peak}");
-    println!(
-        "time to ready: p50 {} ms, p99 {} ms, max {} ms",
+    let by = |counts: &std::collections::BTreeMap<String, u64>| {
+        counts.iter().map(|(s, n)| format!("{s} {n}")).collect::<Vec<_>>().join(", ")
+    };
+    let summary = format!(
+        "demo run {} finished in {:.1} s\nservers by state: {}\nresources by state: {}\nprovider retries: {retries}\n\
+         peak concurrent workflows: {peak}\ntime to ready: p50 {} ms, p99 {} ms, max {} ms\n\
+         database left at {db} — try:\n  settle list --machine server --state ready\n  settle history server {}\n",
+        demo.run,
+        wall.as_secs_f64(),
+        by(&by_state),
+        by(&resources),
         percentile(&times, 0.50),
         percentile(&times, 0.99),
-        times.last().copied().unwrap_or(0)
+        times.last().copied().unwrap_or(0),
+        demo.key(0)
     );
-    println!("database left at {} — try:", db);
-    println!("  settle list --machine server --state ready");
-    println!("  settle history server {}", demo.key(0));
-    Ok(())
+    print_summary(&summary)
+}
+
+/// Prints the demo's summary in one write. A reader that went away (`settle demo | head
+/// -1`) ends the printing quietly: the demo ran, its workers are stopped, nothing is lost
+/// but the lines nobody reads.
+fn print_summary(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
 }
 
 #[cfg(test)]

@@ -446,3 +446,26 @@ fn op_on_a_local_creation_lists_what_it_created() {
         assert_eq!((keys(&v["predecessors"]), v["entity"]["state"].as_str()), (set(&["s1"]), Some("ready")), "{v}");
     }
 }
+
+#[test]
+fn the_demo_ends_quietly_when_nobody_reads_its_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("demo.db");
+    // Its standard output closed before it prints anything: `settle demo | head -0`.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_settle"))
+        .args(["--db", db.to_str().unwrap(), "demo", "--servers", "3"])
+        .env("SETTLE_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start settle demo");
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let status = child.wait().unwrap();
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+    assert!(status.success(), "{status:?}: {err}");
+    // It ran to its end all the same.
+    let listed = local(&db, &["list", "--machine", "server", "--json"]);
+    assert_eq!(listed.lines().count(), 3, "{listed}");
+}
