@@ -286,6 +286,14 @@ fn the_dashboard_in_a_browser() {
     assert_eq!(s.get(&format!("/v1/operations/{rid}"))["name"], "vm.resume");
     b.wait_for("document.querySelector('[data-field=run_status]').textContent.includes('active')", WAIT).unwrap();
 
+    // Kill cannot be undone: its dialog opens with Cancel focused, and Cancel does nothing.
+    b.click("button[data-cmd=kill]").unwrap();
+    b.wait_for("document.querySelector('#confirm').open", WAIT).unwrap();
+    assert_eq!(b.eval("document.activeElement.id").unwrap(), json!("confirm-cancel"));
+    b.click("#confirm-cancel").unwrap();
+    b.wait_for("!document.querySelector('#confirm').open", WAIT).unwrap();
+    assert_eq!(s.get("/v1/machines/vm/entities/vm-4")["run_status"], "active", "a canceled kill changes nothing");
+
     // The operation's page lists the entity it touched.
     b.click("#flash a").unwrap();
     b.wait_for("document.querySelector('#touched tr[data-key=\"vm-4\"]')", WAIT).unwrap();

@@ -202,14 +202,17 @@ async function servedMachines() {
 
 // ---- confirmation and commands ---------------------------------------------------
 
-function confirmAction(title, text, extraHtml = "") {
+/** Asks to confirm; a destructive action's dialog opens with Cancel focused, so Enter
+ * does not do what cannot be undone. */
+function confirmAction(title, text, extraHtml = "", destructive = false) {
   const d = $("#confirm");
   $("#confirm-title").textContent = title;
   $("#confirm-text").textContent = text;
   $("#confirm-extra").innerHTML = extraHtml;
   d.returnValue = "";
   d.showModal();
-  (extraHtml ? $("#confirm-extra input, #confirm-extra select, #confirm-extra textarea") : $("#confirm-ok"))?.focus();
+  const first = extraHtml ? $("#confirm-extra input, #confirm-extra select, #confirm-extra textarea") : $("#confirm-ok");
+  (destructive ? $("#confirm-cancel") : first)?.focus();
   return new Promise((resolve) => {
     d.addEventListener("close", () => resolve(d.returnValue === "ok"), { once: true });
   });
@@ -228,7 +231,7 @@ async function command(e, cmd, done) {
   let body;
   let extra = "";
   if (cmd === "sleep") extra = `<label for="sleep-until">Until (+duration or RFC 3339 UTC)</label><input id="sleep-until" value="+10m">`;
-  const ok = await confirmAction(`${cmd[0].toUpperCase()}${cmd.slice(1)} ${e.machine}/${e.key}?`, COMMANDS[cmd], extra);
+  const ok = await confirmAction(`${cmd[0].toUpperCase()}${cmd.slice(1)} ${e.machine}/${e.key}?`, COMMANDS[cmd], extra, cmd === "kill");
   if (!ok) return;
   if (cmd === "sleep") body = { until: $("#sleep-until").value.trim() };
   const id = requestId();
