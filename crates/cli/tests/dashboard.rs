@@ -160,6 +160,7 @@ const WAIT: Duration = Duration::from_secs(15);
 fn sign_in(b: &Browser, s: &Server, token: &str) {
     b.goto(&s.url("")).unwrap();
     b.wait_for("!document.querySelector('#signin').hidden", WAIT).unwrap();
+    signed_out_shows_only_the_sign_in(b);
     b.type_into("#token", token).unwrap();
     b.click("#signin-form button[type=submit]").unwrap();
 }
@@ -167,6 +168,15 @@ fn sign_in(b: &Browser, s: &Server, token: &str) {
 fn sign_out(b: &Browser) {
     b.click("#signout").unwrap();
     b.wait_for("!document.querySelector('#signin').hidden", WAIT).unwrap();
+    signed_out_shows_only_the_sign_in(b);
+}
+
+/// Signed out, the page shows the sign-in form alone: no navigation, no "Sign out".
+fn signed_out_shows_only_the_sign_in(b: &Browser) {
+    for id in ["nav", "who", "main"] {
+        let shown = b.eval(&format!("getComputedStyle(document.querySelector('#{id}')).display !== 'none'")).unwrap();
+        assert_eq!(shown, json!(false), "#{id} is hidden on the sign-in page");
+    }
 }
 
 /// Every visible control of the page is reached by pressing Tab from the top.
