@@ -304,6 +304,16 @@ fn the_dashboard_in_a_browser() {
     b.wait_for("!document.querySelector('#confirm').open", WAIT).unwrap();
     assert_eq!(s.get("/v1/machines/vm/entities/vm-4")["run_status"], "active", "a canceled kill changes nothing");
 
+    // A page of something that is not there stops polling; another page starts again.
+    b.goto(&s.url("#/entity/vm/no-such-vm")).unwrap();
+    b.wait_for("app.timer === null && document.querySelector('#live').textContent.includes('not found')", WAIT)
+        .unwrap();
+    b.goto(&s.url("#/entity/vm/vm-4")).unwrap();
+    b.wait_for("app.timer !== null && document.querySelector('#live').textContent === 'live'", WAIT).unwrap();
+    // (The missing entity's reads, and only those, failed.)
+    let expected = b.take_console_errors();
+    assert!(expected.iter().all(|e| e.contains("404") && e.contains("no-such-vm")), "{expected:?}");
+
     // The operation's page lists the entity it touched.
     b.click("#flash a").unwrap();
     b.wait_for("document.querySelector('#touched tr[data-key=\"vm-4\"]')", WAIT).unwrap();

@@ -181,7 +181,11 @@ async function tick() {
     $("#live").textContent = "live";
   } catch (e) {
     $("#live").classList.add("stale");
-    $("#live").textContent = "offline";
+    // What is not there will not come by asking again: the page stops polling (another
+    // page starts it again).
+    const gone = e instanceof ApiError && e.status === 404;
+    $("#live").textContent = gone ? "not found · stopped" : "offline";
+    if (gone) stopTimer();
     if (page.error) page.error(e);
   } finally {
     app.busy = false;

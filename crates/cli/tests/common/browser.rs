@@ -611,6 +611,12 @@ impl Browser {
         self.shared.state.lock().unwrap().console.clone()
     }
 
+    /// Takes the errors reported so far ([`Browser::console_errors`]), leaving none: for a
+    /// step whose errors are expected (a page of something not there).
+    pub fn take_console_errors(&self) -> Vec<String> {
+        std::mem::take(&mut self.shared.state.lock().unwrap().console)
+    }
+
     /// Whether the page fits the viewport's width: no horizontal scrolling
     /// (`document.documentElement.scrollWidth <= window.innerWidth`).
     pub fn scroll_width_fits(&self) -> Result<bool, String> {
