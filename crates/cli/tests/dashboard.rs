@@ -304,6 +304,12 @@ fn the_dashboard_in_a_browser() {
     b.wait_for("!document.querySelector('#confirm').open", WAIT).unwrap();
     assert_eq!(s.get("/v1/machines/vm/entities/vm-4")["run_status"], "active", "a canceled kill changes nothing");
 
+    // Times say their zone: "1970-01-01 00:00:00.000 +00:00" in the browser's zone.
+    let t = b.eval("fmtTime(0)").unwrap();
+    let t = t.as_str().unwrap_or_default();
+    assert_eq!(t.len(), 30, "{t}");
+    assert!(matches!(&t[24..25], "+" | "-") && &t[27..28] == ":", "{t}");
+
     // A page of something that is not there stops polling; another page starts again.
     b.goto(&s.url("#/entity/vm/no-such-vm")).unwrap();
     b.wait_for("app.timer === null && document.querySelector('#live').textContent.includes('not found')", WAIT)

@@ -15,10 +15,13 @@ function esc(v) {
 }
 function enc(v) { return encodeURIComponent(v); }
 function pad(n, w = 2) { return String(n).padStart(w, "0"); }
+/** A time in the browser's zone, with that zone's offset from UTC ("… 10:15:02.120 +01:00"). */
 function fmtTime(ms) {
   if (ms == null) return "–";
   const d = new Date(ms);
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)}`;
+  const off = -d.getTimezoneOffset();
+  const zone = `${off < 0 ? "-" : "+"}${pad(Math.floor(Math.abs(off) / 60))}:${pad(Math.abs(off) % 60)}`;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}.${pad(d.getMilliseconds(), 3)} ${zone}`;
 }
 function ago(ms, now = Date.now()) {
   if (ms == null) return "–";
