@@ -132,7 +132,10 @@ pub(crate) async fn write<S: Store>(
     let written = tokio::task::spawn_blocking(move || writer.append(&lines)).await;
     let failed = |message: String| Error::Archive { dir: archive.dir().to_path_buf(), message };
     match written {
-        Ok(Ok(())) => Ok(n),
+        Ok(Ok(())) => {
+            crate::metrics::archived(n);
+            Ok(n)
+        }
         Ok(Err(e)) => Err(failed(e.to_string())),
         Err(e) => Err(failed(e.to_string())),
     }

@@ -57,12 +57,13 @@ pub(crate) fn pages_reclaimed(pages: u64) {
     metrics::counter!("settle_store_pages_reclaimed_total").increment(pages);
 }
 
-/// Rows a round of pruning removed, per table (`settle_pruned_rows_total{table}`).
-/// Entities written to the archive before pruning removed them.
+/// Entities written to the archive before pruning removed them
+/// (`settle_archived_entities_total`).
 pub(crate) fn archived(n: usize) {
     metrics::counter!("settle_archived_entities_total").increment(n as u64);
 }
 
+/// Rows a round of pruning removed, per table (`settle_pruned_rows_total{table}`).
 pub(crate) fn pruned(rows: &settle_store::PrunedRows) {
     for (table, n) in rows.tables() {
         if n > 0 {

@@ -66,7 +66,21 @@ pub(crate) fn archived_by<'a>(
     machines.dedup();
     machines
         .into_iter()
-        .filter(move |m| archive.is_some() && registry.machines.get(*m).is_some_and(|d| d.archives(archive.is_some())))
+        .filter(move |m| archive.is_some() && registry.machines.get(*m).is_some_and(|d| d.archives(true)))
+}
+
+/// After a round of `p` that only chose `chosen`: the round that removes exactly those, and
+/// those of them the archive takes first (of machines that archive).
+pub(crate) fn after_choosing(
+    registry: &Registry,
+    archive: &crate::archive::Shared,
+    p: &Prune,
+    chosen: Vec<PrunedEntity>,
+) -> (Prune, Vec<PrunedEntity>) {
+    let machines: Vec<&str> = archived_by(registry, archive, p).collect();
+    let remove = Prune { choose_only: false, only: Some(chosen.iter().map(|e| e.id).collect()), ..p.clone() };
+    let archived = chosen.into_iter().filter(|e| machines.contains(&e.machine.as_str())).collect();
+    (remove, archived)
 }
 
 /// Records where each rule of `p` goes on after a round that answered `next`.
@@ -150,20 +164,17 @@ impl<S: Store + Clone> Engine<S> {
     /// round that removes the chosen. A round without such machines is written at once.
     async fn archive_then_remove(&self, p: &Prune, now: Millis) -> Result<(Pruned, usize)> {
         let inner = &self.inner;
-        let machines: Vec<String> = archived_by(&inner.registry, &inner.archive, p).map(str::to_string).collect();
-        let Some(archive) = inner.archive.as_ref().filter(|_| !machines.is_empty()) else {
+        let archives = archived_by(&inner.registry, &inner.archive, p).next().is_some();
+        let Some(archive) = inner.archive.as_ref().filter(|_| archives) else {
             return Ok((self.prune_round(p.clone()).await?, 0));
         };
         let chosen = self.prune_round(Prune { choose_only: true, ..p.clone() }).await?;
         if chosen.busy {
             return Ok((chosen, 0));
         }
-        let ids = chosen.entities.iter().map(|e| e.id).collect();
-        let archived: Vec<PrunedEntity> =
-            chosen.entities.into_iter().filter(|e| machines.contains(&e.machine)).collect();
+        let (remove, archived) = after_choosing(&inner.registry, &inner.archive, p, chosen.entities);
         let n = crate::archive::write(&inner.store, archive, &archived, now).await?;
-        crate::metrics::archived(n);
-        Ok((self.prune_round(Prune { only: Some(ids), ..p.clone() }).await?, n))
+        Ok((self.prune_round(remove).await?, n))
     }
 
     /// The deployment's retention this engine applies where a definition does not say

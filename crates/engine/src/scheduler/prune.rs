@@ -10,7 +10,7 @@ use settle_store::{Applied, Commit, EntityRow, Millis, Op, OpError, Prune, Prune
 
 use super::{Pending, Scheduler};
 use crate::msg::Msg;
-use crate::prune::{Cursors, advance, archived_by, round};
+use crate::prune::{Cursors, advance, after_choosing, archived_by, round};
 
 /// Every this many state entries, a commit trims its entity's past (history, events,
 /// errors) to its machine's retention: the rows beyond it are at most this many.
@@ -100,11 +100,7 @@ impl<S: Store + Clone> Scheduler<S> {
     /// ([`Msg::PruneArchived`]); with none to archive, it follows at once.
     fn archive_then_remove(&mut self, p: &Prune, pruned: Pruned) {
         self.prune.running = true;
-        let mut next = p.clone();
-        next.choose_only = false;
-        next.only = Some(pruned.entities.iter().map(|e| e.id).collect());
-        let machines: Vec<String> = archived_by(&self.registry, &self.archive, p).map(str::to_string).collect();
-        let chosen: Vec<_> = pruned.entities.into_iter().filter(|e| machines.contains(&e.machine)).collect();
+        let (next, chosen) = after_choosing(&self.registry, &self.archive, p, pruned.entities);
         let (Some(archive), false) = (self.archive.clone(), chosen.is_empty()) else {
             return self.archived(Some(Box::new(next)));
         };
@@ -112,10 +108,7 @@ impl<S: Store + Clone> Scheduler<S> {
         self.prune.archiving = true;
         tokio::spawn(async move {
             let next = match crate::archive::write(&store, &archive, &chosen, now).await {
-                Ok(n) => {
-                    crate::metrics::archived(n);
-                    Some(Box::new(next))
-                }
+                Ok(_) => Some(Box::new(next)),
                 Err(e) => {
                     tracing::warn!(error = %e, "archiving before pruning failed");
                     None
