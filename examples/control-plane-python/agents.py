@@ -87,7 +87,7 @@ def provider_agent(client: Client, provider: Provider, name: str = "provider", c
     def provision(task: Task) -> Outcome:
         result = provider.call(task, can_fail=True)
         if result == "fatal":
-            return Outcome.to("failed").set(error="provider refused the request")
+            return Outcome.to("failed").failed_because("provider refused the request")
         if result == "transient":
             return Outcome.retry(delay_ms=backoff_ms(task))
         out = Outcome.to("ready").set(record=f"{task.key}.{task.machine}.example", error=None)

@@ -157,6 +157,11 @@ pub struct CompleteRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub properties: Option<Value>,
+    /// Why the action failed, when `target` is an error-health state: recorded in the
+    /// entity's errors (kind `failure`) with the entry, and shown by `settle why` and the
+    /// dashboard as the failure's cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// Entities to create, in order; each becomes this entity's successor.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub create: Vec<ReportCreate>,

@@ -37,6 +37,10 @@ pub struct Entity {
     pub lease_owner: Option<String>,
     /// active, paused, sleeping, fault, failed or killed.
     pub run_status: String,
+    /// `error` when its state is declared `health = "error"` (a failure: `…/why` says
+    /// why), else `ok`; absent when the server does not serve its machine.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub health: Option<String>,
     /// Until when a sleeping or backing-off entity waits (ms).
     pub sleep_until: Option<i64>,
     /// The events valid in the current state (single-entity reads only).
@@ -147,6 +151,8 @@ pub struct Overview {
     /// Entities parked for an operator (run status `failed`) or backing off after faults
     /// (`fault`).
     pub parked: u64,
+    /// Entities failing: in a state declared `health = "error"` (killed ones aside).
+    pub failing: u64,
     /// Entities whose due time has passed: work waiting to be claimed.
     pub due_backlog: u64,
     /// Entities per machine, state and run status (only those with entities).
@@ -172,6 +178,8 @@ pub struct StateCount {
     pub path: String,
     /// The run status.
     pub run_status: String,
+    /// `error` when the state is declared `health = "error"`, else `ok`.
+    pub health: String,
     /// How many.
     pub count: u64,
 }
@@ -434,6 +442,59 @@ pub struct ErrorEntry {
     pub details: String,
     /// The request whose work failed, if any.
     pub request_id: Option<String>,
+    /// A `failure`'s cause: the entities whose states fired it (a subscription's matches).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cause: Vec<EntityRef>,
+}
+
+/// An entity named by machine and key, in the state it was seen in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EntityRef {
+    /// Its machine.
+    pub machine: String,
+    /// Its key.
+    pub key: String,
+    /// Its state then.
+    pub state: String,
+}
+
+/// `GET …/entities/{key}/why`: why an entity failed, down to the first cause. The chain
+/// in depth-first order: the entity asked about first (depth 0), then each entity its
+/// failure names as a cause (depth 1), each followed by its own causes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Why {
+    /// The entity is failing now: in an error-health state, or parked.
+    pub failing: bool,
+    /// The entities of the chain.
+    pub chain: Vec<WhyStep>,
+}
+
+/// One entity of a failure's chain of causes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WhyStep {
+    /// 0 for the entity asked about, 1 for what caused its failure, and so on.
+    pub depth: u32,
+    /// Its machine.
+    pub machine: String,
+    /// Its key.
+    pub key: String,
+    /// Its state now (null: not stored any more).
+    pub state: Option<String>,
+    /// Its run status now.
+    pub run_status: Option<String>,
+    /// Failing now: in an error-health state, or parked.
+    pub failing: bool,
+    /// When it failed (ms); null when no failure of it is recorded.
+    pub at: Option<i64>,
+    /// `failure` (it entered an error-health state), or the kind of error that parked it.
+    pub kind: Option<String>,
+    /// Why it failed.
+    pub details: Option<String>,
+    /// The request whose work failed.
+    pub request_id: Option<String>,
 }
 
 /// `GET …/entities/{key}/related`: the entity's predecessors and successors, and how far
@@ -528,6 +589,7 @@ mod from_store {
                 due_at: e.due_at,
                 lease_owner: e.lease_owner.clone(),
                 run_status: e.run_status.as_str().to_string(),
+                health: None,
                 sleep_until: e.sleep_until,
                 permitted_events: None,
                 lease_until: None,
@@ -561,7 +623,45 @@ mod from_store {
 
     impl From<&ErrorRow> for ErrorEntry {
         fn from(e: &ErrorRow) -> Self {
-            ErrorEntry { at: e.at, kind: e.kind.clone(), details: e.details.clone(), request_id: e.request_id.clone() }
+            ErrorEntry {
+                at: e.at,
+                kind: e.kind.clone(),
+                details: e.details.clone(),
+                request_id: e.request_id.clone(),
+                cause: e.cause.iter().map(EntityRef::from).collect(),
+            }
+        }
+    }
+
+    impl From<&settle_store::CauseRef> for EntityRef {
+        fn from(c: &settle_store::CauseRef) -> Self {
+            EntityRef { machine: c.machine.clone(), key: c.key.clone(), state: c.state.clone() }
+        }
+    }
+
+    impl From<&settle_store::Why> for Why {
+        fn from(w: &settle_store::Why) -> Self {
+            fn walk(w: &settle_store::Why, depth: u32, out: &mut Vec<WhyStep>) {
+                let f = w.failure.as_ref();
+                out.push(WhyStep {
+                    depth,
+                    machine: w.machine.clone(),
+                    key: w.key.clone(),
+                    state: w.state.clone(),
+                    run_status: w.run_status.map(|r| r.as_str().to_string()),
+                    failing: w.failing,
+                    at: f.map(|f| f.at),
+                    kind: f.map(|f| f.kind.clone()),
+                    details: f.map(|f| f.details.clone()),
+                    request_id: f.and_then(|f| f.request_id.clone()),
+                });
+                for c in &w.causes {
+                    walk(c, depth + 1, out);
+                }
+            }
+            let mut chain = Vec::new();
+            walk(w, 0, &mut chain);
+            Why { failing: w.failing, chain }
         }
     }
 
@@ -611,6 +711,7 @@ mod tests {
             due_at: None,
             lease_owner: None,
             run_status: "active".into(),
+            health: None,
             sleep_until: None,
             permitted_events: None,
             lease_until: None,

@@ -163,7 +163,7 @@ pub fn bind_server<S: Store + Clone>(mut b: EngineBuilder<S>, p: ProviderSetting
             .on(kind, "provision", move |ctx| async move {
                 match provider_call(p, &ctx, p.fatal_rate).await {
                     Err(delay) => Ok(Outcome::retry_after(delay)),
-                    Ok(false) => Ok(Outcome::to("failed").set("error", json!("provider refused the request"))),
+                    Ok(false) => Ok(Outcome::to("failed").error("provider refused the request")),
                     Ok(true) => Ok(ready_then_next(&ctx, kind)),
                 }
             })

@@ -148,7 +148,12 @@ async fn work_on(client: &Client, args: &Args, task: &Task) {
     let fatal_rate = if deprovisioning { 0.0 } else { args.fatal_rate };
     let report = if x < fatal_rate {
         if task.targets.iter().any(|t| t == "failed") {
-            client.complete(task, "failed", json!({"error": "provider refused the request"})).await
+            let failed = settle_client::CompleteRequest {
+                target: Some("failed".into()),
+                error: Some("provider refused the request".into()),
+                ..settle_client::CompleteRequest::default()
+            };
+            client.report(task, failed).await
         } else {
             client.fail(task, "provider refused the request", false).await
         }

@@ -63,6 +63,7 @@ pub async fn list(
                 run_status: run_status.clone(),
                 key_prefix: prefix.clone(),
                 after_key: after_key.clone(),
+                pairs: None,
             })
             .await?;
         print::entity_rows(&page.iter().map(settle_client::Entity::from).collect::<Vec<_>>(), as_json, &mut header);
@@ -87,6 +88,16 @@ pub async fn get(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::R
     let e = find(&store, machine, key).await?;
     let inbox = store.inbox_list(e.id).await?;
     print::entity(&settle_client::Entity::from(&e), Some(&print::Detail::of(&e, &inbox)), as_json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `settle why`: the chain of causes of the entity's failure, read from the database.
+pub async fn why(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+    let store = open(db)?;
+    let w = settle_store::why(&store, machine, key)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no entity `{key}` of machine `{machine}`"))?;
+    print::why(&settle_api::Why::from(&w), as_json);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -161,6 +161,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Why an entity failed, down to the first cause: its failure (the message of the
+    /// action that moved it to an error-health state, or the error that parked it), then
+    /// each entity that caused it (a subscription's matches), and theirs.
+    #[command(after_help = "Example:\n  settle why server r1-srv-00008")]
+    Why {
+        /// Machine name.
+        machine: String,
+        /// Entity key.
+        key: String,
+        /// JSON output (the API's body).
+        #[arg(long)]
+        json: bool,
+    },
     /// What an event would do to an entity if raised now (guards evaluated against its
     /// properties and --params): run an action, be ignored, or be rejected and why. Writes
     /// nothing; exit 1 when it would be rejected.
@@ -444,6 +457,9 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         Command::Get { machine, key, json } => {
             runtime()?.block_on(inspect::get(&db_path(&cli.db), &machine, &key, json))
         }
+        Command::Why { machine, key, json } => {
+            runtime()?.block_on(inspect::why(&db_path(&cli.db), &machine, &key, json))
+        }
         Command::History { machine, key, events: false, json } => {
             runtime()?.block_on(inspect::history(&db_path(&cli.db), &machine, &key, json))
         }
@@ -513,6 +529,7 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
             Box::pin(remote::list(c, machine, state, status, prefix, json))
         }
         Command::Get { machine, key, json } => Box::pin(async move { remote::get(c, &machine, &key, json).await }),
+        Command::Why { machine, key, json } => Box::pin(async move { remote::why(c, &machine, &key, json).await }),
         Command::History { events: true, .. } => anyhow::bail!(
             "`settle history --events` reads the database's events table, which the HTTP API does not offer; \
              run it without --server where the database is"
@@ -582,6 +599,7 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         Command::Demo(_) => "demo",
         Command::List { .. } => "list",
         Command::Get { .. } => "get",
+        Command::Why { .. } => "why",
         Command::History { .. } => "history",
         Command::Ops { .. } => "ops",
         Command::Op { .. } => "op",

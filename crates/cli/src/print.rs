@@ -376,6 +376,32 @@ pub fn related(e: &Entity, r: &settle_api::Related, as_json: bool) {
     }
 }
 
+/// `settle why`: the chain of causes, one entity a block, indented by depth; `--json`: the
+/// API's body. Exit 0 whether or not it is failing (the first line says).
+pub fn why(w: &settle_api::Why, as_json: bool) {
+    if as_json {
+        println!("{}", serde_json::to_value(w).unwrap_or_default());
+        return;
+    }
+    for (i, s) in w.chain.iter().enumerate() {
+        let pad = "  ".repeat(s.depth as usize);
+        let now = match (&s.state, &s.run_status) {
+            (Some(state), Some(rs)) => format!("now {state}, {rs}{}", if s.failing { ", failing" } else { "" }),
+            _ => "not stored any more".to_string(),
+        };
+        let lead = if i == 0 { "" } else { "caused by " };
+        println!("{pad}{lead}{}/{}  ({now})", s.machine, s.key);
+        match (&s.details, s.at) {
+            (Some(d), Some(at)) => {
+                let request = s.request_id.as_deref().map(|r| format!(", request {r}")).unwrap_or_default();
+                println!("{pad}  {}: {d}  ({}{request})", s.kind.as_deref().unwrap_or("failure"), fmt_time(at));
+            }
+            _ if i == 0 && !w.failing => println!("{pad}  not failing: nothing to explain"),
+            _ => println!("{pad}  no failure recorded"),
+        }
+    }
+}
+
 /// What an operator command or `create` did: the entity afterwards, under `request_id`.
 pub struct Done<'a> {
     /// The entity afterwards (as it is now, for a replay).

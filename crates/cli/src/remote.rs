@@ -72,6 +72,12 @@ pub async fn get(c: &Client, machine: &str, key: &str, as_json: bool) -> anyhow:
     Ok(ExitCode::SUCCESS)
 }
 
+/// `settle why`.
+pub async fn why(c: &Client, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+    print::why(&c.why(machine, key).await?, as_json);
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `settle history` (transitions; the API has no route for processed events).
 pub async fn history(c: &Client, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
     print::history(&c.history(machine, key).await?, as_json);

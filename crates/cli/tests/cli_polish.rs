@@ -1,6 +1,6 @@
 //! The command line's finish: a closed pipe ends a command quietly, shell completion
 //! scripts, an example in every command's help, `--json` on every command that prints
-//! data, and the drill-down commands `op` and `related`, on the database and over
+//! data, and the drill-down commands `op`, `related` and `why`, on the database and over
 //! `--server`.
 
 mod common;
@@ -203,7 +203,7 @@ fn json_of_every_command_that_prints_data_parses() {
     let dir = tempfile::tempdir().unwrap();
     let (db, id) = provisioned(dir.path());
     // Reads: one object, or one per line for lists.
-    let reads: [(&[&str], bool); 10] = [
+    let reads: [(&[&str], bool); 11] = [
         (&["list", "--json"], true),
         (&["get", "server", "s1", "--json"], false),
         (&["history", "server", "s1", "--json"], true),
@@ -211,6 +211,7 @@ fn json_of_every_command_that_prints_data_parses() {
         (&["ops", "--json"], true),
         (&["op", &id, "--json"], false),
         (&["related", "server", "s1", "--json"], false),
+        (&["why", "server", "s1", "--json"], false),
         (&["stats", "--json"], false),
         (&["machines", "--json"], true),
         (&["check", "server", "s1", "create", "--json"], false),
@@ -468,4 +469,39 @@ fn the_demo_ends_quietly_when_nobody_reads_its_summary() {
     // It ran to its end all the same.
     let listed = local(&db, &["list", "--machine", "server", "--json"]);
     assert_eq!(listed.lines().count(), 3, "{listed}");
+}
+
+#[test]
+fn why_follows_a_failed_server_to_its_resource_on_the_database_and_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("settle.db");
+    let demo = ["demo", "--servers", "12", "--fatal-rate", "0.5", "--seed", "3", "--fail-rate", "0"];
+    local(&db, &demo);
+    let failed = json_lines(&local(&db, &["list", "--machine", "server", "--state", "failed", "--json"]));
+    assert!(!failed.is_empty(), "the seed fails some servers");
+    let key = failed[0]["key"].as_str().unwrap().to_string();
+    let text = local(&db, &["why", "server", &key]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with(&format!("server/{key}  (now failed, active, failing)")), "{text}");
+    assert!(lines[1].starts_with("  failure: `resources_failed` fired: "), "{text}");
+    assert!(lines[2].starts_with("  caused by ") && lines[2].contains(&format!("/{key}-")), "{text}");
+    assert!(lines[3].starts_with("    failure: provider refused the request  ("), "{text}");
+    let v = json(&local(&db, &["why", "server", &key, "--json"]));
+    assert_eq!(v["failing"], true, "{v}");
+    let chain = v["chain"].as_array().unwrap();
+    assert_eq!((chain.len(), chain[1]["depth"].as_u64()), (2, Some(1)), "{v}");
+    assert_eq!(chain[1]["details"], "provider refused the request");
+    // A ready server has nothing to explain; an unknown one is an error.
+    let ready = json_lines(&local(&db, &["list", "--machine", "server", "--state", "ready", "--json"]));
+    let fine = ready[0]["key"].as_str().unwrap();
+    assert!(local(&db, &["why", "server", fine]).contains("not failing: nothing to explain"));
+    let missing = settle(&db, &["why", "server", "nobody"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(stderr(&missing).contains("no entity `nobody` of machine `server`"), "{}", stderr(&missing));
+    // Over HTTP, the same text.
+    let s = Served::start(&db, None, &[]);
+    assert_eq!(ok(s.settle(None, &["why", "server", &key]), "settle --server why"), text);
+    let missing = s.settle(None, &["why", "server", "nobody"]);
+    assert_eq!(missing.status.code(), Some(1));
+    s.stop();
 }

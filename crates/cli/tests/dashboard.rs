@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::browser::{Browser, skip_reason};
-use common::testkit::{DOOR, VM};
+use common::testkit::{DOOR, PART, SITE, VM};
 use serde_json::{Value, json};
 
 const TOKENS: &str =
@@ -40,7 +40,10 @@ impl Server {
     /// `settle serve` with `tokens` (`SETTLE_TOKENS`), or none: every caller an admin.
     fn start_with(tokens: Option<&str>) -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let machines = common::write_machines(dir.path(), &[("door.toml", DOOR), ("vm.toml", VM)]);
+        let machines = common::write_machines(
+            dir.path(),
+            &[("door.toml", DOOR), ("vm.toml", VM), ("site.toml", SITE), ("part.toml", PART)],
+        );
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_settle"));
         cmd.arg("--db")
             .arg(dir.path().join("settle.db"))
@@ -141,6 +144,30 @@ fn scenario(s: &Server) {
         let ready = s.get("/v1/entities?machine=vm&state=ready");
         failed["items"].as_array().unwrap().len() == 1 && ready["items"].as_array().unwrap().len() == 3
     });
+    // A site whose network part fails: the agent says why, and the site fails by it.
+    let (st, v) = s.call("POST", "/v1/machines/site/entities", "operator-token-01", Some(json!({"key": "s-1"})));
+    assert_eq!(st, 201, "{v}");
+    let (st, v) = s.call("POST", "/v1/machines/site/entities/s-1/events/build", "operator-token-01", None);
+    assert_eq!(st, 202, "{v}");
+    let mut tasks = Vec::new();
+    eventually("the parts' tasks", || {
+        let body = json!({"agent": "browser-test", "max": 2, "wait_ms": 1000});
+        let (st, v) = s.call("POST", "/v1/queues/cloud/lease", "agent-token-00001", Some(body));
+        assert_eq!(st, 200, "{v}");
+        tasks.extend(v["tasks"].as_array().unwrap().iter().cloned());
+        tasks.len() == 2
+    });
+    for t in &tasks {
+        let (id, token) = (t["id"].as_i64().unwrap(), t["token"].as_str().unwrap());
+        let body = if t["key"] == "s-1-net" {
+            json!({"token": token, "target": "broken", "error": "no capacity for a network in zone c"})
+        } else {
+            json!({"token": token, "target": "up"})
+        };
+        let (st, v) = s.call("POST", &format!("/v1/tasks/{id}/complete"), "agent-token-00001", Some(body));
+        assert_eq!(st, 202, "{v}");
+    }
+    eventually("the site failed", || s.get("/v1/machines/site/entities/s-1")["state"] == "failed");
 }
 
 fn screenshot(b: &Browser, name: &str) {
@@ -309,6 +336,32 @@ fn the_dashboard_in_a_browser() {
     let t = t.as_str().unwrap_or_default();
     assert_eq!(t.len(), 30, "{t}");
     assert!(matches!(&t[24..25], "+" | "-") && &t[27..28] == ":", "{t}");
+
+    // Failure first: the Failing card counts the failed site and its broken part and opens
+    // their list; the site's page says why, down to the part and the agent's message; one
+    // click opens the part, whose own page says the same.
+    b.goto(&s.url("#/overview")).unwrap();
+    b.wait_for("document.querySelector('[data-card=failing] .n')?.textContent === '2'", WAIT).unwrap();
+    b.click("[data-card=failing]").unwrap();
+    b.wait_for("document.querySelectorAll('#entities-table tbody tr[data-key]').length === 2", WAIT).unwrap();
+    let keys = b.eval("[...document.querySelectorAll('#entities-table tbody tr[data-key]')].map(tr => tr.dataset.key)");
+    assert_eq!(keys.unwrap(), json!(["s-1", "s-1-net"]));
+    b.goto(&s.url("#/entity/site/s-1")).unwrap();
+    b.wait_for("document.querySelector('#why-chain li[data-key=\"s-1-net\"]')", WAIT).unwrap();
+    let why = b.eval("document.querySelector('#why-chain').textContent").unwrap();
+    let why = why.as_str().unwrap();
+    assert!(why.contains("`parts_failed` fired: part/s-1-net in `broken`"), "{why}");
+    assert!(why.contains("no capacity for a network in zone c"), "{why}");
+    // Of the two edges from `building` to `failed`, only the one that ran is lit.
+    b.wait_for("document.querySelector('#diagram svg .state.lit[data-state=\"failed\"]')", WAIT).unwrap();
+    let ran = b.eval("[...document.querySelectorAll('#diagram svg .edge.visited')].map(g => g.dataset.label)").unwrap();
+    assert_eq!(ran, json!(["build", "parts_failed"]));
+    screenshot(&b, "why.png");
+    page_is_clean(&b, "why");
+    b.click("#why-chain li[data-key=\"s-1-net\"] a").unwrap();
+    b.wait_for("document.querySelector('[data-field=state]')?.textContent.includes('broken')", WAIT).unwrap();
+    b.wait_for("document.querySelector('#why-chain')?.textContent.includes('no capacity for a network')", WAIT)
+        .unwrap();
 
     // A page of something that is not there stops polling; another page starts again.
     b.goto(&s.url("#/entity/vm/no-such-vm")).unwrap();

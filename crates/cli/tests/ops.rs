@@ -175,7 +175,9 @@ fn demo_telemetry_is_consistent_and_stats_agree_with_sql() {
         assert!(prom.lines().any(|l| l == declared), "missing `{declared}`: {prom}");
     }
     assert!(
-        prom.contains("settle_entities{machine=\"server\",state=\"ready\",path=\"ready\",run_status=\"active\"} 20\n"),
+        prom.contains(
+            "settle_entities{machine=\"server\",state=\"ready\",path=\"ready\",run_status=\"active\",health=\"ok\"} 20\n"
+        ),
         "{prom}"
     );
     assert!(prom.lines().any(|l| l == "settle_parked_entities 0"), "{prom}");

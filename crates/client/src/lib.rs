@@ -31,7 +31,7 @@ use serde_json::{Map, Value, json};
 pub use settle_api::{
     CompleteRequest, Entity, EntityPage, EventCheck, FailRequest, HistoryEntry, NextTasks, Operation, OperationTrace,
     Outcome, QueuedEvent, Related, ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled, Task,
-    TaskReport, Verdict,
+    TaskReport, Verdict, Why, WhyStep,
 };
 use settle_api::{Leased, OperationList};
 
@@ -410,6 +410,11 @@ impl Client {
     /// firing.
     pub async fn related(&self, machine: &str, key: &str) -> Result<Related, Error> {
         self.get(&format!("/v1/machines/{}/entities/{}/related", seg(machine), seg(key))).await
+    }
+
+    /// Why the entity failed, down to the first cause (`GET …/why`).
+    pub async fn why(&self, machine: &str, key: &str) -> Result<Why, Error> {
+        self.get(&format!("/v1/machines/{}/entities/{}/why", seg(machine), seg(key))).await
     }
 
     /// Operations, newest first (`outcome`: only those; `open`: unfinished).

@@ -193,6 +193,17 @@ impl Outcome {
     pub fn target(&self) -> Option<&str> {
         self.decided.target.as_deref()
     }
+    /// Says why the action failed: with a target of `health = "error"`, the message is
+    /// recorded in the entity's errors (kind `failure`) with the entry, and `settle why`
+    /// and the dashboard show it as the failure's cause.
+    pub fn error(mut self, message: impl Into<String>) -> Self {
+        self.decided.error = Some(message.into());
+        self
+    }
+    /// The failure message given with [`Outcome::error`], if any.
+    pub fn error_message(&self) -> Option<&str> {
+        self.decided.error.as_deref()
+    }
     /// Sets the delay before the entered state's auto action (overrides declared waits).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.decided.delay = Some(delay);
@@ -307,13 +318,15 @@ impl Outcome {
                 raises: std::mem::take(&mut d.raises),
                 related: std::mem::take(&mut d.related),
                 internal: std::mem::take(&mut d.internal),
+                error: None,
             },
             sql: std::mem::take(&mut self.sql),
         }
     }
     /// Adds the effects of an entry or exit action's outcome to this one (after its own):
     /// property changes, SQL, created entities, raised events. Such an action never
-    /// chooses a state: an outcome with a target or a delay is refused (the error says so).
+    /// chooses a state or fails one: an outcome with a target, a delay or a failure message
+    /// is refused (the error says so).
     pub(crate) fn absorb(&mut self, hook: Outcome) -> Result<(), String> {
         let (hook, sql) = (hook.decided, hook.sql);
         if let Some(target) = &hook.target {
@@ -321,6 +334,9 @@ impl Outcome {
         }
         if hook.delay.is_some() {
             return Err("asked for a delay, but entry and exit actions never choose one".into());
+        }
+        if hook.error.is_some() {
+            return Err("gave a failure message, but only the transition's own action says why it failed".into());
         }
         self.add_effects(Outcome { decided: hook, sql });
         Ok(())

@@ -136,6 +136,11 @@ async fn ended_entities_go_when_their_states_retention_passes_and_live_ones_neve
         raise(&engine, "step", "live-step", "remove").await;
         raise(&engine, "job", "parent", "spawn").await;
         let live_history = engine.history("job", "live").await.unwrap();
+        // A failure is an error row, and SQLite keeps the newest error row until a newer one
+        // exists (its id would be handed out again): another job fails after `bad`.
+        engine.create("job", "later", Default::default()).await.unwrap();
+        raise(&engine, "job", "later", "start").await;
+        raise(&engine, "job", "later", "fail").await;
         let newest_op = engine.store().operation_list(None, 1).await.unwrap()[0].request_id.clone();
 
         // Within the hour nothing goes.

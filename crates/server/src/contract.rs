@@ -109,6 +109,8 @@ pub type Words = &'static [&'static str];
 
 /// Run statuses (`status` of `GET /v1/entities`).
 pub const RUN_STATUS: Words = &["active", "paused", "sleeping", "fault", "failed", "killed"];
+/// A state's health (`health` of `GET /v1/entities`).
+pub const HEALTH: Words = &["ok", "error"];
 /// Operation outcomes, and `open` for operations still running.
 pub const OUTCOME: Words = &["success", "failed", "canceled", "hung", "open"];
 /// What a raise waits for.
@@ -136,6 +138,7 @@ const PARAMS: &[(&str, &str, Rule)] = &[
     ("query", "limit", Rule::Range(LIMIT)),
     ("query", "after", Rule::Text(&CURSOR)),
     ("query", "status", Rule::Words(RUN_STATUS)),
+    ("query", "health", Rule::Words(HEALTH)),
     ("query", "outcome", Rule::Words(OUTCOME)),
     ("query", "wait", Rule::Words(WAIT)),
     ("query", "timeout", Rule::Text(&DURATION)),
@@ -185,6 +188,7 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
     ("getEntityRelated", &[UnknownMachine, UnknownEntity, Internal, Unavailable]),
     ("listEntityTimers", &[UnknownMachine, UnknownEntity, Internal, Unavailable]),
     ("listEntityErrors", &[UnknownMachine, UnknownEntity, Internal, Unavailable]),
+    ("explainEntityFailure", &[UnknownMachine, UnknownEntity, Internal, Unavailable]),
     (
         "checkEvent",
         &[UnknownMachine, UnknownEntity, UnknownEvent, EntityDeleted, InvalidParameters, Internal, Unavailable],

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use settle_core::Machine;
-use settle_store::MetricsSnapshot;
+use settle_store::{MetricsSnapshot, RunStatus};
 
 /// Escapes a label value of the Prometheus text format.
 fn label(v: &str) -> String {
@@ -30,6 +30,15 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 
 /// The path of `state` in `machine`: its ancestors and itself, outermost first, joined by
 /// `/` (`active/running`); the state alone for a flat machine or an unknown one.
+/// `error` when `state` of `machine` (a served one) is declared `health = "error"` (or
+/// lies inside one that is), else `ok`.
+pub(crate) fn state_health(machines: &[&Machine], machine: &str, state: &str) -> &'static str {
+    match machines.iter().find(|m| m.name() == machine) {
+        Some(m) if m.state(state).is_some() => m.health_of(state).as_str(),
+        _ => "ok",
+    }
+}
+
 pub(crate) fn state_path(machines: &[&Machine], machine: &str, state: &str) -> String {
     match machines.iter().find(|m| m.name() == machine) {
         Some(m) if m.is_nested() && m.state(state).is_some() => {
@@ -67,7 +76,7 @@ pub fn store_text(m: &MetricsSnapshot, machines: &[&Machine]) -> String {
         &mut out,
         "settle_faults_total",
         "counter",
-        "Errors recorded: action errors, panics, refused outcomes, failed commits.",
+        "Errors recorded: action errors, panics, refused outcomes, failed commits (not failures: see settle_failing_entities).",
     );
     let _ = writeln!(out, "settle_faults_total {}", m.faults);
     header(
@@ -79,14 +88,28 @@ pub fn store_text(m: &MetricsSnapshot, machines: &[&Machine]) -> String {
     for e in &m.entities {
         let _ = writeln!(
             out,
-            "settle_entities{{machine=\"{}\",state=\"{}\",path=\"{}\",run_status=\"{}\"}} {}",
+            "settle_entities{{machine=\"{}\",state=\"{}\",path=\"{}\",run_status=\"{}\",health=\"{}\"}} {}",
             label(&e.machine),
             label(&e.state),
             label(&state_path(machines, &e.machine, &e.state)),
             e.run_status.as_str(),
+            state_health(machines, &e.machine, &e.state),
             e.count
         );
     }
+    header(
+        &mut out,
+        "settle_failing_entities",
+        "gauge",
+        "Entities in a state declared `health = \"error\"` (killed ones aside).",
+    );
+    let failing: u64 = m
+        .entities
+        .iter()
+        .filter(|e| e.run_status != RunStatus::Killed && state_health(machines, &e.machine, &e.state) == "error")
+        .map(|e| e.count)
+        .sum();
+    let _ = writeln!(out, "settle_failing_entities {failing}");
     header(&mut out, "settle_parked_entities", "gauge", "Entities parked for an operator (run status failed).");
     let _ = writeln!(out, "settle_parked_entities {}", m.parked);
     header(&mut out, "settle_due_backlog", "gauge", "Entities whose due time has passed: work waiting to be claimed.");
@@ -225,7 +248,10 @@ mod tests {
         let text = super::store_text(&m, &[]);
         assert!(text.contains("settle_transitions_total{machine=\"m\",from=\"\",to=\"new\"} 2\n"), "{text}");
         assert!(text.contains(r#"settle_transitions_total{machine="m",from="a\"b\\c\nd",to="x"} 1"#), "{text}");
-        assert!(text.contains("settle_entities{machine=\"m\",state=\"new\",path=\"new\",run_status=\"paused\"} 2\n"));
+        assert!(text.contains(
+            "settle_entities{machine=\"m\",state=\"new\",path=\"new\",run_status=\"paused\",health=\"ok\"} 2\n"
+        ));
+        assert!(text.contains("settle_failing_entities 0\n"));
         assert!(text.contains("settle_operations_total{outcome=\"success\"} 7\n"));
         assert!(text.contains("settle_operations_open 2\n"));
         assert!(text.contains("settle_agent_tasks{queue=\"dns\",status=\"ready\"} 3\n"), "{text}");

@@ -54,6 +54,9 @@ pub struct EntityQuery {
     pub state: Option<String>,
     /// Only this run status: active, paused, sleeping, fault, failed, killed.
     pub status: Option<String>,
+    /// Only entities in states of this health: `error` (declared `health = "error"`: the
+    /// failing ones) or `ok`, by the served machines' definitions.
+    pub health: Option<String>,
     /// Only entities whose key starts with this; the page is then ordered by machine and
     /// key (byte-wise) instead of by id.
     pub prefix: Option<String>,

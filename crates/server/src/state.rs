@@ -128,6 +128,17 @@ impl AppState {
     pub fn machines(&self) -> &[Arc<Machine>] {
         &self.inner.machines
     }
+    /// The entity as the API shows it, with its state's health when its machine is served.
+    pub fn entity(&self, row: &settle_store::EntityRow) -> settle_api::Entity {
+        let mut e = settle_api::Entity::from(row);
+        e.health = self
+            .machines()
+            .iter()
+            .find(|m| m.name() == &row.machine)
+            .filter(|m| m.state(&row.state).is_some())
+            .map(|m| m.health_of(&row.state).as_str().to_string());
+        e
+    }
     /// The served machine `name`, or 404 `unknown-machine`.
     pub fn machine(&self, name: &str) -> Result<&Arc<Machine>, Problem> {
         self.inner.machines.iter().find(|m| m.name().as_str() == name).ok_or_else(|| Problem::unknown_machine(name))

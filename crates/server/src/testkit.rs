@@ -17,6 +17,14 @@ pub const DOOR: &str = include_str!("testdata/door.toml");
 /// of queue `cloud` execute (lock 1 min) → `ready` or `provisioning` again.
 pub const VM: &str = include_str!("testdata/vm.toml");
 
+/// A site: `build` creates parts `-disk` and `-net` → `building`; all parts `up` → `up`;
+/// any part in an error-health state → `failed` (error). `give_up` takes the same edge.
+pub const SITE: &str = include_str!("testdata/site.toml");
+
+/// A part of a site: `start` → `provisioning`, whose action agents of queue `cloud`
+/// execute → `up`, or `broken` (error) with their reason.
+pub const PART: &str = include_str!("testdata/part.toml");
+
 /// Everything a request could change: agent tasks, entities with their histories and
 /// inboxes, operations.
 pub async fn dump(store: &impl Store) -> String {

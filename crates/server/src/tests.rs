@@ -11,7 +11,7 @@ use settle_store::{AnyStore, SqliteStore};
 use tower::ServiceExt;
 
 use crate::auth::Tokens;
-use crate::testkit::{DOOR, VM};
+use crate::testkit::{DOOR, PART, SITE, VM};
 use crate::{AppState, Config};
 
 pub(crate) struct App {
@@ -296,7 +296,7 @@ async fn the_overview_counts_what_the_list_shows() {
     assert_eq!((o["entities"].as_u64(), o["parked"].as_u64()), (Some(3), Some(0)), "{o}");
     assert_eq!(
         o["counts"],
-        json!([{"machine": "door", "state": "closed", "path": "closed", "run_status": "active", "count": 3}])
+        json!([{"machine": "door", "state": "closed", "path": "closed", "run_status": "active", "health": "ok", "count": 3}])
     );
     let listed = app.get("/v1/entities?machine=door&state=closed").await.json();
     assert_eq!(listed["items"].as_array().unwrap().len(), 3);
@@ -1128,7 +1128,7 @@ async fn a_statechart_through_the_api_and_what_its_events_would_do() {
     let metrics = app.get("/metrics").await.text;
     assert!(
         metrics.contains(
-            "settle_entities{machine=\"instance\",state=\"running\",path=\"active/running\",run_status=\"active\"} 1\n"
+            "settle_entities{machine=\"instance\",state=\"running\",path=\"active/running\",run_status=\"active\",health=\"ok\"} 1\n"
         ),
         "{metrics}"
     );
@@ -1231,5 +1231,84 @@ async fn tokens_match_exactly() {
         Req::new("POST", "/v1/machines/door/entities").token(Some("s3cret-reader-0001")).json(json!({"key": "k"})),
     );
     p.await.problem(403, "forbidden");
+    app.stop().await;
+}
+
+/// Builds site `key`: its parts' tasks are completed, `-net` as `broken` with `why`.
+async fn site_with_a_broken_part(app: &App, key: &str, why: Option<&str>) {
+    app.post("/v1/machines/site/entities", json!({"key": key})).await;
+    app.post(&format!("/v1/machines/site/entities/{key}/events/build"), json!({})).await;
+    let mut tasks = Vec::new();
+    while tasks.len() < 2 {
+        let leased = app.post("/v1/queues/cloud/lease", json!({"agent": "a", "max": 2, "wait_ms": 5000})).await;
+        tasks.extend(leased.json()["tasks"].as_array().unwrap().iter().cloned());
+    }
+    for t in tasks {
+        let (id, token) = (t["id"].as_i64().unwrap(), t["token"].as_str().unwrap());
+        let mut body = json!({"token": token, "target": "up"});
+        if t["key"].as_str().unwrap().ends_with("-net") {
+            body = json!({"token": token, "target": "broken"});
+            if let Some(why) = why {
+                body["error"] = json!(why);
+            }
+        }
+        let r = app.post(&format!("/v1/tasks/{id}/complete"), body).await;
+        assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    }
+    app.state.engine().wait_caught_up().await.unwrap();
+}
+
+#[tokio::test]
+async fn failures_show_their_health_and_why_down_to_the_first_cause() {
+    let app = App::with_machines(Tokens::open(), Config::default(), &[("site", SITE), ("part", PART)]).await;
+    site_with_a_broken_part(&app, "s1", Some("no capacity in zone c")).await;
+    site_with_a_broken_part(&app, "s2", None).await;
+    let site = app.get("/v1/machines/site/entities/s1").await.json();
+    assert_eq!((&site["state"], &site["health"]), (&json!("failed"), &json!("error")), "{site}");
+
+    // The overview counts the failing (two sites, two parts), per state with its health.
+    let o = app.get("/v1/overview").await.json();
+    assert_eq!(o["failing"], json!(4), "{o}");
+    let broken = o["counts"].as_array().unwrap().iter().find(|c| c["state"] == "broken").unwrap();
+    assert_eq!(broken["health"], "error");
+    let up = o["counts"].as_array().unwrap().iter().find(|c| c["state"] == "up").unwrap();
+    assert_eq!(up["health"], "ok");
+    // The list of failing entities, and of healthy ones; a bad health is refused.
+    let failing = app.get("/v1/entities?health=error").await.json();
+    let keys: Vec<&str> = failing["items"].as_array().unwrap().iter().map(|e| e["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["s1", "s1-net", "s2", "s2-net"]);
+    assert!(failing["items"].as_array().unwrap().iter().all(|e| e["health"] == "error"));
+    let ok = app.get("/v1/entities?health=ok&machine=part").await.json();
+    assert_eq!(ok["items"].as_array().unwrap().len(), 2);
+    let p = app.get("/v1/entities?health=sick").await.problem(400, "bad-request");
+    assert_eq!(p["field"], "health");
+    let metrics = app.get("/metrics").await.text;
+    assert!(metrics.contains("settle_failing_entities 4\n"), "{metrics}");
+    assert!(
+        metrics.contains("state=\"broken\",path=\"broken\",run_status=\"active\",health=\"error\"} 2"),
+        "{metrics}"
+    );
+
+    // Why: the site, then its part with the agent's message; the part's errors hold it.
+    let why = app.get("/v1/machines/site/entities/s1/why").await.json();
+    assert_eq!(why["failing"], true);
+    let chain = why["chain"].as_array().unwrap();
+    assert_eq!(chain.len(), 2, "{why}");
+    assert_eq!((chain[0]["depth"].as_u64(), chain[0]["key"].as_str()), (Some(0), Some("s1")));
+    assert_eq!(chain[0]["details"], "`parts_failed` fired: part/s1-net in `broken`");
+    assert_eq!((chain[1]["depth"].as_u64(), chain[1]["key"].as_str()), (Some(1), Some("s1-net")));
+    assert_eq!((&chain[1]["kind"], &chain[1]["details"]), (&json!("failure"), &json!("no capacity in zone c")));
+    let errors = app.get("/v1/machines/part/entities/s1-net/errors").await.json();
+    assert_eq!(errors[0]["details"], "no capacity in zone c");
+    let errors = app.get("/v1/machines/site/entities/s1/errors").await.json();
+    assert_eq!(errors[0]["cause"], json!([{"machine": "part", "key": "s1-net", "state": "broken"}]));
+    // Without a message from the agent, what moved it.
+    let why = app.get("/v1/machines/site/entities/s2/why").await.json();
+    assert_eq!(why["chain"][1]["details"], "action `provision` in `provisioning`", "{why}");
+    // A healthy entity has nothing to explain; a missing one is 404.
+    let why = app.get("/v1/machines/part/entities/s1-disk/why").await.json();
+    assert_eq!((&why["failing"], why["chain"].as_array().unwrap().len()), (&json!(false), 1));
+    assert_eq!(why["chain"][0]["details"], Value::Null);
+    app.get("/v1/machines/part/entities/nobody/why").await.problem(404, "unknown-entity");
     app.stop().await;
 }

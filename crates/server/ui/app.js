@@ -30,6 +30,9 @@ function ago(ms, now = Date.now()) {
   const t = s < 60 ? `${s}s` : s < 3600 ? `${Math.floor(s / 60)}m` : s < 86400 ? `${Math.floor(s / 3600)}h` : `${Math.floor(s / 86400)}d`;
   return future ? `in ${t}` : `${t} ago`;
 }
+function stateCell(e) {
+  return e.health === "error" ? `<span class="health-error" title="declared health = error: failing">${esc(e.state)}</span>` : esc(e.state);
+}
 function statusCell(st) { return `<span class="status-${esc(st)}">${esc(st)}</span>`; }
 function entityHref(machine, key) { return `#/entity/${enc(machine)}/${enc(key)}`; }
 function entityLink(e) { return `<a href="${entityHref(e.machine, e.key)}" class="wrap">${esc(e.key)}</a>`; }
@@ -282,17 +285,19 @@ function overview(main) {
       const last = o.minutes.slice(-2, -1)[0] || { transitions: 0, errors: 0 };
       const hour = o.minutes.reduce((a, m) => ({ t: a.t + m.transitions, e: a.e + m.errors }), { t: 0, e: 0 });
       const rate = hour.t ? (100 * hour.e / hour.t).toFixed(1) : "0.0";
+      // Each card opens the list it counts.
       $("#cards").innerHTML = [
-        ["entities", o.entities, "Entities", ""],
-        ["parked", o.parked, "Parked (failed or fault)", o.parked ? "bad" : ""],
-        ["due", o.due_backlog, "Due backlog", ""],
-        ["tps", (last.transitions / 60).toFixed(1), "Transitions/s (last full minute)", ""],
-        ["errors", `${rate}%`, "Error rate, last hour", hour.e ? "bad" : ""],
-      ].map(([id, n, l, cls]) => `<div class="card ${cls}" data-card="${id}"><div class="n">${esc(n)}</div><div class="l">${esc(l)}</div></div>`).join("");
+        ["entities", o.entities, "Entities", "", "#/entities"],
+        ["failing", o.failing, "Failing (in an error-health state)", o.failing ? "bad" : "", "#/entities?health=error"],
+        ["parked", o.parked, "Parked (failed or fault)", o.parked ? "bad" : "", "#/parked"],
+        ["due", o.due_backlog, "Due backlog", "", "#/entities?status=active"],
+        ["tps", (last.transitions / 60).toFixed(1), "Transitions/s (last full minute)", "", "#/operations"],
+        ["errors", `${rate}%`, "Error rate, last hour", hour.e ? "bad" : "", "#/operations?outcome=failed"],
+      ].map(([id, n, l, cls, href]) => `<a class="card ${cls}" data-card="${id}" href="${href}"><div class="n">${esc(n)}</div><div class="l">${esc(l)}</div></a>`).join("");
       $("#chart").innerHTML = chart(o.minutes);
       $("#counts").innerHTML = `<table id="counts-table"><thead><tr><th>Machine</th><th>State</th><th>Run status</th><th class="num">Entities</th></tr></thead><tbody>${
-        o.counts.length ? o.counts.map((c) => `<tr data-machine="${esc(c.machine)}" data-state="${esc(c.state)}" data-status="${esc(c.run_status)}">
-          <td>${esc(c.machine)}</td><td><a href="#/entities?machine=${enc(c.machine)}&state=${enc(c.state)}&status=${enc(c.run_status)}">${esc(c.path)}</a></td>
+        o.counts.length ? o.counts.map((c) => `<tr data-machine="${esc(c.machine)}" data-state="${esc(c.state)}" data-status="${esc(c.run_status)}" data-health="${esc(c.health)}">
+          <td>${esc(c.machine)}</td><td><a href="#/entities?machine=${enc(c.machine)}&state=${enc(c.state)}&status=${enc(c.run_status)}" class="health-${esc(c.health)}">${esc(c.path)}</a>${c.health === "error" ? ` <span class="badge bad">failing</span>` : ""}</td>
           <td>${statusCell(c.run_status)}</td><td class="num">${c.count}</td></tr>`).join("")
           : `<tr class="empty"><td colspan="4">no entities yet</td></tr>`}</tbody></table>`;
       $("#ops").innerHTML = `<table><thead><tr><th>Outcome</th><th class="num">Operations</th></tr></thead><tbody>${
@@ -331,7 +336,7 @@ function chart(minutes) {
 function entityRows(items, { withErrors = null, commands = [] } = {}) {
   if (!items.length) return `<tr class="empty"><td colspan="8">no entities match</td></tr>`;
   return items.map((e) => `<tr data-key="${esc(e.key)}" data-machine="${esc(e.machine)}">
-    <td>${entityLink(e)}</td><td>${esc(e.machine)}</td><td>${esc(e.state)}</td><td>${statusCell(e.run_status)}</td>
+    <td>${entityLink(e)}</td><td>${esc(e.machine)}</td><td>${stateCell(e)}</td><td>${statusCell(e.run_status)}</td>
     <td class="num">${e.version}</td><td title="${esc(fmtTime(e.entered_at))}">${esc(ago(e.entered_at))}</td>
     ${withErrors ? `<td class="wrap">${esc(withErrors(e) ?? "")}</td>` : ""}
     ${commands.length ? `<td class="actions">${commandButtons(e, commands)}</td>` : ""}</tr>`).join("");
@@ -345,6 +350,8 @@ function entities(main, r) {
       <div><label for="f-state">State</label><select id="f-state" name="state"><option value="">any</option></select></div>
       <div><label for="f-status">Run status</label><select id="f-status" name="status"><option value="">any</option>
         ${["active", "paused", "sleeping", "fault", "failed", "killed"].map((s) => `<option>${s}</option>`).join("")}</select></div>
+      <div><label for="f-health">Health</label><select id="f-health" name="health"><option value="">any</option>
+        <option value="error">error (failing)</option><option value="ok">ok</option></select></div>
       <div><label for="f-prefix">Key prefix</label><input id="f-prefix" name="prefix" size="18"></div>
       <div><button type="submit">Filter</button></div>
     </form>
@@ -364,6 +371,7 @@ function entities(main, r) {
     $("#f-state").value = q.get("state") || "";
   };
   $("#f-status").value = q.get("status") || "";
+  $("#f-health").value = q.get("health") || "";
   $("#f-prefix").value = q.get("prefix") || "";
   fill().catch(() => {});
   $("#f-machine").addEventListener("change", () => { q.set("machine", $("#f-machine").value); q.delete("state"); fill().catch(() => {}); });
@@ -380,7 +388,7 @@ function entities(main, r) {
     title: "Entities",
     async refresh() {
       const p = new URLSearchParams();
-      for (const k of ["machine", "state", "status", "prefix", "after"]) if (q.get(k)) p.set(k, q.get(k));
+      for (const k of ["machine", "state", "status", "health", "prefix", "after"]) if (q.get(k)) p.set(k, q.get(k));
       p.set("limit", "50");
       const page = await api(`/v1/entities?${p}`);
       next = page.next;
@@ -404,6 +412,7 @@ function entity(main, r) {
   const base = `/v1/machines/${enc(machineName)}/entities/${enc(key)}`;
   main.innerHTML = `<h1><span class="sub">${esc(machineName)} /</span> <span class="wrap">${esc(key)}</span></h1>
     <div id="head"></div>
+    <section id="why-box" hidden><h2>Why it failed</h2><div class="panel" id="why"></div></section>
     <div class="actions" id="commands"></div>
     <div class="grid2">
       <div>
@@ -421,7 +430,7 @@ function entity(main, r) {
       </div>
     </div>
     <h2>Timeline</h2><div class="scroll" id="timeline"></div>`;
-  let latest = null;
+  let latest = null, whyShown = null;
   wireCommands($("#commands"), () => tick());
   let permitted = null;
   if (canWrite()) {
@@ -461,7 +470,7 @@ function entity(main, r) {
       ]);
       const state = e ? e.state : history.filter((h) => h.to).slice(-1)[0]?.to;
       $("#head").innerHTML = e ? `<dl class="props" id="summary">
-          <dt>State</dt><dd data-field="state"><strong>${esc(e.state)}</strong></dd>
+          <dt>State</dt><dd data-field="state"><strong>${stateCell(e)}</strong>${e.health === "error" ? ` <span class="badge bad">failing</span>` : ""}</dd>
           <dt>Run status</dt><dd data-field="run_status">${statusCell(e.run_status)}${e.sleep_until ? ` until ${esc(fmtTime(e.sleep_until))}` : ""}</dd>
           <dt>Version</dt><dd>${e.version} (retry ${e.retry})</dd>
           <dt>Entered</dt><dd>${esc(fmtTime(e.entered_at))} (${esc(ago(e.entered_at))})</dd>
@@ -481,6 +490,15 @@ function entity(main, r) {
           $("#raise-event").dispatchEvent(new Event("change"));
         }
       }
+      // Why it fails, down to the first cause (rendered again only when it changed).
+      const failing = e && (e.health === "error" || e.run_status === "failed" || e.run_status === "fault");
+      const why = failing ? await api(`${base}/why`).catch(() => null) : null;
+      const whyText = JSON.stringify(why);
+      if (whyText !== whyShown) {
+        whyShown = whyText;
+        $("#why-box").hidden = !why;
+        $("#why").innerHTML = why ? whyChain(why) : "";
+      }
       $("#props").innerHTML = e ? `<pre class="mono wrap" id="properties">${esc(JSON.stringify(e.properties, null, 2))}</pre>` : "–";
       $("#inbox").innerHTML = simpleTable(["Event", "Parameters"], (e?.inbox || []).map((i) => [esc(i.event), `<code class="wrap">${esc(JSON.stringify(i.params))}</code>`]), "no events queued");
       $("#timers").innerHTML = simpleTable(["Timer", "Event", "Due", "Every"], timers.map((t) => [esc(t.name), esc(t.event), `${esc(fmtTime(t.due_at))} (${esc(ago(t.due_at))})`, t.every_ms ? `${t.every_ms / 1000}s` : "once"]), "no pending timers");
@@ -491,6 +509,15 @@ function entity(main, r) {
       $("#timeline").innerHTML = timeline(history, errors);
     },
   };
+}
+
+// The chain of causes of a failure: the entity, then what caused it, indented by depth.
+function whyChain(w) {
+  return `<ol class="why" id="why-chain">${w.chain.map((c, i) => `<li style="margin-left:${c.depth * 20}px" data-machine="${esc(c.machine)}" data-key="${esc(c.key)}">
+    ${i ? "caused by " : ""}<a href="${entityHref(c.machine, c.key)}">${esc(c.machine)}/${esc(c.key)}</a>
+    <span class="sub">(${c.state ? `now ${esc(c.state)}, ${esc(c.run_status)}` : "not stored any more"})</span>
+    ${c.details ? `<div class="wrap"><strong class="health-error">${esc(c.details)}</strong> <span class="sub">${esc(c.kind)} · ${esc(fmtTime(c.at))}${c.request_id ? ` · ${opLink(c.request_id)}` : ""}</span></div>` : `<div class="sub">no failure recorded</div>`}
+  </li>`).join("")}</ol>`;
 }
 
 function simpleTable(heads, rows, empty) {
@@ -525,7 +552,12 @@ async function drawDiagram(box, machineName, state, history) {
   svg.querySelectorAll(".lit, .visited").forEach((n) => n.classList.remove("lit", "visited"));
   for (const h of history) {
     if (h.to) svg.querySelector(`.state[data-state="${css(h.to)}"]`)?.classList.add("visited");
-    if (h.from && h.to) svg.querySelectorAll(`.edge[data-from="${css(h.from)}"][data-to="${css(h.to)}"]`).forEach((n) => n.classList.add("visited"));
+    if (!h.from || !h.to) continue;
+    // Only the edge that ran: its event's (or, moved by an auto action, the action's); by
+    // its states alone only when no edge carries that label (a parent's edge, say).
+    const between = [...svg.querySelectorAll(`.edge[data-from="${css(h.from)}"][data-to="${css(h.to)}"]`)];
+    const ran = between.filter((n) => n.dataset.label === (h.event || h.action) || (!h.event && n.dataset.label === h.action));
+    (ran.length ? ran : between).forEach((n) => n.classList.add("visited"));
   }
   let s = state ? svg.querySelector(`.state[data-state="${css(state)}"]`) : null;
   while (s) {

@@ -14,10 +14,13 @@ pub struct ErrorRow {
     pub request_id: Option<String>,
     /// When it happened.
     pub at: Millis,
-    /// `action_error`, `panic`, `refused` or `commit_failed`.
+    /// `action_error`, `panic`, `refused`, `commit_failed`, or `failure` (it entered an
+    /// error-health state).
     pub kind: String,
     /// What went wrong.
     pub details: String,
+    /// Who caused a failure: the successors its subscription matched, in their states.
+    pub cause: Vec<crate::CauseRef>,
 }
 
 /// What one operation touched: every entity its events reached (and the entity it was

@@ -185,6 +185,9 @@ pub struct EntityFilter {
     pub key_prefix: Option<String>,
     /// With `key_prefix`: only entities after this (machine, key) (cursor).
     pub after_key: Option<(String, String)>,
+    /// Only entities in one of these (machine, state) pairs (the states declared
+    /// `health = "error"`, for a list of failing entities); `None`: any.
+    pub pairs: Option<Vec<(String, String)>>,
 }
 
 /// What a subscriber sees when it evaluates its subscriptions: its successors, and the

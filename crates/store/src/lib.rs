@@ -34,6 +34,7 @@ mod task;
 mod telemetry;
 mod timer;
 mod trace;
+mod why;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -58,8 +59,9 @@ pub use report::{
 };
 pub use sqlite::SqliteStore;
 pub use task::{AgentReport, AgentTask, TaskCheck, TaskFilter, TaskOffer, TaskRefusal, TaskResult};
-pub use telemetry::{ErrorRecord, EventRecord, EventRow, Telemetry, TransitionRecord};
+pub use telemetry::{CauseRef, ErrorRecord, EventRecord, EventRow, Telemetry, TransitionRecord};
 pub use timer::{TimerPlan, TimerRow};
+pub use why::{Failure, Why, why};
 
 /// Milliseconds since the Unix epoch: every time the store keeps. Properties and parameters
 /// are JSON, stored as text, so every backend agrees.

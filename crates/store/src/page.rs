@@ -35,7 +35,7 @@ pub(crate) fn page_sql(f: &EntityFilter, present: &[(String, String)], dollar: b
     let limit = f.limit.map(|l| l.min(i64::MAX as u64) as i64);
     let sql = if let Some(prefix) = &f.key_prefix {
         b.by_key(f, prefix, present, limit)?
-    } else if f.machine.is_some() || f.state.is_some() {
+    } else if f.machine.is_some() || f.state.is_some() || f.pairs.is_some() {
         let pairs: Vec<&(String, String)> = present.iter().filter(|p| pair_matches(f, p)).collect();
         if pairs.is_empty() {
             return None;
@@ -47,9 +47,16 @@ pub(crate) fn page_sql(f: &EntityFilter, present: &[(String, String)], dollar: b
     Some((sql, b.params))
 }
 
+/// Whether `f`'s page needs the (machine, state) pairs that hold entities (`present` of
+/// [`page_sql`]).
+pub(crate) fn reads_pairs(f: &EntityFilter) -> bool {
+    f.key_prefix.is_some() || f.machine.is_some() || f.state.is_some() || f.pairs.is_some()
+}
+
 /// Whether entities of `pair` (machine, state) pass `f`'s machine and state filters.
 fn pair_matches(f: &EntityFilter, (machine, state): &(String, String)) -> bool {
-    f.machine.as_ref().is_none_or(|m| m == machine)
+    f.pairs.as_ref().is_none_or(|only| only.iter().any(|(m, s)| m == machine && s == state))
+        && f.machine.as_ref().is_none_or(|m| m == machine)
         && f.state.as_ref().is_none_or(|s| s == state || f.substates.iter().any(|(m, ss)| m == machine && ss == state))
 }
 
@@ -101,6 +108,20 @@ impl Builder {
         }
     }
 
+    /// ` AND …` keeping `f.pairs` (those of `machine`, when given); none: nothing matches.
+    fn only(&mut self, f: &EntityFilter, machine: Option<&str>) -> String {
+        let Some(pairs) = &f.pairs else { return String::new() };
+        let mut alternatives = Vec::new();
+        for (m, s) in pairs.iter().filter(|(m, _)| machine.is_none_or(|x| x == m)) {
+            let (m, s) = (self.text(m), self.text(s));
+            alternatives.push(format!("(machine = {m} AND state = {s})"));
+        }
+        if alternatives.is_empty() {
+            return " AND 1 = 0".to_string();
+        }
+        format!(" AND ({})", alternatives.join(" OR "))
+    }
+
     fn limit(&mut self, limit: Option<i64>) -> String {
         match limit {
             Some(l) => format!(" LIMIT {}", self.bind(Param::Int(l))),
@@ -123,6 +144,7 @@ impl Builder {
             }
             sql += &format!(" AND ({})", alternatives.join(" OR "));
         }
+        sql += &self.only(f, None);
         sql += &self.status(f);
         sql += " ORDER BY id";
         sql += &self.limit(limit);
@@ -195,6 +217,7 @@ impl Builder {
                 }
                 part += &format!(" AND state IN ({})", states.join(", "));
             }
+            part += &self.only(f, Some(machine));
             part += &self.status(f);
             part += &format!(" ORDER BY {key}");
             part += &self.limit(limit);

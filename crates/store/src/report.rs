@@ -69,7 +69,8 @@ pub struct MetricsSnapshot {
     pub transitions: Vec<TransitionCount>,
     /// Events rejected.
     pub events_rejected: u64,
-    /// Errors recorded (faults of actions and commits).
+    /// Errors recorded (faults of actions and commits; not failures, entries into
+    /// error-health states).
     pub faults: u64,
     /// Entities parked for an operator (run status `failed`).
     pub parked: u64,

@@ -88,9 +88,10 @@ pub struct TransitionRecord {
 }
 
 /// An error, for the `errors` table (and `exceptions` for panics).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ErrorRecord {
-    /// action_error | panic | refused | commit_failed.
+    /// action_error | panic | refused | commit_failed, or `failure`: the entity entered an
+    /// error-health state (`details` says why, `cause` names who).
     pub kind: &'static str,
     /// What went wrong.
     pub details: String,
@@ -99,6 +100,45 @@ pub struct ErrorRecord {
     /// The fault policy backs off and tries again: the error is recorded, but the
     /// operation does not fail by it (it fails if the retries end parked).
     pub retried: bool,
+    /// The entities whose states caused a failure: the successors a subscription matched.
+    pub cause: Vec<CauseRef>,
+}
+
+/// An entity named as the cause of another's failure, in the state it was seen in (the
+/// `cause` column of `errors`, JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CauseRef {
+    /// Its machine.
+    pub machine: String,
+    /// Its key.
+    pub key: String,
+    /// The state it was in.
+    pub state: String,
+}
+
+impl CauseRef {
+    /// The stored text of a list of causes (`None`: none).
+    pub(crate) fn encode(list: &[CauseRef]) -> Option<String> {
+        (!list.is_empty()).then(|| {
+            let items: Vec<_> = list
+                .iter()
+                .map(|c| serde_json::json!({"machine": c.machine, "key": c.key, "state": c.state}))
+                .collect();
+            serde_json::Value::Array(items).to_string()
+        })
+    }
+    /// Reads [`CauseRef::encode`] back (anything else is no cause).
+    pub(crate) fn decode(text: Option<&str>) -> Vec<CauseRef> {
+        let Some(v) = text.and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok()) else { return Vec::new() };
+        let field = |c: &serde_json::Value, f: &str| c.get(f).and_then(|v| v.as_str()).map(str::to_string);
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                Some(CauseRef { machine: field(c, "machine")?, key: field(c, "key")?, state: field(c, "state")? })
+            })
+            .collect()
+    }
 }
 
 /// One processed event of an entity, as the `events` telemetry table holds it.

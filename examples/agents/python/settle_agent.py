@@ -77,7 +77,7 @@ class Provider:
         fatal_rate = 0.0 if first == "gone" else self.args.fatal_rate
         if x < fatal_rate:
             if "failed" in task.targets:
-                return Outcome.to("failed").set(error="provider refused the request")
+                return Outcome.to("failed").failed_because("provider refused the request")
             raise Fail("provider refused the request", retryable=False)
         if x < fatal_rate + self.args.fail_rate:
             raise Fail("provider unavailable (simulated transient failure)", retryable=True)

@@ -10,6 +10,12 @@ class OutcomeTest(unittest.TestCase):
         body = Outcome.to("ready").set(endpoint="e:443", n=3).unset("draft").body("tok")
         self.assertEqual(body, {"token": "tok", "target": "ready", "properties": {"endpoint": "e:443", "n": 3, "draft": None}})
 
+    def test_a_failure_says_why(self):
+        body = Outcome.to("failed").failed_because("provider refused the request").body("t")
+        self.assertEqual(body, {"token": "t", "target": "failed", "error": "provider refused the request"})
+        with self.assertRaises(OutcomeError):
+            Outcome.to("failed").failed_because("")
+
     def test_a_retry_names_no_target_and_may_wait(self):
         self.assertEqual(Outcome.retry().body("t"), {"token": "t"})
         self.assertEqual(Outcome.retry(delay_ms=250).body("t"), {"token": "t", "delay_ms": 250})

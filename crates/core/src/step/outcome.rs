@@ -34,6 +34,9 @@ pub struct ActionOutcome {
     /// Events raised on the entity itself (SCXML's internal events): processed after this
     /// transition commits, before anything else in its inbox, in the order raised.
     pub internal: Vec<InternalEvent>,
+    /// Why the action failed, when its target is an error-health state: recorded in the
+    /// entity's errors (kind `failure`) with the entry, and shown as its failure's cause.
+    pub error: Option<String>,
 }
 
 /// An event an action raises on its own entity ([`ActionOutcome::internal`]).
@@ -91,6 +94,9 @@ impl ActionOutcome {
         if let Some(d) = self.delay {
             o.insert("delay_ms".into(), json!(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
         }
+        if let Some(e) = &self.error {
+            o.insert("error".into(), json!(e));
+        }
         if !self.changes.is_empty() {
             let changes = self.changes.iter().map(|c| match c {
                 PropChange::Set(k, v) => json!({"set": k, "value": v}),
@@ -135,6 +141,7 @@ impl ActionOutcome {
         let o = v.as_object().ok_or("an outcome must be a JSON object")?;
         let mut out = ActionOutcome {
             target: opt_str(o, "target", "target")?.map(StateName::new),
+            error: opt_str(o, "error", "error")?.map(str::to_string),
             delay: match o.get("delay_ms") {
                 None | Some(Value::Null) => None,
                 Some(d) => Some(Duration::from_millis(d.as_u64().ok_or("delay_ms: must be a non-negative integer")?)),
@@ -419,6 +426,7 @@ mod tests {
                 params: Value::Null,
             }],
             internal: vec![InternalEvent { event: EventName::new("recheck"), params: json!({"depth": 2}) }],
+            error: Some("the provider refused: quota".into()),
         }
     }
 

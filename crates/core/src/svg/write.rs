@@ -181,6 +181,9 @@ pub(super) fn style(arrow: &str) -> String {
         ".settle-diagram .state.lit rect{fill:#bfdbfe;stroke:#1d4ed8;stroke-width:3}",
         ".settle-diagram .state.composite.lit rect{fill:#eef4ff}",
         ".settle-diagram .state.lit text{fill:#1e3a8a;font-weight:600}",
+        // The current state failing stays red: lit, in the error colours.
+        ".settle-diagram .state.error.lit rect{fill:#fecaca;stroke:#b91c1c;stroke-width:3}",
+        ".settle-diagram .state.error.lit text{fill:#7f1d1d;font-weight:600}",
     ];
     let mut out = String::new();
     for r in rules {

@@ -84,6 +84,7 @@ pub(crate) fn fault(
                 exception: error.exception,
                 // An auto action backed off runs again; an event's action does not.
                 retried: item.is_none() && !parked,
+                cause: Vec::new(),
             }),
             current_event: e.event_id,
             ..Telemetry::default()

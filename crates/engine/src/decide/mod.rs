@@ -18,6 +18,7 @@
 //! timers start, which subscription fires) are `settle_core::step`'s; this module turns
 //! them into the store's [`Commit`]s.
 
+mod failure;
 mod fault;
 mod parts;
 mod reply;

@@ -303,6 +303,14 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         (None, _) => "auto_action",
     };
     let e = &held.entity;
+    let failure = super::failure::failure(
+        &machine,
+        &e.state,
+        &entry.state,
+        outcome.decided.error.as_deref(),
+        item.as_ref(),
+        &action.name,
+    );
     let transition = TransitionRecord {
         kind,
         start_health: Some(machine.health_of(&e.state).as_str()),
@@ -338,7 +346,7 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         telemetry: Telemetry {
             event: item.as_ref().map(|i| EventRecord::of(i, false, false)),
             transition: Some(transition),
-            error: None,
+            error: failure,
             at_rest: entry.at_rest(),
             complete: entry.at_rest(),
             current_event: e.event_id,

@@ -10,10 +10,10 @@ use settle_store::{EntityFilter, Store};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::contract::{CURSOR, RUN_STATUS};
+use crate::contract::{CURSOR, HEALTH, RUN_STATUS};
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{
-    CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related, Timer,
+    CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related, Timer, Why,
 };
 use crate::paths::{EntityPath, MachinePath};
 use crate::problem::{Kind, Problem};
@@ -29,6 +29,7 @@ pub fn read() -> OpenApiRouter<AppState> {
         .routes(routes!(related))
         .routes(routes!(timers))
         .routes(routes!(errors))
+        .routes(routes!(why))
 }
 
 /// Write routes of entities.
@@ -70,7 +71,7 @@ async fn create(
     let created = s.engine().create_with(&machine, &body.key, properties, request_id).await?;
     let status = if created.replayed { StatusCode::OK } else { StatusCode::CREATED };
     let location = entity_location(&machine, &body.key);
-    Ok((status, [(header::LOCATION, location)], Json(Entity::from(&created.entity))).into_response())
+    Ok((status, [(header::LOCATION, location)], Json(s.entity(&created.entity))).into_response())
 }
 
 /// Lists entities by id (by machine and key with `prefix`), a page at a time. Every
@@ -91,6 +92,11 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
     {
         return Err(unknown_word("status", "run status", st, RUN_STATUS));
     }
+    if let Some(h) = q.health.as_deref()
+        && !HEALTH.contains(&h)
+    {
+        return Err(unknown_word("health", "health", h, HEALTH));
+    }
     let (after, after_key) = match q.after.as_deref() {
         None => (None, None),
         Some(a) => cursor(&s, a, q.prefix.is_some()).await?,
@@ -100,6 +106,15 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
     let machines =
         s.machines().iter().map(|m| m.as_ref()).filter(|m| q.machine.as_deref().is_none_or(|n| m.name() == n));
     let substates = q.state.as_deref().map(|st| Machine::substates_across(machines, st)).unwrap_or_default();
+    // A health is the (machine, state) pairs of the served machines' leaf states that have it.
+    let pairs = q.health.as_deref().map(|h| {
+        s.machines()
+            .iter()
+            .flat_map(|m| m.states().iter().filter(|st| !st.is_parent()).map(move |st| (m, st)))
+            .filter(|(m, st)| m.health_of(&st.name).as_str() == h)
+            .map(|(m, st)| (m.name().to_string(), st.name.to_string()))
+            .collect()
+    });
     let filter = EntityFilter {
         machine: q.machine,
         state: q.state,
@@ -109,6 +124,7 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
         run_status: q.status,
         key_prefix: q.prefix.clone(),
         after_key,
+        pairs,
     };
     let mut rows = s.engine().store().entity_list(filter).await?;
     let more = rows.len() as u64 > limit;
@@ -118,7 +134,7 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
         Some(e) if more => Some(e.id.to_string()),
         _ => None,
     };
-    Ok(Json(EntityPage { items: rows.iter().map(Entity::from).collect(), next }))
+    Ok(Json(EntityPage { items: rows.iter().map(|e| s.entity(e)).collect(), next }))
 }
 
 /// The position after the cursor `a` in the page's order: by id, or (with a key prefix) by
@@ -169,7 +185,7 @@ async fn get(
 ) -> Result<Json<Entity>, Problem> {
     let e = live_entity(&s, &machine, &key).await?;
     let m = s.machine(&machine)?;
-    let mut entity = Entity::from(&e);
+    let mut entity = s.entity(&e);
     entity.permitted_events = Some(m.permitted_events(&e.state).map(|ev| ev.name.to_string()).collect());
     entity.lease_until = e.lease_until;
     entity.recent_errors = Some(e.recent_errors.len() as u32);
@@ -228,8 +244,8 @@ async fn related(
         .map(crate::model::subscription_progress_of)
         .collect();
     Ok(Json(Related {
-        predecessors: predecessors.iter().map(Entity::from).collect(),
-        successors: successors.iter().map(Entity::from).collect(),
+        predecessors: predecessors.iter().map(|e| s.entity(e)).collect(),
+        successors: successors.iter().map(|e| s.entity(e)).collect(),
         subscriptions,
     }))
 }
@@ -272,4 +288,29 @@ async fn errors(
     let e = find_entity(&s, &machine, &key).await?;
     let rows = s.engine().store().error_list(e.id, 100).await?;
     Ok(Json(rows.iter().map(ErrorEntry::from).collect()))
+}
+
+/// Why the entity failed, down to the first cause: its failure (the error its entry into
+/// an error-health state recorded, or the one that parked it), then each entity that
+/// failure names as its cause (a subscription's matches) with its own failure at that
+/// time, and so on. `failing` says whether it is failing now.
+#[utoipa::path(
+    get,
+    operation_id = "explainEntityFailure",
+    path = "/v1/machines/{machine}/entities/{key}/why",
+    tag = "entities",
+    params(EntityPath),
+    responses(
+        (status = 200, description = "the chain of causes", body = Why),
+    )
+)]
+async fn why(
+    State(s): State<AppState>,
+    Path(EntityPath { machine, key }): Path<EntityPath>,
+) -> Result<Json<Why>, Problem> {
+    find_entity(&s, &machine, &key).await?;
+    match settle_store::why(s.engine().store(), &machine, &key).await? {
+        Some(w) => Ok(Json(Why::from(&w))),
+        None => Err(Problem::unknown_entity(&machine, &key)),
+    }
 }

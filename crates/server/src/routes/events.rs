@@ -20,7 +20,7 @@ use utoipa_axum::routes;
 
 use crate::contract::WAIT;
 use crate::extract::{IdempotencyKey, OptionalJsonBody, Path, Query};
-use crate::model::{Entity, EventCheck, RaiseAccepted, RaiseDone, RaiseQuery};
+use crate::model::{EventCheck, RaiseAccepted, RaiseDone, RaiseQuery};
 use crate::operation_location;
 use crate::paths::EventPath;
 use crate::problem::{Kind, Problem};
@@ -129,7 +129,7 @@ async fn raise(
             RaiseAccepted { request_id: raised.request_id, operation: location.clone(), replayed: raised.replayed };
         return Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(body)).into_response());
     }
-    let entity = raised.entity.as_ref().map(Entity::from);
+    let entity = raised.entity.as_ref().map(|e| s.entity(e));
     match &raised.outcome {
         None | Some(EventOutcome::Accepted { .. } | EventOutcome::Ignored { .. }) => {
             let body = RaiseDone {

@@ -33,7 +33,7 @@ async fn apply(
 ) -> Result<Json<Entity>, Problem> {
     live_entity(s, machine, key).await?;
     let done = s.engine().command(machine, key, command, request_id).await?;
-    Ok(Json(Entity::from(&done.entity)))
+    Ok(Json(s.entity(&done.entity)))
 }
 
 /// A lifecycle route: `$doc`, the OpenAPI operation `$id` at `$path` every command shares

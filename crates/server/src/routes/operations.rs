@@ -7,7 +7,7 @@ use utoipa_axum::routes;
 
 use crate::contract::OUTCOME;
 use crate::extract::{Path, Query};
-use crate::model::{Entity, HistoryEntry, Operation, OperationList, OperationQuery, OperationTrace, TraceEntry};
+use crate::model::{HistoryEntry, Operation, OperationList, OperationQuery, OperationTrace, TraceEntry};
 use crate::paths::OperationPath;
 use crate::problem::{Kind, Problem};
 use crate::routes::{parse_limit, unknown_word};
@@ -96,7 +96,7 @@ async fn trace(
         .collect();
     Ok(Json(OperationTrace {
         operation: Operation::from(&row),
-        entities: t.entities.iter().map(Entity::from).collect(),
+        entities: t.entities.iter().map(|e| s.entity(e)).collect(),
         transitions,
         truncated: t.truncated,
     }))

@@ -65,10 +65,14 @@ async fn overview(State(s): State<AppState>, Query(q): Query<OverviewQuery>) -> 
         .filter(|c| matches!(c.run_status, RunStatus::Failed | RunStatus::Fault))
         .map(|c| c.count)
         .sum();
+    let health = |c: &settle_store::EntityCount| crate::metrics::state_health(&machines, &c.machine, &c.state);
+    let failing =
+        o.entities.iter().filter(|c| c.run_status != RunStatus::Killed && health(c) == "error").map(|c| c.count).sum();
     Ok(Json(Overview {
         now,
         entities: o.entities.iter().map(|c| c.count).sum(),
         parked,
+        failing,
         due_backlog: o.due_backlog,
         counts: o
             .entities
@@ -78,6 +82,7 @@ async fn overview(State(s): State<AppState>, Query(q): Query<OverviewQuery>) -> 
                 state: c.state.clone(),
                 path: crate::metrics::state_path(&machines, &c.machine, &c.state),
                 run_status: c.run_status.as_str().to_string(),
+                health: health(c).to_string(),
                 count: c.count,
             })
             .collect(),

@@ -20,6 +20,7 @@ pub(crate) fn outcome(req: CompleteRequest) -> Result<Report, Problem> {
     let mut out = ActionOutcome {
         target: req.target.map(StateName::new),
         delay: req.delay_ms.map(std::time::Duration::from_millis),
+        error: req.error,
         ..ActionOutcome::default()
     };
     for (k, v) in members(req.properties) {

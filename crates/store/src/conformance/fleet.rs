@@ -92,6 +92,17 @@ pub async fn filtered_pages_match_a_scan<S: Store>(store: S) {
         EntityFilter { key_prefix: Some("".into()), run_status: Some("paused".into()), ..Default::default() },
         EntityFilter { machine: Some("nobody".into()), ..Default::default() },
         EntityFilter { key_prefix: Some("zzz".into()), ..Default::default() },
+        // Only some (machine, state) pairs (the error-health states of a list of failures),
+        // alone and with the other filters.
+        EntityFilter { pairs: Some(vec![pair("m", "busy"), pair("n", "idle")]), ..Default::default() },
+        EntityFilter { pairs: Some(vec![pair("m", "done")]), run_status: Some("paused".into()), ..Default::default() },
+        EntityFilter {
+            pairs: Some(vec![pair("m", "busy"), pair("m", "idle")]),
+            state: Some("idle".into()),
+            ..Default::default()
+        },
+        EntityFilter { pairs: Some(vec![pair("m", "idle")]), key_prefix: Some("srv".into()), ..Default::default() },
+        EntityFilter { pairs: Some(vec![]), ..Default::default() },
     ];
     for f in filters {
         let mut want: Vec<&EntityRow> = all
@@ -105,6 +116,7 @@ pub async fn filtered_pages_match_a_scan<S: Store>(store: S) {
             })
             .filter(|e| f.run_status.as_ref().is_none_or(|s| e.run_status.as_str() == s))
             .filter(|e| f.key_prefix.as_ref().is_none_or(|p| e.key.as_str().starts_with(p.as_str())))
+            .filter(|e| f.pairs.as_ref().is_none_or(|only| only.contains(&pair(e.machine.as_str(), e.state.as_str()))))
             .collect();
         if f.key_prefix.is_some() {
             want.sort_by(|a, b| (a.machine.as_str(), a.key.as_str()).cmp(&(b.machine.as_str(), b.key.as_str())));
@@ -124,4 +136,8 @@ pub async fn filtered_pages_match_a_scan<S: Store>(store: S) {
         }
         assert_eq!(paged, want, "paged {f:?}");
     }
+}
+
+fn pair(machine: &str, state: &str) -> (String, String) {
+    (machine.to_string(), state.to_string())
 }

@@ -61,6 +61,7 @@ async fn end_trimming<S: Store>(store: &S, now: Millis, key: &str, to: &str, cre
             details: format!("{key} failed once"),
             exception: Some("trace".into()),
             retried: true,
+            cause: Vec::new(),
         }),
         // A trimming commit rests: its event ends, and so may the ones trimmed.
         at_rest: trim.is_some(),

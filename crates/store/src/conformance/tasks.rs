@@ -40,6 +40,7 @@ fn whole_outcome() -> ActionOutcome {
             params: serde_json::Value::Null,
         }],
         internal: vec![InternalEvent { event: "recheck".into(), params: serde_json::json!({"depth": 2}) }],
+        error: Some("quota exceeded".into()),
     }
 }
 

@@ -142,6 +142,7 @@ impl<'a> Step<'a> {
                     details: d.into(),
                     exception: None,
                     retried: false,
+                    cause: Vec::new(),
                 }),
                 at_rest: self.at_rest,
                 complete: true,

@@ -428,6 +428,8 @@ pub(crate) struct ErrorInsert {
     pub(crate) at: Millis,
     pub(crate) kind: &'static str,
     pub(crate) details: String,
+    /// [`CauseRef::encode`](crate::CauseRef) of the failure's causes.
+    pub(crate) cause: Option<String>,
 }
 
 /// Exception details of an error.

@@ -115,7 +115,7 @@ pub(crate) fn entity_get(c: &mut Conn, machine: &str, key: &str) -> R<Option<Ent
 }
 
 pub(crate) fn entity_list(c: &mut Conn, f: &EntityFilter) -> R<Vec<EntityRow>> {
-    let present = if f.key_prefix.is_some() || f.machine.is_some() || f.state.is_some() {
+    let present = if crate::page::reads_pairs(f) {
         let rows = c.query(
             "SELECT machine, state FROM entity_counts GROUP BY machine, state HAVING SUM(n) > 0 ORDER BY machine, state",
             &[],
@@ -406,7 +406,10 @@ fn read_metrics(c: &mut Conn, now: Millis) -> R<MetricsSnapshot> {
     })?;
     let entities = entity_counts(c)?;
     let parked = entities.iter().filter(|e| e.run_status == RunStatus::Failed).map(|e| e.count).sum();
-    let counts = c.one("SELECT (SELECT COUNT(*) FROM events WHERE rejected), (SELECT COUNT(*) FROM errors)", &[])?;
+    let counts = c.one(
+        "SELECT (SELECT COUNT(*) FROM events WHERE rejected), (SELECT COUNT(*) FROM errors WHERE kind <> 'failure')",
+        &[],
+    )?;
     Ok(MetricsSnapshot {
         tasks: task_counts(c)?,
         transitions,
@@ -457,7 +460,7 @@ fn related(c: &mut Conn, end: &str, from: &str, entity_id: i64) -> R<Vec<EntityR
 /// The entity's newest `limit` errors, newest first (index `errors_entity`).
 pub(crate) fn error_list(c: &mut Conn, entity_id: i64, limit: u64) -> R<Vec<crate::ErrorRow>> {
     let rows = c.query(
-        "SELECT id, request_id, at, kind, details FROM errors WHERE entity_id = $1 ORDER BY id DESC LIMIT $2",
+        "SELECT id, request_id, at, kind, details, cause FROM errors WHERE entity_id = $1 ORDER BY id DESC LIMIT $2",
         &[&entity_id, &(limit as i64)],
     )?;
     all(rows, |r| {
@@ -467,6 +470,7 @@ pub(crate) fn error_list(c: &mut Conn, entity_id: i64, limit: u64) -> R<Vec<crat
             at: r.try_get(2)?,
             kind: r.try_get(3)?,
             details: r.try_get(4)?,
+            cause: crate::CauseRef::decode(r.try_get::<_, Option<&str>>(5)?),
         })
     })
 }

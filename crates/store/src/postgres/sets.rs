@@ -285,11 +285,11 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
     if !w.errors.is_empty() {
         let e = &w.errors;
         merged.push(Stmt::new(
-            "INSERT INTO errors (id, entity_id, operation_id, request_id, at, kind, details)
+            "INSERT INTO errors (id, entity_id, operation_id, request_id, at, kind, details, cause)
              SELECT v.id, v.entity_id, (SELECT o.id FROM operations o WHERE o.request_id = v.request_id),
-                v.request_id, v.at, v.kind, v.details
-             FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[])
-                AS v(id, entity_id, request_id, at, kind, details)",
+                v.request_id, v.at, v.kind, v.details, v.cause
+             FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[])
+                AS v(id, entity_id, request_id, at, kind, details, cause)",
             vec![
                 ints(e, |e| e.id),
                 ints(e, |e| e.entity_id),
@@ -297,6 +297,7 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
                 ints(e, |e| e.at),
                 strings(e, |e| e.kind),
                 strings(e, |e| &e.details),
+                opt_strings(e, |e| e.cause.as_deref()),
             ],
         ));
     }

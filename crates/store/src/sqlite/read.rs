@@ -211,7 +211,7 @@ pub(crate) fn read_metrics(c: &Connection, now: Millis) -> rusqlite::Result<Metr
         tasks: task_counts(c)?,
         transitions,
         events_rejected: scalar("SELECT COUNT(*) FROM events WHERE rejected = 1")?,
-        faults: scalar("SELECT COUNT(*) FROM errors")?,
+        faults: scalar("SELECT COUNT(*) FROM errors WHERE kind <> 'failure'")?,
         parked,
         entities,
         due_backlog: due_backlog(c, now)?,
@@ -239,7 +239,7 @@ pub(crate) fn read_overview(c: &Connection, now: Millis, since: Millis) -> rusql
 /// A page of entities ([`Store::entity_list`](crate::Store::entity_list)), read through the
 /// index [`page_sql`](crate::page::page_sql) picks.
 pub(crate) fn entity_list(c: &Connection, f: &crate::EntityFilter) -> rusqlite::Result<Vec<EntityRow>> {
-    let present: Vec<(String, String)> = if f.key_prefix.is_some() || f.machine.is_some() || f.state.is_some() {
+    let present: Vec<(String, String)> = if crate::page::reads_pairs(f) {
         c.prepare_cached("SELECT machine, state FROM entity_counts WHERE n > 0 GROUP BY machine, state")?
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?
@@ -270,10 +270,17 @@ pub(crate) fn predecessor_list(c: &Connection, entity_id: i64) -> rusqlite::Resu
 /// The entity's newest `limit` errors, newest first (index `errors_entity`).
 pub(crate) fn error_list(c: &Connection, entity_id: i64, limit: u64) -> rusqlite::Result<Vec<crate::ErrorRow>> {
     c.prepare_cached(
-        "SELECT id, request_id, at, kind, details FROM errors WHERE entity_id = ?1 ORDER BY id DESC LIMIT ?2",
+        "SELECT id, request_id, at, kind, details, cause FROM errors WHERE entity_id = ?1 ORDER BY id DESC LIMIT ?2",
     )?
     .query_map(rusqlite::params![entity_id, limit as i64], |r| {
-        Ok(crate::ErrorRow { id: r.get(0)?, request_id: r.get(1)?, at: r.get(2)?, kind: r.get(3)?, details: r.get(4)? })
+        Ok(crate::ErrorRow {
+            id: r.get(0)?,
+            request_id: r.get(1)?,
+            at: r.get(2)?,
+            kind: r.get(3)?,
+            details: r.get(4)?,
+            cause: crate::CauseRef::decode(r.get::<_, Option<String>>(5)?.as_deref()),
+        })
     })?
     .collect()
 }

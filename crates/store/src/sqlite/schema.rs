@@ -19,6 +19,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (9, include_str!("../../migrations/sqlite/0009_reply.sql")),
     (10, include_str!("../../migrations/sqlite/0010_internal.sql")),
     (11, include_str!("../../migrations/sqlite/0011_retention.sql")),
+    (12, include_str!("../../migrations/sqlite/0012_failures.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.

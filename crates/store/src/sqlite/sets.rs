@@ -296,11 +296,11 @@ impl Tx<'_> {
 
     fn insert_errors(&mut self, rows: &[ErrorInsert]) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
-            "INSERT INTO errors (id, entity_id, operation_id, request_id, at, kind, details)
-             VALUES (?6, ?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?3, ?4, ?5)",
+            "INSERT INTO errors (id, entity_id, operation_id, request_id, at, kind, details, cause)
+             VALUES (?6, ?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?3, ?4, ?5, ?7)",
         )?;
         for e in rows {
-            stmt.execute(params![e.entity_id, e.request_id, e.at, e.kind, e.details, e.id])?;
+            stmt.execute(params![e.entity_id, e.request_id, e.at, e.kind, e.details, e.id, e.cause])?;
         }
         Ok(())
     }

@@ -41,6 +41,7 @@ class Outcome:
         self.properties: Dict[str, Any] = {}
         self.creates: List[Dict[str, Any]] = []
         self.raises: List[Dict[str, Any]] = []
+        self.error: Optional[str] = None
 
     @classmethod
     def to(cls, state: str) -> "Outcome":
@@ -60,6 +61,15 @@ class Outcome:
         if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
             raise OutcomeError(f"delay_ms: expected a non-negative integer, not {delay_ms!r}")
         self.delay_ms = delay_ms
+        return self
+
+    def failed_because(self, message: str) -> "Outcome":
+        """Say why the action failed: with a target declared `health = "error"`, the
+        message is recorded in the entity's errors (kind `failure`) and shown by
+        `settle why` and the dashboard as the cause of the failure."""
+        if not isinstance(message, str) or not message:
+            raise OutcomeError(f"error: expected a non-empty message, not {message!r}")
+        self.error = message
         return self
 
     def set(self, properties: Optional[Dict[str, Any]] = None, **more: Any) -> "Outcome":
@@ -166,6 +176,8 @@ class Outcome:
             body["target"] = self.target
         if self.delay_ms is not None:
             body["delay_ms"] = self.delay_ms
+        if self.error is not None:
+            body["error"] = self.error
         if self.properties:
             body["properties"] = dict(self.properties)
         if self.creates:

@@ -488,12 +488,14 @@ impl Work {
                 at: now,
                 kind: err.kind,
                 details: err.details.clone(),
+                cause: crate::CauseRef::encode(&err.cause),
             });
             if let Some(details) = &err.exception {
                 self.plan.exceptions.push((error.expect("set above"), details.clone()));
             }
-            // A retried error is history; the operation fails if the retries end parked.
-            if !err.retried {
+            // A retried error is history; the operation fails if the retries end parked. A
+            // failure fails it below, with the state it entered.
+            if !err.retried && err.kind != "failure" {
                 self.plan.error(request_id, &err.details);
             }
         }
@@ -547,7 +549,10 @@ impl Work {
         if let Some(to) = &c.to
             && t.transition.as_ref().is_some_and(|tr| tr.end_health == "error")
         {
-            self.plan.error(request_id, &format!("entered error state `{to}`"));
+            match t.error.as_ref().filter(|e| e.kind == "failure") {
+                Some(f) => self.plan.error(request_id, &format!("entered error state `{to}`: {}", f.details)),
+                None => self.plan.error(request_id, &format!("entered error state `{to}`")),
+            }
         }
         // The workflow of the entity's event ends when the entity is at rest.
         if t.at_rest
