@@ -7,6 +7,10 @@
 //! Features: `openapi` derives `utoipa::ToSchema` (the server's `/openapi.json`); `store`
 //! adds conversions from the store's rows.
 
+mod bulk;
+
+pub use bulk::{Bulk, BulkDryRun, BulkFilter, BulkList, BulkRequest};
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 

@@ -3,6 +3,7 @@
 
 mod agent;
 mod bench;
+mod bulk;
 mod defs;
 mod demo;
 mod demo_run;
@@ -251,6 +252,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Bulk operations: one command or event for every entity matching a filter, as one
+    /// durable operation with a dry run, a reason, a rate, progress and cancel.
+    #[command(after_help = "Examples:\n  settle bulk run resume --machine vm --status failed --dry-run\n  \
+                            settle bulk run resume --machine vm --status failed --reason 'quota raised'\n  \
+                            settle bulk list")]
+    Bulk {
+        #[command(subcommand)]
+        command: bulk::BulkCommand,
+    },
     /// An entity's predecessors (the entities it reports to, e.g. the parent that created
     /// it) and successors (those it created, whose states its subscriptions watch), with
     /// their states, and how far each subscription valid in its state is from firing.
@@ -476,6 +486,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         Command::Retry(t) => operate::run(&db_path(&cli.db), &machines()?, t, operate::Kind::Retry),
         Command::Create(args) => runtime()?.block_on(operate::create(&db_path(&cli.db), &machines()?, args)),
         Command::Raise(args) => runtime()?.block_on(operate::raise(&db_path(&cli.db), &machines()?, args)),
+        Command::Bulk { command } => runtime()?.block_on(bulk::local(&db_path(&cli.db), &machines()?, command)),
         Command::Check(args) => runtime()?.block_on(operate::check(&db_path(&cli.db), &machines()?, args)),
         Command::Prune(args) => runtime()?.block_on(prune::run(&db_path(&cli.db), &machines()?, args)),
         Command::Ops { outcome, limit, json } => {
@@ -548,6 +559,7 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
         Command::Retry(t) => Box::pin(remote::command(c, t, Kind::Retry)),
         Command::Create(args) => Box::pin(remote::create(c, args)),
         Command::Raise(args) => Box::pin(remote::raise(c, args)),
+        Command::Bulk { command } => Box::pin(bulk::remote(c, command)),
         Command::Check(args) => Box::pin(remote::check(c, args)),
         Command::Op { request_id, json } => Box::pin(async move { remote::operation(c, &request_id, json).await }),
         Command::Related { machine, key, json } => {
@@ -586,6 +598,7 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         | Command::Serve(_)
         | Command::Create(_)
         | Command::Raise(_)
+        | Command::Bulk { .. }
         | Command::Check(_)
         | Command::Pause(_)
         | Command::Resume(_)

@@ -1,7 +1,7 @@
 //! Every `settle bench` workload, run small as a correctness check (a benchmark nobody runs
 //! breaks silently): fan-out, timers and the soak (with pruning) on SQLite, chain and fan-out on PostgreSQL in this
 //! process and with worker processes (`--instances`); `bench fleet` on both. `bench chain` and `bench agents` on
-//! SQLite are in `cli.rs`; `bench dormant` on both. The PostgreSQL runs need `SETTLE_TEST_PG`; without it they say
+//! SQLite are in `cli.rs`; `bench dormant` and `bench bulk` on both. The PostgreSQL runs need `SETTLE_TEST_PG`; without it they say
 //! they skipped.
 
 mod common;
@@ -187,4 +187,30 @@ fn soak_on_sqlite() {
 fn soak_on_postgres() {
     let Some(url) = settle_store::postgres::test_url("benchsoak") else { return };
     check_soak(&url);
+}
+
+/// `bench bulk`, small: every seeded job is paused by one bulk operation, counted once; a
+/// second run with the same request id follows that operation (already done) again.
+fn check_bulk(db: &str) {
+    let v = bench(db, &["bulk", "--entities", "700", "--request-id", "b-1"]);
+    assert_eq!(
+        (v["done"].as_u64(), v["failed"].as_u64(), v["resumed"].as_bool()),
+        (Some(700), Some(0), Some(false)),
+        "{v}"
+    );
+    assert!(v["entities_per_s"].as_f64().is_some_and(|r| r > 0.0), "{v}");
+    let again = bench(db, &["bulk", "--entities", "700", "--request-id", "b-1"]);
+    assert_eq!((again["resumed"].as_bool(), again["commanded_now"].as_u64()), (Some(true), Some(0)), "{again}");
+}
+
+#[test]
+fn bulk_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    check_bulk(dir.path().join("bulk.db").to_str().unwrap());
+}
+
+#[test]
+fn bulk_on_postgres() {
+    let Some(url) = settle_store::postgres::test_url("bench_bulk") else { return };
+    check_bulk(&url);
 }

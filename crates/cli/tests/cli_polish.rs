@@ -505,3 +505,66 @@ fn why_follows_a_failed_server_to_its_resource_on_the_database_and_over_http() {
     assert_eq!(missing.status.code(), Some(1));
     s.stop();
 }
+
+#[test]
+fn bulk_dry_runs_then_runs_on_the_database_and_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("settle.db");
+    local(&db, &["demo", "--servers", "12", "--fatal-rate", "0.5", "--seed", "3", "--fail-rate", "0"]);
+    let failed = json_lines(&local(&db, &["list", "--machine", "server", "--state", "failed", "--json"])).len() as u64;
+    let ready = json_lines(&local(&db, &["list", "--machine", "server", "--state", "ready", "--json"])).len() as u64;
+    assert!(failed > 0 && ready > 0, "{failed} failed, {ready} ready");
+    // On the database: a dry run counts and changes nothing; a run without a reason is
+    // refused; with one, it runs to its end here.
+    let kill = ["bulk", "run", "kill", "--machine", "server", "--health", "error"];
+    let dry = json(&local(&db, &[&kill[..], &["--dry-run", "--json"]].concat()));
+    assert_eq!((dry["count"].as_u64(), dry["filter"]["health"].as_str()), (Some(failed), Some("error")), "{dry}");
+    let text = local(&db, &[&kill[..], &["--dry-run"]].concat());
+    assert!(
+        text.starts_with(&format!("dry run: {failed} entities match machine=server health=error; nothing done\n")),
+        "{text}"
+    );
+    let refused = settle(&db, &kill);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr(&refused).contains("reason: say why"), "{}", stderr(&refused));
+    let out = local(&db, &[&kill[..], &["--reason", "clear the failed", "--request-id", "clear-1"]].concat());
+    assert!(
+        out.starts_with(&format!(
+            "bulk clear-1: kill on machine=server health=error — done: {failed} of {failed} done, 0 failed"
+        )),
+        "{out}"
+    );
+    let killed = json_lines(&local(&db, &["list", "--machine", "server", "--status", "killed", "--json"]));
+    assert_eq!(killed.len() as u64, failed);
+    // Over HTTP: the server runs it, this process follows it.
+    let s = Served::start(&db, None, &[]);
+    let run = |args: &[&str]| ok(s.settle(None, args), &format!("settle --server {args:?}"));
+    let pause = [
+        "bulk",
+        "run",
+        "pause",
+        "--machine",
+        "server",
+        "--state",
+        "ready",
+        "--reason",
+        "freeze",
+        "--request-id",
+        "freeze-1",
+        "--json",
+    ];
+    let b = json(&run(&pause));
+    assert_eq!(
+        (b["status"].as_str(), b["done"].as_u64(), b["reason"].as_str()),
+        (Some("done"), Some(ready), Some("freeze")),
+        "{b}"
+    );
+    let listed = json_lines(&run(&["bulk", "list", "--json"]));
+    let ids: Vec<&str> = listed.iter().map(|b| b["request_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["freeze-1", "clear-1"]);
+    assert!(run(&["bulk", "show", "clear-1"]).contains("reason: clear the failed"));
+    assert_eq!(json(&run(&["bulk", "cancel", "freeze-1", "--json"]))["status"], "done", "an ended one stays");
+    let missing = s.settle(None, &["bulk", "show", "nobody"]);
+    assert_eq!(missing.status.code(), Some(1));
+    s.stop();
+}

@@ -29,11 +29,11 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 pub use settle_api::{
-    CompleteRequest, Entity, EntityPage, EventCheck, FailRequest, HistoryEntry, NextTasks, Operation, OperationTrace,
-    Outcome, QueuedEvent, Related, ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled, Task,
-    TaskReport, Verdict, Why, WhyStep,
+    Bulk, BulkDryRun, BulkFilter, BulkRequest, CompleteRequest, Entity, EntityPage, EventCheck, FailRequest,
+    HistoryEntry, NextTasks, Operation, OperationTrace, Outcome, QueuedEvent, Related, ReportCreate, ReportMany,
+    ReportRaise, ReportResult, ReportsHandled, Task, TaskReport, Verdict, Why, WhyStep,
 };
-use settle_api::{Leased, OperationList};
+use settle_api::{BulkList, Leased, OperationList};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -410,6 +410,36 @@ impl Client {
     /// firing.
     pub async fn related(&self, machine: &str, key: &str) -> Result<Related, Error> {
         self.get(&format!("/v1/machines/{}/entities/{}/related", seg(machine), seg(key))).await
+    }
+
+    /// A bulk operation's dry run: how many entities its filter matches now, and a sample
+    /// (`POST /v1/bulk` with `dry_run`). Nothing is done.
+    pub async fn bulk_dry_run(&self, request: &BulkRequest) -> Result<BulkDryRun, Error> {
+        let body = serde_json::to_value(BulkRequest { dry_run: true, ..request.clone() }).unwrap_or_default();
+        self.post("/v1/bulk", &body).await
+    }
+
+    /// Starts a bulk operation (`POST /v1/bulk`), with `idempotency_key` as its request id
+    /// when given (the same key again answers that operation).
+    pub async fn bulk_start(&self, request: &BulkRequest, idempotency_key: Option<&str>) -> Result<Bulk, Error> {
+        let body = serde_json::to_value(BulkRequest { dry_run: false, ..request.clone() }).unwrap_or_default();
+        let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("idempotency-key", k)).into_iter().collect();
+        Ok(self.call(Method::POST, "/v1/bulk", Some(&body), &headers, Self::TIMEOUT).await?.1)
+    }
+
+    /// One bulk operation and its progress.
+    pub async fn bulk(&self, request_id: &str) -> Result<Bulk, Error> {
+        self.get(&format!("/v1/bulk/{}", seg(request_id))).await
+    }
+
+    /// The newest bulk operations, newest first.
+    pub async fn bulk_list(&self) -> Result<Vec<Bulk>, Error> {
+        Ok(self.get::<BulkList>("/v1/bulk").await?.items)
+    }
+
+    /// Cancels a running bulk operation; the operation afterwards.
+    pub async fn bulk_cancel(&self, request_id: &str) -> Result<Bulk, Error> {
+        self.post(&format!("/v1/bulk/{}/cancel", seg(request_id)), &json!({})).await
     }
 
     /// Why the entity failed, down to the first cause (`GET …/why`).

@@ -87,6 +87,8 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let ops = OpWatch::start(store.clone());
         let clock = config.clock.clone();
         let (retention, prune_limit) = (config.retention, config.prune_limit);
+        let (runs_bulk, bulk_owner, bulk_lease, bulk_poll) =
+            (config.max_inflight > 0, config.owner.clone(), config.lease, config.poll);
         let archive = config.archive.clone().map(crate::archive::Archive::new);
         let mut scheduler = Scheduler::new(
             store.clone(),
@@ -100,7 +102,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
         scheduler.archive = archive.clone();
         let task = tokio::spawn(scheduler.run(rx));
         let agent_check = registry.agent_check();
-        Ok(Engine {
+        let engine = Engine {
             inner: Arc::new(Inner {
                 store,
                 agent_check,
@@ -115,8 +117,16 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 ops,
                 closing: std::sync::atomic::AtomicBool::new(false),
                 task: std::sync::Mutex::new(Some(task)),
+                bulk: Arc::new(tokio::sync::Notify::new()),
+                bulk_progress: tokio::sync::Notify::new(),
             }),
-        })
+        };
+        // An engine that processes work also runs bulk operations.
+        if runs_bulk {
+            let inner = Arc::downgrade(&engine.inner);
+            tokio::spawn(crate::bulk::run(inner, bulk_owner, bulk_lease, bulk_poll));
+        }
+        Ok(engine)
     }
 
     /// Everything [`start`](Self::start) does before the scheduler runs: checks the

@@ -45,6 +45,10 @@ pub(crate) struct Inner<S> {
     /// Set (and `offered` pulsed) when waiting agent long polls should end.
     pub(crate) closing: std::sync::atomic::AtomicBool,
     pub(crate) task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Wakes the bulk operations' runner (a bulk operation was started).
+    pub(crate) bulk: Arc<tokio::sync::Notify>,
+    /// Pulsed when a page of a bulk operation was written (callers of `bulk_wait`).
+    pub(crate) bulk_progress: tokio::sync::Notify,
 }
 
 /// How far one subscription of an entity is from firing (see

@@ -109,6 +109,9 @@ pub enum Error {
     /// The engine is shutting down.
     #[error("engine stopped")]
     Stopped,
+    /// A bulk operation asked for what it cannot do (the message names the field).
+    #[error("bulk operation: {0}")]
+    Bulk(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] settle_store::Error),

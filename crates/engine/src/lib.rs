@@ -22,6 +22,7 @@
 mod api;
 mod archive;
 mod builder;
+mod bulk;
 mod config;
 mod decide;
 mod engine;
@@ -43,6 +44,9 @@ mod watch;
 pub use api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Report, Wait};
 pub use archive::ArchiveConfig;
 pub use builder::EngineBuilder;
+pub use bulk::{
+    BulkAction, BulkRequest, COUNT_BOUND, DEFAULT_RATE, DryRun, MAX_RATE, Selection, entity_request_id, health_pairs,
+};
 pub use config::Config;
 pub use decide::subscription_progress_with;
 pub use engine::{Engine, SubscriptionProgress, can_fire};

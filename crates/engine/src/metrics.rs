@@ -63,6 +63,13 @@ pub(crate) fn archived(n: usize) {
     metrics::counter!("settle_archived_entities_total").increment(n as u64);
 }
 
+/// Entities a bulk operation commanded, and those whose command was refused
+/// (`settle_bulk_entities_total{result}`).
+pub(crate) fn bulk_commanded(done: u64, failed: u64) {
+    metrics::counter!("settle_bulk_entities_total", "result" => "done").increment(done);
+    metrics::counter!("settle_bulk_entities_total", "result" => "failed").increment(failed);
+}
+
 /// Rows a round of pruning removed, per table (`settle_pruned_rows_total{table}`).
 pub(crate) fn pruned(rows: &settle_store::PrunedRows) {
     for (table, n) in rows.tables() {

@@ -58,3 +58,11 @@ pub struct TaskPath {
     /// task id
     pub id: i64,
 }
+
+/// `/v1/bulk/{id}…`
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct BulkPath {
+    /// the bulk operation's request id
+    pub id: String,
+}

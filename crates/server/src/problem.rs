@@ -65,6 +65,11 @@ kinds! {
     UnknownEvent => (NOT_FOUND, "unknown-event", "unknown event"),
     /// No operation with that request id.
     UnknownOperation => (NOT_FOUND, "unknown-operation", "unknown operation"),
+    /// No bulk operation with that request id.
+    UnknownBulk => (NOT_FOUND, "unknown-bulk", "unknown bulk operation"),
+    /// A bulk operation that cannot run as asked (no criterion, an unknown machine, state,
+    /// status or event, no reason, a rate out of range); `field` names the part.
+    InvalidBulk => (UNPROCESSABLE_ENTITY, "invalid-bulk", "invalid bulk operation"),
     /// The route exists, the method does not.
     MethodNotAllowed => (METHOD_NOT_ALLOWED, "method-not-allowed", "method not allowed"),
     /// The event is not valid in the entity's state; nothing changed.
@@ -314,6 +319,21 @@ impl From<settle_engine::Error> for Problem {
             .with("request_id", request_id.clone())
             .with("operation", crate::operation_location(&request_id)),
             E::Stopped => Problem::new(Kind::Unavailable, "the engine is shutting down"),
+            E::Bulk(message) => {
+                let field = message.split_once(':').map(|(f, _)| f).filter(|f| {
+                    ["machine", "state", "status", "prefix", "health", "reason", "rate", "event", "params", "action"]
+                        .contains(f)
+                });
+                let field = match field {
+                    Some(f @ ("machine" | "state" | "status" | "prefix" | "health")) => Some(format!("filter.{f}")),
+                    Some(f) => Some(f.to_string()),
+                    // No criterion at all: the filter is at fault.
+                    None => Some("filter".to_string()),
+                };
+                let mut p = Problem::new(Kind::InvalidBulk, message);
+                p.0.field = field;
+                p
+            }
             other => Problem::new(Kind::Internal, other.to_string()),
         }
     }

@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::{self, Access};
 use crate::problem::{Kind, Problem};
-use crate::routes::{entities, events, lifecycle, machines, operations, overview, queues, system};
+use crate::routes::{bulk, entities, events, lifecycle, machines, operations, overview, queues, system};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -35,6 +35,7 @@ use crate::state::AppState;
         (name = "entities", description = "create, list and read entities"),
         (name = "events", description = "raise events on entities"),
         (name = "lifecycle", description = "operator commands on an entity's run status"),
+        (name = "bulk", description = "one command or event for every entity matching a filter, as one durable operation"),
         (name = "operations", description = "what requests set in motion"),
         (name = "overview", description = "the fleet at a glance"),
         (name = "agents", description = "agent queues: lease tasks, heartbeat, report (DESIGN §5)"),
@@ -68,6 +69,8 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(events::read(), Access::Read))
         .merge(guard(events::write(), Access::Write))
         .merge(guard(lifecycle::write(), Access::Write))
+        .merge(guard(bulk::read(), Access::Read))
+        .merge(guard(bulk::write(), Access::Write))
         .merge(guard(operations::read(), Access::Read))
         .merge(guard(overview::read(), Access::Read))
         .merge(guard(queues::agent(), Access::Agent))

@@ -1312,3 +1312,78 @@ async fn failures_show_their_health_and_why_down_to_the_first_cause() {
     app.get("/v1/machines/part/entities/nobody/why").await.problem(404, "unknown-entity");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_bulk_operation_dry_runs_then_commands_every_match_once() {
+    let tokens = Tokens::from_spec("operator=operator-token-01;reader=reader-token-0001").unwrap();
+    let app = App::with_machines(tokens, Config::default(), &[("door", DOOR)]).await;
+    let op = |r: Req| r.token(Some("operator-token-01"));
+    for i in 0..30 {
+        let key = if i < 12 { format!("east-{i:02}") } else { format!("west-{i:02}") };
+        let r = app.call(op(Req::new("POST", "/v1/machines/door/entities").json(json!({"key": key})))).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    }
+    let filter = json!({"machine": "door", "prefix": "east-"});
+    // A dry run: the count, the filter echoed, a sample; nothing paused.
+    let dry = app
+        .call(op(Req::new("POST", "/v1/bulk").json(json!({"action": "pause", "filter": filter, "dry_run": true}))))
+        .await;
+    assert_eq!(dry.status, StatusCode::OK, "{}", dry.text);
+    let dry = dry.json();
+    assert_eq!((dry["count"].as_u64(), &dry["more"], &dry["filter"]), (Some(12), &json!(false), &filter), "{dry}");
+    assert_eq!(dry["sample"].as_array().unwrap().len(), 10);
+    let paused = app.call(op(Req::new("GET", "/v1/entities?status=paused"))).await.json();
+    assert_eq!(paused["items"], json!([]));
+    // The run: 202 with where to follow it; it ends with each east door paused once.
+    let body = json!({"action": "pause", "filter": filter, "reason": "repainting the east wing", "rate": 1000});
+    let started =
+        app.call(op(Req::new("POST", "/v1/bulk").header("Idempotency-Key", "paint-east").json(body.clone()))).await;
+    assert_eq!(started.status, StatusCode::ACCEPTED, "{}", started.text);
+    assert_eq!(started.headers[header::LOCATION], "/v1/bulk/paint-east");
+    assert_eq!((started.json()["total"].as_u64(), started.json()["status"].as_str()), (Some(12), Some("running")));
+    let done = app.state.engine().bulk_wait("paint-east", std::time::Duration::from_secs(30)).await.unwrap();
+    assert_eq!((done.done, done.failed), (12, 0));
+    let got = app.call(op(Req::new("GET", "/v1/bulk/paint-east"))).await.json();
+    assert_eq!(
+        (got["status"].as_str(), got["done"].as_u64(), got["remaining"].as_u64()),
+        (Some("done"), Some(12), Some(0))
+    );
+    assert_eq!(got["reason"], "repainting the east wing");
+    let paused = app.call(op(Req::new("GET", "/v1/entities?status=paused"))).await.json();
+    assert_eq!(paused["items"].as_array().unwrap().len(), 12);
+    assert!(paused["items"].as_array().unwrap().iter().all(|e| e["key"].as_str().unwrap().starts_with("east-")));
+    // The same key again: that operation, 200.
+    let again = app.call(op(Req::new("POST", "/v1/bulk").header("Idempotency-Key", "paint-east").json(body))).await;
+    assert_eq!((again.status, again.json()["done"].as_u64()), (StatusCode::OK, Some(12)));
+    let list = app.call(op(Req::new("GET", "/v1/bulk"))).await.json();
+    assert_eq!(list["items"][0]["request_id"], "paint-east");
+    // Cancel: an ended one stays as it was; an unknown one is 404.
+    let canceled = app.call(op(Req::new("POST", "/v1/bulk/paint-east/cancel"))).await.json();
+    assert_eq!(canceled["status"], "done");
+    app.call(op(Req::new("POST", "/v1/bulk/nobody/cancel"))).await.problem(404, "unknown-bulk");
+    app.call(op(Req::new("GET", "/v1/bulk/nobody"))).await.problem(404, "unknown-bulk");
+    // Mistakes, each naming its field; nothing stored.
+    for (body, field) in [
+        (json!({"action": "pause", "filter": {}, "reason": "r"}), "filter"),
+        (json!({"action": "pause", "filter": {"machine": "vm"}, "reason": "r"}), "filter.machine"),
+        (json!({"action": "pause", "filter": {"status": "sad"}, "reason": "r"}), "filter.status"),
+        (json!({"action": "pause", "filter": {"machine": "door"}}), "reason"),
+        (json!({"action": "pause", "filter": {"machine": "door"}, "reason": "r", "rate": 0}), "rate"),
+        (json!({"action": "sleep", "filter": {"machine": "door"}, "reason": "r"}), "action"),
+        (json!({"action": "raise", "event": "fly", "filter": {"machine": "door"}, "reason": "r"}), "event"),
+    ] {
+        let p = app.call(op(Req::new("POST", "/v1/bulk").json(body.clone()))).await.problem(422, "invalid-bulk");
+        assert_eq!(p["field"], field, "{body}: {p}");
+    }
+    app.call(op(Req::new("POST", "/v1/bulk").json(json!({"action": "pause", "filter": {"colour": "red"}}))))
+        .await
+        .problem(422, "invalid-body");
+    assert_eq!(app.call(op(Req::new("GET", "/v1/bulk"))).await.json()["items"].as_array().unwrap().len(), 1);
+    // A reader reads, and may not start or cancel.
+    let reader = |r: Req| r.token(Some("reader-token-0001"));
+    assert_eq!(app.call(reader(Req::new("GET", "/v1/bulk/paint-east"))).await.status, StatusCode::OK);
+    let body = json!({"action": "resume", "filter": filter, "reason": "r"});
+    app.call(reader(Req::new("POST", "/v1/bulk").json(body))).await.problem(403, "forbidden");
+    app.call(reader(Req::new("POST", "/v1/bulk/paint-east/cancel"))).await.problem(403, "forbidden");
+    app.stop().await;
+}

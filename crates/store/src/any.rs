@@ -99,6 +99,13 @@ impl Store for AnyStore {
         fn metrics_snapshot(&self, now: Millis) -> MetricsSnapshot;
         fn overview(&self, now: Millis, since: Millis) -> Overview;
         fn lease_release_all(&self, now: Millis) -> u64;
+        fn entity_count(&self, filter: EntityFilter, bound: u64) -> u64;
+        fn bulk_start(&self, row: crate::BulkRow) -> (crate::BulkRow, bool);
+        fn bulk_get(&self, request_id: &str) -> Option<crate::BulkRow>;
+        fn bulk_list(&self, limit: u64) -> Vec<crate::BulkRow>;
+        fn bulk_claim(&self, owner: &str, now: Millis, lease_until: Millis) -> Option<crate::BulkRow>;
+        fn bulk_advance(&self, advance: crate::BulkAdvance) -> bool;
+        fn bulk_cancel(&self, request_id: &str, now: Millis) -> Option<crate::BulkRow>;
     }
 
     fn exclusive(&self) -> bool {

@@ -11,6 +11,7 @@
 
 mod any;
 mod batch;
+mod bulk;
 mod changes;
 pub mod clock;
 #[cfg(feature = "testing")]
@@ -43,6 +44,7 @@ pub use any::{AnyStore, is_postgres_url};
 pub use batch::{
     AfterCommit, Applied, Batch, BatchResult, Claim, Claimed, Commit, Fence, Op, OpError, SqlStatement, Trigger,
 };
+pub use bulk::{BulkAdvance, BulkRow};
 pub use changes::{Changed, Changes};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use detail::{ErrorRow, OperationTrace};
@@ -219,6 +221,31 @@ pub trait Store: Send + Sync + 'static {
 
     /// Agent tasks matching `filter`, newest first.
     fn task_list(&self, filter: TaskFilter) -> impl Future<Output = Result<Vec<AgentTask>>> + Send;
+
+    /// How many entities match `filter` (its `limit` and cursors aside), counted through
+    /// the index its page would read, up to `bound`: `bound + 1` means more than `bound`.
+    fn entity_count(&self, filter: EntityFilter, bound: u64) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Starts bulk operation `row`, unless its request id was used before: the stored row,
+    /// and whether it is new (see [`bulk`](crate::BulkRow)).
+    fn bulk_start(&self, row: BulkRow) -> impl Future<Output = Result<(BulkRow, bool)>> + Send;
+    /// The bulk operation `request_id`.
+    fn bulk_get(&self, request_id: &str) -> impl Future<Output = Result<Option<BulkRow>>> + Send;
+    /// The newest `limit` bulk operations, newest first.
+    fn bulk_list(&self, limit: u64) -> impl Future<Output = Result<Vec<BulkRow>>> + Send;
+    /// Leases the oldest running bulk operation not leased by another instance (or whose
+    /// lease ended before `now`) to `owner` until `lease_until`.
+    fn bulk_claim(
+        &self,
+        owner: &str,
+        now: Millis,
+        lease_until: Millis,
+    ) -> impl Future<Output = Result<Option<BulkRow>>> + Send;
+    /// Writes a page's progress; `false` when `owner` no longer holds it running (canceled,
+    /// or taken over).
+    fn bulk_advance(&self, advance: BulkAdvance) -> impl Future<Output = Result<bool>> + Send;
+    /// Cancels the bulk operation `request_id` if it runs: the row after (`None`: none such).
+    fn bulk_cancel(&self, request_id: &str, now: Millis) -> impl Future<Output = Result<Option<BulkRow>>> + Send;
 
     /// Whether this handle is the only engine on the store (SQLite's exclusive engine
     /// lock). An exclusive engine may reclaim every lease at start.

@@ -47,6 +47,19 @@ pub(crate) fn page_sql(f: &EntityFilter, present: &[(String, String)], dollar: b
     Some((sql, b.params))
 }
 
+/// The statement counting `f`'s matches up to `bound + 1` (its page's statement, every
+/// range cut at `bound + 1`, counted), and its parameters; `None` as for [`page_sql`].
+pub(crate) fn count_sql(
+    f: &EntityFilter,
+    present: &[(String, String)],
+    bound: u64,
+    dollar: bool,
+) -> Option<(String, Vec<Param>)> {
+    let f = EntityFilter { limit: Some(bound.saturating_add(1)), after_id: None, after_key: None, ..f.clone() };
+    let (sql, params) = page_sql(&f, present, dollar)?;
+    Some((format!("SELECT count(*) FROM ({sql}) counted"), params))
+}
+
 /// Whether `f`'s page needs the (machine, state) pairs that hold entities (`present` of
 /// [`page_sql`]).
 pub(crate) fn reads_pairs(f: &EntityFilter) -> bool {

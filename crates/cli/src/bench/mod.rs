@@ -5,6 +5,7 @@
 //! the raise to the entity's next stable state, as a caller of `raise` sees it. `--nested`:
 //! the same steps as substates of one parent with an entry and an exit action.
 
+mod bulk;
 mod dormant;
 mod fleet;
 mod measure;
@@ -58,6 +59,11 @@ pub enum Bench {
     /// throughput show whether the database stays flat.
     #[command(after_help = "Example:\n  settle bench soak --workflows 100000 --retention 30s --json")]
     Soak(soak::SoakArgs),
+    /// One bulk operation over a large fleet: N idle jobs (100,000 by default) paused at
+    /// the rate asked for; entities a second. The same `--request-id` again follows that
+    /// operation to its end (after a crash).
+    #[command(after_help = "Example:\n  settle --db bulk.db bench bulk --entities 100000 --json")]
+    Bulk(bulk::BulkArgs),
 }
 
 /// Options of `settle bench agents`.
@@ -348,6 +354,10 @@ pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Soak(args) => {
             let (path, _scratch) = bench_db(db);
             soak::soak(&path, args).await
+        }
+        Bench::Bulk(args) => {
+            let (path, _scratch) = bench_db(db);
+            bulk::bulk(&path, args).await
         }
     }
 }

@@ -107,14 +107,7 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
         s.machines().iter().map(|m| m.as_ref()).filter(|m| q.machine.as_deref().is_none_or(|n| m.name() == n));
     let substates = q.state.as_deref().map(|st| Machine::substates_across(machines, st)).unwrap_or_default();
     // A health is the (machine, state) pairs of the served machines' leaf states that have it.
-    let pairs = q.health.as_deref().map(|h| {
-        s.machines()
-            .iter()
-            .flat_map(|m| m.states().iter().filter(|st| !st.is_parent()).map(move |st| (m, st)))
-            .filter(|(m, st)| m.health_of(&st.name).as_str() == h)
-            .map(|(m, st)| (m.name().to_string(), st.name.to_string()))
-            .collect()
-    });
+    let pairs = q.health.as_deref().map(|h| settle_engine::health_pairs(s.machines().iter().map(|m| m.as_ref()), h));
     let filter = EntityFilter {
         machine: q.machine,
         state: q.state,

@@ -2,6 +2,7 @@
 //! [`OpenApiRouter`](utoipa_axum::router::OpenApiRouter)s grouped by access (`read`,
 //! `write`), which [`crate::router::api`] puts behind [`crate::auth::guard`].
 
+pub mod bulk;
 pub mod entities;
 pub mod events;
 pub mod lifecycle;

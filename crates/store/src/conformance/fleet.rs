@@ -124,6 +124,9 @@ pub async fn filtered_pages_match_a_scan<S: Store>(store: S) {
         let want: Vec<i64> = want.iter().map(|e| e.id).collect();
         let whole: Vec<i64> = store.entity_list(f.clone()).await.unwrap().iter().map(|e| e.id).collect();
         assert_eq!(whole, want, "{f:?}");
+        // Counted through the same index, exactly up to a bound, then one more.
+        assert_eq!(store.entity_count(f.clone(), 1_000).await.unwrap(), want.len() as u64, "count {f:?}");
+        assert_eq!(store.entity_count(f.clone(), 2).await.unwrap(), want.len().min(3) as u64, "bounded {f:?}");
         // Pages of two, each continuing after the previous one's last entity.
         let mut paged = Vec::new();
         let mut page = EntityFilter { limit: Some(2), ..f.clone() };

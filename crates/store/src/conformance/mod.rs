@@ -7,6 +7,7 @@
 //! assertions. The checks are grouped by concept, one file each; this module holds what
 //! they share: the backend's [`Dialect`], the fixtures, and the macro.
 
+mod bulk;
 mod columns;
 mod commands;
 mod commits;
@@ -20,6 +21,7 @@ mod tasks;
 mod telemetry;
 mod timers;
 
+pub use bulk::bulk_operations_start_once_lease_and_advance;
 pub use columns::{
     a_command_is_recorded_when_it_applies, a_commit_creates_only_free_keys, a_commit_may_change_one_column_alone,
     a_successor_joined_in_a_batch_notifies_its_predecessor, an_internal_event_heads_the_inbox,
@@ -180,7 +182,8 @@ macro_rules! store_conformance_suite {
                 a_commit_may_change_one_column_alone, a_commit_creates_only_free_keys,
                 a_successor_joined_in_a_batch_notifies_its_predecessor, a_command_is_recorded_when_it_applies,
                 an_internal_event_heads_the_inbox, pruning_removes_every_row_an_ended_entity_left,
-                pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past;
+                pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past,
+                bulk_operations_start_once_lease_and_advance;
             store_and_dialect: effects_are_atomic
         );
     };

@@ -23,6 +23,7 @@
 //! `schema=NAME`: Settle's tables then live in that schema (created if missing), so several
 //! deployments, or tests, can share one database.
 
+mod bulk;
 mod claim;
 mod conn;
 mod dialect;
@@ -437,6 +438,37 @@ impl Store for PgStore {
             Ok(0)
         })
         .await
+    }
+
+    async fn entity_count(&self, filter: EntityFilter, bound: u64) -> Result<u64> {
+        self.on_reader(move |c| bulk::entity_count(c, &filter, bound)).await
+    }
+
+    async fn bulk_start(&self, row: crate::BulkRow) -> Result<(crate::BulkRow, bool)> {
+        self.on_reader(move |c| bulk::start(c, &row)).await
+    }
+
+    async fn bulk_get(&self, request_id: &str) -> Result<Option<crate::BulkRow>> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| bulk::get(c, &request_id)).await
+    }
+
+    async fn bulk_list(&self, limit: u64) -> Result<Vec<crate::BulkRow>> {
+        self.on_reader(move |c| bulk::list(c, limit)).await
+    }
+
+    async fn bulk_claim(&self, owner: &str, now: Millis, lease_until: Millis) -> Result<Option<crate::BulkRow>> {
+        let owner = owner.to_string();
+        self.on_reader(move |c| bulk::claim(c, &owner, now, lease_until)).await
+    }
+
+    async fn bulk_advance(&self, advance: crate::BulkAdvance) -> Result<bool> {
+        self.on_reader(move |c| bulk::advance(c, &advance)).await
+    }
+
+    async fn bulk_cancel(&self, request_id: &str, now: Millis) -> Result<Option<crate::BulkRow>> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| bulk::cancel(c, &request_id, now)).await
     }
 
     async fn operation_get(&self, request_id: &str) -> Result<Option<OperationRow>> {

@@ -115,27 +115,11 @@ pub(crate) fn entity_get(c: &mut Conn, machine: &str, key: &str) -> R<Option<Ent
 }
 
 pub(crate) fn entity_list(c: &mut Conn, f: &EntityFilter) -> R<Vec<EntityRow>> {
-    let present = if crate::page::reads_pairs(f) {
-        let rows = c.query(
-            "SELECT machine, state FROM entity_counts GROUP BY machine, state HAVING SUM(n) > 0 ORDER BY machine, state",
-            &[],
-        )?;
-        all(rows, |r| Ok((r.try_get(0)?, r.try_get(1)?)))?
-    } else {
-        Vec::new()
-    };
+    let present = super::bulk::present(c, f)?;
     let Some((sql, params)) = crate::page::page_sql(f, &present, true) else {
         return Ok(Vec::new());
     };
-    let values: Vec<Box<dyn postgres::types::ToSql + Sync>> = params
-        .into_iter()
-        .map(|p| -> Box<dyn postgres::types::ToSql + Sync> {
-            match p {
-                crate::page::Param::Text(t) => Box::new(t),
-                crate::page::Param::Int(i) => Box::new(i),
-            }
-        })
-        .collect();
+    let values = super::bulk::values(params);
     let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = values.iter().map(|v| v.as_ref()).collect();
     all(c.query(&sql, &refs)?, entity_from_row)
 }

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+mod bulk;
 mod claim;
 mod dialect;
 mod prune;
@@ -285,6 +286,37 @@ impl Store for SqliteStore {
 
     async fn predecessor_list(&self, entity_id: i64) -> Result<Vec<EntityRow>> {
         self.on_reader(move |c| predecessor_list(c, entity_id).map_err(db_err)).await
+    }
+
+    async fn entity_count(&self, filter: EntityFilter, bound: u64) -> Result<u64> {
+        self.on_reader(move |c| bulk::entity_count(c, &filter, bound).map_err(db_err)).await
+    }
+
+    async fn bulk_start(&self, row: crate::BulkRow) -> Result<(crate::BulkRow, bool)> {
+        self.on_writer(move |c| bulk::start(c, &row).map_err(db_err)).await
+    }
+
+    async fn bulk_get(&self, request_id: &str) -> Result<Option<crate::BulkRow>> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| bulk::get(c, &request_id).map_err(db_err)).await
+    }
+
+    async fn bulk_list(&self, limit: u64) -> Result<Vec<crate::BulkRow>> {
+        self.on_reader(move |c| bulk::list(c, limit).map_err(db_err)).await
+    }
+
+    async fn bulk_claim(&self, owner: &str, now: Millis, lease_until: Millis) -> Result<Option<crate::BulkRow>> {
+        let owner = owner.to_string();
+        self.on_writer(move |c| bulk::claim(c, &owner, now, lease_until).map_err(db_err)).await
+    }
+
+    async fn bulk_advance(&self, advance: crate::BulkAdvance) -> Result<bool> {
+        self.on_writer(move |c| bulk::advance(c, &advance).map_err(db_err)).await
+    }
+
+    async fn bulk_cancel(&self, request_id: &str, now: Millis) -> Result<Option<crate::BulkRow>> {
+        let request_id = request_id.to_string();
+        self.on_writer(move |c| bulk::cancel(c, &request_id, now).map_err(db_err)).await
     }
 
     async fn error_list(&self, entity_id: i64, limit: u64) -> Result<Vec<crate::ErrorRow>> {

@@ -239,13 +239,7 @@ pub(crate) fn read_overview(c: &Connection, now: Millis, since: Millis) -> rusql
 /// A page of entities ([`Store::entity_list`](crate::Store::entity_list)), read through the
 /// index [`page_sql`](crate::page::page_sql) picks.
 pub(crate) fn entity_list(c: &Connection, f: &crate::EntityFilter) -> rusqlite::Result<Vec<EntityRow>> {
-    let present: Vec<(String, String)> = if crate::page::reads_pairs(f) {
-        c.prepare_cached("SELECT machine, state FROM entity_counts WHERE n > 0 GROUP BY machine, state")?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<rusqlite::Result<_>>()?
-    } else {
-        Vec::new()
-    };
+    let present = super::bulk::present(c, f)?;
     let Some((sql, params)) = crate::page::page_sql(f, &present, false) else {
         return Ok(Vec::new());
     };
