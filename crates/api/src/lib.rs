@@ -56,6 +56,9 @@ pub struct Entity {
     /// Errors the entity's fault policy counts now (single-entity reads only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub recent_errors: Option<u32>,
+    /// Its newest recorded error (lists with `errors=latest` only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub last_error: Option<ErrorEntry>,
     /// Events queued in its inbox, in processing order (single-entity reads only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub inbox: Option<Vec<QueuedEvent>>,
@@ -80,6 +83,20 @@ pub struct EntityPage {
     pub items: Vec<Entity>,
     /// The cursor of the next page (pass it as `after`), or null on the last page.
     pub next: Option<String>,
+    /// With `total=true`: how many match in all (`after` aside), counted through the page's
+    /// index up to a bound.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub total: Option<Total>,
+}
+
+/// A count kept exact up to a bound: `exact` false means "more than `count`".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Total {
+    /// How many (at most the bound).
+    pub count: u64,
+    /// `false`: more than `count` match.
+    pub exact: bool,
 }
 
 /// One row of an entity's history.
@@ -598,6 +615,7 @@ mod from_store {
                 permitted_events: None,
                 lease_until: None,
                 recent_errors: None,
+                last_error: None,
                 inbox: None,
             }
         }
@@ -720,6 +738,7 @@ mod tests {
             permitted_events: None,
             lease_until: None,
             recent_errors: None,
+            last_error: None,
             inbox: None,
         };
         let v = serde_json::to_value(&e).unwrap();

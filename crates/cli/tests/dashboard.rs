@@ -170,6 +170,44 @@ fn scenario(s: &Server) {
     eventually("the site failed", || s.get("/v1/machines/site/entities/s-1")["state"] == "failed");
 }
 
+/// `n` more vms parked: created, their provisioning tasks failed for good by the agent
+/// (any other task it leases meanwhile is completed).
+fn park(s: &Server, n: usize) {
+    for i in 0..n {
+        let key = format!("park-{i:02}");
+        let (st, v) = s.call("POST", "/v1/machines/vm/entities", "operator-token-01", Some(json!({"key": key})));
+        assert_eq!(st, 201, "{v}");
+        let (st, v) =
+            s.call("POST", &format!("/v1/machines/vm/entities/{key}/events/create"), "operator-token-01", None);
+        assert_eq!(st, 202, "{v}");
+    }
+    let mut failed = 0;
+    eventually("the parked vms' tasks", || {
+        let body = json!({"agent": "browser-test", "max": 100, "wait_ms": 1000});
+        let (st, v) = s.call("POST", "/v1/queues/cloud/lease", "agent-token-00001", Some(body));
+        assert_eq!(st, 200, "{v}");
+        for t in v["tasks"].as_array().unwrap() {
+            let (id, token) = (t["id"].as_i64().unwrap(), t["token"].as_str().unwrap());
+            let (path, body) = if t["key"].as_str().unwrap().starts_with("park-") {
+                failed += 1;
+                (
+                    format!("/v1/tasks/{id}/fail"),
+                    json!({"token": token, "error": "no quota in zone d", "retryable": false}),
+                )
+            } else {
+                (format!("/v1/tasks/{id}/complete"), json!({"token": token, "target": "ready"}))
+            };
+            let (st, v) = s.call("POST", &path, "agent-token-00001", Some(body));
+            assert_eq!(st, 202, "{v}");
+        }
+        failed == n
+    });
+    eventually("the vms parked", || {
+        let v = s.get("/v1/entities?status=failed&machine=vm&limit=1000");
+        v["items"].as_array().unwrap().len() == n
+    });
+}
+
 fn screenshot(b: &Browser, name: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = root.join("target/screenshots");
@@ -399,6 +437,38 @@ fn the_dashboard_in_a_browser() {
     let rid = op.as_str().unwrap().trim_start_matches("#/operation/").to_string();
     eventually("the paint operation to end", || s.get(&format!("/v1/operations/{rid}"))["outcome"] == "success");
     page_is_clean(&b, "raise");
+
+    // Parked, past 50: a total, pages both ways, each row's last error; then every parked
+    // vm resumed by one bulk operation whose dry-run count is what it changed.
+    park(&s, 60);
+    b.goto(&s.url("#/parked?status=failed&machine=vm")).unwrap();
+    b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 50", WAIT).unwrap();
+    let total = b.eval("document.querySelector('#parked-total').textContent").unwrap();
+    assert_eq!(total, json!("60 failed of machine vm · showing 1–50"));
+    let row = b.eval("document.querySelector('#parked-table tbody tr[data-key]').textContent").unwrap();
+    assert!(row.as_str().unwrap().contains("no quota in zone d"), "{row}");
+    let groups = b.eval("document.querySelector('#error-groups tbody').textContent").unwrap();
+    assert_eq!(groups, json!("browser-test failed task # (attempt #): no quota in zone d50"), "one group of 50");
+    b.click("#p-next").unwrap();
+    b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 10", WAIT).unwrap();
+    b.wait_for("document.querySelector('#parked-total').textContent.endsWith('showing 51–60')", WAIT).unwrap();
+    b.click("#p-prev").unwrap();
+    b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 50", WAIT).unwrap();
+    page_is_clean(&b, "parked pages");
+    b.click("#bulk-resume").unwrap();
+    b.wait_for("document.querySelector('#confirm').open", WAIT).unwrap();
+    let count = b.eval("document.querySelector('#bulk-count').dataset.count").unwrap();
+    assert_eq!(count, json!("60"), "the dry run's count");
+    let filter = b.eval("document.querySelector('#bulk-count code').textContent").unwrap();
+    assert_eq!(filter, json!("status=failed machine=vm"), "the filter echoed");
+    b.type_into("#bulk-reason", "quota raised in zone d").unwrap();
+    b.click("#confirm-ok").unwrap();
+    b.wait_for("document.querySelector('#bulk-status')?.textContent === 'done'", WAIT).unwrap();
+    let bulk = &s.get("/v1/bulk")["items"][0];
+    assert_eq!((bulk["done"].as_u64(), bulk["failed"].as_u64()), (Some(60), Some(0)), "{bulk}");
+    assert_eq!(bulk["reason"], "quota raised in zone d");
+    assert_eq!(s.get("/v1/entities?status=failed&machine=vm")["items"], json!([]), "every parked vm resumed");
+    b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 0", WAIT).unwrap();
 
     // A reader sees everything and no button.
     sign_out(&b);

@@ -139,6 +139,8 @@ const PARAMS: &[(&str, &str, Rule)] = &[
     ("query", "after", Rule::Text(&CURSOR)),
     ("query", "status", Rule::Words(RUN_STATUS)),
     ("query", "health", Rule::Words(HEALTH)),
+    ("query", "errors", Rule::Words(&["latest"])),
+    ("query", "total", Rule::Words(&["true", "false"])),
     ("query", "outcome", Rule::Words(OUTCOME)),
     ("query", "wait", Rule::Words(WAIT)),
     ("query", "timeout", Rule::Text(&DURATION)),

@@ -64,6 +64,10 @@ pub struct EntityQuery {
     pub after: Option<String>,
     /// At most this many (default 100, at most 1000).
     pub limit: Option<String>,
+    /// `true`: say how many match in all (`total`), exact up to 10,000.
+    pub total: Option<bool>,
+    /// `latest`: each entity with its newest recorded error (`last_error`).
+    pub errors: Option<String>,
 }
 
 /// Query of `GET /v1/overview`.

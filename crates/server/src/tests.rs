@@ -1282,6 +1282,14 @@ async fn failures_show_their_health_and_why_down_to_the_first_cause() {
     assert_eq!(ok["items"].as_array().unwrap().len(), 2);
     let p = app.get("/v1/entities?health=sick").await.problem(400, "bad-request");
     assert_eq!(p["field"], "health");
+    // A page with its total and each entity's newest error (one request for a list).
+    let page = app.get("/v1/entities?health=error&total=true&errors=latest&limit=1").await.json();
+    assert_eq!(page["total"], json!({"count": 4, "exact": true}), "{page}");
+    assert_eq!(page["items"][0]["last_error"]["details"], "`parts_failed` fired: part/s1-net in `broken`");
+    assert!(page["next"].is_string());
+    assert!(app.get("/v1/entities?health=error").await.json().get("total").is_none(), "only when asked");
+    let p = app.get("/v1/entities?errors=all").await.problem(400, "bad-request");
+    assert_eq!(p["field"], "errors");
     let metrics = app.get("/metrics").await.text;
     assert!(metrics.contains("settle_failing_entities 4\n"), "{metrics}");
     assert!(

@@ -569,27 +569,113 @@ async function drawDiagram(box, machineName, state, history) {
 
 // ---- parked ----------------------------------------------------------------------------
 
-function parked(main) {
+function parked(main, r) {
+  const q = r.query;
+  const status = q.get("status") === "fault" ? "fault" : "failed";
+  const machine = q.get("machine") || "";
   main.innerHTML = `<h1>Parked</h1><p class="sub">Entities an operator must look at: <code>failed</code> (parked after their fault policy gave up) and <code>fault</code> (backing off after errors).</p>
-    <div class="scroll"><table id="parked-table"><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th><th>Last error</th>${canWrite() ? "<th>Actions</th>" : ""}</tr></thead><tbody id="rows"></tbody></table></div>`;
-  const lastError = new Map();
+    <form class="filters" id="parked-filters">
+      <div><label for="p-status">Run status</label><select id="p-status" name="status"><option>failed</option><option>fault</option></select></div>
+      <div><label for="p-machine">Machine</label><select id="p-machine" name="machine"><option value="">any</option></select></div>
+      <div><button type="submit">Filter</button></div>
+      ${canWrite() ? `<div><button type="button" id="bulk-resume">Resume all matching…</button></div>` : ""}
+    </form>
+    <p id="parked-total" class="sub" aria-live="polite"></p>
+    <div id="parked-groups"></div>
+    <div class="scroll"><table id="parked-table"><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th><th>Last error</th>${canWrite() ? "<th>Actions</th>" : ""}</tr></thead><tbody id="rows"></tbody></table></div>
+    <div class="pager"><button type="button" class="secondary" id="p-first">First page</button><button type="button" class="secondary" id="p-prev">Previous page</button><button type="button" class="secondary" id="p-next">Next page</button></div>`;
+  $("#p-status").value = status;
+  servedMachines().then((ms) => {
+    $("#p-machine").innerHTML = `<option value="">any</option>` + ms.map((m) => `<option>${esc(m.name)}</option>`).join("");
+    $("#p-machine").value = machine;
+  }).catch(() => {});
+  const go = (p) => { location.hash = `#/parked?${p}`; };
+  const base = () => { const p = new URLSearchParams(); p.set("status", status); if (machine) p.set("machine", machine); return p; };
+  $("#parked-filters").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const p = new URLSearchParams();
+    for (const [k, v] of new FormData($("#parked-filters"))) if (v) p.set(k, v);
+    go(p);
+  });
+  // Pages both ways: `after` is where this page starts; `back` the cursors of the pages before.
+  const back = (q.get("back") || "").split(",").filter(Boolean);
+  let next = null;
+  $("#p-first").addEventListener("click", () => go(base()));
+  $("#p-prev").addEventListener("click", () => {
+    const p = base();
+    const prev = back.slice(0, -1);
+    if (back.length && back[back.length - 1] !== "0") p.set("after", back[back.length - 1]);
+    if (prev.length) p.set("back", prev.join(","));
+    go(p);
+  });
+  $("#p-next").addEventListener("click", () => {
+    if (!next) return;
+    const p = base();
+    p.set("after", next);
+    p.set("back", back.concat([q.get("after") || "0"]).join(","));
+    go(p);
+  });
+  if (canWrite()) $("#bulk-resume").addEventListener("click", () => bulkResume({ status, ...(machine ? { machine } : {}) }));
   wireCommands($("#rows"), () => tick());
+  let shown = null;
   return {
     title: "Parked",
     async refresh() {
-      const [failed, fault] = await Promise.all([api("/v1/entities?status=failed&limit=50"), api("/v1/entities?status=fault&limit=50")]);
-      const items = failed.items.concat(fault.items);
-      await Promise.all(items.map(async (e) => {
-        const id = `${e.machine}/${e.key}@${e.version}`;
-        if (!lastError.has(id)) {
-          const errs = await api(`/v1/machines/${enc(e.machine)}/entities/${enc(e.key)}/errors`).catch(() => []);
-          lastError.set(id, errs[0] ? `${errs[0].details} (${ago(errs[0].at)})` : "");
-        }
-      }));
+      const p = base();
+      if (q.get("after")) p.set("after", q.get("after"));
+      p.set("limit", "50");
+      p.set("total", "true");
+      p.set("errors", "latest");
+      const page = await api(`/v1/entities?${p}`);
+      next = page.next;
+      const t = page.total;
+      $("#parked-total").textContent = `${t.exact ? t.count : `more than ${t.count}`} ${status}${machine ? ` of machine ${machine}` : ""}`
+        + (page.items.length ? ` · showing ${back.length * 50 + 1}–${back.length * 50 + page.items.length}` : "");
+      $("#p-next").disabled = !next;
+      $("#p-prev").disabled = !back.length;
+      $("#p-first").disabled = !q.get("after");
       if ($("#rows").contains(document.activeElement) && document.activeElement.tagName === "BUTTON") return; // keep focus while tabbing
-      $("#rows").innerHTML = entityRows(items, { withErrors: (e) => lastError.get(`${e.machine}/${e.key}@${e.version}`), commands: canWrite() ? ["resume", "kill"] : [] });
+      const text = JSON.stringify(page.items.map((e) => [e.machine, e.key, e.version, e.run_status, e.last_error?.details]));
+      if (text === shown) return; // nothing changed: keep selection
+      shown = text;
+      const lastError = (e) => (e.last_error ? `${e.last_error.details} (${ago(e.last_error.at)})` : "");
+      // The errors of this page, grouped by their text with numbers (ids, attempts) as #:
+      // the most frequent first.
+      const groups = new Map();
+      for (const e of page.items) { const k = e.last_error ? e.last_error.details.replace(/\d+/g, "#") : "(no error recorded)"; groups.set(k, (groups.get(k) || 0) + 1); }
+      $("#parked-groups").innerHTML = page.items.length ? `<table id="error-groups"><thead><tr><th>Error (this page)</th><th class="num">Entities</th></tr></thead><tbody>${
+        [...groups].sort((a, b) => b[1] - a[1]).map(([k, n]) => `<tr><td class="wrap">${esc(k)}</td><td class="num">${n}</td></tr>`).join("")}</tbody></table>` : "";
+      $("#rows").innerHTML = entityRows(page.items, { withErrors: lastError, commands: canWrite() ? ["resume", "kill"] : [] });
     },
   };
+}
+
+// A bulk resume of what a filter matches: its dry-run count, confirmed with a reason, then
+// followed to its end.
+async function bulkResume(filter) {
+  let dry;
+  try {
+    dry = await api("/v1/bulk", { method: "POST", body: { action: "resume", filter, dry_run: true } });
+  } catch (e) { flash(`Dry run failed: ${esc(e.message)}`); return; }
+  const words = Object.entries(filter).map(([k, v]) => `${k}=${v}`).join(" ");
+  const count = dry.more ? `more than ${dry.count}` : String(dry.count);
+  const extra = `<p id="bulk-count" data-count="${dry.count}">${esc(count)} entities match <code>${esc(words)}</code>.</p>
+    <label for="bulk-reason">Reason (recorded with the operation)</label><input id="bulk-reason" required>`;
+  if (!(await confirmAction(`Resume ${count} entities?`, "Each entity matching the filter is resumed once, as one bulk operation.", extra, true))) return;
+  const reason = $("#bulk-reason").value.trim();
+  if (!reason) { flash("A bulk operation needs a reason."); return; }
+  const id = requestId();
+  try {
+    await api("/v1/bulk", { method: "POST", body: { action: "resume", filter, reason }, headers: { "Idempotency-Key": id } });
+  } catch (e) { flash(`Bulk resume failed: ${esc(e.message)}`); return; }
+  flash(`Bulk resume <span class="mono">${esc(id)}</span> started: ${esc(count)} entities`);
+  for (;;) {
+    const b = await api(`/v1/bulk/${enc(id)}`).catch(() => null);
+    if (!b) return;
+    flash(`Bulk resume <span class="mono" id="bulk-id">${esc(id)}</span>: <span id="bulk-status">${esc(b.status)}</span>, <span id="bulk-done">${b.done}</span> of ${b.total} done, ${b.failed} failed`);
+    if (b.status !== "running") { tick(); return; }
+    await new Promise((res) => setTimeout(res, 500));
+  }
 }
 
 // ---- operations ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use crate::contract::{CURSOR, HEALTH, RUN_STATUS};
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{
-    CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related, Timer, Why,
+    CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related, Timer, Total, Why,
 };
 use crate::paths::{EntityPath, MachinePath};
 use crate::problem::{Kind, Problem};
@@ -119,6 +119,16 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
         after_key,
         pairs,
     };
+    if let Some(e) = q.errors.as_deref().filter(|e| *e != "latest") {
+        return Err(unknown_word("errors", "errors", e, &["latest"]));
+    }
+    let total = match q.total {
+        Some(true) => {
+            let n = s.engine().store().entity_count(filter.clone(), TOTAL_BOUND).await?;
+            Some(Total { count: n.min(TOTAL_BOUND), exact: n <= TOTAL_BOUND })
+        }
+        _ => None,
+    };
     let mut rows = s.engine().store().entity_list(filter).await?;
     let more = rows.len() as u64 > limit;
     rows.truncate(limit as usize);
@@ -127,8 +137,19 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
         Some(e) if more => Some(e.id.to_string()),
         _ => None,
     };
-    Ok(Json(EntityPage { items: rows.iter().map(|e| s.entity(e)).collect(), next }))
+    let mut items: Vec<Entity> = rows.iter().map(|e| s.entity(e)).collect();
+    if q.errors.is_some() {
+        // Each entity's newest error: one index read each, in this process.
+        for (item, row) in items.iter_mut().zip(&rows) {
+            let newest = s.engine().store().error_list(row.id, 1).await?;
+            item.last_error = newest.first().map(ErrorEntry::from);
+        }
+    }
+    Ok(Json(EntityPage { items, next, total }))
 }
+
+/// How far `total=true` counts exactly.
+const TOTAL_BOUND: u64 = 10_000;
 
 /// The position after the cursor `a` in the page's order: by id, or (with a key prefix) by
 /// machine and key. `next` gives the form of the order; the other form names an entity,
