@@ -56,12 +56,29 @@ pub struct Entity {
     /// Errors the entity's fault policy counts now (single-entity reads only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub recent_errors: Option<u32>,
+    /// The operator commands, each with whether it would change anything now and, if not,
+    /// why (single-entity reads only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub commands: Option<Vec<CommandOffer>>,
     /// Its newest recorded error (lists with `errors=latest` only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub last_error: Option<ErrorEntry>,
     /// Events queued in its inbox, in processing order (single-entity reads only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub inbox: Option<Vec<QueuedEvent>>,
+}
+
+/// An operator command as offered for an entity now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CommandOffer {
+    /// `pause`, `resume`, `retry`, `release`, `sleep` or `kill`.
+    pub name: String,
+    /// It would change something now.
+    pub applies: bool,
+    /// Why it would not (when it does not apply).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub why: Option<String>,
 }
 
 /// An event waiting in an entity's inbox.
@@ -615,6 +632,7 @@ mod from_store {
                 permitted_events: None,
                 lease_until: None,
                 recent_errors: None,
+                commands: None,
                 last_error: None,
                 inbox: None,
             }
@@ -738,6 +756,7 @@ mod tests {
             permitted_events: None,
             lease_until: None,
             recent_errors: None,
+            commands: None,
             last_error: None,
             inbox: None,
         };

@@ -361,6 +361,12 @@ fn the_dashboard_in_a_browser() {
     assert_eq!(s.get(&format!("/v1/operations/{rid}"))["name"], "vm.resume");
     b.wait_for("document.querySelector('[data-field=run_status]').textContent.includes('active')", WAIT).unwrap();
 
+    // Only the commands that apply are offered: active and at rest, not resume or release.
+    b.wait_for("document.querySelector('#not-offered')?.textContent.includes('resume (already active)')", WAIT)
+        .unwrap();
+    let offered =
+        b.eval("[...document.querySelectorAll('#commands button[data-cmd]')].map(b => b.dataset.cmd)").unwrap();
+    assert!(!offered.as_array().unwrap().contains(&json!("resume")), "{offered}");
     // Kill cannot be undone: its dialog opens with Cancel focused, and Cancel does nothing.
     b.click("button[data-cmd=kill]").unwrap();
     b.wait_for("document.querySelector('#confirm').open", WAIT).unwrap();

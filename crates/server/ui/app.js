@@ -478,9 +478,13 @@ function entity(main, r) {
           <dt>Lease</dt><dd>${e.lease_owner ? `${esc(e.lease_owner)} until ${esc(fmtTime(e.lease_until))}` : "none"}</dd>
           <dt>Recent errors</dt><dd>${e.recent_errors ?? 0}</dd></dl>`
         : `<p class="error">This entity was deleted; its history stays readable.</p>`;
-      if (e && JSON.stringify([e.run_status, e.state]) !== latest) {
-        latest = JSON.stringify([e.run_status, e.state]);
-        $("#commands").innerHTML = commandButtons(e, ["pause", "resume", "retry", "release", "sleep", "kill"]);
+      // Only the commands that would change something; the others say why not.
+      const offers = e?.commands || [];
+      if (e && JSON.stringify(offers) !== latest) {
+        latest = JSON.stringify(offers);
+        const off = offers.filter((c) => !c.applies);
+        $("#commands").innerHTML = commandButtons(e, offers.filter((c) => c.applies).map((c) => c.name))
+          + (canWrite() && off.length ? `<p class="sub" id="not-offered">Not offered: ${off.map((c) => `${esc(c.name)} (${esc(c.why)})`).join(", ")}</p>` : "");
       }
       if (e && canWrite()) {
         const list = (e.permitted_events || []).join(",");

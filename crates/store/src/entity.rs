@@ -119,6 +119,31 @@ pub enum Command {
     Retry,
 }
 
+/// The operator commands an entity is offered, by name, in the order a console shows them.
+pub const COMMANDS: [&str; 6] = ["pause", "resume", "retry", "release", "sleep", "kill"];
+
+/// Whether operator command `name` would change anything on `e` now: `Err` says why not
+/// (a console offers only those that apply, and says why the others do not). The store
+/// still accepts every command on an entity that is not killed; this is what is worth
+/// offering.
+pub fn command_applies(name: &str, e: &EntityRow) -> Result<(), &'static str> {
+    use RunStatus::*;
+    let status = e.run_status;
+    if status == Killed {
+        return Err(if name == "kill" { "already killed" } else { "killed: it takes nothing but kill" });
+    }
+    match name {
+        "pause" if status == Paused => Err("already paused"),
+        "resume" if status == Active => Err("already active"),
+        "retry" if e.auto_at.is_none() && !matches!(status, Fault | Failed) => {
+            Err("no action pending in its state to run again")
+        }
+        "release" if e.lease_owner.is_none() => Err("no engine holds its lease"),
+        "pause" | "resume" | "retry" | "release" | "sleep" | "kill" => Ok(()),
+        _ => Err("not an operator command"),
+    }
+}
+
 impl Command {
     /// The command's name.
     pub fn as_str(self) -> &'static str {
@@ -199,4 +224,59 @@ pub struct SuccessorSnapshot {
     pub successors: Vec<EntityRow>,
     /// The newest change notice of the subscriber, if any.
     pub newest_notice: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{COMMANDS, RunStatus, command_applies};
+    use crate::EntityRow;
+
+    fn entity(status: RunStatus, auto: bool, leased: bool) -> EntityRow {
+        EntityRow {
+            id: 1,
+            machine: "m".into(),
+            key: "k".into(),
+            state: "s".into(),
+            properties: Default::default(),
+            version: 1,
+            retry: 0,
+            created_at: 0,
+            entered_at: 0,
+            auto_at: auto.then_some(5),
+            due_at: None,
+            lease_owner: leased.then(|| "engine-a".into()),
+            lease_until: None,
+            request_id: None,
+            fired: Vec::new(),
+            timer_at: None,
+            run_status: status,
+            sleep_until: None,
+            recent_errors: Vec::new(),
+            event_id: None,
+            machine_hash: None,
+        }
+    }
+
+    fn offered(e: &EntityRow) -> Vec<&'static str> {
+        COMMANDS.into_iter().filter(|c| command_applies(c, e).is_ok()).collect()
+    }
+
+    #[test]
+    fn only_the_commands_that_would_change_something_apply() {
+        // At rest and active, nobody holding it: pause, sleep, kill.
+        assert_eq!(offered(&entity(RunStatus::Active, false, false)), ["pause", "sleep", "kill"]);
+        // Working (an auto action pending, leased): retry and release too.
+        assert_eq!(offered(&entity(RunStatus::Active, true, true)), ["pause", "retry", "release", "sleep", "kill"]);
+        // Parked: resume or retry it.
+        assert_eq!(offered(&entity(RunStatus::Failed, false, false)), ["pause", "resume", "retry", "sleep", "kill"]);
+        assert_eq!(offered(&entity(RunStatus::Paused, false, false)), ["resume", "sleep", "kill"]);
+        assert!(offered(&entity(RunStatus::Killed, true, true)).is_empty());
+        assert_eq!(command_applies("resume", &entity(RunStatus::Active, false, false)), Err("already active"));
+        assert_eq!(
+            command_applies("release", &entity(RunStatus::Active, false, false)),
+            Err("no engine holds its lease")
+        );
+        assert_eq!(command_applies("kill", &entity(RunStatus::Killed, false, false)), Err("already killed"));
+        assert_eq!(command_applies("jump", &entity(RunStatus::Active, false, false)), Err("not an operator command"));
+    }
 }

@@ -48,7 +48,9 @@ pub use bulk::{BulkAdvance, BulkRow};
 pub use changes::{Changed, Changes};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use detail::{ErrorRow, OperationTrace};
-pub use entity::{Command, EntityFilter, EntityRow, NewEntity, RunStatus, SuccessorSnapshot};
+pub use entity::{
+    COMMANDS, Command, EntityFilter, EntityRow, NewEntity, RunStatus, SuccessorSnapshot, command_applies,
+};
 pub use history::{HistoryKind, HistoryRow};
 pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
 pub use machine::MachineRecord;

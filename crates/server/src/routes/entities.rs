@@ -13,7 +13,8 @@ use utoipa_axum::routes;
 use crate::contract::{CURSOR, HEALTH, RUN_STATUS};
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{
-    CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related, Timer, Total, Why,
+    CommandOffer, CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related, Timer,
+    Total, Why,
 };
 use crate::paths::{EntityPath, MachinePath};
 use crate::problem::{Kind, Problem};
@@ -203,6 +204,11 @@ async fn get(
     entity.permitted_events = Some(m.permitted_events(&e.state).map(|ev| ev.name.to_string()).collect());
     entity.lease_until = e.lease_until;
     entity.recent_errors = Some(e.recent_errors.len() as u32);
+    let offer = |name: &str| {
+        let verdict = settle_store::command_applies(name, &e);
+        CommandOffer { name: name.to_string(), applies: verdict.is_ok(), why: verdict.err().map(str::to_string) }
+    };
+    entity.commands = Some(settle_store::COMMANDS.iter().map(|c| offer(c)).collect());
     let inbox =
         s.engine().store().inbox_list(e.id).await.map_err(|err| Problem::new(Kind::Internal, err.to_string()))?;
     entity.inbox =
