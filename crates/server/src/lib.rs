@@ -34,6 +34,7 @@
 
 pub mod auth;
 pub mod browser;
+mod conditional;
 pub mod contract;
 pub mod extract;
 pub mod listen;

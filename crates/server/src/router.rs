@@ -103,6 +103,8 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(Extension(spec))
         .layer(DefaultBodyLimit::max(state.config().max_body))
+        .layer(axum::middleware::from_fn(crate::conditional::etag))
+        .layer(tower_http::compression::CompressionLayer::new())
         .layer(axum::middleware::from_fn_with_state(browser, crate::browser::check))
         .layer(axum::middleware::from_fn(crate::trace::request))
         .with_state(state)

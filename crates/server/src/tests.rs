@@ -1395,3 +1395,44 @@ async fn a_bulk_operation_dry_runs_then_commands_every_match_once() {
     app.call(reader(Req::new("POST", "/v1/bulk/paint-east/cancel"))).await.problem(403, "forbidden");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn gets_are_tagged_answered_304_when_unchanged_and_gzipped_when_asked() {
+    let app = App::new(Tokens::open()).await;
+    let first = app.call(Req::new("GET", "/v1/overview?window=1m")).await;
+    let tag = first.headers[header::ETAG].to_str().unwrap().to_string();
+    assert!(tag.starts_with("W/\""), "{tag}");
+    // Unchanged: 304, no body. The clock moved no whole minute in between, so the body is
+    // the same (`now` aside: the overview says when it was read).
+    let entities = app.call(Req::new("GET", "/v1/entities?limit=5")).await;
+    let etag = entities.headers[header::ETAG].to_str().unwrap().to_string();
+    let again = app.call(Req::new("GET", "/v1/entities?limit=5").header("If-None-Match", &etag)).await;
+    assert_eq!((again.status, again.text.as_str()), (StatusCode::NOT_MODIFIED, ""));
+    assert_eq!(again.headers[header::ETAG], etag.as_str());
+    // Changed: 200 and a new tag.
+    app.post("/v1/machines/door/entities", json!({"key": "new"})).await;
+    let changed = app.call(Req::new("GET", "/v1/entities?limit=5").header("If-None-Match", &etag)).await;
+    assert_eq!(changed.status, StatusCode::OK);
+    assert_ne!(changed.headers[header::ETAG], etag.as_str());
+    // A route's own tag (a definition's hash) is kept and honoured.
+    let def = app.call(Req::new("GET", "/v1/machines/door")).await;
+    let own = def.headers[header::ETAG].to_str().unwrap().to_string();
+    let again = app.call(Req::new("GET", "/v1/machines/door").header("If-None-Match", &own)).await;
+    assert_eq!(again.status, StatusCode::NOT_MODIFIED);
+    // The dashboard's files: gzip for a client that asks, and 304 when unchanged.
+    let js = app.call(Req::new("GET", "/ui/app.js").header("Accept-Encoding", "gzip")).await;
+    assert_eq!(js.headers[header::CONTENT_ENCODING], "gzip");
+    let plain = app.call(Req::new("GET", "/ui/app.js")).await;
+    assert!(plain.headers.get(header::CONTENT_ENCODING).is_none());
+    assert!(plain.text.contains("function"), "plain without Accept-Encoding");
+    let tag = plain.headers[header::ETAG].to_str().unwrap().to_string();
+    let again =
+        app.call(Req::new("GET", "/ui/app.js").header("If-None-Match", &tag).header("Accept-Encoding", "gzip")).await;
+    assert_eq!(again.status, StatusCode::NOT_MODIFIED);
+    // Writes and problems are not tagged.
+    let created = app.call(Req::new("POST", "/v1/machines/door/entities").json(json!({"key": "other"}))).await;
+    assert!(created.headers.get(header::ETAG).is_none());
+    let missing = app.call(Req::new("GET", "/v1/machines/door/entities/nobody")).await;
+    assert!(missing.headers.get(header::ETAG).is_none());
+    app.stop().await;
+}
