@@ -41,6 +41,10 @@ pub struct Entity {
     pub lease_owner: Option<String>,
     /// active, paused, sleeping, fault, failed or killed.
     pub run_status: String,
+    /// The version (hash) of its machine's definition it last moved under (`graph?version=`
+    /// draws that one).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub machine_version: Option<String>,
     /// `error` when its state is declared `health = "error"` (a failure: `…/why` says
     /// why), else `ok`; absent when the server does not serve its machine.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -627,6 +631,7 @@ mod from_store {
                 due_at: e.due_at,
                 lease_owner: e.lease_owner.clone(),
                 run_status: e.run_status.as_str().to_string(),
+                machine_version: e.machine_hash.clone(),
                 health: None,
                 sleep_until: e.sleep_until,
                 permitted_events: None,
@@ -751,6 +756,7 @@ mod tests {
             due_at: None,
             lease_owner: None,
             run_status: "active".into(),
+            machine_version: None,
             health: None,
             sleep_until: None,
             permitted_events: None,

@@ -426,7 +426,22 @@ fn the_dashboard_in_a_browser() {
     b.goto(&s.url("#/machine/vm")).unwrap();
     b.wait_for("document.querySelector('#toml').textContent.includes('[actions.provision]')", WAIT).unwrap();
     b.wait_for("document.querySelector('#diagram svg .state[data-state=\"ready\"]')", WAIT).unwrap();
+    // A heat map: each state with its entities; a state opens its list.
+    let ready = s.get("/v1/entities?machine=vm&state=ready&total=true")["total"]["count"].as_u64().unwrap();
+    b.wait_for(
+        &format!(
+            "document.querySelector('#diagram svg .state[data-state=\"ready\"] .heat')?.textContent === '{ready}'"
+        ),
+        WAIT,
+    )
+    .unwrap();
     page_is_clean(&b, "machine");
+    // (An SVG group has no click(): the event a pointer sends.)
+    b.eval("document.querySelector('#diagram svg .state[data-state=\"ready\"]').dispatchEvent(new MouseEvent('click', {bubbles: true}))")
+        .unwrap();
+    b.wait_for("location.hash === '#/entities?machine=vm&state=ready'", WAIT).unwrap();
+    b.wait_for(&format!("document.querySelectorAll('#entities-table tbody tr[data-key]').length === {ready}"), WAIT)
+        .unwrap();
 
     // Raise a permitted event with its declared parameters filled in, confirmed.
     b.goto(&s.url("#/entity/door/door-1")).unwrap();

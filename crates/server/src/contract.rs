@@ -146,6 +146,7 @@ const PARAMS: &[(&str, &str, Rule)] = &[
     ("query", "timeout", Rule::Text(&DURATION)),
     ("query", "window", Rule::Text(&DURATION)),
     ("query", "format", Rule::Words(FORMAT)),
+    ("query", "version", Rule::Free("2105711d831d")),
     ("query", "machine", Rule::Free("server")),
     ("query", "state", Rule::Free("running")),
     ("query", "prefix", Rule::Free("web-")),

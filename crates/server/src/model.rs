@@ -113,4 +113,7 @@ pub struct RaiseQuery {
 pub struct GraphQuery {
     /// `mermaid` (default), `dot` or `svg`.
     pub format: Option<String>,
+    /// A stored version of the definition (its hash, as `/versions` lists them; an
+    /// entity's `machine_version`): its diagram instead of the current one's.
+    pub version: Option<String>,
 }

@@ -1436,3 +1436,30 @@ async fn gets_are_tagged_answered_304_when_unchanged_and_gzipped_when_asked() {
     assert!(missing.headers.get(header::ETAG).is_none());
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_stored_older_version_is_drawn_when_asked() {
+    let app = App::new(Tokens::open()).await;
+    app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
+    let current = app.get("/v1/machines").await.json()["items"][0]["hash"].as_str().unwrap().to_string();
+    let e = app.get("/v1/machines/door/entities/d").await.json();
+    assert_eq!(e["machine_version"], current.as_str(), "{e}");
+    // An older version, stored as a deployment before this one would have.
+    let old = settle_core::MachineBuilder::new("door")
+        .state("closed")
+        .initial()
+        .state("ajar")
+        .event("nudge", ["closed"], "to_ajar")
+        .action("to_ajar", ["ajar"])
+        .build()
+        .unwrap();
+    let store = app.state.engine().store();
+    settle_store::Store::machine_put(store, "door", &old.content_hash(), &old.canonical_json(), 1).await.unwrap();
+    let svg = app.get(&format!("/v1/machines/door/graph?format=svg&version={}", old.content_hash())).await.text;
+    assert!(svg.contains("data-state=\"ajar\""), "the old version's states");
+    let now = app.get(&format!("/v1/machines/door/graph?format=svg&version={current}")).await.text;
+    assert_eq!(now, app.get("/v1/machines/door/graph?format=svg").await.text);
+    let p = app.get("/v1/machines/door/graph?format=svg&version=nope").await.problem(404, "unknown-machine");
+    assert_eq!(p["field"], "version");
+    app.stop().await;
+}

@@ -416,7 +416,7 @@ function entity(main, r) {
     <div class="actions" id="commands"></div>
     <div class="grid2">
       <div>
-        <h2>State diagram</h2><div class="diagram" id="diagram" aria-live="off"></div>
+        <h2>State diagram</h2><p class="sub" id="diagram-version"></p><div class="diagram" id="diagram" aria-live="off"></div>
         <h2>Properties</h2><div class="panel" id="props"></div>
         ${canWrite() ? `<h2>Raise an event</h2><form class="panel" id="raise">
           <label for="raise-event">Event</label><select id="raise-event" name="event"></select>
@@ -509,7 +509,11 @@ function entity(main, r) {
       const rel = (label, list) => list.length ? `<p>${label}: ${list.slice(0, 50).map((x) => `<a href="${entityHref(x.machine, x.key)}">${esc(x.machine)}/${esc(x.key)}</a> <span class="sub">(${esc(x.state)})</span>`).join(", ")}${list.length > 50 ? ` … and ${list.length - 50} more` : ""}</p>` : "";
       $("#related").innerHTML = (rel("Predecessors", related.predecessors) + rel("Successors", related.successors) +
         (related.subscriptions.length ? simpleTable(["Subscription", "Pattern", "Progress", "Holds"], related.subscriptions.map((s) => [esc(s.event), `<code>${esc(s.pattern)}</code>`, `${s.satisfying} of ${s.selected}`, s.fired ? "fired" : s.holds ? "yes" : "not yet"]), "") : "")) || `<p class="sub">none</p>`;
-      await drawDiagram($("#diagram"), machineName, state, history);
+      // The diagram of the version it runs under (an older one says so).
+      const current = (await servedMachines().catch(() => [])).find((m) => m.name === machineName)?.hash;
+      const version = e?.machine_version && current && e.machine_version !== current ? e.machine_version : null;
+      $("#diagram-version").textContent = version ? `Drawn as version ${version.slice(0, 12)}, the one it runs under (current: ${current.slice(0, 12)}).` : "";
+      await drawDiagram($("#diagram"), machineName, state, history, version);
       $("#timeline").innerHTML = timeline(history, errors);
     },
   };
@@ -538,17 +542,23 @@ function timeline(history, errors) {
       : `<tr class="empty"><td colspan="6">nothing yet</td></tr>`}</tbody></table>`;
 }
 
-async function diagramSvg(name) {
-  if (!app.svg.has(name)) app.svg.set(name, await api(`/v1/machines/${enc(name)}/graph?format=svg`, { text: true }));
-  return app.svg.get(name);
+// A machine's diagram, of a stored version when given (`null`: the current one).
+async function diagramSvg(name, version = null) {
+  const id = version ? `${name}@${version}` : name;
+  if (!app.svg.has(id)) {
+    const v = version ? `&version=${enc(version)}` : "";
+    app.svg.set(id, await api(`/v1/machines/${enc(name)}/graph?format=svg${v}`, { text: true }));
+  }
+  return app.svg.get(id);
 }
 
 // Lights the current state (and the composite states holding it) and marks the states
 // and edges the entity's history went through.
-async function drawDiagram(box, machineName, state, history) {
-  if (!box.dataset.machine) {
-    box.innerHTML = await diagramSvg(machineName);
-    box.dataset.machine = machineName;
+async function drawDiagram(box, machineName, state, history, version = null) {
+  const id = version ? `${machineName}@${version}` : machineName;
+  if (box.dataset.machine !== id) {
+    box.innerHTML = await diagramSvg(machineName, version);
+    box.dataset.machine = id;
   }
   const svg = box.querySelector("svg");
   if (!svg) return;
@@ -771,10 +781,51 @@ function machine(main, r) {
         loaded = true;
       }
       const o = await api("/v1/overview?window=1m");
-      $("#states").innerHTML = simpleTable(["State", "Run status", "Entities"], o.counts.filter((c) => c.machine === name).map((c) => [
+      const mine = o.counts.filter((c) => c.machine === name);
+      $("#states").innerHTML = simpleTable(["State", "Run status", "Entities"], mine.map((c) => [
         `<a href="#/entities?machine=${enc(name)}&state=${enc(c.state)}&status=${enc(c.run_status)}">${esc(c.path)}</a>`, statusCell(c.run_status), String(c.count)]), "no entities");
+      heatMap($("#diagram svg"), name, mine);
     },
   };
+}
+
+// The machine's diagram as a heat map: each state with its entities (a red badge for those
+// parked), and a click (or Enter) on a state opens its list.
+function heatMap(svg, name, counts) {
+  if (!svg) return;
+  const per = new Map();
+  for (const c of counts) {
+    const p = per.get(c.state) || { n: 0, parked: 0 };
+    p.n += c.count;
+    if (c.run_status === "failed" || c.run_status === "fault") p.parked += c.count;
+    per.set(c.state, p);
+  }
+  const NS = "http://www.w3.org/2000/svg";
+  for (const g of svg.querySelectorAll(".state[data-state]")) {
+    const st = g.dataset.state;
+    g.querySelectorAll(".heat").forEach((n) => n.remove());
+    const rect = g.querySelector("rect");
+    const p = per.get(st);
+    if (rect && p) {
+      const x = Number(rect.getAttribute("x")) + Number(rect.getAttribute("width")) - 4;
+      const y = Number(rect.getAttribute("y")) + 12;
+      const t = document.createElementNS(NS, "text");
+      t.setAttribute("class", `heat${p.parked ? " parked" : ""}`);
+      t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("text-anchor", "end");
+      t.textContent = p.parked ? `${p.n} · ${p.parked} parked` : String(p.n);
+      g.appendChild(t);
+    }
+    g.dataset.count = p ? p.n : 0;
+    if (!g.dataset.linked) {
+      g.dataset.linked = "1";
+      g.setAttribute("tabindex", "0");
+      g.setAttribute("role", "link");
+      g.setAttribute("aria-label", `entities in ${st}`);
+      const open = () => { location.hash = `#/entities?machine=${enc(name)}&state=${enc(st)}`; };
+      g.addEventListener("click", open);
+      g.addEventListener("keydown", (ev) => { if (ev.key === "Enter") open(); });
+    }
+  }
 }
 
 document.addEventListener("DOMContentLoaded", () => { boot().catch((e) => showSignIn(explain(e))); });

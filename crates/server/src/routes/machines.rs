@@ -116,7 +116,20 @@ async fn diagram(
         Format::Svg => "image/svg+xml; charset=utf-8",
         _ => "text/plain; charset=utf-8",
     };
-    Ok(([(header::CONTENT_TYPE, content_type)], graph::render(m, format)).into_response())
+    let text = match q.version.as_deref().filter(|v| *v != m.content_hash()) {
+        None => graph::render(m, format),
+        Some(v) => {
+            let stored = settle_store::Store::machine_list(s.engine().store()).await?;
+            let record = stored.iter().find(|r| r.name.as_str() == machine && r.hash == v).ok_or_else(|| {
+                Problem::new(Kind::UnknownMachine, format!("no stored version `{v}` of machine `{machine}`"))
+                    .field("version")
+            })?;
+            let old = settle_core::Machine::from_canonical_json(&record.definition)
+                .map_err(|e| Problem::new(Kind::Internal, format!("stored version `{v}` of `{machine}`: {e}")))?;
+            graph::render(&old, format)
+        }
+    };
+    Ok(([(header::CONTENT_TYPE, content_type)], text).into_response())
 }
 
 /// The stored versions of a machine's definition, oldest first, each with the entities
