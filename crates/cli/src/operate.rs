@@ -26,6 +26,9 @@ pub struct Target {
     /// Idempotency key: a command repeated with the same id is done once.
     #[arg(long)]
     pub(crate) request_id: Option<String>,
+    /// Why: kept with the operation and in the entity's history (`pause: <reason>`).
+    #[arg(long)]
+    pub(crate) reason: Option<String>,
     /// One JSON object.
     #[arg(long)]
     pub(crate) json: bool,
@@ -221,7 +224,8 @@ pub fn run(db: &str, machines: &Machines, target: Target, kind: Kind) -> anyhow:
 
 async fn apply(db: &str, machines: &Machines, t: Target, command: Command) -> anyhow::Result<ExitCode> {
     let engine = crate::engines::start_command_engine(db, machines).await?;
-    let result = engine.command(&t.machine, &t.key, command, t.request_id.clone()).await;
+    let result =
+        engine.command_with_reason(&t.machine, &t.key, command, t.request_id.clone(), t.reason.as_deref()).await;
     engine.shutdown().await;
     let done = result?;
     let entity = settle_client::Entity::from(&done.entity);

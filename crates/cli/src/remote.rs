@@ -115,7 +115,7 @@ pub async fn command(c: &Client, t: Target, kind: Kind) -> anyhow::Result<ExitCo
         Kind::Sleep(until) => Some(until.as_str()),
         _ => None,
     };
-    let entity = c.command_with(&t.machine, &t.key, kind.name(), until, Some(&id)).await?;
+    let entity = c.command_for(&t.machine, &t.key, kind.name(), until, Some(&id), t.reason.as_deref()).await?;
     print::done(&print::Done { entity: &entity, command: kind.name(), request_id: &id, replayed }, t.json);
     Ok(ExitCode::SUCCESS)
 }

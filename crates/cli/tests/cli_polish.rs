@@ -539,9 +539,25 @@ fn bulk_dry_runs_then_runs_on_the_database_and_over_http() {
     );
     let killed = json_lines(&local(&db, &["list", "--machine", "server", "--status", "killed", "--json"]));
     assert_eq!(killed.len() as u64, failed);
+    // The reason travels with each command: in every killed server's history.
+    let last_command = |history: &str| -> String {
+        let rows = json_lines(history);
+        rows.iter().rev().find(|h| h["kind"] == "command").unwrap()["detail"].as_str().unwrap().to_string()
+    };
+    let key = killed[0]["key"].as_str().unwrap().to_string();
+    assert_eq!(last_command(&local(&db, &["history", "server", &key, "--json"])), "kill: clear the failed");
+    // One entity's command with a reason, here and over HTTP below.
+    let ready_key = json_lines(&local(&db, &["list", "--machine", "server", "--state", "ready", "--json"]))[0]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    local(&db, &["pause", "server", &ready_key, "--reason", "looking into it"]);
+    assert_eq!(last_command(&local(&db, &["history", "server", &ready_key, "--json"])), "pause: looking into it");
     // Over HTTP: the server runs it, this process follows it.
     let s = Served::start(&db, None, &[]);
     let run = |args: &[&str]| ok(s.settle(None, args), &format!("settle --server {args:?}"));
+    run(&["resume", "server", &ready_key, "--reason", "all clear"]);
+    assert_eq!(last_command(&run(&["history", "server", &ready_key, "--json"])), "resume: all clear");
     let pause = [
         "bulk",
         "run",

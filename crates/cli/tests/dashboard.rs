@@ -353,12 +353,18 @@ fn the_dashboard_in_a_browser() {
     // Resume, confirmed in the dialog: the flash names the operation, the API says active.
     b.click("button[data-cmd=resume]").unwrap();
     b.wait_for("document.querySelector('#confirm').open", WAIT).unwrap();
+    b.type_into("#cmd-reason", "quota raised in zone b").unwrap();
     b.click("#confirm-ok").unwrap();
     b.wait_for("document.querySelector('#flash').textContent.includes('operation ui-')", WAIT).unwrap();
     let op = b.eval("document.querySelector('#flash a').getAttribute('href')").unwrap();
     let rid = op.as_str().unwrap().trim_start_matches("#/operation/").to_string();
     assert_eq!(s.get("/v1/machines/vm/entities/vm-4")["run_status"], "active");
     assert_eq!(s.get(&format!("/v1/operations/{rid}"))["name"], "vm.resume");
+    // The reason travelled with the command: in the operation and in the history.
+    assert_eq!(s.get(&format!("/v1/operations/{rid}"))["dimensions"]["reason"], "quota raised in zone b");
+    let history = s.get("/v1/machines/vm/entities/vm-4/history");
+    let last = history.as_array().unwrap().iter().rev().find(|h| h["kind"] == "command").unwrap();
+    assert_eq!(last["detail"], "resume: quota raised in zone b");
     b.wait_for("document.querySelector('[data-field=run_status]').textContent.includes('active')", WAIT).unwrap();
 
     // Only the commands that apply are offered: active and at rest, not resume or release.
@@ -490,6 +496,21 @@ fn the_dashboard_in_a_browser() {
     assert_eq!(bulk["reason"], "quota raised in zone d");
     assert_eq!(s.get("/v1/entities?status=failed&machine=vm")["items"], json!([]), "every parked vm resumed");
     b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 0", WAIT).unwrap();
+    // Entities: the total and pages both ways.
+    let vms = s.get("/v1/entities?machine=vm&total=true")["total"]["count"].as_u64().unwrap();
+    assert!(vms > 50, "{vms}");
+    b.goto(&s.url("#/entities?machine=vm")).unwrap();
+    b.wait_for(
+        &format!("document.querySelector('#entities-total').textContent === '{vms} matching · showing 1–50'"),
+        WAIT,
+    )
+    .unwrap();
+    b.click("#next").unwrap();
+    b.wait_for(&format!("document.querySelector('#entities-total').textContent.endsWith('showing 51–{vms}')"), WAIT)
+        .unwrap();
+    b.click("#prev").unwrap();
+    b.wait_for("document.querySelector('#entities-total').textContent.endsWith('showing 1–50')", WAIT).unwrap();
+    assert_eq!(b.eval("document.querySelector('#prev').disabled").unwrap(), json!(true));
 
     // A reader sees everything and no button.
     sign_out(&b);

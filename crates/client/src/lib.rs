@@ -390,7 +390,24 @@ impl Client {
         until: Option<&str>,
         idempotency_key: Option<&str>,
     ) -> Result<Entity, Error> {
-        let path = format!("/v1/machines/{}/entities/{}/{}", seg(machine), seg(key), seg(command));
+        self.command_for(machine, key, command, until, idempotency_key, None).await
+    }
+
+    /// [`Client::command_with`] with the operator's reason, kept with the operation and in
+    /// the entity's history.
+    pub async fn command_for(
+        &self,
+        machine: &str,
+        key: &str,
+        command: &str,
+        until: Option<&str>,
+        idempotency_key: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<Entity, Error> {
+        let mut path = format!("/v1/machines/{}/entities/{}/{}", seg(machine), seg(key), seg(command));
+        if let Some(r) = reason {
+            path.push_str(&format!("?reason={}", seg(r)));
+        }
         let body = until.map(|u| json!({"until": u})).unwrap_or_else(|| json!({}));
         let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("idempotency-key", k)).into_iter().collect();
         Ok(self.call(Method::POST, &path, Some(&body), &headers, Self::TIMEOUT).await?.1)

@@ -422,7 +422,8 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
         for (i, e) in chunk.iter().enumerate() {
             let (engine, request_id, action, e) =
                 (engine.clone(), row.request_id.clone(), action.clone(), (*e).clone());
-            set.spawn(async move { (i, one(&engine, &request_id, &action, &e).await) });
+            let reason = row.reason.clone();
+            set.spawn(async move { (i, one(&engine, &request_id, &reason, &action, &e).await) });
         }
         let mut results: Vec<(usize, Result<()>)> = set.join_all().await;
         results.sort_by_key(|(i, _)| *i);
@@ -464,10 +465,18 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
 }
 
 /// One entity's command (or event) within bulk operation `request_id`.
-async fn one<S: Store + Clone>(engine: &Engine<S>, request_id: &str, action: &BulkAction, e: &EntityRow) -> Result<()> {
+async fn one<S: Store + Clone>(
+    engine: &Engine<S>,
+    request_id: &str,
+    reason: &str,
+    action: &BulkAction,
+    e: &EntityRow,
+) -> Result<()> {
     let id = entity_request_id(request_id, e.id);
     match action {
-        BulkAction::Command(c) => engine.command(&e.machine, &e.key, *c, Some(id)).await.map(|_| ()),
+        BulkAction::Command(c) => {
+            engine.command_with_reason(&e.machine, &e.key, *c, Some(id), Some(reason)).await.map(|_| ())
+        }
         BulkAction::Raise { event, params } => {
             let options = RaiseOptions {
                 params: params.clone(),

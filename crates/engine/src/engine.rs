@@ -156,8 +156,21 @@ impl<S: Store> Engine<S> {
         command: Command,
         request_id: Option<String>,
     ) -> Result<Commanded> {
+        self.command_with_reason(machine, key, command, request_id, None).await
+    }
+
+    /// [`Engine::command`] with the operator's reason: kept with the operation (its
+    /// dimension `reason`) and in the entity's history (`pause: <reason>`).
+    pub async fn command_with_reason(
+        &self,
+        machine: &str,
+        key: &str,
+        command: Command,
+        request_id: Option<String>,
+        reason: Option<&str>,
+    ) -> Result<Commanded> {
         let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let op = command_op(&self.inner.registry, machine, key, command, &request_id)?;
+        let op = command_op(&self.inner.registry, machine, key, command, &request_id, reason)?;
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Command { op, reply })?;
         match rx.await.map_err(|_| Error::Stopped)?? {
@@ -716,8 +729,13 @@ pub(crate) fn command_op(
     key: &str,
     command: Command,
     request_id: &str,
+    reason: Option<&str>,
 ) -> Result<Op> {
     let m = registry.machine(machine)?;
+    let mut dimensions = serde_json::json!({"machine": machine, "command": command.as_str()});
+    if let Some(r) = reason.map(str::trim).filter(|r| !r.is_empty()) {
+        dimensions["reason"] = serde_json::json!(r);
+    }
     Ok(Op::Command {
         machine: m.name().clone(),
         key: EntityKey::new(key),
@@ -725,7 +743,7 @@ pub(crate) fn command_op(
         operation: Some(OpenOperation {
             request_id: request_id.to_string(),
             name: format!("{machine}.{}", command.as_str()),
-            dimensions: serde_json::json!({"machine": machine, "command": command.as_str()}),
+            dimensions,
         }),
     })
 }

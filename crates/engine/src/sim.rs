@@ -137,7 +137,7 @@ impl<S: Store + Clone> SimNode<S> {
         command: Command,
         request_id: &str,
     ) -> Result<Reply<Option<EntityRow>>> {
-        let op = command_op(&self.registry, machine, key, command, request_id)?;
+        let op = command_op(&self.registry, machine, key, command, request_id, None)?;
         let (reply, rx) = oneshot::channel();
         self.scheduler.on_msg(Msg::Command { op, reply });
         Ok(rx)

@@ -91,6 +91,11 @@ async fn a_bulk_command_reaches_each_matching_entity_once() {
             }
             assert_eq!(e.run_status.as_str(), "paused", "{key}");
             assert_eq!(commands(&engine, &key).await, [entity_request_id("pause-a", e.id)], "{key}");
+            if i == 0 {
+                let history = engine.history("job", &key).await.unwrap();
+                let detail = history.iter().rev().find(|h| h.kind == HistoryKind::Command).unwrap().detail.clone();
+                assert_eq!(detail.as_deref(), Some("pause: maintenance window 42"), "the bulk's reason travels");
+            }
         }
         for i in 0..20 {
             assert_eq!(engine.get("job", &format!("b-{i:03}")).await.unwrap().unwrap().run_status.as_str(), "active");

@@ -147,6 +147,7 @@ const PARAMS: &[(&str, &str, Rule)] = &[
     ("query", "window", Rule::Text(&DURATION)),
     ("query", "format", Rule::Words(FORMAT)),
     ("query", "version", Rule::Free("2105711d831d")),
+    ("query", "reason", Rule::Free("maintenance window")),
     ("query", "machine", Rule::Free("server")),
     ("query", "state", Rule::Free("running")),
     ("query", "prefix", Rule::Free("web-")),

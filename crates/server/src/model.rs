@@ -70,6 +70,15 @@ pub struct EntityQuery {
     pub errors: Option<String>,
 }
 
+/// Query of the operator commands (`POST …/pause` and the others).
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct CommandQuery {
+    /// Why: kept with the operation (its dimension `reason`) and in the entity's history.
+    pub reason: Option<String>,
+}
+
 /// Query of `GET /v1/overview`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]

@@ -1463,3 +1463,27 @@ async fn a_stored_older_version_is_drawn_when_asked() {
     assert_eq!(p["field"], "version");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_reason_travels_with_an_operator_command() {
+    let app = App::new(Tokens::open()).await;
+    app.post("/v1/machines/door/entities", json!({"key": "d"})).await;
+    let r = app
+        .call(
+            Req::new("POST", "/v1/machines/door/entities/d/pause?reason=painting%20the%20hall")
+                .header("Idempotency-Key", "p-1"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let op = app.get("/v1/operations/p-1").await.json();
+    assert_eq!(op["dimensions"]["reason"], "painting the hall", "{op}");
+    let h = app.get("/v1/machines/door/entities/d/history").await.json();
+    assert_eq!(h.as_array().unwrap().last().unwrap()["detail"], "pause: painting the hall");
+    // Without one, the command alone; an unknown query parameter is refused.
+    app.post("/v1/machines/door/entities/d/resume", json!({})).await;
+    let h = app.get("/v1/machines/door/entities/d/history").await.json();
+    assert_eq!(h.as_array().unwrap().last().unwrap()["detail"], "resume");
+    let p = app.call(Req::new("POST", "/v1/machines/door/entities/d/pause?why=x")).await.problem(400, "bad-request");
+    assert_eq!(p["field"], "why");
+    app.stop().await;
+}

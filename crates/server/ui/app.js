@@ -241,12 +241,16 @@ async function command(e, cmd, done) {
   let body;
   let extra = "";
   if (cmd === "sleep") extra = `<label for="sleep-until">Until (+duration or RFC 3339 UTC)</label><input id="sleep-until" value="+10m">`;
+  // The reason travels with the command: kept with its operation and in the history.
+  extra += `<label for="cmd-reason">Reason (kept with the operation and in the history)</label><input id="cmd-reason">`;
   const ok = await confirmAction(`${cmd[0].toUpperCase()}${cmd.slice(1)} ${e.machine}/${e.key}?`, COMMANDS[cmd], extra, cmd === "kill");
   if (!ok) return;
   if (cmd === "sleep") body = { until: $("#sleep-until").value.trim() };
+  const reason = $("#cmd-reason").value.trim();
   const id = requestId();
   try {
-    const r = await api(`/v1/machines/${enc(e.machine)}/entities/${enc(e.key)}/${cmd}`, { method: "POST", body, headers: { "Idempotency-Key": id } });
+    const q = reason ? `?reason=${enc(reason)}` : "";
+    const r = await api(`/v1/machines/${enc(e.machine)}/entities/${enc(e.key)}/${cmd}${q}`, { method: "POST", body, headers: { "Idempotency-Key": id } });
     flash(`${esc(cmd)} ${esc(e.key)}: now <strong>${esc(r.run_status)}</strong> · operation ${opLink(id)}`);
   } catch (err) {
     flash(`<span>${esc(cmd)} ${esc(e.key)} failed: ${esc(err.message)}</span>`);
@@ -356,7 +360,8 @@ function entities(main, r) {
       <div><button type="submit">Filter</button></div>
     </form>
     <div class="scroll"><table id="entities-table"><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th></tr></thead><tbody id="rows"></tbody></table></div>
-    <div class="pager"><button type="button" class="secondary" id="first">First page</button><button type="button" class="secondary" id="next">Next page</button></div>`;
+    <p id="entities-total" class="sub" aria-live="polite"></p>
+    <div class="pager"><button type="button" class="secondary" id="first">First page</button><button type="button" class="secondary" id="prev">Previous page</button><button type="button" class="secondary" id="next">Next page</button></div>`;
   const form = $("#filters");
   const fill = async () => {
     const ms = await servedMachines();
@@ -381,19 +386,43 @@ function entities(main, r) {
     for (const [k, v] of new FormData(form)) if (v) p.set(k, v);
     location.hash = `#/entities?${p}`;
   });
+  // Pages both ways: `back` holds the cursors of the pages before this one.
   let next = null;
-  $("#first").addEventListener("click", () => { const p = new URLSearchParams(q); p.delete("after"); location.hash = `#/entities?${p}`; });
-  $("#next").addEventListener("click", () => { if (!next) return; const p = new URLSearchParams(q); p.set("after", next); location.hash = `#/entities?${p}`; });
+  const back = (q.get("back") || "").split(",").filter(Boolean).map(decodeURIComponent);
+  const at = (p) => { location.hash = `#/entities?${p}`; };
+  $("#first").addEventListener("click", () => { const p = new URLSearchParams(q); p.delete("after"); p.delete("back"); at(p); });
+  $("#prev").addEventListener("click", () => {
+    const p = new URLSearchParams(q);
+    const last = back[back.length - 1];
+    if (last && last !== "0") p.set("after", last); else p.delete("after");
+    if (back.length > 1) p.set("back", back.slice(0, -1).map(enc).join(",")); else p.delete("back");
+    at(p);
+  });
+  $("#next").addEventListener("click", () => {
+    if (!next) return;
+    const p = new URLSearchParams(q);
+    p.set("back", back.concat([q.get("after") || "0"]).map(enc).join(","));
+    p.set("after", next);
+    at(p);
+  });
+  let shown = null;
   return {
     title: "Entities",
     async refresh() {
       const p = new URLSearchParams();
       for (const k of ["machine", "state", "status", "health", "prefix", "after"]) if (q.get(k)) p.set(k, q.get(k));
       p.set("limit", "50");
+      p.set("total", "true");
       const page = await api(`/v1/entities?${p}`);
       next = page.next;
-      $("#rows").innerHTML = entityRows(page.items);
+      const t = page.total;
+      const from = back.length * 50;
+      $("#entities-total").textContent = `${t.exact ? t.count : `more than ${t.count}`} matching`
+        + (page.items.length ? ` · showing ${from + 1}–${from + page.items.length}` : "");
+      const text = JSON.stringify(page.items.map((e) => [e.machine, e.key, e.version, e.run_status, e.health]));
+      if (text !== shown) { shown = text; $("#rows").innerHTML = entityRows(page.items); } // unchanged: keep selection
       $("#next").disabled = !next;
+      $("#prev").disabled = !back.length;
       $("#first").disabled = !q.get("after");
     },
   };
@@ -612,21 +641,21 @@ function parked(main, r) {
     go(p);
   });
   // Pages both ways: `after` is where this page starts; `back` the cursors of the pages before.
-  const back = (q.get("back") || "").split(",").filter(Boolean);
+  const back = (q.get("back") || "").split(",").filter(Boolean).map(decodeURIComponent);
   let next = null;
   $("#p-first").addEventListener("click", () => go(base()));
   $("#p-prev").addEventListener("click", () => {
     const p = base();
     const prev = back.slice(0, -1);
     if (back.length && back[back.length - 1] !== "0") p.set("after", back[back.length - 1]);
-    if (prev.length) p.set("back", prev.join(","));
+    if (prev.length) p.set("back", prev.map(enc).join(","));
     go(p);
   });
   $("#p-next").addEventListener("click", () => {
     if (!next) return;
     const p = base();
     p.set("after", next);
-    p.set("back", back.concat([q.get("after") || "0"]).join(","));
+    p.set("back", back.concat([q.get("after") || "0"]).map(enc).join(","));
     go(p);
   });
   if (canWrite()) $("#bulk-resume").addEventListener("click", () => bulkResume({ status, ...(machine ? { machine } : {}) }));

@@ -6,8 +6,8 @@ use settle_engine::Command;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::extract::{IdempotencyKey, JsonBody, Path};
-use crate::model::{Entity, SleepRequest};
+use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
+use crate::model::{CommandQuery, Entity, SleepRequest};
 use crate::paths::EntityPath;
 use crate::problem::{Kind, Problem};
 use crate::routes::live_entity;
@@ -30,9 +30,10 @@ async fn apply(
     key: &str,
     command: Command,
     request_id: Option<String>,
+    reason: Option<String>,
 ) -> Result<Json<Entity>, Problem> {
     live_entity(s, machine, key).await?;
-    let done = s.engine().command(machine, key, command, request_id).await?;
+    let done = s.engine().command_with_reason(machine, key, command, request_id, reason.as_deref()).await?;
     Ok(Json(s.entity(&done.entity)))
 }
 
@@ -48,7 +49,7 @@ macro_rules! lifecycle {
             operation_id = $id,
             path = $path,
             tag = "lifecycle",
-            params(EntityPath, ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id")),
+            params(EntityPath, CommandQuery, ("Idempotency-Key" = Option<String>, Header, description = "the operation's request id")),
             $($body)*
             responses(
                 (status = 200, description = "the entity afterwards", body = Entity),
@@ -70,8 +71,9 @@ macro_rules! command {
                 State(s): State<AppState>,
                 Path(EntityPath { machine, key }): Path<EntityPath>,
                 IdempotencyKey(request_id): IdempotencyKey,
+                Query(q): Query<CommandQuery>,
             ) -> Result<Json<Entity>, Problem> {
-                apply(&s, &machine, &key, $command, request_id).await
+                apply(&s, &machine, &key, $command, request_id, q.reason).await
             }
         );
     };
@@ -122,10 +124,11 @@ lifecycle!(
         State(s): State<AppState>,
         Path(EntityPath { machine, key }): Path<EntityPath>,
         IdempotencyKey(request_id): IdempotencyKey,
+        Query(q): Query<CommandQuery>,
         JsonBody(body): JsonBody<SleepRequest>,
     ) -> Result<Json<Entity>, Problem> {
         let until = settle_core::time::parse_time(&body.until, s.engine().clock().now_ms())
             .map_err(|e| Problem::new(Kind::InvalidBody, e).field("until"))?;
-        apply(&s, &machine, &key, Command::Sleep { until }, request_id).await
+        apply(&s, &machine, &key, Command::Sleep { until }, request_id, q.reason).await
     }
 );

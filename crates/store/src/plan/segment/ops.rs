@@ -52,6 +52,7 @@ impl Work {
             }
         };
         let request_id = operation.map(|o| o.request_id.clone());
+        let reason = operation.and_then(|o| o.dimensions.get("reason")).and_then(|r| r.as_str());
         let s = &mut self.slots[slot];
         let from = s.cur.state.clone();
         s.cur = effect.row.clone();
@@ -79,7 +80,11 @@ impl Work {
                 kind: HistoryKind::Command.as_str(),
                 request_id: request_id.clone(),
                 at: self.now,
-                detail: Some(c.as_str().to_string()),
+                // The command, with the reason the operator gave (the operation's `reason`).
+                detail: Some(match reason {
+                    Some(r) => format!("{}: {r}", c.as_str()),
+                    None => c.as_str().to_string(),
+                }),
                 ..HistoryInsert::default()
             },
         ));
