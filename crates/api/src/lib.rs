@@ -179,6 +179,9 @@ pub struct Operation {
 pub struct OperationList {
     /// The operations.
     pub items: Vec<Operation>,
+    /// The cursor of the next (older) page (pass it as `before`), or null on the last.
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 /// `GET /v1/overview`: the fleet at a glance, read from counts the store keeps in every

@@ -496,6 +496,29 @@ fn the_dashboard_in_a_browser() {
     assert_eq!(bulk["reason"], "quota raised in zone d");
     assert_eq!(s.get("/v1/entities?status=failed&machine=vm")["items"], json!([]), "every parked vm resumed");
     b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 0", WAIT).unwrap();
+    // Operations: older pages and back; a request id opens its operation.
+    let ops = s.get("/v1/operations?limit=100");
+    assert!(ops["next"].is_string(), "more than 100 operations by now");
+    b.goto(&s.url("#/operations")).unwrap();
+    b.wait_for("document.querySelectorAll('#ops-table tbody tr[data-request]').length === 100", WAIT).unwrap();
+    let first = b.eval("document.querySelector('#ops-table tbody tr[data-request]').dataset.request").unwrap();
+    b.click("#o-next").unwrap();
+    b.wait_for("location.hash.includes('before=')", WAIT).unwrap();
+    b.wait_for(
+        &format!("document.querySelector('#ops-table tbody tr[data-request]')?.dataset.request !== {first}"),
+        WAIT,
+    )
+    .unwrap();
+    b.click("#o-prev").unwrap();
+    b.wait_for(
+        &format!("document.querySelector('#ops-table tbody tr[data-request]')?.dataset.request === {first}"),
+        WAIT,
+    )
+    .unwrap();
+    page_is_clean(&b, "operations pages");
+    b.type_into("#f-request", first.as_str().unwrap()).unwrap();
+    b.click("#find button[type=submit]").unwrap();
+    b.wait_for(&format!("location.hash === '#/operation/' + encodeURIComponent({first})"), WAIT).unwrap();
     // Entities: the total and pages both ways.
     let vms = s.get("/v1/entities?machine=vm&total=true")["total"]["count"].as_u64().unwrap();
     assert!(vms > 50, "{vms}");

@@ -69,6 +69,10 @@ text!(
     /// or as `machine/key` (`next` of a page by key prefix).
     CURSOR = r"^[0-9]{1,18}$|/", example "1042"
 );
+text!(
+    /// The cursor of a page of operations: `next` of the previous page (an operation's id).
+    OPERATION_CURSOR = r"^[1-9][0-9]{0,17}$", example "1042"
+);
 
 /// An integer constraint (inclusive).
 #[derive(Debug, Clone, Copy)]
@@ -104,11 +108,17 @@ pub const WAIT_MS: Range = Range { min: 0, max: 86_400_000, default: 20_000 };
 /// How long a report may put off the entered state's auto action, in ms (a year at most).
 pub const DELAY_MS: Range = Range { min: 0, max: 31_536_000_000, default: 0 };
 
+/// A bulk operation's rate, in entities a second.
+pub const BULK_RATE: Range =
+    Range { min: 1, max: settle_engine::MAX_RATE as u64, default: settle_engine::DEFAULT_RATE as u64 };
+
 /// A word from a fixed set.
 pub type Words = &'static [&'static str];
 
 /// Run statuses (`status` of `GET /v1/entities`).
 pub const RUN_STATUS: Words = &["active", "paused", "sleeping", "fault", "failed", "killed"];
+/// What a bulk operation does to each entity.
+pub const BULK_ACTION: Words = &["pause", "resume", "retry", "release", "kill", "raise"];
 /// A state's health (`health` of `GET /v1/entities`).
 pub const HEALTH: Words = &["ok", "error"];
 /// Operation outcomes, and `open` for operations still running.
@@ -137,6 +147,7 @@ const PARAMS: &[(&str, &str, Rule)] = &[
     ("header", "Idempotency-Key", Rule::Text(&IDEMPOTENCY_KEY)),
     ("query", "limit", Rule::Range(LIMIT)),
     ("query", "after", Rule::Text(&CURSOR)),
+    ("query", "before", Rule::Text(&OPERATION_CURSOR)),
     ("query", "status", Rule::Words(RUN_STATUS)),
     ("query", "health", Rule::Words(HEALTH)),
     ("query", "errors", Rule::Words(&["latest"])),
@@ -170,6 +181,10 @@ const FIELDS: &[(&str, &str, Rule)] = &[
     ("NextTasks", "max", Rule::Range(TASKS)),
     ("ReportMany", "reports", Rule::Count(TASKS)),
     ("SleepRequest", "until", Rule::Time),
+    ("BulkRequest", "action", Rule::Words(BULK_ACTION)),
+    ("BulkRequest", "rate", Rule::Range(BULK_RATE)),
+    ("BulkFilter", "status", Rule::Words(RUN_STATUS)),
+    ("BulkFilter", "health", Rule::Words(HEALTH)),
 ];
 
 use Kind::*;
@@ -495,6 +510,14 @@ mod tests {
         assert_eq!(LIMIT.parse("0"), None);
         assert_eq!(LIMIT.parse("1001"), None);
         assert_eq!(LIMIT.parse("99999999999999999999999"), None);
+    }
+
+    #[test]
+    fn bulk_actions_are_the_engines() {
+        for a in BULK_ACTION {
+            let event = (*a == "raise").then_some("e");
+            assert!(settle_engine::BulkAction::parse(a, event, serde_json::Value::Null).is_ok(), "{a}");
+        }
     }
 
     #[test]

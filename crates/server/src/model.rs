@@ -98,6 +98,8 @@ pub struct OperationQuery {
     pub outcome: Option<String>,
     /// At most this many (default 100, at most 1000).
     pub limit: Option<String>,
+    /// The cursor: `next` of the previous page (older operations follow).
+    pub before: Option<String>,
 }
 
 /// Query of `POST .../events/{event}`.

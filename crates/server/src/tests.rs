@@ -1487,3 +1487,22 @@ async fn a_reason_travels_with_an_operator_command() {
     assert_eq!(p["field"], "why");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn operations_page_older_with_a_cursor() {
+    let app = App::new(Tokens::open()).await;
+    for key in ["a", "b", "c", "d", "e"] {
+        app.post("/v1/machines/door/entities", json!({"key": key})).await;
+    }
+    let mut seen = Vec::new();
+    let mut page = app.get("/v1/operations?limit=2").await.json();
+    loop {
+        seen.extend(page["items"].as_array().unwrap().iter().map(|o| o["key"].as_str().unwrap().to_string()));
+        let Some(next) = page["next"].as_str() else { break };
+        page = app.get(&format!("/v1/operations?limit=2&before={next}")).await.json();
+    }
+    assert_eq!(seen, ["e", "d", "c", "b", "a"], "newest first, each once");
+    let p = app.get("/v1/operations?before=abc").await.problem(400, "bad-request");
+    assert_eq!(p["field"], "before");
+    app.stop().await;
+}

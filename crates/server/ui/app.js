@@ -723,22 +723,61 @@ async function bulkResume(filter) {
 
 // ---- operations ----------------------------------------------------------------------------
 
+// An operation's outcome: `open`, or `open · failing` once it met an error (it ends failed).
+function outcomeCell(o) {
+  if (o.outcome) return `<span class="outcome-${esc(o.outcome)}">${esc(o.outcome)}</span>`;
+  return o.error ? `<span class="outcome-failed" title="still running; it met an error and will end failed">open · failing</span>` : `<span class="outcome-open">open</span>`;
+}
+
 function operations(main, r) {
-  const outcome = r.query.get("outcome") || "";
+  const q = r.query;
+  const outcome = q.get("outcome") || "";
   main.innerHTML = `<h1>Operations</h1>
     <form class="filters" id="filters"><div><label for="f-outcome">Outcome</label><select id="f-outcome"><option value="">any</option>
       ${["open", "success", "failed", "canceled", "hung"].map((o) => `<option>${o}</option>`).join("")}</select></div><div><button type="submit">Filter</button></div></form>
-    <div class="scroll"><table id="ops-table"><thead><tr><th>Request id</th><th>Name</th><th>Entity</th><th>Started</th><th class="num">ms</th><th>Outcome</th><th>Error</th></tr></thead><tbody id="rows"></tbody></table></div>`;
+    <form class="filters" id="find"><div><label for="f-request">Request id</label><input id="f-request" size="40"></div><div><button type="submit" class="secondary">Open</button></div></form>
+    <div class="scroll"><table id="ops-table"><thead><tr><th>Request id</th><th>Name</th><th>Entity</th><th>Started</th><th class="num">ms</th><th>Outcome</th><th>Error</th></tr></thead><tbody id="rows"></tbody></table></div>
+    <div class="pager"><button type="button" class="secondary" id="o-first">Newest</button><button type="button" class="secondary" id="o-prev">Newer page</button><button type="button" class="secondary" id="o-next">Older page</button></div>`;
   $("#f-outcome").value = outcome;
-  $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); const o = $("#f-outcome").value; location.hash = o ? `#/operations?outcome=${enc(o)}` : "#/operations"; });
+  const base = () => { const p = new URLSearchParams(); if (outcome) p.set("outcome", outcome); return p; };
+  const go = (p) => { location.hash = `#/operations${[...p].length ? `?${p}` : ""}`; };
+  $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); const p = new URLSearchParams(); if ($("#f-outcome").value) p.set("outcome", $("#f-outcome").value); go(p); });
+  $("#find").addEventListener("submit", (ev) => { ev.preventDefault(); const id = $("#f-request").value.trim(); if (id) location.hash = `#/operation/${enc(id)}`; });
+  const back = (q.get("back") || "").split(",").filter(Boolean).map(decodeURIComponent);
+  let next = null, shown = null;
+  $("#o-first").addEventListener("click", () => go(base()));
+  $("#o-prev").addEventListener("click", () => {
+    const p = base();
+    const last = back[back.length - 1];
+    if (last && last !== "0") p.set("before", last);
+    if (back.length > 1) p.set("back", back.slice(0, -1).map(enc).join(","));
+    go(p);
+  });
+  $("#o-next").addEventListener("click", () => {
+    if (!next) return;
+    const p = base();
+    p.set("back", back.concat([q.get("before") || "0"]).map(enc).join(","));
+    p.set("before", next);
+    go(p);
+  });
   return {
     title: "Operations",
     async refresh() {
-      const list = await api(`/v1/operations?limit=100${outcome ? `&outcome=${enc(outcome)}` : ""}`);
-      $("#rows").innerHTML = list.items.length ? list.items.map((o) => `<tr><td>${opLink(o.request_id)}</td><td>${esc(o.name)}</td>
+      const p = base();
+      p.set("limit", "100");
+      if (q.get("before")) p.set("before", q.get("before"));
+      const list = await api(`/v1/operations?${p}`);
+      next = list.next;
+      $("#o-next").disabled = !next;
+      $("#o-prev").disabled = !back.length;
+      $("#o-first").disabled = !q.get("before");
+      const text = JSON.stringify(list.items.map((o) => [o.request_id, o.outcome, o.error, o.ended_at]));
+      if (text === shown) return; // unchanged: keep selection
+      shown = text;
+      $("#rows").innerHTML = list.items.length ? list.items.map((o) => `<tr data-request="${esc(o.request_id)}"><td>${opLink(o.request_id)}</td><td>${esc(o.name)}</td>
         <td>${o.machine && o.key ? `<a href="${entityHref(o.machine, o.key)}" class="wrap">${esc(o.machine)}/${esc(o.key)}</a>` : "–"}</td>
         <td title="${esc(fmtTime(o.started_at))}">${esc(ago(o.started_at))}</td><td class="num">${o.ended_at ? o.ended_at - o.started_at : "–"}</td>
-        <td class="outcome-${esc(o.outcome || "open")}">${esc(o.outcome || "open")}</td><td class="wrap">${esc(o.error ?? "")}</td></tr>`).join("")
+        <td>${outcomeCell(o)}</td><td class="wrap">${esc(o.error ?? "")}</td></tr>`).join("")
         : `<tr class="empty"><td colspan="7">no operations</td></tr>`;
     },
   };
@@ -755,7 +794,7 @@ function operation(main, r) {
     async refresh() {
       const t = await api(`/v1/operations/${enc(id)}/trace`);
       const o = t.operation;
-      $("#op").innerHTML = `<dl class="props"><dt>Name</dt><dd>${esc(o.name)}</dd><dt>Outcome</dt><dd class="outcome-${esc(o.outcome || "open")}">${esc(o.outcome || "open")}</dd>
+      $("#op").innerHTML = `<dl class="props"><dt>Name</dt><dd>${esc(o.name)}</dd><dt>Outcome</dt><dd>${outcomeCell(o)}</dd>
         <dt>Started</dt><dd>${esc(fmtTime(o.started_at))}</dd><dt>Ended</dt><dd>${esc(fmtTime(o.ended_at))}</dd>
         <dt>Error</dt><dd class="wrap">${esc(o.error ?? "none")}</dd><dt>Restarts lived through</dt><dd>${o.restart_count}</dd></dl>`;
       $("#touched").innerHTML = `<table><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th></tr></thead><tbody>${entityRows(t.entities)}</tbody></table>${t.truncated ? `<p class="sub">Only the first 1000 are listed.</p>` : ""}`;

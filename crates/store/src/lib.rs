@@ -190,6 +190,14 @@ pub trait Store: Send + Sync + 'static {
         outcome: Option<String>,
         limit: u64,
     ) -> impl Future<Output = Result<Vec<OperationRow>>> + Send;
+    /// A page of operations, newest first, older than operation `before` (its store id;
+    /// `None`: the newest), optionally only those with `outcome` (`open`: not ended).
+    fn operation_page(
+        &self,
+        outcome: Option<String>,
+        before: Option<i64>,
+        limit: u64,
+    ) -> impl Future<Output = Result<Vec<OperationRow>>> + Send;
     /// Moves every entity of `machine` in an old state to its new state (a definition
     /// upgrade that renamed states), recording it in history. Returns how many moved.
     fn machine_migrate(

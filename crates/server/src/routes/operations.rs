@@ -36,8 +36,20 @@ async fn list(State(s): State<AppState>, Query(q): Query<OperationQuery>) -> Res
         return Err(unknown_word("outcome", "outcome", o, OUTCOME));
     }
     let limit = parse_limit(q.limit.as_deref())?;
-    let rows = settle_store::Store::operation_list(s.engine().store(), q.outcome, limit).await?;
-    Ok(Json(OperationList { items: rows.iter().map(Operation::from).collect() }))
+    let before = match q.before.as_deref() {
+        None => None,
+        Some(b) => {
+            Some(b.parse::<i64>().ok().filter(|_| crate::contract::OPERATION_CURSOR.matches(b)).ok_or_else(|| {
+                Problem::new(Kind::BadRequest, format!("before must be a `next` of this list, not `{b}`"))
+                    .field("before")
+            })?)
+        }
+    };
+    let mut rows = settle_store::Store::operation_page(s.engine().store(), q.outcome, before, limit + 1).await?;
+    let more = rows.len() as u64 > limit;
+    rows.truncate(limit as usize);
+    let next = rows.last().filter(|_| more).map(|o| o.id.to_string());
+    Ok(Json(OperationList { items: rows.iter().map(Operation::from).collect(), next }))
 }
 
 /// One operation, by request id.

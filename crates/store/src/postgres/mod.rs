@@ -484,7 +484,16 @@ impl Store for PgStore {
     }
 
     async fn operation_list(&self, outcome: Option<String>, limit: u64) -> Result<Vec<OperationRow>> {
-        self.on_reader(move |c| read::operation_list(c, outcome.as_deref(), limit)).await
+        self.operation_page(outcome, None, limit).await
+    }
+
+    async fn operation_page(
+        &self,
+        outcome: Option<String>,
+        before: Option<i64>,
+        limit: u64,
+    ) -> Result<Vec<OperationRow>> {
+        self.on_reader(move |c| read::operation_list(c, outcome.as_deref(), before, limit)).await
     }
 
     async fn machine_migrate(

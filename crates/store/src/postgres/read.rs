@@ -194,15 +194,21 @@ pub(crate) fn operations_ended(c: &mut Conn, request_ids: &[String]) -> R<Vec<Op
     all(rows, operation_from_row)
 }
 
-pub(crate) fn operation_list(c: &mut Conn, outcome: Option<&str>, limit: u64) -> R<Vec<OperationRow>> {
+pub(crate) fn operation_list(
+    c: &mut Conn,
+    outcome: Option<&str>,
+    before: Option<i64>,
+    limit: u64,
+) -> R<Vec<OperationRow>> {
     let limit = limit.min(i64::MAX as u64) as i64;
     let rows = c.query(
         &format!(
             "SELECT {OPERATION_COLS} FROM operations
-             WHERE $1::text IS NULL OR ($1 = 'open' AND ended_at IS NULL) OR outcome = $1
+             WHERE ($1::text IS NULL OR ($1 = 'open' AND ended_at IS NULL) OR outcome = $1)
+               AND ($3::bigint IS NULL OR id < $3)
              ORDER BY id DESC LIMIT $2"
         ),
-        &[&outcome, &limit],
+        &[&outcome, &limit, &before],
     )?;
     all(rows, operation_from_row)
 }

@@ -436,15 +436,25 @@ impl Store for SqliteStore {
     }
 
     async fn operation_list(&self, outcome: Option<String>, limit: u64) -> Result<Vec<OperationRow>> {
+        self.operation_page(outcome, None, limit).await
+    }
+
+    async fn operation_page(
+        &self,
+        outcome: Option<String>,
+        before: Option<i64>,
+        limit: u64,
+    ) -> Result<Vec<OperationRow>> {
         self.on_reader(move |c| {
             let mut stmt = c
                 .prepare_cached(&format!(
                     "SELECT {OPERATION_COLS} FROM operations
-                     WHERE ?1 IS NULL OR (?1 = 'open' AND ended_at IS NULL) OR outcome = ?1
+                     WHERE (?1 IS NULL OR (?1 = 'open' AND ended_at IS NULL) OR outcome = ?1)
+                       AND (?3 IS NULL OR id < ?3)
                      ORDER BY id DESC LIMIT ?2"
                 ))
                 .map_err(db_err)?;
-            stmt.query_map(params![outcome, limit.min(i64::MAX as u64) as i64], operation_from_row)
+            stmt.query_map(params![outcome, limit.min(i64::MAX as u64) as i64, before], operation_from_row)
                 .and_then(|rows| rows.collect())
                 .map_err(db_err)
         })
