@@ -346,6 +346,19 @@ fn the_dashboard_in_a_browser() {
         "request ids link to their operations"
     );
     b.wait_for("document.querySelector('[data-field=run_status]').textContent.includes('failed')", WAIT).unwrap();
+    // Live, and calm: text selected in the timeline stays selected across refreshes that
+    // change nothing there (only what changed is drawn again).
+    let selected = b
+        .eval(
+            "(() => { const cell = document.querySelector('#timeline-table tbody tr td:last-child');
+               const r = document.createRange(); r.selectNodeContents(cell);
+               const s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
+               window.refreshedAt = app.refreshed; return s.toString(); })()",
+        )
+        .unwrap();
+    assert!(!selected.as_str().unwrap().is_empty());
+    b.wait_for("app.refreshed >= window.refreshedAt + 2", WAIT).unwrap();
+    assert_eq!(b.eval("window.getSelection().toString()").unwrap(), selected, "the selection survived two refreshes");
     screenshot(&b, "entity.png");
     page_is_clean(&b, "entity");
     every_control_reachable_by_keyboard(&b, "entity");

@@ -183,8 +183,10 @@ async function tick() {
   app.busy = true;
   try {
     await page.refresh();
+    app.refreshed = (app.refreshed || 0) + 1;
     $("#live").classList.remove("stale");
     $("#live").textContent = "live";
+    $("#live").title = `updated ${fmtTime(Date.now())}`;
   } catch (e) {
     $("#live").classList.add("stale");
     // What is not there will not come by asking again: the page stops polling (another
@@ -532,18 +534,18 @@ function entity(main, r) {
         $("#why-box").hidden = !why;
         $("#why").innerHTML = why ? whyChain(why) : "";
       }
-      $("#props").innerHTML = e ? `<pre class="mono wrap" id="properties">${esc(JSON.stringify(e.properties, null, 2))}</pre>` : "–";
-      $("#inbox").innerHTML = simpleTable(["Event", "Parameters"], (e?.inbox || []).map((i) => [esc(i.event), `<code class="wrap">${esc(JSON.stringify(i.params))}</code>`]), "no events queued");
-      $("#timers").innerHTML = simpleTable(["Timer", "Event", "Due", "Every"], timers.map((t) => [esc(t.name), esc(t.event), `${esc(fmtTime(t.due_at))} (${esc(ago(t.due_at))})`, t.every_ms ? `${t.every_ms / 1000}s` : "once"]), "no pending timers");
+      setHtml($("#props"), e ? `<pre class="mono wrap" id="properties">${esc(JSON.stringify(e.properties, null, 2))}</pre>` : "–");
+      setHtml($("#inbox"), simpleTable(["Event", "Parameters"], (e?.inbox || []).map((i) => [esc(i.event), `<code class="wrap">${esc(JSON.stringify(i.params))}</code>`]), "no events queued"));
+      setHtml($("#timers"), simpleTable(["Timer", "Event", "Due", "Every"], timers.map((t) => [esc(t.name), esc(t.event), `${esc(fmtTime(t.due_at))} (${esc(ago(t.due_at))})`, t.every_ms ? `${t.every_ms / 1000}s` : "once"]), "no pending timers"));
       const rel = (label, list) => list.length ? `<p>${label}: ${list.slice(0, 50).map((x) => `<a href="${entityHref(x.machine, x.key)}">${esc(x.machine)}/${esc(x.key)}</a> <span class="sub">(${esc(x.state)})</span>`).join(", ")}${list.length > 50 ? ` … and ${list.length - 50} more` : ""}</p>` : "";
-      $("#related").innerHTML = (rel("Predecessors", related.predecessors) + rel("Successors", related.successors) +
-        (related.subscriptions.length ? simpleTable(["Subscription", "Pattern", "Progress", "Holds"], related.subscriptions.map((s) => [esc(s.event), `<code>${esc(s.pattern)}</code>`, `${s.satisfying} of ${s.selected}`, s.fired ? "fired" : s.holds ? "yes" : "not yet"]), "") : "")) || `<p class="sub">none</p>`;
+      setHtml($("#related"), (rel("Predecessors", related.predecessors) + rel("Successors", related.successors) +
+        (related.subscriptions.length ? simpleTable(["Subscription", "Pattern", "Progress", "Holds"], related.subscriptions.map((s) => [esc(s.event), `<code>${esc(s.pattern)}</code>`, `${s.satisfying} of ${s.selected}`, s.fired ? "fired" : s.holds ? "yes" : "not yet"]), "") : "")) || `<p class="sub">none</p>`);
       // The diagram of the version it runs under (an older one says so).
       const current = (await servedMachines().catch(() => [])).find((m) => m.name === machineName)?.hash;
       const version = e?.machine_version && current && e.machine_version !== current ? e.machine_version : null;
       $("#diagram-version").textContent = version ? `Drawn as version ${version.slice(0, 12)}, the one it runs under (current: ${current.slice(0, 12)}).` : "";
       await drawDiagram($("#diagram"), machineName, state, history, version);
-      $("#timeline").innerHTML = timeline(history, errors);
+      setHtml($("#timeline"), timeline(history, errors));
     },
   };
 }
@@ -555,6 +557,15 @@ function whyChain(w) {
     <span class="sub">(${c.state ? `now ${esc(c.state)}, ${esc(c.run_status)}` : "not stored any more"})</span>
     ${c.details ? `<div class="wrap"><strong class="health-error">${esc(c.details)}</strong> <span class="sub">${esc(c.kind)} · ${esc(fmtTime(c.at))}${c.request_id ? ` · ${opLink(c.request_id)}` : ""}</span></div>` : `<div class="sub">no failure recorded</div>`}
   </li>`).join("")}</ol>`;
+}
+
+// Sets an element's HTML only when it changed: a live page keeps the reader's selection
+// and focus in what did not change.
+const shownHtml = new WeakMap();
+function setHtml(el, html) {
+  if (!el || shownHtml.get(el) === html) return;
+  shownHtml.set(el, html);
+  el.innerHTML = html;
 }
 
 function simpleTable(heads, rows, empty) {
