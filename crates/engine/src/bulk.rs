@@ -22,9 +22,9 @@ use crate::error::{Error, Result};
 use crate::{RaiseOptions, Wait};
 
 /// Most entities a page holds (fewer when the rate is lower: a page is a second's worth).
-const PAGE: u64 = 200;
+const PAGE: u64 = 500;
 /// Commands of a page in flight at once (they share the writer's batches).
-const AT_ONCE: usize = 64;
+const AT_ONCE: usize = 500;
 /// The most entities a second a bulk operation may ask for, and the default.
 pub const MAX_RATE: u32 = 100_000;
 /// The rate when none is given.
