@@ -60,6 +60,22 @@ pub(crate) fn count_sql(
     Some((format!("SELECT count(*) FROM ({sql}) counted"), params))
 }
 
+/// How many entities `f` matches, from the counts the commits keep (`counts`: every
+/// machine, state and run status with its count): exact and of a cost independent of the
+/// fleet. `None` when `f` has a key prefix, which they cannot answer (count its index).
+pub(crate) fn count_from_counts(f: &EntityFilter, counts: &[crate::EntityCount]) -> Option<u64> {
+    if f.key_prefix.is_some() {
+        return None;
+    }
+    let n = counts
+        .iter()
+        .filter(|c| pair_matches(f, &(c.machine.clone(), c.state.clone())))
+        .filter(|c| f.run_status.as_deref().is_none_or(|s| s == c.run_status.as_str()))
+        .map(|c| c.count)
+        .sum();
+    Some(n)
+}
+
 /// Whether `f`'s page needs the (machine, state) pairs that hold entities (`present` of
 /// [`page_sql`]).
 pub(crate) fn reads_pairs(f: &EntityFilter) -> bool {

@@ -344,7 +344,7 @@ pub(crate) fn metrics(c: &mut Conn, now: Millis) -> R<MetricsSnapshot> {
 }
 
 /// Entities per machine, state and run status, from the counts the commits keep.
-fn entity_counts(c: &mut Conn) -> R<Vec<EntityCount>> {
+pub(super) fn entity_counts(c: &mut Conn) -> R<Vec<EntityCount>> {
     let rows = c.query(
         "SELECT machine, state, run_status, SUM(n)::bigint FROM entity_counts
          GROUP BY machine, state, run_status HAVING SUM(n) > 0 ORDER BY machine, state, run_status",

@@ -24,6 +24,9 @@ fn values(params: Vec<crate::page::Param>) -> impl Iterator<Item = rusqlite::typ
 }
 
 pub(super) fn entity_count(c: &Connection, f: &EntityFilter, bound: u64) -> rusqlite::Result<u64> {
+    if let Some(n) = crate::page::count_from_counts(f, &super::read::entity_counts(c)?) {
+        return Ok(n.min(bound.saturating_add(1)));
+    }
     let present = present(c, f)?;
     let Some((sql, params)) = crate::page::count_sql(f, &present, bound, false) else { return Ok(0) };
     let n: i64 = c.prepare_cached(&sql)?.query_row(rusqlite::params_from_iter(values(params)), |r| r.get(0))?;

@@ -151,7 +151,7 @@ pub(crate) fn read_stats(c: &Connection, since: Millis) -> rusqlite::Result<Stat
 }
 
 /// Entities per machine, state and run status, from the counts the commits keep.
-fn entity_counts(c: &Connection) -> rusqlite::Result<Vec<EntityCount>> {
+pub(super) fn entity_counts(c: &Connection) -> rusqlite::Result<Vec<EntityCount>> {
     c.prepare_cached(
         "SELECT machine, state, run_status, n FROM entity_counts WHERE n > 0 ORDER BY machine, state, run_status",
     )?
