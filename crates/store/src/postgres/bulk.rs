@@ -1,51 +1,12 @@
-//! PostgreSQL's bulk operations and counts: the statements of [`crate::bulk`] and
-//! [`crate::page::count_sql`]. Each is one statement in autocommit, on a pooled
-//! connection (a retry after a lost connection does what the first try did).
-
-use postgres::types::ToSql;
+//! PostgreSQL's bulk operations: the statements of [`crate::bulk`], each one statement in
+//! autocommit on a pooled connection (a retry after a lost connection does what the first
+//! try did). Counts of a filter are `read::entity_count`.
 
 use super::conn::{Conn, Failure};
+use crate::Millis;
 use crate::bulk::{self, BulkAdvance, BulkRow};
-use crate::{EntityFilter, Millis};
 
 type R<T> = std::result::Result<T, Failure>;
-
-/// The (machine, state) pairs that hold entities, when `f`'s statement needs them.
-pub(super) fn present(c: &mut Conn, f: &EntityFilter) -> R<Vec<(String, String)>> {
-    if !crate::page::reads_pairs(f) {
-        return Ok(Vec::new());
-    }
-    let rows = c.query(
-        "SELECT machine, state FROM entity_counts GROUP BY machine, state HAVING SUM(n) > 0 ORDER BY machine, state",
-        &[],
-    )?;
-    rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect()
-}
-
-/// The values of a page statement's parameters.
-pub(super) fn values(params: Vec<crate::page::Param>) -> Vec<Box<dyn ToSql + Sync>> {
-    params
-        .into_iter()
-        .map(|p| -> Box<dyn ToSql + Sync> {
-            match p {
-                crate::page::Param::Text(t) => Box::new(t),
-                crate::page::Param::Int(i) => Box::new(i),
-            }
-        })
-        .collect()
-}
-
-pub(super) fn entity_count(c: &mut Conn, f: &EntityFilter, bound: u64) -> R<u64> {
-    if let Some(n) = crate::page::count_from_counts(f, &super::read::entity_counts(c)?) {
-        return Ok(n.min(bound.saturating_add(1)));
-    }
-    let present = present(c, f)?;
-    let Some((sql, params)) = crate::page::count_sql(f, &present, bound, true) else { return Ok(0) };
-    let values = values(params);
-    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v.as_ref()).collect();
-    let n: i64 = c.one(&sql, &refs)?.try_get(0)?;
-    Ok(n.max(0) as u64)
-}
 
 pub(super) fn get(c: &mut Conn, request_id: &str) -> R<Option<BulkRow>> {
     c.opt(&bulk::select_one(), &[&request_id])?.map(|r| bulk::decode(&r)).transpose()

@@ -441,7 +441,7 @@ impl Store for PgStore {
     }
 
     async fn entity_count(&self, filter: EntityFilter, bound: u64) -> Result<u64> {
-        self.on_reader(move |c| bulk::entity_count(c, &filter, bound)).await
+        self.on_reader(move |c| read::entity_count(c, &filter, bound)).await
     }
 
     async fn bulk_start(&self, row: crate::BulkRow) -> Result<(crate::BulkRow, bool)> {

@@ -115,11 +115,11 @@ pub(crate) fn entity_get(c: &mut Conn, machine: &str, key: &str) -> R<Option<Ent
 }
 
 pub(crate) fn entity_list(c: &mut Conn, f: &EntityFilter) -> R<Vec<EntityRow>> {
-    let present = super::bulk::present(c, f)?;
+    let present = present(c, f)?;
     let Some((sql, params)) = crate::page::page_sql(f, &present, true) else {
         return Ok(Vec::new());
     };
-    let values = super::bulk::values(params);
+    let values = values(params);
     let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = values.iter().map(|v| v.as_ref()).collect();
     all(c.query(&sql, &refs)?, entity_from_row)
 }
@@ -516,4 +516,41 @@ pub(crate) fn operation_trace(c: &mut Conn, request_id: &str, limit: u64) -> R<c
             Err(e)
         }
     }
+}
+
+/// The (machine, state) pairs that hold entities, when `f`'s statement needs them.
+pub(super) fn present(c: &mut Conn, f: &EntityFilter) -> R<Vec<(String, String)>> {
+    if !crate::page::reads_pairs(f) {
+        return Ok(Vec::new());
+    }
+    let rows = c.query(
+        "SELECT machine, state FROM entity_counts GROUP BY machine, state HAVING SUM(n) > 0 ORDER BY machine, state",
+        &[],
+    )?;
+    rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect()
+}
+
+/// The values of a page statement's parameters.
+pub(super) fn values(params: Vec<crate::page::Param>) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
+    params
+        .into_iter()
+        .map(|p| -> Box<dyn postgres::types::ToSql + Sync> {
+            match p {
+                crate::page::Param::Text(t) => Box::new(t),
+                crate::page::Param::Int(i) => Box::new(i),
+            }
+        })
+        .collect()
+}
+
+pub(super) fn entity_count(c: &mut Conn, f: &EntityFilter, bound: u64) -> R<u64> {
+    if let Some(n) = crate::page::count_from_counts(f, &entity_counts(c)?) {
+        return Ok(n.min(bound.saturating_add(1)));
+    }
+    let present = present(c, f)?;
+    let Some((sql, params)) = crate::page::count_sql(f, &present, bound, true) else { return Ok(0) };
+    let values = values(params);
+    let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = values.iter().map(|v| v.as_ref()).collect();
+    let n: i64 = c.one(&sql, &refs)?.try_get(0)?;
+    Ok(n.max(0) as u64)
 }

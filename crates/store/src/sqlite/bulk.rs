@@ -1,37 +1,10 @@
-//! SQLite's bulk operations and counts: the statements of [`crate::bulk`] and
-//! [`crate::page::count_sql`], run on the reader (reads) or the writer (changes).
+//! SQLite's bulk operations: the statements of [`crate::bulk`], run on the reader (reads)
+//! or the writer (changes). Counts of a filter are `read::entity_count`.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::Millis;
 use crate::bulk::{self, BulkAdvance, BulkRow};
-use crate::{EntityFilter, Millis};
-
-/// The (machine, state) pairs that hold entities, when `f`'s statement needs them.
-pub(super) fn present(c: &Connection, f: &EntityFilter) -> rusqlite::Result<Vec<(String, String)>> {
-    if !crate::page::reads_pairs(f) {
-        return Ok(Vec::new());
-    }
-    c.prepare_cached("SELECT machine, state FROM entity_counts WHERE n > 0 GROUP BY machine, state")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect()
-}
-
-fn values(params: Vec<crate::page::Param>) -> impl Iterator<Item = rusqlite::types::Value> {
-    params.into_iter().map(|p| match p {
-        crate::page::Param::Text(t) => rusqlite::types::Value::Text(t),
-        crate::page::Param::Int(i) => rusqlite::types::Value::Integer(i),
-    })
-}
-
-pub(super) fn entity_count(c: &Connection, f: &EntityFilter, bound: u64) -> rusqlite::Result<u64> {
-    if let Some(n) = crate::page::count_from_counts(f, &super::read::entity_counts(c)?) {
-        return Ok(n.min(bound.saturating_add(1)));
-    }
-    let present = present(c, f)?;
-    let Some((sql, params)) = crate::page::count_sql(f, &present, bound, false) else { return Ok(0) };
-    let n: i64 = c.prepare_cached(&sql)?.query_row(rusqlite::params_from_iter(values(params)), |r| r.get(0))?;
-    Ok(n.max(0) as u64)
-}
 
 pub(super) fn get(c: &Connection, request_id: &str) -> rusqlite::Result<Option<BulkRow>> {
     c.prepare_cached(&bulk::sqlite(&bulk::select_one()))?.query_row([request_id], |r| bulk::decode(r)).optional()

@@ -289,7 +289,7 @@ impl Store for SqliteStore {
     }
 
     async fn entity_count(&self, filter: EntityFilter, bound: u64) -> Result<u64> {
-        self.on_reader(move |c| bulk::entity_count(c, &filter, bound).map_err(db_err)).await
+        self.on_reader(move |c| read::entity_count(c, &filter, bound).map_err(db_err)).await
     }
 
     async fn bulk_start(&self, row: crate::BulkRow) -> Result<(crate::BulkRow, bool)> {

@@ -239,7 +239,7 @@ pub(crate) fn read_overview(c: &Connection, now: Millis, since: Millis) -> rusql
 /// A page of entities ([`Store::entity_list`](crate::Store::entity_list)), read through the
 /// index [`page_sql`](crate::page::page_sql) picks.
 pub(crate) fn entity_list(c: &Connection, f: &crate::EntityFilter) -> rusqlite::Result<Vec<EntityRow>> {
-    let present = super::bulk::present(c, f)?;
+    let present = present(c, f)?;
     let Some((sql, params)) = crate::page::page_sql(f, &present, false) else {
         return Ok(Vec::new());
     };
@@ -320,4 +320,31 @@ pub(crate) fn operation_trace(c: &Connection, request_id: &str, limit: u64) -> r
         }
     }
     Ok(trace)
+}
+
+/// The (machine, state) pairs that hold entities, when `f`'s statement needs them.
+pub(super) fn present(c: &Connection, f: &crate::EntityFilter) -> rusqlite::Result<Vec<(String, String)>> {
+    if !crate::page::reads_pairs(f) {
+        return Ok(Vec::new());
+    }
+    c.prepare_cached("SELECT machine, state FROM entity_counts WHERE n > 0 GROUP BY machine, state")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect()
+}
+
+fn values(params: Vec<crate::page::Param>) -> impl Iterator<Item = rusqlite::types::Value> {
+    params.into_iter().map(|p| match p {
+        crate::page::Param::Text(t) => rusqlite::types::Value::Text(t),
+        crate::page::Param::Int(i) => rusqlite::types::Value::Integer(i),
+    })
+}
+
+pub(super) fn entity_count(c: &Connection, f: &crate::EntityFilter, bound: u64) -> rusqlite::Result<u64> {
+    if let Some(n) = crate::page::count_from_counts(f, &entity_counts(c)?) {
+        return Ok(n.min(bound.saturating_add(1)));
+    }
+    let present = present(c, f)?;
+    let Some((sql, params)) = crate::page::count_sql(f, &present, bound, false) else { return Ok(0) };
+    let n: i64 = c.prepare_cached(&sql)?.query_row(rusqlite::params_from_iter(values(params)), |r| r.get(0))?;
+    Ok(n.max(0) as u64)
 }
