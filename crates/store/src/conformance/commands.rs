@@ -201,3 +201,49 @@ pub async fn kill_drops_queued_work_and_cancels_its_operations<S: Store>(store: 
     let Ok(Applied::Leased(tasks)) = &r.results[0] else { panic!("{:?}", r.results[0]) };
     assert_eq!((tasks.len(), tasks[0].key.as_str()), (1, "w"), "offered now");
 }
+
+/// Commands of one batch (a bulk operation's page): on distinct entities they share a
+/// segment; one entity twice, the second after the first; each with its own operation,
+/// reason and result, a refused one (unknown, killed) failing alone.
+pub async fn commands_of_one_batch_apply_each_in_order<S: Store>(store: S) {
+    for key in ["a", "b", "c"] {
+        create_one(&store, key).await;
+    }
+    run(&store, T0, "c", Command::Kill).await.unwrap();
+    let mut reasoned = command_as("a", Command::Pause, Some("bulk-1/a"));
+    if let Op::Command { operation: Some(o), .. } = &mut reasoned {
+        o.dimensions = json!({"reason": "window 42"});
+    }
+    let ops = vec![
+        reasoned,
+        command_as("b", Command::Pause, Some("bulk-1/b")),
+        command_as("nobody", Command::Pause, Some("bulk-1/x")),
+        command_as("c", Command::Pause, Some("bulk-1/c")),
+        command_as("a", Command::Resume, Some("bulk-2/a")),
+    ];
+    let r = write(&store, T0 + 1, ops, false).await;
+    assert!(r.results[0].is_ok() && r.results[1].is_ok() && r.results[4].is_ok(), "{:?}", r.results);
+    assert!(matches!(r.results[2], Err(OpError::NotFound { .. })), "{:?}", r.results[2]);
+    assert!(matches!(r.results[3], Err(OpError::Killed { .. })), "{:?}", r.results[3]);
+    assert_eq!(get(&store, "a").await.run_status, RunStatus::Active, "paused, then resumed");
+    assert_eq!(get(&store, "b").await.run_status, RunStatus::Paused);
+    let a = get(&store, "a").await;
+    let details: Vec<Option<String>> = store
+        .history_list(a.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|h| h.kind == HistoryKind::Command)
+        .map(|h| h.detail)
+        .collect();
+    assert_eq!(details, [Some("pause: window 42".to_string()), Some("resume".to_string())]);
+    for (id, ended) in
+        [("bulk-1/a", true), ("bulk-1/b", true), ("bulk-2/a", true), ("bulk-1/x", false), ("bulk-1/c", false)]
+    {
+        assert_eq!(
+            store.operation_get(id).await.unwrap().is_some(),
+            ended,
+            "{id}: only applied commands leave an operation"
+        );
+    }
+}

@@ -29,7 +29,8 @@ pub use columns::{
     consuming_notices_keeps_the_events,
 };
 pub use commands::{
-    commands_set_run_status_and_end_their_operation, kill_drops_queued_work_and_cancels_its_operations,
+    commands_of_one_batch_apply_each_in_order, commands_set_run_status_and_end_their_operation,
+    kill_drops_queued_work_and_cancels_its_operations,
 };
 pub use commits::{
     commit_applies_and_reports_head, commit_is_fenced, effects_are_atomic, preconditions_and_fired,
@@ -183,7 +184,7 @@ macro_rules! store_conformance_suite {
                 a_successor_joined_in_a_batch_notifies_its_predecessor, a_command_is_recorded_when_it_applies,
                 an_internal_event_heads_the_inbox, pruning_removes_every_row_an_ended_entity_left,
                 pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past,
-                bulk_operations_start_once_lease_and_advance;
+                bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order;
             store_and_dialect: effects_are_atomic
         );
     };

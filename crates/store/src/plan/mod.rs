@@ -87,6 +87,9 @@ enum Kind {
     Segment,
     /// A segment of its own.
     Own,
+    /// Operator commands: a run of them on distinct entities shares one segment (a bulk
+    /// operation's page is one segment, not one per entity).
+    Commands,
     /// A commit with application SQL: a segment of its own, under a savepoint.
     Sql,
     /// A round of pruning ([`prune`]).
@@ -102,7 +105,8 @@ fn kind(op: &Op) -> Kind {
         | Op::Release(_)
         | Op::TaskHeartbeat { .. }
         | Op::TaskReport { .. } => Kind::Segment,
-        Op::Command { .. } | Op::TaskLease { .. } | Op::Renew { .. } | Op::MarkHung { .. } => Kind::Own,
+        Op::Command { .. } => Kind::Commands,
+        Op::TaskLease { .. } | Op::Renew { .. } | Op::MarkHung { .. } => Kind::Own,
         Op::Prune(_) => Kind::Prune,
     }
 }
@@ -133,6 +137,21 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                     && kind(&ops[end]) == Kind::Segment
                     && fenced(&ops[end]).is_none_or(|id| fences.insert(id))
                 {
+                    end += 1;
+                }
+                let segment: Vec<&Op> = ops[i..end].iter().collect();
+                let done = segment::apply(d, now, &segment)?;
+                others_due |= done.due_now;
+                results.extend(done.results);
+                i = end;
+            }
+            Kind::Commands => {
+                let mut entities = std::collections::HashSet::new();
+                let mut end = i;
+                while let Some(Op::Command { machine, key, .. }) = ops.get(end) {
+                    if !entities.insert((machine.as_str(), key.as_str())) {
+                        break;
+                    }
                     end += 1;
                 }
                 let segment: Vec<&Op> = ops[i..end].iter().collect();
