@@ -244,24 +244,10 @@ async fn run_local(
     a: &RunArgs,
     req: BulkRequest,
 ) -> anyhow::Result<ExitCode> {
-    let selection = settle_engine::Selection {
-        machine: req.filter.machine.clone(),
-        state: req.filter.state.clone(),
-        status: req.filter.status.clone(),
-        prefix: req.filter.prefix.clone(),
-        health: req.filter.health.clone(),
-    };
+    let selection = settle_server::routes::bulk::selection(&req.filter);
     if a.dry_run {
-        let d = engine.bulk_dry_run(&selection, 10).await?;
-        let dry = BulkDryRun {
-            action: req.action.clone(),
-            filter: req.filter.clone(),
-            count: d.count,
-            more: d.more,
-            bound: settle_engine::COUNT_BOUND,
-            sample: d.sample.iter().map(settle_client::Entity::from).collect(),
-        };
-        print_dry_run(&dry, a.json);
+        let d = engine.bulk_dry_run(&selection, settle_server::routes::bulk::SAMPLE).await?;
+        print_dry_run(&settle_server::routes::bulk::dry_run_body(&req, &d, |e| settle_client::Entity::from(e)), a.json);
         return Ok(ExitCode::SUCCESS);
     }
     let action =

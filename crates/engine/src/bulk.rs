@@ -91,6 +91,12 @@ impl Selection {
         ]
     }
 
+    /// The machines of `machines` the selection may reach: its machine, or all of them.
+    fn scope<'m>(&self, machines: &[&'m Machine]) -> impl Iterator<Item = &'m Machine> {
+        let only = self.machine.clone();
+        machines.iter().copied().filter(move |m| only.as_deref().is_none_or(|n| m.name().as_str() == n))
+    }
+
     /// Checks the criteria against `machines` (those of the engine): `Err` names the one
     /// at fault.
     pub fn check(&self, machines: &[&Machine]) -> std::result::Result<(), String> {
@@ -104,10 +110,8 @@ impl Selection {
         {
             return Err(format!("machine: unknown machine `{m}`"));
         }
-        let scope: Vec<&&Machine> =
-            machines.iter().filter(|m| self.machine.as_ref().is_none_or(|n| m.name().as_str() == n)).collect();
         if let Some(s) = &self.state
-            && !scope.iter().any(|m| m.state(s).is_some())
+            && !self.scope(machines).any(|m| m.state(s).is_some())
         {
             return Err(format!("state: no machine in the selection has a state `{s}`"));
         }
@@ -127,10 +131,9 @@ impl Selection {
 
     /// The store's filter for a page of it after entity `after` (id order), at most `limit`.
     pub(crate) fn filter(&self, machines: &[&Machine], after: Option<i64>, limit: Option<u64>) -> EntityFilter {
-        let scope =
-            || machines.iter().copied().filter(|m| self.machine.as_ref().is_none_or(|n| m.name().as_str() == n));
-        let substates = self.state.as_deref().map(|s| Machine::substates_across(scope(), s)).unwrap_or_default();
-        let pairs = self.health.as_deref().map(|h| health_pairs(scope(), h));
+        let substates =
+            self.state.as_deref().map(|s| Machine::substates_across(self.scope(machines), s)).unwrap_or_default();
+        let pairs = self.health.as_deref().map(|h| health_pairs(self.scope(machines), h));
         EntityFilter {
             machine: self.machine.clone(),
             state: self.state.clone(),
@@ -290,9 +293,7 @@ impl<S: Store + Clone> Engine<S> {
             return Err(Error::Bulk(format!("rate: from 1 to {MAX_RATE} entities a second, not {}", req.rate)));
         }
         if let BulkAction::Raise { event, params } = &req.action {
-            let scope: Vec<&&Machine> =
-                refs.iter().filter(|m| req.selection.machine.as_ref().is_none_or(|n| m.name().as_str() == n)).collect();
-            if !scope.iter().any(|m| m.event(event).is_some()) {
+            if !req.selection.scope(&refs).any(|m| m.event(event).is_some()) {
                 return Err(Error::Bulk(format!("event: no machine in the selection declares `{event}`")));
             }
             if !params.is_null() && !params.is_object() {

@@ -89,7 +89,6 @@ impl Store for AnyStore {
         fn storage(&self) -> crate::Storage;
         fn operation_get(&self, request_id: &str) -> Option<OperationRow>;
         fn operations_ended(&self, request_ids: Vec<String>) -> Vec<OperationRow>;
-        fn operation_list(&self, outcome: Option<String>, limit: u64) -> Vec<OperationRow>;
         fn operation_page(&self, outcome: Option<String>, before: Option<i64>, limit: u64) -> Vec<OperationRow>;
         fn machine_migrate(&self, machine: &str, moves: Vec<(String, String)>, hash: &str, now: Millis) -> u64;
         fn machine_versions(&self) -> Vec<(MachineRecord, u64)>;

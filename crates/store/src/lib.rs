@@ -184,12 +184,14 @@ pub trait Store: Send + Sync + 'static {
     /// one read for callers waiting on many operations.
     fn operations_ended(&self, request_ids: Vec<String>) -> impl Future<Output = Result<Vec<OperationRow>>> + Send;
     /// Operations, newest first, optionally only those with `outcome` (`open` for the
-    /// unfinished ones), at most `limit`.
+    /// unfinished ones), at most `limit`: the first [`Store::operation_page`].
     fn operation_list(
         &self,
         outcome: Option<String>,
         limit: u64,
-    ) -> impl Future<Output = Result<Vec<OperationRow>>> + Send;
+    ) -> impl Future<Output = Result<Vec<OperationRow>>> + Send {
+        self.operation_page(outcome, None, limit)
+    }
     /// A page of operations, newest first, older than operation `before` (its store id;
     /// `None`: the newest), optionally only those with `outcome` (`open`: not ended).
     fn operation_page(

@@ -6,12 +6,13 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
-use settle_engine::{BulkAction, BulkRequest as Request, Selection};
+use settle_engine::{BulkAction, BulkRequest as Request, DryRun, Selection};
+use settle_store::EntityRow;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::extract::{IdempotencyKey, JsonBody, Path};
-use crate::model::{Bulk, BulkDryRun, BulkFilter, BulkList, BulkRequest};
+use crate::model::{Bulk, BulkDryRun, BulkFilter, BulkList, BulkRequest, Entity};
 use crate::paths::BulkPath;
 use crate::problem::{Kind, Problem};
 use crate::state::AppState;
@@ -31,7 +32,8 @@ pub(crate) fn bulk_location(request_id: &str) -> String {
     format!("/v1/bulk/{}", crate::routes::encode_segment(request_id))
 }
 
-fn selection(f: &BulkFilter) -> Selection {
+/// The engine's selection of a request's filter.
+pub fn selection(f: &BulkFilter) -> Selection {
     Selection {
         machine: f.machine.clone(),
         state: f.state.clone(),
@@ -42,7 +44,7 @@ fn selection(f: &BulkFilter) -> Selection {
 }
 
 /// How many a dry run shows.
-const SAMPLE: usize = 10;
+pub const SAMPLE: usize = 10;
 
 /// Starts a bulk operation: `action` (`pause`, `resume`, `retry`, `release`, `kill`, or
 /// `raise` with `event` and `params`) on every entity matching `filter` (at least one of
@@ -71,15 +73,7 @@ async fn start(
     let sel = selection(&req.filter);
     if req.dry_run {
         let dry = s.engine().bulk_dry_run(&sel, SAMPLE).await?;
-        let body = BulkDryRun {
-            action: req.action.clone(),
-            filter: req.filter.clone(),
-            count: dry.count,
-            more: dry.more,
-            bound: settle_engine::COUNT_BOUND,
-            sample: dry.sample.iter().map(|e| s.entity(e)).collect(),
-        };
-        return Ok(Json(body).into_response());
+        return Ok(Json(dry_run_body(&req, &dry, |e| s.entity(e))).into_response());
     }
     let request = Request {
         request_id,
@@ -91,6 +85,18 @@ async fn start(
     let (row, new) = s.engine().bulk_start(request).await?;
     let status = if new { StatusCode::ACCEPTED } else { StatusCode::OK };
     Ok((status, [(header::LOCATION, bulk_location(&row.request_id))], Json(Bulk::from(&row))).into_response())
+}
+
+/// A dry run's answer to `req`: its count and sample, each entity shown by `entity`.
+pub fn dry_run_body(req: &BulkRequest, dry: &DryRun, entity: impl Fn(&EntityRow) -> Entity) -> BulkDryRun {
+    BulkDryRun {
+        action: req.action.clone(),
+        filter: req.filter.clone(),
+        count: dry.count,
+        more: dry.more,
+        bound: settle_engine::COUNT_BOUND,
+        sample: dry.sample.iter().map(entity).collect(),
+    }
 }
 
 fn invalid(message: String) -> Problem {

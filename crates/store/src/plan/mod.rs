@@ -120,6 +120,29 @@ fn fenced(op: &Op) -> Option<i64> {
     }
 }
 
+/// Where the segment starting at `ops[i]` (of kind `Segment` or `Commands`) ends: the
+/// operations of its kind after it, each entity fenced (a segment) or commanded (a run of
+/// commands) at most once.
+fn segment_end(ops: &[Op], i: usize) -> usize {
+    let first = kind(&ops[i]);
+    let (mut fences, mut commanded) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+    let mut end = i;
+    while let Some(op) = ops.get(end) {
+        if kind(op) != first {
+            break;
+        }
+        let fresh = match op {
+            Op::Command { machine, key, .. } => commanded.insert((machine.as_str(), key.as_str())),
+            _ => fenced(op).is_none_or(|id| fences.insert(id)),
+        };
+        if !fresh {
+            break;
+        }
+        end += 1;
+    }
+    end
+}
+
 /// Applies a batch inside the caller's transaction, claims due work, and ends the
 /// transaction ([`Dialect::finish`]).
 pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchResult, D::Error> {
@@ -130,30 +153,8 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
     let mut i = 0;
     while i < ops.len() {
         match kind(&ops[i]) {
-            Kind::Segment => {
-                let mut fences = std::collections::HashSet::new();
-                let mut end = i;
-                while end < ops.len()
-                    && kind(&ops[end]) == Kind::Segment
-                    && fenced(&ops[end]).is_none_or(|id| fences.insert(id))
-                {
-                    end += 1;
-                }
-                let segment: Vec<&Op> = ops[i..end].iter().collect();
-                let done = segment::apply(d, now, &segment)?;
-                others_due |= done.due_now;
-                results.extend(done.results);
-                i = end;
-            }
-            Kind::Commands => {
-                let mut entities = std::collections::HashSet::new();
-                let mut end = i;
-                while let Some(Op::Command { machine, key, .. }) = ops.get(end) {
-                    if !entities.insert((machine.as_str(), key.as_str())) {
-                        break;
-                    }
-                    end += 1;
-                }
+            Kind::Segment | Kind::Commands => {
+                let end = segment_end(ops, i);
                 let segment: Vec<&Op> = ops[i..end].iter().collect();
                 let done = segment::apply(d, now, &segment)?;
                 others_due |= done.due_now;

@@ -483,10 +483,6 @@ impl Store for PgStore {
         self.on_reader(move |c| read::operations_ended(c, &request_ids)).await
     }
 
-    async fn operation_list(&self, outcome: Option<String>, limit: u64) -> Result<Vec<OperationRow>> {
-        self.operation_page(outcome, None, limit).await
-    }
-
     async fn operation_page(
         &self,
         outcome: Option<String>,

@@ -435,10 +435,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn operation_list(&self, outcome: Option<String>, limit: u64) -> Result<Vec<OperationRow>> {
-        self.operation_page(outcome, None, limit).await
-    }
-
     async fn operation_page(
         &self,
         outcome: Option<String>,
