@@ -106,6 +106,8 @@ impl Store for AnyStore {
         fn bulk_claim(&self, owner: &str, now: Millis, lease_until: Millis) -> Option<crate::BulkRow>;
         fn bulk_advance(&self, advance: crate::BulkAdvance) -> bool;
         fn bulk_cancel(&self, request_id: &str, now: Millis) -> Option<crate::BulkRow>;
+        fn feed_read(&self, after: crate::FeedPos, filter: crate::FeedFilter, limit: usize) -> crate::FeedPage;
+        fn feed_head(&self) -> crate::FeedPos;
     }
 
     fn exclusive(&self) -> bool {

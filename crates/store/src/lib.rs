@@ -20,6 +20,7 @@ mod connections;
 mod decode;
 mod detail;
 mod entity;
+pub mod feed;
 mod history;
 mod inbox;
 mod machine;
@@ -51,6 +52,7 @@ pub use detail::{ErrorRow, OperationTrace};
 pub use entity::{
     COMMANDS, Command, EntityFilter, EntityRow, NewEntity, RunStatus, SuccessorSnapshot, command_applies,
 };
+pub use feed::{FeedFilter, FeedItem, FeedPage, FeedPos};
 pub use history::{HistoryKind, HistoryRow};
 pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
 pub use machine::MachineRecord;
@@ -258,6 +260,18 @@ pub trait Store: Send + Sync + 'static {
     fn bulk_advance(&self, advance: BulkAdvance) -> impl Future<Output = Result<bool>> + Send;
     /// Cancels the bulk operation `request_id` if it runs: the row after (`None`: none such).
     fn bulk_cancel(&self, request_id: &str, now: Millis) -> impl Future<Output = Result<Option<BulkRow>>> + Send;
+
+    /// The change feed after `after`: at most `limit` (up to [`feed::MAX_PAGE`]) history
+    /// rows and operation ends matching `filter`, in the order they committed, and the
+    /// position to read on from. Nothing can later commit at or before that position.
+    fn feed_read(
+        &self,
+        after: FeedPos,
+        filter: FeedFilter,
+        limit: usize,
+    ) -> impl Future<Output = Result<FeedPage>> + Send;
+    /// Where the feed is now: a reader starting here gets what commits from now on.
+    fn feed_head(&self) -> impl Future<Output = Result<FeedPos>> + Send;
 
     /// Whether this handle is the only engine on the store (SQLite's exclusive engine
     /// lock). An exclusive engine may reclaim every lease at start.

@@ -331,3 +331,102 @@ async fn commits_are_told_to_other_handles() {
     .expect("b hears of a's commit");
     assert!(seen.at_rest);
 }
+
+/// Reads the feed on from `at` until `want` items arrived (other tests' transactions in
+/// the same cluster may hold the feed back for a moment): what arrived, and where it ended.
+async fn feed_until(
+    store: &PgStore,
+    mut at: settle_store::FeedPos,
+    want: usize,
+) -> (Vec<settle_store::FeedItem>, settle_store::FeedPos) {
+    let mut items = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while items.len() < want {
+        let page = store.feed_read(at, settle_store::FeedFilter::all(), 100).await.unwrap();
+        assert!(page.until >= at, "the feed never goes back");
+        items.extend(page.items);
+        at = page.until;
+        if !page.more {
+            assert!(std::time::Instant::now() < deadline, "only {} of {want} changes arrived: {items:?}", items.len());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    (items, at)
+}
+
+fn created_key(item: &settle_store::FeedItem) -> String {
+    match item {
+        settle_store::FeedItem::Transition { key, row, .. } => {
+            format!("{}:{}", key.as_deref().unwrap_or("?"), row.kind.as_str())
+        }
+        settle_store::FeedItem::Operation { row, .. } => format!("end:{}", row.request_id),
+    }
+}
+
+/// A transaction that began before a later write commits after it: the feed holds the
+/// later write back until the older one ended, so a reader that resumes from where it
+/// stopped gets both (a cursor over ids alone would have skipped the older one's row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_waits_for_a_transaction_still_running() {
+    let Some(url) = settle_store::postgres::test_url("feedgap") else { return };
+    let store = open(&url).await;
+    let head = store.feed_head().await.unwrap();
+    let r = store.write(Batch { now: 10, ops: vec![Op::Create(entity("e0", None))], claim: None }).await.unwrap();
+    let Ok(settle_store::Applied::Created(e0)) = &r.results[0] else { panic!("{:?}", r.results) };
+    let e0 = e0.id;
+    // Another connection opens a transaction that writes a history row of e0, and waits.
+    let base = std::env::var("SETTLE_TEST_PG").unwrap();
+    let schema = url.rsplit("schema=").next().unwrap().to_string();
+    let (written, wait_written) = std::sync::mpsc::channel();
+    let (commit, wait_commit) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&base, postgres::NoTls).unwrap();
+        c.batch_execute(&format!("SET search_path TO \"{schema}\"")).unwrap();
+        let mut tx = c.transaction().unwrap();
+        tx.execute("INSERT INTO history (entity_id, kind, at, detail) VALUES ($1, 'fault', 11, 'older')", &[&e0])
+            .unwrap();
+        written.send(()).unwrap();
+        wait_commit.recv().unwrap();
+        tx.commit().unwrap();
+    });
+    wait_written.recv().unwrap();
+    // A later write commits first.
+    store.write(Batch { now: 12, ops: vec![Op::Create(entity("e1", None))], claim: None }).await.unwrap();
+    let page = store.feed_read(head, settle_store::FeedFilter::all(), 100).await.unwrap();
+    let seen: Vec<String> = page.items.iter().map(created_key).collect();
+    assert!(!seen.contains(&"e1:create".to_string()), "the later write waits for the older transaction: {seen:?}");
+    let (first, at) = feed_until(&store, head, 1).await;
+    assert_eq!(first.iter().map(created_key).collect::<Vec<_>>(), ["e0:create"]);
+    commit.send(()).unwrap();
+    other.join().unwrap();
+    let (rest, _) = feed_until(&store, at, 2).await;
+    assert_eq!(
+        rest.iter().map(created_key).collect::<Vec<_>>(),
+        ["e0:fault", "e1:create"],
+        "nothing skipped, in commit order"
+    );
+}
+
+/// Two handles (as two instances) write concurrently while a reader follows the feed page
+/// by page: it gets every change exactly once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_following_two_writers_misses_nothing() {
+    let Some(url) = settle_store::postgres::test_url("feedrace") else { return };
+    let (a, b) = (open(&url).await, open(&url).await);
+    let head = a.feed_head().await.unwrap();
+    let writer = |store: PgStore, name: &'static str| async move {
+        for batch in 0..40 {
+            let ops = (0..5).map(|i| Op::Create(entity(&format!("{name}{batch}-{i}"), None))).collect();
+            store.write(Batch { now: 10, ops, claim: None }).await.unwrap();
+        }
+    };
+    let (wa, wb) = (tokio::spawn(writer(a.clone(), "a")), tokio::spawn(writer(b, "b")));
+    let reader = tokio::spawn(async move { feed_until(&a, head, 400).await.0 });
+    wa.await.unwrap();
+    wb.await.unwrap();
+    let items = reader.await.unwrap();
+    assert_eq!(items.len(), 400);
+    assert!(items.windows(2).all(|w| w[0].pos() < w[1].pos()), "in order, each once");
+    let keys: HashSet<String> = items.iter().map(created_key).collect();
+    assert_eq!(keys.len(), 400, "every create once");
+}

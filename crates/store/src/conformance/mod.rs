@@ -12,6 +12,7 @@ mod columns;
 mod commands;
 mod commits;
 mod entities;
+mod feed;
 mod fleet;
 mod leases;
 mod operations;
@@ -37,6 +38,7 @@ pub use commits::{
     rejection_keeps_version,
 };
 pub use entities::{create_get_and_duplicate, listing_counts_and_metadata};
+pub use feed::{read_all as feed_read_all, the_feed_resumes_from_any_position_without_gaps};
 pub use fleet::{filtered_pages_match_a_scan, overview_counts_follow_every_write};
 pub use leases::{
     auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
@@ -184,7 +186,8 @@ macro_rules! store_conformance_suite {
                 a_successor_joined_in_a_batch_notifies_its_predecessor, a_command_is_recorded_when_it_applies,
                 an_internal_event_heads_the_inbox, pruning_removes_every_row_an_ended_entity_left,
                 pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past,
-                bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order;
+                bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order,
+                the_feed_resumes_from_any_position_without_gaps;
             store_and_dialect: effects_are_atomic
         );
     };

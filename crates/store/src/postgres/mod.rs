@@ -27,6 +27,7 @@ mod bulk;
 mod claim;
 mod conn;
 mod dialect;
+mod feed;
 mod listen;
 mod prune;
 mod read;
@@ -469,6 +470,19 @@ impl Store for PgStore {
     async fn bulk_cancel(&self, request_id: &str, now: Millis) -> Result<Option<crate::BulkRow>> {
         let request_id = request_id.to_string();
         self.on_reader(move |c| bulk::cancel(c, &request_id, now)).await
+    }
+
+    async fn feed_read(
+        &self,
+        after: crate::FeedPos,
+        filter: crate::FeedFilter,
+        limit: usize,
+    ) -> Result<crate::FeedPage> {
+        self.on_reader(move |c| feed::read(c, after, &filter, limit)).await
+    }
+
+    async fn feed_head(&self) -> Result<crate::FeedPos> {
+        self.on_reader(feed::head).await
     }
 
     async fn operation_get(&self, request_id: &str) -> Result<Option<OperationRow>> {

@@ -70,7 +70,7 @@ pub(crate) fn task_list(c: &mut Conn, f: &TaskFilter) -> R<Vec<AgentTask>> {
     all(rows, task_from_row)
 }
 
-fn history_from_row(r: &Row) -> R<HistoryRow> {
+pub(crate) fn history_from_row(r: &Row) -> R<HistoryRow> {
     let kind: &str = r.try_get(4)?;
     Ok(HistoryRow {
         id: r.try_get(0)?,

@@ -386,14 +386,15 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
     }
     if !w.op_done.is_empty() {
         p.add(Stmt::new(
-            "UPDATE operations SET first_response_at = $2, ended_at = $2, outcome = 'success'
+            "UPDATE operations SET first_response_at = $2, ended_at = $2, outcome = 'success',
+                end_xid = pg_current_xact_id()::text::bigint
              WHERE request_id = ANY($1::text[]) AND ended_at IS NULL",
             vec![col(w.op_done.clone()), one(w.now)],
         ));
     }
     if !w.complete.is_empty() {
         p.add(Stmt::new(
-            "UPDATE operations SET ended_at = $2,
+            "UPDATE operations SET ended_at = $2, end_xid = pg_current_xact_id()::text::bigint,
                 outcome = CASE WHEN canceled THEN 'canceled' WHEN error_seen THEN 'failed' ELSE 'success' END
              WHERE request_id = ANY($1::text[]) AND ended_at IS NULL
                AND NOT EXISTS (SELECT 1 FROM entities e WHERE e.request_id = operations.request_id AND e.busy)

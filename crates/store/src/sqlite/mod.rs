@@ -17,6 +17,7 @@ use std::sync::atomic::AtomicBool;
 mod bulk;
 mod claim;
 mod dialect;
+mod feed;
 mod prune;
 mod read;
 mod schema;
@@ -317,6 +318,19 @@ impl Store for SqliteStore {
     async fn bulk_cancel(&self, request_id: &str, now: Millis) -> Result<Option<crate::BulkRow>> {
         let request_id = request_id.to_string();
         self.on_writer(move |c| bulk::cancel(c, &request_id, now).map_err(db_err)).await
+    }
+
+    async fn feed_read(
+        &self,
+        after: crate::FeedPos,
+        filter: crate::FeedFilter,
+        limit: usize,
+    ) -> Result<crate::FeedPage> {
+        self.on_reader(move |c| feed::read(c, after, &filter, limit).map_err(db_err)).await
+    }
+
+    async fn feed_head(&self) -> Result<crate::FeedPos> {
+        self.on_reader(|c| feed::head(c).map_err(db_err)).await
     }
 
     async fn error_list(&self, entity_id: i64, limit: u64) -> Result<Vec<crate::ErrorRow>> {

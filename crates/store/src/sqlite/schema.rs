@@ -21,6 +21,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (11, include_str!("../../migrations/sqlite/0011_retention.sql")),
     (12, include_str!("../../migrations/sqlite/0012_failures.sql")),
     (13, include_str!("../../migrations/sqlite/0013_bulk.sql")),
+    (14, include_str!("../../migrations/sqlite/0014_feed.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.

@@ -21,11 +21,14 @@ impl Tx<'_> {
         }
         let notices = if w.deletes.is_empty() { Vec::new() } else { self.delete_inbox(&w.deletes)? };
         let ids = if w.inbox.is_empty() { Vec::new() } else { self.insert_inbox(&w.inbox)? };
+        // The change feed's position of this write's history rows and operation ends.
+        let ends = !w.op_done.is_empty() || !w.complete.is_empty() || !notices.is_empty();
+        let xid = if w.history.is_empty() && !ends { 0 } else { self.feed_clock()? };
         if !w.inbox_clear.is_empty() {
             self.clear_inbox(&w.inbox_clear)?;
         }
         if !w.history.is_empty() {
-            self.insert_history(&w.history)?;
+            self.insert_history(&w.history, xid)?;
         }
         if !w.successors.is_empty() {
             self.insert_successors(&w.successors)?;
@@ -67,14 +70,14 @@ impl Tx<'_> {
             self.cancel_operations(&w.op_cancel)?;
         }
         if !w.op_done.is_empty() {
-            self.end_operations(&w.op_done, w.now)?;
+            self.end_operations(&w.op_done, w.now, xid)?;
         }
         if !w.complete.is_empty() {
-            self.complete_operations(&w.complete, w.now)?;
+            self.complete_operations(&w.complete, w.now, xid)?;
         }
         let notices: Vec<String> = notices.into_iter().filter(|r| !w.complete.contains(r)).collect();
         if !notices.is_empty() {
-            self.complete_operations(&notices, w.now)?;
+            self.complete_operations(&notices, w.now, xid)?;
         }
         if !w.hung.is_empty() {
             self.mark_hung(&w.hung)?;
@@ -193,12 +196,17 @@ impl Tx<'_> {
         Ok(ids)
     }
 
-    fn insert_history(&mut self, rows: &[HistoryInsert]) -> rusqlite::Result<()> {
+    /// The next number of the file's change feed (see the `0014_feed` migration).
+    fn feed_clock(&mut self) -> rusqlite::Result<i64> {
+        self.0.prepare_cached("UPDATE feed_clock SET seq = seq + 1 RETURNING seq")?.query_row([], |r| r.get(0))
+    }
+
+    fn insert_history(&mut self, rows: &[HistoryInsert], xid: i64) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
             "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail,
                 machine_hash, event_id, ordinal, transition_kind, start_health, end_health, entry_time, start_time,
-                action_start_time, outcome)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+                action_start_time, outcome, xid)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
         )?;
         for h in rows {
             stmt.execute(params![
@@ -221,7 +229,8 @@ impl Tx<'_> {
                 h.entry_time,
                 h.start_time,
                 h.action_start_time,
-                h.outcome
+                h.outcome,
+                xid
             ])?;
         }
         Ok(())
@@ -377,16 +386,16 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn complete_operations(&mut self, request_ids: &[String], now: Millis) -> rusqlite::Result<()> {
+    fn complete_operations(&mut self, request_ids: &[String], now: Millis, xid: i64) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
-            "UPDATE operations SET ended_at = ?2,
+            "UPDATE operations SET ended_at = ?2, end_xid = ?3,
                 outcome = CASE WHEN canceled = 1 THEN 'canceled' WHEN error_seen = 1 THEN 'failed' ELSE 'success' END
              WHERE request_id = ?1 AND ended_at IS NULL
                AND NOT EXISTS (SELECT 1 FROM entities WHERE request_id = ?1 AND busy = 1)
                AND NOT EXISTS (SELECT 1 FROM inbox WHERE request_id = ?1)",
         )?;
         for r in request_ids {
-            stmt.execute(params![r, now])?;
+            stmt.execute(params![r, now, xid])?;
         }
         Ok(())
     }
@@ -442,13 +451,13 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn end_operations(&mut self, request_ids: &[String], now: Millis) -> rusqlite::Result<()> {
+    fn end_operations(&mut self, request_ids: &[String], now: Millis, xid: i64) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
-            "UPDATE operations SET first_response_at = ?2, ended_at = ?2, outcome = 'success'
+            "UPDATE operations SET first_response_at = ?2, ended_at = ?2, outcome = 'success', end_xid = ?3
              WHERE request_id = ?1 AND ended_at IS NULL",
         )?;
         for r in request_ids {
-            stmt.execute(params![r, now])?;
+            stmt.execute(params![r, now, xid])?;
         }
         Ok(())
     }
