@@ -8,8 +8,10 @@
 //! adds conversions from the store's rows.
 
 mod bulk;
+mod feed;
 
 pub use bulk::{Bulk, BulkDryRun, BulkFilter, BulkList, BulkRequest};
+pub use feed::Change;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 const TOKEN: &str = "contract-admin-token";
+/// The one operation schemathesis leaves out: `GET /v1/feed`, a stream.
+const STREAM: &str = "followFeed";
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
@@ -102,14 +104,18 @@ fn the_document_validates_the_server_keeps_it_and_a_generated_client_works() {
             .arg(&spec)
             .args(["--url", &base, "-H", &auth])
             .args(["--checks", "all", "--max-examples", &examples, "--seed", "20261124"])
+            // The change feed is a stream that ends only when the server stops: a tester
+            // that reads whole bodies cannot check it (the server's `feed_tests` do).
+            .args(["--exclude-operation-id", STREAM])
             .args(["--no-color", "--suppress-health-check", "all"])
             .current_dir(dir.path()),
     );
     let tested = report.lines().find(|l| l.trim_start().starts_with("Tested:")).unwrap_or_default().to_string();
     let selected = report.lines().find(|l| l.trim_start().starts_with("Selected:")).unwrap_or_default().to_string();
-    let ops = doc["paths"].as_object().unwrap().values().map(|p| p.as_object().unwrap().len()).sum::<usize>();
+    let all = doc["paths"].as_object().unwrap().values().map(|p| p.as_object().unwrap().len()).sum::<usize>();
+    let ops = all - 1;
     assert!(
-        tested.contains(&format!("{ops}")) && selected.contains(&format!("{ops}/{ops}")),
+        tested.contains(&format!("{ops}")) && selected.contains(&format!("{ops}/{all}")),
         "not every operation ran ({ops} in the document; {selected}; {tested}):\n{report}"
     );
     eprintln!("schemathesis: {ops} operations, {}", tested.trim());

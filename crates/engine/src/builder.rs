@@ -100,6 +100,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
             ops.clone(),
         );
         scheduler.archive = archive.clone();
+        let committed = scheduler.committed.clone();
         let task = tokio::spawn(scheduler.run(rx));
         let agent_check = registry.agent_check();
         let engine = Engine {
@@ -113,6 +114,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 archive,
                 tx,
                 offered,
+                committed,
                 hub,
                 ops,
                 closing: std::sync::atomic::AtomicBool::new(false),

@@ -38,6 +38,9 @@ pub(crate) struct Inner<S> {
     pub(crate) tx: mpsc::UnboundedSender<Msg>,
     /// Notified when this engine offered agent tasks.
     pub(crate) offered: Arc<tokio::sync::Notify>,
+    /// Counts the batches this engine committed that wrote anything (followers of the
+    /// change feed read again).
+    pub(crate) committed: Arc<tokio::sync::watch::Sender<u64>>,
     /// Callers waiting on entities another instance moves (shared stores only).
     pub(crate) hub: Option<Hub>,
     /// Callers waiting for operations to end.
@@ -470,11 +473,19 @@ impl<S: Store> Engine<S> {
     }
 
     /// Ends every waiting [`Engine::agent_lease`] long poll now (they answer no task) and
-    /// makes later ones answer at once: for a server about to stop, so that agents are not
-    /// held until their poll times out.
+    /// makes later ones answer at once, and ends the change feed's streams: for a server
+    /// about to stop, so that agents and followers are not held until their poll times out.
     pub fn close_long_polls(&self) {
         self.inner.closing.store(true, std::sync::atomic::Ordering::Release);
         self.inner.offered.notify_waiters();
+        // Followers of the change feed look too, and end.
+        self.inner.committed.send_modify(|_| {});
+    }
+
+    /// Whether [`close_long_polls`](Self::close_long_polls) was called: the server stops,
+    /// and long-lived answers (long polls, the change feed) end.
+    pub fn is_closing(&self) -> bool {
+        self.inner.closing.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Extends the lease on `task` by its lock time, if `token` still holds it; answers the

@@ -16,7 +16,7 @@
 //! Modules: `engine` (the API), `builder` (starting), `api` (what callers send and get),
 //! `config`, `registry` (machines and handlers), `decide` (the decisions), `scheduler` (the
 //! loop), `msg` (its inbox), `waiters` (callers waiting on it), `opwatch` (callers waiting
-//! for operations to end), `nested` (sync nested events), `prune` (retention carried out), [`sim`] (the scheduler stepped by a simulation), `handler` (what actions get and return), `watch` (other instances' commits),
+//! for operations to end), `nested` (sync nested events), `prune` (retention carried out), [`sim`] (the scheduler stepped by a simulation), `handler` (what actions get and return), `watch` (other instances' commits), `feed` (following the change feed),
 //! [`metrics`], `error`.
 
 mod api;
@@ -27,6 +27,7 @@ mod config;
 mod decide;
 mod engine;
 mod error;
+mod feed;
 #[cfg(test)]
 mod fixtures;
 mod handler;
@@ -51,6 +52,7 @@ pub use config::Config;
 pub use decide::subscription_progress_with;
 pub use engine::{Engine, SubscriptionProgress, can_fire};
 pub use error::{Error, Result};
+pub use feed::FeedWatch;
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
 pub use prune::PruneReport;
 pub use settle_store::{Clock, Command, ManualClock, RunStatus, SharedClock, SystemClock};

@@ -70,6 +70,11 @@ text!(
     CURSOR = r"^[0-9]{1,18}$|/", example "1042"
 );
 text!(
+    /// A position in the change feed: an event's `id` (`commit-kind-row`), or `0` for the
+    /// oldest change kept.
+    FEED_POSITION = r"^(0|[0-9]{1,19}-[0-2]-[0-9]{1,19})$", example "8812-0-1534"
+);
+text!(
     /// The cursor of a page of operations: `next` of the previous page (an operation's id).
     OPERATION_CURSOR = r"^[1-9][0-9]{0,17}$", example "1042"
 );
@@ -121,6 +126,8 @@ pub const RUN_STATUS: Words = &["active", "paused", "sleeping", "fault", "failed
 pub const BULK_ACTION: Words = &["pause", "resume", "retry", "release", "kill", "raise"];
 /// A state's health (`health` of `GET /v1/entities`).
 pub const HEALTH: Words = &["ok", "error"];
+/// The kinds of change in the feed (`GET /v1/feed?type=`).
+pub const FEED_TYPE: Words = &["transition", "operation"];
 /// Operation outcomes, and `open` for operations still running.
 pub const OUTCOME: Words = &["success", "failed", "canceled", "hung", "open"];
 /// What a raise waits for.
@@ -162,6 +169,11 @@ const PARAMS: &[(&str, &str, Rule)] = &[
     ("query", "machine", Rule::Free("server")),
     ("query", "state", Rule::Free("running")),
     ("query", "prefix", Rule::Free("web-")),
+    ("query", "key", Rule::Free("web-1")),
+    ("query", "request_id", Rule::Free("deploy-2026-11-24.web-1")),
+    ("query", "type", Rule::Words(FEED_TYPE)),
+    ("query", "since", Rule::Text(&FEED_POSITION)),
+    ("header", "Last-Event-ID", Rule::Text(&FEED_POSITION)),
     ("path", "machine", Rule::Free("server")),
     ("path", "key", Rule::Free("web-1")),
     ("path", "event", Rule::Free("create")),
@@ -236,6 +248,7 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
     ("releaseEntity", LIFECYCLE),
     ("retryEntity", LIFECYCLE),
     ("listOperations", &[Internal, Unavailable]),
+    ("followFeed", &[UnknownMachine, Internal, Unavailable]),
     ("getOperation", &[UnknownOperation, Internal, Unavailable]),
     ("getOperationTrace", &[UnknownOperation, Internal, Unavailable]),
     ("getOverview", &[Internal, Unavailable]),

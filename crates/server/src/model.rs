@@ -128,3 +128,25 @@ pub struct GraphQuery {
     /// entity's `machine_version`): its diagram instead of the current one's.
     pub version: Option<String>,
 }
+
+/// Query of `GET /v1/feed`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct FeedQuery {
+    /// Only changes of this machine's entities (and operations on them).
+    pub machine: Option<String>,
+    /// Only this entity (with `machine`).
+    pub key: Option<String>,
+    /// Only transitions into this state (no operation ends).
+    pub state: Option<String>,
+    /// Only what this request caused.
+    pub request_id: Option<String>,
+    /// Only `transition`s or only `operation` ends (default both).
+    #[serde(rename = "type")]
+    #[param(rename = "type")]
+    pub kind: Option<String>,
+    /// Start after this position (an event's `id`; `0`: from the oldest kept). The
+    /// `Last-Event-ID` header, sent by a reconnecting client, wins. Neither: from now on.
+    pub since: Option<String>,
+}

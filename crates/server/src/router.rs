@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::{self, Access};
 use crate::problem::{Kind, Problem};
-use crate::routes::{bulk, entities, events, lifecycle, machines, operations, overview, queues, system};
+use crate::routes::{bulk, entities, events, feed, lifecycle, machines, operations, overview, queues, system};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -38,6 +38,7 @@ use crate::state::AppState;
         (name = "bulk", description = "one command or event for every entity matching a filter, as one durable operation"),
         (name = "operations", description = "what requests set in motion"),
         (name = "overview", description = "the fleet at a glance"),
+        (name = "feed", description = "changes as they commit: server-sent events, resumable by id"),
         (name = "agents", description = "agent queues: lease tasks, heartbeat, report (DESIGN §5)"),
     )
 )]
@@ -73,6 +74,7 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(bulk::write(), Access::Write))
         .merge(guard(operations::read(), Access::Read))
         .merge(guard(overview::read(), Access::Read))
+        .merge(guard(feed::read(), Access::Read))
         .merge(guard(queues::agent(), Access::Agent))
 }
 

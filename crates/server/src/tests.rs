@@ -1068,7 +1068,12 @@ async fn openapi_lists_every_served_route() {
     assert_eq!(built, r.json());
     assert!(ops.len() >= 19, "{ops:?}");
     for (path, method) in &ops {
-        let uri = path.split('/').map(|seg| if seg.starts_with('{') { "x" } else { seg }).collect::<Vec<_>>().join("/");
+        let mut uri =
+            path.split('/').map(|seg| if seg.starts_with('{') { "x" } else { seg }).collect::<Vec<_>>().join("/");
+        if uri == "/v1/feed" {
+            // A stream that ends only with the server: asked for what it refuses.
+            uri.push_str("?machine=x");
+        }
         let method: &'static str = match method.as_str() {
             "GET" => "GET",
             "POST" => "POST",

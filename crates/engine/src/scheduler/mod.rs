@@ -97,6 +97,8 @@ pub(crate) struct Scheduler<S> {
     nested: Arc<dyn Nested>,
     /// Woken when a batch offered agent tasks (agents long-polling a queue lease again).
     offered: Arc<tokio::sync::Notify>,
+    /// Bumped after each committed batch that wrote anything (followers of the feed).
+    pub(crate) committed: Arc<tokio::sync::watch::Sender<u64>>,
     held: HashMap<i64, Slot>,
     ops: Vec<Op>,
     pending: Vec<Pending>,
@@ -164,6 +166,7 @@ impl<S: Store + Clone> Scheduler<S> {
             tx,
             nested,
             offered,
+            committed: Arc::new(tokio::sync::watch::Sender::new(0)),
             held: HashMap::new(),
             ops: Vec::new(),
             pending: Vec::new(),
@@ -320,8 +323,12 @@ impl<S: Store + Clone> Scheduler<S> {
     async fn write_batch(&mut self) {
         let Some((batch, pending, offers)) = self.take_batch() else { return };
         let started = std::time::Instant::now();
+        let wrote = !batch.ops.is_empty();
         let written = self.store.write(batch).await;
         self.stats.write_micros += started.elapsed().as_micros() as u64;
+        if wrote && written.is_ok() {
+            self.committed.send_modify(|n| *n += 1);
+        }
         self.finish_batch(pending, offers, written);
     }
 

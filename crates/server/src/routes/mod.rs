@@ -5,6 +5,7 @@
 pub mod bulk;
 pub mod entities;
 pub mod events;
+pub mod feed;
 pub mod lifecycle;
 pub mod machines;
 pub mod operations;
