@@ -340,7 +340,8 @@ async fn serve(
         } else {
             crate::engines::shutdown_signal().await
         }
-        // Agents' long polls would hold the graceful shutdown for up to their wait.
+        // Agents' long polls would hold the graceful shutdown for up to their wait, and
+        // the change feed's streams for ever.
         polls.close_long_polls();
     };
     let served = settle_server::serve(listener, settle_server::router(state), stop, &listen).await;

@@ -346,19 +346,28 @@ fn the_dashboard_in_a_browser() {
         "request ids link to their operations"
     );
     b.wait_for("document.querySelector('[data-field=run_status]').textContent.includes('failed')", WAIT).unwrap();
-    // Live, and calm: text selected in the timeline stays selected across refreshes that
-    // change nothing there (only what changed is drawn again).
+    // Live by the change feed, and calm: a change of the entity arrives by the feed (no
+    // polling while it is up) and only what changed is drawn again — a new timeline row —
+    // so text selected in a row that stayed is still selected.
+    b.wait_for("feed.connected && app.timer === null", WAIT).unwrap();
     let selected = b
         .eval(
             "(() => { const cell = document.querySelector('#timeline-table tbody tr td:last-child');
                const r = document.createRange(); r.selectNodeContents(cell);
                const s = window.getSelection(); s.removeAllRanges(); s.addRange(r);
-               window.refreshedAt = app.refreshed; return s.toString(); })()",
+               window.changesAt = feed.changes;
+               window.rowsAt = document.querySelectorAll('#timeline-table tbody tr').length;
+               return s.toString(); })()",
         )
         .unwrap();
     assert!(!selected.as_str().unwrap().is_empty());
-    b.wait_for("app.refreshed >= window.refreshedAt + 2", WAIT).unwrap();
-    assert_eq!(b.eval("window.getSelection().toString()").unwrap(), selected, "the selection survived two refreshes");
+    let (status, v) =
+        s.call("POST", "/v1/machines/vm/entities/vm-4/pause?reason=look%20first", "operator-token-01", None);
+    assert!((200..300).contains(&status), "{v}");
+    b.wait_for("document.querySelector('[data-field=run_status]').textContent.includes('paused')", WAIT).unwrap();
+    b.wait_for("document.querySelectorAll('#timeline-table tbody tr').length > window.rowsAt", WAIT).unwrap();
+    assert_eq!(b.eval("feed.changes > window.changesAt && app.timer === null").unwrap(), json!(true), "by the feed");
+    assert_eq!(b.eval("window.getSelection().toString()").unwrap(), selected, "the selection survived the update");
     screenshot(&b, "entity.png");
     page_is_clean(&b, "entity");
     every_control_reachable_by_keyboard(&b, "entity");
@@ -426,12 +435,15 @@ fn the_dashboard_in_a_browser() {
     b.wait_for("document.querySelector('#why-chain')?.textContent.includes('no capacity for a network')", WAIT)
         .unwrap();
 
-    // A page of something that is not there stops polling; another page starts again.
+    // A page of something that is not there stops following; another page starts again.
     b.goto(&s.url("#/entity/vm/no-such-vm")).unwrap();
-    b.wait_for("app.timer === null && document.querySelector('#live').textContent.includes('not found')", WAIT)
-        .unwrap();
+    b.wait_for(
+        "app.timer === null && feed.ctrl === null && document.querySelector('#live').textContent.includes('not found')",
+        WAIT,
+    )
+    .unwrap();
     b.goto(&s.url("#/entity/vm/vm-4")).unwrap();
-    b.wait_for("app.timer !== null && document.querySelector('#live').textContent === 'live'", WAIT).unwrap();
+    b.wait_for("feed.connected && document.querySelector('#live').textContent === 'live'", WAIT).unwrap();
     // (The missing entity's reads, and only those, failed.)
     let expected = b.take_console_errors();
     assert!(expected.iter().all(|e| e.contains("404") && e.contains("no-such-vm")), "{expected:?}");

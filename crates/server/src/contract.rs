@@ -173,6 +173,7 @@ const PARAMS: &[(&str, &str, Rule)] = &[
     ("query", "request_id", Rule::Free("deploy-2026-11-24.web-1")),
     ("query", "type", Rule::Words(FEED_TYPE)),
     ("query", "since", Rule::Text(&FEED_POSITION)),
+    ("query", "coalesce", Rule::Words(&["true", "false"])),
     ("header", "Last-Event-ID", Rule::Text(&FEED_POSITION)),
     ("path", "machine", Rule::Free("server")),
     ("path", "key", Rule::Free("web-1")),

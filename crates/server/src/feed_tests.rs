@@ -167,9 +167,21 @@ async fn the_feed_streams_changes_and_a_reconnect_misses_nothing() {
         ["door/d1 create closed", "door/d2 create closed", "door/d2 event closed", "door/d1 event closed"]
     );
 
+    // Coalesced: one event per read, with the count; the position is that of the last.
+    let mut counts = Stream::open(&app, "/v1/feed?since=0&coalesce=true", None).await;
+    let mut total = 0;
+    while total < 12 {
+        let e = counts.next().await.unwrap();
+        if e.event.as_deref() == Some("changes") {
+            total += e.json()["count"].as_u64().unwrap();
+        }
+    }
+    assert_eq!(total, 12, "every change counted once");
+
     // The server stops: the streams end.
     app.state.engine().close_long_polls();
     while now.next().await.is_some() {}
+    while counts.next().await.is_some() {}
     while entered.next().await.is_some() {}
     app.stop().await;
 }
@@ -185,6 +197,7 @@ async fn bad_feed_requests_are_problems() {
         (get("/v1/feed?type=everything"), 400, "bad-request", Some("type")),
         (get("/v1/feed?since=yesterday"), 400, "bad-request", Some("since")),
         (get("/v1/feed?since=1-7-0"), 400, "bad-request", Some("since")),
+        (get("/v1/feed?coalesce=yes"), 400, "bad-request", Some("coalesce")),
         (get("/v1/feed").header("Last-Event-ID", "x"), 400, "bad-request", Some("Last-Event-ID")),
     ])
     .await;

@@ -149,4 +149,8 @@ pub struct FeedQuery {
     /// Start after this position (an event's `id`; `0`: from the oldest kept). The
     /// `Last-Event-ID` header, sent by a reconnecting client, wins. Neither: from now on.
     pub since: Option<String>,
+    /// `true`: instead of each change, one `changes` event per read of the store with how
+    /// many there were (`{"count": n}`): for a client that only needs to know that
+    /// something changed (a dashboard's overview), at any rate of change.
+    pub coalesce: Option<String>,
 }

@@ -1,7 +1,9 @@
 // Settle dashboard: a client of the public HTTP API (/v1/…), nothing private.
 // Pages by hash route (#/overview, #/entities?…, #/entity/M/K, #/parked, #/operations,
-// #/operation/ID, #/machines, #/machine/M). Each page renders its frame once and
-// refreshes its data every 1.5 s. The bearer token lives in sessionStorage only.
+// #/operation/ID, #/machines, #/machine/M). Each page renders its frame once and draws
+// again what changed when the change feed (GET /v1/feed) says something it shows did;
+// while the feed is down it polls every 1.5 s. The bearer token lives in sessionStorage
+// only.
 "use strict";
 
 const REFRESH_MS = 1500;
@@ -121,6 +123,7 @@ function explain(e) {
 
 function showSignIn(message) {
   stopTimer();
+  unfollow();
   $("#main").hidden = true;
   $("#nav").hidden = true;
   $("#who").hidden = true;
@@ -172,32 +175,98 @@ function route() {
   app.page = make(main, r);
   document.title = `Settle · ${app.page.title || r.name}`;
   tick();
-  app.timer = setInterval(tick, REFRESH_MS);
+  follow(app.page.feed ?? "coalesce=true");
 }
 
+function startTimer() { if (!app.timer) app.timer = setInterval(tick, REFRESH_MS); }
 function stopTimer() { if (app.timer) clearInterval(app.timer); app.timer = null; }
 
 async function tick() {
   const page = app.page;
-  if (!page || app.busy || document.hidden || $("#confirm").open) return;
+  if (!page || document.hidden || $("#confirm").open) return;
+  // A change heard while drawing: draw again after.
+  if (app.busy) { app.again = true; return; }
   app.busy = true;
   try {
     await page.refresh();
     app.refreshed = (app.refreshed || 0) + 1;
     $("#live").classList.remove("stale");
     $("#live").textContent = "live";
-    $("#live").title = `updated ${fmtTime(Date.now())}`;
+    $("#live").title = `${feed.connected ? "following the change feed" : "polling every 1.5 s"} · updated ${fmtTime(Date.now())}`;
   } catch (e) {
     $("#live").classList.add("stale");
-    // What is not there will not come by asking again: the page stops polling (another
-    // page starts it again).
+    // What is not there will not come by asking again: the page stops following (another
+    // page starts again).
     const gone = e instanceof ApiError && e.status === 404;
     $("#live").textContent = gone ? "not found · stopped" : "offline";
-    if (gone) stopTimer();
+    if (gone) { stopTimer(); unfollow(); }
     if (page.error) page.error(e);
   } finally {
     app.busy = false;
+    // (Also when the page changed meanwhile: the new one was not drawn yet.)
+    if (app.again) { app.again = false; soon(); }
   }
+}
+
+// ---- the change feed -------------------------------------------------------------
+// One stream at a time, of what the page shows (`page.feed`: the query of GET /v1/feed;
+// by default a count per read of every change). Read with fetch, which sends the token
+// (EventSource cannot); each change draws the page again (at most every 150 ms); the
+// stream reconnects with the last id it saw, and the page polls while it is down.
+
+const feed = { ctrl: null, query: null, last: null, changes: 0, connected: false };
+
+function soon() {
+  if (!soon.t) soon.t = setTimeout(() => { soon.t = null; tick(); }, 150);
+}
+
+function unfollow() {
+  if (feed.ctrl) feed.ctrl.abort();
+  Object.assign(feed, { ctrl: null, query: null, last: null, connected: false });
+}
+
+function follow(query) {
+  if (feed.ctrl && feed.query === query) return;
+  unfollow();
+  const ctrl = new AbortController();
+  Object.assign(feed, { ctrl, query });
+  (async () => {
+    while (!ctrl.signal.aborted) {
+      try {
+        const h = { Accept: "text/event-stream" };
+        const token = sessionStorage.getItem(TOKEN_KEY);
+        if (token) h.Authorization = `Bearer ${token}`;
+        if (feed.last) h["Last-Event-ID"] = feed.last;
+        const r = await fetch(`/v1/feed${query ? `?${query}` : ""}`, { headers: h, signal: ctrl.signal });
+        if (!r.ok) throw new ApiError(r.status, null);
+        feed.connected = true;
+        stopTimer();
+        // What changed before the stream opened.
+        soon();
+        const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buf = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += value;
+          for (let i = buf.indexOf("\n\n"); i >= 0; i = buf.indexOf("\n\n")) {
+            const block = buf.slice(0, i);
+            buf = buf.slice(i + 2);
+            let data = "";
+            for (const line of block.split("\n")) {
+              if (line.startsWith("id:")) feed.last = line.slice(3).trim();
+              else if (line.startsWith("data:")) data += line.slice(5).trim();
+            }
+            if (data) { feed.changes++; soon(); }
+          }
+        }
+      } catch (_) { /* aborted, or the server went away: below */ }
+      if (ctrl.signal.aborted) return;
+      feed.connected = false;
+      startTimer();
+      await new Promise((res) => setTimeout(res, 3000));
+    }
+  })();
 }
 
 function flash(html) {
@@ -460,7 +529,7 @@ function entity(main, r) {
         <h2>Related entities</h2><div id="related"></div>
       </div>
     </div>
-    <h2>Timeline</h2><div class="scroll" id="timeline"></div>`;
+    <h2>Timeline</h2><div class="scroll" id="timeline"><table id="timeline-table"><thead><tr><th>Time</th><th>Kind</th><th>Transition</th><th>Cause</th><th>Request</th><th>Detail</th></tr></thead><tbody id="timeline-rows"></tbody></table></div>`;
   let latest = null, whyShown = null;
   wireCommands($("#commands"), () => tick());
   let permitted = null;
@@ -493,6 +562,7 @@ function entity(main, r) {
   }
   return {
     title: `${machineName}/${key}`,
+    feed: `machine=${enc(machineName)}&key=${enc(key)}`,
     error(e) { if (e instanceof ApiError && (e.status === 404 || e.status === 410)) $("#head").innerHTML = `<p class="error">${esc(e.message)}</p>`; },
     async refresh() {
       const [e, history, errors, timers, related] = await Promise.all([
@@ -545,7 +615,7 @@ function entity(main, r) {
       const version = e?.machine_version && current && e.machine_version !== current ? e.machine_version : null;
       $("#diagram-version").textContent = version ? `Drawn as version ${version.slice(0, 12)}, the one it runs under (current: ${current.slice(0, 12)}).` : "";
       await drawDiagram($("#diagram"), machineName, state, history, version);
-      setHtml($("#timeline"), timeline(history, errors));
+      setRows($("#timeline-rows"), timelineRows(history, errors));
     },
   };
 }
@@ -573,13 +643,39 @@ function simpleTable(heads, rows, empty) {
     rows.length ? rows.map((r) => `<tr>${r.map((c) => `<td>${c}</td>`).join("")}</tr>`).join("") : `<tr class="empty"><td colspan="${heads.length}">${esc(empty)}</td></tr>`}</tbody></table>`;
 }
 
-function timeline(history, errors) {
+// Sets a table body's rows, each `[key, html of a <tr>]` in order, touching only rows that
+// are new or gone: a live page keeps the reader's selection in the rows that stay.
+function setRows(tbody, rows) {
+  const have = new Map([...tbody.children].map((tr) => [tr.dataset.row, tr]));
+  let at = tbody.firstElementChild;
+  for (const [key, html] of rows) {
+    let tr = have.get(key);
+    if (tr) have.delete(key);
+    else {
+      const t = document.createElement("template");
+      t.innerHTML = html;
+      tr = t.content.firstElementChild;
+      tr.dataset.row = key;
+    }
+    if (tr === at) at = at.nextElementSibling;
+    else tbody.insertBefore(tr, at);
+  }
+  for (const tr of have.values()) tr.remove();
+}
+
+// The timeline's rows, newest first, each keyed by what it says.
+function timelineRows(history, errors) {
   const rows = history.map((h) => ({ at: h.at, kind: h.kind, what: h.to ? `${h.from ?? "∅"} → ${h.to}` : h.from ?? "", cause: h.event ? `event ${h.event}` : h.action ? `action ${h.action}` : "", rid: h.request_id, detail: h.detail }))
     .concat(errors.map((e) => ({ at: e.at, kind: `error: ${e.kind}`, what: "", cause: "", rid: e.request_id, detail: e.details, error: true })));
   rows.sort((a, b) => b.at - a.at);
-  return `<table id="timeline-table"><thead><tr><th>Time</th><th>Kind</th><th>Transition</th><th>Cause</th><th>Request</th><th>Detail</th></tr></thead><tbody>${
-    rows.length ? rows.map((r) => `<tr class="${r.error ? "error" : ""}" data-kind="${esc(r.kind)}"><td class="mono">${esc(fmtTime(r.at))}</td><td>${esc(r.kind)}</td><td>${esc(r.what)}</td><td>${esc(r.cause)}</td><td>${opLink(r.rid)}</td><td class="wrap">${esc(r.detail ?? "")}</td></tr>`).join("")
-      : `<tr class="empty"><td colspan="6">nothing yet</td></tr>`}</tbody></table>`;
+  const seen = new Map();
+  const out = rows.map((r) => {
+    const html = `<tr class="${r.error ? "error" : ""}" data-kind="${esc(r.kind)}"><td class="mono">${esc(fmtTime(r.at))}</td><td>${esc(r.kind)}</td><td>${esc(r.what)}</td><td>${esc(r.cause)}</td><td>${opLink(r.rid)}</td><td class="wrap">${esc(r.detail ?? "")}</td></tr>`;
+    const n = (seen.get(html) || 0) + 1;
+    seen.set(html, n);
+    return [`${n}:${html}`, html];
+  });
+  return out.length ? out : [["empty", `<tr class="empty"><td colspan="6">nothing yet</td></tr>`]];
 }
 
 // A machine's diagram, of a stored version when given (`null`: the current one).
@@ -801,6 +897,7 @@ function operation(main, r) {
     <h2>Transitions it caused</h2><div class="scroll" id="transitions"></div>`;
   return {
     title: `Operation ${id}`,
+    feed: `request_id=${enc(id)}`,
     error(e) { if (e instanceof ApiError && e.status === 404) $("#op").innerHTML = `<p class="error">${esc(e.message)}</p>`; },
     async refresh() {
       const t = await api(`/v1/operations/${enc(id)}/trace`);

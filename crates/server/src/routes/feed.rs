@@ -3,7 +3,8 @@
 //! whichever instance committed what (`settle_store::feed`). One read of the store per
 //! wake-up (a commit here, one another instance told of, or a second at most), pages of
 //! [`PAGE`]; a filter that leaves changes out still moves the client's position (an event
-//! with only an `id`). The stream ends when the server stops.
+//! with only an `id`); `coalesce=true` sends one `changes` event per read instead of one
+//! per change. The stream ends when the server stops.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -55,6 +56,11 @@ async fn feed(
     Query(q): Query<FeedQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Problem> {
     let filter = filter(&s, &q)?;
+    let coalesce = match q.coalesce.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Err(unknown_word("coalesce", "value", other, &["true", "false"])),
+    };
     let resume = headers.get("last-event-id").map(|v| v.to_str().unwrap_or("").to_string());
     let engine = s.engine().clone();
     // Taken before the first read: a commit from now on wakes the stream.
@@ -66,7 +72,8 @@ async fn feed(
         })?,
         None => engine.feed_head().await?,
     };
-    let follow = Follow { engine, watch, filter, at, sent: at, queue: VecDeque::new(), more: true, done: false };
+    let follow =
+        Follow { engine, watch, filter, coalesce, at, sent: at, queue: VecDeque::new(), more: true, done: false };
     let stream = futures_util::stream::unfold(follow, |mut f| async move { f.next().await.map(|e| (Ok(e), f)) });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
@@ -105,6 +112,8 @@ struct Follow {
     engine: Engine<AnyStore>,
     watch: FeedWatch,
     filter: FeedFilter,
+    /// One `changes` event per read instead of one per change.
+    coalesce: bool,
     /// Where the next read starts.
     at: FeedPos,
     /// The last position the client was told.
@@ -133,6 +142,14 @@ impl Follow {
             }
             self.watch.seen();
             match self.engine.feed_read(self.at, self.filter.clone(), PAGE).await {
+                Ok(page) if self.coalesce && !page.items.is_empty() => {
+                    let data = serde_json::json!({ "count": page.items.len() });
+                    self.queue
+                        .push_back(Event::default().id(page.until.to_string()).event("changes").data(data.to_string()));
+                    self.sent = page.until;
+                    self.at = page.until;
+                    self.more = page.more;
+                }
                 Ok(page) => {
                     for item in &page.items {
                         let change = Change::from(item);
