@@ -8,6 +8,7 @@ mod defs;
 mod demo;
 mod demo_run;
 mod engines;
+mod feed;
 mod inspect;
 mod operate;
 mod print;
@@ -162,6 +163,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The change feed: every transition, rejection, fault and command, and every operation
+    /// that ended, one line each as it commits (from now on, or after --since). From the
+    /// database it reads the store; with --server it follows `GET /v1/feed` and reconnects
+    /// after its last position, missing nothing.
+    #[command(after_help = "Examples:\n  settle feed --machine server --type transition\n  \
+                            settle feed --since 0 --once --json")]
+    Feed(feed::FeedArgs),
     /// Why an entity failed, down to the first cause: its failure (the message of the
     /// action that moved it to an error-health state, or the error that parked it), then
     /// each entity that caused it (a subscription's matches), and theirs.
@@ -470,6 +478,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         Command::Why { machine, key, json } => {
             runtime()?.block_on(inspect::why(&db_path(&cli.db), &machine, &key, json))
         }
+        Command::Feed(args) => runtime()?.block_on(feed::local(&db_path(&cli.db), args)),
         Command::History { machine, key, events: false, json } => {
             runtime()?.block_on(inspect::history(&db_path(&cli.db), &machine, &key, json))
         }
@@ -541,6 +550,7 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
         }
         Command::Get { machine, key, json } => Box::pin(async move { remote::get(c, &machine, &key, json).await }),
         Command::Why { machine, key, json } => Box::pin(async move { remote::why(c, &machine, &key, json).await }),
+        Command::Feed(args) => Box::pin(feed::remote(c, args)),
         Command::History { events: true, .. } => anyhow::bail!(
             "`settle history --events` reads the database's events table, which the HTTP API does not offer; \
              run it without --server where the database is"
@@ -613,6 +623,7 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         Command::List { .. } => "list",
         Command::Get { .. } => "get",
         Command::Why { .. } => "why",
+        Command::Feed(_) => "feed",
         Command::History { .. } => "history",
         Command::Ops { .. } => "ops",
         Command::Op { .. } => "op",

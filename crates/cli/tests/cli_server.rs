@@ -265,3 +265,61 @@ fn the_statechart_walkthrough_of_the_readme_runs_on_the_served_examples() {
         "{history:?}"
     );
 }
+
+/// `settle feed`: a follower of a server, started before the changes, prints each as it
+/// commits (one JSON `Change` a line); one started with `--since` its last id prints only
+/// what came after; on the database, `--since 0 --once` prints everything and where to go
+/// on from, and `--since` that position prints nothing more.
+#[test]
+fn the_feed_follows_a_server_and_reads_the_database() {
+    use std::io::{BufRead, BufReader};
+    let (_dir, machines, db) = setup();
+    let s = Served::start(&db, Some(&machines), &[]);
+    let run = |args: &[&str]| ok(s.settle(None, args), &format!("settle --server {args:?}"));
+    let follow = |extra: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_settle"));
+        c.args(["--server", &s.url, "feed", "--json"]).args(extra).env("SETTLE_LOG", "error");
+        c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null());
+        common::Proc(c.spawn().unwrap())
+    };
+    let mut first = follow(&["--machine", "door", "--since", "0"]);
+    let mut lines = BufReader::new(first.0.stdout.take().unwrap()).lines();
+    let next = |lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>| -> Value {
+        serde_json::from_str(&lines.next().expect("a line").unwrap()).unwrap()
+    };
+    run(&["create", "door", "front"]);
+    let mut got: Vec<Value> = vec![next(&mut lines)];
+    assert_eq!((got[0]["key"].as_str(), got[0]["transition"]["kind"].as_str()), (Some("front"), Some("create")));
+    run(&["raise", "door", "front", "open", "--wait"]);
+    while !got.iter().any(|c| c["type"] == "operation" && c["operation"]["name"] == "door.open") {
+        got.push(next(&mut lines));
+    }
+    let opened = got.iter().find(|c| c["type"] == "transition" && c["transition"]["event"] == "open").unwrap();
+    assert_eq!((opened["machine"].as_str(), opened["transition"]["to"].as_str()), (Some("door"), Some("open")));
+    let last = got.last().unwrap()["id"].as_str().unwrap().to_string();
+    drop(first);
+
+    // Resumed after the last id it printed: only what came after.
+    run(&["raise", "door", "front", "close", "--wait"]);
+    let mut second = follow(&["--since", &last]);
+    let mut lines = BufReader::new(second.0.stdout.take().unwrap()).lines();
+    let after: Vec<Value> = (0..2).map(|_| next(&mut lines)).collect();
+    assert_eq!(after[0]["transition"]["event"], "close", "{after:?}");
+    assert_eq!(after[1]["operation"]["name"], "door.close", "{after:?}");
+    drop(second);
+    s.stop();
+
+    // On the database: everything, then the position to go on from.
+    let out = settle(&db, &["feed", "--since", "0", "--once"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("door/front  create → closed"), "{text}");
+    assert!(text.contains("door/front  event closed → open (event open)"), "{text}");
+    assert!(text.contains("door/front  operation door.close success"), "{text}");
+    let go_on = stderr(&out);
+    let since = go_on.trim().strip_prefix("next: settle feed --since ").unwrap_or_else(|| panic!("{go_on}"));
+    assert_eq!(stdout(&settle(&db, &["feed", "--since", since, "--once"])), "", "nothing after it");
+    let bad = settle(&db, &["feed", "--since", "yesterday", "--once"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("not a feed position"), "{}", stderr(&bad));
+}

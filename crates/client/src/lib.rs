@@ -22,8 +22,11 @@
 //! Errors from the server arrive as [`Error::Problem`]: the problem+json body, with its
 //! stable `type` (see [`Problem::kind`]) and status.
 
+mod feed;
+
 use std::time::Duration;
 
+pub use feed::{Change, FeedQuery, FeedStream};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -162,6 +165,17 @@ pub struct ListFilter {
     pub limit: Option<u32>,
 }
 
+/// The error of an answer that is not a success: its problem, or what came instead.
+fn refusal(url: String, status: reqwest::StatusCode, bytes: &[u8]) -> Error {
+    match serde_json::from_slice::<Problem>(bytes) {
+        Ok(problem) => Error::Problem { status: status.as_u16(), problem: Box::new(problem) },
+        Err(_) => Error::Unexpected {
+            url,
+            message: format!("{status}: {}", String::from_utf8_lossy(bytes).chars().take(200).collect::<String>()),
+        },
+    }
+}
+
 /// A client of one Settle server. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -218,16 +232,7 @@ impl Client {
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| Error::Transport { url: url.clone(), source: e })?;
         if !status.is_success() {
-            return Err(match serde_json::from_slice::<Problem>(&bytes) {
-                Ok(problem) => Error::Problem { status: status.as_u16(), problem: Box::new(problem) },
-                Err(_) => Error::Unexpected {
-                    url,
-                    message: format!(
-                        "{status}: {}",
-                        String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()
-                    ),
-                },
-            });
+            return Err(refusal(url, status, &bytes));
         }
         let value = serde_json::from_slice(&bytes)
             .map_err(|e| Error::Unexpected { url, message: format!("{status}: cannot decode the body: {e}") })?;

@@ -17,9 +17,10 @@ use crate::plan::{Dialect, Finish, ReadSet, Reads, Writes};
 use crate::sql::{ENTITY_COLS, TASK_COLS};
 use crate::{AgentTask, Claimed, EntityRow, InboxItem, Millis, OpError, SqlStatement, TimerRow};
 
-/// The writer's connection inside a batch's transaction, as the plan's [`Dialect`], and
-/// whether any agent task may be open (see `Inner::tasks_open`).
-pub(crate) struct Tx<'a>(pub(crate) &'a Connection, pub(crate) &'a AtomicBool);
+/// The writer's connection inside a batch's transaction, as the plan's [`Dialect`], whether
+/// any agent task may be open (see `Inner::tasks_open`), and the batch's number in the
+/// change feed once taken (0: not yet; see `sets.rs::feed_clock`).
+pub(crate) struct Tx<'a>(pub(crate) &'a Connection, pub(crate) &'a AtomicBool, pub(crate) i64);
 
 impl Columns for rusqlite::Row<'_> {
     type Error = rusqlite::Error;
@@ -344,7 +345,15 @@ impl Dialect for Tx<'_> {
     }
 
     fn rollback_savepoint(&mut self) -> rusqlite::Result<()> {
-        self.0.execute_batch("ROLLBACK TO op; RELEASE op")
+        self.0.execute_batch("ROLLBACK TO op; RELEASE op")?;
+        // The feed's number, if taken after the savepoint, went back with it.
+        if self.2 != 0 {
+            let seq: i64 = self.0.prepare_cached("SELECT seq FROM feed_clock")?.query_row([], |r| r.get(0))?;
+            if seq < self.2 {
+                self.2 = 0;
+            }
+        }
+        Ok(())
     }
 
     fn finish(&mut self, f: &Finish<'_>) -> rusqlite::Result<(Vec<Claimed>, Option<Millis>)> {

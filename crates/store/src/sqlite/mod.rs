@@ -198,7 +198,7 @@ impl Store for SqliteStore {
             let _entered = span.enter();
             // One transaction per batch, committed by the plan's finish.
             let result = conn.execute_batch("BEGIN IMMEDIATE").map_err(db_err).and_then(|()| {
-                match crate::plan::apply_batch(&mut dialect::Tx(conn, &tasks_open), &batch) {
+                match crate::plan::apply_batch(&mut dialect::Tx(conn, &tasks_open, 0), &batch) {
                     Ok(result) => Ok(result),
                     Err(e) => {
                         let _ = conn.execute_batch("ROLLBACK");
@@ -647,7 +647,7 @@ impl Store for SqliteStore {
         self.on_writer(move |conn| {
             // One transaction, committed by the plan.
             conn.execute_batch("BEGIN IMMEDIATE").map_err(db_err)?;
-            crate::plan::release_all(&mut dialect::Tx(conn, &tasks_open), now).map_err(|e| {
+            crate::plan::release_all(&mut dialect::Tx(conn, &tasks_open, 0), now).map_err(|e| {
                 let _ = conn.execute_batch("ROLLBACK");
                 db_err(e)
             })

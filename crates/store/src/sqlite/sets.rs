@@ -196,9 +196,16 @@ impl Tx<'_> {
         Ok(ids)
     }
 
-    /// The next number of the file's change feed (see the `0014_feed` migration).
+    /// This batch's number in the file's change feed (see the `0014_feed` migration): taken
+    /// by its first write of history or operation ends, kept for the others.
     fn feed_clock(&mut self) -> rusqlite::Result<i64> {
-        self.0.prepare_cached("UPDATE feed_clock SET seq = seq + 1 RETURNING seq")?.query_row([], |r| r.get(0))
+        if self.2 == 0 {
+            self.2 = self
+                .0
+                .prepare_cached("UPDATE feed_clock SET seq = seq + 1 RETURNING seq")?
+                .query_row([], |r| r.get(0))?;
+        }
+        Ok(self.2)
     }
 
     fn insert_history(&mut self, rows: &[HistoryInsert], xid: i64) -> rusqlite::Result<()> {
