@@ -112,7 +112,7 @@ impl FeedFilter {
         FeedFilter { transitions: true, operations: true, ..FeedFilter::default() }
     }
 
-    pub(crate) fn wants_operations(&self) -> bool {
+    fn wants_operations(&self) -> bool {
         self.operations && self.state.is_none()
     }
 }
@@ -168,7 +168,7 @@ pub const MAX_PAGE: usize = 1000;
 /// it, `$3` the first commit not readable, `$4` limit, then the filter's values in the
 /// order of [`history_filters`]. Columns: the history row's (as `history_list` reads
 /// them), then `xid` (11), the entity's machine (12) and key (13).
-pub(crate) fn history_sql(f: &FeedFilter) -> String {
+fn history_sql(f: &FeedFilter) -> String {
     let mut sql = String::from(
         "SELECT h.id, h.entity_id, h.from_state, h.to_state, h.kind, h.action, h.event, h.retry, \
          h.request_id, h.at, h.detail, h.xid, e.machine, e.key \
@@ -189,14 +189,14 @@ pub(crate) fn history_sql(f: &FeedFilter) -> String {
 }
 
 /// The filter's values for [`history_sql`], in order.
-pub(crate) fn history_filters(f: &FeedFilter) -> Vec<&str> {
+fn history_filters(f: &FeedFilter) -> Vec<&str> {
     [&f.machine, &f.key, &f.state, &f.request_id].into_iter().filter_map(|v| v.as_deref()).collect()
 }
 
 /// The statement reading operation ends of the feed; parameters as [`history_sql`]'s, the
 /// filter's values in the order of [`operation_filters`]. Columns: `OPERATION_COLS`, then
 /// `end_xid` (12).
-pub(crate) fn operation_sql(f: &FeedFilter) -> String {
+fn operation_sql(f: &FeedFilter) -> String {
     let mut sql = format!(
         "SELECT {}, o.end_xid FROM operations o \
          WHERE o.end_xid >= $1 AND o.end_xid < $3 AND (o.end_xid > $1 OR o.id > $2)",
@@ -214,20 +214,42 @@ pub(crate) fn operation_sql(f: &FeedFilter) -> String {
 }
 
 /// The filter's values for [`operation_sql`], in order.
-pub(crate) fn operation_filters(f: &FeedFilter) -> Vec<&str> {
+fn operation_filters(f: &FeedFilter) -> Vec<&str> {
     [&f.machine, &f.key, &f.request_id].into_iter().filter_map(|v| v.as_deref()).collect()
+}
+
+/// A page of the feed after `after`, below commit `bound` (read first, by the dialect):
+/// `query(sql, numbers, values, history)` runs a statement of [`history_sql`] (`history`)
+/// or [`operation_sql`] with `numbers` as `$1`–`$4` and the filter's `values` after them,
+/// and decodes its rows.
+pub(crate) fn read<E>(
+    after: FeedPos,
+    filter: &FeedFilter,
+    limit: usize,
+    bound: i64,
+    mut query: impl FnMut(&str, [i64; 4], &[&str], bool) -> Result<Vec<FeedItem>, E>,
+) -> Result<FeedPage, E> {
+    let limit = limit.clamp(1, MAX_PAGE);
+    let n = limit as i64;
+    let history = if filter.transitions {
+        let numbers = [after.commit, after.id_bound(FeedPos::HISTORY), bound, n];
+        query(&history_sql(filter), numbers, &history_filters(filter), true)?
+    } else {
+        Vec::new()
+    };
+    let operations = if filter.wants_operations() {
+        let numbers = [after.commit, after.id_bound(FeedPos::OPERATION), bound, n];
+        query(&operation_sql(filter), numbers, &operation_filters(filter), false)?
+    } else {
+        Vec::new()
+    };
+    Ok(page(after, bound, limit, history, operations))
 }
 
 /// One page of the feed from the two reads: `history` and `operations` each as read (at
 /// most `limit` rows, in order, below commit `bound`); the page ends where the shorter
 /// of the full reads ended, or at the bound.
-pub(crate) fn page(
-    after: FeedPos,
-    bound: i64,
-    limit: usize,
-    history: Vec<FeedItem>,
-    operations: Vec<FeedItem>,
-) -> FeedPage {
+fn page(after: FeedPos, bound: i64, limit: usize, history: Vec<FeedItem>, operations: Vec<FeedItem>) -> FeedPage {
     let mut until = FeedPos::after_commit(bound - 1).max(after);
     for read in [&history, &operations] {
         if read.len() >= limit

@@ -332,26 +332,14 @@ async fn commits_are_told_to_other_handles() {
     assert!(seen.at_rest);
 }
 
-/// Reads the feed on from `at` until `want` items arrived (other tests' transactions in
-/// the same cluster may hold the feed back for a moment): what arrived, and where it ended.
+/// Reads the whole feed on from `at` until `want` items arrived (the conformance suite's
+/// reader: other tests' transactions in the cluster may hold the feed back for a moment).
 async fn feed_until(
     store: &PgStore,
-    mut at: settle_store::FeedPos,
+    at: settle_store::FeedPos,
     want: usize,
 ) -> (Vec<settle_store::FeedItem>, settle_store::FeedPos) {
-    let mut items = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while items.len() < want {
-        let page = store.feed_read(at, settle_store::FeedFilter::all(), 100).await.unwrap();
-        assert!(page.until >= at, "the feed never goes back");
-        items.extend(page.items);
-        at = page.until;
-        if !page.more {
-            assert!(std::time::Instant::now() < deadline, "only {} of {want} changes arrived: {items:?}", items.len());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-    (items, at)
+    settle_store::conformance::feed_read_all(store, at, &settle_store::FeedFilter::all(), 100, want).await
 }
 
 fn created_key(item: &settle_store::FeedItem) -> String {

@@ -15,7 +15,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use settle_engine::{Engine, FeedWatch};
-use settle_store::{AnyStore, FeedFilter, FeedPos};
+use settle_store::{AnyStore, FeedFilter, FeedItem, FeedPage, FeedPos};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -72,8 +72,7 @@ async fn feed(
         })?,
         None => engine.feed_head().await?,
     };
-    let follow =
-        Follow { engine, watch, filter, coalesce, at, sent: at, queue: VecDeque::new(), more: true, done: false };
+    let follow = Follow { engine, watch, filter, coalesce, at, queue: VecDeque::new(), more: true, done: false };
     let stream = futures_util::stream::unfold(follow, |mut f| async move { f.next().await.map(|e| (Ok(e), f)) });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
@@ -114,10 +113,8 @@ struct Follow {
     filter: FeedFilter,
     /// One `changes` event per read instead of one per change.
     coalesce: bool,
-    /// Where the next read starts.
+    /// Where the next read starts: the last position the client was told.
     at: FeedPos,
-    /// The last position the client was told.
-    sent: FeedPos,
     queue: VecDeque<Event>,
     /// The last read was a full page: read again at once.
     more: bool,
@@ -125,6 +122,24 @@ struct Follow {
 }
 
 impl Follow {
+    /// Queues the events of a page read after `self.at`.
+    fn events(&mut self, page: &FeedPage) {
+        if self.coalesce && !page.items.is_empty() {
+            let data = serde_json::json!({ "count": page.items.len() });
+            self.queue.push_back(Event::default().id(page.until.to_string()).event("changes").data(data.to_string()));
+            return;
+        }
+        for item in &page.items {
+            let change = Change::from(item);
+            let event = Event::default().id(&change.id).event(&change.kind);
+            self.queue.push_back(event.json_data(&change).expect("a change serializes"));
+        }
+        // Past changes the filter left out: the client's position moves on too.
+        if page.until > page.items.last().map_or(self.at, FeedItem::pos) {
+            self.queue.push_back(Event::default().id(page.until.to_string()).comment("position"));
+        }
+    }
+
     /// The next event to send; `None` ends the stream.
     async fn next(&mut self) -> Option<Event> {
         loop {
@@ -142,26 +157,8 @@ impl Follow {
             }
             self.watch.seen();
             match self.engine.feed_read(self.at, self.filter.clone(), PAGE).await {
-                Ok(page) if self.coalesce && !page.items.is_empty() => {
-                    let data = serde_json::json!({ "count": page.items.len() });
-                    self.queue
-                        .push_back(Event::default().id(page.until.to_string()).event("changes").data(data.to_string()));
-                    self.sent = page.until;
-                    self.at = page.until;
-                    self.more = page.more;
-                }
                 Ok(page) => {
-                    for item in &page.items {
-                        let change = Change::from(item);
-                        let event = Event::default().id(&change.id).event(&change.kind);
-                        self.queue.push_back(event.json_data(&change).expect("a change serializes"));
-                        self.sent = item.pos();
-                    }
-                    // Past changes the filter left out: the client's position moves on too.
-                    if page.until > self.sent {
-                        self.queue.push_back(Event::default().id(page.until.to_string()).comment("position"));
-                        self.sent = page.until;
-                    }
+                    self.events(&page);
                     self.at = page.until;
                     self.more = page.more;
                 }

@@ -20,35 +20,26 @@ pub(super) fn head(c: &mut Conn) -> R<FeedPos> {
 }
 
 pub(super) fn read(c: &mut Conn, after: FeedPos, filter: &FeedFilter, limit: usize) -> R<FeedPage> {
-    let limit = limit.clamp(1, feed::MAX_PAGE);
     let bound = bound(c)?;
-    let n = limit as i64;
-    let mut history = Vec::new();
-    if filter.transitions {
-        let id = after.id_bound(0);
-        let values = feed::history_filters(filter);
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&after.commit, &id, &bound, &n];
+    feed::read(after, filter, limit, bound, |sql, numbers, values, history| {
+        let mut params: Vec<&(dyn ToSql + Sync)> = numbers.iter().map(|n| n as &(dyn ToSql + Sync)).collect();
         params.extend(values.iter().map(|v| v as &(dyn ToSql + Sync)));
-        for r in c.query(&feed::history_sql(filter), &params)? {
-            let row = history_from_row(&r)?;
-            history.push(FeedItem::Transition {
-                pos: FeedPos::history(r.try_get(11)?, row.id),
-                machine: r.try_get(12)?,
-                key: r.try_get(13)?,
-                row,
-            });
-        }
-    }
-    let mut operations = Vec::new();
-    if filter.wants_operations() {
-        let id = after.id_bound(1);
-        let values = feed::operation_filters(filter);
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&after.commit, &id, &bound, &n];
-        params.extend(values.iter().map(|v| v as &(dyn ToSql + Sync)));
-        for r in c.query(&feed::operation_sql(filter), &params)? {
-            let row = operation_from_row(&r)?;
-            operations.push(FeedItem::Operation { pos: FeedPos::operation(r.try_get(12)?, row.id), row });
-        }
-    }
-    Ok(feed::page(after, bound, limit, history, operations))
+        let rows = c.query(sql, &params)?;
+        rows.iter()
+            .map(|r| {
+                Ok(if history {
+                    let row = history_from_row(r)?;
+                    FeedItem::Transition {
+                        pos: FeedPos::history(r.try_get(11)?, row.id),
+                        machine: r.try_get(12)?,
+                        key: r.try_get(13)?,
+                        row,
+                    }
+                } else {
+                    let row = operation_from_row(r)?;
+                    FeedItem::Operation { pos: FeedPos::operation(r.try_get(12)?, row.id), row }
+                })
+            })
+            .collect()
+    })
 }

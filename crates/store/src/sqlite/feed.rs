@@ -18,39 +18,26 @@ pub(super) fn head(c: &Connection) -> rusqlite::Result<FeedPos> {
 }
 
 pub(super) fn read(c: &Connection, after: FeedPos, filter: &FeedFilter, limit: usize) -> rusqlite::Result<FeedPage> {
-    let limit = limit.clamp(1, feed::MAX_PAGE);
-    let bound = bound(c)?;
-    let n = limit as i64;
-    let mut history = Vec::new();
-    if filter.transitions {
-        let id = after.id_bound(0);
-        let mut params: Vec<&dyn ToSql> = vec![&after.commit, &id, &bound, &n];
-        let values = feed::history_filters(filter);
+    feed::read(after, filter, limit, bound(c)?, |sql, numbers, values, history| {
+        let mut params: Vec<&dyn ToSql> = numbers.iter().map(|n| n as &dyn ToSql).collect();
         params.extend(values.iter().map(|v| v as &dyn ToSql));
-        let mut stmt = c.prepare_cached(&sqlite(&feed::history_sql(filter)))?;
+        let mut stmt = c.prepare_cached(&sqlite(sql))?;
         let mut rows = stmt.query(params.as_slice())?;
+        let mut items = Vec::new();
         while let Some(r) = rows.next()? {
-            let row = history_from_row(r)?;
-            history.push(FeedItem::Transition {
-                pos: FeedPos::history(r.get(11)?, row.id),
-                machine: r.get(12)?,
-                key: r.get(13)?,
-                row,
+            items.push(if history {
+                let row = history_from_row(r)?;
+                FeedItem::Transition {
+                    pos: FeedPos::history(r.get(11)?, row.id),
+                    machine: r.get(12)?,
+                    key: r.get(13)?,
+                    row,
+                }
+            } else {
+                let row = operation_from_row(r)?;
+                FeedItem::Operation { pos: FeedPos::operation(r.get(12)?, row.id), row }
             });
         }
-    }
-    let mut operations = Vec::new();
-    if filter.wants_operations() {
-        let id = after.id_bound(1);
-        let mut params: Vec<&dyn ToSql> = vec![&after.commit, &id, &bound, &n];
-        let values = feed::operation_filters(filter);
-        params.extend(values.iter().map(|v| v as &dyn ToSql));
-        let mut stmt = c.prepare_cached(&sqlite(&feed::operation_sql(filter)))?;
-        let mut rows = stmt.query(params.as_slice())?;
-        while let Some(r) = rows.next()? {
-            let row = operation_from_row(r)?;
-            operations.push(FeedItem::Operation { pos: FeedPos::operation(r.get(12)?, row.id), row });
-        }
-    }
-    Ok(feed::page(after, bound, limit, history, operations))
+        Ok(items)
+    })
 }
