@@ -26,6 +26,40 @@ pub struct BulkFilter {
     /// Only states of this health: `error` (the failing) or `ok`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<String>,
+    /// Only entities for which this property expression holds (the guards' language:
+    /// `props.region == "eu" && in_state('up')`); one it cannot be evaluated on does not.
+    #[serde(default, rename = "where", skip_serializing_if = "Option::is_none")]
+    pub expr: Option<String>,
+    /// Only entities whose newest error contains this text (ignoring case).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Only entities created at or after this time: RFC 3339, or `-2h` (that long ago).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_after: Option<String>,
+    /// Only entities created before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_before: Option<String>,
+    /// Only entities that entered their state at or after this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entered_after: Option<String>,
+    /// Only entities that entered their state before this time (`-1h`: in it for more
+    /// than an hour).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entered_before: Option<String>,
+}
+
+/// The time members of a stored filter (epoch ms) as the API writes them (RFC 3339).
+#[cfg(feature = "store")]
+fn filter_from_stored(stored: &Value) -> BulkFilter {
+    let mut v = stored.clone();
+    if let Some(o) = v.as_object_mut() {
+        for (_, member) in o.iter_mut() {
+            if let Some(ms) = member.as_i64() {
+                *member = Value::String(settle_core::time::format_time(ms));
+            }
+        }
+    }
+    serde_json::from_value(v).unwrap_or_default()
 }
 
 /// `POST /v1/bulk`: what to do to which entities. With `dry_run`, nothing is done: the
@@ -125,7 +159,7 @@ pub struct BulkList {
 #[cfg(feature = "store")]
 impl From<&settle_store::BulkRow> for Bulk {
     fn from(b: &settle_store::BulkRow) -> Self {
-        let filter = serde_json::from_value(b.filter.clone()).unwrap_or_default();
+        let filter = filter_from_stored(&b.filter);
         let remaining = if b.status == "running" { b.total.saturating_sub(b.done + b.failed) } else { 0 };
         Bulk {
             request_id: b.request_id.clone(),

@@ -112,13 +112,42 @@ pub struct EntityPage {
     pub total: Option<Total>,
 }
 
-/// A count kept exact up to a bound: `exact` false means "more than `count`".
+/// `GET /v1/entities/error-groups`: the newest errors of the entities a filter matches,
+/// grouped by their text with numbers as `#`, the largest group first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorGroups {
+    /// The groups, largest first.
+    pub groups: Vec<ErrorGroup>,
+    /// How many entities were looked at (at most 10,000, in the list's order).
+    pub examined: u64,
+    /// Every entity the filter matches was looked at: the counts are exact.
+    pub exact: bool,
+}
+
+/// Entities whose newest error reads the same but for its numbers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorGroup {
+    /// The text, each run of digits as `#` (pass it as the list's `error` to page through
+    /// the group), or null for entities with no error recorded.
+    pub error: Option<String>,
+    /// How many of those examined.
+    pub count: u64,
+    /// One of them, as `machine/key`, with its error as recorded.
+    pub example: String,
+    /// The example's error as recorded.
+    pub details: Option<String>,
+}
+
+/// A count kept exact up to a bound: `exact` false means "at least `count`" (the count
+/// stopped at its bound: of entities, or, with criteria no index holds, of those examined).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Total {
     /// How many (at most the bound).
     pub count: u64,
-    /// `false`: more than `count` match.
+    /// `false`: at least `count` match.
     pub exact: bool,
 }
 

@@ -18,12 +18,15 @@ use crate::print;
 #[derive(clap::Subcommand, Debug)]
 pub enum BulkCommand {
     /// Apply ACTION to every entity matching the filter (at least one of --machine,
-    /// --state, --status, --prefix, --health), at most --rate a second, with a --reason.
+    /// --state, --status, --prefix, --health, --where, --error, or a time range), at most
+    /// --rate a second, with a --reason.
     /// --dry-run only says how many match and shows the first ten. Waits for the end,
     /// printing progress on stderr (unless --no-wait); exit 1 if any entity refused.
     #[command(after_help = "Examples:\n  settle bulk run resume --machine vm --status failed --dry-run\n  \
                             settle bulk run resume --machine vm --status failed --reason 'quota raised' --rate 500\n  \
-                            settle bulk run raise --event delete --machine server --health error --reason cleanup")]
+                            settle bulk run raise --event delete --machine server --health error --reason cleanup\n  \
+                            settle bulk run retry --machine vm --error quota --entered-before -1h --reason 'quota raised'\n  \
+                            settle bulk run pause --machine vm --where 'props.region == \"eu\"' --reason 'eu maintenance'")]
     Run(Box<RunArgs>),
     /// One bulk operation and its progress.
     #[command(after_help = "Example:\n  settle bulk show 01J9Z6Q4M4K8")]
@@ -79,6 +82,8 @@ pub struct RunArgs {
     /// Only states of this health (`error`: the failing).
     #[arg(long, value_parser = ["ok", "error"])]
     pub health: Option<String>,
+    #[command(flatten)]
+    pub narrow: NarrowArgs,
     /// Why (required for a run; recorded with the operation).
     #[arg(long)]
     pub reason: Option<String>,
@@ -99,6 +104,46 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+/// The criteria no index holds, shared by `settle list` and `settle bulk run`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct NarrowArgs {
+    /// Only entities for which this property expression holds (the guards' language:
+    /// `props.region == "eu" && in_state('up')`).
+    #[arg(long = "where", value_name = "EXPR")]
+    pub expr: Option<String>,
+    /// Only entities whose newest error contains this text (ignoring case; `#` stands for
+    /// any number, as in an error group).
+    #[arg(long)]
+    pub error: Option<String>,
+    /// Only entities created at or after this time (RFC 3339, or `-2h`: that long ago).
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+    pub created_after: Option<String>,
+    /// Only entities created before this time.
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+    pub created_before: Option<String>,
+    /// Only entities that entered their state at or after this time.
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+    pub entered_after: Option<String>,
+    /// Only entities that entered their state before this time (`-1h`: in it for more
+    /// than an hour).
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+    pub entered_before: Option<String>,
+}
+
+impl NarrowArgs {
+    /// As the engine reads it.
+    pub fn text(&self) -> settle_engine::NarrowText<'_> {
+        settle_engine::NarrowText {
+            expr: self.expr.as_deref(),
+            error: self.error.as_deref(),
+            created_after: self.created_after.as_deref(),
+            created_before: self.created_before.as_deref(),
+            entered_after: self.entered_after.as_deref(),
+            entered_before: self.entered_before.as_deref(),
+        }
+    }
+}
+
 impl RunArgs {
     fn request(&self) -> anyhow::Result<BulkRequest> {
         let params = match &self.params {
@@ -115,6 +160,12 @@ impl RunArgs {
                 status: self.status.clone(),
                 prefix: self.prefix.clone(),
                 health: self.health.clone(),
+                expr: self.narrow.expr.clone(),
+                error: self.narrow.error.clone(),
+                created_after: self.narrow.created_after.clone(),
+                created_before: self.narrow.created_before.clone(),
+                entered_after: self.narrow.entered_after.clone(),
+                entered_before: self.narrow.entered_before.clone(),
             },
             reason: self.reason.clone(),
             rate: Some(self.rate),
@@ -131,6 +182,12 @@ fn filter_text(f: &BulkFilter) -> String {
         ("status", &f.status),
         ("prefix", &f.prefix),
         ("health", &f.health),
+        ("where", &f.expr),
+        ("error", &f.error),
+        ("created_after", &f.created_after),
+        ("created_before", &f.created_before),
+        ("entered_after", &f.entered_after),
+        ("entered_before", &f.entered_before),
     ];
     parts.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={v}"))).collect::<Vec<_>>().join(" ")
 }
@@ -244,7 +301,8 @@ async fn run_local(
     a: &RunArgs,
     req: BulkRequest,
 ) -> anyhow::Result<ExitCode> {
-    let selection = settle_server::routes::bulk::selection(&req.filter);
+    let selection = settle_server::routes::bulk::selection(&req.filter, settle_store::clock::now_ms())
+        .map_err(|p| anyhow::anyhow!("{}", p.detail()))?;
     if a.dry_run {
         let d = engine.bulk_dry_run(&selection, settle_server::routes::bulk::SAMPLE).await?;
         print_dry_run(&settle_server::routes::bulk::dry_run_body(&req, &d, |e| settle_client::Entity::from(e)), a.json);

@@ -38,13 +38,16 @@ pub async fn list(
     state: Option<String>,
     run_status: Option<String>,
     prefix: Option<String>,
+    narrow: crate::bulk::NarrowArgs,
     as_json: bool,
 ) -> anyhow::Result<ExitCode> {
+    let narrow = settle_engine::Narrow::parse(narrow.text(), settle_store::clock::now_ms())
+        .map_err(|e| anyhow::anyhow!("--{}", e.replacen('_', "-", 1)))?;
     let store = open(db)?;
+    let machines = stored_machines(&store).await?;
     // A parent state lists the entities in its substates, as the stored definitions nest them.
     let substates = match &state {
         Some(st) => {
-            let machines = stored_machines(&store).await?;
             let of_machine = machines.iter().filter(|m| machine.as_deref().is_none_or(|n| m.name() == n));
             settle_core::Machine::substates_across(of_machine, st)
         }
@@ -66,7 +69,22 @@ pub async fn list(
                 pairs: None,
             })
             .await?;
-        print::entity_rows(&page.iter().map(settle_client::Entity::from).collect::<Vec<_>>(), as_json, &mut header);
+        // The criteria no index holds, entity by entity (with each one's newest error if
+        // they read it).
+        let errors: std::collections::HashMap<i64, settle_store::ErrorRow> = if narrow.reads_errors() {
+            store.error_newest(page.iter().map(|e| e.id).collect()).await?.into_iter().collect()
+        } else {
+            Default::default()
+        };
+        let kept: Vec<settle_client::Entity> = page
+            .iter()
+            .filter(|e| {
+                let m = machines.iter().find(|m| m.name() == &e.machine);
+                narrow.keeps(e, m, errors.get(&e.id))
+            })
+            .map(settle_client::Entity::from)
+            .collect();
+        print::entity_rows(&kept, as_json, &mut header);
         match page.last() {
             Some(last) if page.len() == 1000 => {
                 after = Some(last.id);

@@ -134,7 +134,9 @@ enum Command {
     Raise(operate::RaiseArgs),
     /// List entities.
     #[command(after_help = "Examples:\n  settle list --machine server --state ready\n  \
-                            settle list --status fault --json | jq -r .key")]
+                            settle list --status fault --json | jq -r .key\n  \
+                            settle list --machine server --where 'props.region == \"eu\"' --entered-before -1h\n  \
+                            settle list --status failed --error 'quota'")]
     List {
         /// Only this machine.
         #[arg(long)]
@@ -148,6 +150,8 @@ enum Command {
         /// Only keys that start with this (listed by machine and key).
         #[arg(long)]
         prefix: Option<String>,
+        #[command(flatten)]
+        narrow: bulk::NarrowArgs,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,
@@ -469,8 +473,8 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
             let machines = defs::Machines { serve, ..machines()? };
             runtime()?.block_on(run_engine(&db_path(&cli.db), &machines, stop))
         }
-        Command::List { machine, state, status, prefix, json } => {
-            runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, status, prefix, json))
+        Command::List { machine, state, status, prefix, narrow, json } => {
+            runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, status, prefix, narrow, json))
         }
         Command::Get { machine, key, json } => {
             runtime()?.block_on(inspect::get(&db_path(&cli.db), &machine, &key, json))
@@ -545,8 +549,8 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
     let client = remote::client(server, token)?;
     let c = &client;
     let future: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<ExitCode>>>> = match command {
-        Command::List { machine, state, status, prefix, json } => {
-            Box::pin(remote::list(c, machine, state, status, prefix, json))
+        Command::List { machine, state, status, prefix, narrow, json } => {
+            Box::pin(remote::list(c, machine, state, status, prefix, narrow, json))
         }
         Command::Get { machine, key, json } => Box::pin(async move { remote::get(c, &machine, &key, json).await }),
         Command::Why { machine, key, json } => Box::pin(async move { remote::why(c, &machine, &key, json).await }),

@@ -43,9 +43,23 @@ pub async fn list(
     state: Option<String>,
     status: Option<String>,
     prefix: Option<String>,
+    narrow: crate::bulk::NarrowArgs,
     as_json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let mut filter = ListFilter { machine, state, status, prefix, after: None, limit: Some(1000) };
+    let mut filter = ListFilter {
+        machine,
+        state,
+        status,
+        prefix,
+        after: None,
+        limit: Some(1000),
+        expr: narrow.expr,
+        error: narrow.error,
+        created_after: narrow.created_after,
+        created_before: narrow.created_before,
+        entered_after: narrow.entered_after,
+        entered_before: narrow.entered_before,
+    };
     let mut header = true;
     loop {
         let page = c.list(&filter).await?;

@@ -587,3 +587,47 @@ fn bulk_dry_runs_then_runs_on_the_database_and_over_http() {
     assert_eq!(missing.status.code(), Some(1));
     s.stop();
 }
+
+#[test]
+fn lists_and_bulk_operations_narrow_by_expression_error_text_and_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("settle.db");
+    local(&db, &["demo", "--servers", "12", "--fatal-rate", "0.5", "--seed", "3", "--fail-rate", "0"]);
+    let servers = json_lines(&local(&db, &["list", "--machine", "server", "--json"]));
+    let keys = |rows: &[serde_json::Value]| -> Vec<String> {
+        rows.iter().map(|e| e["key"].as_str().unwrap().to_string()).collect()
+    };
+    let gave_up: Vec<String> =
+        keys(&servers.iter().filter(|e| e["properties"]["reason"] == "resources failed").cloned().collect::<Vec<_>>());
+    assert!(!gave_up.is_empty() && gave_up.len() < servers.len(), "{gave_up:?}");
+    let expr = r#"has(props.reason) && props.reason == "resources failed""#;
+    let listed =
+        |args: &[&str]| keys(&json_lines(&local(&db, &[&["list", "--machine", "server", "--json"], args].concat())));
+    assert_eq!(listed(&["--where", expr]), gave_up);
+    // The parent's failure names the child's: its newest error says so.
+    assert_eq!(listed(&["--error", "RESOURCES_FAILED"]), gave_up);
+    assert_eq!(listed(&["--created-after", "-1h"]).len(), servers.len());
+    assert!(listed(&["--entered-before", "2000-01-01T00:00:00Z"]).is_empty());
+    let bad = settle(&db, &["list", "--where", "props.x =="]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("--where: syntax error"), "{}", stderr(&bad));
+    let bad = settle(&db, &["list", "--entered-before", "soon"]);
+    assert!(stderr(&bad).contains("--entered-before: invalid time `soon`"), "{}", stderr(&bad));
+    // A bulk dry run by the same expression counts the same entities and echoes it.
+    let dry =
+        json(&local(&db, &["bulk", "run", "pause", "--machine", "server", "--where", expr, "--dry-run", "--json"]));
+    assert_eq!((dry["count"].as_u64(), dry["filter"]["where"].as_str()), (Some(gave_up.len() as u64), Some(expr)));
+    // Over HTTP: the same lists.
+    let s = Served::start(&db, None, &[]);
+    let remote = |args: &[&str]| {
+        let out =
+            ok(s.settle(None, &[&["list", "--machine", "server", "--json"], args].concat()), "settle --server list");
+        keys(&json_lines(&out))
+    };
+    assert_eq!(remote(&["--where", expr]), gave_up);
+    assert_eq!(remote(&["--error", "resources_failed", "--created-after", "-1h"]), gave_up);
+    let bad = s.settle(None, &["list", "--where", "props.x =="]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("where: syntax error"), "{}", stderr(&bad));
+    s.stop();
+}

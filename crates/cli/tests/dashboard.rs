@@ -188,12 +188,13 @@ fn park(s: &Server, n: usize) {
         assert_eq!(st, 200, "{v}");
         for t in v["tasks"].as_array().unwrap() {
             let (id, token) = (t["id"].as_i64().unwrap(), t["token"].as_str().unwrap());
-            let (path, body) = if t["key"].as_str().unwrap().starts_with("park-") {
+            let key = t["key"].as_str().unwrap();
+            let (path, body) = if let Some(i) = key.strip_prefix("park-") {
                 failed += 1;
-                (
-                    format!("/v1/tasks/{id}/fail"),
-                    json!({"token": token, "error": "no quota in zone d", "retryable": false}),
-                )
+                // One in four: another error, which groups apart.
+                let i: u32 = i.parse().unwrap();
+                let error = if i % 4 == 3 { format!("disk full on host {i}") } else { "no quota in zone d".into() };
+                (format!("/v1/tasks/{id}/fail"), json!({"token": token, "error": error, "retryable": false}))
             } else {
                 (format!("/v1/tasks/{id}/complete"), json!({"token": token, "target": "ready"}))
             };
@@ -499,25 +500,67 @@ fn the_dashboard_in_a_browser() {
     assert_eq!(total, json!("60 failed of machine vm · showing 1–50"));
     let row = b.eval("document.querySelector('#parked-table tbody tr[data-key]').textContent").unwrap();
     assert!(row.as_str().unwrap().contains("no quota in zone d"), "{row}");
-    let groups = b.eval("document.querySelector('#error-groups tbody').textContent").unwrap();
-    assert_eq!(groups, json!("browser-test failed task # (attempt #): no quota in zone d50"), "one group of 50");
+    // Every parked vm's error grouped, not only this page's: 45 and 15 of 60.
+    let groups = b
+        .eval("[...document.querySelectorAll('#error-groups tbody tr')].map(r => [...r.cells].slice(0, 2).map(c => c.textContent))")
+        .unwrap();
+    let quota = "browser-test failed task # (attempt #): no quota in zone d";
+    let disk = "browser-test failed task # (attempt #): disk full on host #";
+    assert_eq!(groups, json!([[quota, "45"], [disk, "15"]]), "the groups across pages");
+    screenshot(&b, "parked.png");
     b.click("#p-next").unwrap();
     b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 10", WAIT).unwrap();
     b.wait_for("document.querySelector('#parked-total').textContent.endsWith('showing 51–60')", WAIT).unwrap();
     b.click("#p-prev").unwrap();
     b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 50", WAIT).unwrap();
     page_is_clean(&b, "parked pages");
+    // A group opens its entities; resuming them resumes those 15 only.
+    b.click("#error-groups tbody tr:nth-child(2) a").unwrap();
+    b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 15", WAIT).unwrap();
+    b.wait_for(
+        "document.querySelector('#parked-total').textContent === '15 failed of machine vm · showing 15 here'",
+        WAIT,
+    )
+    .unwrap();
     b.click("#bulk-resume").unwrap();
     b.wait_for("document.querySelector('#confirm').open", WAIT).unwrap();
     let count = b.eval("document.querySelector('#bulk-count').dataset.count").unwrap();
-    assert_eq!(count, json!("60"), "the dry run's count");
+    assert_eq!(count, json!("15"), "the dry run's count");
+    let filter = b.eval("document.querySelector('#bulk-count code').textContent").unwrap();
+    assert_eq!(filter, json!(format!("status=failed machine=vm error={disk}")), "the filter echoed");
+    b.type_into("#bulk-reason", "disks replaced").unwrap();
+    b.click("#confirm-ok").unwrap();
+    b.wait_for("document.querySelector('#bulk-status')?.textContent === 'done'", WAIT).unwrap();
+    let bulk = &s.get("/v1/bulk")["items"][0];
+    assert_eq!((bulk["done"].as_u64(), bulk["failed"].as_u64()), (Some(15), Some(0)), "{bulk}");
+    let bulk = bulk.clone();
+    assert_eq!(s.get("/v1/entities?status=failed&machine=vm&limit=1000")["items"].as_array().unwrap().len(), 45);
+    // Then every parked vm left: the dry run's count is what it changed.
+    b.click("#parked-error a").unwrap();
+    b.wait_for(
+        "document.querySelector('#parked-total').textContent === '45 failed of machine vm · showing 1–45'",
+        WAIT,
+    )
+    .unwrap();
+    b.click("#bulk-resume").unwrap();
+    b.wait_for("document.querySelector('#confirm').open", WAIT).unwrap();
+    let count = b.eval("document.querySelector('#bulk-count').dataset.count").unwrap();
+    assert_eq!(count, json!("45"), "the dry run's count");
     let filter = b.eval("document.querySelector('#bulk-count code').textContent").unwrap();
     assert_eq!(filter, json!("status=failed machine=vm"), "the filter echoed");
     b.type_into("#bulk-reason", "quota raised in zone d").unwrap();
     b.click("#confirm-ok").unwrap();
-    b.wait_for("document.querySelector('#bulk-status')?.textContent === 'done'", WAIT).unwrap();
+    let first_bulk = bulk["request_id"].as_str().unwrap().to_string();
+    b.wait_for(
+        &format!(
+            "document.querySelector('#bulk-id')?.textContent !== {} && document.querySelector('#bulk-status')?.textContent === 'done'",
+            json!(first_bulk)
+        ),
+        WAIT,
+    )
+    .unwrap();
     let bulk = &s.get("/v1/bulk")["items"][0];
-    assert_eq!((bulk["done"].as_u64(), bulk["failed"].as_u64()), (Some(60), Some(0)), "{bulk}");
+    assert_eq!((bulk["done"].as_u64(), bulk["failed"].as_u64()), (Some(45), Some(0)), "{bulk}");
     assert_eq!(bulk["reason"], "quota raised in zone d");
     assert_eq!(s.get("/v1/entities?status=failed&machine=vm")["items"], json!([]), "every parked vm resumed");
     b.wait_for("document.querySelectorAll('#parked-table tbody tr[data-key]').length === 0", WAIT).unwrap();

@@ -163,6 +163,19 @@ pub struct ListFilter {
     pub after: Option<String>,
     /// At most this many.
     pub limit: Option<u32>,
+    /// Only entities for which this property expression holds (`where`). With it, `error`
+    /// or a time, a page may hold fewer than `limit`: go on while there is a `next`.
+    pub expr: Option<String>,
+    /// Only entities whose newest error contains this text.
+    pub error: Option<String>,
+    /// Only entities created at or after this time (RFC 3339, or `-2h`).
+    pub created_after: Option<String>,
+    /// Only entities created before this time.
+    pub created_before: Option<String>,
+    /// Only entities that entered their state at or after this time.
+    pub entered_after: Option<String>,
+    /// Only entities that entered their state before this time.
+    pub entered_before: Option<String>,
 }
 
 /// The error of an answer that is not a success: its problem, or what came instead.
@@ -286,6 +299,12 @@ impl Client {
             ("status", &f.status),
             ("prefix", &f.prefix),
             ("after", &f.after),
+            ("where", &f.expr),
+            ("error", &f.error),
+            ("created_after", &f.created_after),
+            ("created_before", &f.created_before),
+            ("entered_after", &f.entered_after),
+            ("entered_before", &f.entered_before),
         ] {
             if let Some(v) = v {
                 q.push(format!("{k}={}", seg(v)));

@@ -24,14 +24,20 @@ fn days_in_month(y: i64, m: i64) -> i64 {
 
 /// Parses a wake-up time: RFC 3339 (`2026-11-22T10:00:00Z`, optional fraction of a
 /// second, `Z` or an offset such as `+02:00`) or a duration from `now` (`+10m`,
-/// `+1h30m`). Epoch ms.
+/// `+1h30m`), or before it (`-2h`: two hours ago). Epoch ms.
 pub fn parse_time(text: &str, now: i64) -> Result<i64, String> {
     let s = text.trim();
     if let Some(rel) = s.strip_prefix('+') {
         let d = crate::duration::parse(rel)?;
         return Ok(now.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)));
     }
-    let bad = || format!("invalid time `{text}` (expected RFC 3339 like `2026-11-22T10:00:00Z`, or `+10m`)");
+    if let Some(rel) = s.strip_prefix('-') {
+        let d = crate::duration::parse(rel)?;
+        return Ok(now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)));
+    }
+    let bad = || {
+        format!("invalid time `{text}` (expected RFC 3339 like `2026-11-22T10:00:00Z`, `+10m` from now or `-2h` ago)")
+    };
     let b = s.as_bytes();
     let digits = |range: std::ops::Range<usize>| -> Result<i64, String> {
         let part = s.get(range).ok_or_else(bad)?;
@@ -83,9 +89,36 @@ pub fn parse_time(text: &str, now: i64) -> Result<i64, String> {
     Ok((days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec - offset * 60) * 1000 + millis)
 }
 
+/// Epoch ms as RFC 3339 in UTC with milliseconds (`2026-11-22T10:00:00.000Z`): what
+/// [`parse_time`] reads back.
+pub fn format_time(ms: i64) -> String {
+    let (days, in_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Civil date of a day count (the inverse of `days_from_civil`).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (h, mi, s, milli) = (in_day / 3_600_000, in_day / 60_000 % 60, in_day / 1000 % 60, in_day % 1000);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_time;
+    use super::{format_time, parse_time};
+
+    #[test]
+    fn formatted_times_read_back() {
+        for ms in [0, 1_795_000_000_123, 1_709_251_199_000, 951_782_400_000, -86_400_001] {
+            assert_eq!(parse_time(&format_time(ms), 0), Ok(ms), "{}", format_time(ms));
+        }
+        assert_eq!(format_time(1_795_341_600_000), "2026-11-22T10:00:00.000Z");
+        assert_eq!(format_time(1_709_251_199_000), "2024-02-29T23:59:59.000Z");
+    }
 
     #[test]
     fn parses_rfc3339_utc_and_relative_times() {
@@ -95,6 +128,7 @@ mod tests {
         assert_eq!(parse_time("2024-02-29T23:59:59+00:00", 0), Ok(1_709_251_199_000));
         assert_eq!(parse_time("+10m", 1_000), Ok(601_000));
         assert_eq!(parse_time("+1h30m", 0), Ok(5_400_000));
+        assert_eq!(parse_time("-2h", 7_200_500), Ok(500));
         assert_eq!(parse_time("2026-11-22T12:00:00+02:00", 0), Ok(1_795_341_600_000));
         assert_eq!(parse_time("2026-11-22T04:30:00-05:30", 0), Ok(1_795_341_600_000));
         assert!(parse_time("2026-11-22T10:00:00+24:00", 0).unwrap_err().contains("offset out of range"));

@@ -19,6 +19,7 @@ use settle_store::{BulkAdvance, BulkRow, Command, EntityFilter, EntityRow, Milli
 
 use crate::engine::{Engine, Inner};
 use crate::error::{Error, Result};
+use crate::narrow::Narrow;
 use crate::{RaiseOptions, Wait};
 
 /// Most entities a page holds (fewer when the rate is lower: a page is a second's worth).
@@ -34,7 +35,7 @@ pub const COUNT_BOUND: u64 = 1_000_000;
 
 /// Which entities a bulk operation reaches: every criterion given must hold, and at least
 /// one must be given (a bulk operation never defaults to everything).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Selection {
     /// Only this machine.
     pub machine: Option<String>,
@@ -46,6 +47,8 @@ pub struct Selection {
     pub prefix: Option<String>,
     /// Only states of this health (`error` or `ok`).
     pub health: Option<String>,
+    /// What no index holds: a property expression, error text, time ranges.
+    pub narrow: Narrow,
 }
 
 impl Selection {
@@ -56,6 +59,7 @@ impl Selection {
             && self.status.is_none()
             && self.prefix.is_none()
             && self.health.is_none()
+            && self.narrow.is_empty()
     }
 
     /// As stored: a JSON object of the criteria given.
@@ -66,19 +70,22 @@ impl Selection {
                 o.insert(k.into(), json!(v));
             }
         }
+        self.narrow.to_json(&mut o);
         Value::Object(o)
     }
 
-    /// Reads [`Selection::to_json`] back (unknown members are ignored).
-    pub fn from_json(v: &Value) -> Selection {
+    /// Reads [`Selection::to_json`] back (unknown members are ignored); `Err` if its
+    /// property expression no longer parses.
+    pub fn from_json(v: &Value) -> std::result::Result<Selection, String> {
         let get = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
-        Selection {
+        Ok(Selection {
             machine: get("machine"),
             state: get("state"),
             status: get("status"),
             prefix: get("prefix"),
             health: get("health"),
-        }
+            narrow: Narrow::from_json(v)?,
+        })
     }
 
     fn fields(&self) -> [(&'static str, &Option<String>); 5] {
@@ -101,10 +108,11 @@ impl Selection {
     /// at fault.
     pub fn check(&self, machines: &[&Machine]) -> std::result::Result<(), String> {
         if self.is_empty() {
-            return Err("a bulk operation needs at least one criterion (machine, state, status, prefix or health); \
-                        it never reaches every entity by default"
+            return Err("a bulk operation needs at least one criterion (machine, state, status, prefix, health, \
+                        where, error or a time range); it never reaches every entity by default"
                 .into());
         }
+        self.narrow.check()?;
         if let Some(m) = &self.machine
             && !machines.iter().any(|x| x.name().as_str() == m)
         {
@@ -239,6 +247,10 @@ fn keyed(s: &Selection, e: &EntityRow) -> bool {
     s.prefix.as_deref().is_none_or(|p| e.key.as_str().starts_with(p))
 }
 
+/// Rows a dry run reads at once when it must look at each (a selection with criteria no
+/// index holds).
+const SCAN: u64 = 2_000;
+
 /// How long a page of `n` entities must take at `rate` a second.
 pub(crate) fn pace(n: u64, rate: u32) -> Duration {
     Duration::from_millis(n.saturating_mul(1000) / u64::from(rate.max(1)))
@@ -261,6 +273,9 @@ impl<S: Store + Clone> Engine<S> {
         let machines: Vec<&Machine> = machines.iter().map(|m| m.as_ref()).collect();
         selection.check(&machines).map_err(Error::Bulk)?;
         let store = &self.inner.store;
+        if !selection.narrow.is_empty() {
+            return self.bulk_count_each(selection, &machines, sample).await;
+        }
         let (count, rows) = if selection.prefix.is_none() {
             let count = store.entity_count(selection.filter(&machines, None, None), COUNT_BOUND).await?;
             (count, store.entity_list(selection.filter(&machines, None, Some(sample as u64))).await?)
@@ -277,6 +292,34 @@ impl<S: Store + Clone> Engine<S> {
             more,
             sample: rows.into_iter().filter(|e| keyed(selection, e)).collect(),
         })
+    }
+
+    /// A dry run of a selection with criteria no index holds: reads what its index criteria
+    /// match, a page at a time (by key with a prefix, else by id), and counts what passes
+    /// the rest (up to [`COUNT_BOUND`]).
+    async fn bulk_count_each(&self, selection: &Selection, machines: &[&Machine], sample: usize) -> Result<DryRun> {
+        let store = &self.inner.store;
+        let base = EntityFilter { key_prefix: selection.prefix.clone(), ..selection.filter(machines, None, None) };
+        let (mut count, mut rows_kept) = (0u64, Vec::new());
+        let mut page = EntityFilter { limit: Some(SCAN), ..base };
+        loop {
+            let rows = store.entity_list(page.clone()).await?;
+            let (keeps, _) = self.narrowed(&selection.narrow, &rows, false).await?;
+            for (e, keep) in rows.iter().zip(keeps) {
+                if keep && keyed(selection, e) {
+                    count += 1;
+                    if rows_kept.len() < sample {
+                        rows_kept.push(e.clone());
+                    }
+                }
+            }
+            let Some(last) = rows.last().filter(|_| rows.len() as u64 == SCAN && count <= COUNT_BOUND) else {
+                break;
+            };
+            page.after_id = Some(last.id);
+            page.after_key = Some((last.machine.to_string(), last.key.to_string()));
+        }
+        Ok(DryRun { count: count.min(COUNT_BOUND), more: count > COUNT_BOUND, sample: rows_kept })
     }
 
     /// Starts a bulk operation: checks it, counts what it matches now, stores it, and wakes
@@ -409,14 +452,16 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
     let started = clock.now_ms();
     let machines = engine.machines();
     let refs: Vec<&Machine> = machines.iter().map(|m| m.as_ref()).collect();
-    let selection = Selection::from_json(&row.filter);
+    let selection = Selection::from_json(&row.filter).map_err(Error::Bulk)?;
     let action = BulkAction::parse(&row.action, row.event.as_deref(), row.params.clone()).map_err(Error::Bulk)?;
     let after = row.cursor.as_deref().and_then(|c| c.parse::<i64>().ok());
     let limit = PAGE.min(u64::from(row.rate.max(1)));
     let entities = engine.inner.store.entity_list(selection.filter(&refs, after, Some(limit))).await?;
     let finished = (entities.len() as u64) < limit;
     let cursor = entities.last().map(|e| e.id.to_string()).or(row.cursor.clone());
-    let chosen: Vec<&EntityRow> = entities.iter().filter(|e| keyed(&selection, e)).collect();
+    let (keeps, _) = engine.narrowed(&selection.narrow, &entities, false).await?;
+    let chosen: Vec<&EntityRow> =
+        entities.iter().zip(keeps).filter(|(e, keep)| *keep && keyed(&selection, e)).map(|(e, _)| e).collect();
     let (mut done, mut failed, mut last_error) = (0u64, 0u64, None);
     for chunk in chosen.chunks(AT_ONCE) {
         let mut set = tokio::task::JoinSet::new();
@@ -539,7 +584,7 @@ mod tests {
             ..Selection::default()
         };
         assert_eq!(s.to_json(), json!({"machine": "vm", "health": "error", "status": "active"}));
-        assert_eq!(Selection::from_json(&s.to_json()), s);
+        assert_eq!(Selection::from_json(&s.to_json()), Ok(s.clone()));
         let f = s.filter(&[&m], Some(42), Some(10));
         assert_eq!(f.pairs, Some(vec![("vm".to_string(), "broken".to_string())]));
         assert_eq!((f.after_id, f.limit, f.run_status.as_deref()), (Some(42), Some(10), Some("active")));

@@ -65,6 +65,10 @@ text!(
     RELATIVE_TIME = r"^\+([0-9]{1,9}(ms|s|m|h|d)){1,8}$", example "+10m"
 );
 text!(
+    /// A time a filter compares with: a duration before now (`-2h`: two hours ago) or after it.
+    SIGNED_TIME = r"^[+-]([0-9]{1,9}(ms|s|m|h|d)){1,8}$", example "-1h"
+);
+text!(
     /// A page cursor: the last entity of the previous page, by id (`next` of a page by id)
     /// or as `machine/key` (`next` of a page by key prefix).
     CURSOR = r"^[0-9]{1,18}$|/", example "1042"
@@ -143,6 +147,8 @@ enum Rule {
     Words(Words),
     /// A wake-up time: RFC 3339 (any offset) or [`RELATIVE_TIME`].
     Time,
+    /// A filter's time: RFC 3339 (any offset) or [`SIGNED_TIME`].
+    When,
     /// Any string; the example is shown.
     Free(&'static str),
     /// An array of this many items (its items' schema kept).
@@ -174,6 +180,15 @@ const PARAMS: &[(&str, &str, Rule)] = &[
     ("query", "type", Rule::Words(FEED_TYPE)),
     ("query", "since", Rule::Text(&FEED_POSITION)),
     ("query", "coalesce", Rule::Words(&["true", "false"])),
+    ("query", "where", Rule::Free("props.region == \"eu\"")),
+    ("query", "error", Rule::Free("quota")),
+    ("query", "name", Rule::Free("server.create")),
+    ("query", "created_after", Rule::When),
+    ("query", "created_before", Rule::When),
+    ("query", "entered_after", Rule::When),
+    ("query", "entered_before", Rule::When),
+    ("query", "started_after", Rule::When),
+    ("query", "started_before", Rule::When),
     ("header", "Last-Event-ID", Rule::Text(&FEED_POSITION)),
     ("path", "machine", Rule::Free("server")),
     ("path", "key", Rule::Free("web-1")),
@@ -198,6 +213,10 @@ const FIELDS: &[(&str, &str, Rule)] = &[
     ("BulkRequest", "rate", Rule::Range(BULK_RATE)),
     ("BulkFilter", "status", Rule::Words(RUN_STATUS)),
     ("BulkFilter", "health", Rule::Words(HEALTH)),
+    ("BulkFilter", "created_after", Rule::When),
+    ("BulkFilter", "created_before", Rule::When),
+    ("BulkFilter", "entered_after", Rule::When),
+    ("BulkFilter", "entered_before", Rule::When),
 ];
 
 use Kind::*;
@@ -215,6 +234,7 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
     ("listMachineVersions", &[UnknownMachine, Internal, Unavailable]),
     ("createEntity", &[UnknownMachine, EntityExists, KeyReused, InvalidKey, InvalidProperties, Internal, Unavailable]),
     ("listEntities", &[UnknownEntity, Internal, Unavailable]),
+    ("groupErrors", &[Internal, Unavailable]),
     ("getEntity", &[UnknownMachine, UnknownEntity, EntityDeleted, Internal, Unavailable]),
     ("getEntityHistory", &[UnknownMachine, UnknownEntity, Internal, Unavailable]),
     ("getEntityRelated", &[UnknownMachine, UnknownEntity, Internal, Unavailable]),
@@ -392,6 +412,10 @@ fn constrain(schema: &mut Value, rule: Rule) {
             {"type": "string", "format": "date-time"},
             {"type": "string", "pattern": RELATIVE_TIME.pattern},
         ]}),
+        Rule::When => json!({"anyOf": [
+            {"type": "string", "format": "date-time"},
+            {"type": "string", "pattern": SIGNED_TIME.pattern},
+        ]}),
         Rule::Free(_) => {
             if schema.get("type").is_some() {
                 return;
@@ -415,6 +439,7 @@ fn example_of(rule: Rule) -> Option<Value> {
         Rule::Range(r) => Some(json!(r.default)),
         Rule::Words(w) => Some(json!(w[0])),
         Rule::Time => Some(json!(RELATIVE_TIME.example)),
+        Rule::When => Some(json!(SIGNED_TIME.example)),
         Rule::Free("") | Rule::Count(_) => None,
         Rule::Free(e) => Some(json!(e)),
     }

@@ -53,6 +53,8 @@ pub mod ui;
 #[cfg(test)]
 mod feed_tests;
 #[cfg(test)]
+mod narrow_tests;
+#[cfg(test)]
 mod security_tests;
 #[cfg(test)]
 mod testkit;

@@ -68,6 +68,41 @@ pub struct EntityQuery {
     pub total: Option<bool>,
     /// `latest`: each entity with its newest recorded error (`last_error`).
     pub errors: Option<String>,
+    /// Only entities for which this property expression holds (the guards' language:
+    /// `props.region == "eu"`). With this, `error` or a time range, a page examines at
+    /// most 1,000 entities of the other filters and may hold fewer than `limit`: go on
+    /// with `next` while there is one.
+    #[serde(rename = "where")]
+    #[param(rename = "where")]
+    pub expr: Option<String>,
+    /// Only entities whose newest error contains this text (ignoring case).
+    pub error: Option<String>,
+    /// Only entities created at or after this time: RFC 3339, or `-2h` (that long ago).
+    pub created_after: Option<String>,
+    /// Only entities created before this time.
+    pub created_before: Option<String>,
+    /// Only entities that entered their state at or after this time.
+    pub entered_after: Option<String>,
+    /// Only entities that entered their state before this time (`-1h`: in it for more
+    /// than an hour).
+    pub entered_before: Option<String>,
+}
+
+/// Query of `GET /v1/entities/error-groups`: the list's index filters.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ErrorGroupQuery {
+    /// Only this machine.
+    pub machine: Option<String>,
+    /// Only this state.
+    pub state: Option<String>,
+    /// Only this run status: active, paused, sleeping, fault, failed, killed.
+    pub status: Option<String>,
+    /// Only entities in states of this health: `error` or `ok`.
+    pub health: Option<String>,
+    /// Only entities whose key starts with this.
+    pub prefix: Option<String>,
 }
 
 /// Query of the operator commands (`POST …/pause` and the others).
@@ -100,6 +135,14 @@ pub struct OperationQuery {
     pub limit: Option<String>,
     /// The cursor: `next` of the previous page (older operations follow).
     pub before: Option<String>,
+    /// Only operations started on an entity of this machine.
+    pub machine: Option<String>,
+    /// Only operations of this name (`vm.create`, `vm.go`, `vm.pause`, …).
+    pub name: Option<String>,
+    /// Only operations started at or after this time: RFC 3339, or `-2h` (that long ago).
+    pub started_after: Option<String>,
+    /// Only operations started before this time.
+    pub started_before: Option<String>,
 }
 
 /// Query of `POST .../events/{event}`.

@@ -320,12 +320,16 @@ impl From<settle_engine::Error> for Problem {
             .with("operation", crate::operation_location(&request_id)),
             E::Stopped => Problem::new(Kind::Unavailable, "the engine is shutting down"),
             E::Bulk(message) => {
+                const CRITERIA: [&str; 5] = ["machine", "state", "status", "prefix", "health"];
                 let field = message.split_once(':').map(|(f, _)| f).filter(|f| {
-                    ["machine", "state", "status", "prefix", "health", "reason", "rate", "event", "params", "action"]
-                        .contains(f)
+                    CRITERIA.contains(f)
+                        || settle_engine::NARROW_FIELDS.contains(f)
+                        || ["reason", "rate", "event", "params", "action"].contains(f)
                 });
                 let field = match field {
-                    Some(f @ ("machine" | "state" | "status" | "prefix" | "health")) => Some(format!("filter.{f}")),
+                    Some(f) if CRITERIA.contains(&f) || settle_engine::NARROW_FIELDS.contains(&f) => {
+                        Some(format!("filter.{f}"))
+                    }
                     Some(f) => Some(f.to_string()),
                     // No criterion at all: the filter is at fault.
                     None => Some("filter".to_string()),

@@ -143,6 +143,8 @@ async function signIn() {
 function signOut(message) {
   sessionStorage.removeItem(TOKEN_KEY);
   app.session = null;
+  app.page = null;
+  if (soon.t) { clearTimeout(soon.t); soon.t = null; }
   showSignIn(message);
 }
 
@@ -183,7 +185,8 @@ function stopTimer() { if (app.timer) clearInterval(app.timer); app.timer = null
 
 async function tick() {
   const page = app.page;
-  if (!page || document.hidden || $("#confirm").open) return;
+  // Signed out: nothing to draw (a change heard just before must not ask without a token).
+  if (!page || !app.session || document.hidden || $("#confirm").open) return;
   // A change heard while drawing: draw again after.
   if (app.busy) { app.again = true; return; }
   app.busy = true;
@@ -428,6 +431,9 @@ function entities(main, r) {
       <div><label for="f-health">Health</label><select id="f-health" name="health"><option value="">any</option>
         <option value="error">error (failing)</option><option value="ok">ok</option></select></div>
       <div><label for="f-prefix">Key prefix</label><input id="f-prefix" name="prefix" size="18"></div>
+      <div><label for="f-where">Where</label><input id="f-where" name="where" size="24" placeholder='props.region == "eu"'></div>
+      <div><label for="f-error">Error contains</label><input id="f-error" name="error" size="18"></div>
+      <div><label for="f-entered">Entered before</label><input id="f-entered" name="entered_before" size="12" placeholder="-1h"></div>
       <div><button type="submit">Filter</button></div>
     </form>
     <div class="scroll"><table id="entities-table"><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th></tr></thead><tbody id="rows"></tbody></table></div>
@@ -449,6 +455,9 @@ function entities(main, r) {
   $("#f-status").value = q.get("status") || "";
   $("#f-health").value = q.get("health") || "";
   $("#f-prefix").value = q.get("prefix") || "";
+  $("#f-where").value = q.get("where") || "";
+  $("#f-error").value = q.get("error") || "";
+  $("#f-entered").value = q.get("entered_before") || "";
   fill().catch(() => {});
   $("#f-machine").addEventListener("change", () => { q.set("machine", $("#f-machine").value); q.delete("state"); fill().catch(() => {}); });
   form.addEventListener("submit", (ev) => {
@@ -481,15 +490,17 @@ function entities(main, r) {
     title: "Entities",
     async refresh() {
       const p = new URLSearchParams();
-      for (const k of ["machine", "state", "status", "health", "prefix", "after"]) if (q.get(k)) p.set(k, q.get(k));
+      for (const k of ["machine", "state", "status", "health", "prefix", "where", "error", "entered_before", "after"]) if (q.get(k)) p.set(k, q.get(k));
       p.set("limit", "50");
       p.set("total", "true");
       const page = await api(`/v1/entities?${p}`);
       next = page.next;
       const t = page.total;
+      // With criteria no index holds a page may hold fewer than 50: only how many it shows.
+      const narrowed = ["where", "error", "entered_before"].some((k) => q.get(k));
       const from = back.length * 50;
-      $("#entities-total").textContent = `${t.exact ? t.count : `more than ${t.count}`} matching`
-        + (page.items.length ? ` · showing ${from + 1}–${from + page.items.length}` : "");
+      $("#entities-total").textContent = `${t.exact ? t.count : `${narrowed ? "at least" : "more than"} ${t.count}`} matching`
+        + (!page.items.length ? "" : narrowed ? ` · showing ${page.items.length} here` : ` · showing ${from + 1}–${from + page.items.length}`);
       const text = JSON.stringify(page.items.map((e) => [e.machine, e.key, e.version, e.run_status, e.health]));
       if (text !== shown) { shown = text; $("#rows").innerHTML = entityRows(page.items); } // unchanged: keep selection
       $("#next").disabled = !next;
@@ -723,6 +734,7 @@ function parked(main, r) {
   const q = r.query;
   const status = q.get("status") === "fault" ? "fault" : "failed";
   const machine = q.get("machine") || "";
+  const error = q.get("error") || "";
   main.innerHTML = `<h1>Parked</h1><p class="sub">Entities an operator must look at: <code>failed</code> (parked after their fault policy gave up) and <code>fault</code> (backing off after errors).</p>
     <form class="filters" id="parked-filters">
       <div><label for="p-status">Run status</label><select id="p-status" name="status"><option>failed</option><option>fault</option></select></div>
@@ -730,6 +742,7 @@ function parked(main, r) {
       <div><button type="submit">Filter</button></div>
       ${canWrite() ? `<div><button type="button" id="bulk-resume">Resume all matching…</button></div>` : ""}
     </form>
+    ${error ? `<p id="parked-error">Only errors like <code>${esc(error)}</code> · <a href="#/parked?${new URLSearchParams({ status, ...(machine ? { machine } : {}) })}">all errors</a></p>` : ""}
     <p id="parked-total" class="sub" aria-live="polite"></p>
     <div id="parked-groups"></div>
     <div class="scroll"><table id="parked-table"><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th><th>Last error</th>${canWrite() ? "<th>Actions</th>" : ""}</tr></thead><tbody id="rows"></tbody></table></div>
@@ -740,7 +753,7 @@ function parked(main, r) {
     $("#p-machine").value = machine;
   }).catch(() => {});
   const go = (p) => { location.hash = `#/parked?${p}`; };
-  const base = () => { const p = new URLSearchParams(); p.set("status", status); if (machine) p.set("machine", machine); return p; };
+  const base = () => { const p = new URLSearchParams(); p.set("status", status); if (machine) p.set("machine", machine); if (error) p.set("error", error); return p; };
   $("#parked-filters").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const p = new URLSearchParams();
@@ -765,9 +778,9 @@ function parked(main, r) {
     p.set("back", back.concat([q.get("after") || "0"]).map(enc).join(","));
     go(p);
   });
-  if (canWrite()) $("#bulk-resume").addEventListener("click", () => bulkResume({ status, ...(machine ? { machine } : {}) }));
+  if (canWrite()) $("#bulk-resume").addEventListener("click", () => bulkResume({ status, ...(machine ? { machine } : {}), ...(error ? { error } : {}) }));
   wireCommands($("#rows"), () => tick());
-  let shown = null;
+  let shown = null, groupsShown = null;
   return {
     title: "Parked",
     async refresh() {
@@ -776,11 +789,21 @@ function parked(main, r) {
       p.set("limit", "50");
       p.set("total", "true");
       p.set("errors", "latest");
-      const page = await api(`/v1/entities?${p}`);
+      const g = new URLSearchParams({ status, ...(machine ? { machine } : {}) });
+      const [page, grouped] = await Promise.all([api(`/v1/entities?${p}`), api(`/v1/entities/error-groups?${g}`)]);
       next = page.next;
       const t = page.total;
-      $("#parked-total").textContent = `${t.exact ? t.count : `more than ${t.count}`} ${status}${machine ? ` of machine ${machine}` : ""}`
-        + (page.items.length ? ` · showing ${back.length * 50 + 1}–${back.length * 50 + page.items.length}` : "");
+      $("#parked-total").textContent = `${t.exact ? t.count : `${error ? "at least" : "more than"} ${t.count}`} ${status}${machine ? ` of machine ${machine}` : ""}`
+        + (!page.items.length ? "" : error ? ` · showing ${page.items.length} here` : ` · showing ${back.length * 50 + 1}–${back.length * 50 + page.items.length}`);
+      // Every parked entity's newest error (up to 10,000), grouped by its text with
+      // numbers as #: a group opens its entities.
+      const groupsText = JSON.stringify(grouped);
+      if (groupsText !== groupsShown) {
+        groupsShown = groupsText;
+        const link = (gr) => `#/parked?${new URLSearchParams({ status, ...(machine ? { machine } : {}), error: gr.error })}`;
+        $("#parked-groups").innerHTML = grouped.groups.length ? `<table id="error-groups"><thead><tr><th>Error${grouped.exact ? "" : ` (of the first ${grouped.examined})`}</th><th class="num">Entities</th><th>For example</th></tr></thead><tbody>${
+          grouped.groups.map((gr) => `<tr${gr.error === error && error ? ` class="current"` : ""}><td class="wrap">${gr.error === null ? "(no error recorded)" : `<a href="${esc(link(gr))}">${esc(gr.error)}</a>`}</td><td class="num">${gr.count}</td><td class="mono">${esc(gr.example)}</td></tr>`).join("")}</tbody></table>` : "";
+      }
       $("#p-next").disabled = !next;
       $("#p-prev").disabled = !back.length;
       $("#p-first").disabled = !q.get("after");
@@ -789,12 +812,6 @@ function parked(main, r) {
       if (text === shown) return; // nothing changed: keep selection
       shown = text;
       const lastError = (e) => (e.last_error ? `${e.last_error.details} (${ago(e.last_error.at)})` : "");
-      // The errors of this page, grouped by their text with numbers (ids, attempts) as #:
-      // the most frequent first.
-      const groups = new Map();
-      for (const e of page.items) { const k = e.last_error ? e.last_error.details.replace(/\d+/g, "#") : "(no error recorded)"; groups.set(k, (groups.get(k) || 0) + 1); }
-      $("#parked-groups").innerHTML = page.items.length ? `<table id="error-groups"><thead><tr><th>Error (this page)</th><th class="num">Entities</th></tr></thead><tbody>${
-        [...groups].sort((a, b) => b[1] - a[1]).map(([k, n]) => `<tr><td class="wrap">${esc(k)}</td><td class="num">${n}</td></tr>`).join("")}</tbody></table>` : "";
       $("#rows").innerHTML = entityRows(page.items, { withErrors: lastError, commands: canWrite() ? ["resume", "kill"] : [] });
     },
   };
@@ -839,16 +856,29 @@ function outcomeCell(o) {
 function operations(main, r) {
   const q = r.query;
   const outcome = q.get("outcome") || "";
+  const FILTERS = ["outcome", "machine", "name", "started_after"];
   main.innerHTML = `<h1>Operations</h1>
-    <form class="filters" id="filters"><div><label for="f-outcome">Outcome</label><select id="f-outcome"><option value="">any</option>
-      ${["open", "success", "failed", "canceled", "hung"].map((o) => `<option>${o}</option>`).join("")}</select></div><div><button type="submit">Filter</button></div></form>
+    <form class="filters" id="filters"><div><label for="f-outcome">Outcome</label><select id="f-outcome" name="outcome"><option value="">any</option>
+      ${["open", "success", "failed", "canceled", "hung"].map((o) => `<option>${o}</option>`).join("")}</select></div>
+      <div><label for="f-opmachine">Machine</label><input id="f-opmachine" name="machine" size="12"></div>
+      <div><label for="f-name">Name</label><input id="f-name" name="name" size="14" placeholder="vm.create"></div>
+      <div><label for="f-since">Started after</label><input id="f-since" name="started_after" size="12" placeholder="-1h"></div>
+      <div><button type="submit">Filter</button></div></form>
     <form class="filters" id="find"><div><label for="f-request">Request id</label><input id="f-request" size="40"></div><div><button type="submit" class="secondary">Open</button></div></form>
     <div class="scroll"><table id="ops-table"><thead><tr><th>Request id</th><th>Name</th><th>Entity</th><th>Started</th><th class="num">ms</th><th>Outcome</th><th>Error</th></tr></thead><tbody id="rows"></tbody></table></div>
     <div class="pager"><button type="button" class="secondary" id="o-first">Newest</button><button type="button" class="secondary" id="o-prev">Newer page</button><button type="button" class="secondary" id="o-next">Older page</button></div>`;
   $("#f-outcome").value = outcome;
-  const base = () => { const p = new URLSearchParams(); if (outcome) p.set("outcome", outcome); return p; };
+  $("#f-opmachine").value = q.get("machine") || "";
+  $("#f-name").value = q.get("name") || "";
+  $("#f-since").value = q.get("started_after") || "";
+  const base = () => { const p = new URLSearchParams(); for (const k of FILTERS) if (q.get(k)) p.set(k, q.get(k)); return p; };
   const go = (p) => { location.hash = `#/operations${[...p].length ? `?${p}` : ""}`; };
-  $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); const p = new URLSearchParams(); if ($("#f-outcome").value) p.set("outcome", $("#f-outcome").value); go(p); });
+  $("#filters").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const p = new URLSearchParams();
+    for (const [k, v] of new FormData($("#filters"))) if (v) p.set(k, v);
+    go(p);
+  });
   $("#find").addEventListener("submit", (ev) => { ev.preventDefault(); const id = $("#f-request").value.trim(); if (id) location.hash = `#/operation/${enc(id)}`; });
   const back = (q.get("back") || "").split(",").filter(Boolean).map(decodeURIComponent);
   let next = null, shown = null;
@@ -885,7 +915,7 @@ function operations(main, r) {
         <td>${o.machine && o.key ? `<a href="${entityHref(o.machine, o.key)}" class="wrap">${esc(o.machine)}/${esc(o.key)}</a>` : "–"}</td>
         <td title="${esc(fmtTime(o.started_at))}">${esc(ago(o.started_at))}</td><td class="num">${o.ended_at ? o.ended_at - o.started_at : "–"}</td>
         <td>${outcomeCell(o)}</td><td class="wrap">${esc(o.error ?? "")}</td></tr>`).join("")
-        : `<tr class="empty"><td colspan="7">no operations</td></tr>`;
+        : `<tr class="empty"><td colspan="7">${next ? "none among these; older ones follow" : "no operations"}</td></tr>`;
     },
   };
 }

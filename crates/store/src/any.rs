@@ -79,6 +79,7 @@ impl Store for AnyStore {
         fn inbox_list(&self, entity_id: i64) -> Vec<InboxItem>;
         fn predecessor_list(&self, entity_id: i64) -> Vec<EntityRow>;
         fn error_list(&self, entity_id: i64, limit: u64) -> Vec<ErrorRow>;
+        fn error_newest(&self, entity_ids: Vec<i64>) -> Vec<(i64, ErrorRow)>;
         fn operation_trace(&self, request_id: &str, limit: u64) -> OperationTrace;
         fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> ();
         fn machine_list(&self) -> Vec<MachineRecord>;
@@ -90,6 +91,7 @@ impl Store for AnyStore {
         fn operation_get(&self, request_id: &str) -> Option<OperationRow>;
         fn operations_ended(&self, request_ids: Vec<String>) -> Vec<OperationRow>;
         fn operation_page(&self, outcome: Option<String>, before: Option<i64>, limit: u64) -> Vec<OperationRow>;
+        fn operation_scan(&self, filter: crate::OperationFilter, before: Option<i64>, window: u64, limit: u64) -> crate::OperationWindow;
         fn machine_migrate(&self, machine: &str, moves: Vec<(String, String)>, hash: &str, now: Millis) -> u64;
         fn machine_versions(&self) -> Vec<(MachineRecord, u64)>;
         fn events_list(&self, entity_id: i64) -> Vec<EventRow>;

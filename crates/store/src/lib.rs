@@ -56,7 +56,7 @@ pub use feed::{FeedFilter, FeedItem, FeedPage, FeedPos};
 pub use history::{HistoryKind, HistoryRow};
 pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
 pub use machine::MachineRecord;
-pub use operation::{OpenOperation, OperationRow};
+pub use operation::{OpenOperation, OperationFilter, OperationRow, OperationWindow};
 pub use postgres::PgStore;
 pub use prune::{Prune, PruneRule, Pruned, PrunedEntity, PrunedRows, Storage, Trim};
 pub use report::{
@@ -143,6 +143,9 @@ pub trait Store: Send + Sync + 'static {
     fn predecessor_list(&self, entity_id: i64) -> impl Future<Output = Result<Vec<EntityRow>>> + Send;
     /// The entity's newest `limit` recorded errors, newest first.
     fn error_list(&self, entity_id: i64, limit: u64) -> impl Future<Output = Result<Vec<ErrorRow>>> + Send;
+    /// The newest recorded error of each of these entities that has one, as (entity id,
+    /// error), in the order asked: one index read each, in one call.
+    fn error_newest(&self, entity_ids: Vec<i64>) -> impl Future<Output = Result<Vec<(i64, ErrorRow)>>> + Send;
     /// What the operation of `request_id` touched: up to `limit` entities (its own first
     /// among them, then those its events reached) and their history rows carrying the
     /// request id. Empty when no such operation exists.
@@ -202,6 +205,16 @@ pub trait Store: Send + Sync + 'static {
         before: Option<i64>,
         limit: u64,
     ) -> impl Future<Output = Result<Vec<OperationRow>>> + Send;
+    /// A page of operations of a bounded cost: of the `window` operations older than
+    /// `before` (store id; `None`: the newest), newest first, those passing `filter`, at
+    /// most `limit`, and the oldest id the window looked at when it was full.
+    fn operation_scan(
+        &self,
+        filter: OperationFilter,
+        before: Option<i64>,
+        window: u64,
+        limit: u64,
+    ) -> impl Future<Output = Result<OperationWindow>> + Send;
     /// Moves every entity of `machine` in an old state to its new state (a definition
     /// upgrade that renamed states), recording it in history. Returns how many moved.
     fn machine_migrate(

@@ -44,3 +44,31 @@ pub struct OperationRow {
     /// Free-form dimensions.
     pub dimensions: Value,
 }
+
+/// Which operations a windowed page keeps ([`Store::operation_scan`](crate::Store::operation_scan)):
+/// every criterion given must hold. Times are epoch ms; `after` inclusive, `before`
+/// exclusive.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OperationFilter {
+    /// This outcome (`success`, `failed`, `canceled`, `hung`), or `open`: not ended.
+    pub outcome: Option<String>,
+    /// Started on an entity of this machine.
+    pub machine: Option<String>,
+    /// This operation name.
+    pub name: Option<String>,
+    /// Started at or after.
+    pub started_after: Option<Millis>,
+    /// Started before.
+    pub started_before: Option<Millis>,
+}
+
+/// A windowed page of operations: those of the window that pass the filter, newest first,
+/// and where the window ended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OperationWindow {
+    /// The operations kept, newest first (at most the limit asked for).
+    pub items: Vec<OperationRow>,
+    /// The oldest store id the window looked at, when it was full (older ones remain to
+    /// be looked at); `None`: the window reached the oldest operation.
+    pub low: Option<i64>,
+}

@@ -76,3 +76,34 @@ pub(crate) const TRIM: [&str; 4] = [
 pub(crate) fn trim_params(t: &crate::Trim) -> (Option<i64>, i64) {
     (t.before, t.rows.map_or(i64::MAX, |n| i64::from(n.max(1))))
 }
+
+/// The statement of [`Store::operation_scan`](crate::Store::operation_scan): the window
+/// (the `?2` operations before id `?1`, newest first) and its oldest id and size in one row
+/// each joined with the window's operations that pass the filter (outcome `?3`, machine
+/// `?4`, name `?5`, started in [`?6`, `?7`)), at most `?8`: the columns of
+/// [`OPERATION_COLS`], then `low`, `n`. No operation passes: one row of nulls but those two.
+/// `dollar`: PostgreSQL's placeholders (typed where a null is compared).
+pub(crate) fn operation_scan_sql(dollar: bool) -> String {
+    let p = |n: usize, ty: &str| if dollar { format!("${n}::{ty}") } else { format!("?{n}") };
+    let (before, window, outcome, machine, name, after, until, limit) = (
+        p(1, "bigint"),
+        p(2, "bigint"),
+        p(3, "text"),
+        p(4, "text"),
+        p(5, "text"),
+        p(6, "bigint"),
+        p(7, "bigint"),
+        p(8, "bigint"),
+    );
+    format!(
+        "WITH w AS (SELECT * FROM operations WHERE ({before} IS NULL OR id < {before}) ORDER BY id DESC LIMIT {window}),
+              b AS (SELECT min(id) AS low, count(*) AS n FROM w)
+         SELECT m.*, b.low, b.n FROM b LEFT JOIN (
+             SELECT {OPERATION_COLS} FROM w
+             WHERE ({outcome} IS NULL OR ({outcome} = 'open' AND ended_at IS NULL) OR outcome = {outcome})
+               AND ({machine} IS NULL OR machine = {machine}) AND ({name} IS NULL OR name = {name})
+               AND ({after} IS NULL OR started_at >= {after}) AND ({until} IS NULL OR started_at < {until})
+             ORDER BY id DESC LIMIT {limit}) m ON 1 = 1
+         ORDER BY m.id DESC"
+    )
+}

@@ -32,15 +32,25 @@ pub(crate) fn bulk_location(request_id: &str) -> String {
     format!("/v1/bulk/{}", crate::routes::encode_segment(request_id))
 }
 
-/// The engine's selection of a request's filter.
-pub fn selection(f: &BulkFilter) -> Selection {
-    Selection {
+/// The engine's selection of a request's filter, its times read at `now` (epoch ms); a
+/// problem names the member at fault.
+pub fn selection(f: &BulkFilter, now: i64) -> Result<Selection, Problem> {
+    let text = settle_engine::NarrowText {
+        expr: f.expr.as_deref(),
+        error: f.error.as_deref(),
+        created_after: f.created_after.as_deref(),
+        created_before: f.created_before.as_deref(),
+        entered_after: f.entered_after.as_deref(),
+        entered_before: f.entered_before.as_deref(),
+    };
+    Ok(Selection {
         machine: f.machine.clone(),
         state: f.state.clone(),
         status: f.status.clone(),
         prefix: f.prefix.clone(),
         health: f.health.clone(),
-    }
+        narrow: crate::routes::narrow(text, now, Kind::InvalidBulk, "filter.")?,
+    })
 }
 
 /// How many a dry run shows.
@@ -48,7 +58,7 @@ pub const SAMPLE: usize = 10;
 
 /// Starts a bulk operation: `action` (`pause`, `resume`, `retry`, `release`, `kill`, or
 /// `raise` with `event` and `params`) on every entity matching `filter` (at least one of
-/// machine, state, status, prefix, health), with a `reason`, at most `rate` entities a
+/// machine, state, status, prefix, health, where, error, a time range), with a `reason`, at most `rate` entities a
 /// second. 202 and `Location: /v1/bulk/{id}`; a replayed `Idempotency-Key` 200 with that
 /// operation. With `dry_run`: 200, how many match now and the first few; nothing done.
 #[utoipa::path(
@@ -70,7 +80,7 @@ async fn start(
 ) -> Result<Response, Problem> {
     let params = req.params.clone().unwrap_or(Value::Null);
     let action = BulkAction::parse(&req.action, req.event.as_deref(), params).map_err(invalid)?;
-    let sel = selection(&req.filter);
+    let sel = selection(&req.filter, s.engine().clock().now_ms())?;
     if req.dry_run {
         let dry = s.engine().bulk_dry_run(&sel, SAMPLE).await?;
         return Ok(Json(dry_run_body(&req, &dry, |e| s.entity(e))).into_response());

@@ -6,6 +6,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 use settle_core::Machine;
+use settle_engine::Narrow;
 use settle_store::{EntityFilter, Store};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -13,18 +14,19 @@ use utoipa_axum::routes;
 use crate::contract::{CURSOR, HEALTH, RUN_STATUS};
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{
-    CommandOffer, CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, HistoryEntry, QueuedEvent, Related, Timer,
-    Total, Why,
+    CommandOffer, CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, ErrorGroup, ErrorGroupQuery, ErrorGroups,
+    HistoryEntry, QueuedEvent, Related, Timer, Total, Why,
 };
 use crate::paths::{EntityPath, MachinePath};
 use crate::problem::{Kind, Problem};
-use crate::routes::{check_key, entity_location, find_entity, live_entity, parse_limit, unknown_word};
+use crate::routes::{check_key, entity_location, find_entity, live_entity, narrow, parse_limit, unknown_word};
 use crate::state::AppState;
 
 /// Read routes of entities.
 pub fn read() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list))
+        .routes(routes!(error_groups))
         .routes(routes!(get))
         .routes(routes!(history))
         .routes(routes!(related))
@@ -75,8 +77,11 @@ async fn create(
     Ok((status, [(header::LOCATION, location)], Json(s.entity(&created.entity))).into_response())
 }
 
-/// Lists entities by id (by machine and key with `prefix`), a page at a time. Every
-/// filter is read through an index: a page costs the same in a fleet of any size.
+/// Lists entities by id (by machine and key with `prefix`), a page at a time. Machine,
+/// state, run status, health and prefix are read through an index; `where`, `error` and
+/// the time ranges are tried on at most 1,000 of those rows a page (the page may then hold
+/// fewer than `limit`; `next` goes on after them): a page costs the same in a fleet of
+/// any size.
 #[utoipa::path(
     get,
     operation_id = "listEntities",
@@ -88,6 +93,69 @@ async fn create(
     )
 )]
 async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result<Json<EntityPage>, Problem> {
+    let mut filter = index_filter(&s, &q)?;
+    (filter.after_id, filter.after_key) = match q.after.as_deref() {
+        None => (None, None),
+        Some(a) => cursor(&s, a, q.prefix.is_some()).await?,
+    };
+    let limit = parse_limit(q.limit.as_deref())?;
+    if let Some(e) = q.errors.as_deref().filter(|e| *e != "latest") {
+        return Err(unknown_word("errors", "errors", e, &["latest"]));
+    }
+    let text = settle_engine::NarrowText {
+        expr: q.expr.as_deref(),
+        error: q.error.as_deref(),
+        created_after: q.created_after.as_deref(),
+        created_before: q.created_before.as_deref(),
+        entered_after: q.entered_after.as_deref(),
+        entered_before: q.entered_before.as_deref(),
+    };
+    let narrow = narrow(text, s.engine().clock().now_ms(), Kind::BadRequest, "")?;
+    let total = match q.total {
+        Some(true) if narrow.is_empty() => {
+            let n = s.engine().store().entity_count(filter.clone(), TOTAL_BOUND).await?;
+            Some(Total { count: n.min(TOTAL_BOUND), exact: n <= TOTAL_BOUND })
+        }
+        Some(true) => Some(narrowed_total(&s, &narrow, filter.clone()).await?),
+        _ => None,
+    };
+    // Criteria no index holds: a page examines a bounded number of rows.
+    let read = if narrow.is_empty() { limit + 1 } else { EXAMINE.max(limit + 1) };
+    let rows = s.engine().store().entity_list(EntityFilter { limit: Some(read), ..filter }).await?;
+    let (keeps, mut errors) = s.engine().narrowed(&narrow, &rows, q.errors.is_some()).await?;
+    let mut kept: Vec<&settle_store::EntityRow> = Vec::new();
+    let mut next_after = None;
+    for (row, keep) in rows.iter().zip(keeps) {
+        if !keep {
+            continue;
+        }
+        if kept.len() as u64 == limit {
+            // One more passes: the page ends at the last one kept.
+            next_after = kept.last().copied();
+            break;
+        }
+        kept.push(row);
+    }
+    if next_after.is_none() && !narrow.is_empty() && rows.len() as u64 == read {
+        // Every row read was examined and more may follow: go on after the last.
+        next_after = rows.last();
+    }
+    let next = match next_after {
+        Some(e) if q.prefix.is_some() => Some(format!("{}/{}", e.machine, e.key)),
+        Some(e) => Some(e.id.to_string()),
+        None => None,
+    };
+    let mut items: Vec<Entity> = kept.iter().map(|e| s.entity(e)).collect();
+    if q.errors.is_some() {
+        for (item, row) in items.iter_mut().zip(&kept) {
+            item.last_error = errors.remove(&row.id).as_ref().map(ErrorEntry::from);
+        }
+    }
+    Ok(Json(EntityPage { items, next, total }))
+}
+
+/// The store's filter of `q`'s index criteria (no cursor, no limit), checked.
+fn index_filter(s: &AppState, q: &EntityQuery) -> Result<EntityFilter, Problem> {
     if let Some(st) = q.status.as_deref()
         && !RUN_STATUS.contains(&st)
     {
@@ -98,59 +166,92 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
     {
         return Err(unknown_word("health", "health", h, HEALTH));
     }
-    let (after, after_key) = match q.after.as_deref() {
-        None => (None, None),
-        Some(a) => cursor(&s, a, q.prefix.is_some()).await?,
-    };
-    let limit = parse_limit(q.limit.as_deref())?;
     // A parent state lists the entities in its substates.
     let machines =
         s.machines().iter().map(|m| m.as_ref()).filter(|m| q.machine.as_deref().is_none_or(|n| m.name() == n));
     let substates = q.state.as_deref().map(|st| Machine::substates_across(machines, st)).unwrap_or_default();
     // A health is the (machine, state) pairs of the served machines' leaf states that have it.
     let pairs = q.health.as_deref().map(|h| settle_engine::health_pairs(s.machines().iter().map(|m| m.as_ref()), h));
-    let filter = EntityFilter {
-        machine: q.machine,
-        state: q.state,
+    Ok(EntityFilter {
+        machine: q.machine.clone(),
+        state: q.state.clone(),
         substates,
-        after_id: after,
-        limit: Some(limit + 1),
-        run_status: q.status,
+        after_id: None,
+        limit: None,
+        run_status: q.status.clone(),
         key_prefix: q.prefix.clone(),
-        after_key,
+        after_key: None,
         pairs,
+    })
+}
+
+/// The newest errors of the entities the filters match (the first 10,000 in the list's
+/// order), grouped by their text with each number as `#`, the largest group first. A
+/// group's `error` given to the list as `error` pages through its entities.
+#[utoipa::path(
+    get,
+    operation_id = "groupErrors",
+    path = "/v1/entities/error-groups",
+    tag = "entities",
+    params(ErrorGroupQuery),
+    responses(
+        (status = 200, description = "the groups", body = ErrorGroups),
+    )
+)]
+async fn error_groups(
+    State(s): State<AppState>,
+    Query(g): Query<ErrorGroupQuery>,
+) -> Result<Json<ErrorGroups>, Problem> {
+    let q = EntityQuery {
+        machine: g.machine,
+        state: g.state,
+        status: g.status,
+        health: g.health,
+        prefix: g.prefix,
+        ..EntityQuery::default()
     };
-    if let Some(e) = q.errors.as_deref().filter(|e| *e != "latest") {
-        return Err(unknown_word("errors", "errors", e, &["latest"]));
+    let filter = index_filter(&s, &q)?;
+    let rows = s.engine().store().entity_list(EntityFilter { limit: Some(TOTAL_BOUND + 1), ..filter }).await?;
+    let exact = rows.len() as u64 <= TOTAL_BOUND;
+    let examined = &rows[..rows.len().min(TOTAL_BOUND as usize)];
+    let errors = s.engine().newest_errors(examined).await?;
+    // group text → (count, first member, its error)
+    let mut groups: std::collections::HashMap<Option<String>, (u64, usize)> = std::collections::HashMap::new();
+    for (i, e) in examined.iter().enumerate() {
+        let key = errors.get(&e.id).map(|err| settle_engine::error_group(&err.details));
+        groups.entry(key).or_insert((0, i)).0 += 1;
     }
-    let total = match q.total {
-        Some(true) => {
-            let n = s.engine().store().entity_count(filter.clone(), TOTAL_BOUND).await?;
-            Some(Total { count: n.min(TOTAL_BOUND), exact: n <= TOTAL_BOUND })
-        }
-        _ => None,
-    };
-    let mut rows = s.engine().store().entity_list(filter).await?;
-    let more = rows.len() as u64 > limit;
-    rows.truncate(limit as usize);
-    let next = match rows.last() {
-        Some(e) if more && q.prefix.is_some() => Some(format!("{}/{}", e.machine, e.key)),
-        Some(e) if more => Some(e.id.to_string()),
-        _ => None,
-    };
-    let mut items: Vec<Entity> = rows.iter().map(|e| s.entity(e)).collect();
-    if q.errors.is_some() {
-        // Each entity's newest error: one index read each, in this process.
-        for (item, row) in items.iter_mut().zip(&rows) {
-            let newest = s.engine().store().error_list(row.id, 1).await?;
-            item.last_error = newest.first().map(ErrorEntry::from);
-        }
-    }
-    Ok(Json(EntityPage { items, next, total }))
+    let mut groups: Vec<ErrorGroup> = groups
+        .into_iter()
+        .map(|(error, (count, first))| {
+            let e = &examined[first];
+            ErrorGroup {
+                error,
+                count,
+                example: format!("{}/{}", e.machine, e.key),
+                details: errors.get(&e.id).map(|err| err.details.clone()),
+            }
+        })
+        .collect();
+    groups.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.error.cmp(&b.error)));
+    Ok(Json(ErrorGroups { groups, examined: examined.len() as u64, exact }))
 }
 
 /// How far `total=true` counts exactly.
 const TOTAL_BOUND: u64 = 10_000;
+/// How many entities a page with criteria no index holds examines at most.
+const EXAMINE: u64 = 1_000;
+
+/// `total=true` with criteria no index holds: of the first [`TOTAL_BOUND`] entities the
+/// index filters reach, how many pass (exact when there are no more).
+async fn narrowed_total(s: &AppState, narrow: &Narrow, filter: EntityFilter) -> Result<Total, Problem> {
+    let whole = EntityFilter { limit: Some(TOTAL_BOUND + 1), after_id: None, after_key: None, ..filter };
+    let rows = s.engine().store().entity_list(whole).await?;
+    let exact = rows.len() as u64 <= TOTAL_BOUND;
+    let examined = &rows[..rows.len().min(TOTAL_BOUND as usize)];
+    let (keeps, _) = s.engine().narrowed(narrow, examined, false).await?;
+    Ok(Total { count: keeps.iter().filter(|k| **k).count() as u64, exact })
+}
 
 /// The position after the cursor `a` in the page's order: by id, or (with a key prefix) by
 /// machine and key. `next` gives the form of the order; the other form names an entity,

@@ -49,6 +49,21 @@ pub(crate) fn parse_duration(field: &str, text: &str) -> Result<std::time::Durat
 
 /// Checks a new entity's key ([`contract::KEY`]): 1 to [`MAX_KEY`] characters, no
 /// control characters.
+/// The criteria no index holds (a property expression, error text, time ranges: RFC 3339
+/// or `-2h`, read at `now`), checked; a problem of `kind` names the field (`prefix` before
+/// it, as `filter.`).
+pub(crate) fn narrow(
+    c: settle_engine::NarrowText<'_>,
+    now: i64,
+    kind: Kind,
+    prefix: &str,
+) -> Result<settle_engine::Narrow, Problem> {
+    settle_engine::Narrow::parse(c, now).map_err(|e| {
+        let field = e.split_once(':').map(|(f, _)| f).unwrap_or_default();
+        Problem::new(kind, e.clone()).field(format!("{prefix}{field}"))
+    })
+}
+
 pub(crate) fn check_key(key: &str) -> Result<(), Problem> {
     if contract::KEY.matches(key) {
         return Ok(());

@@ -2,6 +2,7 @@
 
 use axum::Json;
 use axum::extract::State;
+use settle_store::OperationFilter;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -18,7 +19,9 @@ pub fn read() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list)).routes(routes!(get)).routes(routes!(trace))
 }
 
-/// Operations, newest first.
+/// Operations, newest first, filtered by outcome, machine, name and start time. A page
+/// looks at 5,000 operations at most: with filters it may hold fewer than `limit`, and
+/// `next` goes on past what it looked at.
 #[utoipa::path(
     get,
     operation_id = "listOperations",
@@ -45,12 +48,37 @@ async fn list(State(s): State<AppState>, Query(q): Query<OperationQuery>) -> Res
             })?)
         }
     };
-    let mut rows = settle_store::Store::operation_page(s.engine().store(), q.outcome, before, limit + 1).await?;
-    let more = rows.len() as u64 > limit;
-    rows.truncate(limit as usize);
-    let next = rows.last().filter(|_| more).map(|o| o.id.to_string());
-    Ok(Json(OperationList { items: rows.iter().map(Operation::from).collect(), next }))
+    let now = s.engine().clock().now_ms();
+    let time = |field: &str, text: Option<&str>| {
+        text.map(|t| {
+            settle_core::time::parse_time(t, now)
+                .map_err(|e| Problem::new(Kind::BadRequest, format!("{field}: {e}")).field(field))
+        })
+        .transpose()
+    };
+    let filter = OperationFilter {
+        outcome: q.outcome,
+        machine: q.machine,
+        name: q.name,
+        started_after: time("started_after", q.started_after.as_deref())?,
+        started_before: time("started_before", q.started_before.as_deref())?,
+    };
+    let store = s.engine().store();
+    let mut window = settle_store::Store::operation_scan(store, filter, before, WINDOW, limit + 1).await?;
+    let more = window.items.len() as u64 > limit;
+    window.items.truncate(limit as usize);
+    let next = match window.items.last() {
+        Some(o) if more => Some(o.id),
+        _ => window.low,
+    };
+    let items = window.items.iter().map(Operation::from).collect();
+    Ok(Json(OperationList { items, next: next.map(|n| n.to_string()) }))
 }
+
+/// How many operations one page looks at, at most: with filters, a page may hold fewer
+/// than its limit (go on with `next` while there is one), and costs the same however many
+/// operations are kept.
+const WINDOW: u64 = 5_000;
 
 /// One operation, by request id.
 #[utoipa::path(

@@ -265,7 +265,8 @@ pub async fn events_are_listed_per_entity<S: Store>(store: S) {
     assert!(store.events_list(i64::MAX).await.unwrap().is_empty());
 }
 
-/// An entity's errors read newest first (and only its own); an operation's trace holds the
+/// An entity's errors read newest first (and only its own), and the newest of several
+/// entities at once; an operation's trace holds the
 /// entity it started on and each history row its request id caused, and nothing for an
 /// unknown request id; of several request ids, those whose operations ended are read at
 /// once.
@@ -280,6 +281,11 @@ pub async fn entity_errors_and_operation_traces<S: Store>(store: S) {
     let boom = store.error_list(b, 10).await.unwrap();
     assert_eq!((boom.len(), boom[0].request_id.as_deref()), (1, Some("op-boom")));
     assert!(store.error_list(a, 10).await.unwrap().is_empty());
+    // The newest of each, in the order asked, those without errors left out.
+    let newest: Vec<_> =
+        store.error_newest(vec![c, a, b, i64::MAX]).await.unwrap().into_iter().map(|(id, e)| (id, e.details)).collect();
+    assert_eq!(newest, [(c, "rate limited".to_string()), (b, boom[0].details.clone())]);
+    assert!(store.error_newest(Vec::new()).await.unwrap().is_empty());
     let go = store.operation_trace("op-go", 100).await.unwrap();
     assert_eq!(go.entities.iter().map(|e| e.id).collect::<Vec<_>>(), [a]);
     let steps: Vec<_> = go.transitions.iter().map(|h| (h.to.as_deref(), h.retry, h.entity_id)).collect();
@@ -297,6 +303,49 @@ pub async fn entity_errors_and_operation_traces<S: Store>(store: S) {
     ended.sort();
     assert_eq!(ended, [("op-a".into(), Some("success".into())), ("op-go".into(), Some("success".into()))]);
     assert!(store.operations_ended(Vec::new()).await.unwrap().is_empty());
+    operations_scan_a_window(&store).await;
+}
+
+/// A windowed page of operations keeps what passes its filter among the window's, newest
+/// first, and says where a full window ended (the fixture's five operations).
+async fn operations_scan_a_window<S: Store>(store: &S) {
+    use crate::OperationFilter as F;
+    let scan = |f: F, before: Option<i64>, window: u64, limit: u64| async move {
+        let w = store.operation_scan(f, before, window, limit).await.unwrap();
+        (w.items.iter().map(|o| o.request_id.clone()).collect::<Vec<_>>(), w.low, w.items)
+    };
+    let go = || F { name: Some("m.go".into()), ..F::default() };
+    let (all, low, _) = scan(F::default(), None, 100, 100).await;
+    assert_eq!(all, ["op-open", "op-boom", "op-go", "op-b", "op-a"], "newest first");
+    assert_eq!(low, None, "the window reached the oldest");
+    let (ids, low, items) = scan(F::default(), None, 2, 100).await;
+    assert_eq!((ids, low), (vec!["op-open".to_string(), "op-boom".into()], Some(items[1].id)));
+    let (ids, _, _) = scan(go(), None, 100, 100).await;
+    assert_eq!(ids, ["op-open", "op-boom", "op-go"]);
+    let (ids, _, _) = scan(F { outcome: Some("failed".into()), ..F::default() }, None, 100, 100).await;
+    assert_eq!(ids, ["op-boom"]);
+    let (ids, _, _) = scan(F { outcome: Some("open".into()), ..F::default() }, None, 100, 100).await;
+    assert_eq!(ids, ["op-open"]);
+    let range = F { started_after: Some(T0 + 1), started_before: Some(T0 + 850), ..go() };
+    let (ids, _, _) = scan(range, None, 100, 100).await;
+    assert_eq!(ids, ["op-boom", "op-go"], "after inclusive, before exclusive");
+    let (ids, low, _) = scan(F { machine: Some("no-such-machine".into()), ..F::default() }, None, 100, 100).await;
+    assert_eq!((ids.len(), low), (0, None), "nothing passes: no rows, and the window was not full");
+    let (ids, low, _) = scan(F { machine: Some("no-such-machine".into()), ..F::default() }, None, 3, 100).await;
+    assert!(ids.is_empty() && low.is_some(), "nothing passes in a full window: go on from its end");
+    // A window of one, page after page, reaches each operation once.
+    let (mut before, mut seen) = (None, Vec::new());
+    loop {
+        let (ids, low, _) = scan(go(), before, 1, 100).await;
+        seen.extend(ids);
+        match low {
+            Some(l) => before = Some(l),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["op-open", "op-boom", "op-go"]);
+    let (ids, _, _) = scan(go(), None, 100, 1).await;
+    assert_eq!(ids, ["op-open"], "the limit holds");
 }
 
 /// Stats: per operation name (counts, success rate, nearest-rank duration percentiles),

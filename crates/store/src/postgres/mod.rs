@@ -327,6 +327,10 @@ impl Store for PgStore {
         self.on_reader(move |c| read::error_list(c, entity_id, limit)).await
     }
 
+    async fn error_newest(&self, entity_ids: Vec<i64>) -> Result<Vec<(i64, crate::ErrorRow)>> {
+        self.on_reader(move |c| read::error_newest(c, &entity_ids)).await
+    }
+
     async fn operation_trace(&self, request_id: &str, limit: u64) -> Result<crate::OperationTrace> {
         let request_id = request_id.to_string();
         self.on_reader(move |c| read::operation_trace(c, &request_id, limit)).await
@@ -504,6 +508,16 @@ impl Store for PgStore {
         limit: u64,
     ) -> Result<Vec<OperationRow>> {
         self.on_reader(move |c| read::operation_list(c, outcome.as_deref(), before, limit)).await
+    }
+
+    async fn operation_scan(
+        &self,
+        filter: crate::OperationFilter,
+        before: Option<i64>,
+        window: u64,
+        limit: u64,
+    ) -> Result<crate::OperationWindow> {
+        self.on_reader(move |c| read::operation_scan(c, &filter, before, window, limit)).await
     }
 
     async fn machine_migrate(

@@ -213,6 +213,30 @@ pub(crate) fn operation_list(
     all(rows, operation_from_row)
 }
 
+/// See [`Store::operation_scan`](crate::Store::operation_scan): one statement.
+pub(crate) fn operation_scan(
+    c: &mut Conn,
+    f: &crate::OperationFilter,
+    before: Option<i64>,
+    window: u64,
+    limit: u64,
+) -> R<crate::OperationWindow> {
+    let (window, limit) = (window.min(i64::MAX as u64) as i64, limit.min(i64::MAX as u64) as i64);
+    let rows = c.query(
+        &crate::sql::operation_scan_sql(true),
+        &[&before, &window, &f.outcome, &f.machine, &f.name, &f.started_after, &f.started_before, &limit],
+    )?;
+    let mut out = crate::OperationWindow::default();
+    for r in &rows {
+        let (low, n): (Option<i64>, i64) = (r.try_get(12)?, r.try_get(13)?);
+        out.low = low.filter(|_| n == window);
+        if r.try_get::<_, Option<i64>>(0)?.is_some() {
+            out.items.push(operation_from_row(r)?);
+        }
+    }
+    Ok(out)
+}
+
 pub(crate) fn machine_versions(c: &mut Conn) -> R<Vec<(MachineRecord, u64)>> {
     let rows = c.query(
         "SELECT m.name, m.hash, m.definition, m.created_at,
@@ -463,6 +487,32 @@ pub(crate) fn error_list(c: &mut Conn, entity_id: i64, limit: u64) -> R<Vec<crat
             cause: crate::CauseRef::decode(r.try_get::<_, Option<&str>>(5)?),
         })
     })
+}
+
+/// The newest error of each of `ids` that has one, in the order of `ids`: one statement,
+/// one index range of `errors (entity_id, id)` each.
+pub(crate) fn error_newest(c: &mut Conn, ids: &[i64]) -> R<Vec<(i64, crate::ErrorRow)>> {
+    let rows = c.query(
+        "SELECT DISTINCT ON (entity_id) entity_id, id, request_id, at, kind, details, cause FROM errors
+         WHERE entity_id = ANY($1) ORDER BY entity_id, id DESC",
+        &[&ids],
+    )?;
+    let mut found: std::collections::HashMap<i64, crate::ErrorRow> = all(rows, |r| {
+        Ok((
+            r.try_get::<_, i64>(0)?,
+            crate::ErrorRow {
+                id: r.try_get(1)?,
+                request_id: r.try_get(2)?,
+                at: r.try_get(3)?,
+                kind: r.try_get(4)?,
+                details: r.try_get(5)?,
+                cause: crate::CauseRef::decode(r.try_get::<_, Option<&str>>(6)?),
+            },
+        ))
+    })?
+    .into_iter()
+    .collect();
+    Ok(ids.iter().filter_map(|id| found.remove(id).map(|e| (*id, e))).collect())
 }
 
 /// What the operation of `request_id` touched (see [`Store::operation_trace`](crate::Store::operation_trace)),

@@ -337,6 +337,17 @@ impl Store for SqliteStore {
         self.on_reader(move |c| error_list(c, entity_id, limit).map_err(db_err)).await
     }
 
+    async fn error_newest(&self, entity_ids: Vec<i64>) -> Result<Vec<(i64, crate::ErrorRow)>> {
+        self.on_reader(move |c| {
+            let mut out = Vec::new();
+            for id in entity_ids {
+                out.extend(error_list(c, id, 1).map_err(db_err)?.into_iter().map(|e| (id, e)));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn operation_trace(&self, request_id: &str, limit: u64) -> Result<crate::OperationTrace> {
         let request_id = request_id.to_string();
         self.on_reader(move |c| in_read_transaction(c, |c| operation_trace(c, &request_id, limit))).await
@@ -467,6 +478,33 @@ impl Store for SqliteStore {
             stmt.query_map(params![outcome, limit.min(i64::MAX as u64) as i64, before], operation_from_row)
                 .and_then(|rows| rows.collect())
                 .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn operation_scan(
+        &self,
+        filter: crate::OperationFilter,
+        before: Option<i64>,
+        window: u64,
+        limit: u64,
+    ) -> Result<crate::OperationWindow> {
+        self.on_reader(move |c| {
+            let f = filter;
+            let mut stmt = c.prepare_cached(&crate::sql::operation_scan_sql(false)).map_err(db_err)?;
+            let (window, limit) = (window.min(i64::MAX as u64) as i64, limit.min(i64::MAX as u64) as i64);
+            let mut rows = stmt
+                .query(params![before, window, f.outcome, f.machine, f.name, f.started_after, f.started_before, limit])
+                .map_err(db_err)?;
+            let mut out = crate::OperationWindow::default();
+            while let Some(r) = rows.next().map_err(db_err)? {
+                let (low, n): (Option<i64>, i64) = (r.get(12).map_err(db_err)?, r.get(13).map_err(db_err)?);
+                out.low = low.filter(|_| n == window);
+                if r.get::<_, Option<i64>>(0).map_err(db_err)?.is_some() {
+                    out.items.push(operation_from_row(r).map_err(db_err)?);
+                }
+            }
+            Ok(out)
         })
         .await
     }

@@ -1,0 +1,355 @@
+//! Narrowing a selection of entities by what no index holds: a property expression in the
+//! guards' language, the text of the newest error, and created/entered time ranges.
+//!
+//! The store reads a page through an index (machine, state, run status, key prefix);
+//! [`Narrow`] keeps the rows of it that pass the rest. A list page examines a bounded
+//! number of rows and says where to go on (so a page costs the same in a fleet of any
+//! size, and may hold fewer than asked); a bulk operation's dry run and its pages examine
+//! every row its index filter reaches.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+use settle_core::Machine;
+use settle_core::guard::Guard;
+use settle_store::{EntityRow, ErrorRow, Millis, Store};
+
+use crate::engine::Engine;
+use crate::error::Result;
+
+/// What a selection keeps of the rows its index filter reads: every criterion given must
+/// hold. Times are epoch ms; `after` is inclusive, `before` exclusive.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Narrow {
+    /// A property expression (`props.region == "eu"`, `in_state('up')`): the guards'
+    /// language, reading `props` and `in_state`. A row it cannot be evaluated on (a missing
+    /// property) does not pass.
+    pub expr: Option<Guard>,
+    /// Text the entity's newest error contains, ignoring case (`#`: any number, see
+    /// [`error_group`]).
+    pub error: Option<String>,
+    /// Created at or after.
+    pub created_after: Option<Millis>,
+    /// Created before.
+    pub created_before: Option<Millis>,
+    /// Entered its state at or after.
+    pub entered_after: Option<Millis>,
+    /// Entered its state before.
+    pub entered_before: Option<Millis>,
+}
+
+/// The names of [`Narrow`]'s criteria, as requests and stored selections spell them.
+pub const NARROW_FIELDS: [&str; 6] =
+    ["where", "error", "created_after", "created_before", "entered_after", "entered_before"];
+
+/// [`Narrow`]'s criteria as a request writes them: the expression's source, the error
+/// text, times as RFC 3339 or relative to now (`-2h`: two hours ago).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NarrowText<'a> {
+    /// `where`.
+    pub expr: Option<&'a str>,
+    /// `error`.
+    pub error: Option<&'a str>,
+    /// `created_after`.
+    pub created_after: Option<&'a str>,
+    /// `created_before`.
+    pub created_before: Option<&'a str>,
+    /// `entered_after`.
+    pub entered_after: Option<&'a str>,
+    /// `entered_before`.
+    pub entered_before: Option<&'a str>,
+}
+
+impl Narrow {
+    /// Reads `t` at `now` (epoch ms) and checks it; `Err` starts with the field at fault
+    /// (`where: syntax error at column 9: …`).
+    pub fn parse(t: NarrowText<'_>, now: Millis) -> std::result::Result<Narrow, String> {
+        let time = |field: &str, text: Option<&str>| {
+            text.map(|x| settle_core::time::parse_time(x, now).map_err(|e| format!("{field}: {e}"))).transpose()
+        };
+        let n = Narrow {
+            expr: t.expr.map(Narrow::parse_expr).transpose()?,
+            error: t.error.map(str::to_string),
+            created_after: time("created_after", t.created_after)?,
+            created_before: time("created_before", t.created_before)?,
+            entered_after: time("entered_after", t.entered_after)?,
+            entered_before: time("entered_before", t.entered_before)?,
+        };
+        n.check()?;
+        Ok(n)
+    }
+
+    /// Whether no criterion is given.
+    pub fn is_empty(&self) -> bool {
+        *self == Narrow::default()
+    }
+
+    /// Parses a property expression: the error names the field and where (`where: syntax
+    /// error at column 7: …`).
+    pub fn parse_expr(source: &str) -> std::result::Result<Guard, String> {
+        if source.trim().is_empty() {
+            return Err("where: the expression is empty".into());
+        }
+        if source.contains("params.") {
+            return Err("where: an expression over entities reads `props` (and `in_state`), not `params`".into());
+        }
+        Guard::parse(source).map_err(|e| format!("where: {e}"))
+    }
+
+    /// Checks the criteria together: an empty error text, a range that ends before it
+    /// starts. `Err` names the field.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.error.as_deref().is_some_and(|e| e.trim().is_empty()) {
+            return Err("error: the text to look for is empty".into());
+        }
+        for (name, after, before) in
+            [("created", self.created_after, self.created_before), ("entered", self.entered_after, self.entered_before)]
+        {
+            if let (Some(a), Some(b)) = (after, before)
+                && a >= b
+            {
+                return Err(format!("{name}_before: the range is empty (it ends at or before {name}_after)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether passing needs each row's newest error.
+    pub fn reads_errors(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// Whether `e` passes (`machine`: its machine, for `in_state`; `newest`: its newest
+    /// error, read when [`Narrow::reads_errors`]).
+    pub fn keeps(&self, e: &EntityRow, machine: Option<&Machine>, newest: Option<&ErrorRow>) -> bool {
+        let within = |at: Millis, after: Option<Millis>, before: Option<Millis>| {
+            after.is_none_or(|a| at >= a) && before.is_none_or(|b| at < b)
+        };
+        if !within(e.created_at, self.created_after, self.created_before)
+            || !within(e.entered_at, self.entered_after, self.entered_before)
+        {
+            return false;
+        }
+        if let Some(text) = &self.error {
+            let Some(err) = newest else { return false };
+            if !error_matches(&err.details, text) {
+                return false;
+            }
+        }
+        match &self.expr {
+            None => true,
+            Some(g) => {
+                let path: Vec<&str> = match machine {
+                    Some(m) => m.path(&e.state).map(|s| s.name.as_str()).collect(),
+                    None => vec![e.state.as_str()],
+                };
+                g.eval(&e.properties, &Value::Null, path).unwrap_or(false)
+            }
+        }
+    }
+
+    /// The criteria given, as a JSON object's members (`where` as written, times in ms).
+    pub fn to_json(&self, o: &mut serde_json::Map<String, Value>) {
+        if let Some(g) = &self.expr {
+            o.insert("where".into(), json!(g.source()));
+        }
+        if let Some(e) = &self.error {
+            o.insert("error".into(), json!(e));
+        }
+        for (k, v) in self.times() {
+            if let Some(v) = v {
+                o.insert(k.into(), json!(v));
+            }
+        }
+    }
+
+    /// Reads [`Narrow::to_json`] back; an expression that no longer parses is `Err`.
+    pub fn from_json(v: &Value) -> std::result::Result<Narrow, String> {
+        let time = |k: &str| v.get(k).and_then(Value::as_i64);
+        Ok(Narrow {
+            expr: v.get("where").and_then(Value::as_str).map(Narrow::parse_expr).transpose()?,
+            error: v.get("error").and_then(Value::as_str).map(str::to_string),
+            created_after: time("created_after"),
+            created_before: time("created_before"),
+            entered_after: time("entered_after"),
+            entered_before: time("entered_before"),
+        })
+    }
+
+    fn times(&self) -> [(&'static str, Option<Millis>); 4] {
+        [
+            ("created_after", self.created_after),
+            ("created_before", self.created_before),
+            ("entered_after", self.entered_after),
+            ("entered_before", self.entered_before),
+        ]
+    }
+}
+
+/// Whether `hay` contains `needle`, ignoring case; a `#` in `needle` stands for a run of
+/// digits (or a `#`), as in [`error_group`]'s text.
+pub fn error_matches(hay: &str, needle: &str) -> bool {
+    let hay: Vec<char> = hay.chars().flat_map(char::to_lowercase).collect();
+    let needle: Vec<char> = needle.chars().flat_map(char::to_lowercase).collect();
+    (0..=hay.len()).any(|start| matches_at(&hay[start..], &needle))
+}
+
+/// Whether `needle` matches a prefix of `hay` (`#`: a run of digits or a `#`).
+fn matches_at(hay: &[char], needle: &[char]) -> bool {
+    let (mut h, mut n) = (0, 0);
+    while n < needle.len() {
+        match needle[n] {
+            '#' if hay.get(h) == Some(&'#') => h += 1,
+            '#' => {
+                let digits = hay[h..].iter().take_while(|c| c.is_ascii_digit()).count();
+                if digits == 0 {
+                    return false;
+                }
+                h += digits;
+            }
+            c if hay.get(h) == Some(&c) => h += 1,
+            _ => return false,
+        }
+        n += 1;
+    }
+    true
+}
+
+/// An error's group: its text with each run of digits (ids, counts, codes) as `#`, so
+/// that errors differing only in numbers fall together. [`error_matches`] finds its members.
+pub fn error_group(details: &str) -> String {
+    let mut out = String::with_capacity(details.len());
+    let mut in_digits = false;
+    for c in details.chars() {
+        if c.is_ascii_digit() {
+            if !in_digits {
+                out.push('#');
+            }
+            in_digits = true;
+        } else {
+            out.push(c);
+            in_digits = false;
+        }
+    }
+    out
+}
+
+impl<S: Store + Clone> Engine<S> {
+    /// The newest recorded error of each of `rows` that has one, by entity id.
+    pub async fn newest_errors(&self, rows: &[EntityRow]) -> Result<HashMap<i64, ErrorRow>> {
+        if rows.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let ids = rows.iter().map(|e| e.id).collect();
+        Ok(self.inner.store.error_newest(ids).await?.into_iter().collect())
+    }
+
+    /// Which of `rows` pass `narrow`, in order, with the newest errors read (when it needs
+    /// them, or `with_errors`) to pass them on.
+    pub async fn narrowed(
+        &self,
+        narrow: &Narrow,
+        rows: &[EntityRow],
+        with_errors: bool,
+    ) -> Result<(Vec<bool>, HashMap<i64, ErrorRow>)> {
+        let errors =
+            if narrow.reads_errors() || with_errors { self.newest_errors(rows).await? } else { HashMap::new() };
+        let keeps = rows
+            .iter()
+            .map(|e| {
+                let machine = self.inner.registry.machines.get(e.machine.as_str()).map(|m| m.as_ref());
+                narrow.keeps(e, machine, errors.get(&e.id))
+            })
+            .collect();
+        Ok((keeps, errors))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use settle_store::{EntityRow, ErrorRow};
+
+    use super::{Narrow, error_group, error_matches};
+
+    fn row(props: serde_json::Value, created: i64, entered: i64) -> EntityRow {
+        let mut e = crate::fixtures::entity("vm", "a", "up");
+        e.properties = props.as_object().unwrap().clone();
+        (e.created_at, e.entered_at) = (created, entered);
+        e
+    }
+
+    fn error(details: &str) -> ErrorRow {
+        ErrorRow {
+            id: 1,
+            request_id: None,
+            at: 0,
+            kind: "action_error".into(),
+            details: details.into(),
+            cause: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_row_passes_when_every_criterion_given_holds() {
+        let e = row(json!({"region": "eu", "cpus": 4}), 100, 500);
+        assert!(Narrow::default().keeps(&e, None, None));
+        let expr = |s: &str| Narrow { expr: Some(Narrow::parse_expr(s).unwrap()), ..Narrow::default() };
+        assert!(expr(r#"props.region == "eu" && props.cpus >= 4"#).keeps(&e, None, None));
+        assert!(!expr("props.cpus > 4").keeps(&e, None, None));
+        assert!(!expr("props.missing == 1").keeps(&e, None, None), "cannot be evaluated: does not pass");
+        assert!(expr("in_state('up')").keeps(&e, None, None));
+        let err = Narrow { error: Some("QUOTA".into()), ..Narrow::default() };
+        assert!(err.keeps(&e, None, Some(&error("provider: quota exceeded"))));
+        assert!(!err.keeps(&e, None, Some(&error("timeout"))));
+        assert!(!err.keeps(&e, None, None), "no error: no match");
+        let entered = Narrow { entered_after: Some(500), entered_before: Some(501), ..Narrow::default() };
+        assert!(entered.keeps(&e, None, None), "after is inclusive");
+        let entered = Narrow { entered_before: Some(500), ..Narrow::default() };
+        assert!(!entered.keeps(&e, None, None), "before is exclusive");
+        let created = Narrow { created_after: Some(101), ..Narrow::default() };
+        assert!(!created.keeps(&e, None, None));
+    }
+
+    #[test]
+    fn an_error_group_stands_for_its_members_and_numbers_match_exactly_otherwise() {
+        let text = "Provider: quota exceeded in region 12 (request 88812)";
+        let group = error_group(text);
+        assert_eq!(group, "Provider: quota exceeded in region # (request #)");
+        assert!(error_matches(text, &group));
+        assert!(error_matches("provider: quota exceeded in region 3 (request 1)", &group));
+        assert!(!error_matches("provider: quota exceeded in region eu (request 1)", &group));
+        assert!(error_matches(text, "QUOTA"));
+        assert!(error_matches(text, "region 12"));
+        assert!(!error_matches(text, "region 13"));
+        assert!(error_matches("issue #4", "issue #"), "a # matches a # too");
+        assert!(error_matches("", ""));
+    }
+
+    #[test]
+    fn bad_criteria_name_their_field() {
+        assert!(Narrow::parse_expr("props.a ==").unwrap_err().starts_with("where: "));
+        assert!(Narrow::parse_expr(" ").unwrap_err().contains("empty"));
+        assert!(Narrow::parse_expr("params.x").unwrap_err().contains("not `params`"));
+        let n = Narrow { entered_after: Some(5), entered_before: Some(5), ..Narrow::default() };
+        assert!(n.check().unwrap_err().starts_with("entered_before:"));
+        let n = Narrow { error: Some("".into()), ..Narrow::default() };
+        assert!(n.check().unwrap_err().starts_with("error:"));
+    }
+
+    #[test]
+    fn criteria_survive_their_encoding() {
+        let n = Narrow {
+            expr: Some(Narrow::parse_expr("props.n > 1").unwrap()),
+            error: Some("quota".into()),
+            created_after: Some(1),
+            entered_before: Some(9),
+            ..Narrow::default()
+        };
+        let mut o = serde_json::Map::new();
+        n.to_json(&mut o);
+        let v = serde_json::Value::Object(o);
+        assert_eq!(v, json!({"where": "props.n > 1", "error": "quota", "created_after": 1, "entered_before": 9}));
+        assert_eq!(Narrow::from_json(&v), Ok(n));
+    }
+}
