@@ -32,16 +32,52 @@ fn event_json(e: &EventRow) -> Value {
     })
 }
 
-pub async fn list(
-    db: &str,
-    machine: Option<String>,
-    state: Option<String>,
-    run_status: Option<String>,
-    prefix: Option<String>,
-    narrow: crate::bulk::NarrowArgs,
-    as_json: bool,
-) -> anyhow::Result<ExitCode> {
-    let narrow = settle_engine::Narrow::parse(narrow.text(), settle_store::clock::now_ms())
+/// `settle list`'s filters and order.
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    /// Only this machine.
+    #[arg(long)]
+    pub machine: Option<String>,
+    /// Only this state.
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Only this run status.
+    #[arg(long, value_parser = ["active", "paused", "sleeping", "fault", "failed", "killed"])]
+    pub status: Option<String>,
+    /// Only keys that start with this (listed by machine and key).
+    #[arg(long)]
+    pub prefix: Option<String>,
+    #[command(flatten)]
+    pub narrow: crate::bulk::NarrowArgs,
+    /// The order: `id` (default), `entered` (longest in its state first) or `-entered`
+    /// (newest in its state first); not with --prefix or --status.
+    #[arg(long, value_parser = ["id", "entered", "-entered"], allow_hyphen_values = true)]
+    pub sort: Option<String>,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ListArgs {
+    /// The store's order of `--sort`.
+    pub fn order(&self) -> anyhow::Result<settle_store::EntityOrder> {
+        let order = match self.sort.as_deref() {
+            Some("entered") => settle_store::EntityOrder::EnteredFirst,
+            Some("-entered") => settle_store::EntityOrder::EnteredLast,
+            _ => settle_store::EntityOrder::Id,
+        };
+        if order != settle_store::EntityOrder::Id && (self.prefix.is_some() || self.status.is_some()) {
+            anyhow::bail!("--sort: a list by entered time cannot also filter by --prefix or --status");
+        }
+        Ok(order)
+    }
+}
+
+pub async fn list(db: &str, a: ListArgs) -> anyhow::Result<ExitCode> {
+    let ListArgs { machine, state, status: run_status, prefix, .. } = &a;
+    let as_json = a.json;
+    let order = a.order()?;
+    let narrow = settle_engine::Narrow::parse(a.narrow.text(), settle_store::clock::now_ms())
         .map_err(|e| anyhow::anyhow!("--{}", e.replacen('_', "-", 1)))?;
     let store = open(db)?;
     let machines = stored_machines(&store).await?;
@@ -53,7 +89,7 @@ pub async fn list(
         }
         None => Vec::new(),
     };
-    let (mut after, mut after_key) = (None, None);
+    let (mut after, mut after_key, mut after_entered) = (None, None, None);
     let mut header = true;
     loop {
         let page = store
@@ -66,7 +102,9 @@ pub async fn list(
                 run_status: run_status.clone(),
                 key_prefix: prefix.clone(),
                 after_key: after_key.clone(),
-                pairs: None,
+                order,
+                after_entered,
+                ..EntityFilter::default()
             })
             .await?;
         // The criteria no index holds, entity by entity (with each one's newest error if
@@ -89,6 +127,7 @@ pub async fn list(
             Some(last) if page.len() == 1000 => {
                 after = Some(last.id);
                 after_key = Some((last.machine.to_string(), last.key.to_string()));
+                after_entered = Some((last.entered_at, last.id));
             }
             _ => break,
         }

@@ -136,26 +136,9 @@ enum Command {
     #[command(after_help = "Examples:\n  settle list --machine server --state ready\n  \
                             settle list --status fault --json | jq -r .key\n  \
                             settle list --machine server --where 'props.region == \"eu\"' --entered-before -1h\n  \
-                            settle list --status failed --error 'quota'")]
-    List {
-        /// Only this machine.
-        #[arg(long)]
-        machine: Option<String>,
-        /// Only this state.
-        #[arg(long)]
-        state: Option<String>,
-        /// Only this run status.
-        #[arg(long, value_parser = ["active", "paused", "sleeping", "fault", "failed", "killed"])]
-        status: Option<String>,
-        /// Only keys that start with this (listed by machine and key).
-        #[arg(long)]
-        prefix: Option<String>,
-        #[command(flatten)]
-        narrow: bulk::NarrowArgs,
-        /// One JSON object per line.
-        #[arg(long)]
-        json: bool,
-    },
+                            settle list --status failed --error 'quota'\n  \
+                            settle list --machine server --state provisioning --sort entered")]
+    List(inspect::ListArgs),
     /// Show one entity.
     #[command(after_help = "Example:\n  settle get server r1-srv-00000 --json")]
     Get {
@@ -473,9 +456,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
             let machines = defs::Machines { serve, ..machines()? };
             runtime()?.block_on(run_engine(&db_path(&cli.db), &machines, stop))
         }
-        Command::List { machine, state, status, prefix, narrow, json } => {
-            runtime()?.block_on(inspect::list(&db_path(&cli.db), machine, state, status, prefix, narrow, json))
-        }
+        Command::List(a) => runtime()?.block_on(inspect::list(&db_path(&cli.db), a)),
         Command::Get { machine, key, json } => {
             runtime()?.block_on(inspect::get(&db_path(&cli.db), &machine, &key, json))
         }
@@ -549,9 +530,7 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
     let client = remote::client(server, token)?;
     let c = &client;
     let future: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<ExitCode>>>> = match command {
-        Command::List { machine, state, status, prefix, narrow, json } => {
-            Box::pin(remote::list(c, machine, state, status, prefix, narrow, json))
-        }
+        Command::List(a) => Box::pin(remote::list(c, a)),
         Command::Get { machine, key, json } => Box::pin(async move { remote::get(c, &machine, &key, json).await }),
         Command::Why { machine, key, json } => Box::pin(async move { remote::why(c, &machine, &key, json).await }),
         Command::Feed(args) => Box::pin(feed::remote(c, args)),

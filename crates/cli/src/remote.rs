@@ -37,20 +37,14 @@ pub fn describe(e: anyhow::Error) -> anyhow::Error {
 }
 
 /// `settle list`: every page.
-pub async fn list(
-    c: &Client,
-    machine: Option<String>,
-    state: Option<String>,
-    status: Option<String>,
-    prefix: Option<String>,
-    narrow: crate::bulk::NarrowArgs,
-    as_json: bool,
-) -> anyhow::Result<ExitCode> {
+pub async fn list(c: &Client, a: crate::inspect::ListArgs) -> anyhow::Result<ExitCode> {
+    let as_json = a.json;
+    let narrow = a.narrow;
     let mut filter = ListFilter {
-        machine,
-        state,
-        status,
-        prefix,
+        machine: a.machine,
+        state: a.state,
+        status: a.status,
+        prefix: a.prefix,
         after: None,
         limit: Some(1000),
         expr: narrow.expr,
@@ -59,6 +53,7 @@ pub async fn list(
         created_before: narrow.created_before,
         entered_after: narrow.entered_after,
         entered_before: narrow.entered_before,
+        sort: a.sort,
     };
     let mut header = true;
     loop {

@@ -77,7 +77,16 @@ fn chain_and_fanout_on_postgres() {
 fn check_fleet(db: &str) {
     let v = bench(db, &["fleet", "--entities", "2000", "--repeat", "3"]);
     assert_eq!(v["entities"], 2000, "{v}");
-    for read in ["overview", "list_machine", "list_rare_state", "list_parent_state", "list_parked", "list_key_prefix"] {
+    for read in [
+        "overview",
+        "list_machine",
+        "list_rare_state",
+        "list_parent_state",
+        "list_parked",
+        "list_key_prefix",
+        "list_entered",
+        "list_rare_state_newest",
+    ] {
         assert!(v[format!("{read}_ms")].as_f64().is_some_and(|ms| ms >= 0.0), "{read}: {v}");
     }
     let keys = |args: &[&str]| -> Vec<String> {

@@ -602,6 +602,22 @@ fn the_dashboard_in_a_browser() {
     b.click("#prev").unwrap();
     b.wait_for("document.querySelector('#entities-total').textContent.endsWith('showing 1–50')", WAIT).unwrap();
     assert_eq!(b.eval("document.querySelector('#prev').disabled").unwrap(), json!(true));
+    // Newest in its state first, as the API orders it.
+    let newest = s.get("/v1/entities?machine=vm&sort=-entered&limit=3")["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].clone())
+        .collect::<Vec<_>>();
+    b.goto(&s.url("#/entities?machine=vm&sort=-entered")).unwrap();
+    b.wait_for("document.querySelector('#f-sort').value === '-entered'", WAIT).unwrap();
+    b.wait_for("document.querySelectorAll('#entities-table tbody tr[data-key]').length === 50", WAIT).unwrap();
+    let shown = b
+        .eval(
+            "[...document.querySelectorAll('#entities-table tbody tr[data-key]')].slice(0, 3).map(r => r.dataset.key)",
+        )
+        .unwrap();
+    assert_eq!(shown, json!(newest), "the newest in their state first");
 
     // A reader sees everything and no button.
     sign_out(&b);

@@ -176,6 +176,8 @@ pub struct ListFilter {
     pub entered_after: Option<String>,
     /// Only entities that entered their state before this time.
     pub entered_before: Option<String>,
+    /// The order: `id` (default), `entered` (longest in its state first), `-entered`.
+    pub sort: Option<String>,
 }
 
 /// The error of an answer that is not a success: its problem, or what came instead.
@@ -305,6 +307,7 @@ impl Client {
             ("created_before", &f.created_before),
             ("entered_after", &f.entered_after),
             ("entered_before", &f.entered_before),
+            ("sort", &f.sort),
         ] {
             if let Some(v) = v {
                 q.push(format!("{k}={}", seg(v)));

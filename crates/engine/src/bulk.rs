@@ -153,6 +153,7 @@ impl Selection {
             key_prefix: None,
             after_key: None,
             pairs,
+            ..EntityFilter::default()
         }
     }
 }

@@ -69,9 +69,9 @@ text!(
     SIGNED_TIME = r"^[+-]([0-9]{1,9}(ms|s|m|h|d)){1,8}$", example "-1h"
 );
 text!(
-    /// A page cursor: the last entity of the previous page, by id (`next` of a page by id)
-    /// or as `machine/key` (`next` of a page by key prefix).
-    CURSOR = r"^[0-9]{1,18}$|/", example "1042"
+    /// A page cursor: the last entity of the previous page, by id (`next` of a page by id),
+    /// as `machine/key` (of a page by key prefix) or as `entered.id` (by entered time).
+    CURSOR = r"^[0-9]{1,18}(\.[0-9]{1,18})?$|/", example "1042"
 );
 text!(
     /// A position in the change feed: an event's `id` (`commit-kind-row`), or `0` for the
@@ -128,6 +128,8 @@ pub type Words = &'static [&'static str];
 pub const RUN_STATUS: Words = &["active", "paused", "sleeping", "fault", "failed", "killed"];
 /// What a bulk operation does to each entity.
 pub const BULK_ACTION: Words = &["pause", "resume", "retry", "release", "kill", "raise"];
+/// The orders of `GET /v1/entities` (`sort`): by id, longest in its state first, newest.
+pub const SORT: Words = &["id", "entered", "-entered"];
 /// A state's health (`health` of `GET /v1/entities`).
 pub const HEALTH: Words = &["ok", "error"];
 /// The kinds of change in the feed (`GET /v1/feed?type=`).
@@ -180,6 +182,7 @@ const PARAMS: &[(&str, &str, Rule)] = &[
     ("query", "type", Rule::Words(FEED_TYPE)),
     ("query", "since", Rule::Text(&FEED_POSITION)),
     ("query", "coalesce", Rule::Words(&["true", "false"])),
+    ("query", "sort", Rule::Words(SORT)),
     ("query", "where", Rule::Free("props.region == \"eu\"")),
     ("query", "error", Rule::Free("quota")),
     ("query", "name", Rule::Free("server.create")),

@@ -68,6 +68,10 @@ pub struct EntityQuery {
     pub total: Option<bool>,
     /// `latest`: each entity with its newest recorded error (`last_error`).
     pub errors: Option<String>,
+    /// The order: `id` (the default), `entered` (longest in its state first) or
+    /// `-entered` (newest in its state first), read through the (machine, state, entered
+    /// time) index; not with `prefix` or `status`.
+    pub sort: Option<String>,
     /// Only entities for which this property expression holds (the guards' language:
     /// `props.region == "eu"`). With this, `error` or a time range, a page examines at
     /// most 1,000 entities of the other filters and may hold fewer than `limit`: go on

@@ -434,6 +434,8 @@ function entities(main, r) {
       <div><label for="f-where">Where</label><input id="f-where" name="where" size="24" placeholder='props.region == "eu"'></div>
       <div><label for="f-error">Error contains</label><input id="f-error" name="error" size="18"></div>
       <div><label for="f-entered">Entered before</label><input id="f-entered" name="entered_before" size="12" placeholder="-1h"></div>
+      <div><label for="f-sort">Order</label><select id="f-sort" name="sort"><option value="">by id</option>
+        <option value="entered">longest in state first</option><option value="-entered">newest in state first</option></select></div>
       <div><button type="submit">Filter</button></div>
     </form>
     <div class="scroll"><table id="entities-table"><thead><tr><th>Key</th><th>Machine</th><th>State</th><th>Run status</th><th class="num">Version</th><th>Entered</th></tr></thead><tbody id="rows"></tbody></table></div>
@@ -458,6 +460,7 @@ function entities(main, r) {
   $("#f-where").value = q.get("where") || "";
   $("#f-error").value = q.get("error") || "";
   $("#f-entered").value = q.get("entered_before") || "";
+  $("#f-sort").value = q.get("sort") || "";
   fill().catch(() => {});
   $("#f-machine").addEventListener("change", () => { q.set("machine", $("#f-machine").value); q.delete("state"); fill().catch(() => {}); });
   form.addEventListener("submit", (ev) => {
@@ -490,7 +493,7 @@ function entities(main, r) {
     title: "Entities",
     async refresh() {
       const p = new URLSearchParams();
-      for (const k of ["machine", "state", "status", "health", "prefix", "where", "error", "entered_before", "after"]) if (q.get(k)) p.set(k, q.get(k));
+      for (const k of ["machine", "state", "status", "health", "prefix", "where", "error", "entered_before", "sort", "after"]) if (q.get(k)) p.set(k, q.get(k));
       p.set("limit", "50");
       p.set("total", "true");
       const page = await api(`/v1/entities?${p}`);

@@ -213,6 +213,23 @@ pub struct EntityFilter {
     /// Only entities in one of these (machine, state) pairs (the states declared
     /// `health = "error"`, for a list of failing entities); `None`: any.
     pub pairs: Option<Vec<(String, String)>>,
+    /// The page's order (without a key prefix): by id, or by when each entered its state.
+    pub order: EntityOrder,
+    /// With an order by entered time: only entities after this (entered at, id) in that
+    /// order (cursor); `after_id` is ignored.
+    pub after_entered: Option<(Millis, i64)>,
+}
+
+/// The order of a page of entities.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EntityOrder {
+    /// By id (creation order).
+    #[default]
+    Id,
+    /// Longest in its state first: by the time it entered it, then id.
+    EnteredFirst,
+    /// Newest in its state first: the reverse.
+    EnteredLast,
 }
 
 /// What a subscriber sees when it evaluates its subscriptions: its successors, and the

@@ -50,7 +50,7 @@ pub use changes::{Changed, Changes};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use detail::{ErrorRow, OperationTrace};
 pub use entity::{
-    COMMANDS, Command, EntityFilter, EntityRow, NewEntity, RunStatus, SuccessorSnapshot, command_applies,
+    COMMANDS, Command, EntityFilter, EntityOrder, EntityRow, NewEntity, RunStatus, SuccessorSnapshot, command_applies,
 };
 pub use feed::{FeedFilter, FeedItem, FeedPage, FeedPos};
 pub use history::{HistoryKind, HistoryRow};

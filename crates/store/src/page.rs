@@ -9,12 +9,15 @@
 //!   pairs of its substates.
 //! - **Run status** other than `active`: the partial index of entities not active.
 //! - Otherwise the primary key, in id order.
+//! - **By entered time** (without a key prefix): per (machine, state) pair the filters
+//!   reach, a range of the (machine, state, entered_at, id) index in that order after the
+//!   cursor, each cut at the page size, merged and cut again.
 //!
 //! Every value is a parameter; the statement's shape depends only on which filters are
 //! set and how many pairs or machines they cover.
 
-use crate::EntityFilter;
 use crate::sql::ENTITY_COLS;
+use crate::{EntityFilter, EntityOrder};
 
 /// A bound value of a page statement.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +38,12 @@ pub(crate) fn page_sql(f: &EntityFilter, present: &[(String, String)], dollar: b
     let limit = f.limit.map(|l| l.min(i64::MAX as u64) as i64);
     let sql = if let Some(prefix) = &f.key_prefix {
         b.by_key(f, prefix, present, limit)?
+    } else if f.order != EntityOrder::Id {
+        let pairs: Vec<&(String, String)> = present.iter().filter(|p| pair_matches(f, p)).collect();
+        if pairs.is_empty() {
+            return None;
+        }
+        if pairs.len() > MAX_RANGES { b.scan(f, limit) } else { b.by_entered(f, &pairs, limit) }
     } else if f.machine.is_some() || f.state.is_some() || f.pairs.is_some() {
         let pairs: Vec<&(String, String)> = present.iter().filter(|p| pair_matches(f, p)).collect();
         if pairs.is_empty() {
@@ -55,7 +64,13 @@ pub(crate) fn count_sql(
     bound: u64,
     dollar: bool,
 ) -> Option<(String, Vec<Param>)> {
-    let f = EntityFilter { limit: Some(bound.saturating_add(1)), after_id: None, after_key: None, ..f.clone() };
+    let f = EntityFilter {
+        limit: Some(bound.saturating_add(1)),
+        after_id: None,
+        after_key: None,
+        after_entered: None,
+        ..f.clone()
+    };
     let (sql, params) = page_sql(&f, present, dollar)?;
     Some((format!("SELECT count(*) FROM ({sql}) counted"), params))
 }
@@ -79,7 +94,11 @@ pub(crate) fn count_from_counts(f: &EntityFilter, counts: &[crate::EntityCount])
 /// Whether `f`'s page needs the (machine, state) pairs that hold entities (`present` of
 /// [`page_sql`]).
 pub(crate) fn reads_pairs(f: &EntityFilter) -> bool {
-    f.key_prefix.is_some() || f.machine.is_some() || f.state.is_some() || f.pairs.is_some()
+    f.key_prefix.is_some()
+        || f.machine.is_some()
+        || f.state.is_some()
+        || f.pairs.is_some()
+        || f.order != EntityOrder::Id
 }
 
 /// Whether entities of `pair` (machine, state) pass `f`'s machine and state filters.
@@ -87,6 +106,11 @@ fn pair_matches(f: &EntityFilter, (machine, state): &(String, String)) -> bool {
     f.pairs.as_ref().is_none_or(|only| only.iter().any(|(m, s)| m == machine && s == state))
         && f.machine.as_ref().is_none_or(|m| m == machine)
         && f.state.as_ref().is_none_or(|s| s == state || f.substates.iter().any(|(m, ss)| m == machine && ss == state))
+}
+
+/// ` ORDER BY` of an entered order.
+fn entered_order(order: EntityOrder) -> &'static str {
+    if order == EntityOrder::EnteredLast { " ORDER BY entered_at DESC, id DESC" } else { " ORDER BY entered_at, id" }
 }
 
 /// The smallest string greater than every string that starts with `prefix`, byte-wise
@@ -175,7 +199,42 @@ impl Builder {
         }
         sql += &self.only(f, None);
         sql += &self.status(f);
-        sql += " ORDER BY id";
+        if f.order == EntityOrder::Id {
+            sql += " ORDER BY id";
+        } else {
+            // More pairs than a union holds: one sort of what the filters reach.
+            sql += &self.entered_after(f);
+            sql += entered_order(f.order);
+        }
+        sql += &self.limit(limit);
+        sql
+    }
+
+    /// ` AND` the row comes after `f.after_entered` in `f`'s entered order.
+    fn entered_after(&mut self, f: &EntityFilter) -> String {
+        let Some((at, id)) = f.after_entered else { return String::new() };
+        let (at, id) = (self.bind(Param::Int(at)), self.bind(Param::Int(id)));
+        let op = if f.order == EntityOrder::EnteredLast { "<" } else { ">" };
+        format!(" AND (entered_at, id) {op} ({at}, {id})")
+    }
+
+    /// One (machine, state, entered_at, id)-ordered index range per pair, each cut at the
+    /// page size, merged in that order.
+    fn by_entered(&mut self, f: &EntityFilter, pairs: &[&(String, String)], limit: Option<i64>) -> String {
+        let mut parts = Vec::with_capacity(pairs.len());
+        for (machine, state) in pairs {
+            let (m, s) = (self.text(machine), self.text(state));
+            let mut part = format!("SELECT {ENTITY_COLS} FROM entities WHERE machine = {m} AND state = {s}");
+            part += &self.entered_after(f);
+            part += &self.status(f);
+            part += entered_order(f.order);
+            part += &self.limit(limit);
+            parts.push(format!("SELECT * FROM ({part}) r{}", parts.len()));
+        }
+        if parts.len() == 1 {
+            return parts.pop().expect("one part");
+        }
+        let mut sql = format!("SELECT * FROM ({}) u{}", parts.join(" UNION ALL "), entered_order(f.order));
         sql += &self.limit(limit);
         sql
     }
@@ -304,6 +363,29 @@ mod tests {
         let f = EntityFilter { run_status: Some("active".into()), ..Default::default() };
         let (sql, _) = page_sql(&f, &[], true).unwrap();
         assert!(!sql.contains("<> 'active'"), "{sql}");
+    }
+
+    #[test]
+    fn an_entered_order_reads_one_index_range_per_pair_after_its_cursor() {
+        let present = pairs(&[("m", "idle"), ("m", "busy"), ("n", "idle")]);
+        let f = EntityFilter {
+            machine: Some("m".into()),
+            order: EntityOrder::EnteredLast,
+            after_entered: Some((500, 7)),
+            limit: Some(10),
+            ..Default::default()
+        };
+        let (sql, params) = page_sql(&f, &present, true).unwrap();
+        assert_eq!(sql.matches("UNION ALL").count(), 1, "{sql}");
+        assert_eq!(sql.matches("(entered_at, id) < ($3, $4)").count(), 1, "{sql}");
+        assert!(sql.ends_with("ORDER BY entered_at DESC, id DESC LIMIT $11"), "{sql}");
+        assert_eq!(params[2..4], [Param::Int(500), Param::Int(7)]);
+        // Every pair when no machine or state is given.
+        let f = EntityFilter { order: EntityOrder::EnteredFirst, limit: Some(5), ..Default::default() };
+        let (sql, _) = page_sql(&f, &present, false).unwrap();
+        assert_eq!(sql.matches("UNION ALL").count(), 2, "{sql}");
+        assert!(sql.contains("ORDER BY entered_at, id"), "{sql}");
+        assert!(page_sql(&EntityFilter { machine: Some("x".into()), ..f }, &present, false).is_none());
     }
 
     #[test]

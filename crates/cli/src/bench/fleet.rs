@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use serde_json::json;
 use settle_core::{EntityKey, MachineName, StateName};
-use settle_store::{AnyStore, Applied, Batch, Command, EntityFilter, NewEntity, Op, Store, TimerPlan};
+use settle_store::{AnyStore, Applied, Batch, Command, EntityFilter, EntityOrder, NewEntity, Op, Store, TimerPlan};
 
 use super::measure::round3;
 
@@ -96,6 +96,21 @@ pub async fn fleet(db: &str, args: FleetArgs) -> anyhow::Result<ExitCode> {
             filter(EntityFilter { key_prefix: Some(middle[..middle.len() - 2].into()), ..Default::default() }),
         ),
         ("rare_key_prefix", filter(EntityFilter { key_prefix: Some(last), ..Default::default() })),
+        // By entered time: longest in its state first over the machine, the newest of a
+        // rare state.
+        (
+            "entered",
+            filter(EntityFilter { machine: machine(), order: EntityOrder::EnteredFirst, ..Default::default() }),
+        ),
+        (
+            "rare_state_newest",
+            filter(EntityFilter {
+                machine: machine(),
+                state: Some("broken".into()),
+                order: EntityOrder::EnteredLast,
+                ..Default::default()
+            }),
+        ),
     ];
     let mut results = serde_json::Map::new();
     let overview = median(args.repeat, || async {

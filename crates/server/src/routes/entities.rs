@@ -7,11 +7,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 use settle_core::Machine;
 use settle_engine::Narrow;
-use settle_store::{EntityFilter, Store};
+use settle_store::{EntityFilter, EntityOrder, EntityRow, Store};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::contract::{CURSOR, HEALTH, RUN_STATUS};
+use crate::contract::{CURSOR, HEALTH, RUN_STATUS, SORT};
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{
     CommandOffer, CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, ErrorGroup, ErrorGroupQuery, ErrorGroups,
@@ -94,10 +94,14 @@ async fn create(
 )]
 async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result<Json<EntityPage>, Problem> {
     let mut filter = index_filter(&s, &q)?;
-    (filter.after_id, filter.after_key) = match q.after.as_deref() {
-        None => (None, None),
-        Some(a) => cursor(&s, a, q.prefix.is_some()).await?,
+    let order = match (&q.prefix, filter.order) {
+        (Some(_), _) => PageOrder::Key,
+        (None, EntityOrder::Id) => PageOrder::Id,
+        (None, _) => PageOrder::Entered,
     };
+    if let Some(a) = q.after.as_deref() {
+        cursor(&s, a, order, &mut filter).await?;
+    }
     let limit = parse_limit(q.limit.as_deref())?;
     if let Some(e) = q.errors.as_deref().filter(|e| *e != "latest") {
         return Err(unknown_word("errors", "errors", e, &["latest"]));
@@ -140,11 +144,7 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
         // Every row read was examined and more may follow: go on after the last.
         next_after = rows.last();
     }
-    let next = match next_after {
-        Some(e) if q.prefix.is_some() => Some(format!("{}/{}", e.machine, e.key)),
-        Some(e) => Some(e.id.to_string()),
-        None => None,
-    };
+    let next = next_after.map(|e| next_cursor(e, order));
     let mut items: Vec<Entity> = kept.iter().map(|e| s.entity(e)).collect();
     if q.errors.is_some() {
         for (item, row) in items.iter_mut().zip(&kept) {
@@ -172,6 +172,26 @@ fn index_filter(s: &AppState, q: &EntityQuery) -> Result<EntityFilter, Problem> 
     let substates = q.state.as_deref().map(|st| Machine::substates_across(machines, st)).unwrap_or_default();
     // A health is the (machine, state) pairs of the served machines' leaf states that have it.
     let pairs = q.health.as_deref().map(|h| settle_engine::health_pairs(s.machines().iter().map(|m| m.as_ref()), h));
+    let order = match q.sort.as_deref() {
+        None | Some("id") => EntityOrder::Id,
+        Some("entered") => EntityOrder::EnteredFirst,
+        Some("-entered") => EntityOrder::EnteredLast,
+        Some(other) => return Err(unknown_word("sort", "order", other, SORT)),
+    };
+    if order != EntityOrder::Id {
+        // Each (machine, state) range of the entered index is read in order; a prefix
+        // orders by key, and a run status would be looked for through whole ranges.
+        let clash = if q.prefix.is_some() { Some("prefix") } else { q.status.as_ref().map(|_| "status") };
+        if let Some(other) = clash {
+            return Err(Problem::new(
+                Kind::BadRequest,
+                format!(
+                    "sort: a page by entered time cannot also filter by {other} (filter by machine, state or health)"
+                ),
+            )
+            .field("sort"));
+        }
+    }
     Ok(EntityFilter {
         machine: q.machine.clone(),
         state: q.state.clone(),
@@ -182,6 +202,8 @@ fn index_filter(s: &AppState, q: &EntityQuery) -> Result<EntityFilter, Problem> 
         key_prefix: q.prefix.clone(),
         after_key: None,
         pairs,
+        order,
+        after_entered: None,
     })
 }
 
@@ -253,34 +275,70 @@ async fn narrowed_total(s: &AppState, narrow: &Narrow, filter: EntityFilter) -> 
     Ok(Total { count: keeps.iter().filter(|k| **k).count() as u64, exact })
 }
 
-/// The position after the cursor `a` in the page's order: by id, or (with a key prefix) by
-/// machine and key. `next` gives the form of the order; the other form names an entity,
-/// looked up (404 if there is none).
-async fn cursor(s: &AppState, a: &str, by_key: bool) -> Result<(Option<i64>, Option<(String, String)>), Problem> {
+/// The order of a page: by id, by machine and key (a key prefix), or by entered time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PageOrder {
+    Id,
+    Key,
+    Entered,
+}
+
+/// The cursor of the page after `e` in `order` (`next`).
+fn next_cursor(e: &EntityRow, order: PageOrder) -> String {
+    match order {
+        PageOrder::Id => e.id.to_string(),
+        PageOrder::Key => format!("{}/{}", e.machine, e.key),
+        PageOrder::Entered => format!("{}.{}", e.entered_at, e.id),
+    }
+}
+
+/// Sets `f`'s position after the cursor `a` in `order`. `next` gives the form of its
+/// order (an id, `machine/key`, or `entered.id`); another form names an entity, looked up
+/// (404 if there is none).
+async fn cursor(s: &AppState, a: &str, order: PageOrder, f: &mut EntityFilter) -> Result<(), Problem> {
     if !CURSOR.matches(a) {
         return Err(Problem::new(
             Kind::BadRequest,
-            format!("after must be the `next` of a previous page (an entity id, or `machine/key`), not `{a}`"),
+            format!(
+                "after must be the `next` of a previous page (an entity id, `machine/key` or `entered.id`), not `{a}`"
+            ),
         )
         .field("after"));
     }
     let unknown =
         || Problem::new(Kind::UnknownEntity, format!("after names no entity: `{a}`")).field("after").with("after", a);
-    match (a.split_once('/'), by_key) {
-        (Some((m, k)), true) => Ok((None, Some((m.to_string(), k.to_string())))),
-        (Some((m, k)), false) => {
-            let e = s.engine().store().entity_get(m, k).await?.ok_or_else(unknown)?;
-            Ok((Some(e.id), None))
+    let store = s.engine().store();
+    let named = if let Some((m, k)) = a.split_once('/') {
+        if order == PageOrder::Key {
+            f.after_key = Some((m.to_string(), k.to_string()));
+            return Ok(());
         }
-        (None, by_key) => {
-            let id: i64 = a.parse().map_err(|_| unknown())?;
-            if !by_key {
-                return Ok((Some(id), None));
+        store.entity_get(m, k).await?
+    } else {
+        let (at, id) = match a.split_once('.') {
+            Some((at, id)) => (Some(at.parse::<i64>().map_err(|_| unknown())?), id),
+            None => (None, a),
+        };
+        let id: i64 = id.parse().map_err(|_| unknown())?;
+        match (order, at) {
+            (PageOrder::Id, _) => {
+                f.after_id = Some(id);
+                return Ok(());
             }
-            let e = s.engine().store().entities_by_id(vec![id]).await?.into_iter().next().ok_or_else(unknown)?;
-            Ok((None, Some((e.machine.to_string(), e.key.to_string()))))
+            (PageOrder::Entered, Some(at)) => {
+                f.after_entered = Some((at, id));
+                return Ok(());
+            }
+            _ => store.entities_by_id(vec![id]).await?.into_iter().next(),
         }
+    };
+    let e = named.ok_or_else(unknown)?;
+    match order {
+        PageOrder::Id => f.after_id = Some(e.id),
+        PageOrder::Key => f.after_key = Some((e.machine.to_string(), e.key.to_string())),
+        PageOrder::Entered => f.after_entered = Some((e.entered_at, e.id)),
     }
+    Ok(())
 }
 
 /// One entity, with the events valid in its state. An entity in its machine's deleted

@@ -60,17 +60,21 @@ pub async fn overview_counts_follow_every_write<S: Store>(store: S) {
 /// plain scan) returns what filtering every row would, in its order, and paging through
 /// it with a cursor returns each entity once.
 pub async fn filtered_pages_match_a_scan<S: Store>(store: S) {
-    let mut ops = Vec::new();
-    for i in 0..24 {
-        let state = ["idle", "busy", "done"][i % 3];
-        let mut e = new_entity(&format!("{}-{i:02}", ["srv", "db", "srv-x"][i % 4 % 3]), state, None);
-        e.request_id = None;
-        if i % 5 == 0 {
-            e.machine = MachineName::new("n");
+    // Created in four writes whose times do not follow their ids: the entered order is
+    // not the id order.
+    for (group, at) in [T0 + 7, T0, T0 + 3, T0].into_iter().enumerate() {
+        let mut ops = Vec::new();
+        for i in (0..24).filter(|i| i % 4 == group) {
+            let state = ["idle", "busy", "done"][i % 3];
+            let mut e = new_entity(&format!("{}-{i:02}", ["srv", "db", "srv-x"][i % 4 % 3]), state, None);
+            e.request_id = None;
+            if i % 5 == 0 {
+                e.machine = MachineName::new("n");
+            }
+            ops.push(Op::Create(e));
         }
-        ops.push(Op::Create(e));
+        write(&store, at, ops, false).await;
     }
-    write(&store, T0, ops, false).await;
     let all = everything(&store).await;
     let paused: Vec<_> =
         all.iter().filter(|e| e.machine.as_str() == "m").step_by(4).map(|e| e.key.to_string()).collect();
@@ -136,6 +140,35 @@ pub async fn filtered_pages_match_a_scan<S: Store>(store: S) {
             let Some(last) = rows.last().filter(|_| rows.len() == 2) else { break };
             page.after_id = Some(last.id);
             page.after_key = Some((last.machine.to_string(), last.key.to_string()));
+        }
+        assert_eq!(paged, want, "paged {f:?}");
+        if f.key_prefix.is_none() {
+            entered_orders_match_a_sort(&store, &all, &f, &want).await;
+        }
+    }
+}
+
+/// `f`'s entities (ids `want`, of `all`) by entered time both ways, whole and in pages of
+/// two each after the previous one's last (entered at, id), and counted.
+async fn entered_orders_match_a_sort<S: Store>(store: &S, all: &[EntityRow], f: &EntityFilter, want: &[i64]) {
+    use crate::EntityOrder;
+    let mut rows: Vec<&EntityRow> = all.iter().filter(|e| want.contains(&e.id)).collect();
+    rows.sort_by_key(|e| (e.entered_at, e.id));
+    for order in [EntityOrder::EnteredFirst, EntityOrder::EnteredLast] {
+        let mut want: Vec<i64> = rows.iter().map(|e| e.id).collect();
+        if order == EntityOrder::EnteredLast {
+            want.reverse();
+        }
+        let f = EntityFilter { order, ..f.clone() };
+        let whole: Vec<i64> = store.entity_list(f.clone()).await.unwrap().iter().map(|e| e.id).collect();
+        assert_eq!(whole, want, "{f:?}");
+        assert_eq!(store.entity_count(f.clone(), 1_000).await.unwrap(), want.len() as u64, "count {f:?}");
+        let (mut paged, mut page) = (Vec::new(), EntityFilter { limit: Some(2), ..f.clone() });
+        loop {
+            let rows = store.entity_list(page.clone()).await.unwrap();
+            paged.extend(rows.iter().map(|e| e.id));
+            let Some(last) = rows.last().filter(|_| rows.len() == 2) else { break };
+            page.after_entered = Some((last.entered_at, last.id));
         }
         assert_eq!(paged, want, "paged {f:?}");
     }

@@ -22,6 +22,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (12, include_str!("../../migrations/postgres/0012_failures.sql")),
     (13, include_str!("../../migrations/postgres/0013_bulk.sql")),
     (14, include_str!("../../migrations/postgres/0014_feed.sql")),
+    (15, include_str!("../../migrations/postgres/0015_entered.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if

@@ -22,6 +22,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (12, include_str!("../../migrations/sqlite/0012_failures.sql")),
     (13, include_str!("../../migrations/sqlite/0013_bulk.sql")),
     (14, include_str!("../../migrations/sqlite/0014_feed.sql")),
+    (15, include_str!("../../migrations/sqlite/0015_entered.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.
