@@ -107,21 +107,11 @@ pub async fn list(db: &str, a: ListArgs) -> anyhow::Result<ExitCode> {
                 ..EntityFilter::default()
             })
             .await?;
-        // The criteria no index holds, entity by entity (with each one's newest error if
-        // they read it).
-        let errors: std::collections::HashMap<i64, settle_store::ErrorRow> = if narrow.reads_errors() {
-            store.error_newest(page.iter().map(|e| e.id).collect()).await?.into_iter().collect()
-        } else {
-            Default::default()
-        };
-        let kept: Vec<settle_client::Entity> = page
-            .iter()
-            .filter(|e| {
-                let m = machines.iter().find(|m| m.name() == &e.machine);
-                narrow.keeps(e, m, errors.get(&e.id))
-            })
-            .map(settle_client::Entity::from)
-            .collect();
+        // The criteria no index holds, entity by entity, by the stored definitions.
+        let machine = |name: &str| machines.iter().find(|m| m.name() == name);
+        let (keeps, _) = settle_engine::keeps(&store, &narrow, &page, machine).await?;
+        let kept: Vec<settle_client::Entity> =
+            page.iter().zip(keeps).filter(|(_, keep)| *keep).map(|(e, _)| settle_client::Entity::from(e)).collect();
         print::entity_rows(&kept, as_json, &mut header);
         match page.last() {
             Some(last) if page.len() == 1000 => {

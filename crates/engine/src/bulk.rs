@@ -305,7 +305,7 @@ impl<S: Store + Clone> Engine<S> {
         let mut page = EntityFilter { limit: Some(SCAN), ..base };
         loop {
             let rows = store.entity_list(page.clone()).await?;
-            let (keeps, _) = self.narrowed(&selection.narrow, &rows, false).await?;
+            let (keeps, _) = self.narrowed(&selection.narrow, &rows).await?;
             for (e, keep) in rows.iter().zip(keeps) {
                 if keep && keyed(selection, e) {
                     count += 1;
@@ -460,7 +460,7 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
     let entities = engine.inner.store.entity_list(selection.filter(&refs, after, Some(limit))).await?;
     let finished = (entities.len() as u64) < limit;
     let cursor = entities.last().map(|e| e.id.to_string()).or(row.cursor.clone());
-    let (keeps, _) = engine.narrowed(&selection.narrow, &entities, false).await?;
+    let (keeps, _) = engine.narrowed(&selection.narrow, &entities).await?;
     let chosen: Vec<&EntityRow> =
         entities.iter().zip(keeps).filter(|(e, keep)| *keep && keyed(&selection, e)).map(|(e, _)| e).collect();
     let (mut done, mut failed, mut last_error) = (0u64, 0u64, None);

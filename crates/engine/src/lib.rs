@@ -55,6 +55,6 @@ pub use engine::{Engine, SubscriptionProgress, can_fire};
 pub use error::{Error, Result};
 pub use feed::FeedWatch;
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
-pub use narrow::{NARROW_FIELDS, Narrow, NarrowText, error_group, error_matches};
+pub use narrow::{NARROW_FIELDS, Narrow, NarrowText, error_group, error_matches, keeps, newest_errors};
 pub use prune::PruneReport;
 pub use settle_store::{Clock, Command, ManualClock, RunStatus, SharedClock, SystemClock};

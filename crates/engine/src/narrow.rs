@@ -234,34 +234,39 @@ pub fn error_group(details: &str) -> String {
     out
 }
 
+/// The newest recorded error of each of `rows` that has one, by entity id: one store call.
+pub async fn newest_errors<S: Store>(store: &S, rows: &[EntityRow]) -> settle_store::Result<HashMap<i64, ErrorRow>> {
+    if rows.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let ids = rows.iter().map(|e| e.id).collect();
+    Ok(store.error_newest(ids).await?.into_iter().collect())
+}
+
+/// Which of `rows` pass `narrow`, in order (`machine`: a machine by name, for
+/// `in_state`), and the newest errors read to decide (none unless it reads errors).
+pub async fn keeps<'m, S: Store>(
+    store: &S,
+    narrow: &Narrow,
+    rows: &[EntityRow],
+    machine: impl Fn(&str) -> Option<&'m Machine>,
+) -> settle_store::Result<(Vec<bool>, HashMap<i64, ErrorRow>)> {
+    let errors = if narrow.reads_errors() { newest_errors(store, rows).await? } else { HashMap::new() };
+    let keeps = rows.iter().map(|e| narrow.keeps(e, machine(e.machine.as_str()), errors.get(&e.id))).collect();
+    Ok((keeps, errors))
+}
+
 impl<S: Store + Clone> Engine<S> {
     /// The newest recorded error of each of `rows` that has one, by entity id.
     pub async fn newest_errors(&self, rows: &[EntityRow]) -> Result<HashMap<i64, ErrorRow>> {
-        if rows.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let ids = rows.iter().map(|e| e.id).collect();
-        Ok(self.inner.store.error_newest(ids).await?.into_iter().collect())
+        Ok(newest_errors(&self.inner.store, rows).await?)
     }
 
-    /// Which of `rows` pass `narrow`, in order, with the newest errors read (when it needs
-    /// them, or `with_errors`) to pass them on.
-    pub async fn narrowed(
-        &self,
-        narrow: &Narrow,
-        rows: &[EntityRow],
-        with_errors: bool,
-    ) -> Result<(Vec<bool>, HashMap<i64, ErrorRow>)> {
-        let errors =
-            if narrow.reads_errors() || with_errors { self.newest_errors(rows).await? } else { HashMap::new() };
-        let keeps = rows
-            .iter()
-            .map(|e| {
-                let machine = self.inner.registry.machines.get(e.machine.as_str()).map(|m| m.as_ref());
-                narrow.keeps(e, machine, errors.get(&e.id))
-            })
-            .collect();
-        Ok((keeps, errors))
+    /// Which of `rows` pass `narrow`, in order, by the served machines, and the newest
+    /// errors read to decide ([`keeps`]).
+    pub async fn narrowed(&self, narrow: &Narrow, rows: &[EntityRow]) -> Result<(Vec<bool>, HashMap<i64, ErrorRow>)> {
+        let machines = &self.inner.registry.machines;
+        Ok(keeps(&self.inner.store, narrow, rows, |name| machines.get(name).map(|m| m.as_ref())).await?)
     }
 }
 

@@ -315,6 +315,9 @@ async fn a_list_by_entered_time_pages_both_ways_through_its_index() {
     assert_eq!((&after_id, &after_key), (&after_next, &after_next));
     let total = app.get("/v1/entities?machine=vm&sort=-entered&total=true&limit=1").await.json();
     assert_eq!(total["total"], json!({"count": 30, "exact": true}));
+    // A total counts from the start, whatever the cursor, narrowed or not.
+    let narrowed = format!("/v1/entities?machine=vm&sort=entered&total=true&after={next}&where={}", q("props.n >= 0"));
+    assert_eq!(app.get(&narrowed).await.json()["total"], json!({"count": 30, "exact": true}));
     // What it cannot be combined with, and an unknown order: 400 naming `sort`.
     for query in ["sort=sideways", "sort=entered&prefix=v-", "sort=-entered&status=active"] {
         let p = app.get(&format!("/v1/entities?{query}")).await.problem(400, "bad-request");

@@ -126,8 +126,8 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
     // Criteria no index holds: a page examines a bounded number of rows.
     let read = if narrow.is_empty() { limit + 1 } else { EXAMINE.max(limit + 1) };
     let rows = s.engine().store().entity_list(EntityFilter { limit: Some(read), ..filter }).await?;
-    let (keeps, mut errors) = s.engine().narrowed(&narrow, &rows, q.errors.is_some()).await?;
-    let mut kept: Vec<&settle_store::EntityRow> = Vec::new();
+    let (keeps, mut errors) = s.engine().narrowed(&narrow, &rows).await?;
+    let mut kept: Vec<&EntityRow> = Vec::new();
     let mut next_after = None;
     for (row, keep) in rows.iter().zip(keeps) {
         if !keep {
@@ -147,6 +147,11 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
     let next = next_after.map(|e| next_cursor(e, order));
     let mut items: Vec<Entity> = kept.iter().map(|e| s.entity(e)).collect();
     if q.errors.is_some() {
+        if !narrow.reads_errors() {
+            // Only the page's: not every row looked at.
+            let ids = kept.iter().map(|e| e.id).collect();
+            errors = s.engine().store().error_newest(ids).await?.into_iter().collect();
+        }
         for (item, row) in items.iter_mut().zip(&kept) {
             item.last_error = errors.remove(&row.id).as_ref().map(ErrorEntry::from);
         }
@@ -232,11 +237,8 @@ async fn error_groups(
         prefix: g.prefix,
         ..EntityQuery::default()
     };
-    let filter = index_filter(&s, &q)?;
-    let rows = s.engine().store().entity_list(EntityFilter { limit: Some(TOTAL_BOUND + 1), ..filter }).await?;
-    let exact = rows.len() as u64 <= TOTAL_BOUND;
-    let examined = &rows[..rows.len().min(TOTAL_BOUND as usize)];
-    let errors = s.engine().newest_errors(examined).await?;
+    let (examined, exact) = first_bound(&s, index_filter(&s, &q)?).await?;
+    let errors = s.engine().newest_errors(&examined).await?;
     // group text → (count, first member, its error)
     let mut groups: std::collections::HashMap<Option<String>, (u64, usize)> = std::collections::HashMap::new();
     for (i, e) in examined.iter().enumerate() {
@@ -267,12 +269,20 @@ const EXAMINE: u64 = 1_000;
 /// `total=true` with criteria no index holds: of the first [`TOTAL_BOUND`] entities the
 /// index filters reach, how many pass (exact when there are no more).
 async fn narrowed_total(s: &AppState, narrow: &Narrow, filter: EntityFilter) -> Result<Total, Problem> {
-    let whole = EntityFilter { limit: Some(TOTAL_BOUND + 1), after_id: None, after_key: None, ..filter };
-    let rows = s.engine().store().entity_list(whole).await?;
-    let exact = rows.len() as u64 <= TOTAL_BOUND;
-    let examined = &rows[..rows.len().min(TOTAL_BOUND as usize)];
-    let (keeps, _) = s.engine().narrowed(narrow, examined, false).await?;
+    let (examined, exact) = first_bound(s, filter).await?;
+    let (keeps, _) = s.engine().narrowed(narrow, &examined).await?;
     Ok(Total { count: keeps.iter().filter(|k| **k).count() as u64, exact })
+}
+
+/// The first [`TOTAL_BOUND`] entities `filter` reaches from its start (whatever its
+/// cursor), and whether they are all there are.
+async fn first_bound(s: &AppState, filter: EntityFilter) -> Result<(Vec<EntityRow>, bool), Problem> {
+    let whole =
+        EntityFilter { limit: Some(TOTAL_BOUND + 1), after_id: None, after_key: None, after_entered: None, ..filter };
+    let mut rows = s.engine().store().entity_list(whole).await?;
+    let exact = rows.len() as u64 <= TOTAL_BOUND;
+    rows.truncate(TOTAL_BOUND as usize);
+    Ok((rows, exact))
 }
 
 /// The order of a page: by id, by machine and key (a key prefix), or by entered time.
