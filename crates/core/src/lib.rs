@@ -23,6 +23,7 @@
 //! that needs a validated machine comes after it: [`validate::check_set`], [`step`],
 //! [`upgrade`], [`graph`] (and [`svg`], which draws [`graph`]'s edges) and [`toml::load`].
 
+pub mod calendar;
 pub mod duration;
 mod edges;
 pub mod expr;

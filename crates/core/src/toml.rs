@@ -80,8 +80,8 @@ use serde::de::{self, SeqAccess, Visitor};
 
 use crate::duration;
 use crate::machine::{
-    ActionDef, CreateDef, EventDef, FaultDef, Health, History, Machine, MachineDef, MigrateDef, Origin, RaiseDef,
-    RetentionDef, StateDef, StateKind, TimerDef, WhenDef,
+    ActionDef, CalendarCreate, CalendarDef, CreateDef, EventDef, FaultDef, Health, History, Machine, MachineDef,
+    MigrateDef, Origin, RaiseDef, RetentionDef, StateDef, StateKind, TimerDef, WhenDef,
 };
 use crate::retention::Keep;
 use crate::validate::{Diagnostic, Report, Severity};
@@ -157,6 +157,9 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
     }
     for (key, timer) in in_order(file.timers) {
         def.timers.extend(p.timer(key, timer));
+    }
+    for (key, schedule) in in_order(file.schedules) {
+        def.schedules.extend(p.schedule(key, schedule));
     }
     def.fault = file.fault.map(|f| p.fault(f));
     def.retention = file.retention.map(|r| p.retention(r));
@@ -353,6 +356,32 @@ impl Parser<'_> {
         })
     }
 
+    /// `None` when `jitter` is not a duration (reported here).
+    fn schedule(&mut self, key: Spanned<String>, s: ScheduleToml) -> Option<CalendarDef> {
+        let item = format!("schedule `{}`", key.get_ref());
+        let jitter = match &s.jitter {
+            Some(d) => Some(self.duration(&item, d)?),
+            None => None,
+        };
+        Some(CalendarDef {
+            cron: s.cron,
+            zone: s.zone,
+            raise: s.raise,
+            valid_in: s.valid_in,
+            create: s.create.map(|c| CalendarCreate {
+                key: c.key,
+                properties: c.properties.into_iter().map(|(k, v)| (k, toml_to_json(v))).collect(),
+            }),
+            overlap: s.overlap,
+            catch_up: s.catch_up,
+            catch_up_limit: s.catch_up_limit,
+            jitter_ms: jitter.map(|d| d.as_millis() as u64),
+            rate: s.rate,
+            origin: Origin { line: self.line(&key) },
+            name: key.into_inner(),
+        })
+    }
+
     fn fault(&mut self, fault: Spanned<FaultToml>) -> FaultDef {
         let origin = Origin { line: self.line(&fault) };
         let fault = fault.into_inner();
@@ -435,6 +464,8 @@ struct FileToml {
     actions: BTreeMap<Spanned<String>, ActionToml>,
     #[serde(default)]
     timers: BTreeMap<Spanned<String>, TimerToml>,
+    #[serde(default)]
+    schedules: BTreeMap<Spanned<String>, ScheduleToml>,
     fault: Option<Spanned<FaultToml>>,
     retention: Option<Spanned<RetentionToml>>,
     #[serde(default)]
@@ -581,6 +612,30 @@ struct TimerToml {
     after: Option<Spanned<String>>,
     #[serde(rename = "in")]
     valid_in: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduleToml {
+    cron: String,
+    zone: Option<String>,
+    raise: Option<String>,
+    #[serde(rename = "in", default)]
+    valid_in: Vec<String>,
+    create: Option<ScheduleCreateToml>,
+    overlap: Option<String>,
+    catch_up: Option<String>,
+    catch_up_limit: Option<u32>,
+    jitter: Option<Spanned<String>>,
+    rate: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduleCreateToml {
+    key: Option<String>,
+    #[serde(default)]
+    properties: BTreeMap<String, ::toml::Value>,
 }
 
 /// An action. Keys of features still to come are accepted here only to be refused with a
@@ -759,7 +814,7 @@ mod tests {
         assert_eq!(
             errors("door", "naem = \"door\"\n"),
             [
-                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `fault`, `retention`, `migrate`, `properties`"
+                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `schedules`, `fault`, `retention`, `migrate`, `properties`"
             ]
         );
     }

@@ -108,6 +108,12 @@ impl Store for AnyStore {
         fn bulk_claim(&self, owner: &str, now: Millis, lease_until: Millis) -> Option<crate::BulkRow>;
         fn bulk_advance(&self, advance: crate::BulkAdvance) -> bool;
         fn bulk_cancel(&self, request_id: &str, now: Millis) -> Option<crate::BulkRow>;
+        fn schedule_list(&self) -> Vec<crate::ScheduleRow>;
+        fn schedule_sync(&self, row: crate::ScheduleRow) -> crate::ScheduleRow;
+        fn schedule_claim(&self, machine: &str, name: &str, owner: &str, now: Millis, lease_until: Millis) -> Option<crate::ScheduleRow>;
+        fn schedule_advance(&self, advance: crate::ScheduleAdvance) -> bool;
+        fn schedule_pause(&self, machine: &str, name: &str, paused: bool, next: (Millis, Millis), now: Millis) -> Option<crate::ScheduleRow>;
+        fn schedule_running(&self, fire_id: &str) -> bool;
         fn feed_read(&self, after: crate::FeedPos, filter: crate::FeedFilter, limit: usize) -> crate::FeedPage;
         fn feed_head(&self) -> crate::FeedPos;
     }

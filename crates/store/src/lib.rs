@@ -30,6 +30,7 @@ mod plan;
 pub mod postgres;
 mod prune;
 mod report;
+mod schedule;
 mod sql;
 pub mod sqlite;
 mod task;
@@ -63,6 +64,7 @@ pub use report::{
     EntityCount, ErrorStats, MetricsSnapshot, MinuteCount, OperationStats, Overview, Stats, TransitionCount,
     TransitionStats, percentile,
 };
+pub use schedule::{ScheduleAdvance, ScheduleRow};
 pub use sqlite::SqliteStore;
 pub use task::{AgentReport, AgentTask, TaskCheck, TaskFilter, TaskOffer, TaskRefusal, TaskResult};
 pub use telemetry::{CauseRef, ErrorRecord, EventRecord, EventRow, Telemetry, TransitionRecord};
@@ -273,6 +275,39 @@ pub trait Store: Send + Sync + 'static {
     fn bulk_advance(&self, advance: BulkAdvance) -> impl Future<Output = Result<bool>> + Send;
     /// Cancels the bulk operation `request_id` if it runs: the row after (`None`: none such).
     fn bulk_cancel(&self, request_id: &str, now: Millis) -> impl Future<Output = Result<Option<BulkRow>>> + Send;
+
+    /// Every calendar schedule's progress, by machine and name (see
+    /// [`ScheduleRow`]).
+    fn schedule_list(&self) -> impl Future<Output = Result<Vec<ScheduleRow>>> + Send;
+    /// Stores schedule `row` unless it is stored following the same declaration (`spec`);
+    /// one stored with another starts again from `row`'s first fire, its counts kept. The
+    /// row stored.
+    fn schedule_sync(&self, row: ScheduleRow) -> impl Future<Output = Result<ScheduleRow>> + Send;
+    /// Leases schedule `machine`/`name` to `owner` until `lease_until` if it has something
+    /// to do at `now` (a fire due or held), is not paused, and no other instance holds it.
+    fn schedule_claim(
+        &self,
+        machine: &str,
+        name: &str,
+        owner: &str,
+        now: Millis,
+        lease_until: Millis,
+    ) -> impl Future<Output = Result<Option<ScheduleRow>>> + Send;
+    /// Writes the lease holder's decision and lets go; `false` if it no longer held it.
+    fn schedule_advance(&self, advance: ScheduleAdvance) -> impl Future<Output = Result<bool>> + Send;
+    /// Pauses a schedule, or resumes it from `next_fire` (run at `next_at`), dropping a
+    /// held fire: the row after (`None`: no such schedule).
+    fn schedule_pause(
+        &self,
+        machine: &str,
+        name: &str,
+        paused: bool,
+        next: (Millis, Millis),
+        now: Millis,
+    ) -> impl Future<Output = Result<Option<ScheduleRow>>> + Send;
+    /// Whether the fire with request id `fire_id` still runs: its operation, or one of those
+    /// under it (`fire_id/…`), has not ended, or a bulk operation under it still runs.
+    fn schedule_running(&self, fire_id: &str) -> impl Future<Output = Result<bool>> + Send;
 
     /// The change feed after `after`: at most `limit` (up to [`feed::MAX_PAGE`]) history
     /// rows and operation ends matching `filter`, in the order they committed, and the

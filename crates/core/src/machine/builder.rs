@@ -370,6 +370,13 @@ impl MachineBuilder {
         self
     }
 
+    /// Adds a calendar schedule (`[schedules.NAME]`), as declared; see [`crate::calendar`].
+    pub fn schedule(mut self, schedule: super::def::CalendarDef) -> Self {
+        self.def.schedules.push(schedule);
+        self.last = Last::None;
+        self
+    }
+
     /// How long an entity stays after entering an end state without a `retain` of its own
     /// (`[retention] ended`). A machine-wide setting, like the fault policy.
     pub fn retention_ended(mut self, keep: crate::retention::Keep) -> Self {

@@ -180,6 +180,11 @@ impl Machine {
                 .collect();
             machine["timers"] = Value::from(timers);
         }
+        if !self.schedules().is_empty() {
+            let schedules: Vec<Value> =
+                self.schedules().iter().map(|c| serde_json::to_value(&c.def).unwrap_or(Value::Null)).collect();
+            machine["schedules"] = Value::from(schedules);
+        }
         if let Some(f) = &self.fault {
             machine["fault"] = json!({
                 "max_errors": f.max_errors,
@@ -395,6 +400,9 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
             valid_in: texts(t, "in")?,
             ..TimerDef::default()
         });
+    }
+    for c in v.get("schedules").and_then(Value::as_array).into_iter().flatten() {
+        def.schedules.push(serde_json::from_value(c.clone()).ok()?);
     }
     if let Some(f) = v.get("fault") {
         let backoff = f.get("backoff")?;

@@ -195,6 +195,60 @@ pub struct TimerDef {
     pub origin: Origin,
 }
 
+/// A schedule as declared (`[schedules.NAME]`), before validation. Its canonical form is
+/// its serde form (the origin aside).
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct CalendarDef {
+    /// The schedule's name.
+    pub name: String,
+    /// The cron expression: five fields (minute to weekday) or six (seconds first);
+    /// `L`, `W`, `#` (`MON#1`: the first Monday) and names (`MON`, `JAN`) as croner reads them.
+    pub cron: String,
+    /// The IANA time zone the expression is read in (default `UTC`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// The event raised on each entity in `in`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raise: Option<String>,
+    /// The states whose entities a raising schedule reaches.
+    #[serde(rename = "in", default, skip_serializing_if = "Vec::is_empty")]
+    pub valid_in: Vec<String>,
+    /// Create one entity of the machine at each fire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create: Option<CalendarCreate>,
+    /// `skip` (default), `buffer_one` or `allow_all`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<String>,
+    /// `once` (default), `all` or `skip`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up: Option<String>,
+    /// With `catch_up = "all"`: at most this many missed fires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up_limit: Option<u32>,
+    /// At most this long after its instant a fire runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter_ms: Option<u64>,
+    /// A raising schedule's fire reaches at most this many entities a second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u32>,
+    /// Where it was declared.
+    #[serde(skip)]
+    pub origin: Origin,
+}
+
+/// The entity a creating schedule creates.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct CalendarCreate {
+    /// Its key: an expression over `params.schedule` (the schedule's name) and
+    /// `params.fire` (the fire's instant, RFC 3339 in UTC); default: the schedule's name,
+    /// `-`, and the instant (`nightly-2026-11-27T03:00:00.000Z`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Its constructor properties, as given.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub properties: serde_json::Map<String, serde_json::Value>,
+}
+
 /// An action as declared, before validation.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ActionDef {
@@ -357,6 +411,8 @@ pub struct MachineDef {
     pub actions: Vec<ActionDef>,
     /// Timers in declaration order.
     pub timers: Vec<TimerDef>,
+    /// Calendar schedules (`[schedules.*]`) in declaration order.
+    pub schedules: Vec<CalendarDef>,
     /// The declared fault policy (`[fault]`), if any; [`FaultPolicy::DEFAULT`] otherwise.
     pub fault: Option<FaultDef>,
     /// The migration table (`[migrate]`), in declaration order.

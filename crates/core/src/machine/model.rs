@@ -9,6 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::def::{FaultDef, Health, History, MachineDef, StateKind, effective_kind};
+use crate::calendar::Calendar;
 use crate::duration;
 use crate::fault::FaultPolicy;
 use crate::guard::Guard;
@@ -395,6 +396,7 @@ pub struct Machine {
     events: Vec<Event>,
     actions: Vec<Action>,
     timers: Vec<Timer>,
+    schedules: Vec<Calendar>,
     /// `None` when not declared: [`FaultPolicy::DEFAULT`] applies. Read by the canonical
     /// rendering, which tells a declared default policy from none.
     pub(super) fault: Option<FaultPolicy>,
@@ -569,6 +571,7 @@ impl Machine {
             events,
             actions,
             timers,
+            schedules: def.schedules.iter().map(|c| Calendar::from_def(c).expect("validated schedule")).collect(),
             fault: def.fault.as_ref().map(FaultDef::policy),
             retention: def.retention.as_ref().map(|r| Retention {
                 ended: r.ended,
@@ -615,6 +618,14 @@ impl Machine {
     /// All timers in declaration order.
     pub fn timers(&self) -> &[Timer] {
         &self.timers
+    }
+    /// All calendar schedules in declaration order.
+    pub fn schedules(&self) -> &[Calendar] {
+        &self.schedules
+    }
+    /// The calendar schedule `name`.
+    pub fn schedule(&self, name: &str) -> Option<&Calendar> {
+        self.schedules.iter().find(|c| c.name() == name)
     }
     /// The fault policy: the declared one, or [`FaultPolicy::DEFAULT`].
     pub fn fault_policy(&self) -> &FaultPolicy {

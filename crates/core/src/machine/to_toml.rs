@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::def::{Health, StateKind};
+use super::def::{CalendarDef, Health, StateKind};
 use super::model::{AgentBinding, Event, Machine, Schedule, Then};
 use crate::duration;
 use crate::fault::FaultPolicy;
@@ -74,6 +74,9 @@ impl Machine {
                 Schedule::After(d) => w.entry("after", duration_text(d)),
             }
             w.entry("in", strings(&t.valid_in));
+        }
+        for c in self.schedules() {
+            write_schedule(&mut w, &c.def);
         }
         if let Some(policy) = &self.fault {
             write_fault(&mut w, policy);
@@ -281,6 +284,47 @@ fn write_event(w: &mut Writer, e: &Event) {
                 Then::Ignore => w.entry("ignore", "true".to_string()),
             }
         }
+    }
+}
+
+/// `[schedules.NAME]` as declared.
+fn write_schedule(w: &mut Writer, c: &CalendarDef) {
+    w.table(&["schedules", &c.name]);
+    w.entry("cron", string(&c.cron));
+    let texts = [("zone", &c.zone), ("raise", &c.raise)];
+    for (k, v) in texts {
+        if let Some(v) = v {
+            w.entry(k, string(v));
+        }
+    }
+    if !c.valid_in.is_empty() {
+        w.entry("in", strings(&c.valid_in));
+    }
+    if let Some(create) = &c.create {
+        let mut fields = Vec::new();
+        if let Some(k) = &create.key {
+            fields.push(("key".to_string(), string(k)));
+        }
+        let props: Vec<(String, String)> =
+            create.properties.iter().filter_map(|(k, v)| json_value(v).map(|v| (k.clone(), v))).collect();
+        if !props.is_empty() {
+            fields.push(("properties".to_string(), inline_table(props)));
+        }
+        w.entry("create", inline_table(fields));
+    }
+    for (k, v) in [("overlap", &c.overlap), ("catch_up", &c.catch_up)] {
+        if let Some(v) = v {
+            w.entry(k, string(v));
+        }
+    }
+    if let Some(n) = c.catch_up_limit {
+        w.entry("catch_up_limit", n.to_string());
+    }
+    if let Some(ms) = c.jitter_ms {
+        w.entry("jitter", duration_text(Duration::from_millis(ms)));
+    }
+    if let Some(r) = c.rate {
+        w.entry("rate", r.to_string());
     }
 }
 

@@ -18,9 +18,11 @@ pub use nesting::REPLY_PARAMS;
 pub use report::{Diagnostic, Report, Severity};
 pub use set::check_set;
 
+use crate::calendar::Calendar;
 use crate::duration;
 use crate::machine::def::{
-    ActionDef, EventDef, FaultDef, MachineDef, MigrateDef, Origin, StateDef, StateKind, TimerDef, effective_kind,
+    ActionDef, CalendarDef, EventDef, FaultDef, MachineDef, MigrateDef, Origin, StateDef, StateKind, TimerDef,
+    effective_kind,
 };
 use crate::pattern::Pattern;
 
@@ -75,6 +77,9 @@ pub fn check(def: &MachineDef) -> Report {
     }
     for t in &def.timers {
         c.timer(t);
+    }
+    for s in &def.schedules {
+        c.schedule(s);
     }
     for m in &def.migrate {
         c.migration(m);
@@ -207,6 +212,7 @@ impl<'a> Checker<'a> {
         self.duplicate_items("event", def.events.iter().map(|e| (e.name.as_str(), e.origin)));
         self.duplicate_items("action", def.actions.iter().map(|a| (a.name.as_str(), a.origin)));
         self.duplicate_items("timer", def.timers.iter().map(|t| (t.name.as_str(), t.origin)));
+        self.duplicate_items("schedule", def.schedules.iter().map(|t| (t.name.as_str(), t.origin)));
         self.duplicate_entries("machine", def.origin.line, "properties", def.properties.iter().map(String::as_str));
         self.engine_properties("machine", def.origin.line, "properties", def.properties.iter().map(String::as_str));
         let deleted: Vec<&StateDef> = def.states.iter().filter(|s| s.kind == Some(StateKind::Deleted)).collect();
@@ -517,6 +523,36 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(&item, line, "in", t.valid_in.iter().map(String::as_str));
+    }
+
+    /// A calendar schedule: its own keys (`Calendar::from_def`), then the machine's names
+    /// it uses. A raised event gets no parameters, so it may declare none.
+    fn schedule(&mut self, c: &'a CalendarDef) {
+        let (item, line) = self.item("schedule", &c.name, c.origin);
+        if let Err(problems) = Calendar::from_def(c) {
+            for p in problems {
+                self.error(&item, line, p);
+            }
+        }
+        if let Some(event) = &c.raise {
+            match self.events.get(event.as_str()) {
+                None => self.error(&item, line, format!("`raise` names unknown event `{event}`")),
+                Some(e) if !e.params.is_empty() => self.error(
+                    &item,
+                    line,
+                    format!(
+                        "`raise` names event `{event}`, which requires parameters (a schedule raises it with none)"
+                    ),
+                ),
+                Some(_) => {}
+            }
+        }
+        for st in &c.valid_in {
+            if !self.has_state(st) {
+                self.error(&item, line, format!("`in` names unknown state `{st}`"));
+            }
+        }
+        self.duplicate_entries(&item, line, "in", c.valid_in.iter().map(String::as_str));
     }
 }
 

@@ -17,6 +17,7 @@ mod fleet;
 mod leases;
 mod operations;
 mod prune;
+mod schedules;
 mod successors;
 mod tasks;
 mod telemetry;
@@ -49,6 +50,7 @@ pub use prune::{
     pruning_never_hands_an_id_out_again, pruning_removes_every_row_an_ended_entity_left,
     trimming_keeps_a_live_entitys_latest_past,
 };
+pub use schedules::schedules_sync_lease_advance_and_pause;
 pub use successors::{events_reach_related_entities, successors_and_change_notices};
 pub use tasks::{agent_reports_join_the_batch_around_them, agent_tasks_lease_and_report};
 pub use telemetry::{
@@ -187,7 +189,7 @@ macro_rules! store_conformance_suite {
                 an_internal_event_heads_the_inbox, pruning_removes_every_row_an_ended_entity_left,
                 pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past,
                 bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order,
-                the_feed_resumes_from_any_position_without_gaps;
+                the_feed_resumes_from_any_position_without_gaps, schedules_sync_lease_advance_and_pause;
             store_and_dialect: effects_are_atomic
         );
     };

@@ -31,6 +31,7 @@ mod feed;
 mod listen;
 mod prune;
 mod read;
+mod schedule;
 mod schema;
 mod sets;
 mod stmt;
@@ -474,6 +475,47 @@ impl Store for PgStore {
     async fn bulk_cancel(&self, request_id: &str, now: Millis) -> Result<Option<crate::BulkRow>> {
         let request_id = request_id.to_string();
         self.on_reader(move |c| bulk::cancel(c, &request_id, now)).await
+    }
+
+    async fn schedule_list(&self) -> Result<Vec<crate::ScheduleRow>> {
+        self.on_reader(schedule::list).await
+    }
+
+    async fn schedule_sync(&self, row: crate::ScheduleRow) -> Result<crate::ScheduleRow> {
+        self.on_reader(move |c| schedule::sync(c, &row)).await
+    }
+
+    async fn schedule_claim(
+        &self,
+        machine: &str,
+        name: &str,
+        owner: &str,
+        now: Millis,
+        lease_until: Millis,
+    ) -> Result<Option<crate::ScheduleRow>> {
+        let (machine, name, owner) = (machine.to_string(), name.to_string(), owner.to_string());
+        self.on_reader(move |c| schedule::claim(c, (&machine, &name), &owner, now, lease_until)).await
+    }
+
+    async fn schedule_advance(&self, advance: crate::ScheduleAdvance) -> Result<bool> {
+        self.on_reader(move |c| schedule::advance(c, &advance)).await
+    }
+
+    async fn schedule_pause(
+        &self,
+        machine: &str,
+        name: &str,
+        paused: bool,
+        next: (Millis, Millis),
+        now: Millis,
+    ) -> Result<Option<crate::ScheduleRow>> {
+        let (machine, name) = (machine.to_string(), name.to_string());
+        self.on_reader(move |c| schedule::pause(c, (&machine, &name), paused, next, now)).await
+    }
+
+    async fn schedule_running(&self, fire_id: &str) -> Result<bool> {
+        let fire_id = fire_id.to_string();
+        self.on_reader(move |c| schedule::running(c, &fire_id)).await
     }
 
     async fn feed_read(

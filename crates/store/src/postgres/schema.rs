@@ -23,6 +23,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("../../migrations/postgres/0013_bulk.sql")),
     (14, include_str!("../../migrations/postgres/0014_feed.sql")),
     (15, include_str!("../../migrations/postgres/0015_entered.sql")),
+    (16, include_str!("../../migrations/postgres/0016_schedules.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if

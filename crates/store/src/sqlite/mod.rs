@@ -20,6 +20,7 @@ mod dialect;
 mod feed;
 mod prune;
 mod read;
+mod schedule;
 mod schema;
 mod sets;
 
@@ -318,6 +319,47 @@ impl Store for SqliteStore {
     async fn bulk_cancel(&self, request_id: &str, now: Millis) -> Result<Option<crate::BulkRow>> {
         let request_id = request_id.to_string();
         self.on_writer(move |c| bulk::cancel(c, &request_id, now).map_err(db_err)).await
+    }
+
+    async fn schedule_list(&self) -> Result<Vec<crate::ScheduleRow>> {
+        self.on_reader(move |c| schedule::list(c).map_err(db_err)).await
+    }
+
+    async fn schedule_sync(&self, row: crate::ScheduleRow) -> Result<crate::ScheduleRow> {
+        self.on_writer(move |c| schedule::sync(c, &row).map_err(db_err)).await
+    }
+
+    async fn schedule_claim(
+        &self,
+        machine: &str,
+        name: &str,
+        owner: &str,
+        now: Millis,
+        lease_until: Millis,
+    ) -> Result<Option<crate::ScheduleRow>> {
+        let (machine, name, owner) = (machine.to_string(), name.to_string(), owner.to_string());
+        self.on_writer(move |c| schedule::claim(c, (&machine, &name), &owner, now, lease_until).map_err(db_err)).await
+    }
+
+    async fn schedule_advance(&self, advance: crate::ScheduleAdvance) -> Result<bool> {
+        self.on_writer(move |c| schedule::advance(c, &advance).map_err(db_err)).await
+    }
+
+    async fn schedule_pause(
+        &self,
+        machine: &str,
+        name: &str,
+        paused: bool,
+        next: (Millis, Millis),
+        now: Millis,
+    ) -> Result<Option<crate::ScheduleRow>> {
+        let (machine, name) = (machine.to_string(), name.to_string());
+        self.on_writer(move |c| schedule::pause(c, (&machine, &name), paused, next, now).map_err(db_err)).await
+    }
+
+    async fn schedule_running(&self, fire_id: &str) -> Result<bool> {
+        let fire_id = fire_id.to_string();
+        self.on_reader(move |c| schedule::running(c, &fire_id).map_err(db_err)).await
     }
 
     async fn feed_read(

@@ -23,6 +23,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("../../migrations/sqlite/0013_bulk.sql")),
     (14, include_str!("../../migrations/sqlite/0014_feed.sql")),
     (15, include_str!("../../migrations/sqlite/0015_entered.sql")),
+    (16, include_str!("../../migrations/sqlite/0016_schedules.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.
