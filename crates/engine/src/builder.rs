@@ -121,12 +121,20 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 task: std::sync::Mutex::new(Some(task)),
                 bulk: Arc::new(tokio::sync::Notify::new()),
                 bulk_progress: tokio::sync::Notify::new(),
+                schedules: Arc::new(tokio::sync::Notify::new()),
             }),
         };
         // An engine that processes work also runs bulk operations.
         if runs_bulk {
             let inner = Arc::downgrade(&engine.inner);
-            tokio::spawn(crate::bulk::run(inner, bulk_owner, bulk_lease, bulk_poll));
+            tokio::spawn(crate::bulk::run(inner, bulk_owner.clone(), bulk_lease, bulk_poll));
+            // ... and fires the schedules of the machines it serves.
+            if engine.inner.registry.machines.values().any(|m| !m.schedules().is_empty()) {
+                // Stored before `start` returns: a schedule counts its fires from then.
+                crate::schedules::sync(&engine).await?;
+                let inner = Arc::downgrade(&engine.inner);
+                tokio::spawn(crate::schedules::run(inner, bulk_owner));
+            }
         }
         Ok(engine)
     }

@@ -52,6 +52,8 @@ pub(crate) struct Inner<S> {
     pub(crate) bulk: Arc<tokio::sync::Notify>,
     /// Pulsed when a page of a bulk operation was written (callers of `bulk_wait`).
     pub(crate) bulk_progress: tokio::sync::Notify,
+    /// Wakes the schedules' task (a schedule was paused or resumed).
+    pub(crate) schedules: Arc<tokio::sync::Notify>,
 }
 
 /// How far one subscription of an entity is from firing (see

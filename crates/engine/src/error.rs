@@ -10,6 +10,14 @@ pub enum Error {
     /// The machine is not registered with this engine.
     #[error("unknown machine `{0}`")]
     UnknownMachine(String),
+    /// The machine declares no schedule of this name.
+    #[error("machine `{machine}` has no schedule `{name}`")]
+    UnknownSchedule {
+        /// Machine.
+        machine: String,
+        /// The schedule's name.
+        name: String,
+    },
     /// No entity with this machine and key.
     #[error("no entity `{key}` of machine `{machine}`")]
     NotFound {

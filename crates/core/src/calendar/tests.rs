@@ -281,3 +281,14 @@ fn schedules_load_from_toml_round_trip_and_name_what_is_wrong() {
         bad("cron = \"0 3 * * *\"\nraise = \"backup\"\nin = [\"ready\"]\njitter = \"soon\"").contains("schedule `s`")
     );
 }
+
+#[test]
+fn a_creating_schedule_fires_on_time() {
+    let mut def = CalendarDef { name: "hourly".into(), cron: "0 * * * *".into(), ..CalendarDef::default() };
+    def.create = Some(CalendarCreate::default());
+    def.overlap = Some("skip".into());
+    let c = Calendar::from_def(&def).unwrap();
+    let t = at("2026-01-01T01:00:00Z");
+    let s = step(&c, "skip", Progress { next_fire: t, buffered: None }, false, t + 1);
+    assert_eq!(s.fires, [t]);
+}
