@@ -9,9 +9,11 @@
 
 mod bulk;
 mod feed;
+mod schedule;
 
 pub use bulk::{Bulk, BulkDryRun, BulkFilter, BulkList, BulkRequest};
 pub use feed::Change;
+pub use schedule::{Schedule, ScheduleList};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -72,6 +74,24 @@ pub struct Entity {
     /// Events queued in its inbox, in processing order (single-entity reads only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub inbox: Option<Vec<QueuedEvent>>,
+    /// The calendar schedules that reach it in its state, with their next fires
+    /// (single-entity reads only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub next_fires: Option<Vec<NextFire>>,
+}
+
+/// A calendar schedule's next fire on an entity its states reach.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NextFire {
+    /// The schedule.
+    pub schedule: String,
+    /// What it does (`raise EVENT in [STATES]`).
+    pub does: String,
+    /// When it next fires (ms; null when paused, not stored yet, or none to come).
+    pub at: Option<i64>,
+    /// Paused by an operator.
+    pub paused: bool,
 }
 
 /// An operator command as offered for an entity now.
@@ -674,6 +694,7 @@ mod from_store {
                 commands: None,
                 last_error: None,
                 inbox: None,
+                next_fires: None,
             }
         }
     }
@@ -799,9 +820,10 @@ mod tests {
             commands: None,
             last_error: None,
             inbox: None,
+            next_fires: None,
         };
         let v = serde_json::to_value(&e).unwrap();
-        for absent in ["permitted_events", "lease_until", "recent_errors", "inbox"] {
+        for absent in ["permitted_events", "lease_until", "recent_errors", "inbox", "next_fires"] {
             assert!(v.get(absent).is_none(), "{absent} in {v}");
         }
         let back: Entity = serde_json::from_value(v).unwrap();

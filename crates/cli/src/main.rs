@@ -15,6 +15,7 @@ mod print;
 mod prune;
 mod remote;
 mod report;
+mod schedules;
 mod serve;
 mod simulate;
 mod telemetry;
@@ -256,6 +257,15 @@ enum Command {
         #[command(subcommand)]
         command: bulk::BulkCommand,
     },
+    /// Calendar schedules (`[schedules.NAME]` in a machine): each with its next fire and
+    /// counts of fires fired, missed (no engine ran) and skipped (the last still ran);
+    /// pause and resume.
+    #[command(after_help = "Examples:\n  settle --machines examples/machines schedules\n  \
+                            settle --server http://127.0.0.1:7400 schedules pause db nightly_backup")]
+    Schedules {
+        #[command(subcommand)]
+        command: Option<schedules::ScheduleCommand>,
+    },
     /// An entity's predecessors (the entities it reports to, e.g. the parent that created
     /// it) and successors (those it created, whose states its subscriptions watch), with
     /// their states, and how far each subscription valid in its state is from firing.
@@ -481,6 +491,9 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         Command::Create(args) => runtime()?.block_on(operate::create(&db_path(&cli.db), &machines()?, args)),
         Command::Raise(args) => runtime()?.block_on(operate::raise(&db_path(&cli.db), &machines()?, args)),
         Command::Bulk { command } => runtime()?.block_on(bulk::local(&db_path(&cli.db), &machines()?, command)),
+        Command::Schedules { command } => {
+            runtime()?.block_on(schedules::local(&db_path(&cli.db), &machines()?, command))
+        }
         Command::Check(args) => runtime()?.block_on(operate::check(&db_path(&cli.db), &machines()?, args)),
         Command::Prune(args) => runtime()?.block_on(prune::run(&db_path(&cli.db), &machines()?, args)),
         Command::Ops { outcome, limit, json } => {
@@ -553,6 +566,7 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
         Command::Create(args) => Box::pin(remote::create(c, args)),
         Command::Raise(args) => Box::pin(remote::raise(c, args)),
         Command::Bulk { command } => Box::pin(bulk::remote(c, command)),
+        Command::Schedules { command } => Box::pin(schedules::remote(c, command)),
         Command::Check(args) => Box::pin(remote::check(c, args)),
         Command::Op { request_id, json } => Box::pin(async move { remote::operation(c, &request_id, json).await }),
         Command::Related { machine, key, json } => {
@@ -592,6 +606,7 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         | Command::Create(_)
         | Command::Raise(_)
         | Command::Bulk { .. }
+        | Command::Schedules { .. }
         | Command::Check(_)
         | Command::Pause(_)
         | Command::Resume(_)

@@ -162,6 +162,14 @@ pub fn entity(e: &Entity, detail: Option<&Detail>, as_json: bool) {
         Some(due) => println!("due:        {}", fmt_time(due)),
         None => println!("due:        nothing pending"),
     }
+    for f in e.next_fires.iter().flatten() {
+        let when = match (f.paused, f.at) {
+            (true, _) => "paused".to_string(),
+            (false, Some(t)) => format!("next {}", fmt_time(t)),
+            (false, None) => "no fire to come".to_string(),
+        };
+        println!("schedule:   {} {when} ({})", f.schedule, f.does);
+    }
     if let Some(owner) = &e.lease_owner {
         match detail {
             Some(d) => println!("lease:      {owner} until {}", d.lease_until.map(fmt_time).unwrap_or_default()),

@@ -33,10 +33,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 pub use settle_api::{
     Bulk, BulkDryRun, BulkFilter, BulkRequest, CompleteRequest, Entity, EntityPage, EventCheck, FailRequest,
-    HistoryEntry, NextTasks, Operation, OperationTrace, Outcome, QueuedEvent, Related, ReportCreate, ReportMany,
-    ReportRaise, ReportResult, ReportsHandled, Task, TaskReport, Verdict, Why, WhyStep,
+    HistoryEntry, NextFire, NextTasks, Operation, OperationTrace, Outcome, QueuedEvent, Related, ReportCreate,
+    ReportMany, ReportRaise, ReportResult, ReportsHandled, Schedule, Task, TaskReport, Verdict, Why, WhyStep,
 };
-use settle_api::{BulkList, Leased, OperationList};
+use settle_api::{BulkList, Leased, OperationList, ScheduleList};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -484,6 +484,17 @@ impl Client {
     /// Cancels a running bulk operation; the operation afterwards.
     pub async fn bulk_cancel(&self, request_id: &str) -> Result<Bulk, Error> {
         self.post(&format!("/v1/bulk/{}/cancel", seg(request_id)), &json!({})).await
+    }
+
+    /// Every calendar schedule of the served machines, with its progress.
+    pub async fn schedules(&self) -> Result<Vec<Schedule>, Error> {
+        Ok(self.get::<ScheduleList>("/v1/schedules").await?.items)
+    }
+
+    /// Pauses (`true`) or resumes a schedule; the schedule afterwards.
+    pub async fn schedule_pause(&self, machine: &str, name: &str, paused: bool) -> Result<Schedule, Error> {
+        let verb = if paused { "pause" } else { "resume" };
+        self.post(&format!("/v1/schedules/{}/{}/{verb}", seg(machine), seg(name)), &json!({})).await
     }
 
     /// Why the entity failed, down to the first cause (`GET …/why`).

@@ -125,13 +125,16 @@ impl<S: Store + Clone> EngineBuilder<S> {
             }),
         };
         // An engine that processes work also runs bulk operations.
+        // Schedules are stored before `start` returns (a new one counts its fires from
+        // then), by any engine; one that processes work also fires them.
+        let scheduled = engine.inner.registry.machines.values().any(|m| !m.schedules().is_empty());
+        if scheduled {
+            crate::schedules::sync(&engine).await?;
+        }
         if runs_bulk {
             let inner = Arc::downgrade(&engine.inner);
             tokio::spawn(crate::bulk::run(inner, bulk_owner.clone(), bulk_lease, bulk_poll));
-            // ... and fires the schedules of the machines it serves.
-            if engine.inner.registry.machines.values().any(|m| !m.schedules().is_empty()) {
-                // Stored before `start` returns: a schedule counts its fires from then.
-                crate::schedules::sync(&engine).await?;
+            if scheduled {
                 let inner = Arc::downgrade(&engine.inner);
                 tokio::spawn(crate::schedules::run(inner, bulk_owner));
             }

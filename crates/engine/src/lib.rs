@@ -58,5 +58,5 @@ pub use feed::FeedWatch;
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
 pub use narrow::{NARROW_FIELDS, Narrow, NarrowText, error_group, error_matches, keeps, newest_errors};
 pub use prune::PruneReport;
-pub use schedules::{ScheduleView, describe_fire};
+pub use schedules::{ScheduleView, describe_fire, views as schedule_views};
 pub use settle_store::{Clock, Command, ManualClock, RunStatus, SharedClock, SystemClock};

@@ -17,6 +17,7 @@
 //! | `settle_engine_batch_ops` | histogram | |
 //! | `settle_engine_inflight_entities` | gauge | |
 //! | `settle_engine_pending_entities` | gauge | (entities with work scheduled) |
+//! | `settle_engine_schedule_refused_total` | counter | machine, schedule (fires whose request was refused) |
 
 pub(crate) fn transition(machine: &str, from: &str, to: &str) {
     metrics::counter!("settle_engine_transitions_total", "machine" => machine.to_string(), "from" => from.to_string(), "to" => to.to_string())

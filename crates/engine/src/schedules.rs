@@ -18,6 +18,7 @@ use std::sync::Weak;
 use std::time::Duration;
 
 use serde_json::json;
+use settle_core::Machine;
 use settle_core::calendar::{self, Calendar, Fire, Overlap, Progress};
 use settle_core::time::format_time;
 use settle_store::{Millis, ScheduleAdvance, ScheduleRow, Store};
@@ -62,26 +63,32 @@ pub fn describe_fire(cal: &Calendar) -> String {
     }
 }
 
+/// The schedules `machines` declare, by machine and name, each with its row of `rows`.
+pub fn views(machines: &[&Machine], rows: &[ScheduleRow]) -> Vec<ScheduleView> {
+    let mut machines = machines.to_vec();
+    machines.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut views = Vec::new();
+    for m in machines {
+        for cal in m.schedules() {
+            let row = rows.iter().find(|r| r.machine == m.name().as_str() && r.name == cal.name()).cloned();
+            views.push(ScheduleView {
+                machine: m.name().to_string(),
+                name: cal.name().to_string(),
+                cron: cal.describe(),
+                does: describe_fire(cal),
+                row,
+            });
+        }
+    }
+    views
+}
+
 impl<S: Store + Clone> Engine<S> {
     /// The schedules of the machines this engine knows, with their stored progress.
     pub async fn schedules(&self) -> Result<Vec<ScheduleView>> {
         let rows = self.inner.store.schedule_list().await?;
-        let mut machines: Vec<_> = self.inner.registry.machines.values().cloned().collect();
-        machines.sort_by(|a, b| a.name().cmp(b.name()));
-        let mut views = Vec::new();
-        for m in &machines {
-            for cal in m.schedules() {
-                let row = rows.iter().find(|r| r.machine == m.name().as_str() && r.name == cal.name()).cloned();
-                views.push(ScheduleView {
-                    machine: m.name().to_string(),
-                    name: cal.name().to_string(),
-                    cron: cal.describe(),
-                    does: describe_fire(cal),
-                    row,
-                });
-            }
-        }
-        Ok(views)
+        let machines: Vec<&Machine> = self.inner.registry.machines.values().map(|m| m.as_ref()).collect();
+        Ok(views(&machines, &rows))
     }
 
     /// Pauses schedule `name` of `machine` (nothing fires until it is resumed), or resumes
@@ -173,8 +180,6 @@ async fn pass<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
         let Some(cal) = m.schedule(&row.name).filter(|_| engine.inner.registry.serves(&row.machine)) else {
             continue;
         };
-        metrics::gauge!("settle_schedule_next_fire_seconds", "machine" => row.machine.clone(), "schedule" => row.name.clone())
-            .set(row.next_fire as f64 / 1000.0);
         if row.paused {
             continue;
         }
@@ -215,10 +220,6 @@ async fn decide<S: Store + Clone>(
     for &instant in &step.fires {
         fire(engine, machine, cal, instant).await?;
     }
-    let labels = [("machine", machine.to_string()), ("schedule", cal.name().to_string())];
-    metrics::counter!("settle_schedule_fires_total", &labels).increment(step.fires.len() as u64);
-    metrics::counter!("settle_schedule_missed_total", &labels).increment(step.missed);
-    metrics::counter!("settle_schedule_skipped_total", &labels).increment(step.skipped);
     if step.missed > 0 || step.skipped > 0 {
         tracing::info!(
             machine,
@@ -298,7 +299,7 @@ async fn fire<S: Store + Clone>(engine: &Engine<S>, machine: &str, cal: &Calenda
 
 fn refused(machine: &str, cal: &Calendar, id: &str, why: &str) -> Result<()> {
     tracing::warn!(machine, schedule = cal.name(), fire = id, error = why, "a schedule's fire was refused");
-    metrics::counter!("settle_schedule_refused_total", "machine" => machine.to_string(), "schedule" => cal.name().to_string())
+    metrics::counter!("settle_engine_schedule_refused_total", "machine" => machine.to_string(), "schedule" => cal.name().to_string())
         .increment(1);
     Ok(())
 }

@@ -55,6 +55,8 @@ mod feed_tests;
 #[cfg(test)]
 mod narrow_tests;
 #[cfg(test)]
+mod schedules_tests;
+#[cfg(test)]
 mod security_tests;
 #[cfg(test)]
 mod testkit;

@@ -50,6 +50,50 @@ pub(crate) fn state_path(machines: &[&Machine], machine: &str, state: &str) -> S
     }
 }
 
+/// The schedules' progress as stored (the same on every instance): the next fire, counts
+/// of fires fired, missed and skipped, and whether each is paused.
+pub fn schedules_text(views: &[settle_engine::ScheduleView]) -> String {
+    let mut out = String::new();
+    if views.is_empty() {
+        return out;
+    }
+    let rows: Vec<(String, &settle_store::ScheduleRow)> = views
+        .iter()
+        .filter_map(|v| {
+            let labels = format!("machine=\"{}\",schedule=\"{}\"", label(&v.machine), label(&v.name));
+            v.row.as_ref().map(|r| (labels, r))
+        })
+        .collect();
+    header(
+        &mut out,
+        "settle_schedule_next_fire_timestamp_seconds",
+        "gauge",
+        "When each schedule next fires (Unix time).",
+    );
+    for (l, r) in &rows {
+        if r.next_at != i64::MAX {
+            let _ = writeln!(out, "settle_schedule_next_fire_timestamp_seconds{{{l}}} {}", r.next_at as f64 / 1000.0);
+        }
+    }
+    type Count = fn(&settle_store::ScheduleRow) -> u64;
+    let counts: [(&str, &str, Count); 3] = [
+        ("settle_schedule_fires_total", "Fires fired.", |r| r.fired),
+        ("settle_schedule_missed_total", "Fires missed while no engine ran, beyond the catch-up policy.", |r| r.missed),
+        ("settle_schedule_skipped_total", "Fires not fired because the previous one still ran.", |r| r.skipped),
+    ];
+    for (name, help, count) in counts {
+        header(&mut out, name, "counter", help);
+        for (l, r) in &rows {
+            let _ = writeln!(out, "{name}{{{l}}} {}", count(r));
+        }
+    }
+    header(&mut out, "settle_schedule_paused", "gauge", "1 while an operator has paused the schedule.");
+    for (l, r) in &rows {
+        let _ = writeln!(out, "settle_schedule_paused{{{l}}} {}", u8::from(r.paused));
+    }
+    out
+}
+
 /// The snapshot in the Prometheus text exposition format (version 0.0.4). `machines`
 /// give each state's path (a label beside the leaf state).
 pub fn store_text(m: &MetricsSnapshot, machines: &[&Machine]) -> String {

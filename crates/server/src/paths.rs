@@ -66,3 +66,13 @@ pub struct BulkPath {
     /// the bulk operation's request id
     pub id: String,
 }
+
+/// `/v1/schedules/{machine}/{name}…`
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SchedulePath {
+    /// the machine
+    pub machine: String,
+    /// the schedule's name
+    pub name: String,
+}

@@ -67,6 +67,8 @@ kinds! {
     UnknownOperation => (NOT_FOUND, "unknown-operation", "unknown operation"),
     /// No bulk operation with that request id.
     UnknownBulk => (NOT_FOUND, "unknown-bulk", "unknown bulk operation"),
+    /// The machine declares no schedule of that name.
+    UnknownSchedule => (NOT_FOUND, "unknown-schedule", "unknown schedule"),
     /// A bulk operation that cannot run as asked (no criterion, an unknown machine, state,
     /// status or event, no reason, a rate out of range); `field` names the part.
     InvalidBulk => (UNPROCESSABLE_ENTITY, "invalid-bulk", "invalid bulk operation"),
@@ -319,6 +321,11 @@ impl From<settle_engine::Error> for Problem {
             .with("request_id", request_id.clone())
             .with("operation", crate::operation_location(&request_id)),
             E::Stopped => Problem::new(Kind::Unavailable, "the engine is shutting down"),
+            E::UnknownSchedule { machine, name } => {
+                Problem::new(Kind::UnknownSchedule, format!("machine `{machine}` has no schedule `{name}`"))
+                    .with("machine", machine)
+                    .with("name", name)
+            }
             E::Bulk(message) => {
                 const CRITERIA: [&str; 5] = ["machine", "state", "status", "prefix", "health"];
                 let field = message.split_once(':').map(|(f, _)| f).filter(|f| {

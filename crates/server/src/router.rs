@@ -16,7 +16,9 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::{self, Access};
 use crate::problem::{Kind, Problem};
-use crate::routes::{bulk, entities, events, feed, lifecycle, machines, operations, overview, queues, system};
+use crate::routes::{
+    bulk, entities, events, feed, lifecycle, machines, operations, overview, queues, schedules, system,
+};
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -36,6 +38,7 @@ use crate::state::AppState;
         (name = "events", description = "raise events on entities"),
         (name = "lifecycle", description = "operator commands on an entity's run status"),
         (name = "bulk", description = "one command or event for every entity matching a filter, as one durable operation"),
+        (name = "schedules", description = "calendar schedules: next fires, counts, pause and resume"),
         (name = "operations", description = "what requests set in motion"),
         (name = "overview", description = "the fleet at a glance"),
         (name = "feed", description = "changes as they commit: server-sent events, resumable by id"),
@@ -72,6 +75,8 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(lifecycle::write(), Access::Write))
         .merge(guard(bulk::read(), Access::Read))
         .merge(guard(bulk::write(), Access::Write))
+        .merge(guard(schedules::read(), Access::Read))
+        .merge(guard(schedules::write(), Access::Write))
         .merge(guard(operations::read(), Access::Read))
         .merge(guard(overview::read(), Access::Read))
         .merge(guard(feed::read(), Access::Read))

@@ -15,7 +15,7 @@ use crate::contract::{CURSOR, HEALTH, RUN_STATUS, SORT};
 use crate::extract::{IdempotencyKey, JsonBody, Path, Query};
 use crate::model::{
     CommandOffer, CreateEntity, Entity, EntityPage, EntityQuery, ErrorEntry, ErrorGroup, ErrorGroupQuery, ErrorGroups,
-    HistoryEntry, QueuedEvent, Related, Timer, Total, Why,
+    HistoryEntry, NextFire, QueuedEvent, Related, Timer, Total, Why,
 };
 use crate::paths::{EntityPath, MachinePath};
 use crate::problem::{Kind, Problem};
@@ -382,7 +382,36 @@ async fn get(
         s.engine().store().inbox_list(e.id).await.map_err(|err| Problem::new(Kind::Internal, err.to_string()))?;
     entity.inbox =
         Some(inbox.into_iter().map(|i| QueuedEvent { event: i.event.to_string(), params: i.params }).collect());
+    entity.next_fires = Some(next_fires(&s, m, &e.state).await?);
     Ok(Json(entity))
+}
+
+/// The raising schedules of `m` whose states hold an entity in `state`, with their next
+/// fires (the schedules' rows are read only when there is one).
+async fn next_fires(s: &AppState, m: &settle_core::Machine, state: &str) -> Result<Vec<NextFire>, Problem> {
+    let reaching: Vec<&settle_core::calendar::Calendar> = m
+        .schedules()
+        .iter()
+        .filter(|c| {
+            matches!(&c.fire, settle_core::calendar::Fire::Raise { states, .. } if states.iter().any(|st| m.is_in(state, st)))
+        })
+        .collect();
+    if reaching.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = s.engine().store().schedule_list().await.map_err(|err| Problem::new(Kind::Internal, err.to_string()))?;
+    Ok(reaching
+        .into_iter()
+        .map(|c| {
+            let row = rows.iter().find(|r| r.machine == m.name().as_str() && r.name == c.name());
+            NextFire {
+                schedule: c.name().to_string(),
+                does: settle_engine::describe_fire(c),
+                at: row.filter(|r| !r.paused && r.next_at != i64::MAX).map(|r| r.next_at),
+                paused: row.is_some_and(|r| r.paused),
+            }
+        })
+        .collect())
 }
 
 /// An entity's transition history, oldest first (also of a deleted entity: the audit

@@ -12,6 +12,7 @@ pub mod operations;
 pub mod overview;
 pub mod queues;
 mod report;
+pub mod schedules;
 pub mod system;
 
 use settle_core::StateKind;
