@@ -261,7 +261,7 @@ enum Command {
     /// counts of fires fired, missed (no engine ran) and skipped (the last still ran);
     /// pause and resume.
     #[command(after_help = "Examples:\n  settle --machines examples/machines schedules\n  \
-                            settle --server http://127.0.0.1:7400 schedules pause db nightly_backup")]
+                            settle --server http://127.0.0.1:7400 schedules pause backup nightly")]
     Schedules {
         #[command(subcommand)]
         command: Option<schedules::ScheduleCommand>,

@@ -21,7 +21,7 @@ pub enum ScheduleCommand {
         json: bool,
     },
     /// Pause a schedule: nothing fires until it is resumed.
-    #[command(after_help = "Example:\n  settle schedules pause db nightly_backup")]
+    #[command(after_help = "Example:\n  settle schedules pause backup nightly")]
     Pause {
         /// Its machine.
         machine: String,
@@ -29,7 +29,7 @@ pub enum ScheduleCommand {
         name: String,
     },
     /// Resume a paused schedule from its next fire after now.
-    #[command(after_help = "Example:\n  settle schedules resume db nightly_backup")]
+    #[command(after_help = "Example:\n  settle schedules resume backup nightly")]
     Resume {
         /// Its machine.
         machine: String,

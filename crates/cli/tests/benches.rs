@@ -165,6 +165,29 @@ fn dormant_on_postgres() {
     check_dormant(&url);
 }
 
+/// `bench schedule`, small: every entity takes the fire's event once; the fire's lateness
+/// and the idle RSS are reported.
+fn check_schedule(db: &str) {
+    let v = bench(db, &["schedule", "--entities", "3000", "--lead", "3s"]);
+    assert_eq!((v["entities"].as_u64(), v["ticked"].as_u64()), (Some(3000), Some(3000)), "{v}");
+    for field in ["fire_late_ms", "all_ticked_after_ms"] {
+        assert!(v[field].as_i64().is_some_and(|ms| ms >= 0), "{field}: {v}");
+    }
+    assert!(v["rss_idle_mb"].as_f64().is_some_and(|mb| mb >= 0.0), "{v}");
+}
+
+#[test]
+fn schedule_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    check_schedule(dir.path().join("schedule.db").to_str().unwrap());
+}
+
+#[test]
+fn schedule_on_postgres() {
+    let Some(url) = settle_store::postgres::test_url("bench_schedule") else { return };
+    check_schedule(&url);
+}
+
 /// `bench soak`, small: every workflow runs (a server with four resources, created then
 /// deleted), the checkpoints say what the issue asks of them, and once the last retention
 /// passes a round of pruning leaves no entity behind (on SQLite, at most the newest).

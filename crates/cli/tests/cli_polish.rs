@@ -159,12 +159,15 @@ fn every_command_s_help_ends_with_an_example() {
         assert!(listed.iter().any(|c| c == expected), "`{expected}` in {listed:?}");
     }
     let bench = commands(&local(&db, &["bench", "--help"]));
-    assert_eq!(bench, ["chain", "fanout", "timers", "agents", "fleet", "dormant", "soak", "bulk"]);
+    assert_eq!(bench, ["chain", "fanout", "timers", "agents", "fleet", "dormant", "soak", "bulk", "schedule"]);
     let bulk = commands(&local(&db, &["bulk", "--help"]));
     assert_eq!(bulk, ["run", "show", "list", "cancel"]);
+    let schedules = commands(&local(&db, &["schedules", "--help"]));
+    assert_eq!(schedules, ["list", "pause", "resume"]);
     let mut all: Vec<Vec<String>> = listed.iter().map(|c| vec![c.clone()]).collect();
     all.extend(bench.iter().map(|b| vec!["bench".to_string(), b.clone()]));
     all.extend(bulk.iter().map(|b| vec!["bulk".to_string(), b.clone()]));
+    all.extend(schedules.iter().map(|b| vec!["schedules".to_string(), b.clone()]));
     all.push(vec!["workload".into()]); // hidden, but it has one too
     for path in all {
         let mut args: Vec<&str> = path.iter().map(String::as_str).collect();

@@ -9,6 +9,7 @@
 //! - [`step`]: the step function the runtime consults for each event and action outcome;
 //! - [`fault`]: fault policies, turning an entity's errors into backoff or parking;
 //! - [`retention`]: how long ended entities, operations, tasks and counts are kept;
+//! - [`calendar`]: calendar schedules, their cron expressions and zones, and what fires when;
 //! - [`upgrade`]: whether stored entities fit a new definition, and where they move;
 //! - [`graph`]: Mermaid and DOT diagrams;
 //! - [`svg`]: SVG diagrams, with a layered layout of their own (for the dashboard).

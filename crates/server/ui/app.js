@@ -539,6 +539,7 @@ function entity(main, r) {
       </div>
       <div>
         <h2>Queued events</h2><div id="inbox"></div>
+        <h2>Schedules reaching it</h2><div id="next-fires"></div>
         <h2>Timers</h2><div id="timers"></div>
         <h2>Related entities</h2><div id="related"></div>
       </div>
@@ -620,6 +621,8 @@ function entity(main, r) {
       }
       setHtml($("#props"), e ? `<pre class="mono wrap" id="properties">${esc(JSON.stringify(e.properties, null, 2))}</pre>` : "–");
       setHtml($("#inbox"), simpleTable(["Event", "Parameters"], (e?.inbox || []).map((i) => [esc(i.event), `<code class="wrap">${esc(JSON.stringify(i.params))}</code>`]), "no events queued"));
+      setHtml($("#next-fires"), simpleTable(["Schedule", "Does", "Next fire"], (e?.next_fires || []).map((f) => [esc(f.schedule), esc(f.does),
+        f.paused ? "paused" : f.at ? `<span class="mono">${esc(fmtTime(f.at))}</span>` : "—"]), "no schedule reaches its state"));
       setHtml($("#timers"), simpleTable(["Timer", "Event", "Due", "Every"], timers.map((t) => [esc(t.name), esc(t.event), `${esc(fmtTime(t.due_at))} (${esc(ago(t.due_at))})`, t.every_ms ? `${t.every_ms / 1000}s` : "once"]), "no pending timers"));
       const rel = (label, list) => list.length ? `<p>${label}: ${list.slice(0, 50).map((x) => `<a href="${entityHref(x.machine, x.key)}">${esc(x.machine)}/${esc(x.key)}</a> <span class="sub">(${esc(x.state)})</span>`).join(", ")}${list.length > 50 ? ` … and ${list.length - 50} more` : ""}</p>` : "";
       setHtml($("#related"), (rel("Predecessors", related.predecessors) + rel("Successors", related.successors) +
@@ -949,14 +952,33 @@ function operation(main, r) {
 // ---- machines ------------------------------------------------------------------------------
 
 function machines(main) {
-  main.innerHTML = `<h1>Machines</h1><div class="scroll"><table id="machines-table"><thead><tr><th>Machine</th><th>Version</th><th class="num">States</th><th class="num">Events</th><th class="num">Entities</th><th>Kept after it ends</th></tr></thead><tbody id="rows"></tbody></table></div>`;
+  main.innerHTML = `<h1>Machines</h1><div class="scroll"><table id="machines-table"><thead><tr><th>Machine</th><th>Version</th><th class="num">States</th><th class="num">Events</th><th class="num">Entities</th><th>Kept after it ends</th></tr></thead><tbody id="rows"></tbody></table></div>
+    <h2>Schedules</h2><div class="scroll" id="schedules"></div>`;
+  // Pause and resume (operators): the schedule's row says which it is now.
+  $("#schedules").addEventListener("click", async (ev) => {
+    const b = ev.target.closest("button[data-schedule]");
+    if (!b) return;
+    const [m, n] = b.dataset.schedule.split("/");
+    try {
+      const r = await api(`/v1/schedules/${enc(m)}/${enc(n)}/${b.dataset.act}`, { method: "POST", body: {} });
+      flash(`schedule ${esc(m)}/${esc(n)}: ${r.paused ? "paused" : `next fire ${esc(fmtTime(r.next_at))}`}`);
+    } catch (err) {
+      flash(`<span>schedule ${esc(m)}/${esc(n)}: ${esc(err.message)}</span>`);
+    }
+    await app.page?.refresh();
+  });
   return {
     title: "Machines",
     async refresh() {
-      const [ms, o] = await Promise.all([servedMachines(), api("/v1/overview?window=1m")]);
+      const [ms, o, sched] = await Promise.all([servedMachines(), api("/v1/overview?window=1m"), api("/v1/schedules")]);
       const count = (name) => o.counts.filter((c) => c.machine === name).reduce((a, c) => a + c.count, 0);
       $("#rows").innerHTML = ms.map((m) => `<tr><td><a href="#/machine/${enc(m.name)}">${esc(m.name)}</a></td><td class="mono">${esc(m.hash.slice(0, 12))}</td>
         <td class="num">${m.states.length}</td><td class="num">${m.events.length}</td><td class="num">${count(m.name)}</td><td>${retentionText(m)}</td></tr>`).join("");
+      $("#schedules").innerHTML = simpleTable(["Schedule", "Cron", "Does", "Next fire", "Fired", "Missed", "Skipped", ""], sched.items.map((x) => [
+        `${esc(x.machine)}/${esc(x.name)}`, `<span class="mono">${esc(x.cron)}</span>`, esc(x.does),
+        x.paused ? "paused" : x.next_at ? `<span class="mono">${esc(fmtTime(x.next_at))}</span>` : "—",
+        String(x.fired), String(x.missed), String(x.skipped),
+        canWrite() ? `<button data-schedule="${esc(x.machine)}/${esc(x.name)}" data-act="${x.paused ? "resume" : "pause"}">${x.paused ? "Resume" : "Pause"}</button>` : ""]), "no schedules");
     },
   };
 }

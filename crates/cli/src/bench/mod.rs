@@ -9,6 +9,7 @@ mod bulk;
 mod dormant;
 mod fleet;
 mod measure;
+mod schedule;
 mod soak;
 
 pub(crate) use measure::{peak_rss_mb, proc_mb, round3, rss_mb};
@@ -64,6 +65,11 @@ pub enum Bench {
     /// operation to its end (after a crash).
     #[command(after_help = "Example:\n  settle --db bulk.db bench bulk --entities 100000 --json")]
     Bulk(bulk::BulkArgs),
+    /// A calendar schedule over a large fleet: N entities (100,000 by default) in a state a
+    /// schedule raises an event on; RSS while they wait for the fire (after an engine
+    /// restart), how late the fire starts, how long until every entity took its event.
+    #[command(after_help = "Example:\n  settle --db schedule.db bench schedule --entities 100000 --json")]
+    Schedule(schedule::ScheduleArgs),
 }
 
 /// Options of `settle bench agents`.
@@ -358,6 +364,10 @@ pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
         Bench::Bulk(args) => {
             let (path, _scratch) = bench_db(db);
             bulk::bulk(&path, args).await
+        }
+        Bench::Schedule(args) => {
+            let (path, _scratch) = bench_db(db);
+            schedule::schedule(&path, args).await
         }
     }
 }
