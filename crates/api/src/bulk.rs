@@ -53,6 +53,8 @@ pub struct BulkFilter {
 fn filter_from_stored(stored: &Value) -> BulkFilter {
     let mut v = stored.clone();
     if let Some(o) = v.as_object_mut() {
+        // A kill's cascade (the engine's own): its reason names the entity.
+        o.remove("successors_of");
         for (_, member) in o.iter_mut() {
             if let Some(ms) = member.as_i64() {
                 *member = Value::String(settle_core::time::format_time(ms));

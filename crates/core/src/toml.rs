@@ -143,6 +143,7 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
         initial: file.initial.as_ref().map(|i| i.get_ref().clone()),
         initial_origin: Origin { line: file.initial.as_ref().map(|i| line_of(text, i.span().start)) },
         properties: file.properties,
+        cascade: file.cascade,
         origin: Origin { line: Some(1) },
         ..MachineDef::default()
     };
@@ -472,6 +473,8 @@ struct FileToml {
     migrate: BTreeMap<Spanned<String>, String>,
     #[serde(default)]
     properties: Vec<String>,
+    #[serde(default)]
+    cascade: Vec<String>,
 }
 
 /// A TOML value as JSON (a declarative action's `set` and `raise` parameters).
@@ -814,7 +817,7 @@ mod tests {
         assert_eq!(
             errors("door", "naem = \"door\"\n"),
             [
-                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `schedules`, `fault`, `retention`, `migrate`, `properties`"
+                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `schedules`, `fault`, `retention`, `migrate`, `properties`, `cascade`"
             ]
         );
     }

@@ -49,6 +49,8 @@ pub struct Selection {
     pub health: Option<String>,
     /// What no index holds: a property expression, error text, time ranges.
     pub narrow: Narrow,
+    /// Only the successors of this entity (by id): a kill's cascade.
+    pub successors_of: Option<i64>,
 }
 
 impl Selection {
@@ -60,6 +62,7 @@ impl Selection {
             && self.prefix.is_none()
             && self.health.is_none()
             && self.narrow.is_empty()
+            && self.successors_of.is_none()
     }
 
     /// As stored: a JSON object of the criteria given.
@@ -71,6 +74,9 @@ impl Selection {
             }
         }
         self.narrow.to_json(&mut o);
+        if let Some(id) = self.successors_of {
+            o.insert("successors_of".into(), json!(id));
+        }
         Value::Object(o)
     }
 
@@ -85,6 +91,7 @@ impl Selection {
             prefix: get("prefix"),
             health: get("health"),
             narrow: Narrow::from_json(v)?,
+            successors_of: v.get("successors_of").and_then(Value::as_i64),
         })
     }
 
@@ -262,7 +269,7 @@ pub fn entity_request_id(request_id: &str, id: i64) -> String {
     format!("{request_id}/{id}")
 }
 
-impl<S: Store + Clone> Engine<S> {
+impl<S: Store> Engine<S> {
     fn machines(&self) -> Vec<Arc<Machine>> {
         self.inner.registry.machines.values().cloned().collect()
     }
@@ -274,6 +281,15 @@ impl<S: Store + Clone> Engine<S> {
         let machines: Vec<&Machine> = machines.iter().map(|m| m.as_ref()).collect();
         selection.check(&machines).map_err(Error::Bulk)?;
         let store = &self.inner.store;
+        if let Some(id) = selection.successors_of {
+            let rows = successors_after(store, id, None, u64::MAX).await?;
+            let rows: Vec<EntityRow> = rows.into_iter().filter(|e| keyed(selection, e)).collect();
+            return Ok(DryRun {
+                count: rows.len() as u64,
+                more: false,
+                sample: rows.into_iter().take(sample).collect(),
+            });
+        }
         if !selection.narrow.is_empty() {
             return self.bulk_count_each(selection, &machines, sample).await;
         }
@@ -457,7 +473,10 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
     let action = BulkAction::parse(&row.action, row.event.as_deref(), row.params.clone()).map_err(Error::Bulk)?;
     let after = row.cursor.as_deref().and_then(|c| c.parse::<i64>().ok());
     let limit = PAGE.min(u64::from(row.rate.max(1)));
-    let entities = engine.inner.store.entity_list(selection.filter(&refs, after, Some(limit))).await?;
+    let entities = match selection.successors_of {
+        Some(id) => successors_after(&engine.inner.store, id, after, limit).await?,
+        None => engine.inner.store.entity_list(selection.filter(&refs, after, Some(limit))).await?,
+    };
     let finished = (entities.len() as u64) < limit;
     let cursor = entities.last().map(|e| e.id.to_string()).or(row.cursor.clone());
     let (keeps, _) = engine.narrowed(&selection.narrow, &entities).await?;
@@ -509,6 +528,16 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
     crate::metrics::bulk_commanded(done, failed);
     engine.inner.bulk_progress.notify_waiters();
     Ok(())
+}
+
+/// The successors of entity `id` after id `after`, in id order, at most `limit` (an
+/// entity's successors are the few it created or joined: read at once).
+async fn successors_after<S: Store>(store: &S, id: i64, after: Option<i64>, limit: u64) -> Result<Vec<EntityRow>> {
+    let mut rows: Vec<EntityRow> =
+        store.successor_snapshot(id).await?.successors.into_iter().filter(|e| after.is_none_or(|a| e.id > a)).collect();
+    rows.sort_by_key(|e| e.id);
+    rows.truncate(limit.min(usize::MAX as u64) as usize);
+    Ok(rows)
 }
 
 /// One entity's command (or event) within bulk operation `request_id`.

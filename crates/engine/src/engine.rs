@@ -178,15 +178,46 @@ impl<S: Store> Engine<S> {
         let op = command_op(&self.inner.registry, machine, key, command, &request_id, reason)?;
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Command { op, reply })?;
-        match rx.await.map_err(|_| Error::Stopped)?? {
-            Some(entity) => Ok(Commanded { entity, request_id, replayed: false }),
+        let done = match rx.await.map_err(|_| Error::Stopped)?? {
+            Some(entity) => Commanded { entity, request_id, replayed: false },
             None => {
                 // The key was used before: for this same command, or it is refused.
                 self.same_request(&request_id, &format!("{machine}.{}", command.as_str()), machine, key).await?;
                 let entity = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
-                Ok(Commanded { entity, request_id, replayed: true })
+                Commanded { entity, request_id, replayed: true }
             }
+        };
+        if command == Command::Kill && self.inner.registry.machine(machine)?.cascades("kill") {
+            self.cascade_kill(&done, reason).await?;
         }
+        Ok(done)
+    }
+
+    /// A kill that cascades (`cascade = ["kill"]`): one bulk operation kills the entity's
+    /// successors (`{request id}/successors`, each `…/successors/{id}`; each of them
+    /// cascades in turn as its machine says). Started before the caller is answered, and
+    /// again (a replay) when the kill is: a crash before it started is mended by the
+    /// caller's retry with the same request id.
+    async fn cascade_kill(&self, killed: &Commanded, reason: Option<&str>) -> Result<()> {
+        let e = &killed.entity;
+        let snapshot = self.inner.store.successor_snapshot(e.id).await?;
+        if snapshot.successors.is_empty() {
+            return Ok(());
+        }
+        let req = crate::BulkRequest {
+            request_id: Some(format!("{}/successors", killed.request_id)),
+            action: crate::BulkAction::Command(Command::Kill),
+            selection: crate::Selection { successors_of: Some(e.id), ..crate::Selection::default() },
+            reason: format!(
+                "cascade: {}/{} killed{}",
+                e.machine,
+                e.key,
+                reason.map(|r| format!(" ({r})")).unwrap_or_default()
+            ),
+            rate: crate::bulk::MAX_RATE,
+        };
+        self.bulk_start(req).await?;
+        Ok(())
     }
 
     /// The operation opened with `request_id`.

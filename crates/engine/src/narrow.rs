@@ -256,7 +256,7 @@ pub async fn keeps<'m, S: Store>(
     Ok((keeps, errors))
 }
 
-impl<S: Store + Clone> Engine<S> {
+impl<S: Store> Engine<S> {
     /// The newest recorded error of each of `rows` that has one, by entity id.
     pub async fn newest_errors(&self, rows: &[EntityRow]) -> Result<HashMap<i64, ErrorRow>> {
         Ok(newest_errors(&self.inner.store, rows).await?)

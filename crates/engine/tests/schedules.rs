@@ -258,3 +258,58 @@ async fn a_paused_schedule_fires_nothing_and_resumes_from_its_next_fire() {
         e.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_schedule_keeps_its_wall_clock_time_across_daylight_saving_changes() {
+    for (_dir, store) in stores("schedule_dst").await {
+        // 2026-03-27T12:00Z; Paris moves its clocks forward on the 29th (02:00 → 03:00).
+        let start = settle_core::time::parse_time("2026-03-27T12:00:00Z", 0).unwrap();
+        let clock = ManualClock::new(start);
+        let m = MachineBuilder::new("db")
+            .state("ready")
+            .initial()
+            .event("backup", ["ready"], "copy")
+            .action("copy", ["ready"])
+            .schedule(CalendarDef {
+                name: "nightly".into(),
+                cron: "30 2 * * *".into(),
+                zone: Some("Europe/Paris".into()),
+                raise: Some("backup".into()),
+                valid_in: vec!["ready".into()],
+                ..CalendarDef::default()
+            })
+            .build()
+            .unwrap();
+        let e = engine(&store, &clock, vec![m]).await;
+        e.create("db", "d1", Default::default()).await.unwrap();
+        let mut fires = Vec::new();
+        for day in 1..=4 {
+            let fired = |n: u64| {
+                let e = e.clone();
+                move || {
+                    let e = e.clone();
+                    async move {
+                        view(&e, "db").await.row.is_some_and(|r| r.fired >= n)
+                            && e.bulk_list(10).await.unwrap().iter().all(|b| b.status != "running")
+                    }
+                }
+            };
+            settle_at(&clock, start + day * 86_400_000, fired(day as u64)).await;
+            // Each night's backup done before the next (`overlap = "skip"` would skip it).
+            e.wait_idle().await.unwrap();
+            fires.push(settle_core::time::format_time(view(&e, "db").await.row.unwrap().last_fire.unwrap()));
+        }
+        assert_eq!(
+            fires,
+            [
+                "2026-03-28T01:30:00.000Z", // 02:30 CET
+                "2026-03-29T01:00:00.000Z", // 02:30 does not exist that night: 03:00 CEST, the first instant after
+                "2026-03-30T00:30:00.000Z", // 02:30 CEST
+                "2026-03-31T00:30:00.000Z",
+            ]
+        );
+        assert_eq!(backups(&e, "db", "d1").await.len(), 4, "each night once");
+        assert_eq!(view(&e, "db").await.row.map(|r| (r.skipped, r.missed)), Some((0, 0)));
+        e.shutdown().await;
+    }
+}

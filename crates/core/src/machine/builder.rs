@@ -370,6 +370,16 @@ impl MachineBuilder {
         self
     }
 
+    /// Operator commands that reach an entity's successors too (`cascade = ["kill"]`).
+    pub fn cascade<I, S>(mut self, commands: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.def.cascade = commands.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Adds a calendar schedule (`[schedules.NAME]`), as declared; see [`crate::calendar`].
     pub fn schedule(mut self, schedule: super::def::CalendarDef) -> Self {
         self.def.schedules.push(schedule);

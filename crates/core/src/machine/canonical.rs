@@ -208,6 +208,9 @@ impl Machine {
             }
             machine["retention"] = Value::from(retention);
         }
+        if !self.cascade.is_empty() {
+            machine["cascade"] = self.cascade.iter().map(String::as_str).collect();
+        }
         if !self.properties.is_empty() {
             machine["properties"] = self.properties.iter().map(String::as_str).collect();
         }
@@ -438,6 +441,7 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
         .map(|(from, to)| Some(MigrateDef { from, to: to.as_str()?.to_string(), ..MigrateDef::default() }))
         .collect::<Option<_>>()?;
     def.properties = texts(v, "properties")?;
+    def.cascade = texts(v, "cascade")?;
     Some(def)
 }
 

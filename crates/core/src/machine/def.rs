@@ -422,6 +422,8 @@ pub struct MachineDef {
     /// Properties the machine's entities carry (`properties = [...]`): the names guards
     /// may read besides those of `requires` and declarative `set`.
     pub properties: Vec<String>,
+    /// Operator commands that reach an entity's successors too (`cascade = ["kill"]`).
+    pub cascade: Vec<String>,
     /// Where the machine was declared (file start).
     pub origin: Origin,
 }

@@ -406,6 +406,8 @@ pub struct Machine {
     pub(super) retention: Option<Retention>,
     /// Declared property names (`properties`).
     pub(super) properties: Vec<String>,
+    /// Commands that reach successors too (`cascade`).
+    pub(super) cascade: Vec<String>,
     /// Each state's parent, by index (the tree `tree.rs` walks).
     pub(super) parents: Vec<Option<usize>>,
     /// Whether any state has a parent (a flat machine skips the tree walks).
@@ -581,6 +583,7 @@ impl Machine {
             }),
             migrate: def.migrate.iter().map(|m| (StateName::new(&m.from), StateName::new(&m.to))).collect(),
             properties: def.properties.clone(),
+            cascade: def.cascade.clone(),
             nested: parents.iter().any(Option::is_some),
             parents,
         }
@@ -618,6 +621,11 @@ impl Machine {
     /// All timers in declaration order.
     pub fn timers(&self) -> &[Timer] {
         &self.timers
+    }
+    /// Whether the operator command `command` (`kill`) on an entity of this machine reaches
+    /// its successors too (`cascade`).
+    pub fn cascades(&self, command: &str) -> bool {
+        self.cascade.iter().any(|c| c == command)
     }
     /// All calendar schedules in declaration order.
     pub fn schedules(&self) -> &[Calendar] {

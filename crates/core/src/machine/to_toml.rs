@@ -58,6 +58,9 @@ impl Machine {
         let mut w = Writer::default();
         w.entry("name", string(self.name()));
         w.entry("initial", string(&self.initial_declared().name));
+        if !self.cascade.is_empty() {
+            w.entry("cascade", strings(&self.cascade));
+        }
         if !self.properties.is_empty() {
             w.entry("properties", strings(&self.properties));
         }

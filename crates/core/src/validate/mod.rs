@@ -213,6 +213,15 @@ impl<'a> Checker<'a> {
         self.duplicate_items("action", def.actions.iter().map(|a| (a.name.as_str(), a.origin)));
         self.duplicate_items("timer", def.timers.iter().map(|t| (t.name.as_str(), t.origin)));
         self.duplicate_items("schedule", def.schedules.iter().map(|t| (t.name.as_str(), t.origin)));
+        for c in &def.cascade {
+            if c != "kill" {
+                self.error(
+                    "machine",
+                    def.origin.line,
+                    format!("`cascade` names `{c}`: only `kill` reaches successors"),
+                );
+            }
+        }
         self.duplicate_entries("machine", def.origin.line, "properties", def.properties.iter().map(String::as_str));
         self.engine_properties("machine", def.origin.line, "properties", def.properties.iter().map(String::as_str));
         let deleted: Vec<&StateDef> = def.states.iter().filter(|s| s.kind == Some(StateKind::Deleted)).collect();
@@ -1059,5 +1068,22 @@ mod tests {
             .unwrap();
         let mapping: Vec<String> = ok.state_mapping().iter().map(|(old, new)| format!("{old} -> {new}")).collect();
         assert_eq!(mapping, ["gone -> busy", "waiting -> idle", "working -> busy"]);
+    }
+
+    #[test]
+    fn only_kill_cascades_and_it_is_part_of_the_version() {
+        let base = || MachineBuilder::new("m").state("idle").initial().kind(StateKind::Terminal);
+        let report = base().cascade(["kill", "pause"]).build().unwrap_err();
+        assert!(
+            report
+                .to_string()
+                .contains("error: machine `m`, machine: `cascade` names `pause`: only `kill` reaches successors\n")
+        );
+        let m = base().cascade(["kill"]).build().unwrap();
+        assert!(m.cascades("kill") && !m.cascades("pause"));
+        assert_ne!(m.content_hash(), base().build().unwrap().content_hash());
+        let back = crate::toml::load("m.toml", "m", &m.to_toml()).unwrap().0;
+        assert_eq!(back, m);
+        assert_eq!(crate::Machine::from_canonical_json(&m.canonical_json()).unwrap(), m);
     }
 }

@@ -50,6 +50,7 @@ pub fn selection(f: &BulkFilter, now: i64) -> Result<Selection, Problem> {
         prefix: f.prefix.clone(),
         health: f.health.clone(),
         narrow: crate::routes::narrow(text, now, Kind::InvalidBulk, "filter.")?,
+        successors_of: None,
     })
 }
 
