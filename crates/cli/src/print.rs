@@ -42,7 +42,7 @@ pub fn stderr_line(line: std::fmt::Arguments<'_>) {
 
 /// The entity's JSON line (`list --json`, `get --json`).
 pub fn entity_json(e: &Entity) -> Value {
-    json!({
+    let mut v = json!({
         "machine": e.machine,
         "key": e.key,
         "state": e.state,
@@ -55,7 +55,11 @@ pub fn entity_json(e: &Entity) -> Value {
         "lease_owner": e.lease_owner,
         "run_status": e.run_status,
         "sleep_until": e.sleep_until,
-    })
+    });
+    if let Some(fires) = &e.next_fires {
+        v["next_fires"] = serde_json::to_value(fires).unwrap_or_default();
+    }
+    v
 }
 
 fn history_json(h: &HistoryEntry) -> Value {
