@@ -56,7 +56,8 @@ pub fn entity_json(e: &Entity) -> Value {
         "run_status": e.run_status,
         "sleep_until": e.sleep_until,
     });
-    if let Some(fires) = &e.next_fires {
+    // Only the server knows them (its GET): shown when there are any.
+    if let Some(fires) = e.next_fires.as_ref().filter(|f| !f.is_empty()) {
         v["next_fires"] = serde_json::to_value(fires).unwrap_or_default();
     }
     v

@@ -247,7 +247,7 @@ impl Calendar {
     /// machine, the schedule and the instant.
     pub fn due(&self, machine: &str, instant: Millis) -> Millis {
         let j = self.jitter.as_millis() as u64;
-        if j == 0 {
+        if j == 0 || instant == Millis::MAX {
             return instant;
         }
         // FNV-1a: stable across processes and versions (the std hasher is neither).
@@ -255,7 +255,7 @@ impl Calendar {
         for b in machine.bytes().chain([0]).chain(self.def.name.bytes()).chain([0]).chain(instant.to_le_bytes()) {
             h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
         }
-        instant + (h % j) as Millis
+        instant.saturating_add((h % j) as Millis)
     }
 
     /// A one-line description: `0 3 * * * (Europe/Paris)`.

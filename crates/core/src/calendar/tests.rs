@@ -216,6 +216,8 @@ fn jitter_is_bounded_and_the_same_everywhere() {
     let s = step(&c, "vm", Progress { next_fire: t, buffered: None }, false, due);
     assert_eq!(s.fires, [t]);
     assert_eq!(fire_id("vm", "nightly", t), "schedule:vm:nightly:2026-11-27T03:00:00.000Z");
+    // No fire to come: never due, whatever the jitter.
+    assert_eq!(c.due("vm", Millis::MAX), Millis::MAX);
 }
 
 const VM: &str = r#"
