@@ -121,8 +121,8 @@ pub struct Bulk {
     pub action: String,
     /// The event raised, for `raise`.
     pub event: Option<String>,
-    /// The event's parameters.
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    /// The event's parameters (null: none, as for a command).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub params: Value,
     /// Which entities.
     pub filter: BulkFilter,

@@ -103,7 +103,10 @@ fn the_document_validates_the_server_keeps_it_and_a_generated_client_works() {
             .arg("run")
             .arg(&spec)
             .args(["--url", &base, "-H", &auth])
-            .args(["--checks", "all", "--max-examples", &examples, "--seed", "20261124"])
+            // A fixed seed: the same cases each run. (With 20261124 and the schedules'
+            // examples, hypothesis 6's target optimiser raised an IndexError of its own while
+            // fuzzing `GET …/errors`: a tool failure, not a finding.)
+            .args(["--checks", "all", "--max-examples", &examples, "--seed", "20261127"])
             // The change feed is a stream that ends only when the server stops: a tester
             // that reads whole bodies cannot check it (the server's `feed_tests` do).
             .args(["--exclude-operation-id", STREAM])
