@@ -383,6 +383,33 @@ impl<S: Store> Engine<S> {
         Ok((stored, new))
     }
 
+    /// A kill that cascades (`cascade = ["kill"]`): one bulk operation kills the entity's
+    /// successors (`{request id}/successors`, each `…/successors/{id}`; each of them
+    /// cascades in turn as its machine says). Started before the caller is answered, and
+    /// again (a replay) when the kill is: a crash before it started is mended by the
+    /// caller's retry with the same request id.
+    pub(crate) async fn cascade_kill(&self, killed: &crate::Commanded, reason: Option<&str>) -> Result<()> {
+        let e = &killed.entity;
+        let snapshot = self.inner.store.successor_snapshot(e.id).await?;
+        if snapshot.successors.is_empty() {
+            return Ok(());
+        }
+        let req = BulkRequest {
+            request_id: Some(format!("{}/successors", killed.request_id)),
+            action: BulkAction::Command(Command::Kill),
+            selection: Selection { successors_of: Some(e.id), ..Selection::default() },
+            reason: format!(
+                "cascade: {}/{} killed{}",
+                e.machine,
+                e.key,
+                reason.map(|r| format!(" ({r})")).unwrap_or_default()
+            ),
+            rate: MAX_RATE,
+        };
+        self.bulk_start(req).await?;
+        Ok(())
+    }
+
     /// The bulk operation `request_id`.
     pub async fn bulk_get(&self, request_id: &str) -> Result<Option<BulkRow>> {
         Ok(self.inner.store.bulk_get(request_id).await?)

@@ -193,33 +193,6 @@ impl<S: Store> Engine<S> {
         Ok(done)
     }
 
-    /// A kill that cascades (`cascade = ["kill"]`): one bulk operation kills the entity's
-    /// successors (`{request id}/successors`, each `…/successors/{id}`; each of them
-    /// cascades in turn as its machine says). Started before the caller is answered, and
-    /// again (a replay) when the kill is: a crash before it started is mended by the
-    /// caller's retry with the same request id.
-    async fn cascade_kill(&self, killed: &Commanded, reason: Option<&str>) -> Result<()> {
-        let e = &killed.entity;
-        let snapshot = self.inner.store.successor_snapshot(e.id).await?;
-        if snapshot.successors.is_empty() {
-            return Ok(());
-        }
-        let req = crate::BulkRequest {
-            request_id: Some(format!("{}/successors", killed.request_id)),
-            action: crate::BulkAction::Command(Command::Kill),
-            selection: crate::Selection { successors_of: Some(e.id), ..crate::Selection::default() },
-            reason: format!(
-                "cascade: {}/{} killed{}",
-                e.machine,
-                e.key,
-                reason.map(|r| format!(" ({r})")).unwrap_or_default()
-            ),
-            rate: crate::bulk::MAX_RATE,
-        };
-        self.bulk_start(req).await?;
-        Ok(())
-    }
-
     /// The operation opened with `request_id`.
     pub async fn operation(&self, request_id: &str) -> Result<Option<OperationRow>> {
         Ok(self.inner.store.operation_get(request_id).await?)
