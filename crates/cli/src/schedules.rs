@@ -87,7 +87,7 @@ pub async fn local(db: &str, machines: &Machines, command: Option<ScheduleComman
             };
             let items: Vec<Schedule> = settle_engine::schedule_views(&defs, &rows)
                 .iter()
-                .map(|v| Schedule::new(&v.machine, &v.name, v.cron.clone(), v.does.clone(), v.row.as_ref()))
+                .map(settle_server::routes::schedules::body)
                 .collect();
             print(&items, json);
             Ok(ExitCode::SUCCESS)
@@ -109,7 +109,7 @@ async fn set(db: &str, machines: &Machines, machine: &str, name: &str, paused: b
     result?;
     let v = views?.into_iter().find(|v| v.machine == machine && v.name == name);
     if let Some(v) = v {
-        one(&Schedule::new(&v.machine, &v.name, v.cron.clone(), v.does.clone(), v.row.as_ref()));
+        one(&settle_server::routes::schedules::body(&v));
     }
     Ok(ExitCode::SUCCESS)
 }

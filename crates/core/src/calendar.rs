@@ -262,11 +262,6 @@ impl Calendar {
     pub fn describe(&self) -> String {
         format!("{} ({})", self.def.cron, self.zone_name())
     }
-
-    /// What a schedule with no row yet starts from at `now`: its first fire after `now`.
-    pub fn first(&self, now: Millis) -> Option<Millis> {
-        self.after(now)
-    }
 }
 
 /// The request id of the fire of `instant` of schedule `name` of `machine`:

@@ -127,7 +127,7 @@ pub(crate) async fn sync<S: Store + Clone>(engine: &Engine<S>) -> Result<()> {
     let now = engine.inner.clock.now_ms();
     for m in engine.inner.registry.machines.values().filter(|m| engine.inner.registry.serves(m.name())) {
         for cal in m.schedules() {
-            let first = cal.first(now).unwrap_or(Millis::MAX);
+            let first = cal.after(now).unwrap_or(Millis::MAX);
             let row = ScheduleRow::new(
                 m.name().as_str(),
                 cal.name(),
