@@ -144,6 +144,7 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
         initial_origin: Origin { line: file.initial.as_ref().map(|i| line_of(text, i.span().start)) },
         properties: file.properties,
         cascade: file.cascade,
+        upgrade: file.upgrade,
         origin: Origin { line: Some(1) },
         ..MachineDef::default()
     };
@@ -475,6 +476,7 @@ struct FileToml {
     properties: Vec<String>,
     #[serde(default)]
     cascade: Vec<String>,
+    upgrade: Option<String>,
 }
 
 /// A TOML value as JSON (a declarative action's `set` and `raise` parameters).
@@ -817,7 +819,7 @@ mod tests {
         assert_eq!(
             errors("door", "naem = \"door\"\n"),
             [
-                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `schedules`, `fault`, `retention`, `migrate`, `properties`, `cascade`"
+                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `schedules`, `fault`, `retention`, `migrate`, `properties`, `cascade`, `upgrade`"
             ]
         );
     }

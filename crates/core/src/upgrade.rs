@@ -45,6 +45,39 @@ use std::fmt;
 use crate::machine::Machine;
 use crate::names::MachineName;
 
+mod plan;
+pub use plan::{Move, Occupied, Plan, home, plan, rests};
+
+/// How a new version takes the live entities of the versions before it (`upgrade`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Every entity moves at once, through the declared state mapping (the default).
+    #[default]
+    Migrate,
+    /// An entity keeps the version it runs under until it is at rest (a stable, terminal
+    /// or deleted state), then moves; entities at rest when the version is deployed move
+    /// at once.
+    Pin,
+}
+
+impl Policy {
+    /// `pin` or `migrate`.
+    pub fn parse(text: &str) -> Option<Policy> {
+        match text {
+            "pin" => Some(Policy::Pin),
+            "migrate" => Some(Policy::Migrate),
+            _ => None,
+        }
+    }
+    /// The key's value: `pin` or `migrate`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Pin => "pin",
+            Policy::Migrate => "migrate",
+        }
+    }
+}
+
 /// A new definition refused because stored entities would be left in states it does not
 /// declare and does not map.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +87,10 @@ pub struct UpgradeRefused {
     /// The states with no home in the new definition, with the number of stored entities
     /// in each, in the order they were given to [`check`].
     pub unmapped: Vec<(String, u64)>,
+    /// Pinned entities still working (`pin`) that could come to rest in a state with no
+    /// home in the new definition: the state they are in, that resting state, and how
+    /// many ([`plan`]).
+    pub would_rest: Vec<(String, String, u64)>,
 }
 
 /// One line, e.g. (wrapped here):
@@ -71,6 +108,13 @@ impl fmt::Display for UpgradeRefused {
                 (0, _) => write!(f, "{count} entities in `{state}`")?,
                 _ => write!(f, ", {count} in `{state}`")?,
             }
+        }
+        for (i, (state, rest, count)) in self.would_rest.iter().enumerate() {
+            if i > 0 || !self.unmapped.is_empty() {
+                f.write_str(", ")?;
+            }
+            let entities = if *count == 1 { "entity" } else { "entities" };
+            write!(f, "`{rest}`, where {count} pinned {entities} working in `{state}` may come to rest")?;
         }
         f.write_str(" (declare `renamed_from` on a state or a `[migrate]` entry)")
     }
@@ -119,7 +163,11 @@ pub fn check(new: &Machine, occupied: &[(String, u64)]) -> Result<Vec<(String, S
         };
         moves.push((state.to_string(), new.descend(target).name.to_string(), count));
     }
-    if unmapped.is_empty() { Ok(moves) } else { Err(UpgradeRefused { machine: new.name().clone(), unmapped }) }
+    if unmapped.is_empty() {
+        Ok(moves)
+    } else {
+        Err(UpgradeRefused { machine: new.name().clone(), unmapped, would_rest: Vec::new() })
+    }
 }
 
 #[cfg(test)]
@@ -185,7 +233,11 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             err,
-            UpgradeRefused { machine: "server".into(), unmapped: occupied(&[("configuring", 3), ("resizing", 1)]) }
+            UpgradeRefused {
+                machine: "server".into(),
+                unmapped: occupied(&[("configuring", 3), ("resizing", 1)]),
+                would_rest: vec![]
+            }
         );
         assert_eq!(
             err.to_string(),
@@ -199,13 +251,15 @@ mod tests {
         let err = UpgradeRefused {
             machine: "server".into(),
             unmapped: occupied(&[("provisioning", 12), ("configuring", 3)]),
+            would_rest: vec![],
         };
         assert_eq!(
             err.to_string(),
             "machine `server`: the new definition has no state for 12 entities in `provisioning`, 3 in `configuring` \
              (declare `renamed_from` on a state or a `[migrate]` entry)"
         );
-        let err = UpgradeRefused { machine: "server".into(), unmapped: occupied(&[("provisioning", 1)]) };
+        let err =
+            UpgradeRefused { machine: "server".into(), unmapped: occupied(&[("provisioning", 1)]), would_rest: vec![] };
         assert_eq!(
             err.to_string(),
             "machine `server`: the new definition has no state for 1 entity in `provisioning` \

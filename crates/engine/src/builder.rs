@@ -80,6 +80,8 @@ impl<S: Store + Clone> EngineBuilder<S> {
     /// exclusive) and starts the scheduler, which resumes all due work.
     pub async fn start(self) -> Result<Engine<S>> {
         let Prepared { store, registry, config } = self.prepare(true).await?;
+        // Versions deployed from now on (by any instance) are taken up without a restart.
+        let deployed = store.meta_get(crate::deploy::MARKER).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         let offered = Arc::new(tokio::sync::Notify::new());
         // Another instance may move the entities callers of this one wait on.
@@ -89,10 +91,12 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let (retention, prune_limit) = (config.retention, config.prune_limit);
         let (runs_bulk, bulk_owner, bulk_lease, bulk_poll) =
             (config.max_inflight > 0, config.owner.clone(), config.lease, config.poll);
+        let deploy_poll = config.poll;
         let archive = config.archive.clone().map(crate::archive::Archive::new);
+        let registries = Arc::new(crate::registry::Registries::new(registry.clone()));
         let mut scheduler = Scheduler::new(
             store.clone(),
-            registry.clone(),
+            registries.clone(),
             config,
             tx.clone(),
             offered.clone(),
@@ -102,12 +106,10 @@ impl<S: Store + Clone> EngineBuilder<S> {
         scheduler.archive = archive.clone();
         let committed = scheduler.committed.clone();
         let task = tokio::spawn(scheduler.run(rx));
-        let agent_check = registry.agent_check();
         let engine = Engine {
             inner: Arc::new(Inner {
                 store,
-                agent_check,
-                registry,
+                registries,
                 clock,
                 retention,
                 prune_limit,
@@ -122,23 +124,26 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 bulk: Arc::new(tokio::sync::Notify::new()),
                 bulk_progress: tokio::sync::Notify::new(),
                 schedules: Arc::new(tokio::sync::Notify::new()),
+                deploying: tokio::sync::Mutex::new(()),
+                deployed: std::sync::Mutex::new(deployed),
             }),
         };
         // An engine that processes work also runs bulk operations.
         // Schedules are stored before `start` returns (a new one counts its fires from
         // then), by any engine; one that processes work also fires them.
-        let scheduled = engine.inner.registry.machines.values().any(|m| !m.schedules().is_empty());
+        let scheduled = engine.inner.registry().machines.values().any(|m| !m.schedules().is_empty());
         if scheduled {
             crate::schedules::sync(&engine).await?;
         }
         if runs_bulk {
             let inner = Arc::downgrade(&engine.inner);
             tokio::spawn(crate::bulk::run(inner, bulk_owner.clone(), bulk_lease, bulk_poll));
-            if scheduled {
-                let inner = Arc::downgrade(&engine.inner);
-                tokio::spawn(crate::schedules::run(inner, bulk_owner));
-            }
+            // Also when none is declared yet: a deploy may declare one.
+            let inner = Arc::downgrade(&engine.inner);
+            tokio::spawn(crate::schedules::run(inner, bulk_owner));
         }
+        let inner = Arc::downgrade(&engine.inner);
+        tokio::spawn(crate::deploy::watch(inner, deploy_poll));
         Ok(engine)
     }
 
@@ -176,56 +181,52 @@ impl<S: Store + Clone> EngineBuilder<S> {
         if report.has_errors() {
             return Err(Error::Invalid(report));
         }
-        let mut missing = Vec::new();
-        for m in self.registry.machines.values().filter(|m| self.registry.serves(m.name())) {
-            for a in m.actions_needing_handlers() {
-                if self.registry.handler(m.name(), &a.name).is_none() {
-                    missing.push(format!("action `{}` of machine `{}`", a.name, m.name()));
-                }
-            }
-        }
-        if !missing.is_empty() {
-            missing.sort();
-            return Err(Error::MissingHandlers(missing));
-        }
+        crate::deploy::check_handlers(&self.registry)?;
         // A batch the store re-runs later (after a lost connection) takes its time from
         // this engine's clock.
         self.store.use_clock(self.config.clock.clone());
         let now = self.config.clock.now_ms();
-        let stored = self.store.machine_list().await?;
-        let mut names: Vec<MachineName> = self.registry.machines.keys().cloned().collect();
-        names.sort();
-        for name in names {
-            let m = self.registry.machines[&name].clone();
-            let hash = m.content_hash();
-            if !self.registry.serves(&name) {
-                // The instances serving it own its definition (and its upgrades).
-                self.registry.hashes.insert(name, hash);
-                continue;
-            }
-            // A new definition version is checked against the entities living under the old one.
-            let previous = stored.iter().filter(|r| r.name == name).max_by_key(|r| r.created_at);
-            if previous.is_some_and(|p| p.hash != hash) {
-                let occupied = self.store.entity_count_by_state(&name).await?;
-                let moves =
-                    settle_core::upgrade::check(&m, &occupied).map_err(|e| Error::UpgradeRefused(e.to_string()))?;
-                let moves: Vec<(String, String)> = moves.into_iter().map(|(old, new, _)| (old, new)).collect();
-                if !moves.is_empty() {
-                    let n = self.store.machine_migrate(&name, moves, &hash, now).await?;
-                    tracing::info!(machine = %name, entities = n, "moved entities to renamed states");
-                }
-            }
-            if previous.is_none_or(|p| p.hash != hash) {
-                self.store.machine_put(&name, &hash, &m.canonical_json(), now).await?;
-            }
-            self.registry.hashes.insert(name, hash);
-        }
+        // Leases a previous engine left go first: a version's move skips held entities.
         if reclaim && self.store.exclusive() {
             let n = self.store.lease_release_all(now).await?;
             if n > 0 {
                 tracing::info!(leases = n, "reclaimed leases left by a previous engine");
             }
         }
+        let stored = self.store.machine_list().await?;
+        // The versions stored: the older ones for the entities still under them.
+        let given = self.registry.clone();
+        crate::deploy::take_up(&self.store, &mut self.registry).await?;
+        let mut names: Vec<MachineName> = given.machines.keys().cloned().collect();
+        names.sort();
+        for name in names {
+            let m = given.machines[&name].clone();
+            let hash = m.content_hash();
+            let mine: Vec<_> = stored.iter().filter(|r| r.name == name).collect();
+            let latest = mine.iter().max_by_key(|r| r.created_at);
+            if latest.is_some_and(|l| l.hash != hash) && mine.iter().any(|r| r.hash == hash) {
+                // An older version than the one deployed since: the deployed one runs.
+                tracing::warn!(machine = %name, given = %hash, running = %self.registry.hashes[&name], "the definition given is older than the version deployed since; running the deployed one");
+                continue;
+            }
+            self.registry.set_current(m.clone(), hash.clone());
+            if latest.is_some_and(|l| l.hash == hash) || !self.registry.serves(&name) {
+                // Stored already, or owned by the instances serving it (and its upgrades).
+                continue;
+            }
+            // A new version is checked against the live entities, as a deploy is.
+            let previous = Registry { machines: given.machines.clone(), ..self.registry.clone() };
+            let mut previous = previous;
+            if let Some(l) = latest
+                && let Some(v) = self.registry.versions.get(&l.hash).cloned()
+            {
+                previous.machines.insert(name.clone(), v);
+            }
+            let plan = crate::deploy::plan(&self.store, &previous, &m, &hash).await?;
+            crate::deploy::store_version(&self.store, &m, &hash, &plan, now).await?;
+        }
+        // The version deployed since may need other handlers.
+        crate::deploy::check_handlers(&self.registry)?;
         Ok(Prepared { store: self.store, registry: Arc::new(self.registry), config: self.config })
     }
 }

@@ -10,7 +10,7 @@
 //! replay, so each entity is commanded once. It keeps to the rate on the engine's clock,
 //! and stops a page when the operation is canceled or the engine stops.
 
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -270,10 +270,6 @@ pub fn entity_request_id(request_id: &str, id: i64) -> String {
 }
 
 impl<S: Store> Engine<S> {
-    fn machines(&self) -> Vec<Arc<Machine>> {
-        self.inner.registry.machines.values().cloned().collect()
-    }
-
     /// What `selection` matches now: a count (exact up to [`COUNT_BOUND`]) and up to
     /// `sample` of them. Writes nothing.
     pub async fn bulk_dry_run(&self, selection: &Selection, sample: usize) -> Result<DryRun> {

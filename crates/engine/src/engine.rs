@@ -25,9 +25,8 @@ use crate::watch::{Hub, Want, first_of};
 /// What every clone of an [`Engine`] shares.
 pub(crate) struct Inner<S> {
     pub(crate) store: S,
-    pub(crate) registry: Arc<Registry>,
-    /// What a report is checked against: the agent-run actions and their machines' events.
-    pub(crate) agent_check: TaskCheck,
+    /// The machines and handlers, replaced whole by a deploy.
+    pub(crate) registries: Arc<crate::registry::Registries>,
     pub(crate) clock: SharedClock,
     /// The deployment's retention ([`crate::Config::retention`]).
     pub(crate) retention: settle_core::retention::Defaults,
@@ -54,6 +53,17 @@ pub(crate) struct Inner<S> {
     pub(crate) bulk_progress: tokio::sync::Notify,
     /// Wakes the schedules' task (a schedule was paused or resumed).
     pub(crate) schedules: Arc<tokio::sync::Notify>,
+    /// Held while a deploy checks and stores its versions (one at a time per engine).
+    pub(crate) deploying: tokio::sync::Mutex<()>,
+    /// The last deploy marker read from the store (see `crate::deploy`).
+    pub(crate) deployed: std::sync::Mutex<Option<String>>,
+}
+
+impl<S> Inner<S> {
+    /// The machines and handlers now.
+    pub(crate) fn registry(&self) -> Arc<Registry> {
+        self.registries.load()
+    }
 }
 
 /// How far one subscription of an entity is from firing (see
@@ -107,9 +117,22 @@ impl<S: Store> Engine<S> {
         &self.inner.store
     }
 
-    /// The registered machine `name`.
-    pub fn machine(&self, name: &str) -> Result<&Arc<Machine>> {
-        self.inner.registry.machine(name)
+    /// The current version of the registered machine `name`.
+    pub fn machine(&self, name: &str) -> Result<Arc<Machine>> {
+        self.inner.registry().machine(name).cloned()
+    }
+
+    /// The current version of every registered machine, by name.
+    pub fn machines(&self) -> Vec<Arc<Machine>> {
+        let mut all: Vec<Arc<Machine>> = self.inner.registry().machines.values().cloned().collect();
+        all.sort_by(|a, b| a.name().cmp(b.name()));
+        all
+    }
+
+    /// The version `entity` runs under (its own, which may be older than its machine's
+    /// current one while it is pinned), with that version's content hash.
+    pub fn version_of(&self, entity: &EntityRow) -> Result<(String, Arc<Machine>)> {
+        self.inner.registry().version_of(entity)
     }
 
     /// The clock this engine counts time on.
@@ -139,7 +162,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Created> {
         let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let now = self.inner.clock.now_ms();
-        let new = create_op(&self.inner.registry, machine, key, properties, &request_id, now)?;
+        let new = create_op(&self.inner.registry(), machine, key, properties, &request_id, now)?;
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Create { new, reply })?;
         match rx.await.map_err(|_| Error::Stopped)?? {
@@ -175,7 +198,7 @@ impl<S: Store> Engine<S> {
         reason: Option<&str>,
     ) -> Result<Commanded> {
         let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let op = command_op(&self.inner.registry, machine, key, command, &request_id, reason)?;
+        let op = command_op(&self.inner.registry(), machine, key, command, &request_id, reason)?;
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Command { op, reply })?;
         let done = match rx.await.map_err(|_| Error::Stopped)?? {
@@ -187,7 +210,7 @@ impl<S: Store> Engine<S> {
                 Commanded { entity, request_id, replayed: true }
             }
         };
-        if command == Command::Kill && self.inner.registry.machine(machine)?.cascades("kill") {
+        if command == Command::Kill && self.inner.registry().machine(machine)?.cascades("kill") {
             self.cascade_kill(&done, reason).await?;
         }
         Ok(done)
@@ -214,11 +237,11 @@ impl<S: Store> Engine<S> {
         options: RaiseOptions,
         request_id: String,
     ) -> Result<Raised> {
-        let m = self.inner.registry.machine(machine)?;
-        step::check_raise(m, event, &options.params)?;
+        let m = self.inner.registry().machine(machine)?.clone();
+        step::check_raise(&m, event, &options.params)?;
         if options.refuse_at_rest
             && let Some((entity, rejection)) =
-                self.refusal_at_rest(m, key, event, options.request_id.as_deref()).await?
+                self.refusal_at_rest(&m, key, event, options.request_id.as_deref()).await?
         {
             let outcome = EventOutcome::Rejected { state: rejection.state, reason: rejection.reason };
             return Ok(Raised {
@@ -231,7 +254,7 @@ impl<S: Store> Engine<S> {
                 operation: None,
             });
         }
-        let push = push_op(m, key, event, options.params, &request_id);
+        let push = push_op(&m, key, event, options.params, &request_id);
         let (ack, ack_rx) = oneshot::channel();
         let (done, done_rx) = match options.wait {
             Wait::Queued => (None, None),
@@ -385,7 +408,7 @@ impl<S: Store> Engine<S> {
     /// substate of), guards aside: [`Engine::can_fire`] evaluates them for given
     /// parameters.
     pub async fn permitted_events(&self, machine: &str, key: &str) -> Result<Vec<EventName>> {
-        let m = self.inner.registry.machine(machine)?.clone();
+        let m = self.inner.registry().machine(machine)?.clone();
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
         Ok(m.permitted_events(&e.state).map(|ev| ev.name.clone()).collect())
     }
@@ -402,7 +425,7 @@ impl<S: Store> Engine<S> {
         event: &str,
         params: &serde_json::Value,
     ) -> Result<(EntityRow, step::Permission)> {
-        let m = self.inner.registry.machine(machine)?.clone();
+        let m = self.inner.registry().machine(machine)?.clone();
         step::check_raise(&m, event, params)?;
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
         let permission = can_fire(&m, &e, event, params)?;
@@ -416,15 +439,15 @@ impl<S: Store> Engine<S> {
         entity: &EntityRow,
         successors: &[EntityRow],
     ) -> Result<Vec<SubscriptionProgress>> {
-        let m = self.inner.registry.machine(&entity.machine)?;
-        Ok(crate::decide::subscription_progress(m, &self.inner.registry, entity, successors))
+        let m = self.inner.registry().machine(&entity.machine)?.clone();
+        Ok(crate::decide::subscription_progress(&m, &self.inner.registry(), entity, successors))
     }
 
     /// The agent queues the registered machines' actions are bound to.
     pub fn agent_queues(&self) -> Vec<String> {
         let mut queues: Vec<String> = self
             .inner
-            .registry
+            .registry()
             .machines
             .values()
             .flat_map(|m| m.agent_queues().into_iter().map(str::to_string))
@@ -531,11 +554,11 @@ impl<S: Store> Engine<S> {
         queues: Option<Vec<String>>,
     ) -> Result<crate::Report> {
         if let TaskResult::Complete(outcome) = &result
-            && let Err((field, reason)) = crate::decide::check_effects(outcome, &self.inner.registry)
+            && let Err((field, reason)) = crate::decide::check_effects(outcome, &self.inner.registry())
         {
             return Err(Error::Task(settle_store::TaskRefusal::BadReport { task, field, reason }));
         }
-        let check = TaskCheck { queues, ..self.inner.agent_check.clone() };
+        let check = TaskCheck { queues, ..self.inner.registry().agent_check() };
         match self.agent_op(Op::TaskReport { task, token: token.to_string(), result, check }).await? {
             Applied::Pushed { .. } => Ok(crate::Report::Applied),
             Applied::ReportReplayed { .. } => Ok(crate::Report::Replayed),
@@ -566,7 +589,7 @@ impl<S: Store> Engine<S> {
         // commits (from the mark on, so nothing since the read above is missed).
         let remote = match (&self.inner.hub, mark) {
             (Some(hub), Some(mark)) => {
-                let m = self.inner.registry.machine(machine)?;
+                let m = self.inner.registry().machine(machine)?.clone();
                 let rest_only = states.iter().all(|s| m.state(s).is_some_and(|s| s.kind != StateKind::Unstable));
                 let (reply, remote) = oneshot::channel();
                 hub.watch(e.id, mark, Want::State { states: states.clone(), rest_only, reply });

@@ -81,9 +81,15 @@ pub enum Error {
         /// How long we waited.
         waited: Duration,
     },
-    /// A new machine definition does not fit the entities stored under the old one.
-    #[error("definition upgrade refused: {0}")]
-    UpgradeRefused(String),
+    /// A new machine definition does not fit the live entities: some are in (or, pinned,
+    /// may come to rest in) a state it has no home for. Nothing was stored or moved.
+    #[error("definition upgrade refused: {message}")]
+    UpgradeRefused {
+        /// What has no home, with the first keys of each state.
+        message: String,
+        /// The stranded entities, by state.
+        stranded: Vec<crate::deploy::Stranded>,
+    },
     /// The entity was killed.
     #[error("entity `{key}` of machine `{machine}` was killed")]
     Killed {

@@ -25,6 +25,7 @@ mod builder;
 mod bulk;
 mod config;
 mod decide;
+mod deploy;
 mod engine;
 mod error;
 mod feed;
@@ -52,6 +53,7 @@ pub use bulk::{
 };
 pub use config::Config;
 pub use decide::subscription_progress_with;
+pub use deploy::{Deployed, Stranded};
 pub use engine::{Engine, SubscriptionProgress, can_fire};
 pub use error::{Error, Result};
 pub use feed::FeedWatch;

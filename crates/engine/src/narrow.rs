@@ -265,7 +265,7 @@ impl<S: Store> Engine<S> {
     /// Which of `rows` pass `narrow`, in order, by the served machines, and the newest
     /// errors read to decide ([`keeps`]).
     pub async fn narrowed(&self, narrow: &Narrow, rows: &[EntityRow]) -> Result<(Vec<bool>, HashMap<i64, ErrorRow>)> {
-        let machines = &self.inner.registry.machines;
+        let machines = &self.inner.registry().machines;
         Ok(keeps(&self.inner.store, narrow, rows, |name| machines.get(name).map(|m| m.as_ref())).await?)
     }
 }

@@ -14,7 +14,7 @@ use crate::api::{EventOutcome, Wait};
 use crate::error::Error;
 use crate::handler::{EngineFuture, Nested, NestedEvent};
 use crate::msg::Msg;
-use crate::registry::Registry;
+use crate::registry::Registries;
 use crate::watch::{Hub, Want, first_of};
 
 /// What actions may do with other entities while they run: raise a sync nested event,
@@ -22,7 +22,7 @@ use crate::watch::{Hub, Want, first_of};
 pub(crate) struct NestedHandle<S> {
     pub(crate) tx: mpsc::UnboundedSender<Msg>,
     pub(crate) store: S,
-    pub(crate) registry: Arc<Registry>,
+    pub(crate) registries: Arc<Registries>,
     pub(crate) lease: Duration,
     /// Answers the wait when another instance processes the event (shared stores).
     pub(crate) hub: Option<Hub>,
@@ -50,7 +50,7 @@ impl Drop for Waiting {
 impl<S: Store + Clone> Nested for NestedHandle<S> {
     fn raise_and_wait(&self, nested: NestedEvent) -> EngineFuture<(EventOutcome, EntityRow)> {
         let NestedEvent { from, machine, key, event, params, request_id } = nested;
-        let checked = self.registry.machine(&machine).and_then(|m| {
+        let checked = self.registries.load().machine(&machine).and_then(|m| {
             step::check_raise(m, &event, &params)?;
             Ok(m.clone())
         });

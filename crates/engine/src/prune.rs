@@ -120,14 +120,14 @@ impl<S: Store + Clone> Engine<S> {
         mut progress: impl FnMut(&Pruned),
     ) -> Result<PruneReport> {
         if let Some(m) = machine {
-            self.inner.registry.machine(m)?;
+            self.inner.registry().machine(m)?;
         }
         let inner = &self.inner;
         let now = inner.clock.now_ms();
         let mut cursors = Cursors::new();
         let mut report = PruneReport::default();
         loop {
-            let mut p = round(&inner.registry, &inner.retention, now, machine, &cursors, inner.prune_limit);
+            let mut p = round(&inner.registry(), &inner.retention, now, machine, &cursors, inner.prune_limit);
             p.dry_run = dry_run;
             if dry_run && report.rounds > 0 {
                 // A dry run removes nothing: the other kinds were counted whole in its
@@ -164,7 +164,7 @@ impl<S: Store + Clone> Engine<S> {
     /// round that removes the chosen. A round without such machines is written at once.
     async fn archive_then_remove(&self, p: &Prune, now: Millis) -> Result<(Pruned, usize)> {
         let inner = &self.inner;
-        let archives = archived_by(&inner.registry, &inner.archive, p).next().is_some();
+        let archives = archived_by(&inner.registry(), &inner.archive, p).next().is_some();
         let Some(archive) = inner.archive.as_ref().filter(|_| archives) else {
             return Ok((self.prune_round(p.clone()).await?, 0));
         };
@@ -172,7 +172,7 @@ impl<S: Store + Clone> Engine<S> {
         if chosen.busy {
             return Ok((chosen, 0));
         }
-        let (remove, archived) = after_choosing(&inner.registry, &inner.archive, p, chosen.entities);
+        let (remove, archived) = after_choosing(&inner.registry(), &inner.archive, p, chosen.entities);
         let n = crate::archive::write(&inner.store, archive, &archived, now).await?;
         Ok((self.prune_round(remove).await?, n))
     }

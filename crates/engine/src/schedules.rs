@@ -87,7 +87,8 @@ impl<S: Store + Clone> Engine<S> {
     /// The schedules of the machines this engine knows, with their stored progress.
     pub async fn schedules(&self) -> Result<Vec<ScheduleView>> {
         let rows = self.inner.store.schedule_list().await?;
-        let machines: Vec<&Machine> = self.inner.registry.machines.values().map(|m| m.as_ref()).collect();
+        let registry = self.inner.registry();
+        let machines: Vec<&Machine> = registry.machines.values().map(|m| m.as_ref()).collect();
         Ok(views(&machines, &rows))
     }
 
@@ -95,7 +96,7 @@ impl<S: Store + Clone> Engine<S> {
     /// it from its next fire after now (what it would have fired meanwhile is not fired).
     /// The row after.
     pub async fn schedule_pause(&self, machine: &str, name: &str, paused: bool) -> Result<ScheduleRow> {
-        let m = self.inner.registry.machine(machine)?;
+        let m = self.inner.registry().machine(machine)?.clone();
         let cal = m
             .schedule(name)
             .ok_or_else(|| Error::UnknownSchedule { machine: machine.to_string(), name: name.to_string() })?;
@@ -125,7 +126,8 @@ impl<S: Store + Clone> Engine<S> {
 /// Stores a row for each schedule of the machines `engine` serves.
 pub(crate) async fn sync<S: Store + Clone>(engine: &Engine<S>) -> Result<()> {
     let now = engine.inner.clock.now_ms();
-    for m in engine.inner.registry.machines.values().filter(|m| engine.inner.registry.serves(m.name())) {
+    let registry = engine.inner.registry();
+    for m in registry.machines.values().filter(|m| registry.serves(m.name())) {
         for cal in m.schedules() {
             let first = cal.after(now).unwrap_or(Millis::MAX);
             let row = ScheduleRow::new(
@@ -175,9 +177,10 @@ async fn pass<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
     let store = &engine.inner.store;
     let now = engine.inner.clock.now_ms();
     let mut wake = Millis::MAX;
+    let registry = engine.inner.registry();
     for row in store.schedule_list().await? {
-        let Some(m) = engine.inner.registry.machines.get(row.machine.as_str()) else { continue };
-        let Some(cal) = m.schedule(&row.name).filter(|_| engine.inner.registry.serves(&row.machine)) else {
+        let Some(m) = registry.machines.get(row.machine.as_str()) else { continue };
+        let Some(cal) = m.schedule(&row.name).filter(|_| registry.serves(&row.machine)) else {
             continue;
         };
         if row.paused {

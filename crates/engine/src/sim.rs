@@ -84,7 +84,8 @@ impl<S: Store + Clone> SimNode<S> {
         let offered = std::sync::Arc::new(tokio::sync::Notify::new());
         let ops = OpWatch::start(store.clone());
         let (clock, owner) = (config.clock.clone(), config.owner.clone());
-        let mut scheduler = Scheduler::new(store, registry.clone(), config, tx, offered, None, ops);
+        let registries = std::sync::Arc::new(crate::registry::Registries::new(registry.clone()));
+        let mut scheduler = Scheduler::new(store, registries, config, tx, offered, None, ops);
         scheduler.record_landed();
         SimNode { scheduler, rx, registry, clock, owner, answered: 0 }
     }

@@ -325,7 +325,7 @@ async fn an_upgrade_that_drops_an_occupied_state_is_refused_unless_mapped() {
     assert_eq!(
         err.to_string(),
         "definition upgrade refused: machine `doc`: the new definition has no state for 2 entities in `live` \
-         (declare `renamed_from` on a state or a `[migrate]` entry)"
+         (declare `renamed_from` on a state or a `[migrate]` entry); in `live`: a, b"
     );
     let store = SqliteStore::open(&path).unwrap();
     assert_eq!(store.entity_get("doc", "a").await.unwrap().unwrap().state, "live", "a refused upgrade changes nothing");

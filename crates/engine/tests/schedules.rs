@@ -14,7 +14,7 @@ use settle_core::{Machine, MachineBuilder};
 use settle_engine::{Engine, ScheduleView};
 use settle_store::{AnyStore, EntityFilter, HistoryKind, ManualClock, Store};
 
-use common::{T0, stores};
+use common::{T0, settle_at, stores};
 
 const HOUR: u64 = 3_600_000;
 
@@ -74,29 +74,6 @@ async fn engine(store: &AnyStore, clock: &ManualClock, machines: Vec<Machine>) -
 
 async fn view(engine: &Engine<AnyStore>, machine: &str) -> ScheduleView {
     engine.schedules().await.unwrap().into_iter().find(|v| v.machine == machine).unwrap()
-}
-
-/// Moves the clock to `at`, then on a little at a time (the bulk runner paces its pages on
-/// it) until `done` holds; fails after 20 seconds of real time.
-async fn settle_at<F, Fut>(clock: &ManualClock, at: i64, done: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let now = clock.now_ms();
-        if now < at {
-            clock.advance(Duration::from_millis((at - now) as u64));
-        } else if done().await {
-            return;
-        } else {
-            // Pages of bulk operations pace on this clock: let a little time pass.
-            clock.advance(Duration::from_millis(10));
-        }
-        assert!(tokio::time::Instant::now() < deadline, "nothing settled by {}", settle_core::time::format_time(at));
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 /// The `backup` events an entity took, by request id.

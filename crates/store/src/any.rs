@@ -92,7 +92,8 @@ impl Store for AnyStore {
         fn operations_ended(&self, request_ids: Vec<String>) -> Vec<OperationRow>;
         fn operation_page(&self, outcome: Option<String>, before: Option<i64>, limit: u64) -> Vec<OperationRow>;
         fn operation_scan(&self, filter: crate::OperationFilter, before: Option<i64>, window: u64, limit: u64) -> crate::OperationWindow;
-        fn machine_migrate(&self, machine: &str, moves: Vec<(String, String)>, hash: &str, now: Millis) -> u64;
+        fn machine_move(&self, machine: &str, moves: Vec<crate::StateMove>, hash: &str, now: Millis) -> u64;
+        fn entity_count_by_version(&self, machine: &str) -> Vec<(String, String, u64)>;
         fn machine_versions(&self) -> Vec<(MachineRecord, u64)>;
         fn events_list(&self, entity_id: i64) -> Vec<EventRow>;
         fn events_by_id(&self, ids: Vec<i64>) -> Vec<EventRow>;

@@ -56,7 +56,7 @@ pub use entity::{
 pub use feed::{FeedFilter, FeedItem, FeedPage, FeedPos};
 pub use history::{HistoryKind, HistoryRow};
 pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
-pub use machine::MachineRecord;
+pub use machine::{MachineRecord, StateMove};
 pub use operation::{OpenOperation, OperationFilter, OperationRow, OperationWindow};
 pub use postgres::PgStore;
 pub use prune::{Prune, PruneRule, Pruned, PrunedEntity, PrunedRows, Storage, Trim};
@@ -153,7 +153,8 @@ pub trait Store: Send + Sync + 'static {
     /// request id. Empty when no such operation exists.
     fn operation_trace(&self, request_id: &str, limit: u64) -> impl Future<Output = Result<OperationTrace>> + Send;
 
-    /// Stores a machine definition version (idempotent per name and hash).
+    /// Stores a machine definition version deployed at `now`; one stored already (by name
+    /// and hash) only takes `now` as its deploy time (a roll back makes it current again).
     fn machine_put(
         &self,
         name: &str,
@@ -217,15 +218,22 @@ pub trait Store: Send + Sync + 'static {
         window: u64,
         limit: u64,
     ) -> impl Future<Output = Result<OperationWindow>> + Send;
-    /// Moves every entity of `machine` in an old state to its new state (a definition
-    /// upgrade that renamed states), recording it in history. Returns how many moved.
-    fn machine_migrate(
+    /// Moves entities of `machine` to the definition version `hash`: for each move, every
+    /// entity no engine holds (no lease) in `from` under `version` lands in `to`. A renamed
+    /// state is recorded in history (its entity's version bumped, an open agent task kept
+    /// for the new state); a state that stays changes only the version. An entity held
+    /// now moves with its next commit (the engine's). Returns how many moved.
+    fn machine_move(
         &self,
         machine: &str,
-        moves: Vec<(String, String)>,
+        moves: Vec<StateMove>,
         hash: &str,
         now: Millis,
     ) -> impl Future<Output = Result<u64>> + Send;
+    /// Number of entities of `machine` per (definition version, state); an entity with no
+    /// version recorded counts under `""`.
+    fn entity_count_by_version(&self, machine: &str)
+    -> impl Future<Output = Result<Vec<(String, String, u64)>>> + Send;
     /// Machine definition versions with how many entities last ran under each.
     fn machine_versions(&self) -> impl Future<Output = Result<Vec<(MachineRecord, u64)>>> + Send;
 

@@ -370,6 +370,13 @@ impl MachineBuilder {
         self
     }
 
+    /// How live entities move to this version (`upgrade = "pin"`; the default migrates
+    /// them at once).
+    pub fn upgrade(mut self, policy: crate::upgrade::Policy) -> Self {
+        self.def.upgrade = Some(policy.as_str().to_string());
+        self
+    }
+
     /// Operator commands that reach an entity's successors too (`cascade = ["kill"]`).
     pub fn cascade<I, S>(mut self, commands: I) -> Self
     where

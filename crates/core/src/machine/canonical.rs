@@ -208,6 +208,9 @@ impl Machine {
             }
             machine["retention"] = Value::from(retention);
         }
+        if self.upgrade == crate::upgrade::Policy::Pin {
+            machine["upgrade"] = Value::from(self.upgrade.as_str());
+        }
         if !self.cascade.is_empty() {
             machine["cascade"] = self.cascade.iter().map(String::as_str).collect();
         }
@@ -442,6 +445,10 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
         .collect::<Option<_>>()?;
     def.properties = texts(v, "properties")?;
     def.cascade = texts(v, "cascade")?;
+    def.upgrade = match v.get("upgrade") {
+        None => None,
+        Some(u) => Some(u.as_str()?.to_string()),
+    };
     Some(def)
 }
 

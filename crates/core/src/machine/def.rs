@@ -424,6 +424,9 @@ pub struct MachineDef {
     pub properties: Vec<String>,
     /// Operator commands that reach an entity's successors too (`cascade = ["kill"]`).
     pub cascade: Vec<String>,
+    /// How live entities move to a new version (`upgrade = "pin"` or `"migrate"`, the
+    /// default); see [`crate::upgrade::Policy`].
+    pub upgrade: Option<String>,
     /// Where the machine was declared (file start).
     pub origin: Origin,
 }

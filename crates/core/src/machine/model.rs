@@ -408,6 +408,8 @@ pub struct Machine {
     pub(super) properties: Vec<String>,
     /// Commands that reach successors too (`cascade`).
     pub(super) cascade: Vec<String>,
+    /// How live entities move to a new version (`upgrade`).
+    pub(super) upgrade: crate::upgrade::Policy,
     /// Each state's parent, by index (the tree `tree.rs` walks).
     pub(super) parents: Vec<Option<usize>>,
     /// Whether any state has a parent (a flat machine skips the tree walks).
@@ -584,6 +586,7 @@ impl Machine {
             migrate: def.migrate.iter().map(|m| (StateName::new(&m.from), StateName::new(&m.to))).collect(),
             properties: def.properties.clone(),
             cascade: def.cascade.clone(),
+            upgrade: def.upgrade.as_deref().and_then(crate::upgrade::Policy::parse).unwrap_or_default(),
             nested: parents.iter().any(Option::is_some),
             parents,
         }
@@ -626,6 +629,10 @@ impl Machine {
     /// its successors too (`cascade`).
     pub fn cascades(&self, command: &str) -> bool {
         self.cascade.iter().any(|c| c == command)
+    }
+    /// How this version takes the live entities of the versions before it (`upgrade`).
+    pub fn upgrade(&self) -> crate::upgrade::Policy {
+        self.upgrade
     }
     /// All calendar schedules in declaration order.
     pub fn schedules(&self) -> &[Calendar] {

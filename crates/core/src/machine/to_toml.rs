@@ -58,6 +58,9 @@ impl Machine {
         let mut w = Writer::default();
         w.entry("name", string(self.name()));
         w.entry("initial", string(&self.initial_declared().name));
+        if self.upgrade == crate::upgrade::Policy::Pin {
+            w.entry("upgrade", string(self.upgrade.as_str()));
+        }
         if !self.cascade.is_empty() {
             w.entry("cascade", strings(&self.cascade));
         }

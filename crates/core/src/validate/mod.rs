@@ -222,6 +222,9 @@ impl<'a> Checker<'a> {
                 );
             }
         }
+        if let Some(u) = def.upgrade.as_deref().filter(|u| crate::upgrade::Policy::parse(u).is_none()) {
+            self.error("machine", def.origin.line, format!("`upgrade` is `{u}`: `pin` or `migrate`"));
+        }
         self.duplicate_entries("machine", def.origin.line, "properties", def.properties.iter().map(String::as_str));
         self.engine_properties("machine", def.origin.line, "properties", def.properties.iter().map(String::as_str));
         let deleted: Vec<&StateDef> = def.states.iter().filter(|s| s.kind == Some(StateKind::Deleted)).collect();

@@ -75,7 +75,7 @@ pub(crate) fn fault(
         request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| e.request_id.clone()),
         detail: Some(error.details.clone()),
         recent_errors: Some(recent),
-        machine_hash: env.registry.hash(held.machine.name()),
+        machine_hash: held.version(env),
         telemetry: Telemetry {
             event: item.as_ref().map(|i| EventRecord::of(i, false, true)),
             error: Some(ErrorRecord {

@@ -70,6 +70,9 @@ pub(crate) struct Held {
     /// The event whose workflow the entity is in (`entity.event_id`), with its parameters:
     /// what an auto action runs for.
     pub(crate) trigger: Option<Trigger>,
+    /// The content hash of `machine`, the version the entity runs under (`None`: its
+    /// machine's current one).
+    pub(crate) hash: Option<String>,
 }
 
 impl Held {
@@ -81,7 +84,12 @@ impl Held {
         inbox_head: Option<InboxItem>,
         trigger: Option<Trigger>,
     ) -> Self {
-        Held { machine, entity, inbox_head, firing: None, agent_report: None, trigger }
+        Held { machine, entity, inbox_head, firing: None, agent_report: None, trigger, hash: None }
+    }
+
+    /// The version its commits record: the one it runs under.
+    pub(crate) fn version(&self, env: &Env<'_>) -> Option<String> {
+        self.hash.clone().or_else(|| env.registry.hash(self.machine.name()))
     }
 
     /// The event an action runs for, and its parameters: `item` when it runs for an
@@ -199,8 +207,38 @@ impl Decided {
             item: self.item.clone(),
             action: self.action.clone(),
             outcome: self.outcome.clone(),
+            version: None,
         }
     }
+}
+
+/// Moves a held entity running under an older version of its machine to the current one
+/// with `commit`, when it may: at once if the current version migrates (`upgrade`, the
+/// default), else (`pin`) once the commit leaves it at rest in its own version. The commit's
+/// state is mapped into the current version (`renamed_from`, `[migrate]`, a parent's
+/// initial leaf); a commit that changes no state moves it only where its state keeps its
+/// name. Returns the version the entity moves to, for the held snapshot; `None`: it stays.
+/// A move is not a transition: no entry or exit action runs.
+pub(crate) fn upgrade(held: &Held, commit: &mut Commit, registry: &Registry) -> Option<(String, Arc<Machine>)> {
+    let name = held.machine.name();
+    let current_hash = registry.hashes.get(name)?;
+    if held.hash.as_ref().is_none_or(|h| h == current_hash) {
+        return None;
+    }
+    let current = registry.machines.get(name)?;
+    let after = commit.to.as_ref().unwrap_or(&commit.from);
+    if current.upgrade() == settle_core::upgrade::Policy::Pin && !held.machine.state(after).is_some_and(|s| s.at_rest())
+    {
+        return None;
+    }
+    let home = settle_core::upgrade::home(current, after)?;
+    match &mut commit.to {
+        Some(to) => *to = home,
+        None if home == commit.from => {}
+        None => return None,
+    }
+    commit.machine_hash = Some(current_hash.clone());
+    Some((current_hash.clone(), current.clone()))
 }
 
 /// A commit in flight: what its success changes in the held snapshot, and whom to tell.
@@ -223,6 +261,8 @@ pub(crate) struct Expect {
     /// The action that ran (for turning a failed commit into a fault).
     pub(crate) action: Option<ActionName>,
     pub(crate) outcome: Option<EventOutcome>,
+    /// The version the commit moves the entity to ([`upgrade`]), with its hash.
+    pub(crate) version: Option<(String, Arc<Machine>)>,
 }
 
 impl Expect {
@@ -249,6 +289,10 @@ impl Expect {
         e.event_id = self.event_id;
         if let Some(trigger) = self.trigger.take() {
             held.trigger = trigger;
+        }
+        if let Some((hash, machine)) = self.version.take() {
+            held.hash = Some(hash);
+            held.machine = machine;
         }
         !held.unstable()
     }
@@ -505,7 +549,7 @@ pub(crate) fn reject(held: &mut Held, item: InboxItem, reason: String, env: &Env
         consume: Some(item.id),
         request_id: item.request_id.clone(),
         detail: Some(reason.clone()),
-        machine_hash: env.registry.hash(held.machine.name()),
+        machine_hash: held.version(env),
         telemetry: Telemetry {
             event: Some(EventRecord::of(&item, true, false)),
             at_rest: !held.unstable(),
@@ -539,7 +583,7 @@ fn ignored(held: &mut Held, item: InboxItem, level: &str, env: &Env<'_>) -> Deci
         consume: Some(item.id),
         request_id: item.request_id.clone(),
         detail: Some(detail),
-        machine_hash: env.registry.hash(held.machine.name()),
+        machine_hash: held.version(env),
         telemetry: Telemetry {
             event: Some(EventRecord::of(&item, false, false)),
             at_rest: !held.unstable(),
@@ -584,7 +628,7 @@ fn offer_now(held: &Held, env: &Env<'_>) -> Decided {
         quiet: true,
         request_id: e.request_id.clone(),
         offer: task_offer(&held.machine, &e.state, env.now),
-        machine_hash: env.registry.hash(held.machine.name()),
+        machine_hash: held.version(env),
         telemetry: Telemetry { current_event: e.event_id, ..Telemetry::default() },
         ..Commit::new(held.fence(env.owner), e.state.clone(), HistoryKind::Auto, AfterCommit::Release)
     })

@@ -248,7 +248,7 @@ fn internal(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         pushes: effects.pushes,
         push_related: effects.related,
         preconditions,
-        machine_hash: env.registry.hash(machine.name()),
+        machine_hash: held.version(env),
         telemetry: Telemetry {
             event: item.as_ref().map(|i| EventRecord::of(i, false, false)),
             transition: Some(transition),
@@ -342,7 +342,7 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         notify_predecessors: changed_state,
         notify_self: entered_anew && machine.subscriptions_in(&entry.state).next().is_some(),
         ended: machine.state(&entry.state).is_some_and(|s| s.is_end()),
-        machine_hash: env.registry.hash(machine.name()),
+        machine_hash: held.version(env),
         telemetry: Telemetry {
             event: item.as_ref().map(|i| EventRecord::of(i, false, false)),
             transition: Some(transition),

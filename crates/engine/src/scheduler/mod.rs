@@ -29,7 +29,7 @@ use crate::handler::{ActionContext, CatchUnwind, Nested};
 use crate::msg::{DoneTx, Fire, Msg};
 use crate::nested::NestedHandle;
 use crate::opwatch::OpWatch;
-use crate::registry::Registry;
+use crate::registry::{Registries, Registry};
 use crate::waiters::Waiters;
 use crate::watch::Hub;
 
@@ -90,7 +90,10 @@ struct Slot {
 
 pub(crate) struct Scheduler<S> {
     store: S,
+    /// The registry as of `generation` of `registries`, refreshed before each batch.
     registry: Arc<Registry>,
+    registries: Arc<Registries>,
+    generation: u64,
     config: Config,
     clock: SharedClock,
     tx: mpsc::UnboundedSender<Msg>,
@@ -139,7 +142,7 @@ struct Stats {
 impl<S: Store + Clone> Scheduler<S> {
     pub(crate) fn new(
         store: S,
-        registry: Arc<Registry>,
+        registries: Arc<Registries>,
         config: Config,
         tx: mpsc::UnboundedSender<Msg>,
         offered: Arc<tokio::sync::Notify>,
@@ -147,10 +150,11 @@ impl<S: Store + Clone> Scheduler<S> {
         ops_watch: OpWatch,
     ) -> Self {
         let nested_waiting = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (generation, registry) = (registries.generation(), registries.load());
         let nested = Arc::new(NestedHandle {
             tx: tx.clone(),
             store: store.clone(),
-            registry: registry.clone(),
+            registries: registries.clone(),
             lease: config.lease,
             hub,
             waiting: nested_waiting.clone(),
@@ -161,6 +165,8 @@ impl<S: Store + Clone> Scheduler<S> {
             store,
             served: registry.served_names(),
             registry,
+            registries,
+            generation,
             config,
             clock,
             tx,
@@ -191,6 +197,17 @@ impl<S: Store + Clone> Scheduler<S> {
         self.config.lease.as_millis() as i64
     }
 
+    /// Takes up the registry a deploy replaced (entities claimed from now on run under
+    /// it; those held keep the version they hold).
+    fn refresh_registry(&mut self) {
+        let generation = self.registries.generation();
+        if generation != self.generation {
+            self.registry = self.registries.load();
+            self.generation = generation;
+            self.served = self.registry.served_names();
+        }
+    }
+
     pub(crate) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         // Another process may make work due (PostgreSQL's NOTIFY): claim at once then.
         let wakeup = self.store.wakeup().unwrap_or_else(|| Arc::new(tokio::sync::Notify::new()));
@@ -214,6 +231,7 @@ impl<S: Store + Clone> Scheduler<S> {
             while let Ok(msg) = rx.try_recv() {
                 self.on_msg(msg);
             }
+            self.refresh_registry();
             self.maybe_renew();
             self.maybe_supervise();
             self.maybe_prune();
@@ -557,14 +575,16 @@ impl<S: Store + Clone> Scheduler<S> {
             if self.held.contains_key(&id) {
                 continue;
             }
-            let machine = match self.registry.machine(&c.entity.machine) {
-                Ok(m) => m.clone(),
+            let (hash, machine) = match self.registry.version_of(&c.entity) {
+                Ok(v) => v,
                 Err(_) => {
                     tracing::warn!(machine = %c.entity.machine, key = %c.entity.key, "claimed an entity of a machine this engine does not know; leaving it to its lease expiry");
                     continue;
                 }
             };
-            self.held.insert(id, Slot { held: Held::new(machine, c.entity, c.inbox_head, c.trigger), running: None });
+            let mut held = Held::new(machine, c.entity, c.inbox_head, c.trigger);
+            held.hash = Some(hash);
+            self.held.insert(id, Slot { held, running: None });
             self.advance(id);
         }
     }
@@ -665,10 +685,13 @@ impl<S: Store + Clone> Scheduler<S> {
     /// events whose workflows it ends, and logs and counts what it notes.
     fn push(&mut self, mut d: Decided) {
         let held = self.held.get(&d.commit.fence.entity_id).map(|s| &s.held);
+        let mut moved = None;
         if let Some(held) = held {
             let replies = decide::replies(held, &d.commit, &self.registry);
             d.commit.pushes.extend(replies);
             d.commit.trim = self.trim_for(&held.entity, &d.commit);
+            // An entity under an older version moves to the current one when it may.
+            moved = decide::upgrade(held, &mut d.commit, &self.registry);
         }
         if let Some(note) = &d.note {
             record(note, held.map(|h| &h.entity));
@@ -677,7 +700,8 @@ impl<S: Store + Clone> Scheduler<S> {
             .item
             .as_ref()
             .is_some_and(|i| i.kind == settle_store::InboxKind::Internal && d.commit.consume == Some(i.id));
-        let expect = d.expect();
+        let mut expect = d.expect();
+        expect.version = moved;
         self.ops.push(Op::Commit(Box::new(d.commit)));
         self.pending.push(Pending::Commit(Box::new(expect)));
     }

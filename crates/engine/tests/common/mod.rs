@@ -4,7 +4,9 @@
 
 #![allow(dead_code)]
 
-use settle_store::{ManualClock, SqliteStore};
+use std::time::Duration;
+
+use settle_store::{Clock as _, ManualClock, SqliteStore};
 
 /// Where every manual clock starts: 2026-01-01T00:00:00Z.
 pub const T0: i64 = 1_767_225_600_000;
@@ -66,4 +68,27 @@ pub fn caller() -> settle_core::Machine {
         .action("ask", ["told"])
         .build()
         .unwrap()
+}
+
+/// Moves the clock to `at`, then on a little at a time (the bulk runner paces its pages on
+/// it) until `done` holds; fails after 20 seconds of real time.
+pub async fn settle_at<F, Fut>(clock: &ManualClock, at: i64, done: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = clock.now_ms();
+        if now < at {
+            clock.advance(Duration::from_millis((at - now) as u64));
+        } else if done().await {
+            return;
+        } else {
+            // Pages of bulk operations pace on this clock: let a little time pass.
+            clock.advance(Duration::from_millis(10));
+        }
+        assert!(tokio::time::Instant::now() < deadline, "nothing settled by {}", settle_core::time::format_time(at));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }

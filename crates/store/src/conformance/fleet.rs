@@ -9,7 +9,7 @@ use settle_core::MachineName;
 
 use super::telemetry::telemetry_fixture;
 use super::{T0, command, new_entity, write};
-use crate::{Command, EntityFilter, EntityRow, Op, Store};
+use crate::{Command, EntityFilter, EntityRow, Op, StateMove, Store};
 
 /// Every entity, by a plain scan of the whole table.
 async fn everything<S: Store>(store: &S) -> Vec<EntityRow> {
@@ -51,7 +51,8 @@ pub async fn overview_counts_follow_every_write<S: Store>(store: S) {
     assert!(r.results.iter().all(|r| r.is_ok()), "{r:?}");
     counts_agree(&store, T0 + 2_000).await;
     // An upgrade moves entities between states.
-    let moved = store.machine_migrate("m", vec![("busy".into(), "working".into())], "h2", T0 + 3_000).await.unwrap();
+    let moves = vec![StateMove { version: String::new(), from: "busy".into(), to: "working".into() }];
+    let moved = store.machine_move("m", moves, "h2", T0 + 3_000).await.unwrap();
     assert_eq!(moved, 1);
     counts_agree(&store, T0 + 3_000).await;
 }
@@ -176,4 +177,50 @@ async fn entered_orders_match_a_sort<S: Store>(store: &S, all: &[EntityRow], f: 
 
 fn pair(machine: &str, state: &str) -> (String, String) {
     (machine.to_string(), state.to_string())
+}
+
+/// A deploy moves the entities no engine holds, of the version and state it names: a
+/// renamed state with a history row, a state that stays by its version alone; an entity
+/// held now is left to its engine's next commit. The counts per version follow.
+pub async fn versions_move_the_entities_no_engine_holds<S: Store>(store: S) {
+    let mut ops = Vec::new();
+    for (key, state, hash) in
+        [("a", "idle", Some("h1")), ("b", "idle", Some("h1")), ("c", "busy", Some("h1")), ("d", "idle", None)]
+    {
+        let mut e = new_entity(key, state, None);
+        e.machine_hash = hash.map(String::from);
+        ops.push(Op::Create(e));
+    }
+    write(&store, T0, ops, false).await;
+    // `b` is held: an event claims it.
+    let (held, _) = super::claim_with_event(&store, T0 + 1, "b").await;
+    assert_eq!(held.key.as_str(), "b");
+    let by_version = store.entity_count_by_version("m").await.unwrap();
+    let want =
+        |v: &[(&str, &str, u64)]| v.iter().map(|(h, s, n)| (h.to_string(), s.to_string(), *n)).collect::<Vec<_>>();
+    assert_eq!(by_version, want(&[("", "idle", 1), ("h1", "busy", 1), ("h1", "idle", 2)]));
+    let moves = vec![
+        StateMove { version: "h1".into(), from: "idle".into(), to: "idle".into() },
+        StateMove { version: "h1".into(), from: "busy".into(), to: "working".into() },
+    ];
+    assert_eq!(
+        store.machine_move("m", moves, "h2", T0 + 2).await.unwrap(),
+        2,
+        "a and c; b is held, d is of no version named"
+    );
+    assert_eq!(
+        store.entity_count_by_version("m").await.unwrap(),
+        want(&[("", "idle", 1), ("h1", "idle", 1), ("h2", "idle", 1), ("h2", "working", 1)])
+    );
+    let (a, c) = (super::get(&store, "a").await, super::get(&store, "c").await);
+    assert_eq!((a.version, a.machine_hash.as_deref()), (1, Some("h2")), "a state that stays keeps the version number");
+    assert_eq!((c.state.as_str(), c.version, c.machine_hash.as_deref()), ("working", 2, Some("h2")));
+    let history = store.history_list(c.id).await.unwrap();
+    let last = history.last().unwrap();
+    assert_eq!((last.from.as_deref(), last.to.as_deref()), (Some("busy"), Some("working")));
+    assert_eq!(store.history_list(a.id).await.unwrap().len(), 1, "a version alone writes no history");
+    // The entities of no recorded version move when named by "".
+    let moves = vec![StateMove { version: String::new(), from: "idle".into(), to: "idle".into() }];
+    assert_eq!(store.machine_move("m", moves, "h2", T0 + 3).await.unwrap(), 1);
+    counts_agree(&store, T0 + 3).await;
 }

@@ -40,7 +40,9 @@ pub use commits::{
 };
 pub use entities::{create_get_and_duplicate, listing_counts_and_metadata};
 pub use feed::{read_all as feed_read_all, the_feed_resumes_from_any_position_without_gaps};
-pub use fleet::{filtered_pages_match_a_scan, overview_counts_follow_every_write};
+pub use fleet::{
+    filtered_pages_match_a_scan, overview_counts_follow_every_write, versions_move_the_entities_no_engine_holds,
+};
 pub use leases::{
     auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
     release_never_strands_events,
@@ -189,7 +191,8 @@ macro_rules! store_conformance_suite {
                 an_internal_event_heads_the_inbox, pruning_removes_every_row_an_ended_entity_left,
                 pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past,
                 bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order,
-                the_feed_resumes_from_any_position_without_gaps, schedules_sync_lease_advance_and_pause;
+                the_feed_resumes_from_any_position_without_gaps, schedules_sync_lease_advance_and_pause,
+                versions_move_the_entities_no_engine_holds;
             store_and_dialect: effects_are_atomic
         );
     };

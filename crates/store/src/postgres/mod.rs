@@ -355,7 +355,7 @@ impl Store for PgStore {
             transact(w, "machine_put", |c, _| {
                 c.exec(
                     "INSERT INTO machines (name, hash, definition, created_at) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (name, hash) DO NOTHING",
+                     ON CONFLICT (name, hash) DO UPDATE SET created_at = excluded.created_at",
                     &[&name, &hash, &definition, &now],
                 )?;
                 Ok(())
@@ -562,16 +562,23 @@ impl Store for PgStore {
         self.on_reader(move |c| read::operation_scan(c, &filter, before, window, limit)).await
     }
 
-    async fn machine_migrate(
-        &self,
-        machine: &str,
-        moves: Vec<(String, String)>,
-        hash: &str,
-        now: Millis,
-    ) -> Result<u64> {
+    async fn entity_count_by_version(&self, machine: &str) -> Result<Vec<(String, String, u64)>> {
+        let machine = machine.to_string();
+        self.on_reader(move |c| {
+            let rows = c.query(
+                "SELECT COALESCE(machine_hash, ''), state, COUNT(*) FROM entities WHERE machine = $1
+                 GROUP BY 1, 2 ORDER BY 1, 2",
+                &[&machine],
+            )?;
+            read::all(rows, |r| Ok((r.try_get(0)?, r.try_get(1)?, read::count(r, 2)?)))
+        })
+        .await
+    }
+
+    async fn machine_move(&self, machine: &str, moves: Vec<crate::StateMove>, hash: &str, now: Millis) -> Result<u64> {
         let (machine, hash) = (machine.to_string(), hash.to_string());
         self.on_writer(move |w| {
-            transact(w, "machine_migrate", |c, _| schema::migrate_states(c, &machine, &moves, &hash, now))
+            transact(w, "machine_move", |c, _| schema::migrate_states(c, &machine, &moves, &hash, now))
         })
         .await
     }

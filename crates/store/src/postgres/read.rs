@@ -13,7 +13,7 @@ use crate::{
 
 type R<T> = std::result::Result<T, Failure>;
 
-fn count(r: &Row, col: usize) -> R<u64> {
+pub(crate) fn count(r: &Row, col: usize) -> R<u64> {
     Ok(r.try_get::<_, i64>(col)?.max(0) as u64)
 }
 
@@ -104,7 +104,7 @@ fn machine_from_row(r: &Row) -> R<MachineRecord> {
     })
 }
 
-fn all<T>(rows: Vec<Row>, f: impl Fn(&Row) -> R<T>) -> R<Vec<T>> {
+pub(crate) fn all<T>(rows: Vec<Row>, f: impl Fn(&Row) -> R<T>) -> R<Vec<T>> {
     rows.iter().map(f).collect()
 }
 

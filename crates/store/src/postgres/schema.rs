@@ -86,32 +86,44 @@ pub(super) fn migrate(c: &mut Conn) -> Result<()> {
     }
 }
 
-/// Moves entities of `machine` from old to new state names (see `Store::machine_migrate`).
+/// Moves entities of `machine` to the version `hash` (see `Store::machine_move`).
 pub(super) fn migrate_states(
     c: &mut WriterConn,
     machine: &str,
-    moves: &[(String, String)],
+    moves: &[crate::StateMove],
     hash: &str,
     now: Millis,
 ) -> std::result::Result<u64, Failure> {
     let mut moved = 0;
-    for (old, new) in moves {
+    for m in moves {
+        let (old, new, version) = (&m.from, &m.to, &m.version);
+        if old == new {
+            moved += c.exec(
+                "UPDATE entities SET machine_hash = $3
+                 WHERE machine = $1 AND state = $2 AND COALESCE(machine_hash, '') = $4 AND lease_owner IS NULL",
+                &[&machine, old, &hash, version],
+            )?;
+            continue;
+        }
         c.exec(
             "INSERT INTO history (entity_id, from_state, to_state, kind, retry, at, detail, machine_hash)
              SELECT id, state, $3, 'command', 0, $4, 'upgrade: state renamed', $5
-             FROM entities WHERE machine = $1 AND state = $2",
-            &[&machine, old, new, &now, &hash],
+             FROM entities
+             WHERE machine = $1 AND state = $2 AND COALESCE(machine_hash, '') = $6 AND lease_owner IS NULL",
+            &[&machine, old, new, &now, &hash, version],
         )?;
         // A renamed state keeps its open agent task, fenced by the entity's new version.
         c.exec(
             "UPDATE agent_tasks SET state = $3, entity_version = entity_version + 1
              WHERE status IN ('ready', 'leased')
-               AND entity_id IN (SELECT id FROM entities WHERE machine = $1 AND state = $2)",
-            &[&machine, old, new],
+               AND entity_id IN (SELECT id FROM entities WHERE machine = $1 AND state = $2
+                                 AND COALESCE(machine_hash, '') = $4 AND lease_owner IS NULL)",
+            &[&machine, old, new, version],
         )?;
         moved += c.exec(
-            "UPDATE entities SET state = $3, version = version + 1, machine_hash = $4 WHERE machine = $1 AND state = $2",
-            &[&machine, old, new, &hash],
+            "UPDATE entities SET state = $3, version = version + 1, machine_hash = $4
+             WHERE machine = $1 AND state = $2 AND COALESCE(machine_hash, '') = $5 AND lease_owner IS NULL",
+            &[&machine, old, new, &hash, version],
         )?;
     }
     Ok(moved)

@@ -422,7 +422,7 @@ impl Store for SqliteStore {
         self.on_writer(move |c| {
             c.execute(
                 "INSERT INTO machines (name, hash, definition, created_at) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (name, hash) DO NOTHING",
+                 ON CONFLICT (name, hash) DO UPDATE SET created_at = excluded.created_at",
                 params![name, hash, definition, now],
             )
             .map(|_| ())
@@ -551,13 +551,23 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn machine_migrate(
-        &self,
-        machine: &str,
-        moves: Vec<(String, String)>,
-        hash: &str,
-        now: Millis,
-    ) -> Result<u64> {
+    async fn entity_count_by_version(&self, machine: &str) -> Result<Vec<(String, String, u64)>> {
+        let machine = machine.to_string();
+        self.on_reader(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT COALESCE(machine_hash, ''), state, COUNT(*) FROM entities WHERE machine = ?1
+                     GROUP BY 1, 2 ORDER BY 1, 2",
+                )
+                .map_err(db_err)?;
+            stmt.query_map([machine], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as u64)))
+                .and_then(|rows| rows.collect())
+                .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn machine_move(&self, machine: &str, moves: Vec<crate::StateMove>, hash: &str, now: Millis) -> Result<u64> {
         let (machine, hash) = (machine.to_string(), hash.to_string());
         self.on_writer(move |c| {
             let tx = c.transaction().map_err(db_err)?;

@@ -42,33 +42,44 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
-/// Moves entities of `machine` from old to new state names (see `Store::machine_migrate`).
+/// Moves entities of `machine` to the version `hash` (see `Store::machine_move`).
 pub(super) fn migrate_states(
     tx: &Connection,
     machine: &str,
-    moves: &[(String, String)],
+    moves: &[crate::StateMove],
     hash: &str,
     now: Millis,
 ) -> rusqlite::Result<u64> {
     let mut moved = 0;
-    for (old, new) in moves {
+    for m in moves {
+        let (old, new, version) = (&m.from, &m.to, &m.version);
+        if old == new {
+            moved += tx.execute(
+                "UPDATE entities SET machine_hash = ?3
+                 WHERE machine = ?1 AND state = ?2 AND COALESCE(machine_hash, '') = ?4 AND lease_owner IS NULL",
+                params![machine, old, hash, version],
+            )? as u64;
+            continue;
+        }
         tx.execute(
             "INSERT INTO history (entity_id, from_state, to_state, kind, retry, at, detail, machine_hash)
              SELECT id, state, ?3, 'command', 0, ?4, 'upgrade: state renamed', ?5
-             FROM entities WHERE machine = ?1 AND state = ?2",
-            params![machine, old, new, now, hash],
+             FROM entities
+             WHERE machine = ?1 AND state = ?2 AND COALESCE(machine_hash, '') = ?6 AND lease_owner IS NULL",
+            params![machine, old, new, now, hash, version],
         )?;
         // A renamed state keeps its open agent task, fenced by the entity's new version.
         tx.execute(
             "UPDATE agent_tasks SET state = ?3, entity_version = entity_version + 1
              WHERE status IN ('ready', 'leased')
-               AND entity_id IN (SELECT id FROM entities WHERE machine = ?1 AND state = ?2)",
-            params![machine, old, new],
+               AND entity_id IN (SELECT id FROM entities WHERE machine = ?1 AND state = ?2
+                                 AND COALESCE(machine_hash, '') = ?4 AND lease_owner IS NULL)",
+            params![machine, old, new, version],
         )?;
         moved += tx.execute(
             "UPDATE entities SET state = ?3, version = version + 1, machine_hash = ?4
-             WHERE machine = ?1 AND state = ?2",
-            params![machine, old, new, hash],
+             WHERE machine = ?1 AND state = ?2 AND COALESCE(machine_hash, '') = ?5 AND lease_owner IS NULL",
+            params![machine, old, new, hash, version],
         )? as u64;
     }
     Ok(moved)

@@ -1,0 +1,314 @@
+//! Definitions deployed to a running deployment (DESIGN §9, "Versions").
+//!
+//! A deploy ([`Engine::deploy`]) checks each new version against the live entities of its
+//! machine first (`settle_core::upgrade::plan`: every state they are in, or, pinned, may
+//! come to rest in, must have a home), refuses one that would strand any (naming them),
+//! then stores it as the machine's current version, moves the entities the plan moves
+//! now, and replaces the engine's registry. New entities start under the new version; an
+//! entity keeps the version it runs under until it moves: at once (`upgrade = "migrate"`,
+//! the default), or once at rest (`pin`), with its own commit (`decide::upgrade`). Several
+//! versions thus run side by side, each entity decided by its own.
+//!
+//! Every instance takes a deploy up without a restart: a deploy writes a marker
+//! ([`MARKER`]) after its versions, which each engine reads every `poll` ([`watch`]) and,
+//! when it changed, reads the stored versions again ([`Engine::reload`]).
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use settle_core::upgrade::{Occupied, Plan};
+use settle_core::{Machine, MachineName};
+use settle_store::{EntityFilter, Millis, StateMove, Store};
+
+use crate::engine::{Engine, Inner};
+use crate::error::{Error, Result};
+use crate::registry::Registry;
+
+/// The store's meta key a deploy writes last: `{deployed_at}:{machine}:{hash}` of the
+/// newest version deployed.
+pub(crate) const MARKER: &str = "definitions.deployed";
+
+/// How many entities a refusal names per state.
+const NAMED: u64 = 10;
+
+/// What a deploy did (or, on a dry run, would do) to one machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployed {
+    /// The machine.
+    pub machine: String,
+    /// The version deployed (its content hash).
+    pub version: String,
+    /// The version it replaces as current, if any.
+    pub previous: Option<String>,
+    /// How live entities move to it: `pin` or `migrate`.
+    pub upgrade: &'static str,
+    /// Entities moved to it now.
+    pub moved: u64,
+    /// Entities working under an older version that keep it until they rest (`pin`).
+    pub pinned: u64,
+    /// The version was already the current one: nothing changed.
+    pub unchanged: bool,
+}
+
+/// Live entities a refused version would strand: in `state` (or, working in it, could
+/// come to rest in `rest`), which the new version has no home for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stranded {
+    /// The machine.
+    pub machine: String,
+    /// The state they are in.
+    pub state: String,
+    /// For pinned entities still working: the state they may come to rest in.
+    pub rest: Option<String>,
+    /// How many.
+    pub count: u64,
+    /// The keys of the first of them (up to ten).
+    pub keys: Vec<String>,
+}
+
+impl<S: Store + Clone> Engine<S> {
+    /// Deploys `machines` (validated definitions) to the running deployment: each one
+    /// whose content differs from its machine's current version is checked against the
+    /// live entities, then stored as the current version; the entities the machine's
+    /// `upgrade` policy moves now move; this engine runs it at once, every other instance
+    /// within its `poll`. With `dry_run`, checks and answers what would happen, changing
+    /// nothing.
+    ///
+    /// All or nothing for the checks: a version that would strand live entities refuses
+    /// the whole deploy ([`Error::UpgradeRefused`], naming them) before anything is
+    /// stored; so do an invalid set of machines (a version referring to a machine or
+    /// event the others do not declare) and an action this engine has no handler for.
+    pub async fn deploy(&self, machines: Vec<Machine>, dry_run: bool) -> Result<Vec<Deployed>> {
+        let _one = self.inner.deploying.lock().await;
+        self.reload().await?;
+        let registry = self.inner.registry();
+        let mut next = (*registry).clone();
+        let mut changed: Vec<(Arc<Machine>, String)> = Vec::new();
+        let mut out: Vec<Deployed> = Vec::new();
+        for m in machines {
+            let hash = m.content_hash();
+            if next.hashes.get(m.name()) == Some(&hash) {
+                out.push(Deployed {
+                    machine: m.name().to_string(),
+                    previous: Some(hash.clone()),
+                    version: hash,
+                    upgrade: m.upgrade().as_str(),
+                    moved: 0,
+                    pinned: 0,
+                    unchanged: true,
+                });
+                continue;
+            }
+            let m = Arc::new(m);
+            next.set_current(m.clone(), hash.clone());
+            changed.push((m, hash));
+        }
+        let all: Vec<&Machine> = next.machines.values().map(|m| m.as_ref()).collect();
+        let report = settle_core::validate::check_set(&all);
+        if report.has_errors() {
+            return Err(Error::Invalid(report));
+        }
+        check_handlers(&next)?;
+        let mut plans = Vec::new();
+        for (m, hash) in &changed {
+            plans.push(plan(&self.inner.store, &registry, m, hash).await?);
+        }
+        let now = self.inner.clock.now_ms();
+        for ((m, hash), plan) in changed.iter().zip(&plans) {
+            let moved = if dry_run {
+                plan.moves.iter().map(|mv| mv.count).sum()
+            } else {
+                store_version(&self.inner.store, m, hash, plan, now).await?
+            };
+            out.push(Deployed {
+                machine: m.name().to_string(),
+                version: hash.clone(),
+                previous: registry.hashes.get(m.name()).cloned(),
+                upgrade: m.upgrade().as_str(),
+                moved,
+                pinned: plan.pinned.iter().map(|p| p.2).sum(),
+                unchanged: false,
+            });
+        }
+        if !dry_run && !changed.is_empty() {
+            let marker = changed.last().map(|(m, h)| format!("{now}:{}:{h}", m.name())).unwrap_or_default();
+            self.inner.store.meta_put(MARKER, &marker).await?;
+            *self.inner.deployed.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker);
+            self.inner.registries.replace(next);
+            self.after_replace().await?;
+            for d in &out {
+                tracing::info!(machine = %d.machine, version = %d.version, moved = d.moved, pinned = d.pinned, "version deployed");
+            }
+        }
+        out.sort_by(|a, b| a.machine.cmp(&b.machine));
+        Ok(out)
+    }
+
+    /// Takes up the versions other instances deployed since this engine last looked: the
+    /// newest stored version of each machine it knows becomes its current one, and the
+    /// older ones stay known for the entities still under them. Runs on its own every
+    /// `poll`; call it to take them up now.
+    pub async fn reload(&self) -> Result<()> {
+        let store = &self.inner.store;
+        let marker = store.meta_get(MARKER).await?;
+        if marker == *self.inner.deployed.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Ok(());
+        }
+        let mut next = (*self.inner.registry()).clone();
+        let changed = take_up(store, &mut next).await?;
+        *self.inner.deployed.lock().unwrap_or_else(|e| e.into_inner()) = marker;
+        if changed {
+            self.inner.registries.replace(next);
+            self.after_replace().await?;
+        }
+        Ok(())
+    }
+
+    /// What follows a new registry: the schedules it declares are stored.
+    async fn after_replace(&self) -> Result<()> {
+        crate::schedules::sync(self).await?;
+        self.inner.schedules.notify_one();
+        Ok(())
+    }
+}
+
+/// Every action of a served machine that needs a handler has one.
+pub(crate) fn check_handlers(registry: &Registry) -> Result<()> {
+    let mut missing = Vec::new();
+    for m in registry.machines.values().filter(|m| registry.serves(m.name())) {
+        for a in m.actions_needing_handlers() {
+            if registry.handler(m.name(), &a.name).is_none() {
+                missing.push(format!("action `{}` of machine `{}`", a.name, m.name()));
+            }
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    missing.sort();
+    Err(Error::MissingHandlers(missing))
+}
+
+/// Reads the stored versions of the machines `registry` knows: the newest of each becomes
+/// current (read from the store: another instance deployed it), every other one is known
+/// by its hash. Answers whether anything changed.
+pub(crate) async fn take_up<S: Store>(store: &S, registry: &mut Registry) -> Result<bool> {
+    let stored = store.machine_list().await?;
+    let mut changed = false;
+    let names: Vec<MachineName> = registry.machines.keys().cloned().collect();
+    for name in names {
+        let mut versions: Vec<_> = stored.iter().filter(|r| r.name == name).collect();
+        versions.sort_by_key(|r| r.created_at);
+        for r in &versions {
+            if registry.versions.contains_key(&r.hash) {
+                continue;
+            }
+            match Machine::from_canonical_json(&r.definition) {
+                Ok(m) => {
+                    registry.versions.insert(r.hash.clone(), Arc::new(m));
+                }
+                Err(e) => {
+                    tracing::warn!(machine = %name, version = %r.hash, error = %e, "a stored version does not read back; its entities run under the current one");
+                }
+            }
+        }
+        let Some(newest) = versions.last() else { continue };
+        if registry.hashes.get(&name) != Some(&newest.hash)
+            && let Some(m) = registry.versions.get(&newest.hash).cloned()
+        {
+            tracing::info!(machine = %name, version = %newest.hash, "took up a deployed version");
+            registry.set_current(m, newest.hash.clone());
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
+/// Plans the deploy of `new` (hash `hash`) over its machine's live entities, each under
+/// the version it runs under (`registry`'s; an unknown or unrecorded one counts as the
+/// current). Refused with the first keys of every stranded state.
+pub(crate) async fn plan<S: Store>(store: &S, registry: &Registry, new: &Machine, hash: &str) -> Result<Plan> {
+    let counts = store.entity_count_by_version(new.name()).await?;
+    let current = registry.machines.get(new.name());
+    let occupied: Vec<Occupied<'_>> = counts
+        .iter()
+        .map(|(h, state, count)| Occupied {
+            hash: h,
+            version: registry.versions.get(h).filter(|m| m.name() == new.name()).or(current).map(|m| m.as_ref()),
+            state,
+            count: *count,
+        })
+        .collect();
+    let refused = match settle_core::upgrade::plan(new, hash, &occupied) {
+        Ok(plan) => return Ok(plan),
+        Err(refused) => refused,
+    };
+    let mut stranded = Vec::new();
+    let all = refused.unmapped.iter().map(|(s, n)| (s, None, *n));
+    for (state, rest, count) in all.chain(refused.would_rest.iter().map(|(s, r, n)| (s, Some(r), *n))) {
+        let filter = EntityFilter {
+            machine: Some(new.name().to_string()),
+            state: Some(state.clone()),
+            limit: Some(NAMED),
+            ..EntityFilter::default()
+        };
+        let keys = store.entity_list(filter).await?.into_iter().map(|e| e.key.to_string()).collect();
+        stranded.push(Stranded {
+            machine: new.name().to_string(),
+            state: state.clone(),
+            rest: rest.cloned(),
+            count,
+            keys,
+        });
+    }
+    let mut message = refused.to_string();
+    for s in &stranded {
+        let more = s.count.saturating_sub(s.keys.len() as u64);
+        let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+        message.push_str(&format!("; in `{}`: {}{tail}", s.state, s.keys.join(", ")));
+    }
+    Err(Error::UpgradeRefused { message, stranded })
+}
+
+/// Stores `machine` as its machine's current version (deployed after every stored one)
+/// and moves the entities `plan` moves now. Returns how many moved.
+pub(crate) async fn store_version<S: Store>(
+    store: &S,
+    machine: &Machine,
+    hash: &str,
+    plan: &Plan,
+    now: Millis,
+) -> Result<u64> {
+    let name = machine.name().as_str();
+    let latest = store.machine_list().await?.iter().filter(|r| r.name == *name).map(|r| r.created_at).max();
+    let at = latest.map_or(now, |l| now.max(l + 1));
+    store.machine_put(name, hash, &machine.canonical_json(), at).await?;
+    let moves: Vec<StateMove> = plan
+        .moves
+        .iter()
+        .map(|m| StateMove { version: m.hash.clone(), from: m.from.clone(), to: m.to.clone() })
+        .collect();
+    if moves.is_empty() {
+        return Ok(0);
+    }
+    let moved = store.machine_move(name, moves, hash, now).await?;
+    if moved > 0 {
+        tracing::info!(machine = %name, entities = moved, "moved entities to the deployed version");
+    }
+    Ok(moved)
+}
+
+/// Takes up deploys made by other instances every `poll`, until the engine goes away.
+pub(crate) async fn watch<S: Store + Clone>(inner: Weak<Inner<S>>, poll: Duration) {
+    loop {
+        tokio::time::sleep(poll).await;
+        let Some(strong) = inner.upgrade() else { return };
+        if strong.tx.is_closed() {
+            return;
+        }
+        let engine = Engine { inner: strong };
+        if let Err(e) = engine.reload().await {
+            tracing::warn!(error = %e, "reading deployed versions failed; trying again");
+        }
+    }
+}
