@@ -8,10 +8,12 @@
 //! adds conversions from the store's rows.
 
 mod bulk;
+mod deploy;
 mod feed;
 mod schedule;
 
 pub use bulk::{Bulk, BulkDryRun, BulkFilter, BulkList, BulkRequest};
+pub use deploy::{DeployFile, DeployRequest, DeployResult, Deployed, Stranded};
 pub use feed::Change;
 pub use schedule::{Schedule, ScheduleList};
 
@@ -45,7 +47,7 @@ pub struct Entity {
     pub lease_owner: Option<String>,
     /// active, paused, sleeping, fault, failed or killed.
     pub run_status: String,
-    /// The version (hash) of its machine's definition it last moved under (`graph?version=`
+    /// The version (hash) of its machine's definition it runs under (`graph?version=`
     /// draws that one).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub machine_version: Option<String>,

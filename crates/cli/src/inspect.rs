@@ -291,7 +291,7 @@ pub async fn machines(db: &str, as_json: bool) -> anyhow::Result<ExitCode> {
             continue;
         }
         if i == 0 {
-            println!("{:<20} {:<14} {:<23} {:>9}  current", "MACHINE", "VERSION", "STORED", "ENTITIES");
+            println!("{:<20} {:<14} {:<23} {:>9}  current", "MACHINE", "VERSION", "DEPLOYED", "ENTITIES");
         }
         println!(
             "{:<20} {:<14} {:<23} {:>9}  {}",

@@ -7,6 +7,7 @@ mod bulk;
 mod defs;
 mod demo;
 mod demo_run;
+mod deploy;
 mod engines;
 mod feed;
 mod inspect;
@@ -257,6 +258,14 @@ enum Command {
         #[command(subcommand)]
         command: bulk::BulkCommand,
     },
+    /// Deploy new versions of machines to a running deployment: each is checked against
+    /// the live entities (refused, naming them, if it would strand any), then stored as its
+    /// machine's current version; `upgrade = "pin"` keeps working entities on their version
+    /// until they rest, the default moves them at once. Running instances take it up within
+    /// a second, without a restart. Over `--server`, an admin token.
+    #[command(after_help = "Examples:\n  settle deploy machines/server.toml --dry-run\n  \
+                            settle --server http://127.0.0.1:7400 deploy machines/*.toml")]
+    Deploy(deploy::DeployArgs),
     /// Calendar schedules (`[schedules.NAME]` in a machine): each with its next fire and
     /// counts of fires fired, missed (no engine ran) and skipped (the last still ran);
     /// pause and resume.
@@ -494,6 +503,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         Command::Schedules { command } => {
             runtime()?.block_on(schedules::local(&db_path(&cli.db), &machines()?, command))
         }
+        Command::Deploy(args) => runtime()?.block_on(deploy::local(&db_path(&cli.db), &machines()?, args)),
         Command::Check(args) => runtime()?.block_on(operate::check(&db_path(&cli.db), &machines()?, args)),
         Command::Prune(args) => runtime()?.block_on(prune::run(&db_path(&cli.db), &machines()?, args)),
         Command::Ops { outcome, limit, json } => {
@@ -567,6 +577,7 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
         Command::Raise(args) => Box::pin(remote::raise(c, args)),
         Command::Bulk { command } => Box::pin(bulk::remote(c, command)),
         Command::Schedules { command } => Box::pin(schedules::remote(c, command)),
+        Command::Deploy(args) => Box::pin(deploy::remote(c, args)),
         Command::Check(args) => Box::pin(remote::check(c, args)),
         Command::Op { request_id, json } => Box::pin(async move { remote::operation(c, &request_id, json).await }),
         Command::Related { machine, key, json } => {
@@ -607,6 +618,7 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         | Command::Raise(_)
         | Command::Bulk { .. }
         | Command::Schedules { .. }
+        | Command::Deploy(_)
         | Command::Check(_)
         | Command::Pause(_)
         | Command::Resume(_)

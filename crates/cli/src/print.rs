@@ -55,6 +55,7 @@ pub fn entity_json(e: &Entity) -> Value {
         "lease_owner": e.lease_owner,
         "run_status": e.run_status,
         "sleep_until": e.sleep_until,
+        "machine_version": e.machine_version,
     });
     // Only the server knows them (its GET): shown when there are any.
     if let Some(fires) = e.next_fires.as_ref().filter(|f| !f.is_empty()) {
@@ -157,6 +158,9 @@ pub fn entity(e: &Entity, detail: Option<&Detail>, as_json: bool) {
     println!("key:        {}", e.key);
     println!("state:      {} (entered {}, retry {})", e.state, fmt_time(e.entered_at), e.retry);
     println!("version:    {}", e.version);
+    if let Some(v) = &e.machine_version {
+        println!("definition: {} (the machine's version it runs under)", v.chars().take(12).collect::<String>());
+    }
     let until = e.sleep_until.map(|t| format!(" until {}", fmt_time(t))).unwrap_or_default();
     println!("run status: {}{until}", e.run_status);
     if let Some(d) = detail {

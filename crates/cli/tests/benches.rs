@@ -247,3 +247,52 @@ fn bulk_on_postgres() {
     let Some(url) = settle_store::postgres::test_url("bench_bulk") else { return };
     check_bulk(&url);
 }
+
+/// `bench chain --deploy`: a pinning version deployed halfway through the run; every
+/// workflow finishes and ends under it (the bench fails otherwise).
+fn check_deploy(v: &Value, workflows: u64) {
+    assert_eq!(v["workflows"], workflows, "{v}");
+    let d = &v["deploy"];
+    assert_eq!(d["version"].as_str().map(str::len), Some(12), "{v}");
+    assert!(d["moved"].as_u64().is_some() && d["pinned"].as_u64().is_some(), "{v}");
+}
+
+#[test]
+fn chain_with_a_deploy_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("deploy.db");
+    let v =
+        bench(db.to_str().unwrap(), &["chain", "--entities", "400", "--steps", "3", "--concurrency", "32", "--deploy"]);
+    check_deploy(&v, 400);
+    assert_eq!(v["deploy"]["settled_after"], 0, "every pinned workflow moved on its own: {v}");
+    // `settle machines` counts every entity under the new version.
+    let o = settle(Path::new(&db), &["machines", "--json"]);
+    let rows: Vec<Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let chain: Vec<&Value> = rows.iter().filter(|r| r["machine"] == "chain3").collect();
+    assert_eq!(chain.len(), 2, "{rows:?}");
+    assert_eq!((chain[0]["entities"].as_u64(), chain[1]["entities"].as_u64()), (Some(0), Some(400)), "{rows:?}");
+    assert_eq!(chain[1]["current"], true);
+}
+
+#[test]
+fn chain_with_a_deploy_on_postgres() {
+    for instances in ["0", "1"] {
+        let Some(url) = settle_store::postgres::test_url("benchdeploy") else { return };
+        let v = bench(
+            &url,
+            &[
+                "chain",
+                "--entities",
+                "200",
+                "--steps",
+                "3",
+                "--concurrency",
+                "16",
+                "--instances",
+                instances,
+                "--deploy",
+            ],
+        );
+        check_deploy(&v, 200);
+    }
+}

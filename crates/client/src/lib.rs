@@ -32,11 +32,12 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 pub use settle_api::{
-    Bulk, BulkDryRun, BulkFilter, BulkRequest, CompleteRequest, Entity, EntityPage, EventCheck, FailRequest,
-    HistoryEntry, NextFire, NextTasks, Operation, OperationTrace, Outcome, QueuedEvent, Related, ReportCreate,
-    ReportMany, ReportRaise, ReportResult, ReportsHandled, Schedule, Task, TaskReport, Verdict, Why, WhyStep,
+    Bulk, BulkDryRun, BulkFilter, BulkRequest, CompleteRequest, DeployResult, Deployed, Entity, EntityPage, EventCheck,
+    FailRequest, HistoryEntry, NextFire, NextTasks, Operation, OperationTrace, Outcome, QueuedEvent, Related,
+    ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled, Schedule, Task, TaskReport, Verdict, Why,
+    WhyStep,
 };
-use settle_api::{BulkList, Leased, OperationList, ScheduleList};
+use settle_api::{BulkList, DeployFile, DeployRequest, Leased, OperationList, ScheduleList};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -495,6 +496,14 @@ impl Client {
     pub async fn schedule_pause(&self, machine: &str, name: &str, paused: bool) -> Result<Schedule, Error> {
         let verb = if paused { "pause" } else { "resume" };
         self.post(&format!("/v1/schedules/{}/{}/{verb}", seg(machine), seg(name)), &json!({})).await
+    }
+
+    /// Deploys new versions of machines (`POST /v1/machines`, admin): `files` are
+    /// `(file name, TOML text)`; with `dry_run`, answers what would happen.
+    pub async fn deploy(&self, files: Vec<(String, String)>, dry_run: bool) -> Result<DeployResult, Error> {
+        let files = files.into_iter().map(|(name, toml)| DeployFile { name, toml }).collect();
+        let body = serde_json::to_value(DeployRequest { files, dry_run }).unwrap_or_default();
+        self.post("/v1/machines", &body).await
     }
 
     /// Why the entity failed, down to the first cause (`GET …/why`).

@@ -125,6 +125,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 bulk_progress: tokio::sync::Notify::new(),
                 schedules: Arc::new(tokio::sync::Notify::new()),
                 deploying: tokio::sync::Mutex::new(()),
+                poll: deploy_poll,
                 deployed: std::sync::Mutex::new(deployed),
             }),
         };
@@ -223,7 +224,8 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 previous.machines.insert(name.clone(), v);
             }
             let plan = crate::deploy::plan(&self.store, &previous, &m, &hash).await?;
-            crate::deploy::store_version(&self.store, &m, &hash, &plan, now).await?;
+            crate::deploy::store_version(&self.store, &m, &hash, now).await?;
+            crate::deploy::move_entities(&self.store, &name, &hash, &plan, now).await?;
         }
         // The version deployed since may need other handlers.
         crate::deploy::check_handlers(&self.registry)?;

@@ -21,7 +21,7 @@ use settle_core::{Machine, MachineName};
 use settle_store::{EntityFilter, Millis, StateMove, Store};
 
 use crate::engine::{Engine, Inner};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Stranded};
 use crate::registry::Registry;
 
 /// The store's meta key a deploy writes last: `{deployed_at}:{machine}:{hash}` of the
@@ -50,22 +50,6 @@ pub struct Deployed {
     pub unchanged: bool,
 }
 
-/// Live entities a refused version would strand: in `state` (or, working in it, could
-/// come to rest in `rest`), which the new version has no home for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stranded {
-    /// The machine.
-    pub machine: String,
-    /// The state they are in.
-    pub state: String,
-    /// For pinned entities still working: the state they may come to rest in.
-    pub rest: Option<String>,
-    /// How many.
-    pub count: u64,
-    /// The keys of the first of them (up to ten).
-    pub keys: Vec<String>,
-}
-
 impl<S: Store + Clone> Engine<S> {
     /// Deploys `machines` (validated definitions) to the running deployment: each one
     /// whose content differs from its machine's current version is checked against the
@@ -79,6 +63,12 @@ impl<S: Store + Clone> Engine<S> {
     /// stored; so do an invalid set of machines (a version referring to a machine or
     /// event the others do not declare) and an action this engine has no handler for.
     pub async fn deploy(&self, machines: Vec<Machine>, dry_run: bool) -> Result<Vec<Deployed>> {
+        let mut names: Vec<&str> = machines.iter().map(|m| m.name().as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            let what = "two definitions of it in one deploy".to_string();
+            return Err(Error::Unsupported { machine: w[0].to_string(), what });
+        }
         let _one = self.inner.deploying.lock().await;
         self.reload().await?;
         let registry = self.inner.registry();
@@ -114,12 +104,25 @@ impl<S: Store + Clone> Engine<S> {
             plans.push(plan(&self.inner.store, &registry, m, hash).await?);
         }
         let now = self.inner.clock.now_ms();
-        for ((m, hash), plan) in changed.iter().zip(&plans) {
-            let moved = if dry_run {
-                plan.moves.iter().map(|mv| mv.count).sum()
-            } else {
-                store_version(&self.inner.store, m, hash, plan, now).await?
-            };
+        let mut moved = vec![0; changed.len()];
+        if !dry_run && !changed.is_empty() {
+            for (m, hash) in &changed {
+                store_version(&self.inner.store, m, hash, now).await?;
+            }
+            // The new versions run here from now on; once every commit decided before is
+            // written, the entities no engine holds move (a held one moves with its commit).
+            self.inner.registries.replace(next);
+            self.after_replace().await?;
+            self.barrier().await?;
+            for (i, ((m, hash), planned)) in changed.iter().zip(&plans).enumerate() {
+                // Counted again: entities came to other states meanwhile.
+                let now_planned = plan(&self.inner.store, &registry, m, hash).await.ok();
+                let planned = now_planned.as_ref().unwrap_or(planned);
+                moved[i] = move_entities(&self.inner.store, m.name(), hash, planned, now).await?;
+            }
+        }
+        for (i, ((m, hash), plan)) in changed.iter().zip(&plans).enumerate() {
+            let moved = if dry_run { plan.moves.iter().map(|mv| mv.count).sum() } else { moved[i] };
             out.push(Deployed {
                 machine: m.name().to_string(),
                 version: hash.clone(),
@@ -134,8 +137,17 @@ impl<S: Store + Clone> Engine<S> {
             let marker = changed.last().map(|(m, h)| format!("{now}:{}:{h}", m.name())).unwrap_or_default();
             self.inner.store.meta_put(MARKER, &marker).await?;
             *self.inner.deployed.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker);
-            self.inner.registries.replace(next);
-            self.after_replace().await?;
+            // Once every instance took it up, the entities that came to rest under an
+            // older version on one that had not yet move too.
+            let (inner, wait) = (Arc::downgrade(&self.inner), self.inner.poll * 2);
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                if let Some(inner) = inner.upgrade()
+                    && let Err(e) = (Engine { inner }).settle_versions().await
+                {
+                    tracing::warn!(error = %e, "moving entities to the deployed versions failed");
+                }
+            });
             for d in &out {
                 tracing::info!(machine = %d.machine, version = %d.version, moved = d.moved, pinned = d.pinned, "version deployed");
             }
@@ -162,6 +174,39 @@ impl<S: Store + Clone> Engine<S> {
             self.after_replace().await?;
         }
         Ok(())
+    }
+
+    /// Moves to its machine's current version every entity the version's `upgrade` policy
+    /// lets move now and that is still under an older one (reads every entity of the
+    /// machines that have older versions). A deploy does this at once and again two `poll`s
+    /// later (entities another instance brought to rest under an older version before it
+    /// took the deploy up). Returns how many moved.
+    pub async fn settle_versions(&self) -> Result<u64> {
+        let _one = self.inner.deploying.lock().await;
+        let registry = self.inner.registry();
+        let now = self.inner.clock.now_ms();
+        let mut moved = 0;
+        let mut names: Vec<&MachineName> = registry.machines.keys().collect();
+        names.sort();
+        for name in names {
+            let (m, hash) = (&registry.machines[name], &registry.hashes[name]);
+            if !registry.versions.iter().any(|(h, v)| v.name() == name && h != hash) {
+                continue;
+            }
+            let Ok(plan) = plan(&self.inner.store, &registry, m, hash).await else { continue };
+            let moves = state_moves(&plan);
+            if !moves.is_empty() {
+                moved += self.inner.store.machine_move(name, moves, hash, now).await?;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Waits until every commit the scheduler queued before now is written.
+    async fn barrier(&self) -> Result<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(crate::msg::Msg::Barrier(tx))?;
+        rx.await.map_err(|_| Error::Stopped)
     }
 
     /// What follows a new registry: the schedules it declares are stored.
@@ -270,24 +315,25 @@ pub(crate) async fn plan<S: Store>(store: &S, registry: &Registry, new: &Machine
     Err(Error::UpgradeRefused { message, stranded })
 }
 
-/// Stores `machine` as its machine's current version (deployed after every stored one)
-/// and moves the entities `plan` moves now. Returns how many moved.
-pub(crate) async fn store_version<S: Store>(
-    store: &S,
-    machine: &Machine,
-    hash: &str,
-    plan: &Plan,
-    now: Millis,
-) -> Result<u64> {
+/// Stores `machine` as its machine's current version (deployed after every stored one).
+pub(crate) async fn store_version<S: Store>(store: &S, machine: &Machine, hash: &str, now: Millis) -> Result<()> {
     let name = machine.name().as_str();
     let latest = store.machine_list().await?.iter().filter(|r| r.name == *name).map(|r| r.created_at).max();
     let at = latest.map_or(now, |l| now.max(l + 1));
     store.machine_put(name, hash, &machine.canonical_json(), at).await?;
-    let moves: Vec<StateMove> = plan
-        .moves
-        .iter()
-        .map(|m| StateMove { version: m.hash.clone(), from: m.from.clone(), to: m.to.clone() })
-        .collect();
+    Ok(())
+}
+
+/// Moves the entities `plan` moves now to the version `hash` of `name`. Returns how many
+/// moved.
+pub(crate) async fn move_entities<S: Store>(
+    store: &S,
+    name: &str,
+    hash: &str,
+    plan: &Plan,
+    now: Millis,
+) -> Result<u64> {
+    let moves = state_moves(plan);
     if moves.is_empty() {
         return Ok(0);
     }
@@ -296,6 +342,11 @@ pub(crate) async fn store_version<S: Store>(
         tracing::info!(machine = %name, entities = moved, "moved entities to the deployed version");
     }
     Ok(moved)
+}
+
+/// The store's moves of `plan`'s.
+fn state_moves(plan: &Plan) -> Vec<StateMove> {
+    plan.moves.iter().map(|m| StateMove { version: m.hash.clone(), from: m.from.clone(), to: m.to.clone() }).collect()
 }
 
 /// Takes up deploys made by other instances every `poll`, until the engine goes away.

@@ -55,6 +55,8 @@ pub(crate) struct Inner<S> {
     pub(crate) schedules: Arc<tokio::sync::Notify>,
     /// Held while a deploy checks and stores its versions (one at a time per engine).
     pub(crate) deploying: tokio::sync::Mutex<()>,
+    /// How often the store is looked at for what other instances did ([`crate::Config::poll`]).
+    pub(crate) poll: std::time::Duration,
     /// The last deploy marker read from the store (see `crate::deploy`).
     pub(crate) deployed: std::sync::Mutex<Option<String>>,
 }
@@ -428,6 +430,8 @@ impl<S: Store> Engine<S> {
         let m = self.inner.registry().machine(machine)?.clone();
         step::check_raise(&m, event, params)?;
         let e = self.get(machine, key).await?.ok_or_else(|| not_found(machine, key))?;
+        // Decided by the entity's own version, as its processing would be.
+        let (_, m) = self.version_of(&e)?;
         let permission = can_fire(&m, &e, event, params)?;
         Ok((e, permission))
     }
@@ -439,8 +443,9 @@ impl<S: Store> Engine<S> {
         entity: &EntityRow,
         successors: &[EntityRow],
     ) -> Result<Vec<SubscriptionProgress>> {
-        let m = self.inner.registry().machine(&entity.machine)?.clone();
-        Ok(crate::decide::subscription_progress(&m, &self.inner.registry(), entity, successors))
+        let registry = self.inner.registry();
+        let (_, m) = registry.version_of(entity)?;
+        Ok(crate::decide::subscription_progress(&m, &registry, entity, successors))
     }
 
     /// The agent queues the registered machines' actions are bound to.

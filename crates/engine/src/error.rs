@@ -88,7 +88,7 @@ pub enum Error {
         /// What has no home, with the first keys of each state.
         message: String,
         /// The stranded entities, by state.
-        stranded: Vec<crate::deploy::Stranded>,
+        stranded: Vec<Stranded>,
     },
     /// The entity was killed.
     #[error("entity `{key}` of machine `{machine}` was killed")]
@@ -133,3 +133,19 @@ pub enum Error {
 
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Live entities a refused version would strand: in `state` (or, working in it, could
+/// come to rest in `rest`), which the new version has no home for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stranded {
+    /// The machine.
+    pub machine: String,
+    /// The state they are in.
+    pub state: String,
+    /// For pinned entities still working: the state they may come to rest in.
+    pub rest: Option<String>,
+    /// How many.
+    pub count: u64,
+    /// The keys of the first of them (up to ten).
+    pub keys: Vec<String>,
+}

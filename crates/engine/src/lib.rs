@@ -53,9 +53,9 @@ pub use bulk::{
 };
 pub use config::Config;
 pub use decide::subscription_progress_with;
-pub use deploy::{Deployed, Stranded};
+pub use deploy::Deployed;
 pub use engine::{Engine, SubscriptionProgress, can_fire};
-pub use error::{Error, Result};
+pub use error::{Error, Result, Stranded};
 pub use feed::FeedWatch;
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
 pub use narrow::{NARROW_FIELDS, Narrow, NarrowText, error_group, error_matches, keeps, newest_errors};

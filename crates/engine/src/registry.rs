@@ -37,7 +37,9 @@ impl Registry {
         }
     }
     /// The version an entity runs under, with its hash: the one it records when known,
-    /// else its machine's current one.
+    /// else its machine's current one. A version this engine does not know yet (deployed
+    /// by another instance a moment ago) keeps its hash, so that the entity's commits do
+    /// not take it back to an older one, and runs under the current definition meanwhile.
     pub(crate) fn version_of(&self, e: &settle_store::EntityRow) -> Result<(String, Arc<Machine>)> {
         if let Some(h) = &e.machine_hash
             && let Some(m) = self.versions.get(h).filter(|m| m.name() == &e.machine)
@@ -45,7 +47,8 @@ impl Registry {
             return Ok((h.clone(), m.clone()));
         }
         let m = self.machine(&e.machine)?;
-        Ok((self.hashes.get(m.name()).cloned().unwrap_or_default(), m.clone()))
+        let hash = e.machine_hash.clone().or_else(|| self.hashes.get(m.name()).cloned()).unwrap_or_default();
+        Ok((hash, m.clone()))
     }
     /// Makes `machine` (of content hash `hash`) its machine's current version.
     pub(crate) fn set_current(&mut self, machine: Arc<Machine>, hash: String) {

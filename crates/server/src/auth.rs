@@ -90,6 +90,7 @@ impl Role {
             Access::Read => matches!(self, Role::Admin | Role::Operator | Role::Reader),
             Access::Write => matches!(self, Role::Admin | Role::Operator),
             Access::Agent => matches!(self, Role::Admin | Role::Agent),
+            Access::Admin => matches!(self, Role::Admin),
         }
     }
 }
@@ -106,6 +107,8 @@ pub enum Access {
     /// Agent queues: admin, and agents (each limited to its queues by
     /// [`Caller::authorize_queue`]).
     Agent,
+    /// Deploying definitions: admin only.
+    Admin,
 }
 
 /// One configured token.

@@ -235,6 +235,7 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
     ("getMachineGraph", &[UnknownMachine]),
     ("getMachineToml", &[UnknownMachine]),
     ("listMachineVersions", &[UnknownMachine, Internal, Unavailable]),
+    ("deployMachines", &[InvalidDefinition, VersionStrandsEntities, Internal, Unavailable]),
     ("createEntity", &[UnknownMachine, EntityExists, KeyReused, InvalidKey, InvalidProperties, Internal, Unavailable]),
     ("listEntities", &[UnknownEntity, Internal, Unavailable]),
     ("groupErrors", &[Internal, Unavailable]),

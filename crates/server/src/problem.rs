@@ -72,6 +72,12 @@ kinds! {
     /// A bulk operation that cannot run as asked (no criterion, an unknown machine, state,
     /// status or event, no reason, a rate out of range); `field` names the part.
     InvalidBulk => (UNPROCESSABLE_ENTITY, "invalid-bulk", "invalid bulk operation"),
+    /// A machine definition that does not load or validate (TOML, references between
+    /// machines, an action with no handler here); `field` names the file; nothing changed.
+    InvalidDefinition => (UNPROCESSABLE_ENTITY, "invalid-definition", "invalid machine definition"),
+    /// A new version would leave live entities in (or, pinned, coming to rest in) a state
+    /// it has no home for; `stranded` lists them; nothing changed.
+    VersionStrandsEntities => (CONFLICT, "version-strands-entities", "version would strand live entities"),
     /// The route exists, the method does not.
     MethodNotAllowed => (METHOD_NOT_ALLOWED, "method-not-allowed", "method not allowed"),
     /// The event is not valid in the entity's state; nothing changed.
@@ -344,6 +350,21 @@ impl From<settle_engine::Error> for Problem {
                 let mut p = Problem::new(Kind::InvalidBulk, message);
                 p.0.field = field;
                 p
+            }
+            E::UpgradeRefused { message, stranded } => {
+                let list: Vec<Value> = stranded
+                    .iter()
+                    .map(|s| {
+                        serde_json::json!({
+                            "machine": s.machine, "state": s.state, "rest": s.rest, "count": s.count, "keys": s.keys,
+                        })
+                    })
+                    .collect();
+                Problem::new(Kind::VersionStrandsEntities, message).with("stranded", list)
+            }
+            E::Invalid(report) => Problem::new(Kind::InvalidDefinition, report.to_string().trim_end().to_string()),
+            e @ (E::MissingHandlers(_) | E::Unsupported { .. } | E::UnknownAction { .. } | E::NoArchive(_)) => {
+                Problem::new(Kind::InvalidDefinition, e.to_string())
             }
             other => Problem::new(Kind::Internal, other.to_string()),
         }

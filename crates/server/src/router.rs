@@ -68,6 +68,7 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(system::public(), Access::Public))
         .merge(guard(system::read(), Access::Read))
         .merge(guard(machines::read(), Access::Read))
+        .merge(guard(machines::admin(), Access::Admin))
         .merge(guard(entities::read(), Access::Read))
         .merge(guard(entities::write(), Access::Write))
         .merge(guard(events::read(), Access::Read))

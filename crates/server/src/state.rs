@@ -66,7 +66,10 @@ pub struct AppState {
 #[derive(Clone)]
 struct Inner {
     engine: Engine<AnyStore>,
-    machines: Vec<Arc<Machine>>,
+    /// The machines served: those named at the start, and those a deploy adds later.
+    served: Vec<String>,
+    /// The machines the engine knew at the start (the others came by deploy).
+    known: Vec<String>,
     tokens: Arc<Tokens>,
     gate: Arc<Gate>,
     polls: Arc<Polls>,
@@ -86,10 +89,11 @@ impl AppState {
     ) -> Result<AppState, settle_engine::Error> {
         let mut served = Vec::new();
         for name in machines {
-            served.push(engine.machine(name)?.clone());
+            served.push(engine.machine(name)?.name().to_string());
         }
-        served.sort_by(|a, b| a.name().cmp(b.name()));
-        served.dedup_by(|a, b| a.name() == b.name());
+        served.sort();
+        served.dedup();
+        let known = engine.machines().iter().map(|m| m.name().to_string()).collect();
         let clock = engine.clock().clone();
         let tokens = Arc::new(tokens);
         let refusals = Arc::new(Refusals::default());
@@ -103,7 +107,8 @@ impl AppState {
         Ok(AppState {
             inner: Arc::new(Inner {
                 engine,
-                machines: served,
+                served,
+                known,
                 tokens,
                 gate: Arc::new(gate),
                 polls: Arc::new(polls),
@@ -124,24 +129,36 @@ impl AppState {
     pub fn engine(&self) -> &Engine<AnyStore> {
         &self.inner.engine
     }
-    /// The served machines, by name.
-    pub fn machines(&self) -> &[Arc<Machine>] {
-        &self.inner.machines
+    /// The served machines' current versions, by name: those named at the start and those
+    /// deployed since that the engine did not know then.
+    pub fn machines(&self) -> Vec<Arc<Machine>> {
+        self.inner.engine.machines().into_iter().filter(|m| self.serves(m.name())).collect()
+    }
+    /// Whether `machine` is served, if the engine knows it.
+    fn serves(&self, machine: &str) -> bool {
+        let i = &self.inner;
+        i.served.iter().any(|s| s == machine) || !i.known.iter().any(|s| s == machine)
     }
     /// The entity as the API shows it, with its state's health when its machine is served.
     pub fn entity(&self, row: &settle_store::EntityRow) -> settle_api::Entity {
         let mut e = settle_api::Entity::from(row);
         e.health = self
-            .machines()
-            .iter()
-            .find(|m| m.name() == &row.machine)
+            .serves(&row.machine)
+            .then(|| self.inner.engine.version_of(row).ok())
+            .flatten()
+            .map(|(_, m)| m)
             .filter(|m| m.state(&row.state).is_some())
             .map(|m| m.health_of(&row.state).as_str().to_string());
         e
     }
     /// The served machine `name`, or 404 `unknown-machine`.
-    pub fn machine(&self, name: &str) -> Result<&Arc<Machine>, Problem> {
-        self.inner.machines.iter().find(|m| m.name().as_str() == name).ok_or_else(|| Problem::unknown_machine(name))
+    pub fn machine(&self, name: &str) -> Result<Arc<Machine>, Problem> {
+        self.machines().into_iter().find(|m| m.name().as_str() == name).ok_or_else(|| Problem::unknown_machine(name))
+    }
+    /// The version `row` runs under (see [`Engine::version_of`]), when its machine is served.
+    pub fn version_of(&self, row: &settle_store::EntityRow) -> Result<Arc<Machine>, Problem> {
+        self.machine(&row.machine)?;
+        Ok(self.inner.engine.version_of(row)?.1)
     }
     /// The tokens.
     pub fn tokens(&self) -> Arc<Tokens> {

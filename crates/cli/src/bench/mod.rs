@@ -6,6 +6,7 @@
 //! the same steps as substates of one parent with an entry and an exit action.
 
 mod bulk;
+mod deploy;
 mod dormant;
 mod fleet;
 mod measure;
@@ -326,6 +327,12 @@ pub struct ChainArgs {
     /// handlers, run once each per workflow): the cost of a statechart over a flat chain.
     #[arg(long)]
     nested: bool,
+    /// Halfway through, deploy a new version of the chain's machine that pins its
+    /// entities (`upgrade = "pin"`) while the load runs: the report says what the deploy
+    /// moved and pinned and how long it took, and the run fails unless every workflow
+    /// finished and moved to the new version.
+    #[arg(long)]
+    deploy: bool,
     #[command(flatten)]
     drive: DriveArgs,
 }
@@ -512,6 +519,15 @@ fn report(
         );
         println!("latency: p50 {:.2} ms, p99 {:.2} ms", pct(0.50), pct(0.99));
         println!("peak RSS: {:.1} MiB", peak_rss_mb());
+        if let Some(d) = extra.get("deploy") {
+            println!(
+                "deployed version {} halfway in {} ms: {} moved at once, {} pinned until done; every workflow under it at the end",
+                d["version"].as_str().unwrap_or_default(),
+                d["took_ms"],
+                d["moved"],
+                d["pinned"]
+            );
+        }
     }
 }
 
@@ -531,6 +547,7 @@ async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> 
         transitions: args.entities * (3 + args.children as usize),
         extra: json!({"children": args.children}),
         count_hooks: false,
+        deploy: false,
         drive: args.drive,
     };
     run.run(db, settle_builtin::bind_fanout, |setup_s| {
@@ -559,6 +576,7 @@ async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
         transitions: args.entities * (steps + 1),
         extra: json!({"steps": steps, "nested": args.nested}),
         count_hooks: args.nested,
+        deploy: args.deploy,
         drive: args.drive,
     };
     run.run(
@@ -594,6 +612,8 @@ struct Workflows {
     /// Report the runs of `chain{steps}_nested`'s entry and exit actions in this process
     /// (`entry_runs`, `exit_runs`; 0 when worker processes ran them).
     count_hooks: bool,
+    /// Deploy a pinning version of `machine` halfway through ([`deploy::midway`]).
+    deploy: bool,
 }
 
 impl Workflows {
@@ -617,14 +637,29 @@ impl Workflows {
         if !self.drive.json {
             eprintln!("{}", created(setup.elapsed().as_secs_f64()));
         }
-        let (e, machine) = (engine.clone(), self.machine);
+        let (e, machine) = (engine.clone(), self.machine.clone());
+        let finished = Arc::new(AtomicUsize::new(0));
+        let halfway = Arc::new(tokio::sync::Notify::new());
+        let deployed =
+            self.deploy.then(|| tokio::spawn(deploy::midway(engine.clone(), self.machine.clone(), halfway.clone())));
+        let (half, count, notify) = (self.entities.div_ceil(2), finished.clone(), halfway.clone());
         let (seconds, latencies) = drive(&keys, self.drive.concurrency, move |key| {
-            let (e, machine) = (e.clone(), machine.clone());
-            async move { raise_until(&e, &machine, &key, "done").await }
+            let (e, machine, count, notify) = (e.clone(), machine.clone(), count.clone(), notify.clone());
+            async move {
+                raise_until(&e, &machine, &key, "done").await?;
+                if count.fetch_add(1, Ordering::Relaxed) + 1 == half {
+                    notify.notify_one();
+                }
+                Ok(())
+            }
         })
         .await?;
-        stop(engine, workers).await;
         let mut extra = self.extra;
+        if let Some(task) = deployed {
+            let report = task.await??;
+            extra["deploy"] = deploy::check(&engine, &self.machine, report, workers.is_some()).await?;
+        }
+        stop(engine, workers).await;
         extra["concurrency"] = json!(self.drive.concurrency);
         extra["instances"] = json!(self.drive.instances);
         if self.count_hooks {

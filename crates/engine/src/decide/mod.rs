@@ -222,7 +222,8 @@ impl Decided {
 pub(crate) fn upgrade(held: &Held, commit: &mut Commit, registry: &Registry) -> Option<(String, Arc<Machine>)> {
     let name = held.machine.name();
     let current_hash = registry.hashes.get(name)?;
-    if held.hash.as_ref().is_none_or(|h| h == current_hash) {
+    // Only from a version known to be older: one this engine does not know is newer.
+    if held.hash.as_ref().is_none_or(|h| h == current_hash || !registry.versions.contains_key(h)) {
         return None;
     }
     let current = registry.machines.get(name)?;

@@ -128,6 +128,8 @@ pub(crate) struct Scheduler<S> {
     tasks: u64,
     /// Actions waiting for a sync nested event's outcome ([`NestedHandle`]).
     nested_waiting: Arc<std::sync::atomic::AtomicU64>,
+    /// Told once the next batch is written (`Msg::Barrier`).
+    barriers: Vec<oneshot::Sender<()>>,
 }
 
 /// Counters of the scheduler's work, logged at shutdown (`SETTLE_LOG=settle_engine=debug`).
@@ -190,6 +192,7 @@ impl<S: Store + Clone> Scheduler<S> {
             landed: None,
             tasks: 0,
             nested_waiting,
+            barriers: Vec::new(),
         }
     }
 
@@ -319,6 +322,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 self.on_hooks_done(entity_id, version, *hooks, result)
             }
             Msg::Evaluated { entity_id, version, result, .. } => self.on_evaluated(entity_id, version, result),
+            Msg::Barrier(tx) => self.barriers.push(tx),
             Msg::WhenIdle(tx) => {
                 self.waiters.on_idle(tx);
                 // Recompute the due time: the caller may have written work we have not seen.
@@ -339,6 +343,15 @@ impl<S: Store + Clone> Scheduler<S> {
     }
 
     async fn write_batch(&mut self) {
+        // Every commit queued before a barrier is written by this batch (or was before).
+        let barriers = std::mem::take(&mut self.barriers);
+        self.write_batch_inner().await;
+        for b in barriers {
+            let _ = b.send(());
+        }
+    }
+
+    async fn write_batch_inner(&mut self) {
         let Some((batch, pending, offers)) = self.take_batch() else { return };
         let started = std::time::Instant::now();
         let wrote = !batch.ops.is_empty();
@@ -684,6 +697,8 @@ impl<S: Store + Clone> Scheduler<S> {
     /// Queues a decided commit for the next batch, with the replies it owes to sync nested
     /// events whose workflows it ends, and logs and counts what it notes.
     fn push(&mut self, mut d: Decided) {
+        // Decided under the newest registry: a deploy's version moves this commit's entity.
+        self.refresh_registry();
         let held = self.held.get(&d.commit.fence.entity_id).map(|s| &s.held);
         let mut moved = None;
         if let Some(held) = held {
@@ -739,74 +754,4 @@ fn op_error(e: OpError) -> Error {
         OpError::Task(refusal) => Error::Task(refusal),
         other => Error::Store(settle_store::Error::Db(other.to_string())),
     }
-}
-
-/// Runs the hooks of `hooks` (see [`Scheduler::spawn_hooks`]) for `entity`; answers the
-/// main outcome with their effects added, or the fault of the first that failed (naming
-/// it). What they read with lock joins the transition's preconditions. They run for the
-/// event `trigger` with `params` ([`decide::Held::runs_for`]).
-async fn run_hooks(
-    registry: &Registry,
-    nested: Arc<dyn Nested>,
-    (entity, (trigger, params)): (&settle_store::EntityRow, (Option<settle_core::EventName>, Value)),
-    hooks: &mut Hooks,
-) -> std::result::Result<crate::Outcome, FaultError> {
-    let mut outcome = std::mem::take(&mut hooks.outcome);
-    // Exits' effects, then the action's own, then entries' (SCXML's order): exit actions
-    // see the properties before the action's changes, entry actions after them.
-    let mut own = outcome.take_effects();
-    let item = hooks.item.clone();
-    for step in decide::in_order(&hooks.run) {
-        let Some(hook) = step else {
-            let own = std::mem::take(&mut own);
-            decide::own_effects(&mut outcome, own, &hooks.action, hooks.started, entity, &params)
-                .map_err(|(field, why)| FaultError::new("refused", format!("{field}: {why}")))?;
-            continue;
-        };
-        let what = if hook.exit { "exit" } else { "entry" };
-        let name = format!("{what} action `{}` of state `{}`", hook.action.name, hook.state);
-        if hook.action.is_declarative() {
-            decide::declare(&hook.action, &mut outcome, entity, &params)
-                .map_err(|(field, why)| FaultError::new("refused", format!("{name}: {field}: {why}")))?;
-            continue;
-        }
-        let Some(handler) = registry.handler(&entity.machine, &hook.action.name) else {
-            return Err(FaultError::new("refused", format!("{name}: no handler bound")));
-        };
-        let mut properties = entity.properties.clone();
-        settle_core::step::apply_changes(&mut properties, &outcome.decided.changes);
-        let locks = Arc::new(Mutex::new(Vec::new()));
-        let ctx = ActionContext {
-            machine: entity.machine.clone(),
-            key: entity.key.clone(),
-            entity_id: entity.id,
-            state: hook.state.clone(),
-            action: hook.action.name.clone(),
-            properties,
-            version: entity.version,
-            retry: entity.retry,
-            event: item.as_ref().map(|i| i.event.clone()),
-            trigger: trigger.clone(),
-            params: params.clone(),
-            request_id: item.as_ref().and_then(|i| i.request_id.clone()).or_else(|| entity.request_id.clone()),
-            nested: nested.clone(),
-            locks: locks.clone(),
-        };
-        let result = FaultError::of_handler(CatchUnwind(handler(ctx)).await);
-        hooks.locks.extend(std::mem::take(&mut *locks.lock().expect("locks")));
-        match result {
-            Ok(effects) => {
-                let beyond = settle_core::step::beyond_declaration(&hook.action, &effects.decided);
-                if let Some((field, why)) = beyond.or_else(|| settle_core::step::engine_property(&effects.decided)) {
-                    return Err(FaultError::new("refused", format!("{name}: {field}: {why}")));
-                }
-                outcome.absorb(effects).map_err(|e| FaultError::new("refused", format!("{name} {e}")))?
-            }
-            Err(mut fault) => {
-                fault.details = format!("{name}: {}", fault.details);
-                return Err(fault);
-            }
-        }
-    }
-    Ok(outcome)
 }

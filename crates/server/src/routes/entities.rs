@@ -172,11 +172,11 @@ fn index_filter(s: &AppState, q: &EntityQuery) -> Result<EntityFilter, Problem> 
         return Err(unknown_word("health", "health", h, HEALTH));
     }
     // A parent state lists the entities in its substates.
-    let machines =
-        s.machines().iter().map(|m| m.as_ref()).filter(|m| q.machine.as_deref().is_none_or(|n| m.name() == n));
+    let served = s.machines();
+    let machines = served.iter().map(|m| m.as_ref()).filter(|m| q.machine.as_deref().is_none_or(|n| m.name() == n));
     let substates = q.state.as_deref().map(|st| Machine::substates_across(machines, st)).unwrap_or_default();
     // A health is the (machine, state) pairs of the served machines' leaf states that have it.
-    let pairs = q.health.as_deref().map(|h| settle_engine::health_pairs(s.machines().iter().map(|m| m.as_ref()), h));
+    let pairs = q.health.as_deref().map(|h| settle_engine::health_pairs(served.iter().map(|m| m.as_ref()), h));
     let order = match q.sort.as_deref() {
         None | Some("id") => EntityOrder::Id,
         Some("entered") => EntityOrder::EnteredFirst,
@@ -368,7 +368,8 @@ async fn get(
     Path(EntityPath { machine, key }): Path<EntityPath>,
 ) -> Result<Json<Entity>, Problem> {
     let e = live_entity(&s, &machine, &key).await?;
-    let m = s.machine(&machine)?;
+    // Its own version's: a pinned entity may run under an older one than its machine's.
+    let m = s.version_of(&e)?;
     let mut entity = s.entity(&e);
     entity.permitted_events = Some(m.permitted_events(&e.state).map(|ev| ev.name.to_string()).collect());
     entity.lease_until = e.lease_until;
@@ -382,7 +383,7 @@ async fn get(
         s.engine().store().inbox_list(e.id).await.map_err(|err| Problem::new(Kind::Internal, err.to_string()))?;
     entity.inbox =
         Some(inbox.into_iter().map(|i| QueuedEvent { event: i.event.to_string(), params: i.params }).collect());
-    entity.next_fires = Some(next_fires(&s, m, &e.state).await?);
+    entity.next_fires = Some(next_fires(&s, &m, &e.state).await?);
     Ok(Json(entity))
 }
 

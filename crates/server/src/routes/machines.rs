@@ -1,4 +1,4 @@
-//! The served machines: list, definition, diagram.
+//! The served machines: list, definition, diagram, versions; deploying new versions.
 
 use axum::Json;
 use axum::extract::State;
@@ -8,11 +8,12 @@ use settle_core::graph::{self, Format};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::extract::{Path, Query};
+use crate::extract::{JsonBody, Path, Query};
 use crate::model::{GraphQuery, MachineList, MachineSummary, MachineVersion, StateRetention};
 use crate::paths::MachinePath;
 use crate::problem::{Kind, Problem};
 use crate::state::AppState;
+use settle_api::{DeployRequest, DeployResult, Deployed};
 
 /// Read routes of machines.
 pub fn read() -> OpenApiRouter<AppState> {
@@ -22,6 +23,61 @@ pub fn read() -> OpenApiRouter<AppState> {
         .routes(routes!(diagram))
         .routes(routes!(versions))
         .routes(routes!(toml))
+}
+
+/// Admin routes of machines: deploying new versions.
+pub fn admin() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(deploy))
+}
+
+/// Deploys new versions of machines to the running deployment (admin): each file's
+/// version is checked against the live entities of its machine, then stored as the
+/// current one; its `upgrade` policy moves the entities (`migrate`: at once; `pin`: those
+/// at rest now, the working ones once they rest). Every instance takes it up within a
+/// second, without a restart. All or nothing: a version that would strand live entities
+/// refuses the deploy (409 `version-strands-entities`, listing them), an invalid one
+/// (422 `invalid-definition`, naming the file); nothing is stored then. `dry_run`
+/// answers what would happen.
+#[utoipa::path(
+    post,
+    operation_id = "deployMachines",
+    path = "/v1/machines",
+    tag = "machines",
+    request_body = DeployRequest,
+    responses(
+        (status = 200, description = "what the deploy did, or would do", body = DeployResult),
+    )
+)]
+async fn deploy(
+    State(s): State<AppState>,
+    JsonBody(req): JsonBody<DeployRequest>,
+) -> Result<Json<DeployResult>, Problem> {
+    let mut machines = Vec::new();
+    for (i, f) in req.files.iter().enumerate() {
+        let stem = std::path::Path::new(&f.name).file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        match settle_core::toml::load(&f.name, stem, &f.toml) {
+            Ok((m, _)) => machines.push(m),
+            Err(report) => {
+                let detail = format!("{}: {}", f.name, report.to_string().trim_end());
+                return Err(Problem::new(Kind::InvalidDefinition, detail).field(format!("files[{i}]")));
+            }
+        }
+    }
+    let done = s.engine().deploy(machines, req.dry_run).await?;
+    Ok(Json(DeployResult { dry_run: req.dry_run, machines: done.into_iter().map(deployed).collect() }))
+}
+
+/// A machine's deploy as the API shows it.
+pub fn deployed(d: settle_engine::Deployed) -> Deployed {
+    Deployed {
+        machine: d.machine,
+        version: d.version,
+        previous: d.previous,
+        upgrade: d.upgrade.to_string(),
+        moved: d.moved,
+        pinned: d.pinned,
+        unchanged: d.unchanged,
+    }
 }
 
 /// The machines this server serves.
@@ -117,7 +173,7 @@ async fn diagram(
         _ => "text/plain; charset=utf-8",
     };
     let text = match q.version.as_deref().filter(|v| *v != m.content_hash()) {
-        None => graph::render(m, format),
+        None => graph::render(&m, format),
         Some(v) => {
             let stored = settle_store::Store::machine_list(s.engine().store()).await?;
             let record = stored.iter().find(|r| r.name.as_str() == machine && r.hash == v).ok_or_else(|| {

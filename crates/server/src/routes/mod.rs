@@ -86,7 +86,7 @@ pub(crate) fn check_key(key: &str) -> Result<(), Problem> {
 /// in its machine's deleted state.
 pub(crate) async fn live_entity(s: &AppState, machine: &str, key: &str) -> Result<EntityRow, Problem> {
     let e = find_entity(s, machine, key).await?;
-    let m = s.machine(machine)?;
+    let m = s.version_of(&e)?;
     if m.state(&e.state).is_some_and(|st| st.kind == StateKind::Deleted) {
         return Err(Problem::new(Kind::EntityDeleted, format!("entity `{key}` of machine `{machine}` was deleted"))
             .with("machine", machine)

@@ -47,7 +47,8 @@ async fn overview(State(s): State<AppState>, Query(q): Query<OverviewQuery>) -> 
     // Whole minutes: the current one and the window's full minutes before it.
     let first = (now - window) / 60_000 * 60_000 + 60_000;
     let o = s.engine().store().overview(now, first).await?;
-    let machines: Vec<&settle_core::Machine> = s.machines().iter().map(|m| m.as_ref()).collect();
+    let served = s.machines();
+    let machines: Vec<&settle_core::Machine> = served.iter().map(|m| m.as_ref()).collect();
     let mut minutes = Vec::new();
     let mut counted = o.minutes.iter().peekable();
     let mut at = first;

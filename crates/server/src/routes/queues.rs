@@ -76,7 +76,7 @@ fn task_json(s: &AppState, t: AgentTask) -> Task {
         may_create = a.may_create.iter().flatten().map(|m| m.to_string()).collect();
         may_raise = a.may_raise.iter().flatten().map(|e| e.to_string()).collect();
         for target in &a.targets {
-            let required = settle_core::step::required_to_enter(m, &target.state);
+            let required = settle_core::step::required_to_enter(&m, &target.state);
             requires.insert(target.state.to_string(), serde_json::json!(required));
             targets.push(target.state.to_string());
         }

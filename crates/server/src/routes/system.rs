@@ -48,7 +48,8 @@ async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
-    let machines: Vec<&settle_core::Machine> = s.machines().iter().map(|m| m.as_ref()).collect();
+    let served = s.machines();
+    let machines: Vec<&settle_core::Machine> = served.iter().map(|m| m.as_ref()).collect();
     text.push_str(&crate::metrics::store_text(&snapshot, &machines));
     text.push_str(&s.refusals().text());
     text.push_str(&crate::metrics::schedules_text(&s.engine().schedules().await?));

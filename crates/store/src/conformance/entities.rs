@@ -99,12 +99,13 @@ pub async fn listing_counts_and_metadata<S: Store>(store: S) {
     assert_eq!(store.entity_count_by_state("m").await.unwrap(), vec![("done".to_string(), 2), ("idle".to_string(), 3)]);
     assert_eq!(store.entity_count_pending().await.unwrap(), 1);
     store.machine_put("m", "abc", "{}", T0).await.unwrap();
+    // Deployed again: one row, its deploy time moves.
     store.machine_put("m", "abc", "{}", T0 + 1).await.unwrap();
     store.machine_put("m", "def", "{\"v\":2}", T0 + 2).await.unwrap();
     let machines = store.machine_list().await.unwrap();
     assert_eq!(
         machines.iter().map(|m| (m.hash.as_str(), m.created_at)).collect::<Vec<_>>(),
-        [("abc", T0), ("def", T0 + 2)]
+        [("abc", T0 + 1), ("def", T0 + 2)]
     );
     assert_eq!(store.meta_get("demo").await.unwrap(), None);
     store.meta_put("demo", "1").await.unwrap();
