@@ -215,9 +215,9 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 // Stored already, or owned by the instances serving it (and its upgrades).
                 continue;
             }
-            // A new version is checked against the live entities, as a deploy is.
-            let previous = Registry { machines: given.machines.clone(), ..self.registry.clone() };
-            let mut previous = previous;
+            // A new version is checked against the live entities, as a deploy is; those
+            // of no known version ran under the latest stored.
+            let mut previous = self.registry.clone();
             if let Some(l) = latest
                 && let Some(v) = self.registry.versions.get(&l.hash).cloned()
             {

@@ -24,6 +24,8 @@ pub(crate) struct Registry {
     pub(crate) versions: HashMap<String, Arc<Machine>>,
     /// The machines whose entities this engine processes (`None`: all registered).
     pub(crate) served: Option<Vec<MachineName>>,
+    /// [`Registry::agent_check`], built once (an agent's every report reads it).
+    checked: std::sync::OnceLock<settle_store::TaskCheck>,
 }
 
 impl Registry {
@@ -34,6 +36,7 @@ impl Registry {
             hashes: HashMap::new(),
             versions: HashMap::new(),
             served: None,
+            checked: std::sync::OnceLock::new(),
         }
     }
     /// The version an entity runs under, with its hash: the one it records when known,
@@ -55,6 +58,7 @@ impl Registry {
         self.versions.insert(hash.clone(), machine.clone());
         self.hashes.insert(machine.name().clone(), hash);
         self.machines.insert(machine.name().clone(), machine);
+        self.checked = std::sync::OnceLock::new();
     }
     /// Whether this engine processes entities of `machine` (else other instances do, and
     /// this one only creates them and raises events on them).
@@ -71,6 +75,10 @@ impl Registry {
     /// actions, by (machine, action) (targets, `may_create`, `may_raise`), and their
     /// machines (a reply asked for, events raised on the entity itself); any queue.
     pub(crate) fn agent_check(&self) -> settle_store::TaskCheck {
+        self.checked.get_or_init(|| self.build_agent_check()).clone()
+    }
+
+    fn build_agent_check(&self) -> settle_store::TaskCheck {
         let (mut actions, mut machines) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
         // A pinned entity's report is checked against its machine's current version.
         for m in self.machines.values() {
