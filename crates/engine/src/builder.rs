@@ -197,7 +197,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let stored = self.store.machine_list().await?;
         // The versions stored: the older ones for the entities still under them.
         let given = self.registry.clone();
-        crate::deploy::take_up(&self.store, &mut self.registry).await?;
+        crate::deploy::take_up(&stored, &mut self.registry);
         let mut names: Vec<MachineName> = given.machines.keys().cloned().collect();
         names.sort();
         for name in names {

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use settle_core::upgrade::{Occupied, Plan};
 use settle_core::{Machine, MachineName};
-use settle_store::{EntityFilter, Millis, StateMove, Store};
+use settle_store::{EntityFilter, MachineRecord, Millis, StateMove, Store};
 
 use crate::engine::{Engine, Inner};
 use crate::error::{Error, Result, Stranded};
@@ -167,7 +167,7 @@ impl<S: Store + Clone> Engine<S> {
             return Ok(());
         }
         let mut next = (*self.inner.registry()).clone();
-        let changed = take_up(store, &mut next).await?;
+        let changed = take_up(&store.machine_list().await?, &mut next);
         *self.inner.deployed.lock().unwrap_or_else(|e| e.into_inner()) = marker;
         if changed {
             self.inner.registries.replace(next);
@@ -194,10 +194,7 @@ impl<S: Store + Clone> Engine<S> {
                 continue;
             }
             let Ok(plan) = plan(&self.inner.store, &registry, m, hash).await else { continue };
-            let moves = state_moves(&plan);
-            if !moves.is_empty() {
-                moved += self.inner.store.machine_move(name, moves, hash, now).await?;
-            }
+            moved += move_entities(&self.inner.store, name, hash, &plan, now).await?;
         }
         Ok(moved)
     }
@@ -234,11 +231,10 @@ pub(crate) fn check_handlers(registry: &Registry) -> Result<()> {
     Err(Error::MissingHandlers(missing))
 }
 
-/// Reads the stored versions of the machines `registry` knows: the newest of each becomes
-/// current (read from the store: another instance deployed it), every other one is known
-/// by its hash. Answers whether anything changed.
-pub(crate) async fn take_up<S: Store>(store: &S, registry: &mut Registry) -> Result<bool> {
-    let stored = store.machine_list().await?;
+/// Takes up the `stored` versions of the machines `registry` knows: the newest of each
+/// becomes current (another instance deployed it), every other one is known by its hash.
+/// Answers whether anything changed.
+pub(crate) fn take_up(stored: &[MachineRecord], registry: &mut Registry) -> bool {
     let mut changed = false;
     let names: Vec<MachineName> = registry.machines.keys().cloned().collect();
     for name in names {
@@ -266,7 +262,7 @@ pub(crate) async fn take_up<S: Store>(store: &S, registry: &mut Registry) -> Res
             changed = true;
         }
     }
-    Ok(changed)
+    changed
 }
 
 /// Plans the deploy of `new` (hash `hash`) over its machine's live entities, each under

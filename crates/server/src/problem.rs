@@ -352,15 +352,18 @@ impl From<settle_engine::Error> for Problem {
                 p
             }
             E::UpgradeRefused { message, stranded } => {
-                let list: Vec<Value> = stranded
-                    .iter()
-                    .map(|s| {
-                        serde_json::json!({
-                            "machine": s.machine, "state": s.state, "rest": s.rest, "count": s.count, "keys": s.keys,
-                        })
+                let list: Vec<settle_api::Stranded> = stranded
+                    .into_iter()
+                    .map(|s| settle_api::Stranded {
+                        machine: s.machine,
+                        state: s.state,
+                        rest: s.rest,
+                        count: s.count,
+                        keys: s.keys,
                     })
                     .collect();
-                Problem::new(Kind::VersionStrandsEntities, message).with("stranded", list)
+                Problem::new(Kind::VersionStrandsEntities, message)
+                    .with("stranded", serde_json::to_value(list).unwrap_or_default())
             }
             E::Invalid(report) => Problem::new(Kind::InvalidDefinition, report.to_string().trim_end().to_string()),
             e @ (E::MissingHandlers(_) | E::Unsupported { .. } | E::UnknownAction { .. } | E::NoArchive(_)) => {

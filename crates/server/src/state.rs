@@ -153,7 +153,8 @@ impl AppState {
     }
     /// The served machine `name`, or 404 `unknown-machine`.
     pub fn machine(&self, name: &str) -> Result<Arc<Machine>, Problem> {
-        self.machines().into_iter().find(|m| m.name().as_str() == name).ok_or_else(|| Problem::unknown_machine(name))
+        let found = self.serves(name).then(|| self.inner.engine.machine(name).ok()).flatten();
+        found.ok_or_else(|| Problem::unknown_machine(name))
     }
     /// The version `row` runs under (see [`Engine::version_of`]), when its machine is served.
     pub fn version_of(&self, row: &settle_store::EntityRow) -> Result<Arc<Machine>, Problem> {
