@@ -55,6 +55,8 @@ fn filter_from_stored(stored: &Value) -> BulkFilter {
     if let Some(o) = v.as_object_mut() {
         // A kill's cascade (the engine's own): its reason names the entity.
         o.remove("successors_of");
+        // An operation's cancel (the engine's own): its reason names the operation.
+        o.remove("reached_by");
         for (_, member) in o.iter_mut() {
             if let Some(ms) = member.as_i64() {
                 *member = Value::String(settle_core::time::format_time(ms));
@@ -117,7 +119,8 @@ pub struct BulkDryRun {
 pub struct Bulk {
     /// Its request id (each entity's command carries `{request_id}/{entity id}`).
     pub request_id: String,
-    /// `pause`, `resume`, `retry`, `release`, `kill` or `raise`.
+    /// `pause`, `resume`, `retry`, `release`, `kill` or `raise`; `cancel` for an
+    /// operation's cancel.
     pub action: String,
     /// The event raised, for `raise`.
     pub event: Option<String>,

@@ -8,11 +8,13 @@
 //! adds conversions from the store's rows.
 
 mod bulk;
+mod cancel;
 mod deploy;
 mod feed;
 mod schedule;
 
 pub use bulk::{Bulk, BulkDryRun, BulkFilter, BulkList, BulkRequest};
+pub use cancel::{CancelRequest, CancelResult, CanceledEntity};
 pub use deploy::{DeployFile, DeployRequest, DeployResult, Deployed, Stranded};
 pub use feed::Change;
 pub use schedule::{Schedule, ScheduleList};

@@ -4,6 +4,7 @@
 mod agent;
 mod bench;
 mod bulk;
+mod cancel;
 mod defs;
 mod demo;
 mod demo_run;
@@ -249,6 +250,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Cancel an operation: every entity it reached drops its queued events of it, stops
+    /// its work in it (a result in flight is discarded) and runs its machine's `cancel`
+    /// event where that is valid; an entity with no undo is left paused. The operation
+    /// ends `canceled`; each entity's part is an operation of its own (`ID/cancel/N`).
+    #[command(after_help = "Examples:\n  settle cancel create-web-1 --reason 'customer withdrew'\n  \
+                            settle --server http://127.0.0.1:7400 cancel create-web-1 --undone --json")]
+    Cancel(cancel::CancelArgs),
     /// Bulk operations: one command or event for every entity matching a filter, as one
     /// durable operation with a dry run, a reason, a rate, progress and cancel.
     #[command(after_help = "Examples:\n  settle bulk run resume --machine vm --status failed --dry-run\n  \
@@ -504,6 +512,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(schedules::local(&db_path(&cli.db), &machines()?, command))
         }
         Command::Deploy(args) => runtime()?.block_on(deploy::local(&db_path(&cli.db), &machines()?, args)),
+        Command::Cancel(args) => runtime()?.block_on(cancel::local(&db_path(&cli.db), &machines()?, args)),
         Command::Check(args) => runtime()?.block_on(operate::check(&db_path(&cli.db), &machines()?, args)),
         Command::Prune(args) => runtime()?.block_on(prune::run(&db_path(&cli.db), &machines()?, args)),
         Command::Ops { outcome, limit, json } => {
@@ -578,6 +587,7 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
         Command::Bulk { command } => Box::pin(bulk::remote(c, command)),
         Command::Schedules { command } => Box::pin(schedules::remote(c, command)),
         Command::Deploy(args) => Box::pin(deploy::remote(c, args)),
+        Command::Cancel(args) => Box::pin(cancel::remote(c, args)),
         Command::Check(args) => Box::pin(remote::check(c, args)),
         Command::Op { request_id, json } => Box::pin(async move { remote::operation(c, &request_id, json).await }),
         Command::Related { machine, key, json } => {
@@ -619,6 +629,7 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         | Command::Bulk { .. }
         | Command::Schedules { .. }
         | Command::Deploy(_)
+        | Command::Cancel(_)
         | Command::Check(_)
         | Command::Pause(_)
         | Command::Resume(_)

@@ -155,7 +155,7 @@ fn every_command_s_help_ends_with_an_example() {
     let top = local(&db, &["--help"]);
     assert!(top.contains("Examples:"), "{top}");
     let listed = commands(&top);
-    for expected in ["validate", "list", "op", "related", "completions", "bench", "deploy"] {
+    for expected in ["validate", "list", "op", "related", "completions", "bench", "deploy", "cancel"] {
         assert!(listed.iter().any(|c| c == expected), "`{expected}` in {listed:?}");
     }
     let bench = commands(&local(&db, &["bench", "--help"]));

@@ -32,12 +32,12 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 pub use settle_api::{
-    Bulk, BulkDryRun, BulkFilter, BulkRequest, CompleteRequest, DeployResult, Deployed, Entity, EntityPage, EventCheck,
-    FailRequest, HistoryEntry, NextFire, NextTasks, Operation, OperationTrace, Outcome, QueuedEvent, Related,
-    ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled, Schedule, Task, TaskReport, Verdict, Why,
-    WhyStep,
+    Bulk, BulkDryRun, BulkFilter, BulkRequest, CancelResult, CanceledEntity, CompleteRequest, DeployResult, Deployed,
+    Entity, EntityPage, EventCheck, FailRequest, HistoryEntry, NextFire, NextTasks, Operation, OperationTrace, Outcome,
+    QueuedEvent, Related, ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled, Schedule, Task,
+    TaskReport, Verdict, Why, WhyStep,
 };
-use settle_api::{BulkList, DeployFile, DeployRequest, Leased, OperationList, ScheduleList};
+use settle_api::{BulkList, CancelRequest, DeployFile, DeployRequest, Leased, OperationList, ScheduleList};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -485,6 +485,22 @@ impl Client {
     /// Cancels a running bulk operation; the operation afterwards.
     pub async fn bulk_cancel(&self, request_id: &str) -> Result<Bulk, Error> {
         self.post(&format!("/v1/bulk/{}/cancel", seg(request_id)), &json!({})).await
+    }
+
+    /// Cancels the operation `request_id` (`POST /v1/operations/{id}/cancel`): every entity
+    /// it reached stops its work in it and runs its machine's cancel event where there is
+    /// one. Answers once every entity's work has stopped (with `undone`, once every undo
+    /// ended too), or after 30 s with the cancel so far (it goes on). Asking again answers
+    /// the same cancel.
+    pub async fn cancel_operation(
+        &self,
+        request_id: &str,
+        reason: Option<&str>,
+        undone: bool,
+    ) -> Result<CancelResult, Error> {
+        let body = CancelRequest { reason: reason.map(str::to_string), undone };
+        let body = serde_json::to_value(body).unwrap_or_default();
+        self.post(&format!("/v1/operations/{}/cancel", seg(request_id)), &body).await
     }
 
     /// Every calendar schedule of the served machines, with its progress.

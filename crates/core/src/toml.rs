@@ -145,6 +145,8 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
         properties: file.properties,
         cascade: file.cascade,
         upgrade: file.upgrade,
+        cancel: file.cancel,
+        delete: file.delete,
         origin: Origin { line: Some(1) },
         ..MachineDef::default()
     };
@@ -477,6 +479,8 @@ struct FileToml {
     #[serde(default)]
     cascade: Vec<String>,
     upgrade: Option<String>,
+    cancel: Option<String>,
+    delete: Option<String>,
 }
 
 /// A TOML value as JSON (a declarative action's `set` and `raise` parameters).
@@ -819,7 +823,7 @@ mod tests {
         assert_eq!(
             errors("door", "naem = \"door\"\n"),
             [
-                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `schedules`, `fault`, `retention`, `migrate`, `properties`, `cascade`, `upgrade`"
+                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `schedules`, `fault`, `retention`, `migrate`, `properties`, `cascade`, `upgrade`, `cancel`, `delete`"
             ]
         );
     }

@@ -51,6 +51,8 @@ pub struct Selection {
     pub narrow: Narrow,
     /// Only the successors of this entity (by id): a kill's cascade.
     pub successors_of: Option<i64>,
+    /// Only the entities the operation of this request id reached: a cancel's.
+    pub reached_by: Option<String>,
 }
 
 impl Selection {
@@ -63,6 +65,7 @@ impl Selection {
             && self.health.is_none()
             && self.narrow.is_empty()
             && self.successors_of.is_none()
+            && self.reached_by.is_none()
     }
 
     /// As stored: a JSON object of the criteria given.
@@ -76,6 +79,9 @@ impl Selection {
         self.narrow.to_json(&mut o);
         if let Some(id) = self.successors_of {
             o.insert("successors_of".into(), json!(id));
+        }
+        if let Some(r) = &self.reached_by {
+            o.insert("reached_by".into(), json!(r));
         }
         Value::Object(o)
     }
@@ -92,6 +98,7 @@ impl Selection {
             health: get("health"),
             narrow: Narrow::from_json(v)?,
             successors_of: v.get("successors_of").and_then(Value::as_i64),
+            reached_by: get("reached_by"),
         })
     }
 
@@ -181,6 +188,9 @@ pub fn health_pairs<'m>(machines: impl Iterator<Item = &'m Machine>, health: &st
 pub enum BulkAction {
     /// An operator command (`sleep` aside).
     Command(Command),
+    /// Cancel the operation of the selection's `reached_by` on each (an operation's
+    /// cancel, [`Engine::cancel_operation`]).
+    Cancel,
     /// An event, with its parameters.
     Raise {
         /// The event.
@@ -195,6 +205,7 @@ impl BulkAction {
     pub fn name(&self) -> &'static str {
         match self {
             BulkAction::Command(c) => c.as_str(),
+            BulkAction::Cancel => "cancel",
             BulkAction::Raise { .. } => "raise",
         }
     }
@@ -207,6 +218,7 @@ impl BulkAction {
             "retry" => Command::Retry,
             "release" => Command::Release,
             "kill" => Command::Kill,
+            "cancel" if event.is_none() => return Ok(BulkAction::Cancel),
             "raise" => {
                 let event = event.ok_or("raise: the event to raise is missing")?;
                 return Ok(BulkAction::Raise { event: EventName::new(event), params });
@@ -277,6 +289,11 @@ impl<S: Store> Engine<S> {
         let machines: Vec<&Machine> = machines.iter().map(|m| m.as_ref()).collect();
         selection.check(&machines).map_err(Error::Bulk)?;
         let store = &self.inner.store;
+        if let Some(r) = &selection.reached_by {
+            let rows = store.operation_reached(r, None, COUNT_BOUND).await?;
+            let count = rows.len() as u64;
+            return Ok(DryRun { count, more: false, sample: rows.into_iter().take(sample).collect() });
+        }
         if let Some(id) = selection.successors_of {
             let rows = successors_after(store, id, None, u64::MAX).await?;
             let rows: Vec<EntityRow> = rows.into_iter().filter(|e| keyed(selection, e)).collect();
@@ -355,6 +372,13 @@ impl<S: Store> Engine<S> {
             if !params.is_null() && !params.is_object() {
                 return Err(Error::Bulk("params: must be a JSON object".into()));
             }
+        }
+        if (req.action == BulkAction::Cancel) != req.selection.reached_by.is_some() {
+            return Err(Error::Bulk(
+                "action: `cancel` goes through the entities an operation reached, and only it does (cancel the \
+                 operation itself)"
+                    .into(),
+            ));
         }
         let request_id = req.request_id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let dry = self.bulk_dry_run(&req.selection, 0).await?;
@@ -496,11 +520,17 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
     let action = BulkAction::parse(&row.action, row.event.as_deref(), row.params.clone()).map_err(Error::Bulk)?;
     let after = row.cursor.as_deref().and_then(|c| c.parse::<i64>().ok());
     let limit = PAGE.min(u64::from(row.rate.max(1)));
-    let entities = match selection.successors_of {
-        Some(id) => successors_after(&engine.inner.store, id, after, limit).await?,
-        None => engine.inner.store.entity_list(selection.filter(&refs, after, Some(limit))).await?,
+    let entities = match (selection.successors_of, &selection.reached_by) {
+        (_, Some(r)) => engine.inner.store.operation_reached(r, after, limit).await?,
+        (Some(id), None) => successors_after(&engine.inner.store, id, after, limit).await?,
+        (None, None) => engine.inner.store.entity_list(selection.filter(&refs, after, Some(limit))).await?,
     };
-    let finished = (entities.len() as u64) < limit;
+    // A cancel ends on an empty page only: a commit that landed before its entity's
+    // cancel may have created entities since the page was read (their ids come after it).
+    let finished = match action {
+        BulkAction::Cancel => entities.is_empty(),
+        _ => (entities.len() as u64) < limit,
+    };
     let cursor = entities.last().map(|e| e.id.to_string()).or(row.cursor.clone());
     let (keeps, _) = engine.narrowed(&selection.narrow, &entities).await?;
     let chosen: Vec<&EntityRow> =
@@ -511,8 +541,8 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
         for (i, e) in chunk.iter().enumerate() {
             let (engine, request_id, action, e) =
                 (engine.clone(), row.request_id.clone(), action.clone(), (*e).clone());
-            let reason = row.reason.clone();
-            set.spawn(async move { (i, one(&engine, &request_id, &reason, &action, &e).await) });
+            let (reason, reached_by) = (row.reason.clone(), selection.reached_by.clone());
+            set.spawn(async move { (i, one(&engine, &request_id, &reason, &action, &e, reached_by.as_deref()).await) });
         }
         let mut results: Vec<(usize, Result<()>)> = set.join_all().await;
         results.sort_by_key(|(i, _)| *i);
@@ -570,9 +600,14 @@ async fn one<S: Store + Clone>(
     reason: &str,
     action: &BulkAction,
     e: &EntityRow,
+    reached_by: Option<&str>,
 ) -> Result<()> {
     let id = entity_request_id(request_id, e.id);
     match action {
+        BulkAction::Cancel => {
+            let canceled = reached_by.ok_or_else(|| Error::Bulk("a cancel names the operation it cancels".into()))?;
+            engine.cancel_entity(e, canceled, id, reason).await.map(|_| ())
+        }
         BulkAction::Command(c) => {
             engine.command_with_reason(&e.machine, &e.key, *c, Some(id), Some(reason)).await.map(|_| ())
         }

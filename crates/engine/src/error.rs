@@ -123,6 +123,17 @@ pub enum Error {
     /// The engine is shutting down.
     #[error("engine stopped")]
     Stopped,
+    /// No operation has this request id.
+    #[error("no operation with request id `{0}`")]
+    UnknownOperation(String),
+    /// The operation to cancel has ended: nothing of it is left to stop.
+    #[error("operation `{request_id}` has ended ({outcome}): nothing of it is left to cancel")]
+    OperationEnded {
+        /// Its request id.
+        request_id: String,
+        /// How it ended.
+        outcome: String,
+    },
     /// A bulk operation asked for what it cannot do (the message names the field).
     #[error("bulk operation: {0}")]
     Bulk(String),

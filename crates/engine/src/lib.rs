@@ -23,6 +23,7 @@ mod api;
 mod archive;
 mod builder;
 mod bulk;
+mod cancel;
 mod config;
 mod decide;
 mod deploy;
@@ -51,6 +52,7 @@ pub use builder::EngineBuilder;
 pub use bulk::{
     BulkAction, BulkRequest, COUNT_BOUND, DEFAULT_RATE, DryRun, MAX_RATE, Selection, entity_request_id, health_pairs,
 };
+pub use cancel::{CancelStarted, CanceledEntity, cancel_request_id};
 pub use config::Config;
 pub use decide::subscription_progress_with;
 pub use deploy::Deployed;

@@ -49,6 +49,8 @@ pub(crate) enum Msg {
     Evaluated { entity_id: i64, version: i64, task: u64, result: std::result::Result<(Fire, Option<i64>), String> },
     /// An agent's lease, heartbeat or report (`Op::TaskLease`, `TaskHeartbeat`, `TaskReport`).
     Agent { op: Op, reply: oneshot::Sender<Result<Applied>> },
+    /// An operation canceled on one entity (`Op::Cancel`).
+    Cancel { op: Op, reply: oneshot::Sender<Result<Applied>> },
     /// Tell once every commit queued now is written (after the next batch).
     Barrier(oneshot::Sender<()>),
     /// Tell when nothing is in flight, queued or scheduled at all.

@@ -276,6 +276,7 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
     ("followFeed", &[UnknownMachine, Internal, Unavailable]),
     ("getOperation", &[UnknownOperation, Internal, Unavailable]),
     ("getOperationTrace", &[UnknownOperation, Internal, Unavailable]),
+    ("cancelOperation", &[UnknownOperation, OperationEnded, InvalidBulk, Internal, Unavailable]),
     ("getOverview", &[Internal, Unavailable]),
     ("startBulk", &[InvalidBulk, UnknownMachine, Internal, Unavailable]),
     ("listBulk", &[Internal, Unavailable]),

@@ -51,6 +51,8 @@ pub mod trace;
 pub mod ui;
 
 #[cfg(test)]
+mod cancel_tests;
+#[cfg(test)]
 mod deploy_tests;
 #[cfg(test)]
 mod feed_tests;

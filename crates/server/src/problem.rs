@@ -78,6 +78,8 @@ kinds! {
     /// A new version would leave live entities in (or, pinned, coming to rest in) a state
     /// it has no home for; `stranded` lists them; nothing changed.
     VersionStrandsEntities => (CONFLICT, "version-strands-entities", "version would strand live entities"),
+    /// The operation to cancel has ended: nothing of it is left to stop; nothing changed.
+    OperationEnded => (CONFLICT, "operation-ended", "operation ended"),
     /// The route exists, the method does not.
     MethodNotAllowed => (METHOD_NOT_ALLOWED, "method-not-allowed", "method not allowed"),
     /// The event is not valid in the entity's state; nothing changed.
@@ -327,6 +329,16 @@ impl From<settle_engine::Error> for Problem {
             .with("request_id", request_id.clone())
             .with("operation", crate::operation_location(&request_id)),
             E::Stopped => Problem::new(Kind::Unavailable, "the engine is shutting down"),
+            E::UnknownOperation(id) => {
+                Problem::new(Kind::UnknownOperation, format!("no operation with request id `{id}`"))
+                    .with("request_id", id)
+            }
+            E::OperationEnded { request_id, outcome } => Problem::new(
+                Kind::OperationEnded,
+                format!("operation `{request_id}` has ended ({outcome}): nothing of it is left to cancel"),
+            )
+            .with("request_id", request_id)
+            .with("outcome", outcome),
             E::UnknownSchedule { machine, name } => {
                 Problem::new(Kind::UnknownSchedule, format!("machine `{machine}` has no schedule `{name}`"))
                     .with("machine", machine)

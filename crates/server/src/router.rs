@@ -79,6 +79,7 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(schedules::read(), Access::Read))
         .merge(guard(schedules::write(), Access::Write))
         .merge(guard(operations::read(), Access::Read))
+        .merge(guard(operations::write(), Access::Write))
         .merge(guard(overview::read(), Access::Read))
         .merge(guard(feed::read(), Access::Read))
         .merge(guard(queues::agent(), Access::Agent))

@@ -81,6 +81,7 @@ impl Store for AnyStore {
         fn error_list(&self, entity_id: i64, limit: u64) -> Vec<ErrorRow>;
         fn error_newest(&self, entity_ids: Vec<i64>) -> Vec<(i64, ErrorRow)>;
         fn operation_trace(&self, request_id: &str, limit: u64) -> OperationTrace;
+        fn operation_reached(&self, request_id: &str, after: Option<i64>, limit: u64) -> Vec<EntityRow>;
         fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> ();
         fn machine_list(&self) -> Vec<MachineRecord>;
         fn meta_get(&self, key: &str) -> Option<String>;

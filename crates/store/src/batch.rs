@@ -192,6 +192,9 @@ pub enum Op {
         /// Opens this operation; replays of its request id do nothing.
         operation: Option<OpenOperation>,
     },
+    /// Cancels an operation on one entity it reached (see [`Cancel`]). Answers
+    /// [`Applied::Canceled`].
+    Cancel(Box<Cancel>),
     /// A round of pruning: removes what retention lets go (see [`Prune`]). Answers
     /// [`Applied::Pruned`].
     Prune(Box<Prune>),
@@ -247,6 +250,67 @@ pub enum Op {
     },
 }
 
+/// Canceling operation `canceled` on one entity it reached: its queued events of the
+/// operation are dropped; the work it does in the operation is stopped (its version moves,
+/// so a result in flight is refused; its lease is dropped; its open agent tasks are
+/// canceled); where its state is the operation's doing and its machine's cancel event is
+/// valid there, that event is queued (as the operation `operation`, whose end is its
+/// undo's end); work stopped with no undo leaves it paused. The operation `canceled` ends
+/// as canceled once nothing of it is busy or queued.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cancel {
+    /// The entity's machine.
+    pub machine: MachineName,
+    /// The entity's key.
+    pub key: EntityKey,
+    /// The request id of the operation canceled.
+    pub canceled: String,
+    /// Its machine's cancel event and where it is valid (`None`: it declares none).
+    pub undo: Option<Undo>,
+    /// Opens this operation (the entity's part of the cancel); replays of its request id
+    /// do nothing.
+    pub operation: Option<OpenOperation>,
+}
+
+/// A machine's cancel event (`cancel = "EVENT"`) and the leaf states where it is valid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Undo {
+    /// The event.
+    pub event: EventName,
+    /// The states where it is valid.
+    pub states: Vec<StateName>,
+}
+
+/// What canceling an operation did to one entity it reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// Nothing of the operation was there (or it is killed): unchanged.
+    Untouched,
+    /// Its queued events of the operation were dropped; nothing else of it was there.
+    Dropped,
+    /// Its machine's cancel event is queued: its part is being undone (`stopped`: its work
+    /// in the operation was stopped first).
+    Undone {
+        /// Work of the operation was stopped.
+        stopped: bool,
+    },
+    /// Its work in the operation was stopped and no cancel event is valid in its state:
+    /// paused for an operator.
+    Paused,
+}
+
+impl CancelOutcome {
+    /// The outcome's name: `untouched`, `dropped`, `undone` or `paused`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelOutcome::Untouched => "untouched",
+            CancelOutcome::Dropped => "dropped",
+            CancelOutcome::Undone { .. } => "undone",
+            CancelOutcome::Paused => "paused",
+        }
+    }
+}
+
 /// Claim due entities at the end of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -290,6 +354,14 @@ pub enum Applied {
     },
     /// The command is applied; the entity afterwards.
     Commanded(EntityRow),
+    /// An operation is canceled on the entity: the entity afterwards, and what became of
+    /// its part.
+    Canceled {
+        /// The entity afterwards.
+        entity: Box<EntityRow>,
+        /// What became of its part in the operation.
+        outcome: CancelOutcome,
+    },
     /// Operations marked hung.
     MarkedHung(u64),
     /// The commit is applied.

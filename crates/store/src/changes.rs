@@ -37,6 +37,9 @@ pub(crate) fn changed(batch: &Batch, results: &[Result<Applied, OpError>]) -> Ve
                 Some(Changed { entity_id: c.fence.entity_id, at_rest: c.telemetry.at_rest })
             }
             (Op::Command { .. }, Ok(Applied::Commanded(e))) => Some(Changed { entity_id: e.id, at_rest: true }),
+            (Op::Cancel(_), Ok(Applied::Canceled { entity, .. })) => {
+                Some(Changed { entity_id: entity.id, at_rest: true })
+            }
             _ => None,
         })
         .collect()

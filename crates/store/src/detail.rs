@@ -35,6 +35,9 @@ pub struct OperationTrace {
     pub truncated: bool,
 }
 
+/// The most entities a cancel looks at among those an operation reached.
+pub(crate) const REACHED_MAX: u64 = 1_000_000;
+
 /// The entity ids of a trace, by id: the operation's own entity (kept even past the
 /// limit) and up to `limit` of those its events reached (`reached` is sorted and holds at
 /// most `limit + 1`, so one more tells that some were left out).

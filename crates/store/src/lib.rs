@@ -44,7 +44,8 @@ use std::sync::Arc;
 
 pub use any::{AnyStore, is_postgres_url};
 pub use batch::{
-    AfterCommit, Applied, Batch, BatchResult, Claim, Claimed, Commit, Fence, Op, OpError, SqlStatement, Trigger,
+    AfterCommit, Applied, Batch, BatchResult, Cancel, CancelOutcome, Claim, Claimed, Commit, Fence, Op, OpError,
+    SqlStatement, Trigger, Undo,
 };
 pub use bulk::{BulkAdvance, BulkRow};
 pub use changes::{Changed, Changes};
@@ -152,6 +153,15 @@ pub trait Store: Send + Sync + 'static {
     /// among them, then those its events reached) and their history rows carrying the
     /// request id. Empty when no such operation exists.
     fn operation_trace(&self, request_id: &str, limit: u64) -> impl Future<Output = Result<OperationTrace>> + Send;
+    /// The entities the operation of `request_id` reached (its own, those its events
+    /// reached, those it created), in id order after id `after`, at most `limit`: what
+    /// canceling it goes through. Empty when no such operation exists.
+    fn operation_reached(
+        &self,
+        request_id: &str,
+        after: Option<i64>,
+        limit: u64,
+    ) -> impl Future<Output = Result<Vec<EntityRow>>> + Send;
 
     /// Stores a machine definition version deployed at `now`; one stored already (by name
     /// and hash) only takes `now` as its deploy time (a roll back makes it current again).

@@ -94,6 +94,7 @@ fn request_ids(batch: &Batch) -> Option<String> {
             Op::Push(p) => p.request_id.as_deref().or(p.operation.as_ref().map(|o| o.request_id.as_str())),
             Op::Commit(c) => c.request_id.as_deref(),
             Op::Command { operation, .. } => operation.as_ref().map(|o| o.request_id.as_str()),
+            Op::Cancel(c) => c.operation.as_ref().map(|o| o.request_id.as_str()),
             _ => None,
         };
         let Some(id) = id else { continue };

@@ -377,6 +377,19 @@ impl MachineBuilder {
         self
     }
 
+    /// The event that undoes an entity's part in a canceled operation (`cancel = "abort"`).
+    pub fn cancel_event(mut self, event: impl Into<String>) -> Self {
+        self.def.cancel = Some(event.into());
+        self
+    }
+
+    /// The event that takes an entity to its deleted state (`delete = "destroy"`), raised
+    /// by a predecessor's cascading delete.
+    pub fn delete_event(mut self, event: impl Into<String>) -> Self {
+        self.def.delete = Some(event.into());
+        self
+    }
+
     /// Operator commands that reach an entity's successors too (`cascade = ["kill"]`).
     pub fn cascade<I, S>(mut self, commands: I) -> Self
     where

@@ -214,6 +214,12 @@ impl Machine {
         if !self.cascade.is_empty() {
             machine["cascade"] = self.cascade.iter().map(String::as_str).collect();
         }
+        if let Some(e) = &self.cancel {
+            machine["cancel"] = Value::from(e.as_str());
+        }
+        if let Some(e) = &self.delete {
+            machine["delete"] = Value::from(e.as_str());
+        }
         if !self.properties.is_empty() {
             machine["properties"] = self.properties.iter().map(String::as_str).collect();
         }
@@ -448,6 +454,14 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
     def.upgrade = match v.get("upgrade") {
         None => None,
         Some(u) => Some(u.as_str()?.to_string()),
+    };
+    def.cancel = match v.get("cancel") {
+        None => None,
+        Some(e) => Some(e.as_str()?.to_string()),
+    };
+    def.delete = match v.get("delete") {
+        None => None,
+        Some(e) => Some(e.as_str()?.to_string()),
     };
     Some(def)
 }

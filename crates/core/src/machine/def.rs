@@ -427,6 +427,12 @@ pub struct MachineDef {
     /// How live entities move to a new version (`upgrade = "pin"` or `"migrate"`, the
     /// default); see [`crate::upgrade::Policy`].
     pub upgrade: Option<String>,
+    /// The event that undoes an entity's part in a canceled operation (`cancel = "abort"`):
+    /// raised on each entity the operation reached, where it is valid.
+    pub cancel: Option<String>,
+    /// The event that takes an entity to its deleted state (`delete = "destroy"`): what a
+    /// predecessor's cascading delete raises on it.
+    pub delete: Option<String>,
     /// Where the machine was declared (file start).
     pub origin: Origin,
 }

@@ -410,6 +410,10 @@ pub struct Machine {
     pub(super) cascade: Vec<String>,
     /// How live entities move to a new version (`upgrade`).
     pub(super) upgrade: crate::upgrade::Policy,
+    /// The event undoing an entity's part in a canceled operation (`cancel`).
+    pub(super) cancel: Option<EventName>,
+    /// The event taking an entity to its deleted state (`delete`).
+    pub(super) delete: Option<EventName>,
     /// Each state's parent, by index (the tree `tree.rs` walks).
     pub(super) parents: Vec<Option<usize>>,
     /// Whether any state has a parent (a flat machine skips the tree walks).
@@ -587,6 +591,8 @@ impl Machine {
             properties: def.properties.clone(),
             cascade: def.cascade.clone(),
             upgrade: def.upgrade.as_deref().and_then(crate::upgrade::Policy::parse).unwrap_or_default(),
+            cancel: def.cancel.as_deref().map(EventName::new),
+            delete: def.delete.as_deref().map(EventName::new),
             nested: parents.iter().any(Option::is_some),
             parents,
         }
@@ -633,6 +639,26 @@ impl Machine {
     /// How this version takes the live entities of the versions before it (`upgrade`).
     pub fn upgrade(&self) -> crate::upgrade::Policy {
         self.upgrade
+    }
+    /// The event that undoes an entity's part in a canceled operation (`cancel`), if the
+    /// machine declares one.
+    pub fn cancel_event(&self) -> Option<&EventName> {
+        self.cancel.as_ref()
+    }
+    /// The event that takes an entity to its deleted state (`delete`): what a cascading
+    /// delete of a predecessor raises on it.
+    pub fn delete_event(&self) -> Option<&EventName> {
+        self.delete.as_ref()
+    }
+    /// The leaf states in which `event` is valid (its innermost level; guards aside), in
+    /// declaration order.
+    pub fn states_where(&self, event: &str) -> Vec<StateName> {
+        let Some(ev) = self.event(event) else { return Vec::new() };
+        self.states
+            .iter()
+            .filter(|s| !s.is_parent() && self.event_applies(ev, &s.name))
+            .map(|s| s.name.clone())
+            .collect()
     }
     /// All calendar schedules in declaration order.
     pub fn schedules(&self) -> &[Calendar] {

@@ -64,6 +64,12 @@ impl Machine {
         if !self.cascade.is_empty() {
             w.entry("cascade", strings(&self.cascade));
         }
+        if let Some(e) = &self.cancel {
+            w.entry("cancel", string(e.as_str()));
+        }
+        if let Some(e) = &self.delete {
+            w.entry("delete", string(e.as_str()));
+        }
         if !self.properties.is_empty() {
             w.entry("properties", strings(&self.properties));
         }

@@ -214,13 +214,31 @@ impl<'a> Checker<'a> {
         self.duplicate_items("timer", def.timers.iter().map(|t| (t.name.as_str(), t.origin)));
         self.duplicate_items("schedule", def.schedules.iter().map(|t| (t.name.as_str(), t.origin)));
         for c in &def.cascade {
-            if c != "kill" {
+            if c != "kill" && c != "delete" {
                 self.error(
                     "machine",
                     def.origin.line,
-                    format!("`cascade` names `{c}`: only `kill` reaches successors"),
+                    format!("`cascade` names `{c}`: only `kill` and `delete` reach successors"),
                 );
             }
+        }
+        for (key, event) in [("cancel", &def.cancel), ("delete", &def.delete)] {
+            let Some(event) = event else { continue };
+            match def.events.iter().find(|e| e.name == *event) {
+                None => self.error("machine", def.origin.line, format!("`{key}` names `{event}`: no such event")),
+                Some(e) if !e.params.is_empty() => self.error(
+                    "machine",
+                    def.origin.line,
+                    format!(
+                        "`{key}` names `{event}`, which takes parameters ({}): the engine raises it with none",
+                        e.params.join(", ")
+                    ),
+                ),
+                Some(_) => {}
+            }
+        }
+        if def.delete.is_some() && !def.states.iter().any(|s| s.kind == Some(StateKind::Deleted)) {
+            self.error("machine", def.origin.line, "`delete` is declared but no state is `kind = \"deleted\"`".into());
         }
         if let Some(u) = def.upgrade.as_deref().filter(|u| crate::upgrade::Policy::parse(u).is_none()) {
             self.error("machine", def.origin.line, format!("`upgrade` is `{u}`: `pin` or `migrate`"));
@@ -1077,13 +1095,53 @@ mod tests {
     fn only_kill_cascades_and_it_is_part_of_the_version() {
         let base = || MachineBuilder::new("m").state("idle").initial().kind(StateKind::Terminal);
         let report = base().cascade(["kill", "pause"]).build().unwrap_err();
-        assert!(
-            report
-                .to_string()
-                .contains("error: machine `m`, machine: `cascade` names `pause`: only `kill` reaches successors\n")
-        );
+        assert!(report.to_string().contains(
+            "error: machine `m`, machine: `cascade` names `pause`: only `kill` and `delete` reach successors\n"
+        ));
         let m = base().cascade(["kill"]).build().unwrap();
         assert!(m.cascades("kill") && !m.cascades("pause"));
+        assert_ne!(m.content_hash(), base().build().unwrap().content_hash());
+        let back = crate::toml::load("m.toml", "m", &m.to_toml()).unwrap().0;
+        assert_eq!(back, m);
+        assert_eq!(crate::Machine::from_canonical_json(&m.canonical_json()).unwrap(), m);
+    }
+
+    #[test]
+    fn the_cancel_and_delete_events_are_declared_events_without_parameters() {
+        let base = || {
+            MachineBuilder::new("m")
+                .state("idle")
+                .initial()
+                .state("gone")
+                .kind(StateKind::Deleted)
+                .event("abort", ["idle"], "drop")
+                .event("resize", ["idle"], "drop")
+                .params(["size"])
+                .action("drop", ["gone"])
+        };
+        let report = base().cancel_event("undo").delete_event("resize").build().unwrap_err().to_string();
+        assert!(report.contains("machine: `cancel` names `undo`: no such event\n"), "{report}");
+        assert!(
+            report.contains(
+                "machine: `delete` names `resize`, which takes parameters (size): the engine raises it with none"
+            ),
+            "{report}"
+        );
+        let report = MachineBuilder::new("m")
+            .state("idle")
+            .initial()
+            .event("abort", ["idle"], "stay")
+            .action("stay", ["idle"])
+            .delete_event("abort")
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(report.contains("`delete` is declared but no state is `kind = \"deleted\"`"), "{report}");
+        let m = base().cancel_event("abort").delete_event("abort").cascade(["kill", "delete"]).build().unwrap();
+        assert_eq!(m.cancel_event().map(|e| e.as_str()), Some("abort"));
+        assert_eq!(m.delete_event().map(|e| e.as_str()), Some("abort"));
+        assert!(m.cascades("delete"));
+        assert_eq!(m.states_where("abort"), vec![crate::StateName::new("idle")]);
         assert_ne!(m.content_hash(), base().build().unwrap().content_hash());
         let back = crate::toml::load("m.toml", "m", &m.to_toml()).unwrap().0;
         assert_eq!(back, m);

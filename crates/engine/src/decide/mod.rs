@@ -208,6 +208,7 @@ impl Decided {
             action: self.action.clone(),
             outcome: self.outcome.clone(),
             version: None,
+            notices: c.consume_notices_upto.is_some(),
         }
     }
 }
@@ -264,6 +265,9 @@ pub(crate) struct Expect {
     pub(crate) outcome: Option<EventOutcome>,
     /// The version the commit moves the entity to ([`upgrade`]), with its hash.
     pub(crate) version: Option<(String, Arc<Machine>)>,
+    /// The commit consumes change notices: the operations of the successors that sent
+    /// them (whichever they are) may end with it.
+    pub(crate) notices: bool,
 }
 
 impl Expect {

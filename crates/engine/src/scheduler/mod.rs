@@ -62,6 +62,7 @@ pub(crate) enum Pending {
     },
     Commit(Box<Expect>),
     Agent(oneshot::Sender<Result<Applied>>),
+    Cancel(oneshot::Sender<Result<Applied>>),
     Release,
     Renew,
     Supervise,
@@ -312,6 +313,10 @@ impl<S: Store + Clone> Scheduler<S> {
                 self.ops.push(op);
                 self.pending.push(Pending::Agent(reply));
             }
+            Msg::Cancel { op, reply } => {
+                self.ops.push(op);
+                self.pending.push(Pending::Cancel(reply));
+            }
             Msg::Prune { op, reply } => {
                 self.ops.push(op);
                 self.pending.push(Pending::Prune(reply));
@@ -492,7 +497,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 Pending::Command { reply, .. } => {
                     let _ = reply.send(Err(err()));
                 }
-                Pending::Agent(reply) => {
+                Pending::Agent(reply) | Pending::Cancel(reply) => {
                     let _ = reply.send(Err(err()));
                 }
                 Pending::Commit(expect) => {
@@ -515,7 +520,11 @@ impl<S: Store + Clone> Scheduler<S> {
         // commit of this batch names: operation waiters look at theirs.
         if self.ops_watch.anyone()
             && pending.iter().zip(&result.results).any(|(p, r)| {
-                r.is_ok() && matches!(p, Pending::Command { .. } | Pending::Agent(_) | Pending::Supervise)
+                r.is_ok()
+                    && matches!(
+                        p,
+                        Pending::Command { .. } | Pending::Agent(_) | Pending::Cancel(_) | Pending::Supervise
+                    )
             })
         {
             self.ops_watch.anything();
@@ -560,6 +569,15 @@ impl<S: Store + Clone> Scheduler<S> {
                 },
                 Pending::Commit(expect) => self.on_committed(*expect, r),
                 Pending::Agent(reply) => {
+                    let _ = reply.send(r.map_err(op_error));
+                }
+                Pending::Cancel(reply) => {
+                    if let Ok(Applied::Canceled { entity, .. }) = &r
+                        && self.held.get(&entity.id).is_some_and(|s| s.held.entity.version != entity.version)
+                    {
+                        // Its work was stopped: whatever runs for it now can never commit.
+                        self.held.remove(&entity.id);
+                    }
                     let _ = reply.send(r.map_err(op_error));
                 }
                 Pending::Release | Pending::Renew => {
@@ -622,6 +640,10 @@ impl<S: Store + Clone> Scheduler<S> {
                 if self.ops_watch.anyone() {
                     // The commit may have ended its own operation, the one its entity
                     // works for, or that of the event it processed.
+                    if expect.notices {
+                        // Its notices carry the request ids of the successors' operations.
+                        self.ops_watch.anything();
+                    }
                     let item = expect.item.as_ref().and_then(|i| i.request_id.as_ref());
                     let mut told: Vec<&String> = Vec::with_capacity(3);
                     for r in

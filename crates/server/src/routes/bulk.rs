@@ -51,6 +51,7 @@ pub fn selection(f: &BulkFilter, now: i64) -> Result<Selection, Problem> {
         health: f.health.clone(),
         narrow: crate::routes::narrow(text, now, Kind::InvalidBulk, "filter.")?,
         successors_of: None,
+        reached_by: None,
     })
 }
 

@@ -7,16 +7,79 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::contract::OUTCOME;
-use crate::extract::{Path, Query};
+use crate::extract::{OptionalJsonBody, Path, Query};
 use crate::model::{HistoryEntry, Operation, OperationList, OperationQuery, OperationTrace, TraceEntry};
 use crate::paths::OperationPath;
 use crate::problem::{Kind, Problem};
 use crate::routes::{parse_limit, unknown_word};
 use crate::state::AppState;
+use settle_api::{CancelRequest, CancelResult, CanceledEntity};
 
 /// Read routes of operations.
 pub fn read() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list)).routes(routes!(get)).routes(routes!(trace))
+}
+
+/// Write routes of operations: cancel.
+pub fn write() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(cancel))
+}
+
+/// Entities a cancel's answer lists, at most.
+const CANCEL_ENTITIES: u64 = 1000;
+
+/// How long a cancel waits for its entities (and, with `undone`, their undo).
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Cancels an operation: every entity it reached drops its queued events of it, stops the
+/// work it does in it (a result in flight is discarded, its agent task canceled) and runs
+/// its machine's `cancel` event where that is valid and its state is the operation's
+/// doing; work stopped with no undo leaves it paused. One bulk operation
+/// (`{id}/cancel`) goes through them; each entity's part is the operation
+/// `{id}/cancel/{entity id}`. 200 once every entity's work has stopped (with `undone`,
+/// once the operation and every undo ended); 202 if that takes longer than 30 s (it goes
+/// on). Asking again answers the same cancel (`replayed`).
+#[utoipa::path(
+    post,
+    operation_id = "cancelOperation",
+    path = "/v1/operations/{id}/cancel",
+    tag = "operations",
+    params(OperationPath),
+    request_body(content = Option<CancelRequest>, description = "why, and whether to wait for the undo (optional)", content_type = "application/json"),
+    responses(
+        (status = 200, description = "the cancel went through every entity", body = CancelResult),
+        (status = 202, description = "the cancel goes on; the answer shows it so far", body = CancelResult),
+    )
+)]
+async fn cancel(
+    State(s): State<AppState>,
+    Path(OperationPath { id }): Path<OperationPath>,
+    OptionalJsonBody(req): OptionalJsonBody<CancelRequest>,
+) -> Result<axum::response::Response, Problem> {
+    use axum::response::IntoResponse;
+    let req = req.unwrap_or_default();
+    let engine = s.engine();
+    let started = engine.cancel_operation(&id, req.reason.as_deref()).await?;
+    let status = match engine.cancel_wait(&id, req.undone, CANCEL_WAIT).await {
+        Ok(_) => axum::http::StatusCode::OK,
+        Err(settle_engine::Error::Timeout { .. }) => axum::http::StatusCode::ACCEPTED,
+        Err(e) => return Err(e.into()),
+    };
+    let operation = find_operation(&s, &id).await?;
+    let bulk = engine.bulk_get(&started.bulk.request_id).await?.unwrap_or(started.bulk);
+    let entities = engine
+        .cancel_parts(&id, CANCEL_ENTITIES)
+        .await?
+        .into_iter()
+        .map(|p| CanceledEntity { entity: s.entity(&p.entity), part: p.part.as_ref().map(Operation::from), did: p.did })
+        .collect();
+    let body = CancelResult {
+        operation: Operation::from(&operation),
+        bulk: settle_api::Bulk::from(&bulk),
+        replayed: started.replayed,
+        entities,
+    };
+    Ok((status, Json(body)).into_response())
 }
 
 /// Operations, newest first, filtered by outcome, machine, name and start time. A page

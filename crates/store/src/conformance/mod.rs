@@ -8,6 +8,7 @@
 //! they share: the backend's [`Dialect`], the fixtures, and the macro.
 
 mod bulk;
+mod cancel;
 mod columns;
 mod commands;
 mod commits;
@@ -24,6 +25,7 @@ mod telemetry;
 mod timers;
 
 pub use bulk::bulk_operations_start_once_lease_and_advance;
+pub use cancel::canceling_an_operation_stops_its_work_and_queues_the_undo;
 pub use columns::{
     a_command_is_recorded_when_it_applies, a_commit_creates_only_free_keys, a_commit_may_change_one_column_alone,
     a_successor_joined_in_a_batch_notifies_its_predecessor, an_internal_event_heads_the_inbox,
@@ -192,7 +194,7 @@ macro_rules! store_conformance_suite {
                 pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past,
                 bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order,
                 the_feed_resumes_from_any_position_without_gaps, schedules_sync_lease_advance_and_pause,
-                versions_move_the_entities_no_engine_holds;
+                versions_move_the_entities_no_engine_holds, canceling_an_operation_stops_its_work_and_queues_the_undo;
             store_and_dialect: effects_are_atomic
         );
     };

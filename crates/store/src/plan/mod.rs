@@ -105,7 +105,7 @@ fn kind(op: &Op) -> Kind {
         | Op::Release(_)
         | Op::TaskHeartbeat { .. }
         | Op::TaskReport { .. } => Kind::Segment,
-        Op::Command { .. } => Kind::Commands,
+        Op::Command { .. } | Op::Cancel(_) => Kind::Commands,
         Op::TaskLease { .. } | Op::Renew { .. } | Op::MarkHung { .. } => Kind::Own,
         Op::Prune(_) => Kind::Prune,
     }
@@ -133,6 +133,7 @@ fn segment_end(ops: &[Op], i: usize) -> usize {
         }
         let fresh = match op {
             Op::Command { machine, key, .. } => commanded.insert((machine.as_str(), key.as_str())),
+            Op::Cancel(c) => commanded.insert((c.machine.as_str(), c.key.as_str())),
             _ => fenced(op).is_none_or(|id| fences.insert(id)),
         };
         if !fresh {

@@ -89,6 +89,9 @@ pub(crate) struct Writes {
     pub(crate) inbox: Vec<InboxInsert>,
     /// Entities whose whole inbox is dropped (after the new items are written: a kill).
     pub(crate) inbox_clear: Vec<i64>,
+    /// (entity, request id): the entity's inbox items of that operation are dropped (after
+    /// the new items are written: a cancel).
+    pub(crate) inbox_drop: Vec<(i64, String)>,
     pub(crate) history: Vec<HistoryInsert>,
     pub(crate) successors: Vec<SuccessorInsert>,
     /// Entities whose timers become `timers`' rows for them.

@@ -337,6 +337,11 @@ impl Store for PgStore {
         self.on_reader(move |c| read::operation_trace(c, &request_id, limit)).await
     }
 
+    async fn operation_reached(&self, request_id: &str, after: Option<i64>, limit: u64) -> Result<Vec<EntityRow>> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| read::operation_reached(c, &request_id, after, limit)).await
+    }
+
     async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
         self.on_reader(move |c| read::timer_list(c, entity_id)).await
     }

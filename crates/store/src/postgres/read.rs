@@ -520,32 +520,9 @@ pub(crate) fn error_newest(c: &mut Conn, ids: &[i64]) -> R<Vec<(i64, crate::Erro
 pub(crate) fn operation_trace(c: &mut Conn, request_id: &str, limit: u64) -> R<crate::OperationTrace> {
     c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
     let trace = (|| {
-        let Some(op) = c.opt("SELECT id FROM operations WHERE request_id = $1", &[&request_id])? else {
+        let Some((ids, truncated)) = reached(c, request_id, limit)? else {
             return Ok(crate::OperationTrace::default());
         };
-        let op_id: i64 = op.try_get(0)?;
-        let own: Option<i64> = c
-            .opt(
-                "SELECT e.id FROM operations o JOIN entities e ON e.machine = o.machine AND e.key = o.entity_key
-                 WHERE o.id = $1",
-                &[&op_id],
-            )?
-            .map(|r| r.try_get(0))
-            .transpose()?;
-        let reached = c.query(
-            "SELECT DISTINCT entity_id FROM events WHERE operation_id = $1 ORDER BY entity_id LIMIT $2",
-            &[&op_id, &(limit as i64 + 1)],
-        )?;
-        let reached = all(reached, |r| Ok(r.try_get::<_, i64>(0)?))?;
-        let (ids, truncated) = crate::detail::trace_ids(own, reached, limit);
-        let (ids, more) = crate::detail::with_created(ids, limit.max(1), |id| {
-            let rows = c.query(
-                "SELECT successor_id FROM successors WHERE predecessor_id = $1 AND request_id = $2",
-                &[&id, &request_id],
-            )?;
-            all(rows, |r| Ok(r.try_get::<_, i64>(0)?))
-        })?;
-        let truncated = truncated || more;
         let rows = c.query(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ANY($1) ORDER BY id"), &[&ids])?;
         let entities = all(rows, entity_from_row)?;
         let rows = c.query(
@@ -566,6 +543,67 @@ pub(crate) fn operation_trace(c: &mut Conn, request_id: &str, limit: u64) -> R<c
             Err(e)
         }
     }
+}
+
+/// The entities operation `request_id` reached, after id `after` in id order, at most
+/// `limit` (see [`Store::operation_reached`](crate::Store::operation_reached)).
+pub(crate) fn operation_reached(
+    c: &mut Conn,
+    request_id: &str,
+    after: Option<i64>,
+    limit: u64,
+) -> R<Vec<crate::EntityRow>> {
+    c.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    let rows = (|| {
+        let Some((ids, _)) = reached(c, request_id, crate::detail::REACHED_MAX)? else {
+            return Ok(Vec::new());
+        };
+        let ids: Vec<i64> = ids.into_iter().filter(|id| after.is_none_or(|a| *id > a)).take(limit as usize).collect();
+        let rows = c.query(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ANY($1) ORDER BY id"), &[&ids])?;
+        all(rows, entity_from_row)
+    })();
+    match rows {
+        Ok(t) => {
+            c.batch("COMMIT")?;
+            Ok(t)
+        }
+        Err(e) => {
+            let _ = c.batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// The ids of the entities operation `request_id` reached (its own, those its events
+/// reached, those it created), sorted, at most `limit`, and whether some were left out;
+/// `None`: no such operation.
+fn reached(c: &mut Conn, request_id: &str, limit: u64) -> R<Option<(Vec<i64>, bool)>> {
+    let Some(op) = c.opt("SELECT id FROM operations WHERE request_id = $1", &[&request_id])? else {
+        return Ok(None);
+    };
+    let op_id: i64 = op.try_get(0)?;
+    let own: Option<i64> = c
+        .opt(
+            "SELECT e.id FROM operations o JOIN entities e ON e.machine = o.machine AND e.key = o.entity_key
+             WHERE o.id = $1",
+            &[&op_id],
+        )?
+        .map(|r| r.try_get(0))
+        .transpose()?;
+    let reached = c.query(
+        "SELECT DISTINCT entity_id FROM events WHERE operation_id = $1 ORDER BY entity_id LIMIT $2",
+        &[&op_id, &(limit as i64 + 1)],
+    )?;
+    let reached = all(reached, |r| Ok(r.try_get::<_, i64>(0)?))?;
+    let (ids, truncated) = crate::detail::trace_ids(own, reached, limit);
+    let (ids, more) = crate::detail::with_created(ids, limit.max(1), |id| {
+        let rows = c.query(
+            "SELECT successor_id FROM successors WHERE predecessor_id = $1 AND request_id = $2",
+            &[&id, &request_id],
+        )?;
+        all(rows, |r| Ok(r.try_get::<_, i64>(0)?))
+    })?;
+    Ok(Some((ids, truncated || more)))
 }
 
 /// The (machine, state) pairs that hold entities, when `f`'s statement needs them.

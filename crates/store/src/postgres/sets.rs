@@ -378,6 +378,15 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
         // After the new items: a kill drops them too.
         p.add(Stmt::new("DELETE FROM inbox WHERE entity_id = ANY($1::bigint[])", vec![col(w.inbox_clear.clone())]));
     }
+    if !w.inbox_drop.is_empty() {
+        // After the new items: a cancel drops those of its operation queued in this batch.
+        let (ids, requests): (Vec<i64>, Vec<String>) = w.inbox_drop.iter().cloned().unzip();
+        p.add(Stmt::new(
+            "DELETE FROM inbox i USING UNNEST($1::bigint[], $2::text[]) AS d(entity_id, request_id)
+             WHERE i.entity_id = d.entity_id AND i.request_id = d.request_id",
+            vec![col(ids), col(requests)],
+        ));
+    }
     if !w.op_cancel.is_empty() {
         p.add(Stmt::new(
             "UPDATE operations SET canceled = TRUE WHERE request_id = ANY($1::text[]) AND ended_at IS NULL",

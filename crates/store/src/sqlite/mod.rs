@@ -395,6 +395,11 @@ impl Store for SqliteStore {
         self.on_reader(move |c| in_read_transaction(c, |c| operation_trace(c, &request_id, limit))).await
     }
 
+    async fn operation_reached(&self, request_id: &str, after: Option<i64>, limit: u64) -> Result<Vec<EntityRow>> {
+        let request_id = request_id.to_string();
+        self.on_reader(move |c| in_read_transaction(c, |c| read::operation_reached(c, &request_id, after, limit))).await
+    }
+
     async fn timer_list(&self, entity_id: i64) -> Result<Vec<TimerRow>> {
         self.on_reader(move |c| {
             let mut stmt = c

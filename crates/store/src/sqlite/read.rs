@@ -282,12 +282,55 @@ pub(crate) fn error_list(c: &Connection, entity_id: i64, limit: u64) -> rusqlite
 /// What the operation of `request_id` touched (see [`Store::operation_trace`](crate::Store::operation_trace)).
 pub(crate) fn operation_trace(c: &Connection, request_id: &str, limit: u64) -> rusqlite::Result<crate::OperationTrace> {
     use rusqlite::OptionalExtension;
+    let Some((ids, truncated)) = reached(c, request_id, limit)? else {
+        return Ok(crate::OperationTrace::default());
+    };
+    let mut trace = crate::OperationTrace { truncated, ..Default::default() };
+    let mut entity = c.prepare_cached(&format!("SELECT {} FROM entities WHERE id = ?1", crate::sql::ENTITY_COLS))?;
+    let mut history = c.prepare_cached(
+        "SELECT id, entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail
+         FROM history WHERE entity_id = ?1 AND request_id = ?2 ORDER BY id",
+    )?;
+    for id in ids {
+        trace.entities.extend(entity.query_row([id], entity_from_row).optional()?);
+        for row in history.query_map(rusqlite::params![id, request_id], history_from_row)? {
+            trace.transitions.push(row?);
+        }
+    }
+    Ok(trace)
+}
+
+/// The entities operation `request_id` reached, after id `after` in id order, at most
+/// `limit` (see [`Store::operation_reached`](crate::Store::operation_reached)).
+pub(crate) fn operation_reached(
+    c: &Connection,
+    request_id: &str,
+    after: Option<i64>,
+    limit: u64,
+) -> rusqlite::Result<Vec<crate::EntityRow>> {
+    use rusqlite::OptionalExtension;
+    let Some((ids, _)) = reached(c, request_id, crate::detail::REACHED_MAX)? else {
+        return Ok(Vec::new());
+    };
+    let mut entity = c.prepare_cached(&format!("SELECT {} FROM entities WHERE id = ?1", crate::sql::ENTITY_COLS))?;
+    let mut rows = Vec::new();
+    for id in ids.into_iter().filter(|id| after.is_none_or(|a| *id > a)).take(limit as usize) {
+        rows.extend(entity.query_row([id], entity_from_row).optional()?);
+    }
+    Ok(rows)
+}
+
+/// The ids of the entities operation `request_id` reached (its own, those its events
+/// reached, those it created), sorted, at most `limit`, and whether some were left out;
+/// `None`: no such operation.
+fn reached(c: &Connection, request_id: &str, limit: u64) -> rusqlite::Result<Option<(Vec<i64>, bool)>> {
+    use rusqlite::OptionalExtension;
     let Some(op_id) = c
         .prepare_cached("SELECT id FROM operations WHERE request_id = ?1")?
         .query_row([request_id], |r| r.get::<_, i64>(0))
         .optional()?
     else {
-        return Ok(crate::OperationTrace::default());
+        return Ok(None);
     };
     // Its own entity, then those its events reached (index `events_operation`).
     let own: Option<i64> = c
@@ -307,19 +350,7 @@ pub(crate) fn operation_trace(c: &Connection, request_id: &str, limit: u64) -> r
     let (ids, more) = crate::detail::with_created(ids, limit.max(1), |id| {
         created.query_map(rusqlite::params![id, request_id], |r| r.get(0))?.collect::<rusqlite::Result<Vec<i64>>>()
     })?;
-    let mut trace = crate::OperationTrace { truncated: truncated || more, ..Default::default() };
-    let mut entity = c.prepare_cached(&format!("SELECT {} FROM entities WHERE id = ?1", crate::sql::ENTITY_COLS))?;
-    let mut history = c.prepare_cached(
-        "SELECT id, entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail
-         FROM history WHERE entity_id = ?1 AND request_id = ?2 ORDER BY id",
-    )?;
-    for id in ids {
-        trace.entities.extend(entity.query_row([id], entity_from_row).optional()?);
-        for row in history.query_map(rusqlite::params![id, request_id], history_from_row)? {
-            trace.transitions.push(row?);
-        }
-    }
-    Ok(trace)
+    Ok(Some((ids, truncated || more)))
 }
 
 /// The (machine, state) pairs that hold entities, when `f`'s statement needs them.

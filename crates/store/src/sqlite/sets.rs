@@ -27,6 +27,9 @@ impl Tx<'_> {
         if !w.inbox_clear.is_empty() {
             self.clear_inbox(&w.inbox_clear)?;
         }
+        if !w.inbox_drop.is_empty() {
+            self.drop_inbox(&w.inbox_drop)?;
+        }
         if !w.history.is_empty() {
             self.insert_history(&w.history, xid)?;
         }
@@ -411,6 +414,14 @@ impl Tx<'_> {
         let mut stmt = self.0.prepare_cached("DELETE FROM inbox WHERE entity_id = ?1")?;
         for id in entities {
             stmt.execute([id])?;
+        }
+        Ok(())
+    }
+
+    fn drop_inbox(&mut self, items: &[(i64, String)]) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached("DELETE FROM inbox WHERE entity_id = ?1 AND request_id = ?2")?;
+        for (id, request_id) in items {
+            stmt.execute(params![id, request_id])?;
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 //! ([`super::segment`]) reads for them, applies them in batch order with the rest, and
 //! writes their rows in its sets.
 
+pub(crate) mod cancel;
 pub(crate) mod command;
 pub(crate) mod lease;
 pub(crate) mod prune;

@@ -91,6 +91,8 @@ struct Plan {
     /// Operations opened for operations that then failed: removed again.
     unopen: Vec<String>,
     inbox_clear: Vec<i64>,
+    /// (entity, request id): the entity's inbox items of that operation are dropped.
+    inbox_drop: Vec<(i64, String)>,
     /// Task rows rewritten, each once (its latest row).
     task_updates: Vec<TaskRow>,
     offer_now: Vec<i64>,
@@ -231,6 +233,10 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
                 keys.insert(key_of(machine, key));
                 commanded.push(key_of(machine, key));
             }
+            Op::Cancel(c) => {
+                keys.insert(key_of(&c.machine, &c.key));
+                commanded.push(key_of(&c.machine, &c.key));
+            }
             Op::TaskHeartbeat { task, .. } => tasks.push(*task),
             Op::TaskReport { task, .. } => {
                 tasks.push(*task);
@@ -259,6 +265,7 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
             Op::Command { machine, key, operation, .. } => {
                 operation.as_ref().map(|o| operation_row(o, machine, key, now, None))
             }
+            Op::Cancel(c) => c.operation.as_ref().map(|o| operation_row(o, &c.machine, &c.key, now, None)),
             Op::Commit(c) => {
                 new_entities += c.creates.len();
                 new_errors += usize::from(c.telemetry.error.is_some());
@@ -365,6 +372,7 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
             Op::Command { machine, key, command, operation } => {
                 w.command(i, machine.as_str(), key.as_str(), *command, operation.as_ref())
             }
+            Op::Cancel(c) => w.cancel(i, c),
             Op::TaskHeartbeat { task, token, check } => w.heartbeat(*task, token, check),
             Op::TaskReport { task, token, result, check } => w.report(*task, token, result, check),
             Op::TaskLease { agent, token_prefix, .. } => Ok(w.lease_tasks(agent, token_prefix)),

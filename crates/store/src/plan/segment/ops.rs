@@ -4,10 +4,11 @@
 //! the operations before it in the segment left them), its rows collected in the plan.
 
 use super::{Answer, Plan, Work, key_of};
-use crate::plan::ops::{command, lease, task, upkeep};
+use crate::plan::ops::{cancel, command, lease, task, upkeep};
 use crate::plan::rows::{HistoryInsert, TaskRow};
 use crate::{
-    Applied, Command, HistoryKind, Millis, OpError, OpenOperation, RunStatus, TaskCheck, TaskRefusal, TaskResult,
+    Applied, Cancel, CancelOutcome, Command, HistoryKind, InboxKind, Millis, OpError, OpenOperation, Push, RunStatus,
+    TaskCheck, TaskRefusal, TaskResult,
 };
 
 fn done(applied: Applied) -> Answer {
@@ -93,6 +94,78 @@ impl Work {
             self.plan.op_done.push(r);
         }
         Ok(done(Applied::Commanded(command::entity_after(&before, &effect.row, effect.clear_errors))))
+    }
+
+    /// The cancel of an operation on one entity it reached (op `i`).
+    pub(super) fn cancel(&mut self, i: usize, c: &Cancel) -> Result<Answer, OpError> {
+        let operation = c.operation.as_ref();
+        let Some(&slot) = self.by_key.get(&key_of(&c.machine, &c.key)) else {
+            self.unopen(i, operation);
+            return Err(OpError::NotFound { machine: c.machine.to_string(), key: c.key.to_string() });
+        };
+        if let Some(operation_id) = self.replayed(i, operation) {
+            return Ok(done(Applied::Replayed { operation_id }));
+        }
+        let id = self.slots[slot].cur.id;
+        let (before, mut facts) = self.commanded.get(&id).cloned().expect("a commanded entity is read with its facts");
+        facts.inbox |= self.inbox_nonempty(slot);
+        let effect = cancel::decide(&self.slots[slot].cur, &facts, &c.canceled, c.undo.as_ref(), self.now);
+        let request_id = operation.map(|o| o.request_id.clone());
+        let from = self.slots[slot].cur.state.clone();
+        self.slots[slot].cur = effect.row.clone();
+        if effect.drop_queued {
+            self.plan.inbox_drop.push((id, c.canceled.clone()));
+        }
+        if effect.stopped {
+            self.plan.cancel.push(id);
+        }
+        if effect.outcome != CancelOutcome::Untouched {
+            self.plan.op_cancel.push(c.canceled.clone());
+            self.plan.complete(Some(&c.canceled));
+        }
+        let undo = c.undo.as_ref().filter(|_| effect.undo);
+        if let Some(u) = undo {
+            let push = Push {
+                machine: c.machine.clone(),
+                key: c.key.clone(),
+                event: u.event.clone(),
+                params: serde_json::Value::Null,
+                request_id: request_id.clone(),
+                kind: InboxKind::Raised,
+                join_from: None,
+                operation: None,
+                reply: None,
+            };
+            self.push(slot, &push);
+        }
+        if effect.outcome != CancelOutcome::Untouched {
+            let what = match effect.outcome {
+                CancelOutcome::Undone { stopped } => {
+                    let event = undo.map(|u| u.event.as_str()).unwrap_or_default();
+                    if stopped { format!("its work stopped, `{event}` raised") } else { format!("`{event}` raised") }
+                }
+                CancelOutcome::Paused => "its work stopped, no cancel event valid here: paused".to_string(),
+                _ => "its queued events of it dropped".to_string(),
+            };
+            self.plan.history.push((
+                slot,
+                HistoryInsert {
+                    from_state: Some(from),
+                    kind: HistoryKind::Command.as_str(),
+                    request_id: request_id.clone(),
+                    at: self.now,
+                    detail: Some(format!("cancel of operation {}: {what}", c.canceled)),
+                    ..HistoryInsert::default()
+                },
+            ));
+        }
+        // Done when applied, unless its undo runs: then when that ends (its event queued
+        // keeps it open).
+        if let Some(r) = request_id.filter(|_| undo.is_none()) {
+            self.plan.op_done.push(r);
+        }
+        let entity = command::entity_after(&before, &effect.row, false);
+        Ok(done(Applied::Canceled { entity: Box::new(entity), outcome: effect.outcome }))
     }
 
     /// Task `id` as this segment leaves it so far: a task of an entity whose open tasks a

@@ -102,6 +102,7 @@ impl Work {
         w.op_updates = plan.op_updates;
         w.complete = plan.complete;
         w.inbox_clear = plan.inbox_clear;
+        w.inbox_drop = plan.inbox_drop;
         w.task_updates = plan.task_updates;
         w.offer_now = plan.offer_now;
         w.op_cancel = plan.op_cancel;
