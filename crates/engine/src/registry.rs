@@ -53,6 +53,29 @@ impl Registry {
         let hash = e.machine_hash.clone().or_else(|| self.hashes.get(m.name()).cloned()).unwrap_or_default();
         Ok((hash, m.clone()))
     }
+    /// What a cascading delete (`cascade = ["delete"]`) raises on an entity's successors:
+    /// for each delete event (`delete = "…"`), to the successors of the machines that
+    /// declare it (a successor whose machine declares none is left as it is).
+    pub(crate) fn delete_cascade(&self) -> Vec<settle_store::PushRelated> {
+        let mut by_event: std::collections::BTreeMap<&settle_core::EventName, Vec<MachineName>> = Default::default();
+        for m in self.machines.values() {
+            if let Some(event) = m.delete_event() {
+                by_event.entry(event).or_default().push(m.name().clone());
+            }
+        }
+        by_event
+            .into_iter()
+            .map(|(event, mut machines)| {
+                machines.sort();
+                settle_store::PushRelated {
+                    on: settle_core::machine::Related::Successors,
+                    machines,
+                    event: event.clone(),
+                    params: serde_json::Value::Null,
+                }
+            })
+            .collect()
+    }
     /// Makes `machine` (of content hash `hash`) its machine's current version.
     pub(crate) fn set_current(&mut self, machine: Arc<Machine>, hash: String) {
         self.versions.insert(hash.clone(), machine.clone());

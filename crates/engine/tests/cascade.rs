@@ -2,14 +2,16 @@
 //! server whose machine says `cascade = ["kill"]` takes its resources with it (each killed
 //! as part of one bulk operation, `{kill}/successors`, each resource `…/successors/{id}`,
 //! its queued and running work dropped), a resource's own successors follow as its machine
-//! says, and a machine that does not cascade leaves its successors running.
+//! says, and a machine that does not cascade leaves its successors running. A delete that
+//! cascades (`cascade = ["delete"]`): entering its deleted state raises each successor's
+//! own delete event (`delete = "…"`) in the same commit and operation.
 
 mod common;
 
 use std::time::Duration;
 
 use settle_core::Machine;
-use settle_engine::{Command, Engine};
+use settle_engine::{Command, Engine, RaiseOptions, Wait};
 use settle_store::{AnyStore, HistoryKind};
 
 use common::stores;
@@ -104,6 +106,70 @@ async fn a_cascading_kill_takes_the_successors_and_theirs_and_a_plain_one_does_n
         let again = e.command("server", "s1", Command::Kill, Some("kill-s1".into())).await.unwrap();
         assert!(again.replayed);
         assert_eq!(e.bulk_get("kill-s1/successors").await.unwrap().unwrap().done, 2);
+        e.shutdown().await;
+    }
+}
+
+/// `site` (`cascade = ["delete"]` when `cascade`): create → up, creating two `vol`s (each
+/// started); `destroy` in up → gone (deleted).
+fn site(name: &str, cascade: bool) -> Machine {
+    let text = format!(
+        "initial = \"new\"\n{}\n[states.new]\n[states.creating]\nauto = \"make\"\n[states.up]\n[states.gone]\nkind = \"deleted\"\n\
+         [events.create]\nin = [\"new\"]\naction = \"begin\"\n[events.destroy]\nin = [\"up\"]\naction = \"drop\"\n\
+         [actions.begin]\nto = [\"creating\"]\n[actions.drop]\nto = [\"gone\"]\n\
+         [actions.make]\nto = [\"up\"]\n\
+         create = [{{ machine = \"vol\", key = \"key + '-a'\", event = \"go\" }}, {{ machine = \"vol\", key = \"key + '-b'\", event = \"go\" }}]\n\
+         may_create = [\"vol\"]\n",
+        if cascade { "cascade = [\"delete\"]" } else { "" }
+    );
+    settle_core::toml::load("site.toml", name, &text).unwrap().0
+}
+
+/// `vol`: go → ready; its delete event `remove` (in ready) runs `wipe` → removed (deleted).
+fn vol() -> Machine {
+    let text = "initial = \"pending\"\ndelete = \"remove\"\n[states.pending]\n[states.ready]\n[states.wiping]\nauto = \"wipe\"\n\
+                [states.removed]\nkind = \"deleted\"\n[events.go]\nin = [\"pending\"]\naction = \"start\"\n\
+                [events.remove]\nin = [\"ready\"]\naction = \"begin_wipe\"\n[actions.start]\nto = [\"ready\"]\n\
+                [actions.begin_wipe]\nto = [\"wiping\"]\n[actions.wipe]\nto = [\"removed\"]\n";
+    settle_core::toml::load("vol.toml", "vol", text).unwrap().0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cascading_delete_raises_each_successors_delete_event_in_the_same_operation() {
+    for (_dir, store) in stores("cascade_delete").await {
+        let e = Engine::builder(store)
+            .machine(site("site", true))
+            .machine(site("plainsite", false))
+            .machine(vol())
+            .start()
+            .await
+            .unwrap();
+        for (m, k) in [("site", "s1"), ("plainsite", "p1")] {
+            e.create(m, k, Default::default()).await.unwrap();
+            let wait = RaiseOptions { wait: Wait::Operation, ..RaiseOptions::default() };
+            e.raise(m, k, "create", wait).await.unwrap();
+        }
+        for k in ["s1-a", "s1-b", "p1-a"] {
+            assert_eq!(e.get("vol", k).await.unwrap().unwrap().state, "ready", "{k}");
+        }
+        // Deleting the site deletes its volumes, as one operation that ends when they are.
+        let destroy =
+            RaiseOptions { wait: Wait::Operation, request_id: Some("destroy-s1".into()), ..RaiseOptions::default() };
+        let done = e.raise("site", "s1", "destroy", destroy).await.unwrap();
+        assert_eq!(done.operation.as_ref().and_then(|o| o.outcome.as_deref()), Some("success"));
+        for k in ["s1-a", "s1-b"] {
+            let history = e.history("vol", k).await.unwrap();
+            let went: Vec<(&str, Option<&str>)> =
+                history.iter().filter_map(|h| h.to.as_ref().map(|s| (s.as_str(), h.request_id.as_deref()))).collect();
+            assert!(
+                went.ends_with(&[("wiping", Some("destroy-s1")), ("removed", Some("destroy-s1"))]),
+                "{k}: {went:?}"
+            );
+        }
+        // A machine that does not cascade its delete leaves its successors as they were.
+        let plain = RaiseOptions { wait: Wait::Operation, ..RaiseOptions::default() };
+        e.raise("plainsite", "p1", "destroy", plain).await.unwrap();
+        assert_eq!(e.get("vol", "p1-a").await.unwrap().unwrap().state, "ready");
         e.shutdown().await;
     }
 }

@@ -1092,7 +1092,7 @@ mod tests {
     }
 
     #[test]
-    fn only_kill_cascades_and_it_is_part_of_the_version() {
+    fn only_kill_and_delete_cascade_and_it_is_part_of_the_version() {
         let base = || MachineBuilder::new("m").state("idle").initial().kind(StateKind::Terminal);
         let report = base().cascade(["kill", "pause"]).build().unwrap_err();
         assert!(report.to_string().contains(

@@ -273,7 +273,7 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
     let from = machine.state(&e.state).expect("entity state exists in its machine");
     let (target, delay, retry) = (ran.outcome.target(), ran.outcome.decided.delay, e.retry);
     let enter = |props: &Properties| step::enter(&machine, from, ran.action, target, delay, retry, props);
-    let Checked { mut props, verdict: entry, request_id, effects } = match checked(held, &ran, enter, env) {
+    let Checked { mut props, verdict: entry, request_id, mut effects } = match checked(held, &ran, enter, env) {
         Ok(checked) => checked,
         Err(why) => return refused(held, ran, why, env),
     };
@@ -320,6 +320,11 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
         action_start_time: started,
         outcome: if entry.retry > 0 { "retry" } else { "ok" },
     };
+    let deleted = machine.state(&entry.state).is_some_and(|s| s.kind == settle_core::StateKind::Deleted);
+    if changed_state && deleted && machine.cascades("delete") {
+        // A cascading delete: each successor's own delete event, in this commit.
+        effects.related.extend(env.registry.delete_cascade());
+    }
     let commit = Commit {
         to: Some(entry.state.clone()),
         retry: entry.retry,
