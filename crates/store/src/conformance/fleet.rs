@@ -33,8 +33,8 @@ pub(super) async fn counts_agree<S: Store>(store: &S, now: i64) {
     assert_eq!(o.operations.into_iter().collect::<BTreeMap<_, _>>(), ops, "operation counts");
 }
 
-/// The overview's counts follow creates, commits, faults, commands and upgrades; its
-/// minutes hold every transition and error.
+/// The overview's counts follow creates, commits, faults, commands, upgrades and a claim
+/// that wakes an entity; its minutes hold every transition and error.
 pub async fn overview_counts_follow_every_write<S: Store>(store: S) {
     telemetry_fixture(&store).await;
     counts_agree(&store, T0 + 1_000).await;
@@ -55,6 +55,15 @@ pub async fn overview_counts_follow_every_write<S: Store>(store: S) {
     let moved = store.machine_move("m", moves, "h2", T0 + 3_000).await.unwrap();
     assert_eq!(moved, 1);
     counts_agree(&store, T0 + 3_000).await;
+    // A sleeping entity that comes due wakes up (active again) as it is claimed.
+    let r = write(&store, T0 + 4_000, vec![command("c", Command::Sleep { until: T0 + 4_500 })], false).await;
+    assert!(r.results[0].is_ok(), "{r:?}");
+    counts_agree(&store, T0 + 4_000).await;
+    let claimed = write(&store, T0 + 5_000, vec![], true).await.claimed;
+    let c = claimed.iter().find(|c| c.entity.key == "c").expect("c comes due");
+    assert_eq!(c.entity.run_status, crate::RunStatus::Active);
+    assert_eq!(c.entity, store.entity_get("m", "c").await.unwrap().unwrap(), "answers the row as written");
+    counts_agree(&store, T0 + 5_000).await;
 }
 
 /// Every index path of a filtered page (state pairs, parents, run status, key prefix,

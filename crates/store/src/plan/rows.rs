@@ -126,6 +126,38 @@ pub(crate) struct Writes {
     pub(crate) restarted: bool,
     /// Live entities whose past is trimmed to their retention, after the rows above.
     pub(crate) trims: Vec<(i64, crate::Trim)>,
+    /// How the number of entities per (machine, state, run status) changes: written by a
+    /// dialect whose counts no trigger keeps (SQLite).
+    pub(crate) counts: Vec<CountDelta>,
+}
+
+/// A change in the number of entities of one (machine, state, run status).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CountDelta {
+    pub(crate) machine: String,
+    pub(crate) state: String,
+    pub(crate) run_status: &'static str,
+    pub(crate) n: i64,
+}
+
+/// Adds up changes of entity counts: `(machine, state, run status, n)` each, in any order;
+/// the sums that are not zero, in key order.
+pub(crate) fn count_deltas<'a>(
+    changes: impl IntoIterator<Item = (&'a str, &'a str, &'static str, i64)>,
+) -> Vec<CountDelta> {
+    let mut sums: std::collections::BTreeMap<(&str, &str, &'static str), i64> = Default::default();
+    for (machine, state, run_status, n) in changes {
+        *sums.entry((machine, state, run_status)).or_default() += n;
+    }
+    sums.into_iter()
+        .filter(|(_, n)| *n != 0)
+        .map(|((machine, state, run_status), n)| CountDelta {
+            machine: machine.to_string(),
+            state: state.to_string(),
+            run_status,
+            n,
+        })
+        .collect()
 }
 
 /// How a batch ends (see [`Dialect::finish`](super::Dialect::finish)).

@@ -6,7 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::read::{INBOX_COLS, entity_from_row, inbox_from_row, timer_from_row};
 use crate::sql::{ENTITY_COLS, json_text};
-use crate::{Claim, Claimed, Millis, TimerRow};
+use crate::{Claim, Claimed, Millis, RunStatus, TimerRow};
 
 /// Turns due timers of active entities into inbox events (one-shot timers are deleted,
 /// periodic ones rescheduled) in the claiming transaction; the params name the timer. A
@@ -86,9 +86,20 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
     ))?;
     let mut head =
         tx.prepare_cached(&format!("SELECT {INBOX_COLS} FROM inbox WHERE entity_id = ?1 ORDER BY id LIMIT 1"))?;
+    let mut woken = Vec::new();
     for id in ids {
+        // Read before the lease is written (the row as it was tells whether it wakes up),
+        // then given the columns the update writes.
+        let mut entity = select.query_row([id], entity_from_row)?;
         update.execute(params![id, claim.owner, until])?;
-        let entity = select.query_row([id], entity_from_row)?;
+        if matches!(entity.run_status, RunStatus::Sleeping | RunStatus::Fault) {
+            woken.push((entity.machine.to_string(), entity.state.to_string(), entity.run_status.as_str()));
+            entity.run_status = RunStatus::Active;
+        }
+        entity.lease_owner = Some(claim.owner.clone());
+        entity.lease_until = Some(until);
+        entity.due_at = Some(until);
+        entity.sleep_until = None;
         let inbox_head = match internal.query_row([id], inbox_from_row).optional()? {
             Some(item) => Some(item),
             None => head.query_row([id], inbox_from_row).optional()?,
@@ -103,6 +114,12 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
             None => None,
         };
         claimed.push(Claimed { entity, inbox_head, trigger });
+    }
+    if !woken.is_empty() {
+        let changes = woken.iter().flat_map(|(machine, state, was)| {
+            [(machine.as_str(), state.as_str(), *was, -1), (machine.as_str(), state.as_str(), "active", 1)]
+        });
+        super::sets::add_counts(tx, &crate::plan::rows::count_deltas(changes))?;
     }
     Ok(claimed)
 }

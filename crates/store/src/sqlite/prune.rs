@@ -4,7 +4,7 @@
 //! newest row of a table stays (see `plan/ops/prune.rs`): SQLite hands a new row the
 //! largest id plus one, so removing it would give its id to the next.
 
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use super::dialect::Tx;
 use crate::Prune;
@@ -59,12 +59,27 @@ impl Tx<'_> {
 
     pub(super) fn prune_rows(&mut self, w: &PruneWrite<'_>) -> rusqlite::Result<PruneWritten> {
         let mut out = PruneWritten::default();
+        // What the entities were, for their counts.
+        let mut gone: Vec<(String, String, String)> = Vec::with_capacity(w.entities.len());
+        {
+            let mut stmt = self.0.prepare_cached("SELECT machine, state, run_status FROM entities WHERE id = ?1")?;
+            for id in w.entities {
+                if let Some(row) = stmt.query_row([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).optional()? {
+                    gone.push(row);
+                }
+            }
+        }
         for (sql, counter) in ENTITY_DELETES {
             let mut stmt = self.0.prepare_cached(sql)?;
             for id in w.entities {
                 *counter(&mut out.rows) += stmt.execute(params![id])? as u64;
             }
         }
+        let changes = gone.iter().filter_map(|(machine, state, status)| {
+            let status = crate::RunStatus::parse(status)?.as_str();
+            Some((machine.as_str(), state.as_str(), status, -1))
+        });
+        self.add_counts(&crate::plan::rows::count_deltas(changes))?;
         let limit = w.rows as i64;
         let p = w.prune;
         if let Some(before) = p.operations_before {

@@ -24,6 +24,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (14, include_str!("../../migrations/sqlite/0014_feed.sql")),
     (15, include_str!("../../migrations/sqlite/0015_entered.sql")),
     (16, include_str!("../../migrations/sqlite/0016_schedules.sql")),
+    (17, include_str!("../../migrations/sqlite/0017_counts.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.
@@ -76,6 +77,20 @@ pub(super) fn migrate_states(
                                  AND COALESCE(machine_hash, '') = ?4 AND lease_owner IS NULL)",
             params![machine, old, new, version],
         )?;
+        // The counts follow the entities that move, by run status.
+        let by_status: Vec<(String, i64)> = tx
+            .prepare_cached(
+                "SELECT run_status, COUNT(*) FROM entities
+                 WHERE machine = ?1 AND state = ?2 AND COALESCE(machine_hash, '') = ?3 AND lease_owner IS NULL
+                 GROUP BY run_status",
+            )?
+            .query_map(params![machine, old, version], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let changes = by_status.iter().filter_map(|(status, n)| {
+            let status = crate::RunStatus::parse(status)?.as_str();
+            Some([(machine, old.as_str(), status, -n), (machine, new.as_str(), status, *n)])
+        });
+        super::sets::add_counts(tx, &crate::plan::rows::count_deltas(changes.flatten()))?;
         moved += tx.execute(
             "UPDATE entities SET state = ?3, version = version + 1, machine_hash = ?4
              WHERE machine = ?1 AND state = ?2 AND COALESCE(machine_hash, '') = ?5 AND lease_owner IS NULL",

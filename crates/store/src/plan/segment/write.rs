@@ -56,6 +56,20 @@ impl Work {
                 }
             }
         }
+        // What the slots were and are: the entity counts' changes.
+        w.counts = crate::plan::rows::count_deltas(slots.iter().flat_map(|s| {
+            let after = count_key(&s.cur);
+            match &s.orig {
+                None => [Some((after.0, after.1, after.2, 1)), None],
+                Some(o) if count_key(o) != after => {
+                    let before = count_key(o);
+                    [Some((before.0, before.1, before.2, -1)), Some((after.0, after.1, after.2, 1))]
+                }
+                Some(_) => [None, None],
+            }
+            .into_iter()
+            .flatten()
+        }));
         w.deletes = plan.deletes;
         w.trims = plan.trims;
         w.inbox = plan.inbox.iter().map(|item| InboxInsert { entity_id: id(item.slot), ..item.row.clone() }).collect();
@@ -180,4 +194,9 @@ fn new_row(s: &Slot) -> EntityRow {
         event_id: c.event_id,
         machine_hash: c.machine_hash.clone(),
     }
+}
+
+/// What an entity is counted under: its machine, state and run status.
+fn count_key(c: &crate::plan::rows::Current) -> (&str, &str, &'static str) {
+    (c.machine.as_str(), c.state.as_str(), c.run_status.as_str())
 }
