@@ -119,7 +119,7 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
         let changes = woken.iter().flat_map(|(machine, state, was)| {
             [(machine.as_str(), state.as_str(), *was, -1), (machine.as_str(), state.as_str(), "active", 1)]
         });
-        super::sets::add_counts(tx, &crate::plan::rows::count_deltas(changes))?;
+        super::counts::add(tx, &crate::plan::rows::count_deltas(changes))?;
     }
     Ok(claimed)
 }

@@ -16,6 +16,7 @@ use std::sync::atomic::AtomicBool;
 
 mod bulk;
 mod claim;
+mod counts;
 mod dialect;
 mod feed;
 mod prune;

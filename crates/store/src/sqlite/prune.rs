@@ -79,7 +79,7 @@ impl Tx<'_> {
             let status = crate::RunStatus::parse(status)?.as_str();
             Some((machine.as_str(), state.as_str(), status, -1))
         });
-        self.add_counts(&crate::plan::rows::count_deltas(changes))?;
+        super::counts::add(self.0, &crate::plan::rows::count_deltas(changes))?;
         let limit = w.rows as i64;
         let p = w.prune;
         if let Some(before) = p.operations_before {

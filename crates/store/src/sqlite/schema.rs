@@ -90,7 +90,7 @@ pub(super) fn migrate_states(
             let status = crate::RunStatus::parse(status)?.as_str();
             Some([(machine, old.as_str(), status, -n), (machine, new.as_str(), status, *n)])
         });
-        super::sets::add_counts(tx, &crate::plan::rows::count_deltas(changes.flatten()))?;
+        super::counts::add(tx, &crate::plan::rows::count_deltas(changes.flatten()))?;
         moved += tx.execute(
             "UPDATE entities SET state = ?3, version = version + 1, machine_hash = ?4
              WHERE machine = ?1 AND state = ?2 AND COALESCE(machine_hash, '') = ?5 AND lease_owner IS NULL",

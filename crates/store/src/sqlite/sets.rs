@@ -92,7 +92,7 @@ impl Tx<'_> {
             self.0.execute("UPDATE operations SET restart_count = restart_count + 1 WHERE ended_at IS NULL", [])?;
         }
         if !w.counts.is_empty() {
-            self.add_counts(&w.counts)?;
+            super::counts::add(self.0, &w.counts)?;
         }
         for (entity_id, t) in &w.trims {
             let (before, rows) = crate::sql::trim_params(t);
@@ -421,11 +421,6 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Adds `deltas` to the entity counts (rows that fall to 0 stay: readers skip them).
-    pub(super) fn add_counts(&mut self, deltas: &[CountDelta]) -> rusqlite::Result<()> {
-        add_counts(self.0, deltas)
-    }
-
     fn drop_inbox(&mut self, items: &[(i64, String)]) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached("DELETE FROM inbox WHERE entity_id = ?1 AND request_id = ?2")?;
         for (id, request_id) in items {
@@ -505,16 +500,4 @@ impl Tx<'_> {
         }
         Ok(())
     }
-}
-
-/// Adds `deltas` to the entity counts on `c` (in the caller's transaction).
-pub(super) fn add_counts(c: &rusqlite::Connection, deltas: &[CountDelta]) -> rusqlite::Result<()> {
-    let mut stmt = c.prepare_cached(
-        "INSERT INTO entity_counts (machine, state, run_status, n) VALUES (?1, ?2, ?3, ?4)
-         ON CONFLICT (machine, state, run_status) DO UPDATE SET n = n + excluded.n",
-    )?;
-    for d in deltas {
-        stmt.execute(params![d.machine, d.state, d.run_status, d.n])?;
-    }
-    Ok(())
 }
