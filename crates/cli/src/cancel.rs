@@ -9,13 +9,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use settle_client::{CancelResult, CanceledEntity, Client};
-use settle_engine::Error;
 use settle_store::AnyStore;
 
 use crate::defs::Machines;
-
-/// Entities listed, at most.
-const LISTED: u64 = 1000;
 
 /// `settle cancel`'s arguments.
 #[derive(clap::Args, Debug)]
@@ -93,33 +89,14 @@ pub async fn local(db: &str, machines: &Machines, a: CancelArgs) -> anyhow::Resu
     // Refuse a missing database rather than create it.
     drop(AnyStore::open_read_only(db)?);
     let engine = crate::engines::start_engine(db, machines).await?;
-    let result = async {
-        let started = engine.cancel_operation(&a.request_id, a.reason.as_deref()).await?;
-        let finished = match engine.cancel_wait(&a.request_id, a.undone, wait).await {
-            Ok(_) => true,
-            Err(Error::Timeout { .. }) => false,
-            Err(e) => return Err(e),
-        };
-        let operation = engine.operation(&a.request_id).await?.unwrap_or(started.operation);
-        let bulk = engine.bulk_get(&started.bulk.request_id).await?.unwrap_or(started.bulk);
-        let entities = engine
-            .cancel_parts(&a.request_id, LISTED)
-            .await?
-            .into_iter()
-            .map(|p| CanceledEntity {
-                entity: settle_client::Entity::from(&p.entity),
-                part: p.part.as_ref().map(settle_client::Operation::from),
-                did: p.did,
-            })
-            .collect();
-        let body = CancelResult {
-            operation: settle_client::Operation::from(&operation),
-            bulk: settle_client::Bulk::from(&bulk),
-            replayed: started.replayed,
-            entities,
-        };
-        Ok((body, finished))
-    }
+    let result = settle_server::routes::operations::cancel_and_wait(
+        &engine,
+        &a.request_id,
+        a.reason.as_deref(),
+        a.undone,
+        wait,
+        |e| settle_client::Entity::from(e),
+    )
     .await;
     engine.shutdown().await;
     let (body, finished) = result?;

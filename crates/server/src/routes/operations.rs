@@ -58,20 +58,37 @@ async fn cancel(
 ) -> Result<axum::response::Response, Problem> {
     use axum::response::IntoResponse;
     let req = req.unwrap_or_default();
-    let engine = s.engine();
-    let started = engine.cancel_operation(&id, req.reason.as_deref()).await?;
-    let status = match engine.cancel_wait(&id, req.undone, CANCEL_WAIT).await {
-        Ok(_) => axum::http::StatusCode::OK,
-        Err(settle_engine::Error::Timeout { .. }) => axum::http::StatusCode::ACCEPTED,
-        Err(e) => return Err(e.into()),
+    let (body, finished) =
+        cancel_and_wait(s.engine(), &id, req.reason.as_deref(), req.undone, CANCEL_WAIT, |e| s.entity(e)).await?;
+    let status = if finished { axum::http::StatusCode::OK } else { axum::http::StatusCode::ACCEPTED };
+    Ok((status, Json(body)).into_response())
+}
+
+/// Cancels the operation `id` on `engine` and waits at most `wait` for every entity's work
+/// in it to stop (with `undone`, for every undo to end): the answer of
+/// `POST /v1/operations/{id}/cancel` (each entity shown by `entity`), and whether the wait
+/// saw it through (`false`: it goes on). `settle cancel` on the database answers the same.
+pub async fn cancel_and_wait<S: settle_store::Store + Clone>(
+    engine: &settle_engine::Engine<S>,
+    id: &str,
+    reason: Option<&str>,
+    undone: bool,
+    wait: std::time::Duration,
+    entity: impl Fn(&settle_store::EntityRow) -> settle_api::Entity,
+) -> Result<(CancelResult, bool), settle_engine::Error> {
+    let started = engine.cancel_operation(id, reason).await?;
+    let finished = match engine.cancel_wait(id, undone, wait).await {
+        Ok(_) => true,
+        Err(settle_engine::Error::Timeout { .. }) => false,
+        Err(e) => return Err(e),
     };
-    let operation = find_operation(&s, &id).await?;
+    let operation = engine.operation(id).await?.unwrap_or(started.operation);
     let bulk = engine.bulk_get(&started.bulk.request_id).await?.unwrap_or(started.bulk);
     let entities = engine
-        .cancel_parts(&id, CANCEL_ENTITIES)
+        .cancel_parts(id, CANCEL_ENTITIES)
         .await?
         .into_iter()
-        .map(|p| CanceledEntity { entity: s.entity(&p.entity), part: p.part.as_ref().map(Operation::from), did: p.did })
+        .map(|p| CanceledEntity { entity: entity(&p.entity), part: p.part.as_ref().map(Operation::from), did: p.did })
         .collect();
     let body = CancelResult {
         operation: Operation::from(&operation),
@@ -79,7 +96,7 @@ async fn cancel(
         replayed: started.replayed,
         entities,
     };
-    Ok((status, Json(body)).into_response())
+    Ok((body, finished))
 }
 
 /// Operations, newest first, filtered by outcome, machine, name and start time. A page

@@ -56,20 +56,22 @@ impl Work {
                 }
             }
         }
-        // What the slots were and are: the entity counts' changes.
-        w.counts = crate::plan::rows::count_deltas(slots.iter().flat_map(|s| {
-            let after = count_key(&s.cur);
-            match &s.orig {
-                None => [Some((after.0, after.1, after.2, 1)), None],
-                Some(o) if count_key(o) != after => {
-                    let before = count_key(o);
-                    [Some((before.0, before.1, before.2, -1)), Some((after.0, after.1, after.2, 1))]
+        // What the slots were and are: the entity counts' changes (where no trigger keeps them).
+        if D::COUNTS {
+            w.counts = crate::plan::rows::count_deltas(slots.iter().flat_map(|s| {
+                let after = count_key(&s.cur);
+                match &s.orig {
+                    None => [Some((after.0, after.1, after.2, 1)), None],
+                    Some(o) if count_key(o) != after => {
+                        let before = count_key(o);
+                        [Some((before.0, before.1, before.2, -1)), Some((after.0, after.1, after.2, 1))]
+                    }
+                    Some(_) => [None, None],
                 }
-                Some(_) => [None, None],
-            }
-            .into_iter()
-            .flatten()
-        }));
+                .into_iter()
+                .flatten()
+            }));
+        }
         w.deletes = plan.deletes;
         w.trims = plan.trims;
         w.inbox = plan.inbox.iter().map(|item| InboxInsert { entity_id: id(item.slot), ..item.row.clone() }).collect();
