@@ -193,3 +193,49 @@ fn base64_decodes() {
     assert_eq!(browser::base64_decode("+/+/").unwrap(), [0xfb, 0xff, 0xbf]);
     assert!(browser::base64_decode("Zm9v!").is_err());
 }
+
+/// A browser executable that dies on its first `failures` starts (each start appends a line
+/// to `starts`), then runs the real Chromium.
+fn flaky_browser(dir: &std::path::Path, real: &std::path::Path, failures: u32) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("flaky-chromium");
+    let starts = dir.join("starts");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho start >> '{starts}'\nif [ \"$(wc -l < '{starts}')\" -le {failures} ]; then\n  echo 'flaky: dying on purpose' >&2\n  exit 3\nfi\nexec '{real}' \"$@\"\n",
+            starts = starts.display(),
+            real = real.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[test]
+fn a_start_that_fails_is_tried_again_once() {
+    if let Some(why) = browser::skip_reason() {
+        println!("skipped: {why}");
+        return;
+    }
+    let real = browser::find_chromium().unwrap();
+    let starts = |dir: &std::path::Path| std::fs::read_to_string(dir.join("starts")).unwrap().lines().count();
+
+    // Dies once: the second start is the browser, and it works.
+    let dir = tempfile::tempdir().unwrap();
+    let exe = flaky_browser(dir.path(), &real, 1);
+    let b = Browser::start(&exe, &[]).unwrap();
+    assert_eq!(b.eval("6 * 7").unwrap(), json!(42));
+    assert_eq!(starts(dir.path()), 2);
+    drop(b);
+
+    // Dies every time: an error naming both attempts and why, and no third start.
+    let dir = tempfile::tempdir().unwrap();
+    let exe = flaky_browser(dir.path(), &real, u32::MAX);
+    let err = Browser::start(&exe, &[]).map(|_| ()).unwrap_err();
+    assert!(err.contains("attempt 1 of 2") && err.contains("attempt 2 of 2"), "{err}");
+    assert!(err.contains("Target.createTarget"), "{err}");
+    assert!(err.contains("flaky: dying on purpose"), "{err}");
+    assert_eq!(starts(dir.path()), 2);
+}

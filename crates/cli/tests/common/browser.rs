@@ -59,6 +59,18 @@ use serde_json::{Value, json};
 /// How long a CDP command (and a page load) may take by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// How long each command that opens the first page may take: a cold Chromium on a loaded
+/// host can take far longer to answer its first command than any later one.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many times a browser is started before [`Browser::try_launch`] gives up: a start
+/// that stalls is killed and tried once more with a fresh profile.
+pub const START_ATTEMPTS: u32 = 2;
+
+/// Held while a browser starts: tests of one binary run in parallel, and Chromiums
+/// starting side by side on two cores each take longer than both in turn.
+static STARTING: Mutex<()> = Mutex::new(());
+
 /// The viewport of the page, in CSS pixels.
 pub const VIEWPORT: (u32, u32) = (1280, 800);
 
@@ -169,13 +181,38 @@ impl Browser {
     /// As [`Browser::try_launch`], with `args` added to Chromium's command line.
     pub fn try_launch_with(args: &[&str]) -> Result<Option<Browser>, String> {
         let Ok(exe) = find_chromium() else { return Ok(None) };
+        Browser::start(&exe, args).map(Some)
+    }
+
+    /// Starts the browser `exe` with `args`, up to [`START_ATTEMPTS`] times (one start at a
+    /// time in this process); Err names each attempt, how long it took and why it failed.
+    pub fn start(exe: &Path, args: &[&str]) -> Result<Browser, String> {
+        let _one_at_a_time = STARTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut failures = Vec::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let began = Instant::now();
+            match Browser::try_launch_exe(exe, args) {
+                Ok(browser) => return Ok(browser),
+                Err(e) => {
+                    let failure = format!("attempt {attempt} of {START_ATTEMPTS}, after {:.1?}: {e}", began.elapsed());
+                    eprintln!("browser: {failure}");
+                    failures.push(failure);
+                }
+            }
+        }
+        Err(failures.join("\n"))
+    }
+
+    /// One start of the browser `exe` with `args`: Err when it does not open its page (the
+    /// process is killed, and its profile removed, on the way out).
+    pub fn try_launch_exe(exe: &Path, args: &[&str]) -> Result<Browser, String> {
         let profile = tempfile::Builder::new().prefix("settle-chromium-").tempdir().map_err(|e| e.to_string())?;
         // Commands: parent writes `to_child`, child reads fd 3. Responses: child writes fd 4.
         let (child_in, to_child) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
         let (from_child, child_out) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
         let (child_in_fd, child_out_fd) = (child_in.as_raw_fd(), child_out.as_raw_fd());
 
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(exe);
         cmd.args([
             "--headless=new",
             "--remote-debugging-pipe",
@@ -262,25 +299,29 @@ impl Browser {
                 browser.stderr_tail()
             )
         })?;
-        Ok(Some(browser))
+        Ok(browser)
     }
 
-    /// Creates the page target, attaches to it and sets it up.
+    /// Creates the page target, attaches to it and sets it up; each command may take
+    /// [`START_TIMEOUT`].
     fn open_page(&mut self) -> Result<(), String> {
-        let target = self.call("Target.createTarget", json!({"url": "about:blank"}), None)?;
+        let target = self.call_within("Target.createTarget", json!({"url": "about:blank"}), None, START_TIMEOUT)?;
         self.target = str_field(&target, "targetId")?;
-        let attached = self.call("Target.attachToTarget", json!({"targetId": self.target, "flatten": true}), None)?;
+        let attach = json!({"targetId": self.target, "flatten": true});
+        let attached = self.call_within("Target.attachToTarget", attach, None, START_TIMEOUT)?;
         self.session = str_field(&attached, "sessionId")?;
+        let session = self.session.clone();
+        let page = |method: &str, params: Value| self.call_within(method, params, Some(&session), START_TIMEOUT);
         for domain in ["Page", "Runtime", "Log"] {
-            self.page_call(&format!("{domain}.enable"), json!({}))?;
+            page(&format!("{domain}.enable"), json!({}))?;
         }
-        self.page_call(
+        page(
             "Emulation.setDeviceMetricsOverride",
             json!({"width": VIEWPORT.0, "height": VIEWPORT.1, "deviceScaleFactor": 1, "mobile": false}),
         )?;
         // The page is never the focused window of a desktop: have it behave as if it were,
         // so that focus, `:focus` and `document.hasFocus()` work as for a user.
-        self.page_call("Emulation.setFocusEmulationEnabled", json!({"enabled": true}))?;
+        page("Emulation.setFocusEmulationEnabled", json!({"enabled": true}))?;
         Ok(())
     }
 
