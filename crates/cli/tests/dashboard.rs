@@ -449,6 +449,32 @@ fn the_dashboard_in_a_browser() {
     let expected = b.take_console_errors();
     assert!(expected.iter().all(|e| e.contains("404") && e.contains("no-such-vm")), "{expected:?}");
 
+    // A read that fails for another reason (a dropped connection) while the feed is up and
+    // nothing changes: "offline" and the poll on, then `live` again by the poll, which stops.
+    b.eval(
+        r#"window.__fetch = window.fetch;
+           window.fetch = (url, init) => {
+             if (String(url).includes('/entities/vm-4') && !String(url).includes('/v1/feed')) {
+               window.fetch = window.__fetch;
+               return Promise.reject(new TypeError('dropped on purpose'));
+             }
+             return window.__fetch(url, init);
+           };
+           tick();
+           true"#,
+    )
+    .unwrap();
+    b.wait_for("document.querySelector('#live').textContent === 'offline' && app.timer !== null", WAIT).unwrap();
+    let live = "feed.connected && app.timer === null && document.querySelector('#live').textContent === 'live'";
+    if let Err(e) = b.wait_for(live, WAIT) {
+        let state = b.eval(
+            "JSON.stringify({live: document.querySelector('#live').textContent, connected: feed.connected, \
+             timer: app.timer !== null, busy: app.busy, changes: feed.changes})",
+        );
+        panic!("{e}\npage: {state:?}\nconsole: {:?}", b.console_errors());
+    }
+    b.take_console_errors();
+
     // The operation's page lists the entity it touched.
     b.click("#flash a").unwrap();
     b.wait_for("document.querySelector('#touched tr[data-key=\"vm-4\"]')", WAIT).unwrap();

@@ -196,13 +196,18 @@ async function tick() {
     $("#live").classList.remove("stale");
     $("#live").textContent = "live";
     $("#live").title = `${feed.connected ? "following the change feed" : "polling every 1.5 s"} · updated ${fmtTime(Date.now())}`;
+    // A read that failed while the feed was up started the poll: the feed carries on.
+    if (feed.connected) stopTimer();
   } catch (e) {
     $("#live").classList.add("stale");
     // What is not there will not come by asking again: the page stops following (another
     // page starts again).
     const gone = e instanceof ApiError && e.status === 404;
     $("#live").textContent = gone ? "not found · stopped" : "offline";
-    if (gone) { stopTimer(); unfollow(); }
+    // Anything else (a dropped connection, a 5xx) may pass: ask again every 1.5 s until a
+    // read succeeds, also while the feed is connected (a quiet feed would leave the page
+    // "offline" until the next change).
+    if (gone) { stopTimer(); unfollow(); } else startTimer();
     if (page.error) page.error(e);
   } finally {
     app.busy = false;
