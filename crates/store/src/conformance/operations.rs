@@ -96,6 +96,8 @@ pub async fn operations_end_when_nothing_waits_on_them<S: Store>(store: S) {
     let k = get(&store, "k").await;
     assert!(store.inbox_list(k.id).await.unwrap().is_empty(), "a killed entity's inbox stays empty");
     assert_eq!(k.due_at, None);
+    // Every operation opened, ended and refused on the way is counted under its outcome.
+    super::fleet::counts_agree(&store, T0 + 23).await;
 }
 
 /// An operation open since before a deadline with no progress since is marked hung; one
@@ -148,4 +150,14 @@ pub async fn hung_operations_are_marked<S: Store>(store: S) {
     assert_eq!(outcome("r-done").await.as_deref(), Some("success"));
     let r = write(&store, T0 + 300, vec![Op::MarkHung { before: T0 + 50 }], false).await;
     assert_eq!(r.results[0], Ok(crate::Applied::MarkedHung(0)), "marked once");
+    super::fleet::counts_agree(&store, T0 + 300).await;
+    // A hung operation that ends after all: counted under its outcome, no longer as hung.
+    let claimed = write(&store, T0 + 60_000, vec![], true).await.claimed;
+    let stuck = claimed.into_iter().find(|c| c.entity.key == "stuck").expect("`stuck` comes due").entity;
+    let mut c = commit(&stuck, Some("idle"), None, AfterCommit::Release);
+    c.request_id = Some("r-stuck".into());
+    c.telemetry.complete = true;
+    assert!(write(&store, T0 + 60_001, vec![Op::Commit(Box::new(c))], false).await.results[0].is_ok());
+    assert_eq!(outcome("r-stuck").await.as_deref(), Some("success"));
+    super::fleet::counts_agree(&store, T0 + 60_001).await;
 }

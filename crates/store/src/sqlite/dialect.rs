@@ -149,6 +149,7 @@ impl Tx<'_> {
         )?;
         let mut existing = self.0.prepare_cached("SELECT id FROM operations WHERE request_id = ?1")?;
         let mut out = Vec::with_capacity(rows.len());
+        let mut opened = 0;
         for o in rows {
             let n = insert.execute(params![
                 o.request_id,
@@ -161,10 +162,15 @@ impl Tx<'_> {
             ])?;
             if n == 1 {
                 out.push((self.0.last_insert_rowid(), false));
+                opened += 1;
             } else {
                 out.push((existing.query_row([&o.request_id], |r| r.get(0))?, true));
             }
         }
+        // The new operations are open: one change to their count (no trigger keeps it).
+        let mut tally = super::counts::Tally::default();
+        tally.outcome(None, opened);
+        tally.flush(self.0)?;
         Ok(out)
     }
 

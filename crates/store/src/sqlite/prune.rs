@@ -94,11 +94,16 @@ impl Tx<'_> {
                 .collect::<rusqlite::Result<_>>()?;
             // Events of live entities keep their rows; the operation they were part of goes.
             let mut unlink = self.0.prepare_cached("UPDATE events SET operation_id = NULL WHERE operation_id = ?1")?;
-            let mut delete = self.0.prepare_cached("DELETE FROM operations WHERE id = ?1")?;
+            let mut delete = self.0.prepare_cached("DELETE FROM operations WHERE id = ?1 RETURNING outcome")?;
+            let mut tally = super::counts::Tally::default();
             for id in &ids {
                 unlink.execute(params![id])?;
-                out.rows.operations += delete.execute(params![id])? as u64;
+                for outcome in delete.query_map(params![id], |r| r.get::<_, Option<String>>(0))? {
+                    tally.outcome(outcome?.as_deref(), -1);
+                    out.rows.operations += 1;
+                }
             }
+            tally.flush(self.0)?;
             out.full |= ids.len() >= w.rows;
         }
         if let Some(before) = p.tasks_before {

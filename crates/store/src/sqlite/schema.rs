@@ -25,6 +25,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (15, include_str!("../../migrations/sqlite/0015_entered.sql")),
     (16, include_str!("../../migrations/sqlite/0016_schedules.sql")),
     (17, include_str!("../../migrations/sqlite/0017_counts.sql")),
+    (18, include_str!("../../migrations/sqlite/0018_tallies.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.
@@ -98,4 +99,40 @@ pub(super) fn migrate_states(
         )? as u64;
     }
     Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of version 17 (counts kept by triggers) moves to 18 with its counts as they
+    /// were and no trigger left: the writes keep them from then on.
+    #[test]
+    fn version_18_drops_the_count_triggers_and_keeps_the_counts() {
+        let mut c = Connection::open_in_memory().unwrap();
+        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 17) {
+            c.execute_batch(sql).unwrap();
+            c.pragma_update(None, "user_version", version).unwrap();
+        }
+        c.execute_batch(
+            "INSERT INTO operations (request_id, name, started_at) VALUES ('a', 'm.go', 1), ('b', 'm.go', 1),
+                 ('c', 'm.go', 1);
+             UPDATE operations SET outcome = 'success', ended_at = 2 WHERE request_id = 'a';
+             UPDATE operations SET outcome = 'hung' WHERE request_id = 'b';",
+        )
+        .unwrap();
+        let counts = |c: &Connection| -> Vec<(String, i64)> {
+            let mut s = c.prepare("SELECT outcome, n FROM operation_counts WHERE n > 0 ORDER BY outcome").unwrap();
+            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
+        };
+        let before = counts(&c);
+        assert_eq!(before, [("hung".to_string(), 1), ("open".into(), 1), ("success".into(), 1)]);
+        migrate(&mut c).unwrap();
+        assert_eq!(counts(&c), before);
+        let triggers: i64 =
+            c.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'", [], |r| r.get(0)).unwrap();
+        assert_eq!(triggers, 0, "no trigger keeps a count any more");
+        let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(version, MIGRATIONS.last().unwrap().0);
+    }
 }

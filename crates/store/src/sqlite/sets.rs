@@ -3,16 +3,28 @@
 
 use std::sync::atomic::Ordering;
 
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
+use super::counts::Tally;
 use super::dialect::Tx;
 use crate::plan::Writes;
 use crate::plan::rows::*;
 use crate::{Millis, TimerRow};
 
+/// When operations end (`now`, the batch's place `xid` in the change feed) and the outcome
+/// of those an ending statement applies to (`old`: none, or `hung`).
+#[derive(Clone, Copy)]
+struct End<'a> {
+    now: Millis,
+    xid: i64,
+    old: Option<&'a str>,
+}
+
 impl Tx<'_> {
     /// Writes the sets of `w`; answers the ids of the new inbox items, in order.
     pub(super) fn write_sets(&mut self, w: &Writes) -> rusqlite::Result<Vec<i64>> {
+        // What the statements below change in the operation and minute counts.
+        let mut tally = Tally::default();
         if !w.entities.is_empty() {
             self.insert_entities(&w.entities)?;
         }
@@ -31,7 +43,7 @@ impl Tx<'_> {
             self.drop_inbox(&w.inbox_drop)?;
         }
         if !w.history.is_empty() {
-            self.insert_history(&w.history, xid)?;
+            self.insert_history(&w.history, xid, &mut tally)?;
         }
         if !w.successors.is_empty() {
             self.insert_successors(&w.successors)?;
@@ -52,7 +64,7 @@ impl Tx<'_> {
             self.offer_tasks(&w.offers)?;
         }
         if !w.errors.is_empty() {
-            self.insert_errors(&w.errors)?;
+            self.insert_errors(&w.errors, &mut tally)?;
         }
         if !w.exceptions.is_empty() {
             self.insert_exceptions(&w.exceptions)?;
@@ -64,7 +76,7 @@ impl Tx<'_> {
             self.end_events(&w.ends)?;
         }
         if !w.unopen.is_empty() {
-            self.delete_operations(&w.unopen)?;
+            self.delete_operations(&w.unopen, &mut tally)?;
         }
         if !w.op_updates.is_empty() {
             self.update_operations(&w.op_updates)?;
@@ -72,18 +84,27 @@ impl Tx<'_> {
         if !w.op_cancel.is_empty() {
             self.cancel_operations(&w.op_cancel)?;
         }
-        if !w.op_done.is_empty() {
-            self.end_operations(&w.op_done, w.now, xid)?;
-        }
-        if !w.complete.is_empty() {
-            self.complete_operations(&w.complete, w.now, xid)?;
-        }
         let notices: Vec<String> = notices.into_iter().filter(|r| !w.complete.contains(r)).collect();
-        if !notices.is_empty() {
-            self.complete_operations(&notices, w.now, xid)?;
+        if !w.op_done.is_empty() || !w.complete.is_empty() || !notices.is_empty() {
+            // An open operation's outcome is none or `hung`: the statements that end one
+            // answer its new outcome, so each runs for the old outcome it counts down (`hung`
+            // only while some operation is).
+            let hung = self.hung_count()? > 0;
+            for old in [None, Some("hung")].into_iter().take(if hung { 2 } else { 1 }) {
+                let at = End { now: w.now, xid, old };
+                if !w.op_done.is_empty() {
+                    self.end_operations(&w.op_done, at, &mut tally)?;
+                }
+                if !w.complete.is_empty() {
+                    self.complete_operations(&w.complete, at, &mut tally)?;
+                }
+                if !notices.is_empty() {
+                    self.complete_operations(&notices, at, &mut tally)?;
+                }
+            }
         }
         if !w.hung.is_empty() {
-            self.mark_hung(&w.hung)?;
+            self.mark_hung(&w.hung, &mut tally)?;
         }
         if !w.renewals.is_empty() {
             self.renew(&w.renewals)?;
@@ -94,6 +115,7 @@ impl Tx<'_> {
         if !w.counts.is_empty() {
             super::counts::add(self.0, &w.counts)?;
         }
+        tally.flush(self.0)?;
         for (entity_id, t) in &w.trims {
             let (before, rows) = crate::sql::trim_params(t);
             for sql in crate::sql::TRIM {
@@ -214,7 +236,7 @@ impl Tx<'_> {
         Ok(self.2)
     }
 
-    fn insert_history(&mut self, rows: &[HistoryInsert], xid: i64) -> rusqlite::Result<()> {
+    fn insert_history(&mut self, rows: &[HistoryInsert], xid: i64, tally: &mut Tally) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
             "INSERT INTO history (entity_id, from_state, to_state, kind, action, event, retry, request_id, at, detail,
                 machine_hash, event_id, ordinal, transition_kind, start_health, end_health, entry_time, start_time,
@@ -245,6 +267,10 @@ impl Tx<'_> {
                 h.outcome,
                 xid
             ])?;
+            // A state entered by the workflow (not an operator's or an upgrade's move).
+            if h.to_state.is_some() && h.transition_kind.is_some() {
+                tally.transition(h.at);
+            }
         }
         Ok(())
     }
@@ -316,13 +342,14 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn insert_errors(&mut self, rows: &[ErrorInsert]) -> rusqlite::Result<()> {
+    fn insert_errors(&mut self, rows: &[ErrorInsert], tally: &mut Tally) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
             "INSERT INTO errors (id, entity_id, operation_id, request_id, at, kind, details, cause)
              VALUES (?6, ?1, (SELECT id FROM operations WHERE request_id = ?2), ?2, ?3, ?4, ?5, ?7)",
         )?;
         for e in rows {
             stmt.execute(params![e.entity_id, e.request_id, e.at, e.kind, e.details, e.id, e.cause])?;
+            tally.error(e.at);
         }
         Ok(())
     }
@@ -379,12 +406,20 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn delete_operations(&mut self, request_ids: &[String]) -> rusqlite::Result<()> {
-        let mut stmt = self.0.prepare_cached("DELETE FROM operations WHERE request_id = ?1")?;
+    fn delete_operations(&mut self, request_ids: &[String], tally: &mut Tally) -> rusqlite::Result<()> {
+        let mut stmt = self.0.prepare_cached("DELETE FROM operations WHERE request_id = ?1 RETURNING outcome")?;
         for r in request_ids {
-            stmt.execute([r])?;
+            for outcome in stmt.query_map([r], |row| row.get::<_, Option<String>>(0))? {
+                tally.outcome(outcome?.as_deref(), -1);
+            }
         }
         Ok(())
+    }
+
+    /// How many operations are marked hung (and not ended).
+    fn hung_count(&mut self) -> rusqlite::Result<i64> {
+        let mut stmt = self.0.prepare_cached("SELECT n FROM operation_counts WHERE outcome = 'hung'")?;
+        Ok(stmt.query_row([], |r| r.get(0)).optional()?.unwrap_or(0))
     }
 
     fn update_operations(&mut self, rows: &[OperationUpdate]) -> rusqlite::Result<()> {
@@ -399,16 +434,25 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn complete_operations(&mut self, request_ids: &[String], now: Millis, xid: i64) -> rusqlite::Result<()> {
+    /// Ends those of the operations `request_ids` whose outcome is `old` (none, or `hung`)
+    /// that nothing waits on any more.
+    fn complete_operations(&mut self, request_ids: &[String], at: End, tally: &mut Tally) -> rusqlite::Result<()> {
+        let End { now, xid, old } = at;
         let mut stmt = self.0.prepare_cached(
             "UPDATE operations SET ended_at = ?2, end_xid = ?3,
                 outcome = CASE WHEN canceled = 1 THEN 'canceled' WHEN error_seen = 1 THEN 'failed' ELSE 'success' END
-             WHERE request_id = ?1 AND ended_at IS NULL
+             WHERE request_id = ?1 AND ended_at IS NULL AND outcome IS ?4
                AND NOT EXISTS (SELECT 1 FROM entities WHERE request_id = ?1 AND busy = 1)
                AND NOT EXISTS (SELECT 1 FROM inbox WHERE request_id = ?1)",
         )?;
+        // The new outcome read back by its key: cheaper than `RETURNING`, whose results
+        // SQLite gathers in a temporary table on every run.
+        let mut outcome = self.0.prepare_cached("SELECT outcome FROM operations WHERE request_id = ?1")?;
         for r in request_ids {
-            stmt.execute(params![r, now, xid])?;
+            if stmt.execute(params![r, now, xid, old])? == 1 {
+                let new: Option<String> = outcome.query_row([r], |row| row.get(0))?;
+                tally.moved(old, new.as_deref());
+            }
         }
         Ok(())
     }
@@ -472,23 +516,30 @@ impl Tx<'_> {
         Ok(())
     }
 
-    fn end_operations(&mut self, request_ids: &[String], now: Millis, xid: i64) -> rusqlite::Result<()> {
+    /// Ends those of the operations `request_ids` whose outcome is `old` (none, or `hung`) as
+    /// a success.
+    fn end_operations(&mut self, request_ids: &[String], at: End, tally: &mut Tally) -> rusqlite::Result<()> {
+        let End { now, xid, old } = at;
         let mut stmt = self.0.prepare_cached(
             "UPDATE operations SET first_response_at = ?2, ended_at = ?2, outcome = 'success', end_xid = ?3
-             WHERE request_id = ?1 AND ended_at IS NULL",
+             WHERE request_id = ?1 AND ended_at IS NULL AND outcome IS ?4",
         )?;
         for r in request_ids {
-            stmt.execute(params![r, now, xid])?;
+            let ended = stmt.execute(params![r, now, xid, old])?;
+            tally.outcome(old, -(ended as i64));
+            tally.outcome(Some("success"), ended as i64);
         }
         Ok(())
     }
 
-    fn mark_hung(&mut self, request_ids: &[String]) -> rusqlite::Result<()> {
+    fn mark_hung(&mut self, request_ids: &[String], tally: &mut Tally) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
             "UPDATE operations SET outcome = 'hung' WHERE request_id = ?1 AND ended_at IS NULL AND outcome IS NULL",
         )?;
         for r in request_ids {
-            stmt.execute([r])?;
+            let marked = stmt.execute([r])? as i64;
+            tally.outcome(None, -marked);
+            tally.outcome(Some("hung"), marked);
         }
         Ok(())
     }
