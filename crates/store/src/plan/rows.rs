@@ -173,7 +173,7 @@ pub(crate) struct Finish<'a> {
 
 /// The columns of an entity the plan reads and rewrites (everything but the JSON columns,
 /// which are only written when they change). Locked until the batch commits.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct Current {
     pub(crate) id: i64,
     pub(crate) machine: String,

@@ -23,11 +23,26 @@ impl Work {
                 && s.cur.run_status == RunStatus::Active
                 && s.cur.due_at.is_some_and(|at| at <= now)
         });
-        let slots = &self.slots;
-        let id = |i: usize| slots[i].cur.id;
+        let mut slots = self.slots;
         let plan = self.plan;
         let mut w = Writes { now, ..Writes::default() };
-        for s in slots {
+        // What the slots were and are: the entity counts' changes (where no trigger keeps them).
+        if D::COUNTS {
+            w.counts = crate::plan::rows::count_deltas(slots.iter().flat_map(|s| {
+                let after = count_key(&s.cur);
+                match &s.orig {
+                    None => [Some((after.0, after.1, after.2, 1)), None],
+                    Some(o) if count_key(o) != after => {
+                        let before = count_key(o);
+                        [Some((before.0, before.1, before.2, -1)), Some((after.0, after.1, after.2, 1))]
+                    }
+                    Some(_) => [None, None],
+                }
+                .into_iter()
+                .flatten()
+            }));
+        }
+        for s in &mut slots {
             match &s.orig {
                 None => w.entities.push(EntityInsert {
                     id: s.cur.id,
@@ -46,32 +61,22 @@ impl Work {
                 }),
                 Some(orig) => {
                     if *orig != s.cur || s.properties.is_some() || s.fired.is_some() || s.recent_errors.is_some() {
+                        // The row moves into the update: from here on only a slot's id is
+                        // read (a created entity's whole row is, and it is not moved).
+                        let row = std::mem::take(&mut s.cur);
+                        s.cur.id = row.id;
                         w.updates.push(EntityUpdate {
-                            row: s.cur.clone(),
-                            properties: s.properties.clone(),
-                            fired: s.fired.clone(),
-                            recent_errors: s.recent_errors.clone(),
+                            row,
+                            properties: s.properties.take(),
+                            fired: s.fired.take(),
+                            recent_errors: s.recent_errors.take(),
                         });
                     }
                 }
             }
         }
-        // What the slots were and are: the entity counts' changes (where no trigger keeps them).
-        if D::COUNTS {
-            w.counts = crate::plan::rows::count_deltas(slots.iter().flat_map(|s| {
-                let after = count_key(&s.cur);
-                match &s.orig {
-                    None => [Some((after.0, after.1, after.2, 1)), None],
-                    Some(o) if count_key(o) != after => {
-                        let before = count_key(o);
-                        [Some((before.0, before.1, before.2, -1)), Some((after.0, after.1, after.2, 1))]
-                    }
-                    Some(_) => [None, None],
-                }
-                .into_iter()
-                .flatten()
-            }));
-        }
+        let slots = &slots;
+        let id = |i: usize| slots[i].cur.id;
         w.deletes = plan.deletes;
         w.trims = plan.trims;
         w.inbox = plan.inbox.iter().map(|item| InboxInsert { entity_id: id(item.slot), ..item.row.clone() }).collect();
