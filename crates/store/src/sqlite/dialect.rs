@@ -345,11 +345,11 @@ impl Dialect for Tx<'_> {
     }
 
     fn savepoint(&mut self) -> rusqlite::Result<()> {
-        self.0.execute_batch("SAVEPOINT op")
+        self.0.prepare_cached("SAVEPOINT op")?.execute([]).map(drop)
     }
 
     fn release_savepoint(&mut self) -> rusqlite::Result<()> {
-        self.0.execute_batch("RELEASE op")
+        self.0.prepare_cached("RELEASE op")?.execute([]).map(drop)
     }
 
     fn rollback_savepoint(&mut self) -> rusqlite::Result<()> {
@@ -373,7 +373,8 @@ impl Dialect for Tx<'_> {
             machines = &claim.machines;
         }
         let next_due = claim::next_due_of(self.0, machines)?;
-        self.0.execute_batch("COMMIT")?;
+        // Cached, as BEGIN is: not parsed and planned again every batch.
+        self.0.prepare_cached("COMMIT")?.execute([])?;
         Ok((claimed, next_due))
     }
 }
