@@ -32,7 +32,7 @@ pub(crate) struct Tally {
 }
 
 /// The outcome an operation without one is counted under.
-pub(super) const OPEN: &str = "open";
+const OPEN: &str = "open";
 
 impl Tally {
     /// `n` more operations with `outcome` (`None`: open); `n` may be negative.
@@ -44,11 +44,11 @@ impl Tally {
         }
     }
 
-    /// An operation moved from outcome `from` to `to` (`None`: open).
-    pub(super) fn moved(&mut self, from: Option<&str>, to: Option<&str>) {
-        if from != to {
-            self.outcome(from, -1);
-            self.outcome(to, 1);
+    /// `n` operations moved from outcome `from` to `to` (`None`: open).
+    pub(super) fn moved(&mut self, from: Option<&str>, to: Option<&str>, n: i64) {
+        if from != to && n != 0 {
+            self.outcome(from, -n);
+            self.outcome(to, n);
         }
     }
 
@@ -105,9 +105,10 @@ mod tests {
         .unwrap();
         let mut t = Tally::default();
         t.outcome(None, 3);
-        t.moved(None, Some("success"));
-        t.moved(Some("hung"), Some("failed"));
-        t.moved(Some("success"), Some("success"));
+        t.moved(None, Some("success"), 1);
+        t.moved(Some("hung"), Some("failed"), 1);
+        t.moved(Some("success"), Some("success"), 1);
+        t.moved(None, Some("canceled"), 0);
         t.outcome(Some("failed"), -1);
         t.transition(120_000);
         t.transition(179_999);

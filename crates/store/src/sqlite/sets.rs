@@ -451,7 +451,7 @@ impl Tx<'_> {
         for r in request_ids {
             if stmt.execute(params![r, now, xid, old])? == 1 {
                 let new: Option<String> = outcome.query_row([r], |row| row.get(0))?;
-                tally.moved(old, new.as_deref());
+                tally.moved(old, new.as_deref(), 1);
             }
         }
         Ok(())
@@ -526,8 +526,7 @@ impl Tx<'_> {
         )?;
         for r in request_ids {
             let ended = stmt.execute(params![r, now, xid, old])?;
-            tally.outcome(old, -(ended as i64));
-            tally.outcome(Some("success"), ended as i64);
+            tally.moved(old, Some("success"), ended as i64);
         }
         Ok(())
     }
@@ -537,9 +536,8 @@ impl Tx<'_> {
             "UPDATE operations SET outcome = 'hung' WHERE request_id = ?1 AND ended_at IS NULL AND outcome IS NULL",
         )?;
         for r in request_ids {
-            let marked = stmt.execute([r])? as i64;
-            tally.outcome(None, -marked);
-            tally.outcome(Some("hung"), marked);
+            let marked = stmt.execute([r])?;
+            tally.moved(None, Some("hung"), marked as i64);
         }
         Ok(())
     }
