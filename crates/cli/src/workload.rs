@@ -3,6 +3,9 @@
 //! on the same file, it continues: entities already created or started are left alone. It
 //! exits once every entity is done and nothing is pending.
 //!
+//! It prints `ready` once its engine runs (a crash test times its kill from there, not
+//! from the process's start, which on a busy host may take longer than the whole delay).
+//!
 //! `--jobs N`: N `job`s (the built-in machine: three unstable steps). `--charts N`: N
 //! `chart`s, a statechart whose steps are substates of `working`, with entry and exit
 //! actions on both levels. Each entry or exit action prints `hook KEY ACTION STATE` when it
@@ -71,6 +74,11 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
     store.sql_execute(CHART_HOOKS_TABLE).await?;
     let b = crate::engines::engine_builder(store, &crate::defs::Machines::BUILT_IN, Config::default()).await?;
     let engine = crate::engines::start_built(bind_chart(b)).await?;
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "ready");
+        let _ = out.flush();
+    }
     let (ack_tx, mut ack_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let printer = tokio::spawn(async move {
         while let Some(key) = ack_rx.recv().await {

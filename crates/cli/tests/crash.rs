@@ -9,7 +9,8 @@ use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use settle_store::{AnyStore, EntityFilter, HistoryKind, SqliteStore, Store};
 
@@ -23,8 +24,16 @@ fn settle(db: &Path) -> Command {
     c
 }
 
-/// Starts `settle workload ARGS`, kills it after `after`, and returns what it printed.
-fn run_and_kill(db: &Path, args: &[&str], after: Duration) -> Vec<String> {
+/// How long a workload may take to print `ready` (its store opened and migrated, its engine
+/// started) before the test gives up on it.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Starts `settle workload ARGS`, kills it `after` it printed `ready` (or exited), and
+/// returns what it printed and how long it took to be ready. The delay counts from `ready`,
+/// not from the start: on a busy host, opening a fresh PostgreSQL schema alone took longer
+/// than the whole delay, and every kill fell before any work.
+fn run_and_kill(db: &Path, args: &[&str], after: Duration) -> (Vec<String>, Duration) {
+    let started = Instant::now();
     let mut child = settle(db)
         .arg("workload")
         .args(args)
@@ -33,11 +42,36 @@ fn run_and_kill(db: &Path, args: &[&str], after: Duration) -> Vec<String> {
         .spawn()
         .expect("spawn settle");
     let stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
+    let (tx, rx) = mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    loop {
+        match rx.recv_timeout(READY_TIMEOUT.saturating_sub(started.elapsed())) {
+            Ok(line) => {
+                let ready = line == "ready";
+                lines.push(line);
+                if ready {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break, // it exited: nothing left to interrupt
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!("settle workload printed no `ready` within {READY_TIMEOUT:?}: {lines:?}");
+            }
+        }
+    }
+    let ready = started.elapsed();
     std::thread::sleep(after);
     child.kill().expect("SIGKILL"); // std's kill is SIGKILL on Unix
     child.wait().unwrap();
-    reader.join().unwrap()
+    reader.join().unwrap();
+    lines.extend(rx.try_iter());
+    (lines, ready)
 }
 
 /// The keys of `ack KEY` lines.
@@ -45,12 +79,12 @@ fn acks(lines: &[String]) -> impl Iterator<Item = String> + '_ {
     lines.iter().filter_map(|l| l.strip_prefix("ack ").map(str::to_string))
 }
 
-/// A pseudo-random delay of 100–400 ms (xorshift on `x`).
+/// A pseudo-random delay of 50–350 ms after `ready` (xorshift on `x`).
 fn next_delay(x: &mut u64) -> Duration {
     *x ^= *x << 13;
     *x ^= *x >> 7;
     *x ^= *x << 17;
-    Duration::from_millis(100 + *x % 300)
+    Duration::from_millis(50 + *x % 300)
 }
 
 fn seed() -> u64 {
@@ -109,10 +143,13 @@ fn survives_repeated_kill_9() {
     let mut interrupted = 0;
     for round in 0..KILLS {
         let after = next_delay(&mut x);
-        let lines = run_and_kill(&db, &args, after);
+        let (lines, ready) = run_and_kill(&db, &args, after);
         let keys: Vec<String> = acks(&lines).collect();
         let unfinished = unfinished_jobs(&db);
-        eprintln!("round {round}: killed after {after:?}, {} acks, {unfinished} jobs unfinished", keys.len());
+        eprintln!(
+            "round {round}: ready after {ready:?}, killed {after:?} later, {} acks, {unfinished} jobs unfinished",
+            keys.len()
+        );
         if unfinished > 0 {
             interrupted += 1;
         }
@@ -182,8 +219,8 @@ fn chart_crash(db: &str) {
     let mut printed: Vec<String> = Vec::new();
     for round in 0..KILLS {
         let after = next_delay(&mut x);
-        let lines = run_and_kill(db, &args, after);
-        eprintln!("round {round}: killed after {after:?}, {} lines", lines.len());
+        let (lines, ready) = run_and_kill(db, &args, after);
+        eprintln!("round {round}: ready after {ready:?}, killed {after:?} later, {} lines", lines.len());
         printed.extend(lines);
     }
     printed.extend(finish(db, &args));
