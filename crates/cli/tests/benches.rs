@@ -135,6 +135,8 @@ fn check_dormant(db: &str) {
             "500,2000",
             "--due",
             "20",
+            "--rounds",
+            "3",
             "--lead",
             "3s",
             "--spread",
@@ -145,6 +147,12 @@ fn check_dormant(db: &str) {
     let claims = v["claim"].as_array().unwrap_or_else(|| panic!("no claim steps: {v}"));
     assert_eq!(claims.iter().map(|c| c["entities"].as_u64().unwrap()).collect::<Vec<_>>(), [500, 2000], "{v}");
     assert!(claims.iter().all(|c| c["ms"].as_f64().is_some_and(|ms| ms > 0.0)), "{v}");
+    for c in claims {
+        // The step's figure is the median of its rounds.
+        let mut each: Vec<f64> = c["rounds_ms"].as_array().unwrap().iter().map(|r| r.as_f64().unwrap()).collect();
+        each.sort_by(f64::total_cmp);
+        assert_eq!((each.len(), Some(each[1])), (3, c["ms"].as_f64()), "{v}");
+    }
     assert_eq!(v["timers_fired"], 200, "{v}");
     for field in ["lateness_max_ms", "lateness_p99_ms", "lateness_p50_ms", "timers_within_1s"] {
         assert!(v[field].as_i64().is_some(), "{field}: {v}");
