@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 mod bulk;
+mod checkpoint;
 mod claim;
 mod counts;
 mod dialect;
@@ -47,6 +48,9 @@ struct Inner {
     writer: Option<WriterThread<Connection>>,
     /// Read-only connections (a new one parses the schema).
     readers: ReaderPool<Connection>,
+    /// The writer's checkpoint thread (none when opened read-only); stopped before the
+    /// lock is let go.
+    checkpoints: Option<Arc<checkpoint::Checkpoints>>,
     lock: Option<File>,
     /// Whether an agent task may be open: false until the writer offers one (or finds
     /// one open at start). This process is the file's only writer, so while it is false
@@ -74,6 +78,11 @@ impl SqliteStore {
     /// Opens (creating if needed) the database at `path` for an engine: takes the exclusive
     /// engine lock, sets WAL and `synchronous=FULL`, and runs pending migrations.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, checkpoint::Limits::DEFAULT)
+    }
+
+    /// [`open`](Self::open), with the log checkpointed at `limits`.
+    fn open_with(path: impl AsRef<Path>, limits: checkpoint::Limits) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let open_err = |message: String| Error::Open { path: path.display().to_string(), message };
         let lock_file = lock_path(&path);
@@ -111,6 +120,7 @@ impl SqliteStore {
                 r.get(0)
             })
             .map_err(|e| open_err(e.to_string()))?;
+        let checkpoints = checkpoint::Checkpoints::start(&path, &conn, limits).map_err(open_err)?;
         let writer = WriterThread::spawn("settle-sqlite-writer", conn)
             .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
         Ok(SqliteStore {
@@ -119,6 +129,7 @@ impl SqliteStore {
                 writer: Some(writer),
                 readers: ReaderPool::new(),
                 lock: Some(lock),
+                checkpoints: Some(Arc::new(checkpoints)),
                 tasks_open: Arc::new(AtomicBool::new(tasks_open)),
             }),
         })
@@ -136,6 +147,7 @@ impl SqliteStore {
                 writer: None,
                 readers: ReaderPool::new(),
                 lock: None,
+                checkpoints: None,
                 tasks_open: Arc::new(AtomicBool::new(true)),
             }),
         };
@@ -157,7 +169,15 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        WriterThread::run_on(self.inner.writer.as_ref(), f).await
+        let checkpoints = self.inner.checkpoints.clone();
+        WriterThread::run_on(self.inner.writer.as_ref(), move |conn| {
+            let out = f(conn);
+            if let Some(c) = &checkpoints {
+                c.after_write(conn);
+            }
+            out
+        })
+        .await
     }
 
     /// A pooled read connection, or a new one.
