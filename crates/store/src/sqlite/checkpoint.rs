@@ -15,7 +15,9 @@
 //! followed by a checkpoint in the writer itself, which first waits for the thread's to end
 //! (SQLite refuses a second checkpoint at once rather than waiting for it) and then copies
 //! the few pages written since; the next write starts the log again. The writer also
-//! checkpoints itself if the thread has failed.
+//! checkpoints itself if the thread has failed. A reader's old snapshot can still keep the
+//! log from starting again, and it grows meanwhile; its file is cut back to the bound's
+//! size once it does (`journal_size_limit`), instead of keeping its largest size.
 
 use std::cell::Cell;
 use std::ffi::c_int;
@@ -89,6 +91,11 @@ pub(crate) struct Checkpoints {
     thread: Option<JoinHandle<()>>,
 }
 
+/// The size of a log file of `pages` pages of `page` bytes (a header, and one per page).
+fn log_bytes(page: i64, pages: i64) -> i64 {
+    pages.saturating_mul(page + 24).saturating_add(32)
+}
+
 /// Runs a `PASSIVE` checkpoint on `conn`: answers the pages in the log and those copied.
 fn checkpoint(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(1)?, r.get(2)?)))
@@ -101,6 +108,15 @@ impl Checkpoints {
         let conn = Connection::open(path).map_err(|e| format!("cannot open the checkpoint connection: {e}"))?;
         conn.execute_batch("PRAGMA busy_timeout = 5000; PRAGMA synchronous = FULL;")
             .map_err(|e| format!("cannot set up the checkpoint connection: {e}"))?;
+        // Past the bound the log only grows while a reader holds an old snapshot; once it
+        // starts again, its file is cut back to the bound's size instead of keeping its
+        // largest. (A pragma takes no bound parameter; the size is a number computed here.)
+        let page: i64 = writer
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .map_err(|e| format!("cannot read the page size: {e}"))?;
+        writer
+            .query_row(&format!("PRAGMA journal_size_limit = {}", log_bytes(page, limits.bound)), [], |_| Ok(()))
+            .map_err(|e| format!("cannot limit the log's size: {e}"))?;
         let shared = Arc::new(Shared {
             state: Mutex::default(),
             wake: Condvar::new(),
@@ -229,9 +245,9 @@ mod tests {
         largest
     }
 
-    /// The log file's size when it holds `pages` pages of 4 KiB (a frame header each).
-    fn log_bytes(pages: i64) -> u64 {
-        32 + pages as u64 * (4096 + 24)
+    /// The log file's size when it holds `pages` pages of 4 KiB.
+    fn log_size(pages: i64) -> u64 {
+        super::log_bytes(4096, pages) as u64
     }
 
     #[test]
@@ -255,7 +271,7 @@ mod tests {
         // The thread never wakes: only the writer's checkpoints keep the log short.
         let c = Checkpoints::start(&path, &conn, Limits { start: 64, bound: 64 }).unwrap();
         let largest = write(&conn, &c, &path, 200);
-        assert!(largest <= log_bytes(64 + 6), "the log grew to {largest} bytes past its bound");
+        assert!(largest <= log_size(64 + 6), "the log grew to {largest} bytes past its bound");
         assert!(c.runs().1 > 0);
         assert_eq!(c.runs().0, 0);
     }
@@ -268,9 +284,31 @@ mod tests {
         // find one under way: they wait for it rather than being refused.
         let c = Checkpoints::start(&path, &conn, Limits { start: 8, bound: 64 }).unwrap();
         let largest = write(&conn, &c, &path, 400);
-        assert!(largest <= log_bytes(64 + 6), "the log grew to {largest} bytes past its bound");
+        assert!(largest <= log_size(64 + 6), "the log grew to {largest} bytes past its bound");
         let n: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 400);
+    }
+
+    #[test]
+    fn a_log_that_a_reader_let_grow_is_cut_back_once_it_starts_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, conn) = file(&dir);
+        let c = Checkpoints::start(&path, &conn, Limits { start: 8, bound: 64 }).unwrap();
+        write(&conn, &c, &path, 10);
+        // A reader's snapshot keeps the log from starting again: it grows past the bound.
+        let reader = Connection::open(&path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
+        let wal = path.with_extension("db-wal");
+        write(&conn, &c, &path, 60);
+        let grown = std::fs::metadata(&wal).unwrap().len();
+        assert!(grown > log_size(200), "the log did not grow while pinned: {grown} bytes");
+        reader.execute_batch("COMMIT").unwrap();
+        // The writer's next checkpoint copies it all; the write after starts it again and
+        // cuts the file back.
+        write(&conn, &c, &path, 3);
+        let now = std::fs::metadata(&wal).unwrap().len();
+        assert!(now <= log_size(64), "the log file kept {now} bytes (it grew to {grown})");
     }
 
     #[test]
@@ -280,7 +318,7 @@ mod tests {
         let (path, conn) = file(&dir);
         let c = Checkpoints::start(&path, &conn, Limits { start: i64::MAX, bound: i64::MAX }).unwrap();
         let largest = write(&conn, &c, &path, 300);
-        assert!(largest > log_bytes(1_000), "the log was checkpointed by someone: {largest} bytes");
+        assert!(largest > log_size(1_000), "the log was checkpointed by someone: {largest} bytes");
         assert_eq!(c.runs(), (0, 0));
     }
 
@@ -304,7 +342,7 @@ mod tests {
         }
         let c = store.inner.checkpoints.clone().unwrap();
         c.wait_for_thread();
-        assert!(largest <= log_bytes(64 + 6), "the log grew to {largest} bytes past its bound");
+        assert!(largest <= log_size(64 + 6), "the log grew to {largest} bytes past its bound");
         drop(c);
         drop(store);
         let conn = Connection::open(&path).unwrap();
