@@ -48,8 +48,9 @@ struct Inner {
     writer: Option<WriterThread<Connection>>,
     /// Read-only connections (a new one parses the schema).
     readers: ReaderPool<Connection>,
-    /// The writer's checkpoint thread (none when opened read-only); stopped before the
-    /// lock is let go.
+    /// The writer's checkpoint thread (none when opened read-only), stopped when its last
+    /// reference goes: this field comes before `lock`, so dropping the handle stops it
+    /// before letting the lock go, unless a job on the writer still holds a reference.
     checkpoints: Option<Arc<checkpoint::Checkpoints>>,
     lock: Option<File>,
     /// Whether an agent task may be open: false until the writer offers one (or finds
