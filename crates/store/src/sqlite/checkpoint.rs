@@ -250,6 +250,13 @@ mod tests {
         super::log_bytes(4096, pages) as u64
     }
 
+    /// The largest log file a bound of 64 pages allows: the write that passes it, and one
+    /// more if the write after the writer's checkpoint found a read mark locked for a
+    /// moment by the thread's checkpoint (SQLite then appends instead of starting again,
+    /// and does at the next write). Below what the writer left with its checkpoint not
+    /// waiting for the thread's (80 pages and more).
+    const BOUND_64: i64 = 64 + 14;
+
     #[test]
     fn the_thread_copies_the_log_once_it_passes_the_start() {
         let dir = tempfile::tempdir().unwrap();
@@ -271,7 +278,7 @@ mod tests {
         // The thread never wakes: only the writer's checkpoints keep the log short.
         let c = Checkpoints::start(&path, &conn, Limits { start: 64, bound: 64 }).unwrap();
         let largest = write(&conn, &c, &path, 200);
-        assert!(largest <= log_size(64 + 6), "the log grew to {largest} bytes past its bound");
+        assert!(largest <= log_size(BOUND_64), "the log grew to {largest} bytes past its bound");
         assert!(c.runs().1 > 0);
         assert_eq!(c.runs().0, 0);
     }
@@ -284,7 +291,7 @@ mod tests {
         // find one under way: they wait for it rather than being refused.
         let c = Checkpoints::start(&path, &conn, Limits { start: 8, bound: 64 }).unwrap();
         let largest = write(&conn, &c, &path, 400);
-        assert!(largest <= log_size(64 + 6), "the log grew to {largest} bytes past its bound");
+        assert!(largest <= log_size(BOUND_64), "the log grew to {largest} bytes past its bound");
         let n: i64 = conn.query_row("SELECT count(*) FROM blobs", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 400);
     }
@@ -342,7 +349,7 @@ mod tests {
         }
         let c = store.inner.checkpoints.clone().unwrap();
         c.wait_for_thread();
-        assert!(largest <= log_size(64 + 6), "the log grew to {largest} bytes past its bound");
+        assert!(largest <= log_size(BOUND_64), "the log grew to {largest} bytes past its bound");
         drop(c);
         drop(store);
         let conn = Connection::open(&path).unwrap();
