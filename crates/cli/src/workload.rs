@@ -35,6 +35,14 @@ pub struct Args {
     charts: usize,
 }
 
+/// Prints `line` and flushes it at once: a crash test reads each line as the kill may fall
+/// right after it.
+fn say(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
 /// Binds `chart` and its handlers: steps that take a few milliseconds and retry a quarter
 /// of the time (a retry re-enters the step: no exit or entry action), and entry and exit
 /// actions that print, take a few milliseconds, and insert their row.
@@ -53,11 +61,7 @@ fn bind_chart(b: EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore> {
     for hook in ["enter_working", "leave_working", "enter_step", "leave_step"] {
         b = b.on("chart", hook, move |ctx| async move {
             let (key, state) = (ctx.key.to_string(), ctx.state.to_string());
-            {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "hook {key} {hook} {state}");
-                let _ = out.flush();
-            }
+            say(format_args!("hook {key} {hook} {state}"));
             let mut draws = Draws::new(11, &format!("{}-{hook}", ctx.idempotency_key()));
             tokio::time::sleep(Duration::from_millis(draws.range(1, 8))).await;
             Ok(Outcome::stay().sql(
@@ -74,17 +78,11 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
     store.sql_execute(CHART_HOOKS_TABLE).await?;
     let b = crate::engines::engine_builder(store, &crate::defs::Machines::BUILT_IN, Config::default()).await?;
     let engine = crate::engines::start_built(bind_chart(b)).await?;
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "ready");
-        let _ = out.flush();
-    }
+    say(format_args!("ready"));
     let (ack_tx, mut ack_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let printer = tokio::spawn(async move {
         while let Some(key) = ack_rx.recv().await {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "ack {key}");
-            let _ = out.flush();
+            say(format_args!("ack {key}"));
         }
     });
     // One entity at a time, so that a crash can fall between any two raises.
