@@ -46,10 +46,6 @@ use crate::{Batch, BatchResult, Claimed, Fence, Millis, Op, OpError, SqlStatemen
 pub(crate) trait Dialect {
     /// A failure of the database (the whole batch fails).
     type Error;
-    /// Whether its entity counts are kept from the plan ([`Writes::counts`]) rather than
-    /// by triggers.
-    const COUNTS: bool;
-
     /// Reads what a segment needs (see [`Reads`]), locking the entities it will write
     /// until the transaction ends (PostgreSQL), and opens its operations.
     fn read(&mut self, r: &Reads) -> Result<ReadSet, Self::Error>;

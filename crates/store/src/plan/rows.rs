@@ -126,8 +126,8 @@ pub(crate) struct Writes {
     pub(crate) restarted: bool,
     /// Live entities whose past is trimmed to their retention, after the rows above.
     pub(crate) trims: Vec<(i64, crate::Trim)>,
-    /// How the number of entities per (machine, state, run status) changes: written by a
-    /// dialect whose counts no trigger keeps (SQLite).
+    /// How the number of entities per (machine, state, run status) changes (no trigger
+    /// keeps the counts: sqlite/counts.rs, postgres/counts.rs).
     pub(crate) counts: Vec<CountDelta>,
 }
 

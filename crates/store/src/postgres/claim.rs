@@ -5,6 +5,7 @@
 use postgres::types::ToSql;
 
 use super::conn::Failure;
+use super::counts::add_counts;
 use super::dialect::{INBOX_COLS, Tx};
 use super::read::entity_from_row_at;
 use super::stmt::{Slots, Stmt, col, one};
@@ -32,17 +33,25 @@ impl Tx<'_> {
             if f.now >= tx.next_timer.load(std::sync::atomic::Ordering::Relaxed) {
                 p.add(fire_timers(f.now, 1_000));
             }
+            // A sleeping or faulted entity claimed is active again: its counts move
+            // (`woken`, run whether read or not).
             sql.push_str(&format!(
                 "WITH picked AS (
-                SELECT id, due_at AS was_due FROM entities
+                SELECT id, due_at AS was_due, machine, state, run_status AS was_status FROM entities
                 WHERE due_at <= $1 AND (cardinality($5::text[]) = 0 OR machine = ANY($5::text[]))
                 ORDER BY due_at LIMIT $4 FOR UPDATE SKIP LOCKED),
+             woken AS ({}),
              claimed AS (
                 UPDATE entities e SET lease_owner = $2, lease_until = $3, due_at = $3, sleep_until = NULL,
                     run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
                 FROM picked p WHERE e.id = p.id
                 RETURNING p.was_due, {}),
              tail AS (SELECT ",
+                add_counts!(
+                    "SELECT machine, state, was_status, -1 FROM picked WHERE was_status IN ('sleeping', 'fault')
+                     UNION ALL
+                     SELECT machine, state, 'active', 1 FROM picked WHERE was_status IN ('sleeping', 'fault')"
+                ),
                 ENTITY_COLS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ")
             ));
             params.extend([

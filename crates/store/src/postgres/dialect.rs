@@ -66,8 +66,6 @@ impl Columns for Row {
 
 impl Dialect for Tx<'_> {
     type Error = Failure;
-    // Entity counts: statement-level triggers keep them (migration 0006).
-    const COUNTS: bool = false;
 
     fn read(&mut self, r: &Reads) -> R<ReadSet> {
         let mut p = Slots::default();

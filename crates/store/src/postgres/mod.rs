@@ -26,6 +26,7 @@
 mod bulk;
 mod claim;
 mod conn;
+mod counts;
 mod dialect;
 mod feed;
 mod listen;

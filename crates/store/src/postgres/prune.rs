@@ -6,6 +6,7 @@
 //! pipeline, each statement over the array of chosen ids (see `plan/prune.rs`).
 
 use super::conn::Failure;
+use super::counts::add_counts;
 use super::dialect::Tx;
 use super::stmt::{Stmt, one};
 use crate::Prune;
@@ -52,7 +53,12 @@ const ENTITY_DELETES: &[(&str, Counter)] = &[
         |r| &mut r.successors,
     ),
     (
-        "WITH d AS (DELETE FROM entities WHERE id = ANY($1::bigint[]) RETURNING 1) SELECT count(*) FROM d",
+        concat!(
+            "WITH d AS (DELETE FROM entities WHERE id = ANY($1::bigint[]) RETURNING machine, state, run_status),
+             counted AS (",
+            add_counts!("SELECT machine, state, run_status, -1 FROM d"),
+            ") SELECT count(*) FROM d"
+        ),
         |r| &mut r.entities,
     ),
 ];

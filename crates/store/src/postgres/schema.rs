@@ -4,6 +4,8 @@
 //! of states a definition upgrade asks of the stored entities.
 
 use super::conn::{Conn, Failure, Target, pg_message};
+use super::counts::add_counts;
+use super::stmt::{Stmt, one};
 use super::writer::WriterConn;
 use crate::{Error, Millis, Result};
 
@@ -24,6 +26,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (14, include_str!("../../migrations/postgres/0014_feed.sql")),
     (15, include_str!("../../migrations/postgres/0015_entered.sql")),
     (16, include_str!("../../migrations/postgres/0016_schedules.sql")),
+    (17, include_str!("../../migrations/postgres/0017_counts.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if
@@ -120,11 +123,91 @@ pub(super) fn migrate_states(
                                  AND COALESCE(machine_hash, '') = $4 AND lease_owner IS NULL)",
             &[&machine, old, new, version],
         )?;
-        moved += c.exec(
-            "UPDATE entities SET state = $3, version = version + 1, machine_hash = $4
-             WHERE machine = $1 AND state = $2 AND COALESCE(machine_hash, '') = $5 AND lease_owner IS NULL",
-            &[&machine, old, new, &hash, version],
-        )?;
+        // The counts follow the entities that move, by run status, in the same statement.
+        let rows = c.send(&[Stmt::new(
+            concat!(
+                "WITH m AS (
+                    UPDATE entities SET state = $3, version = version + 1, machine_hash = $4
+                    WHERE machine = $1 AND state = $2 AND COALESCE(machine_hash, '') = $5 AND lease_owner IS NULL
+                    RETURNING run_status),
+                 counted AS (",
+                add_counts!(
+                    "SELECT $1::text, $2::text, run_status, -1 FROM m
+                     UNION ALL SELECT $1::text, $3::text, run_status, 1 FROM m"
+                ),
+                ") SELECT count(*) FROM m"
+            ),
+            vec![
+                one(machine.to_string()),
+                one(old.clone()),
+                one(new.clone()),
+                one(hash.to_string()),
+                one(version.clone()),
+            ],
+        )])?;
+        let n: i64 = rows[0].first().map(|r| r.try_get(0)).transpose()?.unwrap_or(0);
+        moved += n as u64;
     }
     Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A schema of version 16 (entity counts kept by triggers, over several shards) moves to
+    /// 17 with every entity counted once, a count that had drifted recounted, and no trigger
+    /// left on `entities`: the writes keep the counts from then on.
+    #[test]
+    fn version_17_drops_the_entity_count_triggers_and_recounts() {
+        let Some(url) = crate::postgres::test_url("migrate17") else { return };
+        let target = Target::parse(&url).unwrap();
+        let mut c = first_connection(&target, true).unwrap();
+        c.batch("BEGIN").unwrap();
+        for (_, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 16) {
+            c.batch(sql).unwrap();
+        }
+        c.batch(
+            "CREATE TABLE settle_schema (version BIGINT NOT NULL, applied_at BIGINT NOT NULL);
+             INSERT INTO settle_schema VALUES (16, 0);
+             COMMIT",
+        )
+        .unwrap();
+        // Two transactions (two shards, as the triggers kept them), then a drift.
+        for key in ["a", "b"] {
+            c.exec(
+                "INSERT INTO entities (machine, key, state, version, created_at, entered_at) VALUES ('m', $1, 'idle', 1, 0, 0)",
+                &[&key],
+            )
+            .unwrap();
+        }
+        c.exec("UPDATE entities SET run_status = 'paused' WHERE key = 'b'", &[]).unwrap();
+        c.exec("INSERT INTO entity_counts VALUES ('m', 'gone', 'active', 63, 5)", &[]).unwrap();
+        let counts = |c: &mut Conn| -> Vec<(String, String, i64)> {
+            c.query(
+                "SELECT state, run_status, SUM(n)::bigint FROM entity_counts GROUP BY 1, 2 HAVING SUM(n) <> 0 ORDER BY 1, 2",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+        };
+        let s = |a: &str, b: &str, n: i64| (a.to_string(), b.to_string(), n);
+        assert_eq!(counts(&mut c), [s("gone", "active", 5), s("idle", "active", 1), s("idle", "paused", 1)]);
+        migrate(&mut c).unwrap();
+        assert_eq!(counts(&mut c), [s("idle", "active", 1), s("idle", "paused", 1)]);
+        let triggers: i64 = c
+            .one("SELECT COUNT(*) FROM pg_trigger WHERE tgrelid = 'entities'::regclass AND NOT tgisinternal", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(triggers, 0, "no trigger keeps the entity counts any more");
+        c.exec("INSERT INTO entities (machine, key, state, version, created_at, entered_at) VALUES ('m', 'c', 'idle', 1, 0, 0)", &[])
+            .unwrap();
+        assert_eq!(counts(&mut c), [s("idle", "active", 1), s("idle", "paused", 1)], "plain SQL is not counted");
+        let version: i64 = c.one("SELECT MAX(version) FROM settle_schema", &[]).unwrap().get(0);
+        assert_eq!(version, MIGRATIONS.last().unwrap().0);
+        let ident = target.schema_ident().unwrap();
+        c.batch(&format!("DROP SCHEMA {ident} CASCADE")).unwrap();
+    }
 }

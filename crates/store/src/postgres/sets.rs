@@ -117,6 +117,9 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
             ],
         ));
     }
+    if !w.counts.is_empty() {
+        merged.push(super::counts::deltas(&w.counts));
+    }
     if !w.deletes.is_empty() {
         let d = &w.deletes;
         merged.push(Stmt::new(

@@ -265,8 +265,6 @@ impl Tx<'_> {
 
 impl Dialect for Tx<'_> {
     type Error = rusqlite::Error;
-    // Entity counts: no trigger keeps them (migration 0017).
-    const COUNTS: bool = true;
 
     fn read(&mut self, r: &Reads) -> rusqlite::Result<ReadSet> {
         let mut out = ReadSet { rows: self.lock(r)?, ..ReadSet::default() };

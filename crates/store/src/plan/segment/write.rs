@@ -26,22 +26,20 @@ impl Work {
         let mut slots = self.slots;
         let plan = self.plan;
         let mut w = Writes { now, ..Writes::default() };
-        // What the slots were and are: the entity counts' changes (where no trigger keeps them).
-        if D::COUNTS {
-            w.counts = crate::plan::rows::count_deltas(slots.iter().flat_map(|s| {
-                let after = count_key(&s.cur);
-                match &s.orig {
-                    None => [Some((after.0, after.1, after.2, 1)), None],
-                    Some(o) if count_key(o) != after => {
-                        let before = count_key(o);
-                        [Some((before.0, before.1, before.2, -1)), Some((after.0, after.1, after.2, 1))]
-                    }
-                    Some(_) => [None, None],
+        // What the slots were and are: the entity counts' changes.
+        w.counts = crate::plan::rows::count_deltas(slots.iter().flat_map(|s| {
+            let after = count_key(&s.cur);
+            match &s.orig {
+                None => [Some((after.0, after.1, after.2, 1)), None],
+                Some(o) if count_key(o) != after => {
+                    let before = count_key(o);
+                    [Some((before.0, before.1, before.2, -1)), Some((after.0, after.1, after.2, 1))]
                 }
-                .into_iter()
-                .flatten()
-            }));
-        }
+                Some(_) => [None, None],
+            }
+            .into_iter()
+            .flatten()
+        }));
         for s in &mut slots {
             match &s.orig {
                 None => w.entities.push(EntityInsert {
