@@ -8,15 +8,28 @@ use super::read::{INBOX_COLS, entity_from_row, inbox_from_row, timer_from_row};
 use crate::sql::{ENTITY_COLS, json_text};
 use crate::{Claim, Claimed, Millis, RunStatus, TimerRow};
 
+// A `LIMIT` is a cast of its parameter, not the bare parameter: SQLite reads a bare one's
+// bound value when it prepares the statement, and then prepares it again (parses and plans)
+// each time the parameter is bound, that is on every batch.
+
+/// Due timers of active entities, oldest first.
+const DUE_TIMERS: &str = "SELECT t.entity_id, t.name, t.event, t.due_at, t.every_ms
+     FROM timers t JOIN entities e ON e.id = t.entity_id
+     WHERE t.due_at <= ?1 AND e.run_status = 'active' ORDER BY t.due_at LIMIT CAST(?2 AS INTEGER)";
+/// Due entities, oldest due first.
+const DUE: &str = "SELECT id FROM entities WHERE due_at <= ?1 ORDER BY due_at LIMIT CAST(?2 AS INTEGER)";
+/// Due entities of some machines: walks the due index, not the (machine, key) one, which
+/// would visit every entity of the machines.
+const DUE_OF: &str = "SELECT id FROM entities INDEXED BY entities_due
+     WHERE due_at <= ?1 AND machine IN (SELECT value FROM json_each(?3))
+     ORDER BY due_at LIMIT CAST(?2 AS INTEGER)";
+
 /// Turns due timers of active entities into inbox events (one-shot timers are deleted,
 /// periodic ones rescheduled) in the claiming transaction; the params name the timer. A
 /// paused or sleeping entity's timers wait.
 pub(super) fn fire_timers(tx: &Connection, now: Millis, limit: usize) -> rusqlite::Result<()> {
     let due: Vec<TimerRow> = tx
-        .prepare_cached(
-            "SELECT t.entity_id, t.name, t.event, t.due_at, t.every_ms FROM timers t JOIN entities e ON e.id = t.entity_id
-             WHERE t.due_at <= ?1 AND e.run_status = 'active' ORDER BY t.due_at LIMIT ?2",
-        )?
+        .prepare_cached(DUE_TIMERS)?
         .query_map(params![now, limit as i64], timer_from_row)?
         .collect::<rusqlite::Result<_>>()?;
     for t in &due {
@@ -57,19 +70,13 @@ pub(super) fn fire_timers(tx: &Connection, now: Millis, limit: usize) -> rusqlit
 pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite::Result<Vec<Claimed>> {
     let until = now + claim.lease_ms;
     let ids: Vec<i64> = if claim.machines.is_empty() {
-        tx.prepare_cached("SELECT id FROM entities WHERE due_at <= ?1 ORDER BY due_at LIMIT ?2")?
+        tx.prepare_cached(DUE)?
             .query_map(params![now, claim.limit as i64], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?
     } else {
-        tx.prepare_cached(
-            // Walk the due index, not the (machine, key) one, which would visit every
-            // entity of the machines.
-            "SELECT id FROM entities INDEXED BY entities_due
-             WHERE due_at <= ?1 AND machine IN (SELECT value FROM json_each(?3))
-             ORDER BY due_at LIMIT ?2",
-        )?
-        .query_map(params![now, claim.limit as i64, json_text(&claim.machines)], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?
+        tx.prepare_cached(DUE_OF)?
+            .query_map(params![now, claim.limit as i64, json_text(&claim.machines)], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?
     };
     let mut claimed = Vec::with_capacity(ids.len());
     let mut update = tx.prepare_cached(
@@ -134,5 +141,30 @@ pub(super) fn next_due_of(tx: &Connection, machines: &[String]) -> rusqlite::Res
                    AND machine IN (SELECT value FROM json_each(?1))",
         )?
         .query_row([json_text(&machines)], |r| r.get(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::StatementStatus;
+
+    use super::*;
+
+    /// The statements of every batch's end are planned once, whatever limits they are given
+    /// (a bare `LIMIT ?` made SQLite prepare them again each time it was bound).
+    #[test]
+    fn the_claims_statements_are_prepared_once() {
+        let mut c = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut c).unwrap();
+        for limit in [1, 2, 3, 2] {
+            fire_timers(&c, 10, limit).unwrap();
+            let claim = Claim { owner: "me".into(), lease_ms: 1_000, limit, machines: Vec::new() };
+            claim_due(&c, 10 + limit as i64, &claim).unwrap();
+            claim_due(&c, 10 + limit as i64, &Claim { machines: vec!["m".into()], ..claim }).unwrap();
+        }
+        for sql in [DUE_TIMERS, DUE, DUE_OF] {
+            let stmt = c.prepare_cached(sql).unwrap();
+            assert_eq!(stmt.get_status(StatementStatus::RePrepare), 0, "prepared again: {sql}");
+        }
     }
 }

@@ -214,7 +214,7 @@ impl Tx<'_> {
                 "SELECT {TASK_COLS} FROM agent_tasks t JOIN entities e ON e.id = t.entity_id
                  WHERE t.queue = ?1 AND t.status IN ('ready', 'leased') AND t.available_at <= ?2
                    AND e.run_status = 'active'
-                 ORDER BY t.available_at, t.id LIMIT ?3"
+                 ORDER BY t.available_at, t.id LIMIT CAST(?3 AS INTEGER)"
             ))?
             .query_map(params![queue, now, limit as i64], task_from_row)?
             .collect()

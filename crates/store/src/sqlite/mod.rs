@@ -544,7 +544,7 @@ impl Store for SqliteStore {
                     "SELECT {OPERATION_COLS} FROM operations
                      WHERE (?1 IS NULL OR (?1 = 'open' AND ended_at IS NULL) OR outcome = ?1)
                        AND (?3 IS NULL OR id < ?3)
-                     ORDER BY id DESC LIMIT ?2"
+                     ORDER BY id DESC LIMIT CAST(?2 AS INTEGER)"
                 ))
                 .map_err(db_err)?;
             stmt.query_map(params![outcome, limit.min(i64::MAX as u64) as i64, before], operation_from_row)
@@ -709,7 +709,7 @@ impl Store for SqliteStore {
                 sql.push_str(" AND t.status IN ('ready', 'leased')");
             }
             values.push(filter.limit.map_or(-1, |l| l.min(i64::MAX as u64) as i64).into());
-            sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ?{}", values.len()));
+            sql.push_str(&format!(" ORDER BY t.id DESC LIMIT CAST(?{} AS INTEGER)", values.len()));
             let mut stmt = c.prepare_cached(&sql).map_err(db_err)?;
             stmt.query_map(rusqlite::params_from_iter(values), task_from_row)
                 .and_then(|rows| rows.collect())

@@ -43,7 +43,7 @@ impl Tx<'_> {
              FROM entities e
              WHERE e.machine = ?1 AND e.state = ?2 AND e.ended_at IS NOT NULL AND e.ended_at < ?3
                AND (e.ended_at, e.id) > (?4, ?5)
-             ORDER BY e.ended_at, e.id LIMIT ?6",
+             ORDER BY e.ended_at, e.id LIMIT CAST(?6 AS INTEGER)",
         )?;
         let mut pages = Vec::with_capacity(p.ended.len());
         for rule in &p.ended {
@@ -88,7 +88,7 @@ impl Tx<'_> {
                 .prepare_cached(
                     "SELECT id FROM operations WHERE ended_at IS NOT NULL AND ended_at < ?1
                        AND id < (SELECT max(id) FROM operations)
-                     ORDER BY ended_at, id LIMIT ?2",
+                     ORDER BY ended_at, id LIMIT CAST(?2 AS INTEGER)",
                 )?
                 .query_map(params![before, limit], |r| r.get(0))?
                 .collect::<rusqlite::Result<_>>()?;
@@ -112,7 +112,7 @@ impl Tx<'_> {
                 .prepare_cached(
                     "DELETE FROM agent_tasks WHERE id IN (SELECT id FROM agent_tasks
                   WHERE finished_at IS NOT NULL AND finished_at < ?1 AND id < (SELECT max(id) FROM agent_tasks)
-                  ORDER BY finished_at, id LIMIT ?2)",
+                  ORDER BY finished_at, id LIMIT CAST(?2 AS INTEGER))",
                 )?
                 .execute(params![before, limit])?;
             out.rows.agent_tasks += n as u64;
@@ -123,7 +123,7 @@ impl Tx<'_> {
                 .0
                 .prepare_cached(
                     "DELETE FROM minute_counts WHERE minute IN (SELECT minute FROM minute_counts
-                  WHERE minute < ?1 ORDER BY minute LIMIT ?2)",
+                  WHERE minute < ?1 ORDER BY minute LIMIT CAST(?2 AS INTEGER))",
                 )?
                 .execute(params![before.div_euclid(60_000), limit])?;
             out.rows.minute_counts += n as u64;

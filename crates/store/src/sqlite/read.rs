@@ -264,7 +264,7 @@ pub(crate) fn predecessor_list(c: &Connection, entity_id: i64) -> rusqlite::Resu
 /// The entity's newest `limit` errors, newest first (index `errors_entity`).
 pub(crate) fn error_list(c: &Connection, entity_id: i64, limit: u64) -> rusqlite::Result<Vec<crate::ErrorRow>> {
     c.prepare_cached(
-        "SELECT id, request_id, at, kind, details, cause FROM errors WHERE entity_id = ?1 ORDER BY id DESC LIMIT ?2",
+        "SELECT id, request_id, at, kind, details, cause FROM errors WHERE entity_id = ?1 ORDER BY id DESC LIMIT CAST(?2 AS INTEGER)",
     )?
     .query_map(rusqlite::params![entity_id, limit as i64], |r| {
         Ok(crate::ErrorRow {
@@ -341,7 +341,7 @@ fn reached(c: &Connection, request_id: &str, limit: u64) -> rusqlite::Result<Opt
         .query_row([op_id], |r| r.get(0))
         .optional()?;
     let reached: Vec<i64> = c
-        .prepare_cached("SELECT DISTINCT entity_id FROM events WHERE operation_id = ?1 ORDER BY entity_id LIMIT ?2")?
+        .prepare_cached("SELECT DISTINCT entity_id FROM events WHERE operation_id = ?1 ORDER BY entity_id LIMIT CAST(?2 AS INTEGER)")?
         .query_map(rusqlite::params![op_id, limit as i64 + 1], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     let (ids, truncated) = crate::detail::trace_ids(own, reached, limit);
