@@ -52,7 +52,9 @@ fn current_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Current> {
 }
 
 impl Tx<'_> {
-    fn lock(&mut self, r: &Reads) -> rusqlite::Result<Vec<Current>> {
+    /// Reads (locks) the segment's entities and those related to them; answers them and the
+    /// `notify` entities that have predecessors to read.
+    fn lock(&mut self, r: &Reads) -> rusqlite::Result<(Vec<Current>, Vec<i64>)> {
         let (ids, keys) = (&r.ids, &r.keys);
         // The writer's transaction is the only one: reading is locking.
         let tx = self.0;
@@ -72,9 +74,15 @@ impl Tx<'_> {
         for task in &r.reported {
             out.extend(of_task.query_row([task], current_from_row).optional()?);
         }
-        // Predecessors of the `notify` entities, successors of the `successors` ones.
+        // Predecessors of the `notify` entities, successors of the `successors` ones. An
+        // entity whose row says it has no predecessors has no edge to read (the flag is set
+        // with its first edge and never cleared while one is left); edges joined in this
+        // segment the plan knows already.
+        let with_predecessors: std::collections::HashSet<i64> =
+            out.iter().filter(|c| c.has_predecessors).map(|c| c.id).collect();
+        let notify: Vec<i64> = r.notify.iter().copied().filter(|id| with_predecessors.contains(id)).collect();
         for (ids, other, end) in
-            [(&r.notify, "predecessor_id", "successor_id"), (&r.successors, "successor_id", "predecessor_id")]
+            [(&notify, "predecessor_id", "successor_id"), (&r.successors, "successor_id", "predecessor_id")]
         {
             let mut related = tx.prepare_cached(&format!(
                 "SELECT {CURRENT_COLS} FROM entities WHERE id IN (SELECT {other} FROM successors WHERE {end} = ?1)"
@@ -85,7 +93,7 @@ impl Tx<'_> {
                 }
             }
         }
-        Ok(out)
+        Ok((out, notify))
     }
 
     /// The (predecessor, successor) edges whose `end` (`successor_id` or `predecessor_id`)
@@ -267,9 +275,10 @@ impl Dialect for Tx<'_> {
     type Error = rusqlite::Error;
 
     fn read(&mut self, r: &Reads) -> rusqlite::Result<ReadSet> {
-        let mut out = ReadSet { rows: self.lock(r)?, ..ReadSet::default() };
-        if !r.notify.is_empty() {
-            out.edges = self.edges("successor_id", &r.notify)?;
+        let (rows, notify) = self.lock(r)?;
+        let mut out = ReadSet { rows, ..ReadSet::default() };
+        if !notify.is_empty() {
+            out.edges = self.edges("successor_id", &notify)?;
         }
         if !r.successors.is_empty() {
             out.successor_edges = self.edges("predecessor_id", &r.successors)?;
@@ -387,5 +396,40 @@ fn json_to_sql(v: &Value) -> SqlValue {
         },
         Value::String(s) => SqlValue::Text(s.clone()),
         other => SqlValue::Text(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::StatementStatus;
+
+    use super::*;
+
+    /// Predecessors are read only for the entities whose row says they have some: a
+    /// workflow with no parent costs no edge or related-row query per transition.
+    #[test]
+    fn only_entities_with_predecessors_have_them_read() {
+        let mut c = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut c).unwrap();
+        c.execute_batch(
+            "INSERT INTO entities (id, machine, key, state, version, created_at, entered_at, has_predecessors)
+             VALUES (1, 'm', 'parent', 'idle', 1, 0, 0, 0), (2, 'm', 'child', 'idle', 1, 0, 0, 1),
+                    (3, 'm', 'alone', 'idle', 1, 0, 0, 0);
+             INSERT INTO successors (predecessor_id, successor_id, created_at) VALUES (1, 2, 0);",
+        )
+        .unwrap();
+        let open = AtomicBool::new(false);
+        let mut tx = Tx(&c, &open, 0);
+        let related = format!(
+            "SELECT {CURRENT_COLS} FROM entities WHERE id IN (SELECT predecessor_id FROM successors WHERE successor_id = ?1)"
+        );
+        let runs = |c: &Connection| c.prepare_cached(&related).unwrap().get_status(StatementStatus::Run);
+        let read = tx.read(&Reads { ids: vec![3], notify: vec![3], ..Reads::default() }).unwrap();
+        assert!(read.edges.is_empty());
+        assert_eq!(runs(&c), 0, "no predecessor query for an entity without predecessors");
+        let read = tx.read(&Reads { ids: vec![2, 3], notify: vec![2, 3], ..Reads::default() }).unwrap();
+        assert_eq!(read.edges, [(1, 2)]);
+        assert_eq!(read.rows.iter().map(|r| r.id).collect::<Vec<_>>(), [2, 3, 1], "the parent is read and locked");
+        assert_eq!(runs(&c), 1, "one query, for the child");
     }
 }
