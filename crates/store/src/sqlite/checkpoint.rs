@@ -7,7 +7,9 @@
 //! fleet, the more pages a checkpoint touches). Here the writer only reports the log's
 //! size after each commit (a WAL hook in place of SQLite's automatic checkpoint), and a
 //! thread with a connection of its own copies the pages beside it (`PASSIVE`: it never
-//! blocks the writer).
+//! blocks the writer). The writer wakes it once the log has grown by [`Limits::start`]
+//! pages since it last did, not after every commit: each checkpoint syncs the database file
+//! and the log, and a page written again meanwhile is copied once.
 //!
 //! A checkpoint that runs beside a busy writer rarely catches up with it, and SQLite starts
 //! the log again from its beginning only when a write begins with every page copied. So
@@ -22,6 +24,7 @@
 use std::cell::Cell;
 use std::ffi::c_int;
 use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -31,7 +34,9 @@ use rusqlite::Connection;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Limits {
     /// From this many the thread copies them into the database file (SQLite's own default
-    /// for the automatic checkpoint).
+    /// for the automatic checkpoint), and again each time the log has grown by as many
+    /// (on every commit in the last `start` pages before the bound, so that the writer's
+    /// checkpoint at the bound finds few pages left to copy).
     pub(crate) start: i64,
     /// From this many the writer checkpoints after its commit.
     pub(crate) bound: i64,
@@ -64,6 +69,8 @@ struct State {
     runs: u64,
     /// Checkpoints the writer has run (the bound, or the thread failed).
     writer_runs: u64,
+    /// Times the writer woke the thread.
+    wakes: u64,
     /// Why the thread stopped checkpointing, if it did.
     failed: Option<String>,
 }
@@ -88,6 +95,8 @@ impl Shared {
 pub(crate) struct Checkpoints {
     shared: Arc<Shared>,
     limits: Limits,
+    /// The log's pages when the writer last woke the thread (only the writer uses it).
+    woken_at: AtomicI64,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -130,22 +139,34 @@ impl Checkpoints {
             .map_err(|e| format!("cannot start the checkpoint thread: {e}"))?;
         // Replaces SQLite's automatic checkpoint, which is a WAL hook too.
         writer.wal_hook(Some(on_commit));
-        Ok(Checkpoints { shared, limits, thread: Some(thread) })
+        Ok(Checkpoints { shared, limits, woken_at: AtomicI64::new(0), thread: Some(thread) })
     }
 
     /// After a job of the writer on `writer`: wakes the thread if the job's commit left the
-    /// log at [`Limits::start`] pages or more, or checkpoints in the writer if it left
+    /// log at [`Limits::start`] pages or more and grown by as many since the last wake-up
+    /// (or within `start` of the bound), or checkpoints in the writer if it left
     /// [`Limits::bound`] or more or the thread has failed.
     pub(crate) fn after_write(&self, writer: &Connection) {
         let pages = PAGES.replace(-1);
-        if pages < self.limits.start {
+        if pages < 0 {
+            return;
+        }
+        // Fewer pages than at the last wake-up: the log has started again.
+        let woken_at = self.woken_at.load(Ordering::Relaxed).min(pages);
+        self.woken_at.store(woken_at, Ordering::Relaxed);
+        let Limits { start, bound } = self.limits;
+        if pages < start {
             return;
         }
         let mut state = self.shared.state();
-        if pages < self.limits.bound && state.failed.is_none() {
-            state.due = true;
-            drop(state);
-            self.shared.wake.notify_one();
+        if pages < bound && state.failed.is_none() {
+            if pages - woken_at >= start || pages >= bound.saturating_sub(start) {
+                self.woken_at.store(pages, Ordering::Relaxed);
+                state.due = true;
+                state.wakes += 1;
+                drop(state);
+                self.shared.wake.notify_one();
+            }
             return;
         }
         drop(state);
@@ -157,6 +178,12 @@ impl Checkpoints {
             // The next commit tries again; the log keeps every page meanwhile.
             Err(e) => tracing::warn!(error = %e, pages, "the writer's checkpoint of the SQLite log failed"),
         }
+    }
+
+    /// Times the writer woke the thread.
+    #[cfg(test)]
+    fn wakes(&self) -> u64 {
+        self.shared.state().wakes
     }
 
     /// Checkpoints run so far by the thread and by the writer.
@@ -271,6 +298,21 @@ mod tests {
         assert_eq!(n, 100);
     }
 
+    /// The writer wakes the thread each time the log has grown by `start` pages (here 16,
+    /// of some 550 written in 100 commits), not after every commit past the start.
+    #[test]
+    fn the_thread_is_woken_once_per_start_pages_of_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, conn) = file(&dir);
+        let c = Checkpoints::start(&path, &conn, Limits { start: 16, bound: i64::MAX }).unwrap();
+        write(&conn, &c, &path, 100);
+        let pages: i64 = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1)).unwrap();
+        let wakes = c.wakes();
+        assert!(pages > 500, "the log holds {pages} pages");
+        assert!((1..=(pages / 16) as u64).contains(&wakes), "{wakes} wake-ups for {pages} pages");
+        c.wait_for_thread();
+    }
+
     #[test]
     fn the_writer_bounds_the_log_without_the_thread() {
         let dir = tempfile::tempdir().unwrap();
@@ -287,8 +329,9 @@ mod tests {
     fn the_writer_bounds_the_log_while_the_thread_checkpoints() {
         let dir = tempfile::tempdir().unwrap();
         let (path, conn) = file(&dir);
-        // Every commit past 8 pages wakes the thread, so the writer's checkpoints at 64 often
-        // find one under way: they wait for it rather than being refused.
+        // The thread is woken every 8 pages and on every commit from 56, so the writer's
+        // checkpoints at 64 often find one under way: they wait for it rather than being
+        // refused.
         let c = Checkpoints::start(&path, &conn, Limits { start: 8, bound: 64 }).unwrap();
         let largest = write(&conn, &c, &path, 400);
         assert!(largest <= log_size(BOUND_64), "the log grew to {largest} bytes past its bound");
