@@ -358,6 +358,35 @@ pub(crate) struct EntityUpdate {
     pub(crate) properties: Option<String>,
     pub(crate) fired: Option<String>,
     pub(crate) recent_errors: Option<String>,
+    /// Which of its indexed columns changed (SQLite rewrites the entries of every index
+    /// whose column an UPDATE sets, changed or not; its dialect sets only these).
+    pub(crate) indexed: Indexed,
+}
+
+/// Which indexed columns of an entity an update changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Indexed {
+    pub(crate) state: bool,
+    pub(crate) entered_at: bool,
+    pub(crate) due_at: bool,
+    /// `request_id` or `busy` (the index of busy entities by request).
+    pub(crate) busy: bool,
+    pub(crate) run_status: bool,
+    pub(crate) ended_at: bool,
+}
+
+impl Indexed {
+    /// What differs between `before` and `after`.
+    pub(crate) fn between(before: &Current, after: &Current) -> Indexed {
+        Indexed {
+            state: before.state != after.state,
+            entered_at: before.entered_at != after.entered_at,
+            due_at: before.due_at != after.due_at,
+            busy: before.request_id != after.request_id || before.busy != after.busy,
+            run_status: before.run_status != after.run_status,
+            ended_at: before.ended_at != after.ended_at,
+        }
+    }
 }
 
 /// A new entity (with its reserved id). `created_at` and `entered_at` are the batch's

@@ -152,40 +152,50 @@ impl Tx<'_> {
     }
 
     fn update_entities(&mut self, rows: &[EntityUpdate]) -> rusqlite::Result<()> {
-        let mut stmt = self.0.prepare_cached(
-            "UPDATE entities SET state = ?2, version = ?3, retry = ?4, entered_at = ?5, auto_at = ?6, due_at = ?7,
-                lease_owner = ?8, lease_until = ?9, request_id = ?10, timer_at = ?11, run_status = ?12,
-                sleep_until = ?13, busy = ?14, event_id = ?15, ordinal = ?16, has_predecessors = ?17,
-                machine_hash = ?18, properties = COALESCE(?19, properties), fired = COALESCE(?20, fired),
-                recent_errors = COALESCE(?21, recent_errors), ended_at = ?22
-             WHERE id = ?1",
-        )?;
         for u in rows {
             let r = &u.row;
-            stmt.execute(params![
-                r.id,
-                r.state,
-                r.version,
-                r.retry,
-                r.entered_at,
-                r.auto_at,
-                r.due_at,
-                r.lease_owner,
-                r.lease_until,
-                r.request_id,
-                r.timer_at,
-                r.run_status.as_str(),
-                r.sleep_until,
-                r.busy,
-                r.event_id,
-                r.ordinal,
-                r.has_predecessors,
-                r.machine_hash,
-                u.properties,
-                u.fired,
-                u.recent_errors,
-                r.ended_at
-            ])?;
+            // SQLite rewrites every index whose column the SET list names, whatever its value:
+            // an indexed column is set only when it changed (at most 64 statements, cached).
+            let mut stmt = self.0.prepare_cached(&update_sql(u.indexed))?;
+            let i = u.indexed;
+            let bind = |stmt: &mut rusqlite::CachedStatement<'_>, at: usize, v: &dyn rusqlite::ToSql| {
+                stmt.raw_bind_parameter(at, v)
+            };
+            bind(&mut stmt, 1, &r.id)?;
+            if i.state {
+                bind(&mut stmt, 2, &r.state)?;
+            }
+            bind(&mut stmt, 3, &r.version)?;
+            bind(&mut stmt, 4, &r.retry)?;
+            if i.entered_at {
+                bind(&mut stmt, 5, &r.entered_at)?;
+            }
+            bind(&mut stmt, 6, &r.auto_at)?;
+            if i.due_at {
+                bind(&mut stmt, 7, &r.due_at)?;
+            }
+            bind(&mut stmt, 8, &r.lease_owner)?;
+            bind(&mut stmt, 9, &r.lease_until)?;
+            if i.busy {
+                bind(&mut stmt, 10, &r.request_id)?;
+                bind(&mut stmt, 14, &r.busy)?;
+            }
+            bind(&mut stmt, 11, &r.timer_at)?;
+            if i.run_status {
+                bind(&mut stmt, 12, &r.run_status.as_str())?;
+            }
+            bind(&mut stmt, 13, &r.sleep_until)?;
+            bind(&mut stmt, 15, &r.event_id)?;
+            bind(&mut stmt, 16, &r.ordinal)?;
+            bind(&mut stmt, 17, &r.has_predecessors)?;
+            bind(&mut stmt, 18, &r.machine_hash)?;
+            bind(&mut stmt, 19, &u.properties)?;
+            bind(&mut stmt, 20, &u.fired)?;
+            bind(&mut stmt, 21, &u.recent_errors)?;
+            if i.ended_at {
+                bind(&mut stmt, 22, &r.ended_at)?;
+            }
+            stmt.raw_execute()?;
         }
         Ok(())
     }
@@ -548,5 +558,127 @@ impl Tx<'_> {
             stmt.execute(params![r.id, r.until])?;
         }
         Ok(())
+    }
+}
+
+/// An entity's UPDATE setting its indexed columns only where `changed` says (parameters
+/// keep their numbers: `?2` the state, `?5` entered, `?7` due, `?10` and `?14` the request
+/// and busy flag, `?12` the run status, `?22` ended; the others always).
+fn update_sql(changed: Indexed) -> String {
+    let mut set = String::from(
+        "version = ?3, retry = ?4, auto_at = ?6, lease_owner = ?8, lease_until = ?9, timer_at = ?11,
+         sleep_until = ?13, event_id = ?15, ordinal = ?16, has_predecessors = ?17, machine_hash = ?18,
+         properties = COALESCE(?19, properties), fired = COALESCE(?20, fired),
+         recent_errors = COALESCE(?21, recent_errors)",
+    );
+    for (on, column) in [
+        (changed.state, "state = ?2"),
+        (changed.entered_at, "entered_at = ?5"),
+        (changed.due_at, "due_at = ?7"),
+        (changed.busy, "request_id = ?10, busy = ?14"),
+        (changed.run_status, "run_status = ?12"),
+        (changed.ended_at, "ended_at = ?22"),
+    ] {
+        if on {
+            set.push_str(", ");
+            set.push_str(column);
+        }
+    }
+    format!("UPDATE entities SET {set} WHERE id = ?1")
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::Connection;
+
+    use super::*;
+    use crate::RunStatus;
+
+    fn indexes_set(sql: &str) -> Vec<&'static str> {
+        ["state =", "entered_at =", "due_at =", "request_id =", "busy =", "run_status =", "ended_at ="]
+            .into_iter()
+            .filter(|c| sql.contains(&format!(" {c}")) || sql.contains(&format!(",{c}")))
+            .collect()
+    }
+
+    /// An update names an indexed column only when its value changes, and every one when all
+    /// do; the other columns always.
+    #[test]
+    fn an_update_sets_the_indexed_columns_that_changed() {
+        assert!(indexes_set(&update_sql(Indexed::default())).is_empty(), "{}", update_sql(Indexed::default()));
+        let all = Indexed { state: true, entered_at: true, due_at: true, busy: true, run_status: true, ended_at: true };
+        assert_eq!(indexes_set(&update_sql(all)).len(), 7, "{}", update_sql(all));
+        let due = Indexed { due_at: true, ..Indexed::default() };
+        assert_eq!(indexes_set(&update_sql(due)), ["due_at ="]);
+        let before = Current { state: "a".into(), request_id: Some("r".into()), busy: true, ..Current::default() };
+        let same = Indexed::between(&before, &Current { version: 9, lease_owner: Some("me".into()), ..before.clone() });
+        assert_eq!(same, Indexed::default());
+        let moved = Current { state: "b".into(), busy: false, run_status: RunStatus::Paused, ..before.clone() };
+        assert_eq!(
+            Indexed::between(&before, &moved),
+            Indexed { state: true, busy: true, run_status: true, ..Indexed::default() }
+        );
+    }
+
+    /// What an update with some indexed columns left out writes: its values where they
+    /// changed, the row's where they did not, and the indexes follow.
+    #[test]
+    fn a_partial_update_writes_the_row_and_its_indexes() {
+        let mut c = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut c).unwrap();
+        c.execute_batch(
+            "INSERT INTO entities (id, machine, key, state, version, created_at, entered_at, request_id, busy, due_at)
+             VALUES (1, 'm', 'k', 'idle', 1, 0, 5, 'r1', 1, 50)",
+        )
+        .unwrap();
+        let open = std::sync::atomic::AtomicBool::new(false);
+        let mut tx = super::super::dialect::Tx(&c, &open, 0);
+        let before = Current {
+            id: 1,
+            machine: "m".into(),
+            key: "k".into(),
+            state: "idle".into(),
+            version: 1,
+            entered_at: 5,
+            due_at: Some(50),
+            request_id: Some("r1".into()),
+            busy: true,
+            ..Current::default()
+        };
+        let after = Current { version: 2, due_at: Some(70), busy: false, ..before.clone() };
+        let update = |row: Current| EntityUpdate {
+            indexed: Indexed::between(&before, &row),
+            row,
+            properties: None,
+            fired: None,
+            recent_errors: None,
+        };
+        tx.update_entities(&[update(after)]).unwrap();
+        let row: (String, i64, i64, Option<i64>, bool, String) = c
+            .query_row(
+                "SELECT state, version, entered_at, due_at, busy, run_status FROM entities WHERE id = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+            )
+            .unwrap();
+        assert_eq!(row, ("idle".into(), 2, 5, Some(70), false, "active".into()));
+        let busy: i64 = c
+            .query_row(
+                "SELECT count(*) FROM entities INDEXED BY entities_busy_request WHERE request_id = 'r1' AND busy = 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(busy, 0, "no longer busy for r1");
+        let due: Vec<i64> = c
+            .prepare("SELECT id FROM entities INDEXED BY entities_due WHERE due_at = 70")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(due, [1]);
+        let check: String = c.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+        assert_eq!(check, "ok");
     }
 }

@@ -61,9 +61,11 @@ impl Work {
                     if *orig != s.cur || s.properties.is_some() || s.fired.is_some() || s.recent_errors.is_some() {
                         // The row moves into the update: from here on only a slot's id is
                         // read (a created entity's whole row is, and it is not moved).
+                        let indexed = crate::plan::rows::Indexed::between(orig, &s.cur);
                         let row = std::mem::take(&mut s.cur);
                         s.cur.id = row.id;
                         w.updates.push(EntityUpdate {
+                            indexed,
                             row,
                             properties: s.properties.take(),
                             fired: s.fired.take(),
