@@ -26,6 +26,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (16, include_str!("../../migrations/sqlite/0016_schedules.sql")),
     (17, include_str!("../../migrations/sqlite/0017_counts.sql")),
     (18, include_str!("../../migrations/sqlite/0018_tallies.sql")),
+    (19, include_str!("../../migrations/sqlite/0019_predecessors.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.
@@ -134,5 +135,31 @@ mod tests {
         assert_eq!(triggers, 0, "no trigger keeps a count any more");
         let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
         assert_eq!(version, MIGRATIONS.last().unwrap().0);
+    }
+
+    /// A successor whose edge predates the flag (a file of version 18 and older may hold
+    /// one) says it has predecessors after version 19; an entity without an edge does not.
+    #[test]
+    fn version_19_flags_every_successor() {
+        let mut c = Connection::open_in_memory().unwrap();
+        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 18) {
+            c.execute_batch(sql).unwrap();
+            c.pragma_update(None, "user_version", version).unwrap();
+        }
+        c.execute_batch(
+            "INSERT INTO entities (id, machine, key, state, version, created_at, entered_at)
+             VALUES (1, 'm', 'parent', 'idle', 1, 0, 0), (2, 'm', 'child', 'idle', 1, 0, 0), (3, 'm', 'alone', 'idle', 1, 0, 0);
+             INSERT INTO successors (predecessor_id, successor_id, created_at) VALUES (1, 2, 0);",
+        )
+        .unwrap();
+        migrate(&mut c).unwrap();
+        let flags: Vec<(i64, bool)> = c
+            .prepare("SELECT id, has_predecessors FROM entities ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(flags, [(1, false), (2, true), (3, false)]);
     }
 }
