@@ -154,8 +154,7 @@ mod tests {
     /// (a bare `LIMIT ?` made SQLite prepare them again each time it was bound).
     #[test]
     fn the_claims_statements_are_prepared_once() {
-        let mut c = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&mut c).unwrap();
+        let c = super::super::schema::migrated_in_memory();
         for limit in [1, 2, 3, 2] {
             fire_timers(&c, 10, limit).unwrap();
             let claim = Claim { owner: "me".into(), lease_ms: 1_000, limit, machines: Vec::new() };

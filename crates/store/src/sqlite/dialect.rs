@@ -409,8 +409,7 @@ mod tests {
     /// workflow with no parent costs no edge or related-row query per transition.
     #[test]
     fn only_entities_with_predecessors_have_them_read() {
-        let mut c = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&mut c).unwrap();
+        let c = super::super::schema::migrated_in_memory();
         c.execute_batch(
             "INSERT INTO entities (id, machine, key, state, version, created_at, entered_at, has_predecessors)
              VALUES (1, 'm', 'parent', 'idle', 1, 0, 0, 0), (2, 'm', 'child', 'idle', 1, 0, 0, 1),

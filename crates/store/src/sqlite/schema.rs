@@ -102,19 +102,33 @@ pub(super) fn migrate_states(
     Ok(moved)
 }
 
+/// Test support: an in-memory file with every migration applied.
+#[cfg(test)]
+pub(super) fn migrated_in_memory() -> Connection {
+    let mut c = Connection::open_in_memory().unwrap();
+    migrate(&mut c).unwrap();
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An in-memory file at `version`, as the migrations up to it left it.
+    fn at_version(version: i64) -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        for (v, sql) in MIGRATIONS.iter().filter(|m| m.0 <= version) {
+            c.execute_batch(sql).unwrap();
+            c.pragma_update(None, "user_version", v).unwrap();
+        }
+        c
+    }
 
     /// A file of version 17 (counts kept by triggers) moves to 18 with its counts as they
     /// were and no trigger left: the writes keep them from then on.
     #[test]
     fn version_18_drops_the_count_triggers_and_keeps_the_counts() {
-        let mut c = Connection::open_in_memory().unwrap();
-        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 17) {
-            c.execute_batch(sql).unwrap();
-            c.pragma_update(None, "user_version", version).unwrap();
-        }
+        let mut c = at_version(17);
         c.execute_batch(
             "INSERT INTO operations (request_id, name, started_at) VALUES ('a', 'm.go', 1), ('b', 'm.go', 1),
                  ('c', 'm.go', 1);
@@ -141,11 +155,7 @@ mod tests {
     /// one) says it has predecessors after version 19; an entity without an edge does not.
     #[test]
     fn version_19_flags_every_successor() {
-        let mut c = Connection::open_in_memory().unwrap();
-        for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 <= 18) {
-            c.execute_batch(sql).unwrap();
-            c.pragma_update(None, "user_version", version).unwrap();
-        }
+        let mut c = at_version(18);
         c.execute_batch(
             "INSERT INTO entities (id, machine, key, state, version, created_at, entered_at)
              VALUES (1, 'm', 'parent', 'idle', 1, 0, 0), (2, 'm', 'child', 'idle', 1, 0, 0), (3, 'm', 'alone', 'idle', 1, 0, 0);

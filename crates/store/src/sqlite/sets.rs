@@ -157,43 +157,36 @@ impl Tx<'_> {
             // SQLite rewrites every index whose column the SET list names, whatever its value:
             // an indexed column is set only when it changed (at most 64 statements, cached).
             let mut stmt = self.0.prepare_cached(&update_sql(u.indexed))?;
-            let i = u.indexed;
-            let bind = |stmt: &mut rusqlite::CachedStatement<'_>, at: usize, v: &dyn rusqlite::ToSql| {
-                stmt.raw_bind_parameter(at, v)
-            };
-            bind(&mut stmt, 1, &r.id)?;
-            if i.state {
-                bind(&mut stmt, 2, &r.state)?;
-            }
-            bind(&mut stmt, 3, &r.version)?;
-            bind(&mut stmt, 4, &r.retry)?;
-            if i.entered_at {
-                bind(&mut stmt, 5, &r.entered_at)?;
-            }
-            bind(&mut stmt, 6, &r.auto_at)?;
-            if i.due_at {
-                bind(&mut stmt, 7, &r.due_at)?;
-            }
-            bind(&mut stmt, 8, &r.lease_owner)?;
-            bind(&mut stmt, 9, &r.lease_until)?;
-            if i.busy {
-                bind(&mut stmt, 10, &r.request_id)?;
-                bind(&mut stmt, 14, &r.busy)?;
-            }
-            bind(&mut stmt, 11, &r.timer_at)?;
-            if i.run_status {
-                bind(&mut stmt, 12, &r.run_status.as_str())?;
-            }
-            bind(&mut stmt, 13, &r.sleep_until)?;
-            bind(&mut stmt, 15, &r.event_id)?;
-            bind(&mut stmt, 16, &r.ordinal)?;
-            bind(&mut stmt, 17, &r.has_predecessors)?;
-            bind(&mut stmt, 18, &r.machine_hash)?;
-            bind(&mut stmt, 19, &u.properties)?;
-            bind(&mut stmt, 20, &u.fired)?;
-            bind(&mut stmt, 21, &u.recent_errors)?;
-            if i.ended_at {
-                bind(&mut stmt, 22, &r.ended_at)?;
+            let run_status = r.run_status.as_str();
+            // In the order of `UPDATE_SET`.
+            let values: [&dyn rusqlite::ToSql; UPDATE_SET.len()] = [
+                &r.state,
+                &r.version,
+                &r.retry,
+                &r.entered_at,
+                &r.auto_at,
+                &r.due_at,
+                &r.lease_owner,
+                &r.lease_until,
+                &r.request_id,
+                &r.busy,
+                &r.timer_at,
+                &run_status,
+                &r.sleep_until,
+                &r.event_id,
+                &r.ordinal,
+                &r.has_predecessors,
+                &r.machine_hash,
+                &u.properties,
+                &u.fired,
+                &u.recent_errors,
+                &r.ended_at,
+            ];
+            stmt.raw_bind_parameter(1, r.id)?;
+            for (n, ((_, set), value)) in UPDATE_SET.iter().zip(values).enumerate() {
+                if set(u.indexed) {
+                    stmt.raw_bind_parameter(n + 2, value)?;
+                }
             }
             stmt.raw_execute()?;
         }
@@ -561,36 +554,60 @@ impl Tx<'_> {
     }
 }
 
-/// An entity's UPDATE setting its indexed columns only where `changed` says (parameters
-/// keep their numbers: `?2` the state, `?5` entered, `?7` due, `?10` and `?14` the request
-/// and busy flag, `?12` the run status, `?22` ended; the others always).
+/// The columns an entity's UPDATE sets, in the order of their parameters (`?2` on; `?1` is
+/// the id), each with when it is set: an indexed column when it changed, the others always
+/// (the JSON columns only when given: `COALESCE`).
+const UPDATE_SET: [(&str, SetWhen); 21] = [
+    ("state", |i| i.state),
+    ("version", |_| true),
+    ("retry", |_| true),
+    ("entered_at", |i| i.entered_at),
+    ("auto_at", |_| true),
+    ("due_at", |i| i.due_at),
+    ("lease_owner", |_| true),
+    ("lease_until", |_| true),
+    ("request_id", |i| i.busy),
+    ("busy", |i| i.busy),
+    ("timer_at", |_| true),
+    ("run_status", |i| i.run_status),
+    ("sleep_until", |_| true),
+    ("event_id", |_| true),
+    ("ordinal", |_| true),
+    ("has_predecessors", |_| true),
+    ("machine_hash", |_| true),
+    ("properties", |_| true),
+    ("fired", |_| true),
+    ("recent_errors", |_| true),
+    ("ended_at", |i| i.ended_at),
+];
+
+/// Whether an update sets a column, given what changed.
+type SetWhen = fn(Indexed) -> bool;
+
+/// An entity's UPDATE setting the columns of [`UPDATE_SET`] that `changed` asks for (one
+/// string built per row, as the statement cache's key).
 fn update_sql(changed: Indexed) -> String {
-    let mut set = String::from(
-        "version = ?3, retry = ?4, auto_at = ?6, lease_owner = ?8, lease_until = ?9, timer_at = ?11,
-         sleep_until = ?13, event_id = ?15, ordinal = ?16, has_predecessors = ?17, machine_hash = ?18,
-         properties = COALESCE(?19, properties), fired = COALESCE(?20, fired),
-         recent_errors = COALESCE(?21, recent_errors)",
-    );
-    for (on, column) in [
-        (changed.state, "state = ?2"),
-        (changed.entered_at, "entered_at = ?5"),
-        (changed.due_at, "due_at = ?7"),
-        (changed.busy, "request_id = ?10, busy = ?14"),
-        (changed.run_status, "run_status = ?12"),
-        (changed.ended_at, "ended_at = ?22"),
-    ] {
-        if on {
-            set.push_str(", ");
-            set.push_str(column);
+    use std::fmt::Write;
+    let mut sql = String::with_capacity(512);
+    sql.push_str("UPDATE entities SET ");
+    for (n, (column, set)) in UPDATE_SET.iter().enumerate() {
+        if !set(changed) {
+            continue;
         }
+        if !sql.ends_with("SET ") {
+            sql.push_str(", ");
+        }
+        let _ = match *column {
+            "properties" | "fired" | "recent_errors" => write!(sql, "{column} = COALESCE(?{}, {column})", n + 2),
+            _ => write!(sql, "{column} = ?{}", n + 2),
+        };
     }
-    format!("UPDATE entities SET {set} WHERE id = ?1")
+    sql.push_str(" WHERE id = ?1");
+    sql
 }
 
 #[cfg(test)]
 mod tests {
-    use rusqlite::Connection;
-
     use super::*;
     use crate::RunStatus;
 
@@ -624,8 +641,7 @@ mod tests {
     /// changed, the row's where they did not, and the indexes follow.
     #[test]
     fn a_partial_update_writes_the_row_and_its_indexes() {
-        let mut c = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&mut c).unwrap();
+        let c = super::super::schema::migrated_in_memory();
         c.execute_batch(
             "INSERT INTO entities (id, machine, key, state, version, created_at, entered_at, request_id, busy, due_at)
              VALUES (1, 'm', 'k', 'idle', 1, 0, 5, 'r1', 1, 50)",
