@@ -51,7 +51,8 @@ fn wait_for_new_pid(demo: &DemoRun, old: &[u32]) -> u32 {
 /// database, one of them killed with `kill -9` while they run and another started in its
 /// place: every instant from the first fire to the last made exactly one entity (keys are
 /// the instants, so a second one could not exist; a gap would be a lost fire), and the
-/// schedule counted each fire once.
+/// schedule counted each fire once (but those the final kill may have cut between their
+/// entities and the progress, which are from the schedule's next fire on and replay).
 #[test]
 fn a_schedule_fires_each_instant_once_across_three_instances_with_one_killed() {
     let Some(url) = settle_store::postgres::test_url("schedules3") else { return };
@@ -94,6 +95,14 @@ fn a_schedule_fires_each_instant_once_across_three_instances_with_one_killed() {
     }
     let listed = common::settle(db, &["--machines", machines, "schedules", "list", "--json"]);
     let row: serde_json::Value = serde_json::from_str(common::stdout(&listed).trim()).unwrap();
-    assert_eq!(row["fired"].as_u64(), Some(instants.len() as u64), "{row}");
+    // The workers are killed at the end as well: one may have created the entities of its
+    // fires and died before writing the schedule's progress. Those fires are at or after
+    // the schedule's next one, which the next pass replays (their keys exist, so they
+    // create nothing new) and counts then; any other difference is a fire counted twice
+    // or lost.
+    let fired = row["fired"].as_u64().unwrap() as usize;
+    let next_fire = row["next_fire"].as_i64().unwrap();
+    let in_flight = instants.iter().filter(|&&at| at >= next_fire).count();
+    assert_eq!(fired + in_flight, instants.len(), "{row}: {instants:?}");
     assert_eq!((row["missed"].as_u64(), row["skipped"].as_u64()), (Some(0), Some(0)), "{row}");
 }
