@@ -376,6 +376,31 @@ pub(crate) struct Indexed {
 }
 
 impl Indexed {
+    /// How many combinations of changed columns there are.
+    pub(crate) const COMBINATIONS: usize = 64;
+
+    /// The combination as a number below [`Indexed::COMBINATIONS`], one bit a column.
+    pub(crate) fn mask(self) -> usize {
+        [self.state, self.entered_at, self.due_at, self.busy, self.run_status, self.ended_at]
+            .iter()
+            .enumerate()
+            .map(|(bit, &set)| usize::from(set) << bit)
+            .sum()
+    }
+
+    /// The combination of [`Indexed::mask`]'s number `m`.
+    pub(crate) fn from_mask(m: usize) -> Indexed {
+        let bit = |n: usize| m & (1 << n) != 0;
+        Indexed {
+            state: bit(0),
+            entered_at: bit(1),
+            due_at: bit(2),
+            busy: bit(3),
+            run_status: bit(4),
+            ended_at: bit(5),
+        }
+    }
+
     /// What differs between `before` and `after`.
     pub(crate) fn between(before: &Current, after: &Current) -> Indexed {
         Indexed {

@@ -156,7 +156,7 @@ impl Tx<'_> {
             let r = &u.row;
             // SQLite rewrites every index whose column the SET list names, whatever its value:
             // an indexed column is set only when it changed (at most 64 statements, cached).
-            let mut stmt = self.0.prepare_cached(&update_sql(u.indexed))?;
+            let mut stmt = self.0.prepare_cached(update_sql(u.indexed))?;
             let run_status = r.run_status.as_str();
             // In the order of `UPDATE_SET`.
             let values: [&dyn rusqlite::ToSql; UPDATE_SET.len()] = [
@@ -584,9 +584,18 @@ const UPDATE_SET: [(&str, SetWhen); 21] = [
 /// Whether an update sets a column, given what changed.
 type SetWhen = fn(Indexed) -> bool;
 
-/// An entity's UPDATE setting the columns of [`UPDATE_SET`] that `changed` asks for (one
-/// string built per row, as the statement cache's key).
-fn update_sql(changed: Indexed) -> String {
+/// An entity's UPDATE setting the columns of [`UPDATE_SET`] that `changed` asks for: one
+/// string per combination, built on first use (formatting it for every row cost the writer
+/// more than the statement cache's lookup by it).
+fn update_sql(changed: Indexed) -> &'static str {
+    static ALL: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        (0..Indexed::COMBINATIONS).map(|m| build_update_sql(Indexed::from_mask(m))).collect()
+    });
+    &ALL[changed.mask()]
+}
+
+/// The text of [`update_sql`]'s statement for `changed`.
+fn build_update_sql(changed: Indexed) -> String {
     use std::fmt::Write;
     let mut sql = String::with_capacity(512);
     sql.push_str("UPDATE entities SET ");
@@ -622,11 +631,11 @@ mod tests {
     /// do; the other columns always.
     #[test]
     fn an_update_sets_the_indexed_columns_that_changed() {
-        assert!(indexes_set(&update_sql(Indexed::default())).is_empty(), "{}", update_sql(Indexed::default()));
+        assert!(indexes_set(update_sql(Indexed::default())).is_empty(), "{}", update_sql(Indexed::default()));
         let all = Indexed { state: true, entered_at: true, due_at: true, busy: true, run_status: true, ended_at: true };
-        assert_eq!(indexes_set(&update_sql(all)).len(), 7, "{}", update_sql(all));
+        assert_eq!(indexes_set(update_sql(all)).len(), 7, "{}", update_sql(all));
         let due = Indexed { due_at: true, ..Indexed::default() };
-        assert_eq!(indexes_set(&update_sql(due)), ["due_at ="]);
+        assert_eq!(indexes_set(update_sql(due)), ["due_at ="]);
         let before = Current { state: "a".into(), request_id: Some("r".into()), busy: true, ..Current::default() };
         let same = Indexed::between(&before, &Current { version: 9, lease_owner: Some("me".into()), ..before.clone() });
         assert_eq!(same, Indexed::default());
@@ -635,6 +644,24 @@ mod tests {
             Indexed::between(&before, &moved),
             Indexed { state: true, busy: true, run_status: true, ..Indexed::default() }
         );
+    }
+
+    /// Each of the 64 combinations has its own statement, kept from first use, and each
+    /// names exactly the indexed columns of its combination.
+    #[test]
+    fn every_combination_has_its_own_statement() {
+        let mut seen = std::collections::HashSet::new();
+        for m in 0..Indexed::COMBINATIONS {
+            let changed = Indexed::from_mask(m);
+            assert_eq!(changed.mask(), m);
+            let sql = update_sql(changed);
+            assert_eq!(sql, build_update_sql(changed));
+            assert!(std::ptr::eq(sql, update_sql(changed)), "built again: {sql}");
+            let named = indexes_set(sql).len();
+            let changed_count = m.count_ones() as usize + usize::from(changed.busy);
+            assert_eq!(named, changed_count, "{m:06b}: {sql}");
+            assert!(seen.insert(sql), "two combinations share {sql}");
+        }
     }
 
     /// What an update with some indexed columns left out writes: its values where they
