@@ -363,54 +363,48 @@ pub(crate) struct EntityUpdate {
     pub(crate) indexed: Indexed,
 }
 
-/// Which indexed columns of an entity an update changes.
+/// Which indexed columns of an entity an update changes: a bit per column, so that the
+/// combination is its own number (below [`Indexed::COMBINATIONS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Indexed {
-    pub(crate) state: bool,
-    pub(crate) entered_at: bool,
-    pub(crate) due_at: bool,
-    /// `request_id` or `busy` (the index of busy entities by request).
-    pub(crate) busy: bool,
-    pub(crate) run_status: bool,
-    pub(crate) ended_at: bool,
-}
+pub(crate) struct Indexed(pub(crate) u8);
 
 impl Indexed {
-    /// How many combinations of changed columns there are.
-    pub(crate) const COMBINATIONS: usize = 64;
+    pub(crate) const STATE: Indexed = Indexed(1);
+    pub(crate) const ENTERED_AT: Indexed = Indexed(1 << 1);
+    pub(crate) const DUE_AT: Indexed = Indexed(1 << 2);
+    /// `request_id` or `busy` (the index of busy entities by request).
+    pub(crate) const BUSY: Indexed = Indexed(1 << 3);
+    pub(crate) const RUN_STATUS: Indexed = Indexed(1 << 4);
+    pub(crate) const ENDED_AT: Indexed = Indexed(1 << 5);
+    /// How many combinations of the columns there are.
+    pub(crate) const COMBINATIONS: usize = 1 << 6;
 
-    /// The combination as a number below [`Indexed::COMBINATIONS`], one bit a column.
-    pub(crate) fn mask(self) -> usize {
-        [self.state, self.entered_at, self.due_at, self.busy, self.run_status, self.ended_at]
-            .iter()
-            .enumerate()
-            .map(|(bit, &set)| usize::from(set) << bit)
-            .sum()
-    }
-
-    /// The combination of [`Indexed::mask`]'s number `m`.
-    pub(crate) fn from_mask(m: usize) -> Indexed {
-        let bit = |n: usize| m & (1 << n) != 0;
-        Indexed {
-            state: bit(0),
-            entered_at: bit(1),
-            due_at: bit(2),
-            busy: bit(3),
-            run_status: bit(4),
-            ended_at: bit(5),
-        }
+    /// Whether every column of `columns` changed.
+    pub(crate) fn has(self, columns: Indexed) -> bool {
+        self.0 & columns.0 == columns.0
     }
 
     /// What differs between `before` and `after`.
     pub(crate) fn between(before: &Current, after: &Current) -> Indexed {
-        Indexed {
-            state: before.state != after.state,
-            entered_at: before.entered_at != after.entered_at,
-            due_at: before.due_at != after.due_at,
-            busy: before.request_id != after.request_id || before.busy != after.busy,
-            run_status: before.run_status != after.run_status,
-            ended_at: before.ended_at != after.ended_at,
-        }
+        [
+            (before.state != after.state, Indexed::STATE),
+            (before.entered_at != after.entered_at, Indexed::ENTERED_AT),
+            (before.due_at != after.due_at, Indexed::DUE_AT),
+            (before.request_id != after.request_id || before.busy != after.busy, Indexed::BUSY),
+            (before.run_status != after.run_status, Indexed::RUN_STATUS),
+            (before.ended_at != after.ended_at, Indexed::ENDED_AT),
+        ]
+        .into_iter()
+        .filter(|(changed, _)| *changed)
+        .fold(Indexed::default(), |all, (_, column)| all | column)
+    }
+}
+
+impl std::ops::BitOr for Indexed {
+    type Output = Indexed;
+
+    fn bitor(self, other: Indexed) -> Indexed {
+        Indexed(self.0 | other.0)
     }
 }
 

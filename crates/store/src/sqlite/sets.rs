@@ -558,18 +558,18 @@ impl Tx<'_> {
 /// the id), each with when it is set: an indexed column when it changed, the others always
 /// (the JSON columns only when given: `COALESCE`).
 const UPDATE_SET: [(&str, SetWhen); 21] = [
-    ("state", |i| i.state),
+    ("state", |i| i.has(Indexed::STATE)),
     ("version", |_| true),
     ("retry", |_| true),
-    ("entered_at", |i| i.entered_at),
+    ("entered_at", |i| i.has(Indexed::ENTERED_AT)),
     ("auto_at", |_| true),
-    ("due_at", |i| i.due_at),
+    ("due_at", |i| i.has(Indexed::DUE_AT)),
     ("lease_owner", |_| true),
     ("lease_until", |_| true),
-    ("request_id", |i| i.busy),
-    ("busy", |i| i.busy),
+    ("request_id", |i| i.has(Indexed::BUSY)),
+    ("busy", |i| i.has(Indexed::BUSY)),
     ("timer_at", |_| true),
-    ("run_status", |i| i.run_status),
+    ("run_status", |i| i.has(Indexed::RUN_STATUS)),
     ("sleep_until", |_| true),
     ("event_id", |_| true),
     ("ordinal", |_| true),
@@ -578,7 +578,7 @@ const UPDATE_SET: [(&str, SetWhen); 21] = [
     ("properties", |_| true),
     ("fired", |_| true),
     ("recent_errors", |_| true),
-    ("ended_at", |i| i.ended_at),
+    ("ended_at", |i| i.has(Indexed::ENDED_AT)),
 ];
 
 /// Whether an update sets a column, given what changed.
@@ -588,10 +588,9 @@ type SetWhen = fn(Indexed) -> bool;
 /// string per combination, built on first use (formatting it for every row cost the writer
 /// more than the statement cache's lookup by it).
 fn update_sql(changed: Indexed) -> &'static str {
-    static ALL: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
-        (0..Indexed::COMBINATIONS).map(|m| build_update_sql(Indexed::from_mask(m))).collect()
-    });
-    &ALL[changed.mask()]
+    static ALL: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| (0..Indexed::COMBINATIONS).map(|m| build_update_sql(Indexed(m as u8))).collect());
+    &ALL[usize::from(changed.0)]
 }
 
 /// The text of [`update_sql`]'s statement for `changed`.
@@ -632,18 +631,20 @@ mod tests {
     #[test]
     fn an_update_sets_the_indexed_columns_that_changed() {
         assert!(indexes_set(update_sql(Indexed::default())).is_empty(), "{}", update_sql(Indexed::default()));
-        let all = Indexed { state: true, entered_at: true, due_at: true, busy: true, run_status: true, ended_at: true };
+        let all = Indexed::STATE
+            | Indexed::ENTERED_AT
+            | Indexed::DUE_AT
+            | Indexed::BUSY
+            | Indexed::RUN_STATUS
+            | Indexed::ENDED_AT;
         assert_eq!(indexes_set(update_sql(all)).len(), 7, "{}", update_sql(all));
-        let due = Indexed { due_at: true, ..Indexed::default() };
+        let due = Indexed::DUE_AT;
         assert_eq!(indexes_set(update_sql(due)), ["due_at ="]);
         let before = Current { state: "a".into(), request_id: Some("r".into()), busy: true, ..Current::default() };
         let same = Indexed::between(&before, &Current { version: 9, lease_owner: Some("me".into()), ..before.clone() });
         assert_eq!(same, Indexed::default());
         let moved = Current { state: "b".into(), busy: false, run_status: RunStatus::Paused, ..before.clone() };
-        assert_eq!(
-            Indexed::between(&before, &moved),
-            Indexed { state: true, busy: true, run_status: true, ..Indexed::default() }
-        );
+        assert_eq!(Indexed::between(&before, &moved), Indexed::STATE | Indexed::BUSY | Indexed::RUN_STATUS);
     }
 
     /// Each of the 64 combinations has its own statement, kept from first use, and each
@@ -652,13 +653,12 @@ mod tests {
     fn every_combination_has_its_own_statement() {
         let mut seen = std::collections::HashSet::new();
         for m in 0..Indexed::COMBINATIONS {
-            let changed = Indexed::from_mask(m);
-            assert_eq!(changed.mask(), m);
+            let changed = Indexed(m as u8);
             let sql = update_sql(changed);
             assert_eq!(sql, build_update_sql(changed));
             assert!(std::ptr::eq(sql, update_sql(changed)), "built again: {sql}");
             let named = indexes_set(sql).len();
-            let changed_count = m.count_ones() as usize + usize::from(changed.busy);
+            let changed_count = m.count_ones() as usize + usize::from(changed.has(Indexed::BUSY));
             assert_eq!(named, changed_count, "{m:06b}: {sql}");
             assert!(seen.insert(sql), "two combinations share {sql}");
         }
