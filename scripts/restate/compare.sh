@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Settle against Restate on this machine, side by side (issue "hot path"): alternates
-# `settle bench chain --steps N` (embedded SQLite, in-process) with Restate's twin of it
-# (service.mjs, a virtual object per workflow whose steps are journaled `ctx.run`s, driven
-# through Restate's ingress by drive.mjs with the same number of calls in flight), ROUNDS
-# times each, and prints every run and the medians and their ratio.
+# Settle against Restate on this machine, side by side (issue "hot path"): alternates a
+# `settle bench` workflow with Restate's twin of it (service.mjs: a virtual object per
+# workflow whose steps are journaled `ctx.run`s, driven through Restate's ingress by
+# drive.mjs with the same number of calls in flight), ROUNDS times each, and prints every
+# run, the medians and their ratio.
 #
-#   scripts/restate/compare.sh                    # 20000 workflows, 3 steps, 64 in flight, 3 rounds
+#   scripts/restate/compare.sh                    # bench chain: 20000 workflows, 3 steps, 64 in flight, 3 rounds
+#   BENCH=fanout scripts/restate/compare.sh       # bench fanout (4 children a parent) against the fan-out twin
+#   BENCH=agents scripts/restate/compare.sh       # bench agents (a settle serve and 4 agent loops over HTTP)
+#                                                 # against the chain twin, as the issue compares them
 #   WORKFLOWS=5000 CONCURRENCY=32 ROUNDS=5 scripts/restate/compare.sh
 #   SETTLE_DB=postgres://postgres@127.0.0.1:5432/test scripts/restate/compare.sh
 #                                                 # Settle on PostgreSQL (a fresh schema a run)
@@ -23,6 +26,14 @@ WORKFLOWS="${WORKFLOWS:-20000}"
 STEPS="${STEPS:-3}"
 CONCURRENCY="${CONCURRENCY:-64}"
 ROUNDS="${ROUNDS:-3}"
+CHILDREN="${CHILDREN:-4}"
+BENCH="${BENCH:-chain}"
+case "$BENCH" in
+  chain) bench=(chain --steps "$STEPS"); object=chain ;;
+  fanout) bench=(fanout --children "$CHILDREN"); object=fanparent ;;
+  agents) bench=(agents); object=chain ;;
+  *) echo "compare.sh: BENCH is chain, fanout or agents, not \`$BENCH'" >&2; exit 2 ;;
+esac
 command -v node >/dev/null || { echo "compare.sh: needs Node.js (node, npm)" >&2; exit 2; }
 if [ ! -x "$here/node_modules/.bin/restate-server" ]; then
   echo "installing the Restate server and SDK (npm, once)…" >&2
@@ -44,7 +55,7 @@ echo "starting Restate (data in $scratch)…" >&2
 (cd "$scratch" && exec "$here/node_modules/.bin/restate-server" --no-logo --base-dir "$scratch/restate" \
   > "$scratch/restate.log" 2>&1) &
 pids+=($!)
-RESTATE_LOGGING=WARN STEPS="$STEPS" node "$here/service.mjs" > "$scratch/service.log" 2>&1 &
+RESTATE_LOGGING=WARN STEPS="$STEPS" CHILDREN="$CHILDREN" node "$here/service.mjs" > "$scratch/service.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 120); do
   curl -sf http://127.0.0.1:9070/health >/dev/null 2>&1 && break
@@ -57,7 +68,7 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 # A warm-up run each, not counted.
-WORKFLOWS=500 CONCURRENCY="$CONCURRENCY" node "$here/drive.mjs" >/dev/null
+WORKFLOWS=500 CONCURRENCY="$CONCURRENCY" OBJECT="$object" node "$here/drive.mjs" >/dev/null
 
 pg_schema() { # a fresh schema for one Settle run on PostgreSQL
   local s="cmp_$RANDOM$RANDOM"
@@ -71,14 +82,14 @@ settle_run() {
     db=(--db "${SETTLE_DB}?schema=$schema")
   fi
   # shellcheck disable=SC2086
-  "$settle" "${db[@]}" bench chain --entities "$WORKFLOWS" --steps "$STEPS" --concurrency "$CONCURRENCY" \
+  "$settle" "${db[@]}" bench "${bench[@]}" --entities "$WORKFLOWS" --concurrency "$CONCURRENCY" \
     ${SETTLE_ARGS:-} --json 2>/dev/null | tail -1
   if [ -n "$schema" ]; then psql -q "${SETTLE_DB}" -c "DROP SCHEMA $schema CASCADE" >/dev/null 2>&1; fi
 }
 : > "$scratch/runs"
 for r in $(seq 1 "$ROUNDS"); do
   s="$(settle_run)"; echo "settle  $s" | tee -a "$scratch/runs"
-  t="$(WORKFLOWS="$WORKFLOWS" CONCURRENCY="$CONCURRENCY" node "$here/drive.mjs")"; echo "restate $t" | tee -a "$scratch/runs"
+  t="$(WORKFLOWS="$WORKFLOWS" CONCURRENCY="$CONCURRENCY" OBJECT="$object" node "$here/drive.mjs")"; echo "restate $t" | tee -a "$scratch/runs"
 done
 python3 - "$scratch/runs" <<'PY'
 import json, statistics, sys

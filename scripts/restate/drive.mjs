@@ -1,9 +1,11 @@
-// Drives `chain/{key}/go` through Restate's ingress as `settle bench chain` drives its
-// entities: WORKFLOWS keys, CONCURRENCY calls in flight, each call waits for its answer.
-// Prints one JSON line: workflows/s and the calls' p50 and p99 in ms.
+// Drives `{OBJECT}/{key}/go` (`chain` or `fanparent`, service.mjs) through Restate's
+// ingress as `settle bench chain` and `bench fanout` drive their entities: WORKFLOWS keys,
+// CONCURRENCY calls in flight, each call waits for its answer. Prints one JSON line:
+// workflows/s and the calls' p50 and p99 in ms.
 const ingress = process.env.INGRESS ?? "http://127.0.0.1:8080";
 const workflows = Number(process.env.WORKFLOWS ?? 20000);
 const concurrency = Number(process.env.CONCURRENCY ?? 64);
+const object = process.env.OBJECT ?? "chain";
 const run = Math.random().toString(16).slice(2, 10);
 
 let next = 0;
@@ -13,7 +15,7 @@ async function worker() {
     const i = next++;
     if (i >= workflows) return;
     const t = performance.now();
-    const r = await fetch(`${ingress}/chain/c${run}-${i}/go`, {
+    const r = await fetch(`${ingress}/${object}/c${run}-${i}/go`, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: "null",
@@ -30,6 +32,7 @@ latencies.sort((a, b) => a - b);
 const pct = (p) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))];
 console.log(JSON.stringify({
   system: "restate",
+  object,
   workflows,
   concurrency,
   seconds: +seconds.toFixed(3),
