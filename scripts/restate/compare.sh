@@ -62,12 +62,14 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 curl -sf http://127.0.0.1:9070/health >/dev/null || { cat "$scratch/restate.log" >&2; echo "Restate did not start" >&2; exit 1; }
+registered=""
 for _ in $(seq 1 60); do
   curl -sf -X POST http://127.0.0.1:9070/deployments -H 'content-type: application/json' \
-    -d '{"uri": "http://127.0.0.1:9080"}' >/dev/null 2>&1 && break
+    -d '{"uri": "http://127.0.0.1:9080"}' >/dev/null 2>&1 && registered=1 && break
   sleep 0.5
 done
-# A warm-up run each, not counted.
+[ -n "$registered" ] || { cat "$scratch/service.log" >&2; echo "Restate did not take the service on :9080" >&2; exit 1; }
+# A warm-up run of Restate's twin, not counted (each Settle run starts on a fresh database).
 WORKFLOWS=500 CONCURRENCY="$CONCURRENCY" OBJECT="$object" node "$here/drive.mjs" >/dev/null
 
 pg_schema() { # a fresh schema for one Settle run on PostgreSQL
@@ -88,7 +90,9 @@ settle_run() {
 }
 : > "$scratch/runs"
 for r in $(seq 1 "$ROUNDS"); do
-  s="$(settle_run)"; echo "settle  $s" | tee -a "$scratch/runs"
+  s="$(settle_run)"
+  [ -n "$s" ] || { echo "settle bench ${bench[*]} printed no report (run it alone to see why)" >&2; exit 1; }
+  echo "settle  $s" | tee -a "$scratch/runs"
   t="$(WORKFLOWS="$WORKFLOWS" CONCURRENCY="$CONCURRENCY" OBJECT="$object" node "$here/drive.mjs")"; echo "restate $t" | tee -a "$scratch/runs"
 done
 python3 - "$scratch/runs" <<'PY'
