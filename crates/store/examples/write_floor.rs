@@ -100,9 +100,7 @@ fn args() -> Result<Args, String> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = args()?;
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", a.file.display()));
-    }
+    remove(&a.file);
     let conn = Connection::open(&a.file)?;
     conn.execute_batch(SCHEMA)?;
     let tx = conn.unchecked_transaction()?;
@@ -156,10 +154,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         seconds * 1000.0 / rounds as f64
     );
     drop(conn);
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", a.file.display()));
-    }
+    remove(&a.file);
     Ok(())
+}
+
+/// Removes the database `file` and its log files, if there are any.
+fn remove(file: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+    }
 }
 
 /// The event goes into the entity's inbox with its operation and event rows, and the
