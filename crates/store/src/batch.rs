@@ -322,6 +322,20 @@ pub struct Claim {
     pub limit: usize,
     /// Only entities of these machines (the ones the claiming engine serves); empty: any.
     pub machines: Vec<String>,
+    /// Lease the entities this batch creates that are due at once (an auto action, no
+    /// event queued) to the claiming engine as they are inserted, within `limit` and before
+    /// older due work; the claim takes the rest of `limit`. Saves the claim's statements for
+    /// each (a parent's children, mostly). Set it only when nothing older waits: when the
+    /// engine's last claim took less than its limit.
+    pub take_created: bool,
+}
+
+impl Claim {
+    /// A claim of up to `limit` due entities of any machine for `owner`, leased for
+    /// `lease_ms`, that takes nothing as it is created.
+    pub fn new(owner: impl Into<String>, lease_ms: i64, limit: usize) -> Claim {
+        Claim { owner: owner.into(), lease_ms, limit, machines: Vec::new(), take_created: false }
+    }
 }
 
 /// Many operations written in one transaction (one fsync): the group commit.

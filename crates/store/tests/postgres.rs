@@ -41,14 +41,8 @@ async fn concurrent_claims_never_overlap() {
     let claim = |store: PgStore, owner: &'static str| async move {
         let mut got = Vec::new();
         loop {
-            let r = store
-                .write(Batch {
-                    now: 20,
-                    ops: vec![],
-                    claim: Some(Claim { owner: owner.into(), lease_ms: 60_000, limit: 16, machines: Vec::new() }),
-                })
-                .await
-                .unwrap();
+            let r =
+                store.write(Batch { now: 20, ops: vec![], claim: Some(Claim::new(owner, 60_000, 16)) }).await.unwrap();
             if r.claimed.is_empty() {
                 return got;
             }
@@ -120,7 +114,7 @@ async fn unconvertible_sql_parameter_fails_the_commit_alone() {
         .write(Batch {
             now: 10,
             ops: vec![Op::Create(entity("a", None)), Op::Push(push)],
-            claim: Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() }),
+            claim: Some(Claim::new("engine-a", 60_000, 10)),
         })
         .await
         .unwrap();
@@ -226,7 +220,7 @@ async fn round_trips_per_batch_do_not_grow_with_the_batch() {
     for n in [1usize, 8, 64] {
         let Some(url) = settle_store::postgres::test_url("trips") else { return };
         let store = open(&url).await;
-        let claim = || Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 1_000, machines: Vec::new() });
+        let claim = || Some(Claim::new("engine-a", 60_000, 1_000));
         let creates = (0..n).map(|i| Op::Create(entity(&format!("e{i}"), None))).collect();
         store.write(Batch { now: 10, ops: creates, claim: claim() }).await.unwrap();
         let created = store.last_batch_round_trips();
@@ -310,7 +304,7 @@ async fn commits_are_told_to_other_handles() {
     // b listens from its first subscriber on, and says so: anything before was not heard.
     let first = tokio::time::timeout(Duration::from_secs(10), told.recv()).await.expect("b starts listening");
     assert_eq!(first.unwrap(), Changes::Lost);
-    let claim = Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() });
+    let claim = Some(Claim::new("engine-a", 60_000, 10));
     a.write(Batch { now: 10, ops: vec![Op::Create(entity("x", None))], claim: None }).await.unwrap();
     let r = a.write(Batch { now: 20, ops: vec![push_op("x", "r1")], claim }).await.unwrap();
     let c = r.claimed[0].clone();

@@ -75,7 +75,7 @@ async fn a_task_open_at_reopen_is_canceled_on_state_entry() {
         operation: None,
         reply: None,
     };
-    let claim = Claim { owner: "w".into(), lease_ms: 30_000, limit: 10, machines: Vec::new() };
+    let claim = Claim::new("w", 30_000, 10);
     let mut r = store.write(Batch { now: 20, ops: vec![Op::Push(push)], claim: Some(claim) }).await.unwrap();
     let c = r.claimed.remove(0);
     let fence = Fence { entity_id: c.entity.id, version: c.entity.version, owner: "w".into() };
@@ -121,7 +121,7 @@ async fn state_entries_carry_their_transition_telemetry() {
         }),
         reply: None,
     };
-    let claim = || Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() });
+    let claim = || Some(Claim::new("engine-a", 60_000, 10));
     let r = store.write(Batch { now: 20, ops: vec![Op::Push(push)], claim: claim() }).await.unwrap();
     let c = r.claimed[0].clone();
     let item = c.inbox_head.clone().expect("the event");
@@ -231,7 +231,7 @@ async fn busy_follows_what_keeps_an_entity_working() {
         push("idle", serde_json::Value::Null),
         push("parent", serde_json::json!({"n": 1})),
     ];
-    let claim = Some(Claim { owner: "engine-a".into(), lease_ms: 60_000, limit: 10, machines: Vec::new() });
+    let claim = Some(Claim::new("engine-a", 60_000, 10));
     let r = store.write(Batch { now: 10, ops: pushes, claim }).await.unwrap();
     let mut ops = Vec::new();
     for c in &r.claimed {

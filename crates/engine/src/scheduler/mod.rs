@@ -118,6 +118,11 @@ pub(crate) struct Scheduler<S> {
     /// Where it archives entities before removing them, if anywhere.
     pub(crate) archive: crate::archive::Shared,
     claim_now: bool,
+    /// The last claim took all it could: older due work may be waiting, so the next batch's
+    /// creates are not leased ahead of it ([`Claim::take_created`]).
+    claim_full: bool,
+    /// The limit of the claim in flight.
+    claim_limit: usize,
     /// The machines this engine serves: it claims only their entities.
     served: Vec<String>,
     /// Woken when another process may have made work due.
@@ -188,6 +193,8 @@ impl<S: Store + Clone> Scheduler<S> {
             prune: prune::PruneJob::new(now),
             archive: None,
             claim_now: true,
+            claim_full: true,
+            claim_limit: 0,
             wakeup: Arc::new(tokio::sync::Notify::new()),
             stats: Stats::default(),
             landed: None,
@@ -378,7 +385,9 @@ impl<S: Store + Clone> Scheduler<S> {
             lease_ms: self.lease_ms(),
             limit: capacity,
             machines: self.served.clone(),
+            take_created: !self.claim_full,
         });
+        self.claim_limit = claim.as_ref().map_or(0, |c| c.limit);
         self.claim_now = false;
         if self.ops.is_empty() && claim.is_none() {
             return None;
@@ -416,6 +425,9 @@ impl<S: Store + Clone> Scheduler<S> {
     ) {
         if let Ok(r) = &written {
             self.stats.claimed += r.claimed.len() as u64;
+            if self.claim_limit > 0 {
+                self.claim_full = r.claimed.len() >= self.claim_limit;
+            }
         }
         if offers && written.is_ok() {
             self.offered.notify_waiters();

@@ -94,11 +94,7 @@ pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
     .await;
     assert_eq!(r.results[0], Ok(Applied::Renewed(0)), "only the holder renews");
     let r = store
-        .write(Batch {
-            now: T0 + 60_001,
-            ops: vec![],
-            claim: Some(Claim { owner: "engine-b".into(), lease_ms: 30_000, limit: 10, machines: Vec::new() }),
-        })
+        .write(Batch { now: T0 + 60_001, ops: vec![], claim: Some(Claim::new("engine-b", 30_000, 10)) })
         .await
         .unwrap();
     assert_eq!(r.claimed.len(), 1, "expired lease is claimable");
@@ -150,4 +146,71 @@ pub async fn auto_time_survives_events_and_release<S: Store>(store: S) {
     assert_eq!(r.results[0], Ok(Applied::Released));
     let e = get(&store, "a").await;
     assert_eq!((e.lease_owner, e.due_at), (None, Some(T0 + 1_000)));
+}
+
+/// A claim that takes what its batch creates leases each new entity due at once (an auto
+/// action, nothing queued) as it is inserted, within its limit, and claims older due work
+/// with the rest; a taken entity's lease is real (its holder's commit is accepted). Without
+/// `take_created`, or for a machine the claim does not serve, a new entity is inserted free.
+pub async fn a_claim_takes_the_entities_its_batch_creates<S: Store>(store: S) {
+    create_one(&store, "p").await;
+    let (p, go) = claim_with_event(&store, T0, "p").await;
+    write(&store, T0, vec![Op::Create(new_entity("old", "waiting", Some(T0 + 5)))], false).await;
+    let claim = |limit, take_created, machines: Vec<String>| {
+        Some(Claim { owner: OWNER.into(), lease_ms: 30_000, limit, machines, take_created })
+    };
+    let mut spawn = commit(&p, Some("busy"), Some(go.id), AfterCommit::Release);
+    spawn.creates = vec![
+        new_entity("k1", "working", Some(T0 + 10)),
+        new_entity("k2", "working", Some(T0 + 10)),
+        new_entity("k3", "idle", None),
+    ];
+    let ops = vec![Op::Commit(Box::new(spawn)), Op::Create(new_entity("c4", "working", Some(T0 + 10)))];
+    let r = store.write(Batch { now: T0 + 10, ops, claim: claim(4, true, Vec::new()) }).await.unwrap();
+    assert!(r.results.iter().all(|r| r.is_ok()), "{:?}", r.results);
+    let keys: Vec<&str> = r.claimed.iter().map(|c| c.entity.key.as_str()).collect();
+    assert_eq!(keys, ["old", "k1", "k2", "c4"], "the older due entity with the limit's rest, then those created");
+    let until = T0 + 10 + 30_000;
+    for c in &r.claimed {
+        assert_eq!(
+            (c.entity.lease_owner.as_deref(), c.entity.lease_until, c.entity.due_at),
+            (Some(OWNER), Some(until), Some(until))
+        );
+        let stored = get(&store, c.entity.key.as_str()).await;
+        assert_eq!(stored, c.entity, "the claimed row is the row stored");
+    }
+    let Ok(Applied::Created(c4)) = &r.results[1] else { panic!("{:?}", r.results[1]) };
+    assert_eq!(c4.lease_owner.as_deref(), Some(OWNER), "a create answers the row as written");
+    let k3 = get(&store, "k3").await;
+    assert_eq!((k3.lease_owner, k3.due_at), (None, None), "an entity at rest is not taken");
+    assert_eq!(r.next_due, Some(until));
+    let k1 = r.claimed[1].entity.clone();
+    let done = commit(&k1, Some("done"), None, AfterCommit::Release);
+    let r = write(&store, T0 + 11, vec![Op::Commit(Box::new(done))], false).await;
+    assert!(r.results[0].is_ok(), "the holder of a taken entity commits: {:?}", r.results[0]);
+    // Room for one: the first new entity due is taken, the next inserted free and claimed
+    // by a later batch.
+    let ops = vec![
+        Op::Create(new_entity("c5", "working", Some(T0 + 12))),
+        Op::Create(new_entity("c6", "working", Some(T0 + 12))),
+    ];
+    let r = store.write(Batch { now: T0 + 12, ops, claim: claim(1, true, Vec::new()) }).await.unwrap();
+    assert_eq!(r.claimed.iter().map(|c| c.entity.key.as_str()).collect::<Vec<_>>(), ["c5"]);
+    let c6 = get(&store, "c6").await;
+    assert_eq!((c6.lease_owner, c6.due_at), (None, Some(T0 + 12)));
+    for (take_created, machines) in [(false, Vec::new()), (true, vec!["other".to_string()])] {
+        let key = format!("c7-{take_created}");
+        let ops = vec![Op::Create(new_entity(&key, "working", Some(T0 + 13)))];
+        let r =
+            store.write(Batch { now: T0 + 13, ops, claim: claim(10, take_created, machines.clone()) }).await.unwrap();
+        let Ok(Applied::Created(e)) = &r.results[0] else { panic!("{:?}", r.results[0]) };
+        assert_eq!(
+            (e.lease_owner.as_deref(), e.due_at),
+            (None, Some(T0 + 13)),
+            "inserted free: {take_created} {machines:?}"
+        );
+        let claimed: Vec<&str> = r.claimed.iter().map(|c| c.entity.key.as_str()).collect();
+        let expected: &[&str] = if machines.is_empty() { &["c6", "c7-false"] } else { &[] };
+        assert_eq!(claimed, expected, "claimed as any due entity would be");
+    }
 }

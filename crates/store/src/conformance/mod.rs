@@ -46,8 +46,8 @@ pub use fleet::{
     filtered_pages_match_a_scan, overview_counts_follow_every_write, versions_move_the_entities_no_engine_holds,
 };
 pub use leases::{
-    auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
-    release_never_strands_events,
+    a_claim_takes_the_entities_its_batch_creates, auto_time_survives_events_and_release,
+    expired_leases_move_and_renewal_extends, push_claim_fifo, release_never_strands_events,
 };
 pub use operations::{hung_operations_are_marked, operations_end_when_nothing_waits_on_them};
 pub use prune::{
@@ -141,7 +141,7 @@ fn commit(entity: &EntityRow, to: Option<&str>, consume: Option<i64>, after: Aft
 }
 
 async fn write<S: Store>(store: &S, now: Millis, ops: Vec<Op>, claim: bool) -> BatchResult {
-    let claim = claim.then(|| Claim { owner: OWNER.into(), lease_ms: 30_000, limit: 100, machines: Vec::new() });
+    let claim = claim.then(|| Claim::new(OWNER, 30_000, 100));
     store.write(Batch { now, ops, claim }).await.expect("batch commits")
 }
 
@@ -194,7 +194,8 @@ macro_rules! store_conformance_suite {
                 pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past,
                 bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order,
                 the_feed_resumes_from_any_position_without_gaps, schedules_sync_lease_advance_and_pause,
-                versions_move_the_entities_no_engine_holds, canceling_an_operation_stops_its_work_and_queues_the_undo;
+                versions_move_the_entities_no_engine_holds, canceling_an_operation_stops_its_work_and_queues_the_undo,
+                a_claim_takes_the_entities_its_batch_creates;
             store_and_dialect: effects_are_atomic
         );
     };

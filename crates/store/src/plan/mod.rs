@@ -37,7 +37,30 @@ mod segment;
 
 pub(crate) use self::rows::{Finish, ReadSet, Reads, Writes};
 
-use crate::{Batch, BatchResult, Claimed, Fence, Millis, Op, OpError, SqlStatement};
+use crate::{Batch, BatchResult, Claim, Claimed, Fence, Millis, Op, OpError, SqlStatement};
+
+/// The entities a batch creates due at once, leased to its claiming engine as they are
+/// inserted ([`Claim::take_created`]): whose they become, the room left, those taken.
+pub(crate) struct Take<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) until: Millis,
+    pub(crate) machines: &'a [String],
+    pub(crate) room: usize,
+    pub(crate) taken: Vec<Claimed>,
+}
+
+impl<'a> Take<'a> {
+    /// What a batch with `claim` may take as it creates.
+    fn of(claim: Option<&'a Claim>, now: Millis) -> Option<Take<'a>> {
+        let c = claim.filter(|c| c.take_created && c.limit > 0)?;
+        Some(Take { owner: &c.owner, until: now + c.lease_ms, machines: &c.machines, room: c.limit, taken: Vec::new() })
+    }
+
+    /// Whether a new entity of `machine` is taken (there is room, the engine serves it).
+    pub(crate) fn serves(&self, machine: &str) -> bool {
+        self.room > 0 && (self.machines.is_empty() || self.machines.iter().any(|m| m == machine))
+    }
+}
 
 /// What a plan needs from a SQL backend, in three phases per segment or batch: one read,
 /// one write, and the batch's finish. Each phase is a whole set of statements, so a
@@ -150,19 +173,20 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
     let ops = &batch.ops;
     let mut results = Vec::with_capacity(ops.len());
     let mut others_due = false;
+    let mut take = Take::of(batch.claim.as_ref(), now);
     let mut i = 0;
     while i < ops.len() {
         match kind(&ops[i]) {
             Kind::Segment | Kind::Commands => {
                 let end = segment_end(ops, i);
                 let segment: Vec<&Op> = ops[i..end].iter().collect();
-                let done = segment::apply(d, now, &segment)?;
+                let done = segment::apply(d, now, &segment, take.as_mut())?;
                 others_due |= done.due_now;
                 results.extend(done.results);
                 i = end;
             }
             Kind::Own => {
-                let done = segment::apply(d, now, &[&ops[i]])?;
+                let done = segment::apply(d, now, &[&ops[i]], None)?;
                 others_due |= done.due_now;
                 results.extend(done.results);
                 i += 1;
@@ -174,8 +198,9 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
             }
             Kind::Sql => {
                 let Op::Commit(c) = &ops[i] else { unreachable!("application SQL is a commit's") };
+                // Nothing is taken under a savepoint: its rows may be undone.
                 d.savepoint()?;
-                let done = segment::apply(d, now, &[&ops[i]])?;
+                let done = segment::apply(d, now, &[&ops[i]], None)?;
                 let mut r = done.results.into_iter().next().expect("one result per operation");
                 if r.is_ok()
                     && let Err(e) = d.user_sql(&c.sql)?
@@ -194,8 +219,13 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
         }
     }
     let changed = crate::changes::changed(batch, &results);
-    let finish = Finish { now, claim: batch.claim.as_ref(), changed, others_due };
-    let (claimed, next_due) = d.finish(&finish)?;
+    // The claim takes what the creates left of its limit; older due work comes first.
+    let taken = take.map(|t| t.taken).unwrap_or_default();
+    let rest =
+        batch.claim.as_ref().filter(|_| !taken.is_empty()).map(|c| Claim { limit: c.limit - taken.len(), ..c.clone() });
+    let finish = Finish { now, claim: rest.as_ref().or(batch.claim.as_ref()), changed, others_due };
+    let (mut claimed, next_due) = d.finish(&finish)?;
+    claimed.extend(taken);
     Ok(BatchResult { results, claimed, next_due })
 }
 
@@ -210,7 +240,7 @@ pub(crate) fn release_all<D: Dialect>(d: &mut D, now: Millis) -> Result<u64, D::
         .map(|(entity_id, version, owner)| Op::Release(Fence { entity_id, version, owner }))
         .collect();
     let ops: Vec<&Op> = ops.iter().collect();
-    let done = segment::apply(d, now, &ops)?;
+    let done = segment::apply(d, now, &ops, None)?;
     let released = done.results.iter().filter(|r| r.is_ok()).count() as u64;
     if released > 0 {
         // A previous engine died with work in flight: the open operations live on.

@@ -409,7 +409,7 @@ impl std::ops::BitOr for Indexed {
 }
 
 /// A new entity (with its reserved id). `created_at` and `entered_at` are the batch's
-/// time; version 1, retry 0.
+/// time; version 1, retry 0. Leased when the batch's claim takes it as it is created.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct EntityInsert {
     pub(crate) id: i64,
@@ -420,6 +420,8 @@ pub(crate) struct EntityInsert {
     pub(crate) created_at: Millis,
     pub(crate) auto_at: Option<Millis>,
     pub(crate) due_at: Option<Millis>,
+    pub(crate) lease_owner: Option<String>,
+    pub(crate) lease_until: Option<Millis>,
     pub(crate) request_id: Option<String>,
     pub(crate) busy: bool,
     pub(crate) machine_hash: Option<String>,

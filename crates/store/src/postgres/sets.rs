@@ -49,13 +49,15 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
         let e = &w.entities;
         merged.push(Stmt::new(
             "INSERT INTO entities (id, machine, key, state, properties, version, retry, created_at, entered_at,
-                auto_at, due_at, request_id, busy, machine_hash, timer_at, has_predecessors)
+                auto_at, due_at, request_id, busy, machine_hash, timer_at, has_predecessors, lease_owner, lease_until)
              SELECT v.id, v.machine, v.key, v.state, v.properties, 1, 0, v.created_at, v.created_at, v.auto_at,
-                v.due_at, v.request_id, v.busy, v.machine_hash, v.timer_at, v.has_predecessors
+                v.due_at, v.request_id, v.busy, v.machine_hash, v.timer_at, v.has_predecessors, v.lease_owner,
+                v.lease_until
              FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[],
-                $7::bigint[], $8::bigint[], $9::text[], $10::boolean[], $11::text[], $12::bigint[], $13::boolean[])
+                $7::bigint[], $8::bigint[], $9::text[], $10::boolean[], $11::text[], $12::bigint[], $13::boolean[],
+                $14::text[], $15::bigint[])
                 AS v(id, machine, key, state, properties, created_at, auto_at, due_at, request_id, busy,
-                     machine_hash, timer_at, has_predecessors)",
+                     machine_hash, timer_at, has_predecessors, lease_owner, lease_until)",
             vec![
                 ints(e, |e| e.id),
                 strings(e, |e| &e.machine),
@@ -70,6 +72,8 @@ pub(super) fn write_sets(c: &mut WriterConn, w: &Writes) -> R<Vec<i64>> {
                 opt_strings(e, |e| e.machine_hash.as_deref()),
                 opt_ints(e, |e| e.timer_at),
                 bools(e, |e| e.has_predecessors),
+                opt_strings(e, |e| e.lease_owner.as_deref()),
+                opt_ints(e, |e| e.lease_until),
             ],
         ));
     }

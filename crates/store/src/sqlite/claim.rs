@@ -157,7 +157,7 @@ mod tests {
         let c = super::super::schema::migrated_in_memory();
         for limit in [1, 2, 3, 2] {
             fire_timers(&c, 10, limit).unwrap();
-            let claim = Claim { owner: "me".into(), lease_ms: 1_000, limit, machines: Vec::new() };
+            let claim = Claim::new("me", 1_000, limit);
             claim_due(&c, 10 + limit as i64, &claim).unwrap();
             claim_due(&c, 10 + limit as i64, &Claim { machines: vec!["m".into()], ..claim }).unwrap();
         }

@@ -128,8 +128,8 @@ impl Tx<'_> {
     fn insert_entities(&mut self, rows: &[EntityInsert]) -> rusqlite::Result<()> {
         let mut stmt = self.0.prepare_cached(
             "INSERT INTO entities (machine, key, state, properties, version, retry, created_at, entered_at, auto_at,
-                due_at, request_id, busy, machine_hash, timer_at, has_predecessors, id)
-             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                due_at, request_id, busy, machine_hash, timer_at, has_predecessors, id, lease_owner, lease_until)
+             VALUES (?1, ?2, ?3, ?4, 1, 0, ?5, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
         )?;
         for e in rows {
             stmt.execute(params![
@@ -145,7 +145,9 @@ impl Tx<'_> {
                 e.machine_hash,
                 e.timer_at,
                 e.has_predecessors,
-                e.id
+                e.id,
+                e.lease_owner,
+                e.lease_until
             ])?;
         }
         Ok(())
@@ -203,6 +205,14 @@ impl Tx<'_> {
         )?;
         let mut notices: Vec<String> = Vec::new();
         for r in rows {
+            if r.notices_upto < 0 {
+                // The usual case, no notice consumed: without `RETURNING`, which has SQLite
+                // gather the deleted rows in a temporary table first.
+                self.0
+                    .prepare_cached("DELETE FROM inbox WHERE id = ?2 AND entity_id = ?1")?
+                    .execute([r.entity_id, r.consume])?;
+                continue;
+            }
             for request_id in stmt.query_map([r.entity_id, r.consume, r.notices_upto], |row| row.get(0))? {
                 if let Some(id) = request_id?
                     && !notices.contains(&id)

@@ -180,7 +180,13 @@ pub(crate) struct Done {
 
 /// Plans and writes `ops` (each entity fenced at most once; a command, a task lease, a
 /// renewal or a hung-marking alone).
-pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<Done, D::Error> {
+/// New entities due at once are leased as they are inserted while `take` has room.
+pub(crate) fn apply<D: Dialect>(
+    d: &mut D,
+    now: Millis,
+    ops: &[&Op],
+    take: Option<&mut super::Take<'_>>,
+) -> Result<Done, D::Error> {
     // 1. Read: the entities the segment touches (locked), predecessors of those that may
     // change state, the related entities of those that push to them, the inbox each fenced entity keeps, the timers that change.
     let mut ids = BTreeSet::new();
@@ -384,7 +390,7 @@ pub(crate) fn apply<D: Dialect>(d: &mut D, now: Millis, ops: &[&Op]) -> Result<D
     }
 
     // 4. Write.
-    w.write(d, answers)
+    w.write(d, answers, take)
 }
 
 fn operation_row(

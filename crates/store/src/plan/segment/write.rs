@@ -11,12 +11,38 @@ use crate::plan::rows::{
     EntityInsert, EntityUpdate, EventInsert, ExceptionInsert, HistoryInsert, InboxInsert, SuccessorInsert, TaskInsert,
     Writes,
 };
-use crate::{Applied, EntityRow, InboxItem, InboxKind, OpError, RunStatus, TimerRow};
+use crate::{Applied, Claimed, EntityRow, InboxItem, InboxKind, OpError, RunStatus, TimerRow};
 
 impl Work {
     /// Writes everything decided, set by set, and turns the answers into results.
-    pub(super) fn write<D: Dialect>(self, d: &mut D, answers: Vec<Result<Answer, OpError>>) -> Result<Done, D::Error> {
+    /// New entities due at once are leased while `take` has room, and answered in it.
+    pub(super) fn write<D: Dialect>(
+        mut self,
+        d: &mut D,
+        answers: Vec<Result<Answer, OpError>>,
+        take: Option<&mut crate::plan::Take<'_>>,
+    ) -> Result<Done, D::Error> {
         let now = self.now;
+        let mut taken = Vec::new();
+        if let Some(t) = &take {
+            for (i, s) in self.slots.iter_mut().enumerate() {
+                let c = &mut s.cur;
+                // Free, active, due now with nothing queued: what a claim would take next.
+                if s.orig.is_none()
+                    && s.pending.is_empty()
+                    && c.lease_owner.is_none()
+                    && c.run_status == RunStatus::Active
+                    && c.due_at.is_some_and(|at| at <= now)
+                    && t.serves(&c.machine)
+                    && taken.len() < t.room
+                {
+                    c.lease_owner = Some(t.owner.to_string());
+                    c.lease_until = Some(t.until);
+                    c.due_at = Some(t.until);
+                    taken.push(i);
+                }
+            }
+        }
         let due_now = self.slots.iter().any(|s| {
             s.orig.as_ref() != Some(&s.cur)
                 && s.cur.lease_owner.is_none()
@@ -51,6 +77,8 @@ impl Work {
                     created_at: now,
                     auto_at: s.cur.auto_at,
                     due_at: s.cur.due_at,
+                    lease_owner: s.cur.lease_owner.clone(),
+                    lease_until: s.cur.lease_until,
                     request_id: s.cur.request_id.clone(),
                     busy: s.cur.busy,
                     machine_hash: s.cur.machine_hash.clone(),
@@ -131,6 +159,14 @@ impl Work {
         w.hung = plan.hung;
         w.renewals = plan.renewals;
         let inbox_ids = d.write(&w)?;
+        if let Some(t) = take {
+            t.room -= taken.len();
+            t.taken.extend(taken.iter().map(|&i| Claimed {
+                entity: new_row(&slots[i]),
+                inbox_head: None,
+                trigger: None,
+            }));
+        }
 
         let item = |i: usize| -> InboxItem {
             let row = &plan.inbox[i].row;
