@@ -332,7 +332,7 @@ pub struct Claim {
 
 impl Claim {
     /// A claim of up to `limit` due entities of any machine for `owner`, leased for
-    /// `lease_ms`, that takes nothing as it is created.
+    /// `lease_ms`, that takes none of the entities its batch creates.
     pub fn new(owner: impl Into<String>, lease_ms: i64, limit: usize) -> Claim {
         Claim { owner: owner.into(), lease_ms, limit, machines: Vec::new(), take_created: false }
     }
