@@ -257,3 +257,52 @@ fn answers(msg: &Msg) -> Option<u64> {
 fn injected(when: &str) -> settle_store::Error {
     settle_store::Error::Db(format!("simulated store failure {when}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use settle_core::machine::MachineBuilder;
+    use settle_store::{ManualClock, SqliteStore};
+
+    use super::*;
+    use crate::{Config, Engine};
+
+    /// The next batch's claim and whether it may take the entities its batch makes due.
+    fn next_claim(node: &mut SimNode<SqliteStore>) -> (settle_store::Batch, Vec<crate::scheduler::Pending>, bool) {
+        node.scheduler.take_batch().expect("a batch with a claim")
+    }
+
+    /// An engine lets its batches lease the entities they create only after a claim that
+    /// took less than its limit: its first batch does not (it knows nothing of the due work
+    /// waiting), nor does the batch after a claim that filled its limit.
+    #[tokio::test]
+    async fn creates_are_taken_only_after_a_claim_with_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("engine.db")).unwrap();
+        let clock = ManualClock::new(1_000_000);
+        let config = Config { claim_batch: 1, clock: std::sync::Arc::new(clock.clone()), ..Config::default() };
+        let m = MachineBuilder::new("m")
+            .state("idle")
+            .initial()
+            .state("done")
+            .event("go", ["idle"], "start")
+            .action("start", ["done"])
+            .build()
+            .unwrap();
+        let mut node = Engine::builder(store.clone()).config(config).machine(m).start_sim(false).await.unwrap();
+        let _created = node.create("m", "a", Properties::new(), "req-a").unwrap();
+        let (batch, pending, offers) = next_claim(&mut node);
+        assert!(!batch.claim.as_ref().unwrap().take_created, "the first batch takes nothing");
+        let written = store.write(batch).await;
+        assert!(written.as_ref().unwrap().claimed.is_empty());
+        node.scheduler.finish_batch(pending, offers, written);
+        // The claim found nothing due (room to spare): the next batch may take.
+        let _raised = node.raise("m", "a", "go", Value::Null, "req-go").unwrap();
+        let (batch, pending, offers) = next_claim(&mut node);
+        assert!(batch.claim.as_ref().unwrap().take_created, "after a claim with room");
+        let written = store.write(batch).await;
+        assert_eq!(written.as_ref().unwrap().claimed.len(), 1, "the raised entity, claimed: the claim is full");
+        node.scheduler.finish_batch(pending, offers, written);
+        let (batch, _, _) = next_claim(&mut node);
+        assert!(!batch.claim.as_ref().unwrap().take_created, "after a full claim, older due work may wait");
+    }
+}
