@@ -6,7 +6,7 @@ use settle_core::machine::Related;
 use settle_core::{EventName, MachineName};
 
 use super::{T0, claim_with_event, commit, create_one, get, new_entity, push, write};
-use crate::{AfterCommit, Applied, InboxKind, NewEntity, Op, PushRelated, Store};
+use crate::{AfterCommit, Applied, EntityRow, InboxKind, NewEntity, Op, PushRelated, Store};
 
 /// Created entities become successors; a successor's commit writes a change notice to
 /// each predecessor in the same transaction; the snapshot shows successors and the newest
@@ -63,6 +63,30 @@ pub async fn successors_and_change_notices<S: Store>(store: S) {
     assert_eq!(get(&store, "parent").await.due_at, Some(T0 + 8), "and keeps the parent due");
     let h = store.history_list(p.id).await.unwrap();
     assert_eq!(h.len(), 2, "a quiet commit writes no history: {h:?}");
+    // Successors changing in one batch for the same operation leave their predecessor one
+    // notice (it evaluates them at once); another operation's change leaves its own.
+    // (`joined` is still held since the claim above: its event is the one it was sent.)
+    let r = write(&store, T0 + 9, vec![Op::Push(push("c1", "again")), Op::Push(push("c2", "again"))], true).await;
+    let mut held: Vec<(EntityRow, i64)> = ["c1", "c2"]
+        .iter()
+        .map(|k| r.claimed.iter().find(|c| c.entity.key == *k).expect("claimed"))
+        .map(|c| (c.entity.clone(), c.inbox_head.as_ref().unwrap().id))
+        .collect();
+    let joined = get(&store, "joined").await;
+    let hello = store.inbox_list(joined.id).await.unwrap()[0].id;
+    held.push((joined, hello));
+    let mut ops = Vec::new();
+    for ((entity, item), request) in held.iter().zip(["req-go", "req-go", "req-other"]) {
+        let mut cm = commit(entity, Some("done"), Some(*item), AfterCommit::Release);
+        cm.notify_predecessors = true;
+        cm.request_id = Some(request.into());
+        ops.push(Op::Commit(Box::new(cm)));
+    }
+    let r = write(&store, T0 + 10, ops, false).await;
+    assert!(r.results.iter().all(|r| r.is_ok()), "{:?}", r.results);
+    let inbox = store.inbox_list(p.id).await.unwrap();
+    let notices: Vec<Option<&str>> = inbox.iter().skip(1).map(|i| i.request_id.as_deref()).collect();
+    assert_eq!(notices, [Some("req-go"), Some("req-other")], "one notice per operation: {inbox:?}");
 }
 
 /// A commit pushes an event to every predecessor or successor of the listed machines, in

@@ -183,7 +183,16 @@ impl Work {
         i
     }
 
+    /// A change notice to the entity of `slot`. Notices in a row for the same operation
+    /// make one: the entity evaluates what it waits on as that is when it runs, which
+    /// covers every change noticed (a parent's children ending in one batch wake it once).
     fn notice(&mut self, slot: usize, request_id: Option<String>) {
+        if let Some(&last) = self.slots[slot].pending.last() {
+            let row = &self.plan.inbox[last].row;
+            if row.kind == InboxKind::Notice.as_str() && row.request_id == request_id {
+                return;
+            }
+        }
         self.add_item(slot, InboxKind::NOTICE_EVENT, "{}".to_string(), request_id, InboxKind::Notice.as_str());
     }
 
