@@ -154,11 +154,18 @@ impl Tx<'_> {
     }
 
     fn update_entities(&mut self, rows: &[EntityUpdate]) -> rusqlite::Result<()> {
-        for u in rows {
+        // SQLite rewrites every index whose column the SET list names, whatever its value:
+        // an indexed column is set only when it changed (at most 64 statements, cached).
+        // Rows (distinct entities) go by statement, each statement taken from the cache once.
+        let mut order: Vec<&EntityUpdate> = rows.iter().collect();
+        order.sort_by_key(|u| u.indexed.0);
+        let mut current: Option<(u8, rusqlite::CachedStatement<'_>)> = None;
+        for u in order {
             let r = &u.row;
-            // SQLite rewrites every index whose column the SET list names, whatever its value:
-            // an indexed column is set only when it changed (at most 64 statements, cached).
-            let mut stmt = self.0.prepare_cached(update_sql(u.indexed))?;
+            if current.as_ref().is_none_or(|(k, _)| *k != u.indexed.0) {
+                current = Some((u.indexed.0, self.0.prepare_cached(update_sql(u.indexed))?));
+            }
+            let Some((_, stmt)) = current.as_mut() else { unreachable!("prepared above") };
             let run_status = r.run_status.as_str();
             // In the order of `UPDATE_SET`.
             let values: [&dyn rusqlite::ToSql; UPDATE_SET.len()] = [
@@ -203,14 +210,17 @@ impl Tx<'_> {
             "DELETE FROM inbox WHERE entity_id = ?1 AND (id = ?2 OR (kind = 'notice' AND id <= ?3))
              RETURNING CASE WHEN kind = 'notice' THEN request_id END",
         )?;
+        let mut plain = None;
         let mut notices: Vec<String> = Vec::new();
         for r in rows {
             if r.notices_upto < 0 {
                 // The usual case, no notice consumed: without `RETURNING`, which has SQLite
                 // gather the deleted rows in a temporary table first.
-                self.0
-                    .prepare_cached("DELETE FROM inbox WHERE id = ?2 AND entity_id = ?1")?
-                    .execute([r.entity_id, r.consume])?;
+                if plain.is_none() {
+                    plain = Some(self.0.prepare_cached("DELETE FROM inbox WHERE id = ?2 AND entity_id = ?1")?);
+                }
+                let Some(plain) = plain.as_mut() else { unreachable!("prepared above") };
+                plain.execute([r.entity_id, r.consume])?;
                 continue;
             }
             for request_id in stmt.query_map([r.entity_id, r.consume, r.notices_upto], |row| row.get(0))? {
