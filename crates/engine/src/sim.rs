@@ -266,7 +266,8 @@ mod tests {
     use super::*;
     use crate::{Config, Engine};
 
-    /// The next batch's claim and whether it may take the entities its batch makes due.
+    /// The next batch (it carries a claim), what to do with its results, and whether it
+    /// offers agent tasks.
     fn next_claim(node: &mut SimNode<SqliteStore>) -> (settle_store::Batch, Vec<crate::scheduler::Pending>, bool) {
         node.scheduler.take_batch().expect("a batch with a claim")
     }

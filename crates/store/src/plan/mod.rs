@@ -56,9 +56,9 @@ impl<'a> Take<'a> {
         Some(Take { owner: &c.owner, until: now + c.lease_ms, machines: &c.machines, room: c.limit, taken: Vec::new() })
     }
 
-    /// Whether a new entity of `machine` is taken (there is room, the engine serves it).
+    /// Whether the claiming engine serves `machine`.
     pub(crate) fn serves(&self, machine: &str) -> bool {
-        self.room > 0 && (self.machines.is_empty() || self.machines.iter().any(|m| m == machine))
+        self.machines.is_empty() || self.machines.iter().any(|m| m == machine)
     }
 }
 

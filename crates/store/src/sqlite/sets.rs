@@ -210,16 +210,12 @@ impl Tx<'_> {
             "DELETE FROM inbox WHERE entity_id = ?1 AND (id = ?2 OR (kind = 'notice' AND id <= ?3))
              RETURNING CASE WHEN kind = 'notice' THEN request_id END",
         )?;
-        let mut plain = None;
+        // The usual case, no notice consumed: without `RETURNING`, which has SQLite gather the
+        // deleted rows in a temporary table first.
+        let mut plain = self.0.prepare_cached("DELETE FROM inbox WHERE id = ?2 AND entity_id = ?1")?;
         let mut notices: Vec<String> = Vec::new();
         for r in rows {
             if r.notices_upto < 0 {
-                // The usual case, no notice consumed: without `RETURNING`, which has SQLite
-                // gather the deleted rows in a temporary table first.
-                if plain.is_none() {
-                    plain = Some(self.0.prepare_cached("DELETE FROM inbox WHERE id = ?2 AND entity_id = ?1")?);
-                }
-                let Some(plain) = plain.as_mut() else { unreachable!("prepared above") };
                 plain.execute([r.entity_id, r.consume])?;
                 continue;
             }
