@@ -316,3 +316,25 @@ async fn freed_pages_go_back_to_the_file_system() {
     let size = std::fs::metadata(&path).unwrap().len();
     assert!(size < 1024 * 1024, "the file shrank to {size} bytes");
 }
+
+/// The workspace builds the bundled SQLite with the options `.cargo/config.toml` sets
+/// (README "Performance"): each connection its own page cache, no allocation statistics,
+/// no shared-cache mode. A build without them would run, only slower: this says so.
+#[test]
+fn the_bundled_sqlite_has_the_workspace_build_options() {
+    let conn = rusqlite::Connection::open_in_memory().unwrap();
+    let mut stmt = conn.prepare("PRAGMA compile_options").unwrap();
+    let options: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap();
+    let missing: Vec<&str> = ["DEFAULT_MEMSTATUS=0", "OMIT_SHARED_CACHE"]
+        .into_iter()
+        .filter(|o| !options.iter().any(|have| have == o))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "built without {missing:?} (is LIBSQLITE3_FLAGS from .cargo/config.toml set?): {options:?}"
+    );
+    assert!(
+        !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+        "built with ENABLE_MEMORY_MANAGEMENT (one page cache behind a process-wide mutex): {options:?}"
+    );
+}
