@@ -159,47 +159,50 @@ impl Tx<'_> {
         // Rows (distinct entities) go by statement, each statement taken from the cache once.
         let mut order: Vec<&EntityUpdate> = rows.iter().collect();
         order.sort_by_key(|u| u.indexed.0);
-        let mut current: Option<(u8, rusqlite::CachedStatement<'_>)> = None;
-        for u in order {
-            let r = &u.row;
-            if current.as_ref().is_none_or(|(k, _)| *k != u.indexed.0) {
-                current = Some((u.indexed.0, self.0.prepare_cached(update_sql(u.indexed))?));
+        for same in order.chunk_by(|a, b| a.indexed == b.indexed) {
+            let mut stmt = self.0.prepare_cached(update_sql(same[0].indexed))?;
+            for u in same {
+                Self::update_entity(&mut stmt, u)?;
             }
-            let Some((_, stmt)) = current.as_mut() else { unreachable!("prepared above") };
-            let run_status = r.run_status.as_str();
-            // In the order of `UPDATE_SET`.
-            let values: [&dyn rusqlite::ToSql; UPDATE_SET.len()] = [
-                &r.state,
-                &r.version,
-                &r.retry,
-                &r.entered_at,
-                &r.auto_at,
-                &r.due_at,
-                &r.lease_owner,
-                &r.lease_until,
-                &r.request_id,
-                &r.busy,
-                &r.timer_at,
-                &run_status,
-                &r.sleep_until,
-                &r.event_id,
-                &r.ordinal,
-                &r.has_predecessors,
-                &r.machine_hash,
-                &u.properties,
-                &u.fired,
-                &u.recent_errors,
-                &r.ended_at,
-            ];
-            stmt.raw_bind_parameter(1, r.id)?;
-            for (n, ((_, set), value)) in UPDATE_SET.iter().zip(values).enumerate() {
-                if set(u.indexed) {
-                    stmt.raw_bind_parameter(n + 2, value)?;
-                }
-            }
-            stmt.raw_execute()?;
         }
         Ok(())
+    }
+
+    /// Runs `stmt`, the `UPDATE` for `u.indexed`, for `u`.
+    fn update_entity(stmt: &mut rusqlite::CachedStatement<'_>, u: &EntityUpdate) -> rusqlite::Result<()> {
+        let r = &u.row;
+        let run_status = r.run_status.as_str();
+        // In the order of `UPDATE_SET`.
+        let values: [&dyn rusqlite::ToSql; UPDATE_SET.len()] = [
+            &r.state,
+            &r.version,
+            &r.retry,
+            &r.entered_at,
+            &r.auto_at,
+            &r.due_at,
+            &r.lease_owner,
+            &r.lease_until,
+            &r.request_id,
+            &r.busy,
+            &r.timer_at,
+            &run_status,
+            &r.sleep_until,
+            &r.event_id,
+            &r.ordinal,
+            &r.has_predecessors,
+            &r.machine_hash,
+            &u.properties,
+            &u.fired,
+            &u.recent_errors,
+            &r.ended_at,
+        ];
+        stmt.raw_bind_parameter(1, r.id)?;
+        for (n, ((_, set), value)) in UPDATE_SET.iter().zip(values).enumerate() {
+            if set(u.indexed) {
+                stmt.raw_bind_parameter(n + 2, value)?;
+            }
+        }
+        stmt.raw_execute().map(drop)
     }
 
     /// Deletes the consumed items; answers the request ids of the change notices deleted
