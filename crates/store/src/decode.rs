@@ -19,6 +19,8 @@ pub(crate) trait Columns {
     fn text(&self, col: usize) -> Result<String, Self::Error>;
     /// A text column that may be null.
     fn opt_text(&self, col: usize) -> Result<Option<String>, Self::Error>;
+    /// A text column that may be null, shared (its one allocation is the text's).
+    fn opt_shared(&self, col: usize) -> Result<Option<crate::plan::rows::Text>, Self::Error>;
     /// A boolean column.
     fn flag(&self, col: usize) -> Result<bool, Self::Error>;
     /// `f` of a text column, borrowed.
@@ -53,6 +55,9 @@ impl<C: Columns> Columns for At<'_, C> {
     }
     fn opt_text(&self, col: usize) -> Result<Option<String>, C::Error> {
         self.0.opt_text(self.1 + col)
+    }
+    fn opt_shared(&self, col: usize) -> Result<Option<crate::plan::rows::Text>, C::Error> {
+        self.0.opt_shared(self.1 + col)
     }
     fn flag(&self, col: usize) -> Result<bool, C::Error> {
         self.0.flag(self.1 + col)

@@ -43,7 +43,7 @@ pub(crate) fn decide(cur: &Current, facts: &Facts, canceled: &str, undo: Option<
     let its_doing = cur.request_id.as_deref() == Some(canceled);
     let working = its_doing && cur.busy;
     let stop = working || (queued && cur.lease_owner.is_some());
-    let undo = its_doing && undo.is_some_and(|u| u.states.iter().any(|s| s.as_str() == cur.state));
+    let undo = its_doing && undo.is_some_and(|u| u.states.iter().any(|s| s.as_str() == &*cur.state));
     if !queued && !stop && !undo {
         return untouched;
     }

@@ -23,7 +23,7 @@ pub(crate) struct Effect {
 /// `kill` again.
 pub(crate) fn decide(cur: &Current, facts: &Facts, command: Command, now: Millis) -> Result<Effect, OpError> {
     if cur.run_status == RunStatus::Killed && command != Command::Kill {
-        return Err(OpError::Killed { machine: cur.machine.clone(), key: cur.key.clone() });
+        return Err(OpError::Killed { machine: cur.machine.to_string(), key: cur.key.to_string() });
     }
     let mut row = cur.clone();
     let mut effect = Effect { row: cur.clone(), clear_errors: false, offer_now: false, canceled: None };
@@ -58,9 +58,9 @@ pub(crate) fn decide(cur: &Current, facts: &Facts, command: Command, now: Millis
             row.timer_at = None;
             let mut canceled = facts.inbox_requests.clone();
             if let Some(r) = &cur.request_id
-                && !canceled.contains(r)
+                && !canceled.iter().any(|c| **c == **r)
             {
-                canceled.push(r.clone());
+                canceled.push(r.to_string());
             }
             effect.canceled = Some(canceled);
         }
@@ -88,21 +88,21 @@ pub(crate) fn decide(cur: &Current, facts: &Facts, command: Command, now: Millis
 /// command) with the columns of `after`.
 pub(crate) fn entity_after(before: &EntityRow, after: &Current, clear_errors: bool) -> EntityRow {
     EntityRow {
-        state: settle_core::StateName::new(after.state.as_str()),
+        state: settle_core::StateName::new(&*after.state),
         version: after.version,
         retry: after.retry as u32,
         entered_at: after.entered_at,
         auto_at: after.auto_at,
         due_at: after.due_at,
-        lease_owner: after.lease_owner.clone(),
+        lease_owner: after.lease_owner.as_deref().map(str::to_string),
         lease_until: after.lease_until,
-        request_id: after.request_id.clone(),
+        request_id: after.request_id.as_deref().map(str::to_string),
         timer_at: after.timer_at,
         run_status: after.run_status,
         sleep_until: after.sleep_until,
         recent_errors: if clear_errors { Vec::new() } else { before.recent_errors.clone() },
         event_id: after.event_id,
-        machine_hash: after.machine_hash.clone(),
+        machine_hash: after.machine_hash.as_deref().map(str::to_string),
         ..before.clone()
     }
 }
@@ -216,7 +216,7 @@ mod tests {
             assert_eq!(e.clear_errors, case.command == Command::Resume, "{what}");
             assert_eq!(e.offer_now, case.command == Command::Retry, "{what}");
             assert_eq!(e.canceled.is_some(), case.command == Command::Kill, "{what}");
-            assert_eq!((r.state.as_str(), r.retry, r.entered_at), ("provisioning", 1, 10), "{what}: the state stays");
+            assert_eq!((&*r.state, r.retry, r.entered_at), ("provisioning", 1, 10), "{what}: the state stays");
         }
     }
 

@@ -6,9 +6,9 @@
 
 use settle_core::machine::Related;
 
-use super::{Answer, Head, Item, Slot, Work, key_of};
+use super::{Answer, Head, Item, Slot, Work};
 use crate::plan::rows::{
-    Current, ErrorInsert, EventEnd, EventInsert, HistoryInsert, InboxDelete, InboxInsert, TaskInsert, min_opt,
+    Current, ErrorInsert, EventEnd, EventInsert, HistoryInsert, InboxDelete, InboxInsert, TaskInsert, Text, min_opt,
 };
 use crate::sql::json_text;
 use crate::{
@@ -38,7 +38,7 @@ impl Work {
         if let Some(operation_id) = self.replayed(i, e.operation.as_ref()) {
             return Ok(Answer::Done(Box::new(Applied::Replayed { operation_id })));
         }
-        if self.by_key.contains_key(&key_of(&e.machine, &e.key)) {
+        if self.by_key.contains(&e.machine, &e.key) {
             self.unopen(i, e.operation.as_ref());
             return Err(OpError::AlreadyExists { machine: e.machine.to_string(), key: e.key.to_string() });
         }
@@ -46,7 +46,7 @@ impl Work {
         // An external create that leaves the entity at rest ends its operation now;
         // entities created by an action belong to that action's commit.
         if e.operation.is_some() && e.auto_at.is_none() && e.offer.is_none() && !e.notify_self {
-            self.plan.complete(e.request_id.as_ref());
+            self.plan.complete(e.request_id.as_deref());
         }
         Ok(Answer::Created(slot))
     }
@@ -57,9 +57,9 @@ impl Work {
         let slot = self.slots.len();
         let cur = Current {
             id: self.entity_ids.next().expect("an id is reserved for every entity a segment may create"),
-            machine: e.machine.to_string(),
-            key: e.key.to_string(),
-            state: e.state.to_string(),
+            machine: e.machine.as_str().into(),
+            key: e.key.as_str().into(),
+            state: e.state.as_str().into(),
             version: 1,
             retry: 0,
             entered_at: now,
@@ -67,7 +67,7 @@ impl Work {
             due_at: e.auto_at,
             lease_owner: None,
             lease_until: None,
-            request_id: e.request_id.clone(),
+            request_id: e.request_id.as_deref().map(Text::from),
             timer_at: None,
             run_status: RunStatus::Active,
             sleep_until: None,
@@ -75,7 +75,7 @@ impl Work {
             event_id: None,
             ordinal: 0,
             has_predecessors: false,
-            machine_hash: e.machine_hash.clone(),
+            machine_hash: e.machine_hash.as_deref().map(Text::from),
             ended_at: None,
         };
         self.by_id.insert(cur.id, slot);
@@ -88,7 +88,7 @@ impl Work {
             new_properties: Some(e.properties.clone()),
             pending: Vec::new(),
         });
-        self.by_key.insert(key_of(&e.machine, &e.key), slot);
+        self.by_key.insert(&self.slots[slot].cur, slot);
         self.plan.history.push((
             slot,
             HistoryInsert {
@@ -122,7 +122,7 @@ impl Work {
     }
 
     pub(super) fn push_op(&mut self, i: usize, p: &Push) -> Result<Answer, OpError> {
-        let Some(&target) = self.by_key.get(&key_of(&p.machine, &p.key)) else {
+        let Some(target) = self.by_key.get(&p.machine, &p.key) else {
             self.unopen(i, p.operation.as_ref());
             return Err(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() });
         };
@@ -227,7 +227,7 @@ impl Work {
                 tracing::warn!(entity = id, on = r.on.as_str(), "a related entity was not read; its event is lost");
                 continue;
             };
-            if !r.machines.iter().any(|m| m.as_str() == self.slots[target].cur.machine) || self.killed(target) {
+            if !r.machines.iter().any(|m| m.as_str() == &*self.slots[target].cur.machine) || self.killed(target) {
                 continue;
             }
             self.add_item(target, r.event.as_str(), params.clone(), request_id.cloned(), InboxKind::Nested.as_str());
@@ -275,17 +275,17 @@ impl Work {
             }
         }
         // Effects that cannot apply fail the whole commit before anything is decided.
-        let mut creating: Vec<(String, String)> = Vec::with_capacity(c.creates.len());
+        let mut creating: Vec<(&str, &str)> = Vec::with_capacity(c.creates.len());
         for e in &c.creates {
-            let k = key_of(&e.machine, &e.key);
-            if self.by_key.contains_key(&k) || creating.contains(&k) {
+            let k = (e.machine.as_str(), e.key.as_str());
+            if self.by_key.contains(k.0, k.1) || creating.contains(&k) {
                 return Err(OpError::AlreadyExists { machine: e.machine.to_string(), key: e.key.to_string() });
             }
             creating.push(k);
         }
         for p in c.pushes.iter().filter(|p| p.kind != InboxKind::Reply) {
-            let k = key_of(&p.machine, &p.key);
-            if !self.by_key.contains_key(&k) && !creating.contains(&k) {
+            let k = (p.machine.as_str(), p.key.as_str());
+            if !self.by_key.contains(k.0, k.1) && !creating.contains(&k) {
                 return Err(OpError::NotFound { machine: p.machine.to_string(), key: p.key.to_string() });
             }
         }
@@ -298,7 +298,7 @@ impl Work {
         let mut superseded = None;
         match &c.to {
             Some(to) => {
-                cur.state = to.to_string();
+                cur.state = to.as_str().into();
                 cur.version += 1;
                 cur.retry = i64::from(c.retry);
                 cur.entered_at = now;
@@ -306,11 +306,11 @@ impl Work {
                 cur.auto_at = c.auto_at;
                 cur.busy = c.auto_at.is_some() && status != RunStatus::Failed;
                 if let Some(r) = &c.request_id
-                    && cur.request_id.as_ref() != Some(r)
+                    && cur.request_id.as_deref() != Some(r.as_str())
                 {
                     // Another operation's workflow takes the entity over: the one it worked
                     // for no longer waits on it, and may end.
-                    superseded = cur.request_id.replace(r.clone());
+                    superseded = cur.request_id.replace(r.as_str().into());
                 }
             }
             None => {
@@ -336,7 +336,7 @@ impl Work {
             slot.recent_errors = Some(json_text(errors));
         }
         if let Some(h) = &c.machine_hash {
-            cur.machine_hash = Some(h.clone());
+            cur.machine_hash = Some(h.as_str().into());
         }
         let t = &c.telemetry;
         if moved {
@@ -408,7 +408,7 @@ impl Work {
         }
         for p in &c.pushes {
             // A reply whose entity is gone is dropped (it only tells what came of an event).
-            let Some(&target) = self.by_key.get(&key_of(&p.machine, &p.key)) else { continue };
+            let Some(target) = self.by_key.get(&p.machine, &p.key) else { continue };
             // An event for a killed entity is dropped: queued, it would never be taken and
             // its operation would never end.
             if !self.killed(target) {
@@ -452,13 +452,13 @@ impl Work {
         let cur = &mut self.slots[s].cur;
         cur.due_at = cur.due(nonempty, now);
         let held = cur.lease_owner.is_some();
-        self.plan.complete(superseded.as_ref());
+        self.plan.complete(superseded.as_deref());
         if c.telemetry.complete {
-            self.plan.complete(c.request_id.as_ref());
+            self.plan.complete(c.request_id.as_deref());
             // The operation the entity works for may have waited only on this entity's
             // other queued events (another operation's): at rest now, it may end too.
             let working_for = self.slots[s].cur.request_id.clone();
-            self.plan.complete(working_for.as_ref());
+            self.plan.complete(working_for.as_deref());
         }
         // An internal event goes first (the oldest: a stored one before one of this batch),
         // then the oldest item.

@@ -128,11 +128,11 @@ impl Plan {
         }
     }
 
-    fn complete(&mut self, request_id: Option<&String>) {
+    fn complete(&mut self, request_id: Option<&str>) {
         if let Some(r) = request_id
-            && !self.complete.contains(r)
+            && !self.complete.iter().any(|c| c == r)
         {
-            self.complete.push(r.clone());
+            self.complete.push(r.to_string());
         }
     }
 }
@@ -141,7 +141,7 @@ struct Work {
     now: Millis,
     slots: Vec<Slot>,
     by_id: HashMap<i64, usize>,
-    by_key: HashMap<(String, String), usize>,
+    by_key: ByKey,
     /// Predecessors of each slot (read, and added in this segment).
     predecessors: HashMap<usize, Vec<i64>>,
     /// Successors of each slot whose successors were read (and those added in this
@@ -169,6 +169,25 @@ struct Work {
 
 fn key_of(machine: &str, key: &str) -> (String, String) {
     (machine.to_string(), key.to_string())
+}
+
+/// The slots by machine and key, looked up by borrowed names (no key built per lookup).
+#[derive(Default)]
+struct ByKey(HashMap<Text, HashMap<Text, usize>>);
+
+impl ByKey {
+    fn get(&self, machine: &str, key: &str) -> Option<usize> {
+        self.0.get(machine)?.get(key).copied()
+    }
+
+    fn contains(&self, machine: &str, key: &str) -> bool {
+        self.get(machine, key).is_some()
+    }
+
+    /// Files the slot whose row is `cur`.
+    fn insert(&mut self, cur: &Current, slot: usize) {
+        self.0.entry(cur.machine.clone()).or_default().insert(cur.key.clone(), slot);
+    }
 }
 
 /// What a segment did: a result per operation, in order, and whether it left an entity due
@@ -309,7 +328,7 @@ pub(crate) fn apply<D: Dialect>(
         now,
         slots: Vec::with_capacity(read.rows.len()),
         by_id: HashMap::with_capacity(read.rows.len()),
-        by_key: HashMap::with_capacity(read.rows.len()),
+        by_key: ByKey::default(),
         predecessors: HashMap::new(),
         successors: HashMap::new(),
         heads: HashMap::new(),
@@ -331,7 +350,7 @@ pub(crate) fn apply<D: Dialect>(
         }
         let i = w.slots.len();
         w.by_id.insert(row.id, i);
-        w.by_key.insert(key_of(&row.machine, &row.key), i);
+        w.by_key.insert(&row, i);
         w.slots.push(Slot {
             orig: Some(row.clone()),
             cur: row,
@@ -358,7 +377,7 @@ pub(crate) fn apply<D: Dialect>(
     // An operation waiting only on change notices these commits consume may end with them
     // (a notice to a predecessor at rest carries the successor's request id).
     for r in &read.consumed {
-        w.plan.complete(Some(r));
+        w.plan.complete(Some(r.as_str()));
     }
     for t in read.timers {
         w.timers.entry(t.entity_id).or_default().push(t);
@@ -408,5 +427,31 @@ fn operation_row(
         started_at: now,
         dimensions: json_text(&o.dimensions),
         first_response_at,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot is found by its machine and key, borrowed; the same key of another machine
+    /// is another entity.
+    #[test]
+    fn slots_are_found_by_machine_and_key() {
+        let row = |id, machine: &str, key: &str| Current {
+            id,
+            machine: machine.into(),
+            key: key.into(),
+            ..Current::default()
+        };
+        let mut by_key = ByKey::default();
+        by_key.insert(&row(1, "vm", "a"), 0);
+        by_key.insert(&row(2, "vm", "b"), 1);
+        by_key.insert(&row(3, "disk", "a"), 2);
+        assert_eq!(
+            [by_key.get("vm", "a"), by_key.get("vm", "b"), by_key.get("disk", "a")],
+            [Some(0), Some(1), Some(2)]
+        );
+        assert!(!by_key.contains("disk", "b") && !by_key.contains("net", "a"));
     }
 }

@@ -3,7 +3,7 @@
 //! operations — each decided by its pure rule against the rows read for the segment (as
 //! the operations before it in the segment left them), its rows collected in the plan.
 
-use super::{Answer, Plan, Work, key_of};
+use super::{Answer, Plan, Work};
 use crate::plan::ops::{cancel, command, lease, task, upkeep};
 use crate::plan::rows::{HistoryInsert, TaskRow};
 use crate::{
@@ -35,7 +35,7 @@ impl Work {
         c: Command,
         operation: Option<&OpenOperation>,
     ) -> Result<Answer, OpError> {
-        let Some(&slot) = self.by_key.get(&key_of(machine, key)) else {
+        let Some(slot) = self.by_key.get(machine, key) else {
             self.unopen(i, operation);
             return Err(OpError::NotFound { machine: machine.to_string(), key: key.to_string() });
         };
@@ -55,7 +55,7 @@ impl Work {
         let request_id = operation.map(|o| o.request_id.clone());
         let reason = operation.and_then(|o| o.dimensions.get("reason")).and_then(|r| r.as_str());
         let s = &mut self.slots[slot];
-        let from = s.cur.state.clone();
+        let from = s.cur.state.to_string();
         s.cur = effect.row.clone();
         if effect.clear_errors {
             s.recent_errors = Some("[]".into());
@@ -70,7 +70,7 @@ impl Work {
             self.plan.cancel.push(id);
             for r in canceled {
                 self.plan.op_cancel.push(r.clone());
-                self.plan.complete(Some(r));
+                self.plan.complete(Some(r.as_str()));
             }
         }
         self.plan.history.push((
@@ -99,7 +99,7 @@ impl Work {
     /// The cancel of an operation on one entity it reached (op `i`).
     pub(super) fn cancel(&mut self, i: usize, c: &Cancel) -> Result<Answer, OpError> {
         let operation = c.operation.as_ref();
-        let Some(&slot) = self.by_key.get(&key_of(&c.machine, &c.key)) else {
+        let Some(slot) = self.by_key.get(&c.machine, &c.key) else {
             self.unopen(i, operation);
             return Err(OpError::NotFound { machine: c.machine.to_string(), key: c.key.to_string() });
         };
@@ -111,7 +111,7 @@ impl Work {
         facts.inbox |= self.inbox_nonempty(slot);
         let effect = cancel::decide(&self.slots[slot].cur, &facts, &c.canceled, c.undo.as_ref(), self.now);
         let request_id = operation.map(|o| o.request_id.clone());
-        let from = self.slots[slot].cur.state.clone();
+        let from = self.slots[slot].cur.state.to_string();
         self.slots[slot].cur = effect.row.clone();
         if effect.drop_queued {
             self.plan.inbox_drop.push((id, c.canceled.clone()));
@@ -121,7 +121,7 @@ impl Work {
         }
         if effect.outcome != CancelOutcome::Untouched {
             self.plan.op_cancel.push(c.canceled.clone());
-            self.plan.complete(Some(&c.canceled));
+            self.plan.complete(Some(c.canceled.as_str()));
         }
         let undo = c.undo.as_ref().filter(|_| effect.undo);
         if let Some(u) = undo {
@@ -198,7 +198,7 @@ impl Work {
         let Some(&slot) = self.by_id.get(&row.entity_id) else {
             return Err(OpError::Task(TaskRefusal::Refused { task: id, reason: "its entity is gone".into() }));
         };
-        let (machine, key) = (self.slots[slot].cur.machine.clone(), self.slots[slot].cur.key.clone());
+        let (machine, key) = (self.slots[slot].cur.machine.to_string(), self.slots[slot].cur.key.to_string());
         match task::report(&row, &machine, token, result, check, self.now)? {
             task::Reported::Replayed => Ok(done(Applied::ReportReplayed { task: id })),
             task::Reported::Done { row, report } => {

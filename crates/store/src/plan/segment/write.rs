@@ -36,7 +36,7 @@ impl Work {
                     && t.serves(&c.machine)
                     && taken.len() < t.room
                 {
-                    c.lease_owner = Some(t.owner.to_string());
+                    c.lease_owner = Some(t.owner.into());
                     c.lease_until = Some(t.until);
                     c.due_at = Some(t.until);
                     taken.push(i);
@@ -70,18 +70,18 @@ impl Work {
             match &s.orig {
                 None => w.entities.push(EntityInsert {
                     id: s.cur.id,
-                    machine: s.cur.machine.clone(),
-                    key: s.cur.key.clone(),
-                    state: s.cur.state.clone(),
+                    machine: s.cur.machine.to_string(),
+                    key: s.cur.key.to_string(),
+                    state: s.cur.state.to_string(),
                     properties: s.properties.clone().unwrap_or_else(|| "{}".into()),
                     created_at: now,
                     auto_at: s.cur.auto_at,
                     due_at: s.cur.due_at,
-                    lease_owner: s.cur.lease_owner.clone(),
+                    lease_owner: s.cur.lease_owner.as_deref().map(str::to_string),
                     lease_until: s.cur.lease_until,
-                    request_id: s.cur.request_id.clone(),
+                    request_id: s.cur.request_id.as_deref().map(str::to_string),
                     busy: s.cur.busy,
-                    machine_hash: s.cur.machine_hash.clone(),
+                    machine_hash: s.cur.machine_hash.as_deref().map(str::to_string),
                     timer_at: s.cur.timer_at,
                     has_predecessors: s.cur.has_predecessors,
                 }),
@@ -216,9 +216,9 @@ fn new_row(s: &Slot) -> EntityRow {
     let c = &s.cur;
     EntityRow {
         id: c.id,
-        machine: MachineName::new(c.machine.as_str()),
-        key: EntityKey::new(c.key.as_str()),
-        state: StateName::new(c.state.as_str()),
+        machine: MachineName::new(&*c.machine),
+        key: EntityKey::new(&*c.key),
+        state: StateName::new(&*c.state),
         properties: s.new_properties.clone().unwrap_or_default(),
         version: c.version,
         retry: c.retry as u32,
@@ -226,20 +226,20 @@ fn new_row(s: &Slot) -> EntityRow {
         entered_at: c.entered_at,
         auto_at: c.auto_at,
         due_at: c.due_at,
-        lease_owner: c.lease_owner.clone(),
+        lease_owner: c.lease_owner.as_deref().map(str::to_string),
         lease_until: c.lease_until,
-        request_id: c.request_id.clone(),
+        request_id: c.request_id.as_deref().map(str::to_string),
         fired: Vec::new(),
         timer_at: c.timer_at,
         run_status: c.run_status,
         sleep_until: c.sleep_until,
         recent_errors: Vec::new(),
         event_id: c.event_id,
-        machine_hash: c.machine_hash.clone(),
+        machine_hash: c.machine_hash.as_deref().map(str::to_string),
     }
 }
 
 /// What an entity is counted under: its machine, state and run status.
 fn count_key(c: &crate::plan::rows::Current) -> (&str, &str, &'static str) {
-    (c.machine.as_str(), c.state.as_str(), c.run_status.as_str())
+    (&c.machine, &c.state, c.run_status.as_str())
 }
