@@ -7,6 +7,10 @@ use settle_core::{ActionName, EntityKey, EventName, MachineName, StateName};
 
 use crate::{AgentTask, EntityRow, InboxItem, InboxKind, OperationRow, RunStatus, TimerRow, Trigger};
 
+/// Text of a row the plan reads: shared, so that its copies (the row as read, kept beside
+/// the row as it becomes; the names a commit's telemetry repeats) cost no allocation.
+pub(crate) type Text = std::sync::Arc<str>;
+
 /// A row of a backend's driver, read by column index.
 pub(crate) trait Columns {
     /// The driver's failure to read a column.
@@ -20,7 +24,7 @@ pub(crate) trait Columns {
     /// A text column that may be null.
     fn opt_text(&self, col: usize) -> Result<Option<String>, Self::Error>;
     /// A text column that may be null, shared (its one allocation is the text's).
-    fn opt_shared(&self, col: usize) -> Result<Option<crate::plan::rows::Text>, Self::Error>;
+    fn opt_shared(&self, col: usize) -> Result<Option<Text>, Self::Error>;
     /// A boolean column.
     fn flag(&self, col: usize) -> Result<bool, Self::Error>;
     /// `f` of a text column, borrowed.
@@ -56,7 +60,7 @@ impl<C: Columns> Columns for At<'_, C> {
     fn opt_text(&self, col: usize) -> Result<Option<String>, C::Error> {
         self.0.opt_text(self.1 + col)
     }
-    fn opt_shared(&self, col: usize) -> Result<Option<crate::plan::rows::Text>, C::Error> {
+    fn opt_shared(&self, col: usize) -> Result<Option<Text>, C::Error> {
         self.0.opt_shared(self.1 + col)
     }
     fn flag(&self, col: usize) -> Result<bool, C::Error> {

@@ -2,7 +2,7 @@
 //! [`Dialect`](super::Dialect) a whole set at a time.
 
 use crate::changes::Changed;
-pub(crate) use crate::decode::Columns;
+pub(crate) use crate::decode::{Columns, Text};
 use crate::{AgentTask, Claim, EntityRow, InboxItem, Millis, RunStatus, TimerRow};
 
 /// What a segment reads (see [`Dialect::read`](super::Dialect::read)).
@@ -170,10 +170,6 @@ pub(crate) struct Finish<'a> {
     /// The batch left an entity due now that its writer does not hold.
     pub(crate) others_due: bool,
 }
-
-/// Text of a row the plan reads: shared, so that its copies (the row as read, kept beside
-/// the row as it becomes; the names a commit's telemetry repeats) cost no allocation.
-pub(crate) type Text = std::sync::Arc<str>;
 
 /// The columns of an entity the plan reads and rewrites (everything but the JSON columns,
 /// which are only written when they change). Locked until the batch commits.

@@ -53,7 +53,7 @@ impl Columns for Row {
     fn opt_text(&self, col: usize) -> R<Option<String>> {
         Ok(self.try_get(col)?)
     }
-    fn opt_shared(&self, col: usize) -> R<Option<crate::plan::rows::Text>> {
+    fn opt_shared(&self, col: usize) -> R<Option<crate::decode::Text>> {
         Ok(self.try_get::<_, Option<&str>>(col)?.map(Into::into))
     }
     fn flag(&self, col: usize) -> R<bool> {

@@ -36,7 +36,7 @@ impl Columns for rusqlite::Row<'_> {
     fn opt_text(&self, col: usize) -> rusqlite::Result<Option<String>> {
         self.get(col)
     }
-    fn opt_shared(&self, col: usize) -> rusqlite::Result<Option<crate::plan::rows::Text>> {
+    fn opt_shared(&self, col: usize) -> rusqlite::Result<Option<crate::decode::Text>> {
         Ok(self.get_ref(col)?.as_str_or_null()?.map(Into::into))
     }
     fn flag(&self, col: usize) -> rusqlite::Result<bool> {
