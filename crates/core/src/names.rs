@@ -55,6 +55,24 @@ macro_rules! name_type {
                 Self::new(s)
             }
         }
+        impl From<Arc<str>> for $name {
+            /// Shares the text: no copy.
+            fn from(s: Arc<str>) -> Self {
+                Self(s)
+            }
+        }
+        impl From<$name> for Arc<str> {
+            /// The shared text inside the name: no copy.
+            fn from(n: $name) -> Self {
+                n.0
+            }
+        }
+        impl From<&$name> for Arc<str> {
+            /// The shared text inside the name, one more reference to it: no copy.
+            fn from(n: &$name) -> Self {
+                Arc::clone(&n.0)
+            }
+        }
         impl PartialEq<str> for $name {
             fn eq(&self, other: &str) -> bool {
                 &*self.0 == other
@@ -98,3 +116,18 @@ name_type!(
     /// The user-chosen key of an entity, unique within its machine.
     EntityKey
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name and the store's row text share one allocation both ways.
+    #[test]
+    fn names_and_shared_text_convert_without_a_copy() {
+        let text: Arc<str> = Arc::from("creating");
+        let name = StateName::from(Arc::clone(&text));
+        assert!(Arc::ptr_eq(&text, &Arc::<str>::from(&name)));
+        assert!(Arc::ptr_eq(&text, &Arc::<str>::from(name)));
+        assert_eq!(MachineName::from(Arc::<str>::from("server")), "server");
+    }
+}

@@ -89,18 +89,17 @@ impl Tx<'_> {
             // An open operation's outcome is none or `hung`: the statements that end one
             // answer its new outcome, so each runs for the old outcome it counts down (`hung`
             // only while some operation is).
-            let hung = self.hung_count()? > 0;
-            for old in [None, Some("hung")].into_iter().take(if hung { 2 } else { 1 }) {
-                let at = End { now: w.now, xid, old };
-                if !w.op_done.is_empty() {
-                    self.end_operations(&w.op_done, at, &mut tally)?;
+            if !w.op_done.is_empty() {
+                let hung = self.hung_count()? > 0;
+                for old in [None, Some("hung")].into_iter().take(if hung { 2 } else { 1 }) {
+                    self.end_operations(&w.op_done, End { now: w.now, xid, old }, &mut tally)?;
                 }
-                if !w.complete.is_empty() {
-                    self.complete_operations(&w.complete, at, &mut tally)?;
-                }
-                if !notices.is_empty() {
-                    self.complete_operations(&notices, at, &mut tally)?;
-                }
+            }
+            if !w.complete.is_empty() {
+                self.complete_operations(&w.complete, w.now, xid, &mut tally)?;
+            }
+            if !notices.is_empty() {
+                self.complete_operations(&notices, w.now, xid, &mut tally)?;
             }
         }
         if !w.hung.is_empty() {
@@ -456,25 +455,46 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Ends those of the operations `request_ids` whose outcome is `old` (none, or `hung`)
-    /// that nothing waits on any more.
-    fn complete_operations(&mut self, request_ids: &[String], at: End, tally: &mut Tally) -> rusqlite::Result<()> {
-        let End { now, xid, old } = at;
-        let mut stmt = self.0.prepare_cached(
-            "UPDATE operations SET ended_at = ?2, end_xid = ?3,
-                outcome = CASE WHEN canceled = 1 THEN 'canceled' WHEN error_seen = 1 THEN 'failed' ELSE 'success' END
-             WHERE request_id = ?1 AND ended_at IS NULL AND outcome IS ?4
-               AND NOT EXISTS (SELECT 1 FROM entities WHERE request_id = ?1 AND busy = 1)
-               AND NOT EXISTS (SELECT 1 FROM inbox WHERE request_id = ?1)",
+    /// Ends those of the open operations `request_ids` that nothing waits on any more.
+    ///
+    /// Each is read first, by its key, with what it waits on: most that cannot end need
+    /// nothing else (a workflow that took an entity over names the operation it worked for,
+    /// long ended; each child at rest names its parent's, whose other children still run),
+    /// and an `UPDATE` opens a cursor on every index of the table before it tests a row. One
+    /// that ends is updated by its row id with the outcome its row gives. The single
+    /// writer's transaction holds both statements, so nothing changes between them.
+    fn complete_operations(
+        &mut self,
+        request_ids: &[String],
+        now: Millis,
+        xid: i64,
+        tally: &mut Tally,
+    ) -> rusqlite::Result<()> {
+        let mut open = self.0.prepare_cached(
+            // Correlated, the tests of what it waits on run after the row is found open
+            // (with `?1` in them SQLite runs them first).
+            "SELECT o.id, o.outcome, o.canceled, o.error_seen FROM operations o
+             WHERE o.request_id = ?1 AND o.ended_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM entities e WHERE e.request_id = o.request_id AND e.busy = 1)
+               AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.request_id = o.request_id)",
         )?;
-        // The new outcome read back by its key: cheaper than `RETURNING`, whose results
-        // SQLite gathers in a temporary table on every run.
-        let mut outcome = self.0.prepare_cached("SELECT outcome FROM operations WHERE request_id = ?1")?;
+        let mut end =
+            self.0.prepare_cached("UPDATE operations SET ended_at = ?2, end_xid = ?3, outcome = ?4 WHERE id = ?1")?;
         for r in request_ids {
-            if stmt.execute(params![r, now, xid, old])? == 1 {
-                let new: Option<String> = outcome.query_row([r], |row| row.get(0))?;
-                tally.moved(old, new.as_deref(), 1);
-            }
+            let row = open
+                .query_row([r], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, Option<String>>(1)?,
+                        row.get::<_, bool>(2)?,
+                        row.get::<_, bool>(3)?,
+                    ))
+                })
+                .optional()?;
+            let Some((id, old, canceled, error_seen)) = row else { continue };
+            let new = ended_outcome(canceled, error_seen);
+            end.execute(params![id, now, xid, new])?;
+            tally.moved(old.as_deref(), Some(new), 1);
         }
         Ok(())
     }
@@ -599,6 +619,19 @@ const UPDATE_SET: [(&str, SetWhen); 21] = [
     ("recent_errors", |_| true),
     ("ended_at", |i| i.has(Indexed::ENDED_AT)),
 ];
+
+/// The outcome an operation ends with when nothing waits on it any more: canceled if it
+/// was, failed if an error was seen on its way, else a success (PostgreSQL's statement
+/// says the same in SQL).
+fn ended_outcome(canceled: bool, error_seen: bool) -> &'static str {
+    if canceled {
+        "canceled"
+    } else if error_seen {
+        "failed"
+    } else {
+        "success"
+    }
+}
 
 /// Whether an update sets a column, given what changed.
 type SetWhen = fn(Indexed) -> bool;

@@ -88,7 +88,7 @@ pub(crate) fn decide(cur: &Current, facts: &Facts, command: Command, now: Millis
 /// command) with the columns of `after`.
 pub(crate) fn entity_after(before: &EntityRow, after: &Current, clear_errors: bool) -> EntityRow {
     EntityRow {
-        state: settle_core::StateName::new(&*after.state),
+        state: after.state.clone().into(),
         version: after.version,
         retry: after.retry as u32,
         entered_at: after.entered_at,

@@ -57,9 +57,9 @@ impl Work {
         let slot = self.slots.len();
         let cur = Current {
             id: self.entity_ids.next().expect("an id is reserved for every entity a segment may create"),
-            machine: e.machine.as_str().into(),
-            key: e.key.as_str().into(),
-            state: e.state.as_str().into(),
+            machine: (&e.machine).into(),
+            key: (&e.key).into(),
+            state: (&e.state).into(),
             version: 1,
             retry: 0,
             entered_at: now,
@@ -298,7 +298,7 @@ impl Work {
         let mut superseded = None;
         match &c.to {
             Some(to) => {
-                cur.state = to.as_str().into();
+                cur.state = to.into();
                 cur.version += 1;
                 cur.retry = i64::from(c.retry);
                 cur.entered_at = now;

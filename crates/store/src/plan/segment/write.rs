@@ -3,7 +3,7 @@
 //! turned into their results with the ids the writes assigned.
 
 use serde_json::Value;
-use settle_core::{EntityKey, EventName, MachineName, StateName};
+use settle_core::EventName;
 
 use super::{Answer, Done, Head, Slot, Work};
 use crate::plan::Dialect;
@@ -216,9 +216,9 @@ fn new_row(s: &Slot) -> EntityRow {
     let c = &s.cur;
     EntityRow {
         id: c.id,
-        machine: MachineName::new(&*c.machine),
-        key: EntityKey::new(&*c.key),
-        state: StateName::new(&*c.state),
+        machine: c.machine.clone().into(),
+        key: c.key.clone().into(),
+        state: c.state.clone().into(),
         properties: s.new_properties.clone().unwrap_or_default(),
         version: c.version,
         retry: c.retry as u32,
