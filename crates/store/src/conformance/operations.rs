@@ -21,7 +21,8 @@ async fn ended<S: Store>(store: &S, request_id: &str) -> bool {
 /// Operations end when (1) the entity they worked for is taken over by another
 /// operation's workflow, (2) the last change notice they left a predecessor is consumed,
 /// whoever consumes it; and (3) a killed entity takes no more events: a raise is refused
-/// (`Killed`, no operation opened), an event a commit sends it is dropped.
+/// (`Killed`, no operation opened), an event a commit sends it is dropped; and (4) one that
+/// two entities work for ends only when the second comes to rest.
 pub async fn operations_end_when_nothing_waits_on_them<S: Store>(store: S) {
     // (1) `a` works for r1 (busy: its auto action is due); r2's event moves it on and it
     // comes to rest under r2: r1 no longer waits on it.
@@ -96,8 +97,33 @@ pub async fn operations_end_when_nothing_waits_on_them<S: Store>(store: S) {
     let k = get(&store, "k").await;
     assert!(store.inbox_list(k.id).await.unwrap().is_empty(), "a killed entity's inbox stays empty");
     assert_eq!(k.due_at, None);
+
+    // (4) Two entities work for r5: the first to come to rest leaves it open (the other is
+    // busy), asking again changes nothing, and the second ends it.
+    let busy = |key: &str| {
+        Op::Create(crate::NewEntity {
+            request_id: Some("r5".into()),
+            operation: if key == "w1" { open("r5") } else { None },
+            ..new_entity(key, "working", Some(T0 + 60_000))
+        })
+    };
+    let r = write(&store, T0 + 30, vec![busy("w1"), busy("w2")], false).await;
+    assert!(r.results.iter().all(Result::is_ok), "{:?}", r.results);
+    for (i, key) in ["w1", "w1", "w2"].into_iter().enumerate() {
+        let now = T0 + 31 + 2 * i as i64;
+        let (w, ev) = claim_with_event(&store, now, key).await;
+        let mut c = commit(&w, Some("idle"), Some(ev.id), AfterCommit::Release);
+        c.request_id = Some("r5".into());
+        c.telemetry.at_rest = true;
+        c.telemetry.complete = true;
+        let r = write(&store, now + 1, vec![Op::Commit(Box::new(c))], false).await;
+        assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+        assert_eq!(ended(&store, "r5").await, key == "w2", "r5 after {key} came to rest");
+    }
+    let op = store.operation_get("r5").await.unwrap().unwrap();
+    assert_eq!((op.ended_at, op.outcome.as_deref()), (Some(T0 + 36), Some("success")));
     // Every operation opened, ended and refused on the way is counted under its outcome.
-    super::fleet::counts_agree(&store, T0 + 23).await;
+    super::fleet::counts_agree(&store, T0 + 36).await;
 }
 
 /// An operation open since before a deadline with no progress since is marked hung; one
