@@ -86,9 +86,9 @@ impl Tx<'_> {
         }
         let notices: Vec<String> = notices.into_iter().filter(|r| !w.complete.contains(r)).collect();
         if !w.op_done.is_empty() || !w.complete.is_empty() || !notices.is_empty() {
-            // An open operation's outcome is none or `hung`: the statements that end one
-            // answer its new outcome, so each runs for the old outcome it counts down (`hung`
-            // only while some operation is).
+            // An open operation's outcome is none or `hung`. Ending one as a success runs
+            // once for each old outcome it counts down (`hung` only while some operation
+            // is); ending one that nothing waits on any more reads its outcome first.
             if !w.op_done.is_empty() {
                 let hung = self.hung_count()? > 0;
                 for old in [None, Some("hung")].into_iter().take(if hung { 2 } else { 1 }) {
