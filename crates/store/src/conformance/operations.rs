@@ -7,7 +7,7 @@ use serde_json::json;
 use settle_core::{EntityKey, MachineName};
 
 use super::{T0, claim_with_event, command, commit, create_one, get, new_entity, push, write};
-use crate::{AfterCommit, Command, Op, OpError, OpenOperation, Push, Store};
+use crate::{AfterCommit, Command, Millis, Op, OpError, OpenOperation, Push, Store};
 
 fn open(request_id: &str) -> Option<OpenOperation> {
     Some(OpenOperation { request_id: request_id.into(), name: "m.go".into(), dimensions: json!({}) })
@@ -16,6 +16,18 @@ fn open(request_id: &str) -> Option<OpenOperation> {
 async fn ended<S: Store>(store: &S, request_id: &str) -> bool {
     let op = store.operation_get(request_id).await.expect("read").expect("operation exists");
     op.ended_at.is_some()
+}
+
+/// Claims `key` with an event at `now` and commits it at `now + 1` into `to`, at rest,
+/// under `request_id`'s workflow (which asks whether its operation may end).
+async fn come_to_rest<S: Store>(store: &S, now: Millis, key: &str, to: &str, request_id: &str) {
+    let (e, ev) = claim_with_event(store, now, key).await;
+    let mut c = commit(&e, Some(to), Some(ev.id), AfterCommit::Release);
+    c.request_id = Some(request_id.into());
+    c.telemetry.at_rest = true;
+    c.telemetry.complete = true;
+    let r = write(store, now + 1, vec![Op::Commit(Box::new(c))], false).await;
+    assert!(r.results[0].is_ok(), "{key} into {to}: {:?}", r.results[0]);
 }
 
 /// Operations end when (1) the entity they worked for is taken over by another
@@ -39,13 +51,7 @@ pub async fn operations_end_when_nothing_waits_on_them<S: Store>(store: S) {
     .await;
     assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
     assert!(!ended(&store, "r1").await, "r1 is open while `a` is busy");
-    let (a, ev) = claim_with_event(&store, T0 + 1, "a").await;
-    let mut c = commit(&a, Some("done"), Some(ev.id), AfterCommit::Release);
-    c.request_id = Some("r2".into());
-    c.telemetry.at_rest = true;
-    c.telemetry.complete = true;
-    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(c))], false).await;
-    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    come_to_rest(&store, T0 + 1, "a", "done", "r2").await;
     assert!(ended(&store, "r1").await, "r1 ended once another operation took `a` over and it came to rest");
 
     // (2) Child `c1` of `p` moves under r3 and leaves `p` a notice carrying r3; `p`
@@ -110,14 +116,7 @@ pub async fn operations_end_when_nothing_waits_on_them<S: Store>(store: S) {
     let r = write(&store, T0 + 30, vec![busy("w1"), busy("w2")], false).await;
     assert!(r.results.iter().all(Result::is_ok), "{:?}", r.results);
     for (i, key) in ["w1", "w1", "w2"].into_iter().enumerate() {
-        let now = T0 + 31 + 2 * i as i64;
-        let (w, ev) = claim_with_event(&store, now, key).await;
-        let mut c = commit(&w, Some("idle"), Some(ev.id), AfterCommit::Release);
-        c.request_id = Some("r5".into());
-        c.telemetry.at_rest = true;
-        c.telemetry.complete = true;
-        let r = write(&store, now + 1, vec![Op::Commit(Box::new(c))], false).await;
-        assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+        come_to_rest(&store, T0 + 31 + 2 * i as i64, key, "idle", "r5").await;
         assert_eq!(ended(&store, "r5").await, key == "w2", "r5 after {key} came to rest");
     }
     let op = store.operation_get("r5").await.unwrap().unwrap();
