@@ -328,13 +328,20 @@ pub struct Claim {
     /// each (a parent's children, mostly). Set it only when nothing older waits: when the
     /// engine's last claim took less than its limit.
     pub take_created: bool,
+    /// Likewise lease the existing entities this batch gives an event that are due at once
+    /// for it: free, active and at rest before (no due time: nothing queued, nothing
+    /// scheduled), not in a workflow. A raise on an entity at rest (and a child's notice
+    /// to its waiting parent) then costs no claim. The same condition as `take_created`.
+    /// A store whose dialect reads the leased rows back cheaply does it (SQLite); the
+    /// others leave these entities to the claim, which takes them in the same batch.
+    pub take_raised: bool,
 }
 
 impl Claim {
     /// A claim of up to `limit` due entities of any machine for `owner`, leased for
     /// `lease_ms`, that takes none of the entities its batch creates.
     pub fn new(owner: impl Into<String>, lease_ms: i64, limit: usize) -> Claim {
-        Claim { owner: owner.into(), lease_ms, limit, machines: Vec::new(), take_created: false }
+        Claim { owner: owner.into(), lease_ms, limit, machines: Vec::new(), take_created: false, take_raised: false }
     }
 }
 

@@ -142,6 +142,24 @@ pub struct Push {
     pub reply: Option<Reply>,
 }
 
+impl Push {
+    /// `event`, with `params`, raised on the entity `key` of `machine` from outside: no
+    /// request id, operation, reply or workflow to join (set the fields for those).
+    pub fn raised(machine: &str, key: &str, event: &str, params: Value) -> Push {
+        Push {
+            machine: MachineName::new(machine),
+            key: EntityKey::new(key),
+            event: EventName::new(event),
+            params,
+            request_id: None,
+            kind: InboxKind::Raised,
+            join_from: None,
+            operation: None,
+            reply: None,
+        }
+    }
+}
+
 /// An event appended, with a commit, to the inbox of every entity related one way to the
 /// committing entity (a declarative action's `raise`): its predecessors or its successors
 /// as they are when the commit applies (successors it creates in the same commit

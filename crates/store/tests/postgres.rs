@@ -95,21 +95,11 @@ async fn read_only_and_bad_urls() {
 /// connection), and changes nothing.
 #[tokio::test]
 async fn unconvertible_sql_parameter_fails_the_commit_alone() {
-    use settle_store::{AfterCommit, Applied, Commit, Fence, HistoryKind, InboxKind, OpError, Push, SqlStatement};
+    use settle_store::{AfterCommit, Applied, Commit, Fence, HistoryKind, OpError, Push, SqlStatement};
     let Some(url) = settle_store::postgres::test_url("sqlparam") else { return };
     let store = open(&url).await;
     store.sql_execute("CREATE TABLE counters (n BIGINT NOT NULL)").await.unwrap();
-    let push = Push {
-        machine: "m".into(),
-        key: "a".into(),
-        event: "go".into(),
-        params: serde_json::json!({}),
-        request_id: None,
-        kind: InboxKind::Raised,
-        join_from: None,
-        operation: None,
-        reply: None,
-    };
+    let push = Push::raised("m", "a", "go", serde_json::json!({}));
     let r = store
         .write(Batch {
             now: 10,

@@ -119,7 +119,8 @@ pub(crate) struct Scheduler<S> {
     pub(crate) archive: crate::archive::Shared,
     claim_now: bool,
     /// The last claim took all it could: older due work may be waiting, so the next batch's
-    /// creates are not leased ahead of it ([`Claim::take_created`]).
+    /// creates, and the entities at rest it raises on, are not leased ahead of it
+    /// ([`Claim::take_created`], [`Claim::take_raised`]).
     claim_full: bool,
     /// The limit of the claim in flight.
     claim_limit: usize,
@@ -386,6 +387,7 @@ impl<S: Store + Clone> Scheduler<S> {
             limit: capacity,
             machines: self.served.clone(),
             take_created: !self.claim_full,
+            take_raised: !self.claim_full,
         });
         self.claim_limit = claim.as_ref().map_or(0, |c| c.limit);
         self.claim_now = false;

@@ -157,7 +157,7 @@ pub async fn a_claim_takes_the_entities_its_batch_creates<S: Store>(store: S) {
     let (p, go) = claim_with_event(&store, T0, "p").await;
     write(&store, T0, vec![Op::Create(new_entity("old", "waiting", Some(T0 + 5)))], false).await;
     let claim = |limit, take_created, machines: Vec<String>| {
-        Some(Claim { owner: OWNER.into(), lease_ms: 30_000, limit, machines, take_created })
+        Some(Claim { owner: OWNER.into(), lease_ms: 30_000, limit, machines, take_created, take_raised: false })
     };
     let mut spawn = commit(&p, Some("busy"), Some(go.id), AfterCommit::Release);
     spawn.creates = vec![
@@ -213,4 +213,73 @@ pub async fn a_claim_takes_the_entities_its_batch_creates<S: Store>(store: S) {
         let expected: &[&str] = if machines.is_empty() { &["c6", "c7-false"] } else { &[] };
         assert_eq!(claimed, expected, "claimed as any due entity would be");
     }
+}
+
+/// A claim that takes what its batch raises on leases each entity at rest that the batch
+/// gives an event (SQLite, as it writes the event; PostgreSQL's claim takes it in the same
+/// batch): the batch answers it leased, its row as stored, with the first event it was
+/// given at its inbox's head, and a later claim finds nothing left. An entity that had an
+/// event queued before is claimed with that older event first. Within the claim's limit:
+/// what does not fit stays due and free for the next claim. A taken entity's lease is real.
+pub async fn a_claim_takes_the_entities_its_batch_raises_on<S: Store>(store: S) {
+    let claim = |limit| Some(Claim { take_raised: true, ..Claim::new(OWNER, 30_000, limit) });
+    for key in ["r1", "r2", "q1", "r3", "r4"] {
+        create_one(&store, key).await;
+    }
+    // q1's first event waits (a batch without a claim).
+    write(&store, T0 + 1, vec![Op::Push(push("q1", "first"))], false).await;
+    let ops = vec![
+        Op::Push(push("r1", "go")),
+        Op::Push(push("r2", "go")),
+        Op::Push(push("q1", "second")),
+        Op::Push(push("r1", "again")),
+    ];
+    let r = store.write(Batch { now: T0 + 2, ops, claim: claim(10) }).await.unwrap();
+    let pushed: Vec<i64> = r
+        .results
+        .iter()
+        .map(|a| match a {
+            Ok(Applied::Pushed { inbox_id, .. }) => *inbox_id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let mut heads: Vec<(&str, &str)> = r
+        .claimed
+        .iter()
+        .map(|c| (c.entity.key.as_str(), c.inbox_head.as_ref().expect("a head").event.as_str()))
+        .collect();
+    heads.sort_unstable();
+    assert_eq!(heads, [("q1", "first"), ("r1", "go"), ("r2", "go")], "each with its oldest event");
+    let until = T0 + 2 + 30_000;
+    for c in &r.claimed {
+        assert_eq!(
+            (c.entity.lease_owner.as_deref(), c.entity.lease_until, c.entity.due_at),
+            (Some(OWNER), Some(until), Some(until)),
+            "{}",
+            c.entity.key
+        );
+        assert_eq!(get(&store, c.entity.key.as_str()).await, c.entity, "the claimed row is the row stored");
+        assert!(c.trigger.is_none(), "at rest before: no workflow");
+    }
+    let r1 = r.claimed.iter().find(|c| c.entity.key == "r1").expect("r1");
+    assert_eq!(r1.inbox_head.as_ref().map(|h| h.id), Some(pushed[0]), "the head is the event as stored");
+    assert!(write(&store, T0 + 3, vec![], true).await.claimed.is_empty(), "nothing left to claim");
+    let done = commit(&r1.entity, Some("busy"), Some(pushed[0]), AfterCommit::Release);
+    let after = write(&store, T0 + 4, vec![Op::Commit(Box::new(done))], false).await;
+    assert!(after.results[0].is_ok(), "the holder of a taken entity commits: {:?}", after.results[0]);
+    assert_eq!(get(&store, "r1").await.due_at, Some(T0 + 4), "its other event keeps it due");
+
+    // Room for two, three due (r1 since its commit, r3 and r4 raised on now): two are
+    // leased (SQLite takes those raised on before older due work, as a batch's creates;
+    // PostgreSQL's claim the oldest due first), the third stays due and free for the next.
+    let ops = vec![Op::Push(push("r3", "go")), Op::Push(push("r4", "go"))];
+    let r = store.write(Batch { now: T0 + 5, ops, claim: claim(2) }).await.unwrap();
+    let taken: Vec<&str> = r.claimed.iter().map(|c| c.entity.key.as_str()).collect();
+    assert_eq!(taken.len(), 2, "{taken:?}");
+    let left = ["r1", "r3", "r4"].into_iter().find(|k| !taken.contains(k)).expect("one left");
+    let e = get(&store, left).await;
+    assert_eq!(e.lease_owner, None, "{left} not taken");
+    assert!(e.due_at.is_some_and(|at| at <= T0 + 5), "{left} still due: {:?}", e.due_at);
+    let later = write(&store, T0 + 6, vec![], true).await;
+    assert_eq!(later.claimed.iter().map(|c| c.entity.key.as_str()).collect::<Vec<_>>(), [left]);
 }

@@ -46,8 +46,9 @@ pub use fleet::{
     filtered_pages_match_a_scan, overview_counts_follow_every_write, versions_move_the_entities_no_engine_holds,
 };
 pub use leases::{
-    a_claim_takes_the_entities_its_batch_creates, auto_time_survives_events_and_release,
-    expired_leases_move_and_renewal_extends, push_claim_fifo, release_never_strands_events,
+    a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on,
+    auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
+    release_never_strands_events,
 };
 pub use operations::{hung_operations_are_marked, operations_end_when_nothing_waits_on_them};
 pub use prune::{
@@ -195,7 +196,7 @@ macro_rules! store_conformance_suite {
                 bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order,
                 the_feed_resumes_from_any_position_without_gaps, schedules_sync_lease_advance_and_pause,
                 versions_move_the_entities_no_engine_holds, canceling_an_operation_stops_its_work_and_queues_the_undo,
-                a_claim_takes_the_entities_its_batch_creates;
+                a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on;
             store_and_dialect: effects_are_atomic
         );
     };

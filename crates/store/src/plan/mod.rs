@@ -39,9 +39,16 @@ pub(crate) use self::rows::{Finish, ReadSet, Reads, Writes};
 
 use crate::{Batch, BatchResult, Claim, Claimed, Fence, Millis, Op, OpError, SqlStatement};
 
-/// The entities a batch creates due at once, leased to its claiming engine as they are
-/// inserted ([`Claim::take_created`]): whose they become, the room left, those taken.
+/// The entities a batch creates due at once, and those at rest it makes due with an event
+/// (where the dialect can), leased to its claiming engine as they are written
+/// ([`Claim::take_created`], [`Claim::take_raised`]): whose they become, the room left,
+/// those taken.
 pub(crate) struct Take<'a> {
+    /// New entities may be taken ([`Claim::take_created`]).
+    pub(crate) created: bool,
+    /// Existing entities an event made due may be taken ([`Claim::take_raised`], where
+    /// the dialect can: [`Dialect::TAKES_RAISED`]).
+    pub(crate) raised: bool,
     pub(crate) owner: &'a str,
     pub(crate) until: Millis,
     pub(crate) machines: &'a [String],
@@ -51,9 +58,18 @@ pub(crate) struct Take<'a> {
 
 impl<'a> Take<'a> {
     /// What a batch with `claim` may take as it creates.
-    fn of(claim: Option<&'a Claim>, now: Millis) -> Option<Take<'a>> {
-        let c = claim.filter(|c| c.take_created && c.limit > 0)?;
-        Some(Take { owner: &c.owner, until: now + c.lease_ms, machines: &c.machines, room: c.limit, taken: Vec::new() })
+    fn of(claim: Option<&'a Claim>, now: Millis, takes_raised: bool) -> Option<Take<'a>> {
+        let (created, raised) = claim.map_or((false, false), |c| (c.take_created, c.take_raised && takes_raised));
+        let c = claim.filter(|c| (created || raised) && c.limit > 0)?;
+        Some(Take {
+            created,
+            raised,
+            owner: &c.owner,
+            until: now + c.lease_ms,
+            machines: &c.machines,
+            room: c.limit,
+            taken: Vec::new(),
+        })
     }
 
     /// Whether the claiming engine serves `machine`.
@@ -100,6 +116,17 @@ pub(crate) trait Dialect {
     /// entities (if asked), reads the earliest due time left, tells other processes what
     /// the batch changed (PostgreSQL) and commits.
     fn finish(&mut self, f: &Finish<'_>) -> Result<(Vec<Claimed>, Option<Millis>), Self::Error>;
+
+    /// Whether a batch leases the existing entities it makes due as it writes them
+    /// ([`Claim::take_raised`]): only where reading their rows back ([`entity_rows`])
+    /// costs less than the claim would (SQLite, in process). PostgreSQL's claim statement
+    /// takes them in the batch's last round trip instead.
+    ///
+    /// [`entity_rows`]: Dialect::entity_rows
+    const TAKES_RAISED: bool;
+    /// The whole rows of the entities `ids`, as written so far in this transaction (those
+    /// a batch leased as it raised on them); called only where [`Dialect::TAKES_RAISED`].
+    fn entity_rows(&mut self, ids: &[i64]) -> Result<Vec<crate::EntityRow>, Self::Error>;
 }
 
 /// How an operation is applied.
@@ -173,7 +200,7 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
     let ops = &batch.ops;
     let mut results = Vec::with_capacity(ops.len());
     let mut others_due = false;
-    let mut take = Take::of(batch.claim.as_ref(), now);
+    let mut take = Take::of(batch.claim.as_ref(), now, D::TAKES_RAISED);
     let mut i = 0;
     while i < ops.len() {
         match kind(&ops[i]) {

@@ -19,7 +19,7 @@ use super::writer::WriterConn;
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, ReadSet, Reads, Writes};
 use crate::sql::{ENTITY_COLS, TASK_COLS};
-use crate::{Claimed, Millis, OpError, SqlStatement};
+use crate::{Claimed, EntityRow, Millis, OpError, SqlStatement};
 
 type R<T> = std::result::Result<T, Failure>;
 
@@ -361,5 +361,17 @@ impl Dialect for Tx<'_> {
 
     fn finish(&mut self, f: &Finish<'_>) -> R<(Vec<Claimed>, Option<Millis>)> {
         self.finish_batch(f)
+    }
+
+    /// The claim statement of `finish` takes raised entities in the batch's last round
+    /// trip: reading their rows back would be one more.
+    const TAKES_RAISED: bool = false;
+
+    fn entity_rows(&mut self, ids: &[i64]) -> R<Vec<EntityRow>> {
+        let stmt = Stmt::new(
+            format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ANY($1::bigint[]) ORDER BY id"),
+            vec![col(ids.to_vec())],
+        );
+        self.c.send(std::slice::from_ref(&stmt))?[0].iter().map(|r| entity_from_row_at(r, 0)).collect()
     }
 }

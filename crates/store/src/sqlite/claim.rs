@@ -24,6 +24,13 @@ const DUE_OF: &str = "SELECT id FROM entities INDEXED BY entities_due
      WHERE due_at <= ?1 AND machine IN (SELECT value FROM json_each(?3))
      ORDER BY due_at LIMIT CAST(?2 AS INTEGER)";
 
+/// Leases a claimed entity. A sleeping or backing-off entity that comes due wakes up: it
+/// is active again.
+pub(super) const LEASE: &str =
+    "UPDATE entities SET lease_owner = ?2, lease_until = ?3, due_at = ?3, sleep_until = NULL,
+        run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
+     WHERE id = ?1";
+
 /// Turns due timers of active entities into inbox events (one-shot timers are deleted,
 /// periodic ones rescheduled) in the claiming transaction; the params name the timer. A
 /// paused or sleeping entity's timers wait.
@@ -79,12 +86,7 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
             .collect::<rusqlite::Result<_>>()?
     };
     let mut claimed = Vec::with_capacity(ids.len());
-    let mut update = tx.prepare_cached(
-        // A sleeping or backing-off entity that comes due wakes up: it is active again.
-        "UPDATE entities SET lease_owner = ?2, lease_until = ?3, due_at = ?3, sleep_until = NULL,
-            run_status = CASE WHEN run_status IN ('sleeping', 'fault') THEN 'active' ELSE run_status END
-         WHERE id = ?1",
-    )?;
+    let mut update = tx.prepare_cached(LEASE)?;
     let mut select = tx.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?;
     // The oldest internal event goes first (a probe of the small partial index), else the
     // oldest item.

@@ -374,6 +374,18 @@ impl Dialect for Tx<'_> {
         Ok(())
     }
 
+    /// In process, a leased row is read back by its id for less than a claim costs.
+    const TAKES_RAISED: bool = true;
+
+    fn entity_rows(&mut self, ids: &[i64]) -> rusqlite::Result<Vec<EntityRow>> {
+        let mut stmt = self.0.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.push(stmt.query_row([id], entity_from_row)?);
+        }
+        Ok(out)
+    }
+
     fn finish(&mut self, f: &Finish<'_>) -> rusqlite::Result<(Vec<Claimed>, Option<Millis>)> {
         let mut claimed = Vec::new();
         let mut machines: &[String] = &[];
@@ -407,6 +419,43 @@ mod tests {
     use rusqlite::StatementStatus;
 
     use super::*;
+
+    /// A batch that raises on an entity at rest and may take it leases it as it writes the
+    /// event: the claim's statements do not run for it, and it is answered with its row
+    /// and the event at its inbox's head.
+    #[test]
+    fn an_entity_raised_on_is_leased_without_a_claim() {
+        use crate::{Batch, Claim, Op, Push};
+        let c = super::super::schema::migrated_in_memory();
+        c.execute_batch(
+            "INSERT INTO entities (id, machine, key, state, version, created_at, entered_at, has_predecessors)
+             VALUES (1, 'm', 'a', 'idle', 1, 0, 0, 0);",
+        )
+        .unwrap();
+        let push = Op::Push(Push::raised("m", "a", "go", serde_json::json!({})));
+        let runs = |c: &Connection| c.prepare_cached(claim::LEASE).unwrap().get_status(StatementStatus::Run);
+        let open = AtomicBool::new(false);
+        for (take_raised, claim_runs) in [(true, 0), (false, 1)] {
+            c.execute_batch("BEGIN").unwrap();
+            let before = runs(&c);
+            let mut tx = Tx(&c, &open, 0);
+            let batch = Batch {
+                now: 10,
+                ops: vec![push.clone()],
+                claim: Some(Claim { take_raised, ..Claim::new("me", 1_000, 10) }),
+            };
+            let r = crate::plan::apply_batch(&mut tx, &batch).unwrap();
+            let [taken] = r.claimed.as_slice() else { panic!("one claimed: {:?}", r.claimed) };
+            assert_eq!((taken.entity.lease_owner.as_deref(), taken.entity.due_at), (Some("me"), Some(1_010)));
+            assert_eq!(taken.inbox_head.as_ref().map(|h| h.event.as_str()), Some("go"));
+            assert_eq!(runs(&c) - before, claim_runs, "take_raised {take_raised}");
+            // At rest again for the next round.
+            c.execute_batch(
+                "DELETE FROM inbox; UPDATE entities SET lease_owner = NULL, lease_until = NULL, due_at = NULL",
+            )
+            .unwrap();
+        }
+    }
 
     /// Predecessors are read only for the entities whose row says they have some: a
     /// workflow with no parent costs no edge or related-row query per transition.

@@ -199,7 +199,8 @@ pub(crate) struct Done {
 
 /// Plans and writes `ops` (each entity fenced at most once; a command, a task lease, a
 /// renewal or a hung-marking alone).
-/// New entities due at once are leased as they are inserted while `take` has room.
+/// New entities due at once, and entities at rest given an event, are leased as they are
+/// written while `take` has room.
 pub(crate) fn apply<D: Dialect>(
     d: &mut D,
     now: Millis,

@@ -15,7 +15,8 @@ use crate::{Applied, Claimed, EntityRow, InboxItem, InboxKind, OpError, RunStatu
 
 impl Work {
     /// Writes everything decided, set by set, and turns the answers into results.
-    /// New entities due at once are leased while `take` has room, and answered in it.
+    /// New entities due at once, and (where the dialect reads their rows back) entities at
+    /// rest given an event, are leased while `take` has room, and answered in it.
     pub(super) fn write<D: Dialect>(
         mut self,
         d: &mut D,
@@ -23,24 +24,48 @@ impl Work {
         take: Option<&mut crate::plan::Take<'_>>,
     ) -> Result<Done, D::Error> {
         let now = self.now;
+        // Slots leased as they are written: new ones, and existing ones with the inbox
+        // item that heads their inbox now.
         let mut taken = Vec::new();
+        let mut raised: Vec<(usize, usize)> = Vec::new();
         if let Some(t) = &take {
+            let inbox = &self.plan.inbox;
             for (i, s) in self.slots.iter_mut().enumerate() {
+                if taken.len() + raised.len() >= t.room {
+                    break;
+                }
                 let c = &mut s.cur;
-                // Free, active, due now with nothing queued: what a claim would take next.
-                if s.orig.is_none()
-                    && s.pending.is_empty()
-                    && c.lease_owner.is_none()
+                // Free, active and due now: what a claim would take next.
+                if !(c.lease_owner.is_none()
                     && c.run_status == RunStatus::Active
                     && c.due_at.is_some_and(|at| at <= now)
-                    && t.serves(&c.machine)
-                    && taken.len() < t.room
+                    && t.serves(&c.machine))
                 {
-                    c.lease_owner = Some(t.owner.into());
-                    c.lease_until = Some(t.until);
-                    c.due_at = Some(t.until);
-                    taken.push(i);
+                    continue;
                 }
+                match &s.orig {
+                    // New, with nothing queued.
+                    None if t.created && s.pending.is_empty() => taken.push(i),
+                    // At rest before (free, active, no due time: nothing was queued or
+                    // scheduled), outside a workflow (no trigger to read), and given events
+                    // by this segment: the first of them heads its inbox (an internal one
+                    // first, as a claim reads it).
+                    Some(o)
+                        if t.raised
+                            && o.due_at.is_none()
+                            && o.lease_owner.is_none()
+                            && o.run_status == RunStatus::Active
+                            && c.event_id.is_none() =>
+                    {
+                        let internal = s.pending.iter().find(|&&p| inbox[p].row.kind == InboxKind::Internal.as_str());
+                        let Some(&head) = internal.or(s.pending.first()) else { continue };
+                        raised.push((i, head));
+                    }
+                    _ => continue,
+                }
+                c.lease_owner = Some(t.owner.into());
+                c.lease_until = Some(t.until);
+                c.due_at = Some(t.until);
             }
         }
         let due_now = self.slots.iter().any(|s| {
@@ -159,15 +184,6 @@ impl Work {
         w.hung = plan.hung;
         w.renewals = plan.renewals;
         let inbox_ids = d.write(&w)?;
-        if let Some(t) = take {
-            t.room -= taken.len();
-            t.taken.extend(taken.iter().map(|&i| Claimed {
-                entity: new_row(&slots[i]),
-                inbox_head: None,
-                trigger: None,
-            }));
-        }
-
         let item = |i: usize| -> InboxItem {
             let row = &plan.inbox[i].row;
             InboxItem {
@@ -185,6 +201,30 @@ impl Work {
                     .and_then(|v| crate::Reply::from_json(&v)),
             }
         };
+        if let Some(t) = take {
+            t.room -= taken.len() + raised.len();
+            t.taken.extend(taken.iter().map(|&i| Claimed {
+                entity: new_row(&slots[i]),
+                inbox_head: None,
+                trigger: None,
+            }));
+            if !raised.is_empty() {
+                // Their whole rows (properties, fired, recent errors: the plan reads less).
+                let ids: Vec<i64> = raised.iter().map(|&(i, _)| slots[i].cur.id).collect();
+                let mut rows = d.entity_rows(&ids)?;
+                for &(i, head) in &raised {
+                    let id = slots[i].cur.id;
+                    let Some(at) = rows.iter().position(|r| r.id == id) else {
+                        // Not possible in the writer's own transaction; the lease ends
+                        // and a claim takes the entity then.
+                        tracing::warn!(entity = id, "an entity leased as it was raised on was not read back");
+                        continue;
+                    };
+                    let entity = rows.swap_remove(at);
+                    t.taken.push(Claimed { entity, inbox_head: Some(item(head)), trigger: None });
+                }
+            }
+        }
         let results = answers
             .into_iter()
             .map(|a| {
