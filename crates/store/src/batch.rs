@@ -330,8 +330,8 @@ pub struct Claim {
     pub take_created: bool,
     /// Likewise lease the existing entities this batch gives an event that are due at once
     /// for it: free, active and at rest before (no due time: nothing queued, nothing
-    /// scheduled), not in a workflow. A raise on an entity at rest (and a child's notice
-    /// to its waiting parent) then costs no claim. The same condition as `take_created`.
+    /// scheduled). A raise on an entity at rest (and a notice to an entity waiting for it)
+    /// then costs no claim. The same condition as `take_created`.
     /// A store whose dialect reads the leased rows back cheaply does it (SQLite); the
     /// others leave these entities to the claim, which takes them in the same batch.
     pub take_raised: bool,

@@ -118,15 +118,16 @@ pub(crate) trait Dialect {
     fn finish(&mut self, f: &Finish<'_>) -> Result<(Vec<Claimed>, Option<Millis>), Self::Error>;
 
     /// Whether a batch leases the existing entities it makes due as it writes them
-    /// ([`Claim::take_raised`]): only where reading their rows back ([`entity_rows`])
+    /// ([`Claim::take_raised`]): only where reading their rows back ([`taken_rows`])
     /// costs less than the claim would (SQLite, in process). PostgreSQL's claim statement
     /// takes them in the batch's last round trip instead.
     ///
-    /// [`entity_rows`]: Dialect::entity_rows
+    /// [`taken_rows`]: Dialect::taken_rows
     const TAKES_RAISED: bool;
     /// The whole rows of the entities `ids`, as written so far in this transaction (those
-    /// a batch leased as it raised on them); called only where [`Dialect::TAKES_RAISED`].
-    fn entity_rows(&mut self, ids: &[i64]) -> Result<Vec<crate::EntityRow>, Self::Error>;
+    /// a batch leased as it raised on them), each with the event whose workflow it is in
+    /// (as a claim reads them); called only where [`Dialect::TAKES_RAISED`].
+    fn taken_rows(&mut self, ids: &[i64]) -> Result<Vec<(crate::EntityRow, Option<crate::Trigger>)>, Self::Error>;
 }
 
 /// How an operation is applied.

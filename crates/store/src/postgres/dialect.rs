@@ -19,7 +19,7 @@ use super::writer::WriterConn;
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, ReadSet, Reads, Writes};
 use crate::sql::{ENTITY_COLS, TASK_COLS};
-use crate::{Claimed, EntityRow, Millis, OpError, SqlStatement};
+use crate::{Claimed, EntityRow, Millis, OpError, SqlStatement, Trigger};
 
 type R<T> = std::result::Result<T, Failure>;
 
@@ -367,11 +367,19 @@ impl Dialect for Tx<'_> {
     /// trip: reading their rows back would be one more.
     const TAKES_RAISED: bool = false;
 
-    fn entity_rows(&mut self, ids: &[i64]) -> R<Vec<EntityRow>> {
+    fn taken_rows(&mut self, ids: &[i64]) -> R<Vec<(EntityRow, Option<Trigger>)>> {
+        let cols = ENTITY_COLS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ");
+        let width = ENTITY_COLS.split(", ").count();
         let stmt = Stmt::new(
-            format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ANY($1::bigint[]) ORDER BY id"),
+            format!(
+                "SELECT {cols}, v.event, v.params, v.reply FROM entities e LEFT JOIN events v ON v.id = e.event_id
+                 WHERE e.id = ANY($1::bigint[]) ORDER BY e.id"
+            ),
             vec![col(ids.to_vec())],
         );
-        self.c.send(std::slice::from_ref(&stmt))?[0].iter().map(|r| entity_from_row_at(r, 0)).collect()
+        self.c.send(std::slice::from_ref(&stmt))?[0]
+            .iter()
+            .map(|r| Ok((entity_from_row_at(r, 0)?, crate::decode::trigger(&crate::decode::At(r, width))?)))
+            .collect()
     }
 }

@@ -113,13 +113,9 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
             Some(item) => Some(item),
             None => head.query_row([id], inbox_from_row).optional()?,
         };
-        // Only an entity mid-workflow has one (read by primary key).
+        // Only an entity mid-workflow has one.
         let trigger = match entity.event_id {
-            Some(event_id) => tx
-                .prepare_cached("SELECT event, params, reply FROM events WHERE id = ?1")?
-                .query_row([event_id], |r| crate::decode::trigger(r))
-                .optional()?
-                .flatten(),
+            Some(event_id) => trigger(tx, event_id)?,
             None => None,
         };
         claimed.push(Claimed { entity, inbox_head, trigger });
@@ -131,6 +127,15 @@ pub(super) fn claim_due(tx: &Connection, now: Millis, claim: &Claim) -> rusqlite
         super::counts::add(tx, &crate::plan::rows::count_deltas(changes))?;
     }
     Ok(claimed)
+}
+
+/// The event `event_id` as the trigger of its workflow (read by primary key).
+pub(super) fn trigger(tx: &Connection, event_id: i64) -> rusqlite::Result<Option<crate::Trigger>> {
+    Ok(tx
+        .prepare_cached("SELECT event, params, reply FROM events WHERE id = ?1")?
+        .query_row([event_id], |r| crate::decode::trigger(r))
+        .optional()?
+        .flatten())
 }
 
 /// The earliest due time left, among the entities of `machines` (empty: all).

@@ -15,7 +15,7 @@ use super::read::{INBOX_COLS, entity_from_row, inbox_from_row, task_from_row, ti
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, ReadSet, Reads, Writes};
 use crate::sql::{ENTITY_COLS, TASK_COLS};
-use crate::{AgentTask, Claimed, EntityRow, InboxItem, Millis, OpError, SqlStatement, TimerRow};
+use crate::{AgentTask, Claimed, EntityRow, InboxItem, Millis, OpError, SqlStatement, TimerRow, Trigger};
 
 /// The writer's connection inside a batch's transaction, as the plan's [`Dialect`], whether
 /// any agent task may be open (see `Inner::tasks_open`), and the batch's number in the
@@ -377,11 +377,16 @@ impl Dialect for Tx<'_> {
     /// In process, a leased row is read back by its id for less than a claim costs.
     const TAKES_RAISED: bool = true;
 
-    fn entity_rows(&mut self, ids: &[i64]) -> rusqlite::Result<Vec<EntityRow>> {
+    fn taken_rows(&mut self, ids: &[i64]) -> rusqlite::Result<Vec<(EntityRow, Option<Trigger>)>> {
         let mut stmt = self.0.prepare_cached(&format!("SELECT {ENTITY_COLS} FROM entities WHERE id = ?1"))?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            out.push(stmt.query_row([id], entity_from_row)?);
+            let entity = stmt.query_row([id], entity_from_row)?;
+            let trigger = match entity.event_id {
+                Some(event_id) => claim::trigger(self.0, event_id)?,
+                None => None,
+            };
+            out.push((entity, trigger));
         }
         Ok(out)
     }
@@ -421,15 +426,18 @@ mod tests {
     use super::*;
 
     /// A batch that raises on an entity at rest and may take it leases it as it writes the
-    /// event: the claim's statements do not run for it, and it is answered with its row
-    /// and the event at its inbox's head.
+    /// event: the claim's statements do not run for it, and it is answered with its row,
+    /// the event at its inbox's head and the trigger of the workflow it is in (here one
+    /// waiting mid-workflow, as a parent waits for its children), as the claim answers.
     #[test]
     fn an_entity_raised_on_is_leased_without_a_claim() {
         use crate::{Batch, Claim, Op, Push};
         let c = super::super::schema::migrated_in_memory();
         c.execute_batch(
-            "INSERT INTO entities (id, machine, key, state, version, created_at, entered_at, has_predecessors)
-             VALUES (1, 'm', 'a', 'idle', 1, 0, 0, 0);",
+            "INSERT INTO entities (id, machine, key, state, version, created_at, entered_at, has_predecessors, event_id)
+             VALUES (1, 'm', 'a', 'waiting', 1, 0, 0, 0, 5);
+             INSERT INTO events (id, seq, entity_id, machine, entity_key, event, kind, start_state, start_time, params)
+             VALUES (5, 5, 1, 'm', 'a', 'start', 'raised', 'idle', 0, '{\"n\": 1}');",
         )
         .unwrap();
         let push = Op::Push(Push::raised("m", "a", "go", serde_json::json!({})));
@@ -448,6 +456,8 @@ mod tests {
             let [taken] = r.claimed.as_slice() else { panic!("one claimed: {:?}", r.claimed) };
             assert_eq!((taken.entity.lease_owner.as_deref(), taken.entity.due_at), (Some("me"), Some(1_010)));
             assert_eq!(taken.inbox_head.as_ref().map(|h| h.event.as_str()), Some("go"));
+            let trigger = taken.trigger.as_ref().map(|t| (t.event.as_str(), t.params.clone()));
+            assert_eq!(trigger, Some(("start", serde_json::json!({"n": 1}))), "take_raised {take_raised}");
             assert_eq!(runs(&c) - before, claim_runs, "take_raised {take_raised}");
             // At rest again for the next round.
             c.execute_batch(

@@ -47,15 +47,13 @@ impl Work {
                     // New, with nothing queued.
                     None if t.created && s.pending.is_empty() => taken.push(i),
                     // At rest before (free, active, no due time: nothing was queued or
-                    // scheduled), outside a workflow (no trigger to read), and given events
-                    // by this segment: the first of them heads its inbox (an internal one
-                    // first, as a claim reads it).
+                    // scheduled) and given events by this segment: the first of them heads
+                    // its inbox (an internal one first, as a claim reads it).
                     Some(o)
                         if t.raised
                             && o.due_at.is_none()
                             && o.lease_owner.is_none()
-                            && o.run_status == RunStatus::Active
-                            && c.event_id.is_none() =>
+                            && o.run_status == RunStatus::Active =>
                     {
                         let internal = s.pending.iter().find(|&&p| inbox[p].row.kind == InboxKind::Internal.as_str());
                         let Some(&head) = internal.or(s.pending.first()) else { continue };
@@ -209,19 +207,20 @@ impl Work {
                 trigger: None,
             }));
             if !raised.is_empty() {
-                // Their whole rows (properties, fired, recent errors: the plan reads less).
+                // Their whole rows (properties, fired, recent errors: the plan reads less),
+                // and the trigger of the workflow each is in.
                 let ids: Vec<i64> = raised.iter().map(|&(i, _)| slots[i].cur.id).collect();
-                let mut rows = d.entity_rows(&ids)?;
+                let mut rows = d.taken_rows(&ids)?;
                 for &(i, head) in &raised {
                     let id = slots[i].cur.id;
-                    let Some(at) = rows.iter().position(|r| r.id == id) else {
+                    let Some(at) = rows.iter().position(|(r, _)| r.id == id) else {
                         // Not possible in the writer's own transaction; the lease ends
                         // and a claim takes the entity then.
                         tracing::warn!(entity = id, "an entity leased as it was raised on was not read back");
                         continue;
                     };
-                    let entity = rows.swap_remove(at);
-                    t.taken.push(Claimed { entity, inbox_head: Some(item(head)), trigger: None });
+                    let (entity, trigger) = rows.swap_remove(at);
+                    t.taken.push(Claimed { entity, inbox_head: Some(item(head)), trigger });
                 }
             }
         }
