@@ -57,10 +57,14 @@ pub(crate) struct Take<'a> {
 }
 
 impl<'a> Take<'a> {
-    /// What a batch with `claim` may take as it creates.
+    /// What a batch with `claim` may take as it writes (`takes_raised`: its dialect can
+    /// take the entities it raises on).
     fn of(claim: Option<&'a Claim>, now: Millis, takes_raised: bool) -> Option<Take<'a>> {
-        let (created, raised) = claim.map_or((false, false), |c| (c.take_created, c.take_raised && takes_raised));
-        let c = claim.filter(|c| (created || raised) && c.limit > 0)?;
+        let c = claim?;
+        let (created, raised) = (c.take_created, c.take_raised && takes_raised);
+        if !(created || raised) || c.limit == 0 {
+            return None;
+        }
         Some(Take {
             created,
             raised,
