@@ -179,7 +179,8 @@ fn fenced(op: &Op) -> Option<i64> {
 /// commands) at most once.
 fn segment_end(ops: &[Op], i: usize) -> usize {
     let first = kind(&ops[i]);
-    let (mut fences, mut commanded) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+    type Set<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
+    let (mut fences, mut commanded) = (Set::default(), Set::default());
     let mut end = i;
     while let Some(op) = ops.get(end) {
         if kind(op) != first {
