@@ -11,6 +11,35 @@ use crate::{AgentTask, EntityRow, InboxItem, InboxKind, OperationRow, RunStatus,
 /// the row as it becomes; the names a commit's telemetry repeats) cost no allocation.
 pub(crate) type Text = std::sync::Arc<str>;
 
+/// The most names [`name`] keeps per thread; past it, it forgets them all and starts again.
+const NAMES_KEPT: usize = 4_096;
+
+thread_local! {
+    /// The names rows of this thread repeated, each allocated once.
+    static NAMES: std::cell::RefCell<std::collections::HashSet<Text, foldhash::fast::RandomState>> =
+        std::cell::RefCell::default();
+}
+
+/// `s` as shared text, for a column whose values rows repeat (a machine, a state, a
+/// definition's hash, a lease holder): the same text read again is the same allocation,
+/// looked up rather than allocated and copied (the writer reads tens of thousands of rows a
+/// second with a handful of distinct values in these columns). Kept per thread, at most
+/// [`NAMES_KEPT`] of them.
+pub(crate) fn name(s: &str) -> Text {
+    NAMES.with(|names| {
+        let mut names = names.borrow_mut();
+        if let Some(known) = names.get(s) {
+            return known.clone();
+        }
+        if names.len() >= NAMES_KEPT {
+            names.clear();
+        }
+        let new: Text = s.into();
+        names.insert(new.clone());
+        new
+    })
+}
+
 /// A row of a backend's driver, read by column index.
 pub(crate) trait Columns {
     /// The driver's failure to read a column.
@@ -23,8 +52,8 @@ pub(crate) trait Columns {
     fn text(&self, col: usize) -> Result<String, Self::Error>;
     /// A text column that may be null.
     fn opt_text(&self, col: usize) -> Result<Option<String>, Self::Error>;
-    /// A text column that may be null, shared (its one allocation is the text's).
-    fn opt_shared(&self, col: usize) -> Result<Option<Text>, Self::Error>;
+    /// `f` of a text column that may be null, borrowed.
+    fn with_opt_text<T>(&self, col: usize, f: impl FnOnce(&str) -> T) -> Result<Option<T>, Self::Error>;
     /// A boolean column.
     fn flag(&self, col: usize) -> Result<bool, Self::Error>;
     /// `f` of a text column, borrowed.
@@ -60,8 +89,8 @@ impl<C: Columns> Columns for At<'_, C> {
     fn opt_text(&self, col: usize) -> Result<Option<String>, C::Error> {
         self.0.opt_text(self.1 + col)
     }
-    fn opt_shared(&self, col: usize) -> Result<Option<Text>, C::Error> {
-        self.0.opt_shared(self.1 + col)
+    fn with_opt_text<T>(&self, col: usize, f: impl FnOnce(&str) -> T) -> Result<Option<T>, C::Error> {
+        self.0.with_opt_text(self.1 + col, f)
     }
     fn flag(&self, col: usize) -> Result<bool, C::Error> {
         self.0.flag(self.1 + col)
@@ -197,4 +226,26 @@ pub(crate) fn timer<C: Columns>(r: &C) -> Result<TimerRow, C::Error> {
         due_at: r.int(3)?,
         every_ms: r.opt_int(4)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name read again is the allocation read first; another name is its own; past the
+    /// limit the names kept start again, and each still reads as its text.
+    #[test]
+    fn a_repeated_name_is_one_allocation() {
+        let (a, b) = (name("provisioning"), name(&String::from("provisioning")));
+        assert!(std::sync::Arc::ptr_eq(&a, &b));
+        let other = name("ready");
+        assert!(!std::sync::Arc::ptr_eq(&a, &other));
+        assert_eq!((&*a, &*other), ("provisioning", "ready"));
+        for n in 0..NAMES_KEPT {
+            name(&format!("n{n}"));
+        }
+        let again = name("provisioning");
+        assert_eq!(&*again, "provisioning");
+        assert!(NAMES.with(|names| names.borrow().len()) <= NAMES_KEPT);
+    }
 }

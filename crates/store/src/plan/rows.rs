@@ -2,6 +2,7 @@
 //! [`Dialect`](super::Dialect) a whole set at a time.
 
 use crate::changes::Changed;
+use crate::decode::name;
 pub(crate) use crate::decode::{Columns, Text};
 use crate::{AgentTask, Claim, EntityRow, InboxItem, Millis, RunStatus, TimerRow};
 
@@ -210,17 +211,17 @@ impl Current {
         let run_status = r.with_text(13, |s| RunStatus::parse(s).ok_or_else(|| format!("unknown run status `{s}`")))?;
         Ok(Current {
             id: r.int(0)?,
-            machine: r.with_text(1, |s| Text::from(s))?,
+            machine: r.with_text(1, name)?,
             key: r.with_text(2, |s| Text::from(s))?,
-            state: r.with_text(3, |s| Text::from(s))?,
+            state: r.with_text(3, name)?,
             version: r.int(4)?,
             retry: r.int(5)?,
             entered_at: r.int(6)?,
             auto_at: r.opt_int(7)?,
             due_at: r.opt_int(8)?,
-            lease_owner: r.opt_shared(9)?,
+            lease_owner: r.with_opt_text(9, name)?,
             lease_until: r.opt_int(10)?,
-            request_id: r.opt_shared(11)?,
+            request_id: r.with_opt_text(11, |s| Text::from(s))?,
             timer_at: r.opt_int(12)?,
             run_status: run_status.map_err(|m| C::corrupt(13, m))?,
             sleep_until: r.opt_int(14)?,
@@ -228,7 +229,7 @@ impl Current {
             event_id: r.opt_int(16)?,
             ordinal: r.int(17)?,
             has_predecessors: r.flag(18)?,
-            machine_hash: r.opt_shared(19)?,
+            machine_hash: r.with_opt_text(19, name)?,
             ended_at: r.opt_int(20)?,
         })
     }

@@ -53,8 +53,8 @@ impl Columns for Row {
     fn opt_text(&self, col: usize) -> R<Option<String>> {
         Ok(self.try_get(col)?)
     }
-    fn opt_shared(&self, col: usize) -> R<Option<crate::decode::Text>> {
-        Ok(self.try_get::<_, Option<&str>>(col)?.map(Into::into))
+    fn with_opt_text<T>(&self, col: usize, f: impl FnOnce(&str) -> T) -> R<Option<T>> {
+        Ok(self.try_get::<_, Option<&str>>(col)?.map(f))
     }
     fn flag(&self, col: usize) -> R<bool> {
         Ok(self.try_get(col)?)

@@ -36,8 +36,8 @@ impl Columns for rusqlite::Row<'_> {
     fn opt_text(&self, col: usize) -> rusqlite::Result<Option<String>> {
         self.get(col)
     }
-    fn opt_shared(&self, col: usize) -> rusqlite::Result<Option<crate::decode::Text>> {
-        Ok(self.get_ref(col)?.as_str_or_null()?.map(Into::into))
+    fn with_opt_text<T>(&self, col: usize, f: impl FnOnce(&str) -> T) -> rusqlite::Result<Option<T>> {
+        Ok(self.get_ref(col)?.as_str_or_null()?.map(f))
     }
     fn flag(&self, col: usize) -> rusqlite::Result<bool> {
         self.get(col)
