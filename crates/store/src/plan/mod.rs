@@ -179,8 +179,7 @@ fn fenced(op: &Op) -> Option<i64> {
 /// commands) at most once.
 fn segment_end(ops: &[Op], i: usize) -> usize {
     let first = kind(&ops[i]);
-    type Set<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
-    let (mut fences, mut commanded) = (Set::default(), Set::default());
+    let (mut fences, mut commanded) = (crate::decode::HashSet::default(), crate::decode::HashSet::default());
     let mut end = i;
     while let Some(op) = ops.get(end) {
         if kind(op) != first {

@@ -81,7 +81,7 @@ impl Tx<'_> {
         // entity whose row says it has no predecessors has no edge to read (the flag is set
         // with its first edge and never cleared while one is left); edges joined in this
         // segment the plan knows already.
-        let with_predecessors: std::collections::HashSet<i64, foldhash::fast::RandomState> =
+        let with_predecessors: crate::decode::HashSet<i64> =
             out.iter().filter(|c| c.has_predecessors).map(|c| c.id).collect();
         let notify: Vec<i64> = r.notify.iter().copied().filter(|id| with_predecessors.contains(id)).collect();
         for (ids, other, end) in

@@ -19,13 +19,9 @@ use settle_core::machine::Related;
 
 use super::Dialect;
 
-/// The segment's maps (by entity id, slot, request id, machine and key) hash with foldhash,
-/// not the standard library's SipHash: a batch's thousands of lookups spent about 2 % of
-/// the writer's instructions hashing (callgrind, `bench chain`). Seeded per process.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-
 use super::rows::OpenOperation as OpenOp;
 use super::rows::*;
+use crate::decode::HashMap;
 use crate::sql::json_text;
 use crate::{AgentTask, Applied, EntityRow, InboxItem, Millis, Op, OpError, OpenOperation, TimerRow};
 
