@@ -13,6 +13,9 @@ use crate::api::{EventOutcome, Wait};
 use crate::decide::Expect;
 use crate::msg::DoneTx;
 
+/// An answer to a caller, sent once the batch it tells of is durable.
+pub(crate) type Answer = Box<dyn FnOnce() + Send>;
+
 /// Callers waiting for an entity to enter one of some states.
 type Watchers = Vec<(Vec<StateName>, oneshot::Sender<EntityRow>)>;
 
@@ -103,10 +106,12 @@ impl Waiters {
     }
 
     /// A commit of entity `id` landed: `entity` is the entity now, `at_rest` whether it
-    /// rests. Answers the caller of the event it processed (or keeps it until the entity
-    /// rests, for [`Wait::Stable`]), the state watchers it satisfies, and the callers
-    /// waiting for rest.
-    pub(crate) fn committed(&mut self, id: i64, expect: &Expect, entity: &EntityRow, at_rest: bool) {
+    /// rests. Answers (what to send, for the scheduler to send once the commit is
+    /// durable) the caller of the event it processed (or keeps it until the entity rests,
+    /// for [`Wait::Stable`]), the state watchers it satisfies, and the callers waiting for
+    /// rest.
+    pub(crate) fn committed(&mut self, id: i64, expect: &Expect, entity: &EntityRow, at_rest: bool) -> Vec<Answer> {
+        let mut told: Vec<Answer> = Vec::new();
         if let (Some(item), Some(outcome)) = (&expect.item, &expect.outcome)
             && let Some((wait, done, deadline)) = self.outcome.remove(&item.id)
         {
@@ -114,7 +119,10 @@ impl Waiters {
             if wait == Wait::Stable && accepted && !at_rest {
                 self.rest.entry(id).or_default().push((outcome.clone(), done, deadline));
             } else {
-                let _ = done.send((outcome.clone(), entity.clone()));
+                let answer = (outcome.clone(), entity.clone());
+                told.push(Box::new(move || {
+                    let _ = done.send(answer);
+                }));
             }
         }
         if expect.entry.is_some()
@@ -124,13 +132,20 @@ impl Waiters {
                 std::mem::take(watchers).into_iter().partition(|(states, _)| states.contains(&entity.state));
             *watchers = keep;
             for (_, tx) in hit {
-                let _ = tx.send(entity.clone());
+                let entity = entity.clone();
+                told.push(Box::new(move || {
+                    let _ = tx.send(entity);
+                }));
             }
         }
         if at_rest && let Some(waiters) = self.rest.remove(&id) {
             for (outcome, done, _) in waiters {
-                let _ = done.send((outcome, entity.clone()));
+                let answer = (outcome, entity.clone());
+                told.push(Box::new(move || {
+                    let _ = done.send(answer);
+                }));
             }
         }
+        told
     }
 }

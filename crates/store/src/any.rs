@@ -139,6 +139,12 @@ impl Store for AnyStore {
             AnyStore::Postgres(s) => s.wakeup(),
         }
     }
+    async fn write_committed(&self, batch: Batch) -> Result<(BatchResult, Option<crate::Durability>)> {
+        match self {
+            AnyStore::Sqlite(s) => s.write_committed(batch).await,
+            AnyStore::Postgres(s) => s.write_committed(batch).await,
+        }
+    }
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<crate::Changes>> {
         match self {
             AnyStore::Sqlite(s) => s.changes(),

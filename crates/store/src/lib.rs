@@ -114,6 +114,10 @@ pub enum Error {
     Closed,
 }
 
+/// Waits until a batch [`Store::write_committed`] answered is durable; an error if it
+/// cannot be made so (nothing of it may then be told to anyone).
+pub type Durability = std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -357,6 +361,16 @@ pub trait Store: Send + Sync + 'static {
     /// engine then claims at once instead of at its next poll. `None`: nothing tells.
     fn wakeup(&self) -> Option<Arc<tokio::sync::Notify>> {
         None
+    }
+
+    /// Applies a batch as [`Store::write`] does, but may answer once it is committed and
+    /// before it is durable, with what then makes it durable: whoever tells a caller of the
+    /// batch's results waits for that first (`None`: durable already, as after `write`).
+    /// An engine acts on the results at once and answers its callers once the batch is
+    /// durable, so that its next batch is written while the last one syncs. Reads of the
+    /// store still see only what is durable.
+    fn write_committed(&self, batch: Batch) -> impl Future<Output = Result<(BatchResult, Option<Durability>)>> + Send {
+        async move { Ok((self.write(batch).await?, None)) }
     }
 
     /// The entities other processes change, batch by batch, as they commit (PostgreSQL's

@@ -2,9 +2,11 @@
 //!
 //! One loop: wait for a message (or the next due time on the clock), take every message
 //! waiting, turn them into store operations, write them all as one batch with a claim of
-//! due entities, then act on the results — answer callers, start the next step of each
-//! entity it holds, release the ones at rest. While a batch is being written, new work
-//! queues up for the next one: that is the group commit, with no artificial delay.
+//! due entities, then act on the results — start the next step of each entity it holds,
+//! release the ones at rest, answer callers (once the batch is durable: on SQLite its sync
+//! runs beside the next batch, [`settle_store::Store::write_committed`]). While a batch is
+//! being written, new work queues up for the next one: that is the group commit, with no
+//! artificial delay.
 //!
 //! What a held entity does next, and what an action's result or a fault becomes, is
 //! decided in [`crate::decide`]; this loop carries the decisions out (writes commits,
@@ -16,9 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use settle_core::Action;
-use settle_store::{
-    AfterCommit, Applied, Batch, BatchResult, Claim, Command, InboxItem, Millis, Op, OpError, SharedClock, Store,
-};
+use settle_store::{AfterCommit, Applied, BatchResult, Command, InboxItem, Millis, Op, OpError, SharedClock, Store};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::Wait;
@@ -30,7 +30,7 @@ use crate::msg::{DoneTx, Fire, Msg};
 use crate::nested::NestedHandle;
 use crate::opwatch::OpWatch;
 use crate::registry::{Registries, Registry};
-use crate::waiters::Waiters;
+use crate::waiters::{Answer, Waiters};
 use crate::watch::Hub;
 
 /// The decisions' environment, borrowed field by field so that `self.held` stays free to
@@ -42,6 +42,7 @@ macro_rules! decide_env {
 }
 
 // After the macro: they use it.
+mod batch;
 mod prune;
 mod tasks;
 mod upkeep;
@@ -137,6 +138,11 @@ pub(crate) struct Scheduler<S> {
     nested_waiting: Arc<std::sync::atomic::AtomicU64>,
     /// Told once the next batch is written (`Msg::Barrier`).
     barriers: Vec<oneshot::Sender<()>>,
+    /// Whether the batch being acted on is not durable yet: what it tells callers waits
+    /// in `answers` until it is ([`Store::write_committed`]).
+    deferring: bool,
+    /// The answers to callers of the batch being acted on, while `deferring`.
+    answers: Vec<Answer>,
 }
 
 /// Counters of the scheduler's work, logged at shutdown (`SETTLE_LOG=settle_engine=debug`).
@@ -202,6 +208,8 @@ impl<S: Store + Clone> Scheduler<S> {
             tasks: 0,
             nested_waiting,
             barriers: Vec::new(),
+            deferring: false,
+            answers: Vec::new(),
         }
     }
 
@@ -355,91 +363,6 @@ impl<S: Store + Clone> Scheduler<S> {
         }
     }
 
-    async fn write_batch(&mut self) {
-        // Every commit queued before a barrier is written by this batch (or was before).
-        let barriers = std::mem::take(&mut self.barriers);
-        self.write_batch_inner().await;
-        for b in barriers {
-            let _ = b.send(());
-        }
-    }
-
-    async fn write_batch_inner(&mut self) {
-        let Some((batch, pending, offers)) = self.take_batch() else { return };
-        let started = std::time::Instant::now();
-        let wrote = !batch.ops.is_empty();
-        let written = self.store.write(batch).await;
-        self.stats.write_micros += started.elapsed().as_micros() as u64;
-        if wrote && written.is_ok() {
-            self.committed.send_modify(|n| *n += 1);
-        }
-        self.finish_batch(pending, offers, written);
-    }
-
-    /// The next batch: every queued operation and a claim of due entities (when this
-    /// engine has room and is not stopping), with what to do with each result and whether
-    /// it offers agent tasks; `None` when there is nothing to write.
-    pub(crate) fn take_batch(&mut self) -> Option<(Batch, Vec<Pending>, bool)> {
-        let capacity = self.config.max_inflight.saturating_sub(self.held.len()).min(self.config.claim_batch);
-        let claim = (self.shutdown.is_none() && capacity > 0).then(|| Claim {
-            owner: self.config.owner.clone(),
-            lease_ms: self.lease_ms(),
-            limit: capacity,
-            machines: self.served.clone(),
-            take_created: !self.claim_full,
-            take_raised: !self.claim_full,
-        });
-        self.claim_limit = claim.as_ref().map_or(0, |c| c.limit);
-        self.claim_now = false;
-        if self.ops.is_empty() && claim.is_none() {
-            return None;
-        }
-        if claim.is_some() {
-            // A wake-up already received announced work committed before this claim: the
-            // claim sees it. Dropping it spares a claim of nothing after this batch (with
-            // several instances, every batch of one wakes all the others).
-            let woken = self.wakeup.notified();
-            tokio::pin!(woken);
-            let _ = woken.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
-        }
-        let ops = std::mem::take(&mut self.ops);
-        let pending = std::mem::take(&mut self.pending);
-        crate::metrics::batch(ops.len(), self.held.len());
-        let offers = ops.iter().any(|op| match op {
-            Op::Commit(c) => c.offer.is_some(),
-            Op::Create(n) => n.offer.is_some(),
-            Op::Command { command, .. } => matches!(command, Command::Resume | Command::Retry),
-            _ => false,
-        });
-        let batch = Batch { now: self.clock.now_ms(), ops, claim };
-        self.stats.batches += 1;
-        self.stats.ops += batch.ops.len() as u64;
-        Some((batch, pending, offers))
-    }
-
-    /// Acts on a written batch ([`take_batch`](Self::take_batch)): answers callers, moves
-    /// the held entities on, takes the claimed ones.
-    pub(crate) fn finish_batch(
-        &mut self,
-        pending: Vec<Pending>,
-        offers: bool,
-        written: settle_store::Result<BatchResult>,
-    ) {
-        if let Ok(r) = &written {
-            self.stats.claimed += r.claimed.len() as u64;
-            if self.claim_limit > 0 {
-                self.claim_full = r.claimed.len() >= self.claim_limit;
-            }
-        }
-        if offers && written.is_ok() {
-            self.offered.notify_waiters();
-        }
-        match written {
-            Ok(result) => self.on_result(pending, result),
-            Err(e) => self.on_store_error(pending, e),
-        }
-    }
-
     /// The entities held with a handler, their hooks or an evaluation running, by id and
     /// version: each answers with one message.
     pub(crate) fn running(&self) -> Vec<(i64, i64)> {
@@ -546,11 +469,14 @@ impl<S: Store + Clone> Scheduler<S> {
         for (p, r) in pending.into_iter().zip(result.results) {
             match p {
                 Pending::Create(reply) => {
-                    let _ = reply.send(r.map_err(op_error).map(|a| match a {
-                        Applied::Created(e) => Some(e),
-                        Applied::Replayed { .. } => None,
-                        other => unreachable!("create answered with {other:?}"),
-                    }));
+                    self.answer_send(
+                        reply,
+                        r.map_err(op_error).map(|a| match a {
+                            Applied::Created(e) => Some(e),
+                            Applied::Replayed { .. } => None,
+                            other => unreachable!("create answered with {other:?}"),
+                        }),
+                    );
                 }
                 Pending::Command { reply, command } => {
                     let answer = r.map_err(op_error).map(|a| match a {
@@ -564,26 +490,26 @@ impl<S: Store + Clone> Scheduler<S> {
                         // Our lease is gone: whatever runs for it now can never commit.
                         self.held.remove(&e.id);
                     }
-                    let _ = reply.send(answer);
+                    self.answer_send(reply, answer);
                 }
                 Pending::Raise { ack, wait, done, deadline } => match r {
                     Ok(Applied::Pushed { inbox_id, entity_id }) => {
                         if let Some(done) = done {
                             self.waiters.on_outcome(inbox_id, wait, done, deadline);
                         }
-                        let _ = ack.send(Ok(Some((inbox_id, entity_id))));
+                        self.answer_send(ack, Ok(Some((inbox_id, entity_id))));
                     }
                     Ok(Applied::Replayed { .. }) => {
-                        let _ = ack.send(Ok(None));
+                        self.answer_send(ack, Ok(None));
                     }
                     Ok(other) => unreachable!("push answered with {other:?}"),
                     Err(e) => {
-                        let _ = ack.send(Err(op_error(e)));
+                        self.answer_send(ack, Err(op_error(e)));
                     }
                 },
                 Pending::Commit(expect) => self.on_committed(*expect, r),
                 Pending::Agent(reply) => {
-                    let _ = reply.send(r.map_err(op_error));
+                    self.answer_send(reply, r.map_err(op_error));
                 }
                 Pending::Cancel(reply) => {
                     if let Ok(Applied::Canceled { entity, .. }) = &r
@@ -592,7 +518,7 @@ impl<S: Store + Clone> Scheduler<S> {
                         // Its work was stopped: whatever runs for it now can never commit.
                         self.held.remove(&entity.id);
                     }
-                    let _ = reply.send(r.map_err(op_error));
+                    self.answer_send(reply, r.map_err(op_error));
                 }
                 Pending::Release | Pending::Renew => {
                     if let Err(e) = r {
@@ -600,10 +526,13 @@ impl<S: Store + Clone> Scheduler<S> {
                     }
                 }
                 Pending::Prune(reply) => {
-                    let _ = reply.send(r.map_err(op_error).map(|a| match a {
-                        Applied::Pruned(p) => *p,
-                        other => unreachable!("a round of pruning answers Pruned, not {other:?}"),
-                    }));
+                    self.answer_send(
+                        reply,
+                        r.map_err(op_error).map(|a| match a {
+                            Applied::Pruned(p) => *p,
+                            other => unreachable!("a round of pruning answers Pruned, not {other:?}"),
+                        }),
+                    );
                 }
                 Pending::PruneJob(p) => self.pruned(&p, r),
                 Pending::Supervise => {
@@ -650,7 +579,12 @@ impl<S: Store + Clone> Scheduler<S> {
                     crate::metrics::transition(&e.machine, &e.state, state);
                 }
                 let at_rest = expect.apply(&mut slot.held, version, now);
-                self.waiters.committed(id, &expect, &slot.held.entity, at_rest);
+                let told = self.waiters.committed(id, &expect, &slot.held.entity, at_rest);
+                if self.deferring {
+                    self.answers.extend(told);
+                } else {
+                    told.into_iter().for_each(|a| a());
+                }
                 if self.ops_watch.anyone() {
                     // The commit may have ended its own operation, the one its entity
                     // works for, or that of the event it processed.

@@ -1,8 +1,11 @@
-//! The embedded SQLite store: one file, WAL, `synchronous=FULL`.
+//! The embedded SQLite store: one file, WAL, every commit synced before it is told.
 //!
 //! One dedicated writer thread owns the only write connection; every [`Batch`] becomes one
-//! `BEGIN IMMEDIATE … COMMIT` (one fsync), so batches are the group commit. Reads use a
-//! small pool of read-only connections, which WAL lets run beside the writer.
+//! `BEGIN IMMEDIATE … COMMIT`, so batches are the group commit. The log is synced by a
+//! thread of its own (`durable.rs`, one sync for every commit made since the last), so the
+//! writer goes on to the next batch while the last one syncs; a write is answered, and a
+//! read sees a commit, only once it is durable. Reads use a small pool of read-only
+//! connections, which WAL lets run beside the writer.
 //!
 //! An engine opens the store with [`SqliteStore::open`], which also takes an exclusive
 //! lock on `<file>.lock`: only one engine process may drive a SQLite file, so after a
@@ -19,6 +22,7 @@ mod checkpoint;
 mod claim;
 mod counts;
 mod dialect;
+mod durable;
 mod feed;
 mod prune;
 mod read;
@@ -26,7 +30,7 @@ mod schedule;
 mod schema;
 mod sets;
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use settle_core::MachineName;
 
 use self::read::*;
@@ -52,6 +56,9 @@ struct Inner {
     /// reference goes: this field comes before `lock`, so dropping the handle stops it
     /// before letting the lock go, unless a job on the writer still holds a reference.
     checkpoints: Option<Arc<checkpoint::Checkpoints>>,
+    /// The thread that syncs the writer's commits (none when opened read-only); like
+    /// `checkpoints`, it stops (after a last sync) when its last reference goes.
+    syncer: Option<Arc<durable::Syncer>>,
     lock: Option<File>,
     /// Whether an agent task may be open: false until the writer offers one (or finds
     /// one open at start). This process is the file's only writer, so while it is false
@@ -77,7 +84,8 @@ fn lock_path(path: &Path) -> PathBuf {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` for an engine: takes the exclusive
-    /// engine lock, sets WAL and `synchronous=FULL`, and runs pending migrations.
+    /// engine lock, sets WAL, runs pending migrations (synced as they commit), and starts
+    /// the thread that syncs the writer's commits from then on.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, checkpoint::Limits::DEFAULT)
     }
@@ -122,6 +130,10 @@ impl SqliteStore {
             })
             .map_err(|e| open_err(e.to_string()))?;
         let checkpoints = checkpoint::Checkpoints::start(&path, &conn, limits).map_err(open_err)?;
+        // From here on commits are synced by the syncer's thread, not in the writer.
+        let syncer = durable::Syncer::start(&path, &conn)
+            .map_err(|e| open_err(format!("cannot start the log's sync thread: {e}")))?;
+        conn.execute_batch("PRAGMA synchronous = NORMAL;").map_err(|e| open_err(e.to_string()))?;
         let writer = WriterThread::spawn("settle-sqlite-writer", conn)
             .map_err(|e| open_err(format!("cannot start writer thread: {e}")))?;
         Ok(SqliteStore {
@@ -131,6 +143,7 @@ impl SqliteStore {
                 readers: ReaderPool::new(),
                 lock: Some(lock),
                 checkpoints: Some(Arc::new(checkpoints)),
+                syncer: Some(Arc::new(syncer)),
                 tasks_open: Arc::new(AtomicBool::new(tasks_open)),
             }),
         })
@@ -149,6 +162,7 @@ impl SqliteStore {
                 readers: ReaderPool::new(),
                 lock: None,
                 checkpoints: None,
+                syncer: None,
                 tasks_open: Arc::new(AtomicBool::new(true)),
             }),
         };
@@ -165,77 +179,42 @@ impl SqliteStore {
     pub fn path(&self) -> &Path {
         &self.inner.path
     }
-
-    async fn on_writer<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let checkpoints = self.inner.checkpoints.clone();
-        WriterThread::run_on(self.inner.writer.as_ref(), move |conn| {
-            let out = f(conn);
-            if let Some(c) = &checkpoints {
-                c.after_write(conn);
-            }
-            out
-        })
-        .await
-    }
-
-    /// A pooled read connection, or a new one.
-    fn reader(&self) -> Result<Connection> {
-        if let Some(c) = self.inner.readers.take() {
-            return Ok(c);
-        }
-        let conn = Connection::open_with_flags(
-            &self.inner.path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
-        )
-        .map_err(|e| Error::Open { path: self.inner.path.display().to_string(), message: e.to_string() })?;
-        conn.execute_batch("PRAGMA busy_timeout = 5000; PRAGMA query_only = 1;").map_err(db_err)?;
-        Ok(conn)
-    }
-
-    /// Runs `f` on a read connection, on a blocking thread.
-    async fn on_reader<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let this = self.clone();
-        self.inner
-            .readers
-            .run(move || {
-                let conn = this.reader()?;
-                let out = f(&conn);
-                this.inner.readers.put(conn);
-                out
-            })
-            .await
-    }
 }
 
 impl Store for SqliteStore {
     async fn write(&self, batch: Batch) -> Result<BatchResult> {
+        let (result, durable) = self.write_committed(batch).await?;
+        if let Some(d) = durable {
+            d.await?;
+        }
+        Ok(result)
+    }
+
+    async fn write_committed(&self, batch: Batch) -> Result<(BatchResult, Option<crate::Durability>)> {
         let tasks_open = self.inner.tasks_open.clone();
-        self.on_writer(move |conn| {
-            let span = crate::trace::commit_span("sqlite", &batch);
-            let _entered = span.enter();
-            // One transaction per batch, committed by the plan's finish.
-            // (Prepared once: a statement parsed and planned again every batch costs more
-            // than running it.)
-            let begin = conn.prepare_cached("BEGIN IMMEDIATE").and_then(|mut s| s.execute([]));
-            let result = begin.map_err(db_err).and_then(|_| {
-                match crate::plan::apply_batch(&mut dialect::Tx(conn, &tasks_open, 0), &batch) {
-                    Ok(result) => Ok(result),
-                    Err(e) => {
-                        let _ = conn.execute_batch("ROLLBACK");
-                        Err(db_err(e))
+        let (result, durable) = self
+            .on_writer_committed(move |conn| {
+                let span = crate::trace::commit_span("sqlite", &batch);
+                let _entered = span.enter();
+                // One transaction per batch, committed by the plan's finish.
+                // (Prepared once: a statement parsed and planned again every batch costs more
+                // than running it.)
+                let begin = conn.prepare_cached("BEGIN IMMEDIATE").and_then(|mut s| s.execute([]));
+                let result = begin.map_err(db_err).and_then(|_| {
+                    match crate::plan::apply_batch(&mut dialect::Tx(conn, &tasks_open, 0), &batch) {
+                        Ok(result) => Ok(result),
+                        Err(e) => {
+                            let _ = conn.execute_batch("ROLLBACK");
+                            Err(db_err(e))
+                        }
                     }
-                }
-            });
-            crate::trace::finish(&span, &batch, &result);
-            result
-        })
-        .await
+                });
+                crate::trace::finish(&span, &batch, &result);
+                result
+            })
+            .await?;
+        // A batch that failed was rolled back: nothing of it is to become durable.
+        Ok((result?, durable))
     }
 
     async fn entity_get(&self, machine: &str, key: &str) -> Result<Option<EntityRow>> {
