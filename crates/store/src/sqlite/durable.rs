@@ -128,6 +128,11 @@ impl Syncer {
         self.shared.begun.load(Ordering::SeqCst)
     }
 
+    /// Why a sync failed, if one did.
+    pub(crate) fn failed(&self) -> Option<Arc<str>> {
+        self.shared.durable.borrow().failed.clone()
+    }
+
     /// What waits until the first `seq` commits are durable; `None` if they are already.
     pub(crate) fn until(&self, seq: u64) -> Option<crate::Durability> {
         if self.shared.durable.borrow().upto >= seq {
@@ -192,7 +197,12 @@ impl super::SqliteStore {
             Ok((out, syncer.as_ref().map_or(0, |s| s.finished())))
         })
         .await?;
-        Ok((out, self.inner.syncer.as_ref().and_then(|s| s.until(seq))))
+        let syncer = self.inner.syncer.as_ref();
+        // Once a sync failed nothing is made durable: every write is an error.
+        if let Some(m) = syncer.and_then(|s| s.failed()) {
+            return Err(Error::Db(m.to_string()));
+        }
+        Ok((out, syncer.and_then(|s| s.until(seq))))
     }
 
     /// A pooled read connection, or a new one.
@@ -329,6 +339,30 @@ mod tests {
         assert!(write.await.unwrap().unwrap().results[0].is_ok());
         // Synced: nothing waits.
         assert!(syncer.until(syncer.begun()).is_none());
+    }
+
+    /// A sync that fails fails the write waiting for it, and every write after it (nothing
+    /// could be made durable any more), with the reason.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_failed_sync_fails_its_write_and_every_write_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = SqliteStore::open(&path).unwrap();
+        store.write(create("a")).await.unwrap();
+        // SQLite keeps writing its open log; the sync thread finds a directory at its path.
+        let wal = dir.path().join("s.db-wal");
+        std::fs::remove_file(&wal).unwrap();
+        std::fs::create_dir(&wal).unwrap();
+        let err = store.write(create("b")).await.unwrap_err().to_string();
+        assert!(err.contains("cannot sync the SQLite log"), "{err}");
+        let err = store.write(create("c")).await.unwrap_err().to_string();
+        assert!(err.contains("cannot sync the SQLite log"), "{err}");
+        let err = store.meta_put("k", "v").await.unwrap_err().to_string();
+        assert!(err.contains("cannot sync the SQLite log"), "{err}");
+        // An engine is not handed a commit to act on either.
+        let err = store.write_committed(create("d")).await.err().expect("an error").to_string();
+        assert!(err.contains("cannot sync the SQLite log"), "{err}");
     }
 
     /// The log is synced through the file at its path: if another file took its place, it
