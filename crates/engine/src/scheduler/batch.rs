@@ -4,14 +4,16 @@
 use std::future::Future;
 
 use settle_store::{Batch, BatchResult, Claim, Command, Op, Store};
-
-use super::{Pending, Scheduler};
 use tokio::sync::oneshot;
 
+use super::{Pending, Scheduler};
+
 impl<S: Store + Clone> Scheduler<S> {
+    /// Writes the next batch, acts on it, and answers its callers (and the barriers it
+    /// passes) once it is durable.
     pub(super) async fn write_batch(&mut self) {
         // Every commit queued before a barrier is written by this batch (or was before).
-        let mut barriers = std::mem::take(&mut self.barriers);
+        let barriers = std::mem::take(&mut self.barriers);
         let durable = self.write_batch_inner().await;
         let answers = std::mem::take(&mut self.answers);
         self.deferring = false;
@@ -19,7 +21,7 @@ impl<S: Store + Clone> Scheduler<S> {
             for a in answers {
                 a();
             }
-            for b in barriers.drain(..) {
+            for b in barriers {
                 let _ = b.send(());
             }
         };
