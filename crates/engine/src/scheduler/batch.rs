@@ -9,14 +9,56 @@ use tokio::sync::oneshot;
 use super::{Pending, Scheduler};
 
 impl<S: Store + Clone> Scheduler<S> {
-    /// Writes the next batch, acts on it, and answers its callers (and the barriers it
-    /// passes) once it is durable.
-    pub(super) async fn write_batch(&mut self) {
+    /// Takes the next batch and hands it to the store (its write is queued before this
+    /// returns), `last` being the batch written before it and not yet acted on: its claim
+    /// counts against this one's room and says whether this one may take what it creates.
+    pub(super) fn start_batch(&mut self, last: Option<&Written>) -> Option<InFlight> {
+        self.claiming = 0;
+        if let Some(Written { result: Ok((r, _)), claim_limit, .. }) = last {
+            self.claiming = r.claimed.len();
+            if *claim_limit > 0 {
+                self.claim_full = r.claimed.len() >= *claim_limit;
+            }
+        }
         // Every commit queued before a barrier is written by this batch (or was before).
         let barriers = std::mem::take(&mut self.barriers);
-        let durable = self.write_batch_inner().await;
+        let Some((batch, pending, offers)) = self.take_batch() else {
+            for b in barriers {
+                let _ = b.send(());
+            }
+            return None;
+        };
+        let wrote = !batch.ops.is_empty();
+        let store = self.store.clone();
+        let mut write: WriteFuture = Box::pin(async move { store.write_committed(batch).await });
+        // The first poll queues the write (`Store::write`); its answer is awaited later
+        // (unless the writer was quick enough to answer already).
+        let ready = match write.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(r) => Some(r),
+            std::task::Poll::Pending => None,
+        };
+        let claim_limit = self.claim_limit;
+        let started = std::time::Instant::now();
+        Some(InFlight { write, ready, pending, offers, barriers, claim_limit, wrote, started })
+    }
+
+    /// Acts on a written batch, and answers its callers (and the barriers it passes) once
+    /// it is durable.
+    pub(super) fn act_on(&mut self, w: Written) {
+        self.stats.write_micros += w.micros;
+        let (written, durable) = match w.result {
+            Ok((r, durable)) => (Ok(r), durable),
+            Err(e) => (Err(e), None),
+        };
+        if w.wrote && written.is_ok() {
+            self.committed.send_modify(|n| *n += 1);
+        }
+        self.claiming = 0;
+        self.deferring = durable.is_some();
+        self.finish_batch_of(w.claim_limit, w.pending, w.offers, written);
         let answers = std::mem::take(&mut self.answers);
         self.deferring = false;
+        let barriers = w.barriers;
         let answer = move || {
             for a in answers {
                 a();
@@ -41,25 +83,6 @@ impl<S: Store + Clone> Scheduler<S> {
         }
     }
 
-    /// Writes the next batch and acts on its result; answers what makes it durable if it
-    /// is not yet (its answers to callers are then in `self.answers`).
-    async fn write_batch_inner(&mut self) -> Option<settle_store::Durability> {
-        let (batch, pending, offers) = self.take_batch()?;
-        let started = std::time::Instant::now();
-        let wrote = !batch.ops.is_empty();
-        let (written, durable) = match self.store.write_committed(batch).await {
-            Ok((r, durable)) => (Ok(r), durable),
-            Err(e) => (Err(e), None),
-        };
-        self.stats.write_micros += started.elapsed().as_micros() as u64;
-        if wrote && written.is_ok() {
-            self.committed.send_modify(|n| *n += 1);
-        }
-        self.deferring = durable.is_some();
-        self.finish_batch(pending, offers, written);
-        durable
-    }
-
     /// Sends `value` on `tx`: now, or once the batch being acted on is durable.
     pub(super) fn answer_send<T: Send + 'static>(&mut self, tx: oneshot::Sender<T>, value: T) {
         self.answer(move || {
@@ -80,7 +103,8 @@ impl<S: Store + Clone> Scheduler<S> {
     /// engine has room and is not stopping), with what to do with each result and whether
     /// it offers agent tasks; `None` when there is nothing to write.
     pub(crate) fn take_batch(&mut self) -> Option<(Batch, Vec<Pending>, bool)> {
-        let capacity = self.config.max_inflight.saturating_sub(self.held.len()).min(self.config.claim_batch);
+        let capacity =
+            self.config.max_inflight.saturating_sub(self.held.len() + self.claiming).min(self.config.claim_batch);
         let claim = (self.shutdown.is_none() && capacity > 0).then(|| Claim {
             owner: self.config.owner.clone(),
             lease_ms: self.lease_ms(),
@@ -125,10 +149,21 @@ impl<S: Store + Clone> Scheduler<S> {
         offers: bool,
         written: settle_store::Result<BatchResult>,
     ) {
+        self.finish_batch_of(self.claim_limit, pending, offers, written);
+    }
+
+    /// [`finish_batch`](Self::finish_batch) of a batch whose claim had `claim_limit`.
+    fn finish_batch_of(
+        &mut self,
+        claim_limit: usize,
+        pending: Vec<Pending>,
+        offers: bool,
+        written: settle_store::Result<BatchResult>,
+    ) {
         if let Ok(r) = &written {
             self.stats.claimed += r.claimed.len() as u64;
-            if self.claim_limit > 0 {
-                self.claim_full = r.claimed.len() >= self.claim_limit;
+            if claim_limit > 0 {
+                self.claim_full = r.claimed.len() >= claim_limit;
             }
         }
         if offers && written.is_ok() {
@@ -139,4 +174,55 @@ impl<S: Store + Clone> Scheduler<S> {
             Err(e) => self.on_store_error(pending, e),
         }
     }
+}
+
+/// A store write in progress.
+type WriteFuture = std::pin::Pin<
+    Box<dyn Future<Output = settle_store::Result<(BatchResult, Option<settle_store::Durability>)>> + Send>,
+>;
+
+/// A batch handed to the store, with what to do once it is written.
+pub(super) struct InFlight {
+    write: WriteFuture,
+    /// The store's answer, if it came at the first poll.
+    ready: Option<settle_store::Result<(BatchResult, Option<settle_store::Durability>)>>,
+    pending: Vec<Pending>,
+    offers: bool,
+    /// Told once it is written (`Msg::Barrier`).
+    barriers: Vec<oneshot::Sender<()>>,
+    /// Its claim's limit (0: no claim).
+    claim_limit: usize,
+    /// Whether it carries operations (not only a claim).
+    wrote: bool,
+    started: std::time::Instant,
+}
+
+impl InFlight {
+    /// Waits for the store's answer.
+    pub(super) async fn written(self) -> Written {
+        let result = match self.ready {
+            Some(r) => r,
+            None => self.write.await,
+        };
+        Written {
+            result,
+            micros: self.started.elapsed().as_micros() as u64,
+            pending: self.pending,
+            offers: self.offers,
+            barriers: self.barriers,
+            claim_limit: self.claim_limit,
+            wrote: self.wrote,
+        }
+    }
+}
+
+/// A batch the store answered, not yet acted on.
+pub(super) struct Written {
+    result: settle_store::Result<(BatchResult, Option<settle_store::Durability>)>,
+    micros: u64,
+    pending: Vec<Pending>,
+    offers: bool,
+    barriers: Vec<oneshot::Sender<()>>,
+    claim_limit: usize,
+    wrote: bool,
 }

@@ -123,8 +123,10 @@ pub(crate) struct Scheduler<S> {
     /// creates, and the entities at rest it raises on, are not leased ahead of it
     /// ([`Claim::take_created`], [`Claim::take_raised`]).
     claim_full: bool,
-    /// The limit of the claim in flight.
+    /// The limit of the claim of the batch last taken.
     claim_limit: usize,
+    /// Entities claimed by a batch written and not yet acted on (they are not in `held`).
+    claiming: usize,
     /// The machines this engine serves: it claims only their entities.
     served: Vec<String>,
     /// Woken when another process may have made work due.
@@ -202,6 +204,7 @@ impl<S: Store + Clone> Scheduler<S> {
             claim_now: true,
             claim_full: true,
             claim_limit: 0,
+            claiming: 0,
             wakeup: Arc::new(tokio::sync::Notify::new()),
             stats: Stats::default(),
             landed: None,
@@ -232,8 +235,11 @@ impl<S: Store + Clone> Scheduler<S> {
         // Another process may make work due (PostgreSQL's NOTIFY): claim at once then.
         let wakeup = self.store.wakeup().unwrap_or_else(|| Arc::new(tokio::sync::Notify::new()));
         self.wakeup = wakeup.clone();
+        // The last batch written, not yet acted on: the next one goes to the store first,
+        // so that the writer writes it while this loop acts on the last.
+        let mut written: Option<batch::Written> = None;
         loop {
-            if self.ops.is_empty() && !self.claim_now {
+            if written.is_none() && self.ops.is_empty() && !self.claim_now {
                 self.answer_quiet();
                 if self.shutdown.is_some() && self.held.is_empty() {
                     break;
@@ -255,7 +261,17 @@ impl<S: Store + Clone> Scheduler<S> {
             self.maybe_renew();
             self.maybe_supervise();
             self.maybe_prune();
-            self.write_batch().await;
+            let next = if written.is_none() || !self.ops.is_empty() || self.claim_now {
+                self.start_batch(written.as_ref())
+            } else {
+                None
+            };
+            if let Some(last) = written.take() {
+                self.act_on(last);
+            }
+            if let Some(next) = next {
+                written = Some(next.written().await);
+            }
         }
         let st = &self.stats;
         tracing::debug!(
