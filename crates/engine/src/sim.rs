@@ -272,6 +272,49 @@ mod tests {
         node.scheduler.take_batch().expect("a batch with a claim")
     }
 
+    /// Machine `m`: `idle`, and `go` runs `start` into `done`.
+    fn go_machine() -> settle_core::Machine {
+        MachineBuilder::new("m")
+            .state("idle")
+            .initial()
+            .state("done")
+            .event("go", ["idle"], "start")
+            .action("start", ["done"])
+            .build()
+            .unwrap()
+    }
+
+    /// A batch taken while the last one's result is not yet acted on counts the entities
+    /// that one claimed against the engine's room: with room for two, two claimed by the
+    /// last batch leave none for the next, though a third entity is due.
+    #[tokio::test]
+    async fn the_next_batch_counts_what_the_last_one_claimed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("engine.db")).unwrap();
+        let clock = ManualClock::new(1_000_000);
+        let config =
+            Config { max_inflight: 2, claim_batch: 2, clock: std::sync::Arc::new(clock.clone()), ..Config::default() };
+        let m = go_machine();
+        let mut node = Engine::builder(store.clone()).config(config).machine(m).start_sim(false).await.unwrap();
+        let mut answers = Vec::new();
+        for key in ["a", "b", "c"] {
+            answers.push(node.create("m", key, Properties::new(), &format!("req-{key}")).unwrap());
+        }
+        let first = node.scheduler.start_batch(None).expect("the creates");
+        let created = first.written().await;
+        node.scheduler.act_on(created);
+        for key in ["a", "b", "c"] {
+            let _raised = node.raise("m", key, "go", Value::Null, &format!("go-{key}")).unwrap();
+        }
+        // The raises' batch claims two of the three (its limit); the next one, taken before
+        // that result is acted on, has no room left: nothing to claim, nothing to write.
+        let raised = node.scheduler.start_batch(None).expect("the raises").written().await;
+        assert_eq!(raised.claimed(), 2);
+        assert!(node.scheduler.start_batch(Some(&raised)).is_none(), "no room for a claim");
+        node.scheduler.act_on(raised);
+        assert_eq!(node.held().len(), 2);
+    }
+
     /// An engine lets its batches lease the entities they create only after a claim that
     /// took less than its limit: its first batch does not (it knows nothing of the due work
     /// waiting), nor does the batch after a claim that filled its limit.
@@ -281,14 +324,7 @@ mod tests {
         let store = SqliteStore::open(dir.path().join("engine.db")).unwrap();
         let clock = ManualClock::new(1_000_000);
         let config = Config { claim_batch: 1, clock: std::sync::Arc::new(clock.clone()), ..Config::default() };
-        let m = MachineBuilder::new("m")
-            .state("idle")
-            .initial()
-            .state("done")
-            .event("go", ["idle"], "start")
-            .action("start", ["done"])
-            .build()
-            .unwrap();
+        let m = go_machine();
         let mut node = Engine::builder(store.clone()).config(config).machine(m).start_sim(false).await.unwrap();
         let _created = node.create("m", "a", Properties::new(), "req-a").unwrap();
         let (batch, pending, offers) = next_claim(&mut node);

@@ -12,7 +12,7 @@ impl<S: Store + Clone> Scheduler<S> {
     /// Takes the next batch and hands it to the store (its write is queued before this
     /// returns), `last` being the batch written before it and not yet acted on: its claim
     /// counts against this one's room and says whether this one may take what it creates.
-    pub(super) fn start_batch(&mut self, last: Option<&Written>) -> Option<InFlight> {
+    pub(crate) fn start_batch(&mut self, last: Option<&Written>) -> Option<InFlight> {
         self.claiming = 0;
         if let Some(Written { result: Ok((r, _)), claim_limit, .. }) = last {
             self.claiming = r.claimed.len();
@@ -44,7 +44,7 @@ impl<S: Store + Clone> Scheduler<S> {
 
     /// Acts on a written batch, and answers its callers (and the barriers it passes) once
     /// it is durable.
-    pub(super) fn act_on(&mut self, w: Written) {
+    pub(crate) fn act_on(&mut self, w: Written) {
         self.stats.write_micros += w.micros;
         let (written, durable) = match w.result {
             Ok((r, durable)) => (Ok(r), durable),
@@ -182,7 +182,7 @@ type WriteFuture = std::pin::Pin<
 >;
 
 /// A batch handed to the store, with what to do once it is written.
-pub(super) struct InFlight {
+pub(crate) struct InFlight {
     write: WriteFuture,
     /// The store's answer, if it came at the first poll.
     ready: Option<settle_store::Result<(BatchResult, Option<settle_store::Durability>)>>,
@@ -199,7 +199,7 @@ pub(super) struct InFlight {
 
 impl InFlight {
     /// Waits for the store's answer.
-    pub(super) async fn written(self) -> Written {
+    pub(crate) async fn written(self) -> Written {
         let result = match self.ready {
             Some(r) => r,
             None => self.write.await,
@@ -216,8 +216,16 @@ impl InFlight {
     }
 }
 
+impl Written {
+    /// How many entities its claim took (0 if it failed).
+    #[cfg(test)]
+    pub(crate) fn claimed(&self) -> usize {
+        self.result.as_ref().map_or(0, |(r, _)| r.claimed.len())
+    }
+}
+
 /// A batch the store answered, not yet acted on.
-pub(super) struct Written {
+pub(crate) struct Written {
     result: settle_store::Result<(BatchResult, Option<settle_store::Durability>)>,
     micros: u64,
     pending: Vec<Pending>,
