@@ -13,16 +13,15 @@ impl<S: Store + Clone> Scheduler<S> {
     /// returns), `last` being the batch written before it and not yet acted on: its claim
     /// counts against this one's room and says whether this one may take what it creates.
     pub(crate) fn start_batch(&mut self, last: Option<&Written>) -> Option<InFlight> {
-        self.claiming = 0;
+        // The entities the last batch claimed are not held yet.
+        let mut claiming = 0;
         if let Some(Written { result: Ok((r, _)), claim_limit, .. }) = last {
-            self.claiming = r.claimed.len();
-            if *claim_limit > 0 {
-                self.claim_full = r.claimed.len() >= *claim_limit;
-            }
+            claiming = r.claimed.len();
+            self.note_claim(*claim_limit, r);
         }
         // Every commit queued before a barrier is written by this batch (or was before).
         let barriers = std::mem::take(&mut self.barriers);
-        let Some((batch, pending, offers)) = self.take_batch() else {
+        let Some((batch, pending, offers)) = self.take_batch_after(claiming) else {
             for b in barriers {
                 let _ = b.send(());
             }
@@ -53,7 +52,6 @@ impl<S: Store + Clone> Scheduler<S> {
         if w.wrote && written.is_ok() {
             self.committed.send_modify(|n| *n += 1);
         }
-        self.claiming = 0;
         self.deferring = durable.is_some();
         self.finish_batch_of(w.claim_limit, w.pending, w.offers, written);
         let answers = std::mem::take(&mut self.answers);
@@ -90,21 +88,23 @@ impl<S: Store + Clone> Scheduler<S> {
         });
     }
 
-    /// Tells a caller: now, or once the batch being acted on is durable.
+    /// Tells a caller: once the batch being acted on is acted on, or durable if it is not
+    /// yet ([`finish_batch_of`](Self::finish_batch_of)).
     pub(super) fn answer(&mut self, a: impl FnOnce() + Send + 'static) {
-        if self.deferring {
-            self.answers.push(Box::new(a));
-        } else {
-            a();
-        }
+        self.answers.push(Box::new(a));
     }
 
     /// The next batch: every queued operation and a claim of due entities (when this
     /// engine has room and is not stopping), with what to do with each result and whether
     /// it offers agent tasks; `None` when there is nothing to write.
     pub(crate) fn take_batch(&mut self) -> Option<(Batch, Vec<Pending>, bool)> {
-        let capacity =
-            self.config.max_inflight.saturating_sub(self.held.len() + self.claiming).min(self.config.claim_batch);
+        self.take_batch_after(0)
+    }
+
+    /// [`take_batch`](Self::take_batch), with `claiming` entities claimed by a batch not
+    /// yet acted on (not in `held`) counted against the room for the claim.
+    fn take_batch_after(&mut self, claiming: usize) -> Option<(Batch, Vec<Pending>, bool)> {
+        let capacity = self.config.max_inflight.saturating_sub(self.held.len() + claiming).min(self.config.claim_batch);
         let claim = (self.shutdown.is_none() && capacity > 0).then(|| Claim {
             owner: self.config.owner.clone(),
             lease_ms: self.lease_ms(),
@@ -162,9 +162,7 @@ impl<S: Store + Clone> Scheduler<S> {
     ) {
         if let Ok(r) = &written {
             self.stats.claimed += r.claimed.len() as u64;
-            if claim_limit > 0 {
-                self.claim_full = r.claimed.len() >= claim_limit;
-            }
+            self.note_claim(claim_limit, r);
         }
         if offers && written.is_ok() {
             self.offered.notify_waiters();
@@ -172,6 +170,19 @@ impl<S: Store + Clone> Scheduler<S> {
         match written {
             Ok(result) => self.on_result(pending, result),
             Err(e) => self.on_store_error(pending, e),
+        }
+        if !self.deferring {
+            for a in std::mem::take(&mut self.answers) {
+                a();
+            }
+        }
+    }
+
+    /// Whether the claim of a written batch (with `claim_limit`, 0: none) took all it
+    /// could: then older due work may be waiting ([`Scheduler::claim_full`]).
+    fn note_claim(&mut self, claim_limit: usize, r: &BatchResult) {
+        if claim_limit > 0 {
+            self.claim_full = r.claimed.len() >= claim_limit;
         }
     }
 }

@@ -125,8 +125,6 @@ pub(crate) struct Scheduler<S> {
     claim_full: bool,
     /// The limit of the claim of the batch last taken.
     claim_limit: usize,
-    /// Entities claimed by a batch written and not yet acted on (they are not in `held`).
-    claiming: usize,
     /// The machines this engine serves: it claims only their entities.
     served: Vec<String>,
     /// Woken when another process may have made work due.
@@ -143,7 +141,8 @@ pub(crate) struct Scheduler<S> {
     /// Whether the batch being acted on is not durable yet: what it tells callers waits
     /// in `answers` until it is ([`Store::write_committed`]).
     deferring: bool,
-    /// The answers to callers of the batch being acted on, while `deferring`.
+    /// The answers to callers of the batch being acted on: sent once it is acted on, or,
+    /// while `deferring`, once it is durable.
     answers: Vec<Answer>,
 }
 
@@ -204,7 +203,6 @@ impl<S: Store + Clone> Scheduler<S> {
             claim_now: true,
             claim_full: true,
             claim_limit: 0,
-            claiming: 0,
             wakeup: Arc::new(tokio::sync::Notify::new()),
             stats: Stats::default(),
             landed: None,
@@ -596,11 +594,7 @@ impl<S: Store + Clone> Scheduler<S> {
                 }
                 let at_rest = expect.apply(&mut slot.held, version, now);
                 let told = self.waiters.committed(id, &expect, &slot.held.entity, at_rest);
-                if self.deferring {
-                    self.answers.extend(told);
-                } else {
-                    told.into_iter().for_each(|a| a());
-                }
+                self.answers.extend(told);
                 if self.ops_watch.anyone() {
                     // The commit may have ended its own operation, the one its entity
                     // works for, or that of the event it processed.

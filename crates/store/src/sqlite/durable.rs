@@ -3,7 +3,7 @@
 //! The write connection runs with `synchronous = NORMAL`: a commit appends its pages to the
 //! write-ahead log and returns without syncing it. This thread syncs the log after each
 //! job of the writer that committed, one sync for every commit made since the last, and
-//! the job is answered only then ([`Syncer::wait`]): a caller still hears back only once
+//! the job is answered only then ([`Syncer::until`]): a caller still hears back only once
 //! what it asked for is on disk, but the writer goes on to the next batch while the last
 //! one syncs. SQLite keeps its own order of syncs around checkpoints in this mode (the log
 //! before pages are copied from it, the database file after), so the file stays whole
@@ -175,9 +175,7 @@ impl super::SqliteStore {
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let (out, durable) = self.on_writer_committed(f).await?;
-        if let Some(d) = durable {
-            d.await?;
-        }
+        settled(durable).await?;
         out
     }
 
@@ -236,10 +234,16 @@ impl super::SqliteStore {
                 Ok((out, this.inner.syncer.as_ref().map_or(0, |s| s.begun())))
             })
             .await?;
-        if let Some(d) = self.inner.syncer.as_ref().and_then(|s| s.until(seen)) {
-            d.await?;
-        }
+        settled(self.inner.syncer.as_ref().and_then(|s| s.until(seen))).await?;
         out
+    }
+}
+
+/// Waits until what `durable` waits for is durable, if anything.
+pub(super) async fn settled(durable: Option<crate::Durability>) -> Result<()> {
+    match durable {
+        Some(d) => d.await,
+        None => Ok(()),
     }
 }
 

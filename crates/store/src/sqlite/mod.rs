@@ -184,9 +184,7 @@ impl SqliteStore {
 impl Store for SqliteStore {
     async fn write(&self, batch: Batch) -> Result<BatchResult> {
         let (result, durable) = self.write_committed(batch).await?;
-        if let Some(d) = durable {
-            d.await?;
-        }
+        durable::settled(durable).await?;
         Ok(result)
     }
 
