@@ -1,5 +1,5 @@
 //! Every `settle bench` workload, run small as a correctness check (a benchmark nobody runs
-//! breaks silently): fan-out, timers and the soak (with pruning) on SQLite, chain and fan-out on PostgreSQL in this
+//! breaks silently): fan-out, timers, the soak (with pruning) and a sweep of `chain` over concurrencies on SQLite, chain and fan-out on PostgreSQL in this
 //! process and with worker processes (`--instances`); `bench fleet` on both. `bench chain` and `bench agents` on
 //! SQLite are in `cli.rs`; `bench dormant` and `bench bulk` on both. The PostgreSQL runs need `SETTLE_TEST_PG`; without it they say
 //! they skipped.
@@ -254,6 +254,58 @@ fn bulk_on_sqlite() {
 fn bulk_on_postgres() {
     let Some(url) = settle_store::postgres::test_url("bench_bulk") else { return };
     check_bulk(&url);
+}
+
+/// `bench chain --concurrency A,B --rounds R` without `--db`: a sweep, each run on its own
+/// scratch file (removed after it), reported as each concurrency's medians and its runs,
+/// the peak and the knee; as a table for people; a concurrency listed twice is refused.
+#[test]
+fn a_sweep_of_chain_on_scratch_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_settle"))
+            .args(["bench", "chain", "--entities", "150", "--steps", "2"])
+            .args(args)
+            .env("SETTLE_LOG", "error")
+            .env_remove("SETTLE_DB")
+            .env("TMPDIR", tmp.path())
+            .output()
+            .expect("run settle bench")
+    };
+    let o = sweep(&["--concurrency", "16,4", "--rounds", "3", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let points = v["sweep"].as_array().unwrap();
+    assert_eq!(points.iter().map(|p| p["concurrency"].as_u64().unwrap()).collect::<Vec<_>>(), [4, 16], "{v}");
+    for p in points {
+        let runs = p["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 3, "{v}");
+        // The point's throughput is the median of its runs'.
+        let mut rates: Vec<f64> = runs.iter().map(|r| r[0].as_f64().unwrap()).collect();
+        rates.sort_by(f64::total_cmp);
+        assert_eq!(p["workflows_per_s"].as_f64(), Some(rates[1]), "{v}");
+        assert!(runs.iter().all(|r| r[2].as_f64().unwrap() >= r[1].as_f64().unwrap()), "p99 below p50: {v}");
+    }
+    let best = points.iter().map(|p| p["workflows_per_s"].as_f64().unwrap()).fold(0.0, f64::max);
+    assert_eq!(v["peak"]["workflows_per_s"].as_f64(), Some(best), "{v}");
+    assert!(v["knee"]["concurrency"].as_u64() <= v["peak"]["concurrency"].as_u64(), "{v}");
+    assert!(v["knee"]["workflows_per_s"].as_f64().unwrap() >= 0.9 * best, "{v}");
+    assert_eq!((v["workflows"].as_u64(), v["rounds"].as_u64(), v["steps"].as_u64()), (Some(150), Some(3), Some(2)));
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "scratch files left behind: {left:?}");
+
+    let o = sweep(&["--concurrency", "8,2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert!(
+        out.contains("in flight  workflows/s") && out.contains("peak: ") && out.contains("knee (the least"),
+        "{out}"
+    );
+    assert!(err.contains("run 1/2: 2 in flight") && err.contains("run 2/2: 8 in flight"), "{err}");
+
+    let o = sweep(&["--concurrency", "8,4,8"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--concurrency lists 8 twice"), "{}", stderr(&o));
 }
 
 /// `bench chain --deploy`: a pinning version deployed halfway through the run; every

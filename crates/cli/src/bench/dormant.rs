@@ -26,7 +26,7 @@ use settle_engine::{Engine, EventOutcome, RaiseOptions, Wait};
 use settle_store::{AnyStore, Store, TimerPlan};
 
 use super::fleet::{SEED_BATCH, at_rest, write_creates};
-use super::measure::round3;
+use super::measure::{median, round3};
 
 /// Options of `settle bench dormant`.
 #[derive(clap::Args, Debug)]
@@ -190,16 +190,6 @@ async fn claim_once(
         slowest = slowest.max(r??);
     }
     Ok((started.elapsed().as_secs_f64() * 1000.0, slowest.as_secs_f64() * 1000.0))
-}
-
-/// The median of `v` (the mean of the middle two of an even count).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 pub async fn dormant(db: &str, args: DormantArgs) -> anyhow::Result<ExitCode> {

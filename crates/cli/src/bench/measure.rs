@@ -1,5 +1,5 @@
 //! Measurements the benchmarks report: the process's memory (and another's) from
-//! `/proc`, figures rounded for JSON.
+//! `/proc`, figures rounded for JSON, medians.
 
 /// Resident set size of this process now, in MiB (Linux; 0 elsewhere).
 pub(crate) fn rss_mb() -> f64 {
@@ -36,4 +36,14 @@ pub(crate) fn proc_file_mb(path: &str, field: &str) -> f64 {
 
 pub(crate) fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+/// The median of `v` (the mean of the middle two of an even count); 0 when empty.
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }

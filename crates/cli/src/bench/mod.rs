@@ -12,6 +12,7 @@ mod fleet;
 mod measure;
 mod schedule;
 mod soak;
+mod sweep;
 
 pub(crate) use measure::{peak_rss_mb, proc_mb, round3, rss_mb};
 use std::path::PathBuf;
@@ -302,9 +303,17 @@ pub struct FanoutArgs {
 /// Options of `settle bench chain` and `settle bench fanout`: how the workflows are driven.
 #[derive(clap::Args, Debug)]
 pub struct DriveArgs {
-    /// Workflows in flight at once.
-    #[arg(long, default_value_t = 64)]
-    concurrency: usize,
+    /// Workflows in flight at once. Several (`--concurrency 32,64,128`) make a sweep: the
+    /// benchmark runs at each, `--rounds` times, and reports each one's medians, the peak
+    /// and the knee (see `--rounds`).
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    concurrency: Vec<usize>,
+    /// Runs at each concurrency: ascending in the first round, descending in the next and
+    /// so on. Each run creates its own workflows, on a fresh scratch file unless `--db` is
+    /// given (then every run adds its workflows to that database). With one concurrency
+    /// and one round, the plain report of that run.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Worker processes (`settle run`) that process the workflows while this process
     /// raises and watches; needs `--db postgres://...`. 0: this process processes.
     #[arg(long, default_value_t = 0)]
@@ -384,7 +393,12 @@ fn bench_db(db: Option<&str>) -> (String, Option<Scratch>) {
     match db {
         Some(p) => (p.to_string(), None),
         None => {
-            let p = std::env::temp_dir().join(format!("settle-bench-{}.db", std::process::id()));
+            // A path of its own for each run of a sweep: a store dropped by the last run may
+            // close its last connections a moment later, and SQLite then removes the log
+            // and index files at its path, which must not be the next run's.
+            static RUNS: AtomicUsize = AtomicUsize::new(0);
+            let run = RUNS.fetch_add(1, Ordering::Relaxed);
+            let p = std::env::temp_dir().join(format!("settle-bench-{}-{run}.db", std::process::id()));
             (p.display().to_string(), Some(Scratch(p)))
         }
     }
@@ -486,6 +500,11 @@ where
     Ok((seconds, latencies))
 }
 
+/// The latency at fraction `p` (0 to 1) of `sorted`, in ms.
+fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+}
+
 /// Prints the report: one JSON line, or a few lines for people.
 fn report(
     json_out: bool,
@@ -495,7 +514,7 @@ fn report(
     latencies: &[Duration],
     extra: serde_json::Value,
 ) {
-    let pct = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0;
+    let pct = |p: f64| percentile_ms(latencies, p);
     let mut v = json!({
         "workflows": workflows,
         "transitions": transitions,
@@ -532,12 +551,11 @@ fn report(
 }
 
 async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> {
-    if args.entities == 0 || args.drive.concurrency == 0 || args.children == 0 {
-        bail!("--entities, --children and --concurrency must be at least 1");
+    if args.entities == 0 || args.children == 0 {
+        bail!("--entities and --children must be at least 1");
     }
     let mut properties = settle_core::Properties::new();
     properties.insert("children".into(), json!(args.children));
-    let concurrency = args.drive.concurrency;
     let run = Workflows {
         machine: "fanparent".into(),
         prefix: 'f',
@@ -550,7 +568,7 @@ async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> 
         deploy: false,
         drive: args.drive,
     };
-    run.run(db, settle_builtin::bind_fanout, |setup_s| {
+    run.run(db, settle_builtin::bind_fanout, |setup_s, concurrency| {
         format!(
             "created {} parents in {setup_s:.2} s; each creates {} children and waits for all; {} in flight",
             args.entities, args.children, concurrency
@@ -563,11 +581,10 @@ async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     if !(1..=MAX_CHAIN_STEPS).contains(&args.steps) {
         bail!("--steps must be between 1 and {MAX_CHAIN_STEPS}, got {}", args.steps);
     }
-    if args.entities == 0 || args.drive.concurrency == 0 {
-        bail!("--entities and --concurrency must be at least 1");
+    if args.entities == 0 {
+        bail!("--entities must be at least 1");
     }
     let steps = args.steps;
-    let concurrency = args.drive.concurrency;
     let run = Workflows {
         machine: if args.nested { format!("chain{steps}_nested") } else { format!("chain{steps}") },
         prefix: 'b',
@@ -582,7 +599,7 @@ async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     run.run(
         db,
         |b| settle_builtin::bind_chain(b, steps),
-        |setup_s| {
+        |setup_s, concurrency| {
             format!(
                 "created {} entities in {setup_s:.2} s; running {} workflows, {} in flight",
                 args.entities, args.entities, concurrency
@@ -617,25 +634,71 @@ struct Workflows {
 }
 
 impl Workflows {
-    /// Creates the entities (not timed) and prints on stderr (unless `--json`) what
-    /// `created` says of the seconds that took; then runs the workflows, on an engine of
-    /// this process with the machines `bind` registers or on the worker processes, and
-    /// prints the report.
+    /// Runs the workflows at each concurrency of `--concurrency`, `--rounds` times, and
+    /// prints the report: of the one run, or of the sweep ([`sweep`]).
     async fn run(
         self,
         db: Option<&str>,
-        bind: impl FnOnce(EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore>,
-        created: impl FnOnce(f64) -> String,
+        bind: impl Fn(EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore>,
+        created: impl Fn(f64, usize) -> String,
     ) -> anyhow::Result<ExitCode> {
+        let order = sweep::order(&self.drive.concurrency, self.drive.rounds)?;
+        if let [concurrency] = order[..] {
+            let (seconds, latencies, extra) = self.once(db, &bind, concurrency, Some(&created)).await?;
+            report(self.drive.json, self.entities, self.transitions, seconds, &latencies, extra);
+            return Ok(ExitCode::SUCCESS);
+        }
+        let mut runs = Vec::with_capacity(order.len());
+        for (i, &concurrency) in order.iter().enumerate() {
+            let (seconds, latencies, _) = self.once(db, &bind, concurrency, None).await?;
+            let run = sweep::Run {
+                concurrency,
+                workflows_per_s: self.entities as f64 / seconds,
+                p50_ms: percentile_ms(&latencies, 0.50),
+                p99_ms: percentile_ms(&latencies, 0.99),
+            };
+            if !self.drive.json {
+                eprintln!(
+                    "run {}/{}: {concurrency} in flight, {:.0} workflows/s, p50 {:.2} ms, p99 {:.2} ms",
+                    i + 1,
+                    order.len(),
+                    run.workflows_per_s,
+                    run.p50_ms,
+                    run.p99_ms
+                );
+            }
+            runs.push(run);
+        }
+        let mut extra = self.extra.clone();
+        extra["workflows"] = json!(self.entities);
+        extra["transitions"] = json!(self.transitions);
+        extra["rounds"] = json!(self.drive.rounds);
+        extra["instances"] = json!(self.drive.instances);
+        sweep::report(self.drive.json, &sweep::summarize(&runs), extra);
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// One run at `concurrency`: creates the entities (not timed) and prints on stderr
+    /// (unless `--json`) what `created` says of the seconds that took; then runs the
+    /// workflows, on an engine of this process with the machines `bind` registers or on
+    /// the worker processes. Answers the seconds, the sorted latencies and the report's
+    /// fields of this benchmark.
+    async fn once(
+        &self,
+        db: Option<&str>,
+        bind: &impl Fn(EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore>,
+        concurrency: usize,
+        created: Option<&dyn Fn(f64, usize) -> String>,
+    ) -> anyhow::Result<(f64, Vec<Duration>, serde_json::Value)> {
         let (path, _scratch) = bench_db(db);
         let (engine, workers) = bench_engine(&path, self.drive.instances, |s| bind(Engine::builder(s))).await?;
         let run_id = uuid_suffix();
         let keys: Arc<Vec<String>> =
             Arc::new((0..self.entities).map(|i| format!("{}{run_id}-{i}", self.prefix)).collect());
         let setup = Instant::now();
-        create_all(&engine, &self.machine, &keys, self.properties).await?;
-        if !self.drive.json {
-            eprintln!("{}", created(setup.elapsed().as_secs_f64()));
+        create_all(&engine, &self.machine, &keys, self.properties.clone()).await?;
+        if let Some(created) = created.filter(|_| !self.drive.json) {
+            eprintln!("{}", created(setup.elapsed().as_secs_f64(), concurrency));
         }
         let (e, machine) = (engine.clone(), self.machine.clone());
         let finished = Arc::new(AtomicUsize::new(0));
@@ -643,7 +706,7 @@ impl Workflows {
         let deployed =
             self.deploy.then(|| tokio::spawn(deploy::midway(engine.clone(), self.machine.clone(), halfway.clone())));
         let (half, count, notify) = (self.entities.div_ceil(2), finished.clone(), halfway.clone());
-        let (seconds, latencies) = drive(&keys, self.drive.concurrency, move |key| {
+        let (seconds, latencies) = drive(&keys, concurrency, move |key| {
             let (e, machine, count, notify) = (e.clone(), machine.clone(), count.clone(), notify.clone());
             async move {
                 raise_until(&e, &machine, &key, "done").await?;
@@ -654,21 +717,20 @@ impl Workflows {
             }
         })
         .await?;
-        let mut extra = self.extra;
+        let mut extra = self.extra.clone();
         if let Some(task) = deployed {
             let report = task.await??;
             extra["deploy"] = deploy::check(&engine, &self.machine, report, workers.is_some()).await?;
         }
         stop(engine, workers).await;
-        extra["concurrency"] = json!(self.drive.concurrency);
+        extra["concurrency"] = json!(concurrency);
         extra["instances"] = json!(self.drive.instances);
         if self.count_hooks {
             let runs = &settle_builtin::NESTED_CHAIN_HOOKS;
             extra["entry_runs"] = json!(runs.entered.load(Ordering::Relaxed));
             extra["exit_runs"] = json!(runs.left.load(Ordering::Relaxed));
         }
-        report(self.drive.json, self.entities, self.transitions, seconds, &latencies, extra);
-        Ok(ExitCode::SUCCESS)
+        Ok((seconds, latencies, extra))
     }
 }
 
