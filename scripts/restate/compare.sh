@@ -13,9 +13,12 @@
 #   SETTLE_DB=postgres://postgres@127.0.0.1:5432/test scripts/restate/compare.sh
 #                                                 # Settle on PostgreSQL (a fresh schema a run)
 #   SETTLE_ARGS="--instances 1" SETTLE_DB=postgres://… scripts/restate/compare.sh
+#   SETTLE_BIN=/tmp/settle-before scripts/restate/compare.sh
+#                                                 # a given build of settle (no cargo build): to
+#                                                 # compare two builds against Restate in turn
 #
 # Needs Node.js and npm (the Restate server and SDK are npm packages, installed here into
-# node_modules on first use, versions pinned in package.json); builds Settle in release.
+# node_modules on first use, versions pinned in package.json); builds Settle in release unless SETTLE_BIN names a binary.
 # Restate runs with its default configuration (its logs and RocksDB write-ahead logs are
 # fsynced), on a fresh data directory, on the default ports 8080 (ingress), 9070 (admin)
 # and 5122; the service listens on 9080.
@@ -39,8 +42,12 @@ if [ ! -x "$here/node_modules/.bin/restate-server" ]; then
   echo "installing the Restate server and SDK (npm, once)…" >&2
   (cd "$here" && npm install --no-audit --no-fund --loglevel=error >&2)
 fi
-cargo build --release --quiet -p settle-cli
-settle="$PWD/target/release/settle"
+if [ -n "${SETTLE_BIN:-}" ]; then
+  settle="$SETTLE_BIN"
+else
+  cargo build --release --quiet -p settle-cli
+  settle="$PWD/target/release/settle"
+fi
 
 scratch="$(mktemp -d)"
 pids=()

@@ -147,7 +147,7 @@ pub(super) fn report(json_out: bool, points: &[Point], extra: Value) {
         peak.concurrency,
         peak.workflows_per_s,
         peak.p99_ms,
-        KNEE_SHARE * 100.0,
+        (1.0 - KNEE_SHARE) * 100.0,
         knee.concurrency,
         knee.workflows_per_s,
         knee.p99_ms
