@@ -11,7 +11,9 @@ type Job<C> = Box<dyn FnOnce(&mut C) + Send>;
 /// A thread that owns a backend's write connection (`C`) and runs jobs on it one at a
 /// time: the single writer both SQL stores are built around.
 pub(crate) struct WriterThread<C> {
-    jobs: Mutex<std::sync::mpsc::Sender<Job<C>>>,
+    /// The queue of jobs; `None` once [`close`](Self::close)d.
+    jobs: Mutex<Option<std::sync::mpsc::Sender<Job<C>>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl<C: 'static> WriterThread<C> {
@@ -21,12 +23,25 @@ impl<C: 'static> WriterThread<C> {
         C: Send,
     {
         let (tx, rx) = std::sync::mpsc::channel::<Job<C>>();
-        std::thread::Builder::new().name(name.into()).spawn(move || {
+        let thread = std::thread::Builder::new().name(name.into()).spawn(move || {
             while let Ok(job) = rx.recv() {
                 job(&mut conn);
             }
         })?;
-        Ok(WriterThread { jobs: Mutex::new(tx) })
+        Ok(WriterThread { jobs: Mutex::new(Some(tx)), thread: Some(thread) })
+    }
+
+    /// Closes the queue and waits until the thread has run what was queued and dropped the
+    /// connection (unless called on that thread, which then ends after its current job):
+    /// whatever closing the connection does to its files is done when this returns. Jobs
+    /// sent after it fail with [`Error::Closed`].
+    pub(crate) fn close(&mut self) {
+        drop(self.jobs.get_mut().unwrap_or_else(|p| p.into_inner()).take());
+        if let Some(thread) = self.thread.take()
+            && thread.thread().id() != std::thread::current().id()
+        {
+            let _ = thread.join();
+        }
     }
 
     /// Runs `f` on the writer's connection and waits for its result.
@@ -38,7 +53,13 @@ impl<C: 'static> WriterThread<C> {
         let job: Job<C> = Box::new(move |conn| {
             let _ = tx.send(f(conn));
         });
-        self.jobs.lock().expect("writer sender lock").send(job).map_err(|_| Error::Closed)?;
+        let sent = match self.jobs.lock().expect("writer sender lock").as_ref() {
+            Some(jobs) => jobs.send(job).is_ok(),
+            None => false,
+        };
+        if !sent {
+            return Err(Error::Closed);
+        }
         rx.await.map_err(|_| Error::Closed)?
     }
 

@@ -37,6 +37,27 @@ async fn data_survives_reopen_and_lock_is_exclusive() {
     assert_eq!(reopened.entity_get("m", "a").await.unwrap().unwrap().version, 1);
 }
 
+/// Dropping the handle closes the file before it returns: the writer's connection too,
+/// so the last connection's close has removed the log (as SQLite does) and nothing of the
+/// old handle can touch a file made at the same path afterwards (a bench's next scratch
+/// file once had its log removed by the last one's writer closing late).
+#[tokio::test]
+async fn a_dropped_store_has_closed_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.db");
+    let wal = dir.path().join("x.db-wal");
+    for round in 0..30 {
+        let store = SqliteStore::open(&path).unwrap();
+        store.write(Batch { now: 1, ops: vec![Op::Create(entity(&format!("e{round}")))], claim: None }).await.unwrap();
+        assert!(wal.exists(), "round {round}: no log while open");
+        drop(store);
+        assert!(!wal.exists(), "round {round}: the log is still there once the handle is dropped");
+        for suffix in ["", "-shm", ".lock"] {
+            let _ = std::fs::remove_file(dir.path().join(format!("x.db{suffix}")));
+        }
+    }
+}
+
 #[tokio::test]
 async fn read_only_open_refuses_missing_or_foreign_files() {
     let dir = tempfile::tempdir().unwrap();

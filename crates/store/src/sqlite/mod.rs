@@ -66,6 +66,19 @@ struct Inner {
     tasks_open: Arc<AtomicBool>,
 }
 
+impl Drop for Inner {
+    /// Closes the writer's connection before the other fields go (the readers, the
+    /// checkpoint and sync threads, then the lock): the handle's file is closed, and its
+    /// log removed by the last connection, once the last handle is dropped, not a moment
+    /// later on the writer's thread, where it could remove the log of a file made at the
+    /// same path meanwhile.
+    fn drop(&mut self) {
+        if let Some(writer) = &mut self.writer {
+            writer.close();
+        }
+    }
+}
+
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteStore").field("path", &self.inner.path).finish()
