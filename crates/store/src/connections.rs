@@ -53,13 +53,13 @@ impl<C: 'static> WriterThread<C> {
         let job: Job<C> = Box::new(move |conn| {
             let _ = tx.send(f(conn));
         });
-        let sent = match self.jobs.lock().expect("writer sender lock").as_ref() {
-            Some(jobs) => jobs.send(job).is_ok(),
-            None => false,
-        };
-        if !sent {
-            return Err(Error::Closed);
-        }
+        self.jobs
+            .lock()
+            .expect("writer sender lock")
+            .as_ref()
+            .ok_or(Error::Closed)?
+            .send(job)
+            .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
     }
 

@@ -393,12 +393,7 @@ fn bench_db(db: Option<&str>) -> (String, Option<Scratch>) {
     match db {
         Some(p) => (p.to_string(), None),
         None => {
-            // A path of its own for each run of a sweep: a store dropped by the last run may
-            // close its last connections a moment later, and SQLite then removes the log
-            // and index files at its path, which must not be the next run's.
-            static RUNS: AtomicUsize = AtomicUsize::new(0);
-            let run = RUNS.fetch_add(1, Ordering::Relaxed);
-            let p = std::env::temp_dir().join(format!("settle-bench-{}-{run}.db", std::process::id()));
+            let p = std::env::temp_dir().join(format!("settle-bench-{}.db", std::process::id()));
             (p.display().to_string(), Some(Scratch(p)))
         }
     }
