@@ -1,5 +1,5 @@
 //! Every `settle bench` workload, run small as a correctness check (a benchmark nobody runs
-//! breaks silently): fan-out, timers, the soak (with pruning) and a sweep of `chain` over concurrencies on SQLite, chain and fan-out on PostgreSQL in this
+//! breaks silently): fan-out, timers, the soak (with pruning) and a sweep of `chain` over concurrencies and its open loop (`--rate`) on SQLite, chain and fan-out on PostgreSQL in this
 //! process and with worker processes (`--instances`); `bench fleet` on both. `bench chain` and `bench agents` on
 //! SQLite are in `cli.rs`; `bench dormant` and `bench bulk` on both. The PostgreSQL runs need `SETTLE_TEST_PG`; without it they say
 //! they skipped.
@@ -256,22 +256,27 @@ fn bulk_on_postgres() {
     check_bulk(&url);
 }
 
+/// `settle bench ARGS` without `--db` (on scratch files), with `tmp` as the temporary
+/// directory.
+fn on_scratch(tmp: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_settle"))
+        .arg("bench")
+        .args(args)
+        .env("SETTLE_LOG", "error")
+        .env_remove("SETTLE_DB")
+        .env("TMPDIR", tmp)
+        .output()
+        .expect("run settle bench")
+}
+
 /// `bench chain --concurrency A,B --rounds R` without `--db`: a sweep, each run on its own
 /// scratch file (removed after it), reported as each concurrency's medians and its runs,
 /// the peak and the knee; as a table for people; a concurrency listed twice is refused.
 #[test]
 fn a_sweep_of_chain_on_scratch_files() {
     let tmp = tempfile::tempdir().unwrap();
-    let sweep = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_settle"))
-            .args(["bench", "chain", "--entities", "150", "--steps", "2"])
-            .args(args)
-            .env("SETTLE_LOG", "error")
-            .env_remove("SETTLE_DB")
-            .env("TMPDIR", tmp.path())
-            .output()
-            .expect("run settle bench")
-    };
+    let sweep =
+        |args: &[&str]| on_scratch(tmp.path(), &[&["chain", "--entities", "150", "--steps", "2"], args].concat());
     let o = sweep(&["--concurrency", "16,4", "--rounds", "3", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
@@ -306,6 +311,63 @@ fn a_sweep_of_chain_on_scratch_files() {
     let o = sweep(&["--concurrency", "8,4,8"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--concurrency lists 8 twice"), "{}", stderr(&o));
+}
+
+/// `bench chain --rate R`: an open loop. One rate: the plain report with `rate` and no
+/// `concurrency`, every workflow done; several: a sweep by rate with each one's medians
+/// and runs and the highest rate kept up with; a table for people; `--rate` with
+/// `--concurrency`, a zero rate or a rate listed twice refused.
+#[test]
+fn an_open_loop_of_chain() {
+    let tmp = tempfile::tempdir().unwrap();
+    let chain =
+        |args: &[&str]| on_scratch(tmp.path(), &[&["chain", "--entities", "120", "--steps", "2"], args].concat());
+    // 120 workflows at 400 a second: their starts alone take 0.3 s.
+    let o = chain(&["--rate", "400", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!((v["rate"].as_u64(), v["workflows"].as_u64()), (Some(400), Some(120)), "{v}");
+    assert!(v.get("concurrency").is_none(), "{v}");
+    assert!(v["seconds"].as_f64().unwrap() >= 119.0 / 400.0, "{v}");
+    assert!(v["workflows_per_s"].as_f64().unwrap() <= 400.0 * 120.0 / 119.0, "{v}");
+    assert!(v["p99_ms"].as_f64() >= v["p50_ms"].as_f64(), "{v}");
+
+    let o = chain(&["--rate", "300,150", "--rounds", "2", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let points = v["sweep"].as_array().unwrap();
+    assert_eq!(points.iter().map(|p| p["rate"].as_u64().unwrap()).collect::<Vec<_>>(), [150, 300], "{v}");
+    assert!(points.iter().all(|p| p["runs"].as_array().unwrap().len() == 2), "{v}");
+    assert!(v.get("peak").is_none() && v.get("knee").is_none(), "{v}");
+    // Kept up with: the highest rate whose median throughput is at least 95 % of it.
+    let kept =
+        points.iter().rev().find(|p| p["workflows_per_s"].as_f64().unwrap() >= 0.95 * p["rate"].as_f64().unwrap());
+    assert_eq!(
+        v["kept_up"],
+        kept.cloned().map_or(Value::Null, |mut p| {
+            p.as_object_mut().unwrap().remove("runs");
+            p
+        }),
+        "{v}"
+    );
+
+    let o = chain(&["--rate", "200,100"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert!(out.contains("  rate/s   workflows/s") && out.contains("kept up (at least 95 % of the rate)"), "{out}");
+    assert!(err.contains("run 1/2: 100 started a second (open loop)"), "{err}");
+
+    for (args, says) in [
+        (&["--rate", "100", "--concurrency", "8"][..], "cannot be used with"),
+        (&["--rate", "0"][..], "--rate must be at least 1"),
+        (&["--rate", "100,50,100"][..], "--rate lists 100 twice"),
+    ] {
+        let o = chain(args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "scratch files left behind: {left:?}");
 }
 
 /// `bench chain --deploy`: a pinning version deployed halfway through the run; every

@@ -1,15 +1,18 @@
 //! `settle bench`: throughput and latency of the engine on this machine.
 //!
 //! `bench chain`: N entities, each raised once and driven through K unstable states with
-//! no-op actions to a stable state; C callers keep C workflows in flight. Latency is from
-//! the raise to the entity's next stable state, as a caller of `raise` sees it. `--nested`:
-//! the same steps as substates of one parent with an entry and an exit action.
+//! no-op actions to a stable state; C callers keep C workflows in flight (a closed loop),
+//! or with `--rate R` workflows start R a second whatever is in flight (an open loop,
+//! [`open`]). Latency is from the raise (open loop: its scheduled time) to the entity's
+//! next stable state, as a caller of `raise` sees it. `--nested`: the same steps as
+//! substates of one parent with an entry and an exit action.
 
 mod bulk;
 mod deploy;
 mod dormant;
 mod fleet;
 mod measure;
+mod open;
 mod schedule;
 mod soak;
 mod sweep;
@@ -34,7 +37,8 @@ use settle_builtin::MAX_CHAIN_STEPS;
 pub enum Bench {
     /// Entities through a chain of unstable states with no-op actions.
     #[command(after_help = "Examples:\n  settle bench chain --entities 10000 --steps 4 --concurrency 256\n  \
-                            settle bench chain --entities 1000 --steps 3 --nested --json")]
+                            settle bench chain --entities 1000 --steps 3 --nested --json\n  \
+                            settle bench chain --entities 20000 --rate 4000,8000 --rounds 3")]
     Chain(ChainArgs),
     /// Parents that each create children doing one step, and wait for all of them by
     /// subscription.
@@ -308,7 +312,13 @@ pub struct DriveArgs {
     /// and the knee (see `--rounds`).
     #[arg(long, value_delimiter = ',', default_value = "64")]
     concurrency: Vec<usize>,
-    /// Runs at each concurrency: ascending in the first round, descending in the next and
+    /// An open loop instead: start this many workflows a second on a fixed schedule,
+    /// however many are in flight; each latency counts from the workflow's scheduled
+    /// start. Several (`--rate 4000,8000`) make a sweep that reports the highest rate kept
+    /// up with (at least 95 % of it done a second) and its latency.
+    #[arg(long, value_delimiter = ',', conflicts_with = "concurrency")]
+    rate: Vec<usize>,
+    /// Runs at each concurrency (or rate): ascending in the first round, descending in the next and
     /// so on. Each run creates its own workflows, on a fresh scratch file unless `--db` is
     /// given (then every run adds its workflows to that database). With one concurrency
     /// and one round, the plain report of that run.
@@ -563,10 +573,10 @@ async fn fanout(db: Option<&str>, args: FanoutArgs) -> anyhow::Result<ExitCode> 
         deploy: false,
         drive: args.drive,
     };
-    run.run(db, settle_builtin::bind_fanout, |setup_s, concurrency| {
+    run.run(db, settle_builtin::bind_fanout, |setup_s, load| {
         format!(
-            "created {} parents in {setup_s:.2} s; each creates {} children and waits for all; {} in flight",
-            args.entities, args.children, concurrency
+            "created {} parents in {setup_s:.2} s; each creates {} children and waits for all; {load}",
+            args.entities, args.children
         )
     })
     .await
@@ -594,11 +604,8 @@ async fn chain(db: Option<&str>, args: ChainArgs) -> anyhow::Result<ExitCode> {
     run.run(
         db,
         |b| settle_builtin::bind_chain(b, steps),
-        |setup_s, concurrency| {
-            format!(
-                "created {} entities in {setup_s:.2} s; running {} workflows, {} in flight",
-                args.entities, args.entities, concurrency
-            )
+        |setup_s, load| {
+            format!("created {} entities in {setup_s:.2} s; running {} workflows, {load}", args.entities, args.entities)
         },
     )
     .await
@@ -635,28 +642,33 @@ impl Workflows {
         self,
         db: Option<&str>,
         bind: impl Fn(EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore>,
-        created: impl Fn(f64, usize) -> String,
+        created: impl Fn(f64, &str) -> String,
     ) -> anyhow::Result<ExitCode> {
-        let order = sweep::order(&self.drive.concurrency, self.drive.rounds)?;
-        if let [concurrency] = order[..] {
-            let (seconds, latencies, extra) = self.once(db, &bind, concurrency, Some(&created)).await?;
+        let (lp, levels) = match &self.drive.rate[..] {
+            [] => (sweep::Loop::Closed, &self.drive.concurrency),
+            _ => (sweep::Loop::Open, &self.drive.rate),
+        };
+        let order = sweep::order(levels, self.drive.rounds, lp)?;
+        if let [level] = order[..] {
+            let (seconds, latencies, extra) = self.once(db, &bind, (lp, level), Some(&created)).await?;
             report(self.drive.json, self.entities, self.transitions, seconds, &latencies, extra);
             return Ok(ExitCode::SUCCESS);
         }
         let mut runs = Vec::with_capacity(order.len());
-        for (i, &concurrency) in order.iter().enumerate() {
-            let (seconds, latencies, _) = self.once(db, &bind, concurrency, None).await?;
+        for (i, &level) in order.iter().enumerate() {
+            let (seconds, latencies, _) = self.once(db, &bind, (lp, level), None).await?;
             let run = sweep::Run {
-                concurrency,
+                level,
                 workflows_per_s: self.entities as f64 / seconds,
                 p50_ms: percentile_ms(&latencies, 0.50),
                 p99_ms: percentile_ms(&latencies, 0.99),
             };
             if !self.drive.json {
                 eprintln!(
-                    "run {}/{}: {concurrency} in flight, {:.0} workflows/s, p50 {:.2} ms, p99 {:.2} ms",
+                    "run {}/{}: {}, {:.0} workflows/s, p50 {:.2} ms, p99 {:.2} ms",
                     i + 1,
                     order.len(),
+                    load_text((lp, level)),
                     run.workflows_per_s,
                     run.p50_ms,
                     run.p99_ms
@@ -669,12 +681,13 @@ impl Workflows {
         extra["transitions"] = json!(self.transitions);
         extra["rounds"] = json!(self.drive.rounds);
         extra["instances"] = json!(self.drive.instances);
-        sweep::report(self.drive.json, &sweep::summarize(&runs), extra);
+        sweep::report(self.drive.json, &sweep::summarize(&runs), extra, lp);
         Ok(ExitCode::SUCCESS)
     }
 
-    /// One run at `concurrency`: creates the entities (not timed) and prints on stderr
-    /// (unless `--json`) what `created` says of the seconds that took; then runs the
+    /// One run at `load` (a concurrency or a rate): creates the entities (not timed) and
+    /// prints on stderr (unless `--json`) what `created` says of the seconds that took and
+    /// of the load; then runs the
     /// workflows, on an engine of this process with the machines `bind` registers or on
     /// the worker processes. Answers the seconds, the sorted latencies and the report's
     /// fields of this benchmark.
@@ -682,8 +695,8 @@ impl Workflows {
         &self,
         db: Option<&str>,
         bind: &impl Fn(EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore>,
-        concurrency: usize,
-        created: Option<&dyn Fn(f64, usize) -> String>,
+        load: (sweep::Loop, usize),
+        created: Option<Created<'_>>,
     ) -> anyhow::Result<(f64, Vec<Duration>, serde_json::Value)> {
         let (path, _scratch) = bench_db(db);
         let (engine, workers) = bench_engine(&path, self.drive.instances, |s| bind(Engine::builder(s))).await?;
@@ -693,7 +706,7 @@ impl Workflows {
         let setup = Instant::now();
         create_all(&engine, &self.machine, &keys, self.properties.clone()).await?;
         if let Some(created) = created.filter(|_| !self.drive.json) {
-            eprintln!("{}", created(setup.elapsed().as_secs_f64(), concurrency));
+            eprintln!("{}", created(setup.elapsed().as_secs_f64(), &load_text(load)));
         }
         let (e, machine) = (engine.clone(), self.machine.clone());
         let finished = Arc::new(AtomicUsize::new(0));
@@ -701,7 +714,7 @@ impl Workflows {
         let deployed =
             self.deploy.then(|| tokio::spawn(deploy::midway(engine.clone(), self.machine.clone(), halfway.clone())));
         let (half, count, notify) = (self.entities.div_ceil(2), finished.clone(), halfway.clone());
-        let (seconds, latencies) = drive(&keys, concurrency, move |key| {
+        let one = move |key: String| {
             let (e, machine, count, notify) = (e.clone(), machine.clone(), count.clone(), notify.clone());
             async move {
                 raise_until(&e, &machine, &key, "done").await?;
@@ -710,15 +723,21 @@ impl Workflows {
                 }
                 Ok(())
             }
-        })
-        .await?;
+        };
+        let (seconds, latencies) = match load {
+            (sweep::Loop::Closed, concurrency) => drive(&keys, concurrency, one).await?,
+            (sweep::Loop::Open, rate) => open::drive(&keys, rate, one).await?,
+        };
         let mut extra = self.extra.clone();
         if let Some(task) = deployed {
             let report = task.await??;
             extra["deploy"] = deploy::check(&engine, &self.machine, report, workers.is_some()).await?;
         }
         stop(engine, workers).await;
-        extra["concurrency"] = json!(concurrency);
+        match load {
+            (sweep::Loop::Closed, concurrency) => extra["concurrency"] = json!(concurrency),
+            (sweep::Loop::Open, rate) => extra["rate"] = json!(rate),
+        }
         extra["instances"] = json!(self.drive.instances);
         if self.count_hooks {
             let runs = &settle_builtin::NESTED_CHAIN_HOOKS;
@@ -726,6 +745,18 @@ impl Workflows {
             extra["exit_runs"] = json!(runs.left.load(Ordering::Relaxed));
         }
         Ok((seconds, latencies, extra))
+    }
+}
+
+/// What a run prints once its entities are created, given the seconds that took and how
+/// its workflows are started ([`load_text`]).
+type Created<'a> = &'a dyn Fn(f64, &str) -> String;
+
+/// How a run's workflows are started, for people: `64 in flight`, `8000 a second (open loop)`.
+fn load_text((lp, level): (sweep::Loop, usize)) -> String {
+    match lp {
+        sweep::Loop::Closed => format!("{level} in flight"),
+        sweep::Loop::Open => format!("{level} started a second (open loop)"),
     }
 }
 
