@@ -331,6 +331,13 @@ fn an_open_loop_of_chain() {
     assert!(v["seconds"].as_f64().unwrap() >= 119.0 / 400.0, "{v}");
     assert!(v["workflows_per_s"].as_f64().unwrap() <= 400.0 * 120.0 / 119.0, "{v}");
     assert!(v["p99_ms"].as_f64() >= v["p50_ms"].as_f64(), "{v}");
+    // Kept up: at least 95 % of the rate done a second.
+    assert_eq!(v["kept_up"].as_bool(), Some(v["workflows_per_s"].as_f64().unwrap() >= 0.95 * 400.0), "{v}");
+    let o = chain(&["--rate", "400"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("open loop: 400 started a second; the engine "), "{out}");
+    assert!(stderr(&o).contains("running 120 workflows, 400 started a second (open loop)"), "{}", stderr(&o));
 
     let o = chain(&["--rate", "300,150", "--rounds", "2", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -318,10 +318,10 @@ pub struct DriveArgs {
     /// up with (at least 95 % of it done a second) and its latency.
     #[arg(long, value_delimiter = ',', conflicts_with = "concurrency")]
     rate: Vec<usize>,
-    /// Runs at each concurrency (or rate): ascending in the first round, descending in the next and
-    /// so on. Each run creates its own workflows, on a fresh scratch file unless `--db` is
-    /// given (then every run adds its workflows to that database). With one concurrency
-    /// and one round, the plain report of that run.
+    /// Runs at each concurrency (or rate): ascending in the first round, descending in the
+    /// next and so on. Each run creates its own workflows, on a fresh scratch file unless
+    /// `--db` is given (then every run adds its workflows to that database). With one
+    /// concurrency (or rate) and one round, the plain report of that run.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
     /// Worker processes (`settle run`) that process the workflows while this process
@@ -542,6 +542,10 @@ fn report(
             transitions as f64 / seconds
         );
         println!("latency: p50 {:.2} ms, p99 {:.2} ms", pct(0.50), pct(0.99));
+        if let Some(rate) = extra.get("rate") {
+            let kept = if extra["kept_up"] == true { "kept up with" } else { "fell behind" };
+            println!("open loop: {rate} started a second; the engine {kept} it");
+        }
         println!("peak RSS: {:.1} MiB", peak_rss_mb());
         if let Some(d) = extra.get("deploy") {
             println!(
@@ -687,9 +691,8 @@ impl Workflows {
 
     /// One run at `load` (a concurrency or a rate): creates the entities (not timed) and
     /// prints on stderr (unless `--json`) what `created` says of the seconds that took and
-    /// of the load; then runs the
-    /// workflows, on an engine of this process with the machines `bind` registers or on
-    /// the worker processes. Answers the seconds, the sorted latencies and the report's
+    /// of the load; then runs the workflows, on an engine of this process with the
+    /// machines `bind` registers or on the worker processes. Answers the seconds, the sorted latencies and the report's
     /// fields of this benchmark.
     async fn once(
         &self,
@@ -736,7 +739,11 @@ impl Workflows {
         stop(engine, workers).await;
         match load {
             (sweep::Loop::Closed, concurrency) => extra["concurrency"] = json!(concurrency),
-            (sweep::Loop::Open, rate) => extra["rate"] = json!(rate),
+            (sweep::Loop::Open, rate) => {
+                extra["rate"] = json!(rate);
+                let done = self.entities as f64 / seconds;
+                extra["kept_up"] = json!(done >= open::KEPT_UP_SHARE * rate as f64);
+            }
         }
         extra["instances"] = json!(self.drive.instances);
         if self.count_hooks {
