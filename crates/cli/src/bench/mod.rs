@@ -692,8 +692,8 @@ impl Workflows {
     /// One run at `load` (a concurrency or a rate): creates the entities (not timed) and
     /// prints on stderr (unless `--json`) what `created` says of the seconds that took and
     /// of the load; then runs the workflows, on an engine of this process with the
-    /// machines `bind` registers or on the worker processes. Answers the seconds, the sorted latencies and the report's
-    /// fields of this benchmark.
+    /// machines `bind` registers or on the worker processes. Answers the seconds, the
+    /// sorted latencies and the report's fields of this benchmark.
     async fn once(
         &self,
         db: Option<&str>,
@@ -741,8 +741,7 @@ impl Workflows {
             (sweep::Loop::Closed, concurrency) => extra["concurrency"] = json!(concurrency),
             (sweep::Loop::Open, rate) => {
                 extra["rate"] = json!(rate);
-                let done = self.entities as f64 / seconds;
-                extra["kept_up"] = json!(done >= open::KEPT_UP_SHARE * rate as f64);
+                extra["kept_up"] = json!(open::kept_up(self.entities as f64 / seconds, rate));
             }
         }
         extra["instances"] = json!(self.drive.instances);
@@ -759,7 +758,8 @@ impl Workflows {
 /// its workflows are started ([`load_text`]).
 type Created<'a> = &'a dyn Fn(f64, &str) -> String;
 
-/// How a run's workflows are started, for people: `64 in flight`, `8000 a second (open loop)`.
+/// How a run's workflows are started, for people: `64 in flight`, `8000 started a second
+/// (open loop)`.
 fn load_text((lp, level): (sweep::Loop, usize)) -> String {
     match lp {
         sweep::Loop::Closed => format!("{level} in flight"),

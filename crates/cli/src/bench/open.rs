@@ -17,6 +17,12 @@ use tokio::time::Instant;
 /// Below this share of the offered rate, the engine did not keep up with it.
 pub(super) const KEPT_UP_SHARE: f64 = 0.95;
 
+/// Whether a run at `rate` a second that did `workflows_per_s` kept up with it (at least
+/// [`KEPT_UP_SHARE`] of it).
+pub(super) fn kept_up(workflows_per_s: f64, rate: usize) -> bool {
+    workflows_per_s >= KEPT_UP_SHARE * rate as f64
+}
+
 /// When workflow `i` of a run at `rate` a second starts, after the run's start.
 pub(super) fn offset(i: usize, rate: usize) -> Duration {
     Duration::from_nanos((i as u128 * 1_000_000_000 / rate.max(1) as u128) as u64)
@@ -58,6 +64,12 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_up_is_at_least_95_percent_of_the_rate() {
+        assert!(kept_up(950.0, 1000));
+        assert!(!kept_up(949.9, 1000));
+    }
 
     #[test]
     fn starts_are_evenly_spread_over_the_second() {

@@ -15,7 +15,7 @@
 use serde_json::{Value, json};
 
 use super::measure::{median, peak_rss_mb, round3};
-use super::open::KEPT_UP_SHARE;
+use super::open::{self, KEPT_UP_SHARE};
 
 /// How a benchmark starts its workflows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +130,7 @@ pub(super) fn knee(points: &[Point]) -> &Point {
 /// The highest rate of an open loop's sweep whose median throughput is at least
 /// [`KEPT_UP_SHARE`] of it, if any.
 pub(super) fn kept_up(points: &[Point]) -> Option<&Point> {
-    points.iter().rev().find(|p| p.workflows_per_s >= KEPT_UP_SHARE * p.level as f64)
+    points.iter().rev().find(|p| open::kept_up(p.workflows_per_s, p.level))
 }
 
 fn point_json(p: &Point, lp: Loop) -> Value {
@@ -195,7 +195,7 @@ pub(super) fn report(json_out: bool, points: &[Point], extra: Value, lp: Loop) {
                 (false, true) => "  knee",
                 _ => "",
             },
-            Loop::Open if p.workflows_per_s < KEPT_UP_SHARE * p.level as f64 => "  fell behind",
+            Loop::Open if !open::kept_up(p.workflows_per_s, p.level) => "  fell behind",
             Loop::Open => "",
         };
         println!("{:>9}  {:>11.0}  {:>7.2}  {:>7.2}{mark}", p.level, p.workflows_per_s, p.p50_ms, p.p99_ms);
