@@ -24,17 +24,32 @@ pub struct EngineBuilder<S: Store> {
     registry: Registry,
     config: Config,
     errors: Vec<Error>,
+    /// Run the definitions stored instead of those registered ([`EngineBuilder::stored_definitions`]).
+    stored: bool,
+    /// Who the versions this builder stores are deployed by ([`EngineBuilder::origin`]).
+    origin: String,
 }
 
 impl<S: Store + Clone> EngineBuilder<S> {
     /// Starts with a store and no machines.
     pub fn new(store: S) -> Self {
-        EngineBuilder { store, registry: Registry::new(), config: Config::default(), errors: Vec::new() }
+        EngineBuilder {
+            store,
+            registry: Registry::new(),
+            config: Config::default(),
+            errors: Vec::new(),
+            stored: false,
+            origin: String::new(),
+        }
     }
     /// Registers a validated machine.
     pub fn machine(mut self, machine: Machine) -> Self {
         self.registry.machines.insert(machine.name().clone(), Arc::new(machine));
         self
+    }
+    /// The machines registered so far, in no order.
+    pub fn registered(&self) -> impl Iterator<Item = &Machine> {
+        self.registry.machines.values().map(|m| m.as_ref())
     }
     /// Binds a handler to `machine`'s `action`.
     pub fn handler(mut self, machine: &str, action: &str, h: Handler) -> Self {
@@ -60,6 +75,25 @@ impl<S: Store + Clone> EngineBuilder<S> {
         N: Into<MachineName>,
     {
         self.registry.served = Some(machines.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Runs the definitions stored in the database (each machine's current version, and the
+    /// older versions entities still run under) instead of deploying the registered ones:
+    /// a registered machine only lends its handlers, and only to a stored machine whose
+    /// current version is identical to it (same content hash). Nothing is deployed; the
+    /// stored machines whose actions have no handler then need agents, or the engine must
+    /// process nothing. An empty database gives an engine of no machines.
+    pub fn stored_definitions(mut self) -> Self {
+        self.stored = true;
+        self
+    }
+
+    /// Records `origin` as who deployed the versions this engine stores as it starts
+    /// (`MachineRecord::origin`; default `""`): the `settle` binary marks its built-in
+    /// machines so.
+    pub fn origin(mut self, origin: &str) -> Self {
+        self.origin = origin.to_string();
         self
     }
 
@@ -92,6 +126,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let (runs_bulk, bulk_owner, bulk_lease, bulk_poll) =
             (config.max_inflight > 0, config.owner.clone(), config.lease, config.poll);
         let deploy_poll = config.poll;
+        let (read_only, processes) = (config.read_only, config.max_inflight > 0);
         let archive = config.archive.clone().map(crate::archive::Archive::new);
         let registries = Arc::new(crate::registry::Registries::new(registry.clone()));
         let mut scheduler = Scheduler::new(
@@ -127,13 +162,15 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 deploying: tokio::sync::Mutex::new(()),
                 poll: deploy_poll,
                 deployed: std::sync::Mutex::new(deployed),
+                read_only,
+                processes,
             }),
         };
         // An engine that processes work also runs bulk operations.
         // Schedules are stored before `start` returns (a new one counts its fires from
         // then), by any engine; one that processes work also fires them.
         let scheduled = engine.inner.registry().machines.values().any(|m| !m.schedules().is_empty());
-        if scheduled {
+        if scheduled && !read_only {
             crate::schedules::sync(&engine).await?;
         }
         if runs_bulk {
@@ -149,12 +186,16 @@ impl<S: Store + Clone> EngineBuilder<S> {
     }
 
     /// Everything [`start`](Self::start) does before the scheduler runs: checks the
-    /// bindings and definitions, stores new definition versions (moving entities of
-    /// renamed states), and, if `reclaim` and the store is exclusive, releases the leases
-    /// a previous engine left.
+    /// bindings and definitions, deploys new definition versions (all of them, with their
+    /// entities' moves, in one transaction, or none), and, if `reclaim` and the store is
+    /// exclusive, releases the leases a previous engine left. A read-only engine writes
+    /// none of it.
     pub(crate) async fn prepare(mut self, reclaim: bool) -> Result<Prepared<S>> {
         if let Some(e) = self.errors.pop() {
             return Err(e);
+        }
+        if self.config.read_only {
+            self.config.max_inflight = 0;
         }
         for (machine, action) in self.registry.handlers.keys() {
             let m = self.registry.machine(machine)?;
@@ -166,6 +207,10 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 }
                 Some(_) => {}
             }
+        }
+        let stored = self.store.machine_list().await?;
+        if self.stored {
+            take_stored(&stored, &mut self.registry)?;
         }
         if let Some(served) = &self.registry.served
             && let Some(unknown) = served.iter().find(|m| !self.registry.machines.contains_key(*m))
@@ -182,24 +227,51 @@ impl<S: Store + Clone> EngineBuilder<S> {
         if report.has_errors() {
             return Err(Error::Invalid(report));
         }
-        crate::deploy::check_handlers(&self.registry)?;
+        let processes = self.config.max_inflight > 0;
+        if processes {
+            crate::deploy::check_handlers(&self.registry)?;
+        }
         // A batch the store re-runs later (after a lost connection) takes its time from
         // this engine's clock.
         self.store.use_clock(self.config.clock.clone());
         let now = self.config.clock.now_ms();
         // Leases a previous engine left go first: a version's move skips held entities.
-        if reclaim && self.store.exclusive() {
+        if reclaim && self.store.exclusive() && !self.config.read_only {
             let n = self.store.lease_release_all(now).await?;
             if n > 0 {
                 tracing::info!(leases = n, "reclaimed leases left by a previous engine");
             }
         }
-        let stored = self.store.machine_list().await?;
         // The versions stored: the older ones for the entities still under them.
         let given = self.registry.clone();
         crate::deploy::take_up(&stored, &mut self.registry);
+        if !self.stored {
+            let deploy = self.plan_given(&given, &stored, now).await?;
+            if !deploy.versions.is_empty() && !self.config.read_only {
+                let versions = deploy.versions.len();
+                self.store.machine_deploy(deploy).await?;
+                tracing::info!(versions, "deployed the definitions given");
+            }
+        }
+        // The version deployed since may need other handlers.
+        if processes {
+            crate::deploy::check_handlers(&self.registry)?;
+        }
+        Ok(Prepared { store: self.store, registry: Arc::new(self.registry), config: self.config })
+    }
+
+    /// Makes each `given` machine current (unless a newer version was deployed since, which
+    /// then runs) and plans the deploy of those not stored yet: each checked against the
+    /// live entities first, so that one refused stores none.
+    async fn plan_given(
+        &mut self,
+        given: &Registry,
+        stored: &[settle_store::MachineRecord],
+        now: settle_store::Millis,
+    ) -> Result<settle_store::Deploy> {
         let mut names: Vec<MachineName> = given.machines.keys().cloned().collect();
         names.sort();
+        let mut deploy = settle_store::Deploy { now, ..Default::default() };
         for name in names {
             let m = given.machines[&name].clone();
             let hash = m.content_hash();
@@ -224,13 +296,39 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 previous.machines.insert(name.clone(), v);
             }
             let plan = crate::deploy::plan(&self.store, &previous, &m, &hash).await?;
-            crate::deploy::store_version(&self.store, &m, &hash, now).await?;
-            crate::deploy::move_entities(&self.store, &name, &hash, &plan, now).await?;
+            deploy.versions.push(crate::deploy::new_version(&m, &hash, &self.origin));
+            deploy.moves.push(crate::deploy::moves_of(&name, &hash, &plan));
+            deploy.meta = Some(crate::deploy::marker(now, &name, &hash));
         }
-        // The version deployed since may need other handlers.
-        crate::deploy::check_handlers(&self.registry)?;
-        Ok(Prepared { store: self.store, registry: Arc::new(self.registry), config: self.config })
+        Ok(deploy)
     }
+}
+
+/// Replaces the machines of `registry` by the current versions `stored`; a handler stays
+/// bound only where the machine registered for it is identical to the stored one.
+fn take_stored(stored: &[settle_store::MachineRecord], registry: &mut Registry) -> Result<()> {
+    let mut newest: std::collections::BTreeMap<&str, &settle_store::MachineRecord> = Default::default();
+    for r in stored {
+        let at = newest.entry(r.name.as_str()).or_insert(r);
+        if r.created_at > at.created_at {
+            *at = r;
+        }
+    }
+    let lenders = std::mem::take(&mut registry.machines);
+    let identical: std::collections::HashSet<&str> = newest
+        .iter()
+        .filter(|(name, r)| lenders.get(**name).is_some_and(|m| m.content_hash() == r.hash))
+        .map(|(name, _)| *name)
+        .collect();
+    registry.handlers.retain(|(machine, _), _| identical.contains(machine.as_str()));
+    for (name, r) in newest {
+        let m = Machine::from_canonical_json(&r.definition).map_err(|e| Error::Unsupported {
+            machine: name.to_string(),
+            what: format!("its current version {} stored in the database does not read back: {e}", r.hash),
+        })?;
+        registry.machines.insert(m.name().clone(), Arc::new(m));
+    }
+    Ok(())
 }
 
 /// A checked engine, not yet running: what a scheduler is built from.

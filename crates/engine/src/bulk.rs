@@ -356,6 +356,7 @@ impl<S: Store> Engine<S> {
     /// the runner. The stored row, and whether it is new (a request id used before for a
     /// bulk operation returns that one).
     pub async fn bulk_start(&self, req: BulkRequest) -> Result<(BulkRow, bool)> {
+        self.inner.writable("bulk operation")?;
         let machines = self.machines();
         let refs: Vec<&Machine> = machines.iter().map(|m| m.as_ref()).collect();
         req.selection.check(&refs).map_err(Error::Bulk)?;
@@ -443,6 +444,7 @@ impl<S: Store> Engine<S> {
     /// Cancels the bulk operation `request_id` if it runs (the page in flight finishes;
     /// nothing after it starts). The row after; `None` if there is none such.
     pub async fn bulk_cancel(&self, request_id: &str) -> Result<Option<BulkRow>> {
+        self.inner.writable("bulk cancel")?;
         Ok(self.inner.store.bulk_cancel(request_id, self.inner.clock.now_ms()).await?)
     }
 

@@ -43,6 +43,12 @@ pub struct Config {
     /// archive = false`. `None`: only a machine that says `archive = true` needs one (and
     /// the engine refuses to start without it).
     pub archive: Option<crate::ArchiveConfig>,
+    /// An engine that writes nothing (read-only commands and dry runs look through it): it
+    /// stores no definition, releases no lease, claims nothing, runs no supervisor, no
+    /// pruning, no bulk operation and no schedule, and refuses every write asked of it
+    /// ([`Error::ReadOnly`](crate::Error::ReadOnly)); a dry run of pruning or of a deploy
+    /// answers as on any engine. Default: `false`.
+    pub read_only: bool,
     /// Where time comes from: the system clock, or a [`ManualClock`](settle_store::ManualClock)
     /// that tests advance. Every due time, lease, backoff, timer and sleep the engine
     /// decides is counted on it.
@@ -64,7 +70,15 @@ impl Default for Config {
             prune_pause: Duration::from_millis(20),
             prune_limit: 200,
             archive: None,
+            read_only: false,
             clock: Arc::new(SystemClock),
         }
+    }
+}
+
+impl<S> crate::engine::Inner<S> {
+    /// `Ok` unless the engine is read-only ([`Config::read_only`]): then `what` is refused.
+    pub(crate) fn writable(&self, what: &'static str) -> crate::Result<()> {
+        if self.read_only { Err(crate::Error::ReadOnly(what)) } else { Ok(()) }
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use settle_core::upgrade::{Occupied, Plan};
 use settle_core::{Machine, MachineName};
-use settle_store::{EntityFilter, MachineRecord, Millis, StateMove, Store};
+use settle_store::{EntityFilter, MachineRecord, Millis, Moves, NewVersion, StateMove, Store};
 
 use crate::engine::{Engine, Inner};
 use crate::error::{Error, Result, Stranded};
@@ -69,6 +69,9 @@ impl<S: Store + Clone> Engine<S> {
             let what = "two definitions of it in one deploy".to_string();
             return Err(Error::Unsupported { machine: w[0].to_string(), what });
         }
+        if !dry_run {
+            self.inner.writable("deploy")?;
+        }
         let _one = self.inner.deploying.lock().await;
         self.reload().await?;
         let registry = self.inner.registry();
@@ -98,7 +101,11 @@ impl<S: Store + Clone> Engine<S> {
         if report.has_errors() {
             return Err(Error::Invalid(report));
         }
-        check_handlers(&next)?;
+        // An engine that processes nothing (`settle deploy` on the database) runs no
+        // action: a deploy stores and moves, whatever handlers the versions need.
+        if self.inner.processes {
+            check_handlers(&next)?;
+        }
         let mut plans = Vec::new();
         for (m, hash) in &changed {
             plans.push(plan(&self.inner.store, &registry, m, hash).await?);
@@ -106,19 +113,36 @@ impl<S: Store + Clone> Engine<S> {
         let now = self.inner.clock.now_ms();
         let mut moved = vec![0; changed.len()];
         if !dry_run && !changed.is_empty() {
+            // The new versions are known from now on (an entity the deploy moves runs under
+            // its version wherever it is claimed), but not yet current; once every commit
+            // decided before is written, the plans are made again on what the entities are
+            // now, and the versions, the moves and the marker are written in one
+            // transaction: all of them or, if any plan is refused now, none.
+            let mut known = (*registry).clone();
             for (m, hash) in &changed {
-                store_version(&self.inner.store, m, hash, now).await?;
+                known.versions.insert(hash.clone(), m.clone());
             }
-            // The new versions run here from now on; once every commit decided before is
-            // written, the entities no engine holds move (a held one moves with its commit).
-            self.inner.registries.replace(next);
-            self.after_replace().await?;
+            self.inner.registries.replace(known);
             self.barrier().await?;
-            for (i, ((m, hash), planned)) in changed.iter().zip(&plans).enumerate() {
-                // Counted again: entities came to other states meanwhile.
-                let now_planned = plan(&self.inner.store, &registry, m, hash).await.ok();
-                let planned = now_planned.as_ref().unwrap_or(planned);
-                moved[i] = move_entities(&self.inner.store, m.name(), hash, planned, now).await?;
+            let mut deploy = settle_store::Deploy { now, ..Default::default() };
+            for (i, (m, hash)) in changed.iter().enumerate() {
+                plans[i] = plan(&self.inner.store, &registry, m, hash).await?;
+                deploy.versions.push(new_version(m, hash, ""));
+                deploy.moves.push(moves_of(m.name(), hash, &plans[i]));
+            }
+            let marker = changed.last().map(|(m, h)| marker(now, m.name(), h));
+            deploy.meta = marker.clone();
+            moved = self.inner.store.machine_deploy(deploy).await?;
+            self.inner.registries.replace(next);
+            *self.inner.deployed.lock().unwrap_or_else(|e| e.into_inner()) = marker.map(|(_, v)| v);
+            self.after_replace().await?;
+            // Entities this engine brought to rest under an older version while the new one
+            // was not yet current move now that their commits are written.
+            self.barrier().await?;
+            for (name, n) in self.settle_held().await? {
+                if let Some(i) = changed.iter().position(|(m, _)| *m.name() == name) {
+                    moved[i] += n;
+                }
             }
         }
         for (i, ((m, hash), plan)) in changed.iter().zip(&plans).enumerate() {
@@ -134,9 +158,6 @@ impl<S: Store + Clone> Engine<S> {
             });
         }
         if !dry_run && !changed.is_empty() {
-            let marker = changed.last().map(|(m, h)| format!("{now}:{}:{h}", m.name())).unwrap_or_default();
-            self.inner.store.meta_put(MARKER, &marker).await?;
-            *self.inner.deployed.lock().unwrap_or_else(|e| e.into_inner()) = Some(marker);
             // Once every instance took it up, the entities that came to rest under an
             // older version on one that had not yet move too.
             let (inner, wait) = (Arc::downgrade(&self.inner), self.inner.poll * 2);
@@ -183,20 +204,41 @@ impl<S: Store + Clone> Engine<S> {
     /// took the deploy up). Returns how many moved.
     pub async fn settle_versions(&self) -> Result<u64> {
         let _one = self.inner.deploying.lock().await;
+        Ok(self.settle_held().await?.iter().map(|(_, n)| n).sum())
+    }
+
+    /// [`settle_versions`](Self::settle_versions), with the deploy lock held: how many moved,
+    /// by machine.
+    async fn settle_held(&self) -> Result<Vec<(MachineName, u64)>> {
+        if self.inner.read_only {
+            return Ok(Vec::new());
+        }
         let registry = self.inner.registry();
-        let now = self.inner.clock.now_ms();
-        let mut moved = 0;
         let mut names: Vec<&MachineName> = registry.machines.keys().collect();
         names.sort();
+        let mut deploy = settle_store::Deploy { now: self.inner.clock.now_ms(), ..Default::default() };
+        let mut machines = Vec::new();
         for name in names {
             let (m, hash) = (&registry.machines[name], &registry.hashes[name]);
             if !registry.versions.iter().any(|(h, v)| v.name() == name && h != hash) {
                 continue;
             }
             let Ok(plan) = plan(&self.inner.store, &registry, m, hash).await else { continue };
-            moved += move_entities(&self.inner.store, name, hash, &plan, now).await?;
+            let moves = moves_of(name, hash, &plan);
+            if !moves.moves.is_empty() {
+                deploy.moves.push(moves);
+                machines.push(name.clone());
+            }
         }
-        Ok(moved)
+        if deploy.moves.is_empty() {
+            return Ok(Vec::new());
+        }
+        let moved = self.inner.store.machine_deploy(deploy).await?;
+        let total: u64 = moved.iter().sum();
+        if total > 0 {
+            tracing::info!(entities = total, "moved entities to the deployed versions");
+        }
+        Ok(machines.into_iter().zip(moved).collect())
     }
 
     /// Waits until every commit the scheduler queued before now is written.
@@ -208,6 +250,9 @@ impl<S: Store + Clone> Engine<S> {
 
     /// What follows a new registry: the schedules it declares are stored.
     async fn after_replace(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
         crate::schedules::sync(self).await?;
         self.inner.schedules.notify_one();
         Ok(())
@@ -311,33 +356,24 @@ pub(crate) async fn plan<S: Store>(store: &S, registry: &Registry, new: &Machine
     Err(Error::UpgradeRefused { message, stranded })
 }
 
-/// Stores `machine` as its machine's current version (deployed after every stored one).
-pub(crate) async fn store_version<S: Store>(store: &S, machine: &Machine, hash: &str, now: Millis) -> Result<()> {
-    let name = machine.name().as_str();
-    let latest = store.machine_list().await?.iter().filter(|r| r.name == *name).map(|r| r.created_at).max();
-    let at = latest.map_or(now, |l| now.max(l + 1));
-    store.machine_put(name, hash, &machine.canonical_json(), at).await?;
-    Ok(())
+/// `machine` (of content hash `hash`) as a version to store, deployed by `origin`.
+pub(crate) fn new_version(machine: &Machine, hash: &str, origin: &str) -> NewVersion {
+    NewVersion {
+        name: machine.name().to_string(),
+        hash: hash.to_string(),
+        definition: machine.canonical_json(),
+        origin: origin.to_string(),
+    }
 }
 
-/// Moves the entities `plan` moves now to the version `hash` of `name`. Returns how many
-/// moved.
-pub(crate) async fn move_entities<S: Store>(
-    store: &S,
-    name: &str,
-    hash: &str,
-    plan: &Plan,
-    now: Millis,
-) -> Result<u64> {
-    let moves = state_moves(plan);
-    if moves.is_empty() {
-        return Ok(0);
-    }
-    let moved = store.machine_move(name, moves, hash, now).await?;
-    if moved > 0 {
-        tracing::info!(machine = %name, entities = moved, "moved entities to the deployed version");
-    }
-    Ok(moved)
+/// The moves `plan` makes now, of the entities of `name` to its version `hash`.
+pub(crate) fn moves_of(name: &str, hash: &str, plan: &Plan) -> Moves {
+    Moves { machine: name.to_string(), hash: hash.to_string(), moves: state_moves(plan) }
+}
+
+/// The deploy marker ([`MARKER`]) of a deploy at `now` whose last version is `hash` of `name`.
+pub(crate) fn marker(now: Millis, name: &str, hash: &str) -> (String, String) {
+    (MARKER.to_string(), format!("{now}:{name}:{hash}"))
 }
 
 /// The store's moves of `plan`'s.

@@ -59,6 +59,10 @@ pub(crate) struct Inner<S> {
     pub(crate) poll: std::time::Duration,
     /// The last deploy marker read from the store (see `crate::deploy`).
     pub(crate) deployed: std::sync::Mutex<Option<String>>,
+    /// It writes nothing ([`crate::Config::read_only`]; `Inner::writable`).
+    pub(crate) read_only: bool,
+    /// It claims due work (`max_inflight` above 0): its machines' actions need handlers.
+    pub(crate) processes: bool,
 }
 
 impl<S> Inner<S> {

@@ -96,6 +96,7 @@ impl<S: Store + Clone> Engine<S> {
     /// it from its next fire after now (what it would have fired meanwhile is not fired).
     /// The row after.
     pub async fn schedule_pause(&self, machine: &str, name: &str, paused: bool) -> Result<ScheduleRow> {
+        self.inner.writable("schedule pause")?;
         let m = self.inner.registry().machine(machine)?.clone();
         let cal = m
             .schedule(name)
@@ -125,6 +126,9 @@ impl<S: Store + Clone> Engine<S> {
 
 /// Stores a row for each schedule of the machines `engine` serves.
 pub(crate) async fn sync<S: Store + Clone>(engine: &Engine<S>) -> Result<()> {
+    if engine.inner.read_only {
+        return Ok(());
+    }
     let now = engine.inner.clock.now_ms();
     let registry = engine.inner.registry();
     for m in registry.machines.values().filter(|m| registry.serves(m.name())) {

@@ -1459,7 +1459,14 @@ async fn a_stored_older_version_is_drawn_when_asked() {
         .build()
         .unwrap();
     let store = app.state.engine().store();
-    settle_store::Store::machine_put(store, "door", &old.content_hash(), &old.canonical_json(), 1).await.unwrap();
+    let versions = vec![settle_store::NewVersion {
+        name: "door".into(),
+        hash: old.content_hash(),
+        definition: old.canonical_json(),
+        origin: String::new(),
+    }];
+    let deploy = settle_store::Deploy { versions, now: 1, ..Default::default() };
+    settle_store::Store::machine_deploy(store, deploy).await.unwrap();
     let svg = app.get(&format!("/v1/machines/door/graph?format=svg&version={}", old.content_hash())).await.text;
     assert!(svg.contains("data-state=\"ajar\""), "the old version's states");
     let now = app.get(&format!("/v1/machines/door/graph?format=svg&version={current}")).await.text;

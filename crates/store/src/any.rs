@@ -82,7 +82,7 @@ impl Store for AnyStore {
         fn error_newest(&self, entity_ids: Vec<i64>) -> Vec<(i64, ErrorRow)>;
         fn operation_trace(&self, request_id: &str, limit: u64) -> OperationTrace;
         fn operation_reached(&self, request_id: &str, after: Option<i64>, limit: u64) -> Vec<EntityRow>;
-        fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> ();
+        fn machine_deploy(&self, deploy: crate::Deploy) -> Vec<u64>;
         fn machine_list(&self) -> Vec<MachineRecord>;
         fn meta_get(&self, key: &str) -> Option<String>;
         fn meta_put(&self, key: &str, value: &str) -> ();
@@ -93,7 +93,6 @@ impl Store for AnyStore {
         fn operations_ended(&self, request_ids: Vec<String>) -> Vec<OperationRow>;
         fn operation_page(&self, outcome: Option<String>, before: Option<i64>, limit: u64) -> Vec<OperationRow>;
         fn operation_scan(&self, filter: crate::OperationFilter, before: Option<i64>, window: u64, limit: u64) -> crate::OperationWindow;
-        fn machine_move(&self, machine: &str, moves: Vec<crate::StateMove>, hash: &str, now: Millis) -> u64;
         fn entity_count_by_version(&self, machine: &str) -> Vec<(String, String, u64)>;
         fn machine_versions(&self) -> Vec<(MachineRecord, u64)>;
         fn events_list(&self, entity_id: i64) -> Vec<EventRow>;

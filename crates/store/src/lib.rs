@@ -57,7 +57,7 @@ pub use entity::{
 pub use feed::{FeedFilter, FeedItem, FeedPage, FeedPos};
 pub use history::{HistoryKind, HistoryRow};
 pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
-pub use machine::{MachineRecord, StateMove};
+pub use machine::{Deploy, MachineRecord, Moves, NewVersion, StateMove};
 pub use operation::{OpenOperation, OperationFilter, OperationRow, OperationWindow};
 pub use postgres::PgStore;
 pub use prune::{Prune, PruneRule, Pruned, PrunedEntity, PrunedRows, Storage, Trim};
@@ -167,15 +167,16 @@ pub trait Store: Send + Sync + 'static {
         limit: u64,
     ) -> impl Future<Output = Result<Vec<EntityRow>>> + Send;
 
-    /// Stores a machine definition version deployed at `now`; one stored already (by name
-    /// and hash) only takes `now` as its deploy time (a roll back makes it current again).
-    fn machine_put(
-        &self,
-        name: &str,
-        hash: &str,
-        definition: &str,
-        now: Millis,
-    ) -> impl Future<Output = Result<()>> + Send;
+    /// Writes a deploy whole, in one transaction: every version of `deploy.versions` stored
+    /// as its machine's current one (one stored before, by name and hash, is deployed again:
+    /// a roll back makes it current again), then every machine's entities moved (see
+    /// [`Moves`]: for each move, every entity no engine holds in `from` under `version`
+    /// lands in `to`; a renamed state is recorded in history, its entity's version bumped
+    /// and an open agent task kept for the new state; a state that stays changes only the
+    /// version; an entity held now moves with its next commit, the engine's), then
+    /// `deploy.meta`. A failure, or a crash, leaves none of it. Returns how many entities
+    /// moved, per [`Moves`] in order.
+    fn machine_deploy(&self, deploy: Deploy) -> impl Future<Output = Result<Vec<u64>>> + Send;
     /// All stored machine definition versions.
     fn machine_list(&self) -> impl Future<Output = Result<Vec<MachineRecord>>> + Send;
 
@@ -232,18 +233,6 @@ pub trait Store: Send + Sync + 'static {
         window: u64,
         limit: u64,
     ) -> impl Future<Output = Result<OperationWindow>> + Send;
-    /// Moves entities of `machine` to the definition version `hash`: for each move, every
-    /// entity no engine holds (no lease) in `from` under `version` lands in `to`. A renamed
-    /// state is recorded in history (its entity's version bumped, an open agent task kept
-    /// for the new state); a state that stays changes only the version. An entity held
-    /// now moves with its next commit (the engine's). Returns how many moved.
-    fn machine_move(
-        &self,
-        machine: &str,
-        moves: Vec<StateMove>,
-        hash: &str,
-        now: Millis,
-    ) -> impl Future<Output = Result<u64>> + Send;
     /// Number of entities of `machine` per (definition version, state); an entity with no
     /// version recorded counts under `""`.
     fn entity_count_by_version(&self, machine: &str)

@@ -237,7 +237,9 @@ impl<S: Store + Clone> Scheduler<S> {
         // so that the writer writes it while this loop acts on the last.
         let mut written: Option<batch::Written> = None;
         loop {
-            if written.is_none() && self.ops.is_empty() && !self.claim_now {
+            // A barrier is answered by the next batch started (or at once, with nothing to
+            // write): it never waits for a wake-up.
+            if written.is_none() && self.ops.is_empty() && !self.claim_now && self.barriers.is_empty() {
                 self.answer_quiet();
                 if self.shutdown.is_some() && self.held.is_empty() {
                     break;
@@ -259,7 +261,7 @@ impl<S: Store + Clone> Scheduler<S> {
             self.maybe_renew();
             self.maybe_supervise();
             self.maybe_prune();
-            let next = if written.is_none() || !self.ops.is_empty() || self.claim_now {
+            let next = if written.is_none() || !self.ops.is_empty() || self.claim_now || !self.barriers.is_empty() {
                 self.start_batch(written.as_ref())
             } else {
                 None
@@ -313,6 +315,14 @@ impl<S: Store + Clone> Scheduler<S> {
     }
 
     pub(crate) fn on_msg(&mut self, msg: Msg) {
+        let msg = if self.config.read_only {
+            match refuse_when_read_only(msg) {
+                Some(msg) => msg,
+                None => return,
+            }
+        } else {
+            msg
+        };
         match msg {
             Msg::Create { new, reply } => {
                 if self.shutdown.is_some() {
@@ -734,4 +744,19 @@ fn op_error(e: OpError) -> Error {
         OpError::Task(refusal) => Error::Task(refusal),
         other => Error::Store(settle_store::Error::Db(other.to_string())),
     }
+}
+
+/// A read-only engine's answer to `msg`: a write is refused (`None`: answered), anything
+/// else (a dry run of pruning, waits, barriers, what its own tasks report) goes on.
+fn refuse_when_read_only(msg: Msg) -> Option<Msg> {
+    match msg {
+        Msg::Create { reply, .. } => drop(reply.send(Err(Error::ReadOnly("create")))),
+        Msg::Raise { ack, .. } => drop(ack.send(Err(Error::ReadOnly("raise")))),
+        Msg::Command { reply, .. } => drop(reply.send(Err(Error::ReadOnly("command")))),
+        Msg::Agent { reply, .. } => drop(reply.send(Err(Error::ReadOnly("agent task")))),
+        Msg::Cancel { reply, .. } => drop(reply.send(Err(Error::ReadOnly("cancel")))),
+        Msg::Prune { op: Op::Prune(p), reply } if !p.dry_run => drop(reply.send(Err(Error::ReadOnly("prune")))),
+        msg => return Some(msg),
+    }
+    None
 }

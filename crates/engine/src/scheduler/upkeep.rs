@@ -12,13 +12,16 @@ const RECLAIM_PAGES: u64 = 1024;
 
 impl<S: Store + Clone> Scheduler<S> {
     pub(super) fn next_supervise(&self) -> Millis {
+        if self.config.read_only {
+            return Millis::MAX;
+        }
         self.last_supervise + self.config.supervise_every.as_millis() as Millis
     }
 
     /// Every `supervise_every`: mark operations without progress for `hung_after` as hung.
     pub(crate) fn maybe_supervise(&mut self) {
         let now = self.clock.now_ms();
-        if now - self.last_supervise < self.config.supervise_every.as_millis() as i64 {
+        if self.config.read_only || now - self.last_supervise < self.config.supervise_every.as_millis() as i64 {
             return;
         }
         self.last_supervise = now;

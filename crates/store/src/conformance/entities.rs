@@ -98,10 +98,10 @@ pub async fn listing_counts_and_metadata<S: Store>(store: S) {
     assert_eq!(store.entity_list(across).await.unwrap().len(), 4, "exact matches in every machine stay");
     assert_eq!(store.entity_count_by_state("m").await.unwrap(), vec![("done".to_string(), 2), ("idle".to_string(), 3)]);
     assert_eq!(store.entity_count_pending().await.unwrap(), 1);
-    store.machine_put("m", "abc", "{}", T0).await.unwrap();
+    super::put_version(&store, "m", "abc", "{}", T0).await;
     // Deployed again: one row, its deploy time moves.
-    store.machine_put("m", "abc", "{}", T0 + 1).await.unwrap();
-    store.machine_put("m", "def", "{\"v\":2}", T0 + 2).await.unwrap();
+    super::put_version(&store, "m", "abc", "{}", T0 + 1).await;
+    super::put_version(&store, "m", "def", "{\"v\":2}", T0 + 2).await;
     let machines = store.machine_list().await.unwrap();
     assert_eq!(
         machines.iter().map(|m| (m.hash.as_str(), m.created_at)).collect::<Vec<_>>(),

@@ -52,7 +52,7 @@ pub async fn overview_counts_follow_every_write<S: Store>(store: S) {
     counts_agree(&store, T0 + 2_000).await;
     // An upgrade moves entities between states.
     let moves = vec![StateMove { version: String::new(), from: "busy".into(), to: "working".into() }];
-    let moved = store.machine_move("m", moves, "h2", T0 + 3_000).await.unwrap();
+    let moved = super::move_to(&store, "m", moves, "h2", T0 + 3_000).await;
     assert_eq!(moved, 1);
     counts_agree(&store, T0 + 3_000).await;
     // A sleeping entity that comes due wakes up (active again) as it is claimed.
@@ -213,7 +213,7 @@ pub async fn versions_move_the_entities_no_engine_holds<S: Store>(store: S) {
         StateMove { version: "h1".into(), from: "busy".into(), to: "working".into() },
     ];
     assert_eq!(
-        store.machine_move("m", moves, "h2", T0 + 2).await.unwrap(),
+        super::move_to(&store, "m", moves, "h2", T0 + 2).await,
         2,
         "a and c; b is held, d is of no version named"
     );
@@ -230,6 +230,70 @@ pub async fn versions_move_the_entities_no_engine_holds<S: Store>(store: S) {
     assert_eq!(store.history_list(a.id).await.unwrap().len(), 1, "a version alone writes no history");
     // The entities of no recorded version move when named by "".
     let moves = vec![StateMove { version: String::new(), from: "idle".into(), to: "idle".into() }];
-    assert_eq!(store.machine_move("m", moves, "h2", T0 + 3).await.unwrap(), 1);
+    assert_eq!(super::move_to(&store, "m", moves, "h2", T0 + 3).await, 1);
     counts_agree(&store, T0 + 3).await;
+}
+
+/// A deploy is written whole: its versions stored as their machines' current ones (with
+/// their origin; a clock set back still makes them the newest), its entities moved and its
+/// marker written, in one transaction; a version deployed again becomes current again.
+pub async fn a_deploy_is_written_whole<S: Store>(store: S) {
+    for key in ["a", "b"] {
+        super::create_one(&store, key).await;
+    }
+    let version = |name: &str, hash: &str, origin: &str| crate::NewVersion {
+        name: name.into(),
+        hash: hash.into(),
+        definition: format!("{{\"v\":\"{hash}\"}}"),
+        origin: origin.into(),
+    };
+    let moves = |hash: &str| crate::Moves {
+        machine: "m".into(),
+        hash: hash.into(),
+        moves: vec![StateMove { version: String::new(), from: "idle".into(), to: "ready".into() }],
+    };
+    let first = crate::Deploy {
+        versions: vec![version("m", "h1", ""), version("n", "n1", "built-in")],
+        moves: vec![moves("h1"), crate::Moves { machine: "n".into(), hash: "n1".into(), moves: vec![] }],
+        meta: Some(("marker".into(), "first".into())),
+        now: T0 + 10,
+    };
+    assert_eq!(store.machine_deploy(first).await.unwrap(), vec![2, 0]);
+    assert_eq!(store.meta_get("marker").await.unwrap().as_deref(), Some("first"));
+    let a = super::get(&store, "a").await;
+    assert_eq!((a.state.as_str(), a.machine_hash.as_deref(), a.version), ("ready", Some("h1"), 2));
+    // A second deploy on a clock set back: still after the first.
+    let second = crate::Deploy {
+        versions: vec![version("m", "h2", "")],
+        meta: Some(("marker".into(), "second".into())),
+        now: T0,
+        ..Default::default()
+    };
+    assert_eq!(store.machine_deploy(second).await.unwrap(), Vec::<u64>::new());
+    let listed = |records: Vec<crate::MachineRecord>| -> Vec<(String, String, String)> {
+        records.into_iter().map(|r| (r.name.to_string(), r.hash, r.origin)).collect()
+    };
+    let current = |records: &[crate::MachineRecord], name: &str| {
+        records.iter().filter(|r| r.name == name).max_by_key(|r| r.created_at).map(|r| r.hash.clone())
+    };
+    let records = store.machine_list().await.unwrap();
+    assert_eq!(current(&records, "m").as_deref(), Some("h2"));
+    assert_eq!(
+        listed(records),
+        [("m", "h1", ""), ("m", "h2", ""), ("n", "n1", "built-in")].map(|(a, b, c)| (
+            a.to_string(),
+            b.to_string(),
+            c.to_string()
+        ))
+    );
+    // The first version deployed again (a roll back) is current again, with its new origin.
+    let back = crate::Deploy { versions: vec![version("m", "h1", "again")], now: T0 + 20, ..Default::default() };
+    store.machine_deploy(back).await.unwrap();
+    let records = store.machine_list().await.unwrap();
+    assert_eq!(current(&records, "m").as_deref(), Some("h1"));
+    assert_eq!(records.iter().filter(|r| r.name == "m").count(), 2, "one row per version");
+    let versions = store.machine_versions().await.unwrap();
+    let h1 = versions.iter().find(|(r, _)| r.hash == "h1").unwrap();
+    assert_eq!((h1.0.origin.as_str(), h1.1), ("again", 2), "both entities run under h1");
+    counts_agree(&store, T0 + 20).await;
 }

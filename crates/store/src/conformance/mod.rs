@@ -43,7 +43,8 @@ pub use commits::{
 pub use entities::{create_get_and_duplicate, listing_counts_and_metadata};
 pub use feed::{read_all as feed_read_all, the_feed_resumes_from_any_position_without_gaps};
 pub use fleet::{
-    filtered_pages_match_a_scan, overview_counts_follow_every_write, versions_move_the_entities_no_engine_holds,
+    a_deploy_is_written_whole, filtered_pages_match_a_scan, overview_counts_follow_every_write,
+    versions_move_the_entities_no_engine_holds,
 };
 pub use leases::{
     a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on,
@@ -158,6 +159,23 @@ async fn create_one<S: Store>(store: &S, key: &str) -> EntityRow {
     }
 }
 
+/// Moves entities of `machine` to `hash` by a deploy that stores nothing else.
+async fn move_to<S: Store>(store: &S, machine: &str, moves: Vec<crate::StateMove>, hash: &str, now: Millis) -> u64 {
+    let moves = vec![crate::Moves { machine: machine.into(), hash: hash.into(), moves }];
+    store.machine_deploy(crate::Deploy { moves, now, ..Default::default() }).await.expect("deploy")[0]
+}
+
+/// Stores one version of `name` (of no origin) by a deploy that moves nothing.
+async fn put_version<S: Store>(store: &S, name: &str, hash: &str, definition: &str, now: Millis) {
+    let versions = vec![crate::NewVersion {
+        name: name.into(),
+        hash: hash.into(),
+        definition: definition.into(),
+        origin: String::new(),
+    }];
+    store.machine_deploy(crate::Deploy { versions, now, ..Default::default() }).await.expect("deploy");
+}
+
 /// Claims `key` by pushing an event to it; returns the claimed entity and that event.
 async fn claim_with_event<S: Store>(store: &S, now: Millis, key: &str) -> (EntityRow, InboxItem) {
     let r = write(store, now, vec![Op::Push(push(key, "go"))], true).await;
@@ -195,7 +213,7 @@ macro_rules! store_conformance_suite {
                 pruning_never_hands_an_id_out_again, trimming_keeps_a_live_entitys_latest_past,
                 bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order,
                 the_feed_resumes_from_any_position_without_gaps, schedules_sync_lease_advance_and_pause,
-                versions_move_the_entities_no_engine_holds, canceling_an_operation_stops_its_work_and_queues_the_undo,
+                versions_move_the_entities_no_engine_holds, a_deploy_is_written_whole, canceling_an_operation_stops_its_work_and_queues_the_undo,
                 a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on;
             store_and_dialect: effects_are_atomic
         );

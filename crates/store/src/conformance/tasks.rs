@@ -161,15 +161,14 @@ pub async fn agent_tasks_lease_and_report<S: Store>(store: S) {
     c.offer = Some(offer(T0));
     write(&store, T0, vec![Op::Create(c)], false).await;
     assert_eq!(
-        store
-            .machine_move(
-                "m",
-                vec![crate::StateMove { version: String::new(), from: "working".into(), to: "toiling".into() }],
-                "h2",
-                T0 + 2_005
-            )
-            .await
-            .unwrap(),
+        super::move_to(
+            &store,
+            "m",
+            vec![crate::StateMove { version: String::new(), from: "working".into(), to: "toiling".into() }],
+            "h2",
+            T0 + 2_005
+        )
+        .await,
         1
     );
     let moved = lease(&store, T0 + 2_006, "mig-").await;

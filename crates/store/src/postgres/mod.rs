@@ -355,19 +355,8 @@ impl Store for PgStore {
         self.on_reader(move |c| read::inbox_list(c, entity_id)).await
     }
 
-    async fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> Result<()> {
-        let (name, hash, definition) = (name.to_string(), hash.to_string(), definition.to_string());
-        self.on_writer(move |w| {
-            transact(w, "machine_put", |c, _| {
-                c.exec(
-                    "INSERT INTO machines (name, hash, definition, created_at) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (name, hash) DO UPDATE SET created_at = excluded.created_at",
-                    &[&name, &hash, &definition, &now],
-                )?;
-                Ok(())
-            })
-        })
-        .await
+    async fn machine_deploy(&self, deploy: crate::Deploy) -> Result<Vec<u64>> {
+        self.on_writer(move |w| transact(w, "machine_deploy", |c, _| schema::deploy(c, &deploy))).await
     }
 
     async fn machine_list(&self) -> Result<Vec<MachineRecord>> {
@@ -383,10 +372,7 @@ impl Store for PgStore {
         let (key, value) = (key.to_string(), value.to_string());
         self.on_writer(move |w| {
             transact(w, "meta_put", |c, _| {
-                c.exec(
-                    "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    &[&key, &value],
-                )?;
+                c.exec(crate::machine::META_PUT, &[&key, &value])?;
                 Ok(())
             })
         })
@@ -577,14 +563,6 @@ impl Store for PgStore {
                 &[&machine],
             )?;
             read::all(rows, |r| Ok((r.try_get(0)?, r.try_get(1)?, read::count(r, 2)?)))
-        })
-        .await
-    }
-
-    async fn machine_move(&self, machine: &str, moves: Vec<crate::StateMove>, hash: &str, now: Millis) -> Result<u64> {
-        let (machine, hash) = (machine.to_string(), hash.to_string());
-        self.on_writer(move |w| {
-            transact(w, "machine_move", |c, _| schema::migrate_states(c, &machine, &moves, &hash, now))
         })
         .await
     }

@@ -1,7 +1,7 @@
 //! The read side (reports, listings) of the PostgreSQL store; rows are decoded by `crate::decode`.
 
 use postgres::Row;
-use settle_core::{ActionName, EventName, MachineName, StateName};
+use settle_core::{ActionName, EventName, StateName};
 
 use super::conn::{Conn, Failure};
 use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS};
@@ -95,15 +95,6 @@ pub(crate) fn timer_from_row(r: &Row) -> R<TimerRow> {
     crate::decode::timer(r)
 }
 
-fn machine_from_row(r: &Row) -> R<MachineRecord> {
-    Ok(MachineRecord {
-        name: MachineName::new(r.try_get::<_, &str>(0)?),
-        hash: r.try_get(1)?,
-        definition: r.try_get(2)?,
-        created_at: r.try_get(3)?,
-    })
-}
-
 pub(crate) fn all<T>(rows: Vec<Row>, f: impl Fn(&Row) -> R<T>) -> R<Vec<T>> {
     rows.iter().map(f).collect()
 }
@@ -172,8 +163,8 @@ pub(crate) fn inbox_list(c: &mut Conn, entity_id: i64) -> R<Vec<InboxItem>> {
 }
 
 pub(crate) fn machine_list(c: &mut Conn) -> R<Vec<MachineRecord>> {
-    let rows = c.query("SELECT name, hash, definition, created_at FROM machines ORDER BY name, created_at", &[])?;
-    all(rows, machine_from_row)
+    let rows = c.query(crate::machine::LIST, &[])?;
+    all(rows, crate::machine::decode)
 }
 
 pub(crate) fn meta_get(c: &mut Conn, key: &str) -> R<Option<String>> {
@@ -238,13 +229,8 @@ pub(crate) fn operation_scan(
 }
 
 pub(crate) fn machine_versions(c: &mut Conn) -> R<Vec<(MachineRecord, u64)>> {
-    let rows = c.query(
-        "SELECT m.name, m.hash, m.definition, m.created_at,
-            (SELECT COUNT(*) FROM entities e WHERE e.machine = m.name AND e.machine_hash = m.hash)
-         FROM machines m ORDER BY m.name, m.created_at",
-        &[],
-    )?;
-    all(rows, |r| Ok((machine_from_row(r)?, count(r, 4)?)))
+    let rows = c.query(crate::machine::VERSIONS, &[])?;
+    all(rows, |r| Ok((crate::machine::decode(r)?, count(r, 5)?)))
 }
 
 fn event_from_row(r: &Row) -> R<EventRow> {

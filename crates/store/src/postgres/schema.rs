@@ -27,6 +27,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (15, include_str!("../../migrations/postgres/0015_entered.sql")),
     (16, include_str!("../../migrations/postgres/0016_schedules.sql")),
     (17, include_str!("../../migrations/postgres/0017_counts.sql")),
+    (18, include_str!("../../migrations/postgres/0018_origin.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if
@@ -89,8 +90,25 @@ pub(super) fn migrate(c: &mut Conn) -> Result<()> {
     }
 }
 
-/// Moves entities of `machine` to the version `hash` (see `Store::machine_move`).
-pub(super) fn migrate_states(
+/// A deploy's writes, in the caller's transaction (see `Store::machine_deploy`): the
+/// versions, the moves, the marker. Returns how many entities each machine's moves moved.
+pub(super) fn deploy(c: &mut WriterConn, d: &crate::Deploy) -> std::result::Result<Vec<u64>, Failure> {
+    use crate::machine;
+    for v in &d.versions {
+        c.exec(machine::INSERT_VERSION, &[&v.name, &v.hash, &v.definition, &v.origin, &d.now])?;
+    }
+    let mut moved = Vec::with_capacity(d.moves.len());
+    for m in &d.moves {
+        moved.push(migrate_states(c, &m.machine, &m.moves, &m.hash, d.now)?);
+    }
+    if let Some((key, value)) = &d.meta {
+        c.exec(machine::META_PUT, &[key, value])?;
+    }
+    Ok(moved)
+}
+
+/// Moves entities of `machine` to the version `hash` (see `Store::machine_deploy`).
+fn migrate_states(
     c: &mut WriterConn,
     machine: &str,
     moves: &[crate::StateMove],

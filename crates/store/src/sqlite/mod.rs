@@ -31,10 +31,10 @@ mod schema;
 mod sets;
 
 use rusqlite::{Connection, OptionalExtension, params};
-use settle_core::MachineName;
 
 use self::read::*;
 use crate::connections::{ReaderPool, WriterThread};
+use crate::machine;
 use crate::sql::{ENTITY_COLS, EVENT_COLS, OPERATION_COLS, TASK_COLS};
 use crate::{
     AgentTask, Batch, BatchResult, EntityFilter, EntityRow, Error, EventRow, HistoryRow, InboxItem, MachineRecord,
@@ -437,35 +437,20 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn machine_put(&self, name: &str, hash: &str, definition: &str, now: Millis) -> Result<()> {
-        let (name, hash, definition) = (name.to_string(), hash.to_string(), definition.to_string());
+    async fn machine_deploy(&self, deploy: crate::Deploy) -> Result<Vec<u64>> {
         self.on_writer(move |c| {
-            c.execute(
-                "INSERT INTO machines (name, hash, definition, created_at) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (name, hash) DO UPDATE SET created_at = excluded.created_at",
-                params![name, hash, definition, now],
-            )
-            .map(|_| ())
-            .map_err(db_err)
+            let tx = c.transaction().map_err(db_err)?;
+            let moved = schema::deploy(&tx, &deploy).map_err(db_err)?;
+            tx.commit().map_err(db_err)?;
+            Ok(moved)
         })
         .await
     }
 
     async fn machine_list(&self) -> Result<Vec<MachineRecord>> {
         self.on_reader(|c| {
-            let mut stmt = c
-                .prepare_cached("SELECT name, hash, definition, created_at FROM machines ORDER BY name, created_at")
-                .map_err(db_err)?;
-            stmt.query_map([], |r| {
-                Ok(MachineRecord {
-                    name: MachineName::new(r.get_ref(0)?.as_str()?),
-                    hash: r.get(1)?,
-                    definition: r.get(2)?,
-                    created_at: r.get(3)?,
-                })
-            })
-            .and_then(|rows| rows.collect())
-            .map_err(db_err)
+            let mut stmt = c.prepare_cached(&machine::sqlite(machine::LIST)).map_err(db_err)?;
+            stmt.query_map([], |r| machine::decode(r)).and_then(|rows| rows.collect()).map_err(db_err)
         })
         .await
     }
@@ -481,12 +466,10 @@ impl Store for SqliteStore {
     async fn meta_put(&self, key: &str, value: &str) -> Result<()> {
         let (key, value) = (key.to_string(), value.to_string());
         self.on_writer(move |c| {
-            c.execute(
-                "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [key, value],
-            )
-            .map(|_| ())
-            .map_err(db_err)
+            c.prepare_cached(&machine::sqlite(machine::META_PUT))
+                .and_then(|mut s| s.execute([key, value]))
+                .map(|_| ())
+                .map_err(db_err)
         })
         .await
     }
@@ -587,39 +570,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn machine_move(&self, machine: &str, moves: Vec<crate::StateMove>, hash: &str, now: Millis) -> Result<u64> {
-        let (machine, hash) = (machine.to_string(), hash.to_string());
-        self.on_writer(move |c| {
-            let tx = c.transaction().map_err(db_err)?;
-            let moved = schema::migrate_states(&tx, &machine, &moves, &hash, now).map_err(db_err)?;
-            tx.commit().map_err(db_err)?;
-            Ok(moved)
-        })
-        .await
-    }
-
     async fn machine_versions(&self) -> Result<Vec<(MachineRecord, u64)>> {
         self.on_reader(|c| {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT m.name, m.hash, m.definition, m.created_at,
-                        (SELECT COUNT(*) FROM entities e WHERE e.machine = m.name AND e.machine_hash = m.hash)
-                     FROM machines m ORDER BY m.name, m.created_at",
-                )
-                .map_err(db_err)?;
-            stmt.query_map([], |r| {
-                Ok((
-                    MachineRecord {
-                        name: MachineName::new(r.get_ref(0)?.as_str()?),
-                        hash: r.get(1)?,
-                        definition: r.get(2)?,
-                        created_at: r.get(3)?,
-                    },
-                    r.get::<_, i64>(4)? as u64,
-                ))
-            })
-            .and_then(|rows| rows.collect())
-            .map_err(db_err)
+            let mut stmt = c.prepare_cached(&machine::sqlite(machine::VERSIONS)).map_err(db_err)?;
+            stmt.query_map([], |r| Ok((machine::decode(r)?, r.get::<_, i64>(5)? as u64)))
+                .and_then(|rows| rows.collect())
+                .map_err(db_err)
         })
         .await
     }

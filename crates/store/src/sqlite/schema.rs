@@ -27,6 +27,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (17, include_str!("../../migrations/sqlite/0017_counts.sql")),
     (18, include_str!("../../migrations/sqlite/0018_tallies.sql")),
     (19, include_str!("../../migrations/sqlite/0019_predecessors.sql")),
+    (20, include_str!("../../migrations/sqlite/0020_origin.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.
@@ -45,8 +46,26 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
-/// Moves entities of `machine` to the version `hash` (see `Store::machine_move`).
-pub(super) fn migrate_states(
+/// A deploy's writes, in the caller's transaction (see `Store::machine_deploy`): the
+/// versions, the moves, the marker. Returns how many entities each machine's moves moved.
+pub(super) fn deploy(tx: &Connection, d: &crate::Deploy) -> rusqlite::Result<Vec<u64>> {
+    use crate::machine;
+    let mut insert = tx.prepare_cached(&machine::sqlite(machine::INSERT_VERSION))?;
+    for v in &d.versions {
+        insert.execute(params![v.name, v.hash, v.definition, v.origin, d.now])?;
+    }
+    let mut moved = Vec::with_capacity(d.moves.len());
+    for m in &d.moves {
+        moved.push(migrate_states(tx, &m.machine, &m.moves, &m.hash, d.now)?);
+    }
+    if let Some((key, value)) = &d.meta {
+        tx.prepare_cached(&machine::sqlite(machine::META_PUT))?.execute([key, value])?;
+    }
+    Ok(moved)
+}
+
+/// Moves entities of `machine` to the version `hash` (see `Store::machine_deploy`).
+fn migrate_states(
     tx: &Connection,
     machine: &str,
     moves: &[crate::StateMove],
