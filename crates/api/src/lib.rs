@@ -667,6 +667,10 @@ pub struct MachineVersion {
     pub entities: u64,
     /// Whether it is the version the server serves.
     pub current: bool,
+    /// Who deployed it: `built-in` for the `settle` binary's built-in machines (the demo's,
+    /// the benchmarks'), empty for a deploy of definitions given by a user.
+    #[serde(default)]
+    pub origin: String,
 }
 
 #[cfg(feature = "store")]

@@ -268,9 +268,14 @@ pub async fn local(db: &str, machines: &Machines, command: BulkCommand) -> anyho
     match command {
         BulkCommand::Run(a) => {
             let req = a.request()?;
-            // Refuse a missing database rather than create it.
-            drop(AnyStore::open_read_only(db)?);
-            let engine = crate::engines::start_engine(db, machines).await?;
+            // A dry run writes nothing at all.
+            let engine = if a.dry_run {
+                crate::engines::start_read_only_engine(db, machines).await?
+            } else {
+                // Refuse a missing database rather than create it.
+                drop(AnyStore::open_read_only(db)?);
+                crate::engines::start_engine(db, machines).await?
+            };
             let result = run_local(&engine, &a, req).await;
             engine.shutdown().await;
             result

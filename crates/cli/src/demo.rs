@@ -95,6 +95,8 @@ pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {
     }
     crate::workers::check_db(db, args.instances)?;
     let store = AnyStore::open(db)?;
+    // The demo's machines are never merged into a deployment of other definitions.
+    crate::defs::refuse_foreign(&store).await?;
     let demo = match stored_run(&store).await? {
         Some(prev) if !prev.done => {
             eprintln!(

@@ -9,7 +9,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use settle_client::{Client, Deployed};
-use settle_store::AnyStore;
 
 use crate::defs::Machines;
 
@@ -57,16 +56,20 @@ fn print(machines: &[Deployed], dry_run: bool, json: bool) {
     }
 }
 
-/// `settle deploy` on the database (an engine that processes nothing checks and stores).
+/// `settle deploy` on the database (an engine that processes nothing checks and stores, on
+/// the definitions stored, or `--machines`).
 pub async fn local(db: &str, machines: &Machines, args: DeployArgs) -> anyhow::Result<ExitCode> {
     let mut loaded = Vec::new();
     for path in &args.files {
         let (m, _warnings) = crate::validate::load_machine(path).map_err(|report| anyhow::anyhow!("{report}"))?;
         loaded.push(m);
     }
-    // Refuse a missing database rather than create it.
-    drop(AnyStore::open_read_only(db)?);
-    let engine = crate::engines::start_command_engine(db, machines).await?;
+    // A dry run writes nothing at all; a deploy needs no handler (it stores and moves).
+    let engine = if args.dry_run {
+        crate::engines::start_read_only_engine(db, machines).await?
+    } else {
+        crate::engines::start_command_engine(db, machines).await?
+    };
     let result = engine.deploy(loaded, args.dry_run).await;
     engine.shutdown().await;
     let done: Vec<Deployed> = result?.into_iter().map(settle_server::routes::machines::deployed).collect();

@@ -1,10 +1,11 @@
-//! Starting engines for the commands (on a database, with the built-in machines or
-//! `--machines`), running one until it is stopped, and the signals that stop it.
+//! Starting engines for the commands (on a database, with the machines [`defs`] says:
+//! stored, `--machines` or built-in), running one until it is stopped, and the signals that
+//! stop it.
 
 use std::process::ExitCode;
 
 use settle_engine::{Config, Engine};
-use settle_store::AnyStore;
+use settle_store::{AnyStore, Store};
 
 use crate::{defs, demo_run};
 
@@ -69,6 +70,13 @@ pub(crate) async fn start_command_engine(db: &str, machines: &defs::Machines) ->
     start_driver_engine(AnyStore::open(db)?, machines).await
 }
 
+/// Starts an engine on an existing database that writes nothing at all ([`Config::read_only`]):
+/// for the read-only commands and the dry runs, which look through one and return.
+pub(crate) async fn start_read_only_engine(db: &str, machines: &defs::Machines) -> anyhow::Result<Engine<AnyStore>> {
+    drop(AnyStore::open_read_only(db)?);
+    start_engine_with(AnyStore::open(db)?, machines, Config { read_only: true, ..Config::default() }).await
+}
+
 /// An engine that writes (creates, raises, commands) but claims no due work: the driver of
 /// `--instances` runs, whose workers do the processing.
 pub(crate) async fn start_driver_engine(
@@ -104,12 +112,17 @@ pub(crate) async fn engine_builder(
     if let Ok(lease) = std::env::var("SETTLE_LEASE") {
         config.lease = settle_core::duration::parse(&lease).map_err(|e| anyhow::anyhow!("SETTLE_LEASE: {e}"))?;
     }
-    // Only the built-in machines run against the simulated provider, whose settings the
-    // latest demo run on this database chose; machines of a directory have none.
+    // The built-in machines run against the simulated provider, whose settings the latest
+    // demo run on this database chose (they are part of the `server`'s definition, and a
+    // stored version identical to it runs with its handlers); machines of a directory have
+    // none.
     let provider = match machines.source {
-        defs::Source::BuiltIn => demo_run::stored_settings(&store).await?.unwrap_or_default(),
+        defs::Source::BuiltIn | defs::Source::Stored => demo_run::stored_settings(&store).await?.unwrap_or_default(),
         defs::Source::Dir { .. } => settle_builtin::ProviderSettings::default(),
     };
+    if matches!(machines.source, defs::Source::BuiltIn) && !config.read_only {
+        defs::refuse_foreign(&store).await?;
+    }
     Ok(machines.bind(Engine::builder(store).config(config), provider))
 }
 
@@ -130,6 +143,19 @@ pub(crate) enum Stop {
 }
 
 pub(crate) async fn run_engine(db: &str, machines: &defs::Machines, stop: Stop) -> anyhow::Result<ExitCode> {
+    if matches!(machines.source, defs::Source::Stored) {
+        // Nothing to run is said before anything is opened for writing (or created).
+        let nothing = |why: &str| {
+            anyhow::anyhow!(
+                "{why}: nothing to run. Deploy machines (`settle deploy FILE...`), or run with --machines DIR (or \
+                 --builtin for the built-in ones)"
+            )
+        };
+        let store = AnyStore::open_read_only(db).map_err(|e| nothing(&e.to_string()))?;
+        if store.machine_list().await?.is_empty() {
+            return Err(nothing(&format!("no machine definitions are stored in {db}")));
+        }
+    }
     let engine = start_engine(db, machines).await?;
     if let Some(what) = machines.describe() {
         eprintln!("settle: running {what}");

@@ -80,7 +80,7 @@ pub async fn list(db: &str, a: ListArgs) -> anyhow::Result<ExitCode> {
     let narrow = settle_engine::Narrow::parse(a.narrow.text(), settle_store::clock::now_ms())
         .map_err(|e| anyhow::anyhow!("--{}", e.replacen('_', "-", 1)))?;
     let store = open(db)?;
-    let machines = stored_machines(&store).await?;
+    let machines = crate::defs::stored_machines(&store).await?;
     // A parent state lists the entities in its substates, as the stored definitions nest them.
     let substates = match &state {
         Some(st) => {
@@ -245,7 +245,7 @@ pub async fn related(db: &str, machine: &str, key: &str, as_json: bool) -> anyho
     let e = find(&store, machine, key).await?;
     let predecessors = store.predecessor_list(e.id).await?;
     let successors = store.successor_snapshot(e.id).await?.successors;
-    let machines = stored_machines(&store).await?;
+    let machines = crate::defs::stored_machines(&store).await?;
     let related = settle_api::Related {
         predecessors: predecessors.iter().map(settle_client::Entity::from).collect(),
         successors: successors.iter().map(settle_client::Entity::from).collect(),
@@ -272,13 +272,16 @@ fn subscription_progress(
         .collect()
 }
 
-/// `settle machines`: stored definition versions, the newest per machine marked current.
+/// `settle machines`: stored definition versions, the newest per machine marked current,
+/// and those of the built-in machines marked so.
 pub async fn machines(db: &str, as_json: bool) -> anyhow::Result<ExitCode> {
     let store = open(db)?;
     let versions = store.machine_versions().await?;
+    let built_in = crate::defs::built_in(&store).await?;
     // Listed by name, then creation time: the last of each name is its current version.
     for (i, (m, entities)) in versions.iter().enumerate() {
         let current = versions.get(i + 1).is_none_or(|(next, _)| next.name != m.name);
+        let is_built_in = crate::defs::is_built_in(m, &built_in);
         if as_json {
             let v = json!({
                 "machine": m.name.as_str(),
@@ -286,46 +289,29 @@ pub async fn machines(db: &str, as_json: bool) -> anyhow::Result<ExitCode> {
                 "created_at": m.created_at,
                 "entities": entities,
                 "current": current,
+                "built_in": is_built_in,
             });
             println!("{v}");
             continue;
         }
         if i == 0 {
-            println!("{:<20} {:<14} {:<23} {:>9}  current", "MACHINE", "VERSION", "DEPLOYED", "ENTITIES");
+            println!(
+                "{:<20} {:<14} {:<23} {:>9}  {:<7}  ORIGIN",
+                "MACHINE", "VERSION", "DEPLOYED", "ENTITIES", "CURRENT"
+            );
         }
         println!(
-            "{:<20} {:<14} {:<23} {:>9}  {}",
+            "{:<20} {:<14} {:<23} {:>9}  {:<7}  {}",
             m.name.as_str(),
             m.hash.chars().take(12).collect::<String>(),
             fmt_time(m.created_at),
             entities,
-            if current { "*" } else { "" }
+            if current { "*" } else { "" },
+            if is_built_in { "built-in" } else { "" }
         );
     }
     if versions.is_empty() && !as_json {
         eprintln!("no machines stored");
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The newest stored definition of every machine, read back from the database (those that
-/// no longer read as a definition are left out, with a warning).
-pub async fn stored_machines(store: &AnyStore) -> anyhow::Result<Vec<settle_core::Machine>> {
-    let mut newest: std::collections::BTreeMap<String, settle_store::MachineRecord> = Default::default();
-    for r in store.machine_list().await? {
-        match newest.get(r.name.as_str()) {
-            Some(n) if n.created_at >= r.created_at => {}
-            _ => {
-                newest.insert(r.name.to_string(), r);
-            }
-        }
-    }
-    let mut machines = Vec::new();
-    for (name, r) in newest {
-        match settle_core::Machine::from_canonical_json(&r.definition) {
-            Ok(m) => machines.push(m),
-            Err(e) => eprintln!("warning: stored definition of machine `{name}` ({}) does not read back: {e}", r.hash),
-        }
-    }
-    Ok(machines)
 }

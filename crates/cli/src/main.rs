@@ -58,10 +58,18 @@ struct Cli {
     #[arg(long, global = true, env = "SETTLE_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     token: Option<String>,
     /// Run the machines defined in this directory (every `*.toml`; a file with errors stops
-    /// the command) instead of the built-in ones: `run`, `serve`, `create`, `raise` and the
-    /// operator commands. An instance claims only entities of the machines it runs.
+    /// the command), deploying those not stored yet, instead of the definitions stored in
+    /// the database: `run`, `serve`, `create`, `raise`, `check`, `deploy`, `prune`, `bulk`,
+    /// `schedules`, `cancel` and the operator commands. An instance claims only entities of
+    /// the machines it runs.
     #[arg(long, global = true, env = "SETTLE_MACHINES", value_name = "DIR")]
     machines: Option<PathBuf>,
+    /// Run the built-in machines (the demo's and the benchmarks', with their handlers)
+    /// instead of the definitions stored in the database: they are stored into a database
+    /// that holds none, or only built-in ones; one that holds other definitions is refused.
+    /// For the commands that take --machines.
+    #[arg(long, global = true, conflicts_with = "machines")]
+    builtin: bool,
     /// What the deployment keeps where a machine's definition does not say, for the
     /// engines this command starts: `ended=30d,operations=7d,tasks=7d,minutes=30d,history=forever` are the
     /// defaults; each a duration or `forever` (see README "Retention")
@@ -277,7 +285,7 @@ enum Command {
     /// Calendar schedules (`[schedules.NAME]` in a machine): each with its next fire and
     /// counts of fires fired, missed (no engine ran) and skipped (the last still ran);
     /// pause and resume.
-    #[command(after_help = "Examples:\n  settle --machines examples/machines schedules\n  \
+    #[command(after_help = "Examples:\n  settle schedules\n  settle schedules list --json\n  \
                             settle --server http://127.0.0.1:7400 schedules pause backup nightly")]
     Schedules {
         #[command(subcommand)]
@@ -363,7 +371,7 @@ fn main() -> ExitCode {
     // A `--server` flag on a local-only command is refused; `SETTLE_SERVER` is ignored there.
     // The same for `--machines` on a command that starts no engine (or talks to a server).
     let given = |id: &str| matches!(matches.value_source(id), Some(clap::parser::ValueSource::CommandLine));
-    let flags = Flags { server: given("server"), machines: given("machines"), db: given("db") };
+    let flags = Flags { server: given("server"), machines: given("machines") || cli.builtin, db: given("db") };
     if exits_after_printing(&cli.command) {
         die_quietly_on_closed_pipe();
     }
@@ -428,18 +436,32 @@ fn die_quietly_on_closed_pipe() {}
 /// Global options given on the command line (not through the environment).
 struct Flags {
     server: bool,
+    /// `--machines` or `--builtin`.
     machines: bool,
     /// `--db` on the command line (not from `SETTLE_DB`).
     db: bool,
 }
 
 fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
-    let command = match cli.server.as_deref() {
+    // A command that works on the database or on files refuses a `--server` flag and
+    // ignores `SETTLE_SERVER`.
+    if flags.server
+        && let Some(refusal) = local_only(&cli.command)
+    {
+        anyhow::bail!("{refusal}");
+    }
+    // `--db` on the command line names the database to work on: it wins over a
+    // `SETTLE_SERVER` from the environment (both flags at once are refused).
+    if flags.server && flags.db {
+        anyhow::bail!("--server and --db both name where to work: give one");
+    }
+    let server = if local_only(&cli.command).is_some() || flags.db { None } else { cli.server.as_deref() };
+    let command = match server {
         Some(server) => {
             if flags.machines {
                 anyhow::bail!(
-                    "--machines applies to an engine this command starts; with --server the server runs its own \
-                     machines"
+                    "--machines and --builtin apply to an engine this command starts; with --server (or \
+                     SETTLE_SERVER) the server runs its own machines"
                 );
             }
             match remote_run(server, cli.token.as_deref(), cli.command)? {
@@ -449,22 +471,18 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
         }
         None => cli.command,
     };
-    if flags.server
-        && let Some(refusal) = local_only(&command)
-    {
-        anyhow::bail!("{refusal}");
-    }
     if flags.machines
         && let Some(name) = without_engine(&command)
     {
         anyhow::bail!(
-            "`settle {name}` does not take --machines (it applies to run, serve, create, raise and the operator \
-             commands)"
+            "`settle {name}` does not take --machines or --builtin (they apply to run, serve, create, raise, check, \
+             deploy, prune, bulk, schedules, cancel and the operator commands)"
         );
     }
     // The machines of the engine the command starts: loaded only where one is started.
     let machines = || -> anyhow::Result<defs::Machines> {
-        defs::Machines::load(cli.machines.as_deref()).map_err(|report| anyhow::anyhow!("{}", report.trim_end()))
+        defs::Machines::load(cli.machines.as_deref(), cli.builtin)
+            .map_err(|report| anyhow::anyhow!("{}", report.trim_end()))
     };
     match command {
         Command::Validate { files, json } => validate(&files, json),
@@ -542,7 +560,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Serve(args) => serve::run(&db_path(&cli.db), cli.machines.as_deref(), args),
+        Command::Serve(args) => serve::run(&db_path(&cli.db), machines()?, args),
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::Bench(b) => runtime()?.block_on(bench::run(cli.db.as_deref(), b)),
         Command::Workload(args) => runtime()?.block_on(workload::run(&db_path(&cli.db), args)),

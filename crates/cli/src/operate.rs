@@ -166,23 +166,13 @@ impl CheckArgs {
 pub async fn check(db: &str, machines: &Machines, a: CheckArgs) -> anyhow::Result<ExitCode> {
     let params = a.params()?;
     let store = crate::inspect::open(db)?;
-    let machine = match &machines.source {
-        crate::defs::Source::Dir { machines, .. } => machines.iter().find(|m| m.name() == a.machine.as_str()).cloned(),
-        crate::defs::Source::BuiltIn => None,
-    };
-    let machine = match machine {
-        Some(m) => m,
-        None => crate::inspect::stored_machines(&store)
-            .await?
-            .into_iter()
-            .find(|m| m.name() == a.machine.as_str())
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "unknown machine `{}`: no definition of it is stored in {db} (or given with --machines)",
-                    a.machine
-                )
-            })?,
-    };
+    let machine = machines.definitions(&store).await?.into_iter().find(|m| m.name() == a.machine.as_str());
+    let machine = machine.ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown machine `{}`: no definition of it is stored in {db} (or given with --machines)",
+            a.machine
+        )
+    })?;
     let entity = store
         .entity_get(&a.machine, &a.key)
         .await?
@@ -243,6 +233,11 @@ async fn apply(db: &str, machines: &Machines, t: Target, command: Command) -> an
 /// initial state has any, is left to `settle run`.
 pub async fn create(db: &str, machines: &Machines, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let properties = a.properties()?;
+    if matches!(machines.source, crate::defs::Source::Stored) {
+        // Only `--machines` (or `--builtin`) can start a database: nothing is stored in a
+        // missing one.
+        drop(AnyStore::open_read_only(db)?);
+    }
     let engine = crate::engines::start_driver_engine(AnyStore::open(db)?, machines).await?;
     let result = engine.create_with(&a.machine, &a.key, properties, a.idempotency_key.clone()).await;
     engine.shutdown().await;

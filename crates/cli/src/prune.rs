@@ -31,7 +31,11 @@ pub struct Args {
 const SAMPLE: usize = 10;
 
 pub async fn run(db: &str, machines: &Machines, a: Args) -> anyhow::Result<ExitCode> {
-    let engine = crate::engines::start_command_engine(db, machines).await?;
+    let engine = if a.dry_run {
+        crate::engines::start_read_only_engine(db, machines).await?
+    } else {
+        crate::engines::start_command_engine(db, machines).await?
+    };
     let started = Instant::now();
     let mut last = Instant::now();
     let (mut entities, mut rows) = (0usize, 0u64);

@@ -24,7 +24,7 @@ pub async fn stats(db: &str, since: Option<&str>, format: Format) -> anyhow::Res
         if since.is_some() {
             anyhow::bail!("--since does not apply to --prometheus (counters are totals)");
         }
-        let machines = crate::inspect::stored_machines(&store).await?;
+        let machines = crate::defs::stored_machines(&store).await?;
         let machines: Vec<&settle_core::Machine> = machines.iter().collect();
         print!("{}", settle_server::metrics::store_text(&store.metrics_snapshot(now).await?, &machines));
         return Ok(ExitCode::SUCCESS);

@@ -1,20 +1,20 @@
-//! `settle schedules`: the calendar schedules of the machines (`--machines DIR`), each with
-//! its next fire and counts of fires fired, missed and skipped; `pause` and `resume`. On
-//! the database the definitions come from `--machines`; with `--server`, from the server.
+//! `settle schedules`: the calendar schedules of the machines, each with its next fire and
+//! counts of fires fired, missed and skipped; `pause` and `resume`. On the database the
+//! definitions are those stored (or `--machines`); with `--server`, the server's.
 
 use std::process::ExitCode;
 
 use settle_client::{Client, Schedule};
 use settle_store::{AnyStore, Store};
 
-use crate::defs::{Machines, Source};
+use crate::defs::Machines;
 use crate::print::fmt_time;
 
 /// The subcommands (none: list them).
 #[derive(clap::Subcommand, Debug)]
 pub enum ScheduleCommand {
     /// Every schedule, with its next fire and counts (the default).
-    #[command(after_help = "Example:\n  settle --machines examples/machines schedules list --json")]
+    #[command(after_help = "Example:\n  settle schedules list --json")]
     List {
         /// One JSON object per line (the API's body).
         #[arg(long)]
@@ -81,10 +81,8 @@ pub async fn local(db: &str, machines: &Machines, command: Option<ScheduleComman
         ScheduleCommand::List { json } => {
             let store = AnyStore::open_read_only(db)?;
             let rows = store.schedule_list().await?;
-            let defs: Vec<&settle_core::Machine> = match &machines.source {
-                Source::BuiltIn => Vec::new(),
-                Source::Dir { machines, .. } => machines.iter().collect(),
-            };
+            let defs = machines.definitions(&store).await?;
+            let defs: Vec<&settle_core::Machine> = defs.iter().collect();
             let items: Vec<Schedule> = settle_engine::schedule_views(&defs, &rows)
                 .iter()
                 .map(settle_server::routes::schedules::body)
@@ -102,7 +100,7 @@ pub async fn local(db: &str, machines: &Machines, command: Option<ScheduleComman
 async fn set(db: &str, machines: &Machines, machine: &str, name: &str, paused: bool) -> anyhow::Result<ExitCode> {
     // Refuse a missing database rather than create it.
     drop(AnyStore::open_read_only(db)?);
-    let engine = crate::engines::start_engine(db, machines).await?;
+    let engine = crate::engines::start_command_engine(db, machines).await?;
     let result = engine.schedule_pause(machine, name, paused).await;
     let views = engine.schedules().await;
     engine.shutdown().await;

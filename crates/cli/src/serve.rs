@@ -5,13 +5,14 @@
 use std::io::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+
+use crate::defs::Machines;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use settle_core::Machine;
 use settle_engine::{Config, Engine};
 use settle_server::auth::Tokens;
-use settle_store::{AnyStore, Store};
+use settle_store::AnyStore;
 
 /// Arguments of `settle serve`.
 #[derive(clap::Args, Debug)]
@@ -84,10 +85,11 @@ pub struct Args {
 /// Exit status of a configuration the server refuses to start with.
 const REFUSED: u8 = 2;
 
-/// Serves `db` with the machines of `machines` (a directory, `--machines`) or the built-in ones.
-pub fn run(db: &str, machines: Option<&Path>, args: Args) -> anyhow::Result<ExitCode> {
-    if args.scenario && machines.is_some() {
-        eprintln!("error: --scenario serves the built-in reference scenario; it does not take --machines");
+/// Serves `db` with `machines`: those stored in it, a directory's (`--machines`), or the
+/// built-in ones (`--builtin`).
+pub fn run(db: &str, machines: Machines, args: Args) -> anyhow::Result<ExitCode> {
+    if args.scenario && !matches!(machines.source, crate::defs::Source::Stored) {
+        eprintln!("error: --scenario serves the built-in reference scenario; it does not take --machines or --builtin");
         return Ok(ExitCode::from(REFUSED));
     }
     let tokens = match load_tokens(args.tokens.as_deref()) {
@@ -135,19 +137,6 @@ pub fn run(db: &str, machines: Option<&Path>, args: Args) -> anyhow::Result<Exit
         );
         return Ok(ExitCode::from(REFUSED));
     }
-    let machines = match machines {
-        Some(dir) => match crate::defs::load_dir(dir) {
-            Ok(m) => Some(m),
-            Err(report) => {
-                eprint!("{report}");
-                if !report.ends_with('\n') {
-                    eprintln!();
-                }
-                return Ok(ExitCode::FAILURE);
-            }
-        },
-        None => None,
-    };
     let browser = match browser_policy(&args, &addrs, tokens.is_open(), listen.tls.is_some()) {
         Ok(p) => p,
         Err(e) => {
@@ -163,11 +152,7 @@ pub fn run(db: &str, machines: Option<&Path>, args: Args) -> anyhow::Result<Exit
         browser,
         ..Default::default()
     };
-    let source = match (machines, args.scenario) {
-        (Some(m), _) => Source::Toml(m),
-        (None, true) => Source::Scenario,
-        (None, false) => Source::BuiltIn,
-    };
+    let source = if args.scenario { Source::Scenario } else { Source::Machines(machines) };
     crate::engines::runtime()?.block_on(serve(db, source, tokens, config, addrs, listen, args.until_stdin_closes))
 }
 
@@ -250,10 +235,8 @@ fn load_tokens(file: Option<&Path>) -> anyhow::Result<Tokens> {
 
 /// What the server runs.
 enum Source {
-    /// Machines from TOML files (no Rust handlers).
-    Toml(Vec<Machine>),
-    /// The built-in machines with their in-process handlers.
-    BuiltIn,
+    /// Those stored, a directory's, or the built-in ones.
+    Machines(Machines),
     /// The reference scenario with agent-bound provider calls.
     Scenario,
 }
@@ -268,52 +251,31 @@ async fn serve(
     until_stdin_closes: bool,
 ) -> anyhow::Result<ExitCode> {
     let store = AnyStore::open(db)?;
-    let names: Option<Vec<String>> = match &source {
-        Source::Toml(ms) => Some(ms.iter().map(|m| m.name().to_string()).collect()),
+    let started = match &source {
+        Source::Machines(machines) => crate::engines::start_engine_on(store, machines).await,
         Source::Scenario => {
-            let mut n: Vec<String> = settle_builtin::RESOURCES.iter().map(|r| r.to_string()).collect();
-            n.insert(0, "server".into());
-            Some(n)
-        }
-        Source::BuiltIn => None,
-    };
-    let started = match source {
-        Source::Toml(machines) => start_toml_engine(store, machines).await.map_err(anyhow::Error::from),
-        Source::BuiltIn => crate::engines::start_engine_on(store, &crate::defs::Machines::BUILT_IN).await,
-        Source::Scenario => {
+            crate::defs::refuse_foreign(&store).await?;
             let timeout = crate::demo_run::stored_settings(&store).await?.unwrap_or_default().timeout_ms;
-            let b = Engine::builder(store).config(lease_config());
+            let b = Engine::builder(store).config(lease_config()).origin(crate::defs::ORIGIN);
             let b = settle_builtin::bind_server_via_agents(b, std::time::Duration::from_millis(timeout));
-            b.start().await.map_err(anyhow::Error::from)
+            crate::engines::start_built(b).await
         }
     };
     let engine = match started {
         Ok(engine) => engine,
         Err(e) => {
-            if let Some(settle_engine::Error::MissingHandlers(actions)) = e.downcast_ref::<settle_engine::Error>() {
-                eprintln!("error: {}", crate::defs::missing_handlers(actions));
-                return Ok(ExitCode::FAILURE);
-            }
-            return Err(e);
+            eprintln!("error: {e:#}");
+            return Ok(ExitCode::FAILURE);
         }
     };
-    // The built-in machines: those the engine registered (the store may hold others).
-    let names = match names {
-        Some(n) => n,
-        None => {
-            let mut n: Vec<String> = engine
-                .store()
-                .machine_list()
-                .await?
-                .into_iter()
-                .map(|r| r.name.to_string())
-                .filter(|name| engine.machine(name).is_ok())
-                .collect();
-            n.sort();
-            n.dedup();
-            n
-        }
-    };
+    let names: Vec<String> = engine.machines().iter().map(|m| m.name().to_string()).collect();
+    if names.is_empty() {
+        eprintln!(
+            "settle: no machine definitions are stored in {} yet: deploy some (`settle deploy FILE...`, \
+             POST /v1/machines), or start with --machines DIR (or --builtin for the built-in ones)",
+            engine.store().location()
+        );
+    }
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let open = tokens.is_open();
     let mut state = settle_server::AppState::new(engine.clone(), &refs, tokens, config)?;
@@ -360,14 +322,4 @@ fn lease_config() -> Config {
         config.lease = d;
     }
     config
-}
-
-/// An engine running `machines` (loaded from TOML: no Rust handlers), with `SETTLE_LEASE`
-/// honoured as by every engine of this binary.
-async fn start_toml_engine(store: AnyStore, machines: Vec<Machine>) -> Result<Engine<AnyStore>, settle_engine::Error> {
-    let mut b = Engine::builder(store).config(lease_config());
-    for m in machines {
-        b = b.machine(m);
-    }
-    b.start().await
 }

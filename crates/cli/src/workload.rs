@@ -13,16 +13,11 @@
 //! `chart_hooks` in the transition's commit; a crash between the two re-runs the whole
 //! transition, so the printed lines may repeat while the table holds each row once.
 
-use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use serde_json::json;
-use settle_engine::{Config, EngineBuilder, Outcome, RaiseOptions, Wait};
+use settle_builtin::chart::{CHART_HOOKS_TABLE, bind_chart, say};
+use settle_engine::{Config, RaiseOptions, Wait};
 use settle_store::{AnyStore, Store};
-
-use settle_builtin::chart::{CHART_HOOKS_TABLE, chart};
-use settle_builtin::draws::Draws;
 
 /// Options of `settle workload`.
 #[derive(clap::Args, Debug)]
@@ -33,44 +28,6 @@ pub struct Args {
     /// Number of charts (the statechart workload).
     #[arg(long, default_value_t = 0)]
     charts: usize,
-}
-
-/// Prints `line` and flushes it at once: a crash test reads each line as the kill may fall
-/// right after it.
-fn say(line: std::fmt::Arguments<'_>) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-/// Binds `chart` and its handlers: steps that take a few milliseconds and retry a quarter
-/// of the time (a retry re-enters the step: no exit or entry action), and entry and exit
-/// actions that print, take a few milliseconds, and insert their row.
-fn bind_chart(b: EngineBuilder<AnyStore>) -> EngineBuilder<AnyStore> {
-    let mut b = b.machine(chart());
-    for (action, next) in [("work1", "step2"), ("work2", "step3"), ("work3", "done")] {
-        b = b.on("chart", action, move |ctx| async move {
-            let mut draws = Draws::new(7, &ctx.idempotency_key());
-            tokio::time::sleep(Duration::from_millis(draws.range(0, 10))).await;
-            if draws.next_f64() < 0.25 {
-                return Ok(Outcome::retry_after(Duration::from_millis(draws.range(1, 10))));
-            }
-            Ok(Outcome::to(next))
-        });
-    }
-    for hook in ["enter_working", "leave_working", "enter_step", "leave_step"] {
-        b = b.on("chart", hook, move |ctx| async move {
-            let (key, state) = (ctx.key.to_string(), ctx.state.to_string());
-            say(format_args!("hook {key} {hook} {state}"));
-            let mut draws = Draws::new(11, &format!("{}-{hook}", ctx.idempotency_key()));
-            tokio::time::sleep(Duration::from_millis(draws.range(1, 8))).await;
-            Ok(Outcome::stay().sql(
-                "INSERT INTO chart_hooks (key, hook, state) VALUES ($1, $2, $3)",
-                [json!(key), json!(hook), json!(state)],
-            ))
-        });
-    }
-    b
 }
 
 pub async fn run(db: &str, args: Args) -> anyhow::Result<ExitCode> {

@@ -272,7 +272,7 @@ fn raise_waits_for_the_operation_or_for_the_entity_at_rest() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("wait.db");
     for key in ["s1", "s2"] {
-        assert!(settle(&db, &["create", "server", key]).status.success());
+        assert!(settle(&db, &["--builtin", "create", "server", key]).status.success());
     }
     let whole = settle(&db, &["raise", "server", "s1", "create", "--wait", "--json"]);
     assert!(whole.status.success(), "{}", stderr(&whole));

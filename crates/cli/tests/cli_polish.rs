@@ -188,7 +188,7 @@ fn every_command_s_help_ends_with_an_example() {
 /// resources, all `ready`; the request id of the `create` event.
 fn provisioned(dir: &Path) -> (PathBuf, String) {
     let db = dir.join("settle.db");
-    local(&db, &["create", "server", "s1"]);
+    local(&db, &["--builtin", "create", "server", "s1"]);
     let raised = json(&local(&db, &["raise", "server", "s1", "create", "--json"]));
     let id = raised["request_id"].as_str().unwrap().to_string();
     local(&db, &["run", "--until-idle"]);
@@ -330,7 +330,7 @@ fn op_and_related_on_the_database_and_over_http() {
 
     // A parent whose children nobody processes yet (`run --serve fanparent`): its
     // subscription waits, and `related` says how far it is.
-    local(&db, &["create", "fanparent", "p", "--props", r#"{"children": 3}"#]);
+    local(&db, &["--builtin", "create", "fanparent", "p", "--props", r#"{"children": 3}"#]);
     let go =
         json(&local(&db, &["raise", "fanparent", "p", "go", "--json"]))["request_id"].as_str().unwrap().to_string();
     local(&db, &["run", "--serve", "fanparent", "--until-idle"]);

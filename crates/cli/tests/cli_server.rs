@@ -170,7 +170,7 @@ fn the_cli_over_http_prints_what_it_prints_on_the_database() {
 fn create_and_raise_work_on_the_database_too() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("local.db");
-    let out = local(&db, &["create", "job", "j1", "--idempotency-key", "new-j1"]);
+    let out = local(&db, &["--builtin", "create", "job", "j1", "--idempotency-key", "new-j1"]);
     assert_eq!(out, "job j1: create; state idle, run status active\nrequest id new-j1\n");
     let out = local(&db, &["raise", "job", "j1", "start", "--idempotency-key", "start-j1"]);
     assert_eq!(out, "job j1: event start queued\nrequest id start-j1\noperation /v1/operations/start-j1\n");

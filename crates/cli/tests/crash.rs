@@ -93,17 +93,18 @@ fn seed() -> u64 {
     seed | 1
 }
 
-/// Drains what is pending with `settle run --until-idle`, then lets `settle workload ARGS`
-/// finish (it creates and starts whatever a crash kept it from reaching); returns what the
-/// workload printed.
+/// Drains what is pending with `settle run --until-idle` (the definitions the workload
+/// stored, run with the same handlers), then lets `settle workload ARGS` finish (it creates
+/// and starts whatever a crash kept it from reaching); returns what both printed.
 fn finish(db: &Path, args: &[&str]) -> Vec<String> {
-    let out = settle(db).args(["run", "--until-idle"]).output().unwrap();
-    assert!(out.status.success(), "settle run failed: {}", String::from_utf8_lossy(&out.stderr));
+    let run = settle(db).args(["run", "--until-idle"]).output().unwrap();
+    assert!(run.status.success(), "settle run failed: {}", String::from_utf8_lossy(&run.stderr));
     let out = settle(db).arg("workload").args(args).output().unwrap();
     assert!(out.status.success(), "final workload failed: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(stdout.ends_with("all done\n"), "{stdout}");
-    stdout.lines().map(str::to_string).collect()
+    let ran = String::from_utf8_lossy(&run.stdout).to_string();
+    ran.lines().chain(stdout.lines()).map(str::to_string).collect()
 }
 
 /// Asserts that `entity`'s history is one unbroken chain of state entries from creation

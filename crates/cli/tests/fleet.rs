@@ -81,13 +81,14 @@ fn bad_machine_directories_are_refused_with_their_errors() {
     assert!(stderr(&o).contains("nosuch"), "{}", stderr(&o));
 }
 
-/// `settle serve` (the built-in machines) and a `settle run` on one PostgreSQL schema:
+/// `settle serve --builtin` (the built-in machines, stored) and a `settle run` (of the
+/// definitions stored) on one PostgreSQL schema:
 /// whichever of them processes an event, the caller waiting with `wait=stable` gets 200
 /// with the entity at rest, and a `relay`'s sync nested event on a `job` returns.
 #[test]
 fn serve_and_run_on_one_schema_answer_every_wait() {
     let Some(url) = settle_store::postgres::test_url("pair") else { return };
-    let (_server, addr) = spawn_server(&url, &[]);
+    let (_server, addr) = spawn_server(&url, &["--builtin"]);
     let _worker: Proc = spawn_settle(&url, &["run"]);
     for i in 0..12 {
         let key = format!("j{i}");
@@ -118,14 +119,15 @@ fn serve_and_run_on_one_schema_answer_every_wait() {
     }
 }
 
-/// Instances started at the same moment on a new schema all start and share the work.
+/// Instances started at the same moment on a new schema, each seeding it with the built-in
+/// machines, all start and share the work.
 #[test]
 fn instances_start_together_on_a_new_schema() {
     let Some(url) = settle_store::postgres::test_url("start") else { return };
     let runs: Vec<_> = (0..3)
         .map(|_| {
             std::process::Command::new(env!("CARGO_BIN_EXE_settle"))
-                .args(["--db", &url, "run", "--until-idle"])
+                .args(["--db", &url, "--builtin", "run", "--until-idle"])
                 .env("SETTLE_LOG", "error")
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped())

@@ -1010,7 +1010,7 @@ function machine(main, r) {
       if (!loaded) {
         const [toml, versions] = await Promise.all([api(`/v1/machines/${enc(name)}/toml`, { text: true }), api(`/v1/machines/${enc(name)}/versions`)]);
         $("#toml").textContent = toml;
-        $("#versions").innerHTML = simpleTable(["Version", "Stored", "Entities", "Current"], versions.map((v) => [`<span class="mono">${esc(v.hash.slice(0, 12))}</span>`, esc(fmtTime(v.stored_at)), String(v.entities), v.current ? "current" : ""]), "none stored");
+        $("#versions").innerHTML = simpleTable(["Version", "Stored", "Entities", "Current", "Origin"], versions.map((v) => [`<span class="mono">${esc(v.hash.slice(0, 12))}</span>`, esc(fmtTime(v.stored_at)), String(v.entities), v.current ? "current" : "", esc(v.origin || "")]), "none stored");
         await drawDiagram($("#diagram"), name, null, []);
         const m = (await servedMachines()).find((x) => x.name === name);
         if (m) $("#retention").innerHTML = `Kept after it ends: ${retentionText(m)} (then removed with all its rows${m.archived ? ", archived first" : ""}; README "Retention"). A live entity keeps of its history: ${esc(m.history || "forever")}.`;

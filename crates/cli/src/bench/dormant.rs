@@ -207,7 +207,7 @@ pub async fn dormant(db: &str, args: DormantArgs) -> anyhow::Result<ExitCode> {
     let run = format!("{:x}", settle_builtin::draws::mix(nanos as u64) & 0xffff_ffff);
 
     // Phase 1: grow the fleet at rest, timing a batch of due work at each step.
-    let engine = Engine::builder(AnyStore::open(db)?).machine(machine()).start().await?;
+    let engine = Engine::builder(AnyStore::open(db)?).origin(crate::defs::ORIGIN).machine(machine()).start().await?;
     let mut progress = Progress::new("entities at rest", args.entities);
     let seeding = Instant::now();
     let mut seed_s = 0.0;
@@ -252,7 +252,7 @@ pub async fn dormant(db: &str, args: DormantArgs) -> anyhow::Result<ExitCode> {
     drop(engine);
     let first_due = due_times.iter().map(|(_, d)| *d).min().unwrap_or(0);
     let restarted = Instant::now();
-    let engine = Engine::builder(AnyStore::open(db)?).machine(machine()).start().await?;
+    let engine = Engine::builder(AnyStore::open(db)?).origin(crate::defs::ORIGIN).machine(machine()).start().await?;
     let start_ms = restarted.elapsed().as_secs_f64() * 1000.0;
     let until_first = (first_due - settle_store::clock::now_ms() - 1_000).max(0) as u64;
     tokio::time::sleep(Duration::from_millis(until_first.min(3_000))).await;

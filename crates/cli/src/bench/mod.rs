@@ -246,6 +246,7 @@ async fn timers(db: Option<&str>, args: TimersArgs) -> anyhow::Result<ExitCode> 
     let machine = || settle_builtin::sleeper(after);
     // Phase 1: an engine with no capacity to process writes the entities and timers.
     let writer = Engine::builder(AnyStore::open(&path)?)
+        .origin(crate::defs::ORIGIN)
         .machine(machine())
         .config(settle_engine::Config { max_inflight: 0, ..settle_engine::Config::default() })
         .start()
@@ -261,7 +262,7 @@ async fn timers(db: Option<&str>, args: TimersArgs) -> anyhow::Result<ExitCode> 
     }
     // Phase 2: a fresh engine waits for the timers, then processes them all.
     let restarted = Instant::now();
-    let engine = Engine::builder(AnyStore::open(&path)?).machine(machine()).start().await?;
+    let engine = Engine::builder(AnyStore::open(&path)?).origin(crate::defs::ORIGIN).machine(machine()).start().await?;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let rss_waiting = rss_mb();
     let waited = restarted.elapsed();
@@ -370,6 +371,10 @@ impl Drop for Scratch {
 }
 
 pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
+    // The benchmarks' machines are never merged into a deployment of other definitions.
+    if let Some(db) = db {
+        crate::defs::refuse_foreign(&AnyStore::open(db)?).await?;
+    }
     match bench {
         Bench::Chain(args) => chain(db, args).await,
         Bench::Fanout(args) => fanout(db, args).await,
@@ -702,7 +707,8 @@ impl Workflows {
         created: Option<Created<'_>>,
     ) -> anyhow::Result<(f64, Vec<Duration>, serde_json::Value)> {
         let (path, _scratch) = bench_db(db);
-        let (engine, workers) = bench_engine(&path, self.drive.instances, |s| bind(Engine::builder(s))).await?;
+        let (engine, workers) =
+            bench_engine(&path, self.drive.instances, |s| bind(Engine::builder(s).origin(crate::defs::ORIGIN))).await?;
         let run_id = uuid_suffix();
         let keys: Arc<Vec<String>> =
             Arc::new((0..self.entities).map(|i| format!("{}{run_id}-{i}", self.prefix)).collect());

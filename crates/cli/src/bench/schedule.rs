@@ -90,7 +90,12 @@ pub async fn schedule(db: &str, args: ScheduleArgs) -> anyhow::Result<ExitCode> 
     let m = machine(&cron_at(instant), args.rate);
 
     // Phase 1: the fleet, written straight to the store.
-    let engine = Engine::builder(AnyStore::open(db)?).machine(m.clone()).config(idle()).start().await?;
+    let engine = Engine::builder(AnyStore::open(db)?)
+        .origin(crate::defs::ORIGIN)
+        .machine(m.clone())
+        .config(idle())
+        .start()
+        .await?;
     let seeding = Instant::now();
     let mut last = Instant::now();
     let mut i = 0;
@@ -113,7 +118,7 @@ pub async fn schedule(db: &str, args: ScheduleArgs) -> anyhow::Result<ExitCode> 
 
     // Phase 2: restart, sample RSS while the fleet waits for the fire.
     let restarted = Instant::now();
-    let engine = Engine::builder(AnyStore::open(db)?).machine(m).start().await?;
+    let engine = Engine::builder(AnyStore::open(db)?).origin(crate::defs::ORIGIN).machine(m).start().await?;
     let start_ms = restarted.elapsed().as_secs_f64() * 1000.0;
     let until = (instant - settle_store::clock::now_ms() - 500).max(0) as u64;
     tokio::time::sleep(Duration::from_millis(until.min(3_000))).await;

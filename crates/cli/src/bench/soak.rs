@@ -108,6 +108,7 @@ pub(crate) async fn soak(db: &str, args: SoakArgs) -> anyhow::Result<ExitCode> {
     let config = Config { retention, prune_every, ..Config::default() };
     let store = AnyStore::open(db).with_context(|| format!("opening {db}"))?;
     let engine = Engine::builder(store.clone())
+        .origin(crate::defs::ORIGIN)
         .config(config)
         .machine(machine("soak_server", SERVER)?)
         .machine(machine("soak_resource", RESOURCE)?)

@@ -216,6 +216,7 @@ async fn versions(
                 stored_at: r.created_at,
                 entities: *n,
                 current: r.hash == current,
+                origin: r.origin.clone(),
             })
             .collect(),
     ))
