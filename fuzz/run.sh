@@ -3,14 +3,14 @@
 #
 #   fuzz/run.sh [TARGET|all] [SECONDS]     (defaults: all, 600)
 #
-# Targets: machine_toml guard http_request stored_json. Installs cargo-afl when missing,
+# Targets: machine_toml guard request_expr http_request stored_json. Installs cargo-afl when missing,
 # builds the harnesses, fuzzes each target for SECONDS (wall clock) from its corpus
 # fuzz/corpus/TARGET into fuzz/out/TARGET (resumed if it exists), then prints the
 # fuzzer's numbers from fuzz/out/TARGET/default/fuzzer_stats.
 set -euo pipefail
 
 cd "$(dirname "$0")"
-TARGETS=(machine_toml guard http_request stored_json)
+TARGETS=(machine_toml guard request_expr http_request stored_json)
 target=${1:-all}
 seconds=${2:-600}
 

@@ -56,9 +56,19 @@ impl fmt::Display for Expression {
 }
 
 impl Expression {
-    /// Parses an expression. The error says where: "syntax error at column 7: …".
+    /// Parses an expression of a machine's definition, within
+    /// [`Limits::DEFINITION`](crate::cost::Limits::DEFINITION). The error says where:
+    /// "syntax error at column 7: …", or which limit it passes.
     pub fn parse(source: &str) -> Result<Expression, String> {
+        Expression::parse_within(source, &crate::cost::Limits::DEFINITION)
+    }
+
+    /// Parses an expression within `limits` ([`crate::cost`]): the text is checked before
+    /// it is parsed, the tree before it is kept.
+    pub fn parse_within(source: &str, limits: &crate::cost::Limits) -> Result<Expression, String> {
+        crate::cost::check_source(source, limits)?;
         let program = Program::compile(source).map_err(|e| tidy_parse_error(&e.to_string()))?;
+        crate::cost::check_tree(program.expression(), limits)?;
         Ok(Expression { source: source.to_string(), program: Arc::new(program) })
     }
 

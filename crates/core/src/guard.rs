@@ -55,9 +55,17 @@ impl fmt::Display for Guard {
 }
 
 impl Guard {
-    /// Parses a guard. The error says where: "syntax error at column 16: …".
+    /// Parses a guard of a machine's definition. The error says where: "syntax error at
+    /// column 16: …", or which limit of [`Limits::DEFINITION`](crate::cost::Limits) it
+    /// passes.
     pub fn parse(source: &str) -> Result<Guard, String> {
-        Expression::parse(source).map(|e| Guard(e, ReadsState(source.contains("in_state"))))
+        Guard::parse_within(source, &crate::cost::Limits::DEFINITION)
+    }
+
+    /// Parses a boolean expression within `limits` (a request's filter:
+    /// [`Limits::REQUEST`](crate::cost::Limits::REQUEST)).
+    pub fn parse_within(source: &str, limits: &crate::cost::Limits) -> Result<Guard, String> {
+        Expression::parse_within(source, limits).map(|e| Guard(e, ReadsState(source.contains("in_state"))))
     }
 
     /// The guard as written.

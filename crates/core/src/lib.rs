@@ -25,6 +25,7 @@
 //! [`upgrade`], [`graph`] (and [`svg`], which draws [`graph`]'s edges) and [`toml::load`].
 
 pub mod calendar;
+pub mod cost;
 pub mod duration;
 mod edges;
 pub mod expr;

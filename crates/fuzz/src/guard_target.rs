@@ -4,7 +4,7 @@ use serde_json::{Map, Value, json};
 use settle_core::guard::{Guard, Names};
 
 /// Properties and parameters a guard is evaluated against when the input gives none.
-fn default_data() -> (Map<String, Value>, Value) {
+pub(crate) fn default_data() -> (Map<String, Value>, Value) {
     let props = json!({
         "size": 3, "max_size": 10, "region": "eu", "name": "tmp-x", "ratio": 0.5,
         "big": u64::MAX, "neg": i64::MIN, "on": true, "none": null,

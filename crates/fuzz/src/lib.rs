@@ -4,6 +4,8 @@
 //! - [`machine_toml`]: a machine definition in TOML, loaded and validated as `settle
 //!   validate` and the server load their `--machines` files, with the report rendered;
 //! - [`guard`]: a guard expression, parsed, checked and evaluated against JSON data;
+//! - [`request_expr`]: an expression as a request gives it (`where`), refused or evaluated
+//!   (its generated run, [`expr_target::generated`], runs a fixed count in the tests);
 //! - [`http_request`]: a request to the HTTP API, answered by the server's real router
 //!   over a SQLite store in process;
 //! - [`stored_json`]: a value written into a column of a real SQLite store where the store
@@ -13,11 +15,13 @@
 //! `tests/corpus.rs` replays every file of `fuzz/corpus/<target>/` through them, so that
 //! `cargo test` checks the corpora without AFL.
 
+pub mod expr_target;
 mod guard_target;
 mod http_target;
 mod stored_target;
 mod toml_target;
 
+pub use expr_target::request_expr;
 pub use guard_target::guard;
 pub use http_target::http_request;
 pub use stored_target::stored_json;
@@ -27,8 +31,13 @@ pub use toml_target::machine_toml;
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target, by name.
-pub const TARGETS: &[Target] =
-    &[("machine_toml", machine_toml), ("guard", guard), ("http_request", http_request), ("stored_json", stored_json)];
+pub const TARGETS: &[Target] = &[
+    ("machine_toml", machine_toml),
+    ("guard", guard),
+    ("request_expr", request_expr),
+    ("http_request", http_request),
+    ("stored_json", stored_json),
+];
 
 /// Drops what the target named `name` keeps between inputs (a server, a store) and the
 /// temporary files under it: a replay of a corpus leaves nothing behind. The next input
