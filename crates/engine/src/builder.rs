@@ -126,7 +126,8 @@ impl<S: Store + Clone> EngineBuilder<S> {
         let (runs_bulk, bulk_owner, bulk_lease, bulk_poll) =
             (config.max_inflight > 0, config.owner.clone(), config.lease, config.poll);
         let deploy_poll = config.poll;
-        let (read_only, processes) = (config.read_only, config.max_inflight > 0);
+        let (read_only, processes, narrow_budget) = (config.read_only, config.max_inflight > 0, config.narrow_budget);
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         let archive = config.archive.clone().map(crate::archive::Archive::new);
         let registries = Arc::new(crate::registry::Registries::new(registry.clone()));
         let mut scheduler = Scheduler::new(
@@ -164,6 +165,8 @@ impl<S: Store + Clone> EngineBuilder<S> {
                 deployed: std::sync::Mutex::new(deployed),
                 read_only,
                 processes,
+                narrowing: tokio::sync::Semaphore::new(cores),
+                narrow_budget,
             }),
         };
         // An engine that processes work also runs bulk operations.

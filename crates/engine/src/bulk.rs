@@ -19,7 +19,7 @@ use settle_store::{BulkAdvance, BulkRow, Command, EntityFilter, EntityRow, Milli
 
 use crate::engine::{Engine, Inner};
 use crate::error::{Error, Result};
-use crate::narrow::Narrow;
+use crate::narrow::{Narrow, Narrowed};
 use crate::{RaiseOptions, Wait};
 
 /// Most entities a page holds (fewer when the rate is lower: a page is a second's worth).
@@ -125,6 +125,10 @@ impl Selection {
             return Err("a bulk operation needs at least one criterion (machine, state, status, prefix, health, \
                         where, error or a time range); it never reaches every entity by default"
                 .into());
+        }
+        // An empty criterion would hold for everything: `prefix: ""` is no criterion.
+        if let Some((field, _)) = self.fields().into_iter().find(|(_, v)| v.as_deref().is_some_and(str::is_empty)) {
+            return Err(format!("{field}: empty; leave it out, or give what to match"));
         }
         self.narrow.check()?;
         if let Some(m) = &self.machine
@@ -332,9 +336,11 @@ impl<S: Store> Engine<S> {
         let base = EntityFilter { key_prefix: selection.prefix.clone(), ..selection.filter(machines, None, None) };
         let (mut count, mut rows_kept) = (0u64, Vec::new());
         let mut page = EntityFilter { limit: Some(SCAN), ..base };
+        // The whole count may take ten pages' budget.
+        let deadline = std::time::Instant::now() + self.inner.narrow_budget * 10;
         loop {
             let rows = store.entity_list(page.clone()).await?;
-            let (keeps, _) = self.narrowed(&selection.narrow, &rows).await?;
+            let Narrowed { rows, keeps, .. } = self.narrowed_until(&selection.narrow, rows, Some(deadline)).await?;
             for (e, keep) in rows.iter().zip(keeps) {
                 if keep && keyed(selection, e) {
                     count += 1;
@@ -534,7 +540,7 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
         _ => (entities.len() as u64) < limit,
     };
     let cursor = entities.last().map(|e| e.id.to_string()).or(row.cursor.clone());
-    let (keeps, _) = engine.narrowed(&selection.narrow, &entities).await?;
+    let Narrowed { rows: entities, keeps, .. } = engine.narrowed_until(&selection.narrow, entities, None).await?;
     let chosen: Vec<&EntityRow> =
         entities.iter().zip(keeps).filter(|(e, keep)| *keep && keyed(&selection, e)).map(|(e, _)| e).collect();
     let (mut done, mut failed, mut last_error) = (0u64, 0u64, None);
@@ -651,6 +657,8 @@ mod tests {
         let m = machine();
         let ms = [&m];
         assert!(Selection::default().check(&ms).unwrap_err().contains("at least one criterion"));
+        let everything = Selection { prefix: Some(String::new()), ..Selection::default() };
+        assert_eq!(everything.check(&ms).unwrap_err(), "prefix: empty; leave it out, or give what to match");
         let s = |f: fn(&mut Selection)| {
             let mut s = Selection::default();
             f(&mut s);

@@ -43,6 +43,10 @@ pub struct Config {
     /// archive = false`. `None`: only a machine that says `archive = true` needs one (and
     /// the engine refuses to start without it).
     pub archive: Option<crate::ArchiveConfig>,
+    /// How long (real time) narrowing one page of entities by an expression or an error
+    /// text may take ([`Engine::narrowed`](crate::Engine::narrowed)): beyond, it stops with
+    /// [`Error::TooCostly`](crate::Error::TooCostly). Default: 2 s.
+    pub narrow_budget: Duration,
     /// An engine that writes nothing (read-only commands and dry runs look through it): it
     /// stores no definition, releases no lease, claims nothing, runs no supervisor, no
     /// pruning, no bulk operation and no schedule, and refuses every write asked of it
@@ -71,6 +75,7 @@ impl Default for Config {
             prune_limit: 200,
             archive: None,
             read_only: false,
+            narrow_budget: Duration::from_secs(2),
             clock: Arc::new(SystemClock),
         }
     }

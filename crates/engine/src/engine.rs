@@ -7,17 +7,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use settle_core::step::{self, Properties};
-use settle_core::{EntityKey, EventName, Machine, StateKind, StateName};
+use settle_core::{EventName, Machine, StateKind, StateName};
 use settle_store::{
-    AgentTask, Applied, Command, EntityRow, HistoryRow, InboxKind, ManualClock, Millis, NewEntity, Op, OpenOperation,
-    OperationRow, Push, RunStatus, SharedClock, Store, TaskCheck, TaskFilter, TaskResult,
+    AgentTask, Applied, Command, EntityRow, HistoryRow, ManualClock, Millis, Op, OperationRow, RunStatus, SharedClock,
+    Store, TaskCheck, TaskFilter, TaskResult,
 };
 use tokio::sync::{mpsc, oneshot};
 
 use crate::api::{Commanded, Created, EventOutcome, RaiseOptions, Raised, Wait};
-use crate::decide;
 use crate::error::{Error, Result};
 use crate::msg::Msg;
+use crate::ops::{command_op, create_op, push_op};
 use crate::opwatch::OpWatch;
 use crate::registry::Registry;
 use crate::watch::{Hub, Want, first_of};
@@ -63,6 +63,10 @@ pub(crate) struct Inner<S> {
     pub(crate) read_only: bool,
     /// It claims due work (`max_inflight` above 0): its machines' actions need handlers.
     pub(crate) processes: bool,
+    /// Turns to narrow pages by expressions, one per core ([`Engine::narrowed`]).
+    pub(crate) narrowing: tokio::sync::Semaphore,
+    /// How long narrowing one page may take ([`crate::Config::narrow_budget`]).
+    pub(crate) narrow_budget: Duration,
 }
 
 impl<S> Inner<S> {
@@ -562,9 +566,13 @@ impl<S: Store> Engine<S> {
         result: TaskResult,
         queues: Option<Vec<String>>,
     ) -> Result<crate::Report> {
-        if let TaskResult::Complete(outcome) = &result
-            && let Err((field, reason)) = crate::decide::check_effects(outcome, &self.inner.registry())
-        {
+        let checked = match &result {
+            TaskResult::Complete(outcome) => {
+                step::check_size(outcome).and_then(|()| crate::decide::check_effects(outcome, &self.inner.registry()))
+            }
+            TaskResult::Fail { error, .. } => step::check_error_size(error, "error"),
+        };
+        if let Err((field, reason)) = checked {
             return Err(Error::Task(settle_store::TaskRefusal::BadReport { task, field, reason }));
         }
         let check = TaskCheck { queues, ..self.inner.registry().agent_check() };
@@ -727,72 +735,4 @@ pub fn can_fire(
 
 fn not_found(machine: &str, key: &str) -> Error {
     Error::NotFound { machine: machine.to_string(), key: key.to_string() }
-}
-
-/// The store operation creating entity `key` of `machine` as the operation `request_id`
-/// (checked: the machine exists, the properties fit its initial state).
-pub(crate) fn create_op(
-    registry: &Registry,
-    machine: &str,
-    key: &str,
-    properties: Properties,
-    request_id: &str,
-    now: Millis,
-) -> Result<NewEntity> {
-    let m = registry.machine(machine)?;
-    let mut new = decide::new_entity(m, EntityKey::new(key), properties, Some(request_id.to_string()), now)?;
-    new.machine_hash = registry.hash(machine);
-    new.operation = Some(OpenOperation {
-        request_id: request_id.to_string(),
-        name: format!("{machine}:new"),
-        dimensions: serde_json::json!({"machine": machine}),
-    });
-    Ok(new)
-}
-
-/// The store operation raising `event` (already checked against `m`) on entity `key` as
-/// the operation `request_id`.
-pub(crate) fn push_op(m: &Machine, key: &str, event: &str, params: serde_json::Value, request_id: &str) -> Push {
-    Push {
-        machine: m.name().clone(),
-        key: EntityKey::new(key),
-        event: EventName::new(event),
-        params,
-        request_id: Some(request_id.to_string()),
-        kind: InboxKind::Raised,
-        join_from: None,
-        operation: Some(OpenOperation {
-            request_id: request_id.to_string(),
-            name: format!("{}.{event}", m.name()),
-            dimensions: serde_json::json!({"machine": m.name().as_str(), "event": event}),
-        }),
-        reply: None,
-    }
-}
-
-/// The store operation of an operator command on entity `key` of `machine`, as the
-/// operation `request_id`.
-pub(crate) fn command_op(
-    registry: &Registry,
-    machine: &str,
-    key: &str,
-    command: Command,
-    request_id: &str,
-    reason: Option<&str>,
-) -> Result<Op> {
-    let m = registry.machine(machine)?;
-    let mut dimensions = serde_json::json!({"machine": machine, "command": command.as_str()});
-    if let Some(r) = reason.map(str::trim).filter(|r| !r.is_empty()) {
-        dimensions["reason"] = serde_json::json!(r);
-    }
-    Ok(Op::Command {
-        machine: m.name().clone(),
-        key: EntityKey::new(key),
-        command,
-        operation: Some(OpenOperation {
-            request_id: request_id.to_string(),
-            name: format!("{machine}.{}", command.as_str()),
-            dimensions,
-        }),
-    })
 }

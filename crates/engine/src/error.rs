@@ -123,6 +123,26 @@ pub enum Error {
     /// The engine is shutting down.
     #[error("engine stopped")]
     Stopped,
+    /// Narrowing a page by an expression or an error text took longer than the engine
+    /// allows ([`Config::narrow_budget`](crate::Config::narrow_budget)); it stopped.
+    #[error(
+        "evaluating the filter took over {budget:?} on this page ({examined} entities examined): narrow it by \
+         machine, state, status or key prefix, or simplify the expression"
+    )]
+    TooCostly {
+        /// How many rows it examined before it stopped.
+        examined: usize,
+        /// The budget.
+        budget: Duration,
+    },
+    /// What a request would store is larger than the engine keeps (`field`: its part).
+    #[error("{field}: {reason}")]
+    TooLarge {
+        /// The part at fault (`properties`).
+        field: String,
+        /// How large, and the limit.
+        reason: String,
+    },
     /// The engine was started read-only ([`Config::read_only`](crate::Config::read_only)):
     /// it writes nothing.
     #[error("this engine is read-only: it writes nothing ({0} refused)")]

@@ -37,6 +37,7 @@ pub mod metrics;
 mod msg;
 mod narrow;
 mod nested;
+mod ops;
 mod opwatch;
 mod prune;
 mod registry;
@@ -60,7 +61,10 @@ pub use engine::{Engine, SubscriptionProgress, can_fire};
 pub use error::{Error, Result, Stranded};
 pub use feed::FeedWatch;
 pub use handler::{ActionContext, CreateEffect, Handler, HandlerError, HandlerFuture, Outcome, RaiseEffect, handler};
-pub use narrow::{NARROW_FIELDS, Narrow, NarrowText, error_group, error_matches, keeps, newest_errors};
+pub use narrow::{
+    ERROR_TEXT_MAX, ErrorText, NARROW_FIELDS, Narrow, NarrowText, Narrowed, error_group, error_matches, keeps,
+    newest_errors,
+};
 pub use prune::PruneReport;
 pub use schedules::{ScheduleView, describe_fire, views as schedule_views};
 pub use settle_store::{Clock, Command, ManualClock, RunStatus, SharedClock, SystemClock};

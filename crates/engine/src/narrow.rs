@@ -8,6 +8,8 @@
 //! every row its index filter reaches.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
 use settle_core::Machine;
@@ -15,7 +17,7 @@ use settle_core::guard::Guard;
 use settle_store::{EntityRow, ErrorRow, Millis, Store};
 
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What a selection keeps of the rows its index filter reads: every criterion given must
 /// hold. Times are epoch ms; `after` is inclusive, `before` exclusive.
@@ -93,7 +95,7 @@ impl Narrow {
         if source.contains("params.") {
             return Err("where: an expression over entities reads `props` (and `in_state`), not `params`".into());
         }
-        Guard::parse(source).map_err(|e| format!("where: {e}"))
+        Guard::parse_within(source, &settle_core::cost::Limits::REQUEST).map_err(|e| format!("where: {e}"))
     }
 
     /// Checks the criteria together: an empty error text, a range that ends before it
@@ -101,6 +103,9 @@ impl Narrow {
     pub fn check(&self) -> std::result::Result<(), String> {
         if self.error.as_deref().is_some_and(|e| e.trim().is_empty()) {
             return Err("error: the text to look for is empty".into());
+        }
+        if let Some(n) = self.error.as_deref().map(|e| e.chars().count()).filter(|n| *n > ERROR_TEXT_MAX) {
+            return Err(format!("error: the text to look for is {n} characters long; at most {ERROR_TEXT_MAX}"));
         }
         for (name, after, before) in
             [("created", self.created_after, self.created_before), ("entered", self.entered_after, self.entered_before)]
@@ -132,7 +137,7 @@ impl Narrow {
         }
         if let Some(text) = &self.error {
             let Some(err) = newest else { return false };
-            if !error_matches(&err.details, text) {
+            if !ErrorText::new(text).find(&err.details).0 {
                 return false;
             }
         }
@@ -186,33 +191,85 @@ impl Narrow {
     }
 }
 
+/// The longest text `error=` may look for, in characters.
+pub const ERROR_TEXT_MAX: usize = 256;
+
 /// Whether `hay` contains `needle`, ignoring case; a `#` in `needle` stands for a run of
-/// digits (or a `#`), as in [`error_group`]'s text.
+/// digits (or of `#`s), as in [`error_group`]'s text. Linear in `hay`: see [`ErrorText`].
 pub fn error_matches(hay: &str, needle: &str) -> bool {
-    let hay: Vec<char> = hay.chars().flat_map(char::to_lowercase).collect();
-    let needle: Vec<char> = needle.chars().flat_map(char::to_lowercase).collect();
-    (0..=hay.len()).any(|start| matches_at(&hay[start..], &needle))
+    ErrorText::new(needle).find(hay).0
 }
 
-/// Whether `needle` matches a prefix of `hay` (`#`: a run of digits or a `#`).
-fn matches_at(hay: &[char], needle: &[char]) -> bool {
-    let (mut h, mut n) = (0, 0);
-    while n < needle.len() {
-        match needle[n] {
-            '#' if hay.get(h) == Some(&'#') => h += 1,
-            '#' => {
-                let digits = hay[h..].iter().take_while(|c| c.is_ascii_digit()).count();
-                if digits == 0 {
-                    return false;
-                }
-                h += digits;
+/// A text to look for in errors, compiled once: a shift-and automaton over its characters
+/// (lowercased), where each `#` is a class of digits and `#` repeated one or more times.
+/// [`ErrorText::find`] reads each character of the error once and does a fixed amount of
+/// work per character for a needle of [`ERROR_TEXT_MAX`] characters: O(error + needle),
+/// whatever the texts (a text of one character repeated no longer costs its product).
+#[derive(Debug, Clone)]
+pub struct ErrorText {
+    /// Per character: the positions of the needle it matches.
+    masks: HashMap<char, Vec<u64>>,
+    /// The positions of `#`.
+    class: Vec<u64>,
+    /// How many positions.
+    len: usize,
+}
+
+impl ErrorText {
+    /// Compiles `needle`.
+    pub fn new(needle: &str) -> ErrorText {
+        let chars: Vec<char> = needle.chars().flat_map(char::to_lowercase).collect();
+        let words = chars.len().div_ceil(64).max(1);
+        let (mut masks, mut class) = (HashMap::<char, Vec<u64>>::new(), vec![0u64; words]);
+        for (i, c) in chars.iter().enumerate() {
+            let bit = |v: &mut Vec<u64>| v[i / 64] |= 1 << (i % 64);
+            if *c == '#' {
+                bit(&mut class);
+            } else {
+                bit(masks.entry(*c).or_insert_with(|| vec![0; words]));
             }
-            c if hay.get(h) == Some(&c) => h += 1,
-            _ => return false,
         }
-        n += 1;
+        ErrorText { masks, class, len: chars.len() }
     }
-    true
+
+    /// Whether `hay` contains the text, and how many steps (characters of `hay` read) it
+    /// took to know.
+    pub fn find(&self, hay: &str) -> (bool, usize) {
+        if self.len == 0 {
+            return (true, 0);
+        }
+        let words = self.class.len();
+        let (last_word, last_bit) = ((self.len - 1) / 64, 1u64 << ((self.len - 1) % 64));
+        let mut state = vec![0u64; words];
+        let mut mask = vec![0u64; words];
+        let mut steps = 0;
+        for c in hay.chars().flat_map(char::to_lowercase) {
+            steps += 1;
+            let in_class = c.is_ascii_digit() || c == '#';
+            match self.masks.get(&c) {
+                Some(m) => mask.copy_from_slice(m),
+                None => mask.fill(0),
+            }
+            if in_class {
+                for (m, k) in mask.iter_mut().zip(&self.class) {
+                    *m |= k;
+                }
+            }
+            // Every position one further (a new start at the first), where `c` fits; and a
+            // `#` reached stays while digits follow.
+            let mut carry = 1u64;
+            for w in 0..words {
+                let old = state[w];
+                let stay = if in_class { old & self.class[w] } else { 0 };
+                state[w] = (((old << 1) | carry) & mask[w]) | stay;
+                carry = old >> 63;
+            }
+            if state[last_word] & last_bit != 0 {
+                return (true, steps);
+            }
+        }
+        (false, steps)
+    }
 }
 
 /// An error's group: its text with each run of digits (ids, counts, codes) as `#`, so
@@ -243,8 +300,10 @@ pub async fn newest_errors<S: Store>(store: &S, rows: &[EntityRow]) -> settle_st
     Ok(store.error_newest(ids).await?.into_iter().collect())
 }
 
-/// Which of `rows` pass `narrow`, in order (`machine`: a machine by name, for
-/// `in_state`), and the newest errors read to decide (none unless it reads errors).
+/// Which of `rows` pass `narrow`, in order (`machine`: a machine by name, for `in_state`),
+/// and the newest errors read to decide (none unless it reads errors): evaluated here, on
+/// the caller's thread, with no budget (a command's own process; a server uses
+/// [`Engine::narrowed`]).
 pub async fn keeps<'m, S: Store>(
     store: &S,
     narrow: &Narrow,
@@ -256,17 +315,79 @@ pub async fn keeps<'m, S: Store>(
     Ok((keeps, errors))
 }
 
+/// Rows examined by a selection: which of them passed its [`Narrow`], in order, and the
+/// newest errors read to decide (none unless it reads errors).
+#[derive(Debug, Default)]
+pub struct Narrowed {
+    /// The rows, as given.
+    pub rows: Vec<EntityRow>,
+    /// Whether each passed.
+    pub keeps: Vec<bool>,
+    /// The newest error of each row that has one, when the criteria read errors.
+    pub errors: HashMap<i64, ErrorRow>,
+}
+
+/// Sets its flag when dropped: a request's evaluation stops once the request is gone (its
+/// future dropped: the client left, or the server's request timeout passed).
+struct Gone(Arc<AtomicBool>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 impl<S: Store> Engine<S> {
     /// The newest recorded error of each of `rows` that has one, by entity id.
     pub async fn newest_errors(&self, rows: &[EntityRow]) -> Result<HashMap<i64, ErrorRow>> {
         Ok(newest_errors(&self.inner.store, rows).await?)
     }
 
-    /// Which of `rows` pass `narrow`, in order, by the served machines, and the newest
-    /// errors read to decide ([`keeps`]).
-    pub async fn narrowed(&self, narrow: &Narrow, rows: &[EntityRow]) -> Result<(Vec<bool>, HashMap<i64, ErrorRow>)> {
-        let machines = &self.inner.registry().machines;
-        Ok(keeps(&self.inner.store, narrow, rows, |name| machines.get(name).map(|m| m.as_ref())).await?)
+    /// Which of `rows` pass `narrow`, in order, by the machines' current versions (for
+    /// `in_state`). An expression or an error text is evaluated off the runtime's workers
+    /// (a blocking thread; at most one per core at once, the others wait), row after row
+    /// until [`Config::narrow_budget`](crate::Config::narrow_budget) of real time is spent
+    /// ([`Error::TooCostly`]) or the caller is gone (its future dropped).
+    pub async fn narrowed(&self, narrow: &Narrow, rows: Vec<EntityRow>) -> Result<Narrowed> {
+        let deadline = std::time::Instant::now() + self.inner.narrow_budget;
+        self.narrowed_until(narrow, rows, Some(deadline)).await
+    }
+
+    /// [`narrowed`](Self::narrowed) with a deadline of its own (`None`: none, for a bulk
+    /// operation's pages, which run in the background at their own pace).
+    pub(crate) async fn narrowed_until(
+        &self,
+        narrow: &Narrow,
+        rows: Vec<EntityRow>,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Narrowed> {
+        let errors =
+            if narrow.reads_errors() { newest_errors(&self.inner.store, &rows).await? } else { HashMap::new() };
+        if narrow.expr.is_none() && narrow.error.is_none() {
+            let keeps = rows.iter().map(|e| narrow.keeps(e, None, None)).collect();
+            return Ok(Narrowed { rows, keeps, errors });
+        }
+        let _turn = self.inner.narrowing.acquire().await.map_err(|_| Error::Stopped)?;
+        let gone = Gone(Arc::new(AtomicBool::new(false)));
+        let (left, registry, narrow) = (gone.0.clone(), self.inner.registry(), narrow.clone());
+        let budget = self.inner.narrow_budget;
+        let evaluated = tokio::task::spawn_blocking(move || {
+            let mut keeps = Vec::with_capacity(rows.len());
+            for e in &rows {
+                if left.load(Ordering::Relaxed) {
+                    return Err(Error::Stopped);
+                }
+                if deadline.is_some_and(|d| std::time::Instant::now() > d) {
+                    return Err(Error::TooCostly { examined: keeps.len(), budget });
+                }
+                let machine = registry.machines.get(e.machine.as_str()).map(|m| m.as_ref());
+                keeps.push(narrow.keeps(e, machine, errors.get(&e.id)));
+            }
+            Ok(Narrowed { rows, keeps, errors })
+        })
+        .await;
+        drop(gone);
+        evaluated.map_err(|_| Error::Stopped)?
     }
 }
 
@@ -332,6 +453,26 @@ mod tests {
     }
 
     #[test]
+    fn an_error_text_is_found_in_steps_linear_in_the_error() {
+        use super::ErrorText;
+        // The probe's worst case: a long run of one letter, a needle of it ending otherwise.
+        let hay = "a".repeat(200_000);
+        let needle = format!("{}b", "a".repeat(255));
+        assert_eq!(ErrorText::new(&needle).find(&hay), (false, 200_000), "each character read once");
+        let with_digits = format!("{}#x", "1a".repeat(100));
+        let hay = "1a".repeat(50_000);
+        assert_eq!(ErrorText::new(&with_digits).find(&hay), (false, 100_000));
+        // Found as soon as it ends.
+        let hay = format!("{}b{}", "a".repeat(1000), "c".repeat(1000));
+        assert_eq!(ErrorText::new("aab").find(&hay), (true, 1001));
+        assert_eq!(ErrorText::new("").find("anything"), (true, 0));
+        // `#` is a run of digits, whatever its length; a needle longer than 64 spans words.
+        let long = format!("{}#{}", "x".repeat(70), "y".repeat(70));
+        assert!(ErrorText::new(&long).find(&format!("..{}12345{}..", "x".repeat(70), "y".repeat(70))).0);
+        assert!(!ErrorText::new(&long).find(&format!("{}{}", "x".repeat(70), "y".repeat(70))).0);
+    }
+
+    #[test]
     fn bad_criteria_name_their_field() {
         assert!(Narrow::parse_expr("props.a ==").unwrap_err().starts_with("where: "));
         assert!(Narrow::parse_expr(" ").unwrap_err().contains("empty"));
@@ -340,6 +481,10 @@ mod tests {
         assert!(n.check().unwrap_err().starts_with("entered_before:"));
         let n = Narrow { error: Some("".into()), ..Narrow::default() };
         assert!(n.check().unwrap_err().starts_with("error:"));
+        let n = Narrow { error: Some("e".repeat(257)), ..Narrow::default() };
+        assert_eq!(n.check().unwrap_err(), "error: the text to look for is 257 characters long; at most 256");
+        let deep = format!("props{} == 1", ".a".repeat(100));
+        assert!(Narrow::parse_expr(&deep).unwrap_err().starts_with("where: the expression nests deeper than 48"));
     }
 
     #[test]

@@ -25,9 +25,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::api::Wait;
 use crate::builder::{EngineBuilder, Prepared};
-use crate::engine::{command_op, create_op, push_op};
 use crate::error::Result;
 use crate::msg::Msg;
+use crate::ops::{command_op, create_op, push_op};
 use crate::opwatch::OpWatch;
 use crate::scheduler::Scheduler;
 

@@ -126,7 +126,7 @@ async fn list(State(s): State<AppState>, Query(q): Query<EntityQuery>) -> Result
     // Criteria no index holds: a page examines a bounded number of rows.
     let read = if narrow.is_empty() { limit + 1 } else { EXAMINE.max(limit + 1) };
     let rows = s.engine().store().entity_list(EntityFilter { limit: Some(read), ..filter }).await?;
-    let (keeps, mut errors) = s.engine().narrowed(&narrow, &rows).await?;
+    let settle_engine::Narrowed { rows, keeps, mut errors } = s.engine().narrowed(&narrow, rows).await?;
     let mut kept: Vec<&EntityRow> = Vec::new();
     let mut next_after = None;
     for (row, keep) in rows.iter().zip(keeps) {
@@ -270,7 +270,7 @@ const EXAMINE: u64 = 1_000;
 /// index filters reach, how many pass (exact when there are no more).
 async fn narrowed_total(s: &AppState, narrow: &Narrow, filter: EntityFilter) -> Result<Total, Problem> {
     let (examined, exact) = first_bound(s, filter).await?;
-    let (keeps, _) = s.engine().narrowed(narrow, &examined).await?;
+    let keeps = s.engine().narrowed(narrow, examined).await?.keeps;
     Ok(Total { count: keeps.iter().filter(|k| **k).count() as u64, exact })
 }
 
