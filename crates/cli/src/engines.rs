@@ -87,7 +87,7 @@ pub(crate) async fn start_driver_engine(
 }
 
 /// Starts an engine on an open store running `machines` with `config`.
-async fn start_engine_with(
+pub(crate) async fn start_engine_with(
     store: AnyStore,
     machines: &defs::Machines,
     config: Config,

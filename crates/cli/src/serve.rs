@@ -72,6 +72,21 @@ pub struct Args {
     /// Default: `--max-wait` plus 30 s, so long polls are never cut.
     #[arg(long)]
     request_timeout: Option<String>,
+    /// Longest time (real time) evaluating a filter (`where=`, `error=`) over one page of
+    /// entities may take; beyond, the request is answered 422 `filter-too-costly`.
+    #[arg(long, default_value = "2s", value_name = "D")]
+    filter_budget: String,
+    /// Most change-feed streams (`GET /v1/feed`) open at once; beyond, 429
+    /// `too-many-streams`.
+    #[arg(long, default_value_t = settle_server::streams::MAX_STREAMS, value_name = "N")]
+    max_streams: usize,
+    /// Most change-feed streams one token may hold open.
+    #[arg(long, default_value_t = settle_server::streams::PER_TOKEN, value_name = "N")]
+    streams_per_token: usize,
+    /// How long a change-feed stream stays open before the server ends it (the client
+    /// reconnects after the last id it saw, missing nothing).
+    #[arg(long, default_value = "10m", value_name = "D")]
+    stream_lifetime: String,
     /// Serve the reference scenario (`server` and its resources) with the resources'
     /// provider calls made by external agents on queue `provider` (`settle agent`), as
     /// `settle demo --agents` does. The server's timeout comes from the latest demo run.
@@ -144,16 +159,75 @@ pub fn run(db: &str, machines: Machines, args: Args) -> anyhow::Result<ExitCode>
             return Ok(ExitCode::from(REFUSED));
         }
     };
+    let durations =
+        (settle_core::duration::parse(&args.filter_budget), settle_core::duration::parse(&args.stream_lifetime));
+    let (filter_budget, stream_lifetime) = match durations {
+        (Ok(f), Ok(l)) if !f.is_zero() && !l.is_zero() => (f, l),
+        (Err(e), _) => return refuse(&format!("--filter-budget: {e}")),
+        (_, Err(e)) => return refuse(&format!("--stream-lifetime: {e}")),
+        _ => return refuse("--filter-budget and --stream-lifetime must be longer than 0"),
+    };
+    if args.max_streams == 0 || args.streams_per_token == 0 {
+        return refuse("--max-streams and --streams-per-token must be at least 1");
+    }
     let config = settle_server::Config {
         max_body: args.max_body,
         max_wait,
         rate_limit: args.rate_limit,
         auth_failures: args.auth_failures,
         browser,
+        max_streams: args.max_streams,
+        streams_per_token: args.streams_per_token,
+        stream_lifetime,
         ..Default::default()
     };
+    let engine_config = Config { narrow_budget: filter_budget, ..Config::default() };
     let source = if args.scenario { Source::Scenario } else { Source::Machines(machines) };
-    crate::engines::runtime()?.block_on(serve(db, source, tokens, config, addrs, listen, args.until_stdin_closes))
+    raise_open_files_limit();
+    let run = Serve {
+        source,
+        tokens,
+        config,
+        engine: engine_config,
+        addrs,
+        listen,
+        until_stdin_closes: args.until_stdin_closes,
+    };
+    crate::engines::runtime()?.block_on(serve(db, run))
+}
+
+/// Prints a refused configuration and gives the exit status that says so.
+fn refuse(message: &str) -> anyhow::Result<ExitCode> {
+    eprintln!("error: {message}");
+    Ok(ExitCode::from(REFUSED))
+}
+
+/// Raises the soft limit of open files to the hard one: each connection (a feed stream, a
+/// long poll) holds one, and the common soft limit of 1,024 is easily reached.
+fn raise_open_files_limit() {
+    #[cfg(unix)]
+    #[allow(unsafe_code)]
+    {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit and setrlimit read and write the one struct passed, owned here.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+                limit.rlim_cur = limit.rlim_max;
+                let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+        }
+    }
+}
+
+/// What `serve` starts.
+struct Serve {
+    source: Source,
+    tokens: Tokens,
+    config: settle_server::Config,
+    engine: Config,
+    addrs: Vec<SocketAddr>,
+    listen: settle_server::Listen,
+    until_stdin_closes: bool,
 }
 
 /// The listener's TLS and timeouts from the flags; errors name the flag or file.
@@ -241,22 +315,15 @@ enum Source {
     Scenario,
 }
 
-async fn serve(
-    db: &str,
-    source: Source,
-    tokens: Tokens,
-    config: settle_server::Config,
-    addrs: Vec<SocketAddr>,
-    listen: settle_server::Listen,
-    until_stdin_closes: bool,
-) -> anyhow::Result<ExitCode> {
+async fn serve(db: &str, run: Serve) -> anyhow::Result<ExitCode> {
+    let Serve { source, tokens, config, engine: engine_config, addrs, listen, until_stdin_closes } = run;
     let store = AnyStore::open(db)?;
     let started = match &source {
-        Source::Machines(machines) => crate::engines::start_engine_on(store, machines).await,
+        Source::Machines(machines) => crate::engines::start_engine_with(store, machines, engine_config).await,
         Source::Scenario => {
             crate::defs::refuse_foreign(&store).await?;
             let timeout = crate::demo_run::stored_settings(&store).await?.unwrap_or_default().timeout_ms;
-            let b = Engine::builder(store).config(lease_config()).origin(crate::defs::ORIGIN);
+            let b = Engine::builder(store).config(lease_config(engine_config)).origin(crate::defs::ORIGIN);
             let b = settle_builtin::bind_server_via_agents(b, std::time::Duration::from_millis(timeout));
             crate::engines::start_built(b).await
         }
@@ -313,9 +380,8 @@ async fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The default engine configuration, with `SETTLE_LEASE` honoured.
-fn lease_config() -> Config {
-    let mut config = Config::default();
+/// `config`, with `SETTLE_LEASE` honoured.
+fn lease_config(mut config: Config) -> Config {
     if let Ok(lease) = std::env::var("SETTLE_LEASE")
         && let Ok(d) = settle_core::duration::parse(&lease)
     {

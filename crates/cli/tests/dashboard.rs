@@ -836,3 +836,57 @@ fn a_page_of_another_origin_cannot_change_a_tokenless_server() {
     b.wait_for("document.querySelector('#flash').textContent.includes('now paused')", WAIT).unwrap();
     assert_eq!(s.get("/v1/machines/door/entities/door-1")["run_status"], "paused");
 }
+
+/// A page of another origin that makes the browser send a costly `where` to a token-less
+/// server, as an `<img>` and as a `fetch`, neither reads it nor brings it down: the
+/// browser says the request comes from another site (`Sec-Fetch-Site`) and the server
+/// refuses it before any work; it answers `/healthz` after, and nothing changed.
+#[test]
+fn a_page_of_another_origin_can_neither_read_nor_crash_a_tokenless_server() {
+    if let Some(reason) = skip_reason() {
+        assert!(std::env::var_os("SETTLE_REQUIRE_CHROMIUM").is_none(), "no Chromium: {reason}");
+        eprintln!("skipped: the cross-site browser test needs Chromium ({reason})");
+        return;
+    }
+    let s = Server::start_with(None);
+    let (st, v) = s.call("POST", "/v1/machines/door/entities", "", Some(json!({"key": "door-1"})));
+    assert_eq!(st, 201, "{v}");
+    let before = state_of(&s);
+    let settle = &s.addr;
+    let page = format!(
+        r#"<!doctype html><html><body><script>
+const deep = "props" + ".a".repeat(5000) + " == 1";
+const list = "[" + [...Array(40).keys()].join(",") + "]";
+const costly = `${{list}}.all(a, ${{list}}.all(b, ${{list}}.all(c, a >= 0)))`;
+const url = (w) => "http://{settle}/v1/entities?where=" + encodeURIComponent(w);
+const image = (src) => new Promise((done) => {{
+  const img = new Image(); img.onload = () => done("loaded"); img.onerror = () => done("error");
+  setTimeout(() => done("timeout"), 5000); img.src = src;
+}});
+async function probe() {{
+  const images = [await image(url(deep)), await image(url(costly)), await image("http://{settle}/metrics")];
+  const fetched = [];
+  for (const w of [deep, costly]) {{
+    try {{ fetched.push((await fetch(url(w), {{ mode: "no-cors" }})).type); }} catch (e) {{ fetched.push("error"); }}
+  }}
+  let read = "unread";
+  try {{ read = await (await fetch(url("true"))).text(); }} catch (e) {{ read = "error"; }}
+  window.__probe = {{ images, fetched, read }};
+}}
+probe();
+</script></body></html>"#
+    );
+    let attacker = serve_page(page);
+    let Some(b) = Browser::launch() else { return };
+    b.goto(&format!("http://{attacker}/")).unwrap();
+    let outcome = b.wait_for("window.__probe", Duration::from_secs(60)).unwrap();
+    assert_eq!(outcome["read"], "error", "the page read the server: {outcome}");
+    assert_eq!(outcome["images"], json!(["error", "error", "error"]), "{outcome}");
+    let (status, _) = common::http_text(&s.addr, "GET", "/healthz");
+    assert_eq!(status, 200, "the server is up");
+    assert!(refused(&s, "cross_site") >= 5, "{} refused as cross-site: {outcome}", refused(&s, "cross_site"));
+    assert_eq!(state_of(&s), before, "a page of another origin changed the server");
+    // The dashboard, from the server's own origin, still lists the entities.
+    b.goto(&s.url("#/entities")).unwrap();
+    b.wait_for("document.body.innerText.includes('door-1')", WAIT).unwrap();
+}

@@ -289,11 +289,8 @@ impl Tokens {
 
     /// The token the request's `Authorization` header presents.
     fn presented(&self, headers: &axum::http::HeaderMap) -> Presented {
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim);
+        let presented =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer).map(str::trim);
         match presented {
             None => Presented::None,
             Some(p) => self.find(&digest(p)).map_or(Presented::Unknown, Presented::Known),
@@ -474,6 +471,17 @@ impl Gate {
     }
 }
 
+impl Gate {
+    /// Charges `caller`'s token `extra` requests more than the one its request took: a
+    /// request that carries many (a batch of reports) counts as many against the rate
+    /// limit ([`RateLimiter::charge`]).
+    pub fn charge(&self, caller: &Caller, extra: u64) {
+        if let Some(token) = caller.token {
+            self.limiter.charge(token, extra);
+        }
+    }
+}
+
 /// Puts every route of `router` behind the check for `access` ([`Gate::admit`]): 401/403
 /// before the handler, then (unless the group is public) the token's rate limit, 429; and
 /// the [`Caller`] in the request extensions for the handler. The routes' OpenAPI
@@ -489,6 +497,13 @@ pub fn guard<S: Clone + Send + Sync + 'static>(
         document(router.get_openapi_mut());
     }
     router
+}
+
+/// The credentials of an `Authorization: Bearer …` value, the scheme in any case (RFC
+/// 9110: schemes are case-insensitive).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    scheme.eq_ignore_ascii_case("bearer ").then_some(rest)
 }
 
 /// Adds to every operation of `openapi` the bearer requirement.
@@ -552,6 +567,19 @@ mod tests {
             assert_eq!(t.authenticate(&Default::default(), Access::Read).unwrap_err().kind(), Kind::Unauthorized);
             assert!(t.authenticate(&Default::default(), Access::Public).is_ok());
         }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        let t = Tokens::from_spec("admin=admin-token-0001").unwrap();
+        for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert(header::AUTHORIZATION, format!("{scheme} admin-token-0001").parse().unwrap());
+            assert!(t.authenticate(&h, Access::Write).is_ok(), "{scheme}");
+        }
+        let mut basic = axum::http::HeaderMap::new();
+        basic.insert(header::AUTHORIZATION, "Basic admin-token-0001".parse().unwrap());
+        assert_eq!(t.authenticate(&basic, Access::Write).unwrap_err().kind(), Kind::Unauthorized);
     }
 
     #[test]

@@ -18,17 +18,26 @@
 //!   another site without a preflight, which this server never grants. Otherwise 415
 //!   `unsupported-media-type`.
 //!
+//! - **Cross-site reads.** A page can make a browser send a `GET` of another site unasked
+//!   (an `<img>`, a link): no `Origin`, but browsers say where it comes from in
+//!   `Sec-Fetch-Site`. A server without tokens refuses every request whose
+//!   `Sec-Fetch-Site` is `cross-site` or `same-site` (403 `origin-not-allowed`), reads
+//!   included, unless its `Origin` is one allowed; only a top-level navigation to the
+//!   dashboard's pages (`/`, `/ui/…`: a link to it) passes, and those serve static files.
+//! - **Ambiguous hosts.** Two `Host` headers, or a request target in absolute form
+//!   (`GET http://other/…`) whose authority differs from `Host`: 400 `bad-request`.
+//!
 //! The first two checks hold with and without tokens, and can be relaxed explicitly (`*`
 //! allows any host or origin; the binary takes `*` only with tokens). With tokens, the
-//! third is the guard's: every route that can change something needs a bearer token (401
-//! without one), which a page cannot send to another site unasked. A request without
-//! `Host` or `Origin` (not from a browser) passes those checks.
+//! third and fourth are the guard's: every route needs a bearer token (401 without one),
+//! which a page cannot send to another site unasked. A request without `Host` or `Origin`
+//! (not from a browser) passes those checks.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, header};
+use axum::http::{HeaderMap, Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -55,6 +64,9 @@ pub struct Policy {
     /// token (401), and the simple-request check is its.
     tokens: bool,
 }
+
+/// The Fetch Metadata header that says which site a browser's request comes from.
+const SEC_FETCH_SITE: &str = "sec-fetch-site";
 
 /// An `--allowed-host` or `--allowed-origin` that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -145,9 +157,23 @@ impl Policy {
         self.any_origin
     }
 
-    /// Checks a request's method and headers: `Ok`, or the refusal and its problem.
-    pub fn check(&self, method: &Method, headers: &HeaderMap) -> Result<(), (Refusal, Problem)> {
+    /// Checks a request's method, target and headers: `Ok`, or the refusal and its problem.
+    pub fn check(&self, method: &Method, uri: &Uri, headers: &HeaderMap) -> Result<(), (Refusal, Problem)> {
         let host = headers.get(header::HOST).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+        if headers.get_all(header::HOST).iter().count() > 1 {
+            let problem = Problem::new(Kind::BadRequest, "the request has more than one `Host` header").field("Host");
+            return Err((Refusal::BadHost, problem));
+        }
+        if let Some(authority) = uri.authority()
+            && host.is_some_and(|h| !h.eq_ignore_ascii_case(authority.as_str()))
+        {
+            let problem = Problem::new(
+                Kind::BadRequest,
+                format!("the request's target names host `{authority}`, its `Host` header another"),
+            )
+            .field("Host");
+            return Err((Refusal::BadHost, problem));
+        }
         if let Some(host) = host
             && !self.host_allowed(host)
         {
@@ -177,6 +203,18 @@ impl Policy {
                 return Err((Refusal::Origin, problem));
             }
         }
+        if !self.tokens && self.cross_site(uri, headers) {
+            let site = headers.get(SEC_FETCH_SITE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+            let problem = Problem::new(
+                Kind::OriginNotAllowed,
+                format!(
+                    "a request a page of another site made the browser send (Sec-Fetch-Site: {site}) is refused: \
+                     this server has no tokens, so only its own pages may call it"
+                ),
+            )
+            .field("Sec-Fetch-Site");
+            return Err((Refusal::CrossSite, problem));
+        }
         if !self.tokens && !matches!(*method, Method::GET | Method::HEAD) && !is_json(headers) && !has_bearer(headers) {
             let got = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("none");
             let problem = Problem::new(
@@ -190,6 +228,27 @@ impl Policy {
             return Err((Refusal::SimpleRequest, problem));
         }
         Ok(())
+    }
+
+    /// Whether a browser says the request comes from another site (`Sec-Fetch-Site`:
+    /// `cross-site` or `same-site`), and it is neither from an allowed origin nor a
+    /// top-level navigation to the dashboard's pages.
+    fn cross_site(&self, uri: &Uri, headers: &HeaderMap) -> bool {
+        let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_ascii_lowercase);
+        if !matches!(value(SEC_FETCH_SITE).as_deref(), Some("cross-site" | "same-site")) {
+            return false;
+        }
+        if headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()).is_some_and(|o| self.explicitly_allowed(o)) {
+            return false;
+        }
+        let page = uri.path() == "/" || uri.path() == "/ui" || uri.path().starts_with("/ui/");
+        let navigation = value("sec-fetch-mode").as_deref() == Some("navigate");
+        !(page && navigation)
+    }
+
+    /// Whether `origin` is one the server was started with (or any, `*`).
+    fn explicitly_allowed(&self, origin: &str) -> bool {
+        self.any_origin || parse_origin(origin).is_some_and(|o| self.origins.contains(&o))
     }
 
     /// Whether `host` (a `Host` header: name or address, optional port) names this server.
@@ -292,7 +351,7 @@ pub async fn check(
     req: Request,
     next: Next,
 ) -> Response {
-    match policy.check(req.method(), req.headers()) {
+    match policy.check(req.method(), req.uri(), req.headers()) {
         Ok(()) => next.run(req).await,
         Err((refusal, problem)) => {
             refusals.count(refusal);
@@ -314,7 +373,47 @@ mod tests {
     }
 
     fn refusal(p: &Policy, method: Method, pairs: &[(&str, &str)]) -> Option<Refusal> {
-        p.check(&method, &headers(pairs)).err().map(|(r, _)| r)
+        p.check(&method, &Uri::from_static("/v1/entities"), &headers(pairs)).err().map(|(r, _)| r)
+    }
+
+    #[test]
+    fn a_browsers_request_from_another_site_is_refused_without_tokens_but_a_link_to_the_dashboard() {
+        let p = Policy::new();
+        let check = |p: &Policy, path: &'static str, pairs: &[(&str, &str)]| {
+            p.check(&Method::GET, &Uri::from_static(path), &headers(pairs)).err().map(|(r, _)| r)
+        };
+        let host = ("host", "127.0.0.1:7400");
+        for site in ["cross-site", "same-site", "Cross-Site"] {
+            let h = [host, ("sec-fetch-site", site), ("sec-fetch-mode", "no-cors")];
+            assert_eq!(check(&p, "/v1/entities?where=x", &h), Some(Refusal::CrossSite), "{site}");
+            assert_eq!(check(&p, "/metrics", &h), Some(Refusal::CrossSite), "{site}");
+            let nav = [host, ("sec-fetch-site", site), ("sec-fetch-mode", "navigate")];
+            assert_eq!(check(&p, "/ui/", &nav), None, "a link to the dashboard");
+            assert_eq!(check(&p, "/v1/entities", &nav), Some(Refusal::CrossSite), "a link to the API");
+        }
+        for site in ["same-origin", "none"] {
+            assert_eq!(check(&p, "/v1/entities", &[host, ("sec-fetch-site", site)]), None, "{site}");
+        }
+        // Allowed origins may call from their site; with tokens the guard answers (401).
+        let proxy = Policy::new().allow_origin("https://ops.example.com").unwrap();
+        let h = [host, ("sec-fetch-site", "cross-site"), ("origin", "https://ops.example.com")];
+        assert_eq!(check(&proxy, "/v1/entities", &h), None);
+        let guarded = Policy::new().with_tokens(true);
+        assert_eq!(check(&guarded, "/v1/entities", &[host, ("sec-fetch-site", "cross-site")]), None);
+    }
+
+    #[test]
+    fn two_hosts_or_a_target_naming_another_host_are_refused() {
+        let p = Policy::new();
+        let mut two = headers(&[("host", "127.0.0.1:7400")]);
+        two.append(header::HOST, "evil.example".parse().unwrap());
+        let r = p.check(&Method::GET, &Uri::from_static("/v1/machines"), &two).err().map(|(r, _)| r);
+        assert_eq!(r, Some(Refusal::BadHost));
+        let absolute = Uri::from_static("http://evil.example/v1/machines");
+        let h = headers(&[("host", "127.0.0.1:7400")]);
+        assert_eq!(p.check(&Method::GET, &absolute, &h).err().map(|(r, _)| r), Some(Refusal::BadHost));
+        let same = Uri::from_static("http://127.0.0.1:7400/v1/machines");
+        assert_eq!(p.check(&Method::GET, &same, &h).err().map(|(r, _)| r), None);
     }
 
     #[test]

@@ -3,13 +3,16 @@
 //! `If-None-Match` names it gets `304 Not Modified` without the body. A page that polls
 //! what did not change then costs a few headers. Compression (gzip, for clients that ask)
 //! sits outside it (`crate::router`), so the tag is that of the uncompressed body, and
-//! weak, as the encodings differ.
+//! weak, as the encodings differ. A body larger than [`MAX_TAGGED`] goes out untagged, as
+//! it comes. [`protect`] sets the headers every answer carries (sniffing, framing, caching).
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
 
 /// Bodies larger than this are passed through untagged (never buffered whole).
@@ -27,9 +30,14 @@ pub(crate) async fn etag(req: Request, next: Next) -> Response {
     let tag = match parts.headers.get(header::ETAG) {
         Some(t) => t.clone(),
         None => {
-            let Ok(bytes) = axum::body::to_bytes(body, MAX_TAGGED).await else {
-                // Too large to tag (or failed): the body is gone; say so rather than truncate.
-                return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+            let bytes = match buffered(body).await {
+                Ok(Buffered::Whole(bytes)) => bytes,
+                // Too large to tag: the part read goes first, then the rest, untagged.
+                Ok(Buffered::Large(read, rest)) => {
+                    let first = futures_util::stream::once(std::future::ready(Ok::<_, axum::Error>(read)));
+                    return Response::from_parts(parts, Body::from_stream(first.chain(rest.into_data_stream())));
+                }
+                Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
             };
             let tag = tag_of(&bytes);
             parts.headers.insert(header::ETAG, tag.clone());
@@ -43,6 +51,44 @@ pub(crate) async fn etag(req: Request, next: Next) -> Response {
         return not_modified(parts.headers);
     }
     Response::from_parts(parts, body)
+}
+
+/// The middleware around every answer: `X-Content-Type-Options: nosniff` and
+/// `X-Frame-Options: DENY`, and, where the route set no `Cache-Control`, one that keeps
+/// answers out of shared caches: `private, no-cache` for an answer with an `ETag` (a
+/// browser may keep it, and asks again with `If-None-Match`), `no-store` otherwise.
+pub(crate) async fn protect(req: Request, next: Next) -> Response {
+    let mut response = next.run(req).await;
+    let h = response.headers_mut();
+    h.entry(header::X_CONTENT_TYPE_OPTIONS).or_insert(HeaderValue::from_static("nosniff"));
+    h.entry(header::X_FRAME_OPTIONS).or_insert(HeaderValue::from_static("DENY"));
+    if !h.contains_key(header::CACHE_CONTROL) {
+        let cache = if h.contains_key(header::ETAG) { "private, no-cache" } else { "no-store" };
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
+    }
+    response
+}
+
+/// A body read up to [`MAX_TAGGED`] bytes.
+enum Buffered {
+    /// All of it.
+    Whole(Bytes),
+    /// More: what was read, and the rest still to read.
+    Large(Bytes, Body),
+}
+
+/// Reads `body` whole, unless it is larger than [`MAX_TAGGED`].
+async fn buffered(mut body: Body) -> Result<Buffered, axum::Error> {
+    let mut read = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            read.extend_from_slice(&data);
+            if read.len() > MAX_TAGGED {
+                return Ok(Buffered::Large(Bytes::from(read), body));
+            }
+        }
+    }
+    Ok(Buffered::Whole(Bytes::from(read)))
 }
 
 /// A server-sent event stream is never buffered.

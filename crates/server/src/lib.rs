@@ -47,6 +47,7 @@ pub mod ratelimit;
 pub mod router;
 pub mod routes;
 pub mod state;
+pub mod streams;
 pub mod trace;
 pub mod ui;
 

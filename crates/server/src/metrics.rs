@@ -205,10 +205,16 @@ pub enum Refusal {
     RateLimited,
     /// A long poll beyond its queue's or its token's share.
     TooManyPolls,
+    /// A browser's request from another site (`Sec-Fetch-Site`) to a server without tokens.
+    CrossSite,
+    /// A request with two `Host` headers, or whose target names another host.
+    BadHost,
+    /// A change-feed stream beyond its token's share or the server's bound.
+    TooManyStreams,
 }
 
 impl Refusal {
-    const ALL: [Refusal; 7] = [
+    const ALL: [Refusal; 10] = [
         Refusal::Host,
         Refusal::Origin,
         Refusal::SimpleRequest,
@@ -216,6 +222,9 @@ impl Refusal {
         Refusal::AuthThrottled,
         Refusal::RateLimited,
         Refusal::TooManyPolls,
+        Refusal::CrossSite,
+        Refusal::BadHost,
+        Refusal::TooManyStreams,
     ];
 
     /// The `reason` label.
@@ -228,13 +237,16 @@ impl Refusal {
             Refusal::AuthThrottled => "auth_throttled",
             Refusal::RateLimited => "rate_limited",
             Refusal::TooManyPolls => "too_many_polls",
+            Refusal::CrossSite => "cross_site",
+            Refusal::BadHost => "bad_host",
+            Refusal::TooManyStreams => "too_many_streams",
         }
     }
 }
 
 /// Counters of the requests refused, by [`Refusal`], since the server started.
 #[derive(Debug, Default)]
-pub struct Refusals([AtomicU64; 7]);
+pub struct Refusals([AtomicU64; 10]);
 
 impl Refusals {
     /// Counts one refusal.
@@ -256,7 +268,9 @@ impl Refusals {
             "counter",
             "Requests refused before their handler, by reason: host (DNS rebinding), origin (cross-site), \
              simple_request (no JSON nor token), unknown_token, auth_throttled (too many failed authentications \
-             from the address), rate_limited, too_many_polls.",
+             from the address), rate_limited, too_many_polls, cross_site (a browser's request from another site to \
+             a server without tokens), bad_host (two Host headers, or a target naming another host), \
+             too_many_streams.",
         );
         for r in Refusal::ALL {
             let _ = writeln!(out, "settle_http_refused_total{{reason=\"{}\"}} {}", r.as_str(), self.get(r));

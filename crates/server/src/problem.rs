@@ -137,8 +137,15 @@ kinds! {
     /// The `Host` header names neither this server nor a host it was told to answer (DNS
     /// rebinding); see `--allowed-host`.
     HostNotAllowed => (FORBIDDEN, "host-not-allowed", "host not allowed"),
-    /// The request comes from a page of another origin (`Origin`); see `--allowed-origin`.
+    /// The request comes from a page of another origin (`Origin`, or a browser's
+    /// `Sec-Fetch-Site`); see `--allowed-origin`.
     OriginNotAllowed => (FORBIDDEN, "origin-not-allowed", "origin not allowed"),
+    /// Evaluating a filter (`where`, `error`) over a page took longer than the server
+    /// allows (`--filter-budget`); narrow it by an index criterion or simplify it.
+    FilterTooCostly => (UNPROCESSABLE_ENTITY, "filter-too-costly", "filter too costly"),
+    /// Too many change-feed streams are open: for this token, or on the server; retry after
+    /// `Retry-After` seconds.
+    TooManyStreams => (TOO_MANY_REQUESTS, "too-many-streams", "too many feed streams open"),
 }
 
 /// A problem document (RFC 9457): status, stable `type`, `title`, `detail`, the offending
@@ -381,6 +388,10 @@ impl From<settle_engine::Error> for Problem {
             e @ (E::MissingHandlers(_) | E::Unsupported { .. } | E::UnknownAction { .. } | E::NoArchive(_)) => {
                 Problem::new(Kind::InvalidDefinition, e.to_string())
             }
+            E::TooLarge { field, reason } => {
+                Problem::new(Kind::InvalidProperties, format!("{field}: {reason}")).field(field)
+            }
+            e @ E::TooCostly { .. } => Problem::new(Kind::FilterTooCostly, e.to_string()).field("where"),
             other => Problem::new(Kind::Internal, other.to_string()),
         }
     }

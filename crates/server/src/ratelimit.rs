@@ -33,39 +33,49 @@ struct Rate {
     period_ms: u64,
 }
 
-/// A bucket's level, in ticks of its [`Rate`], and when it was last refilled.
+/// A bucket's level, in ticks of its [`Rate`] (below zero: a debt, see
+/// [`RateLimiter::charge`]), and when it was last refilled.
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
-    ticks: u64,
+    ticks: i64,
     at: i64,
 }
 
 impl Rate {
+    fn capacity(self) -> i64 {
+        i64::try_from(self.n.saturating_mul(self.period_ms)).unwrap_or(i64::MAX)
+    }
+
+    fn unit(self) -> i64 {
+        i64::try_from(self.period_ms).unwrap_or(i64::MAX)
+    }
+
     fn full(self, now: i64) -> Bucket {
-        Bucket { ticks: self.n * self.period_ms, at: now }
+        Bucket { ticks: self.capacity(), at: now }
     }
 
     /// Refills `b` up to `now`.
     fn refill(self, b: &mut Bucket, now: i64) {
-        let elapsed = u64::try_from(now.saturating_sub(b.at)).unwrap_or(0);
-        b.ticks = b.ticks.saturating_add(elapsed.saturating_mul(self.n)).min(self.n * self.period_ms);
+        let elapsed = now.saturating_sub(b.at).max(0);
+        let n = i64::try_from(self.n).unwrap_or(i64::MAX);
+        b.ticks = b.ticks.saturating_add(elapsed.saturating_mul(n)).min(self.capacity());
         b.at = b.at.max(now);
     }
 
     /// Whether `b` holds a whole unit now: `Ok`, or `Err(seconds)` until it does (at least 1).
     fn has_one(self, b: &mut Bucket, now: i64) -> Result<(), u64> {
         self.refill(b, now);
-        if b.ticks >= self.period_ms {
+        if b.ticks >= self.unit() {
             return Ok(());
         }
-        let wait_ms = (self.period_ms - b.ticks).div_ceil(self.n);
+        let wait_ms = u64::try_from(self.unit() - b.ticks).unwrap_or(u64::MAX).div_ceil(self.n);
         Err(wait_ms.div_ceil(1000).max(1))
     }
 
     /// Takes one unit from `b` now: `Ok`, or `Err(seconds)` until one is back.
     fn take(self, b: &mut Bucket, now: i64) -> Result<(), u64> {
         self.has_one(b, now)?;
-        b.ticks -= self.period_ms;
+        b.ticks -= self.unit();
         Ok(())
     }
 
@@ -73,7 +83,7 @@ impl Rate {
     fn is_full(self, b: &Bucket, now: i64) -> bool {
         let mut b = *b;
         self.refill(&mut b, now);
-        b.ticks == self.n * self.period_ms
+        b.ticks == self.capacity()
     }
 }
 
@@ -107,6 +117,20 @@ impl RateLimiter {
         let mut guard = bucket.lock().unwrap_or_else(PoisonError::into_inner);
         let bucket = guard.get_or_insert(self.rate.full(now));
         self.rate.take(bucket, now)
+    }
+
+    /// Charges token `token` `extra` requests more than the one its request took (a
+    /// request that carries many, as a batch of reports): taken even beyond what its
+    /// bucket holds, as a debt its next requests wait out. So the token's average stays at
+    /// its rate, however it groups its requests.
+    pub fn charge(&self, token: usize, extra: u64) {
+        let Some(bucket) = self.buckets.get(token) else { return };
+        let now = self.clock.now_ms();
+        let mut guard = bucket.lock().unwrap_or_else(PoisonError::into_inner);
+        let bucket = guard.get_or_insert(self.rate.full(now));
+        self.rate.refill(bucket, now);
+        let extra = i64::try_from(extra).unwrap_or(i64::MAX).saturating_mul(self.rate.unit());
+        bucket.ticks = bucket.ticks.saturating_sub(extra);
     }
 }
 
@@ -152,7 +176,13 @@ impl AuthFailures {
         }
         let now = self.clock.now_ms();
         let mut addresses = self.addresses.lock().unwrap_or_else(PoisonError::into_inner);
-        match addresses.get_mut(&key(addr)) {
+        let mut key = key(addr);
+        // An address not tracked while the table is full is charged to the shared bucket
+        // (see `failed`): it is checked against that one.
+        if !addresses.contains_key(&key) && addresses.len() >= MAX_ADDRESSES {
+            key = OVERFLOW;
+        }
+        match addresses.get_mut(&key) {
             Some(bucket) => self.rate.has_one(bucket, now),
             None => Ok(()),
         }
@@ -170,7 +200,7 @@ impl AuthFailures {
         if !addresses.contains_key(&key) && addresses.len() >= MAX_ADDRESSES {
             addresses.retain(|_, b| !self.rate.is_full(b, now));
             if addresses.len() >= MAX_ADDRESSES {
-                key = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+                key = OVERFLOW;
             }
         }
         let bucket = addresses.entry(key).or_insert_with(|| self.rate.full(now));
@@ -180,6 +210,9 @@ impl AuthFailures {
         taken.and(left)
     }
 }
+
+/// The bucket the addresses share that the full table cannot track.
+const OVERFLOW: IpAddr = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
 
 /// The address failures count against: IPv6 by its /64 prefix (IPv4-mapped ones as IPv4),
 /// an unknown address as `0.0.0.0`.
@@ -230,6 +263,20 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_charged_as_its_requests_and_the_debt_waited_out() {
+        let (l, clock) = limiter(20);
+        assert_eq!(l.check(0), Ok(()));
+        l.charge(0, 99);
+        // 100 taken of a burst of 20: 80 owed, plus one for the next request, at 20/s.
+        assert_eq!(l.check(0), Err(5));
+        clock.advance(Duration::from_millis(4_049));
+        assert!(l.check(0).is_err());
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(l.check(0), Ok(()));
+        assert!(l.check(0).is_err());
+    }
+
+    #[test]
     fn tokens_have_their_own_buckets() {
         let (l, _clock) = limiter(2);
         assert!(l.check(0).is_ok() && l.check(0).is_ok() && l.check(0).is_err());
@@ -273,6 +320,23 @@ mod tests {
     fn failures(per_minute: u32) -> (AuthFailures, ManualClock) {
         let clock = ManualClock::new(1_000_000);
         (AuthFailures::new(per_minute, Arc::new(clock.clone())), clock)
+    }
+
+    #[test]
+    fn a_new_address_while_the_table_is_full_is_checked_against_the_shared_bucket() {
+        let (f, _clock) = failures(3);
+        for i in 0..MAX_ADDRESSES as u32 {
+            let addr = IpAddr::V4(std::net::Ipv4Addr::from(0x7f01_0000 + i));
+            assert_eq!(f.failed(Some(addr)), Ok(()), "{addr}");
+        }
+        let new: IpAddr = "127.2.0.1".parse().unwrap();
+        assert_eq!(f.check(Some(new)), Ok(()));
+        assert_eq!(f.failed(Some(new)), Ok(()));
+        assert_eq!(f.failed(Some(new)), Ok(()));
+        assert_eq!(f.failed(Some(new)), Err(20));
+        assert_eq!(f.check(Some(new)), Err(20), "refused: it shares the bucket it was charged to");
+        let other: IpAddr = "127.2.0.2".parse().unwrap();
+        assert_eq!(f.check(Some(other)), Err(20), "so is every address the table cannot track");
     }
 
     #[test]
@@ -324,7 +388,10 @@ mod tests {
         let late: IpAddr = "203.0.113.9".parse().unwrap();
         assert!(f.failed(Some(late)).is_ok());
         assert!(f.failed(Some(late)).is_err());
-        assert!(f.check(Some("203.0.113.10".parse().unwrap())).is_ok(), "checks do not track");
+        assert!(
+            f.check(Some("203.0.113.10".parse().unwrap())).is_err(),
+            "an address the full table does not track is checked against the shared bucket it would be charged to"
+        );
         clock.advance(Duration::from_secs(60));
         // Everyone has refilled: the full buckets are dropped and the new address tracked alone.
         assert!(f.failed(Some(late)).is_ok());

@@ -116,6 +116,7 @@ pub fn router(state: AppState) -> Router {
         .layer(tower_http::compression::CompressionLayer::new())
         .layer(axum::middleware::from_fn_with_state(browser, crate::browser::check))
         .layer(axum::middleware::from_fn(crate::trace::request))
+        .layer(axum::middleware::from_fn(crate::conditional::protect))
         .with_state(state)
 }
 

@@ -37,6 +37,15 @@ pub struct Config {
     pub max_polls: usize,
     /// The `Host` and `Origin` values answered ([`crate::browser`]). Default: loopback only.
     pub browser: Policy,
+    /// Most change-feed streams open at once ([`crate::streams`]). Default
+    /// [`crate::streams::MAX_STREAMS`].
+    pub max_streams: usize,
+    /// Most change-feed streams one token may hold open. Default
+    /// [`crate::streams::PER_TOKEN`].
+    pub streams_per_token: usize,
+    /// How long a change-feed stream stays open before the server ends it (the client
+    /// reconnects from its last id). Default [`crate::streams::LIFETIME`].
+    pub stream_lifetime: Duration,
 }
 
 impl Default for Config {
@@ -49,6 +58,9 @@ impl Default for Config {
             auth_failures: AUTH_FAILURES_PER_MINUTE,
             max_polls: crate::polls::MAX_POLLS,
             browser: Policy::new(),
+            max_streams: crate::streams::MAX_STREAMS,
+            streams_per_token: crate::streams::PER_TOKEN,
+            stream_lifetime: crate::streams::LIFETIME,
         }
     }
 }
@@ -73,6 +85,7 @@ struct Inner {
     tokens: Arc<Tokens>,
     gate: Arc<Gate>,
     polls: Arc<Polls>,
+    streams: Arc<crate::streams::Streams>,
     refusals: Arc<Refusals>,
     config: Config,
     engine_metrics: Option<MetricsRender>,
@@ -112,6 +125,7 @@ impl AppState {
                 tokens,
                 gate: Arc::new(gate),
                 polls: Arc::new(polls),
+                streams: Arc::new(crate::streams::Streams::new(config.max_streams, config.streams_per_token)),
                 refusals,
                 config,
                 engine_metrics: None,
@@ -170,6 +184,11 @@ impl AppState {
     pub fn gate(&self) -> Arc<Gate> {
         self.inner.gate.clone()
     }
+    /// The change feed's stream permits (`Config::max_streams`, `streams_per_token`).
+    pub fn streams(&self) -> &crate::streams::Streams {
+        &self.inner.streams
+    }
+
     /// The agents' long-poll permits (`Config::max_polls`).
     pub fn polls(&self) -> &Polls {
         &self.inner.polls

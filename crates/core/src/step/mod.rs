@@ -33,8 +33,9 @@ pub use entry::{
     transition_of,
 };
 pub use outcome::{
-    ActionOutcome, Create, InternalEvent, Raise, beyond_declaration, declared_changes, declared_creates,
-    engine_property, foreign_reply,
+    ActionOutcome, Create, ERROR_MAX_BYTES, InternalEvent, PROPERTIES_MAX_BYTES, Raise, beyond_declaration,
+    check_error_size, check_properties_size, check_size, declared_changes, declared_creates, engine_property,
+    foreign_reply,
 };
 pub use timers::{TimerStart, agent_action, fire, has_timers, timer_applies, timers_on_entry};
 

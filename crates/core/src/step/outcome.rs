@@ -394,6 +394,60 @@ fn object_of(o: &Map<String, Value>, field: &str, at: &str) -> Result<Properties
     }
 }
 
+/// The longest error text an action's outcome or failure may carry, in bytes (an agent's
+/// report beyond it is refused, naming the field).
+pub const ERROR_MAX_BYTES: usize = 8 * 1024;
+/// The most property data (as JSON) one outcome may set, or one entity be created with,
+/// in bytes.
+pub const PROPERTIES_MAX_BYTES: usize = 256 * 1024;
+
+/// Checks `error` (the text of `field`) against [`ERROR_MAX_BYTES`]: `Err((field, reason))`.
+pub fn check_error_size(error: &str, field: &str) -> Result<(), (String, String)> {
+    if error.len() > ERROR_MAX_BYTES {
+        return Err((field.to_string(), format!("{} bytes of error text; at most {ERROR_MAX_BYTES}", error.len())));
+    }
+    Ok(())
+}
+
+/// Checks property values (as they would be stored) against [`PROPERTIES_MAX_BYTES`]:
+/// `Err((field, reason))`.
+pub fn check_properties_size<'a>(
+    values: impl IntoIterator<Item = (&'a String, &'a Value)>,
+    field: &str,
+) -> Result<(), (String, String)> {
+    let mut bytes = 0usize;
+    for (k, v) in values {
+        bytes += k.len() + serde_json::to_string(v).map_or(0, |t| t.len());
+        if bytes > PROPERTIES_MAX_BYTES {
+            return Err((
+                field.to_string(),
+                format!(
+                    "more than {PROPERTIES_MAX_BYTES} bytes of properties (as JSON); at most {PROPERTIES_MAX_BYTES}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks what `outcome` would store against the size limits: its error text, the
+/// properties it sets, those of each entity it creates. `Err((field, reason))`, the field
+/// as an agent's report names it.
+pub fn check_size(outcome: &ActionOutcome) -> Result<(), (String, String)> {
+    if let Some(e) = &outcome.error {
+        check_error_size(e, "error")?;
+    }
+    let set = outcome.changes.iter().filter_map(|c| match c {
+        PropChange::Set(k, v) => Some((k, v)),
+        PropChange::Remove(_) => None,
+    });
+    check_properties_size(set, "properties")?;
+    for (i, c) in outcome.creates.iter().enumerate() {
+        check_properties_size(c.properties.iter(), &format!("create[{i}].properties"))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

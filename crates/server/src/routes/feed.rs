@@ -4,7 +4,9 @@
 //! wake-up (a commit here, one another instance told of, or a second at most), pages of
 //! [`PAGE`]; a filter that leaves changes out still moves the client's position (an event
 //! with only an `id`); `coalesce=true` sends one `changes` event per read instead of one
-//! per change. The stream ends when the server stops.
+//! per change. The stream ends when the server stops, or after `Config::stream_lifetime`
+//! (the client reconnects from its last id); a token holds a bounded number of streams
+//! open, and the server too ([`crate::streams`]).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -19,8 +21,10 @@ use settle_store::{AnyStore, FeedFilter, FeedItem, FeedPage, FeedPos};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::auth::Caller;
 use crate::contract::FEED_TYPE;
 use crate::extract::Query;
+use crate::metrics::Refusal;
 use crate::model::{Change, FeedQuery};
 use crate::problem::{Kind, Problem};
 use crate::routes::unknown_word;
@@ -52,10 +56,13 @@ pub fn read() -> OpenApiRouter<AppState> {
 )]
 async fn feed(
     State(s): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     Query(q): Query<FeedQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Problem> {
     let filter = filter(&s, &q)?;
+    let permit = s.streams().open(&caller).inspect_err(|_| s.refusals().count(Refusal::TooManyStreams))?;
+    let ends_at = tokio::time::Instant::now() + s.config().stream_lifetime;
     let coalesce = match q.coalesce.as_deref() {
         None | Some("false") => false,
         Some("true") => true,
@@ -72,7 +79,18 @@ async fn feed(
         })?,
         None => engine.feed_head().await?,
     };
-    let follow = Follow { engine, watch, filter, coalesce, at, queue: VecDeque::new(), more: true, done: false };
+    let follow = Follow {
+        engine,
+        watch,
+        filter,
+        coalesce,
+        at,
+        queue: VecDeque::new(),
+        more: true,
+        done: false,
+        ends_at,
+        _permit: permit,
+    };
     let stream = futures_util::stream::unfold(follow, |mut f| async move { f.next().await.map(|e| (Ok(e), f)) });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
@@ -119,6 +137,10 @@ struct Follow {
     /// The last read was a full page: read again at once.
     more: bool,
     done: bool,
+    /// When the server ends the stream (the client reconnects after its last id).
+    ends_at: tokio::time::Instant,
+    /// Its place among the streams open, given back when it ends.
+    _permit: crate::streams::Stream,
 }
 
 impl Follow {
@@ -146,7 +168,7 @@ impl Follow {
             if let Some(e) = self.queue.pop_front() {
                 return Some(e);
             }
-            if self.done || self.engine.is_closing() {
+            if self.done || self.engine.is_closing() || tokio::time::Instant::now() >= self.ends_at {
                 return None;
             }
             if !self.more {

@@ -107,15 +107,17 @@ fn task_json(s: &AppState, t: AgentTask) -> Task {
 
 /// A heartbeat's or report's refusal, as the caller is told it (the task is read once, by
 /// the store, which checks its queue, lease and target).
-fn refused(caller: &Caller, e: settle_engine::Error) -> Problem {
+fn refused(e: settle_engine::Error) -> Problem {
     match e {
         settle_engine::Error::Task(TaskRefusal::Unknown { task }) => {
             Problem::new(Kind::UnknownTask, format!("no task {task}")).with("task", task)
         }
-        settle_engine::Error::Task(TaskRefusal::QueueForbidden { queue, .. }) => match caller.authorize_queue(&queue) {
-            Err(p) => p,
-            Ok(()) => Problem::new(Kind::Forbidden, format!("this caller may not serve queue `{queue}`")),
-        },
+        // A task of a queue the caller does not serve is, to it, no task: its id and queue
+        // are not told.
+        settle_engine::Error::Task(TaskRefusal::QueueForbidden { task, .. }) => {
+            Problem::new(Kind::UnknownTask, format!("no task {task} (of the queues this caller serves)"))
+                .with("task", task)
+        }
         settle_engine::Error::Task(TaskRefusal::Refused { task, reason }) => {
             Problem::new(Kind::TaskRefused, format!("task {task}: {reason}")).with("task", task).with("reason", reason)
         }
@@ -228,8 +230,7 @@ async fn heartbeat(
     Path(TaskPath { id }): Path<TaskPath>,
     JsonBody(req): JsonBody<HeartbeatRequest>,
 ) -> Result<Json<Extended>, Problem> {
-    let locked_until =
-        s.engine().agent_heartbeat_as(id, &req.token, caller.queues()).await.map_err(|e| refused(&caller, e))?;
+    let locked_until = s.engine().agent_heartbeat_as(id, &req.token, caller.queues()).await.map_err(refused)?;
     Ok(Json(Extended { locked_until }))
 }
 
@@ -280,11 +281,10 @@ async fn report_complete(
     let result = TaskResult::Complete(std::mem::take(&mut report.outcome));
     s.engine().agent_report_as(id, token, result, caller.queues()).await.map_err(|e| match e {
         // The engine names the outcome's part at fault; the agent needs the request's.
-        settle_engine::Error::Task(TaskRefusal::BadReport { task, field, reason }) => refused(
-            caller,
-            settle_engine::Error::Task(TaskRefusal::BadReport { task, field: report.field(&field), reason }),
-        ),
-        other => refused(caller, other),
+        settle_engine::Error::Task(TaskRefusal::BadReport { task, field, reason }) => {
+            refused(settle_engine::Error::Task(TaskRefusal::BadReport { task, field: report.field(&field), reason }))
+        }
+        other => refused(other),
     })
 }
 
@@ -296,7 +296,7 @@ async fn report_fail(
     req: FailRequest,
 ) -> Result<settle_engine::Report, Problem> {
     let result = TaskResult::Fail { error: req.error, retryable: req.retryable.unwrap_or(true) };
-    s.engine().agent_report_as(id, &req.token, result, caller.queues()).await.map_err(|e| refused(caller, e))
+    s.engine().agent_report_as(id, &req.token, result, caller.queues()).await.map_err(refused)
 }
 
 /// Reports a task failed: a fault of the entity, decided by its fault policy. With `next`,
@@ -367,6 +367,8 @@ async fn report_many(
             .field("reports"));
     }
     let next = checked_next(&s, &caller, req.next)?;
+    // The request counts as its reports against the token's rate limit.
+    s.gate().charge(&caller, n - 1);
     // What the document constrains is checked for the whole request first (a report that
     // breaks it refuses the request, nothing applied); the rest for each report.
     for (i, r) in req.reports.iter().enumerate() {

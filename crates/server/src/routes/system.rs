@@ -52,6 +52,7 @@ async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
     let machines: Vec<&settle_core::Machine> = served.iter().map(|m| m.as_ref()).collect();
     text.push_str(&crate::metrics::store_text(&snapshot, &machines));
     text.push_str(&s.refusals().text());
+    text.push_str(&s.streams().text());
     text.push_str(&crate::metrics::schedules_text(&s.engine().schedules().await?));
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }

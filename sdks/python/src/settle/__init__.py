@@ -19,9 +19,10 @@ Standard library only; Python 3.9 or later.
 """
 
 from .agent import Agent
-from .client import Client, Problem, Unreachable
+from .client import Client, InsecureTransportWarning, Problem, Unreachable
 from .outcome import Fail, Outcome, OutcomeError
 from .task import Task
 
-__all__ = ["Agent", "Client", "Fail", "Outcome", "OutcomeError", "Problem", "Task", "Unreachable"]
+__all__ = ["Agent", "Client", "Fail", "InsecureTransportWarning", "Outcome", "OutcomeError", "Problem", "Task",
+           "Unreachable"]
 __version__ = "0.1.0"

@@ -4,9 +4,11 @@ library's `http.client`, with one kept-alive connection per thread."""
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import threading
 import urllib.parse
+import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .outcome import Fail, Outcome
@@ -17,7 +19,9 @@ MAX_LEASE = 100
 
 
 class Problem(Exception):
-    """The server answered with an error status; `body` is its problem+json document."""
+    """The server answered with an error status; `body` is its problem+json document. A
+    redirect (3xx), which the client does not follow, is a `Problem` too (kind
+    `redirect-not-followed`)."""
 
     def __init__(self, status: int, body: Any, retry_after: Optional[str] = None) -> None:
         self.status = status
@@ -42,18 +46,52 @@ class Unreachable(Exception):
     """The server could not be reached, or the connection broke."""
 
 
+class InsecureTransportWarning(UserWarning):
+    """A [`Client`] with a token talks plain HTTP to a server that is not on a loopback
+    address: the bearer token crosses the network in clear text. Silenced by
+    `Client(..., insecure=True)`."""
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether `host` (a URL's hostname) is `localhost` or a loopback address
+    (127.0.0.0/8, ::1)."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 def segment(s: str) -> str:
     """Percent-encodes a path segment (machine names and keys are user data)."""
     return urllib.parse.quote(s, safe="")
 
 
 class Client:
-    """A Settle server's HTTP API. Thread-safe: each thread keeps its own connection alive."""
+    """A Settle server's HTTP API. Thread-safe: each thread keeps its own connection alive.
 
-    def __init__(self, server: str, token: Optional[str] = None, timeout: float = 30.0) -> None:
+    With a `token` and a plain `http://` URL whose host is not a loopback address
+    (`localhost`, 127.0.0.0/8, `::1`), the token would cross the network in clear text: the
+    client warns ([`InsecureTransportWarning`]) once, when made, unless `insecure=True` says
+    this is meant (e.g. behind a TLS-terminating proxy on a trusted network). Redirects are
+    not followed: a 3xx answer raises [`Problem`]."""
+
+    def __init__(self, server: str, token: Optional[str] = None, timeout: float = 30.0, *,
+                 insecure: bool = False) -> None:
         url = urllib.parse.urlsplit(server.rstrip("/"))
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"invalid server URL `{server}` (expected e.g. http://127.0.0.1:7400)")
+        # The server as messages name it, without any `user:password@`.
+        self._where = f"{url.scheme}://{url.netloc.rpartition('@')[2]}{url.path}"
+        if token and url.scheme == "http" and not insecure and not _is_loopback(url.hostname):
+            warnings.warn(
+                f"settle: the Client sends its bearer token to {self._where} over plain HTTP, not to a "
+                "loopback address: the token crosses the network in clear text. Use an https:// URL, "
+                "or pass insecure=True if this is meant",
+                InsecureTransportWarning, stacklevel=2)
         self.server = server.rstrip("/")
         self._url = url
         self.token = token
@@ -115,7 +153,9 @@ class Client:
                 resp = conn.getresponse()
                 raw = resp.read()
                 status = resp.status
+                reason = resp.reason
                 retry_after = resp.getheader("Retry-After")
+                location = resp.getheader("Location")
                 if resp.getheader("Connection", "").lower() == "close":
                     self._drop()
                 break
@@ -126,6 +166,10 @@ class Client:
             except (OSError, http.client.HTTPException) as e:
                 self._drop()
                 raise Unreachable(f"cannot reach {self.server}: {e}") from None
+        if 300 <= status < 400:
+            # Not followed: the answer is no JSON of the API, and following it would send
+            # the token wherever `Location` points.
+            raise Problem(status, _redirect(status, reason, location, self._where + path), retry_after)
         try:
             answer = json.loads(raw) if raw else None
         except ValueError:
@@ -234,6 +278,16 @@ class Client:
     def _with_request_id(self, method: str, path: str, body: Any, request_id: Optional[str],
                          read_timeout: Optional[float] = None) -> Any:
         return self.call(method, path, body, timeout=read_timeout, idempotency_key=request_id)
+
+
+def _redirect(status: int, reason: str, location: Optional[str], url: str) -> Dict[str, Any]:
+    """The problem document for a redirect answer, which the client does not follow."""
+    answered = f"{status} {reason or ''}".strip()
+    to = f" to {location[:300]!r}" if location else " (no Location)"
+    detail = (f"the server answered a redirect ({answered}){to} for {url}, which this client does not "
+              "follow: the request and its token were not sent on; point the Client at the final URL")
+    return {"type": "redirect-not-followed", "title": "redirect not followed", "status": status,
+            "detail": detail, "location": location}
 
 
 def _seconds(duration: Optional[str]) -> float:

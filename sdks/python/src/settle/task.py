@@ -21,7 +21,8 @@ class Task:
     action: str
     targets: List[str]
     properties: Dict[str, Any]
-    token: str
+    # Not in `repr`: a handler that logs its task must not log the lease token.
+    token: str = field(repr=False)
     locked_until: int
     lock_ms: int
     attempt: int = 1
