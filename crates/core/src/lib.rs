@@ -32,6 +32,7 @@ pub mod expr;
 pub mod fault;
 pub mod graph;
 pub mod guard;
+pub mod limits;
 pub mod machine;
 pub mod names;
 pub mod pattern;

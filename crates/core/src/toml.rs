@@ -80,8 +80,8 @@ use serde::de::{self, SeqAccess, Visitor};
 
 use crate::duration;
 use crate::machine::{
-    ActionDef, CalendarCreate, CalendarDef, CreateDef, EventDef, FaultDef, Health, History, Machine, MachineDef,
-    MigrateDef, Origin, RaiseDef, RetentionDef, StateDef, StateKind, TimerDef, WhenDef,
+    ActionDef, CalendarCreate, CalendarDef, CreateDef, EventDef, FaultDef, Health, History, LimitDef, Machine,
+    MachineDef, MigrateDef, Origin, RaiseDef, RetentionDef, StateDef, StateKind, TimerDef, WhenDef,
 };
 use crate::retention::Keep;
 use crate::validate::{Diagnostic, Report, Severity};
@@ -164,6 +164,9 @@ fn parse_lenient(file_stem: &str, text: &str) -> Result<(MachineDef, Vec<Diagnos
     }
     for (key, schedule) in in_order(file.schedules) {
         def.schedules.extend(p.schedule(key, schedule));
+    }
+    for (key, limit) in in_order(file.limits) {
+        def.limits.extend(p.limit(key, limit));
     }
     def.fault = file.fault.map(|f| p.fault(f));
     def.retention = file.retention.map(|r| p.retention(r));
@@ -386,6 +389,26 @@ impl Parser<'_> {
         })
     }
 
+    /// `None` when `per` is not a duration (reported here).
+    fn limit(&mut self, key: Spanned<String>, l: LimitToml) -> Option<LimitDef> {
+        let item = format!("limit `{}`", key.get_ref());
+        let per_ms = match &l.per {
+            Some(d) => Some(self.duration(&item, d)?.as_millis() as u64),
+            None => None,
+        };
+        Some(LimitDef {
+            states: l.states,
+            events: l.events,
+            max: l.max,
+            rate: l.rate,
+            per_ms,
+            key: l.key,
+            fair_by: l.fair_by,
+            origin: Origin { line: self.line(&key) },
+            name: key.into_inner(),
+        })
+    }
+
     fn fault(&mut self, fault: Spanned<FaultToml>) -> FaultDef {
         let origin = Origin { line: self.line(&fault) };
         let fault = fault.into_inner();
@@ -470,6 +493,8 @@ struct FileToml {
     timers: BTreeMap<Spanned<String>, TimerToml>,
     #[serde(default)]
     schedules: BTreeMap<Spanned<String>, ScheduleToml>,
+    #[serde(default)]
+    limits: BTreeMap<Spanned<String>, LimitToml>,
     fault: Option<Spanned<FaultToml>>,
     retention: Option<Spanned<RetentionToml>>,
     #[serde(default)]
@@ -495,6 +520,20 @@ fn toml_to_json(v: ::toml::Value) -> serde_json::Value {
         T::Array(items) => items.into_iter().map(toml_to_json).collect(),
         T::Table(t) => t.into_iter().map(|(k, v)| (k, toml_to_json(v))).collect::<serde_json::Map<_, _>>().into(),
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitToml {
+    #[serde(default)]
+    states: Vec<String>,
+    #[serde(default)]
+    events: Vec<String>,
+    max: Option<u32>,
+    rate: Option<u32>,
+    per: Option<Spanned<String>>,
+    key: Option<String>,
+    fair_by: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -823,7 +862,7 @@ mod tests {
         assert_eq!(
             errors("door", "naem = \"door\"\n"),
             [
-                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `schedules`, `fault`, `retention`, `migrate`, `properties`, `cascade`, `upgrade`, `cancel`, `delete`"
+                "line 1: error: machine `door`, file: unknown field `naem`, expected one of `name`, `initial`, `states`, `events`, `actions`, `timers`, `schedules`, `limits`, `fault`, `retention`, `migrate`, `properties`, `cascade`, `upgrade`, `cancel`, `delete`"
             ]
         );
     }

@@ -400,6 +400,13 @@ impl MachineBuilder {
         self
     }
 
+    /// Adds a flow-control limit (`[limits.NAME]`), as declared; see [`crate::limits`].
+    pub fn limit(mut self, limit: super::def::LimitDef) -> Self {
+        self.def.limits.push(limit);
+        self.last = Last::None;
+        self
+    }
+
     /// Adds a calendar schedule (`[schedules.NAME]`), as declared; see [`crate::calendar`].
     pub fn schedule(mut self, schedule: super::def::CalendarDef) -> Self {
         self.def.schedules.push(schedule);

@@ -185,6 +185,11 @@ impl Machine {
                 self.schedules().iter().map(|c| serde_json::to_value(&c.def).unwrap_or(Value::Null)).collect();
             machine["schedules"] = Value::from(schedules);
         }
+        if !self.limits().is_empty() {
+            let limits: Vec<Value> =
+                self.limits().iter().map(|l| serde_json::to_value(&l.def).unwrap_or(Value::Null)).collect();
+            machine["limits"] = Value::from(limits);
+        }
         if let Some(f) = &self.fault {
             machine["fault"] = json!({
                 "max_errors": f.max_errors,
@@ -415,6 +420,9 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
     }
     for c in v.get("schedules").and_then(Value::as_array).into_iter().flatten() {
         def.schedules.push(serde_json::from_value(c.clone()).ok()?);
+    }
+    for l in v.get("limits").and_then(Value::as_array).into_iter().flatten() {
+        def.limits.push(serde_json::from_value(l.clone()).ok()?);
     }
     if let Some(f) = v.get("fault") {
         let backoff = f.get("backoff")?;

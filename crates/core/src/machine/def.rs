@@ -236,6 +236,38 @@ pub struct CalendarDef {
     pub origin: Origin,
 }
 
+/// A limit as declared (`[limits.NAME]`), before validation; see [`crate::limits`]. Its
+/// canonical form is its serde form (the origin aside).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct LimitDef {
+    /// The limit's name (shared by the machines that declare it).
+    pub name: String,
+    /// The states whose auto actions take its slots (a limit of actions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<String>,
+    /// The events whose workflows take its slots (a limit of workflows).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<String>,
+    /// At most this many at once per key value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+    /// At most this many starts per `per_ms` per key value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u32>,
+    /// The period of `rate`, in milliseconds (default: a second).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_ms: Option<u64>,
+    /// The key expression (none: one limit for all of the machine's entities).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// For a limit without a key: what its waiting work is admitted round-robin by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fair_by: Option<String>,
+    /// Where it was declared.
+    #[serde(skip)]
+    pub origin: Origin,
+}
+
 /// The entity a creating schedule creates.
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct CalendarCreate {
@@ -413,6 +445,8 @@ pub struct MachineDef {
     pub timers: Vec<TimerDef>,
     /// Calendar schedules (`[schedules.*]`) in declaration order.
     pub schedules: Vec<CalendarDef>,
+    /// Flow-control limits (`[limits.*]`) in declaration order.
+    pub limits: Vec<LimitDef>,
     /// The declared fault policy (`[fault]`), if any; [`FaultPolicy::DEFAULT`] otherwise.
     pub fault: Option<FaultDef>,
     /// The migration table (`[migrate]`), in declaration order.

@@ -26,8 +26,8 @@ mod tree;
 
 pub use builder::MachineBuilder;
 pub use def::{
-    ActionDef, CalendarCreate, CalendarDef, CreateDef, EventDef, FaultDef, Health, History, MachineDef, MigrateDef,
-    Origin, RaiseDef, RetentionDef, StateDef, StateKind, TimerDef, WhenDef, effective_kind,
+    ActionDef, CalendarCreate, CalendarDef, CreateDef, EventDef, FaultDef, Health, History, LimitDef, MachineDef,
+    MigrateDef, Origin, RaiseDef, RetentionDef, StateDef, StateKind, TimerDef, WhenDef, effective_kind,
 };
 pub use model::{
     Action, AgentBinding, Alternative, Broadcast, Creation, Event, KeyedRaise, Machine, Related, SELF, Schedule, State,

@@ -397,6 +397,7 @@ pub struct Machine {
     actions: Vec<Action>,
     timers: Vec<Timer>,
     schedules: Vec<Calendar>,
+    limits: Vec<crate::limits::Limit>,
     /// `None` when not declared: [`FaultPolicy::DEFAULT`] applies. Read by the canonical
     /// rendering, which tells a declared default policy from none.
     pub(super) fault: Option<FaultPolicy>,
@@ -580,6 +581,7 @@ impl Machine {
             actions,
             timers,
             schedules: def.schedules.iter().map(|c| Calendar::from_def(c).expect("validated schedule")).collect(),
+            limits: def.limits.iter().map(crate::limits::Limit::from_def).collect(),
             fault: def.fault.as_ref().map(FaultDef::policy),
             retention: def.retention.as_ref().map(|r| Retention {
                 ended: r.ended,
@@ -659,6 +661,10 @@ impl Machine {
             .filter(|s| !s.is_parent() && self.event_applies(ev, &s.name))
             .map(|s| s.name.clone())
             .collect()
+    }
+    /// The flow-control limits it declares (`[limits.NAME]`), in declaration order.
+    pub fn limits(&self) -> &[crate::limits::Limit] {
+        &self.limits
     }
     /// All calendar schedules in declaration order.
     pub fn schedules(&self) -> &[Calendar] {

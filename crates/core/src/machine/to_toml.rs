@@ -90,6 +90,9 @@ impl Machine {
         for c in self.schedules() {
             write_schedule(&mut w, &c.def);
         }
+        for l in self.limits() {
+            write_limit(&mut w, &l.def);
+        }
         if let Some(policy) = &self.fault {
             write_fault(&mut w, policy);
         }
@@ -295,6 +298,29 @@ fn write_event(w: &mut Writer, e: &Event) {
                 Then::Reject(reason) => w.entry("reject", string(reason)),
                 Then::Ignore => w.entry("ignore", "true".to_string()),
             }
+        }
+    }
+}
+
+/// `[limits.NAME]` as declared.
+fn write_limit(w: &mut Writer, l: &crate::limits::LimitDef) {
+    w.table(&["limits", &l.name]);
+    for (k, names) in [("states", &l.states), ("events", &l.events)] {
+        if !names.is_empty() {
+            w.entry(k, strings(names));
+        }
+    }
+    for (k, n) in [("max", l.max), ("rate", l.rate)] {
+        if let Some(n) = n {
+            w.entry(k, n.to_string());
+        }
+    }
+    if let Some(per) = l.per_ms {
+        w.entry("per", duration_text(Duration::from_millis(per)));
+    }
+    for (k, e) in [("key", &l.key), ("fair_by", &l.fair_by)] {
+        if let Some(e) = e {
+            w.entry(k, string(e));
         }
     }
 }

@@ -81,6 +81,9 @@ pub fn check(def: &MachineDef) -> Report {
     for s in &def.schedules {
         c.schedule(s);
     }
+    for l in &def.limits {
+        c.limit(l);
+    }
     for m in &def.migrate {
         c.migration(m);
     }
@@ -213,6 +216,7 @@ impl<'a> Checker<'a> {
         self.duplicate_items("action", def.actions.iter().map(|a| (a.name.as_str(), a.origin)));
         self.duplicate_items("timer", def.timers.iter().map(|t| (t.name.as_str(), t.origin)));
         self.duplicate_items("schedule", def.schedules.iter().map(|t| (t.name.as_str(), t.origin)));
+        self.duplicate_items("limit", def.limits.iter().map(|l| (l.name.as_str(), l.origin)));
         for c in &def.cascade {
             if c != "kill" && c != "delete" {
                 self.error(
@@ -553,6 +557,29 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(&item, line, "in", t.valid_in.iter().map(String::as_str));
+    }
+
+    /// A flow-control limit ([`crate::limits::check`]); a state's auto action takes the
+    /// slots of one limit at most.
+    fn limit(&mut self, l: &'a crate::limits::LimitDef) {
+        let (item, line) = self.item("limit", &l.name, l.origin);
+        let properties = self.mentioned_properties();
+        for problem in crate::limits::check(l, self.def, &properties) {
+            self.error(&item, line, problem);
+        }
+        for st in &l.states {
+            let earlier = self.def.limits.iter().take_while(|o| !std::ptr::eq(*o, l)).find(|o| o.states.contains(st));
+            if let Some(other) = earlier {
+                self.error(
+                    &item,
+                    line,
+                    format!("state `{st}` is limited by `{}` already: one limit a state", other.name),
+                );
+            }
+        }
+        self.duplicate_entries(&item, line, "states", l.states.iter().map(String::as_str));
+        self.duplicate_entries(&item, line, "events", l.events.iter().map(String::as_str));
+        self.warning(&item, line, crate::limits::NOT_ENFORCED.to_string());
     }
 
     /// A calendar schedule: its own keys (`Calendar::from_def`), then the machine's names

@@ -443,7 +443,7 @@ impl<'a> Checker<'a> {
 
     /// Every property name the machine mentions: declared `properties`, states' `requires`
     /// and declarative actions' `set`. Guards may read these.
-    fn mentioned_properties(&self) -> Vec<String> {
+    pub(super) fn mentioned_properties(&self) -> Vec<String> {
         let mut names: Vec<String> = self.def.properties.clone();
         names.extend(self.def.states.iter().flat_map(|s| s.requires.iter().cloned()));
         names.extend(self.def.actions.iter().flat_map(|a| a.set.iter().map(|(k, _)| k.clone())));

@@ -107,6 +107,26 @@ pub fn check_set(machines: &[&Machine]) -> Report {
             }
         }
     }
+    // A limit shared by several machines: one set of slots, so one set of terms.
+    let mut terms: std::collections::BTreeMap<&str, (&str, _)> = std::collections::BTreeMap::new();
+    for m in machines {
+        for l in m.limits() {
+            match terms.get(l.name()) {
+                None => {
+                    terms.insert(l.name(), (m.name().as_str(), l.def.shared_terms()));
+                }
+                Some((first, t)) if *t != l.def.shared_terms() => diagnostics.push(error(
+                    m.name(),
+                    format!("limit `{}`", l.name()),
+                    format!(
+                        "machine `{first}` declares it too, with another kind, `max`, `rate` or `per`: machines that \
+                         share a limit share its slots and must declare the same terms"
+                    ),
+                )),
+                Some(_) => {}
+            }
+        }
+    }
     Report { diagnostics }
 }
 

@@ -1,0 +1,336 @@
+//! Flow control in the definition (DESIGN §10): limits on how much work runs at once, and
+//! how fast it starts, per value of a key.
+//!
+//! ```toml
+//! [limits.provider_calls]
+//! states = ["provisioning", "deleting"]  # concurrency of these states' auto actions
+//! max = 20                               # at most 20 at once per key value
+//! key = "props.region"                   # per region (none: one limit for all)
+//!
+//! [limits.creates]
+//! events = ["create"]                    # concurrency of the workflows these events start
+//! max = 5
+//! key = "props.tenant"
+//! rate = 100                             # and at most 100 starts
+//! per = "1m"                             # a minute, per key value
+//! ```
+//!
+//! A limit names either states (its slots are taken by their auto actions) or events
+//! (taken by the workflows they start), and a `max`, a `rate` (with `per`), or both. Its
+//! `key` is an expression over `props` and `key` (the entity's key); `fair_by`, for a limit
+//! without a key, an expression its waiting work is admitted round-robin by. A limit of one
+//! name may be declared by several machines: they share its slots, so they must agree on
+//! its kind, `max` and rate ([`crate::validate::check_set`]).
+//!
+//! This module holds what a limit is ([`LimitKind`], [`Limit`]) and the checks of one
+//! limit against its machine ([`check`]); the definition as written, [`LimitDef`] (whose
+//! serde form is its canonical form), is the definition's (`machine::def`).
+
+use std::time::Duration;
+
+use crate::expr::{Expression, Names};
+pub use crate::machine::def::LimitDef;
+use crate::machine::def::{MachineDef, StateKind, effective_kind};
+
+/// Why a machine that declares limits does not run yet: the definition is complete and
+/// checked, the engine's enforcement comes in a later version (issue 67). A warning of
+/// `settle validate`; an engine refuses such a machine ([`unenforced`]).
+pub const NOT_ENFORCED: &str = "limits are checked but not enforced by this version of settle yet: an engine refuses \
+                                to run a machine that declares them (rather than run it without its limits)";
+
+/// The first limit of `machines`, if any declares one: what an engine that does not
+/// enforce limits refuses to run, as (machine, limit).
+pub fn unenforced<'m>(machines: impl IntoIterator<Item = &'m crate::Machine>) -> Option<(String, String)> {
+    machines.into_iter().find_map(|m| m.limits().first().map(|l| (m.name().to_string(), l.name().to_string())))
+}
+
+/// What a limit's slots are taken by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// The auto actions of its states.
+    Actions,
+    /// The workflows its events start.
+    Workflows,
+}
+
+impl LimitKind {
+    /// `actions` or `workflows`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitKind::Actions => "actions",
+            LimitKind::Workflows => "workflows",
+        }
+    }
+}
+
+impl LimitDef {
+    /// What its slots are taken by (`None`: it names neither states nor events, or both).
+    pub fn kind(&self) -> Option<LimitKind> {
+        match (self.states.is_empty(), self.events.is_empty()) {
+            (false, true) => Some(LimitKind::Actions),
+            (true, false) => Some(LimitKind::Workflows),
+            _ => None,
+        }
+    }
+
+    /// The period of its rate.
+    pub fn per(&self) -> Duration {
+        Duration::from_millis(self.per_ms.unwrap_or(1_000))
+    }
+
+    /// What machines sharing it must agree on: kind, `max`, rate and period.
+    pub fn shared_terms(&self) -> (Option<LimitKind>, Option<u32>, Option<u32>, Option<u64>) {
+        (self.kind(), self.max, self.rate, self.rate.map(|_| self.per_ms.unwrap_or(1_000)))
+    }
+}
+
+/// A validated limit of a machine: its definition and parsed expressions. Compares equal
+/// by its definition (wherever it was declared).
+#[derive(Debug, Clone)]
+pub struct Limit {
+    /// As declared.
+    pub def: LimitDef,
+    /// The key expression, parsed.
+    pub key: Option<Expression>,
+    /// The fairness expression, parsed.
+    pub fair_by: Option<Expression>,
+}
+
+impl PartialEq for Limit {
+    fn eq(&self, other: &Self) -> bool {
+        let declared = |l: &Limit| LimitDef { origin: Default::default(), ..l.def.clone() };
+        declared(self) == declared(other)
+    }
+}
+
+impl Limit {
+    /// The limit `def` describes (already checked by [`check`]).
+    pub fn from_def(def: &LimitDef) -> Limit {
+        let parse = |e: &Option<String>| e.as_deref().and_then(|s| Expression::parse(s).ok());
+        Limit { key: parse(&def.key), fair_by: parse(&def.fair_by), def: def.clone() }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+}
+
+/// Every problem of `limit` in `machine`, as messages: what it names, its terms and its
+/// expressions.
+pub fn check(limit: &LimitDef, machine: &MachineDef, properties: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    match limit.kind() {
+        None if limit.states.is_empty() => {
+            problems.push("name `states` (whose auto actions it limits) or `events` (whose workflows)".to_string())
+        }
+        None => problems.push("name `states` or `events`, not both: a limit counts one kind of work".to_string()),
+        Some(_) => {}
+    }
+    for st in &limit.states {
+        match machine.states.iter().find(|s| &s.name == st) {
+            None => problems.push(format!("`states` names unknown state `{st}`")),
+            Some(s) if effective_kind(s) != StateKind::Unstable => {
+                problems.push(format!("`states` names `{st}`, which has no auto action to limit"))
+            }
+            Some(_) => {}
+        }
+    }
+    for ev in &limit.events {
+        if !machine.events.iter().any(|e| &e.name == ev) {
+            problems.push(format!("`events` names unknown event `{ev}`"));
+        }
+    }
+    match (limit.max, limit.rate) {
+        (None, None) => problems.push("give `max` (at once), `rate` (starts per `per`), or both".to_string()),
+        (Some(0), _) => problems.push("`max` must be at least 1".to_string()),
+        (_, Some(0)) => problems.push("`rate` must be at least 1".to_string()),
+        _ => {}
+    }
+    if limit.per_ms.is_some() && limit.rate.is_none() {
+        problems.push("`per` is the period of `rate`: give `rate` too".to_string());
+    }
+    if limit.per_ms == Some(0) {
+        problems.push("`per` must be longer than 0".to_string());
+    }
+    if limit.fair_by.is_some() && limit.key.is_some() {
+        problems.push(
+            "`fair_by` is for a limit without a `key` (work of different keys never waits for each other)".to_string(),
+        );
+    }
+    let names = Names { params: &[], properties, states: &[] };
+    for (field, source) in [("key", &limit.key), ("fair_by", &limit.fair_by)] {
+        let Some(source) = source else { continue };
+        match Expression::parse(source) {
+            Ok(e) => {
+                for problem in e.check(names) {
+                    let problem = problem
+                        .replace("an expression reads `props`, `params` and `key`", "it reads `props` and `key`");
+                    problems.push(format!("`{field}` = `{source}`: {problem}"));
+                }
+                if source.contains("params") {
+                    problems
+                        .push(format!("`{field}` = `{source}`: a limit's key reads `props` and `key`, not `params`"));
+                }
+            }
+            Err(message) => problems.push(format!("`{field}` = `{source}`: {message}")),
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VM: &str = r#"initial = "new"
+properties = ["region", "tenant"]
+[states.new]
+[states.provisioning]
+auto = "provision"
+[states.deleting]
+auto = "deprovision"
+[states.ready]
+[events.create]
+in = ["new"]
+action = "begin"
+[events.delete]
+in = ["ready"]
+action = "remove"
+[actions.begin]
+to = ["provisioning"]
+[actions.provision]
+to = ["ready", "provisioning"]
+agent = "cloud"
+[actions.remove]
+to = ["deleting"]
+[actions.deprovision]
+to = ["ready"]
+agent = "cloud"
+"#;
+
+    fn with(limits: &str) -> String {
+        format!("{VM}{limits}")
+    }
+
+    #[test]
+    fn limits_load_and_come_back_the_same_through_their_canonical_form_and_toml() {
+        let text = with(
+            "[limits.provider_calls]\nstates = [\"provisioning\", \"deleting\"]\nmax = 20\nkey = \"props.region\"\n\
+             [limits.creates]\nevents = [\"create\"]\nmax = 5\nrate = 100\nper = \"1m\"\nfair_by = \"props.tenant\"\n",
+        );
+        let (m, warnings) = crate::toml::load("vm.toml", "vm", &text).unwrap();
+        let names: Vec<&str> = m.limits().iter().map(Limit::name).collect();
+        assert_eq!(names, ["provider_calls", "creates"]);
+        let calls = &m.limits()[0];
+        assert_eq!(
+            (calls.def.kind(), calls.def.max, calls.key.as_ref().map(|k| k.source())),
+            (Some(LimitKind::Actions), Some(20), Some("props.region"))
+        );
+        assert_eq!(m.limits()[1].def.per(), Duration::from_secs(60));
+        assert!(warnings.to_string().contains(NOT_ENFORCED), "{warnings}");
+        let back = crate::Machine::from_canonical_json(&m.canonical_json()).unwrap();
+        assert_eq!(back.content_hash(), m.content_hash());
+        assert_eq!(back.limits(), m.limits());
+        let (again, _) = crate::toml::load("vm.toml", "vm", &m.to_toml()).unwrap();
+        assert_eq!(again.content_hash(), m.content_hash(), "{}", m.to_toml());
+        // A machine without limits keeps the hash it had: nothing is added to its form.
+        let (plain, _) = crate::toml::load("vm.toml", "vm", VM).unwrap();
+        assert!(!plain.canonical_json().contains("limits"));
+        assert_eq!(unenforced([&plain]), None);
+        assert_eq!(unenforced([&plain, &m]), Some(("vm".into(), "provider_calls".into())));
+    }
+
+    #[test]
+    fn every_mistake_in_a_limit_is_named_with_its_line() {
+        // (the limit's body) → the errors, each `line N: error: machine `vm`, limit `l`: …`
+        let cases: [(&str, &[&str]); 12] = [
+            ("states = [\"nowhere\"]\nmax = 1", &["`states` names unknown state `nowhere`"]),
+            ("states = [\"ready\"]\nmax = 1", &["`states` names `ready`, which has no auto action to limit"]),
+            ("events = [\"explode\"]\nmax = 1", &["`events` names unknown event `explode`"]),
+            ("max = 1", &["name `states` (whose auto actions it limits) or `events` (whose workflows)"]),
+            (
+                "states = [\"provisioning\"]\nevents = [\"create\"]\nmax = 1",
+                &["name `states` or `events`, not both: a limit counts one kind of work"],
+            ),
+            ("states = [\"provisioning\"]", &["give `max` (at once), `rate` (starts per `per`), or both"]),
+            ("states = [\"provisioning\"]\nmax = 0", &["`max` must be at least 1"]),
+            ("states = [\"provisioning\"]\nmax = 1\nper = \"1s\"", &["`per` is the period of `rate`: give `rate` too"]),
+            (
+                "states = [\"provisioning\"]\nmax = 1\nkey = \"props.region\"\nfair_by = \"props.tenant\"",
+                &["`fair_by` is for a limit without a `key` (work of different keys never waits for each other)"],
+            ),
+            (
+                "states = [\"provisioning\"]\nmax = 1\nkey = \"props.zone\"",
+                &[
+                    "`key` = `props.zone`: `props.zone`: the machine never mentions property `zone` (declare it in `properties`)",
+                ],
+            ),
+            (
+                "states = [\"provisioning\"]\nmax = 1\nkey = \"props.region +\"",
+                &[
+                    "`key` = `props.region +`: syntax error at column 15: mismatched input '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}",
+                ],
+            ),
+            ("states = [\"provisioning\", \"provisioning\"]\nmax = 1", &["duplicate `provisioning` in `states`"]),
+        ];
+        for (body, want) in cases {
+            let text = with(&format!("[limits.l]\n{body}\n"));
+            let report = crate::toml::load("vm.toml", "vm", &text).err().unwrap_or_else(|| panic!("{body}: loaded"));
+            let errors: Vec<String> = report
+                .diagnostics
+                .iter()
+                .filter(|d| d.severity == crate::validate::Severity::Error)
+                .map(|d| {
+                    assert_eq!((d.line, d.item.as_str()), (Some(25), "limit `l`"), "{d}");
+                    d.message.clone()
+                })
+                .collect();
+            assert_eq!(errors, want, "{body}");
+        }
+        let twice = with(
+            "[limits.a]\nstates = [\"provisioning\"]\nmax = 1\n[limits.b]\nstates = [\"provisioning\"]\nmax = 2\n",
+        );
+        let report = crate::toml::load("vm.toml", "vm", &twice).err().unwrap().to_string();
+        assert!(
+            report
+                .contains("vm.toml:28: error: machine `vm`, limit `b`: state `provisioning` is limited by `a` already"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn machines_sharing_a_limit_must_agree_on_its_terms() {
+        let load = |name: &str, max: u32| {
+            let text = with(&format!("[limits.shared]\nstates = [\"provisioning\"]\nmax = {max}\n"));
+            crate::toml::load("m.toml", name, &text).unwrap().0
+        };
+        let (a, b, c) = (load("a", 3), load("b", 3), load("c", 4));
+        assert!(!crate::validate::check_set(&[&a, &b]).has_errors());
+        let report = crate::validate::check_set(&[&a, &c]).to_string();
+        assert!(
+            report.contains("machine `c`, limit `shared`: machine `a` declares it too, with another kind"),
+            "{report}"
+        );
+    }
+
+    #[test]
+    fn a_limit_is_of_actions_or_of_workflows() {
+        let actions = LimitDef { states: vec!["a".into()], max: Some(1), ..LimitDef::default() };
+        assert_eq!(actions.kind(), Some(LimitKind::Actions));
+        let workflows = LimitDef { events: vec!["e".into()], rate: Some(5), ..LimitDef::default() };
+        assert_eq!(workflows.kind(), Some(LimitKind::Workflows));
+        assert_eq!(workflows.per(), Duration::from_secs(1));
+        assert_eq!(workflows.shared_terms(), (Some(LimitKind::Workflows), None, Some(5), Some(1_000)));
+        let both = LimitDef { states: vec!["a".into()], events: vec!["e".into()], ..LimitDef::default() };
+        assert_eq!(both.kind(), None);
+    }
+
+    #[test]
+    fn its_canonical_form_leaves_out_what_is_not_given() {
+        let l = LimitDef { name: "calls".into(), states: vec!["a".into()], max: Some(2), ..LimitDef::default() };
+        let json = serde_json::to_value(&l).unwrap();
+        assert_eq!(json, serde_json::json!({"name": "calls", "states": ["a"], "max": 2}));
+        assert_eq!(serde_json::from_value::<LimitDef>(json).unwrap(), l);
+    }
+}
