@@ -121,7 +121,7 @@ fn the_demo_survives_repeated_kill_9() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let after = Duration::from_millis(300 + x % 1200);
+        let after = Duration::from_millis(200 + x % 600);
         let mut child = Command::new(env!("CARGO_BIN_EXE_settle"))
             .arg("--db")
             .arg(&db)

@@ -637,6 +637,11 @@ impl Store for PgStore {
 /// Test support: a URL for a fresh schema in the database named by `SETTLE_TEST_PG`
 /// (`postgres://postgres@127.0.0.1:5432/test`, say), so tests can run in parallel; `None`,
 /// after saying so on stderr, when the variable is not set.
+///
+/// The schema is dropped when the thread that asked for it ends, unless that thread
+/// panicked: a test that passes leaves nothing behind, one that fails keeps its data to
+/// look at. (A test runs on a thread of its own; one that hands the URL to another thread
+/// or process must keep its own thread until they are done, as a test does.)
 pub fn test_url(prefix: &str) -> Option<String> {
     let Ok(base) = std::env::var("SETTLE_TEST_PG") else {
         eprintln!("skipped: PostgreSQL test ({prefix}): SETTLE_TEST_PG is not set");
@@ -646,5 +651,62 @@ pub fn test_url(prefix: &str) -> Option<String> {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let schema = format!("{prefix}_{}_{n}_{}", std::process::id(), &uuid_like()[..8]);
     let sep = if base.contains('?') { '&' } else { '?' };
+    test_schemas::drop_at_thread_end(&base, &schema);
     Some(format!("{base}{sep}schema={schema}"))
+}
+
+/// The schemas [`test_url`] handed out on this thread, dropped when it ends unless it
+/// panicked.
+mod test_schemas {
+    use std::cell::RefCell;
+
+    #[derive(Default)]
+    struct Schemas {
+        base: String,
+        names: Vec<String>,
+        panicked: bool,
+    }
+
+    impl Drop for Schemas {
+        fn drop(&mut self) {
+            if self.panicked || self.names.is_empty() {
+                return;
+            }
+            let (base, names) = (std::mem::take(&mut self.base), std::mem::take(&mut self.names));
+            // On a thread of its own: this one is ending, and the client needs a runtime
+            // (whose thread-locals may be gone here).
+            let dropping = std::thread::spawn(move || {
+                let Ok(mut config) = base.parse::<postgres::Config>() else { return };
+                config.connect_timeout(std::time::Duration::from_secs(5));
+                let Ok(mut c) = config.connect(postgres::NoTls) else { return };
+                let _ = c.batch_execute("SET lock_timeout = '10s'");
+                for name in names {
+                    let _ =
+                        c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", name.replace('"', "\"\"")));
+                }
+            });
+            let _ = dropping.join();
+        }
+    }
+
+    thread_local! {
+        static SCHEMAS: RefCell<Schemas> = RefCell::default();
+    }
+
+    /// Drops `schema` of the database at `base` when this thread ends, unless it panics.
+    pub(super) fn drop_at_thread_end(base: &str, schema: &str) {
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                let _ = SCHEMAS.try_with(|s| s.try_borrow_mut().map(|mut s| s.panicked = true));
+                previous(info);
+            }));
+        });
+        let _ = SCHEMAS.try_with(|s| {
+            let mut s = s.borrow_mut();
+            s.base = base.split('?').next().unwrap_or(base).to_string();
+            s.names.push(schema.to_string());
+        });
+    }
 }
