@@ -143,12 +143,12 @@ pub fn is_built_in(r: &MachineRecord, built_in: &BTreeMap<String, Machine>) -> b
 /// merged into one.
 pub async fn refuse_foreign(store: &AnyStore) -> anyhow::Result<()> {
     let built_in = built_in(store).await?;
-    let mut newest: BTreeMap<String, MachineRecord> = BTreeMap::new();
-    for r in store.machine_list().await? {
-        newest.insert(r.name.to_string(), r);
-    }
-    let foreign: Vec<&str> =
-        newest.iter().filter(|(_, r)| !is_built_in(r, &built_in)).map(|(name, _)| name.as_str()).collect();
+    let stored = store.machine_list().await?;
+    let foreign: Vec<&str> = settle_store::current_versions(&stored)
+        .into_iter()
+        .filter(|(_, r)| !is_built_in(r, &built_in))
+        .map(|(name, _)| name)
+        .collect();
     if foreign.is_empty() {
         return Ok(());
     }
@@ -162,13 +162,9 @@ pub async fn refuse_foreign(store: &AnyStore) -> anyhow::Result<()> {
 /// The current version of every machine stored in `store`, read back (one that no longer
 /// reads as a definition is left out, with a warning).
 pub async fn stored_machines(store: &AnyStore) -> anyhow::Result<Vec<Machine>> {
-    let mut newest: BTreeMap<String, MachineRecord> = BTreeMap::new();
-    // Listed by name, then deploy time: the last of each name is its current version.
-    for r in store.machine_list().await? {
-        newest.insert(r.name.to_string(), r);
-    }
+    let stored = store.machine_list().await?;
     let mut machines = Vec::new();
-    for (name, r) in newest {
+    for (name, r) in settle_store::current_versions(&stored) {
         match Machine::from_canonical_json(&r.definition) {
             Ok(m) => machines.push(m),
             Err(e) => eprintln!("warning: stored definition of machine `{name}` ({}) does not read back: {e}", r.hash),

@@ -12,6 +12,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::testkit::query_value as encode;
 use serde_json::{Value, json};
 
 const ADMIN: &str = "admin-token-0000001";
@@ -86,15 +87,6 @@ impl Drop for Server {
 const DNS: &str = "initial = \"new\"\n[states.new]\n[states.working]\nauto = \"work\"\n[states.done]\n\
                    [events.go]\nin = [\"new\"]\naction = \"begin\"\n[actions.begin]\nto = [\"working\"]\n\
                    [actions.work]\nto = [\"done\"]\nagent = \"dns\"\n";
-
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
 
 fn list(n: usize) -> String {
     format!("[{}]", (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(","))

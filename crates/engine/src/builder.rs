@@ -173,7 +173,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
         // Schedules are stored before `start` returns (a new one counts its fires from
         // then), by any engine; one that processes work also fires them.
         let scheduled = engine.inner.registry().machines.values().any(|m| !m.schedules().is_empty());
-        if scheduled && !read_only {
+        if scheduled {
             crate::schedules::sync(&engine).await?;
         }
         if runs_bulk {
@@ -311,13 +311,7 @@ impl<S: Store + Clone> EngineBuilder<S> {
 /// Replaces the machines of `registry` by the current versions `stored`; a handler stays
 /// bound only where the machine registered for it is identical to the stored one.
 fn take_stored(stored: &[settle_store::MachineRecord], registry: &mut Registry) -> Result<()> {
-    let mut newest: std::collections::BTreeMap<&str, &settle_store::MachineRecord> = Default::default();
-    for r in stored {
-        let at = newest.entry(r.name.as_str()).or_insert(r);
-        if r.created_at > at.created_at {
-            *at = r;
-        }
-    }
+    let newest = settle_store::current_versions(stored);
     let lenders = std::mem::take(&mut registry.machines);
     let identical: std::collections::HashSet<&str> = newest
         .iter()

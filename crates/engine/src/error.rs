@@ -147,10 +147,6 @@ pub enum Error {
     /// it writes nothing.
     #[error("this engine is read-only: it writes nothing ({0} refused)")]
     ReadOnly(&'static str),
-    /// The database holds no machine definitions to run (an engine started on the
-    /// definitions stored, [`EngineBuilder::stored_definitions`](crate::EngineBuilder::stored_definitions)).
-    #[error("no machine definitions are stored in {0}")]
-    NoDefinitions(String),
     /// No operation has this request id.
     #[error("no operation with request id `{0}`")]
     UnknownOperation(String),

@@ -127,6 +127,18 @@ impl Narrow {
     /// Whether `e` passes (`machine`: its machine, for `in_state`; `newest`: its newest
     /// error, read when [`Narrow::reads_errors`]).
     pub fn keeps(&self, e: &EntityRow, machine: Option<&Machine>, newest: Option<&ErrorRow>) -> bool {
+        self.keeps_with(e, machine, newest, self.error.as_deref().map(ErrorText::new).as_ref())
+    }
+
+    /// [`keeps`](Self::keeps) with the error text already compiled (`error`: this
+    /// narrow's, compiled once for every row of a page).
+    fn keeps_with(
+        &self,
+        e: &EntityRow,
+        machine: Option<&Machine>,
+        newest: Option<&ErrorRow>,
+        error: Option<&ErrorText>,
+    ) -> bool {
         let within = |at: Millis, after: Option<Millis>, before: Option<Millis>| {
             after.is_none_or(|a| at >= a) && before.is_none_or(|b| at < b)
         };
@@ -135,9 +147,9 @@ impl Narrow {
         {
             return false;
         }
-        if let Some(text) = &self.error {
+        if let Some(text) = error {
             let Some(err) = newest else { return false };
-            if !ErrorText::new(text).find(&err.details).0 {
+            if !text.find(&err.details).0 {
                 return false;
             }
         }
@@ -151,6 +163,26 @@ impl Narrow {
                 g.eval(&e.properties, &Value::Null, path).unwrap_or(false)
             }
         }
+    }
+
+    /// Which of `rows` pass, in order (`machine`: a machine by name, for `in_state`;
+    /// `errors`: the newest error of each row, by entity id), the error text compiled once.
+    /// `go_on` is asked before each row (with how many were looked at) and may stop the
+    /// whole with its error.
+    fn keeps_all<'m, E>(
+        &self,
+        rows: &[EntityRow],
+        machine: impl Fn(&str) -> Option<&'m Machine>,
+        errors: &HashMap<i64, ErrorRow>,
+        mut go_on: impl FnMut(usize) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Vec<bool>, E> {
+        let error = self.error.as_deref().map(ErrorText::new);
+        let mut keeps = Vec::with_capacity(rows.len());
+        for e in rows {
+            go_on(keeps.len())?;
+            keeps.push(self.keeps_with(e, machine(e.machine.as_str()), errors.get(&e.id), error.as_ref()));
+        }
+        Ok(keeps)
     }
 
     /// The criteria given, as a JSON object's members (`where` as written, times in ms).
@@ -311,7 +343,7 @@ pub async fn keeps<'m, S: Store>(
     machine: impl Fn(&str) -> Option<&'m Machine>,
 ) -> settle_store::Result<(Vec<bool>, HashMap<i64, ErrorRow>)> {
     let errors = if narrow.reads_errors() { newest_errors(store, rows).await? } else { HashMap::new() };
-    let keeps = rows.iter().map(|e| narrow.keeps(e, machine(e.machine.as_str()), errors.get(&e.id))).collect();
+    let keeps = narrow.keeps_all(rows, machine, &errors, |_| Ok(()))?;
     Ok((keeps, errors))
 }
 
@@ -364,7 +396,7 @@ impl<S: Store> Engine<S> {
         let errors =
             if narrow.reads_errors() { newest_errors(&self.inner.store, &rows).await? } else { HashMap::new() };
         if narrow.expr.is_none() && narrow.error.is_none() {
-            let keeps = rows.iter().map(|e| narrow.keeps(e, None, None)).collect();
+            let keeps = narrow.keeps_all(&rows, |_| None, &errors, |_| Ok::<(), Error>(()))?;
             return Ok(Narrowed { rows, keeps, errors });
         }
         let _turn = self.inner.narrowing.acquire().await.map_err(|_| Error::Stopped)?;
@@ -372,17 +404,16 @@ impl<S: Store> Engine<S> {
         let (left, registry, narrow) = (gone.0.clone(), self.inner.registry(), narrow.clone());
         let budget = self.inner.narrow_budget;
         let evaluated = tokio::task::spawn_blocking(move || {
-            let mut keeps = Vec::with_capacity(rows.len());
-            for e in &rows {
+            let machine = |name: &str| registry.machines.get(name).map(|m| m.as_ref());
+            let keeps = narrow.keeps_all(&rows, machine, &errors, |examined| {
                 if left.load(Ordering::Relaxed) {
                     return Err(Error::Stopped);
                 }
-                if deadline.is_some_and(|d| std::time::Instant::now() > d) {
-                    return Err(Error::TooCostly { examined: keeps.len(), budget });
+                match deadline {
+                    Some(d) if std::time::Instant::now() > d => Err(Error::TooCostly { examined, budget }),
+                    _ => Ok(()),
                 }
-                let machine = registry.machines.get(e.machine.as_str()).map(|m| m.as_ref());
-                keeps.push(narrow.keeps(e, machine, errors.get(&e.id)));
-            }
+            })?;
             Ok(Narrowed { rows, keeps, errors })
         })
         .await;

@@ -10,20 +10,10 @@ use settle_engine::ManualClock;
 
 use crate::Config;
 use crate::auth::Tokens;
-use crate::testkit::VM;
+use crate::testkit::{VM, query_value as q};
 use crate::tests::{App, Req};
 
 const T0: i64 = 1_795_000_000_000;
-
-/// Percent-encodes a query value.
-fn q(v: &str) -> String {
-    v.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
 
 /// An app serving `vm` on a manual clock at [`T0`], with `n` vms created (`v-0000` …,
 /// region `eu` for even numbers, `us` for odd, `n` their number), the first half an hour

@@ -1,7 +1,7 @@
 //! What the server's handler tests (`tests.rs`) and the `settle` binary's HTTP tests
 //! (`crates/cli/tests/common`, which includes this file by path) check alike: the test
-//! machines, everything a request could change in a store, and what a problem document
-//! must be.
+//! machines, everything a request could change in a store, what a problem document must
+//! be, and a query value percent-encoded.
 //!
 //! It names nothing of this crate (only settle-store and serde_json), so that it compiles
 //! in both.
@@ -45,6 +45,16 @@ pub async fn dump(store: &impl Store) -> String {
         out.push_str(&format!("{o:?}\n"));
     }
     out
+}
+
+/// `v` percent-encoded as a query value (every byte but the unreserved ones).
+pub fn query_value(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Asserts that an answer (`status`, `content_type`, `body`) is a problem document of

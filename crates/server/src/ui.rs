@@ -35,7 +35,6 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
     // The files change with the binary: revalidate rather than cache stale code.
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));

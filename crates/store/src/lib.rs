@@ -57,7 +57,7 @@ pub use entity::{
 pub use feed::{FeedFilter, FeedItem, FeedPage, FeedPos};
 pub use history::{HistoryKind, HistoryRow};
 pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
-pub use machine::{Deploy, MachineRecord, Moves, NewVersion, StateMove};
+pub use machine::{Deploy, MachineRecord, Moves, NewVersion, StateMove, current_versions};
 pub use operation::{OpenOperation, OperationFilter, OperationRow, OperationWindow};
 pub use postgres::PgStore;
 pub use prune::{Prune, PruneRule, Pruned, PrunedEntity, PrunedRows, Storage, Trim};

@@ -26,6 +26,18 @@ pub struct MachineRecord {
     pub origin: String,
 }
 
+/// The current version of each machine among `records` (the one deployed last), by name.
+pub fn current_versions(records: &[MachineRecord]) -> std::collections::BTreeMap<&str, &MachineRecord> {
+    let mut current: std::collections::BTreeMap<&str, &MachineRecord> = Default::default();
+    for r in records {
+        let at = current.entry(r.name.as_str()).or_insert(r);
+        if r.created_at > at.created_at {
+            *at = r;
+        }
+    }
+    current
+}
+
 /// Entities moving to a definition version (`Store::machine_deploy`): those no engine
 /// holds, in state `from` under version `version` (its hash; `""`: none recorded), land in
 /// `to`.
