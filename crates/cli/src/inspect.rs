@@ -134,7 +134,17 @@ pub async fn get(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::R
     let store = open(db)?;
     let e = find(&store, machine, key).await?;
     let inbox = store.inbox_list(e.id).await?;
-    print::entity(&settle_client::Entity::from(&e), Some(&print::Detail::of(&e, &inbox)), as_json);
+    let mut shown = settle_client::Entity::from(&e);
+    let limits = store.limit_of(e.id).await?;
+    shown.limits = Some(limits.iter().map(settle_client::EntityLimit::from).collect());
+    print::entity(&shown, Some(&print::Detail::of(&e, &inbox)), as_json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `settle limits`: each concurrency limit's key values with slots in use or work waiting.
+pub async fn limits(db: &str, as_json: bool) -> anyhow::Result<ExitCode> {
+    let usage = open(db)?.limit_list().await?;
+    print::limits(&usage.iter().map(settle_client::LimitUsage::from).collect::<Vec<_>>(), as_json);
     Ok(ExitCode::SUCCESS)
 }
 

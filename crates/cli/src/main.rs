@@ -318,6 +318,15 @@ enum Command {
         #[arg(long)]
         prometheus: bool,
     },
+    /// Flow control: each concurrency limit (`[limits.NAME]` in a machine), per key value,
+    /// with its slots in use, its maximum and the entities waiting in line. `settle get`
+    /// says where one entity stands.
+    #[command(after_help = "Examples:\n  settle limits\n  settle --server http://127.0.0.1:7400 limits --json")]
+    Limits {
+        /// One JSON object per line (the API's items).
+        #[arg(long)]
+        json: bool,
+    },
     /// List stored machine definition versions with their entity counts.
     #[command(after_help = "Example:\n  settle machines --json")]
     Machines {
@@ -545,6 +554,7 @@ fn run(cli: Cli, flags: Flags) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(report::stats(&db_path(&cli.db), since.as_deref(), format))
         }
         Command::Machines { json } => runtime()?.block_on(inspect::machines(&db_path(&cli.db), json)),
+        Command::Limits { json } => runtime()?.block_on(inspect::limits(&db_path(&cli.db), json)),
         Command::Op { request_id, json } => {
             runtime()?.block_on(inspect::operation(&db_path(&cli.db), &request_id, json))
         }
@@ -611,6 +621,7 @@ fn remote_run(server: &str, token: Option<&str>, command: Command) -> anyhow::Re
         Command::Related { machine, key, json } => {
             Box::pin(async move { remote::related(c, &machine, &key, json).await })
         }
+        Command::Limits { json } => Box::pin(async move { remote::limits(c, json).await }),
         local => return Ok(Err(local)),
     };
     Ok(Ok(runtime()?.block_on(future).map_err(remote::describe)?))
@@ -670,6 +681,7 @@ fn without_engine(command: &Command) -> Option<&'static str> {
         Command::Completions { .. } => "completions",
         Command::Stats { .. } => "stats",
         Command::Machines { .. } => "machines",
+        Command::Limits { .. } => "limits",
         Command::Agent(_) => "agent",
         Command::Bench(_) => "bench",
         Command::Workload(_) => "workload",

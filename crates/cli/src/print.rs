@@ -61,6 +61,9 @@ pub fn entity_json(e: &Entity) -> Value {
     if let Some(fires) = e.next_fires.as_ref().filter(|f| !f.is_empty()) {
         v["next_fires"] = serde_json::to_value(fires).unwrap_or_default();
     }
+    if let Some(limits) = e.limits.as_ref().filter(|l| !l.is_empty()) {
+        v["limits"] = serde_json::to_value(limits).unwrap_or_default();
+    }
     v
 }
 
@@ -170,6 +173,9 @@ pub fn entity(e: &Entity, detail: Option<&Detail>, as_json: bool) {
     match e.due_at {
         Some(due) => println!("due:        {}", fmt_time(due)),
         None => println!("due:        nothing pending"),
+    }
+    for l in e.limits.iter().flatten() {
+        println!("limit:      {}", l.says);
     }
     for f in e.next_fires.iter().flatten() {
         let when = match (f.paused, f.at) {
@@ -601,6 +607,26 @@ pub fn check(machine: &str, key: &str, c: &settle_client::EventCheck, as_json: b
         std::process::ExitCode::FAILURE
     } else {
         std::process::ExitCode::SUCCESS
+    }
+}
+
+/// `settle limits`: one line per limit and key value (`--json`: the API's items, one per
+/// line).
+pub fn limits(items: &[settle_client::LimitUsage], as_json: bool) {
+    if as_json {
+        for u in items {
+            println!("{}", serde_json::to_string(u).unwrap_or_default());
+        }
+        return;
+    }
+    if items.is_empty() {
+        println!("no limit has a slot in use or work waiting (a machine declares them as [limits.NAME])");
+        return;
+    }
+    println!("{:<24} {:<24} {:>8} {:>8} {:>8}", "LIMIT", "KEY", "IN USE", "MAX", "WAITING");
+    for u in items {
+        let key = if u.key.is_empty() { "(all)" } else { u.key.as_str() };
+        println!("{:<24} {:<24} {:>8} {:>8} {:>8}", u.limit, key, u.in_use, u.max, u.waiting);
     }
 }
 

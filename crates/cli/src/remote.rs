@@ -81,6 +81,12 @@ pub async fn get(c: &Client, machine: &str, key: &str, as_json: bool) -> anyhow:
     Ok(ExitCode::SUCCESS)
 }
 
+/// `settle limits`.
+pub async fn limits(c: &Client, as_json: bool) -> anyhow::Result<ExitCode> {
+    print::limits(&c.limits().await?, as_json);
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `settle why`.
 pub async fn why(c: &Client, machine: &str, key: &str, as_json: bool) -> anyhow::Result<ExitCode> {
     print::why(&c.why(machine, key).await?, as_json);

@@ -33,11 +33,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 pub use settle_api::{
     Bulk, BulkDryRun, BulkFilter, BulkRequest, CancelResult, CanceledEntity, CompleteRequest, DeployResult, Deployed,
-    Entity, EntityPage, EventCheck, FailRequest, HistoryEntry, NextFire, NextTasks, Operation, OperationTrace, Outcome,
-    QueuedEvent, Related, ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled, Schedule, Task,
-    TaskReport, Verdict, Why, WhyStep,
+    Entity, EntityLimit, EntityPage, EventCheck, FailRequest, HistoryEntry, LimitUsage, NextFire, NextTasks, Operation,
+    OperationTrace, Outcome, QueuedEvent, Related, ReportCreate, ReportMany, ReportRaise, ReportResult, ReportsHandled,
+    Schedule, Task, TaskReport, Verdict, Why, WhyStep,
 };
-use settle_api::{BulkList, CancelRequest, DeployFile, DeployRequest, Leased, OperationList, ScheduleList};
+use settle_api::{BulkList, CancelRequest, DeployFile, DeployRequest, Leased, LimitList, OperationList, ScheduleList};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -501,6 +501,12 @@ impl Client {
         let body = CancelRequest { reason: reason.map(str::to_string), undone };
         let body = serde_json::to_value(body).unwrap_or_default();
         self.post(&format!("/v1/operations/{}/cancel", seg(request_id)), &body).await
+    }
+
+    /// Each concurrency limit's key values with slots in use or work waiting
+    /// (`GET /v1/limits`).
+    pub async fn limits(&self) -> Result<Vec<LimitUsage>, Error> {
+        Ok(self.get::<LimitList>("/v1/limits").await?.items)
     }
 
     /// Every calendar schedule of the served machines, with its progress.

@@ -32,16 +32,28 @@ use crate::expr::{Expression, Names};
 pub use crate::machine::def::LimitDef;
 use crate::machine::def::{MachineDef, StateKind, effective_kind};
 
-/// Why a machine that declares limits does not run yet: the definition is complete and
-/// checked, the engine's enforcement comes in a later version (issue 67). A warning of
-/// `settle validate`; an engine refuses such a machine ([`unenforced`]).
-pub const NOT_ENFORCED: &str = "limits are checked but not enforced by this version of settle yet: an engine refuses \
-                                to run a machine that declares them (rather than run it without its limits)";
+/// Why a machine whose limits this version cannot enforce does not run: the definition is
+/// complete and checked, but only concurrency limits of actions (`states` with `max`) are
+/// enforced so far (issue 67). A warning of `settle validate` on each such limit; an engine
+/// refuses a machine declaring one ([`unenforced`]) rather than run it without it.
+pub const NOT_ENFORCED: &str = "limits of workflows (`events`), rates (`rate`) and `fair_by` are checked but not \
+                                enforced by this version of settle yet: an engine refuses to run a machine that \
+                                declares them (rather than run it without its limits)";
 
-/// The first limit of `machines`, if any declares one: what an engine that does not
-/// enforce limits refuses to run, as (machine, limit).
+impl LimitDef {
+    /// Whether this version of settle enforces it: a concurrency limit of actions, with no
+    /// rate and no `fair_by` ([`NOT_ENFORCED`]).
+    pub fn enforced(&self) -> bool {
+        self.kind() == Some(LimitKind::Actions) && self.rate.is_none() && self.fair_by.is_none()
+    }
+}
+
+/// The first limit of `machines` this version does not enforce, if any declares one: what
+/// an engine refuses to run, as (machine, limit).
 pub fn unenforced<'m>(machines: impl IntoIterator<Item = &'m crate::Machine>) -> Option<(String, String)> {
-    machines.into_iter().find_map(|m| m.limits().first().map(|l| (m.name().to_string(), l.name().to_string())))
+    machines.into_iter().find_map(|m| {
+        m.limits().iter().find(|l| !l.def.enforced()).map(|l| (m.name().to_string(), l.name().to_string()))
+    })
 }
 
 /// What a limit's slots are taken by.
@@ -113,6 +125,18 @@ impl Limit {
     /// Its name.
     pub fn name(&self) -> &str {
         &self.def.name
+    }
+
+    /// The value of its key for an entity with `props` and `key`, as the text its slots are
+    /// counted by: a string as it is, any other value as JSON; `""` for a limit without a
+    /// key. `Err` says why the expression could not be evaluated (a missing property).
+    pub fn key_of(&self, props: &crate::Properties, key: &str) -> Result<String, String> {
+        let Some(expr) = &self.key else { return Ok(String::new()) };
+        match expr.eval(props, &serde_json::Value::Null, key) {
+            Ok(serde_json::Value::String(s)) => Ok(s),
+            Ok(other) => Ok(other.to_string()),
+            Err(e) => Err(format!("limit `{}`: its key `{}` could not be evaluated: {e}", self.name(), expr.source())),
+        }
     }
 }
 
@@ -228,7 +252,8 @@ agent = "cloud"
             (Some(LimitKind::Actions), Some(20), Some("props.region"))
         );
         assert_eq!(m.limits()[1].def.per(), Duration::from_secs(60));
-        assert!(warnings.to_string().contains(NOT_ENFORCED), "{warnings}");
+        // `creates` (of workflows, with a rate) is not enforced yet; `provider_calls` is.
+        assert_eq!(warnings.to_string().matches(NOT_ENFORCED).count(), 1, "{warnings}");
         let back = crate::Machine::from_canonical_json(&m.canonical_json()).unwrap();
         assert_eq!(back.content_hash(), m.content_hash());
         assert_eq!(back.limits(), m.limits());
@@ -238,7 +263,8 @@ agent = "cloud"
         let (plain, _) = crate::toml::load("vm.toml", "vm", VM).unwrap();
         assert!(!plain.canonical_json().contains("limits"));
         assert_eq!(unenforced([&plain]), None);
-        assert_eq!(unenforced([&plain, &m]), Some(("vm".into(), "provider_calls".into())));
+        assert_eq!(unenforced([&plain, &m]), Some(("vm".into(), "creates".into())));
+        assert!(m.limits()[0].def.enforced() && !m.limits()[1].def.enforced());
     }
 
     #[test]
@@ -312,6 +338,21 @@ agent = "cloud"
             report.contains("machine `c`, limit `shared`: machine `a` declares it too, with another kind"),
             "{report}"
         );
+    }
+
+    #[test]
+    fn a_key_value_is_a_string_as_it_is_and_anything_else_as_json() {
+        let text = with("[limits.calls]\nstates = [\"provisioning\"]\nmax = 2\nkey = \"props.region\"\n");
+        let (m, _) = crate::toml::load("vm.toml", "vm", &text).unwrap();
+        let limit = m.limit_of("provisioning").expect("provisioning is limited");
+        assert!(m.limit_of("deleting").is_none());
+        let props = |v: serde_json::Value| serde_json::from_value(serde_json::json!({ "region": v })).unwrap();
+        assert_eq!(limit.key_of(&props("eu".into()), "k").unwrap(), "eu");
+        assert_eq!(limit.key_of(&props(7.into()), "k").unwrap(), "7");
+        let missing = limit.key_of(&crate::Properties::default(), "k").unwrap_err();
+        assert!(missing.starts_with("limit `calls`: its key `props.region` could not be evaluated: "), "{missing}");
+        let global = Limit::from_def(&LimitDef { key: None, ..limit.def.clone() });
+        assert_eq!(global.key_of(&props("eu".into()), "k").unwrap(), "");
     }
 
     #[test]

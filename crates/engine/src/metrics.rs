@@ -13,6 +13,7 @@
 //! | `settle_engine_faults_total` | counter | machine, kind |
 //! | `settle_engine_parked_total` | counter | machine |
 //! | `settle_engine_leases_lost_total` | counter | |
+//! | `settle_engine_limit_waits_total` | counter | limit (auto actions that found their limit full) |
 //! | `settle_engine_action_seconds` | histogram | machine, action |
 //! | `settle_engine_batch_ops` | histogram | |
 //! | `settle_engine_inflight_entities` | gauge | |
@@ -38,6 +39,11 @@ pub(crate) fn fault(machine: &str, kind: &'static str, parked: bool) {
 
 pub(crate) fn lease_lost() {
     metrics::counter!("settle_engine_leases_lost_total").increment(1);
+}
+
+/// An auto action found every slot of its concurrency limit taken: its entity waits in line.
+pub(crate) fn limit_waited(limit: &str) {
+    metrics::counter!("settle_engine_limit_waits_total", "limit" => limit.to_string()).increment(1);
 }
 
 pub(crate) fn action_seconds(machine: &str, action: &str, seconds: f64) {

@@ -278,6 +278,7 @@ pub const PROBLEMS: &[(&str, &[Kind])] = &[
     ("getOperationTrace", &[UnknownOperation, Internal, Unavailable]),
     ("cancelOperation", &[UnknownOperation, OperationEnded, InvalidBulk, Internal, Unavailable]),
     ("getOverview", &[Internal, Unavailable]),
+    ("listLimits", &[Internal, Unavailable]),
     ("startBulk", &[InvalidBulk, UnknownMachine, Internal, Unavailable]),
     ("listBulk", &[Internal, Unavailable]),
     ("listSchedules", &[Internal, Unavailable]),

@@ -58,6 +58,8 @@ mod deploy_tests;
 #[cfg(test)]
 mod feed_tests;
 #[cfg(test)]
+mod limits_tests;
+#[cfg(test)]
 mod narrow_tests;
 #[cfg(test)]
 mod schedules_tests;

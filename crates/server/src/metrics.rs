@@ -94,6 +94,30 @@ pub fn schedules_text(views: &[settle_engine::ScheduleView]) -> String {
     out
 }
 
+/// The concurrency limits now, per limit (their key values summed): slots in use and
+/// entities waiting in line. Nothing when no limit has either.
+pub fn limits_text(usage: &[settle_store::LimitUsage]) -> String {
+    let mut out = String::new();
+    if usage.is_empty() {
+        return out;
+    }
+    let mut per: std::collections::BTreeMap<&str, (u64, u64)> = std::collections::BTreeMap::new();
+    for u in usage {
+        let t = per.entry(u.limit.as_str()).or_default();
+        t.0 += u.in_use;
+        t.1 += u.waiting;
+    }
+    header(&mut out, "settle_limit_in_use", "gauge", "Slots of each concurrency limit held now (all key values).");
+    for (limit, (in_use, _)) in &per {
+        let _ = writeln!(out, "settle_limit_in_use{{limit=\"{}\"}} {in_use}", label(limit));
+    }
+    header(&mut out, "settle_limit_waiting", "gauge", "Entities waiting in line for a slot of each concurrency limit.");
+    for (limit, (_, waiting)) in &per {
+        let _ = writeln!(out, "settle_limit_waiting{{limit=\"{}\"}} {waiting}", label(limit));
+    }
+    out
+}
+
 /// The snapshot in the Prometheus text exposition format (version 0.0.4). `machines`
 /// give each state's path (a label beside the leaf state).
 pub fn store_text(m: &MetricsSnapshot, machines: &[&Machine]) -> String {
@@ -317,6 +341,17 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line}: {text}");
         }
         assert!(text.contains("# TYPE settle_due_backlog gauge\nsettle_due_backlog 5\n"));
+        let usage = |key: &str, in_use, waiting| settle_store::LimitUsage {
+            limit: "calls".into(),
+            key: key.into(),
+            in_use,
+            max: 3,
+            waiting,
+        };
+        let limits = super::limits_text(&[usage("eu", 3, 7), usage("us", 1, 0)]);
+        assert!(limits.contains("settle_limit_in_use{limit=\"calls\"} 4\n"), "{limits}");
+        assert!(limits.contains("settle_limit_waiting{limit=\"calls\"} 7\n"), "{limits}");
+        assert_eq!(super::limits_text(&[]), "");
         // Every sample's metric has a HELP and a TYPE line before it.
         let mut declared = std::collections::HashSet::new();
         for l in text.lines() {

@@ -17,7 +17,7 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::auth::{self, Access};
 use crate::problem::{Kind, Problem};
 use crate::routes::{
-    bulk, entities, events, feed, lifecycle, machines, operations, overview, queues, schedules, system,
+    bulk, entities, events, feed, lifecycle, limits, machines, operations, overview, queues, schedules, system,
 };
 use crate::state::AppState;
 
@@ -41,6 +41,7 @@ use crate::state::AppState;
         (name = "schedules", description = "calendar schedules: next fires, counts, pause and resume"),
         (name = "operations", description = "what requests set in motion"),
         (name = "overview", description = "the fleet at a glance"),
+        (name = "limits", description = "flow control: each concurrency limit's slots in use and work waiting"),
         (name = "feed", description = "changes as they commit: server-sent events, resumable by id"),
         (name = "agents", description = "agent queues: lease tasks, heartbeat, report (DESIGN §5)"),
     )
@@ -81,6 +82,7 @@ pub fn api(state: &AppState) -> OpenApiRouter<AppState> {
         .merge(guard(operations::read(), Access::Read))
         .merge(guard(operations::write(), Access::Write))
         .merge(guard(overview::read(), Access::Read))
+        .merge(guard(limits::read(), Access::Read))
         .merge(guard(feed::read(), Access::Read))
         .merge(guard(queues::agent(), Access::Agent))
 }

@@ -84,6 +84,8 @@ impl Store for AnyStore {
         fn operation_reached(&self, request_id: &str, after: Option<i64>, limit: u64) -> Vec<EntityRow>;
         fn machine_deploy(&self, deploy: crate::Deploy) -> Vec<u64>;
         fn machine_list(&self) -> Vec<MachineRecord>;
+        fn limit_list(&self) -> Vec<crate::LimitUsage>;
+        fn limit_of(&self, entity_id: i64) -> Vec<crate::EntityLimit>;
         fn meta_get(&self, key: &str) -> Option<String>;
         fn meta_put(&self, key: &str, value: &str) -> ();
         fn sql_execute(&self, sql: &str) -> ();

@@ -126,6 +126,10 @@ pub struct Commit {
     /// its version moves (its properties or effects changed it), and the history row and
     /// its `transitions` row stay in the state.
     pub internal: bool,
+    /// The commit ends the entity's limited action (a transition, a retry, a fault): the
+    /// slots it holds are given back and handed to the first in line, and a place it holds
+    /// in a line is given up, in the same transaction ([`Op::Acquire`]).
+    pub leave_limits: bool,
 }
 
 impl Commit {
@@ -165,6 +169,7 @@ impl Commit {
             telemetry: Telemetry::default(),
             offer: None,
             internal: false,
+            leave_limits: false,
         }
     }
 }
@@ -239,6 +244,9 @@ pub enum Op {
         /// declares.
         check: TaskCheck,
     },
+    /// Takes the slots of the concurrency limits an auto action needs before it starts
+    /// (see [`Acquire`]). Answers [`Applied::Acquired`] or [`Applied::Waiting`].
+    Acquire(Box<Acquire>),
     /// Extend leases held by `owner` on `ids` until `until` (due at that time too).
     Renew {
         /// Entities.
@@ -248,6 +256,35 @@ pub enum Op {
         /// New lease end.
         until: Millis,
     },
+}
+
+/// A held entity asks for the slots of the concurrency limits its auto action counts
+/// against (DESIGN §10), all or none, in the order given (by name: two entities never wait
+/// for each other's). A slot it holds already stays held (asking again is harmless). Where a
+/// limit's key value has a slot free, the entity takes it; where none is, the entity waits
+/// in line for that limit (by `priority`, then arrival; keeping its place if it waits
+/// already), keeps the slots it took, and its lease is dropped: it is due again when a
+/// commit that ends another's action hands it the slot, or when an event arrives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acquire {
+    /// The lease it asks under.
+    pub fence: Fence,
+    /// The slots: limit, key value, and the limit's `max` as the entity's definition
+    /// declares it (the stored `max` follows the newest asked for).
+    pub slots: Vec<SlotAsk>,
+    /// Its place among those waiting: higher first.
+    pub priority: i64,
+}
+
+/// One slot an [`Acquire`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotAsk {
+    /// The limit's name.
+    pub limit: String,
+    /// The value of its key for the entity (`""`: a limit without a key).
+    pub key: String,
+    /// How many may hold a slot of this key value at once.
+    pub max: u32,
 }
 
 /// Canceling operation `canceled` on one entity it reached: its queued events of the
@@ -415,6 +452,16 @@ pub enum Applied {
     },
     /// A round of pruning: what it removed (or, dry, would remove).
     Pruned(Box<Pruned>),
+    /// The entity holds every slot it asked for ([`Op::Acquire`]); its lease is kept.
+    Acquired,
+    /// The entity waits in line for a slot of `limit` (key value `key`); its lease is
+    /// dropped.
+    Waiting {
+        /// The limit whose slots are all taken.
+        limit: String,
+        /// Its key value.
+        key: String,
+    },
 }
 
 /// Why one [`Op`] failed; nothing of it is visible.

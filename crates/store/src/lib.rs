@@ -23,6 +23,7 @@ mod entity;
 pub mod feed;
 mod history;
 mod inbox;
+mod limit;
 mod machine;
 mod operation;
 mod page;
@@ -44,8 +45,8 @@ use std::sync::Arc;
 
 pub use any::{AnyStore, is_postgres_url};
 pub use batch::{
-    AfterCommit, Applied, Batch, BatchResult, Cancel, CancelOutcome, Claim, Claimed, Commit, Fence, Op, OpError,
-    SqlStatement, Trigger, Undo,
+    Acquire, AfterCommit, Applied, Batch, BatchResult, Cancel, CancelOutcome, Claim, Claimed, Commit, Fence, Op,
+    OpError, SlotAsk, SqlStatement, Trigger, Undo,
 };
 pub use bulk::{BulkAdvance, BulkRow};
 pub use changes::{Changed, Changes};
@@ -57,6 +58,7 @@ pub use entity::{
 pub use feed::{FeedFilter, FeedItem, FeedPage, FeedPos};
 pub use history::{HistoryKind, HistoryRow};
 pub use inbox::{InboxItem, InboxKind, Push, PushRelated, Reply};
+pub use limit::{EntityLimit, LimitUsage};
 pub use machine::{Deploy, MachineRecord, Moves, NewVersion, StateMove, current_versions};
 pub use operation::{OpenOperation, OperationFilter, OperationRow, OperationWindow};
 pub use postgres::PgStore;
@@ -179,6 +181,11 @@ pub trait Store: Send + Sync + 'static {
     fn machine_deploy(&self, deploy: Deploy) -> impl Future<Output = Result<Vec<u64>>> + Send;
     /// All stored machine definition versions.
     fn machine_list(&self) -> impl Future<Output = Result<Vec<MachineRecord>>> + Send;
+    /// Every concurrency limit's key values with slots in use or work waiting, by limit
+    /// and key.
+    fn limit_list(&self) -> impl Future<Output = Result<Vec<LimitUsage>>> + Send;
+    /// The slots entity `entity_id` holds and the line it waits in, if any.
+    fn limit_of(&self, entity_id: i64) -> impl Future<Output = Result<Vec<EntityLimit>>> + Send;
 
     /// Reads a small named value (application metadata, e.g. the demo's settings).
     fn meta_get(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;

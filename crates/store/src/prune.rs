@@ -176,6 +176,9 @@ pub(crate) const TABLES: &[&str] = &[
     "operation_counts",
     "machines",
     "meta",
+    "limit_slots",
+    "limit_holds",
+    "limit_waiters",
 ];
 
 /// How much the store holds: rows per table and bytes in all (see `Store::storage`).

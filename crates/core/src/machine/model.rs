@@ -666,6 +666,11 @@ impl Machine {
     pub fn limits(&self) -> &[crate::limits::Limit] {
         &self.limits
     }
+    /// The concurrency limit the auto action of `state` counts against, if any (a state is
+    /// named by one limit at most).
+    pub fn limit_of(&self, state: &str) -> Option<&crate::limits::Limit> {
+        self.limits.iter().find(|l| l.def.max.is_some() && l.def.states.iter().any(|s| s == state))
+    }
     /// All calendar schedules in declaration order.
     pub fn schedules(&self) -> &[Calendar] {
         &self.schedules

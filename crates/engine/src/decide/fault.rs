@@ -7,7 +7,7 @@ use settle_store::{
     AfterCommit, Commit, ErrorRecord, EventRecord, HistoryKind, InboxItem, RunStatus, Telemetry, TransitionRecord,
 };
 
-use super::parts::{ms, task_offer};
+use super::parts::{entry_offer, ms};
 use super::{Decided, Env, Held, Note};
 use crate::api::EventOutcome;
 use crate::handler::{HandlerError, Outcome};
@@ -129,7 +129,7 @@ pub(crate) fn fault(
         };
         // An agent-bound auto action offers its next task for the end of the backoff (a
         // parked entity offers it when resumed).
-        let offer = if parked { None } else { task_offer(&held.machine, &e.state, auto_at) };
+        let offer = if parked { None } else { entry_offer(&held.machine, &e.state, auto_at) };
         (
             Commit {
                 to: Some(e.state.clone()),

@@ -73,6 +73,9 @@ pub(crate) struct Held {
     /// The content hash of `machine`, the version the entity runs under (`None`: its
     /// machine's current one).
     pub(crate) hash: Option<String>,
+    /// It holds the slot of its state's concurrency limit for the auto action about to run
+    /// ([`Next::Acquire`]); given back by the commit that ends the action.
+    pub(crate) slots: bool,
 }
 
 impl Held {
@@ -84,7 +87,7 @@ impl Held {
         inbox_head: Option<InboxItem>,
         trigger: Option<Trigger>,
     ) -> Self {
-        Held { machine, entity, inbox_head, firing: None, agent_report: None, trigger, hash: None }
+        Held { machine, entity, inbox_head, firing: None, agent_report: None, trigger, hash: None, slots: false }
     }
 
     /// The version its commits record: the one it runs under.
@@ -140,6 +143,9 @@ pub(crate) enum Next {
     Hooks(Box<Hooks>),
     /// Read the successors and evaluate the subscriptions for this change notice.
     Evaluate { notice: InboxItem },
+    /// Take the slot of the state's concurrency limit before its auto action starts; once
+    /// held ([`Held::slots`]), decide again. Waiting in line, the entity is let go.
+    Acquire(Box<settle_store::Acquire>),
     /// Nothing to do now: release the lease (the store keeps the due time).
     Release,
 }
@@ -330,7 +336,24 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
     let state = machine.state(&held.entity.state).expect("entity state exists in its machine");
     let auto = state.auto.as_ref().expect("unstable state has auto");
     let has_handler = env.registry.handler(machine.name(), auto).is_some();
-    match step::on_auto(&machine, &state.name, has_handler) {
+    let step = step::on_auto(&machine, &state.name, has_handler);
+    // An agent's task already offered runs under the slot taken before it was offered.
+    let offered = matches!(step, Some(EventStep::Agent { .. })) && held.entity.auto_at.is_none();
+    if let Some(limit) = machine.limit_of(&state.name).filter(|_| !held.slots && !offered) {
+        return match limit.key_of(&held.entity.properties, &held.entity.key) {
+            Ok(key) => Next::Acquire(Box::new(settle_store::Acquire {
+                fence: held.fence(env.owner),
+                slots: vec![settle_store::SlotAsk {
+                    limit: limit.name().to_string(),
+                    key,
+                    max: limit.def.max.unwrap_or(u32::MAX),
+                }],
+                priority: 0,
+            })),
+            Err(e) => commit(fault(held, None, Some(auto.as_str()), FaultError::new("limit_key", e), env)),
+        };
+    }
+    match step {
         Some(EventStep::Plain { action, target }) => {
             let outcome = target.map_or_else(Outcome::stay, Outcome::to);
             transition(held, Ran { action, item: None, outcome, locks: Vec::new(), started: None }, env)

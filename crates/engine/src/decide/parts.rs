@@ -7,8 +7,18 @@ use settle_core::step;
 use settle_core::{Machine, StateName};
 use settle_store::{Millis, TaskOffer, TimerPlan};
 
-/// The agent task entering `state` offers, available at `at`: when its auto action is
-/// bound to an agent queue.
+/// The agent task entering `state` (or backing off in it) offers, available at `at`: when
+/// its auto action is bound to an agent queue and counts against no concurrency limit (such
+/// a task is offered once its slot is taken: the entity is due at `at` instead).
+pub(super) fn entry_offer(machine: &Machine, state: &str, at: Millis) -> Option<TaskOffer> {
+    match machine.limit_of(state) {
+        Some(_) => None,
+        None => task_offer(machine, state, at),
+    }
+}
+
+/// The agent task of `state`, available at `at`: when its auto action is bound to an agent
+/// queue.
 pub(super) fn task_offer(machine: &Machine, state: &str, at: Millis) -> Option<TaskOffer> {
     let action = step::agent_action(machine, state)?;
     let binding = action.agent.as_ref()?;

@@ -22,6 +22,10 @@ const OWNER: &str = "engine-test";
 /// `check` is raised by a periodic timer in `done`; `report` waits on a subscription with a
 /// timeout in `waiting`; `fetch` is executed by an agent.
 fn job() -> Machine {
+    job_builder().build().unwrap()
+}
+
+fn job_builder() -> MachineBuilder {
     MachineBuilder::new("job")
         .state("idle")
         .initial()
@@ -58,8 +62,6 @@ fn job() -> Machine {
             backoff_min: Duration::from_secs(2),
             backoff_max: Duration::from_secs(8),
         })
-        .build()
-        .unwrap()
 }
 
 /// The registry of `job`, with handlers bound to `poke_it` and `work`.
@@ -136,6 +138,10 @@ fn step_of(next: &Next) -> String {
                 })
                 .collect();
             format!("hooks [{}] after {}", run.join(", "), h.action.name)
+        }
+        Next::Acquire(a) => {
+            let slots: Vec<String> = a.slots.iter().map(|s| format!("{}[{}] of {}", s.limit, s.key, s.max)).collect();
+            format!("acquire {}", slots.join(", "))
         }
         Next::Release => "release".to_string(),
     }
@@ -1000,4 +1006,78 @@ fn a_reply_goes_with_the_commit_that_ends_its_events_workflow() {
         let want: Vec<(String, String)> = want.iter().map(|(o, s)| (o.to_string(), s.to_string())).collect();
         assert_eq!(got, want, "event {event:?}, moves {moves}, at rest {at_rest}, parked {parked}, asked {asked}");
     }
+}
+
+/// `job` with its auto actions `work` (a handler) and `fetch` (an agent) limited to two at
+/// once per `props.region`.
+fn limited() -> Held {
+    let m = job_builder()
+        .properties(["region"])
+        .limit(settle_core::limits::LimitDef {
+            name: "calls".into(),
+            states: vec!["working".into(), "fetching".into()],
+            max: Some(2),
+            key: Some("props.region".into()),
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let mut h = held("working");
+    h.machine = Arc::new(m);
+    h.entity.properties.insert("region".into(), json!("eu"));
+    h
+}
+
+#[test]
+fn a_limited_auto_action_takes_its_slot_before_it_runs() {
+    let r = registry();
+    let env = Env { registry: &r, owner: OWNER, now: NOW };
+    // Due, without its slot: ask for it, with the key's value and the limit's size.
+    let mut h = limited();
+    assert_eq!(step_of(&next(&mut h, &env)), "acquire calls[eu] of 2");
+    let Next::Acquire(a) = next(&mut h, &env) else { unreachable!() };
+    assert_eq!((a.fence.entity_id, a.fence.version, a.fence.owner.as_str()), (7, 3, OWNER));
+    // Holding it: the action runs.
+    h.slots = true;
+    assert_eq!(step_of(&next(&mut h, &env)), "run work for auto");
+    // Events still go first, slot or none.
+    let mut h = limited();
+    h.inbox_head = Some(raised("go"));
+    assert!(step_of(&next(&mut h, &env)).starts_with("commit Rejected"), "{}", step_of(&next(&mut limited(), &env)));
+    // A key that cannot be evaluated is the action's fault, named.
+    let mut h = limited();
+    h.entity.properties.clear();
+    let d = committed(next(&mut h, &env));
+    assert_eq!((d.commit.kind, d.commit.to.as_deref()), (HistoryKind::Fault, Some("working")));
+    let detail = d.commit.detail.unwrap();
+    assert!(detail.starts_with("limit `calls`: its key `props.region` could not be evaluated"), "{detail}");
+}
+
+#[test]
+fn a_limited_agent_task_is_offered_once_its_slot_is_taken() {
+    let r = registry();
+    let env = Env { registry: &r, owner: OWNER, now: NOW };
+    // Entering the state offers nothing (the entity is due to take its slot first); a
+    // state without a limit offers its task as it is entered.
+    let mut h = limited();
+    assert!(super::parts::entry_offer(&h.machine, "fetching", NOW).is_none());
+    assert!(super::parts::entry_offer(&job(), "fetching", NOW).is_some());
+    h.entity.state = "fetching".into();
+    h.entity.auto_at = Some(NOW);
+    assert_eq!(step_of(&next(&mut h, &env)), "acquire calls[eu] of 2");
+    // Held: the task is offered (the entity keeps its slot while the agent works).
+    h.slots = true;
+    let d = committed(next(&mut h, &env));
+    assert_eq!(d.commit.offer.as_ref().map(|o| o.queue.as_str()), Some("q"));
+    assert!(!d.commit.leave_limits && d.commit.to.is_none());
+    // Offered already (no auto time): nothing to ask for, the agent's report comes.
+    let mut h = limited();
+    h.entity.state = "fetching".into();
+    h.entity.auto_at = None;
+    assert_eq!(step_of(&next(&mut h, &env)), "release");
+    // Backing off after a failed task offers nothing either: it asks again when due.
+    let mut h = limited();
+    h.entity.state = "fetching".into();
+    let d = fault(&mut h, None, Some("fetch"), FaultError::new("agent", "boom"), &env);
+    assert_eq!((d.commit.offer.is_none(), d.commit.auto_at), (true, Some(NOW + 2_000)));
 }

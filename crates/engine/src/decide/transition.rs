@@ -12,7 +12,7 @@ use settle_store::{
     Telemetry, TransitionRecord,
 };
 
-use super::parts::{ms, task_offer, timer_plan};
+use super::parts::{entry_offer, ms, timer_plan};
 use super::{Decided, Env, FaultError, Held, Next, commit, fault};
 use crate::api::EventOutcome;
 use crate::handler::Outcome;
@@ -285,7 +285,7 @@ pub(crate) fn finish(held: &mut Held, ran: Ran<'_>, env: &Env<'_>) -> Decided {
     let now = env.now;
     let auto_at = entry.auto_delay.map(|d| now + ms(d));
     // An agent-bound auto action: the commit offers its task instead.
-    let offer = auto_at.and_then(|at| task_offer(&machine, &entry.state, at));
+    let offer = auto_at.and_then(|at| entry_offer(&machine, &entry.state, at));
     let after = match entry.auto_delay {
         Some(d) if d.is_zero() && offer.is_none() => AfterCommit::Hold,
         _ => AfterCommit::Release,
@@ -537,7 +537,7 @@ pub(crate) fn new_entity(
     let entry = step::initial_entry(machine, &properties)?;
     let initial = machine.initial().name.clone();
     let auto_at = entry.auto_delay.map(|d| now + ms(d));
-    let offer = auto_at.and_then(|at| task_offer(machine, &entry.state, at));
+    let offer = auto_at.and_then(|at| entry_offer(machine, &entry.state, at));
     Ok(NewEntity {
         machine: machine.name().clone(),
         key,

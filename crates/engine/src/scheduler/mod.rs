@@ -43,6 +43,7 @@ macro_rules! decide_env {
 
 // After the macro: they use it.
 mod batch;
+mod limits;
 mod prune;
 mod tasks;
 mod upkeep;
@@ -62,6 +63,8 @@ pub(crate) enum Pending {
         command: Command,
     },
     Commit(Box<Expect>),
+    /// An entity's ask for the slot of its state's concurrency limit.
+    Acquire(i64),
     Agent(oneshot::Sender<Result<Applied>>),
     Cancel(oneshot::Sender<Result<Applied>>),
     Release,
@@ -82,6 +85,8 @@ enum Running {
     Evaluating { notice: InboxItem },
     /// The entry and exit actions of a transition are running.
     Hooks,
+    /// It asks for the slot of its state's concurrency limit.
+    Acquiring,
 }
 
 /// An entity this engine holds the lease of: what the decisions see, and what runs for it.
@@ -464,6 +469,9 @@ impl<S: Store + Clone> Scheduler<S> {
                 Pending::Commit(expect) => {
                     self.held.remove(&expect.entity_id);
                 }
+                Pending::Acquire(id) => {
+                    self.held.remove(&id);
+                }
                 Pending::Release | Pending::Renew | Pending::Supervise => {}
                 Pending::Prune(reply) => {
                     let _ = reply.send(Err(err()));
@@ -532,6 +540,7 @@ impl<S: Store + Clone> Scheduler<S> {
                     }
                 },
                 Pending::Commit(expect) => self.on_committed(*expect, r),
+                Pending::Acquire(id) => self.on_acquired(id, r),
                 Pending::Agent(reply) => {
                     self.answer_send(reply, r.map_err(op_error));
                 }
@@ -671,6 +680,7 @@ impl<S: Store + Clone> Scheduler<S> {
             Next::Run { action, item } => self.spawn_action(id, Arc::from(action), item),
             Next::Hooks(hooks) => self.spawn_hooks(id, *hooks),
             Next::Evaluate { notice } => self.evaluate(id, notice),
+            Next::Acquire(a) => self.acquire(id, a),
             Next::Release => self.release(id),
         }
     }
@@ -689,6 +699,14 @@ impl<S: Store + Clone> Scheduler<S> {
     fn push(&mut self, mut d: Decided) {
         // Decided under the newest registry: a deploy's version moves this commit's entity.
         self.refresh_registry();
+        if let Some(slot) = self.held.get_mut(&d.commit.fence.entity_id) {
+            // A commit that moves the entity on, or stops it, ends its limited action.
+            let c = &mut d.commit;
+            if (c.to.is_some() || c.run_status.is_some()) && slot.held.machine.limit_of(&c.from).is_some() {
+                c.leave_limits = true;
+                slot.held.slots = false;
+            }
+        }
         let held = self.held.get(&d.commit.fence.entity_id).map(|s| &s.held);
         let mut moved = None;
         if let Some(held) = held {

@@ -384,6 +384,10 @@ async fn get(
     entity.inbox =
         Some(inbox.into_iter().map(|i| QueuedEvent { event: i.event.to_string(), params: i.params }).collect());
     entity.next_fires = Some(next_fires(&s, &m, &e.state).await?);
+    if !m.limits().is_empty() {
+        let limits = s.engine().store().limit_of(e.id).await?;
+        entity.limits = Some(limits.iter().map(settle_api::EntityLimit::from).collect());
+    }
     Ok(Json(entity))
 }
 

@@ -7,6 +7,7 @@ pub mod entities;
 pub mod events;
 pub mod feed;
 pub mod lifecycle;
+pub mod limits;
 pub mod machines;
 pub mod operations;
 pub mod overview;

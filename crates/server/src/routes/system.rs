@@ -54,6 +54,7 @@ async fn metrics(State(s): State<AppState>) -> Result<Response, Problem> {
     text.push_str(&s.refusals().text());
     text.push_str(&s.streams().text());
     text.push_str(&crate::metrics::schedules_text(&s.engine().schedules().await?));
+    text.push_str(&crate::metrics::limits_text(&settle_store::Store::limit_list(s.engine().store()).await?));
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 

@@ -16,6 +16,7 @@ mod entities;
 mod feed;
 mod fleet;
 mod leases;
+mod limits;
 mod operations;
 mod prune;
 mod schedules;
@@ -51,6 +52,7 @@ pub use leases::{
     auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
     release_never_strands_events,
 };
+pub use limits::{limits_hand_slots_on_in_line, limits_survive_leases_and_commands};
 pub use operations::{hung_operations_are_marked, operations_end_when_nothing_waits_on_them};
 pub use prune::{
     pruning_never_hands_an_id_out_again, pruning_removes_every_row_an_ended_entity_left,
@@ -214,7 +216,8 @@ macro_rules! store_conformance_suite {
                 bulk_operations_start_once_lease_and_advance, commands_of_one_batch_apply_each_in_order,
                 the_feed_resumes_from_any_position_without_gaps, schedules_sync_lease_advance_and_pause,
                 versions_move_the_entities_no_engine_holds, a_deploy_is_written_whole, canceling_an_operation_stops_its_work_and_queues_the_undo,
-                a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on;
+                a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on,
+                limits_hand_slots_on_in_line, limits_survive_leases_and_commands;
             store_and_dialect: effects_are_atomic
         );
     };

@@ -30,6 +30,7 @@
 //! firing timers, where PostgreSQL skips rows other instances hold — is the dialect's
 //! [`finish`](Dialect::finish).
 
+pub(crate) mod limits;
 pub(crate) mod ops;
 pub(crate) mod prune;
 pub(crate) mod rows;
@@ -97,6 +98,13 @@ pub(crate) trait Dialect {
     /// exists is a race lost to another writer: the whole batch fails (and is retried).
     fn write(&mut self, w: &Writes) -> Result<Vec<i64>, Self::Error>;
 
+    /// Runs one of the plan's own statements, written once for both databases with `$N`
+    /// parameters ([`limits`]), and answers its rows (integer and text columns).
+    fn rows(&mut self, sql: &str, params: &[limits::Val]) -> Result<Vec<Vec<limits::Val>>, Self::Error>;
+    /// What follows a read of rows the transaction is about to change: a lock until it ends
+    /// where other writers exist (PostgreSQL), nothing where one writer is all there is.
+    const LOCK: &'static str;
+
     /// Runs a commit's application SQL (after the rest of the commit is written).
     fn user_sql(&mut self, statements: &[SqlStatement]) -> Result<Result<(), OpError>, Self::Error>;
 
@@ -148,6 +156,8 @@ enum Kind {
     Sql,
     /// A round of pruning ([`prune`]).
     Prune,
+    /// Taking the slots of concurrency limits ([`limits`]).
+    Acquire,
 }
 
 fn kind(op: &Op) -> Kind {
@@ -162,6 +172,7 @@ fn kind(op: &Op) -> Kind {
         Op::Command { .. } | Op::Cancel(_) => Kind::Commands,
         Op::TaskLease { .. } | Op::Renew { .. } | Op::MarkHung { .. } => Kind::Own,
         Op::Prune(_) => Kind::Prune,
+        Op::Acquire(_) => Kind::Acquire,
     }
 }
 
@@ -214,6 +225,7 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                 let segment: Vec<&Op> = ops[i..end].iter().collect();
                 let done = segment::apply(d, now, &segment, take.as_mut())?;
                 others_due |= done.due_now;
+                others_due |= leave_limits(d, now, &ops[i..end], &done.results)?;
                 results.extend(done.results);
                 i = end;
             }
@@ -221,6 +233,13 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                 let done = segment::apply(d, now, &[&ops[i]], None)?;
                 others_due |= done.due_now;
                 results.extend(done.results);
+                i += 1;
+            }
+            Kind::Acquire => {
+                let Op::Acquire(a) = &ops[i] else { unreachable!("an acquire") };
+                let (r, due_now) = limits::acquire(d, now, a)?;
+                others_due |= due_now;
+                results.push(r);
                 i += 1;
             }
             Kind::Prune => {
@@ -241,6 +260,7 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                 }
                 if r.is_ok() {
                     others_due |= done.due_now;
+                    others_due |= leave_limits(d, now, &ops[i..=i], std::slice::from_ref(&r))?;
                     d.release_savepoint()?;
                 } else {
                     d.rollback_savepoint()?;
@@ -259,6 +279,43 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
     let (mut claimed, next_due) = d.finish(&finish)?;
     claimed.extend(taken);
     Ok(BatchResult { results, claimed, next_due })
+}
+
+/// Gives back the limits' slots of the entities whose operations in `ops` (with their
+/// `results`) end or stop their limited actions: commits that say so
+/// ([`crate::Commit::leave_limits`]), kills, and pauses, sleeps and cancels that find no
+/// action in flight (one in flight gives its slots back with the commit that ends it).
+/// Answers whether an entity admitted meanwhile is due now.
+fn leave_limits<D: Dialect>(
+    d: &mut D,
+    now: Millis,
+    ops: &[Op],
+    results: &[Result<crate::Applied, OpError>],
+) -> Result<bool, D::Error> {
+    use crate::{Applied, CancelOutcome, Command};
+    let mut due_now = false;
+    for (op, r) in ops.iter().zip(results) {
+        let leaves = match (op, r) {
+            (Op::Commit(c), Ok(_)) if c.leave_limits => Some(c.fence.entity_id),
+            (Op::Command { command, .. }, Ok(Applied::Commanded(e))) => match command {
+                Command::Kill => Some(e.id),
+                Command::Pause | Command::Sleep { .. } if e.lease_owner.is_none() => Some(e.id),
+                _ => None,
+            },
+            (
+                Op::Cancel(_),
+                Ok(Applied::Canceled {
+                    entity,
+                    outcome: CancelOutcome::Paused | CancelOutcome::Undone { stopped: true },
+                }),
+            ) => Some(entity.id),
+            _ => None,
+        };
+        if let Some(id) = leaves {
+            due_now |= limits::leave(d, now, id)?;
+        }
+    }
+    Ok(due_now)
 }
 
 /// Drops every lease (an exclusive engine starting: whoever held them is gone), in the

@@ -16,6 +16,7 @@ use super::conn::{Failure, Recovery, pg_message, recovery};
 use super::read::{entity_from_row_at, inbox_from_row, task_from_row, timer_from_row};
 use super::stmt::{Slots, Stmt, col, ints, one, opt_ints, strings};
 use super::writer::WriterConn;
+use crate::plan::limits::Val;
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, ReadSet, Reads, Writes};
 use crate::sql::{ENTITY_COLS, TASK_COLS};
@@ -319,6 +320,36 @@ impl Dialect for Tx<'_> {
             out.error_ids = row.try_get(1)?;
         }
         Ok(out)
+    }
+
+    const LOCK: &'static str = " FOR NO KEY UPDATE";
+
+    fn rows(&mut self, sql: &str, params: &[Val]) -> R<Vec<Vec<Val>>> {
+        let bind: Vec<Box<dyn postgres::types::ToSql + Sync>> = params
+            .iter()
+            .map(|v| -> Box<dyn postgres::types::ToSql + Sync> {
+                match v {
+                    Val::Int(n) => Box::new(*n),
+                    Val::Text(s) => Box::new(s.clone()),
+                    Val::Null => Box::new(None::<i64>),
+                }
+            })
+            .collect();
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = bind.iter().map(|b| b.as_ref()).collect();
+        let rows = self.c.query(sql, &refs)?;
+        rows.iter()
+            .map(|r| {
+                (0..r.len())
+                    .map(|i| {
+                        Ok(if *r.columns()[i].type_() == postgres::types::Type::INT8 {
+                            r.try_get::<_, Option<i64>>(i)?.map_or(Val::Null, Val::Int)
+                        } else {
+                            r.try_get::<_, Option<String>>(i)?.map_or(Val::Null, Val::Text)
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     fn user_sql(&mut self, statements: &[SqlStatement]) -> R<Result<(), OpError>> {

@@ -363,6 +363,17 @@ impl Store for PgStore {
         self.on_reader(read::machine_list).await
     }
 
+    async fn limit_list(&self) -> Result<Vec<crate::LimitUsage>> {
+        self.on_reader(|c| read::all(c.query(crate::limit::LIST, &[])?, crate::limit::decode_usage)).await
+    }
+
+    async fn limit_of(&self, entity_id: i64) -> Result<Vec<crate::EntityLimit>> {
+        self.on_reader(move |c| {
+            read::all(c.query(crate::limit::OF_ENTITY, &[&entity_id])?, crate::limit::decode_entity)
+        })
+        .await
+    }
+
     async fn meta_get(&self, key: &str) -> Result<Option<String>> {
         let key = key.to_string();
         self.on_reader(move |c| read::meta_get(c, &key)).await

@@ -28,6 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (16, include_str!("../../migrations/postgres/0016_schedules.sql")),
     (17, include_str!("../../migrations/postgres/0017_counts.sql")),
     (18, include_str!("../../migrations/postgres/0018_origin.sql")),
+    (19, include_str!("../../migrations/postgres/0019_limits.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if

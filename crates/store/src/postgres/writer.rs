@@ -144,6 +144,11 @@ impl WriterConn {
         })
     }
 
+    /// Runs a query; its rows.
+    pub(crate) fn query(&mut self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, postgres::Error> {
+        Ok(self.run(&[(sql, params)], false)?.pop().unwrap_or_default())
+    }
+
     /// Runs a statement; the number of rows it changed.
     pub(crate) fn exec(&mut self, sql: &str, params: Params<'_>) -> Result<u64, postgres::Error> {
         self.prepare(std::iter::once(sql))?;

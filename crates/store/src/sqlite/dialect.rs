@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::claim;
 use super::read::{INBOX_COLS, entity_from_row, inbox_from_row, task_from_row, timer_from_row};
+use crate::plan::limits::Val;
 use crate::plan::rows::*;
 use crate::plan::{Dialect, Finish, ReadSet, Reads, Writes};
 use crate::sql::{ENTITY_COLS, TASK_COLS};
@@ -342,6 +343,34 @@ impl Dialect for Tx<'_> {
 
     fn write(&mut self, w: &Writes) -> rusqlite::Result<Vec<i64>> {
         self.write_sets(w)
+    }
+
+    const LOCK: &'static str = "";
+
+    fn rows(&mut self, sql: &str, params: &[Val]) -> rusqlite::Result<Vec<Vec<Val>>> {
+        let bind: Vec<SqlValue> = params
+            .iter()
+            .map(|v| match v {
+                Val::Int(n) => SqlValue::Integer(*n),
+                Val::Text(s) => SqlValue::Text(s.clone()),
+                Val::Null => SqlValue::Null,
+            })
+            .collect();
+        // `$N` is a name to SQLite (numbered by first appearance); `?N` is the number.
+        let mut stmt = self.0.prepare_cached(&crate::bulk::sqlite(sql))?;
+        let width = stmt.column_count();
+        let rows = stmt.query_map(rusqlite::params_from_iter(bind), |r| {
+            (0..width)
+                .map(|i| {
+                    Ok(match r.get::<_, SqlValue>(i)? {
+                        SqlValue::Integer(n) => Val::Int(n),
+                        SqlValue::Text(s) => Val::Text(s),
+                        _ => Val::Null,
+                    })
+                })
+                .collect::<rusqlite::Result<Vec<Val>>>()
+        })?;
+        rows.collect()
     }
 
     fn user_sql(&mut self, statements: &[SqlStatement]) -> rusqlite::Result<Result<(), OpError>> {

@@ -455,6 +455,24 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn limit_list(&self) -> Result<Vec<crate::LimitUsage>> {
+        self.on_reader(|c| {
+            let mut stmt = c.prepare_cached(&machine::sqlite(crate::limit::LIST)).map_err(db_err)?;
+            stmt.query_map([], |r| crate::limit::decode_usage(r)).and_then(|rows| rows.collect()).map_err(db_err)
+        })
+        .await
+    }
+
+    async fn limit_of(&self, entity_id: i64) -> Result<Vec<crate::EntityLimit>> {
+        self.on_reader(move |c| {
+            let mut stmt = c.prepare_cached(&machine::sqlite(crate::limit::OF_ENTITY)).map_err(db_err)?;
+            stmt.query_map([entity_id], |r| crate::limit::decode_entity(r))
+                .and_then(|rows| rows.collect())
+                .map_err(db_err)
+        })
+        .await
+    }
+
     async fn meta_get(&self, key: &str) -> Result<Option<String>> {
         let key = key.to_string();
         self.on_reader(move |c| {

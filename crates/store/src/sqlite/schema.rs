@@ -28,6 +28,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (18, include_str!("../../migrations/sqlite/0018_tallies.sql")),
     (19, include_str!("../../migrations/sqlite/0019_predecessors.sql")),
     (20, include_str!("../../migrations/sqlite/0020_origin.sql")),
+    (21, include_str!("../../migrations/sqlite/0021_limits.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.

@@ -273,6 +273,7 @@ pub(crate) fn apply<D: Dialect>(
             Op::Renew { ids, owner, .. } => renew = Some((ids.clone(), owner.clone())),
             Op::MarkHung { before } => open_before = Some(*before),
             Op::Prune(_) => unreachable!("a round of pruning is planned on its own (plan/prune.rs)"),
+            Op::Acquire(_) => unreachable!("an acquire is applied on its own (plan/limits.rs)"),
         }
     }
     // Operations of external creates and raises are opened with the reads; a request id
@@ -406,6 +407,7 @@ pub(crate) fn apply<D: Dialect>(
             Op::Renew { ids, owner, until } => Ok(w.renew(ids, owner, *until)),
             Op::MarkHung { before } => Ok(w.mark_hung(*before)),
             Op::Prune(_) => unreachable!("a round of pruning is planned on its own (plan/prune.rs)"),
+            Op::Acquire(_) => unreachable!("an acquire is applied on its own (plan/limits.rs)"),
         };
         answers.push(answer);
     }

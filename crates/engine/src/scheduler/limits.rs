@@ -1,0 +1,40 @@
+//! Concurrency limits in the loop: a held entity asks for its limit's slot before its auto
+//! action (`decide::Next::Acquire`), as an operation of the next batch; the answer lets it go
+//! on, or lets it go (it waits in line in the store, its lease dropped).
+
+use super::*;
+
+impl<S: Store + Clone> Scheduler<S> {
+    /// Queues the entity's ask for its slot; nothing else runs for it meanwhile.
+    pub(super) fn acquire(&mut self, id: i64, ask: Box<settle_store::Acquire>) {
+        let Some(slot) = self.held.get_mut(&id) else { return };
+        slot.running = Some(Running::Acquiring);
+        self.ops.push(Op::Acquire(ask));
+        self.pending.push(Pending::Acquire(id));
+    }
+
+    /// The answer to an entity's ask for its limit's slot: held, it goes on; waiting in
+    /// line, its lease was dropped with the ask.
+    pub(super) fn on_acquired(&mut self, id: i64, r: std::result::Result<Applied, OpError>) {
+        match r {
+            Ok(Applied::Acquired) => {
+                let Some(slot) = self.held.get_mut(&id) else { return };
+                slot.running = None;
+                slot.held.slots = true;
+                self.advance(id);
+            }
+            Ok(Applied::Waiting { limit, .. }) => {
+                crate::metrics::limit_waited(&limit);
+                self.held.remove(&id);
+            }
+            Ok(other) => unreachable!("an acquire answered with {other:?}"),
+            Err(e) => {
+                if matches!(e, OpError::LeaseLost { .. }) {
+                    crate::metrics::lease_lost();
+                }
+                tracing::warn!(entity = id, error = %e, "asking for a limit's slot failed; letting the entity go");
+                self.held.remove(&id);
+            }
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Concurrency limits: an acquire takes a free slot or waits in line, dropping its lease;
+//! the commit that ends a limited action gives its slot back and hands it to the first in
+//! line (by priority, then arrival), due at once; an expired lease keeps the slot for the
+//! entity that goes on; kill and a pause with nothing in flight give slots and places up;
+//! raising a limit admits those waiting.
+
+use super::{OWNER, T0, command, commit, get, new_entity, write};
+use crate::{Acquire, AfterCommit, Applied, Claim, Command, EntityRow, Fence, Op, OpError, SlotAsk, Store};
+
+fn ask(e: &EntityRow, owner: &str, key: &str, max: u32, priority: i64) -> Op {
+    Op::Acquire(Box::new(Acquire {
+        fence: Fence { entity_id: e.id, version: e.version, owner: owner.into() },
+        slots: vec![SlotAsk { limit: "calls".into(), key: key.into(), max }],
+        priority,
+    }))
+}
+
+/// The commit that ends `e`'s action (a transition to `done`), giving its slot back.
+fn end(e: &EntityRow) -> Op {
+    let mut c = commit(e, Some("done"), None, AfterCommit::Release);
+    c.event = None;
+    c.leave_limits = true;
+    Op::Commit(Box::new(c))
+}
+
+/// (in use, max, waiting) of `calls` for `key`; zeros when nothing is in use or waiting.
+async fn usage<S: Store>(store: &S, key: &str) -> (u64, u64, u64) {
+    let all = store.limit_list().await.unwrap();
+    all.iter().find(|u| u.limit == "calls" && u.key == key).map_or((0, 0, 0), |u| (u.in_use, u.max, u.waiting))
+}
+
+/// Entities `keys`, all due at once, claimed by `OWNER`.
+async fn claimed<S: Store>(store: &S, keys: &[&str]) -> Vec<EntityRow> {
+    let ops = keys.iter().map(|k| Op::Create(new_entity(k, "working", Some(T0)))).collect();
+    write(store, T0, ops, false).await;
+    let r = write(store, T0, vec![], true).await;
+    keys.iter().map(|k| r.claimed.iter().find(|c| c.entity.key == *k).expect("claimed").entity.clone()).collect()
+}
+
+/// Slots are taken while free, per key value; the rest wait in line (priority, then
+/// arrival), handed the slot by the commit that frees it; `max` follows the definition.
+pub async fn limits_hand_slots_on_in_line<S: Store>(store: S) {
+    let e = claimed(&store, &["a", "b", "c", "d", "x"]).await;
+    let (a, b, c, d, x) = (&e[0], &e[1], &e[2], &e[3], &e[4]);
+    // Two slots for key `eu`: a and b take them; c waits, then d (ahead of c by priority).
+    let r = write(
+        &store,
+        T0 + 1,
+        vec![
+            ask(a, OWNER, "eu", 2, 0),
+            ask(b, OWNER, "eu", 2, 0),
+            ask(c, OWNER, "eu", 2, 0),
+            ask(d, OWNER, "eu", 2, 5),
+        ],
+        false,
+    )
+    .await;
+    let waiting = Applied::Waiting { limit: "calls".into(), key: "eu".into() };
+    assert_eq!(r.results, [Ok(Applied::Acquired), Ok(Applied::Acquired), Ok(waiting.clone()), Ok(waiting.clone())]);
+    assert_eq!(usage(&store, "eu").await, (2, 2, 2));
+    // Another key value has slots of its own.
+    let r = write(&store, T0 + 1, vec![ask(x, OWNER, "us", 2, 0)], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired));
+    // A waiting entity's lease is dropped and it is not due: no claim takes it.
+    let cw = get(&store, "c").await;
+    assert_eq!((cw.lease_owner, cw.due_at), (None, None));
+    let place = |id| {
+        let store = &store;
+        async move { store.limit_of(id).await.unwrap().into_iter().map(|l| (l.place, l.in_use, l.max)).collect::<Vec<_>>() }
+    };
+    assert_eq!(place(d.id).await, [(Some(1), 2, 2)], "the higher priority is first in line");
+    assert_eq!(place(c.id).await, [(Some(2), 2, 2)]);
+    assert_eq!(place(a.id).await, [(None, 2, 2)], "a holds a slot");
+    // Asking again changes nothing: a keeps its slot, c its place.
+    let r = write(&store, T0 + 2, vec![ask(a, OWNER, "eu", 2, 0)], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired));
+    assert_eq!(usage(&store, "eu").await, (2, 2, 2));
+    // A stale fence is refused.
+    let r = write(&store, T0 + 2, vec![ask(a, "engine-b", "eu", 2, 0)], false).await;
+    assert_eq!(r.results[0], Err(OpError::LeaseLost { entity_id: a.id }));
+    // a's action ends: its slot goes to d (first in line), due at once and claimed by the
+    // same batch.
+    let r = write(&store, T0 + 3, vec![end(a)], true).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results[0]);
+    let keys: Vec<&str> = r.claimed.iter().map(|c| c.entity.key.as_str()).collect();
+    assert_eq!(keys, ["d"], "the admitted entity is due now");
+    assert_eq!(usage(&store, "eu").await, (2, 2, 1));
+    assert_eq!(place(d.id).await, [(None, 2, 2)], "d holds the slot a gave back");
+    let d = r.claimed[0].entity.clone();
+    let r = write(&store, T0 + 4, vec![ask(&d, OWNER, "eu", 2, 5)], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired), "d's ask finds its slot held");
+    assert_eq!(usage(&store, "eu").await, (2, 2, 1));
+    // Raising the limit admits c at once.
+    let r = write(&store, T0 + 5, vec![ask(b, OWNER, "eu", 3, 0)], true).await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired));
+    assert_eq!(r.claimed.iter().map(|c| c.entity.key.as_str()).collect::<Vec<_>>(), ["c"]);
+    assert_eq!(usage(&store, "eu").await, (3, 3, 0));
+    // Lowering it takes no slot away: those holding them finish; nobody new starts until
+    // fewer than the new max are in use.
+    let c = r.claimed[0].clone().entity;
+    let r = write(&store, T0 + 6, vec![ask(&c, OWNER, "eu", 1, 0)], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired), "c holds its slot already");
+    assert_eq!(usage(&store, "eu").await, (3, 1, 0));
+    for e in [b, &d, &c] {
+        let now = get(&store, &e.key).await;
+        write(&store, T0 + 7, vec![end(&now)], false).await;
+    }
+    assert_eq!(usage(&store, "eu").await, (0, 0, 0), "every slot came back");
+    assert!(store.limit_list().await.unwrap().iter().all(|u| u.key != "eu"));
+    let _ = x;
+}
+
+/// An expired lease keeps the slot for the entity that goes on; kill gives it back; a pause
+/// of a waiting entity gives up its place; events still reach a waiting entity.
+pub async fn limits_survive_leases_and_commands<S: Store>(store: S) {
+    let e = claimed(&store, &["a", "b", "c"]).await;
+    let (a, b, c) = (&e[0], &e[1], &e[2]);
+    let r =
+        write(&store, T0 + 1, vec![ask(a, OWNER, "", 1, 0), ask(b, OWNER, "", 1, 0), ask(c, OWNER, "", 1, 0)], false)
+            .await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired));
+    assert_eq!(usage(&store, "").await, (1, 1, 2));
+    // a's lease expires (its engine died mid-action): another engine claims it and finds its
+    // slot still held — the slot went nowhere, so nobody else started meanwhile.
+    let other = Claim::new("engine-b", 30_000, 100);
+    let r = store.write(crate::Batch { now: T0 + 40_000, ops: vec![], claim: Some(other) }).await.unwrap();
+    let keys: Vec<&str> = r.claimed.iter().map(|c| c.entity.key.as_str()).collect();
+    assert_eq!(keys, ["a"], "waiting entities are not due; the expired lease is");
+    let a2 = r.claimed[0].entity.clone();
+    let r = write(&store, T0 + 40_001, vec![ask(&a2, "engine-b", "", 1, 0)], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired));
+    assert_eq!(usage(&store, "").await, (1, 1, 2));
+    // Killing the holder gives its slot to b; pausing c (waiting, not leased) gives up its
+    // place.
+    let r = write(&store, T0 + 40_002, vec![command("a", Command::Kill), command("c", Command::Pause)], true).await;
+    assert!(r.results.iter().all(Result::is_ok), "{:?}", r.results);
+    assert_eq!(r.claimed.iter().map(|c| c.entity.key.as_str()).collect::<Vec<_>>(), ["b"]);
+    assert_eq!(usage(&store, "").await, (1, 1, 0));
+    assert!(store.limit_of(c.id).await.unwrap().is_empty(), "paused: out of line");
+    // Resumed, c asks again and waits behind nobody: b holds the one slot.
+    let r = write(&store, T0 + 40_003, vec![command("c", Command::Resume)], true).await;
+    let c2 = r.claimed.iter().find(|x| x.entity.key == "c").expect("resumed: due").entity.clone();
+    let r = write(&store, T0 + 40_004, vec![ask(&c2, OWNER, "", 1, 0)], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Waiting { limit: "calls".into(), key: "".into() }));
+    // An event for a waiting entity makes it due (events run while it waits); asking again
+    // keeps its place.
+    let mut go = super::push("c", "go");
+    go.request_id = Some("req-wake".into());
+    let r = write(&store, T0 + 40_005, vec![Op::Push(go)], true).await;
+    let c3 = r.claimed.iter().find(|x| x.entity.key == "c").expect("an event: due").entity.clone();
+    let r = write(&store, T0 + 40_006, vec![ask(&c3, OWNER, "", 1, 0)], false).await;
+    assert!(matches!(r.results[0], Ok(Applied::Waiting { .. })));
+    assert_eq!(usage(&store, "").await, (1, 1, 1));
+    let e = get(&store, "c").await;
+    assert_eq!((e.lease_owner.as_deref(), e.due_at), (None, Some(T0 + 40_006)), "its event is still queued");
+}
