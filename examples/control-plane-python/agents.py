@@ -7,7 +7,9 @@ events to raise), committed with the entity's transition.
 - queue `provider`: the resources' provider calls (`provision`, `deprovision`), against a
   simulated provider: each call takes `min_ms`..`max_ms`, fails transiently at
   `transient_rate` (the action runs again after a backoff) and, for a provisioning, fails
-  for good at `fail_rate` (the resource ends `failed`, which undoes its server).
+  for good at `fail_rate` (the resource ends `failed`, which undoes its server). It counts
+  the calls running at once per region (a resource's `region` property) and notes every
+  time it sees more than `region_limit`.
 
 The draws are deterministic per entity, state entry and attempt, so a run with the same
 seed decides alike whatever order the tasks come in.
@@ -16,9 +18,10 @@ seed decides alike whatever order the tasks come in.
 from __future__ import annotations
 
 import random
+import threading
 import time
-from dataclasses import dataclass
-from typing import List
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 from settle import Agent, Client, Outcome, Task
 
@@ -38,11 +41,30 @@ class Provider:
     min_ms: int = 5
     max_ms: int = 50
     seed: int = 1
+    # At most this many calls at once per region, as the machines' limit promises (`None`:
+    # no promise to check).
+    region_limit: Optional[int] = None
+    running: Dict[str, int] = field(default_factory=dict)
+    most: Dict[str, int] = field(default_factory=dict)
+    over: List[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def call(self, task: Task, can_fail: bool) -> str:
         """One provider call for `task`: `ok`, `transient` or `fatal`."""
         draw = random.Random(f"{self.seed}/{task.machine}/{task.key}/{task.state}/{task.retry}/{task.attempt}")
-        time.sleep(draw.randint(self.min_ms, max(self.min_ms, self.max_ms)) / 1000.0)
+        region = str(task.properties.get("region", ""))
+        with self.lock:
+            now = self.running.get(region, 0) + 1
+            self.running[region] = now
+            self.most[region] = max(self.most.get(region, 0), now)
+            if self.region_limit is not None and now > self.region_limit:
+                self.over.append(f"{now} calls at once in region {region!r} ({task.machine} {task.key}), "
+                                 f"over the limit of {self.region_limit}")
+        try:
+            time.sleep(draw.randint(self.min_ms, max(self.min_ms, self.max_ms)) / 1000.0)
+        finally:
+            with self.lock:
+                self.running[region] -= 1
         x = draw.random()
         if can_fail and x < self.fail_rate:
             return "fatal"
@@ -67,7 +89,7 @@ def control_agent(client: Client, name: str = "control") -> Agent:
         # alias wait for the resource before them.
         out = Outcome.to("creating_resources")
         for kind in RESOURCES:
-            props = {"server": task.key}
+            props = {"server": task.key, "region": task.properties.get("region", "")}
             if kind in NEXT:
                 props["next"] = NEXT[kind]
             out.create(kind, f"{task.key}-{kind}", props, event="start" if kind in STARTED_AT_ONCE else None)

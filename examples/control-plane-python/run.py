@@ -47,6 +47,8 @@ from agents import RESOURCES, Provider, all_agents  # noqa: E402
 from settle import Client, Problem, Unreachable  # noqa: E402
 
 MACHINES = ("server",) + RESOURCES
+# The regions servers are spread over (round robin), each resource in its server's.
+REGIONS = ("eu", "us", "ap")
 # States an entity may rest in, by machine: anything else is mid-workflow.
 AT_REST = {"server": {"ready", "failed", "gone"}, **{kind: {"waiting", "ready", "gone"} for kind in RESOURCES}}
 
@@ -68,8 +70,13 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the servers at most (default %(default)s)")
     p.add_argument("--settle", default=os.environ.get("SETTLE", str(REPO / "target" / "release" / "settle")),
                    help="the settle binary (env SETTLE; default target/release/settle)")
+    p.add_argument("--region-limit", type=int, default=None,
+                   help="at most N provider calls at once per region: the resources' machines declare it as a "
+                        "concurrency limit, and the run fails if the provider ever sees more (default: no limit)")
     p.add_argument("--verbose", action="store_true", help="log every task the agents run")
     args = p.parse_args(argv)
+    if args.region_limit is not None and args.region_limit < 1:
+        p.error("--region-limit must be at least 1")
     if args.servers < 1:
         p.error("--servers must be at least 1")
     if not (0.0 <= args.fail_rate < 1.0 and 0.0 <= args.transient_rate < 1.0) or args.fail_rate + args.transient_rate >= 1.0:
@@ -82,13 +89,13 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
 class Serve:
     """`settle serve` on a free local port, its log in a temporary file; stopped with SIGTERM."""
 
-    def __init__(self, binary: str, db: str) -> None:
+    def __init__(self, binary: str, db: str, machines: Path) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.log = tempfile.NamedTemporaryFile(prefix="settle-serve-", suffix=".log", delete=False)
-        cmd = [binary, "serve", "--machines", str(HERE / "machines"), "--db", db, "--listen", f"127.0.0.1:{port}"]
+        cmd = [binary, "serve", "--machines", str(machines), "--db", db, "--listen", f"127.0.0.1:{port}"]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def wait_ready(self, client: Client, limit: float = 60.0) -> None:
@@ -117,6 +124,22 @@ class Serve:
                 self.proc.kill()
                 self.proc.wait()
         os.unlink(self.log.name)
+
+
+def limited_machines(limit: int, into: Path) -> Path:
+    """The machines of `machines/`, each resource's provider calls (`provisioning`,
+    `deleting`) limited to `limit` at once per region: one limit the four machines share."""
+    into.mkdir(parents=True, exist_ok=True)
+    for path in (HERE / "machines").glob("*.toml"):
+        text = path.read_text()
+        if path.stem in RESOURCES:
+            # `properties` is a top-level key: before the first table.
+            head, _, rest = text.partition("\n[")
+            text = (f'{head}\nproperties = ["region"]\n\n[{rest}'
+                    f'\n[limits.provider_calls]\nstates = ["provisioning", "deleting"]\nmax = {limit}\n'
+                    f'key = "props.region"\n')
+        (into / path.name).write_text(text)
+    return into
 
 
 def entities(client: Client, machine: str) -> List[Dict]:
@@ -201,13 +224,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(threadName)s %(message)s")
     started = time.monotonic()
-    serve = Serve(args.settle, args.db)
+    scratch = tempfile.TemporaryDirectory(prefix="settle-cp-")
+    machines = HERE / "machines"
+    if args.region_limit is not None:
+        machines = limited_machines(args.region_limit, Path(scratch.name) / "machines")
+    serve = Serve(args.settle, args.db, machines)
     client = Client(serve.url)
     agents = []
     try:
         serve.wait_ready(client)
         say(f"settle serve at {serve.url}, database {args.db}")
-        provider = Provider(fail_rate=args.fail_rate, transient_rate=args.transient_rate, seed=args.seed)
+        provider = Provider(fail_rate=args.fail_rate, transient_rate=args.transient_rate, seed=args.seed,
+                            region_limit=args.region_limit)
         agents = all_agents(client, provider)
         threads = [threading.Thread(target=a.run, kwargs={"handle_signals": False}, daemon=True) for a in agents]
         for t in threads:
@@ -220,7 +248,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         def create(key: str) -> None:
             # The request ids make both calls safe to repeat after a lost answer.
-            client.create("server", key, request_id=f"create-{key}")
+            region = REGIONS[int(key.rsplit("-", 1)[1]) % len(REGIONS)]
+            client.create("server", key, {"region": region}, request_id=f"create-{key}")
             client.raise_event("server", key, "create", request_id=f"create-event-{key}")
 
         with ThreadPoolExecutor(16) as pool:
@@ -241,7 +270,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             say(f"deleting {len(deleted)} servers")
             wait_for_rest(client, sorted(deleted), {"gone"}, deadline, "delete")
 
-        problems = check(client, keys, deleted)
+        problems = check(client, keys, deleted) + provider.over[:5]
         result = {
             "servers": args.servers,
             "fail_rate": args.fail_rate,
@@ -249,6 +278,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "counts": counts(client),
             "agents": {a.queue: a.counts for a in agents},
             "seconds": round(time.monotonic() - started, 1),
+            "region_limit": args.region_limit,
+            "most_calls_at_once": dict(sorted(provider.most.items())),
             "ok": not problems,
             "problems": problems[:20],
         }
@@ -264,6 +295,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for a in agents:
             a.stop()
         serve.stop()
+        scratch.cleanup()
 
 
 if __name__ == "__main__":

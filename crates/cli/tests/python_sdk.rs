@@ -1,6 +1,7 @@
 //! Agents without Rust (DESIGN §5): the Python package `sdks/python` passes its own tests
 //! against this build's `settle serve`, and the reference control plane built with it
-//! (`examples/control-plane-python`: TOML machines and Python agents only) brings 50
+//! (`examples/control-plane-python`: TOML machines and Python agents only), its provider
+//! calls limited to two at once per region, brings 50
 //! logical servers to rest, a fifth of their provisionings failing for good and half of
 //! them deleted afterwards, as its `run.py` checks from the store.
 //!
@@ -40,7 +41,8 @@ fn the_control_plane_without_rust_brings_every_server_to_rest() {
     let db = dir.path().join("cp.db");
     let out = Command::new("python3")
         .arg(repo().join("examples/control-plane-python/run.py"))
-        .args(["--servers", "50", "--fail-rate", "0.2", "--delete-half", "--timeout", "300", "--db"])
+        .args(["--servers", "50", "--fail-rate", "0.2", "--delete-half", "--timeout", "300", "--region-limit", "2"])
+        .arg("--db")
         .arg(&db)
         .env("SETTLE", env!("CARGO_BIN_EXE_settle"))
         .env_remove("PYTHONPATH")
@@ -58,6 +60,12 @@ fn the_control_plane_without_rust_brings_every_server_to_rest() {
     // With a fifth of the provisionings failing, both endings must have happened, or the
     // run proves less than it says.
     assert!(count("failed") > 0 && count("ready") > 0, "{result}");
+    // The provider never saw more than 2 calls of a region at once (run.py fails the run
+    // otherwise), and the limit bound: some region had 2.
+    let most = result["most_calls_at_once"].as_object().unwrap_or_else(|| panic!("{result}"));
+    assert_eq!(most.len(), 3, "three regions: {result}");
+    assert!(most.values().all(|n| n.as_u64().unwrap() <= 2), "{result}");
+    assert!(most.values().any(|n| n.as_u64() == Some(2)), "the limit never bound: {result}");
     for kind in ["app", "database", "alias", "dns"] {
         let states = result["counts"][kind].as_object().unwrap_or_else(|| panic!("no {kind}: {result}"));
         let total: u64 = states.values().map(|v| v.as_u64().unwrap()).sum();

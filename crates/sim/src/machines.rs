@@ -10,7 +10,8 @@
 //!   with a timeout, and `any(*) in [broken]`) are evaluated with some successors done and
 //!   some not; an `aworker`'s agent reports its whole outcome when done: it creates a
 //!   `receipt` (its successor) and raises `heard` on its crowd, whose declarative internal
-//!   action counts them with an expression;
+//!   action counts them with an expression; at most [`CROWD_CALLS`] workers of either kind
+//!   work at once (a concurrency limit they share);
 //! - `relay` and `job` (built-in): a sync nested event, in worlds of one node.
 
 use std::time::Duration;
@@ -98,9 +99,14 @@ fn receipt() -> Machine {
         .expect("the receipt machine is valid")
 }
 
-/// A worker of a crowd: `working` → `done` | `broken` | `working` again; `agent`: its
-/// action executed by an agent of [`CROWD_QUEUE`].
-fn worker(name: &str, agent: bool) -> Machine {
+/// How many workers of every crowd work at once: `worker` and `aworker` share the limit
+/// `crowd_calls`, so in-process actions and agents' tasks wait for each other's slots.
+pub(crate) const CROWD_CALLS: u32 = 2;
+
+/// A worker of a crowd: `working` → `done` | `broken` | `working` again, at most
+/// [`CROWD_CALLS`] at once among all workers; `agent`: its action executed by an agent of
+/// [`CROWD_QUEUE`].
+pub(crate) fn worker(name: &str, agent: bool) -> Machine {
     let b = MachineBuilder::new(name)
         .state("working")
         .initial()
@@ -114,7 +120,14 @@ fn worker(name: &str, agent: bool) -> Machine {
     } else {
         b
     };
-    b.build().expect("the worker machine is valid")
+    b.limit(settle_core::limits::LimitDef {
+        name: "crowd_calls".into(),
+        states: vec!["working".into()],
+        max: Some(CROWD_CALLS),
+        ..Default::default()
+    })
+    .build()
+    .expect("the worker machine is valid")
 }
 
 /// Binds `crowd`, `worker` and `aworker`. A crowd creates its `workers` property's number

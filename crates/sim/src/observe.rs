@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::backend::{Observer, Param, Val};
-use crate::checker::{End, Fired, HistoryRow, Seen, Stored};
+use crate::checker::{End, Fired, HistoryRow, HoldSeen, Seen, SlotSeen, Stored};
 
 /// What the store holds after a batch write at `now`: history rows after `after`, and the
 /// rest whole.
@@ -70,7 +70,36 @@ pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<S
         .next()
         .map(|r| (r[0].text(), r[1].text(), r[2].text()));
     let present = Some(o.rows("SELECT id FROM entities", &[]).await?.iter().map(|r| r[0].int()).collect());
-    Ok(Seen { history, fired, events, edges, hook_twice, present, now })
+    let slots = o
+        .rows(
+            "SELECT s.name, s.key, s.in_use, s.max, \
+                (SELECT COUNT(*) FROM limit_holds h WHERE h.name = s.name AND h.key = s.key), \
+                (SELECT COUNT(*) FROM limit_waiters w WHERE w.name = s.name AND w.key = s.key) \
+             FROM limit_slots s ORDER BY s.name, s.key",
+            &[],
+        )
+        .await?
+        .into_iter()
+        .map(|r| SlotSeen {
+            limit: r[0].text(),
+            key: r[1].text(),
+            in_use: r[2].int(),
+            max: r[3].int(),
+            holds: r[4].int(),
+            waiting: r[5].int(),
+        })
+        .collect();
+    let holds = o
+        .rows(
+            "SELECT h.name, h.entity_id, e.state, h.task_id FROM limit_holds h JOIN entities e ON e.id = h.entity_id \
+             ORDER BY h.entity_id",
+            &[],
+        )
+        .await?
+        .into_iter()
+        .map(|r| HoldSeen { limit: r[0].text(), entity_id: r[1].int(), state: r[2].text(), task: r[3].int() })
+        .collect();
+    Ok(Seen { history, fired, events, edges, hook_twice, present, now, slots, holds })
 }
 
 /// A row of some table that belongs to an entity no longer in the store: (table, entity id).
@@ -165,7 +194,19 @@ pub(crate) async fn end(o: &Observer, now: i64) -> anyhow::Result<End> {
             .collect();
         done_charts.push((key, ran));
     }
-    Ok(End { processed, killed, open_operations, queued, due_timers, done_charts })
+    let limited = o
+        .rows(
+            "SELECT e.machine, e.key, 'holds a slot of ' || h.name FROM limit_holds h JOIN entities e ON e.id = h.entity_id \
+             WHERE h.task_id = 0 OR h.until > $1 \
+             UNION ALL \
+             SELECT e.machine, e.key, 'waits for ' || w.name FROM limit_waiters w JOIN entities e ON e.id = w.entity_id",
+            &[Param::I(now)],
+        )
+        .await?
+        .iter()
+        .map(|r| (name(r, 0, 1), r[2].text()))
+        .collect();
+    Ok(End { processed, killed, open_operations, queued, due_timers, done_charts, limited })
 }
 
 /// Entities an operator or the fault policy stopped (paused, sleeping, backing off,

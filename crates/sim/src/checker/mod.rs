@@ -19,6 +19,8 @@
 //! - **every agent report answered as the protocol says**: applied once, replayed, or
 //!   refused for the right reason ([`agents`]);
 //! - **effects land once, with their transition** (a chart's entry and exit rows);
+//! - **never over a concurrency limit, no slot idle while work waits, a limited action
+//!   runs under a slot, slots come back** ([`limits`]);
 //! - **pruning removes only what retention lets go, whole**: an entity gone from the store
 //!   had been in an end state of its machine for at least that state's retention, and no
 //!   table keeps a row of it ([`history::Entities::pruned`]; the world reads the orphans).
@@ -26,11 +28,12 @@
 //!   it out from then on.
 //!
 //! At rest ([`Checker::end`]): every acknowledged event processed, every operation ended,
-//! no event queued, no timer past due, every chart that reached `done` ran each entry and
+//! no event queued, no timer past due, no slot of a limit held or waited for, every chart that reached `done` ran each entry and
 //! exit action once, and every subscription whose pattern holds fired.
 
 mod agents;
 mod history;
+mod limits;
 mod subscriptions;
 mod timers;
 
@@ -45,6 +48,8 @@ use settle_core::retention::Keep;
 
 pub(crate) use agents::{Agents, Answer, Stored};
 use history::Entities;
+use limits::Limits;
+pub(crate) use limits::{HoldSeen, SlotSeen};
 use subscriptions::Subscriptions;
 use timers::Timers;
 
@@ -101,6 +106,10 @@ pub(crate) struct Seen {
     /// The ids of every entity in the store: one the checker knows that is missing was
     /// pruned (`None`: not read).
     pub(crate) present: Option<HashSet<i64>>,
+    /// Every concurrency limit's key values as stored.
+    pub(crate) slots: Vec<SlotSeen>,
+    /// Every slot held, with its holder's state.
+    pub(crate) holds: Vec<HoldSeen>,
     /// When the batch was written.
     pub(crate) now: i64,
 }
@@ -120,6 +129,8 @@ pub(crate) struct End {
     pub(crate) due_timers: Vec<(String, String, i64)>,
     /// Charts in `done` with the (hook, state) rows their entry and exit actions wrote.
     pub(crate) done_charts: Vec<(String, Vec<(String, String)>)>,
+    /// Entities holding a slot of a limit, or waiting for one: (`machine/key`, which).
+    pub(crate) limited: Vec<(String, String)>,
 }
 
 /// An event the store acknowledged (its inbox id).
@@ -150,6 +161,7 @@ pub(crate) struct Checker {
     pub(crate) entities: Entities,
     timers: Timers,
     subscriptions: Subscriptions,
+    limits: Limits,
     pub(crate) agents: Agents,
     /// Who committed each (entity, version).
     pub(crate) landed: HashMap<(i64, i64), String>,
@@ -177,6 +189,7 @@ impl Checker {
             entities: Entities::default(),
             timers: Timers::new(machines),
             subscriptions: Subscriptions::new(machines),
+            limits: Limits::new(machines),
             agents: Agents::default(),
             landed: HashMap::new(),
             leases: HashMap::new(),
@@ -254,6 +267,7 @@ impl Checker {
         self.entities.processed_once(&seen.events).map_err(fail)?;
         self.timers.check(&seen.fired, &self.entities).map_err(fail)?;
         self.subscriptions.settle(&seen.edges, &seen.fired, &self.entities).map_err(fail)?;
+        self.limits.check(&seen.history, &seen.slots, &seen.holds, &self.entities).map_err(fail)?;
         if let Some((key, hook, state)) = &seen.hook_twice {
             let name = format!("chart/{key}");
             return Err(fail((format!("{name}: `{hook}` of `{state}` ran into the store twice"), vec![name])));
@@ -300,6 +314,7 @@ impl Checker {
         if let Some((name, event, due)) = end.due_timers.first() {
             return Err(fail(format!("{name}: its timer of `{event}` (due {due}) never fired"), name.clone()));
         }
+        Limits::at_rest(&end.limited).map_err(|(what, entities)| Violation { step, what, entities })?;
         self.subscriptions.at_rest(&self.entities, &end.killed).map_err(|(what, entities)| Violation {
             step,
             what,

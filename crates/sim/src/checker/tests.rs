@@ -53,6 +53,8 @@ fn seen(history: Vec<HistoryRow>, fired: Vec<Fired>, events: &[(i64, i64)], edge
         hook_twice: None,
         present: None,
         now: 0,
+        slots: Vec::new(),
+        holds: Vec::new(),
     }
 }
 
@@ -356,4 +358,74 @@ fn an_entity_pruned_while_live_or_before_its_retention_is_caught() {
         c.seen(2, &gone_child),
         "fanchild/f-0: gone from the store while fanparent/f (linked to it) is live in `waiting`",
     );
+}
+
+#[test]
+fn a_limit_exceeded_a_slot_left_idle_or_an_action_without_its_slot_is_caught() {
+    let w = || vec![Arc::new(crate::machines::worker("worker", false))];
+    let slot = |in_use, holds, waiting| SlotSeen {
+        limit: "crowd_calls".into(),
+        key: String::new(),
+        in_use,
+        max: 2,
+        holds,
+        waiting,
+    };
+    let hold = |entity: i64, state: &str| HoldSeen {
+        limit: "crowd_calls".into(),
+        entity_id: entity,
+        state: state.into(),
+        task: 0,
+    };
+    let batch = |history: Vec<HistoryRow>, slots: Vec<SlotSeen>, holds: Vec<HoldSeen>| Seen {
+        slots,
+        holds,
+        ..seen(history, vec![], &[], &[])
+    };
+    let created = || {
+        let mut c = Checker::new(&w());
+        let rows = vec![
+            row(1, 1, "worker/a", None, Some("working"), "create", None, 0),
+            row(2, 2, "worker/b", None, Some("working"), "create", None, 0),
+            row(3, 3, "worker/c", None, Some("working"), "create", None, 0),
+        ];
+        // a and b take the two slots; c waits.
+        assert!(c.seen(1, &batch(rows, vec![slot(2, 2, 1)], vec![hold(1, "working"), hold(2, "working")])).is_ok());
+        c
+    };
+    // A correct run: a's action ends under its slot, which goes to c at once.
+    let mut c = created();
+    let done = vec![row(4, 1, "worker/a", Some("working"), Some("done"), "auto", None, 5)];
+    assert!(c.seen(2, &batch(done, vec![slot(2, 2, 0)], vec![hold(2, "working"), hold(3, "working")])).is_ok());
+    // Over the limit: a third holder.
+    fails(
+        created().seen(
+            2,
+            &batch(vec![], vec![slot(3, 3, 0)], vec![hold(1, "working"), hold(2, "working"), hold(3, "working")]),
+        ),
+        "over its limit, 3 hold a slot of 2",
+    );
+    // The count drifting from the holders (a slot given back twice, or never).
+    fails(created().seen(2, &batch(vec![], vec![slot(1, 2, 1)], vec![])), "counts 1 in use, but 2 hold a slot");
+    // A slot given back but not handed on: idle while c waits.
+    let done = vec![row(4, 1, "worker/a", Some("working"), Some("done"), "auto", None, 5)];
+    fails(
+        created().seen(2, &batch(done, vec![slot(1, 1, 1)], vec![hold(2, "working")])),
+        "a slot is free (1 of 2 in use) while 1 wait in line",
+    );
+    // c's action ran although it waited (no slot seen before its end).
+    let ran = vec![row(4, 3, "worker/c", Some("working"), Some("done"), "auto", None, 5)];
+    fails(
+        created().seen(2, &batch(ran, vec![slot(2, 2, 0)], vec![hold(1, "working"), hold(2, "working")])),
+        "worker/c: its action in `working` ended (history 4, auto) without a slot of `crowd_calls` held before",
+    );
+    // a left its state without giving its slot back.
+    let done = vec![row(4, 1, "worker/a", Some("working"), Some("done"), "auto", None, 5)];
+    fails(
+        created().seen(2, &batch(done, vec![slot(2, 2, 1)], vec![hold(1, "done"), hold(2, "working")])),
+        "worker/a: holds a slot of `crowd_calls` in state `done`, which it does not limit",
+    );
+    // At rest, someone still in line.
+    let end = End { limited: vec![("worker/c".into(), "waits for crowd_calls".into())], ..End::default() };
+    fails(created().end(9, &end), "worker/c: at rest, still waits for crowd_calls");
 }

@@ -9,13 +9,20 @@ CREATE TABLE limit_slots (
     max    BIGINT NOT NULL,
     PRIMARY KEY (name, key)
 );
+-- A hold is the entity's own (task_id 0), or, once the entity left the state while an
+-- agent's task of it was leased, that task's until its lock runs out or its agent answers:
+-- the call is still in flight.
 CREATE TABLE limit_holds (
     entity_id BIGINT NOT NULL,
     name      TEXT   NOT NULL,
     key       TEXT   NOT NULL,
     since     BIGINT NOT NULL,
-    PRIMARY KEY (entity_id, name)
+    task_id   BIGINT NOT NULL DEFAULT 0,
+    until     BIGINT,
+    PRIMARY KEY (entity_id, name, task_id)
 );
+CREATE INDEX limit_holds_task ON limit_holds (task_id) WHERE task_id <> 0;
+CREATE INDEX limit_holds_slot ON limit_holds (name, key) WHERE task_id <> 0;
 -- Waiting work is admitted by priority, then in arrival order: the index is that order.
 CREATE TABLE limit_waiters (
     seq       BIGSERIAL PRIMARY KEY,

@@ -154,3 +154,95 @@ pub async fn limits_survive_leases_and_commands<S: Store>(store: S) {
     let e = get(&store, "c").await;
     assert_eq!((e.lease_owner.as_deref(), e.due_at), (None, Some(T0 + 40_006)), "its event is still queued");
 }
+
+/// A slot taken for an agent's task stays with it through a pause (the agent's call is in
+/// flight; its report gives it back), while a pause of an entity with nothing in flight
+/// gives its slot back at once.
+pub async fn limits_stay_with_an_agent_task_through_a_pause<S: Store>(store: S) {
+    let e = claimed(&store, &["a", "b"]).await;
+    let (a, b) = (&e[0], &e[1]);
+    let r = write(&store, T0 + 1, vec![ask(a, OWNER, "", 2, 0), ask(b, OWNER, "", 2, 0)], false).await;
+    assert!(r.results.iter().all(|r| *r == Ok(Applied::Acquired)), "{:?}", r.results);
+    // a's task is offered (the entity's lease dropped); b's action has not started.
+    let mut offer = commit(a, None, None, AfterCommit::Release);
+    offer.event = None;
+    offer.offer =
+        Some(crate::TaskOffer { queue: "q".into(), action: "work".into(), lock_ms: 10_000, available_at: T0 + 1 });
+    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(offer))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results);
+    let release = Op::Release(Fence { entity_id: b.id, version: b.version, owner: OWNER.into() });
+    write(&store, T0 + 3, vec![release], false).await;
+    let r = write(&store, T0 + 4, vec![command("a", Command::Pause), command("b", Command::Pause)], false).await;
+    assert!(r.results.iter().all(Result::is_ok), "{:?}", r.results);
+    assert_eq!(usage(&store, "").await, (1, 2, 0), "a's slot stays with its task; b's came back");
+    assert_eq!(store.limit_of(a.id).await.unwrap().len(), 1);
+    assert!(store.limit_of(b.id).await.unwrap().is_empty());
+}
+
+/// An entity that leaves its state while an agent holds its task (an event moved it on, or
+/// a kill): the agent's call is still in flight, so the task keeps the slot — the next in
+/// line waits — until the agent answers (its report refused as canceled) or its lock runs
+/// out; the entity itself, needing the slot again, waits for its own call first.
+pub async fn limits_stay_with_a_call_in_flight<S: Store>(store: S) {
+    let e = claimed(&store, &["a", "b"]).await;
+    let (a, b) = (&e[0], &e[1]);
+    let r = write(&store, T0 + 1, vec![ask(a, OWNER, "", 1, 0), ask(b, OWNER, "", 1, 0)], false).await;
+    assert_eq!(r.results[1], Ok(Applied::Waiting { limit: "calls".into(), key: "".into() }));
+    let mut offer = commit(a, None, None, AfterCommit::Hold);
+    offer.event = None;
+    offer.offer =
+        Some(crate::TaskOffer { queue: "q".into(), action: "work".into(), lock_ms: 10_000, available_at: T0 + 1 });
+    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(offer))], false).await;
+    let Ok(Applied::Committed { version, .. }) = r.results[0] else { panic!("{:?}", r.results) };
+    let lease = Op::TaskLease { queue: "q".into(), agent: "agent-1".into(), limit: 1, token_prefix: "t-".into() };
+    let r = write(&store, T0 + 3, vec![lease], false).await;
+    let Ok(Applied::Leased(tasks)) = &r.results[0] else { panic!("{:?}", r.results) };
+    let task = tasks[0].clone();
+    // An event moves a on while the agent works: the task is canceled, its slot kept.
+    let a = EntityRow { version, ..get(&store, "a").await };
+    let mut moved = commit(&a, Some("elsewhere"), None, AfterCommit::Hold);
+    moved.leave_limits = true;
+    let r = write(&store, T0 + 4, vec![Op::Commit(Box::new(moved))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results);
+    assert_eq!(usage(&store, "").await, (1, 1, 1), "the call in flight keeps its slot; b still waits");
+    // The agent answers: refused, the task was canceled — its call is over, b is admitted.
+    let report = Op::TaskReport {
+        task: task.id,
+        token: task.token.clone().expect("a leased task has a token"),
+        result: crate::TaskResult::Fail { error: "late".into(), retryable: true },
+        check: crate::TaskCheck::default(),
+    };
+    let r = write(&store, T0 + 5, vec![report], true).await;
+    assert!(matches!(&r.results[0], Err(OpError::Task(_))), "{:?}", r.results);
+    assert_eq!(r.claimed.iter().map(|c| c.entity.key.as_str()).collect::<Vec<_>>(), ["b"]);
+    assert_eq!(usage(&store, "").await, (1, 1, 0), "b holds the slot the call gave back");
+    // A call whose agent never answers keeps the slot until its lock runs out.
+    let e = claimed(&store, &["c", "d"]).await;
+    let (c, dd) = (&e[0], &e[1]);
+    let b = r.claimed[0].entity.clone();
+    write(&store, T0 + 6, vec![ask(&b, OWNER, "", 1, 0), end(&b)], false).await;
+    let r = write(&store, T0 + 7, vec![ask(c, OWNER, "", 1, 0), ask(dd, OWNER, "", 1, 0)], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired));
+    let mut offer = commit(c, None, None, AfterCommit::Hold);
+    offer.event = None;
+    offer.offer =
+        Some(crate::TaskOffer { queue: "q".into(), action: "work".into(), lock_ms: 10_000, available_at: T0 + 7 });
+    let r = write(&store, T0 + 8, vec![Op::Commit(Box::new(offer))], false).await;
+    let Ok(Applied::Committed { version, .. }) = r.results[0] else { panic!("{:?}", r.results) };
+    let lease = Op::TaskLease { queue: "q".into(), agent: "agent-1".into(), limit: 1, token_prefix: "u-".into() };
+    write(&store, T0 + 9, vec![lease], false).await;
+    let c = EntityRow { version, ..get(&store, "c").await };
+    let mut killed_off = commit(&c, Some("elsewhere"), None, AfterCommit::Release);
+    killed_off.leave_limits = true;
+    let r = write(&store, T0 + 10, vec![Op::Commit(Box::new(killed_off))], false).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results);
+    assert_eq!(usage(&store, "").await, (1, 1, 1));
+    // d, first in line, is woken when the lock runs out (T0 + 9 + 10 s) and takes the slot.
+    let waiting = get(&store, "d").await;
+    assert_eq!(waiting.due_at, Some(T0 + 9 + 10_000), "woken when the call's lock runs out");
+    let r = write(&store, T0 + 9 + 10_000, vec![], true).await;
+    let d2 = r.claimed.iter().find(|x| x.entity.key == "d").expect("d is due").entity.clone();
+    let r = write(&store, T0 + 9 + 10_001, vec![ask(&d2, OWNER, "", 1, 0)], false).await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired), "the expired call's slot is d's");
+    assert_eq!(usage(&store, "").await, (1, 1, 0));
+}

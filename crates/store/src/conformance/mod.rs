@@ -52,7 +52,10 @@ pub use leases::{
     auto_time_survives_events_and_release, expired_leases_move_and_renewal_extends, push_claim_fifo,
     release_never_strands_events,
 };
-pub use limits::{limits_hand_slots_on_in_line, limits_survive_leases_and_commands};
+pub use limits::{
+    limits_hand_slots_on_in_line, limits_stay_with_a_call_in_flight, limits_stay_with_an_agent_task_through_a_pause,
+    limits_survive_leases_and_commands,
+};
 pub use operations::{hung_operations_are_marked, operations_end_when_nothing_waits_on_them};
 pub use prune::{
     pruning_never_hands_an_id_out_again, pruning_removes_every_row_an_ended_entity_left,
@@ -217,7 +220,8 @@ macro_rules! store_conformance_suite {
                 the_feed_resumes_from_any_position_without_gaps, schedules_sync_lease_advance_and_pause,
                 versions_move_the_entities_no_engine_holds, a_deploy_is_written_whole, canceling_an_operation_stops_its_work_and_queues_the_undo,
                 a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on,
-                limits_hand_slots_on_in_line, limits_survive_leases_and_commands;
+                limits_hand_slots_on_in_line, limits_survive_leases_and_commands,
+                limits_stay_with_an_agent_task_through_a_pause, limits_stay_with_a_call_in_flight;
             store_and_dialect: effects_are_atomic
         );
     };

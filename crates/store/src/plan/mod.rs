@@ -283,8 +283,10 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
 
 /// Gives back the limits' slots of the entities whose operations in `ops` (with their
 /// `results`) end or stop their limited actions: commits that say so
-/// ([`crate::Commit::leave_limits`]), kills, and pauses, sleeps and cancels that find no
-/// action in flight (one in flight gives its slots back with the commit that ends it).
+/// ([`crate::Commit::leave_limits`]), kills, cancels that stop its work, and pauses and
+/// sleeps that find no action in flight, neither in an engine nor at an agent (one in
+/// flight gives its slots back with the commit that ends it); and the agents' answers to
+/// tasks canceled under them, whose slots their calls kept.
 /// Answers whether an entity admitted meanwhile is due now.
 fn leave_limits<D: Dialect>(
     d: &mut D,
@@ -295,12 +297,12 @@ fn leave_limits<D: Dialect>(
     use crate::{Applied, CancelOutcome, Command};
     let mut due_now = false;
     for (op, r) in ops.iter().zip(results) {
-        let leaves = match (op, r) {
-            (Op::Commit(c), Ok(_)) if c.leave_limits => Some(c.fence.entity_id),
+        due_now |= match (op, r) {
+            (Op::Commit(c), Ok(_)) if c.leave_limits => limits::leave(d, now, c.fence.entity_id)?,
             (Op::Command { command, .. }, Ok(Applied::Commanded(e))) => match command {
-                Command::Kill => Some(e.id),
-                Command::Pause | Command::Sleep { .. } if e.lease_owner.is_none() => Some(e.id),
-                _ => None,
+                Command::Kill => limits::leave(d, now, e.id)?,
+                Command::Pause | Command::Sleep { .. } if e.lease_owner.is_none() => limits::stopped(d, now, e.id)?,
+                _ => false,
             },
             (
                 Op::Cancel(_),
@@ -308,12 +310,14 @@ fn leave_limits<D: Dialect>(
                     entity,
                     outcome: CancelOutcome::Paused | CancelOutcome::Undone { stopped: true },
                 }),
-            ) => Some(entity.id),
-            _ => None,
+            ) => limits::leave(d, now, entity.id)?,
+            // An agent answering a task canceled under it: the call it kept slots for is over.
+            (
+                Op::TaskReport { task, .. } | Op::TaskHeartbeat { task, .. },
+                Err(OpError::Task(crate::TaskRefusal::Refused { reason, .. })),
+            ) if reason.starts_with("canceled") => limits::task_answered(d, now, *task)?,
+            _ => false,
         };
-        if let Some(id) = leaves {
-            due_now |= limits::leave(d, now, id)?;
-        }
     }
     Ok(due_now)
 }

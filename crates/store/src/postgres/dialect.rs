@@ -341,10 +341,11 @@ impl Dialect for Tx<'_> {
             .map(|r| {
                 (0..r.len())
                     .map(|i| {
-                        Ok(if *r.columns()[i].type_() == postgres::types::Type::INT8 {
-                            r.try_get::<_, Option<i64>>(i)?.map_or(Val::Null, Val::Int)
-                        } else {
-                            r.try_get::<_, Option<String>>(i)?.map_or(Val::Null, Val::Text)
+                        use postgres::types::Type;
+                        Ok(match *r.columns()[i].type_() {
+                            Type::INT8 => r.try_get::<_, Option<i64>>(i)?.map_or(Val::Null, Val::Int),
+                            Type::INT4 => r.try_get::<_, Option<i32>>(i)?.map_or(Val::Null, |n| Val::Int(n.into())),
+                            _ => r.try_get::<_, Option<String>>(i)?.map_or(Val::Null, Val::Text),
                         })
                     })
                     .collect()
