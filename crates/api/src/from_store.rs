@@ -95,7 +95,7 @@ impl From<&settle_store::Why> for Why {
         }
         let mut chain = Vec::new();
         walk(w, 0, &mut chain);
-        Why { failing: w.failing, chain }
+        Why { failing: w.failing, chain, limits: Vec::new() }
     }
 }
 

@@ -575,6 +575,10 @@ pub struct Why {
     pub failing: bool,
     /// The entities of the chain.
     pub chain: Vec<WhyStep>,
+    /// Where the entity stands with the concurrency limit of its state: the slot it holds
+    /// or the line it waits in (what holds its work back, failing or not).
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub limits: Vec<EntityLimit>,
 }
 
 /// One entity of a failure's chain of causes.

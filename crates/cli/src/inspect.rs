@@ -154,7 +154,10 @@ pub async fn why(db: &str, machine: &str, key: &str, as_json: bool) -> anyhow::R
     let w = settle_store::why(&store, machine, key)
         .await?
         .ok_or_else(|| anyhow::anyhow!("no entity `{key}` of machine `{machine}`"))?;
-    print::why(&settle_api::Why::from(&w), as_json);
+    let mut shown = settle_api::Why::from(&w);
+    let e = find(&store, machine, key).await?;
+    shown.limits = store.limit_of(e.id).await?.iter().map(settle_api::EntityLimit::from).collect();
+    print::why(&shown, as_json);
     Ok(ExitCode::SUCCESS)
 }
 

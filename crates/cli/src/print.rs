@@ -410,6 +410,11 @@ pub fn why(w: &settle_api::Why, as_json: bool) {
             _ if i == 0 && !w.failing => println!("{pad}  not failing: nothing to explain"),
             _ => println!("{pad}  no failure recorded"),
         }
+        if i == 0 {
+            for l in &w.limits {
+                println!("{pad}  limit: {}", l.says);
+            }
+        }
     }
 }
 

@@ -244,7 +244,17 @@ fn limits_and_get_show_who_holds_and_who_waits() {
         let says = |text: &str| text.lines().find(|l| l.starts_with("limit:")).map(str::to_string);
         assert_eq!(says(&local), says(&remote), "{local}\n{remote}");
         match says(&local).as_deref() {
-            Some("limit:      waiting for `provider_calls` (key eu: 2 of 2 in use, 1st in line)") => waiting += 1,
+            Some("limit:      waiting for `provider_calls` (key eu: 2 of 2 in use, 1st in line)") => {
+                waiting += 1;
+                // `why` says what holds it back, on the file and over the server.
+                for why in [common::settle(&db, &["why", "vm", k]), served.settle(None, &["why", "vm", k])] {
+                    let text = common::stdout(&why);
+                    assert!(
+                        text.contains("  limit: waiting for `provider_calls` (key eu: 2 of 2 in use, 1st in line)"),
+                        "{text}"
+                    );
+                }
+            }
             Some("limit:      holds a slot of `provider_calls` (key eu: 2 of 2 in use)") => {}
             other => panic!("{k}: {other:?}\n{local}"),
         }

@@ -79,6 +79,9 @@ async fn a_limited_agent_action_waits_in_line_and_says_so() {
         let says = l["says"].as_str().unwrap();
         assert!(says.starts_with("waiting for `provider_calls` (key eu: 1 of 1 in use, "), "{says}");
         assert_eq!((e["lease_owner"].clone(), e["due_at"].clone()), (Value::Null, Value::Null), "{e}");
+        // `why` says what holds it back, though nothing failed.
+        let why = app.get(&format!("/v1/machines/part/entities/{k}/why")).await.json();
+        assert_eq!((why["failing"].as_bool(), &why["limits"][0]["says"]), (Some(false), &l["says"]), "{why}");
     }
     places.sort();
     assert_eq!(places, [1, 2]);

@@ -531,9 +531,14 @@ async fn why(
     State(s): State<AppState>,
     Path(EntityPath { machine, key }): Path<EntityPath>,
 ) -> Result<Json<Why>, Problem> {
-    find_entity(&s, &machine, &key).await?;
+    let e = find_entity(&s, &machine, &key).await?;
     match settle_store::why(s.engine().store(), &machine, &key).await? {
-        Some(w) => Ok(Json(Why::from(&w))),
+        Some(w) => {
+            let mut why = Why::from(&w);
+            let limits = s.engine().store().limit_of(e.id).await?;
+            why.limits = limits.iter().map(settle_api::EntityLimit::from).collect();
+            Ok(Json(why))
+        }
         None => Err(Problem::unknown_entity(&machine, &key)),
     }
 }
