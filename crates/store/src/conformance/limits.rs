@@ -23,6 +23,20 @@ fn end(e: &EntityRow) -> Op {
     Op::Commit(Box::new(c))
 }
 
+/// Offers `e`'s agent task (queue `q`, a 10 s lock, available at `at`) by a commit under its
+/// lease written at `at + 1`, the lease then as `after` says; answers the entity's version.
+async fn offer_task<S: Store>(store: &S, e: &EntityRow, at: crate::Millis, after: AfterCommit) -> i64 {
+    let mut offer = commit(e, None, None, after);
+    offer.event = None;
+    offer.offer =
+        Some(crate::TaskOffer { queue: "q".into(), action: "work".into(), lock_ms: 10_000, available_at: at });
+    let r = write(store, at + 1, vec![Op::Commit(Box::new(offer))], false).await;
+    match r.results[0] {
+        Ok(Applied::Committed { version, .. }) => version,
+        ref other => panic!("the offer failed: {other:?}"),
+    }
+}
+
 /// (in use, max, waiting) of `calls` for `key`; zeros when nothing is in use or waiting.
 async fn usage<S: Store>(store: &S, key: &str) -> (u64, u64, u64) {
     let all = store.limit_list().await.unwrap();
@@ -164,12 +178,7 @@ pub async fn limits_stay_with_an_agent_task_through_a_pause<S: Store>(store: S) 
     let r = write(&store, T0 + 1, vec![ask(a, OWNER, "", 2, 0), ask(b, OWNER, "", 2, 0)], false).await;
     assert!(r.results.iter().all(|r| *r == Ok(Applied::Acquired)), "{:?}", r.results);
     // a's task is offered (the entity's lease dropped); b's action has not started.
-    let mut offer = commit(a, None, None, AfterCommit::Release);
-    offer.event = None;
-    offer.offer =
-        Some(crate::TaskOffer { queue: "q".into(), action: "work".into(), lock_ms: 10_000, available_at: T0 + 1 });
-    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(offer))], false).await;
-    assert!(r.results[0].is_ok(), "{:?}", r.results);
+    offer_task(&store, a, T0 + 1, AfterCommit::Release).await;
     let release = Op::Release(Fence { entity_id: b.id, version: b.version, owner: OWNER.into() });
     write(&store, T0 + 3, vec![release], false).await;
     let r = write(&store, T0 + 4, vec![command("a", Command::Pause), command("b", Command::Pause)], false).await;
@@ -188,12 +197,7 @@ pub async fn limits_stay_with_a_call_in_flight<S: Store>(store: S) {
     let (a, b) = (&e[0], &e[1]);
     let r = write(&store, T0 + 1, vec![ask(a, OWNER, "", 1, 0), ask(b, OWNER, "", 1, 0)], false).await;
     assert_eq!(r.results[1], Ok(Applied::Waiting { limit: "calls".into(), key: "".into() }));
-    let mut offer = commit(a, None, None, AfterCommit::Hold);
-    offer.event = None;
-    offer.offer =
-        Some(crate::TaskOffer { queue: "q".into(), action: "work".into(), lock_ms: 10_000, available_at: T0 + 1 });
-    let r = write(&store, T0 + 2, vec![Op::Commit(Box::new(offer))], false).await;
-    let Ok(Applied::Committed { version, .. }) = r.results[0] else { panic!("{:?}", r.results) };
+    let version = offer_task(&store, a, T0 + 1, AfterCommit::Hold).await;
     let lease = Op::TaskLease { queue: "q".into(), agent: "agent-1".into(), limit: 1, token_prefix: "t-".into() };
     let r = write(&store, T0 + 3, vec![lease], false).await;
     let Ok(Applied::Leased(tasks)) = &r.results[0] else { panic!("{:?}", r.results) };
@@ -223,12 +227,7 @@ pub async fn limits_stay_with_a_call_in_flight<S: Store>(store: S) {
     write(&store, T0 + 6, vec![ask(&b, OWNER, "", 1, 0), end(&b)], false).await;
     let r = write(&store, T0 + 7, vec![ask(c, OWNER, "", 1, 0), ask(dd, OWNER, "", 1, 0)], false).await;
     assert_eq!(r.results[0], Ok(Applied::Acquired));
-    let mut offer = commit(c, None, None, AfterCommit::Hold);
-    offer.event = None;
-    offer.offer =
-        Some(crate::TaskOffer { queue: "q".into(), action: "work".into(), lock_ms: 10_000, available_at: T0 + 7 });
-    let r = write(&store, T0 + 8, vec![Op::Commit(Box::new(offer))], false).await;
-    let Ok(Applied::Committed { version, .. }) = r.results[0] else { panic!("{:?}", r.results) };
+    let version = offer_task(&store, c, T0 + 7, AfterCommit::Hold).await;
     let lease = Op::TaskLease { queue: "q".into(), agent: "agent-1".into(), limit: 1, token_prefix: "u-".into() };
     write(&store, T0 + 9, vec![lease], false).await;
     let c = EntityRow { version, ..get(&store, "c").await };
