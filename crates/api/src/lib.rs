@@ -18,7 +18,7 @@ pub use bulk::{Bulk, BulkDryRun, BulkFilter, BulkList, BulkRequest};
 pub use cancel::{CancelRequest, CancelResult, CanceledEntity};
 pub use deploy::{DeployFile, DeployRequest, DeployResult, Deployed, Stranded};
 pub use feed::Change;
-pub use limits::{EntityLimit, LimitList, LimitUsage};
+pub use limits::{EntityLimit, LimitList, LimitUsage, spacing};
 pub use schedule::{Schedule, ScheduleList};
 
 use serde::{Deserialize, Serialize};

@@ -628,10 +628,13 @@ pub fn limits(items: &[settle_client::LimitUsage], as_json: bool) {
         println!("no limit has a slot in use or work waiting (a machine declares them as [limits.NAME])");
         return;
     }
-    println!("{:<24} {:<24} {:>8} {:>8} {:>8}", "LIMIT", "KEY", "IN USE", "MAX", "WAITING");
+    println!("{:<24} {:<24} {:>8} {:>8} {:>8}  RATE", "LIMIT", "KEY", "IN USE", "MAX", "WAITING");
     for u in items {
         let key = if u.key.is_empty() { "(all)" } else { u.key.as_str() };
-        println!("{:<24} {:<24} {:>8} {:>8} {:>8}", u.limit, key, u.in_use, u.max, u.waiting);
+        let max = u.max.map_or_else(|| "-".to_string(), |m| m.to_string());
+        let rate =
+            u.every_us.map_or_else(|| "-".to_string(), |us| format!("one start every {}", settle_api::spacing(us)));
+        println!("{:<24} {:<24} {:>8} {:>8} {:>8}  {rate}", u.limit, key, u.in_use, max, u.waiting);
     }
 }
 

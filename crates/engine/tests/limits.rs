@@ -124,7 +124,7 @@ async fn a_limit_per_key_is_never_exceeded_and_its_line_moves_in_order() {
             assert_eq!(at.len(), 1, "{}: {at:?}", e.key);
             assert_eq!(
                 (at[0].limit.as_str(), at[0].key.as_str(), at[0].in_use, at[0].max),
-                ("provider_calls", "eu", 3, 3)
+                ("provider_calls", "eu", 3, Some(3))
             );
             if let Some(place) = at[0].place {
                 line.push((place, e.key.to_string()));

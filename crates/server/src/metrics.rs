@@ -345,8 +345,10 @@ mod tests {
             limit: "calls".into(),
             key: key.into(),
             in_use,
-            max: 3,
+            max: Some(3),
             waiting,
+            spacing_us: None,
+            next_start_at: None,
         };
         let limits = super::limits_text(&[usage("eu", 3, 7), usage("us", 1, 0)]);
         assert!(limits.contains("settle_limit_in_use{limit=\"calls\"} 4\n"), "{limits}");

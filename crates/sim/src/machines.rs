@@ -100,14 +100,19 @@ fn receipt() -> Machine {
 }
 
 /// How many workers of every crowd work at once: `worker` and `aworker` share the limit
-/// `crowd_calls`, so in-process actions and agents' tasks wait for each other's slots.
+/// `crowd_calls`, so in-process actions and agents' tasks wait for each other's slots; its
+/// line is admitted round-robin across crowds (`fair_by`).
 pub(crate) const CROWD_CALLS: u32 = 2;
 
+/// How many of one crowd's workers start a second (`crowd_pace`, per crowd).
+pub(crate) const CROWD_PACE: u32 = 20;
+
 /// A worker of a crowd: `working` → `done` | `broken` | `working` again, at most
-/// [`CROWD_CALLS`] at once among all workers; `agent`: its action executed by an agent of
-/// [`CROWD_QUEUE`].
+/// [`CROWD_CALLS`] at once among all workers and [`CROWD_PACE`] starts a second per crowd;
+/// `agent`: its action executed by an agent of [`CROWD_QUEUE`].
 pub(crate) fn worker(name: &str, agent: bool) -> Machine {
     let b = MachineBuilder::new(name)
+        .properties(["crowd"])
         .state("working")
         .initial()
         .auto("work")
@@ -124,6 +129,15 @@ pub(crate) fn worker(name: &str, agent: bool) -> Machine {
         name: "crowd_calls".into(),
         states: vec!["working".into()],
         max: Some(CROWD_CALLS),
+        fair_by: Some("props.crowd".into()),
+        ..Default::default()
+    })
+    .limit(settle_core::limits::LimitDef {
+        name: "crowd_pace".into(),
+        states: vec!["working".into()],
+        rate: Some(CROWD_PACE),
+        per_ms: Some(1_000),
+        key: Some("props.crowd".into()),
         ..Default::default()
     })
     .build()
@@ -143,7 +157,8 @@ pub(crate) fn bind_crowd(b: EngineBuilder<AnyStore>, seed: u64) -> EngineBuilder
             let mut out = Outcome::to("waiting");
             for i in 0..n {
                 let machine = if i % 2 == 1 { "aworker" } else { "worker" };
-                out = out.create(machine, format!("{}-{i}", ctx.key), Properties::new());
+                let props: Properties = [("crowd".to_string(), json!(ctx.key.to_string()))].into_iter().collect();
+                out = out.create(machine, format!("{}-{i}", ctx.key), props);
             }
             Ok(out)
         })

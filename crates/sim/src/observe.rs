@@ -70,11 +70,16 @@ pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<S
         .next()
         .map(|r| (r[0].text(), r[1].text(), r[2].text()));
     let present = Some(o.rows("SELECT id FROM entities", &[]).await?.iter().map(|r| r[0].int()).collect());
+    let turns = o.rows("SELECT name, key, turn FROM limit_fair WHERE waiting > 0", &[]).await?;
     let slots = o
         .rows(
             "SELECT s.name, s.key, s.in_use, s.max, \
                 (SELECT COUNT(*) FROM limit_holds h WHERE h.name = s.name AND h.key = s.key), \
-                (SELECT COUNT(*) FROM limit_waiters w WHERE w.name = s.name AND w.key = s.key) \
+                (SELECT COUNT(*) FROM limit_waiters w WHERE w.name = s.name AND w.key = s.key), \
+                s.spacing_us, s.next_us, s.round, \
+                (SELECT COUNT(*) FROM limit_waiters w JOIN entities e ON e.id = w.entity_id \
+                  WHERE w.name = s.name AND w.key = s.key \
+                    AND (e.lease_owner IS NOT NULL OR e.due_at * 1000 <= s.next_us + 999)) \
              FROM limit_slots s ORDER BY s.name, s.key",
             &[],
         )
@@ -84,20 +89,36 @@ pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<S
             limit: r[0].text(),
             key: r[1].text(),
             in_use: r[2].int(),
-            max: r[3].int(),
+            max: r[3].opt_int(),
             holds: r[4].int(),
             waiting: r[5].int(),
+            spacing_us: r[6].opt_int(),
+            next_us: r[7].int(),
+            round: r[8].int(),
+            woken: r[9].int() > 0,
+            turns: turns
+                .iter()
+                .filter(|t| t[0].text() == r[0].text() && t[1].text() == r[1].text())
+                .map(|t| t[2].int())
+                .collect(),
         })
         .collect();
     let holds = o
         .rows(
-            "SELECT h.name, h.entity_id, e.state, h.task_id FROM limit_holds h JOIN entities e ON e.id = h.entity_id \
-             ORDER BY h.entity_id",
+            "SELECT h.name, h.entity_id, e.state, h.task_id, h.key, h.since FROM limit_holds h \
+             JOIN entities e ON e.id = h.entity_id ORDER BY h.entity_id",
             &[],
         )
         .await?
         .into_iter()
-        .map(|r| HoldSeen { limit: r[0].text(), entity_id: r[1].int(), state: r[2].text(), task: r[3].int() })
+        .map(|r| HoldSeen {
+            limit: r[0].text(),
+            entity_id: r[1].int(),
+            state: r[2].text(),
+            task: r[3].int(),
+            key: r[4].text(),
+            since: r[5].int(),
+        })
         .collect();
     Ok(Seen { history, fired, events, edges, hook_twice, present, now, slots, holds })
 }

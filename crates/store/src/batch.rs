@@ -283,8 +283,33 @@ pub struct SlotAsk {
     pub limit: String,
     /// The value of its key for the entity (`""`: a limit without a key).
     pub key: String,
-    /// How many may hold a slot of this key value at once.
-    pub max: u32,
+    /// How many may hold a slot of this key value at once (`None`: a limit of rate only).
+    pub max: Option<u32>,
+    /// At most this many starts per period, spaced evenly (`None`: no rate).
+    pub rate: Option<Rate>,
+    /// The value of the limit's `fair_by` for the entity (`""`: none): a line is admitted
+    /// round-robin across these values.
+    pub fair: String,
+}
+
+/// A limit's rate: at most `starts` per `per_ms` milliseconds, each start at least
+/// `per_ms / starts` after the one before (rounded up to the microsecond), so that no
+/// window of `per_ms` ever sees more than `starts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    /// Starts per period.
+    pub starts: u32,
+    /// The period, in milliseconds.
+    pub per_ms: u64,
+}
+
+impl Rate {
+    /// The least time between two starts, in microseconds.
+    pub fn spacing_us(self) -> i64 {
+        let per_us = i128::from(self.per_ms) * 1_000;
+        let starts = i128::from(self.starts.max(1));
+        i64::try_from((per_us + starts - 1) / starts).unwrap_or(i64::MAX)
+    }
 }
 
 /// Canceling operation `canceled` on one entity it reached: its queued events of the

@@ -46,7 +46,7 @@ use std::sync::Arc;
 pub use any::{AnyStore, is_postgres_url};
 pub use batch::{
     Acquire, AfterCommit, Applied, Batch, BatchResult, Cancel, CancelOutcome, Claim, Claimed, Commit, Fence, Op,
-    OpError, SlotAsk, SqlStatement, Trigger, Undo,
+    OpError, Rate, SlotAsk, SqlStatement, Trigger, Undo,
 };
 pub use bulk::{BulkAdvance, BulkRow};
 pub use changes::{Changed, Changes};

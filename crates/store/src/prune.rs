@@ -179,6 +179,7 @@ pub(crate) const TABLES: &[&str] = &[
     "limit_slots",
     "limit_holds",
     "limit_waiters",
+    "limit_fair",
 ];
 
 /// How much the store holds: rows per table and bytes in all (see `Store::storage`).

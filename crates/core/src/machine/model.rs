@@ -666,10 +666,17 @@ impl Machine {
     pub fn limits(&self) -> &[crate::limits::Limit] {
         &self.limits
     }
-    /// The concurrency limit the auto action of `state` counts against, if any (a state is
-    /// named by one limit at most).
-    pub fn limit_of(&self, state: &str) -> Option<&crate::limits::Limit> {
-        self.limits.iter().find(|l| l.def.max.is_some() && l.def.states.iter().any(|s| s == state))
+    /// The limits the auto action of `state` counts against, in name order (the order their
+    /// slots are taken in).
+    pub fn limits_of<'a>(&'a self, state: &'a str) -> impl Iterator<Item = &'a crate::limits::Limit> + 'a {
+        let mut of: Vec<&crate::limits::Limit> =
+            self.limits.iter().filter(|l| l.def.states.iter().any(|s| s == state)).collect();
+        of.sort_by(|a, b| a.name().cmp(b.name()));
+        of.into_iter()
+    }
+    /// Whether the auto action of `state` counts against a limit.
+    pub fn is_limited(&self, state: &str) -> bool {
+        self.limits.iter().any(|l| l.def.states.iter().any(|s| s == state))
     }
     /// All calendar schedules in declaration order.
     pub fn schedules(&self) -> &[Calendar] {

@@ -559,23 +559,14 @@ impl<'a> Checker<'a> {
         self.duplicate_entries(&item, line, "in", t.valid_in.iter().map(String::as_str));
     }
 
-    /// A flow-control limit ([`crate::limits::check`]); a state's auto action takes the
-    /// slots of one limit at most.
+    /// A flow-control limit ([`crate::limits::check`]). A state may be named by several
+    /// limits (a concurrency per region and a rate per account): its auto action takes a
+    /// slot of each.
     fn limit(&mut self, l: &'a crate::limits::LimitDef) {
         let (item, line) = self.item("limit", &l.name, l.origin);
         let properties = self.mentioned_properties();
         for problem in crate::limits::check(l, self.def, &properties) {
             self.error(&item, line, problem);
-        }
-        for st in &l.states {
-            let earlier = self.def.limits.iter().take_while(|o| !std::ptr::eq(*o, l)).find(|o| o.states.contains(st));
-            if let Some(other) = earlier {
-                self.error(
-                    &item,
-                    line,
-                    format!("state `{st}` is limited by `{}` already: one limit a state", other.name),
-                );
-            }
         }
         self.duplicate_entries(&item, line, "states", l.states.iter().map(String::as_str));
         self.duplicate_entries(&item, line, "events", l.events.iter().map(String::as_str));

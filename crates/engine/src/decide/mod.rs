@@ -339,17 +339,11 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
     let step = step::on_auto(&machine, &state.name, has_handler);
     // An agent's task already offered runs under the slot taken before it was offered.
     let offered = matches!(step, Some(EventStep::Agent { .. })) && held.entity.auto_at.is_none();
-    if let Some(limit) = machine.limit_of(&state.name).filter(|_| !held.slots && !offered) {
-        return match limit.key_of(&held.entity.properties, &held.entity.key) {
-            Ok(key) => Next::Acquire(Box::new(settle_store::Acquire {
-                fence: held.fence(env.owner),
-                slots: vec![settle_store::SlotAsk {
-                    limit: limit.name().to_string(),
-                    key,
-                    max: limit.def.max.unwrap_or(u32::MAX),
-                }],
-                priority: 0,
-            })),
+    if machine.is_limited(&state.name) && !held.slots && !offered {
+        return match slot_asks(&machine, &state.name, &held.entity) {
+            Ok(slots) => {
+                Next::Acquire(Box::new(settle_store::Acquire { fence: held.fence(env.owner), slots, priority: 0 }))
+            }
             Err(e) => commit(fault(held, None, Some(auto.as_str()), FaultError::new("limit_key", e), env)),
         };
     }
@@ -365,6 +359,27 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
         Some(EventStep::Agent { .. }) => Next::Release,
         _ => unreachable!("an unstable state's auto step is plain, run or agent"),
     }
+}
+
+/// A slot of each limit the auto action of `state` counts against, for `entity`: its key
+/// and fairness values evaluated (`Err`: the first that could not be, named).
+fn slot_asks(machine: &Machine, state: &str, entity: &EntityRow) -> Result<Vec<settle_store::SlotAsk>, String> {
+    let (props, key) = (&entity.properties, &entity.key);
+    machine
+        .limits_of(state)
+        .map(|limit| {
+            Ok(settle_store::SlotAsk {
+                limit: limit.name().to_string(),
+                key: limit.key_of(props, key)?,
+                max: limit.def.max,
+                rate: limit
+                    .def
+                    .rate
+                    .map(|starts| settle_store::Rate { starts, per_ms: limit.def.per().as_millis() as u64 }),
+                fair: limit.fair_of(props, key)?,
+            })
+        })
+        .collect()
 }
 
 fn commit(d: Decided) -> Next {

@@ -11,10 +11,7 @@ use settle_store::{Millis, TaskOffer, TimerPlan};
 /// its auto action is bound to an agent queue and counts against no concurrency limit (such
 /// a task is offered once its slot is taken: the entity is due at `at` instead).
 pub(super) fn entry_offer(machine: &Machine, state: &str, at: Millis) -> Option<TaskOffer> {
-    match machine.limit_of(state) {
-        Some(_) => None,
-        None => task_offer(machine, state, at),
-    }
+    if machine.is_limited(state) { None } else { task_offer(machine, state, at) }
 }
 
 /// The agent task of `state`, available at `at`: when its auto action is bound to an agent

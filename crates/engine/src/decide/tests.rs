@@ -140,7 +140,16 @@ fn step_of(next: &Next) -> String {
             format!("hooks [{}] after {}", run.join(", "), h.action.name)
         }
         Next::Acquire(a) => {
-            let slots: Vec<String> = a.slots.iter().map(|s| format!("{}[{}] of {}", s.limit, s.key, s.max)).collect();
+            let slots: Vec<String> = a
+                .slots
+                .iter()
+                .map(|s| {
+                    let max = s.max.map(|m| format!(" of {m}")).unwrap_or_default();
+                    let rate = s.rate.map(|r| format!(" at {}/{}ms", r.starts, r.per_ms)).unwrap_or_default();
+                    let fair = if s.fair.is_empty() { String::new() } else { format!(" fair {}", s.fair) };
+                    format!("{}[{}]{max}{rate}{fair}", s.limit, s.key)
+                })
+                .collect();
             format!("acquire {}", slots.join(", "))
         }
         Next::Release => "release".to_string(),
@@ -1051,6 +1060,34 @@ fn a_limited_auto_action_takes_its_slot_before_it_runs() {
     assert_eq!((d.commit.kind, d.commit.to.as_deref()), (HistoryKind::Fault, Some("working")));
     let detail = d.commit.detail.unwrap();
     assert!(detail.starts_with("limit `calls`: its key `props.region` could not be evaluated"), "{detail}");
+}
+
+#[test]
+fn a_paced_fair_limit_asks_with_its_rate_and_the_entitys_fairness_value() {
+    let r = registry();
+    let env = Env { registry: &r, owner: OWNER, now: NOW };
+    let m = job_builder()
+        .properties(["tenant"])
+        .limit(settle_core::limits::LimitDef {
+            name: "paced".into(),
+            states: vec!["working".into()],
+            rate: Some(5),
+            per_ms: Some(60_000),
+            fair_by: Some("props.tenant".into()),
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let mut h = held("working");
+    h.machine = Arc::new(m);
+    h.entity.properties.insert("tenant".into(), json!("acme"));
+    assert_eq!(step_of(&next(&mut h, &env)), "acquire paced[] at 5/60000ms fair acme");
+    // A fairness value that cannot be evaluated is the action's fault, named.
+    h.entity.properties.clear();
+    let d = committed(next(&mut h, &env));
+    assert_eq!(d.commit.kind, HistoryKind::Fault);
+    let detail = d.commit.detail.unwrap();
+    assert!(detail.starts_with("limit `paced`: its fair_by `props.tenant` could not be evaluated"), "{detail}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ impl<S: Store + Clone> Scheduler<S> {
     }
 
     /// The answer to an entity's ask for its limit's slot: held, it goes on; waiting in
-    /// line, its lease was dropped with the ask.
+    /// line (or stopped meanwhile), its lease was dropped with the ask.
     pub(super) fn on_acquired(&mut self, id: i64, r: std::result::Result<Applied, OpError>) {
         match r {
             Ok(Applied::Acquired) => {
@@ -25,6 +25,10 @@ impl<S: Store + Clone> Scheduler<S> {
             }
             Ok(Applied::Waiting { limit, .. }) => {
                 crate::metrics::limit_waited(&limit);
+                self.held.remove(&id);
+            }
+            // Paused or put to sleep meanwhile: the store let it go.
+            Ok(Applied::Released) => {
                 self.held.remove(&id);
             }
             Ok(other) => unreachable!("an acquire answered with {other:?}"),

@@ -702,7 +702,7 @@ impl<S: Store + Clone> Scheduler<S> {
         if let Some(slot) = self.held.get_mut(&d.commit.fence.entity_id) {
             // A commit that moves the entity on, or stops it, ends its limited action.
             let c = &mut d.commit;
-            if (c.to.is_some() || c.run_status.is_some()) && slot.held.machine.limit_of(&c.from).is_some() {
+            if (c.to.is_some() || c.run_status.is_some()) && slot.held.machine.is_limited(&c.from) {
                 c.leave_limits = true;
                 slot.held.slots = false;
             }

@@ -1,19 +1,24 @@
-//! Concurrency limits (`[limits.NAME]`), after every batch write:
+//! Limits (`[limits.NAME]`), after every batch write:
 //! - **never over the limit**: the entities holding a slot of a key value are at most its
 //!   `max`, and the count the store keeps (`in_use`) is the number holding one;
+//! - **never faster than the rate**: two starts of a key value of a limit with a rate (the
+//!   `since` of its holds) are at least `per / rate` apart;
 //! - **no slot free while work waits**: a key value with entities in line has every slot
 //!   taken — a slot given back is handed to the first in line in the same transaction, so
-//!   none is ever seen idle beside waiting work;
-//! - **a limited action runs under a slot**: an auto action's end in a limited state (its
-//!   transition, retry or fault) is committed only by an entity seen holding a slot before
-//!   that batch;
+//!   none is ever seen idle beside waiting work; where the rate is what holds the line,
+//!   one of it is leased or due by the time the rate allows the next start;
+//! - **no one waits beyond one round**: every fairness value with work in line has its turn
+//!   at the line's round or the one after (a value is admitted when its turn is lowest);
+//! - **a limited action runs under its slots**: an auto action's end in a limited state (its
+//!   transition, retry or fault) is committed only by an entity seen holding a slot of each
+//!   of the state's limits before that batch;
 //! - **slots come back**: an entity holds a slot for its own action only in a state its
 //!   limit names (a slot its canceled task keeps, while the agent's call is in flight, is
 //!   the task's).
 //!
 //! At rest, nobody holds a slot or waits for one.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use settle_core::Machine;
@@ -28,11 +33,20 @@ pub(crate) struct SlotSeen {
     pub(crate) key: String,
     /// The store's count of slots in use.
     pub(crate) in_use: i64,
-    pub(crate) max: i64,
+    /// `None`: a limit of rate only.
+    pub(crate) max: Option<i64>,
     /// Rows of `limit_holds` for it.
     pub(crate) holds: i64,
     /// Rows of `limit_waiters` for it.
     pub(crate) waiting: i64,
+    /// Its rate's least time between starts (`None`: no rate), and the earliest next start.
+    pub(crate) spacing_us: Option<i64>,
+    pub(crate) next_us: i64,
+    /// Whether one of its line is leased, or due by the time the rate allows a start.
+    pub(crate) woken: bool,
+    /// The line's round, and the turns of its fairness values with work waiting.
+    pub(crate) round: i64,
+    pub(crate) turns: Vec<i64>,
 }
 
 /// An entity holding a slot of `limit`, in `state`: for its own action (`task` 0), or
@@ -43,13 +57,18 @@ pub(crate) struct HoldSeen {
     pub(crate) entity_id: i64,
     pub(crate) state: String,
     pub(crate) task: i64,
+    /// The key value it holds, and when it took the slot.
+    pub(crate) key: String,
+    pub(crate) since: i64,
 }
 
-/// The limits' model: which (machine, state) each limit names, and who held a slot at the
-/// last observation.
+/// The limits' model: which limits each (machine, state) counts against, who held which
+/// slot at the last observation, and every start of a rate seen (per limit and key value:
+/// when, by whom).
 pub(crate) struct Limits {
-    limited: HashMap<(String, String), String>,
-    held: HashSet<i64>,
+    limited: HashMap<(String, String), Vec<String>>,
+    held: HashSet<(i64, String)>,
+    starts: HashMap<(String, String), BTreeMap<i64, i64>>,
 }
 
 type Failure = (String, Vec<String>);
@@ -60,11 +79,14 @@ impl Limits {
         for m in machines {
             for l in m.limits() {
                 for s in &l.def.states {
-                    limited.insert((m.name().to_string(), s.clone()), l.name().to_string());
+                    limited
+                        .entry((m.name().to_string(), s.clone()))
+                        .or_insert_with(Vec::new)
+                        .push(l.name().to_string());
                 }
             }
         }
-        Limits { limited, held: HashSet::new() }
+        Limits { limited, held: HashSet::new(), starts: HashMap::new() }
     }
 
     /// The invariants over one batch's observation: its new history rows, and the slots and
@@ -81,20 +103,67 @@ impl Limits {
             if s.in_use != s.holds {
                 return Err((format!("{at}: counts {} in use, but {} hold a slot", s.in_use, s.holds), Vec::new()));
             }
-            if s.holds > s.max {
-                return Err((format!("{at}: over its limit, {} hold a slot of {}", s.holds, s.max), Vec::new()));
+            if let Some(max) = s.max.filter(|max| s.holds > *max) {
+                return Err((format!("{at}: over its limit, {} hold a slot of {max}", s.holds), Vec::new()));
             }
-            if s.waiting > 0 && s.in_use < s.max {
+            let free = s.max.is_none_or(|max| s.in_use < max);
+            if s.waiting > 0 && free && s.spacing_us.is_none() {
+                let max = s.max.unwrap_or_default();
                 return Err((
-                    format!("{at}: a slot is free ({} of {} in use) while {} wait in line", s.in_use, s.max, s.waiting),
+                    format!("{at}: a slot is free ({} of {max} in use) while {} wait in line", s.in_use, s.waiting),
+                    Vec::new(),
+                ));
+            }
+            if s.waiting > 0 && free && !s.woken {
+                return Err((
+                    format!(
+                        "{at}: {} wait for the rate, and none is due by the next start it allows ({} µs)",
+                        s.waiting, s.next_us
+                    ),
+                    Vec::new(),
+                ));
+            }
+            if let Some(t) = s.turns.iter().find(|t| **t < s.round || **t > s.round + 1) {
+                return Err((
+                    format!("{at}: a fairness value waits with turn {t} while the line is at round {}", s.round),
                     Vec::new(),
                 ));
             }
         }
+        for h in holds.iter().filter(|h| h.task == 0) {
+            let Some(spacing) = slots.iter().find(|s| s.limit == h.limit && s.key == h.key).and_then(|s| s.spacing_us)
+            else {
+                continue;
+            };
+            let starts = self.starts.entry((h.limit.clone(), h.key.clone())).or_default();
+            if starts.get(&h.since) == Some(&h.entity_id) {
+                continue;
+            }
+            let before = starts.range(..=h.since).next_back().map(|(at, e)| (*at, *e));
+            let after = starts.range(h.since..).next().map(|(at, e)| (*at, *e));
+            for (at, other) in before.into_iter().chain(after) {
+                if (h.since - at).abs() * 1_000 < spacing {
+                    let name = entities.name(h.entity_id);
+                    return Err((
+                        format!(
+                            "{name}: started under `{}` (key `{}`) at {}, {} ms from {}'s start: faster than its rate \
+                             ({spacing} µs apart)",
+                            h.limit,
+                            h.key,
+                            h.since,
+                            (h.since - at).abs(),
+                            entities.name(other)
+                        ),
+                        vec![name],
+                    ));
+                }
+            }
+            starts.insert(h.since, h.entity_id);
+        }
         let machine_of = |id: i64| entities.name(id).split_once('/').map(|(m, _)| m.to_string()).unwrap_or_default();
         for h in holds.iter().filter(|h| h.task == 0) {
             let names = self.limited.get(&(machine_of(h.entity_id), h.state.clone()));
-            if names != Some(&h.limit) {
+            if !names.is_some_and(|n| n.contains(&h.limit)) {
                 let name = entities.name(h.entity_id);
                 return Err((
                     format!("{name}: holds a slot of `{}` in state `{}`, which it does not limit", h.limit, h.state),
@@ -104,9 +173,10 @@ impl Limits {
         }
         for row in history {
             let Some(from) = &row.from else { continue };
-            let Some(limit) = self.limited.get(&(row.machine.clone(), from.clone())) else { continue };
+            let Some(limits) = self.limited.get(&(row.machine.clone(), from.clone())) else { continue };
             let ends_action = row.to.is_some() && matches!(row.kind.as_str(), "auto" | "fault");
-            if ends_action && !self.held.contains(&row.entity_id) {
+            let missing = limits.iter().find(|l| !self.held.contains(&(row.entity_id, l.to_string())));
+            if let Some(limit) = missing.filter(|_| ends_action) {
                 let name = format!("{}/{}", row.machine, row.key);
                 return Err((
                     format!(
@@ -117,7 +187,7 @@ impl Limits {
                 ));
             }
         }
-        self.held = holds.iter().filter(|h| h.task == 0).map(|h| h.entity_id).collect();
+        self.held = holds.iter().filter(|h| h.task == 0).map(|h| (h.entity_id, h.limit.clone())).collect();
         Ok(())
     }
 

@@ -367,20 +367,44 @@ fn a_limit_exceeded_a_slot_left_idle_or_an_action_without_its_slot_is_caught() {
         limit: "crowd_calls".into(),
         key: String::new(),
         in_use,
-        max: 2,
+        max: Some(2),
         holds,
         waiting,
+        spacing_us: None,
+        next_us: 0,
+        woken: false,
+        round: 0,
+        turns: if waiting > 0 { vec![0] } else { vec![] },
     };
-    let hold = |entity: i64, state: &str| HoldSeen {
-        limit: "crowd_calls".into(),
-        entity_id: entity,
-        state: state.into(),
-        task: 0,
-    };
-    let batch = |history: Vec<HistoryRow>, slots: Vec<SlotSeen>, holds: Vec<HoldSeen>| Seen {
-        slots,
+    // The workers' rate: one start of crowd `x` every 50 ms; each holder started 100 ms
+    // after the one before.
+    let pace = |holds| SlotSeen {
+        limit: "crowd_pace".into(),
+        key: "x".into(),
+        in_use: holds,
+        max: None,
         holds,
-        ..seen(history, vec![], &[], &[])
+        waiting: 0,
+        spacing_us: Some(50_000),
+        next_us: 1_000_000,
+        woken: false,
+        round: 0,
+        turns: vec![],
+    };
+    let hold = |entity: i64, state: &str| {
+        let of = |limit: &str, key: &str| HoldSeen {
+            limit: limit.into(),
+            entity_id: entity,
+            state: state.into(),
+            task: 0,
+            key: key.into(),
+            since: entity * 100,
+        };
+        [of("crowd_calls", ""), of("crowd_pace", "x")]
+    };
+    let batch = |history: Vec<HistoryRow>, mut slots: Vec<SlotSeen>, holds: Vec<[HoldSeen; 2]>| {
+        slots.push(pace(holds.len() as i64));
+        Seen { slots, holds: holds.concat(), ..seen(history, vec![], &[], &[]) }
     };
     let created = || {
         let mut c = Checker::new(&w());
@@ -424,6 +448,29 @@ fn a_limit_exceeded_a_slot_left_idle_or_an_action_without_its_slot_is_caught() {
     fails(
         created().seen(2, &batch(done, vec![slot(2, 2, 1)], vec![hold(1, "done"), hold(2, "working")])),
         "worker/a: holds a slot of `crowd_calls` in state `done`, which it does not limit",
+    );
+    // Two starts of crowd x 30 ms apart: faster than its rate.
+    let mut fast = hold(3, "working");
+    fast[1].since = 230;
+    fails(
+        created().seen(2, &batch(vec![], vec![slot(2, 2, 0)], vec![hold(2, "working"), fast])),
+        "worker/c: started under `crowd_pace` (key `x`) at 230, 30 ms from worker/b's start: faster than its rate",
+    );
+    // Waiting for the rate with a slot free, and nobody woken for the next start.
+    let mut stalled = pace(1);
+    stalled.waiting = 1;
+    let mut seen = batch(vec![], vec![slot(2, 2, 1)], vec![hold(1, "working"), hold(2, "working")]);
+    seen.slots[1] = stalled.clone();
+    fails(created().seen(2, &seen), "crowd_pace` (key `x`): 1 wait for the rate, and none is due by the next start");
+    stalled.woken = true;
+    seen.slots[1] = stalled;
+    assert!(created().seen(2, &seen).is_ok(), "woken for the rate: fine");
+    // A fairness value left two rounds behind.
+    let mut unfair = slot(2, 2, 2);
+    (unfair.round, unfair.turns) = (3, vec![3, 5]);
+    fails(
+        created().seen(2, &batch(vec![], vec![unfair], vec![hold(1, "working"), hold(2, "working")])),
+        "a fairness value waits with turn 5 while the line is at round 3",
     );
     // At rest, someone still in line.
     let end = End { limited: vec![("worker/c".into(), "waits for crowd_calls".into())], ..End::default() };

@@ -8,15 +8,21 @@ use super::{OWNER, T0, command, commit, get, new_entity, write};
 use crate::{Acquire, AfterCommit, Applied, Claim, Command, EntityRow, Fence, Op, OpError, SlotAsk, Store};
 
 fn ask(e: &EntityRow, owner: &str, key: &str, max: u32, priority: i64) -> Op {
+    let slot = SlotAsk { limit: "calls".into(), key: key.into(), max: Some(max), rate: None, fair: String::new() };
+    ask_for(e, owner, slot, priority)
+}
+
+/// `e`'s ask for `slot` under `owner`'s lease.
+pub(super) fn ask_for(e: &EntityRow, owner: &str, slot: SlotAsk, priority: i64) -> Op {
     Op::Acquire(Box::new(Acquire {
         fence: Fence { entity_id: e.id, version: e.version, owner: owner.into() },
-        slots: vec![SlotAsk { limit: "calls".into(), key: key.into(), max }],
+        slots: vec![slot],
         priority,
     }))
 }
 
 /// The commit that ends `e`'s action (a transition to `done`), giving its slot back.
-fn end(e: &EntityRow) -> Op {
+pub(super) fn end(e: &EntityRow) -> Op {
     let mut c = commit(e, Some("done"), None, AfterCommit::Release);
     c.event = None;
     c.leave_limits = true;
@@ -38,13 +44,15 @@ async fn offer_task<S: Store>(store: &S, e: &EntityRow, at: crate::Millis, after
 }
 
 /// (in use, max, waiting) of `calls` for `key`; zeros when nothing is in use or waiting.
-async fn usage<S: Store>(store: &S, key: &str) -> (u64, u64, u64) {
+pub(super) async fn usage<S: Store>(store: &S, key: &str) -> (u64, u64, u64) {
     let all = store.limit_list().await.unwrap();
-    all.iter().find(|u| u.limit == "calls" && u.key == key).map_or((0, 0, 0), |u| (u.in_use, u.max, u.waiting))
+    all.iter()
+        .find(|u| u.limit == "calls" && u.key == key)
+        .map_or((0, 0, 0), |u| (u.in_use, u.max.unwrap_or(u64::MAX), u.waiting))
 }
 
 /// Entities `keys`, all due at once, claimed by `OWNER`.
-async fn claimed<S: Store>(store: &S, keys: &[&str]) -> Vec<EntityRow> {
+pub(super) async fn claimed<S: Store>(store: &S, keys: &[&str]) -> Vec<EntityRow> {
     let ops = keys.iter().map(|k| Op::Create(new_entity(k, "working", Some(T0)))).collect();
     write(store, T0, ops, false).await;
     let r = write(store, T0, vec![], true).await;
@@ -80,7 +88,15 @@ pub async fn limits_hand_slots_on_in_line<S: Store>(store: S) {
     assert_eq!((cw.lease_owner, cw.due_at), (None, None));
     let place = |id| {
         let store = &store;
-        async move { store.limit_of(id).await.unwrap().into_iter().map(|l| (l.place, l.in_use, l.max)).collect::<Vec<_>>() }
+        async move {
+            store
+                .limit_of(id)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|l| (l.place, l.in_use, l.max.unwrap_or(0)))
+                .collect::<Vec<_>>()
+        }
     };
     assert_eq!(place(d.id).await, [(Some(1), 2, 2)], "the higher priority is first in line");
     assert_eq!(place(c.id).await, [(Some(2), 2, 2)]);
@@ -167,6 +183,14 @@ pub async fn limits_survive_leases_and_commands<S: Store>(store: S) {
     assert_eq!(usage(&store, "").await, (1, 1, 1));
     let e = get(&store, "c").await;
     assert_eq!((e.lease_owner.as_deref(), e.due_at), (None, Some(T0 + 40_006)), "its event is still queued");
+    // Paused while its engine holds it, before it asks: it takes nothing and is let go.
+    let p = claimed(&store, &["p"]).await.remove(0);
+    let r = write(&store, T0 + 40_010, vec![command("p", Command::Pause), ask(&p, OWNER, "", 1, 0)], false).await;
+    assert_eq!(r.results[1], Ok(Applied::Released), "{:?}", r.results);
+    let p = get(&store, "p").await;
+    assert_eq!((p.lease_owner, p.due_at), (None, None));
+    assert!(store.limit_of(p.id).await.unwrap().is_empty(), "neither holding nor in line");
+    assert_eq!(usage(&store, "").await, (1, 1, 1));
 }
 
 /// A slot taken for an agent's task stays with it through a pause (the agent's call is in

@@ -19,6 +19,7 @@ mod leases;
 mod limits;
 mod operations;
 mod prune;
+mod rates;
 mod schedules;
 mod successors;
 mod tasks;
@@ -61,6 +62,7 @@ pub use prune::{
     pruning_never_hands_an_id_out_again, pruning_removes_every_row_an_ended_entity_left,
     trimming_keeps_a_live_entitys_latest_past,
 };
+pub use rates::{limits_admit_round_robin_across_fair_values, limits_space_starts_by_their_rate};
 pub use schedules::schedules_sync_lease_advance_and_pause;
 pub use successors::{events_reach_related_entities, successors_and_change_notices};
 pub use tasks::{agent_reports_join_the_batch_around_them, agent_tasks_lease_and_report};
@@ -130,7 +132,7 @@ fn push(key: &str, event: &str) -> Push {
 }
 
 /// Operator command `command` on entity `key` of machine `m`, outside any operation.
-fn command(key: &str, command: Command) -> Op {
+pub(super) fn command(key: &str, command: Command) -> Op {
     Op::Command { machine: MachineName::new("m"), key: EntityKey::new(key), command, operation: None }
 }
 
@@ -221,7 +223,8 @@ macro_rules! store_conformance_suite {
                 versions_move_the_entities_no_engine_holds, a_deploy_is_written_whole, canceling_an_operation_stops_its_work_and_queues_the_undo,
                 a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on,
                 limits_hand_slots_on_in_line, limits_survive_leases_and_commands,
-                limits_stay_with_an_agent_task_through_a_pause, limits_stay_with_a_call_in_flight;
+                limits_stay_with_an_agent_task_through_a_pause, limits_stay_with_a_call_in_flight,
+                limits_admit_round_robin_across_fair_values, limits_space_starts_by_their_rate;
             store_and_dialect: effects_are_atomic
         );
     };

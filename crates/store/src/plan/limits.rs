@@ -1,13 +1,21 @@
-//! Concurrency limits (DESIGN §10): taking a slot before a limited auto action starts
-//! ([`acquire`]), giving it back with the commit that ends the action ([`leave`]), and
-//! handing it to the first in line in the same transaction ([`fill`]).
+//! Limits (DESIGN §10): taking a slot, and a start of the rate, before a limited auto
+//! action starts ([`acquire`]), giving the slot back with the commit that ends the action
+//! ([`leave`]), and handing it to the next in line in the same transaction ([`fill`]).
 //!
-//! Three tables hold a limit's state: `limit_slots` (per limit and key value: how many are
-//! in use, of how many), `limit_holds` (who holds one) and `limit_waiters` (who waits, in
-//! the order they are admitted: priority, then arrival, through an index). Every change
-//! locks the slot row first (PostgreSQL: by the `INSERT … ON CONFLICT` or `UPDATE` that
-//! changes it), so instances sharing a database never count past a limit; a slot is handed
-//! on in the transaction that frees it, so no slot stays free while work waits for it.
+//! Four tables hold a limit's state: `limit_slots` (per limit and key value: how many are
+//! in use, of how many; the rate's next start; the round of the line), `limit_holds` (who
+//! holds one), `limit_waiters` (who waits) and `limit_fair` (the line's fairness values,
+//! each with its turn). A line is admitted round-robin across its fairness values (the
+//! value of the limit's `fair_by`; one value without it): the value with the lowest turn
+//! goes next, its first by priority then arrival, and its turn moves one round on; a value
+//! that starts waiting takes the current round, so it waits at most one round. Both are
+//! found through indexes, not scans. A rate spaces starts evenly (`per / rate` apart): a line
+//! held only by its rate has its next woken when the rate allows.
+//!
+//! Every change locks the slot row first (PostgreSQL: by the `INSERT … ON CONFLICT` or
+//! `UPDATE` that changes it), so instances sharing a database never count past a limit; a
+//! slot is handed on in the transaction that frees it, so no slot stays free while work
+//! waits for it.
 //!
 //! The statements are written once for both databases (`$N` parameters read alike on
 //! both) and run through [`Dialect::rows`]; the rules are here. Only entities of machines
@@ -45,17 +53,25 @@ fn t(s: &str) -> Val {
     Val::Text(s.to_string())
 }
 
-/// The entity's version and lease holder (locked on PostgreSQL: `Dialect::LOCK` follows).
-const FENCE: &str = "SELECT version, lease_owner FROM entities WHERE id = $1";
+/// The entity's version, lease holder and run status (locked on PostgreSQL: `Dialect::LOCK`
+/// follows).
+const FENCE: &str = "SELECT version, lease_owner, run_status FROM entities WHERE id = $1";
+/// An entity paused, put to sleep or failed while its engine held it is let go: due at the
+/// end of its sleep, else not until resumed.
+const LET_GO: &str = "UPDATE entities SET lease_owner = NULL, lease_until = NULL,
+     due_at = CASE WHEN run_status = 'sleeping' THEN sleep_until ELSE NULL END WHERE id = $1";
 /// The limits whose slots an entity holds for its own action.
 const HELD: &str = "SELECT name FROM limit_holds WHERE entity_id = $1 AND task_id = 0";
-/// A limit's slot row for a key value, made if new, its `max` brought to the definition's;
+/// A limit's slot row for a key value, made if new, its terms brought to the definition's;
 /// locked until the transaction ends.
-const SLOT: &str = "INSERT INTO limit_slots (name, key, in_use, max) VALUES ($1, $2, 0, $3)
-     ON CONFLICT (name, key) DO UPDATE SET max = excluded.max RETURNING in_use, max";
-const TAKE: &str = "UPDATE limit_slots SET in_use = in_use + $3 WHERE name = $1 AND key = $2";
-const GIVE_BACK: &str =
-    "UPDATE limit_slots SET in_use = in_use - $3 WHERE name = $1 AND key = $2 RETURNING in_use, max";
+const SLOT: &str = "INSERT INTO limit_slots (name, key, in_use, max, spacing_us) VALUES ($1, $2, 0, $3, $4)
+     ON CONFLICT (name, key) DO UPDATE SET max = excluded.max, spacing_us = excluded.spacing_us
+     RETURNING in_use, max, spacing_us, next_us, round";
+/// `$3` slots given back (the row locked until the transaction ends).
+const GIVE_BACK: &str = "UPDATE limit_slots SET in_use = in_use - $3 WHERE name = $1 AND key = $2
+     RETURNING in_use, max, spacing_us, next_us, round";
+const LOCK_SLOT: &str = "SELECT in_use, max, spacing_us, next_us, round FROM limit_slots WHERE name = $1 AND key = $2";
+const SAVE: &str = "UPDATE limit_slots SET in_use = $3, next_us = $4, round = $5 WHERE name = $1 AND key = $2";
 const HOLD: &str = "INSERT INTO limit_holds (entity_id, name, key, since) VALUES ($1, $2, $3, $4)";
 const LEAVE_HOLDS: &str = "DELETE FROM limit_holds WHERE entity_id = $1 AND task_id = 0 RETURNING name, key";
 /// The task of the entity `$1` its leaving canceled now (`$2`) while an agent held it.
@@ -73,16 +89,29 @@ const OWN_CALL: &str = "SELECT until FROM limit_holds WHERE entity_id = $1 AND n
 /// The slots task `$1` kept, given up (its agent answered).
 const TASK_DONE: &str = "DELETE FROM limit_holds WHERE task_id = $1 RETURNING entity_id, name, key";
 const WAITING_FOR: &str = "SELECT name, key FROM limit_waiters WHERE entity_id = $1";
-const WAIT: &str = "INSERT INTO limit_waiters (entity_id, name, key, priority, since) VALUES ($1, $2, $3, $4, $5)";
-const UNWAIT: &str = "DELETE FROM limit_waiters WHERE entity_id = $1";
-/// The first `$3` in line for a slot of limit `$1`, key value `$2`.
-const FIRST: &str = "SELECT seq, entity_id FROM limit_waiters WHERE name = $1 AND key = $2
-     ORDER BY priority DESC, seq LIMIT $3";
+const WAIT: &str =
+    "INSERT INTO limit_waiters (entity_id, name, key, priority, since, fair) VALUES ($1, $2, $3, $4, $5, $6)";
+/// One more waiting of a fairness value; a value that had none waiting takes its turn no
+/// earlier than the current round `$4` (so it is admitted within one round).
+const FAIR_JOIN: &str = "INSERT INTO limit_fair (name, key, fair, turn, waiting) VALUES ($1, $2, $3, $4, 1)
+     ON CONFLICT (name, key, fair) DO UPDATE SET waiting = limit_fair.waiting + 1,
+        turn = CASE WHEN limit_fair.waiting = 0 AND limit_fair.turn < $4 THEN $4 ELSE limit_fair.turn END";
+/// One fewer waiting of a fairness value, its turn moved on by `$4` (1: it was admitted).
+const FAIR_LEAVE: &str =
+    "UPDATE limit_fair SET waiting = waiting - 1, turn = turn + $4 WHERE name = $1 AND key = $2 AND fair = $3";
+const UNWAIT: &str = "DELETE FROM limit_waiters WHERE entity_id = $1 RETURNING name, key, fair";
+/// The fairness value of a line whose turn is next: the lowest turn, through its index.
+const NEXT_FAIR: &str = "SELECT fair, turn FROM limit_fair WHERE name = $1 AND key = $2 AND waiting > 0
+     ORDER BY turn, fair LIMIT 1";
+/// The first in line of a fairness value: by priority, then arrival.
+const FIRST: &str = "SELECT seq, entity_id FROM limit_waiters WHERE name = $1 AND key = $2 AND fair = $3
+     ORDER BY priority DESC, seq LIMIT 1";
 const ADMITTED: &str = "DELETE FROM limit_waiters WHERE seq = $1";
 /// An entity becomes due at `$2` (an admitted one: now), unless a lease holder has it (it
-/// goes on when its lease is dropped), it does not run, or it is due sooner.
+/// goes on when its lease is dropped), it does not run (a fault's backoff ended: it asked),
+/// or it is due sooner.
 const DUE: &str = "UPDATE entities SET due_at = $2
-     WHERE id = $1 AND lease_owner IS NULL AND run_status = 'active' AND (due_at IS NULL OR due_at > $2)";
+     WHERE id = $1 AND lease_owner IS NULL AND run_status IN ('active', 'fault') AND (due_at IS NULL OR due_at > $2)";
 /// A waiting entity's lease is dropped: it is due again when admitted, at once if events
 /// wait in its inbox (they run while it waits), when a timer of its fires, or at `$3` (its
 /// own canceled call's lock runs out; null: never).
@@ -92,11 +121,78 @@ const PARK: &str = "UPDATE entities SET lease_owner = NULL, lease_until = NULL,
                    ELSE timer_at END
      WHERE id = $1 RETURNING due_at";
 
+/// A limit's slot row for one key value, read under its lock and written back ([`SAVE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    in_use: i64,
+    /// `None`: a limit of rate only.
+    max: Option<i64>,
+    /// The least time between two starts (`None`: no rate).
+    spacing_us: Option<i64>,
+    /// The earliest time the next start may be.
+    next_us: i64,
+    /// The turn of the fairness value admitted last.
+    round: i64,
+}
+
+impl Slot {
+    fn read(row: &[Val]) -> Slot {
+        let opt = |v: &Val| match v {
+            Val::Null => None,
+            v => Some(v.int()),
+        };
+        Slot {
+            in_use: row[0].int(),
+            max: opt(&row[1]),
+            spacing_us: opt(&row[2]),
+            next_us: row[3].int(),
+            round: row[4].int(),
+        }
+    }
+
+    /// Whether a slot is free (of `max`).
+    fn free(&self) -> bool {
+        self.max.is_none_or(|m| self.in_use < m)
+    }
+
+    /// When the rate lets the next start happen, in milliseconds (rounded up), if later
+    /// than `now`.
+    fn rate_wait(&self, now: Millis) -> Option<Millis> {
+        self.spacing_us?;
+        (self.next_us > now.saturating_mul(1_000))
+            .then(|| self.next_us.div_euclid(1_000) + i64::from(self.next_us % 1_000 != 0))
+    }
+
+    /// Whether one more may start now.
+    fn room(&self, now: Millis) -> bool {
+        self.free() && self.rate_wait(now).is_none()
+    }
+
+    /// One more starts now: a slot taken, and the rate's next start moved on.
+    fn take(&mut self, now: Millis) {
+        self.in_use += 1;
+        if let Some(spacing) = self.spacing_us {
+            self.next_us = self.next_us.max(now.saturating_mul(1_000)).saturating_add(spacing);
+        }
+    }
+
+    fn save<D: Dialect>(&self, d: &mut D, name: &str, key: &str) -> Result<(), D::Error> {
+        d.rows(SAVE, &[t(name), t(key), Val::Int(self.in_use), Val::Int(self.next_us), Val::Int(self.round)])?;
+        Ok(())
+    }
+}
+
+fn opt_int(n: Option<i64>) -> Val {
+    n.map_or(Val::Null, Val::Int)
+}
+
 /// Applies an [`Acquire`]: every slot asked for is held, or the entity waits in line for
-/// the first that is not free (keeping those it took) and its lease is dropped. An entity
-/// whose previous call of a limit is still in flight (its task canceled while an agent held
-/// it) waits for that call's lock to run out, out of line. Answers whether it left an
-/// entity due now (an admitted waiter, or the waiting one with events).
+/// the first that is not free or whose rate lets nothing start now (keeping those it took)
+/// and its lease is dropped. An entity whose previous call of a limit is still in flight
+/// (its task canceled while an agent held it) waits for that call's lock to run out, out of
+/// line. An entity paused or put to sleep meanwhile takes nothing: it leaves its limits and
+/// is let go ([`Applied::Released`]). Answers whether it left an entity due now (an
+/// admitted waiter, or the waiting one with events).
 pub(crate) fn acquire<D: Dialect>(
     d: &mut D,
     now: Millis,
@@ -109,49 +205,107 @@ pub(crate) fn acquire<D: Dialect>(
     if !fenced {
         return Ok((Err(OpError::LeaseLost { entity_id: id }), false));
     }
+    if !matches!(&fence[0][2], Val::Text(s) if s == "active" || s == "fault") {
+        // Paused (or put to sleep) while its engine held it: it starts nothing, and leaves
+        // its limits as a stopped entity does.
+        let due_now = stopped(d, now, id)?;
+        d.rows(LET_GO, &[Val::Int(id)])?;
+        return Ok((Ok(Applied::Released), due_now));
+    }
     let mut held: Vec<String> = d.rows(HELD, &[Val::Int(id)])?.iter().map(|r| r[0].text()).collect();
     let mut asks: Vec<&crate::SlotAsk> = a.slots.iter().collect();
     asks.sort_by(|x, y| x.limit.cmp(&y.limit));
     let mut due_now = false;
     for ask in asks {
-        let slot = d.rows(SLOT, &[t(&ask.limit), t(&ask.key), Val::Int(i64::from(ask.max))])?;
-        let in_use = expire(d, now, &ask.limit, &ask.key, slot[0][0].int())?;
-        let max = slot[0][1].int();
-        // Room made by raising the limit, or by calls whose lock ran out, goes to those in
-        // line first.
-        let admitted = fill(d, now, &ask.limit, &ask.key, in_use, max)?;
+        let (name, key) = (ask.limit.as_str(), ask.key.as_str());
+        let max = ask.max.map(i64::from);
+        let spacing = ask.rate.map(crate::Rate::spacing_us);
+        let row = d.rows(SLOT, &[t(name), t(key), opt_int(max), opt_int(spacing)])?;
+        let mut slot = Slot::read(&row[0]);
+        expire(d, now, name, key, &mut slot)?;
+        // Room made by raising the limit, by calls whose lock ran out, or by time (a rate)
+        // goes to those in line first.
+        let admitted = fill(d, now, name, key, &mut slot)?;
         due_now |= admitted.iter().any(|e| *e != id);
         if admitted.contains(&id) {
             held.push(ask.limit.clone());
         }
         if held.contains(&ask.limit) {
+            slot.save(d, name, key)?;
             continue;
         }
         let waiting = || Applied::Waiting { limit: ask.limit.clone(), key: ask.key.clone() };
-        if let Some(own) = d.rows(OWN_CALL, &[Val::Int(id), t(&ask.limit)])?.first() {
+        if let Some(own) = d.rows(OWN_CALL, &[Val::Int(id), t(name)])?.first() {
             // Its previous call is still in flight: not a second one beside it.
+            slot.save(d, name, key)?;
             let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), own[0].clone()])?;
             due_now |= parked.first().is_some_and(|r| matches!(r[0], Val::Int(at) if at <= now));
             return Ok((Ok(waiting()), due_now));
         }
-        if in_use + (admitted.len() as i64) < max {
-            d.rows(TAKE, &[t(&ask.limit), t(&ask.key), Val::Int(1)])?;
-            d.rows(HOLD, &[Val::Int(id), t(&ask.limit), t(&ask.key), Val::Int(now)])?;
+        if slot.room(now) {
+            slot.take(now);
+            slot.save(d, name, key)?;
+            d.rows(HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now)])?;
             held.push(ask.limit.clone());
             continue;
         }
-        // Every slot is taken: wait in line, keeping a place held already.
+        // No room: wait in line, keeping a place held already.
         let waits = d.rows(WAITING_FOR, &[Val::Int(id)])?;
         if waits.first().is_none_or(|w| w[0].text() != ask.limit || w[1].text() != ask.key) {
-            d.rows(UNWAIT, &[Val::Int(id)])?;
-            d.rows(WAIT, &[Val::Int(id), t(&ask.limit), t(&ask.key), Val::Int(a.priority), Val::Int(now)])?;
+            unwait(d, now, id)?;
+            d.rows(WAIT, &[Val::Int(id), t(name), t(key), Val::Int(a.priority), Val::Int(now), t(&ask.fair)])?;
+            d.rows(FAIR_JOIN, &[t(name), t(key), t(&ask.fair), Val::Int(slot.round)])?;
         }
+        slot.save(d, name, key)?;
         let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), Val::Null])?;
         due_now |= parked.first().is_some_and(|r| matches!(r[0], Val::Int(at) if at <= now));
+        wake_for_rate(d, now, name, key, &slot)?;
         return Ok((Ok(waiting()), due_now));
     }
-    d.rows(UNWAIT, &[Val::Int(id)])?;
+    unwait(d, now, id)?;
     Ok((Ok(Applied::Acquired), due_now))
+}
+
+/// The entity `id` gives up its place in line, if it has one (the line's slot row locked
+/// first, as every change of a line does). Were it the next, woken for the rate, the one
+/// after it is woken instead.
+fn unwait<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<(), D::Error> {
+    for w in d.rows(UNWAIT, &[Val::Int(id)])? {
+        let (name, key) = (w[0].text(), w[1].text());
+        let slot = d.rows(&format!("{LOCK_SLOT}{}", D::LOCK), &[t(&name), t(&key)])?;
+        d.rows(FAIR_LEAVE, &[t(&name), t(&key), w[2].clone(), Val::Int(0)])?;
+        if let Some(row) = slot.first() {
+            wake_for_rate(d, now, &name, &key, &Slot::read(row))?;
+        }
+    }
+    Ok(())
+}
+
+/// The next to be admitted from a line: its place (`limit_waiters.seq`), entity, fairness
+/// value and that value's turn.
+struct Next {
+    seq: i64,
+    entity: i64,
+    fair: Val,
+    turn: i64,
+}
+
+/// The next to be admitted from the line of limit `name`, key value `key`: the first, by
+/// priority then arrival, of the fairness value whose turn is lowest.
+fn next_in_line<D: Dialect>(d: &mut D, name: &str, key: &str) -> Result<Option<Next>, D::Error> {
+    let Some(fair) = d.rows(NEXT_FAIR, &[t(name), t(key)])?.into_iter().next() else { return Ok(None) };
+    let first = d.rows(FIRST, &[t(name), t(key), fair[0].clone()])?;
+    Ok(first.first().map(|w| Next { seq: w[0].int(), entity: w[1].int(), fair: fair[0].clone(), turn: fair[1].int() }))
+}
+
+/// A line that has room of slots but must wait for its rate: its next is woken when the
+/// rate lets it start (it asks again then, and is admitted).
+fn wake_for_rate<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot: &Slot) -> Result<(), D::Error> {
+    let Some(at) = slot.rate_wait(now).filter(|_| slot.free()) else { return Ok(()) };
+    if let Some(next) = next_in_line(d, name, key)? {
+        d.rows(DUE, &[Val::Int(next.entity), Val::Int(at)])?;
+    }
+    Ok(())
 }
 
 /// The entity `id` leaves its limits (its action ended, or it stopped): its place in a line
@@ -160,7 +314,7 @@ pub(crate) fn acquire<D: Dialect>(
 /// task keeps the slots until its agent answers ([`task_answered`]) or its lock runs out
 /// (then the first in line is woken to take them). Answers whether an entity is due now.
 pub(crate) fn leave<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<bool, D::Error> {
-    d.rows(UNWAIT, &[Val::Int(id)])?;
+    unwait(d, now, id)?;
     let mut holds: Vec<(String, String)> =
         d.rows(LEAVE_HOLDS, &[Val::Int(id)])?.iter().map(|r| (r[0].text(), r[1].text())).collect();
     if holds.is_empty() {
@@ -172,9 +326,9 @@ pub(crate) fn leave<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<bool,
         let (task, until) = (call[0].int(), call[1].int());
         for (name, key) in &holds {
             d.rows(TASK_HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now), Val::Int(task), Val::Int(until)])?;
-            // Whoever is first in line looks again when the call's lock runs out.
-            if let Some(first) = d.rows(FIRST, &[t(name), t(key), Val::Int(1)])?.first() {
-                d.rows(DUE, &[first[1].clone(), Val::Int(until)])?;
+            // Whoever is next in line looks again when the call's lock runs out.
+            if let Some(next) = next_in_line(d, name, key)? {
+                d.rows(DUE, &[Val::Int(next.entity), Val::Int(until)])?;
             }
         }
         return Ok(false);
@@ -204,20 +358,20 @@ pub(crate) fn task_answered<D: Dialect>(d: &mut D, now: Millis, task: i64) -> Re
 /// Gives `n` slots of limit `name`, key value `key` back and hands them on; answers whether
 /// an admitted entity is due now.
 fn give_back<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, n: i64) -> Result<bool, D::Error> {
-    let slot = d.rows(GIVE_BACK, &[t(name), t(key), Val::Int(n)])?;
-    let Some(row) = slot.first() else { return Ok(false) };
-    let in_use = expire(d, now, name, key, row[0].int())?;
-    Ok(!fill(d, now, name, key, in_use, row[1].int())?.is_empty())
+    let rows = d.rows(GIVE_BACK, &[t(name), t(key), Val::Int(n)])?;
+    let Some(row) = rows.first() else { return Ok(false) };
+    let mut slot = Slot::read(row);
+    expire(d, now, name, key, &mut slot)?;
+    let admitted = fill(d, now, name, key, &mut slot)?;
+    slot.save(d, name, key)?;
+    Ok(!admitted.is_empty())
 }
 
 /// Gives back the slots of limit `name`, key value `key` whose canceled tasks' locks ran
-/// out by `now`; answers the slots in use after (`in_use` before).
-fn expire<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, in_use: i64) -> Result<i64, D::Error> {
-    let gone = d.rows(EXPIRED, &[t(name), t(key), Val::Int(now)])?.len() as i64;
-    if gone > 0 {
-        d.rows(GIVE_BACK, &[t(name), t(key), Val::Int(gone)])?;
-    }
-    Ok(in_use - gone)
+/// out by `now` (to be saved with the slot).
+fn expire<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot: &mut Slot) -> Result<(), D::Error> {
+    slot.in_use -= d.rows(EXPIRED, &[t(name), t(key), Val::Int(now)])?.len() as i64;
+    Ok(())
 }
 
 /// Work of the entity `$1` in flight at an agent: a task offered or leased.
@@ -233,31 +387,23 @@ pub(crate) fn stopped<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<boo
     leave(d, now, id)
 }
 
-/// Hands the free slots of limit `name`, key value `key` (`in_use` of `max` taken, its row
-/// locked) to the first in line: each gets its slot and becomes due now. Answers the
-/// entities admitted.
-fn fill<D: Dialect>(
-    d: &mut D,
-    now: Millis,
-    name: &str,
-    key: &str,
-    in_use: i64,
-    max: i64,
-) -> Result<Vec<i64>, D::Error> {
-    if in_use >= max {
-        return Ok(Vec::new());
+/// Admits from the line of limit `name`, key value `key` (its row locked, read into `slot`,
+/// to be saved by the caller) while there is room: each admitted takes its slot (and its
+/// start of the rate), holds it, and is due now; its fairness value's turn moves one round
+/// on. A line left waiting only for its rate has its next woken when the rate allows.
+/// Answers the entities admitted.
+fn fill<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot: &mut Slot) -> Result<Vec<i64>, D::Error> {
+    let mut admitted = Vec::new();
+    while slot.room(now) {
+        let Some(next) = next_in_line(d, name, key)? else { return Ok(admitted) };
+        d.rows(ADMITTED, &[Val::Int(next.seq)])?;
+        d.rows(FAIR_LEAVE, &[t(name), t(key), next.fair, Val::Int(1)])?;
+        d.rows(HOLD, &[Val::Int(next.entity), t(name), t(key), Val::Int(now)])?;
+        d.rows(DUE, &[Val::Int(next.entity), Val::Int(now)])?;
+        slot.take(now);
+        slot.round = slot.round.max(next.turn);
+        admitted.push(next.entity);
     }
-    let first = d.rows(FIRST, &[t(name), t(key), Val::Int(max - in_use)])?;
-    let mut admitted = Vec::with_capacity(first.len());
-    for row in &first {
-        let (seq, entity) = (row[0].int(), row[1].int());
-        d.rows(ADMITTED, &[Val::Int(seq)])?;
-        d.rows(HOLD, &[Val::Int(entity), t(name), t(key), Val::Int(now)])?;
-        d.rows(DUE, &[Val::Int(entity), Val::Int(now)])?;
-        admitted.push(entity);
-    }
-    if !admitted.is_empty() {
-        d.rows(TAKE, &[t(name), t(key), Val::Int(admitted.len() as i64)])?;
-    }
+    wake_for_rate(d, now, name, key, slot)?;
     Ok(admitted)
 }

@@ -29,6 +29,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (19, include_str!("../../migrations/sqlite/0019_predecessors.sql")),
     (20, include_str!("../../migrations/sqlite/0020_origin.sql")),
     (21, include_str!("../../migrations/sqlite/0021_limits.sql")),
+    (22, include_str!("../../migrations/sqlite/0022_rates.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.
