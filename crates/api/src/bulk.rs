@@ -89,6 +89,10 @@ pub struct BulkRequest {
     /// At most this many entities a second (default 1000, at most 100000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate: Option<u32>,
+    /// For `raise`: the priority of the work its events start, from -1000 to 1000
+    /// (default: each event's declared priority less 10, below live requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
     /// Only count and sample what matches.
     #[serde(default)]
     pub dry_run: bool,
@@ -133,6 +137,9 @@ pub struct Bulk {
     pub reason: String,
     /// Entities a second at most.
     pub rate: u32,
+    /// For `raise`: the priority its events were raised with (absent: their default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
     /// `running`, `done` or `canceled`.
     pub status: String,
     /// How many matched when it started.
@@ -174,6 +181,7 @@ impl From<&settle_store::BulkRow> for Bulk {
             filter,
             reason: b.reason.clone(),
             rate: b.rate,
+            priority: b.priority,
             status: b.status.clone(),
             total: b.total,
             done: b.done,

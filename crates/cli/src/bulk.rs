@@ -90,6 +90,10 @@ pub struct RunArgs {
     /// At most this many entities a second.
     #[arg(long, default_value_t = settle_engine::DEFAULT_RATE)]
     pub rate: u32,
+    /// For `raise`: the priority of the work its events start, from -1000 to 1000 (default:
+    /// each event's declared priority less 10, below live requests).
+    #[arg(long, allow_hyphen_values = true)]
+    pub priority: Option<i64>,
     /// Only count and show what matches.
     #[arg(long)]
     pub dry_run: bool,
@@ -169,6 +173,7 @@ impl RunArgs {
             },
             reason: self.reason.clone(),
             rate: Some(self.rate),
+            priority: self.priority,
             dry_run: self.dry_run,
         })
     }
@@ -322,6 +327,7 @@ async fn run_local(
         selection,
         reason: req.reason.clone().unwrap_or_default(),
         rate: a.rate,
+        priority: a.priority,
     };
     let (row, _) = engine.bulk_start(request).await?;
     if a.no_wait {

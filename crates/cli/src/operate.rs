@@ -121,6 +121,10 @@ pub struct RaiseArgs {
     /// key is raised once.
     #[arg(long, visible_alias = "request-id", value_name = "K")]
     pub(crate) idempotency_key: Option<String>,
+    /// The priority of the work the event starts, from -1000 to 1000 (default: the event's
+    /// declared one, else 0): work waiting in a limit's line goes by it, higher first.
+    #[arg(long, allow_hyphen_values = true)]
+    pub(crate) priority: Option<i64>,
     /// One JSON object.
     #[arg(long)]
     pub(crate) json: bool,
@@ -309,6 +313,9 @@ async fn raise_on(
         .params(params)
         .timeout(timeout)
         .refuse_at_rest();
+    if let Some(p) = a.priority {
+        options = options.priority(p);
+    }
     if let Some(id) = &a.idempotency_key {
         options = options.request_id(id.clone());
     }

@@ -171,7 +171,7 @@ pub async fn raise(c: &Client, a: RaiseArgs) -> anyhow::Result<ExitCode> {
         Some(id) => seen(c, id).await?,
         None => false,
     };
-    let answer = c.raise(&a.machine, &a.key, &a.event, params, wait, a.idempotency_key.as_deref()).await;
+    let answer = c.raise_at(&a.machine, &a.key, &a.event, params, wait, a.idempotency_key.as_deref(), a.priority).await;
     let (request_id, raised) = match answer {
         Ok(Raised::Queued { request_id, .. }) => (Some(request_id), print::Raised::Queued { replayed }),
         Ok(Raised::Done { request_id, outcome, entity, operation }) => {

@@ -264,5 +264,22 @@ fn limits_and_get_show_who_holds_and_who_waits() {
     let json = common::stdout(&common::settle(&db, &["get", "vm", "a", "--json"]));
     let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
     assert_eq!(v["limits"][0]["limit"], "provider_calls", "{v}");
+    // An event raised with a priority goes ahead of those waiting at the default; one out
+    // of range is refused, naming it.
+    let body = r#"{"key": "d", "properties": {"region": "eu"}}"#;
+    assert_eq!(http(&at, "POST", "/v1/machines/vm/entities", body).unwrap().0, 201);
+    let out = served.settle(None, &["raise", "vm", "d", "create", "--priority", "5000"]);
+    assert!(!out.status.success() && common::stderr(&out).contains("priority"), "{}", common::stderr(&out));
+    let out = served.settle(None, &["raise", "vm", "d", "create", "--priority", "3"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = common::stdout(&served.settle(None, &["get", "vm", "d"]));
+        if text.contains("limit:      waiting for `provider_calls` (key eu: 2 of 2 in use, 1st in line)") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "d never went first in line:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     served.stop();
 }

@@ -357,18 +357,43 @@ impl Client {
         wait: Option<(WaitFor, Duration)>,
         idempotency_key: Option<&str>,
     ) -> Result<Raised, Error> {
+        self.raise_at(machine, key, event, params, wait, idempotency_key, None).await
+    }
+
+    /// [`Client::raise`], with the priority of the work the event starts (-1000 to 1000;
+    /// `None`: the event's declared one): work waiting in a limit's line goes by it,
+    /// higher first.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn raise_at(
+        &self,
+        machine: &str,
+        key: &str,
+        event: &str,
+        params: Value,
+        wait: Option<(WaitFor, Duration)>,
+        idempotency_key: Option<&str>,
+        priority: Option<i64>,
+    ) -> Result<Raised, Error> {
         let mut path = format!("/v1/machines/{}/entities/{}/events/{}", seg(machine), seg(key), seg(event));
+        let mut query = Vec::new();
         let timeout = match wait {
             Some((what, t)) => {
                 let what = match what {
                     WaitFor::Stable => "stable",
                     WaitFor::Operation => "operation",
                 };
-                path.push_str(&format!("?wait={what}&timeout={}ms", t.as_millis()));
+                query.push(format!("wait={what}&timeout={}ms", t.as_millis()));
                 t + Self::TIMEOUT
             }
             None => Self::TIMEOUT,
         };
+        if let Some(p) = priority {
+            query.push(format!("priority={p}"));
+        }
+        if !query.is_empty() {
+            path.push('?');
+            path.push_str(&query.join("&"));
+        }
         let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("idempotency-key", k)).into_iter().collect();
         let (status, v): (u16, Value) = self.call(Method::POST, &path, Some(&params), &headers, timeout).await?;
         let decode = |e: serde_json::Error| Error::Unexpected { url: path.clone(), message: e.to_string() };

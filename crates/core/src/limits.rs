@@ -32,6 +32,14 @@ use crate::expr::{Expression, Names};
 pub use crate::machine::def::LimitDef;
 use crate::machine::def::{MachineDef, StateKind, effective_kind};
 
+/// How much lower than a request's the default priority of a bulk operation's or a
+/// schedule's events is (their event's declared priority, less this): live work of an event
+/// goes before the same event in bulk.
+pub const BACKGROUND: i64 = 10;
+
+/// The range a priority must lie in (declared, or given with a request).
+pub const PRIORITIES: std::ops::RangeInclusive<i64> = -1_000..=1_000;
+
 /// Why a machine whose limits this version cannot enforce does not run: the definition is
 /// complete and checked, but limits of workflows (`events`) are not enforced yet (issue
 /// 67). A warning of `settle validate` on each such limit; an engine refuses a machine
@@ -253,6 +261,30 @@ agent = "cloud"
 
     fn with(limits: &str) -> String {
         format!("{VM}{limits}")
+    }
+
+    #[test]
+    fn an_events_priority_loads_comes_back_and_is_checked() {
+        let text =
+            VM.replace("[events.delete]\nin = [\"ready\"]\n", "[events.delete]\nin = [\"ready\"]\npriority = 10\n");
+        let (m, _) = crate::toml::load("vm.toml", "vm", &text).unwrap();
+        assert_eq!((m.event("delete").unwrap().priority, m.event("create").unwrap().priority), (10, 0));
+        let back = crate::Machine::from_canonical_json(&m.canonical_json()).unwrap();
+        assert_eq!((back.content_hash(), back.event("delete").unwrap().priority), (m.content_hash(), 10));
+        let (again, _) = crate::toml::load("vm.toml", "vm", &m.to_toml()).unwrap();
+        assert_eq!(again.content_hash(), m.content_hash(), "{}", m.to_toml());
+        let (plain, _) = crate::toml::load("vm.toml", "vm", VM).unwrap();
+        assert_ne!(plain.content_hash(), m.content_hash(), "a priority is part of the definition");
+        assert!(!plain.canonical_json().contains("priority"), "none declared: nothing added to the form");
+        let wild =
+            VM.replace("[events.delete]\nin = [\"ready\"]\n", "[events.delete]\nin = [\"ready\"]\npriority = 5000\n");
+        let report = crate::toml::load("vm.toml", "vm", &wild).err().unwrap().to_string();
+        assert!(
+            report.contains(
+                "vm.toml:12: error: machine `vm`, event `delete`: `priority` = 5000: a priority lies from -1000 to 1000"
+            ),
+            "{report}"
+        );
     }
 
     #[test]

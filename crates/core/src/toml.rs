@@ -336,6 +336,7 @@ impl Parser<'_> {
             when,
             ignore: event.ignore,
             internal: event.internal,
+            priority: event.priority,
             params: event.params,
             reject: in_order(event.reject).into_iter().map(|(s, r)| (s.into_inner(), r)).collect(),
             subscribe: event.subscribe,
@@ -625,6 +626,7 @@ struct EventToml {
     ignore: Vec<String>,
     #[serde(default)]
     internal: bool,
+    priority: Option<i64>,
     #[serde(default)]
     params: Vec<String>,
     #[serde(default)]

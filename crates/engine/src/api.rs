@@ -38,6 +38,13 @@ pub struct RaiseOptions {
     /// not valid in its state (see [`settle_core::step::refuse_at_rest`]); the answer is
     /// then [`Raised::refused`]. Off by default: the event is queued and rejected in turn.
     pub refuse_at_rest: bool,
+    /// The priority of the work the event starts (higher first in a limit's line; from
+    /// -1000 to 1000). `None`: the event's declared priority, or for a bulk operation's or a
+    /// schedule's event ([`RaiseOptions::background`]), that less
+    /// [`settle_core::limits::BACKGROUND`].
+    pub priority: Option<i64>,
+    /// Raised by a bulk operation or a schedule: its default priority is lower.
+    pub background: bool,
 }
 
 impl Default for RaiseOptions {
@@ -48,6 +55,8 @@ impl Default for RaiseOptions {
             timeout: Duration::from_secs(30),
             request_id: None,
             refuse_at_rest: false,
+            priority: None,
+            background: false,
         }
     }
 }
@@ -77,6 +86,12 @@ impl RaiseOptions {
     /// first time did).
     pub fn refuse_at_rest(mut self) -> Self {
         self.refuse_at_rest = true;
+        self
+    }
+    /// Sets the priority of the work the event starts (from -1000 to 1000; higher first in
+    /// a limit's line).
+    pub fn priority(mut self, priority: i64) -> Self {
+        self.priority = Some(priority);
         self
     }
 }

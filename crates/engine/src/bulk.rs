@@ -253,6 +253,9 @@ pub struct BulkRequest {
     pub reason: String,
     /// At most this many entities a second (1 to [`MAX_RATE`]).
     pub rate: u32,
+    /// For `raise`: the priority of the work its events start (`None`: each event's
+    /// declared priority less [`settle_core::limits::BACKGROUND`], below live requests').
+    pub priority: Option<i64>,
 }
 
 /// What a selection matches now.
@@ -380,6 +383,15 @@ impl<S: Store> Engine<S> {
                 return Err(Error::Bulk("params: must be a JSON object".into()));
             }
         }
+        match req.priority {
+            Some(_) if !matches!(req.action, BulkAction::Raise { .. }) => {
+                return Err(Error::Bulk("priority: only `raise` starts work to give a priority to".into()));
+            }
+            Some(p) if !settle_core::limits::PRIORITIES.contains(&p) => {
+                return Err(Error::Bulk(format!("priority: from -1000 to 1000, not {p}")));
+            }
+            _ => {}
+        }
         if (req.action == BulkAction::Cancel) != req.selection.reached_by.is_some() {
             return Err(Error::Bulk(
                 "action: `cancel` goes through the entities an operation reached, and only it does (cancel the \
@@ -402,6 +414,7 @@ impl<S: Store> Engine<S> {
         if let BulkAction::Raise { event, params } = &req.action {
             row.event = Some(event.to_string());
             row.params = params.clone();
+            row.priority = req.priority;
         }
         let (stored, new) = self.inner.store.bulk_start(row).await?;
         if new {
@@ -432,6 +445,7 @@ impl<S: Store> Engine<S> {
                 reason.map(|r| format!(" ({r})")).unwrap_or_default()
             ),
             rate: MAX_RATE,
+            priority: None,
         };
         self.bulk_start(req).await?;
         Ok(())
@@ -549,8 +563,10 @@ async fn page<S: Store + Clone>(engine: &Engine<S>, owner: &str, lease: Duration
         for (i, e) in chunk.iter().enumerate() {
             let (engine, request_id, action, e) =
                 (engine.clone(), row.request_id.clone(), action.clone(), (*e).clone());
-            let (reason, reached_by) = (row.reason.clone(), selection.reached_by.clone());
-            set.spawn(async move { (i, one(&engine, &request_id, &reason, &action, &e, reached_by.as_deref()).await) });
+            let (reason, reached_by, priority) = (row.reason.clone(), selection.reached_by.clone(), row.priority);
+            set.spawn(async move {
+                (i, one(&engine, &request_id, &reason, (&action, priority), &e, reached_by.as_deref()).await)
+            });
         }
         let mut results: Vec<(usize, Result<()>)> = set.join_all().await;
         results.sort_by_key(|(i, _)| *i);
@@ -606,7 +622,7 @@ async fn one<S: Store + Clone>(
     engine: &Engine<S>,
     request_id: &str,
     reason: &str,
-    action: &BulkAction,
+    (action, priority): (&BulkAction, Option<i64>),
     e: &EntityRow,
     reached_by: Option<&str>,
 ) -> Result<()> {
@@ -624,6 +640,8 @@ async fn one<S: Store + Clone>(
                 params: params.clone(),
                 wait: Wait::Queued,
                 request_id: Some(id),
+                priority,
+                background: true,
                 ..RaiseOptions::default()
             };
             engine.raise(&e.machine, &e.key, event, options).await.map(|_| ())

@@ -80,6 +80,7 @@ impl<S: Store + Clone> Engine<S> {
             selection: Selection { reached_by: Some(request_id.to_string()), ..Selection::default() },
             reason,
             rate: MAX_RATE,
+            priority: None,
         };
         let (bulk, new) = self.bulk_start(req).await?;
         Ok(CancelStarted { operation, bulk, replayed: !new })
@@ -153,6 +154,7 @@ impl<S: Store + Clone> Engine<S> {
                 name: format!("{}.cancel", machine.name()),
                 dimensions: json!({"machine": machine.name().as_str(), "command": "cancel", "canceled": canceled,
                     "reason": reason}),
+                priority: 0,
             }),
         }));
         let (reply, rx) = oneshot::channel();

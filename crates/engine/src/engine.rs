@@ -170,9 +170,25 @@ impl<S: Store> Engine<S> {
         properties: Properties,
         request_id: Option<String>,
     ) -> Result<Created> {
+        self.create_at(machine, key, properties, request_id, 0).await
+    }
+
+    /// [`Engine::create_with`], the work the creation starts (its initial state's auto
+    /// actions) of `priority` (a schedule's creates: below requests').
+    pub(crate) async fn create_at(
+        &self,
+        machine: &str,
+        key: &str,
+        properties: Properties,
+        request_id: Option<String>,
+        priority: i64,
+    ) -> Result<Created> {
         let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let now = self.inner.clock.now_ms();
-        let new = create_op(&self.inner.registry(), machine, key, properties, &request_id, now)?;
+        let mut new = create_op(&self.inner.registry(), machine, key, properties, &request_id, now)?;
+        if let Some(o) = new.operation.as_mut() {
+            o.priority = priority;
+        }
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Create { new, reply })?;
         match rx.await.map_err(|_| Error::Stopped)?? {
@@ -248,7 +264,8 @@ impl<S: Store> Engine<S> {
         request_id: String,
     ) -> Result<Raised> {
         let m = self.inner.registry().machine(machine)?.clone();
-        step::check_raise(&m, event, &options.params)?;
+        let declared = step::check_raise(&m, event, &options.params)?;
+        let priority = step::priority_of(&m, declared, options.priority, options.background)?;
         if options.refuse_at_rest
             && let Some((entity, rejection)) =
                 self.refusal_at_rest(&m, key, event, options.request_id.as_deref()).await?
@@ -264,7 +281,7 @@ impl<S: Store> Engine<S> {
                 operation: None,
             });
         }
-        let push = push_op(&m, key, event, options.params, &request_id);
+        let push = push_op(&m, key, event, options.params, &request_id, priority);
         let (ack, ack_rx) = oneshot::channel();
         let (done, done_rx) = match options.wait {
             Wait::Queued => (None, None),

@@ -30,13 +30,21 @@ pub(crate) fn create_op(
         request_id: request_id.to_string(),
         name: format!("{machine}:new"),
         dimensions: serde_json::json!({"machine": machine}),
+        priority: 0,
     });
     Ok(new)
 }
 
 /// The store operation raising `event` (already checked against `m`) on entity `key` as
-/// the operation `request_id`.
-pub(crate) fn push_op(m: &Machine, key: &str, event: &str, params: serde_json::Value, request_id: &str) -> Push {
+/// the operation `request_id`, of `priority`.
+pub(crate) fn push_op(
+    m: &Machine,
+    key: &str,
+    event: &str,
+    params: serde_json::Value,
+    request_id: &str,
+    priority: i64,
+) -> Push {
     Push {
         machine: m.name().clone(),
         key: EntityKey::new(key),
@@ -49,6 +57,7 @@ pub(crate) fn push_op(m: &Machine, key: &str, event: &str, params: serde_json::V
             request_id: request_id.to_string(),
             name: format!("{}.{event}", m.name()),
             dimensions: serde_json::json!({"machine": m.name().as_str(), "event": event}),
+            priority,
         }),
         reply: None,
     }
@@ -77,6 +86,7 @@ pub(crate) fn command_op(
             request_id: request_id.to_string(),
             name: format!("{machine}.{}", command.as_str()),
             dimensions,
+            priority: 0,
         }),
     })
 }

@@ -273,7 +273,8 @@ async fn fire<S: Store + Clone>(engine: &Engine<S>, machine: &str, cal: &Calenda
                 None => format!("{}-{}", cal.name(), format_time(instant)),
             };
             let props = properties.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            engine.create_with(machine, &key, props, Some(id.clone())).await.map(|_| ())
+            let background = -settle_core::limits::BACKGROUND;
+            engine.create_at(machine, &key, props, Some(id.clone()), background).await.map(|_| ())
         }
         Fire::Raise { event, states, rate } => {
             let mut result = Ok(());
@@ -288,6 +289,7 @@ async fn fire<S: Store + Clone>(engine: &Engine<S>, machine: &str, cal: &Calenda
                     },
                     reason: format!("schedule `{}` of `{machine}`, the fire of {}", cal.name(), format_time(instant)),
                     rate: *rate,
+                    priority: None,
                 };
                 if let Err(e) = engine.bulk_start(req).await {
                     result = Err(e);

@@ -122,8 +122,9 @@ impl<S: Store + Clone> SimNode<S> {
         request_id: &str,
     ) -> Result<Reply<Option<(i64, i64)>>> {
         let m = self.registry.machine(machine)?;
-        settle_core::step::check_raise(m, event, &params)?;
-        let push = push_op(m, key, event, params, request_id);
+        let declared = settle_core::step::check_raise(m, event, &params)?;
+        let priority = settle_core::step::priority_of(m, declared, None, false)?;
+        let push = push_op(m, key, event, params, request_id, priority);
         let (ack, rx) = oneshot::channel();
         self.scheduler.on_msg(Msg::Raise { push, wait: Wait::Queued, ack, done: None });
         Ok(rx)

@@ -51,6 +51,7 @@ fn request(id: &str, action: BulkAction, selection: Selection) -> BulkRequest {
         selection,
         reason: "maintenance window 42".into(),
         rate: settle_engine::MAX_RATE,
+        priority: None,
     }
 }
 

@@ -1,7 +1,8 @@
-//! Rates and fairness of limits, end to end on both stores: a rate spaces the starts of its
-//! actions on the engine's clock (a manual one here: none starts early, none late), and a
-//! global limit with `fair_by` admits a tenant arriving behind another's backlog after one
-//! of that backlog, not after all of it.
+//! Rates, fairness and priorities of limits, end to end on both stores: a rate spaces the
+//! starts of its actions on the engine's clock (a manual one here: none starts early, none
+//! late); a global limit with `fair_by` admits a tenant arriving behind another's backlog
+//! after one of that backlog, not after all of it; waiting work goes by the priority of the
+//! request that started it (given, declared by its event, a bulk operation's lower one).
 
 mod common;
 
@@ -10,10 +11,11 @@ use std::time::Duration;
 
 use settle_core::limits::LimitDef;
 use settle_core::{Machine, MachineBuilder};
-use settle_engine::{Engine, Outcome, RaiseOptions, Wait};
+use settle_engine::{BulkAction, BulkRequest, Engine, Outcome, RaiseOptions, Selection, Wait};
 use settle_store::{AnyStore, Clock, Store};
 
-/// `job`: idle -go→ working (auto `work`, under `limit`) → done.
+/// `job`: idle -go→ working (auto `work`, under `limit`) → done; `urgent` (declared
+/// priority 5) does as `go` does.
 fn job(limit: LimitDef) -> Machine {
     MachineBuilder::new("job")
         .properties(["tenant"])
@@ -23,6 +25,8 @@ fn job(limit: LimitDef) -> Machine {
         .auto("work")
         .state("done")
         .event("go", ["idle"], "begin")
+        .event("urgent", ["idle"], "begin")
+        .priority(5)
         .action("begin", ["working"])
         .action("work", ["done"])
         .limit(limit)
@@ -148,6 +152,81 @@ async fn a_tenant_behind_anothers_backlog_waits_one_round() {
         for k in order {
             engine.wait_for_state("job", &k, &["done"], Duration::from_secs(30)).await.unwrap();
         }
+        engine.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_work_goes_by_the_priority_of_its_request() {
+    for (_dir, store) in common::stores("limits_priority").await {
+        let started: Arc<Mutex<Vec<String>>> = Arc::default();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let calls =
+            LimitDef { name: "calls".into(), states: vec!["working".into()], max: Some(1), ..LimitDef::default() };
+        let (s, g) = (started.clone(), gate.clone());
+        let engine = Engine::builder(store.clone())
+            .machine(job(calls))
+            .on("job", "work", move |ctx| {
+                let (s, g) = (s.clone(), g.clone());
+                async move {
+                    s.lock().unwrap().push(ctx.key.to_string());
+                    g.acquire().await.unwrap().forget();
+                    Ok(Outcome::to("done"))
+                }
+            })
+            .start()
+            .await
+            .unwrap();
+        let waiting = |n: u64| {
+            let store = store.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                loop {
+                    let u = store.limit_list().await.unwrap();
+                    if u.iter().any(|u| u.in_use == 1 && u.waiting == n) {
+                        return;
+                    }
+                    assert!(tokio::time::Instant::now() < deadline, "never {n} waiting: {u:?}");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        go(&engine, "holder", "t").await;
+        // A bulk operation's `go` (its default: 10 below a request's), requests' `go` (0),
+        // `urgent` (declared 5), and a `go` given priority 9.
+        let props = |t: &str| serde_json::from_value(serde_json::json!({ "tenant": t })).unwrap();
+        engine.create("job", "bulk-1", props("t")).await.unwrap();
+        let raise = BulkAction::Raise { event: "go".into(), params: serde_json::Value::Null };
+        let selection = Selection { machine: Some("job".into()), prefix: Some("bulk-".into()), ..Selection::default() };
+        let bulk = BulkRequest {
+            request_id: Some("bulk-go".into()),
+            action: raise,
+            selection,
+            reason: "a test of priorities".into(),
+            rate: settle_engine::MAX_RATE,
+            priority: None,
+        };
+        engine.bulk_start(bulk).await.unwrap();
+        waiting(1).await;
+        go(&engine, "plain-1", "t").await;
+        waiting(2).await;
+        go(&engine, "plain-2", "t").await;
+        waiting(3).await;
+        engine.create("job", "urgent", props("t")).await.unwrap();
+        engine.raise("job", "urgent", "urgent", RaiseOptions::wait(Wait::Queued)).await.unwrap();
+        engine.create("job", "asked", props("t")).await.unwrap();
+        engine.raise("job", "asked", "go", RaiseOptions::wait(Wait::Queued).priority(9)).await.unwrap();
+        waiting(5).await;
+        // Out of range: refused, naming it.
+        engine.create("job", "wild", props("t")).await.unwrap();
+        let err = engine.raise("job", "wild", "go", RaiseOptions::default().priority(5_000)).await.unwrap_err();
+        assert!(err.to_string().contains("priority 5000 of event `go`"), "{err}");
+        for n in 1..=6 {
+            gate.add_permits(1);
+            until(&format!("{n} calls ended"), || started.lock().unwrap().len() > n.min(5)).await;
+        }
+        let order = started.lock().unwrap().clone();
+        assert_eq!(order, ["holder", "asked", "urgent", "plain-1", "plain-2", "bulk-1"]);
         engine.shutdown().await;
     }
 }

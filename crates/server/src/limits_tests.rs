@@ -109,3 +109,41 @@ async fn a_limited_agent_action_waits_in_line_and_says_so() {
     }
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_raise_and_a_bulk_operation_carry_their_priority_into_the_line() {
+    let app = App::with_machines(Tokens::open(), Config::default(), &[("part", LIMITED)]).await;
+    for k in ["p1", "p2", "p3", "p4"] {
+        let r = app.post("/v1/machines/part/entities", json!({"key": k, "properties": {"region": "eu"}})).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text);
+    }
+    let start = |k: &str, query: &str| format!("/v1/machines/part/entities/{k}/events/start{query}");
+    assert_eq!(app.post(&start("p1", ""), json!({})).await.status, StatusCode::ACCEPTED);
+    until(&app, "p1 holds the slot", |v| v["items"][0]["in_use"] == 1).await;
+    assert_eq!(app.post(&start("p2", ""), json!({})).await.status, StatusCode::ACCEPTED);
+    until(&app, "p2 waits", |v| v["items"][0]["waiting"] == 1).await;
+    assert_eq!(app.post(&start("p3", "?priority=3"), json!({})).await.status, StatusCode::ACCEPTED);
+    until(&app, "p3 waits", |v| v["items"][0]["waiting"] == 2).await;
+    let place = |e: Value| e["limits"][0]["place"].as_u64();
+    assert_eq!(place(app.get("/v1/machines/part/entities/p3").await.json()), Some(1), "ahead by its priority");
+    assert_eq!(place(app.get("/v1/machines/part/entities/p2").await.json()), Some(2));
+    // Out of range: refused, naming the field; nothing raised.
+    let r = app.post(&start("p4", "?priority=5000"), json!({})).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert_eq!(r.json()["field"], "priority", "{}", r.text);
+    assert_eq!(app.get("/v1/machines/part/entities/p4").await.json()["state"], "idle");
+    // A bulk operation gives its events a priority; only `raise` takes one.
+    let bulk = |action: &str, priority: i64| {
+        json!({"action": action, "event": if action == "raise" { json!("start") } else { Value::Null },
+               "filter": {"machine": "part", "prefix": "p4"}, "reason": "test", "priority": priority})
+    };
+    let r = app.post("/v1/bulk", bulk("raise", 7)).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text);
+    assert_eq!(r.json()["priority"], 7, "{}", r.text);
+    until(&app, "p4 waits", |v| v["items"][0]["waiting"] == 3).await;
+    assert_eq!(place(app.get("/v1/machines/part/entities/p4").await.json()), Some(1), "7 goes before 3");
+    let r = app.post("/v1/bulk", bulk("pause", 7)).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text);
+    assert!(r.text.contains("priority: only `raise` starts work"), "{}", r.text);
+    app.stop().await;
+}

@@ -162,6 +162,9 @@ pub struct RaiseQuery {
     /// How long to wait with `wait` (e.g. `30s`; default 30s, at most the server's
     /// `--max-wait`; without `wait` it bounds nothing).
     pub timeout: Option<String>,
+    /// The priority of the work the event starts, from -1000 to 1000 (default: the event's
+    /// declared priority, else 0): work waiting in a limit's line goes by it, higher first.
+    pub priority: Option<i64>,
 }
 
 /// Query of `GET .../graph`.

@@ -415,6 +415,10 @@ impl From<RaiseError> for Problem {
                 .field(param)
                 .with("machine", machine.as_str())
                 .with("event", event.as_str()),
+            RaiseError::Priority { machine, event, .. } => Problem::new(Kind::BadRequest, detail)
+                .field("priority")
+                .with("machine", machine.as_str())
+                .with("event", event.as_str()),
         }
     }
 }

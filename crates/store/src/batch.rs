@@ -272,8 +272,9 @@ pub struct Acquire {
     /// The slots: limit, key value, and the limit's `max` as the entity's definition
     /// declares it (the stored `max` follows the newest asked for).
     pub slots: Vec<SlotAsk>,
-    /// Its place among those waiting: higher first.
-    pub priority: i64,
+    /// Its place among those waiting of its fairness value: higher first (`None`: its
+    /// workflow's, the priority of the request its entity works for, 0 without one).
+    pub priority: Option<i64>,
 }
 
 /// One slot an [`Acquire`] asks for.

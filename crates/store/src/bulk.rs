@@ -51,6 +51,9 @@ pub struct BulkRow {
     pub updated_at: Millis,
     /// When it ended (done or canceled).
     pub ended_at: Option<Millis>,
+    /// For `raise`: the priority of the work its events start (`None`: their event's
+    /// declared priority, less `settle_core::limits::BACKGROUND`: below a request's).
+    pub priority: Option<i64>,
 }
 
 impl BulkRow {
@@ -74,6 +77,7 @@ impl BulkRow {
             created_at: now,
             updated_at: now,
             ended_at: None,
+            priority: None,
         }
     }
 }
@@ -103,12 +107,12 @@ pub struct BulkAdvance {
 }
 
 pub(crate) const BULK_COLS: &str = "request_id, action, event, params, filter, reason, rate, status, total, cursor, \
-     done, failed, last_error, owner, created_at, updated_at, ended_at";
+     done, failed, last_error, owner, created_at, updated_at, ended_at, priority";
 
 /// Inserts a new one; a request id seen before inserts nothing.
 pub(crate) const INSERT: &str = "INSERT INTO bulk_operations (request_id, action, event, params, filter, reason, rate, \
-     status, total, done, failed, created_at, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, 0, 0, $9, $9) ON CONFLICT (request_id) DO NOTHING";
+     status, total, done, failed, created_at, updated_at, priority) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, 0, 0, $9, $9, $10) ON CONFLICT (request_id) DO NOTHING";
 
 pub(crate) fn select_one() -> String {
     format!("SELECT {BULK_COLS} FROM bulk_operations WHERE request_id = $1")
@@ -169,6 +173,7 @@ pub(crate) fn decode<C: crate::decode::Columns>(r: &C) -> Result<BulkRow, C::Err
         created_at: r.int(14)?,
         updated_at: r.int(15)?,
         ended_at: r.opt_int(16)?,
+        priority: r.opt_int(17)?,
     })
 }
 

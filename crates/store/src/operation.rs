@@ -14,6 +14,8 @@ pub struct OpenOperation {
     pub name: String,
     /// Free-form dimensions (JSON object).
     pub dimensions: Value,
+    /// Its priority (higher first): the work it starts waits in a limit's line by it.
+    pub priority: i64,
 }
 
 /// A stored operation.

@@ -162,6 +162,7 @@ fn push_op(key: &str, request_id: &str) -> Op {
             request_id: request_id.into(),
             name: "m.go".into(),
             dimensions: serde_json::json!({}),
+            priority: 0,
         }),
         reply: None,
     })

@@ -139,6 +139,7 @@ async fn state_entries_carry_their_transition_telemetry() {
             request_id: "r1".into(),
             name: "m.go".into(),
             dimensions: serde_json::json!({}),
+            priority: 0,
         }),
         reply: None,
     };

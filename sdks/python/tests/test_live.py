@@ -88,6 +88,15 @@ class LiveTest(unittest.TestCase):
     def wait_for(self, key, check, limit=30.0):
         return self.wait_for_in("job", key, check, limit)
 
+    def test_a_raise_sends_its_priority_and_one_out_of_range_is_refused(self):
+        self.client.create("job", "prio-1")
+        with self.assertRaises(Problem) as refused:
+            self.client.raise_event("job", "prio-1", "run", priority=5000)
+        self.assertEqual((refused.exception.status, refused.exception.body.get("field")), (400, "priority"))
+        accepted = self.client.raise_event("job", "prio-1", "run", priority=-3)
+        self.assertIn("request_id", accepted)
+        self.wait_for("prio-1", lambda e: e["state"] == "broken")
+
     def test_one_report_moves_creates_a_successor_and_raises_on_it(self):
         self.start("c-1", "create", {"size": 3})
         e = self.wait_for("c-1", lambda e: e["state"] == "done")

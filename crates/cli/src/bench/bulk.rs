@@ -66,6 +66,7 @@ pub async fn bulk(db: &str, args: BulkArgs) -> anyhow::Result<ExitCode> {
         selection: Selection { machine: Some("job".into()), prefix: Some(PREFIX.into()), ..Selection::default() },
         reason: "settle bench bulk".into(),
         rate: args.rate,
+        priority: None,
     };
     let started = Instant::now();
     let result = follow(&engine, request, args.json).await;

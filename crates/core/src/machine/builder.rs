@@ -206,6 +206,12 @@ impl MachineBuilder {
         self.last_event().internal = true;
         self
     }
+    /// Gives the last event a default priority (`priority = N`): the work it starts waits in
+    /// a limit's line by it, higher first, when its request gives none.
+    pub fn priority(mut self, priority: i64) -> Self {
+        self.last_event().priority = Some(priority);
+        self
+    }
     /// Declares required parameters of the last event.
     pub fn params<I, S>(mut self, params: I) -> Self
     where

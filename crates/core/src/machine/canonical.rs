@@ -82,6 +82,9 @@ impl Machine {
                 if e.internal {
                     event["internal"] = Value::from(true);
                 }
+                if e.priority != 0 {
+                    event["priority"] = Value::from(e.priority);
+                }
                 // Keys of later features only when used: older definitions keep their hash.
                 if let Some(sub) = &e.subscribe {
                     event["subscribe"] = Value::from(sub.pattern.to_string());
@@ -343,6 +346,7 @@ fn def_of(v: &serde_json::Value) -> Option<super::def::MachineDef> {
             when,
             ignore: texts(e, "ignore")?,
             internal: e.get("internal").and_then(Value::as_bool).unwrap_or(false),
+            priority: e.get("priority").and_then(Value::as_i64),
             params: texts(e, "params")?,
             reject: table(e, "reject")
                 .into_iter()

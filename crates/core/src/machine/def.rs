@@ -173,6 +173,10 @@ pub struct EventDef {
     /// The subscription's timeout: after this long in a state where the subscription is
     /// valid without it firing, this event is raised.
     pub timeout: Option<(Duration, String)>,
+    /// The priority of the work it starts when a request does not give one (`priority =
+    /// N`; none: 0). Bulk operations and schedules raise it
+    /// [`BACKGROUND`](crate::limits::BACKGROUND) lower.
+    pub priority: Option<i64>,
     /// Where it was declared.
     pub origin: Origin,
 }

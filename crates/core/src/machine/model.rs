@@ -92,6 +92,8 @@ pub struct Event {
     /// An internal transition: its action's effects commit without leaving or entering
     /// any state.
     pub internal: bool,
+    /// The priority of the work it starts when its request gives none (declared; 0).
+    pub priority: i64,
     /// Required parameter names.
     pub params: Vec<String>,
     /// Declared rejection reasons by state.
@@ -477,6 +479,7 @@ impl Machine {
                 alternatives: alternatives(e),
                 ignore: e.ignore.iter().map(StateName::new).collect(),
                 internal: e.internal,
+                priority: e.priority.unwrap_or(0),
                 params: e.params.clone(),
                 reject: e.reject.iter().map(|(s, r)| (StateName::new(s), r.clone())).collect(),
                 subscribe: e.subscribe.as_ref().map(|text| Subscription {

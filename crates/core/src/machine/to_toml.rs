@@ -269,6 +269,9 @@ fn write_event(w: &mut Writer, e: &Event) {
     if e.internal {
         w.entry("internal", "true".to_string());
     }
+    if e.priority != 0 {
+        w.entry("priority", e.priority.to_string());
+    }
     if !e.ignore.is_empty() {
         w.entry("ignore", strings(&e.ignore));
     }

@@ -86,6 +86,35 @@ pub enum RaiseError {
         /// The declared parameters, comma-separated, or "none".
         declared: String,
     },
+    /// The priority asked for lies outside [`crate::limits::PRIORITIES`].
+    #[error("priority {priority} of event `{event}` on machine `{machine}`: a priority lies from -1000 to 1000")]
+    Priority {
+        /// The machine.
+        machine: MachineName,
+        /// The event.
+        event: EventName,
+        /// The priority asked for.
+        priority: i64,
+    },
+}
+
+/// The priority of the work `event` starts on `machine` when raised with `asked` (none:
+/// the event's declared priority, [`crate::limits::BACKGROUND`] lower for a bulk
+/// operation's or a schedule's, `background`). Checked: in [`crate::limits::PRIORITIES`].
+pub fn priority_of(
+    machine: &Machine,
+    event: &crate::machine::Event,
+    asked: Option<i64>,
+    background: bool,
+) -> Result<i64, RaiseError> {
+    let priority = asked.unwrap_or_else(|| {
+        let declared = event.priority;
+        if background { declared - crate::limits::BACKGROUND } else { declared }
+    });
+    if asked.is_some() && !crate::limits::PRIORITIES.contains(&priority) {
+        return Err(RaiseError::Priority { machine: machine.name().clone(), event: event.name.clone(), priority });
+    }
+    Ok(priority)
 }
 
 /// Checks that `event` exists on `machine` and `params` match its declaration.

@@ -408,6 +408,10 @@ impl<'a> Checker<'a> {
             }
         }
         self.duplicate_entries(&item, line, "in", e.valid_in.iter().map(String::as_str));
+        if let Some(p) = e.priority.filter(|p| !crate::limits::PRIORITIES.contains(p)) {
+            let (lo, hi) = (crate::limits::PRIORITIES.start(), crate::limits::PRIORITIES.end());
+            self.error(&item, line, format!("`priority` = {p}: a priority lies from {lo} to {hi}"));
+        }
         self.alternatives(e, &item);
         self.duplicate_entries(&item, line, "params", e.params.iter().map(String::as_str));
         for (st, _) in &e.reject {

@@ -342,7 +342,7 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
     if machine.is_limited(&state.name) && !held.slots && !offered {
         return match slot_asks(&machine, &state.name, &held.entity) {
             Ok(slots) => {
-                Next::Acquire(Box::new(settle_store::Acquire { fence: held.fence(env.owner), slots, priority: 0 }))
+                Next::Acquire(Box::new(settle_store::Acquire { fence: held.fence(env.owner), slots, priority: None }))
             }
             Err(e) => commit(fault(held, None, Some(auto.as_str()), FaultError::new("limit_key", e), env)),
         };

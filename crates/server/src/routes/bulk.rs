@@ -93,6 +93,7 @@ async fn start(
         selection: sel,
         reason: req.reason.clone().unwrap_or_default(),
         rate: req.rate.unwrap_or(settle_engine::DEFAULT_RATE),
+        priority: req.priority,
     };
     let (row, new) = s.engine().bulk_start(request).await?;
     let status = if new { StatusCode::ACCEPTED } else { StatusCode::OK };

@@ -115,6 +115,9 @@ async fn raise(
     if let Some(id) = request_id {
         options = options.request_id(id);
     }
+    if let Some(p) = q.priority {
+        options = options.priority(p);
+    }
     let raised = s.engine().raise(&machine, &key, &event, options).await?;
     if raised.refused
         && let Some(EventOutcome::Rejected { state, reason }) = &raised.outcome

@@ -26,6 +26,7 @@ fn cancel(key: &str) -> Op {
             request_id: format!("op/cancel/{key}"),
             name: "m.cancel".into(),
             dimensions: json!({}),
+            priority: 0,
         }),
     }))
 }
@@ -40,7 +41,12 @@ fn of_op(key: &str, state: &str, auto_at: Option<i64>) -> NewEntity {
 /// `d` where `op` brought it but the cancel event is not valid; `x` another operation's.
 pub async fn canceling_an_operation_stops_its_work_and_queues_the_undo<S: Store>(store: S) {
     let opened = NewEntity {
-        operation: Some(OpenOperation { request_id: "op".into(), name: "m.create".into(), dimensions: json!({}) }),
+        operation: Some(OpenOperation {
+            request_id: "op".into(),
+            name: "m.create".into(),
+            dimensions: json!({}),
+            priority: 0,
+        }),
         ..of_op("w", "working", Some(T0))
     };
     let t = NewEntity {

@@ -21,6 +21,7 @@ fn command_as(key: &str, command: Command, request_id: Option<&str>) -> Op {
             request_id: r.into(),
             name: format!("m.{}", command.as_str()),
             dimensions: json!({}),
+            priority: 0,
         }),
     }
 }
@@ -130,6 +131,7 @@ pub async fn kill_drops_queued_work_and_cancels_its_operations<S: Store>(store: 
             request_id: "r-create".into(),
             name: "m.create".into(),
             dimensions: json!({}),
+            priority: 0,
         }),
         timers: vec![TimerPlan {
             name: "tick".into(),
@@ -144,7 +146,12 @@ pub async fn kill_drops_queued_work_and_cancels_its_operations<S: Store>(store: 
     assert!(write(&store, T0, vec![Op::Create(k)], false).await.results[0].is_ok());
     let raise = Push {
         request_id: Some("r-raise".into()),
-        operation: Some(OpenOperation { request_id: "r-raise".into(), name: "m.go".into(), dimensions: json!({}) }),
+        operation: Some(OpenOperation {
+            request_id: "r-raise".into(),
+            name: "m.go".into(),
+            dimensions: json!({}),
+            priority: 0,
+        }),
         ..push("k", "go")
     };
     let (held, _) = {

@@ -34,6 +34,7 @@ pub async fn create_get_and_duplicate<S: Store>(store: S) {
         request_id: format!("op-{key}"),
         name: "m.create".into(),
         dimensions: serde_json::json!({}),
+        priority: 0,
     };
     let with_op = |key: &str| NewEntity {
         request_id: Some(format!("op-{key}")),

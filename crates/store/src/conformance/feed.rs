@@ -76,7 +76,12 @@ pub async fn the_feed_resumes_from_any_position_without_gaps<S: Store>(store: S)
         machine: MachineName::new("m"),
         key: EntityKey::new("a"),
         command: Command::Pause,
-        operation: Some(OpenOperation { request_id: "op-pause".into(), name: "m.pause".into(), dimensions: json!({}) }),
+        operation: Some(OpenOperation {
+            request_id: "op-pause".into(),
+            name: "m.pause".into(),
+            dimensions: json!({}),
+            priority: 0,
+        }),
     };
     write(&store, T0 + 2, vec![pause], false).await;
     let (b, ev) = claim_with_event(&store, T0 + 3, "b").await;

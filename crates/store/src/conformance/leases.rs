@@ -72,8 +72,12 @@ pub async fn expired_leases_move_and_renewal_extends<S: Store>(store: S) {
     create_one(&store, "a").await;
     // The event's operation stays open while the entity works on it.
     let mut go = push("a", "go");
-    go.operation =
-        Some(crate::OpenOperation { request_id: "req-go".into(), name: "m.go".into(), dimensions: json!({}) });
+    go.operation = Some(crate::OpenOperation {
+        request_id: "req-go".into(),
+        name: "m.go".into(),
+        dimensions: json!({}),
+        priority: 0,
+    });
     let r = write(&store, T0, vec![Op::Push(go)], true).await;
     let c = r.claimed[0].clone();
     let r = write(

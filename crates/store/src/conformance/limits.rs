@@ -17,7 +17,7 @@ pub(super) fn ask_for(e: &EntityRow, owner: &str, slot: SlotAsk, priority: i64) 
     Op::Acquire(Box::new(Acquire {
         fence: Fence { entity_id: e.id, version: e.version, owner: owner.into() },
         slots: vec![slot],
-        priority,
+        priority: Some(priority),
     }))
 }
 

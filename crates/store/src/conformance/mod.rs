@@ -62,7 +62,10 @@ pub use prune::{
     pruning_never_hands_an_id_out_again, pruning_removes_every_row_an_ended_entity_left,
     trimming_keeps_a_live_entitys_latest_past,
 };
-pub use rates::{limits_admit_round_robin_across_fair_values, limits_space_starts_by_their_rate};
+pub use rates::{
+    limits_admit_round_robin_across_fair_values, limits_order_waiting_work_by_its_requests_priority,
+    limits_space_starts_by_their_rate,
+};
 pub use schedules::schedules_sync_lease_advance_and_pause;
 pub use successors::{events_reach_related_entities, successors_and_change_notices};
 pub use tasks::{agent_reports_join_the_batch_around_them, agent_tasks_lease_and_report};
@@ -224,7 +227,8 @@ macro_rules! store_conformance_suite {
                 a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on,
                 limits_hand_slots_on_in_line, limits_survive_leases_and_commands,
                 limits_stay_with_an_agent_task_through_a_pause, limits_stay_with_a_call_in_flight,
-                limits_admit_round_robin_across_fair_values, limits_space_starts_by_their_rate;
+                limits_admit_round_robin_across_fair_values, limits_space_starts_by_their_rate,
+                limits_order_waiting_work_by_its_requests_priority;
             store_and_dialect: effects_are_atomic
         );
     };

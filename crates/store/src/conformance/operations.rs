@@ -10,7 +10,7 @@ use super::{T0, claim_with_event, command, commit, create_one, get, new_entity, 
 use crate::{AfterCommit, Command, Millis, Op, OpError, OpenOperation, Push, Store};
 
 fn open(request_id: &str) -> Option<OpenOperation> {
-    Some(OpenOperation { request_id: request_id.into(), name: "m.go".into(), dimensions: json!({}) })
+    Some(OpenOperation { request_id: request_id.into(), name: "m.go".into(), dimensions: json!({}), priority: 0 })
 }
 
 async fn ended<S: Store>(store: &S, request_id: &str) -> bool {

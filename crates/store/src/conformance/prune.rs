@@ -93,7 +93,7 @@ pub async fn pruning_removes_every_row_an_ended_entity_left<S: Store>(store: S) 
     write(&store, T0 + 60, vec![Op::Push(push("queued", "late"))], false).await;
     // An operation, ended at once (an operator command is done when applied).
     create_one(&store, "o1").await;
-    let op = OpenOperation { request_id: "op-old".into(), name: "m.pause".into(), dimensions: json!({}) };
+    let op = OpenOperation { request_id: "op-old".into(), name: "m.pause".into(), dimensions: json!({}), priority: 0 };
     let pause = |command| Op::Command {
         machine: MachineName::new("m"),
         key: EntityKey::new("o1"),
@@ -122,7 +122,8 @@ pub async fn pruning_removes_every_row_an_ended_entity_left<S: Store>(store: S) 
     // A newer operation, ended at the cut-off (not past it): on SQLite `op-old` is then not
     // the newest operation, whose id would be handed out again.
     let now = T0 + 10 * 60_000;
-    let newer = OpenOperation { request_id: "op-newer".into(), name: "m.resume".into(), dimensions: json!({}) };
+    let newer =
+        OpenOperation { request_id: "op-newer".into(), name: "m.resume".into(), dimensions: json!({}), priority: 0 };
     let resume = Op::Command {
         machine: MachineName::new("m"),
         key: EntityKey::new("o1"),

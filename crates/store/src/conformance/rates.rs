@@ -5,6 +5,8 @@
 
 use super::limits::{ask_for, claimed, end, usage};
 use super::{OWNER, T0, command, get, write};
+use serde_json::json;
+
 use crate::{Applied, Command, EntityRow, Rate, SlotAsk, Store};
 
 /// An ask for one slot of the global limit `calls` (at most `max`) by fairness value `fair`.
@@ -146,4 +148,40 @@ pub async fn limits_space_starts_by_their_rate<S: Store>(store: S) {
     let r = write(&store, at + 2, vec![command("v", Command::Pause)], false).await;
     assert!(r.results[0].is_ok(), "{:?}", r.results);
     assert_eq!(get(&store, "w").await.due_at, Some(at + 1_000), "w is next: woken when the rate allows");
+}
+
+/// Work that waits without a priority of its own waits by its request's: the priority its
+/// operation opened with (a request's, an event's default, a bulk operation's lower one).
+pub async fn limits_order_waiting_work_by_its_requests_priority<S: Store>(store: S) {
+    let made = |key: &str, priority: i64| {
+        let request = format!("r-{key}");
+        let operation = crate::OpenOperation {
+            request_id: request.clone(),
+            name: "m.create".into(),
+            dimensions: json!({}),
+            priority,
+        };
+        crate::Op::Create(crate::NewEntity {
+            request_id: Some(request),
+            operation: Some(operation),
+            ..super::new_entity(key, "working", Some(T0))
+        })
+    };
+    write(&store, T0, vec![made("a", 0), made("low", -10), made("plain", 0), made("high", 7)], false).await;
+    let r = write(&store, T0, vec![], true).await;
+    let held = |k: &str| r.claimed.iter().find(|c| c.entity.key == k).expect("claimed").entity.clone();
+    let ask = |e: &EntityRow| {
+        let slot = SlotAsk { limit: "calls".into(), key: String::new(), max: Some(1), rate: None, fair: String::new() };
+        crate::Op::Acquire(Box::new(crate::Acquire {
+            fence: crate::Fence { entity_id: e.id, version: e.version, owner: OWNER.into() },
+            slots: vec![slot],
+            priority: None,
+        }))
+    };
+    let asks = ["a", "low", "plain", "high"].iter().map(|k| ask(&held(k))).collect();
+    let r = write(&store, T0 + 1, asks, false).await;
+    assert_eq!(r.results[0], Ok(Applied::Acquired));
+    assert_eq!(places(&store, &["high", "plain", "low"]).await, [Some(1), Some(2), Some(3)]);
+    let a = get(&store, "a").await;
+    assert_eq!(admitted_at(&store, T0 + 2, vec![end(&a)]).await, ["high"]);
 }

@@ -75,8 +75,12 @@ pub async fn schedules_sync_lease_advance_and_pause<S: Store>(store: S) {
     create_one(&store, "e1").await;
     let mut p = push("e1", "go");
     p.request_id = Some(format!("{fire}/ready/7"));
-    p.operation =
-        Some(OpenOperation { request_id: format!("{fire}/ready/7"), name: "vm.go".into(), dimensions: json!({}) });
+    p.operation = Some(OpenOperation {
+        request_id: format!("{fire}/ready/7"),
+        name: "vm.go".into(),
+        dimensions: json!({}),
+        priority: 0,
+    });
     write(&store, T0 + 1, vec![Op::Push(p)], false).await;
     assert!(store.schedule_running(fire).await.unwrap(), "an entity's operation under it is open");
     assert!(!store.schedule_running("schedule:vm:nightly:2026-11-27T03:00:00.000").await.unwrap(), "a prefix of it");

@@ -12,7 +12,7 @@ use crate::{
 };
 
 fn open_op(request_id: &str, name: &str) -> Option<OpenOperation> {
-    Some(OpenOperation { request_id: request_id.into(), name: name.into(), dimensions: json!({}) })
+    Some(OpenOperation { request_id: request_id.into(), name: name.into(), dimensions: json!({}), priority: 0 })
 }
 
 /// `event` raised on `key` by request `request_id`, opening an operation named `operation`

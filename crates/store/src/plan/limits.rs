@@ -88,6 +88,9 @@ const EXPIRED: &str = "DELETE FROM limit_holds WHERE name = $1 AND key = $2 AND 
 const OWN_CALL: &str = "SELECT until FROM limit_holds WHERE entity_id = $1 AND name = $2 AND task_id <> 0";
 /// The slots task `$1` kept, given up (its agent answered).
 const TASK_DONE: &str = "DELETE FROM limit_holds WHERE task_id = $1 RETURNING entity_id, name, key";
+/// The priority of the request entity `$1` works for (its workflow's).
+const REQUEST_PRIORITY: &str =
+    "SELECT o.priority FROM entities e JOIN operations o ON o.request_id = e.request_id WHERE e.id = $1";
 const WAITING_FOR: &str = "SELECT name, key FROM limit_waiters WHERE entity_id = $1";
 const WAIT: &str =
     "INSERT INTO limit_waiters (entity_id, name, key, priority, since, fair) VALUES ($1, $2, $3, $4, $5, $6)";
@@ -253,7 +256,11 @@ pub(crate) fn acquire<D: Dialect>(
         let waits = d.rows(WAITING_FOR, &[Val::Int(id)])?;
         if waits.first().is_none_or(|w| w[0].text() != ask.limit || w[1].text() != ask.key) {
             unwait(d, now, id)?;
-            d.rows(WAIT, &[Val::Int(id), t(name), t(key), Val::Int(a.priority), Val::Int(now), t(&ask.fair)])?;
+            let priority = match a.priority {
+                Some(p) => p,
+                None => d.rows(REQUEST_PRIORITY, &[Val::Int(id)])?.first().map_or(0, |r| r[0].int()),
+            };
+            d.rows(WAIT, &[Val::Int(id), t(name), t(key), Val::Int(priority), Val::Int(now), t(&ask.fair)])?;
             d.rows(FAIR_JOIN, &[t(name), t(key), t(&ask.fair), Val::Int(slot.round)])?;
         }
         slot.save(d, name, key)?;

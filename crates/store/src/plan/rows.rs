@@ -572,6 +572,7 @@ pub(crate) struct OperationInsert {
     pub(crate) started_at: Millis,
     pub(crate) dimensions: String,
     pub(crate) first_response_at: Option<Millis>,
+    pub(crate) priority: i64,
 }
 
 /// Changes to an operation: its first response (kept if set), an error (the first kept).

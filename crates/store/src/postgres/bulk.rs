@@ -32,6 +32,7 @@ pub(super) fn start(c: &mut Conn, row: &BulkRow) -> R<(BulkRow, bool)> {
             &rate,
             &total,
             &row.created_at,
+            &row.priority,
         ],
     )?;
     let stored =

@@ -205,9 +205,9 @@ impl Dialect for Tx<'_> {
             p.add(Stmt::new(
                 "WITH opened AS (
                     INSERT INTO operations (request_id, name, machine, entity_key, started_at, dimensions,
-                        first_response_at)
+                        first_response_at, priority)
                     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[],
-                        $7::bigint[])
+                        $7::bigint[], $8::bigint[])
                     ON CONFLICT (request_id) DO NOTHING RETURNING request_id, id)
                  SELECT request_id, id, FALSE FROM opened
                  UNION ALL
@@ -220,6 +220,7 @@ impl Dialect for Tx<'_> {
                     ints(ops, |o| o.started_at),
                     strings(ops, |o| &o.dimensions),
                     opt_ints(ops, |o| o.first_response_at),
+                    ints(ops, |o| o.priority),
                 ],
             ))
         });

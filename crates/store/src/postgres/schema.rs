@@ -30,6 +30,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (18, include_str!("../../migrations/postgres/0018_origin.sql")),
     (19, include_str!("../../migrations/postgres/0019_limits.sql")),
     (20, include_str!("../../migrations/postgres/0020_rates.sql")),
+    (21, include_str!("../../migrations/postgres/0021_priority.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if

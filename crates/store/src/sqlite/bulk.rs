@@ -27,6 +27,7 @@ pub(super) fn start(c: &Connection, row: &BulkRow) -> rusqlite::Result<(BulkRow,
         i64::from(row.rate),
         row.total.min(i64::MAX as u64) as i64,
         row.created_at,
+        row.priority,
     ])?;
     let stored = get(c, &row.request_id)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
     Ok((stored, inserted == 1))

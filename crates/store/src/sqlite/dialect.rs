@@ -157,8 +157,9 @@ impl Tx<'_> {
 
     fn open_operations(&mut self, rows: &[OperationInsert]) -> rusqlite::Result<Vec<(i64, bool)>> {
         let mut insert = self.0.prepare_cached(
-            "INSERT INTO operations (request_id, name, machine, entity_key, started_at, dimensions, first_response_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (request_id) DO NOTHING",
+            "INSERT INTO operations (request_id, name, machine, entity_key, started_at, dimensions, first_response_at,
+                priority)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (request_id) DO NOTHING",
         )?;
         let mut existing = self.0.prepare_cached("SELECT id FROM operations WHERE request_id = ?1")?;
         let mut out = Vec::with_capacity(rows.len());
@@ -171,7 +172,8 @@ impl Tx<'_> {
                 o.entity_key,
                 o.started_at,
                 o.dimensions,
-                o.first_response_at
+                o.first_response_at,
+                o.priority
             ])?;
             if n == 1 {
                 out.push((self.0.last_insert_rowid(), false));

@@ -30,6 +30,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (20, include_str!("../../migrations/sqlite/0020_origin.sql")),
     (21, include_str!("../../migrations/sqlite/0021_limits.sql")),
     (22, include_str!("../../migrations/sqlite/0022_rates.sql")),
+    (23, include_str!("../../migrations/sqlite/0023_priority.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.

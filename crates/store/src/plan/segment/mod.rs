@@ -431,6 +431,7 @@ fn operation_row(
         started_at: now,
         dimensions: json_text(&o.dimensions),
         first_response_at,
+        priority: o.priority,
     }
 }
 
