@@ -425,3 +425,29 @@ fn chain_with_a_deploy_on_postgres() {
         check_deploy(&v, 200);
     }
 }
+
+/// `bench limits`, small, on scratch files: both throughput runs finish (the limit never
+/// exceeded: the bench fails otherwise), the late tenant's first workflow starts, nothing
+/// is left behind; `--db` is refused (its databases are its own).
+#[test]
+fn limits_on_scratch_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = ["limits", "--workflows", "300", "--tenants", "6", "--flood", "300", "--work-ms", "5", "--rounds", "1"];
+    let o = on_scratch(tmp.path(), &[&args[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(
+        (v["workflows"].as_u64(), v["tenants"].as_u64(), v["per_tenant"].as_u64()),
+        (Some(300), Some(6), Some(5))
+    );
+    for field in ["plain_workflows_per_s", "limited_workflows_per_s", "limited_over_plain"] {
+        assert!(v[field].as_f64().is_some_and(|x| x > 0.0), "{field}: {v}");
+    }
+    assert!(v["late_first_start_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{v}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "scratch files left behind: {left:?}");
+    let db = tmp.path().join("given.db");
+    let o = settle(&db, &[&["bench"][..], &args].concat());
+    assert!(!o.status.success() && stderr(&o).contains("drop --db"), "{}", stderr(&o));
+    assert!(!db.exists(), "nothing opened");
+}

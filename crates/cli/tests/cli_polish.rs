@@ -159,7 +159,10 @@ fn every_command_s_help_ends_with_an_example() {
         assert!(listed.iter().any(|c| c == expected), "`{expected}` in {listed:?}");
     }
     let bench = commands(&local(&db, &["bench", "--help"]));
-    assert_eq!(bench, ["chain", "fanout", "timers", "agents", "fleet", "dormant", "soak", "bulk", "schedule"]);
+    assert_eq!(
+        bench,
+        ["chain", "fanout", "timers", "agents", "fleet", "dormant", "soak", "bulk", "schedule", "limits"]
+    );
     let bulk = commands(&local(&db, &["bulk", "--help"]));
     assert_eq!(bulk, ["run", "show", "list", "cancel"]);
     let schedules = commands(&local(&db, &["schedules", "--help"]));

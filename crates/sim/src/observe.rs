@@ -79,7 +79,9 @@ pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<S
                 s.spacing_us, s.next_us, s.round, \
                 (SELECT COUNT(*) FROM limit_waiters w JOIN entities e ON e.id = w.entity_id \
                   WHERE w.name = s.name AND w.key = s.key \
-                    AND (e.lease_owner IS NOT NULL OR e.due_at * 1000 <= s.next_us + 999)) \
+                    AND (e.lease_owner IS NOT NULL OR e.due_at * 1000 <= s.next_us)), \
+                s.waiting, s.task_holds, \
+                (SELECT COUNT(*) FROM limit_holds h WHERE h.name = s.name AND h.key = s.key AND h.task_id <> 0) \
              FROM limit_slots s ORDER BY s.name, s.key",
             &[],
         )
@@ -96,6 +98,8 @@ pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<S
             next_us: r[7].int(),
             round: r[8].int(),
             woken: r[9].int() > 0,
+            counted: (r[10].int(), r[11].int()),
+            task_holds: r[12].int(),
             turns: turns
                 .iter()
                 .filter(|t| t[0].text() == r[0].text() && t[1].text() == r[1].text())

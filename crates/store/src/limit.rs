@@ -23,8 +23,8 @@ pub struct LimitUsage {
     pub waiting: u64,
     /// Its rate: the least time between two starts, in microseconds (`None`: no rate).
     pub spacing_us: Option<u64>,
-    /// With a rate, the earliest time the next start may be (milliseconds, rounded up; in
-    /// the past: one may start now).
+    /// With a rate, the millisecond the next start may be in (in the past: one may start
+    /// now).
     pub next_start_at: Option<Millis>,
 }
 
@@ -76,10 +76,10 @@ pub(crate) const OF_ENTITY: &str = "SELECT h.name, h.key, 0, s.in_use, s.max, s.
            WHERE w.entity_id = $1) m
      JOIN limit_slots s ON s.name = m.name AND s.key = m.key";
 
-/// The next start a rate allows, in milliseconds rounded up, from `next_us` (none without
-/// a rate).
+/// The millisecond the next start a rate allows falls in, from `next_us` (none without a
+/// rate).
 fn next_start(next_us: i64, spacing_us: Option<i64>) -> Option<Millis> {
-    spacing_us.map(|_| next_us.div_euclid(1_000) + i64::from(next_us.rem_euclid(1_000) != 0))
+    spacing_us.map(|_| next_us.div_euclid(1_000))
 }
 
 pub(crate) fn decode_usage<C: Columns>(r: &C) -> Result<LimitUsage, C::Error> {

@@ -11,6 +11,7 @@ mod bulk;
 mod deploy;
 mod dormant;
 mod fleet;
+mod limits;
 mod measure;
 mod open;
 mod schedule;
@@ -76,6 +77,10 @@ pub enum Bench {
     /// restart), how late the fire starts, how long until every entity took its event.
     #[command(after_help = "Example:\n  settle --db schedule.db bench schedule --entities 100000 --json")]
     Schedule(schedule::ScheduleArgs),
+    /// Flow control: workflows over tenants with and without limits (their cost), and a
+    /// tenant arriving behind another's flood (how long its first waits). Scratch databases.
+    #[command(after_help = "Example:\n  settle bench limits --workflows 10000 --tenants 100 --rounds 3 --json")]
+    Limits(limits::LimitsArgs),
 }
 
 /// Options of `settle bench agents`.
@@ -371,6 +376,9 @@ impl Drop for Scratch {
 }
 
 pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
+    if db.is_some() && matches!(bench, Bench::Limits(_)) {
+        bail!("bench limits runs on scratch databases of its own, one per run: drop --db");
+    }
     // The benchmarks' machines are never merged into a deployment of other definitions.
     if let Some(db) = db {
         crate::defs::refuse_foreign(&AnyStore::open(db)?).await?;
@@ -400,6 +408,7 @@ pub async fn run(db: Option<&str>, bench: Bench) -> anyhow::Result<ExitCode> {
             let (path, _scratch) = bench_db(db);
             schedule::schedule(&path, args).await
         }
+        Bench::Limits(args) => limits::limits(args).await,
     }
 }
 

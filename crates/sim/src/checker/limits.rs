@@ -47,6 +47,10 @@ pub(crate) struct SlotSeen {
     /// The line's round, and the turns of its fairness values with work waiting.
     pub(crate) round: i64,
     pub(crate) turns: Vec<i64>,
+    /// What the slot row counts of its line and of the slots canceled tasks keep, and the
+    /// rows of the latter.
+    pub(crate) counted: (i64, i64),
+    pub(crate) task_holds: i64,
 }
 
 /// An entity holding a slot of `limit`, in `state`: for its own action (`task` 0), or
@@ -103,6 +107,15 @@ impl Limits {
             if s.in_use != s.holds {
                 return Err((format!("{at}: counts {} in use, but {} hold a slot", s.in_use, s.holds), Vec::new()));
             }
+            if s.counted != (s.waiting, s.task_holds) {
+                return Err((
+                    format!(
+                        "{at}: counts {} in line and {} kept by tasks, but {} wait and tasks keep {}",
+                        s.counted.0, s.counted.1, s.waiting, s.task_holds
+                    ),
+                    Vec::new(),
+                ));
+            }
             if let Some(max) = s.max.filter(|max| s.holds > *max) {
                 return Err((format!("{at}: over its limit, {} hold a slot of {max}", s.holds), Vec::new()));
             }
@@ -142,7 +155,10 @@ impl Limits {
             let before = starts.range(..=h.since).next_back().map(|(at, e)| (*at, *e));
             let after = starts.range(h.since..).next().map(|(at, e)| (*at, *e));
             for (at, other) in before.into_iter().chain(after) {
-                if (h.since - at).abs() * 1_000 < spacing {
+                // Starts are counted in milliseconds, each at its time under the rate within
+                // its millisecond: two of them are at least the spacing less a millisecond
+                // apart.
+                if (h.since - at).abs() * 1_000 <= spacing - 1_000 {
                     let name = entities.name(h.entity_id);
                     return Err((
                         format!(

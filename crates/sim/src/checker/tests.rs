@@ -375,6 +375,8 @@ fn a_limit_exceeded_a_slot_left_idle_or_an_action_without_its_slot_is_caught() {
         woken: false,
         round: 0,
         turns: if waiting > 0 { vec![0] } else { vec![] },
+        counted: (waiting, 0),
+        task_holds: 0,
     };
     // The workers' rate: one start of crowd `x` every 50 ms; each holder started 100 ms
     // after the one before.
@@ -390,6 +392,8 @@ fn a_limit_exceeded_a_slot_left_idle_or_an_action_without_its_slot_is_caught() {
         woken: false,
         round: 0,
         turns: vec![],
+        counted: (0, 0),
+        task_holds: 0,
     };
     let hold = |entity: i64, state: &str| {
         let of = |limit: &str, key: &str| HoldSeen {
@@ -458,7 +462,7 @@ fn a_limit_exceeded_a_slot_left_idle_or_an_action_without_its_slot_is_caught() {
     );
     // Waiting for the rate with a slot free, and nobody woken for the next start.
     let mut stalled = pace(1);
-    stalled.waiting = 1;
+    (stalled.waiting, stalled.counted) = (1, (1, 0));
     let mut seen = batch(vec![], vec![slot(2, 2, 1)], vec![hold(1, "working"), hold(2, "working")]);
     seen.slots[1] = stalled.clone();
     fails(created().seen(2, &seen), "crowd_pace` (key `x`): 1 wait for the rate, and none is due by the next start");
@@ -471,6 +475,13 @@ fn a_limit_exceeded_a_slot_left_idle_or_an_action_without_its_slot_is_caught() {
     fails(
         created().seen(2, &batch(vec![], vec![unfair], vec![hold(1, "working"), hold(2, "working")])),
         "a fairness value waits with turn 5 while the line is at round 3",
+    );
+    // The slot row's count of its line drifting from the line.
+    let mut drifted = slot(2, 2, 1);
+    drifted.counted = (0, 0);
+    fails(
+        created().seen(2, &batch(vec![], vec![drifted], vec![hold(1, "working"), hold(2, "working")])),
+        "counts 0 in line and 0 kept by tasks, but 1 wait and tasks keep 0",
     );
     // At rest, someone still in line.
     let end = End { limited: vec![("worker/c".into(), "waits for crowd_calls".into())], ..End::default() };

@@ -1,6 +1,8 @@
 -- Rates and fairness of limits (DESIGN §10). A slot row may have no `max` (a limit of rate
 -- only) and keeps its rate: `spacing_us` between two starts, `next_us` the earliest time
--- the next may start. `round` is the turn of the fairness value admitted last.
+-- the next may start. `round` is the turn of the fairness value admitted last; `waiting`
+-- and `task_holds` count its line and the slots canceled tasks keep (none: nothing to
+-- look up).
 CREATE TABLE limit_slots_next (
     name       TEXT    NOT NULL,
     key        TEXT    NOT NULL,
@@ -9,9 +11,15 @@ CREATE TABLE limit_slots_next (
     spacing_us INTEGER,
     next_us    INTEGER NOT NULL DEFAULT 0,
     round      INTEGER NOT NULL DEFAULT 0,
+    waiting    INTEGER NOT NULL DEFAULT 0,
+    task_holds INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (name, key)
 );
-INSERT INTO limit_slots_next (name, key, in_use, max) SELECT name, key, in_use, max FROM limit_slots;
+INSERT INTO limit_slots_next (name, key, in_use, max, waiting, task_holds)
+    SELECT s.name, s.key, s.in_use, s.max,
+        (SELECT COUNT(*) FROM limit_waiters w WHERE w.name = s.name AND w.key = s.key),
+        (SELECT COUNT(*) FROM limit_holds h WHERE h.name = s.name AND h.key = s.key AND h.task_id <> 0)
+    FROM limit_slots s;
 DROP TABLE limit_slots;
 ALTER TABLE limit_slots_next RENAME TO limit_slots;
 -- A line is admitted round-robin across its fairness values (`fair`: the value of the

@@ -60,18 +60,26 @@ const FENCE: &str = "SELECT version, lease_owner, run_status FROM entities WHERE
 /// end of its sleep, else not until resumed.
 const LET_GO: &str = "UPDATE entities SET lease_owner = NULL, lease_until = NULL,
      due_at = CASE WHEN run_status = 'sleeping' THEN sleep_until ELSE NULL END WHERE id = $1";
-/// The limits whose slots an entity holds for its own action.
-const HELD: &str = "SELECT name FROM limit_holds WHERE entity_id = $1 AND task_id = 0";
+/// The limits whose slots an entity holds for its own action (0), and the line it waits in
+/// (1).
+const MINE: &str = "SELECT name, key, 0 FROM limit_holds WHERE entity_id = $1 AND task_id = 0
+     UNION ALL SELECT name, key, 1 FROM limit_waiters WHERE entity_id = $1";
 /// A limit's slot row for a key value, made if new, its terms brought to the definition's;
 /// locked until the transaction ends.
 const SLOT: &str = "INSERT INTO limit_slots (name, key, in_use, max, spacing_us) VALUES ($1, $2, 0, $3, $4)
      ON CONFLICT (name, key) DO UPDATE SET max = excluded.max, spacing_us = excluded.spacing_us
-     RETURNING in_use, max, spacing_us, next_us, round";
-/// `$3` slots given back (the row locked until the transaction ends).
-const GIVE_BACK: &str = "UPDATE limit_slots SET in_use = in_use - $3 WHERE name = $1 AND key = $2
-     RETURNING in_use, max, spacing_us, next_us, round";
-const LOCK_SLOT: &str = "SELECT in_use, max, spacing_us, next_us, round FROM limit_slots WHERE name = $1 AND key = $2";
-const SAVE: &str = "UPDATE limit_slots SET in_use = $3, next_us = $4, round = $5 WHERE name = $1 AND key = $2";
+     RETURNING in_use, max, spacing_us, next_us, round, waiting, task_holds";
+/// `$3` slots given back, `$4` of them kept by canceled tasks (the row locked until the
+/// transaction ends).
+const GIVE_BACK: &str = "UPDATE limit_slots SET in_use = in_use - $3, task_holds = task_holds - $4
+     WHERE name = $1 AND key = $2 RETURNING in_use, max, spacing_us, next_us, round, waiting, task_holds";
+/// One fewer in line (the row locked until the transaction ends).
+const UNWAITED: &str = "UPDATE limit_slots SET waiting = waiting - 1 WHERE name = $1 AND key = $2
+     RETURNING in_use, max, spacing_us, next_us, round, waiting, task_holds";
+/// One more slot kept by a canceled task.
+const TASK_KEPT: &str = "UPDATE limit_slots SET task_holds = task_holds + 1 WHERE name = $1 AND key = $2";
+const SAVE: &str = "UPDATE limit_slots SET in_use = $3, next_us = $4, round = $5, waiting = $6, task_holds = $7
+     WHERE name = $1 AND key = $2";
 const HOLD: &str = "INSERT INTO limit_holds (entity_id, name, key, since) VALUES ($1, $2, $3, $4)";
 const LEAVE_HOLDS: &str = "DELETE FROM limit_holds WHERE entity_id = $1 AND task_id = 0 RETURNING name, key";
 /// The task of the entity `$1` its leaving canceled now (`$2`) while an agent held it.
@@ -91,7 +99,6 @@ const TASK_DONE: &str = "DELETE FROM limit_holds WHERE task_id = $1 RETURNING en
 /// The priority of the request entity `$1` works for (its workflow's).
 const REQUEST_PRIORITY: &str =
     "SELECT o.priority FROM entities e JOIN operations o ON o.request_id = e.request_id WHERE e.id = $1";
-const WAITING_FOR: &str = "SELECT name, key FROM limit_waiters WHERE entity_id = $1";
 const WAIT: &str =
     "INSERT INTO limit_waiters (entity_id, name, key, priority, since, fair) VALUES ($1, $2, $3, $4, $5, $6)";
 /// One more waiting of a fairness value; a value that had none waiting takes its turn no
@@ -136,6 +143,10 @@ struct Slot {
     next_us: i64,
     /// The turn of the fairness value admitted last.
     round: i64,
+    /// How many wait in its line (`limit_waiters` rows): none, and nothing is looked up.
+    waiting: i64,
+    /// How many of its slots canceled tasks keep (`limit_holds` rows with a task).
+    task_holds: i64,
 }
 
 impl Slot {
@@ -150,6 +161,8 @@ impl Slot {
             spacing_us: opt(&row[2]),
             next_us: row[3].int(),
             round: row[4].int(),
+            waiting: row[5].int(),
+            task_holds: row[6].int(),
         }
     }
 
@@ -158,12 +171,14 @@ impl Slot {
         self.max.is_none_or(|m| self.in_use < m)
     }
 
-    /// When the rate lets the next start happen, in milliseconds (rounded up), if later
-    /// than `now`.
+    /// When the rate lets the next start happen, in milliseconds, if later than `now`. The
+    /// clock counts milliseconds: a start whose time under the rate falls within the current
+    /// millisecond may happen now, and takes that time (so starts spaced by the rate fall in
+    /// the milliseconds they are counted in, and no window of `per` sees more than `rate`).
     fn rate_wait(&self, now: Millis) -> Option<Millis> {
         self.spacing_us?;
-        (self.next_us > now.saturating_mul(1_000))
-            .then(|| self.next_us.div_euclid(1_000) + i64::from(self.next_us % 1_000 != 0))
+        let at = self.next_us.div_euclid(1_000);
+        (at > now).then_some(at)
     }
 
     /// Whether one more may start now.
@@ -171,7 +186,8 @@ impl Slot {
         self.free() && self.rate_wait(now).is_none()
     }
 
-    /// One more starts now: a slot taken, and the rate's next start moved on.
+    /// One more starts now (at the rate's next start, if that is later within this
+    /// millisecond): a slot taken, and the rate's next start moved on.
     fn take(&mut self, now: Millis) {
         self.in_use += 1;
         if let Some(spacing) = self.spacing_us {
@@ -179,8 +195,13 @@ impl Slot {
         }
     }
 
-    fn save<D: Dialect>(&self, d: &mut D, name: &str, key: &str) -> Result<(), D::Error> {
-        d.rows(SAVE, &[t(name), t(key), Val::Int(self.in_use), Val::Int(self.next_us), Val::Int(self.round)])?;
+    /// Writes it back, if it changed since `read`.
+    fn save<D: Dialect>(&self, d: &mut D, name: &str, key: &str, read: &Slot) -> Result<(), D::Error> {
+        if self != read {
+            let v = [self.in_use, self.next_us, self.round, self.waiting, self.task_holds].map(Val::Int);
+            let [a, b, c, e, f] = v;
+            d.rows(SAVE, &[t(name), t(key), a, b, c, e, f])?;
+        }
         Ok(())
     }
 }
@@ -215,7 +236,9 @@ pub(crate) fn acquire<D: Dialect>(
         d.rows(LET_GO, &[Val::Int(id)])?;
         return Ok((Ok(Applied::Released), due_now));
     }
-    let mut held: Vec<String> = d.rows(HELD, &[Val::Int(id)])?.iter().map(|r| r[0].text()).collect();
+    let mine = d.rows(MINE, &[Val::Int(id)])?;
+    let mut held: Vec<String> = mine.iter().filter(|r| r[2] == Val::Int(0)).map(|r| r[0].text()).collect();
+    let line = mine.iter().find(|r| r[2] == Val::Int(1)).map(|r| (r[0].text(), r[1].text()));
     let mut asks: Vec<&crate::SlotAsk> = a.slots.iter().collect();
     asks.sort_by(|x, y| x.limit.cmp(&y.limit));
     let mut due_now = false;
@@ -224,7 +247,8 @@ pub(crate) fn acquire<D: Dialect>(
         let max = ask.max.map(i64::from);
         let spacing = ask.rate.map(crate::Rate::spacing_us);
         let row = d.rows(SLOT, &[t(name), t(key), opt_int(max), opt_int(spacing)])?;
-        let mut slot = Slot::read(&row[0]);
+        let read = Slot::read(&row[0]);
+        let mut slot = read;
         expire(d, now, name, key, &mut slot)?;
         // Room made by raising the limit, by calls whose lock ran out, or by time (a rate)
         // goes to those in line first.
@@ -234,28 +258,31 @@ pub(crate) fn acquire<D: Dialect>(
             held.push(ask.limit.clone());
         }
         if held.contains(&ask.limit) {
-            slot.save(d, name, key)?;
+            slot.save(d, name, key, &read)?;
             continue;
         }
         let waiting = || Applied::Waiting { limit: ask.limit.clone(), key: ask.key.clone() };
-        if let Some(own) = d.rows(OWN_CALL, &[Val::Int(id), t(name)])?.first() {
+        let own = if slot.task_holds > 0 { d.rows(OWN_CALL, &[Val::Int(id), t(name)])? } else { Vec::new() };
+        if let Some(own) = own.first() {
             // Its previous call is still in flight: not a second one beside it.
-            slot.save(d, name, key)?;
+            slot.save(d, name, key, &read)?;
             let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), own[0].clone()])?;
             due_now |= parked.first().is_some_and(|r| matches!(r[0], Val::Int(at) if at <= now));
             return Ok((Ok(waiting()), due_now));
         }
         if slot.room(now) {
             slot.take(now);
-            slot.save(d, name, key)?;
+            slot.save(d, name, key, &read)?;
             d.rows(HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now)])?;
             held.push(ask.limit.clone());
             continue;
         }
         // No room: wait in line, keeping a place held already.
-        let waits = d.rows(WAITING_FOR, &[Val::Int(id)])?;
-        if waits.first().is_none_or(|w| w[0].text() != ask.limit || w[1].text() != ask.key) {
-            unwait(d, now, id)?;
+        if line.as_ref().is_none_or(|(n, k)| n != name || k != key) {
+            if line.is_some() {
+                unwait(d, now, id)?;
+            }
+            slot.waiting += 1;
             let priority = match a.priority {
                 Some(p) => p,
                 None => d.rows(REQUEST_PRIORITY, &[Val::Int(id)])?.first().map_or(0, |r| r[0].int()),
@@ -263,13 +290,15 @@ pub(crate) fn acquire<D: Dialect>(
             d.rows(WAIT, &[Val::Int(id), t(name), t(key), Val::Int(priority), Val::Int(now), t(&ask.fair)])?;
             d.rows(FAIR_JOIN, &[t(name), t(key), t(&ask.fair), Val::Int(slot.round)])?;
         }
-        slot.save(d, name, key)?;
+        slot.save(d, name, key, &read)?;
         let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), Val::Null])?;
         due_now |= parked.first().is_some_and(|r| matches!(r[0], Val::Int(at) if at <= now));
         wake_for_rate(d, now, name, key, &slot)?;
         return Ok((Ok(waiting()), due_now));
     }
-    unwait(d, now, id)?;
+    if line.is_some() {
+        unwait(d, now, id)?;
+    }
     Ok((Ok(Applied::Acquired), due_now))
 }
 
@@ -279,7 +308,7 @@ pub(crate) fn acquire<D: Dialect>(
 fn unwait<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<(), D::Error> {
     for w in d.rows(UNWAIT, &[Val::Int(id)])? {
         let (name, key) = (w[0].text(), w[1].text());
-        let slot = d.rows(&format!("{LOCK_SLOT}{}", D::LOCK), &[t(&name), t(&key)])?;
+        let slot = d.rows(UNWAITED, &[t(&name), t(&key)])?;
         d.rows(FAIR_LEAVE, &[t(&name), t(&key), w[2].clone(), Val::Int(0)])?;
         if let Some(row) = slot.first() {
             wake_for_rate(d, now, &name, &key, &Slot::read(row))?;
@@ -308,7 +337,7 @@ fn next_in_line<D: Dialect>(d: &mut D, name: &str, key: &str) -> Result<Option<N
 /// A line that has room of slots but must wait for its rate: its next is woken when the
 /// rate lets it start (it asks again then, and is admitted).
 fn wake_for_rate<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot: &Slot) -> Result<(), D::Error> {
-    let Some(at) = slot.rate_wait(now).filter(|_| slot.free()) else { return Ok(()) };
+    let Some(at) = slot.rate_wait(now).filter(|_| slot.free() && slot.waiting > 0) else { return Ok(()) };
     if let Some(next) = next_in_line(d, name, key)? {
         d.rows(DUE, &[Val::Int(next.entity), Val::Int(at)])?;
     }
@@ -333,6 +362,7 @@ pub(crate) fn leave<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<bool,
         let (task, until) = (call[0].int(), call[1].int());
         for (name, key) in &holds {
             d.rows(TASK_HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now), Val::Int(task), Val::Int(until)])?;
+            d.rows(TASK_KEPT, &[t(name), t(key)])?;
             // Whoever is next in line looks again when the call's lock runs out.
             if let Some(next) = next_in_line(d, name, key)? {
                 d.rows(DUE, &[Val::Int(next.entity), Val::Int(until)])?;
@@ -342,7 +372,7 @@ pub(crate) fn leave<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<bool,
     }
     let mut due_now = false;
     for (name, key) in holds {
-        due_now |= give_back(d, now, &name, &key, 1)?;
+        due_now |= give_back(d, now, &name, &key, 0)?;
     }
     Ok(due_now)
 }
@@ -362,22 +392,28 @@ pub(crate) fn task_answered<D: Dialect>(d: &mut D, now: Millis, task: i64) -> Re
     Ok(due_now)
 }
 
-/// Gives `n` slots of limit `name`, key value `key` back and hands them on; answers whether
-/// an admitted entity is due now.
-fn give_back<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, n: i64) -> Result<bool, D::Error> {
-    let rows = d.rows(GIVE_BACK, &[t(name), t(key), Val::Int(n)])?;
+/// Gives a slot of limit `name`, key value `key` back (`task`: 1 if a canceled task kept
+/// it, 0 if its entity held it) and hands it on; answers whether an admitted entity is due
+/// now.
+fn give_back<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, task: i64) -> Result<bool, D::Error> {
+    let rows = d.rows(GIVE_BACK, &[t(name), t(key), Val::Int(1), Val::Int(task)])?;
     let Some(row) = rows.first() else { return Ok(false) };
-    let mut slot = Slot::read(row);
+    let read = Slot::read(row);
+    let mut slot = read;
     expire(d, now, name, key, &mut slot)?;
     let admitted = fill(d, now, name, key, &mut slot)?;
-    slot.save(d, name, key)?;
+    slot.save(d, name, key, &read)?;
     Ok(!admitted.is_empty())
 }
 
 /// Gives back the slots of limit `name`, key value `key` whose canceled tasks' locks ran
 /// out by `now` (to be saved with the slot).
 fn expire<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot: &mut Slot) -> Result<(), D::Error> {
-    slot.in_use -= d.rows(EXPIRED, &[t(name), t(key), Val::Int(now)])?.len() as i64;
+    if slot.task_holds > 0 {
+        let gone = d.rows(EXPIRED, &[t(name), t(key), Val::Int(now)])?.len() as i64;
+        slot.in_use -= gone;
+        slot.task_holds -= gone;
+    }
     Ok(())
 }
 
@@ -401,9 +437,10 @@ pub(crate) fn stopped<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<boo
 /// Answers the entities admitted.
 fn fill<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot: &mut Slot) -> Result<Vec<i64>, D::Error> {
     let mut admitted = Vec::new();
-    while slot.room(now) {
+    while slot.waiting > 0 && slot.room(now) {
         let Some(next) = next_in_line(d, name, key)? else { return Ok(admitted) };
         d.rows(ADMITTED, &[Val::Int(next.seq)])?;
+        slot.waiting -= 1;
         d.rows(FAIR_LEAVE, &[t(name), t(key), next.fair, Val::Int(1)])?;
         d.rows(HOLD, &[Val::Int(next.entity), t(name), t(key), Val::Int(now)])?;
         d.rows(DUE, &[Val::Int(next.entity), Val::Int(now)])?;
