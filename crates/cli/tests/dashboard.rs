@@ -39,11 +39,16 @@ impl Server {
 
     /// `settle serve` with `tokens` (`SETTLE_TOKENS`), or none: every caller an admin.
     fn start_with(tokens: Option<&str>) -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        let machines = common::write_machines(
-            dir.path(),
+        Server::start_machines(
+            tokens,
             &[("door.toml", DOOR), ("vm.toml", VM), ("site.toml", SITE), ("part.toml", PART)],
-        );
+        )
+    }
+
+    /// `settle serve` with `tokens` and the machines `files` (name, TOML).
+    fn start_machines(tokens: Option<&str>, files: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let machines = common::write_machines(dir.path(), files);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_settle"));
         cmd.arg("--db")
             .arg(dir.path().join("settle.db"))
@@ -889,4 +894,71 @@ probe();
     // The dashboard, from the server's own origin, still lists the entities.
     b.goto(&s.url("#/entities")).unwrap();
     b.wait_for("document.body.innerText.includes('door-1')", WAIT).unwrap();
+}
+
+/// `calls`: an agent's action, one at a time per region.
+const LIMITED: &str = r#"initial = "idle"
+properties = ["region"]
+[states.idle]
+[states.calling]
+auto = "call"
+[states.done]
+[events.start]
+in = ["idle"]
+action = "begin"
+[actions.begin]
+to = ["calling"]
+[actions.call]
+agent = "cloud"
+to = ["done"]
+[limits.provider_calls]
+states = ["calling"]
+max = 1
+key = "props.region"
+"#;
+
+/// An entity held by a limit says so on its page: the one holding the slot, the one
+/// waiting for it with its place in line, as the API says it.
+#[test]
+fn an_entity_page_says_where_it_stands_with_its_limit() {
+    if let Some(reason) = skip_reason() {
+        assert!(std::env::var_os("SETTLE_REQUIRE_CHROMIUM").is_none(), "no Chromium: {reason}");
+        eprintln!("skipped: the dashboard's browser test needs Chromium ({reason})");
+        return;
+    }
+    let s = Server::start_machines(None, &[("job.toml", LIMITED)]);
+    for k in ["c1", "c2"] {
+        let (status, v) = s.call(
+            "POST",
+            "/v1/machines/job/entities",
+            "admin-token-00001",
+            Some(json!({"key": k, "properties": {"region": "eu"}})),
+        );
+        assert_eq!(status, 201, "{v}");
+        let (status, v) = s.call(
+            "POST",
+            &format!("/v1/machines/job/entities/{k}/events/start"),
+            "admin-token-00001",
+            Some(json!({})),
+        );
+        assert_eq!(status, 202, "{v}");
+    }
+    eventually("one holds the slot and one waits", || s.get("/v1/limits")["items"][0]["waiting"] == 1);
+    let Some(b) = Browser::launch() else { return };
+    for k in ["c1", "c2"] {
+        let says = s.get(&format!("/v1/machines/job/entities/{k}"))["limits"][0]["says"].as_str().unwrap().to_string();
+        b.goto(&s.url(&format!("#/entity/job/{k}"))).unwrap();
+        // The page says what the API says (the page of the entity before may still be up).
+        let shows = format!("document.querySelector('[data-field=limit]')?.textContent === {}", json!(says));
+        if let Err(e) = b.wait_for(&shows, WAIT) {
+            let shown = b.eval("document.querySelector('#summary')?.textContent ?? null");
+            panic!("{k}: the page never said {says:?} ({e}); it shows {shown:?}");
+        }
+        assert!(
+            says.starts_with("holds a slot of `provider_calls`")
+                || says == "waiting for `provider_calls` (key eu: 1 of 1 in use, 1st in line)",
+            "{says}"
+        );
+        page_is_clean(&b, "entity");
+    }
 }

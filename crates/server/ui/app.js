@@ -597,7 +597,8 @@ function entity(main, r) {
           <dt>Entered</dt><dd>${esc(fmtTime(e.entered_at))} (${esc(ago(e.entered_at))})</dd>
           <dt>Due</dt><dd>${e.due_at ? esc(fmtTime(e.due_at)) : "dormant"}</dd>
           <dt>Lease</dt><dd>${e.lease_owner ? `${esc(e.lease_owner)} until ${esc(fmtTime(e.lease_until))}` : "none"}</dd>
-          <dt>Recent errors</dt><dd>${e.recent_errors ?? 0}</dd></dl>`
+          <dt>Recent errors</dt><dd>${e.recent_errors ?? 0}</dd>
+          ${(e.limits || []).map((l) => `<dt>Limit</dt><dd data-field="limit">${esc(l.says)}</dd>`).join("")}</dl>`
         : `<p class="error">This entity was deleted; its history stays readable.</p>`;
       // Only the commands that would change something; the others say why not.
       const offers = e?.commands || [];
