@@ -185,10 +185,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Created> {
         let request_id = request_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let now = self.inner.clock.now_ms();
-        let mut new = create_op(&self.inner.registry(), machine, key, properties, &request_id, now)?;
-        if let Some(o) = new.operation.as_mut() {
-            o.priority = priority;
-        }
+        let new = create_op(&self.inner.registry(), machine, key, properties, &request_id, priority, now)?;
         let (reply, rx) = oneshot::channel();
         self.send(Msg::Create { new, reply })?;
         match rx.await.map_err(|_| Error::Stopped)?? {

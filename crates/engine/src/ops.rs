@@ -12,13 +12,14 @@ use crate::error::{Error, Result};
 use crate::registry::Registry;
 
 /// The store operation creating entity `key` of `machine` as the operation `request_id`
-/// (checked: the machine exists, the properties fit its initial state).
+/// of `priority` (checked: the machine exists, the properties fit its initial state).
 pub(crate) fn create_op(
     registry: &Registry,
     machine: &str,
     key: &str,
     properties: Properties,
     request_id: &str,
+    priority: i64,
     now: Millis,
 ) -> Result<NewEntity> {
     let m = registry.machine(machine)?;
@@ -30,7 +31,7 @@ pub(crate) fn create_op(
         request_id: request_id.to_string(),
         name: format!("{machine}:new"),
         dimensions: serde_json::json!({"machine": machine}),
-        priority: 0,
+        priority,
     });
     Ok(new)
 }

@@ -104,7 +104,7 @@ impl<S: Store + Clone> SimNode<S> {
         properties: Properties,
         request_id: &str,
     ) -> Result<Reply<Option<EntityRow>>> {
-        let new = create_op(&self.registry, machine, key, properties, request_id, self.clock.now_ms())?;
+        let new = create_op(&self.registry, machine, key, properties, request_id, 0, self.clock.now_ms())?;
         let (reply, rx) = oneshot::channel();
         self.scheduler.on_msg(Msg::Create { new, reply });
         Ok(rx)

@@ -49,6 +49,44 @@ async fn until(what: &str, check: impl Fn() -> bool) {
     }
 }
 
+/// An engine running `job` under `limit`, its action recording its key (in the order the
+/// calls start) and then waiting for a permit of the gate before it ends.
+async fn gated(
+    store: &AnyStore,
+    limit: LimitDef,
+) -> (Engine<AnyStore>, Arc<Mutex<Vec<String>>>, Arc<tokio::sync::Semaphore>) {
+    let started: Arc<Mutex<Vec<String>>> = Arc::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (s, g) = (started.clone(), gate.clone());
+    let engine = Engine::builder(store.clone())
+        .machine(job(limit))
+        .on("job", "work", move |ctx| {
+            let (s, g) = (s.clone(), g.clone());
+            async move {
+                s.lock().unwrap().push(ctx.key.to_string());
+                g.acquire().await.unwrap().forget();
+                Ok(Outcome::to("done"))
+            }
+        })
+        .start()
+        .await
+        .unwrap();
+    (engine, started, gate)
+}
+
+/// Waits (up to 30 s) until one call holds the limit's slot and `n` wait for it.
+async fn waiting(store: &AnyStore, n: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let u = store.limit_list().await.unwrap();
+        if u.iter().any(|u| u.in_use == 1 && u.waiting == n) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never {n} waiting: {u:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_spaces_starts_on_the_clock_none_early_none_late() {
     for (_dir, store) in common::stores("limits_rate").await {
@@ -97,8 +135,6 @@ async fn a_rate_spaces_starts_on_the_clock_none_early_none_late() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_behind_anothers_backlog_waits_one_round() {
     for (_dir, store) in common::stores("limits_fair").await {
-        let started: Arc<Mutex<Vec<String>>> = Arc::default();
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let calls = LimitDef {
             name: "calls".into(),
             states: vec!["working".into()],
@@ -106,37 +142,11 @@ async fn a_tenant_behind_anothers_backlog_waits_one_round() {
             fair_by: Some("props.tenant".into()),
             ..LimitDef::default()
         };
-        let (s, g) = (started.clone(), gate.clone());
-        let engine = Engine::builder(store.clone())
-            .machine(job(calls))
-            .on("job", "work", move |ctx| {
-                let (s, g) = (s.clone(), g.clone());
-                async move {
-                    s.lock().unwrap().push(ctx.key.to_string());
-                    g.acquire().await.unwrap().forget();
-                    Ok(Outcome::to("done"))
-                }
-            })
-            .start()
-            .await
-            .unwrap();
+        let (engine, started, gate) = gated(&store, calls).await;
         for i in 0..6 {
             go(&engine, &format!("a{i}"), "a").await;
         }
-        let waiting = |n: u64| {
-            let store = store.clone();
-            async move {
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-                loop {
-                    let u = store.limit_list().await.unwrap();
-                    if u.iter().any(|u| u.in_use == 1 && u.waiting == n) {
-                        return;
-                    }
-                    assert!(tokio::time::Instant::now() < deadline, "never {n} waiting: {u:?}");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        };
+        let waiting = |n: u64| waiting(&store, n);
         waiting(5).await;
         go(&engine, "b0", "b").await;
         waiting(6).await;
@@ -159,38 +169,10 @@ async fn a_tenant_behind_anothers_backlog_waits_one_round() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_work_goes_by_the_priority_of_its_request() {
     for (_dir, store) in common::stores("limits_priority").await {
-        let started: Arc<Mutex<Vec<String>>> = Arc::default();
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let calls =
             LimitDef { name: "calls".into(), states: vec!["working".into()], max: Some(1), ..LimitDef::default() };
-        let (s, g) = (started.clone(), gate.clone());
-        let engine = Engine::builder(store.clone())
-            .machine(job(calls))
-            .on("job", "work", move |ctx| {
-                let (s, g) = (s.clone(), g.clone());
-                async move {
-                    s.lock().unwrap().push(ctx.key.to_string());
-                    g.acquire().await.unwrap().forget();
-                    Ok(Outcome::to("done"))
-                }
-            })
-            .start()
-            .await
-            .unwrap();
-        let waiting = |n: u64| {
-            let store = store.clone();
-            async move {
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-                loop {
-                    let u = store.limit_list().await.unwrap();
-                    if u.iter().any(|u| u.in_use == 1 && u.waiting == n) {
-                        return;
-                    }
-                    assert!(tokio::time::Instant::now() < deadline, "never {n} waiting: {u:?}");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        };
+        let (engine, started, gate) = gated(&store, calls).await;
+        let waiting = |n: u64| waiting(&store, n);
         go(&engine, "holder", "t").await;
         // A bulk operation's `go` (its default: 10 below a request's), requests' `go` (0),
         // `urgent` (declared 5), and a `go` given priority 9.

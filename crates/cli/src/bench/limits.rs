@@ -28,6 +28,7 @@ use settle_core::{Machine, MachineBuilder, Properties};
 use settle_engine::{Engine, Outcome, RaiseOptions, Wait};
 use settle_store::{AnyStore, EntityFilter, Store};
 
+use super::Scratch;
 use super::measure::{median, round3};
 
 /// Options of `settle bench limits`.
@@ -143,19 +144,6 @@ async fn start(
         .start()
         .await?;
     Ok((engine, scratch))
-}
-
-/// Removes a scratch database and its side files when dropped.
-struct Scratch(std::path::PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm", ".lock"] {
-            let mut p = self.0.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
-    }
 }
 
 /// Runs `one` for every key, 512 at once.

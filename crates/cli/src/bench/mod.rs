@@ -363,7 +363,7 @@ pub struct ChainArgs {
 }
 
 /// Removes a scratch database and its side files when dropped.
-struct Scratch(PathBuf);
+struct Scratch(pub(super) PathBuf);
 
 impl Drop for Scratch {
     fn drop(&mut self) {
