@@ -103,7 +103,10 @@ impl Expression {
         key: Option<&str>,
         states: Option<Vec<String>>,
     ) -> Result<Value, String> {
-        let mut ctx = Context::default();
+        // CEL's standard library is built once: building it for each evaluation cost more
+        // than the evaluation itself (a guard, a limit's key).
+        static STDLIB: std::sync::LazyLock<Arc<cel::Env>> = std::sync::LazyLock::new(|| Arc::new(cel::Env::stdlib()));
+        let mut ctx = Context::with_env(STDLIB.clone());
         if let Some(states) = states {
             ctx.add_function("in_state", move |name: Arc<String>| states.contains(&*name))
                 .map_err(|e| e.to_string())?;
