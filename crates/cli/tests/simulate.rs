@@ -2,8 +2,9 @@
 //! seed replays exactly, and nothing is left behind, interrupted or not.
 //!
 //! The SQLite seeds run in two processes at once (one per core): `SETTLE_SIM_SEEDS` sets how
-//! many each runs (default 1000, so 2000 in all). The PostgreSQL run (`SETTLE_TEST_PG`;
-//! skipped, saying so, without it) runs `SETTLE_SIM_PG_SEEDS` seeds (default 30).
+//! many each runs (default 600, so 1200 in all, about a minute and a half of CI; a longer
+//! hunt is `settle simulate --seeds N`). The PostgreSQL run (`SETTLE_TEST_PG`; skipped,
+//! saying so, without it) runs `SETTLE_SIM_PG_SEEDS` seeds (default 30).
 
 use std::process::{Command, Output};
 
@@ -23,7 +24,7 @@ fn text(o: &Output) -> (String, String) {
 
 #[test]
 fn the_ci_seeds_hold_every_invariant() {
-    let per: u64 = std::env::var("SETTLE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let per: u64 = std::env::var("SETTLE_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
     let runs: Vec<_> = (0..2u64)
         .map(|i| {
             let (from, seeds) = ((i * per).to_string(), per.to_string());
