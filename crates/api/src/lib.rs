@@ -189,7 +189,8 @@ pub struct HistoryEntry {
     pub from: Option<String>,
     /// The state entered (null when nothing was entered: rejections, failures, commands).
     pub to: Option<String>,
-    /// create, event, auto, rejected, fault or command.
+    /// create, event, auto, rejected, fault, command, internal, ignored, or limit (a
+    /// limit held its auto action back or admitted it; see `detail`).
     pub kind: String,
     /// The action that ran.
     pub action: Option<String>,

@@ -130,6 +130,13 @@ pub struct Commit {
     /// slots it holds are given back and handed to the first in line, and a place it holds
     /// in a line is given up, in the same transaction ([`Op::Acquire`]).
     pub leave_limits: bool,
+    /// The commit enters a limited state whose auto action the holder runs next (an `Hold`
+    /// commit): the slots of its limits are asked for in the same transaction, as by
+    /// [`Op::Acquire`] (after the slots of the state left go back), saving a batch. The
+    /// answer is [`Applied::Committed`]'s `acquired`; nothing is asked if the lease is not
+    /// held after the commit or events wait in its inbox (they go first; the holder asks
+    /// later).
+    pub acquire: Option<Vec<SlotAsk>>,
 }
 
 impl Commit {
@@ -170,6 +177,7 @@ impl Commit {
             offer: None,
             internal: false,
             leave_limits: false,
+            acquire: None,
         }
     }
 }
@@ -458,6 +466,10 @@ pub enum Applied {
         inbox_head: Option<InboxItem>,
         /// Ids of created entities.
         created: Vec<i64>,
+        /// The answer to the commit's ask for the slots of the state it entered
+        /// ([`Commit::acquire`]): [`Applied::Acquired`], [`Applied::Waiting`] or
+        /// [`Applied::Released`] (then `held` is false); `None`: not asked.
+        acquired: Option<Box<Applied>>,
     },
     /// The lease was dropped.
     Released,

@@ -25,6 +25,9 @@ pub enum HistoryKind {
     Internal,
     /// An event was accepted and dropped (`ignore`); nothing changed.
     Ignored,
+    /// A limit held the entity's auto action back (it went into the limit's line) or let it
+    /// start (admitted from the line); see `detail`. Its state did not change.
+    Limit,
 }
 
 impl HistoryKind {
@@ -39,6 +42,7 @@ impl HistoryKind {
             HistoryKind::Command => "command",
             HistoryKind::Internal => "internal",
             HistoryKind::Ignored => "ignored",
+            HistoryKind::Limit => "limit",
         }
     }
     /// Parses the stored name.
@@ -52,6 +56,7 @@ impl HistoryKind {
             "command" => HistoryKind::Command,
             "internal" => HistoryKind::Internal,
             "ignored" => HistoryKind::Ignored,
+            "limit" => HistoryKind::Limit,
             _ => return None,
         })
     }

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use settle_core::pattern::SuccessorView;
 use settle_core::step::{self, EventStep};
-use settle_core::{Action, ActionName, EventName, Machine, Properties, StateKind, StateName};
+use settle_core::{Action, ActionName, EntityKey, EventName, Machine, Properties, StateKind, StateName};
 use settle_store::{
     AfterCommit, AgentReport, Commit, EntityRow, EventRecord, Fence, HistoryKind, InboxItem, InboxKind, Millis,
     TaskResult, Telemetry, Trigger,
@@ -340,7 +340,7 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
     // An agent's task already offered runs under the slot taken before it was offered.
     let offered = matches!(step, Some(EventStep::Agent { .. })) && held.entity.auto_at.is_none();
     if machine.is_limited(&state.name) && !held.slots && !offered {
-        return match slot_asks(&machine, &state.name, &held.entity) {
+        return match slot_asks(&machine, &state.name, &held.entity.properties, &held.entity.key) {
             Ok(slots) => {
                 Next::Acquire(Box::new(settle_store::Acquire { fence: held.fence(env.owner), slots, priority: None }))
             }
@@ -361,10 +361,35 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
     }
 }
 
-/// A slot of each limit the auto action of `state` counts against, for `entity`: its key
-/// and fairness values evaluated (`Err`: the first that could not be, named).
-fn slot_asks(machine: &Machine, state: &str, entity: &EntityRow) -> Result<Vec<settle_store::SlotAsk>, String> {
-    let (props, key) = (&entity.properties, &entity.key);
+/// The slots a commit of `held` asks for in its own transaction ([`Commit::acquire`]): those
+/// of the limited state it enters, when the holder runs its auto action next (it keeps the
+/// lease, the entity stays active, and the action is due now, not a task offered already).
+/// `None`: nothing to ask, or a key that cannot be evaluated (the holder's own ask faults
+/// it, naming the limit).
+///
+/// [`Commit::acquire`]: settle_store::Commit::acquire
+pub(crate) fn entry_slots(held: &Held, c: &Commit, now: Millis) -> Option<Vec<settle_store::SlotAsk>> {
+    let to = c.to.as_ref()?;
+    let runs_now = c.after == AfterCommit::Hold
+        && c.offer.is_none()
+        && c.auto_at.is_some_and(|at| at <= now)
+        && c.run_status.is_none_or(|(s, _)| s == settle_store::RunStatus::Active);
+    if !runs_now || !held.machine.is_limited(to) {
+        return None;
+    }
+    let props = c.properties.as_ref().unwrap_or(&held.entity.properties);
+    slot_asks(&held.machine, to, props, &held.entity.key).ok()
+}
+
+/// A slot of each limit the auto action of `state` counts against, for an entity of these
+/// properties and key: its key and fairness values evaluated (`Err`: the first that could
+/// not be, named).
+fn slot_asks(
+    machine: &Machine,
+    state: &str,
+    props: &Properties,
+    key: &EntityKey,
+) -> Result<Vec<settle_store::SlotAsk>, String> {
     machine
         .limits_of(state)
         .map(|limit| {

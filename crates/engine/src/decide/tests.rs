@@ -1118,3 +1118,39 @@ fn a_limited_agent_task_is_offered_once_its_slot_is_taken() {
     let d = fault(&mut h, None, Some("fetch"), FaultError::new("agent", "boom"), &env);
     assert_eq!((d.commit.offer.is_none(), d.commit.auto_at), (true, Some(NOW + 2_000)));
 }
+
+#[test]
+fn a_commit_entering_a_limited_state_to_run_its_action_asks_for_the_slots_with_it() {
+    let mut h = limited();
+    h.entity.state = "idle".into();
+    let fence = h.fence(OWNER);
+    let entering = |to: &str, auto_at: Option<Millis>, after: AfterCommit| {
+        let mut c = Commit::new(fence.clone(), "idle".into(), HistoryKind::Event, after);
+        c.to = Some(to.into());
+        c.auto_at = auto_at;
+        c
+    };
+    // Held on into `working`, its action due now: the slot of its region goes with it.
+    let c = entering("working", Some(NOW), AfterCommit::Hold);
+    let asks = entry_slots(&h, &c, NOW).expect("asked");
+    let asks: Vec<_> = asks.iter().map(|a| (a.limit.as_str(), a.key.as_str(), a.max)).collect();
+    assert_eq!(asks, [("calls", "eu", Some(2))]);
+    // Properties the commit sets are the ones the key reads.
+    let mut c = entering("working", Some(NOW), AfterCommit::Hold);
+    c.properties = Some(Properties::from_iter([("region".to_string(), json!("us"))]));
+    assert_eq!(entry_slots(&h, &c, NOW).unwrap()[0].key, "us");
+    // Nothing asked when the holder does not run the action next: let go, the action
+    // later (a backoff), paused, a task offered already, or a state without a limit.
+    assert_eq!(entry_slots(&h, &entering("working", Some(NOW), AfterCommit::Release), NOW), None);
+    assert_eq!(entry_slots(&h, &entering("working", Some(NOW + 1), AfterCommit::Hold), NOW), None);
+    let mut paused = entering("working", Some(NOW), AfterCommit::Hold);
+    paused.run_status = Some((RunStatus::Paused, None));
+    assert_eq!(entry_slots(&h, &paused, NOW), None);
+    let mut offered = entering("fetching", Some(NOW), AfterCommit::Hold);
+    offered.offer = super::parts::entry_offer(&job(), "fetching", NOW);
+    assert_eq!(entry_slots(&h, &offered, NOW), None);
+    assert_eq!(entry_slots(&h, &entering("done", Some(NOW), AfterCommit::Hold), NOW), None);
+    // A key that cannot be evaluated: not asked here; the holder's own ask faults it.
+    h.entity.properties.clear();
+    assert_eq!(entry_slots(&h, &entering("working", Some(NOW), AfterCommit::Hold), NOW), None);
+}

@@ -1,6 +1,9 @@
 //! Concurrency limits in the loop: a held entity asks for its limit's slot before its auto
-//! action (`decide::Next::Acquire`), as an operation of the next batch; the answer lets it go
-//! on, or lets it go (it waits in line in the store, its lease dropped).
+//! action, with the commit that enters the state (`decide::entry_slots`, answered in the
+//! commit's result) or, when that could not ask (events were waiting, a key could not be
+//! evaluated, it was claimed in the state), as an operation of the next batch
+//! (`decide::Next::Acquire`); the answer lets it go on, or lets it go (it waits in line in
+//! the store, its lease dropped).
 
 use super::*;
 

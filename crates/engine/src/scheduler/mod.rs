@@ -599,9 +599,14 @@ impl<S: Store + Clone> Scheduler<S> {
     fn on_committed(&mut self, mut expect: Expect, r: std::result::Result<Applied, OpError>) {
         let id = expect.entity_id;
         match r {
-            Ok(Applied::Committed { held: still_held, version, inbox_head, .. }) => {
+            Ok(Applied::Committed { held: still_held, version, inbox_head, acquired, .. }) => {
                 let now = self.clock.now_ms();
                 let Some(slot) = self.held.get_mut(&id) else { return };
+                match acquired.as_deref() {
+                    Some(Applied::Acquired) => slot.held.slots = true,
+                    Some(Applied::Waiting { limit, .. }) => crate::metrics::limit_waited(limit),
+                    _ => {}
+                }
                 if let Some(landed) = &mut self.landed
                     && version != slot.held.entity.version
                 {
@@ -715,6 +720,10 @@ impl<S: Store + Clone> Scheduler<S> {
             d.commit.trim = self.trim_for(&held.entity, &d.commit);
             // An entity under an older version moves to the current one when it may.
             moved = decide::upgrade(held, &mut d.commit, &self.registry);
+            if moved.is_none() {
+                // Entering a limited state to run its action next: the slots go with it.
+                d.commit.acquire = decide::entry_slots(held, &d.commit, self.clock.now_ms());
+            }
         }
         if let Some(note) = &d.note {
             record(note, held.map(|h| &h.entity));

@@ -269,3 +269,69 @@ pub async fn limits_stay_with_a_call_in_flight<S: Store>(store: S) {
     assert_eq!(r.results[0], Ok(Applied::Acquired), "the expired call's slot is d's");
     assert_eq!(usage(&store, "").await, (1, 1, 0));
 }
+
+/// A commit entering a limited state asks for its slots in its own transaction
+/// ([`crate::Commit::acquire`]): held, it keeps its lease; full, it waits in line with its
+/// lease dropped; with events in its inbox (they go first) or its lease let go, nothing is
+/// asked.
+pub async fn limits_come_with_the_commit_that_enters_the_state<S: Store>(store: S) {
+    let e = claimed(&store, &["a", "b", "c", "d"]).await;
+    let slot = SlotAsk { limit: "calls".into(), key: "eu".into(), max: Some(1), rate: None, fair: String::new() };
+    let entering = |e: &EntityRow, after: AfterCommit| {
+        let mut c = commit(e, Some("working"), None, after);
+        c.auto_at = Some(T0 + 1);
+        c.acquire = Some(vec![slot.clone()]);
+        Op::Commit(Box::new(c))
+    };
+    write(&store, T0 + 1, vec![Op::Push(super::push("c", "poke"))], false).await;
+    let ops = vec![
+        entering(&e[0], AfterCommit::Hold),
+        entering(&e[1], AfterCommit::Hold),
+        entering(&e[2], AfterCommit::Hold),
+        entering(&e[3], AfterCommit::Release),
+    ];
+    let r = write(&store, T0 + 1, ops, false).await;
+    let answers: Vec<_> = r
+        .results
+        .iter()
+        .map(|r| match r {
+            Ok(Applied::Committed { held, acquired, .. }) => (*held, acquired.as_deref().cloned()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let waiting = Applied::Waiting { limit: "calls".into(), key: "eu".into() };
+    assert_eq!(answers, [(true, Some(Applied::Acquired)), (false, Some(waiting)), (true, None), (false, None)]);
+    assert_eq!(usage(&store, "eu").await, (1, 1, 1), "a holds the slot, b waits");
+    let b = get(&store, "b").await;
+    assert_eq!((b.lease_owner, b.state.as_str(), b.due_at), (None, "working", None), "b waits, not due");
+    // a's action ends: b is handed the slot, due at once.
+    let a = EntityRow { version: e[0].version + 1, state: "working".into(), ..e[0].clone() };
+    let r = write(&store, T0 + 2, vec![end(&a)], true).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results);
+    let mut due: Vec<_> = r.claimed.iter().map(|c| c.entity.key.as_str()).collect();
+    due.sort();
+    assert_eq!(due, ["b", "d"], "b admitted; d let go at its action's time");
+    assert_eq!(usage(&store, "eu").await, (1, 1, 0));
+    // The change feed records b's wait and its admission, in its state.
+    let filter =
+        crate::FeedFilter { machine: Some("m".into()), key: Some("b".into()), transitions: true, ..Default::default() };
+    // b's creation, its entry into `working`, its wait and its admission.
+    let (items, _) = super::feed::read_all(&store, crate::FeedPos::START, &filter, 100, 4).await;
+    let limits: Vec<_> = items
+        .iter()
+        .filter_map(|i| match i {
+            crate::FeedItem::Transition { row, .. } if row.kind == crate::HistoryKind::Limit => {
+                Some((row.at, row.from.as_deref().map(str::to_string), row.to.clone(), row.detail.clone().unwrap()))
+            }
+            _ => None,
+        })
+        .collect();
+    let working = Some("working".to_string());
+    assert_eq!(
+        limits,
+        [
+            (T0 + 1, working.clone(), None, "waiting for `calls` (key eu): 1 of 1 in use".into()),
+            (T0 + 2, working, None, "admitted by `calls` (key eu) after 1 ms in line".into()),
+        ]
+    );
+}

@@ -54,8 +54,8 @@ pub use leases::{
     release_never_strands_events,
 };
 pub use limits::{
-    limits_hand_slots_on_in_line, limits_stay_with_a_call_in_flight, limits_stay_with_an_agent_task_through_a_pause,
-    limits_survive_leases_and_commands,
+    limits_come_with_the_commit_that_enters_the_state, limits_hand_slots_on_in_line, limits_stay_with_a_call_in_flight,
+    limits_stay_with_an_agent_task_through_a_pause, limits_survive_leases_and_commands,
 };
 pub use operations::{hung_operations_are_marked, operations_end_when_nothing_waits_on_them};
 pub use prune::{
@@ -226,6 +226,7 @@ macro_rules! store_conformance_suite {
                 versions_move_the_entities_no_engine_holds, a_deploy_is_written_whole, canceling_an_operation_stops_its_work_and_queues_the_undo,
                 a_claim_takes_the_entities_its_batch_creates, a_claim_takes_the_entities_its_batch_raises_on,
                 limits_hand_slots_on_in_line, limits_survive_leases_and_commands,
+                limits_come_with_the_commit_that_enters_the_state,
                 limits_stay_with_an_agent_task_through_a_pause, limits_stay_with_a_call_in_flight,
                 limits_admit_round_robin_across_fair_values, limits_space_starts_by_their_rate,
                 limits_order_waiting_work_by_its_requests_priority;

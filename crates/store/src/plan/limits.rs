@@ -20,7 +20,9 @@
 //! The statements are written once for both databases (`$N` parameters read alike on
 //! both) and run through [`Dialect::rows`]; the rules are here. Only entities of machines
 //! that declare limits ever reach them: an engine asks ([`crate::Op::Acquire`],
-//! [`crate::Commit::leave_limits`]) only for those, so work without limits pays nothing.
+//! [`crate::Commit::acquire`], [`crate::Commit::leave_limits`]) only for those, so work
+//! without limits pays nothing. A wait and an admission are each recorded in the entity's
+//! history (a row of kind `limit`, so in the change feed); a slot taken at once is not.
 
 use super::Dialect;
 use crate::{Acquire, Applied, Millis, OpError};
@@ -114,8 +116,11 @@ const UNWAIT: &str = "DELETE FROM limit_waiters WHERE entity_id = $1 RETURNING n
 const NEXT_FAIR: &str = "SELECT fair, turn FROM limit_fair WHERE name = $1 AND key = $2 AND waiting > 0
      ORDER BY turn, fair LIMIT 1";
 /// The first in line of a fairness value: by priority, then arrival.
-const FIRST: &str = "SELECT seq, entity_id FROM limit_waiters WHERE name = $1 AND key = $2 AND fair = $3
+const FIRST: &str = "SELECT seq, entity_id, since FROM limit_waiters WHERE name = $1 AND key = $2 AND fair = $3
      ORDER BY priority DESC, seq LIMIT 1";
+/// What an entity's history row records of it: its state, version of its definition, and
+/// the request it works for.
+const NOTED: &str = "SELECT state, machine_hash, request_id FROM entities WHERE id = $1";
 const ADMITTED: &str = "DELETE FROM limit_waiters WHERE seq = $1";
 /// An entity becomes due at `$2` (an admitted one: now), unless a lease holder has it (it
 /// goes on when its lease is dropped), it does not run (a fault's backoff ended: it asked),
@@ -215,9 +220,23 @@ fn opt_int(n: Option<i64>) -> Val {
 /// and its lease is dropped. An entity whose previous call of a limit is still in flight
 /// (its task canceled while an agent held it) waits for that call's lock to run out, out of
 /// line. An entity paused or put to sleep meanwhile takes nothing: it leaves its limits and
-/// is let go ([`Applied::Released`]). Answers whether it left an entity due now (an
-/// admitted waiter, or the waiting one with events).
+/// is let go ([`Applied::Released`]). `committed`: a commit of this transaction fenced it
+/// and left it held and active (its row locked), so neither is looked up again. Answers
+/// whether it left an entity due now (an admitted waiter, or the waiting one with events).
 pub(crate) fn acquire<D: Dialect>(
+    d: &mut D,
+    now: Millis,
+    a: &Acquire,
+    committed: bool,
+) -> Result<(Result<Applied, OpError>, bool), D::Error> {
+    if !committed {
+        return fenced_acquire(d, now, a);
+    }
+    take_or_wait(d, now, a)
+}
+
+/// [`acquire`] under a fence not yet checked in this transaction.
+fn fenced_acquire<D: Dialect>(
     d: &mut D,
     now: Millis,
     a: &Acquire,
@@ -236,6 +255,12 @@ pub(crate) fn acquire<D: Dialect>(
         d.rows(LET_GO, &[Val::Int(id)])?;
         return Ok((Ok(Applied::Released), due_now));
     }
+    take_or_wait(d, now, a)
+}
+
+/// [`acquire`] of a fenced, active entity: takes its slots or puts it in line.
+fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> Result<(Result<Applied, OpError>, bool), D::Error> {
+    let id = a.fence.entity_id;
     let mine = d.rows(MINE, &[Val::Int(id)])?;
     let mut held: Vec<String> = mine.iter().filter(|r| r[2] == Val::Int(0)).map(|r| r[0].text()).collect();
     let line = mine.iter().find(|r| r[2] == Val::Int(1)).map(|r| (r[0].text(), r[1].text()));
@@ -289,6 +314,12 @@ pub(crate) fn acquire<D: Dialect>(
             };
             d.rows(WAIT, &[Val::Int(id), t(name), t(key), Val::Int(priority), Val::Int(now), t(&ask.fair)])?;
             d.rows(FAIR_JOIN, &[t(name), t(key), t(&ask.fair), Val::Int(slot.round)])?;
+            let why = if slot.free() {
+                "its rate".to_string()
+            } else {
+                format!("{} of {} in use", slot.in_use, slot.max.unwrap_or(0))
+            };
+            note(d, now, id, format!("waiting for `{name}`{}: {why}", of_key(key)))?;
         }
         slot.save(d, name, key, &read)?;
         let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), Val::Null])?;
@@ -322,6 +353,8 @@ fn unwait<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<(), D::Error> {
 struct Next {
     seq: i64,
     entity: i64,
+    /// When it went into line.
+    since: Millis,
     fair: Val,
     turn: i64,
 }
@@ -331,7 +364,13 @@ struct Next {
 fn next_in_line<D: Dialect>(d: &mut D, name: &str, key: &str) -> Result<Option<Next>, D::Error> {
     let Some(fair) = d.rows(NEXT_FAIR, &[t(name), t(key)])?.into_iter().next() else { return Ok(None) };
     let first = d.rows(FIRST, &[t(name), t(key), fair[0].clone()])?;
-    Ok(first.first().map(|w| Next { seq: w[0].int(), entity: w[1].int(), fair: fair[0].clone(), turn: fair[1].int() }))
+    Ok(first.first().map(|w| Next {
+        seq: w[0].int(),
+        entity: w[1].int(),
+        since: w[2].int(),
+        fair: fair[0].clone(),
+        turn: fair[1].int(),
+    }))
 }
 
 /// A line that has room of slots but must wait for its rate: its next is woken when the
@@ -444,10 +483,44 @@ fn fill<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot: &mut Sl
         d.rows(FAIR_LEAVE, &[t(name), t(key), next.fair, Val::Int(1)])?;
         d.rows(HOLD, &[Val::Int(next.entity), t(name), t(key), Val::Int(now)])?;
         d.rows(DUE, &[Val::Int(next.entity), Val::Int(now)])?;
+        let waited = waited(now.saturating_sub(next.since));
+        note(d, now, next.entity, format!("admitted by `{name}`{} after {waited} in line", of_key(key)))?;
         slot.take(now);
         slot.round = slot.round.max(next.turn);
         admitted.push(next.entity);
     }
     wake_for_rate(d, now, name, key, slot)?;
     Ok(admitted)
+}
+
+/// How long one waited in line: `250 ms`, `3.2 s`.
+fn waited(ms: Millis) -> String {
+    if ms < 1_000 { format!("{ms} ms") } else { format!("{:.1} s", ms as f64 / 1_000.0) }
+}
+
+/// ` (key K)` of a limit's key value, nothing for a limit without a key.
+fn of_key(key: &str) -> String {
+    if key.is_empty() { String::new() } else { format!(" (key {key})") }
+}
+
+/// Records in the entity's history, and so in the change feed, that a limit held it back
+/// or admitted it (`detail`): a [`crate::HistoryKind::Limit`] row in its state.
+fn note<D: Dialect>(d: &mut D, now: Millis, entity: i64, detail: String) -> Result<(), D::Error> {
+    let Some(row) = d.rows(NOTED, &[Val::Int(entity)])?.into_iter().next() else { return Ok(()) };
+    let text = |v: &Val| match v {
+        Val::Text(s) => Some(s.clone()),
+        _ => None,
+    };
+    let history = super::rows::HistoryInsert {
+        entity_id: entity,
+        from_state: text(&row[0]),
+        kind: crate::HistoryKind::Limit.as_str(),
+        request_id: text(&row[2]),
+        at: now,
+        detail: Some(detail),
+        machine_hash: text(&row[1]),
+        ..Default::default()
+    };
+    d.write(&super::rows::Writes { now, history: vec![history], ..Default::default() })?;
+    Ok(())
 }

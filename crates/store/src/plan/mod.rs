@@ -223,9 +223,10 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
             Kind::Segment | Kind::Commands => {
                 let end = segment_end(ops, i);
                 let segment: Vec<&Op> = ops[i..end].iter().collect();
-                let done = segment::apply(d, now, &segment, take.as_mut())?;
+                let mut done = segment::apply(d, now, &segment, take.as_mut())?;
                 others_due |= done.due_now;
                 others_due |= leave_limits(d, now, &ops[i..end], &done.results)?;
+                others_due |= acquire_entered(d, now, &ops[i..end], &mut done.results)?;
                 results.extend(done.results);
                 i = end;
             }
@@ -237,7 +238,7 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
             }
             Kind::Acquire => {
                 let Op::Acquire(a) = &ops[i] else { unreachable!("an acquire") };
-                let (r, due_now) = limits::acquire(d, now, a)?;
+                let (r, due_now) = limits::acquire(d, now, a, false)?;
                 others_due |= due_now;
                 results.push(r);
                 i += 1;
@@ -261,6 +262,7 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
                 if r.is_ok() {
                     others_due |= done.due_now;
                     others_due |= leave_limits(d, now, &ops[i..=i], std::slice::from_ref(&r))?;
+                    others_due |= acquire_entered(d, now, &ops[i..=i], std::slice::from_mut(&mut r))?;
                     d.release_savepoint()?;
                 } else {
                     d.rollback_savepoint()?;
@@ -318,6 +320,36 @@ fn leave_limits<D: Dialect>(
             ) if reason.starts_with("canceled") => limits::task_answered(d, now, *task)?,
             _ => false,
         };
+    }
+    Ok(due_now)
+}
+
+/// Takes the slots that commits entering a limited state ask for
+/// ([`crate::Commit::acquire`]), after the slots of the states they left went back: where
+/// the commit left its lease held and no event waiting, the answer goes into its result
+/// (waiting in line or let go, the lease is dropped and the result says so). Answers whether
+/// an entity is due now.
+fn acquire_entered<D: Dialect>(
+    d: &mut D,
+    now: Millis,
+    ops: &[Op],
+    results: &mut [Result<crate::Applied, OpError>],
+) -> Result<bool, D::Error> {
+    use crate::Applied;
+    let mut due_now = false;
+    for (op, r) in ops.iter().zip(results) {
+        let (Op::Commit(c), Ok(Applied::Committed { held, version, inbox_head: None, acquired, .. })) = (op, r) else {
+            continue;
+        };
+        let Some(slots) = c.acquire.as_ref().filter(|_| *held) else { continue };
+        let fence = crate::Fence { entity_id: c.fence.entity_id, version: *version, owner: c.fence.owner.clone() };
+        let ask = crate::Acquire { fence, slots: slots.clone(), priority: None };
+        let (answer, due) = limits::acquire(d, now, &ask, true)?;
+        due_now |= due;
+        // Refused (its fence was just written; nothing refuses it now): the holder asks again.
+        let Ok(answer) = answer else { continue };
+        *held = matches!(answer, Applied::Acquired);
+        *acquired = Some(Box::new(answer));
     }
     Ok(due_now)
 }

@@ -242,6 +242,7 @@ impl Work {
                             Head::New(i) => Some(item(i)),
                         },
                         created: created.iter().map(|&s| slots[s].cur.id).collect(),
+                        acquired: None,
                     },
                 })
             })
