@@ -71,6 +71,18 @@ const MINE: &str = "SELECT name, key, 0 FROM limit_holds WHERE entity_id = $1 AN
 const SLOT: &str = "INSERT INTO limit_slots (name, key, in_use, max, spacing_us) VALUES ($1, $2, 0, $3, $4)
      ON CONFLICT (name, key) DO UPDATE SET max = excluded.max, spacing_us = excluded.spacing_us
      RETURNING in_use, max, spacing_us, next_us, round, waiting, task_holds";
+/// A slot taken at once where nothing stands in the way: the row exists with the
+/// definition's terms (`$3`, `$4`), nobody waits, no canceled task keeps a slot, one is
+/// free and the rate lets one start now (`$5`); the rate's next start moves on. No row: the
+/// full path decides ([`SLOT`]).
+const TAKE: &str = "UPDATE limit_slots SET in_use = in_use + 1,
+        next_us = CASE WHEN spacing_us IS NULL THEN next_us
+                       WHEN next_us > CAST($5 AS BIGINT) * 1000 THEN next_us + spacing_us
+                       ELSE CAST($5 AS BIGINT) * 1000 + spacing_us END
+     WHERE name = $1 AND key = $2 AND max IS NOT DISTINCT FROM CAST($3 AS BIGINT)
+       AND spacing_us IS NOT DISTINCT FROM CAST($4 AS BIGINT) AND waiting = 0 AND task_holds = 0
+       AND (max IS NULL OR in_use < max) AND (spacing_us IS NULL OR next_us / 1000 <= CAST($5 AS BIGINT))
+     RETURNING in_use";
 /// `$3` slots given back, `$4` of them kept by canceled tasks (the row locked until the
 /// transaction ends).
 const GIVE_BACK: &str = "UPDATE limit_slots SET in_use = in_use - $3, task_holds = task_holds - $4
@@ -271,6 +283,14 @@ fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> Result<(Resu
         let (name, key) = (ask.limit.as_str(), ask.key.as_str());
         let max = ask.max.map(i64::from);
         let spacing = ask.rate.map(crate::Rate::spacing_us);
+        if !held.contains(&ask.limit)
+            && !d.rows(TAKE, &[t(name), t(key), opt_int(max), opt_int(spacing), Val::Int(now)])?.is_empty()
+        {
+            // Free, nobody in line: taken without reading the row first.
+            d.rows(HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now)])?;
+            held.push(ask.limit.clone());
+            continue;
+        }
         let row = d.rows(SLOT, &[t(name), t(key), opt_int(max), opt_int(spacing)])?;
         let read = Slot::read(&row[0]);
         let mut slot = read;
