@@ -130,6 +130,10 @@ pub struct Commit {
     /// slots it holds are given back and handed to the first in line, and a place it holds
     /// in a line is given up, in the same transaction ([`Op::Acquire`]).
     pub leave_limits: bool,
+    /// With `leave_limits`: the entity holds every slot its action asked for (so it waits
+    /// in no line) and its action ran in an engine (so no agent's call of it can be in
+    /// flight): its leaving looks up neither. Only a holder that knows both says so.
+    pub held_all: bool,
     /// The commit enters a limited state whose auto action the holder runs next (an `Hold`
     /// commit): the slots of its limits are asked for in the same transaction, as by
     /// [`Op::Acquire`] (after the slots of the state left go back), saving a batch. The
@@ -177,6 +181,7 @@ impl Commit {
             offer: None,
             internal: false,
             leave_limits: false,
+            held_all: false,
             acquire: None,
         }
     }

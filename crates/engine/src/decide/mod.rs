@@ -361,6 +361,12 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
     }
 }
 
+/// Whether the auto action of `state` is an agent's (its slots may stay with a call in
+/// flight when the entity leaves).
+pub(crate) fn runs_at_an_agent(machine: &Machine, state: &str) -> bool {
+    matches!(step::on_auto(machine, state, false), Some(EventStep::Agent { .. }))
+}
+
 /// The slots a commit of `held` asks for in its own transaction ([`Commit::acquire`]): those
 /// of the limited state it enters, when the holder runs its auto action next (it keeps the
 /// lease, the entity stays active, and the action is due now, not a task offered already).

@@ -1150,6 +1150,8 @@ fn a_commit_entering_a_limited_state_to_run_its_action_asks_for_the_slots_with_i
     offered.offer = super::parts::entry_offer(&job(), "fetching", NOW);
     assert_eq!(entry_slots(&h, &offered, NOW), None);
     assert_eq!(entry_slots(&h, &entering("done", Some(NOW), AfterCommit::Hold), NOW), None);
+    // Leaving, an agent's state may have a call in flight; a handler's has none.
+    assert!(runs_at_an_agent(&h.machine, "fetching") && !runs_at_an_agent(&h.machine, "working"));
     // A key that cannot be evaluated: not asked here; the holder's own ask faults it.
     h.entity.properties.clear();
     assert_eq!(entry_slots(&h, &entering("working", Some(NOW), AfterCommit::Hold), NOW), None);

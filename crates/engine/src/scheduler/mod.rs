@@ -709,6 +709,8 @@ impl<S: Store + Clone> Scheduler<S> {
             let c = &mut d.commit;
             if (c.to.is_some() || c.run_status.is_some()) && slot.held.machine.is_limited(&c.from) {
                 c.leave_limits = true;
+                // Held, its slots are all taken (no line) and, run here, no agent's call is out.
+                c.held_all = slot.held.slots && !decide::runs_at_an_agent(&slot.held.machine, &c.from);
                 slot.held.slots = false;
             }
         }

@@ -304,9 +304,13 @@ pub async fn limits_come_with_the_commit_that_enters_the_state<S: Store>(store: 
     assert_eq!(usage(&store, "eu").await, (1, 1, 1), "a holds the slot, b waits");
     let b = get(&store, "b").await;
     assert_eq!((b.lease_owner, b.state.as_str(), b.due_at), (None, "working", None), "b waits, not due");
-    // a's action ends: b is handed the slot, due at once.
+    // a's action (run in an engine, every slot held) ends: b is handed the slot, due at once.
     let a = EntityRow { version: e[0].version + 1, state: "working".into(), ..e[0].clone() };
-    let r = write(&store, T0 + 2, vec![end(&a)], true).await;
+    let mut ended = end(&a);
+    if let Op::Commit(c) = &mut ended {
+        c.held_all = true;
+    }
+    let r = write(&store, T0 + 2, vec![ended], true).await;
     assert!(r.results[0].is_ok(), "{:?}", r.results);
     let mut due: Vec<_> = r.claimed.iter().map(|c| c.entity.key.as_str()).collect();
     due.sort();

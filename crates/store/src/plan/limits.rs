@@ -408,8 +408,13 @@ fn wake_for_rate<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot
 /// leaving canceled an agent's task that an agent held: that call is still in flight, so the
 /// task keeps the slots until its agent answers ([`task_answered`]) or its lock runs out
 /// (then the first in line is woken to take them). Answers whether an entity is due now.
-pub(crate) fn leave<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<bool, D::Error> {
-    unwait(d, now, id)?;
+///
+/// `held_all`: the entity holds every slot its action asked for (so it waits in no line) and
+/// its action ran in an engine (so no agent's call of it is in flight): neither is looked up.
+pub(crate) fn leave<D: Dialect>(d: &mut D, now: Millis, id: i64, held_all: bool) -> Result<bool, D::Error> {
+    if !held_all {
+        unwait(d, now, id)?;
+    }
     let mut holds: Vec<(String, String)> =
         d.rows(LEAVE_HOLDS, &[Val::Int(id)])?.iter().map(|r| (r[0].text(), r[1].text())).collect();
     if holds.is_empty() {
@@ -417,7 +422,8 @@ pub(crate) fn leave<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<bool,
     }
     // In name order, as they are taken: two instances lock slot rows in the same order.
     holds.sort();
-    if let Some(call) = d.rows(IN_FLIGHT, &[Val::Int(id), Val::Int(now)])?.first() {
+    let call = if held_all { None } else { d.rows(IN_FLIGHT, &[Val::Int(id), Val::Int(now)])?.into_iter().next() };
+    if let Some(call) = call {
         let (task, until) = (call[0].int(), call[1].int());
         for (name, key) in &holds {
             d.rows(TASK_HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now), Val::Int(task), Val::Int(until)])?;
@@ -486,7 +492,7 @@ pub(crate) fn stopped<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<boo
     if !d.rows(AT_AN_AGENT, &[Val::Int(id)])?.is_empty() {
         return Ok(false);
     }
-    leave(d, now, id)
+    leave(d, now, id, false)
 }
 
 /// Admits from the line of limit `name`, key value `key` (its row locked, read into `slot`,

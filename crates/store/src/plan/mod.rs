@@ -300,9 +300,9 @@ fn leave_limits<D: Dialect>(
     let mut due_now = false;
     for (op, r) in ops.iter().zip(results) {
         due_now |= match (op, r) {
-            (Op::Commit(c), Ok(_)) if c.leave_limits => limits::leave(d, now, c.fence.entity_id)?,
+            (Op::Commit(c), Ok(_)) if c.leave_limits => limits::leave(d, now, c.fence.entity_id, c.held_all)?,
             (Op::Command { command, .. }, Ok(Applied::Commanded(e))) => match command {
-                Command::Kill => limits::leave(d, now, e.id)?,
+                Command::Kill => limits::leave(d, now, e.id, false)?,
                 Command::Pause | Command::Sleep { .. } if e.lease_owner.is_none() => limits::stopped(d, now, e.id)?,
                 _ => false,
             },
@@ -312,7 +312,7 @@ fn leave_limits<D: Dialect>(
                     entity,
                     outcome: CancelOutcome::Paused | CancelOutcome::Undone { stopped: true },
                 }),
-            ) => limits::leave(d, now, entity.id)?,
+            ) => limits::leave(d, now, entity.id, false)?,
             // An agent answering a task canceled under it: the call it kept slots for is over.
             (
                 Op::TaskReport { task, .. } | Op::TaskHeartbeat { task, .. },
