@@ -472,8 +472,8 @@ pub enum Applied {
         /// Ids of created entities.
         created: Vec<i64>,
         /// The answer to the commit's ask for the slots of the state it entered
-        /// ([`Commit::acquire`]): [`Applied::Acquired`], [`Applied::Waiting`] or
-        /// [`Applied::Released`] (then `held` is false); `None`: not asked.
+        /// ([`Commit::acquire`]): [`Applied::Acquired`], or [`Applied::Waiting`] (then
+        /// `held` is false: it waits in line, its lease dropped); `None`: not asked.
         acquired: Option<Box<Applied>>,
     },
     /// The lease was dropped.

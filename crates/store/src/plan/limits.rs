@@ -232,23 +232,9 @@ fn opt_int(n: Option<i64>) -> Val {
 /// and its lease is dropped. An entity whose previous call of a limit is still in flight
 /// (its task canceled while an agent held it) waits for that call's lock to run out, out of
 /// line. An entity paused or put to sleep meanwhile takes nothing: it leaves its limits and
-/// is let go ([`Applied::Released`]). `committed`: a commit of this transaction fenced it
-/// and left it held and active (its row locked), so neither is looked up again. Answers
-/// whether it left an entity due now (an admitted waiter, or the waiting one with events).
+/// is let go ([`Applied::Released`]). Answers whether it left an entity due now (an
+/// admitted waiter, or the waiting one with events).
 pub(crate) fn acquire<D: Dialect>(
-    d: &mut D,
-    now: Millis,
-    a: &Acquire,
-    committed: bool,
-) -> Result<(Result<Applied, OpError>, bool), D::Error> {
-    if !committed {
-        return fenced_acquire(d, now, a);
-    }
-    take_or_wait(d, now, a)
-}
-
-/// [`acquire`] under a fence not yet checked in this transaction.
-fn fenced_acquire<D: Dialect>(
     d: &mut D,
     now: Millis,
     a: &Acquire,
@@ -267,11 +253,14 @@ fn fenced_acquire<D: Dialect>(
         d.rows(LET_GO, &[Val::Int(id)])?;
         return Ok((Ok(Applied::Released), due_now));
     }
-    take_or_wait(d, now, a)
+    let (answer, due_now) = take_or_wait(d, now, a)?;
+    Ok((Ok(answer), due_now))
 }
 
-/// [`acquire`] of a fenced, active entity: takes its slots or puts it in line.
-fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> Result<(Result<Applied, OpError>, bool), D::Error> {
+/// [`acquire`] of an entity fenced and active in this transaction (a commit of it kept its
+/// lease, its row locked), so neither is looked up again: takes its slots (answering
+/// [`Applied::Acquired`]) or puts it in line ([`Applied::Waiting`]).
+pub(crate) fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> Result<(Applied, bool), D::Error> {
     let id = a.fence.entity_id;
     let mine = d.rows(MINE, &[Val::Int(id)])?;
     let mut held: Vec<String> = mine.iter().filter(|r| r[2] == Val::Int(0)).map(|r| r[0].text()).collect();
@@ -313,7 +302,7 @@ fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> Result<(Resu
             slot.save(d, name, key, &read)?;
             let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), own[0].clone()])?;
             due_now |= parked.first().is_some_and(|r| matches!(r[0], Val::Int(at) if at <= now));
-            return Ok((Ok(waiting()), due_now));
+            return Ok((waiting(), due_now));
         }
         if slot.room(now) {
             slot.take(now);
@@ -345,12 +334,12 @@ fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> Result<(Resu
         let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), Val::Null])?;
         due_now |= parked.first().is_some_and(|r| matches!(r[0], Val::Int(at) if at <= now));
         wake_for_rate(d, now, name, key, &slot)?;
-        return Ok((Ok(waiting()), due_now));
+        return Ok((waiting(), due_now));
     }
     if line.is_some() {
         unwait(d, now, id)?;
     }
-    Ok((Ok(Applied::Acquired), due_now))
+    Ok((Applied::Acquired, due_now))
 }
 
 /// The entity `id` gives up its place in line, if it has one (the line's slot row locked

@@ -238,7 +238,7 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
             }
             Kind::Acquire => {
                 let Op::Acquire(a) = &ops[i] else { unreachable!("an acquire") };
-                let (r, due_now) = limits::acquire(d, now, a, false)?;
+                let (r, due_now) = limits::acquire(d, now, a)?;
                 others_due |= due_now;
                 results.push(r);
                 i += 1;
@@ -344,10 +344,8 @@ fn acquire_entered<D: Dialect>(
         let Some(slots) = c.acquire.as_ref().filter(|_| *held) else { continue };
         let fence = crate::Fence { entity_id: c.fence.entity_id, version: *version, owner: c.fence.owner.clone() };
         let ask = crate::Acquire { fence, slots: slots.clone(), priority: None };
-        let (answer, due) = limits::acquire(d, now, &ask, true)?;
+        let (answer, due) = limits::take_or_wait(d, now, &ask)?;
         due_now |= due;
-        // Refused (its fence was just written; nothing refuses it now): the holder asks again.
-        let Ok(answer) = answer else { continue };
         *held = matches!(answer, Applied::Acquired);
         *acquired = Some(Box::new(answer));
     }
