@@ -107,18 +107,22 @@ pub(crate) const CROWD_CALLS: u32 = 2;
 /// How many of one crowd's workers start a second (`crowd_pace`, per crowd).
 pub(crate) const CROWD_PACE: u32 = 20;
 
-/// A worker of a crowd: `working` → `done` | `broken` | `working` again, at most
+/// A worker of a crowd: `ready` → `working` (a declarative step, so the commit entering the
+/// limited state takes its slots) → `done` | `broken` | `working` again, at most
 /// [`CROWD_CALLS`] at once among all workers and [`CROWD_PACE`] starts a second per crowd;
 /// `agent`: its action executed by an agent of [`CROWD_QUEUE`].
 pub(crate) fn worker(name: &str, agent: bool) -> Machine {
     let b = MachineBuilder::new(name)
         .properties(["crowd"])
-        .state("working")
+        .state("ready")
         .initial()
+        .auto("start")
+        .state("working")
         .auto("work")
         .state("done")
         .state("broken")
         .error_health()
+        .action("start", ["working"])
         .action("work", ["done", "broken", "working"]);
     let b = if agent {
         b.agent(CROWD_QUEUE, Duration::from_secs(10)).may_create(["receipt"]).may_raise(["heard"])
