@@ -40,30 +40,6 @@ pub const BACKGROUND: i64 = 10;
 /// The range a priority must lie in (declared, or given with a request).
 pub const PRIORITIES: std::ops::RangeInclusive<i64> = -1_000..=1_000;
 
-/// Why a machine whose limits this version cannot enforce does not run: the definition is
-/// complete and checked, but limits of workflows (`events`) are not enforced yet (issue
-/// 67). A warning of `settle validate` on each such limit; an engine refuses a machine
-/// declaring one ([`unenforced`]) rather than run it without it.
-pub const NOT_ENFORCED: &str = "limits of workflows (`events`) are checked but not enforced by this version of \
-                                settle yet: an engine refuses to run a machine that declares one (rather than \
-                                run it without its limit)";
-
-impl LimitDef {
-    /// Whether this version of settle enforces it: a limit of actions, of concurrency, rate
-    /// or both, with or without `fair_by` ([`NOT_ENFORCED`]).
-    pub fn enforced(&self) -> bool {
-        self.kind() == Some(LimitKind::Actions)
-    }
-}
-
-/// The first limit of `machines` this version does not enforce, if any declares one: what
-/// an engine refuses to run, as (machine, limit).
-pub fn unenforced<'m>(machines: impl IntoIterator<Item = &'m crate::Machine>) -> Option<(String, String)> {
-    machines.into_iter().find_map(|m| {
-        m.limits().iter().find(|l| !l.def.enforced()).map(|l| (m.name().to_string(), l.name().to_string()))
-    })
-}
-
 /// What a limit's slots are taken by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitKind {
@@ -187,8 +163,13 @@ pub fn check(limit: &LimitDef, machine: &MachineDef, properties: &[String]) -> V
         }
     }
     for ev in &limit.events {
-        if !machine.events.iter().any(|e| &e.name == ev) {
-            problems.push(format!("`events` names unknown event `{ev}`"));
+        match machine.events.iter().find(|e| &e.name == ev) {
+            None => problems.push(format!("`events` names unknown event `{ev}`")),
+            Some(e) if e.subscribe.is_some() => problems.push(format!(
+                "`events` names `{ev}`, a subscription event: it fires when its pattern holds and cannot wait in \
+                 line (limit the events that start the children's work instead)"
+            )),
+            Some(_) => {}
         }
     }
     match (limit.max, limit.rate) {
@@ -302,8 +283,7 @@ agent = "cloud"
             (Some(LimitKind::Actions), Some(20), Some("props.region"))
         );
         assert_eq!(m.limits()[1].def.per(), Duration::from_secs(60));
-        // `creates` (of workflows, with a rate) is not enforced yet; `provider_calls` is.
-        assert_eq!(warnings.to_string().matches(NOT_ENFORCED).count(), 1, "{warnings}");
+        assert_eq!(warnings.warnings().count(), 0, "{warnings}");
         let back = crate::Machine::from_canonical_json(&m.canonical_json()).unwrap();
         assert_eq!(back.content_hash(), m.content_hash());
         assert_eq!(back.limits(), m.limits());
@@ -312,9 +292,10 @@ agent = "cloud"
         // A machine without limits keeps the hash it had: nothing is added to its form.
         let (plain, _) = crate::toml::load("vm.toml", "vm", VM).unwrap();
         assert!(!plain.canonical_json().contains("limits"));
-        assert_eq!(unenforced([&plain]), None);
-        assert_eq!(unenforced([&plain, &m]), Some(("vm".into(), "creates".into())));
-        assert!(m.limits()[0].def.enforced() && !m.limits()[1].def.enforced());
+        assert!(m.has_workflow_limits() && !plain.has_workflow_limits());
+        let creates: Vec<&str> = m.workflow_limits_of("create").map(Limit::name).collect();
+        assert_eq!(creates, ["creates"]);
+        assert!(m.workflow_limits_of("delete").next().is_none());
     }
 
     #[test]
@@ -422,5 +403,19 @@ agent = "cloud"
         let json = serde_json::to_value(&l).unwrap();
         assert_eq!(json, serde_json::json!({"name": "calls", "states": ["a"], "max": 2}));
         assert_eq!(serde_json::from_value::<LimitDef>(json).unwrap(), l);
+    }
+
+    #[test]
+    fn a_subscription_event_cannot_be_limited() {
+        let text = "initial = \"idle\"\n[states.idle]\n[states.waiting]\n[states.done]\n\
+                    [events.wait]\nin = [\"idle\"]\naction = \"hold\"\n\
+                    [events.children_done]\nin = [\"waiting\"]\naction = \"finish\"\nsubscribe = \"all(*) in [done]\"\n\
+                    [actions.hold]\nto = [\"waiting\"]\n[actions.finish]\nto = [\"done\"]\n\
+                    [limits.fired]\nevents = [\"children_done\"]\nmax = 1\n";
+        let report = crate::toml::load("p.toml", "p", text).err().unwrap().to_string();
+        assert!(
+            report.contains("limit `fired`: `events` names `children_done`, a subscription event: it fires when its pattern holds and cannot wait in line"),
+            "{report}"
+        );
     }
 }

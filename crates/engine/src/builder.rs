@@ -230,7 +230,6 @@ impl<S: Store + Clone> EngineBuilder<S> {
         if report.has_errors() {
             return Err(Error::Invalid(report));
         }
-        crate::deploy::refuse_limits(machines.iter().copied())?;
         let processes = self.config.max_inflight > 0;
         if processes {
             crate::deploy::check_handlers(&self.registry)?;

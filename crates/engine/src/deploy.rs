@@ -101,7 +101,6 @@ impl<S: Store + Clone> Engine<S> {
         if report.has_errors() {
             return Err(Error::Invalid(report));
         }
-        refuse_limits(changed.iter().map(|(m, _)| m.as_ref()))?;
         // An engine that processes nothing (`settle deploy` on the database) runs no
         // action: a deploy stores and moves, whatever handlers the versions need.
         if self.inner.processes {
@@ -257,18 +256,6 @@ impl<S: Store + Clone> Engine<S> {
         crate::schedules::sync(self).await?;
         self.inner.schedules.notify_one();
         Ok(())
-    }
-}
-
-/// Refuses machines that declare flow-control limits, which this engine does not enforce
-/// yet ([`settle_core::limits::NOT_ENFORCED`]): running one without its limits would break
-/// what its definition promises.
-pub(crate) fn refuse_limits<'m>(machines: impl IntoIterator<Item = &'m Machine>) -> Result<()> {
-    match settle_core::limits::unenforced(machines) {
-        None => Ok(()),
-        Some((machine, limit)) => {
-            Err(Error::Unsupported { machine, what: format!("limit `{limit}`: {}", settle_core::limits::NOT_ENFORCED) })
-        }
     }
 }
 

@@ -177,28 +177,3 @@ async fn an_engine_on_the_stored_definitions_lends_handlers_only_to_identical_ve
         assert_eq!(snapshot(&store).await.0, before.0, "no version stored");
     }
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_machine_declaring_a_limit_not_enforced_yet_is_refused() {
-    let limited = |name: &str| {
-        let text = "initial = \"a\"\n[states.a]\n[states.b]\nauto = \"work\"\n[states.c]\n[events.go]\nin = [\"a\"]\n\
-                    action = \"go\"\n[actions.go]\nto = [\"b\"]\n[actions.work]\nto = [\"c\"]\nagent = \"q\"\n\
-                    [limits.calls]\nevents = [\"go\"]\nmax = 2\n";
-        settle_core::toml::load("m.toml", name, text).unwrap().0
-    };
-    for (_dir, store) in stores("limits_refused").await {
-        let clock = ManualClock::new(T0);
-        let err = builder(&store, &clock, vec![limited("m1")]).start().await.err().expect("refused");
-        assert!(
-            err.to_string().contains("limit `calls`: limits of workflows (`events`) are checked but not enforced"),
-            "{err}"
-        );
-        assert!(store.machine_list().await.unwrap().is_empty(), "nothing stored");
-        let e = builder(&store, &clock, five(1, false)).start().await.unwrap();
-        let before = snapshot(&store).await;
-        let err = e.deploy(vec![limited("m1")], false).await.unwrap_err();
-        assert!(matches!(&err, Error::Unsupported { machine, .. } if machine == "m1"), "{err}");
-        assert_eq!(snapshot(&store).await, before);
-        e.shutdown().await;
-    }
-}

@@ -141,6 +141,10 @@ pub struct Commit {
     /// held after the commit or events wait in its inbox (they go first; the holder asks
     /// later).
     pub acquire: Option<Vec<SlotAsk>>,
+    /// The commit ends the entity's workflow (it leaves it at rest, in a stable state): the
+    /// slots of limits of workflows it holds go back, to the first in line, in the same
+    /// transaction. Set by a holder for machines that declare limits of workflows.
+    pub leave_workflows: bool,
 }
 
 impl Commit {
@@ -183,6 +187,7 @@ impl Commit {
             leave_limits: false,
             held_all: false,
             acquire: None,
+            leave_workflows: false,
         }
     }
 }
@@ -288,6 +293,14 @@ pub struct Acquire {
     /// Its place among those waiting of its fairness value: higher first (`None`: its
     /// workflow's, the priority of the request its entity works for, 0 without one).
     pub priority: Option<i64>,
+    /// The slots are for the workflow the event at the head of its inbox starts (its
+    /// limits of workflows): held until the entity comes to rest
+    /// ([`Commit::leave_workflows`]); waiting, it stays at rest, not due for its own inbox
+    /// (the event waits, and what is queued behind it). `false`: for its auto action.
+    pub workflow: bool,
+    /// With `priority` `None`: the request whose priority it waits at (a workflow's: the
+    /// queued event's; `None`: the request its entity works for).
+    pub request_id: Option<String>,
 }
 
 /// One slot an [`Acquire`] asks for.

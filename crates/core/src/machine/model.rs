@@ -677,6 +677,19 @@ impl Machine {
         of.sort_by(|a, b| a.name().cmp(b.name()));
         of.into_iter()
     }
+    /// The limits of workflows `event` starts, in name order (the order their slots are
+    /// taken in): its workflow holds a slot of each until the entity comes to rest.
+    pub fn workflow_limits_of<'a>(&'a self, event: &'a str) -> impl Iterator<Item = &'a crate::limits::Limit> + 'a {
+        let mut of: Vec<&crate::limits::Limit> =
+            self.limits.iter().filter(|l| l.def.events.iter().any(|e| e == event)).collect();
+        of.sort_by(|a, b| a.name().cmp(b.name()));
+        of.into_iter()
+    }
+    /// Whether it declares a limit of workflows (its commits that come to rest give their
+    /// slots back).
+    pub fn has_workflow_limits(&self) -> bool {
+        self.limits.iter().any(|l| !l.def.events.is_empty())
+    }
     /// Whether the auto action of `state` counts against a limit.
     pub fn is_limited(&self, state: &str) -> bool {
         self.limits.iter().any(|l| l.def.states.iter().any(|s| s == state))

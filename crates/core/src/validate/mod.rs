@@ -574,9 +574,6 @@ impl<'a> Checker<'a> {
         }
         self.duplicate_entries(&item, line, "states", l.states.iter().map(String::as_str));
         self.duplicate_entries(&item, line, "events", l.events.iter().map(String::as_str));
-        if !l.enforced() {
-            self.warning(&item, line, crate::limits::NOT_ENFORCED.to_string());
-        }
     }
 
     /// A calendar schedule: its own keys (`Calendar::from_def`), then the machine's names

@@ -76,6 +76,13 @@ pub(crate) struct Held {
     /// It holds the slot of its state's concurrency limit for the auto action about to run
     /// ([`Next::Acquire`]); given back by the commit that ends the action.
     pub(crate) slots: bool,
+    /// It holds the slots of the limits of workflows of the event it is about to process
+    /// (taken by [`Next::Acquire`] with `workflow`); given back by the commit that brings
+    /// it to rest.
+    pub(crate) workflow_slots: bool,
+    /// A commit of this hold brought it to rest (and gave back any workflow slots): nothing
+    /// is left to give back when it is let go.
+    pub(crate) rested: bool,
 }
 
 impl Held {
@@ -87,7 +94,18 @@ impl Held {
         inbox_head: Option<InboxItem>,
         trigger: Option<Trigger>,
     ) -> Self {
-        Held { machine, entity, inbox_head, firing: None, agent_report: None, trigger, hash: None, slots: false }
+        Held {
+            machine,
+            entity,
+            inbox_head,
+            firing: None,
+            agent_report: None,
+            trigger,
+            hash: None,
+            slots: false,
+            workflow_slots: false,
+            rested: false,
+        }
     }
 
     /// The version its commits record: the one it runs under.
@@ -329,6 +347,11 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
         };
     }
     if !step::auto_due(&held.machine, &held.entity.state, held.entity.auto_at, env.now) {
+        if !held.unstable() && held.machine.has_workflow_limits() && !held.rested {
+            // Claimed at rest with nothing to do (admitted to a workflow's slot whose event
+            // was canceled meanwhile): a quiet commit at rest gives any slot back.
+            return commit(rest(held, env));
+        }
         // Nothing to do now: the store keeps the due time of the auto action.
         return Next::Release;
     }
@@ -341,9 +364,13 @@ pub(crate) fn next(held: &mut Held, env: &Env<'_>) -> Next {
     let offered = matches!(step, Some(EventStep::Agent { .. })) && held.entity.auto_at.is_none();
     if machine.is_limited(&state.name) && !held.slots && !offered {
         return match slot_asks(&machine, &state.name, &held.entity.properties, &held.entity.key) {
-            Ok(slots) => {
-                Next::Acquire(Box::new(settle_store::Acquire { fence: held.fence(env.owner), slots, priority: None }))
-            }
+            Ok(slots) => Next::Acquire(Box::new(settle_store::Acquire {
+                fence: held.fence(env.owner),
+                slots,
+                priority: None,
+                workflow: false,
+                request_id: None,
+            })),
             Err(e) => commit(fault(held, None, Some(auto.as_str()), FaultError::new("limit_key", e), env)),
         };
     }
@@ -396,8 +423,16 @@ fn slot_asks(
     props: &Properties,
     key: &EntityKey,
 ) -> Result<Vec<settle_store::SlotAsk>, String> {
-    machine
-        .limits_of(state)
+    asks_of(machine.limits_of(state), props, key)
+}
+
+/// A slot of each of `limits` for an entity of these properties and key.
+fn asks_of<'m>(
+    limits: impl Iterator<Item = &'m settle_core::limits::Limit>,
+    props: &Properties,
+    key: &EntityKey,
+) -> Result<Vec<settle_store::SlotAsk>, String> {
+    limits
         .map(|limit| {
             Ok(settle_store::SlotAsk {
                 limit: limit.name().to_string(),
@@ -427,6 +462,24 @@ fn event(held: &mut Held, item: InboxItem, env: &Env<'_>) -> Next {
     match step::on_event(&machine, &e.state, &item.event, &has_handler, &e.properties, &item.params) {
         EventStep::Reject(rejection) => commit(reject(held, item, rejection.reason, env)),
         EventStep::Ignore { level } => commit(ignored(held, item, &level, env)),
+        // It starts a workflow a limit counts: its slots first (the event waits at the head
+        // of the inbox meanwhile, or in the limit's line with the entity at rest).
+        _ if !held.workflow_slots && machine.workflow_limits_of(&item.event).next().is_some() => {
+            match asks_of(machine.workflow_limits_of(&item.event), &e.properties, &e.key) {
+                Ok(slots) => {
+                    let ask = settle_store::Acquire {
+                        fence: held.fence(env.owner),
+                        slots,
+                        priority: None,
+                        workflow: true,
+                        request_id: item.request_id.clone(),
+                    };
+                    held.inbox_head = Some(item);
+                    Next::Acquire(Box::new(ask))
+                }
+                Err(e) => commit(reject(held, item, e, env)),
+            }
+        }
         EventStep::Plain { action, target } => {
             let outcome = target.map_or_else(Outcome::stay, Outcome::to);
             transition(held, Ran { action, item: Some(item), outcome, locks: Vec::new(), started: None }, env)
@@ -690,6 +743,20 @@ fn quiet(held: &Held, notice: &InboxItem, notices_upto: i64, env: &Env<'_>) -> D
             ..Telemetry::default()
         },
         ..Commit::new(held.fence(env.owner), e.state.clone(), HistoryKind::Event, held.after_unchanged(env.now))
+    })
+}
+
+/// Lets an entity at rest go with a commit that changes nothing visible (no history row):
+/// a holder sets [`Commit::leave_workflows`] on it, as on every commit at rest of a machine
+/// with limits of workflows.
+fn rest(held: &Held, env: &Env<'_>) -> Decided {
+    let e = &held.entity;
+    Decided::new(Commit {
+        retry: e.retry,
+        quiet: true,
+        request_id: e.request_id.clone(),
+        telemetry: Telemetry { at_rest: true, current_event: e.event_id, ..Telemetry::default() },
+        ..Commit::new(held.fence(env.owner), e.state.clone(), HistoryKind::Event, AfterCommit::Release)
     })
 }
 

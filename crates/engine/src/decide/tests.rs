@@ -1156,3 +1156,60 @@ fn a_commit_entering_a_limited_state_to_run_its_action_asks_for_the_slots_with_i
     h.entity.properties.clear();
     assert_eq!(entry_slots(&h, &entering("working", Some(NOW), AfterCommit::Hold), NOW), None);
 }
+
+#[test]
+fn an_event_a_limit_of_workflows_counts_takes_its_slots_before_it_runs() {
+    let r = registry();
+    let env = Env { registry: &r, owner: OWNER, now: NOW };
+    let m = job_builder()
+        .properties(["tenant"])
+        .limit(settle_core::limits::LimitDef {
+            name: "starts".into(),
+            events: vec!["go".into()],
+            max: Some(3),
+            key: Some("props.tenant".into()),
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let at_rest = || {
+        let mut h = held("idle");
+        h.machine = Arc::new(m.clone());
+        h.entity.properties.insert("tenant".into(), json!("acme"));
+        let mut go = raised("go");
+        go.request_id = Some("req-go".into());
+        h.inbox_head = Some(go);
+        h
+    };
+    // Valid here: its slots first, for the workflow, at the priority of the event's request;
+    // the event stays at the head of the inbox.
+    let mut h = at_rest();
+    let Next::Acquire(a) = next(&mut h, &env) else { panic!("an ask") };
+    assert_eq!((a.workflow, a.request_id.as_deref(), a.slots[0].key.as_str()), (true, Some("req-go"), "acme"));
+    assert_eq!(h.inbox_head.as_ref().map(|i| i.event.as_str()), Some("go"));
+    // Holding them: it runs.
+    h.workflow_slots = true;
+    assert_eq!(step_of(&next(&mut h, &env)), "commit Event idle -> working");
+    // Not valid here: rejected at once, nothing asked; other events ask for nothing.
+    let mut h = at_rest();
+    h.entity.state = "done".into();
+    assert!(step_of(&next(&mut h, &env)).starts_with("commit Rejected"));
+    let mut h = at_rest();
+    h.inbox_head = Some(raised("poke"));
+    assert!(!matches!(next(&mut h, &env), Next::Acquire(_)));
+    // A key that cannot be evaluated rejects the event, naming the limit.
+    let mut h = at_rest();
+    h.entity.properties.clear();
+    let d = committed(next(&mut h, &env));
+    assert_eq!(d.commit.kind, HistoryKind::Rejected);
+    let detail = d.commit.detail.unwrap();
+    assert!(detail.contains("limit `starts`: its key `props.tenant` could not be evaluated"), "{detail}");
+    // Claimed at rest with nothing to do: a quiet commit lets it go (its holder gives back
+    // any slot a canceled event left it); once at rest in this hold, a plain release.
+    let mut h = at_rest();
+    h.inbox_head = None;
+    let d = committed(next(&mut h, &env));
+    assert!(d.commit.quiet && d.commit.to.is_none() && d.commit.after == AfterCommit::Release);
+    h.rested = true;
+    assert_eq!(step_of(&next(&mut h, &env)), "release");
+}

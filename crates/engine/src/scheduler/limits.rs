@@ -3,7 +3,9 @@
 //! commit's result) or, when that could not ask (events were waiting, a key could not be
 //! evaluated, it was claimed in the state), as an operation of the next batch
 //! (`decide::Next::Acquire`); the answer lets it go on, or lets it go (it waits in line in
-//! the store, its lease dropped).
+//! the store, its lease dropped). An event a limit of workflows counts asks for its slots
+//! the same way before it runs (`decide::event`); they are held until a commit brings the
+//! entity to rest (`Commit::leave_workflows`, set by `push`).
 
 use super::*;
 
@@ -11,7 +13,7 @@ impl<S: Store + Clone> Scheduler<S> {
     /// Queues the entity's ask for its slot; nothing else runs for it meanwhile.
     pub(super) fn acquire(&mut self, id: i64, ask: Box<settle_store::Acquire>) {
         let Some(slot) = self.held.get_mut(&id) else { return };
-        slot.running = Some(Running::Acquiring);
+        slot.running = Some(Running::Acquiring { workflow: ask.workflow });
         self.ops.push(Op::Acquire(ask));
         self.pending.push(Pending::Acquire(id));
     }
@@ -22,8 +24,10 @@ impl<S: Store + Clone> Scheduler<S> {
         match r {
             Ok(Applied::Acquired) => {
                 let Some(slot) = self.held.get_mut(&id) else { return };
-                slot.running = None;
-                slot.held.slots = true;
+                match slot.running.take() {
+                    Some(Running::Acquiring { workflow: true }) => slot.held.workflow_slots = true,
+                    _ => slot.held.slots = true,
+                }
                 self.advance(id);
             }
             Ok(Applied::Waiting { limit, .. }) => {

@@ -85,8 +85,9 @@ enum Running {
     Evaluating { notice: InboxItem },
     /// The entry and exit actions of a transition are running.
     Hooks,
-    /// It asks for the slot of its state's concurrency limit.
-    Acquiring,
+    /// It asks for the slots of its state's limits (or, `workflow`, those of the workflow
+    /// of the event at the head of its inbox).
+    Acquiring { workflow: bool },
 }
 
 /// An entity this engine holds the lease of: what the decisions see, and what runs for it.
@@ -712,6 +713,15 @@ impl<S: Store + Clone> Scheduler<S> {
                 // Held, its slots are all taken (no line) and, run here, no agent's call is out.
                 c.held_all = slot.held.slots && !decide::runs_at_an_agent(&slot.held.machine, &c.from);
                 slot.held.slots = false;
+            }
+            // A commit that leaves it at rest ends its workflow: the slots of its limits of
+            // workflows go back (it may hold some from before this hold: always asked).
+            let state = c.to.as_ref().unwrap_or(&c.from);
+            let m = &slot.held.machine;
+            if m.has_workflow_limits() && m.state(state).is_some_and(|s| s.kind != settle_core::StateKind::Unstable) {
+                c.leave_workflows = true;
+                slot.held.workflow_slots = false;
+                slot.held.rested = true;
             }
         }
         let held = self.held.get(&d.commit.fence.entity_id).map(|s| &s.held);

@@ -18,6 +18,8 @@ pub(super) fn ask_for(e: &EntityRow, owner: &str, slot: SlotAsk, priority: i64) 
         fence: Fence { entity_id: e.id, version: e.version, owner: owner.into() },
         slots: vec![slot],
         priority: Some(priority),
+        workflow: false,
+        request_id: None,
     }))
 }
 
@@ -338,4 +340,60 @@ pub async fn limits_come_with_the_commit_that_enters_the_state<S: Store>(store: 
             (T0 + 2, working, None, "admitted by `calls` (key eu) after 1 ms in line".into()),
         ]
     );
+}
+
+/// A limit of workflows (`Acquire::workflow`): the slot is held until a commit brings the
+/// entity to rest ([`crate::Commit::leave_workflows`]), not given back by the end of an
+/// action; an entity waiting for one is not due for the events queued behind its own; a
+/// kill gives the slot back.
+pub async fn limits_hold_a_workflow_until_it_comes_to_rest<S: Store>(store: S) {
+    let e = claimed(&store, &["a", "b"]).await;
+    let (a, b) = (&e[0], &e[1]);
+    let workflow = |e: &EntityRow| {
+        let slot = SlotAsk { limit: "calls".into(), key: String::new(), max: Some(1), rate: None, fair: String::new() };
+        let Op::Acquire(mut ask) = ask_for(e, OWNER, slot, 0) else { unreachable!("an ask") };
+        ask.workflow = true;
+        Op::Acquire(ask)
+    };
+    let r = write(&store, T0 + 1, vec![workflow(a), workflow(b)], false).await;
+    let waiting = Applied::Waiting { limit: "calls".into(), key: String::new() };
+    assert_eq!(r.results, [Ok(Applied::Acquired), Ok(waiting.clone())]);
+    // An event for b makes it due; asking again, it keeps its place and is not due for its
+    // inbox: what is queued waits behind the event that waits for the slot.
+    write(&store, T0 + 2, vec![Op::Push(super::push("b", "poke"))], false).await;
+    let r = write(&store, T0 + 2, vec![], true).await;
+    let b2 = r.claimed.iter().find(|c| c.entity.key == "b").expect("an event: due").entity.clone();
+    let r = write(&store, T0 + 3, vec![workflow(&b2)], false).await;
+    assert_eq!(r.results[0], Ok(waiting));
+    let bw = get(&store, "b").await;
+    assert_eq!((bw.lease_owner, bw.due_at), (None, None), "waiting for its workflow: not due");
+    assert_eq!(usage(&store, "").await, (1, 1, 1));
+    // a's action ends (a transition within its workflow): the workflow's slot stays.
+    let r = write(&store, T0 + 4, vec![end(a)], true).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results);
+    assert!(r.claimed.iter().all(|c| c.entity.key != "b"), "nobody admitted");
+    assert_eq!(usage(&store, "").await, (1, 1, 1));
+    // a comes to rest: its slot goes to b, due at once.
+    let a2 = r.claimed.iter().find(|c| c.entity.key == "a").map(|c| c.entity.clone()).unwrap_or(get(&store, "a").await);
+    let mut rest = commit(&a2, None, None, AfterCommit::Release);
+    rest.event = None;
+    rest.quiet = true;
+    rest.leave_workflows = true;
+    if a2.lease_owner.is_none() {
+        // Let go by its commit: claim it again to hold the fence.
+        let r = write(&store, T0 + 5, vec![Op::Push(super::push("a", "poke"))], true).await;
+        let held = r.claimed.iter().find(|c| c.entity.key == "a").expect("due").entity.clone();
+        rest = commit(&held, None, None, AfterCommit::Release);
+        rest.event = None;
+        rest.quiet = true;
+        rest.leave_workflows = true;
+    }
+    let r = write(&store, T0 + 6, vec![Op::Commit(Box::new(rest))], true).await;
+    assert!(r.results[0].is_ok(), "{:?}", r.results);
+    assert!(r.claimed.iter().any(|c| c.entity.key == "b"), "b admitted, due at once");
+    assert_eq!(usage(&store, "").await, (1, 1, 0));
+    assert_eq!(store.limit_of(b.id).await.unwrap().iter().map(|l| l.place).collect::<Vec<_>>(), [None]);
+    // An action of b's ending keeps it; a kill gives it back.
+    write(&store, T0 + 7, vec![command("b", Command::Kill)], false).await;
+    assert_eq!(usage(&store, "").await, (0, 0, 0), "every slot came back");
 }

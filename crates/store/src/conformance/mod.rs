@@ -54,7 +54,8 @@ pub use leases::{
     release_never_strands_events,
 };
 pub use limits::{
-    limits_come_with_the_commit_that_enters_the_state, limits_hand_slots_on_in_line, limits_stay_with_a_call_in_flight,
+    limits_come_with_the_commit_that_enters_the_state, limits_hand_slots_on_in_line,
+    limits_hold_a_workflow_until_it_comes_to_rest, limits_stay_with_a_call_in_flight,
     limits_stay_with_an_agent_task_through_a_pause, limits_survive_leases_and_commands,
 };
 pub use operations::{hung_operations_are_marked, operations_end_when_nothing_waits_on_them};
@@ -229,7 +230,7 @@ macro_rules! store_conformance_suite {
                 limits_come_with_the_commit_that_enters_the_state,
                 limits_stay_with_an_agent_task_through_a_pause, limits_stay_with_a_call_in_flight,
                 limits_admit_round_robin_across_fair_values, limits_space_starts_by_their_rate,
-                limits_order_waiting_work_by_its_requests_priority;
+                limits_order_waiting_work_by_its_requests_priority, limits_hold_a_workflow_until_it_comes_to_rest;
             store_and_dialect: effects_are_atomic
         );
     };

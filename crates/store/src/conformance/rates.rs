@@ -176,6 +176,8 @@ pub async fn limits_order_waiting_work_by_its_requests_priority<S: Store>(store:
             fence: crate::Fence { entity_id: e.id, version: e.version, owner: OWNER.into() },
             slots: vec![slot],
             priority: None,
+            workflow: false,
+            request_id: None,
         }))
     };
     let asks = ["a", "low", "plain", "high"].iter().map(|k| ask(&held(k))).collect();

@@ -94,8 +94,13 @@ const UNWAITED: &str = "UPDATE limit_slots SET waiting = waiting - 1 WHERE name 
 const TASK_KEPT: &str = "UPDATE limit_slots SET task_holds = task_holds + 1 WHERE name = $1 AND key = $2";
 const SAVE: &str = "UPDATE limit_slots SET in_use = $3, next_us = $4, round = $5, waiting = $6, task_holds = $7
      WHERE name = $1 AND key = $2";
-const HOLD: &str = "INSERT INTO limit_holds (entity_id, name, key, since) VALUES ($1, $2, $3, $4)";
-const LEAVE_HOLDS: &str = "DELETE FROM limit_holds WHERE entity_id = $1 AND task_id = 0 RETURNING name, key";
+/// A slot held by the entity `$1`, for its auto action or (`$5` 1) its workflow.
+const HOLD: &str = "INSERT INTO limit_holds (entity_id, name, key, since, workflow) VALUES ($1, $2, $3, $4, $5)";
+/// The slots the entity holds for its auto action.
+const LEAVE_HOLDS: &str =
+    "DELETE FROM limit_holds WHERE entity_id = $1 AND task_id = 0 AND workflow = 0 RETURNING name, key";
+/// The slots the entity holds for its workflow.
+const LEAVE_WORKFLOWS: &str = "DELETE FROM limit_holds WHERE entity_id = $1 AND workflow = 1 RETURNING name, key";
 /// The task of the entity `$1` its leaving canceled now (`$2`) while an agent held it.
 const IN_FLIGHT: &str = "SELECT id, locked_until FROM agent_tasks
      WHERE entity_id = $1 AND status = 'canceled' AND finished_at = $2 AND token IS NOT NULL AND locked_until > $2
@@ -113,8 +118,10 @@ const TASK_DONE: &str = "DELETE FROM limit_holds WHERE task_id = $1 RETURNING en
 /// The priority of the request entity `$1` works for (its workflow's).
 const REQUEST_PRIORITY: &str =
     "SELECT o.priority FROM entities e JOIN operations o ON o.request_id = e.request_id WHERE e.id = $1";
-const WAIT: &str =
-    "INSERT INTO limit_waiters (entity_id, name, key, priority, since, fair) VALUES ($1, $2, $3, $4, $5, $6)";
+/// The priority of request `$1` (a queued event's).
+const PRIORITY_OF: &str = "SELECT priority FROM operations WHERE request_id = $1";
+const WAIT: &str = "INSERT INTO limit_waiters (entity_id, name, key, priority, since, fair, workflow)
+     VALUES ($1, $2, $3, $4, $5, $6, $7)";
 /// One more waiting of a fairness value; a value that had none waiting takes its turn no
 /// earlier than the current round `$4` (so it is admitted within one round).
 const FAIR_JOIN: &str = "INSERT INTO limit_fair (name, key, fair, turn, waiting) VALUES ($1, $2, $3, $4, 1)
@@ -128,7 +135,8 @@ const UNWAIT: &str = "DELETE FROM limit_waiters WHERE entity_id = $1 RETURNING n
 const NEXT_FAIR: &str = "SELECT fair, turn FROM limit_fair WHERE name = $1 AND key = $2 AND waiting > 0
      ORDER BY turn, fair LIMIT 1";
 /// The first in line of a fairness value: by priority, then arrival.
-const FIRST: &str = "SELECT seq, entity_id, since FROM limit_waiters WHERE name = $1 AND key = $2 AND fair = $3
+const FIRST: &str =
+    "SELECT seq, entity_id, since, workflow FROM limit_waiters WHERE name = $1 AND key = $2 AND fair = $3
      ORDER BY priority DESC, seq LIMIT 1";
 /// What an entity's history row records of it: its state, version of its definition, and
 /// the request it works for.
@@ -140,10 +148,11 @@ const ADMITTED: &str = "DELETE FROM limit_waiters WHERE seq = $1";
 const DUE: &str = "UPDATE entities SET due_at = $2
      WHERE id = $1 AND lease_owner IS NULL AND run_status IN ('active', 'fault') AND (due_at IS NULL OR due_at > $2)";
 /// A waiting entity's lease is dropped: it is due again when admitted, at once if events
-/// wait in its inbox (they run while it waits), when a timer of its fires, or at `$3` (its
-/// own canceled call's lock runs out; null: never).
+/// wait in its inbox (they run while its action waits; not while its workflow does, `$4`
+/// 1: they wait behind the event that starts it), when a timer of its fires, or at `$3`
+/// (its own canceled call's lock runs out; null: never).
 const PARK: &str = "UPDATE entities SET lease_owner = NULL, lease_until = NULL,
-     due_at = CASE WHEN EXISTS (SELECT 1 FROM inbox WHERE entity_id = $1) THEN $2
+     due_at = CASE WHEN CAST($4 AS BIGINT) = 0 AND EXISTS (SELECT 1 FROM inbox WHERE entity_id = $1) THEN $2
                    WHEN CAST($3 AS BIGINT) IS NOT NULL AND (timer_at IS NULL OR timer_at > $3) THEN $3
                    ELSE timer_at END
      WHERE id = $1 RETURNING due_at";
@@ -268,6 +277,7 @@ pub(crate) fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> R
     let mut asks: Vec<&crate::SlotAsk> = a.slots.iter().collect();
     asks.sort_by(|x, y| x.limit.cmp(&y.limit));
     let mut due_now = false;
+    let workflow = Val::Int(i64::from(a.workflow));
     for ask in asks {
         let (name, key) = (ask.limit.as_str(), ask.key.as_str());
         let max = ask.max.map(i64::from);
@@ -276,7 +286,7 @@ pub(crate) fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> R
             && !d.rows(TAKE, &[t(name), t(key), opt_int(max), opt_int(spacing), Val::Int(now)])?.is_empty()
         {
             // Free, nobody in line: taken without reading the row first.
-            d.rows(HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now)])?;
+            d.rows(HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now), workflow.clone()])?;
             held.push(ask.limit.clone());
             continue;
         }
@@ -300,14 +310,14 @@ pub(crate) fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> R
         if let Some(own) = own.first() {
             // Its previous call is still in flight: not a second one beside it.
             slot.save(d, name, key, &read)?;
-            let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), own[0].clone()])?;
+            let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), own[0].clone(), workflow])?;
             due_now |= parked.first().is_some_and(|r| matches!(r[0], Val::Int(at) if at <= now));
             return Ok((waiting(), due_now));
         }
         if slot.room(now) {
             slot.take(now);
             slot.save(d, name, key, &read)?;
-            d.rows(HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now)])?;
+            d.rows(HOLD, &[Val::Int(id), t(name), t(key), Val::Int(now), workflow.clone()])?;
             held.push(ask.limit.clone());
             continue;
         }
@@ -317,11 +327,14 @@ pub(crate) fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> R
                 unwait(d, now, id)?;
             }
             slot.waiting += 1;
-            let priority = match a.priority {
-                Some(p) => p,
-                None => d.rows(REQUEST_PRIORITY, &[Val::Int(id)])?.first().map_or(0, |r| r[0].int()),
+            let priority = match (a.priority, &a.request_id) {
+                (Some(p), _) => Some(p),
+                (None, Some(request)) => d.rows(PRIORITY_OF, &[t(request)])?.first().map(|r| r[0].int()),
+                (None, None) => d.rows(REQUEST_PRIORITY, &[Val::Int(id)])?.first().map(|r| r[0].int()),
             };
-            d.rows(WAIT, &[Val::Int(id), t(name), t(key), Val::Int(priority), Val::Int(now), t(&ask.fair)])?;
+            let priority = Val::Int(priority.unwrap_or(0));
+            let at = [Val::Int(id), t(name), t(key), priority, Val::Int(now), t(&ask.fair), workflow.clone()];
+            d.rows(WAIT, &at)?;
             d.rows(FAIR_JOIN, &[t(name), t(key), t(&ask.fair), Val::Int(slot.round)])?;
             let why = if slot.free() {
                 "its rate".to_string()
@@ -331,7 +344,7 @@ pub(crate) fn take_or_wait<D: Dialect>(d: &mut D, now: Millis, a: &Acquire) -> R
             note(d, now, id, format!("waiting for `{name}`{}: {why}", of_key(key)))?;
         }
         slot.save(d, name, key, &read)?;
-        let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), Val::Null])?;
+        let parked = d.rows(PARK, &[Val::Int(id), Val::Int(now), Val::Null, workflow])?;
         due_now |= parked.first().is_some_and(|r| matches!(r[0], Val::Int(at) if at <= now));
         wake_for_rate(d, now, name, key, &slot)?;
         return Ok((waiting(), due_now));
@@ -366,6 +379,8 @@ struct Next {
     since: Millis,
     fair: Val,
     turn: i64,
+    /// It waits for its workflow (1) or its auto action (0).
+    workflow: Val,
 }
 
 /// The next to be admitted from the line of limit `name`, key value `key`: the first, by
@@ -379,6 +394,7 @@ fn next_in_line<D: Dialect>(d: &mut D, name: &str, key: &str) -> Result<Option<N
         since: w[2].int(),
         fair: fair[0].clone(),
         turn: fair[1].int(),
+        workflow: w[3].clone(),
     }))
 }
 
@@ -424,6 +440,20 @@ pub(crate) fn leave<D: Dialect>(d: &mut D, now: Millis, id: i64, held_all: bool)
         }
         return Ok(false);
     }
+    let mut due_now = false;
+    for (name, key) in holds {
+        due_now |= give_back(d, now, &name, &key, 0)?;
+    }
+    Ok(due_now)
+}
+
+/// The entity `id`'s workflow ended (it came to rest, was killed, or its work was
+/// canceled): the slots of limits of workflows it holds go back, to the first in line.
+/// Answers whether an entity admitted is due now.
+pub(crate) fn leave_workflows<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<bool, D::Error> {
+    let mut holds: Vec<(String, String)> =
+        d.rows(LEAVE_WORKFLOWS, &[Val::Int(id)])?.iter().map(|r| (r[0].text(), r[1].text())).collect();
+    holds.sort();
     let mut due_now = false;
     for (name, key) in holds {
         due_now |= give_back(d, now, &name, &key, 0)?;
@@ -496,7 +526,7 @@ fn fill<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot: &mut Sl
         d.rows(ADMITTED, &[Val::Int(next.seq)])?;
         slot.waiting -= 1;
         d.rows(FAIR_LEAVE, &[t(name), t(key), next.fair, Val::Int(1)])?;
-        d.rows(HOLD, &[Val::Int(next.entity), t(name), t(key), Val::Int(now)])?;
+        d.rows(HOLD, &[Val::Int(next.entity), t(name), t(key), Val::Int(now), next.workflow])?;
         d.rows(DUE, &[Val::Int(next.entity), Val::Int(now)])?;
         let waited = waited(now.saturating_sub(next.since));
         note(d, now, next.entity, format!("admitted by `{name}`{} after {waited} in line", of_key(key)))?;

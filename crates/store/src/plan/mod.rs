@@ -284,8 +284,9 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
 }
 
 /// Gives back the limits' slots of the entities whose operations in `ops` (with their
-/// `results`) end or stop their limited actions: commits that say so
-/// ([`crate::Commit::leave_limits`]), kills, cancels that stop its work, and pauses and
+/// `results`) end or stop their limited actions or their workflows: commits that say so
+/// ([`crate::Commit::leave_limits`], [`crate::Commit::leave_workflows`]), kills and cancels
+/// that stop its work (both kinds), and pauses and
 /// sleeps that find no action in flight, neither in an engine nor at an agent (one in
 /// flight gives its slots back with the commit that ends it); and the agents' answers to
 /// tasks canceled under them, whose slots their calls kept.
@@ -300,9 +301,14 @@ fn leave_limits<D: Dialect>(
     let mut due_now = false;
     for (op, r) in ops.iter().zip(results) {
         due_now |= match (op, r) {
-            (Op::Commit(c), Ok(_)) if c.leave_limits => limits::leave(d, now, c.fence.entity_id, c.held_all)?,
+            (Op::Commit(c), Ok(_)) if c.leave_limits || c.leave_workflows => {
+                let id = c.fence.entity_id;
+                let action = c.leave_limits && limits::leave(d, now, id, c.held_all)?;
+                let workflow = c.leave_workflows && limits::leave_workflows(d, now, id)?;
+                action || workflow
+            }
             (Op::Command { command, .. }, Ok(Applied::Commanded(e))) => match command {
-                Command::Kill => limits::leave(d, now, e.id, false)?,
+                Command::Kill => limits::leave(d, now, e.id, false)? | limits::leave_workflows(d, now, e.id)?,
                 Command::Pause | Command::Sleep { .. } if e.lease_owner.is_none() => limits::stopped(d, now, e.id)?,
                 _ => false,
             },
@@ -312,7 +318,7 @@ fn leave_limits<D: Dialect>(
                     entity,
                     outcome: CancelOutcome::Paused | CancelOutcome::Undone { stopped: true },
                 }),
-            ) => limits::leave(d, now, entity.id, false)?,
+            ) => limits::leave(d, now, entity.id, false)? | limits::leave_workflows(d, now, entity.id)?,
             // An agent answering a task canceled under it: the call it kept slots for is over.
             (
                 Op::TaskReport { task, .. } | Op::TaskHeartbeat { task, .. },
@@ -343,7 +349,7 @@ fn acquire_entered<D: Dialect>(
         };
         let Some(slots) = c.acquire.as_ref().filter(|_| *held) else { continue };
         let fence = crate::Fence { entity_id: c.fence.entity_id, version: *version, owner: c.fence.owner.clone() };
-        let ask = crate::Acquire { fence, slots: slots.clone(), priority: None };
+        let ask = crate::Acquire { fence, slots: slots.clone(), priority: None, workflow: false, request_id: None };
         let (answer, due) = limits::take_or_wait(d, now, &ask)?;
         due_now |= due;
         *held = matches!(answer, Applied::Acquired);

@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (19, include_str!("../../migrations/postgres/0019_limits.sql")),
     (20, include_str!("../../migrations/postgres/0020_rates.sql")),
     (21, include_str!("../../migrations/postgres/0021_priority.sql")),
+    (22, include_str!("../../migrations/postgres/0022_workflow_limits.sql")),
 ];
 
 /// The first connection of a handle: to the schema the URL names, created first if

@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (21, include_str!("../../migrations/sqlite/0021_limits.sql")),
     (22, include_str!("../../migrations/sqlite/0022_rates.sql")),
     (23, include_str!("../../migrations/sqlite/0023_priority.sql")),
+    (24, include_str!("../../migrations/sqlite/0024_workflow_limits.sql")),
 ];
 
 /// Applies the migrations newer than the file's version, each in a transaction of its own.
