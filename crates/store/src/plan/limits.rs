@@ -408,8 +408,9 @@ fn wake_for_rate<D: Dialect>(d: &mut D, now: Millis, name: &str, key: &str, slot
     Ok(())
 }
 
-/// The entity `id` leaves its limits (its action ended, or it stopped): its place in a line
-/// is given up, and its slots are given back and handed to the first in line — unless its
+/// The entity `id` leaves the limits of its auto action (it ended, or the entity stopped):
+/// its place in a line (of either kind) is given up, and its action's slots (not its
+/// workflow's: [`leave_workflows`]) are given back and handed to the first in line — unless its
 /// leaving canceled an agent's task that an agent held: that call is still in flight, so the
 /// task keeps the slots until its agent answers ([`task_answered`]) or its lock runs out
 /// (then the first in line is woken to take them). Answers whether an entity is due now.

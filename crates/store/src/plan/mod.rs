@@ -285,8 +285,8 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
 
 /// Gives back the limits' slots of the entities whose operations in `ops` (with their
 /// `results`) end or stop their limited actions or their workflows: commits that say so
-/// ([`crate::Commit::leave_limits`], [`crate::Commit::leave_workflows`]), kills and cancels
-/// that stop its work (both kinds), and pauses and
+/// ([`crate::Commit::leave_limits`], [`crate::Commit::leave_workflows`]), kills (both
+/// kinds), cancels that stop its work (its action's: the undo is its workflow's), and pauses and
 /// sleeps that find no action in flight, neither in an engine nor at an agent (one in
 /// flight gives its slots back with the commit that ends it); and the agents' answers to
 /// tasks canceled under them, whose slots their calls kept.
@@ -318,7 +318,7 @@ fn leave_limits<D: Dialect>(
                     entity,
                     outcome: CancelOutcome::Paused | CancelOutcome::Undone { stopped: true },
                 }),
-            ) => limits::leave(d, now, entity.id, false)? | limits::leave_workflows(d, now, entity.id)?,
+            ) => limits::leave(d, now, entity.id, false)?,
             // An agent answering a task canceled under it: the call it kept slots for is over.
             (
                 Op::TaskReport { task, .. } | Op::TaskHeartbeat { task, .. },
