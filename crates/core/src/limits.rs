@@ -210,6 +210,110 @@ pub fn check(limit: &LimitDef, machine: &MachineDef, properties: &[String]) -> V
     problems
 }
 
+/// Where limits of `machines` can deadlock, as (machine, limit, message): an action that
+/// runs holding a slot of a limit (the auto action of a state it names, or any action of a
+/// workflow it counts, from its event's action through the auto actions after it) and runs
+/// in a Rust handler, which may wait in its action for a sync nested event, declares it may
+/// raise (`may_raise`) an event that needs a slot of the same limit on the entity it is
+/// raised on (an event it counts the workflows of, or one that leads into a state whose
+/// auto action it counts). When every slot is held by such actions, each waits for an event
+/// that waits for a slot: nothing moves. A workflow gives its slot back at rest, so waiting
+/// for children at rest (a subscription, an async reply) cannot deadlock; only waiting
+/// inside the action can.
+pub fn deadlocks(machines: &[&crate::Machine]) -> Vec<(String, String, String)> {
+    let mut found = Vec::new();
+    for m in machines {
+        for limit in m.limits() {
+            for action in holding(m, limit) {
+                let Some(a) = m.action(&action) else { continue };
+                let handler = a.targets.len() != 1 && a.agent.is_none() && !a.is_declarative();
+                if !handler {
+                    continue;
+                }
+                for event in a.may_raise.iter().flatten() {
+                    for target in machines.iter().filter(|t| t.event(event).is_some()) {
+                        let same = target.limits().iter().find(|l| l.name() == limit.name());
+                        let Some(same) = same else { continue };
+                        let needs = same.def.events.iter().any(|e| e == event.as_str())
+                            || reached(target, event).iter().any(|st| same.def.states.contains(st));
+                        if needs {
+                            found.push((
+                                m.name().to_string(),
+                                limit.name().to_string(),
+                                format!(
+                                    "can deadlock: action `{action}` runs holding a slot of it and may raise `{event}` \
+                                     on `{}`, which needs a slot of it too; if every slot is held by actions waiting \
+                                     for such an event (a sync nested event awaited in the handler), none is ever \
+                                     given back (give the raised work a limit of its own, or wait for it at rest)",
+                                    target.name()
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The actions of `m` that run holding a slot of `limit`: the auto actions of the states it
+/// names, or the actions of the events it names and the auto actions of the states their
+/// workflows pass through before coming to rest.
+fn holding(m: &crate::Machine, limit: &Limit) -> Vec<String> {
+    let mut actions: Vec<String> = Vec::new();
+    let mut states: Vec<String> = limit.def.states.clone();
+    for event in &limit.def.events {
+        for alt in m.event(event).map(|e| e.alternatives.as_slice()).unwrap_or_default() {
+            if let Some(a) = alt.action() {
+                actions.push(a.to_string());
+            }
+        }
+        states.extend(reached(m, event));
+    }
+    for st in states {
+        if let Some(auto) = m.state(&st).and_then(|s| s.auto.as_ref()) {
+            actions.push(auto.to_string());
+        }
+    }
+    actions.sort();
+    actions.dedup();
+    actions
+}
+
+/// The states a workflow of `event` passes through in `m` before it comes to rest: its
+/// actions' targets (a parent entered at its initial leaf), then the targets of the auto
+/// actions of the unstable ones, and so on.
+fn reached(m: &crate::Machine, event: &str) -> Vec<String> {
+    let leaf = |mut name: String| {
+        while let Some(child) = m.state(&name).and_then(|s| s.initial_child.clone()) {
+            name = child.to_string();
+        }
+        name
+    };
+    let targets = |action: &str| -> Vec<String> {
+        m.action(action).map(|a| a.targets.iter().map(|t| leaf(t.state.to_string())).collect()).unwrap_or_default()
+    };
+    let mut next: Vec<String> = Vec::new();
+    for alt in m.event(event).map(|e| e.alternatives.as_slice()).unwrap_or_default() {
+        if let Some(a) = alt.action() {
+            next.extend(targets(a));
+        }
+    }
+    let mut seen: Vec<String> = Vec::new();
+    while let Some(st) = next.pop() {
+        if seen.contains(&st) {
+            continue;
+        }
+        let state = m.state(&st);
+        if let Some(auto) = state.filter(|s| s.kind == crate::StateKind::Unstable).and_then(|s| s.auto.as_ref()) {
+            next.extend(targets(auto));
+        }
+        seen.push(st);
+    }
+    seen
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,5 +521,42 @@ agent = "cloud"
             report.contains("limit `fired`: `events` names `children_done`, a subscription event: it fires when its pattern holds and cannot wait in line"),
             "{report}"
         );
+    }
+
+    #[test]
+    fn a_limit_held_while_a_handler_may_wait_for_work_that_needs_it_is_a_deadlock_warning() {
+        // `parent`'s `provision` (a handler, in a workflow `open` counts) may raise `build`
+        // on `child`, whose workflows `open` counts too; `child`'s own `assemble` is fine.
+        let parent = "initial = \"new\"\n[states.new]\n[states.provisioning]\nauto = \"provision\"\n\
+                      [states.ready]\n[states.failed]\n[events.create]\nin = [\"new\"]\naction = \"begin\"\n\
+                      [actions.begin]\nto = [\"provisioning\"]\n[actions.provision]\nto = [\"ready\", \"failed\"]\n\
+                      may_raise = [\"build\"]\n[limits.open]\nevents = [\"create\"]\nmax = 4\n";
+        let child = "initial = \"idle\"\n[states.idle]\n[states.building]\nauto = \"assemble\"\n[states.built]\n\
+                     [events.build]\nin = [\"idle\"]\naction = \"start\"\n[actions.start]\nto = [\"building\"]\n\
+                     [actions.assemble]\nto = [\"built\", \"idle\"]\n[limits.open]\nevents = [\"build\"]\nmax = 4\n";
+        let (p, _) = crate::toml::load("parent.toml", "parent", parent).unwrap();
+        let (c, _) = crate::toml::load("child.toml", "child", child).unwrap();
+        let found = deadlocks(&[&p, &c]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!((found[0].0.as_str(), found[0].1.as_str()), ("parent", "open"));
+        assert!(
+            found[0].2.starts_with(
+                "can deadlock: action `provision` runs holding a slot of it and may raise `build` on `child`"
+            ),
+            "{}",
+            found[0].2
+        );
+        let report = crate::validate::check_set(&[&p, &c]).to_string();
+        assert!(report.contains("warning: machine `parent`, limit `open`: can deadlock"), "{report}");
+        // A limit of its own for the children: nothing to warn about.
+        let (own, _) =
+            crate::toml::load("child.toml", "child", &child.replace("limits.open", "limits.builds")).unwrap();
+        assert!(deadlocks(&[&p, &own]).is_empty());
+        // An action limit on the child's state reached by `build` counts as needing it too.
+        let by_state = child.replace("events = [\"build\"]", "states = [\"building\"]");
+        let (st, _) = crate::toml::load("child.toml", "child", &by_state).unwrap();
+        let p2 = parent.replace("events = [\"create\"]", "states = [\"provisioning\"]");
+        let (p2, _) = crate::toml::load("parent.toml", "parent", &p2).unwrap();
+        assert_eq!(deadlocks(&[&p2, &st]).len(), 1);
     }
 }

@@ -127,6 +127,10 @@ pub fn check_set(machines: &[&Machine]) -> Report {
             }
         }
     }
+    for (machine, limit, message) in crate::limits::deadlocks(machines) {
+        diagnostics
+            .push(Diagnostic { severity: Severity::Warning, ..error(&machine, format!("limit `{limit}`"), message) });
+    }
     Report { diagnostics }
 }
 
