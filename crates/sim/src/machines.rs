@@ -3,7 +3,8 @@
 //!
 //! - `chart` (the crash workload's statechart: `working` with three substeps, each with
 //!   entry and exit actions): a step retries a fifth of the time, and every entry and exit
-//!   action inserts its row into `chart_hooks` in the transition's commit;
+//!   action inserts its row into `chart_hooks` in the transition's commit; at most
+//!   [`OPEN_CHARTS`] charts' workflows are open at once (a limit of workflows);
 //! - `crowd` and its successors `worker` (in process) and `aworker` (executed by the
 //!   world's agent, queue `crowd`): each worker retries a drawn number of times with
 //!   drawn delays, or breaks for good, so the crowd's subscriptions (`all(*) in [done]`,
@@ -28,9 +29,23 @@ pub(crate) const CROWD_QUEUE: &str = "crowd";
 /// How long a crowd waits for all its workers before it gives up.
 pub(crate) const CROWD_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How many charts' workflows run at once (`open_charts`, a limit of the workflows their
+/// `start` events begin; one line for all).
+pub(crate) const OPEN_CHARTS: u32 = 1;
+
+/// The built-in `chart`, with a limit of workflows: at most [`OPEN_CHARTS`] started by
+/// `start` are open at once (from its event through its three steps, until it is `done`).
+pub(crate) fn chart() -> Machine {
+    let text = format!(
+        "{}\n[limits.open_charts]\nevents = [\"start\"]\nmax = {OPEN_CHARTS}\n",
+        settle_builtin::chart::chart().to_toml()
+    );
+    settle_core::toml::load("chart.toml", "chart", &text).expect("the limited chart is valid").0
+}
+
 /// Binds `chart` (see the [module](self)).
 pub(crate) fn bind_chart(mut b: EngineBuilder<AnyStore>, seed: u64) -> EngineBuilder<AnyStore> {
-    b = b.machine(settle_builtin::chart::chart());
+    b = b.machine(chart());
     for (action, next) in [("work1", "step2"), ("work2", "step3"), ("work3", "done")] {
         b = b.on("chart", action, move |ctx| async move {
             if Draws::new(seed, &ctx.idempotency_key()).next_f64() < 0.2 {

@@ -109,8 +109,10 @@ pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<S
         .collect();
     let holds = o
         .rows(
-            "SELECT h.name, h.entity_id, e.state, h.task_id, h.key, h.since FROM limit_holds h \
-             JOIN entities e ON e.id = h.entity_id ORDER BY h.entity_id",
+            "SELECT h.name, h.entity_id, e.state, h.task_id, h.key, h.since, h.workflow, \
+                CASE WHEN e.lease_owner IS NOT NULL OR e.due_at IS NOT NULL \
+                  OR e.run_status IN ('paused', 'sleeping') THEN 1 ELSE 0 END \
+             FROM limit_holds h JOIN entities e ON e.id = h.entity_id ORDER BY h.entity_id",
             &[],
         )
         .await?
@@ -122,6 +124,8 @@ pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<S
             task: r[3].int(),
             key: r[4].text(),
             since: r[5].int(),
+            workflow: r[6].int() == 1,
+            moving: r[7].int() == 1,
         })
         .collect();
     Ok(Seen { history, fired, events, edges, hook_twice, present, now, slots, holds })

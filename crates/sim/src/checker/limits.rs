@@ -12,9 +12,14 @@
 //! - **a limited action runs under its slots**: an auto action's end in a limited state (its
 //!   transition, retry or fault) is committed only by an entity seen holding a slot of each
 //!   of the state's limits before that batch;
+//! - **a limited workflow runs under its slots**: an event a limit of workflows names is
+//!   accepted (its action committed) only by an entity seen holding a slot of each of its
+//!   limits before that batch;
 //! - **slots come back**: an entity holds a slot for its own action only in a state its
 //!   limit names (a slot its canceled task keeps, while the agent's call is in flight, is
-//!   the task's).
+//!   the task's), and one for its workflow only mid-workflow (in an unstable state) or, at
+//!   rest, leased or due (admitted: it runs the event next, or gives the slot back), or
+//!   paused or asleep (resumed, it does; at the end of the run nobody holds one).
 //!
 //! At rest, nobody holds a slot or waits for one.
 
@@ -64,6 +69,10 @@ pub(crate) struct HoldSeen {
     /// The key value it holds, and when it took the slot.
     pub(crate) key: String,
     pub(crate) since: i64,
+    /// A slot of a limit of workflows (held until the entity comes to rest).
+    pub(crate) workflow: bool,
+    /// Its entity is leased or due, or paused or asleep (it goes on when resumed).
+    pub(crate) moving: bool,
 }
 
 /// The limits' model: which limits each (machine, state) counts against, who held which
@@ -71,6 +80,10 @@ pub(crate) struct HoldSeen {
 /// when, by whom).
 pub(crate) struct Limits {
     limited: HashMap<(String, String), Vec<String>>,
+    /// The limits of workflows each (machine, event) counts against.
+    workflows: HashMap<(String, String), Vec<String>>,
+    /// The unstable states of each machine (mid-workflow).
+    unstable: HashSet<(String, String)>,
     held: HashSet<(i64, String)>,
     starts: HashMap<(String, String), BTreeMap<i64, i64>>,
 }
@@ -79,7 +92,8 @@ type Failure = (String, Vec<String>);
 
 impl Limits {
     pub(crate) fn new(machines: &[Arc<Machine>]) -> Limits {
-        let mut limited = HashMap::new();
+        let (mut limited, mut workflows) = (HashMap::new(), HashMap::new());
+        let mut unstable = HashSet::new();
         for m in machines {
             for l in m.limits() {
                 for s in &l.def.states {
@@ -88,9 +102,18 @@ impl Limits {
                         .or_insert_with(Vec::new)
                         .push(l.name().to_string());
                 }
+                for e in &l.def.events {
+                    workflows
+                        .entry((m.name().to_string(), e.clone()))
+                        .or_insert_with(Vec::new)
+                        .push(l.name().to_string());
+                }
+            }
+            for s in m.states().iter().filter(|s| s.kind == settle_core::StateKind::Unstable) {
+                unstable.insert((m.name().to_string(), s.name.to_string()));
             }
         }
-        Limits { limited, held: HashSet::new(), starts: HashMap::new() }
+        Limits { limited, workflows, unstable, held: HashSet::new(), starts: HashMap::new() }
     }
 
     /// The invariants over one batch's observation: its new history rows, and the slots and
@@ -177,12 +200,39 @@ impl Limits {
             starts.insert(h.since, h.entity_id);
         }
         let machine_of = |id: i64| entities.name(id).split_once('/').map(|(m, _)| m.to_string()).unwrap_or_default();
-        for h in holds.iter().filter(|h| h.task == 0) {
+        for h in holds.iter().filter(|h| h.workflow) {
+            if !h.moving && !self.unstable.contains(&(machine_of(h.entity_id), h.state.clone())) {
+                let name = entities.name(h.entity_id);
+                return Err((
+                    format!(
+                        "{name}: holds a slot of `{}` for a workflow at rest in `{}`, neither leased, due nor \
+                         paused: it is never given back",
+                        h.limit, h.state
+                    ),
+                    vec![name],
+                ));
+            }
+        }
+        for h in holds.iter().filter(|h| h.task == 0 && !h.workflow) {
             let names = self.limited.get(&(machine_of(h.entity_id), h.state.clone()));
             if !names.is_some_and(|n| n.contains(&h.limit)) {
                 let name = entities.name(h.entity_id);
                 return Err((
                     format!("{name}: holds a slot of `{}` in state `{}`, which it does not limit", h.limit, h.state),
+                    vec![name],
+                ));
+            }
+        }
+        for row in history.iter().filter(|r| r.kind == "event" && r.to.is_some()) {
+            let Some(event) = &row.event else { continue };
+            let Some(limits) = self.workflows.get(&(row.machine.clone(), event.clone())) else { continue };
+            if let Some(limit) = limits.iter().find(|l| !self.held.contains(&(row.entity_id, l.to_string()))) {
+                let name = format!("{}/{}", row.machine, row.key);
+                return Err((
+                    format!(
+                        "{name}: its event `{event}` was accepted (history {}) without a slot of `{limit}` held before",
+                        row.id
+                    ),
                     vec![name],
                 ));
             }

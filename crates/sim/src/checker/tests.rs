@@ -403,6 +403,8 @@ fn a_limit_exceeded_a_slot_left_idle_or_an_action_without_its_slot_is_caught() {
             task: 0,
             key: key.into(),
             since: entity * 100,
+            workflow: false,
+            moving: true,
         };
         [of("crowd_calls", ""), of("crowd_pace", "x")]
     };
@@ -486,4 +488,69 @@ fn a_limit_exceeded_a_slot_left_idle_or_an_action_without_its_slot_is_caught() {
     // At rest, someone still in line.
     let end = End { limited: vec![("worker/c".into(), "waits for crowd_calls".into())], ..End::default() };
     fails(created().end(9, &end), "worker/c: at rest, still waits for crowd_calls");
+}
+
+#[test]
+fn a_workflow_without_its_slot_or_a_slot_left_at_rest_is_caught() {
+    let charts = || vec![Arc::new(crate::machines::chart())];
+    let slot = |holds| SlotSeen {
+        limit: "open_charts".into(),
+        key: String::new(),
+        in_use: holds,
+        max: Some(crate::machines::OPEN_CHARTS.into()),
+        holds,
+        waiting: 0,
+        spacing_us: None,
+        next_us: 0,
+        woken: false,
+        round: 0,
+        turns: vec![],
+        counted: (0, 0),
+        task_holds: 0,
+    };
+    let hold = |entity: i64, state: &str, moving: bool| HoldSeen {
+        limit: "open_charts".into(),
+        entity_id: entity,
+        state: state.into(),
+        task: 0,
+        key: String::new(),
+        since: 0,
+        workflow: true,
+        moving,
+    };
+    let batch = |history: Vec<HistoryRow>, holds: Vec<HoldSeen>, events: &[(i64, i64)]| Seen {
+        slots: vec![slot(holds.len() as i64)],
+        holds,
+        ..seen(history, vec![], events, &[])
+    };
+    // a is admitted at rest (due: it runs `start` next), then starts its workflow.
+    let created = || {
+        let mut c = Checker::new(&charts());
+        let rows = vec![
+            row(1, 1, "chart/a", None, Some("idle"), "create", None, 0),
+            row(2, 2, "chart/b", None, Some("idle"), "create", None, 0),
+        ];
+        assert!(c.seen(1, &batch(rows, vec![hold(1, "idle", true)], &[])).is_ok());
+        c
+    };
+    let started = vec![row(3, 1, "chart/a", Some("idle"), Some("step1"), "event", Some("start"), 5)];
+    let mut c = created();
+    let ok = c.seen(2, &batch(started, vec![hold(1, "step1", false)], &[(1, 1)]));
+    assert!(ok.is_ok(), "{ok:?}");
+    // b's `start` accepted with no slot held before.
+    let b = vec![row(3, 2, "chart/b", Some("idle"), Some("step1"), "event", Some("start"), 5)];
+    fails(
+        created().seen(2, &batch(b, vec![hold(1, "idle", true), hold(2, "step1", false)], &[(2, 1)])),
+        "chart/b: its event `start` was accepted (history 3) without a slot of `open_charts` held before",
+    );
+    // a came to rest without giving its workflow's slot back.
+    let done = vec![
+        row(4, 1, "chart/a", Some("step1"), Some("step2"), "auto", None, 7),
+        row(5, 1, "chart/a", Some("step2"), Some("step3"), "auto", None, 8),
+        row(6, 1, "chart/a", Some("step3"), Some("done"), "auto", None, 9),
+    ];
+    fails(
+        c.seen(3, &batch(done, vec![hold(1, "done", false)], &[(1, 1)])),
+        "chart/a: holds a slot of `open_charts` for a workflow at rest in `done`, neither leased, due nor paused",
+    );
 }

@@ -101,6 +101,10 @@ const LEAVE_HOLDS: &str =
     "DELETE FROM limit_holds WHERE entity_id = $1 AND task_id = 0 AND workflow = 0 RETURNING name, key";
 /// The slots the entity holds for its workflow.
 const LEAVE_WORKFLOWS: &str = "DELETE FROM limit_holds WHERE entity_id = $1 AND workflow = 1 RETURNING name, key";
+/// The slots the entity holds for a workflow it has not started: it is at rest (admitted,
+/// its event not run yet).
+const LEAVE_UNSTARTED: &str = "DELETE FROM limit_holds WHERE entity_id = $1 AND workflow = 1
+     AND EXISTS (SELECT 1 FROM entities WHERE id = $1 AND event_id IS NULL) RETURNING name, key";
 /// The task of the entity `$1` its leaving canceled now (`$2`) while an agent held it.
 const IN_FLIGHT: &str = "SELECT id, locked_until FROM agent_tasks
      WHERE entity_id = $1 AND status = 'canceled' AND finished_at = $2 AND token IS NOT NULL AND locked_until > $2
@@ -452,8 +456,14 @@ pub(crate) fn leave<D: Dialect>(d: &mut D, now: Millis, id: i64, held_all: bool)
 /// canceled): the slots of limits of workflows it holds go back, to the first in line.
 /// Answers whether an entity admitted is due now.
 pub(crate) fn leave_workflows<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<bool, D::Error> {
+    give_back_all(d, now, LEAVE_WORKFLOWS, id)
+}
+
+/// Gives back the slots the holds `delete` deletes (returning their name and key) and hands
+/// them on, in name order.
+fn give_back_all<D: Dialect>(d: &mut D, now: Millis, delete: &str, id: i64) -> Result<bool, D::Error> {
     let mut holds: Vec<(String, String)> =
-        d.rows(LEAVE_WORKFLOWS, &[Val::Int(id)])?.iter().map(|r| (r[0].text(), r[1].text())).collect();
+        d.rows(delete, &[Val::Int(id)])?.iter().map(|r| (r[0].text(), r[1].text())).collect();
     holds.sort();
     let mut due_now = false;
     for (name, key) in holds {
@@ -507,12 +517,15 @@ const AT_AN_AGENT: &str = "SELECT id FROM agent_tasks WHERE entity_id = $1 AND s
 
 /// The entity `id` was stopped (paused, put to sleep) with no engine's lease on it: it
 /// leaves its limits unless an agent's task of it is out — that call is in flight, and its
-/// slot goes back with the commit of its report.
+/// slot goes back with the commit of its report. A workflow's slot stays with a workflow
+/// under way (it goes on when resumed); one admitted for a workflow not started yet goes
+/// back (resumed, its event asks again).
 pub(crate) fn stopped<D: Dialect>(d: &mut D, now: Millis, id: i64) -> Result<bool, D::Error> {
     if !d.rows(AT_AN_AGENT, &[Val::Int(id)])?.is_empty() {
         return Ok(false);
     }
-    leave(d, now, id, false)
+    let action = leave(d, now, id, false)?;
+    Ok(give_back_all(d, now, LEAVE_UNSTARTED, id)? || action)
 }
 
 /// Admits from the line of limit `name`, key value `key` (its row locked, read into `slot`,
