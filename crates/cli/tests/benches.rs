@@ -444,6 +444,13 @@ fn limits_on_scratch_files() {
         assert!(v[field].as_f64().is_some_and(|x| x > 0.0), "{field}: {v}");
     }
     assert!(v["late_first_start_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{v}");
+    assert_eq!(v["of"], "actions");
+    // The same limits counting whole workflows (from `go` until the entity is at rest).
+    let o = on_scratch(tmp.path(), &[&args[..], &["--of", "workflows", "--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["of"], "workflows");
+    assert!(v["limited_over_plain"].as_f64().is_some_and(|x| x > 0.0), "{v}");
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "scratch files left behind: {left:?}");
     let db = tmp.path().join("given.db");

@@ -11,6 +11,9 @@
 //!   queues `--flood` (10,000) workflows, then another tenant raises one; the report gives
 //!   how long that one waited to start, and how many of the flood were still queued then.
 //!
+//! `--of workflows` makes both limits count the workflows `go` starts (held from the event
+//! until the entity is at rest) instead of the runs of `work`.
+//!
 //! Medians over `--rounds` (3). The run fails if a workflow did not finish, if the limit was
 //! ever exceeded (the action counts its tenant's calls in flight), or if the late tenant's
 //! workflow never started.
@@ -56,15 +59,37 @@ pub struct LimitsArgs {
     /// Rounds; the report gives medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// What the limits count: the `work` action's runs (`actions`), or the workflows the
+    /// `go` event starts (`workflows`: from the event until the entity is at rest).
+    #[arg(long, value_enum, default_value_t = Of::Actions)]
+    of: Of,
     /// Print one JSON line.
     #[arg(long)]
     json: bool,
 }
 
+/// What the bench's limits count.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Of {
+    /// The auto action of `working`.
+    Actions,
+    /// The workflows `go` starts.
+    Workflows,
+}
+
+impl Of {
+    fn as_str(self) -> &'static str {
+        match self {
+            Of::Actions => "actions",
+            Of::Workflows => "workflows",
+        }
+    }
+}
+
 /// `tjob`: idle -go→ working (auto `work`) → done; with `limits`, `tenant_calls` (per
 /// tenant, at once) and `total_rate` (starts a second in all, fair by tenant), taken in that
-/// order.
-fn machine(limits: Option<(u32, u32)>) -> Machine {
+/// order, counting the runs of `work` or the workflows of `go` (`of`).
+fn machine(limits: Option<(u32, u32)>, of: Of) -> Machine {
     let mut b = MachineBuilder::new("tjob")
         .properties(["tenant"])
         .state("idle")
@@ -75,18 +100,24 @@ fn machine(limits: Option<(u32, u32)>) -> Machine {
         .event("go", ["idle"], "begin")
         .action("begin", ["working"])
         .action("work", ["done"]);
+    let (states, events) = match of {
+        Of::Actions => (vec!["working".to_string()], Vec::new()),
+        Of::Workflows => (Vec::new(), vec!["go".to_string()]),
+    };
     if let Some((per_tenant, rate)) = limits {
         b = b
             .limit(LimitDef {
                 name: "tenant_calls".into(),
-                states: vec!["working".into()],
+                states: states.clone(),
+                events: events.clone(),
                 max: Some(per_tenant),
                 key: Some("props.tenant".into()),
                 ..LimitDef::default()
             })
             .limit(LimitDef {
                 name: "total_rate".into(),
-                states: vec!["working".into()],
+                states,
+                events,
                 rate: Some(rate),
                 per_ms: Some(1_000),
                 fair_by: Some("props.tenant".into()),
@@ -109,6 +140,7 @@ type Shared = Arc<Mutex<Seen>>;
 /// A scratch database and an engine on it running `tjob`, its action taking `work`.
 async fn start(
     limits: Option<(u32, u32)>,
+    of: Of,
     work: Duration,
     seen: Shared,
 ) -> anyhow::Result<(Engine<AnyStore>, Scratch)> {
@@ -121,7 +153,7 @@ async fn start(
     let scratch = Scratch(path.clone());
     let store = AnyStore::open(&path.display().to_string())?;
     let engine = Engine::builder(store)
-        .machine(machine(limits))
+        .machine(machine(limits, of))
         .on("tjob", "work", move |ctx| {
             let seen = seen.clone();
             async move {
@@ -211,7 +243,7 @@ async fn count(engine: &Engine<AnyStore>, state: &str, bound: u64) -> anyhow::Re
 async fn throughput(args: &LimitsArgs, limited: bool) -> anyhow::Result<(f64, u32)> {
     let seen = Shared::default();
     let limits = limited.then_some((args.per_tenant, args.rate));
-    let (engine, _scratch) = start(limits, Duration::ZERO, seen.clone()).await?;
+    let (engine, _scratch) = start(limits, args.of, Duration::ZERO, seen.clone()).await?;
     let keys: Vec<(String, String)> =
         (0..args.workflows).map(|i| (format!("w{i:07}"), format!("t{:04}", i % args.tenants))).collect();
     create(&engine, &keys).await?;
@@ -254,7 +286,7 @@ async fn throughput(args: &LimitsArgs, limited: bool) -> anyhow::Result<(f64, u3
 async fn fairness(args: &LimitsArgs) -> anyhow::Result<(f64, u64, u32)> {
     let seen = Shared::default();
     let (engine, _scratch) =
-        start(Some((args.per_tenant, args.rate)), Duration::from_millis(args.work_ms), seen.clone()).await?;
+        start(Some((args.per_tenant, args.rate)), args.of, Duration::from_millis(args.work_ms), seen.clone()).await?;
     let flood: Vec<(String, String)> = (0..args.flood).map(|i| (format!("f{i:07}"), "flood".to_string())).collect();
     let late = vec![("late".to_string(), "late".to_string())];
     create(&engine, &flood).await?;
@@ -321,6 +353,7 @@ pub async fn limits(args: LimitsArgs) -> anyhow::Result<ExitCode> {
         "per_tenant": args.per_tenant,
         "rate": args.rate,
         "rounds": args.rounds,
+        "of": args.of.as_str(),
         "plain_workflows_per_s": p.round(),
         "limited_workflows_per_s": l.round(),
         "limited_over_plain": round3(l / p),
