@@ -12,7 +12,9 @@
 //!   some not; an `aworker`'s agent reports its whole outcome when done: it creates a
 //!   `receipt` (its successor) and raises `heard` on its crowd, whose declarative internal
 //!   action counts them with an expression; at most [`CROWD_CALLS`] workers of either kind
-//!   work at once (a concurrency limit they share);
+//!   work at once (a concurrency limit they share); one crowd at a time spawns its workers
+//!   (`crowd_spawns`, a limit of the workflows `go` starts: its plain transition's commit
+//!   takes the slot first, until the crowd waits at rest);
 //! - `relay` and `job` (built-in): a sync nested event, in worlds of one node.
 
 use std::time::Duration;
@@ -97,6 +99,12 @@ pub(crate) fn crowd() -> Machine {
         .action("time_out", ["timed_out"])
         .action("note_heard", Vec::<&str>::new())
         .sets("heard", json!("has(props.heard) ? props.heard + 1 : 1"))
+        .limit(settle_core::limits::LimitDef {
+            name: "crowd_spawns".into(),
+            events: vec!["go".into()],
+            max: Some(1),
+            ..Default::default()
+        })
         .build()
         .expect("the crowd machine is valid")
 }

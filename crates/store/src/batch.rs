@@ -145,6 +145,13 @@ pub struct Commit {
     /// slots of limits of workflows it holds go back, to the first in line, in the same
     /// transaction. Set by a holder for machines that declare limits of workflows.
     pub leave_workflows: bool,
+    /// The commit processes an event that starts a workflow limits of workflows count: their
+    /// slots are taken first, in the same transaction, as by an [`Op::Acquire`] with
+    /// `workflow` at the priority of `request_id`'s request. No room (or the entity stopped
+    /// meanwhile): the commit is not applied, the entity waits in line at rest with its lease
+    /// dropped, and the result is that of the ask ([`Applied::Waiting`],
+    /// [`Applied::Released`]). Saves the batch an ask of its own costs.
+    pub take_first: Option<Vec<SlotAsk>>,
 }
 
 impl Commit {
@@ -188,6 +195,7 @@ impl Commit {
             held_all: false,
             acquire: None,
             leave_workflows: false,
+            take_first: None,
         }
     }
 }

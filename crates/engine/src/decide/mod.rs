@@ -464,21 +464,32 @@ fn event(held: &mut Held, item: InboxItem, env: &Env<'_>) -> Next {
         EventStep::Ignore { level } => commit(ignored(held, item, &level, env)),
         // It starts a workflow a limit counts: its slots first (the event waits at the head
         // of the inbox meanwhile, or in the limit's line with the entity at rest).
-        _ if !held.workflow_slots && machine.workflow_limits_of(&item.event).next().is_some() => {
-            match asks_of(machine.workflow_limits_of(&item.event), &e.properties, &e.key) {
-                Ok(slots) => {
-                    let ask = settle_store::Acquire {
-                        fence: held.fence(env.owner),
-                        slots,
-                        priority: None,
-                        workflow: true,
-                        request_id: item.request_id.clone(),
-                    };
-                    held.inbox_head = Some(item);
-                    Next::Acquire(Box::new(ask))
+        step if !held.workflow_slots && machine.workflow_limits_of(&item.event).next().is_some() => {
+            let slots = match asks_of(machine.workflow_limits_of(&item.event), &e.properties, &e.key) {
+                Ok(slots) => slots,
+                Err(e) => return commit(reject(held, item, e, env)),
+            };
+            if let EventStep::Plain { action, target } = step {
+                // Nothing runs before its commit: the commit takes them first, or is not
+                // applied and the entity waits in line.
+                let outcome = target.map_or_else(Outcome::stay, Outcome::to);
+                let ran = Ran { action, item: Some(item.clone()), outcome, locks: Vec::new(), started: None };
+                if let Next::Commit(mut d) = transition(held, ran, env)
+                    && d.commit.sql.is_empty()
+                {
+                    d.commit.take_first = Some(slots);
+                    return Next::Commit(d);
                 }
-                Err(e) => commit(reject(held, item, e, env)),
             }
+            let ask = settle_store::Acquire {
+                fence: held.fence(env.owner),
+                slots,
+                priority: None,
+                workflow: true,
+                request_id: item.request_id.clone(),
+            };
+            held.inbox_head = Some(item);
+            Next::Acquire(Box::new(ask))
         }
         EventStep::Plain { action, target } => {
             let outcome = target.map_or_else(Outcome::stay, Outcome::to);

@@ -1165,7 +1165,7 @@ fn an_event_a_limit_of_workflows_counts_takes_its_slots_before_it_runs() {
         .properties(["tenant"])
         .limit(settle_core::limits::LimitDef {
             name: "starts".into(),
-            events: vec!["go".into()],
+            events: vec!["go".into(), "poke".into()],
             max: Some(3),
             key: Some("props.tenant".into()),
             ..Default::default()
@@ -1181,21 +1181,32 @@ fn an_event_a_limit_of_workflows_counts_takes_its_slots_before_it_runs() {
         h.inbox_head = Some(go);
         h
     };
-    // Valid here: its slots first, for the workflow, at the priority of the event's request;
-    // the event stays at the head of the inbox.
+    // Valid here, its action a plain transition: its commit takes the slots first (or is not
+    // applied), at the priority of the event's request.
     let mut h = at_rest();
+    let d = committed(next(&mut h, &env));
+    assert_eq!((d.commit.to.as_deref(), d.commit.request_id.as_deref()), (Some("working"), Some("req-go")));
+    let slots = d.commit.take_first.expect("its slots, first");
+    assert_eq!((slots[0].limit.as_str(), slots[0].key.as_str(), slots[0].max), ("starts", "acme", Some(3)));
+    // An action that runs a handler asks before it runs; the event stays at the head of
+    // the inbox.
+    let mut h = at_rest();
+    let mut poke = raised("poke");
+    poke.request_id = Some("req-poke".into());
+    h.inbox_head = Some(poke);
     let Next::Acquire(a) = next(&mut h, &env) else { panic!("an ask") };
-    assert_eq!((a.workflow, a.request_id.as_deref(), a.slots[0].key.as_str()), (true, Some("req-go"), "acme"));
-    assert_eq!(h.inbox_head.as_ref().map(|i| i.event.as_str()), Some("go"));
+    assert_eq!((a.workflow, a.request_id.as_deref(), a.slots[0].key.as_str()), (true, Some("req-poke"), "acme"));
+    assert_eq!(h.inbox_head.as_ref().map(|i| i.event.as_str()), Some("poke"));
     // Holding them: it runs.
     h.workflow_slots = true;
-    assert_eq!(step_of(&next(&mut h, &env)), "commit Event idle -> working");
+    assert_eq!(step_of(&next(&mut h, &env)), "run poke_it for poke");
     // Not valid here: rejected at once, nothing asked; other events ask for nothing.
     let mut h = at_rest();
     h.entity.state = "done".into();
     assert!(step_of(&next(&mut h, &env)).starts_with("commit Rejected"));
     let mut h = at_rest();
-    h.inbox_head = Some(raised("poke"));
+    h.inbox_head = Some(raised("check"));
+    h.entity.state = "done".into();
     assert!(!matches!(next(&mut h, &env), Next::Acquire(_)));
     // A key that cannot be evaluated rejects the event, naming the limit.
     let mut h = at_rest();

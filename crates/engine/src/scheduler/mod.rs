@@ -652,6 +652,15 @@ impl<S: Store + Clone> Scheduler<S> {
                     }
                 }
             }
+            // Its workflow's slots were not free (or it was stopped meanwhile): not applied;
+            // it waits in line at rest, its lease dropped with the ask.
+            Ok(Applied::Waiting { limit, .. }) => {
+                crate::metrics::limit_waited(&limit);
+                self.held.remove(&id);
+            }
+            Ok(Applied::Released) => {
+                self.held.remove(&id);
+            }
             Ok(other) => unreachable!("commit answered with {other:?}"),
             Err(OpError::LeaseLost { .. }) => {
                 crate::metrics::lease_lost();

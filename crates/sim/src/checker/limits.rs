@@ -14,7 +14,7 @@
 //!   of the state's limits before that batch;
 //! - **a limited workflow runs under its slots**: an event a limit of workflows names is
 //!   accepted (its action committed) only by an entity seen holding a slot of each of its
-//!   limits before that batch;
+//!   limits before that batch, or after it (its commit took them first);
 //! - **slots come back**: an entity holds a slot for its own action only in a state its
 //!   limit names (a slot its canceled task keeps, while the agent's call is in flight, is
 //!   the task's), and one for its workflow only mid-workflow (in an unstable state) or, at
@@ -223,10 +223,21 @@ impl Limits {
                 ));
             }
         }
-        for row in history.iter().filter(|r| r.kind == "event" && r.to.is_some()) {
-            let Some(event) = &row.event else { continue };
+        let held_after: HashSet<(i64, &str)> =
+            holds.iter().filter(|h| h.task == 0).map(|h| (h.entity_id, h.limit.as_str())).collect();
+        for row in history.iter().filter(|r| r.kind == "event") {
+            let (Some(event), Some(to)) = (&row.event, &row.to) else { continue };
             let Some(limits) = self.workflows.get(&(row.machine.clone(), event.clone())) else { continue };
-            if let Some(limit) = limits.iter().find(|l| !self.held.contains(&(row.entity_id, l.to_string()))) {
+            // Taken before the batch, or by the commit itself (`take_first`): held after it,
+            // unless that commit came to rest too, or a command of the same batch (a kill)
+            // ended the workflow, and gave it back.
+            let commanded =
+                history.iter().any(|r| r.entity_id == row.entity_id && r.id > row.id && r.kind == "command");
+            let at_rest = commanded || !self.unstable.contains(&(row.machine.clone(), to.clone()));
+            let had = |l: &String| {
+                self.held.contains(&(row.entity_id, l.to_string())) || held_after.contains(&(row.entity_id, l.as_str()))
+            };
+            if let Some(limit) = limits.iter().find(|l| !at_rest && !had(l)) {
                 let name = format!("{}/{}", row.machine, row.key);
                 return Err((
                     format!(

@@ -397,3 +397,43 @@ pub async fn limits_hold_a_workflow_until_it_comes_to_rest<S: Store>(store: S) {
     write(&store, T0 + 7, vec![command("b", Command::Kill)], false).await;
     assert_eq!(usage(&store, "").await, (0, 0, 0), "every slot came back");
 }
+
+/// A commit that takes its workflow's slots first ([`crate::Commit::take_first`]): with
+/// room, it applies and holds them; without, it is not applied (state, version and inbox as
+/// they were), the entity waits in line at rest, its lease dropped, not due; a commit of
+/// application SQL does the same.
+pub async fn limits_come_before_the_commit_of_an_event_that_starts_a_workflow<S: Store>(store: S) {
+    let e = claimed(&store, &["a", "b"]).await;
+    let slot = SlotAsk { limit: "calls".into(), key: String::new(), max: Some(1), rate: None, fair: String::new() };
+    let pushed =
+        write(&store, T0 + 1, vec![Op::Push(super::push("a", "go")), Op::Push(super::push("b", "go"))], false).await;
+    let inbox = |i: usize| match &pushed.results[i] {
+        Ok(Applied::Pushed { inbox_id, .. }) => *inbox_id,
+        other => panic!("{other:?}"),
+    };
+    let starting = |e: &EntityRow, consume: i64, sql: bool| {
+        let mut c = commit(e, Some("done"), Some(consume), AfterCommit::Release);
+        c.take_first = Some(vec![slot.clone()]);
+        if sql {
+            c.sql = vec![crate::SqlStatement { sql: "SELECT 1".into(), params: Vec::new() }];
+        }
+        Op::Commit(Box::new(c))
+    };
+    let r =
+        write(&store, T0 + 2, vec![starting(&e[0], inbox(0), false), starting(&e[1], inbox(1), false)], false).await;
+    let waiting = Applied::Waiting { limit: "calls".into(), key: String::new() };
+    assert!(matches!(r.results[0], Ok(Applied::Committed { .. })), "{:?}", r.results[0]);
+    assert_eq!(r.results[1], Ok(waiting.clone()));
+    let (a, b) = (get(&store, "a").await, get(&store, "b").await);
+    assert_eq!((a.state.as_str(), b.state.as_str()), ("done", "working"), "b's commit not applied");
+    assert_eq!((b.version, b.lease_owner, b.due_at), (e[1].version, None, None), "b waits at rest, not due");
+    assert_eq!(usage(&store, "").await, (1, 1, 1));
+    assert_eq!(store.limit_of(a.id).await.unwrap().iter().map(|l| l.place).collect::<Vec<_>>(), [None]);
+    // b's event is still queued: a commit of application SQL asking again waits too.
+    let r = write(&store, T0 + 3, vec![Op::Push(super::push("b", "poke"))], true).await;
+    let b2 = r.claimed.iter().find(|c| c.entity.key == "b").expect("due").entity.clone();
+    let r = write(&store, T0 + 4, vec![starting(&b2, inbox(1), true)], false).await;
+    assert_eq!(r.results[0], Ok(waiting));
+    assert_eq!(get(&store, "b").await.state.as_str(), "working");
+    assert_eq!(usage(&store, "").await, (1, 1, 1), "still one place in line");
+}

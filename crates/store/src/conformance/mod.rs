@@ -54,6 +54,7 @@ pub use leases::{
     release_never_strands_events,
 };
 pub use limits::{
+    limits_come_before_the_commit_of_an_event_that_starts_a_workflow,
     limits_come_with_the_commit_that_enters_the_state, limits_hand_slots_on_in_line,
     limits_hold_a_workflow_until_it_comes_to_rest, limits_stay_with_a_call_in_flight,
     limits_stay_with_an_agent_task_through_a_pause, limits_survive_leases_and_commands,
@@ -230,7 +231,8 @@ macro_rules! store_conformance_suite {
                 limits_come_with_the_commit_that_enters_the_state,
                 limits_stay_with_an_agent_task_through_a_pause, limits_stay_with_a_call_in_flight,
                 limits_admit_round_robin_across_fair_values, limits_space_starts_by_their_rate,
-                limits_order_waiting_work_by_its_requests_priority, limits_hold_a_workflow_until_it_comes_to_rest;
+                limits_order_waiting_work_by_its_requests_priority, limits_hold_a_workflow_until_it_comes_to_rest,
+                limits_come_before_the_commit_of_an_event_that_starts_a_workflow;
             store_and_dialect: effects_are_atomic
         );
     };

@@ -222,12 +222,26 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
         match kind(&ops[i]) {
             Kind::Segment | Kind::Commands => {
                 let end = segment_end(ops, i);
-                let segment: Vec<&Op> = ops[i..end].iter().collect();
-                let mut done = segment::apply(d, now, &segment, take.as_mut())?;
+                // Commits that take their workflow's slots first: those left waiting are
+                // not applied, and answer as their ask did.
+                let mut asked = Vec::new();
+                for op in &ops[i..end] {
+                    let (answer, due_now) = take_first(d, now, op)?;
+                    others_due |= due_now;
+                    asked.push(answer);
+                }
+                let segment: Vec<&Op> =
+                    ops[i..end].iter().zip(&asked).filter(|(_, a)| a.is_none()).map(|(o, _)| o).collect();
+                let done = segment::apply(d, now, &segment, take.as_mut())?;
                 others_due |= done.due_now;
-                others_due |= leave_limits(d, now, &ops[i..end], &done.results)?;
-                others_due |= acquire_entered(d, now, &ops[i..end], &mut done.results)?;
-                results.extend(done.results);
+                let mut applied = done.results.into_iter();
+                let mut done_results: Vec<_> = asked
+                    .into_iter()
+                    .map(|a| a.unwrap_or_else(|| applied.next().expect("one result per operation applied")))
+                    .collect();
+                others_due |= leave_limits(d, now, &ops[i..end], &done_results)?;
+                others_due |= acquire_entered(d, now, &ops[i..end], &mut done_results)?;
+                results.extend(done_results);
                 i = end;
             }
             Kind::Own => {
@@ -250,6 +264,13 @@ pub(crate) fn apply_batch<D: Dialect>(d: &mut D, batch: &Batch) -> Result<BatchR
             }
             Kind::Sql => {
                 let Op::Commit(c) = &ops[i] else { unreachable!("application SQL is a commit's") };
+                let (asked, due_now) = take_first(d, now, &ops[i])?;
+                others_due |= due_now;
+                if let Some(answer) = asked {
+                    results.push(answer);
+                    i += 1;
+                    continue;
+                }
                 // Nothing is taken under a savepoint: its rows may be undone.
                 d.savepoint()?;
                 let done = segment::apply(d, now, &[&ops[i]], None)?;
@@ -301,7 +322,7 @@ fn leave_limits<D: Dialect>(
     let mut due_now = false;
     for (op, r) in ops.iter().zip(results) {
         due_now |= match (op, r) {
-            (Op::Commit(c), Ok(_)) if c.leave_limits || c.leave_workflows => {
+            (Op::Commit(c), Ok(Applied::Committed { .. })) if c.leave_limits || c.leave_workflows => {
                 let id = c.fence.entity_id;
                 let action = c.leave_limits && limits::leave(d, now, id, c.held_all)?;
                 let workflow = c.leave_workflows && limits::leave_workflows(d, now, id)?;
@@ -328,6 +349,30 @@ fn leave_limits<D: Dialect>(
         };
     }
     Ok(due_now)
+}
+
+/// An operation's answer.
+type Answer = Result<crate::Applied, OpError>;
+
+/// The slots of its workflow a commit takes before it applies ([`crate::Commit::take_first`]):
+/// `None` if it asks for none or they are held (it applies; a lease lost is its own answer
+/// then), else the answer it gives instead (waiting in line, or let go). Answers too whether
+/// an entity is due now.
+fn take_first<D: Dialect>(d: &mut D, now: Millis, op: &Op) -> Result<(Option<Answer>, bool), D::Error> {
+    let Op::Commit(c) = op else { return Ok((None, false)) };
+    let Some(slots) = &c.take_first else { return Ok((None, false)) };
+    let ask = crate::Acquire {
+        fence: c.fence.clone(),
+        slots: slots.clone(),
+        priority: None,
+        workflow: true,
+        request_id: c.request_id.clone(),
+    };
+    let (answer, due_now) = limits::acquire(d, now, &ask)?;
+    Ok(match answer {
+        Ok(crate::Applied::Acquired) | Err(_) => (None, due_now),
+        other => (Some(other), due_now),
+    })
 }
 
 /// Takes the slots that commits entering a limited state ask for
