@@ -1,7 +1,8 @@
 //! Flow control as a user drives it: `settle limits` and `settle get` show what a limit
 //! holds back, on the database and over `--server`.
 //!
-//! A concurrency limit holds through `kill -9`: engine processes are killed and restarted
+//! A concurrency limit (of actions, and of workflows) holds through `kill -9`: engine
+//! processes are killed and restarted
 //! while agents work through a backlog, and some agents die mid-call (their tasks are
 //! offered again when their lock runs out). A fake provider counts the calls running per
 //! region: it never sees more than the limit, and the limit binds. On SQLite one
@@ -43,6 +44,12 @@ states = ["provisioning"]
 max = 2
 key = "props.region"
 "#;
+
+/// `vm` with a limit of workflows instead: at most 2 of its `create` workflows open per
+/// region (from the event until the vm is `ready`), so at most 2 calls per region too.
+fn vm_of_workflows() -> String {
+    VM.replace("states = [\"provisioning\"]\nmax = 2", "events = [\"create\"]\nmax = 2")
+}
 
 /// The calls running per region now, and the most ever seen at once.
 #[derive(Default)]
@@ -124,9 +131,9 @@ fn agent(
 
 /// Runs the backlog on `db` while `kill` kills and restarts processes; checks the
 /// provider's counts.
-fn run(db: &str, workers: usize) {
+fn run(db: &str, workers: usize, vm: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let machines = write_machines(dir.path(), &[("vm.toml", VM)]);
+    let machines = write_machines(dir.path(), &[("vm.toml", vm)]);
     let machines = machines.to_str().unwrap().to_string();
     let (server, at) = spawn_server(db, &["--machines", &machines]);
     let mut server = Some(server);
@@ -196,13 +203,27 @@ fn run(db: &str, workers: usize) {
 #[test]
 fn a_limit_holds_through_kill_9_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    run(dir.path().join("limits.db").to_str().unwrap(), 0);
+    run(dir.path().join("limits.db").to_str().unwrap(), 0, VM);
+}
+
+#[test]
+fn a_limit_of_workflows_holds_through_kill_9_on_sqlite() {
+    let vm = vm_of_workflows();
+    assert!(vm.contains("events = [\"create\"]"));
+    let dir = tempfile::tempdir().unwrap();
+    run(dir.path().join("limits.db").to_str().unwrap(), 0, &vm);
 }
 
 #[test]
 fn a_limit_holds_across_instances_killed_on_postgres() {
     let Some(url) = settle_store::postgres::test_url("crash_limits") else { return };
-    run(&url, 3);
+    run(&url, 3, VM);
+}
+
+#[test]
+fn a_limit_of_workflows_holds_across_instances_killed_on_postgres() {
+    let Some(url) = settle_store::postgres::test_url("crash_workflow_limits") else { return };
+    run(&url, 3, &vm_of_workflows());
 }
 
 /// Three vms of one region behind a limit of 2: two hold a slot (their tasks offered, nobody

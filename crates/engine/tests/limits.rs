@@ -77,23 +77,6 @@ async fn start(store: AnyStore, provider: Shared, gate: Arc<tokio::sync::Semapho
         .unwrap()
 }
 
-/// Waits (up to 30 s) until `check` holds on the store; says what it waited for if not.
-async fn until<S: Store, F: Fn(&[settle_store::LimitUsage]) -> bool>(store: &S, what: &str, check: F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let usage = store.limit_list().await.unwrap();
-        if check(&usage) {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}: {usage:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn of(usage: &[settle_store::LimitUsage], key: &str) -> (u64, u64) {
-    usage.iter().find(|u| u.key == key).map_or((0, 0), |u| (u.in_use, u.waiting))
-}
-
 async fn create(engine: &Engine<AnyStore>, key: &str, region: &str) {
     let props = serde_json::from_value(serde_json::json!({ "region": region })).unwrap();
     engine.create("vm", key, props).await.unwrap();
@@ -112,8 +95,8 @@ async fn a_limit_per_key_is_never_exceeded_and_its_line_moves_in_order() {
         for i in 0..4 {
             create(&engine, &format!("us-{i}"), "us").await;
         }
-        until(&store, "3 run and 7 wait in eu, 3 run and 1 waits in us", |u| {
-            of(u, "eu") == (3, 7) && of(u, "us") == (3, 1)
+        common::limits_until(&store, "3 run and 7 wait in eu, 3 run and 1 waits in us", |u| {
+            common::limit_usage(u, "eu") == (3, 7) && common::limit_usage(u, "us") == (3, 1)
         })
         .await;
         // Where each waiting entity stands, as `get` and `why` will show it.
@@ -147,7 +130,7 @@ async fn a_limit_per_key_is_never_exceeded_and_its_line_moves_in_order() {
             let e = engine.wait_for_state("vm", &format!("eu-{i}"), &["ready"], Duration::from_secs(30)).await.unwrap();
             assert_eq!(e.state, "ready");
         }
-        until(&store, "every slot is back", |u| u.is_empty()).await;
+        common::limits_until(&store, "every slot is back", |u| u.is_empty()).await;
         {
             let p = provider.lock().unwrap();
             assert_eq!((p.most["eu"], p.most["us"]), (3, 3), "the limit bound, and was never exceeded");
@@ -177,7 +160,7 @@ async fn instances_on_postgres_share_a_limit_exactly() {
     for i in 0..24 {
         create(&engines[i % 3], &format!("vm-{i}"), "eu").await;
     }
-    until(&store, "2 run and 22 wait", |u| of(u, "eu") == (2, 22)).await;
+    common::limits_until(&store, "2 run and 22 wait", |u| common::limit_usage(u, "eu") == (2, 22)).await;
     // Let calls end in bursts, so the instances race for the slots that come back.
     for burst in [3, 5, 7, 9] {
         gate.add_permits(burst);
@@ -188,7 +171,7 @@ async fn instances_on_postgres_share_a_limit_exactly() {
         assert!(tokio::time::Instant::now() < deadline, "not every call ended: {}", provider.lock().unwrap().done);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    until(&store, "every slot is back", |u| u.is_empty()).await;
+    common::limits_until(&store, "every slot is back", |u| u.is_empty()).await;
     assert_eq!(provider.lock().unwrap().most["eu"], 2, "the limit bound, and was never exceeded");
     for e in engines {
         e.shutdown().await;

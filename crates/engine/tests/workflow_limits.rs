@@ -88,23 +88,6 @@ async fn start(store: AnyStore, seen: Shared, gate: Arc<tokio::sync::Semaphore>,
         .unwrap()
 }
 
-/// Waits (up to 30 s) until `check` holds on the store; says what it waited for if not.
-async fn until<S: Store, F: Fn(&[settle_store::LimitUsage]) -> bool>(store: &S, what: &str, check: F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let usage = store.limit_list().await.unwrap();
-        if check(&usage) {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}: {usage:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn of(usage: &[settle_store::LimitUsage], key: &str) -> (u64, u64) {
-    usage.iter().find(|u| u.key == key).map_or((0, 0), |u| (u.in_use, u.waiting))
-}
-
 async fn place(engine: &Engine<AnyStore>, key: &str, tenant: &str) {
     let props = serde_json::from_value(serde_json::json!({ "tenant": tenant })).unwrap();
     engine.create("order", key, props).await.unwrap();
@@ -132,8 +115,8 @@ async fn a_limit_of_workflows_holds_queued_events_at_rest_until_a_workflow_ends(
             place(&engine, &format!("acme-{i}"), "acme").await;
         }
         place(&engine, "zeta-0", "zeta").await;
-        until(&store, "2 open and 4 waiting for acme, 1 open for zeta", |u| {
-            of(u, "acme") == (2, 4) && of(u, "zeta") == (1, 0)
+        common::limits_until(&store, "2 open and 4 waiting for acme, 1 open for zeta", |u| {
+            common::limit_usage(u, "acme") == (2, 4) && common::limit_usage(u, "zeta") == (1, 0)
         })
         .await;
         // The waiting ones are at rest in `new`, their event queued: no lease, not due.
@@ -159,7 +142,7 @@ async fn a_limit_of_workflows_holds_queued_events_at_rest_until_a_workflow_ends(
         // Workflows end one at a time; each slot goes to the next in line.
         close(&seen, &gate, 1).await;
         engine.wait_for_state("order", &first, &["done"], Duration::from_secs(30)).await.unwrap();
-        until(&store, "2 open and 3 waiting for acme", |u| of(u, "acme").1 == 3).await;
+        common::limits_until(&store, "2 open and 3 waiting for acme", |u| common::limit_usage(u, "acme").1 == 3).await;
         // A rejected event takes no slot and does not wait in line: `place` is not valid in `done`.
         let r = engine.raise("order", &first, "place", RaiseOptions::wait(Wait::Outcome)).await.unwrap();
         assert!(matches!(r.outcome, Some(EventOutcome::Rejected { .. })), "{:?}", r.outcome);
@@ -171,7 +154,7 @@ async fn a_limit_of_workflows_holds_queued_events_at_rest_until_a_workflow_ends(
             let e = engine.wait_for_state("order", &key, &["done"], Duration::from_secs(30)).await.unwrap();
             assert_eq!(e.state, "done");
         }
-        until(&store, "every slot is back", |u| u.is_empty()).await;
+        common::limits_until(&store, "every slot is back", |u| u.is_empty()).await;
         {
             let s = seen.lock().unwrap();
             assert_eq!((s.most["acme"], s.most["zeta"]), (2, 1), "the limit bound, and was never exceeded");
@@ -199,7 +182,7 @@ async fn instances_on_postgres_share_a_limit_of_workflows_exactly() {
     for i in 0..18 {
         place(&engines[i % 3], &format!("o-{i}"), "acme").await;
     }
-    until(&store, "2 open and 16 waiting", |u| of(u, "acme") == (2, 16)).await;
+    common::limits_until(&store, "2 open and 16 waiting", |u| common::limit_usage(u, "acme") == (2, 16)).await;
     for burst in [3, 5, 7, 3] {
         gate.add_permits(burst);
         tokio::task::yield_now().await;
@@ -209,7 +192,7 @@ async fn instances_on_postgres_share_a_limit_of_workflows_exactly() {
         assert!(tokio::time::Instant::now() < deadline, "not every workflow closed: {}", seen.lock().unwrap().closed);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    until(&store, "every slot is back", |u| u.is_empty()).await;
+    common::limits_until(&store, "every slot is back", |u| u.is_empty()).await;
     assert_eq!(seen.lock().unwrap().most["acme"], 2, "the limit bound, and was never exceeded");
     for e in engines {
         e.shutdown().await;

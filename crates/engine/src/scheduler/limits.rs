@@ -49,3 +49,24 @@ impl<S: Store + Clone> Scheduler<S> {
         }
     }
 }
+
+/// What a commit of `held` gives back of its limits: a commit that moves the entity on, or
+/// stops it, ends its limited action ([`settle_store::Commit::leave_limits`]); one that
+/// leaves it at rest ends its workflow ([`settle_store::Commit::leave_workflows`]: it may
+/// hold slots from before this hold, so always asked on a machine that declares a limit of
+/// workflows).
+pub(super) fn leaving(held: &mut Held, c: &mut settle_store::Commit) {
+    if (c.to.is_some() || c.run_status.is_some()) && held.machine.is_limited(&c.from) {
+        c.leave_limits = true;
+        // Held, its slots are all taken (no line) and, run here, no agent's call is out.
+        c.held_all = held.slots && !decide::runs_at_an_agent(&held.machine, &c.from);
+        held.slots = false;
+    }
+    let state = c.to.as_ref().unwrap_or(&c.from);
+    let m = &held.machine;
+    if m.has_workflow_limits() && m.state(state).is_some_and(|s| s.kind != settle_core::StateKind::Unstable) {
+        c.leave_workflows = true;
+        held.workflow_slots = false;
+        held.rested = true;
+    }
+}

@@ -715,23 +715,7 @@ impl<S: Store + Clone> Scheduler<S> {
         // Decided under the newest registry: a deploy's version moves this commit's entity.
         self.refresh_registry();
         if let Some(slot) = self.held.get_mut(&d.commit.fence.entity_id) {
-            // A commit that moves the entity on, or stops it, ends its limited action.
-            let c = &mut d.commit;
-            if (c.to.is_some() || c.run_status.is_some()) && slot.held.machine.is_limited(&c.from) {
-                c.leave_limits = true;
-                // Held, its slots are all taken (no line) and, run here, no agent's call is out.
-                c.held_all = slot.held.slots && !decide::runs_at_an_agent(&slot.held.machine, &c.from);
-                slot.held.slots = false;
-            }
-            // A commit that leaves it at rest ends its workflow: the slots of its limits of
-            // workflows go back (it may hold some from before this hold: always asked).
-            let state = c.to.as_ref().unwrap_or(&c.from);
-            let m = &slot.held.machine;
-            if m.has_workflow_limits() && m.state(state).is_some_and(|s| s.kind != settle_core::StateKind::Unstable) {
-                c.leave_workflows = true;
-                slot.held.workflow_slots = false;
-                slot.held.rested = true;
-            }
+            limits::leaving(&mut slot.held, &mut d.commit);
         }
         let held = self.held.get(&d.commit.fence.entity_id).map(|s| &s.held);
         let mut moved = None;

@@ -92,3 +92,27 @@ where
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
+
+/// Waits (up to 30 s, polling the store) until `check` holds on what the limits hold now;
+/// says what it waited for if not. (Flow control's state lives in the store, changed by the
+/// engine's own batches: polling it is how a test sees it.)
+pub async fn limits_until<S: settle_store::Store, F: Fn(&[settle_store::LimitUsage]) -> bool>(
+    store: &S,
+    what: &str,
+    check: F,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let usage = store.limit_list().await.unwrap();
+        if check(&usage) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}: {usage:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// (in use, waiting) of a limit's key value `key`; zeros when it holds and waits nothing.
+pub fn limit_usage(usage: &[settle_store::LimitUsage], key: &str) -> (u64, u64) {
+    usage.iter().find(|u| u.key == key).map_or((0, 0), |u| (u.in_use, u.waiting))
+}
