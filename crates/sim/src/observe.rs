@@ -7,6 +7,24 @@ use std::collections::{HashMap, HashSet};
 use crate::backend::{Observer, Param, Val};
 use crate::checker::{End, Fired, HistoryRow, HoldSeen, Seen, SlotSeen, Stored};
 
+/// The first fleet count that is not the count of its rows: (`entities` or `operations`,
+/// what it counts, its count, the rows'). One statement, so one snapshot on PostgreSQL too
+/// (its counts are kept per shard: summed).
+const COUNT_DRIFT: &str = "SELECT what, item, counted, actual FROM (
+        SELECT 'entities' AS what, k.machine || '/' || k.state || '/' || k.run_status AS item,
+            CAST(COALESCE((SELECT SUM(c.n) FROM entity_counts c
+                WHERE c.machine = k.machine AND c.state = k.state AND c.run_status = k.run_status), 0) AS BIGINT) AS counted,
+            (SELECT COUNT(*) FROM entities e
+                WHERE e.machine = k.machine AND e.state = k.state AND e.run_status = k.run_status) AS actual
+        FROM (SELECT machine, state, run_status FROM entity_counts
+              UNION SELECT machine, state, run_status FROM entities) k
+        UNION ALL
+        SELECT 'operations', k.outcome,
+            CAST(COALESCE((SELECT SUM(c.n) FROM operation_counts c WHERE c.outcome = k.outcome), 0) AS BIGINT),
+            (SELECT COUNT(*) FROM operations o WHERE COALESCE(o.outcome, 'open') = k.outcome)
+        FROM (SELECT outcome FROM operation_counts UNION SELECT COALESCE(outcome, 'open') FROM operations) k
+     ) d WHERE counted <> actual ORDER BY what, item LIMIT 1";
+
 /// What the store holds after a batch write at `now`: history rows after `after`, and the
 /// rest whole.
 pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<Seen> {
@@ -128,7 +146,13 @@ pub(crate) async fn seen(o: &Observer, after: i64, now: i64) -> anyhow::Result<S
             moving: r[7].int() == 1,
         })
         .collect();
-    Ok(Seen { history, fired, events, edges, hook_twice, present, now, slots, holds })
+    let count_drift = o
+        .rows(COUNT_DRIFT, &[])
+        .await?
+        .into_iter()
+        .next()
+        .map(|r| (format!("{} {}", r[0].text(), r[1].text()), r[2].int(), r[3].int()));
+    Ok(Seen { history, fired, events, edges, hook_twice, present, now, slots, holds, count_drift })
 }
 
 /// A row of some table that belongs to an entity no longer in the store: (table, entity id).

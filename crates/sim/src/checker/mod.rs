@@ -19,6 +19,8 @@
 //! - **every agent report answered as the protocol says**: applied once, replayed, or
 //!   refused for the right reason ([`agents`]);
 //! - **effects land once, with their transition** (a chart's entry and exit rows);
+//! - **the fleet counts are the rows'**: every count of entities by machine, state and run
+//!   status, and of operations by outcome, equals a `GROUP BY` of the rows it counts;
 //! - **never over a concurrency limit, no slot idle while work waits, a limited action
 //!   runs under a slot, slots come back** ([`limits`]);
 //! - **pruning removes only what retention lets go, whole**: an entity gone from the store
@@ -110,6 +112,10 @@ pub(crate) struct Seen {
     pub(crate) slots: Vec<SlotSeen>,
     /// Every slot held, with its holder's state.
     pub(crate) holds: Vec<HoldSeen>,
+    /// The first fleet count that differs from the rows it counts: what it counts (`entities
+    /// m/state/status`, `operations outcome`), its count, and the rows' (`None`: all equal;
+    /// not read: equal).
+    pub(crate) count_drift: Option<(String, i64, i64)>,
     /// When the batch was written.
     pub(crate) now: i64,
 }
@@ -271,6 +277,14 @@ impl Checker {
         if let Some((key, hook, state)) = &seen.hook_twice {
             let name = format!("chart/{key}");
             return Err(fail((format!("{name}: `{hook}` of `{state}` ran into the store twice"), vec![name])));
+        }
+        if let Some((what, counted, rows)) = &seen.count_drift {
+            return Err(fail((
+                format!(
+                    "the fleet counts say {counted} {what}, but {rows} rows are (kept apart from the rows they count)"
+                ),
+                Vec::new(),
+            )));
         }
         Ok(())
     }

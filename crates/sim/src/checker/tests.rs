@@ -51,6 +51,7 @@ fn seen(history: Vec<HistoryRow>, fired: Vec<Fired>, events: &[(i64, i64)], edge
         events: events.iter().copied().collect(),
         edges: edges.to_vec(),
         hook_twice: None,
+        count_drift: None,
         present: None,
         now: 0,
         slots: Vec::new(),
@@ -553,4 +554,13 @@ fn a_workflow_without_its_slot_or_a_slot_left_at_rest_is_caught() {
         c.seen(3, &batch(done, vec![hold(1, "done", false)], &[(1, 1)])),
         "chart/a: holds a slot of `open_charts` for a workflow at rest in `done`, neither leased, due nor paused",
     );
+}
+
+#[test]
+fn a_fleet_count_apart_from_its_rows_is_caught() {
+    let mut c = Checker::new(&machines());
+    let drift =
+        Seen { count_drift: Some(("entities chart/step2/active".into(), 0, 1)), ..seen(vec![], vec![], &[], &[]) };
+    fails(c.seen(1, &drift), "the fleet counts say 0 entities chart/step2/active, but 1 rows are");
+    assert!(Checker::new(&machines()).seen(1, &seen(vec![], vec![], &[], &[])).is_ok());
 }
